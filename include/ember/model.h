@@ -1,0 +1,79 @@
+// Model loading (GGUF -> hyperparameters, weights bound in place, per-layer placement) and an
+// inference context (paged KV cache + forward over batches of tokens).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ember/gguf.h"
+#include "ember/tokenizer.h"
+
+namespace ember {
+
+struct ModelParams {
+    int32_t n_gpu_layers = 0;   // the last N blocks go on the GPU; -1 = all
+    int32_t main_gpu = 0;
+    bool verbose = false;
+};
+
+struct HParams {
+    std::string arch;           // "llama", "qwen2", ...
+    int32_t n_layer = 0, n_embd = 0, n_head = 0, n_head_kv = 0, n_ff = 0, n_vocab = 0;
+    int32_t head_dim = 0;       // n_embd / n_head unless the file says otherwise
+    int32_t n_ctx_train = 0;
+    float rms_eps = 1e-5f;
+    float rope_base = 10000.0f;
+    bool rope_neox = false;     // rotate halves (qwen2) instead of adjacent pairs (llama)
+    bool tied_output = false;   // output head reuses token_embd
+};
+
+struct ModelImpl;
+
+class Model {
+public:
+    // Throws InvalidInput naming the file and the key/tensor that is missing or malformed.
+    static std::shared_ptr<Model> load(const std::string& path, const ModelParams& params);
+    ~Model();
+    const HParams& hparams() const;
+    const Tokenizer& tokenizer() const;
+    const GGUFFile& file() const;
+    const ModelParams& params() const;
+    ModelImpl& impl() { return *impl_; }
+
+private:
+    Model() = default;
+    std::unique_ptr<ModelImpl> impl_;
+};
+
+struct ContextParams {
+    int32_t n_ctx = 512;          // tokens of KV per sequence
+    int32_t n_batch = 512;        // prompt tokens per forward
+    int32_t n_threads = 0;        // 0: all hardware threads
+    int32_t kv_block_size = 16;   // tokens per paged-KV block
+    bool offload_kqv = true;      // false: KV of GPU layers stays in host memory
+};
+
+struct ContextImpl;
+
+class Context {
+public:
+    Context(std::shared_ptr<Model> model, const ContextParams& params);
+    ~Context();
+    // Appends tokens to the sequence at positions n_past()..., in n_batch chunks.
+    // logits_all: keep logits for every token of this call, else only for the last one.
+    // Throws InvalidInput if the sequence would exceed n_ctx or a token id is out of range.
+    void eval(const int32_t* tokens, int32_t n, bool logits_all);
+    // Logits of token i of the last eval (i < 0 counts from the end); [n_vocab] floats.
+    const float* logits(int32_t i = -1) const;
+    int32_t n_logits() const;
+    int32_t n_past() const;
+    void truncate(int32_t n_past);   // forget the KV of positions >= n_past
+    int32_t n_ctx() const;
+    const Model& model() const;
+
+private:
+    std::unique_ptr<ContextImpl> impl_;
+};
+
+}  // namespace ember

@@ -1,0 +1,38 @@
+// Token sampling: greedy, temperature, top-k/top-p/min-p, repeat/frequency/presence penalties,
+// logit bias, seeded RNG (same seed -> same output).
+#pragma once
+#include <cstdint>
+#include <random>
+#include <utility>
+#include <vector>
+
+namespace ember {
+
+struct SamplingParams {
+    float temperature = 0.8f;      // <= 0: greedy
+    int32_t top_k = 40;            // <= 0: whole vocabulary
+    float top_p = 0.95f;           // >= 1: off
+    float min_p = 0.05f;           // <= 0: off
+    float repeat_penalty = 1.0f;   // llama.cpp style: divide positive logits, multiply negative
+    float frequency_penalty = 0.0f;
+    float presence_penalty = 0.0f;
+    int32_t penalty_last_n = 64;   // window of recent tokens the penalties look at; -1 = all
+    std::vector<std::pair<int32_t, float>> logit_bias;
+    uint64_t seed = 0xFFFFFFFFu;
+};
+
+class Sampler {
+public:
+    // Throws InvalidInput naming the parameter that is out of range.
+    explicit Sampler(const SamplingParams& params);
+    // history: tokens so far (prompt + generated), for penalties. logits is not modified.
+    int32_t sample(const float* logits, int32_t n_vocab, const std::vector<int32_t>& history);
+    const SamplingParams& params() const { return params_; }
+
+private:
+    SamplingParams params_;
+    std::mt19937_64 rng_;
+    std::vector<std::pair<float, int32_t>> cand_;   // scratch: (logit, id)
+};
+
+}  // namespace ember

@@ -1,0 +1,10 @@
+"""ember: a llama.cpp-style LLM inference runtime (GGUF models on CPU and CUDA)."""
+import os as _os
+
+# Development builds: EMBER_DEV_BUILD names a CMake build folder holding _ember*.so.
+if _os.environ.get("EMBER_DEV_BUILD"):
+    __path__.append(_os.environ["EMBER_DEV_BUILD"])
+
+from . import _ember  # noqa: E402
+
+__all__ = ["_ember"]

