@@ -1,4 +1,63 @@
-// Python bindings for the sampling part of the core (filled in by its owner).
+// Python bindings for the sampler: _ember.Sampler(temperature=..., ..., seed=...).sample(logits, history).
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/vector.h>
+
+#include <map>
+#include <optional>
+
+#include "ember/sampling.h"
+#include "ember/status.h"
+
 namespace nb = nanobind;
-void bind_sampling(nb::module_& m) { (void)m; }
+using namespace nb::literals;
+
+namespace {
+
+using Logits = nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+ember::Sampler* make_sampler(ember::Sampler* self, float temperature, int32_t top_k, float top_p, float min_p,
+                             float repeat_penalty, float frequency_penalty, float presence_penalty,
+                             int32_t penalty_last_n, const std::optional<std::map<int32_t, float>>& logit_bias,
+                             uint64_t seed) {
+    ember::SamplingParams p;
+    p.temperature = temperature;
+    p.top_k = top_k;
+    p.top_p = top_p;
+    p.min_p = min_p;
+    p.repeat_penalty = repeat_penalty;
+    p.frequency_penalty = frequency_penalty;
+    p.presence_penalty = presence_penalty;
+    p.penalty_last_n = penalty_last_n;
+    if (logit_bias) p.logit_bias.assign(logit_bias->begin(), logit_bias->end());
+    p.seed = seed;
+    return new (self) ember::Sampler(p);
+}
+
+}  // namespace
+
+void bind_sampling(nb::module_& m) {
+    nb::class_<ember::Sampler>(m, "Sampler",
+        "Token sampler: logit_bias -> penalties -> top_k -> top_p -> min_p -> temperature -> draw "
+        "(greedy when temperature <= 0). seed 0xFFFFFFFF draws a random seed.")
+        .def("__init__", &make_sampler, "temperature"_a = 0.8f, "top_k"_a = 40, "top_p"_a = 0.95f,
+             "min_p"_a = 0.05f, "repeat_penalty"_a = 1.0f, "frequency_penalty"_a = 0.0f,
+             "presence_penalty"_a = 0.0f, "penalty_last_n"_a = 64, "logit_bias"_a = nb::none(),
+             "seed"_a = 0xFFFFFFFFull)
+        .def("sample",
+             [](ember::Sampler& s, Logits logits, const std::vector<int32_t>& history) {
+                 if (logits.shape(0) > static_cast<size_t>(INT32_MAX))
+                     ember::fail("Sampler.sample: logits has too many entries (", logits.shape(0), ")");
+                 nb::gil_scoped_release unlocked;
+                 return s.sample(logits.data(), static_cast<int32_t>(logits.shape(0)), history);
+             },
+             "logits"_a, "history"_a = std::vector<int32_t>{},
+             "Draws one token id from logits [n_vocab] float32; history = tokens so far (for penalties).")
+        .def_prop_ro("temperature", [](const ember::Sampler& s) { return s.params().temperature; })
+        .def_prop_ro("top_k", [](const ember::Sampler& s) { return s.params().top_k; })
+        .def_prop_ro("top_p", [](const ember::Sampler& s) { return s.params().top_p; })
+        .def_prop_ro("min_p", [](const ember::Sampler& s) { return s.params().min_p; })
+        .def_prop_ro("seed", [](const ember::Sampler& s) { return s.params().seed; });
+}

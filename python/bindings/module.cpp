@@ -10,6 +10,8 @@ void bind_quant(nb::module_& m);
 void bind_tokenizer(nb::module_& m);
 void bind_sampling(nb::module_& m);
 void bind_model(nb::module_& m);
+void bind_backend(nb::module_& m);
+void bind_quantize(nb::module_& m);
 
 NB_MODULE(_ember, m) {
     nb::register_exception_translator([](const std::exception_ptr& p, void*) {
@@ -24,4 +26,6 @@ NB_MODULE(_ember, m) {
     bind_tokenizer(m);
     bind_sampling(m);
     bind_model(m);
+    bind_backend(m);
+    bind_quantize(m);
 }

@@ -6,5 +6,6 @@ if _os.environ.get("EMBER_DEV_BUILD"):
     __path__.append(_os.environ["EMBER_DEV_BUILD"])
 
 from . import _ember  # noqa: E402
+from .llama import Llama  # noqa: E402
 
-__all__ = ["_ember"]
+__all__ = ["Llama", "_ember"]

@@ -83,6 +83,13 @@ public:
     virtual void add(float* x, const float* y, int64_t n) = 0;
     // x[t][j] += bias[j]
     virtual void add_bias(float* x, const float* bias, int32_t n_tok, int32_t dim) = 0;
+
+    // Step-graph hooks around this backend's ops of one forward step (after set_batch and the
+    // input copies, before the output copy). step_begin returns true when it replayed a graph
+    // recorded for `key` (same ops, same buffers): the caller then skips the ops and calls
+    // step_end. Backends without graphs keep these defaults.
+    virtual bool step_begin(uint64_t key) { (void)key; return false; }
+    virtual void step_end() {}
 };
 
 std::unique_ptr<Backend> make_cpu_backend(int n_threads);

@@ -1,0 +1,222 @@
+// Paged attention over f16 K/V blocks, causal, for decode and prompt batches alike.
+// A CTA takes one tile of <= 8 consecutive tokens of one sequence, the q heads of one KV head
+// it can hold (GQA: K/V loaded once for all of them), and one of n_split key ranges
+// (flash-decoding: long contexts are split so a single token still fills the GPU). Keys are
+// streamed once with an online softmax; no score matrix is kept. Per key a group of TPK
+// lanes holds 8 dims each (16-byte loads of K and V). Splits > 1 write unnormalized partials
+// merged by attention_combine_kernel.
+#include "common.cuh"
+#include "kernels.h"
+
+namespace ember {
+namespace cuda {
+
+namespace {
+
+constexpr int kAttnWarps = 4;
+constexpr int kMaxHeadDim = 256;
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ void unpack8(uint4 r, float* f) {
+    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
+        f[2 * j] = v.x;
+        f[2 * j + 1] = v.y;
+    }
+}
+
+// Merge softmax state (mo, lo, ao) into (m, l, a); either may be empty (m = -inf).
+__device__ __forceinline__ void merge_state(float& m, float& l, float* a, float mo, float lo, const float* ao) {
+    const float mn = fmaxf(m, mo);
+    if (mn == -INFINITY) return;
+    const float ca = exp2f(m - mn), cb = exp2f(mo - mn);
+    l = l * ca + lo * cb;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) a[j] = a[j] * ca + ao[j] * cb;
+    m = mn;
+}
+
+template <int M>
+__global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(AttentionArgs a, DeviceBatch b) {
+    const AttnTile tile = a.tiles[blockIdx.x];
+    const int n_rep = a.n_head / a.n_head_kv;
+    const int HC = a.heads_per_cta;
+    const int n_hchunks = (n_rep + HC - 1) / HC;
+    const int kvh = blockIdx.y / n_hchunks, hc = blockIdx.y % n_hchunks;
+    const int split = blockIdx.z;
+    const int hd = a.head_dim, kv_dim = a.n_head_kv * hd, q_dim = a.n_head * hd;
+    const int nd8 = hd / 8;
+    int tpk = 1;
+    while (tpk < nd8) tpk <<= 1;
+    const int kpw = kWarp / tpk;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int c = lane & (tpk - 1), grp = lane / tpk;
+    const bool dim_ok = c < nd8;
+
+    int tok[M], head[M], lim[M];
+    int maxlen = 0;
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+        const int ti = i / HC, hi = i % HC;
+        const bool ok = i < HC * a.tile_len && ti < tile.count && hc * HC + hi < n_rep;
+        tok[i] = tile.first + (ok ? ti : 0);
+        head[i] = kvh * n_rep + hc * HC + hi;
+        lim[i] = ok ? b.pos[tok[i]] : -1;   // keys 0..lim attend
+        maxlen = max(maxlen, lim[i] + 1);
+    }
+    const int seq = b.seq[tile.first];
+    const int chunk = (maxlen + a.n_split - 1) / a.n_split;
+    const int k0 = split * chunk, k1 = min(maxlen, k0 + chunk);
+
+    float q[M][8], acc[M][8], m[M], l[M];
+    const float qscale = a.scale * kLog2e;   // scores in the log2 domain: exp2 below
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+        m[i] = -INFINITY;
+        l[i] = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            acc[i][j] = 0.f;
+            q[i][j] = (lim[i] >= 0 && dim_ok) ? a.q[int64_t(tok[i]) * q_dim + head[i] * hd + 8 * c + j] * qscale : 0.f;
+        }
+    }
+
+    const int32_t* bt = b.block_table + int64_t(seq) * b.max_blocks;
+    const int bs = a.block_size;
+    for (int kb = k0 + warp * kpw; kb < k1; kb += kAttnWarps * kpw) {
+        const int k = kb + grp;
+        const bool kv_ok = k < k1;
+        uint4 kr = make_uint4(0, 0, 0, 0), vr = kr;
+        if (kv_ok && dim_ok) {
+            const int64_t off = (int64_t(bt[k / bs]) * bs + k % bs) * kv_dim + kvh * hd + 8 * c;
+            kr = *reinterpret_cast<const uint4*>(a.k_cache + off);
+            vr = *reinterpret_cast<const uint4*>(a.v_cache + off);
+        }
+        float kf[8], vf[8];
+        unpack8(kr, kf);
+        unpack8(vr, vf);
+        float s[M];
+#pragma unroll
+        for (int i = 0; i < M; ++i) {
+            float d = 0.f;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) d += q[i][j] * kf[j];
+            s[i] = d;
+        }
+        for (int o = tpk >> 1; o > 0; o >>= 1) {
+#pragma unroll
+            for (int i = 0; i < M; ++i) s[i] += __shfl_xor_sync(0xffffffffu, s[i], o);
+        }
+#pragma unroll
+        for (int i = 0; i < M; ++i) {
+            if (kv_ok && k <= lim[i]) {
+                const float mn = fmaxf(m[i], s[i]);
+                const float corr = exp2f(m[i] - mn), p = exp2f(s[i] - mn);
+                l[i] = l[i] * corr + p;
+#pragma unroll
+                for (int j = 0; j < 8; ++j) acc[i][j] = acc[i][j] * corr + p * vf[j];
+                m[i] = mn;
+            }
+        }
+    }
+
+    // Merge the key groups of this warp (lanes c, c + tpk, ...), then the warps.
+    for (int o = tpk; o < kWarp; o <<= 1) {
+#pragma unroll
+        for (int i = 0; i < M; ++i) {
+            const float mo = __shfl_xor_sync(0xffffffffu, m[i], o), lo = __shfl_xor_sync(0xffffffffu, l[i], o);
+            float ao[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) ao[j] = __shfl_xor_sync(0xffffffffu, acc[i][j], o);
+            merge_state(m[i], l[i], acc[i], mo, lo, ao);
+        }
+    }
+    __shared__ float sm_acc[kAttnWarps][M][kMaxHeadDim];
+    __shared__ float sm_m[kAttnWarps][M], sm_l[kAttnWarps][M];
+    if (grp == 0) {
+#pragma unroll
+        for (int i = 0; i < M; ++i) {
+            if (dim_ok)
+#pragma unroll
+                for (int j = 0; j < 8; ++j) sm_acc[warp][i][8 * c + j] = acc[i][j];
+            if (c == 0) {
+                sm_m[warp][i] = m[i];
+                sm_l[warp][i] = l[i];
+            }
+        }
+    }
+    __syncthreads();
+    if (warp != 0 || grp != 0 || !dim_ok) return;
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+        if (lim[i] < 0) continue;
+        for (int w = 1; w < kAttnWarps; ++w) merge_state(m[i], l[i], acc[i], sm_m[w][i], sm_l[w][i], &sm_acc[w][i][8 * c]);
+        if (a.n_split == 1) {
+            const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
+            float* o = a.out + int64_t(tok[i]) * q_dim + head[i] * hd + 8 * c;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) o[j] = acc[i][j] * inv;
+        } else {
+            const int64_t slot = (int64_t(split) * a.n_tok + tok[i]) * a.n_head + head[i];
+            float* o = a.part_acc + slot * hd + 8 * c;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) o[j] = acc[i][j];
+            if (c == 0) a.part_ml[slot] = make_float2(m[i], l[i]);
+        }
+    }
+}
+
+// One block per (token, head), one thread per dim: out = sum_s acc_s 2^(m_s - M) / sum_s l_s 2^(m_s - M).
+__global__ void attention_combine_kernel(const float* __restrict__ part_acc, const float2* __restrict__ part_ml,
+                                         int32_t n_split, int32_t n_tok, int32_t n_head, int32_t hd,
+                                         float* __restrict__ out) {
+    const int64_t th = blockIdx.x;   // token * n_head + head
+    const int64_t stride = int64_t(n_tok) * n_head;
+    float mx = -INFINITY;
+    for (int s = 0; s < n_split; ++s) mx = fmaxf(mx, part_ml[s * stride + th].x);
+    float L = 0.f, o = 0.f;
+    for (int s = 0; s < n_split; ++s) {
+        const float2 ml = part_ml[s * stride + th];
+        if (ml.x == -INFINITY) continue;
+        const float w = exp2f(ml.x - mx);
+        L += ml.y * w;
+        o += part_acc[(s * stride + th) * hd + threadIdx.x] * w;
+    }
+    out[th * hd + threadIdx.x] = L > 0.f ? o / L : 0.f;
+}
+
+}  // namespace
+
+void attention(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s) {
+    if (a.head_dim % 8 || a.head_dim > kMaxHeadDim)
+        fail("cuda attention: head_dim ", a.head_dim, " must be a multiple of 8 and at most ", kMaxHeadDim);
+    if (a.n_head_kv <= 0 || a.n_head % a.n_head_kv)
+        fail("cuda attention: n_head ", a.n_head, " is not a multiple of n_head_kv ", a.n_head_kv);
+    if (a.n_tiles == 0) return;
+    const int n_rep = a.n_head / a.n_head_kv;
+    const int pairs = a.heads_per_cta * a.tile_len;
+    const int n_hchunks = (n_rep + a.heads_per_cta - 1) / a.heads_per_cta;
+    const dim3 grid(unsigned(a.n_tiles), unsigned(a.n_head_kv * n_hchunks), unsigned(a.n_split));
+    const dim3 block(kAttnWarps * kWarp);
+    if (pairs <= 1)
+        attention_kernel<1><<<grid, block, 0, s>>>(a, b);
+    else if (pairs <= 2)
+        attention_kernel<2><<<grid, block, 0, s>>>(a, b);
+    else if (pairs <= 4)
+        attention_kernel<4><<<grid, block, 0, s>>>(a, b);
+    else if (pairs <= 8)
+        attention_kernel<8><<<grid, block, 0, s>>>(a, b);
+    else
+        fail("cuda attention: ", pairs, " query heads per CTA exceeds 8");
+    EMBER_CUDA_LAUNCHED("attention");
+    if (a.n_split > 1) {
+        attention_combine_kernel<<<unsigned(a.n_tok * a.n_head), unsigned(a.head_dim), 0, s>>>(
+            a.part_acc, a.part_ml, a.n_split, a.n_tok, a.n_head, a.head_dim, a.out);
+        EMBER_CUDA_LAUNCHED("attention_combine");
+    }
+}
+
+}  // namespace cuda
+}  // namespace ember

@@ -1,0 +1,192 @@
+// ember-cuda-bench: times the CUDA backend's ops in isolation on random data (decode GEMV per
+// weight type in GB/s of weight bytes, prompt GEMM in TFLOP/s, paged attention in GB/s of
+// K/V bytes) and prints a markdown table. Ratios are against the device's own copy bandwidth,
+// measured in the same run.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "model/backend.h"
+#include "weight_pack.h"
+
+using namespace ember;
+
+namespace {
+
+std::mt19937_64 rng(1234);
+
+// Random blocks with finite small fp16 scales at the format's scale offsets.
+std::vector<uint8_t> random_weight(GGMLType t, int64_t n_out, int64_t n_in) {
+    const cuda::BlockInfo bi = cuda::block_info(t);
+    const int64_t n_blocks = n_out * (n_in / bi.block_elems);
+    std::vector<uint8_t> w(size_t(n_blocks) * bi.block_bytes);
+    std::uniform_int_distribution<int> byte(0, 255);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    if (t == GGMLType::F32) {
+        float* f = reinterpret_cast<float*>(w.data());
+        for (int64_t i = 0; i < n_blocks; ++i) f[i] = nd(rng);
+        return w;
+    }
+    if (t == GGMLType::F16 || t == GGMLType::BF16) {
+        uint16_t* h = reinterpret_cast<uint16_t*>(w.data());
+        for (int64_t i = 0; i < n_blocks; ++i) {
+            const float v = nd(rng);
+            if (t == GGMLType::F16) {
+                h[i] = __half_as_ushort(__float2half(v));
+            } else {
+                uint32_t u;
+                std::memcpy(&u, &v, 4);
+                h[i] = uint16_t(u >> 16);
+            }
+        }
+        return w;
+    }
+    for (auto& b : w) b = uint8_t(byte(rng));
+    std::vector<int> offs;
+    switch (t) {
+        case GGMLType::Q4_1: case GGMLType::Q5_1: case GGMLType::Q4_K: case GGMLType::Q5_K: offs = {0, 2}; break;
+        case GGMLType::Q6_K: offs = {208}; break;
+        default: offs = {0}; break;
+    }
+    std::uniform_real_distribution<float> sd(0.002f, 0.05f);
+    for (int64_t b = 0; b < n_blocks; ++b)
+        for (int o : offs) {
+            const uint16_t h = __half_as_ushort(__float2half(sd(rng)));
+            std::memcpy(&w[size_t(b) * bi.block_bytes + o], &h, 2);
+        }
+    return w;
+}
+
+// Median of `reps` timings of `fn` run `inner` times, in seconds per run.
+double time_it(Backend& be, const std::function<void()>& fn, int inner = 20, int reps = 7) {
+    fn();
+    be.synchronize();
+    std::vector<double> t;
+    for (int r = 0; r < reps; ++r) {
+        const auto a = std::chrono::steady_clock::now();
+        for (int i = 0; i < inner; ++i) fn();
+        be.synchronize();
+        t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count() / inner);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+}
+
+struct Named { GGMLType t; const char* name; };
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    try {
+        auto be = make_cuda_backend(0);
+        // Copy bandwidth (bytes read + written) of a 1 GiB device-to-device copy.
+        const size_t cb = size_t(1) << 30;
+        void* a = be->alloc(cb);
+        void* b = be->alloc(cb);
+        cudaMemset(a, 1, cb);
+        const double tc = time_it(*be, [&] { cudaMemcpy(b, a, cb, cudaMemcpyDeviceToDevice); }, 5, 5);
+        const double copy_bw = 2.0 * cb / tc;
+        be->free(a);
+        be->free(b);
+        std::printf("device copy bandwidth: %.0f GB/s (read + write)\n\n", copy_bw / 1e9);
+
+        const Named types[] = {{GGMLType::Q4_0, "Q4_0"}, {GGMLType::Q4_1, "Q4_1"}, {GGMLType::Q5_0, "Q5_0"},
+                               {GGMLType::Q5_1, "Q5_1"}, {GGMLType::Q8_0, "Q8_0"}, {GGMLType::Q4_K, "Q4_K"},
+                               {GGMLType::Q5_K, "Q5_K"}, {GGMLType::Q6_K, "Q6_K"}, {GGMLType::F16, "F16"},
+                               {GGMLType::BF16, "BF16"}, {GGMLType::F32, "F32"}};
+        // llama2-7b shapes: (n_in, n_out) of q/k/v/o, gate/up, down.
+        const int64_t shapes[3][2] = {{4096, 4096}, {4096, 11008}, {11008, 4096}};
+        std::printf("| type | shape | tok | us | GB/s | %% of copy bw | pp512 TFLOP/s |\n|---|---|---|---|---|---|---|\n");
+        for (const Named& ty : types) {
+            for (auto& sh : shapes) {
+                int64_t n_in = sh[0], n_out = sh[1];
+                if ((ty.t == GGMLType::Q4_K || ty.t == GGMLType::Q5_K || ty.t == GGMLType::Q6_K) && n_in % 256) n_in = 11264;
+                std::vector<uint8_t> host = random_weight(ty.t, n_out, n_in);
+                GGUFTensor gt{"w", ty.t, {n_in, n_out}, 0, host.size(), host.data()};
+                Weight w = be->prepare_weight(gt);
+                std::vector<float> xh(size_t(512) * n_in);
+                std::normal_distribution<float> nd(0.f, 1.f);
+                for (auto& v : xh) v = nd(rng);
+                float* x = static_cast<float*>(be->alloc(xh.size() * 4));
+                float* y = static_cast<float*>(be->alloc(size_t(512) * n_out * 4));
+                be->copy_from_host(x, xh.data(), xh.size() * 4);
+                const double wbytes = double(cuda::packed_layout(ty.t, n_in, n_out).total);
+                const double t1 = time_it(*be, [&] { be->matmul(w, x, 1, y); }, 50);
+                const double tg = time_it(*be, [&] { be->matmul(w, x, 512, y); }, 5);
+                std::printf("| %s | %lldx%lld | 1 | %.1f | %.0f | %.0f%% | %.0f |\n", ty.name, (long long)n_out,
+                            (long long)n_in, t1 * 1e6, wbytes / t1 / 1e9, 100.0 * wbytes / t1 / (copy_bw / 2),
+                            2.0 * 512 * n_in * n_out / tg / 1e12);
+                be->free(x);
+                be->free(y);
+                be->free(const_cast<void*>(w.data));
+            }
+        }
+
+        // Paged attention: llama2-7b heads (32 x 128, no GQA), one decode token at depth, and a
+        // 512-token prompt.
+        std::printf("\n| attention | ctx | us | GB/s of K/V | TFLOP/s |\n|---|---|---|---|---|\n");
+        const int n_head = 32, n_kv = 32, hd = 128, bs = 16;
+        for (int ctx : {512, 4096, 16384}) {
+            const int n_blocks = ctx / bs;
+            KVLayer kv;
+            kv.n_blocks = n_blocks;
+            kv.block_size = bs;
+            kv.n_head_kv = n_kv;
+            kv.head_dim = hd;
+            const size_t kvb = size_t(ctx) * n_kv * hd * 2;
+            kv.k = be->alloc(kvb);
+            kv.v = be->alloc(kvb);
+            std::vector<__half> kvh(kvb / 2);
+            std::normal_distribution<float> nd(0.f, 1.f);
+            for (auto& v : kvh) v = __float2half(nd(rng));
+            be->copy_from_host(kv.k, kvh.data(), kvb);
+            be->copy_from_host(kv.v, kvh.data(), kvb);
+            std::vector<int32_t> table(n_blocks);
+            for (int i = 0; i < n_blocks; ++i) table[i] = (i * 7919) % n_blocks;
+            const int n_q = 512;
+            std::vector<float> qh(size_t(n_q) * n_head * hd);
+            for (auto& v : qh) v = nd(rng);
+            float* q = static_cast<float*>(be->alloc(qh.size() * 4));
+            float* o = static_cast<float*>(be->alloc(qh.size() * 4));
+            be->copy_from_host(q, qh.data(), qh.size() * 4);
+            const AttentionShape shape{n_head, n_kv, hd, 0.08838834764f};
+            BatchInfo bi;
+            bi.n_tok = 1;
+            bi.pos = {ctx - 1};
+            bi.seq = {0};
+            bi.n_seq = 1;
+            bi.max_blocks = n_blocks;
+            bi.block_table = table;
+            be->set_batch(bi);
+            const double td = time_it(*be, [&] { be->attention(kv, q, 1, shape, o); }, 50);
+            std::printf("| decode 1 tok | %d | %.1f | %.0f | - |\n", ctx, td * 1e6, 2.0 * kvb / td / 1e9);
+            if (ctx == 512) {
+                bi.n_tok = n_q;
+                bi.pos.resize(n_q);
+                bi.seq.assign(n_q, 0);
+                for (int i = 0; i < n_q; ++i) bi.pos[i] = i;
+                be->set_batch(bi);
+                const double tp = time_it(*be, [&] { be->attention(kv, q, n_q, shape, o); }, 5);
+                const double flops = 4.0 * n_head * hd * (double(n_q) * (n_q + 1) / 2);
+                std::printf("| prompt 512 tok | %d | %.1f | - | %.2f |\n", ctx, tp * 1e6, flops / tp / 1e12);
+            }
+            be->free(q);
+            be->free(o);
+            be->free(kv.k);
+            be->free(kv.v);
+        }
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "ember-cuda-bench: %s\n", e.what());
+        return 1;
+    }
+    (void)argc;
+    (void)argv;
+    return 0;
+}

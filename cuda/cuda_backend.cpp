@@ -1,0 +1,492 @@
+// The CUDA Backend: device memory, weight upload, batch metadata in fixed device buffers,
+// op dispatch (GEMV for decode, dequantize + cuBLAS for prompts), and decode-step CUDA graphs.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "cuda_check.h"
+#include "kernels.h"
+#include "model/backend.h"
+#include "weight_pack.h"
+
+namespace ember {
+
+namespace cuda {
+
+void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line) {
+    cudaGetLastError();   // clear a sticky launch error so the next call starts clean
+    const std::string msg = cat("CUDA error ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ") in ",
+                                what, " at ", file, ":", line);
+    if (err == cudaErrorMemoryAllocation) throw OutOfMemory(msg);
+    throw std::runtime_error(msg);
+}
+
+namespace {
+
+#define EMBER_CUBLAS_CHECK(expr)                                                                   \
+    do {                                                                                           \
+        cublasStatus_t st_ = (expr);                                                               \
+        if (st_ != CUBLAS_STATUS_SUCCESS)                                                          \
+            throw std::runtime_error(cat("cuBLAS error ", cublasGetStatusName(st_), " in ", #expr)); \
+    } while (0)
+
+constexpr double kMiB = 1024.0 * 1024.0;
+constexpr int kKeysPerSplit = 256;     // flash-decoding: one split per this many keys
+constexpr int kTargetAttnCtas = 1024;  // split only while the grid is smaller than this
+constexpr int kTileLens[4] = {1, 2, 4, 8};
+
+int pow2_ceil(int v) {
+    int p = 1;
+    while (p < v) p <<= 1;
+    return p;
+}
+int pow2_floor(int v) {
+    int p = 1;
+    while (p * 2 <= v) p <<= 1;
+    return p;
+}
+
+uint64_t mix(uint64_t h, uint64_t v) {
+    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    return h;
+}
+
+float bf16_bits_to_float(uint16_t b) {
+    const uint32_t u = uint32_t(b) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+class CudaBackend final : public Backend {
+public:
+    explicit CudaBackend(int device) : device_(device) {
+        int n = 0;
+        const cudaError_t e = cudaGetDeviceCount(&n);
+        if (e != cudaSuccess || n == 0) {
+            cudaGetLastError();
+            fail("cuda: no CUDA device is present (", cudaGetErrorString(e), ")");
+        }
+        if (device < 0 || device >= n) fail("cuda: device ", device, " does not exist (", n, " present)");
+        EMBER_CUDA_CHECK(cudaSetDevice(device_));
+        EMBER_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+        EMBER_CUDA_CHECK(cudaEventCreateWithFlags(&staging_done_, cudaEventDisableTiming));
+        EMBER_CUBLAS_CHECK(cublasCreate(&cublas_));
+        EMBER_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+        // A fixed workspace keeps cuBLAS from allocating inside a captured graph.
+        cublas_ws_ = alloc(kCublasWorkspace);
+        EMBER_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_ws_, kCublasWorkspace));
+    }
+
+    ~CudaBackend() override {
+        cudaSetDevice(device_);
+        cudaStreamSynchronize(stream_);
+        for (auto& g : graphs_) cudaGraphExecDestroy(g.second);
+        if (cublas_) cublasDestroy(cublas_);
+        for (void* p : owned_) cudaFree(p);
+        for (Scratch* s : {&xq_, &xds_, &xh_, &wh_, &batch_dev_, &part_acc_, &part_ml_}) cudaFree(s->p);
+        cudaFree(cublas_ws_);
+        if (staging_) cudaFreeHost(staging_);
+        cudaEventDestroy(staging_done_);
+        cudaStreamDestroy(stream_);
+    }
+
+    const char* name() const override { return "cuda"; }
+    bool is_host() const override { return false; }
+    size_t kv_elem_bytes() const override { return 2; }
+
+    void* alloc(size_t bytes) override {
+        EMBER_CUDA_CHECK(cudaSetDevice(device_));
+        void* p = nullptr;
+        const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 1));
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            size_t free_b = 0, total_b = 0;
+            cudaMemGetInfo(&free_b, &total_b);
+            throw OutOfMemory(cat("cuda: needed ", bytes / kMiB, " MiB, free ", free_b / kMiB, " MiB of ",
+                                  total_b / kMiB, " MiB on GPU ", device_));
+        }
+        // A new buffer may replace one a recorded graph writes to (the caller's key cannot tell).
+        invalidate_graphs();
+        return p;
+    }
+    void free(void* p) override {
+        if (p) EMBER_CUDA_CHECK(cudaFree(p));
+    }
+    void copy_from_host(void* dst, const void* src, size_t bytes) override {
+        ++epoch_;
+        EMBER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+    }
+    void copy_to_host(void* dst, const void* src, size_t bytes) override {
+        EMBER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+        EMBER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
+    void synchronize() override { EMBER_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+    Weight prepare_weight(const GGUFTensor& t) override {
+        if (t.ne.empty()) fail("cuda: tensor ", t.name, " has no dimensions");
+        int64_t rows = 1;
+        for (size_t i = 1; i < t.ne.size(); ++i) rows *= t.ne[i];
+        Weight w;
+        w.type = t.type;
+        w.n_in = t.ne[0];
+        w.n_out = rows;
+        w.src = &t;
+        const PackedLayout L = packed_layout(t.type, w.n_in, w.n_out);
+        const size_t raw = size_t(L.n_blocks) * size_t(rows) * size_t(block_info(t.type).block_bytes);
+        if (raw > t.nbytes) fail("cuda: tensor ", t.name, " holds ", t.nbytes, " bytes, its shape needs ", raw);
+        void* d = alloc(L.total);
+        owned_.push_back(d);
+        if (L.qs_bytes == 0) {
+            EMBER_CUDA_CHECK(cudaMemcpy(d, t.data, L.total, cudaMemcpyHostToDevice));
+        } else {
+            std::vector<uint8_t> packed(L.total);
+            pack_weight(t.type, w.n_in, w.n_out, t.data, packed.data());
+            EMBER_CUDA_CHECK(cudaMemcpy(d, packed.data(), L.total, cudaMemcpyHostToDevice));
+        }
+        w.data = d;
+        return w;
+    }
+
+    const float* prepare_vector(const GGUFTensor& t) override {
+        int64_t n = 1;
+        for (int64_t v : t.ne) n *= v;
+        std::vector<float> host(size_t(std::max<int64_t>(n, 0)));
+        const uint16_t* h16 = reinterpret_cast<const uint16_t*>(t.data);
+        switch (t.type) {
+            case GGMLType::F32:
+                if (t.nbytes < size_t(n) * 4) fail("cuda: vector ", t.name, " is truncated");
+                std::memcpy(host.data(), t.data, size_t(n) * 4);
+                break;
+            case GGMLType::F16:
+                if (t.nbytes < size_t(n) * 2) fail("cuda: vector ", t.name, " is truncated");
+                for (int64_t i = 0; i < n; ++i) host[i] = __half2float(__ushort_as_half(h16[i]));
+                break;
+            case GGMLType::BF16:
+                if (t.nbytes < size_t(n) * 2) fail("cuda: vector ", t.name, " is truncated");
+                for (int64_t i = 0; i < n; ++i) host[i] = bf16_bits_to_float(h16[i]);
+                break;
+            default: fail("cuda: vector ", t.name, " must be F32, F16 or BF16, got type ", uint32_t(t.type));
+        }
+        void* d = alloc(host.size() * 4);
+        owned_.push_back(d);
+        EMBER_CUDA_CHECK(cudaMemcpy(d, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+        return static_cast<const float*>(d);
+    }
+
+    // Positions, sequence ids, block table and attention tiles go to one fixed device buffer
+    // through a pinned staging copy; offsets depend only on capacities, so a captured graph
+    // stays valid while the contents change.
+    void set_batch(const BatchInfo& b) override {
+        ++epoch_;
+        const int32_t n_tok = b.n_tok;
+        if (n_tok < 0 || int64_t(b.pos.size()) < n_tok || int64_t(b.seq.size()) < n_tok)
+            fail("cuda set_batch: n_tok ", n_tok, " but ", b.pos.size(), " positions and ", b.seq.size(), " sequence ids");
+        if (int64_t(b.block_table.size()) < int64_t(b.n_seq) * b.max_blocks)
+            fail("cuda set_batch: block table holds ", b.block_table.size(), " entries, need ", b.n_seq, " x ", b.max_blocks);
+        int32_t max_pos = -1;
+        for (int32_t t = 0; t < n_tok; ++t) {
+            if (b.seq[t] < 0 || b.seq[t] >= b.n_seq) fail("cuda set_batch: token ", t, " has sequence ", b.seq[t], " of ", b.n_seq);
+            if (b.pos[t] < 0) fail("cuda set_batch: token ", t, " has negative position ", b.pos[t]);
+            max_pos = std::max(max_pos, b.pos[t]);
+        }
+        // Capacities grow (never shrink); growing reallocates and invalidates recorded graphs.
+        // The block table keeps a fixed row stride so a sequence growing by a block does not
+        // change any kernel parameter.
+        if (n_tok > cap_tok_ || b.n_seq > cap_seq_ || b.max_blocks > bt_stride_) {
+            cap_tok_ = std::max(cap_tok_, pow2_ceil(std::max(n_tok, 8)));
+            cap_seq_ = std::max(cap_seq_, pow2_ceil(std::max(b.n_seq, 1)));
+            bt_stride_ = std::max(bt_stride_, pow2_ceil(std::max(b.max_blocks, 64)));
+            invalidate_graphs();
+        }
+        // int32 layout: pos[cap_tok] seq[cap_tok] tiles[4][cap_tok][2] block_table[cap_seq][bt_stride]
+        const size_t n_words = size_t(cap_tok_) * 10 + size_t(cap_seq_) * size_t(bt_stride_);
+        ensure(batch_dev_, n_words * 4);
+        if (staging_cap_ < n_words * 4) {
+            EMBER_CUDA_CHECK(cudaEventSynchronize(staging_done_));
+            if (staging_) EMBER_CUDA_CHECK(cudaFreeHost(staging_));
+            staging_ = nullptr;
+            EMBER_CUDA_CHECK(cudaMallocHost(&staging_, n_words * 4));
+            staging_cap_ = n_words * 4;
+        }
+        EMBER_CUDA_CHECK(cudaEventSynchronize(staging_done_));   // the previous step's copy has read it
+        int32_t* w = static_cast<int32_t*>(staging_);
+        std::copy(b.pos.begin(), b.pos.begin() + n_tok, w);
+        std::copy(b.seq.begin(), b.seq.begin() + n_tok, w + cap_tok_);
+        for (int k = 0; k < 4; ++k) {
+            int32_t* tiles = w + 2 * cap_tok_ + size_t(k) * 2 * cap_tok_;
+            int n = 0;
+            for (int32_t t = 0; t < n_tok;) {
+                int32_t e = t + 1;
+                while (e < n_tok && e - t < kTileLens[k] && b.seq[e] == b.seq[t]) ++e;
+                tiles[2 * n] = t;
+                tiles[2 * n + 1] = e - t;
+                ++n;
+                t = e;
+            }
+            n_tiles_[k] = n;
+        }
+        int32_t* bt = w + 10 * size_t(cap_tok_);
+        for (int32_t q = 0; q < b.n_seq; ++q)
+            std::copy(b.block_table.begin() + int64_t(q) * b.max_blocks, b.block_table.begin() + int64_t(q + 1) * b.max_blocks,
+                      bt + int64_t(q) * bt_stride_);
+        EMBER_CUDA_CHECK(cudaMemcpyAsync(batch_dev_.p, staging_, n_words * 4, cudaMemcpyHostToDevice, stream_));
+        EMBER_CUDA_CHECK(cudaEventRecord(staging_done_, stream_));
+        const int32_t* d = static_cast<const int32_t*>(batch_dev_.p);
+        dbatch_.pos = d;
+        dbatch_.seq = d + cap_tok_;
+        dbatch_.block_table = d + 10 * size_t(cap_tok_);
+        dbatch_.max_blocks = bt_stride_;
+        n_tok_ = n_tok;
+        max_len_ = max_pos + 1;
+        uint64_t sig = uint64_t(n_tok);
+        for (int k = 0; k < 4; ++k) sig = mix(sig, uint64_t(n_tiles_[k]));
+        sig = mix(sig, uint64_t(pow2_ceil((max_len_ + kKeysPerSplit - 1) / kKeysPerSplit)));
+        batch_sig_ = sig;
+    }
+
+    void matmul(const Weight& w, const float* x, int32_t n_tok, float* y) override {
+        ++epoch_;
+        if (n_tok <= 0) return;
+        cuda::DeviceWeight dw{w.type, static_cast<const uint8_t*>(w.data), packed_layout(w.type, w.n_in, w.n_out),
+                              w.n_in, w.n_out};
+        if (n_tok <= kMaxGemvTokens) {
+            if (gemv_wants_q8(w.type)) {
+                // Q, K and V (and gate, up) read the same input back to back: quantize it once.
+                const bool cached = q8_x_ == x && q8_tok_ == n_tok && q8_n_ == w.n_in && q8_epoch_ + 1 == epoch_;
+                if (!cached) {
+                    ensure(xq_, size_t(n_tok) * w.n_in);
+                    ensure(xds_, size_t(n_tok) * (w.n_in / 32) * sizeof(float2));
+                    quantize_q8_1(x, static_cast<int8_t*>(xq_.p), static_cast<float2*>(xds_.p), n_tok, w.n_in, stream_);
+                }
+                q8_x_ = x;
+                q8_tok_ = n_tok;
+                q8_n_ = w.n_in;
+                q8_epoch_ = epoch_;
+            }
+            gemv(dw, x, static_cast<const int8_t*>(xq_.p), static_cast<const float2*>(xds_.p), n_tok, y, stream_);
+            return;
+        }
+        // Prompt batches: tensor cores through cuBLAS, y^T [n_out x n_tok] = W [n_out x n_in] x^T
+        // (column-major: A = W^T with lda n_in, B = x^T with ldb n_in, C ldc n_out).
+        const float one = 1.f, zero = 0.f;
+        const void* A = w.data;
+        const void* B = x;
+        cudaDataType ta = CUDA_R_32F, tb = CUDA_R_32F;
+        const size_t nx = size_t(n_tok) * size_t(w.n_in);
+        if (w.type == GGMLType::F32) {
+            // float weights stay float (no tensor-core rounding of small F32 tensors)
+        } else if (w.type == GGMLType::BF16) {
+            ensure(xh_, nx * 2);
+            convert_to_bf16(x, static_cast<__nv_bfloat16*>(xh_.p), int64_t(nx), stream_);
+            ta = tb = CUDA_R_16BF;
+            B = xh_.p;
+        } else {
+            ensure(xh_, nx * 2);
+            convert_to_f16(x, static_cast<__half*>(xh_.p), int64_t(nx), stream_);
+            ta = tb = CUDA_R_16F;
+            B = xh_.p;
+            if (w.type != GGMLType::F16) {
+                ensure(wh_, size_t(w.n_out) * size_t(w.n_in) * 2);
+                dequantize_f16(dw, static_cast<__half*>(wh_.p), stream_);
+                A = wh_.p;
+            }
+        }
+        EMBER_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(w.n_out), n_tok, int(w.n_in), &one, A, ta,
+                                        int(w.n_in), B, tb, int(w.n_in), &zero, y, CUDA_R_32F, int(w.n_out),
+                                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+
+    void rmsnorm(const float* x, const float* gamma, int32_t n_tok, int32_t dim, float eps, float* y) override {
+        ++epoch_;
+        cuda::rmsnorm(x, gamma, n_tok, dim, eps, y, stream_);
+    }
+    void rope(float* x, int32_t n_tok, int32_t n_heads, int32_t head_dim, float freq_base, bool neox) override {
+        ++epoch_;
+        check_batch(n_tok, "rope");
+        cuda::rope(x, dbatch_.pos, n_tok, n_heads, head_dim, freq_base, neox, stream_);
+    }
+    void kv_store(KVLayer& kv, const float* k, const float* v, int32_t n_tok) override {
+        ++epoch_;
+        check_batch(n_tok, "kv_store");
+        cuda::kv_store(static_cast<__half*>(kv.k), static_cast<__half*>(kv.v), kv.block_size, kv.n_head_kv * kv.head_dim,
+                       k, v, n_tok, dbatch_, stream_);
+    }
+    void attention(const KVLayer& kv, const float* q, int32_t n_tok, const AttentionShape& shape, float* out) override {
+        ++epoch_;
+        check_batch(n_tok, "attention");
+        if (shape.n_head_kv != kv.n_head_kv || shape.head_dim != kv.head_dim)
+            fail("cuda attention: shape (", shape.n_head_kv, " kv heads of ", shape.head_dim, ") does not match the KV layer (",
+                 kv.n_head_kv, " of ", kv.head_dim, ")");
+        cuda::AttentionArgs a{};
+        a.k_cache = static_cast<const __half*>(kv.k);
+        a.v_cache = static_cast<const __half*>(kv.v);
+        a.block_size = kv.block_size;
+        a.n_head = shape.n_head;
+        a.n_head_kv = shape.n_head_kv;
+        a.head_dim = shape.head_dim;
+        a.scale = shape.scale;
+        a.q = q;
+        a.out = out;
+        a.n_tok = n_tok;
+        const int n_rep = shape.n_head_kv > 0 ? shape.n_head / shape.n_head_kv : 1;
+        a.heads_per_cta = std::min(n_rep, 8);
+        // Decode-sized batches: one token per CTA; prompts: share K/V among up to 8 queries.
+        int k = 0;
+        if (n_tok > kMaxGemvTokens) {
+            const int tq = std::max(1, 8 / pow2_ceil(a.heads_per_cta));
+            while (kTileLens[k] < tq) ++k;
+        }
+        a.tile_len = kTileLens[k];
+        a.n_tiles = n_tiles_[k];
+        a.tiles = reinterpret_cast<const cuda::AttnTile*>(dbatch_.pos + 2 * cap_tok_ + size_t(k) * 2 * cap_tok_);
+        const int n_hchunks = (n_rep + a.heads_per_cta - 1) / a.heads_per_cta;
+        const int base = a.n_tiles * shape.n_head_kv * n_hchunks;
+        const int want = pow2_ceil((max_len_ + kKeysPerSplit - 1) / kKeysPerSplit);
+        a.n_split = std::max(1, std::min(want, pow2_floor(std::max(1, kTargetAttnCtas / std::max(base, 1)))));
+        if (a.n_split > 1) {
+            const size_t slots = size_t(a.n_split) * n_tok * shape.n_head;
+            ensure(part_acc_, slots * shape.head_dim * 4);
+            ensure(part_ml_, slots * sizeof(float2));
+            a.part_acc = static_cast<float*>(part_acc_.p);
+            a.part_ml = static_cast<float2*>(part_ml_.p);
+        }
+        cuda::attention(a, dbatch_, stream_);
+    }
+    void swiglu(const float* gate, const float* up, int64_t n, float* out) override {
+        ++epoch_;
+        cuda::swiglu(gate, up, n, out, stream_);
+    }
+    void add(float* x, const float* y, int64_t n) override {
+        ++epoch_;
+        cuda::add(x, y, n, stream_);
+    }
+    void add_bias(float* x, const float* bias, int32_t n_tok, int32_t dim) override {
+        ++epoch_;
+        cuda::add_bias(x, bias, n_tok, dim, stream_);
+    }
+
+    // Decode-step graphs: a step is keyed by the caller's key, the batch shape and the
+    // attention split; its first run goes eagerly (sizing every scratch buffer), its second is
+    // captured, later ones replay the graph.
+    bool step_begin(uint64_t key) override {
+        if (capturing_) abort_capture();
+        if (n_tok_ > kMaxGemvTokens || n_tok_ <= 0) return false;
+        const uint64_t full = mix(mix(key, batch_sig_), graph_gen_);
+        auto it = graphs_.find(full);
+        if (it != graphs_.end()) {
+            EMBER_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
+            return true;
+        }
+        if (!seen_.insert(full).second) {
+            EMBER_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+            capturing_ = true;
+            capture_key_ = full;
+            capture_gen_ = graph_gen_;
+        }
+        return false;
+    }
+    void step_end() override {
+        if (!capturing_) return;
+        capturing_ = false;
+        cudaGraph_t g = nullptr;
+        EMBER_CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
+        if (capture_gen_ != graph_gen_) {   // a buffer moved during the step: run it, keep nothing
+            cudaGraphExec_t once = nullptr;
+            const cudaError_t e = cudaGraphInstantiate(&once, g, 0);
+            cudaGraphDestroy(g);
+            EMBER_CUDA_CHECK(e);
+            EMBER_CUDA_CHECK(cudaGraphLaunch(once, stream_));
+            EMBER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+            cudaGraphExecDestroy(once);
+            return;
+        }
+        cudaGraphExec_t exec = nullptr;
+        const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
+        cudaGraphDestroy(g);
+        EMBER_CUDA_CHECK(e);
+        graphs_[capture_key_] = exec;
+        EMBER_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+    }
+
+private:
+    struct Scratch {
+        void* p = nullptr;
+        size_t cap = 0;
+    };
+    static constexpr size_t kCublasWorkspace = size_t(32) << 20;
+
+    void ensure(Scratch& s, size_t bytes) {
+        if (bytes <= s.cap) return;
+        if (capturing_) fail("cuda: scratch buffer must grow to ", bytes, " bytes inside a captured step");
+        if (s.p) {
+            EMBER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+            EMBER_CUDA_CHECK(cudaFree(s.p));
+            s.p = nullptr;
+            s.cap = 0;
+        }
+        const size_t cap = std::max(bytes, s.cap * 3 / 2);
+        s.p = alloc(cap);
+        s.cap = cap;
+        invalidate_graphs();
+    }
+    void invalidate_graphs() {
+        ++graph_gen_;
+        for (auto& g : graphs_) cudaGraphExecDestroy(g.second);
+        graphs_.clear();
+        seen_.clear();
+    }
+    void abort_capture() {
+        cudaGraph_t g = nullptr;
+        cudaStreamEndCapture(stream_, &g);
+        if (g) cudaGraphDestroy(g);
+        cudaGetLastError();
+        capturing_ = false;
+    }
+    void check_batch(int32_t n_tok, const char* op) const {
+        if (n_tok != n_tok_) fail("cuda ", op, ": n_tok ", n_tok, " but set_batch gave ", n_tok_);
+    }
+
+    int device_;
+    cudaStream_t stream_ = nullptr;
+    cublasHandle_t cublas_ = nullptr;
+    void* cublas_ws_ = nullptr;
+    std::vector<void*> owned_;
+    Scratch xq_, xds_, xh_, wh_, batch_dev_, part_acc_, part_ml_;
+
+    // batch mirror
+    void* staging_ = nullptr;
+    size_t staging_cap_ = 0;
+    cudaEvent_t staging_done_ = nullptr;
+    int32_t cap_tok_ = 0, cap_seq_ = 0, bt_stride_ = 0;
+    cuda::DeviceBatch dbatch_{};
+    int32_t n_tok_ = 0, max_len_ = 0;
+    int n_tiles_[4] = {0, 0, 0, 0};
+    uint64_t batch_sig_ = 0;
+
+    // q8 activations cache
+    uint64_t epoch_ = 0, q8_epoch_ = ~uint64_t(0) - 1;
+    const float* q8_x_ = nullptr;
+    int32_t q8_tok_ = 0;
+    int64_t q8_n_ = 0;
+
+    // graphs
+    std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
+    std::unordered_set<uint64_t> seen_;
+    uint64_t graph_gen_ = 0, capture_key_ = 0, capture_gen_ = 0;
+    bool capturing_ = false;
+};
+
+}  // namespace
+}  // namespace cuda
+
+std::unique_ptr<Backend> make_cuda_backend(int device) { return std::make_unique<cuda::CudaBackend>(device); }
+
+}  // namespace ember

@@ -1,0 +1,76 @@
+// Elementwise ops on float activations: swiglu, residual add, bias add, and the KV store
+// (float K/V rows -> f16 cache slots addressed through the block table).
+#include "common.cuh"
+#include "kernels.h"
+
+namespace ember {
+namespace cuda {
+
+namespace {
+
+unsigned grid_for(int64_t n) {
+    const int64_t g = (n + 255) / 256;
+    return unsigned(g < 65536 ? (g > 0 ? g : 1) : 65536);
+}
+
+__global__ void swiglu_kernel(const float* __restrict__ g, const float* __restrict__ u, int64_t n, float* __restrict__ o) {
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+        const float a = g[i];
+        o[i] = a / (1.f + expf(-a)) * u[i];
+    }
+}
+
+__global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, int64_t n) {
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+        x[i] += y[i];
+}
+
+__global__ void add_bias_kernel(float* __restrict__ x, const float* __restrict__ b, int64_t n, int32_t dim) {
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+        x[i] += b[i % dim];
+}
+
+// One block per token; K and V rows [kv_dim] go to slot pos % block_size of physical block
+// block_table[seq][pos / block_size], layout [n_blocks][block_size][kv_dim].
+__global__ void kv_store_kernel(__half* __restrict__ kc, __half* __restrict__ vc, int32_t block_size, int32_t kv_dim,
+                                const float* __restrict__ k, const float* __restrict__ v, DeviceBatch b) {
+    const int t = blockIdx.x;
+    const int p = b.pos[t];
+    const int64_t phys = b.block_table[int64_t(b.seq[t]) * b.max_blocks + p / block_size];
+    const int64_t dst = (phys * block_size + p % block_size) * kv_dim;
+    for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
+        kc[dst + i] = __float2half_rn(k[int64_t(t) * kv_dim + i]);
+        vc[dst + i] = __float2half_rn(v[int64_t(t) * kv_dim + i]);
+    }
+}
+
+}  // namespace
+
+void swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t s) {
+    if (n <= 0) return;
+    swiglu_kernel<<<grid_for(n), 256, 0, s>>>(gate, up, n, out);
+    EMBER_CUDA_LAUNCHED("swiglu");
+}
+
+void add(float* x, const float* y, int64_t n, cudaStream_t s) {
+    if (n <= 0) return;
+    add_kernel<<<grid_for(n), 256, 0, s>>>(x, y, n);
+    EMBER_CUDA_LAUNCHED("add");
+}
+
+void add_bias(float* x, const float* bias, int32_t n_tok, int32_t dim, cudaStream_t s) {
+    const int64_t n = int64_t(n_tok) * dim;
+    if (n <= 0) return;
+    add_bias_kernel<<<grid_for(n), 256, 0, s>>>(x, bias, n, dim);
+    EMBER_CUDA_LAUNCHED("add_bias");
+}
+
+void kv_store(__half* k_cache, __half* v_cache, int32_t block_size, int32_t kv_dim, const float* k, const float* v,
+              int32_t n_tok, const DeviceBatch& b, cudaStream_t s) {
+    if (n_tok <= 0) return;
+    kv_store_kernel<<<unsigned(n_tok), 128, 0, s>>>(k_cache, v_cache, block_size, kv_dim, k, v, b);
+    EMBER_CUDA_LAUNCHED("kv_store");
+}
+
+}  // namespace cuda
+}  // namespace ember

@@ -1,0 +1,81 @@
+// Launchers of the CUDA backend's kernels (one .cu file per kernel family). All are
+// asynchronous on the given stream and never synchronize, so a decode step can be captured.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ember/quant.h"
+#include "weight_pack.h"
+
+namespace ember {
+namespace cuda {
+
+// A weight as the GEMV / dequantize kernels see it.
+struct DeviceWeight {
+    GGMLType type;
+    const uint8_t* base;   // packed layout (weight_pack.h)
+    PackedLayout layout;
+    int64_t n_in, n_out;
+};
+
+// Activations as q8_1-style blocks of 32: q int8 [n_tok][n], ds float2 [n_tok][n/32] holding
+// (scale d, d * sum of the block's quants), so an offset format's constant term costs one FMA.
+void quantize_q8_1(const float* x, int8_t* q, float2* ds, int32_t n_tok, int64_t n, cudaStream_t s);
+void convert_to_f16(const float* x, __half* y, int64_t n, cudaStream_t s);
+void convert_to_bf16(const float* x, __nv_bfloat16* y, int64_t n, cudaStream_t s);
+
+// Most tokens one GEMV launch takes; larger batches go through dequantize + cuBLAS.
+constexpr int kMaxGemvTokens = 8;
+// Whether this type's GEMV reads activations quantized by quantize_q8_1 (else float x).
+bool gemv_wants_q8(GGMLType type);
+// y [n_tok][n_out] = x [n_tok][n_in] * W^T, n_tok <= kMaxGemvTokens.
+void gemv(const DeviceWeight& w, const float* x, const int8_t* xq, const float2* xds,
+          int32_t n_tok, float* y, cudaStream_t s);
+// W -> out [n_out][n_in] f16 (quantized types only) for the tensor-core path.
+void dequantize_f16(const DeviceWeight& w, __half* out, cudaStream_t s);
+
+void rmsnorm(const float* x, const float* gamma, int32_t n_tok, int32_t dim, float eps, float* y,
+             cudaStream_t s);
+void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_heads, int32_t head_dim,
+          float freq_base, bool neox, cudaStream_t s);
+void swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t s);
+void add(float* x, const float* y, int64_t n, cudaStream_t s);
+void add_bias(float* x, const float* bias, int32_t n_tok, int32_t dim, cudaStream_t s);
+
+// Batch addressing mirrored on the device (fixed buffers, rewritten by set_batch).
+struct DeviceBatch {
+    const int32_t* pos;           // [n_tok]
+    const int32_t* seq;           // [n_tok]
+    const int32_t* block_table;   // [n_seq][max_blocks]
+    int32_t max_blocks;
+};
+
+void kv_store(__half* k_cache, __half* v_cache, int32_t block_size, int32_t kv_dim,
+              const float* k, const float* v, int32_t n_tok, const DeviceBatch& b, cudaStream_t s);
+
+// A run of <= tile_len consecutive batch tokens of one sequence: attention shares K/V loads
+// among the tile's queries. Built on the host by set_batch for each tile length.
+struct AttnTile { int32_t first, count; };
+
+struct AttentionArgs {
+    const __half* k_cache;
+    const __half* v_cache;
+    int32_t block_size, n_head, n_head_kv, head_dim;
+    float scale;
+    const float* q;               // [n_tok][n_head * head_dim]
+    float* out;                   // [n_tok][n_head * head_dim]
+    int32_t n_tok;
+    const AttnTile* tiles;        // device
+    int32_t n_tiles, tile_len;    // tokens per tile (1, 2, 4 or 8)
+    int32_t heads_per_cta;        // q heads of one kv head handled together
+    int32_t n_split;              // key range split into this many parts (flash-decoding)
+    float* part_acc;              // [n_split][n_tok][n_head][head_dim] when n_split > 1
+    float2* part_ml;              // [n_split][n_tok][n_head] (running max, sum of exp)
+};
+void attention(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s);
+
+}  // namespace cuda
+}  // namespace ember

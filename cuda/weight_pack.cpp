@@ -1,0 +1,105 @@
+// Host-side re-layout of ggml weight blocks for upload (see weight_pack.h for the layout).
+#include "weight_pack.h"
+
+#include <cstring>
+
+#include "ember/status.h"
+
+namespace ember {
+namespace cuda {
+
+namespace {
+size_t align256(size_t n) { return (n + 255) & ~size_t(255); }
+}  // namespace
+
+// The CUDA backend keeps its own small table so ember_cuda needs no symbol of ember_core.
+BlockInfo block_info(GGMLType type) {
+    switch (type) {
+        case GGMLType::F32: return {1, 4, "F32"};
+        case GGMLType::F16: return {1, 2, "F16"};
+        case GGMLType::BF16: return {1, 2, "BF16"};
+        case GGMLType::Q4_0: return {32, 18, "Q4_0"};
+        case GGMLType::Q4_1: return {32, 20, "Q4_1"};
+        case GGMLType::Q5_0: return {32, 22, "Q5_0"};
+        case GGMLType::Q5_1: return {32, 24, "Q5_1"};
+        case GGMLType::Q8_0: return {32, 34, "Q8_0"};
+        case GGMLType::Q4_K: return {256, 144, "Q4_K"};
+        case GGMLType::Q5_K: return {256, 176, "Q5_K"};
+        case GGMLType::Q6_K: return {256, 210, "Q6_K"};
+        default: fail("cuda: weight type ", uint32_t(type), " is not supported by the CUDA backend");
+    }
+}
+
+PackedLayout packed_layout(GGMLType type, int64_t n_in, int64_t n_out) {
+    const BlockInfo tt = block_info(type);
+    if (n_in % tt.block_elems != 0)
+        fail("cuda: a ", tt.name, " row of ", n_in, " elements is not a whole number of ",
+             tt.block_elems, "-element blocks");
+    PackedLayout L;
+    L.n_blocks = n_in / tt.block_elems;
+    const size_t nblk = size_t(L.n_blocks) * size_t(n_out);
+    switch (type) {
+        case GGMLType::F32: case GGMLType::F16: case GGMLType::BF16:
+        case GGMLType::Q4_K: case GGMLType::Q5_K:
+            L.total = nblk * tt.block_bytes;
+            if (type == GGMLType::F32 && n_in % 4) fail("cuda: F32 rows must hold a multiple of 4 elements, got ", n_in);
+            if ((type == GGMLType::F16 || type == GGMLType::BF16) && n_in % 8)
+                fail("cuda: F16/BF16 rows must hold a multiple of 8 elements, got ", n_in);
+            return L;
+        case GGMLType::Q4_0: L.qs_bytes = 16; L.meta_bytes = 2; break;
+        case GGMLType::Q4_1: L.qs_bytes = 16; L.meta_bytes = 4; break;
+        case GGMLType::Q5_0: L.qs_bytes = 16; L.meta_bytes = 8; break;
+        case GGMLType::Q5_1: L.qs_bytes = 16; L.meta_bytes = 8; break;
+        case GGMLType::Q8_0: L.qs_bytes = 32; L.meta_bytes = 2; break;
+        case GGMLType::Q6_K: L.qs_bytes = 192; L.meta_bytes = 16; L.meta2_bytes = 2; break;
+        default: fail("cuda: weight type ", tt.name, " has no packed layout");
+    }
+    L.meta_off = align256(nblk * L.qs_bytes);
+    L.meta2_off = align256(L.meta_off + nblk * L.meta_bytes);
+    L.total = L.meta2_off + nblk * L.meta2_bytes;
+    return L;
+}
+
+void pack_weight(GGMLType type, int64_t n_in, int64_t n_out, const uint8_t* src, uint8_t* dst) {
+    const PackedLayout L = packed_layout(type, n_in, n_out);
+    const BlockInfo tt = block_info(type);
+    const size_t nblk = size_t(L.n_blocks) * size_t(n_out);
+    if (L.qs_bytes == 0) {
+        std::memcpy(dst, src, nblk * tt.block_bytes);
+        return;
+    }
+    uint8_t* qs = dst;
+    uint8_t* meta = dst + L.meta_off;
+    uint8_t* meta2 = dst + L.meta2_off;
+    std::memset(dst, 0, L.total);
+    for (size_t b = 0; b < nblk; ++b) {
+        const uint8_t* s = src + b * tt.block_bytes;
+        uint8_t* q = qs + b * L.qs_bytes;
+        uint8_t* m = meta + b * L.meta_bytes;
+        switch (type) {
+            case GGMLType::Q4_0:   // {f16 d; u8 qs[16]}
+                std::memcpy(m, s, 2); std::memcpy(q, s + 2, 16); break;
+            case GGMLType::Q4_1:   // {f16 d, m; u8 qs[16]}
+                std::memcpy(m, s, 4); std::memcpy(q, s + 4, 16); break;
+            case GGMLType::Q5_0: { // {f16 d; u8 qh[4]; u8 qs[16]}
+                MetaQ5_0 mm{};
+                std::memcpy(&mm.d, s, 2); std::memcpy(&mm.qh, s + 2, 4);
+                std::memcpy(m, &mm, sizeof mm); std::memcpy(q, s + 6, 16); break;
+            }
+            case GGMLType::Q5_1: { // {f16 d, m; u8 qh[4]; u8 qs[16]}
+                MetaQ5_1 mm{};
+                std::memcpy(&mm.d, s, 2); std::memcpy(&mm.m, s + 2, 2); std::memcpy(&mm.qh, s + 4, 4);
+                std::memcpy(m, &mm, sizeof mm); std::memcpy(q, s + 8, 16); break;
+            }
+            case GGMLType::Q8_0:   // {f16 d; i8 qs[32]}
+                std::memcpy(m, s, 2); std::memcpy(q, s + 2, 32); break;
+            case GGMLType::Q6_K:   // {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}
+                std::memcpy(q, s, 192); std::memcpy(m, s + 192, 16);
+                std::memcpy(meta2 + b * 2, s + 208, 2); break;
+            default: break;
+        }
+    }
+}
+
+}  // namespace cuda
+}  // namespace ember

@@ -1,0 +1,21 @@
+// Model quantizer (ember-quantize): GGUF in -> GGUF out, tensor by tensor, multi-threaded.
+#pragma once
+#include <functional>
+#include <string>
+
+namespace ember {
+
+struct QuantizeParams {
+    std::string input, output;
+    std::string type;              // Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K Q4_K_M Q5_K_M Q4_K_S Q5_K_S F16 BF16 F32
+    int n_threads = 0;             // 0: all hardware threads
+    bool allow_requantize = false; // quantizing an already-quantized file loses precision twice
+};
+
+// Progress callback: (tensor index, tensor count, tensor name, chosen type name).
+using QuantizeProgress = std::function<void(int, int, const std::string&, const char*)>;
+
+// Throws InvalidInput naming the file / tensor / type that is wrong.
+void quantize_model(const QuantizeParams& params, const QuantizeProgress& progress = nullptr);
+
+}  // namespace ember

@@ -1,0 +1,163 @@
+// Python access to single backend ops on numpy arrays, so every kernel (CPU SIMD, CUDA) can be
+// tested against a reference on fresh random data. Each call copies inputs in and results out.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "ember/status.h"
+#include "model/backend.h"
+
+namespace nb = nanobind;
+using namespace ember;
+
+namespace {
+
+using F32In = nb::ndarray<const float, nb::c_contig, nb::device::cpu>;
+using F32Out = nb::ndarray<nb::numpy, float>;
+
+F32Out make_out(std::vector<float>&& v, std::initializer_list<size_t> shape) {
+    auto* heap = new std::vector<float>(std::move(v));
+    nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
+    return F32Out(heap->data(), shape, owner);
+}
+
+// Device buffer that frees itself.
+struct Buf {
+    Backend& be;
+    void* p;
+    Buf(Backend& b, size_t bytes) : be(b), p(b.alloc(std::max<size_t>(bytes, 4))) {}
+    Buf(Backend& b, const void* src, size_t bytes) : Buf(b, bytes) { b.copy_from_host(p, src, bytes); }
+    ~Buf() { be.free(p); }
+    float* f() { return static_cast<float*>(p); }
+};
+
+std::vector<float> download(Backend& be, Buf& b, size_t n) {
+    std::vector<float> out(n);
+    be.synchronize();
+    be.copy_to_host(out.data(), b.p, n * sizeof(float));
+    return out;
+}
+
+BatchInfo one_sequence_batch(const std::vector<int32_t>& pos, const std::vector<int32_t>& table) {
+    BatchInfo b;
+    b.n_tok = (int32_t)pos.size();
+    b.pos = pos;
+    b.seq.assign(pos.size(), 0);
+    b.n_seq = 1;
+    b.max_blocks = (int32_t)table.size();
+    b.block_table = table;
+    return b;
+}
+
+struct PyBackend {
+    std::unique_ptr<Backend> be;
+    PyBackend(const std::string& kind, int n_threads) {
+        if (kind == "cpu") be = make_cpu_backend(n_threads);
+        else if (kind == "cuda") be = make_cuda_backend(0);
+        else fail("backend kind must be 'cpu' or 'cuda', got '", kind, "'");
+    }
+
+    F32Out matmul(uint32_t type_id, nb::ndarray<const uint8_t, nb::c_contig, nb::device::cpu> w, int64_t n_in,
+                  F32In x) {
+        const TypeTraits* tr = find_type_traits(type_id);
+        if (!tr) fail("unknown type id ", type_id);
+        if (w.ndim() != 2 || w.shape(1) != row_bytes(tr->type, n_in))
+            fail("weight must be [n_out, ", row_bytes(tr->type, n_in), "] bytes for ", n_in, " ", tr->name,
+                 " elements per row");
+        if (x.ndim() != 2 || (int64_t)x.shape(1) != n_in) fail("x must be [n_tok, ", n_in, "] float32");
+        GGUFTensor t{"w", tr->type, {n_in, (int64_t)w.shape(0)}, 0, w.size(), w.data()};
+        const int32_t n_tok = (int32_t)x.shape(0);
+        const int64_t n_out = (int64_t)w.shape(0);
+        Weight wt = be->prepare_weight(t);
+        Buf xb(*be, x.data(), x.size() * sizeof(float)), yb(*be, (size_t)n_tok * n_out * sizeof(float));
+        be->matmul(wt, xb.f(), n_tok, yb.f());
+        return make_out(download(*be, yb, (size_t)n_tok * n_out), {(size_t)n_tok, (size_t)n_out});
+    }
+
+    F32Out rmsnorm(F32In x, F32In gamma, float eps) {
+        const int32_t n_tok = (int32_t)x.shape(0), dim = (int32_t)x.shape(1);
+        if (x.ndim() != 2 || gamma.size() != (size_t)dim) fail("rmsnorm: x [n_tok, dim] and gamma [dim]");
+        Buf xb(*be, x.data(), x.size() * 4), gb(*be, gamma.data(), gamma.size() * 4), yb(*be, x.size() * 4);
+        be->rmsnorm(xb.f(), gb.f(), n_tok, dim, eps, yb.f());
+        return make_out(download(*be, yb, x.size()), {(size_t)n_tok, (size_t)dim});
+    }
+
+    F32Out rope(F32In x, std::vector<int32_t> pos, int32_t n_heads, int32_t head_dim, float base, bool neox) {
+        if (x.ndim() != 2 || x.shape(0) != pos.size() || x.shape(1) != (size_t)n_heads * head_dim)
+            fail("rope: x must be [len(pos), n_heads * head_dim]");
+        be->set_batch(one_sequence_batch(pos, {0}));
+        Buf xb(*be, x.data(), x.size() * 4);
+        be->rope(xb.f(), (int32_t)pos.size(), n_heads, head_dim, base, neox);
+        return make_out(download(*be, xb, x.size()), {x.shape(0), x.shape(1)});
+    }
+
+    F32Out swiglu(F32In g, F32In u) {
+        if (g.size() != u.size()) fail("swiglu: gate and up must have the same size");
+        Buf gb(*be, g.data(), g.size() * 4), ub(*be, u.data(), u.size() * 4), ob(*be, g.size() * 4);
+        be->swiglu(gb.f(), ub.f(), (int64_t)g.size(), ob.f());
+        return make_out(download(*be, ob, g.size()), {g.size()});
+    }
+
+    // q [n_q, n_head*hd] at positions pos (each < len); k_all/v_all [len, n_head_kv*hd] are the
+    // sequence's keys/values, scattered into blocks through a shuffled block table.
+    F32Out attention(F32In q, F32In k_all, F32In v_all, std::vector<int32_t> pos, int32_t n_head,
+                     int32_t n_head_kv, int32_t head_dim, int32_t block_size, uint64_t seed) {
+        const int32_t len = (int32_t)k_all.shape(0);
+        const size_t kw = (size_t)n_head_kv * head_dim, qw = (size_t)n_head * head_dim;
+        if (k_all.ndim() != 2 || k_all.shape(1) != kw || v_all.size() != k_all.size())
+            fail("attention: k_all, v_all must be [len, n_head_kv * head_dim]");
+        if (q.ndim() != 2 || q.shape(0) != pos.size() || q.shape(1) != qw)
+            fail("attention: q must be [len(pos), n_head * head_dim]");
+        for (int32_t p : pos) if (p < 0 || p >= len) fail("attention: position ", p, " outside [0, ", len, ")");
+        const int32_t n_used = (len + block_size - 1) / block_size;
+        const int32_t n_blocks = n_used * 2;   // spare blocks so ids are not simply 0..n-1
+        std::vector<int32_t> ids(n_blocks);
+        std::iota(ids.begin(), ids.end(), 0);
+        std::shuffle(ids.begin(), ids.end(), std::mt19937_64(seed));
+        std::vector<int32_t> table(ids.begin(), ids.begin() + n_used);
+        KVLayer kv;
+        kv.n_blocks = n_blocks;
+        kv.block_size = block_size;
+        kv.n_head_kv = n_head_kv;
+        kv.head_dim = head_dim;
+        const size_t kv_bytes = (size_t)n_blocks * block_size * kw * be->kv_elem_bytes();
+        Buf kb(*be, kv_bytes), vb(*be, kv_bytes);
+        kv.k = kb.p;
+        kv.v = vb.p;
+        std::vector<int32_t> all_pos(len);
+        std::iota(all_pos.begin(), all_pos.end(), 0);
+        be->set_batch(one_sequence_batch(all_pos, table));
+        Buf ks(*be, k_all.data(), k_all.size() * 4), vs(*be, v_all.data(), v_all.size() * 4);
+        be->kv_store(kv, ks.f(), vs.f(), len);
+        be->set_batch(one_sequence_batch(pos, table));
+        Buf qb(*be, q.data(), q.size() * 4), ob(*be, q.size() * 4);
+        const AttentionShape shape{n_head, n_head_kv, head_dim, 1.0f / std::sqrt((float)head_dim)};
+        be->attention(kv, qb.f(), (int32_t)pos.size(), shape, ob.f());
+        return make_out(download(*be, ob, q.size()), {q.shape(0), q.shape(1)});
+    }
+};
+
+}  // namespace
+
+void bind_backend(nb::module_& m) {
+    nb::class_<PyBackend>(m, "Backend")
+        .def(nb::init<const std::string&, int>(), nb::arg("kind") = "cpu", nb::arg("n_threads") = 2)
+        .def_prop_ro("name", [](const PyBackend& b) { return std::string(b.be->name()); })
+        .def("matmul", &PyBackend::matmul, nb::arg("type_id"), nb::arg("weight"), nb::arg("n_in"), nb::arg("x"))
+        .def("rmsnorm", &PyBackend::rmsnorm, nb::arg("x"), nb::arg("gamma"), nb::arg("eps"))
+        .def("rope", &PyBackend::rope, nb::arg("x"), nb::arg("pos"), nb::arg("n_heads"), nb::arg("head_dim"),
+             nb::arg("base"), nb::arg("neox"))
+        .def("swiglu", &PyBackend::swiglu, nb::arg("gate"), nb::arg("up"))
+        .def("attention", &PyBackend::attention, nb::arg("q"), nb::arg("k_all"), nb::arg("v_all"), nb::arg("pos"),
+             nb::arg("n_head"), nb::arg("n_head_kv"), nb::arg("head_dim"), nb::arg("block_size"),
+             nb::arg("seed") = 0);
+}

@@ -1,0 +1,27 @@
+// Python binding of the model quantizer (ember-quantize).
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/function.h>
+#include <nanobind/stl/string.h>
+
+#include "ember/quantize.h"
+
+namespace nb = nanobind;
+
+void bind_quantize(nb::module_& m) {
+    m.def(
+        "quantize_model",
+        [](const std::string& input, const std::string& output, const std::string& type, int n_threads,
+           bool allow_requantize, nb::object progress) {
+            ember::QuantizeParams p{input, output, type, n_threads, allow_requantize};
+            ember::QuantizeProgress cb;
+            if (!progress.is_none())
+                cb = [progress](int i, int n, const std::string& name, const char* type_name) {
+                    nb::gil_scoped_acquire gil;
+                    progress(i, n, name, type_name);
+                };
+            nb::gil_scoped_release release;
+            ember::quantize_model(p, cb);
+        },
+        nb::arg("input"), nb::arg("output"), nb::arg("type"), nb::arg("n_threads") = 0,
+        nb::arg("allow_requantize") = false, nb::arg("progress") = nb::none());
+}

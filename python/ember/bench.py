@@ -1,0 +1,114 @@
+"""ember-bench: prompt-processing and generation speed, printed as a markdown table like llama-bench.
+
+pp<P>: one forward over P prompt tokens. tg<N>: N tokens generated one at a time (after a prompt of
+depth D with -d). For generation the table adds the effective weight bandwidth (bytes of weights and KV
+read per token x tokens/s) and its share of the memory-bandwidth roofline.
+"""
+import argparse
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from . import _ember
+
+# Measured copy bandwidth of the H100 the anchors ran on (see docs/performance.md).
+GPU_BANDWIDTH_GBS = 3000.0
+
+
+def host_bandwidth_gbs() -> float:
+    """Host memory bandwidth: best of a few 256 MiB copies, counting bytes read plus written."""
+    src = np.ones(1 << 25, dtype=np.float64)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t)
+    return 2 * src.nbytes / best / 1e9
+
+
+def decode_bytes_per_token(model, ngl: int, depth: int) -> float:
+    """Weight bytes one decode step reads (every matrix once; only one embedding row) plus the KV."""
+    import gguf  # metadata reader for tensor sizes
+
+    reader = gguf.GGUFReader(model.path)
+    total = 0
+    tied = not any(t.name == "output.weight" for t in reader.tensors)
+    for t in reader.tensors:
+        if t.name == "token_embd.weight" and not tied:
+            continue
+        total += int(t.n_bytes)
+    kv_elem = 2 if ngl != 0 else 4
+    head_dim = model.n_embd // model.n_head
+    kv = 2 * model.n_layer * model.n_head_kv * head_dim * kv_elem * depth
+    return float(total + kv)
+
+
+def run_test(ctx, rng, n_vocab, n_prompt, n_gen, depth):
+    ctx.truncate(0)
+    if depth:
+        ctx.eval(rng.integers(0, n_vocab, depth).tolist())
+    if n_prompt:
+        tokens = rng.integers(0, n_vocab, n_prompt).tolist()
+        t = time.perf_counter()
+        ctx.eval(tokens)
+        return n_prompt / (time.perf_counter() - t)
+    token = [int(rng.integers(0, n_vocab))]
+    t = time.perf_counter()
+    for _ in range(n_gen):
+        ctx.eval(token)
+        token = [int(np.argmax(ctx.logits()))]
+    return n_gen / (time.perf_counter() - t)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="ember-bench", description=__doc__.splitlines()[0])
+    ap.add_argument("-m", "--model", required=True)
+    ap.add_argument("-ngl", "--n-gpu-layers", type=int, default=0)
+    ap.add_argument("-p", "--n-prompt", type=int, default=512)
+    ap.add_argument("-n", "--n-gen", type=int, default=128)
+    ap.add_argument("-d", "--depth", type=int, default=0, help="tokens already in the cache before each test")
+    ap.add_argument("-r", "--repetitions", type=int, default=3)
+    ap.add_argument("-t", "--threads", type=int, default=0)
+    ap.add_argument("-b", "--batch-size", type=int, default=512)
+    ap.add_argument("--bandwidth", type=float, default=0.0, help="roofline GB/s (default: measured host / H100)")
+    args = ap.parse_args(argv)
+    try:
+        model = _ember.Model(args.model, n_gpu_layers=args.n_gpu_layers)
+    except (OSError, ValueError, RuntimeError, MemoryError) as e:
+        print(f"ember-bench: error: {e}", file=sys.stderr)
+        return 1
+    n_ctx = args.depth + max(args.n_prompt, args.n_gen) + 1
+    ctx = _ember.Context(model, n_ctx=n_ctx, n_batch=args.batch_size, n_threads=args.threads)
+    on_gpu = args.n_gpu_layers != 0
+    bandwidth = args.bandwidth or (GPU_BANDWIDTH_GBS if on_gpu else host_bandwidth_gbs())
+    rng = np.random.default_rng(1234)
+    backend = "CUDA" if on_gpu else "CPU"
+    print(f"| model | size | params | backend | ngl | threads | test | t/s | GB/s | % roofline ({bandwidth:.0f} GB/s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    tests = []
+    if args.n_prompt > 0:
+        tests.append((f"pp{args.n_prompt}", args.n_prompt, 0))
+    if args.n_gen > 0:
+        tests.append((f"tg{args.n_gen}", 0, args.n_gen))
+    for name, n_prompt, n_gen in tests:
+        if args.depth:
+            name += f" @ d{args.depth}"
+        run_test(ctx, rng, model.n_vocab, min(n_prompt, 32), min(n_gen, 4), 0)   # warm-up
+        speeds = [run_test(ctx, rng, model.n_vocab, n_prompt, n_gen, args.depth) for _ in range(args.repetitions)]
+        mean = statistics.mean(speeds)
+        std = statistics.stdev(speeds) if len(speeds) > 1 else 0.0
+        gbs = roof = ""
+        if n_gen:
+            rate = decode_bytes_per_token(model, args.n_gpu_layers, args.depth + n_gen // 2) * mean / 1e9
+            gbs, roof = f"{rate:.1f}", f"{100 * rate / bandwidth:.1f}%"
+        print(f"| {model.path.rsplit('/', 1)[-1]} | {model.size_bytes / 2**30:.2f} GiB | {model.n_params / 1e9:.2f} B "
+              f"| {backend} | {args.n_gpu_layers} | {args.threads or 'all'} | {name} | {mean:.2f} ± {std:.2f} "
+              f"| {gbs} | {roof} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

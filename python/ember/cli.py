@@ -1,0 +1,56 @@
+"""The `ember` command: load a GGUF model and stream a completion of a prompt to stdout
+(ember -m MODEL -p PROMPT -n N [--temp T] [--seed S] [-c N_CTX] [-t THREADS] [-ngl N])."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ember", description="Complete a prompt with a GGUF model.")
+    p.add_argument("-m", "--model", required=True, help="path of the GGUF model file")
+    p.add_argument("-p", "--prompt", required=True, help="the prompt text")
+    p.add_argument("-n", "--n-predict", type=int, default=128,
+                   help="tokens to generate (<= 0: until end of generation or a full context)")
+    p.add_argument("--temp", type=float, default=0.8, help="temperature (<= 0: greedy)")
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--repeat-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=-1, help="RNG seed (-1: random)")
+    p.add_argument("-c", "--ctx-size", type=int, default=512, help="context size (0: the model's)")
+    p.add_argument("-b", "--batch-size", type=int, default=512, help="prompt tokens per forward")
+    p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, help="blocks on the GPU (-1: all)")
+    p.add_argument("--echo", action="store_true", help="print the prompt before the completion")
+    p.add_argument("-v", "--verbose", action="store_true", help="print a load summary to stderr")
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    from .llama import Llama   # imported here so --help works without the native module
+
+    try:
+        llm = Llama(args.model, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads,
+                    n_gpu_layers=args.n_gpu_layers, seed=args.seed, verbose=args.verbose)
+        with llm:
+            chunks = llm.create_completion(args.prompt, max_tokens=args.n_predict, temperature=args.temp,
+                                           top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                                           repeat_penalty=args.repeat_penalty, echo=args.echo, stream=True)
+            for chunk in chunks:
+                sys.stdout.write(chunk["choices"][0]["text"])
+                sys.stdout.flush()
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+    except (ValueError, OSError) as e:
+        print(f"ember: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

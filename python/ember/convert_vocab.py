@@ -1,0 +1,316 @@
+"""Tokenizer of a Hugging Face model directory -> GGUF tokenizer.* metadata: byte-level BPE from
+tokenizer.json (vocab, merges, pre-tokenizer name), SentencePiece from tokenizer.model or from a
+SentencePiece-style tokenizer.json (Metaspace + byte-fallback BPE); special tokens, add_bos/eos,
+and the chat template."""
+import json
+import os
+import re
+from dataclasses import dataclass, field
+
+from .convert_error import ConvertError
+
+# GGUF token types (the numbering of SentencePiece's ModelProto.SentencePiece.Type).
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+# Split regexes of the byte-level BPE pre-tokenizers ember knows, as tokenizer.json stores them.
+_LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+              r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+             r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+PRE_NAMES = ("gpt-2", "llama-bpe", "qwen2", "smollm")
+_BYTE_TOKEN_RE = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
+
+
+@dataclass
+class Vocab:
+    model: str                       # tokenizer.ggml.model: "gpt2" or "llama"
+    tokens: list
+    types: list
+    scores: list = None
+    merges: list = None
+    pre: str = None
+    add_space_prefix: bool = None
+    remove_extra_whitespaces: bool = None
+    special_ids: dict = field(default_factory=dict)   # "bos"/"eos"/"unk"/"pad" -> id
+    add_bos: bool = False
+    add_eos: bool = False
+    chat_template: object = None
+
+
+def _read_json(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except ValueError as e:
+        raise ConvertError(f"{path}: malformed JSON ({e})") from None
+
+
+def _components(node):
+    """A pre-tokenizer/normalizer as a flat list of its parts (Sequence nodes expanded)."""
+    if not node:
+        return []
+    if node.get("type") == "Sequence":
+        parts = node.get("pretokenizers") or node.get("normalizers") or []
+        return [c for p in parts for c in _components(p)]
+    return [node]
+
+
+def identify_pre(tokenizer_json):
+    """The llama.cpp pre-tokenizer name whose split rules equal this tokenizer.json's."""
+    parts = _components(tokenizer_json.get("pre_tokenizer"))
+    kinds = [p.get("type") for p in parts]
+    if any(p.get("type") == "ByteLevel" and p.get("add_prefix_space") for p in parts):
+        raise ConvertError("tokenizer.json: ByteLevel pre-tokenizer with add_prefix_space is not supported")
+    if kinds == ["ByteLevel"] and parts[0].get("use_regex", True):
+        return "gpt-2"
+    if kinds == ["Digits", "ByteLevel"] and parts[0].get("individual_digits") and parts[1].get("use_regex", True):
+        return "smollm"
+    if kinds == ["Split", "ByteLevel"] and not parts[1].get("use_regex", True):
+        split = parts[0]
+        regex = (split.get("pattern") or {}).get("Regex")
+        if split.get("behavior") == "Isolated" and not split.get("invert"):
+            if regex == _LLAMA3_RE:
+                return "llama-bpe"
+            if regex == _QWEN2_RE:
+                return "qwen2"
+    summary = json.dumps(tokenizer_json.get("pre_tokenizer"))[:200]
+    raise ConvertError(f"tokenizer.json: unrecognised pre-tokenizer {summary} "
+                       f"(pass --pre with one of {', '.join(PRE_NAMES)} if it splits text the same way)")
+
+
+def _pad(tokens, types, scores, n_vocab):
+    """Extends the token list to the model's vocab_size (embedding rows with no token)."""
+    for i in range(len(tokens), n_vocab):
+        tokens.append(f"[PAD{i}]")
+        types.append(UNUSED)
+        if scores is not None:
+            scores.append(-1000.0)
+
+
+def _place_added(tokens, types, added, path):
+    """Puts tokenizer.json's added_tokens at their ids (inside or past the base vocab)."""
+    for a in added:
+        i, text = int(a["id"]), a["content"]
+        while len(tokens) <= i:
+            tokens.append(None)
+            types.append(UNUSED)
+        if tokens[i] is not None and tokens[i] != text:
+            raise ConvertError(f"{path}: added token {text!r} has id {i}, already used by {tokens[i]!r}")
+        tokens[i] = text
+        types[i] = CONTROL if a.get("special") else USER_DEFINED
+
+
+def _from_vocab_dict(model, path):
+    vocab = model.get("vocab") or {}
+    if not isinstance(vocab, dict):
+        raise ConvertError(f"{path}: model.vocab is not a token -> id map")
+    tokens = [None] * (max(vocab.values()) + 1 if vocab else 0)
+    for text, i in vocab.items():
+        tokens[i] = text
+    return tokens, [NORMAL] * len(tokens)
+
+
+def _merges(model):
+    # Older files store "a b" strings, newer ones [a, b] pairs; GGUF stores "a b".
+    return [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
+
+
+def _fill_holes(tokens, types):
+    for i, t in enumerate(tokens):
+        if t is None:
+            tokens[i] = f"[PAD{i}]"
+            types[i] = UNUSED
+
+
+def _bpe_from_json(tj, path, pre_override):
+    model = tj["model"]
+    tokens, types = _from_vocab_dict(model, path)
+    _place_added(tokens, types, tj.get("added_tokens") or [], path)
+    _fill_holes(tokens, types)
+    return Vocab(model="gpt2", tokens=tokens, types=types, merges=_merges(model),
+                 pre=pre_override or identify_pre(tj))
+
+
+def _spm_from_json(tj, path):
+    """A SentencePiece model exported as tokenizer.json: byte-fallback BPE over "▁"-joined text.
+    llama.cpp's SentencePiece tokenizer merges the best-scored pair first; giving each token the
+    negated rank of the first merge producing it reproduces the BPE merge order."""
+    model = tj["model"]
+    tokens, types = _from_vocab_dict(model, path)
+    merges = _merges(model)
+    scores = [0.0] * len(tokens)
+    ranked = {}
+    for rank, m in enumerate(merges):
+        a, b = m.split(" ", 1)
+        ranked.setdefault(a + b, rank)
+    index = {t: i for i, t in enumerate(tokens) if t is not None}
+    for text, i in index.items():
+        if text in ranked:
+            scores[i] = -float(ranked[text])
+        elif len(text) > 1:
+            scores[i] = -float(len(merges) + i)   # reachable only through a merge: lowest priority
+        if _BYTE_TOKEN_RE.match(text):
+            types[i] = BYTE
+    unk = model.get("unk_token")
+    if unk in index:
+        types[index[unk]] = UNKNOWN
+    _place_added(tokens, types, tj.get("added_tokens") or [], path)
+    _fill_holes(tokens, types)
+    scores += [0.0] * (len(tokens) - len(scores))
+    norm = _components(tj.get("normalizer"))
+    pre = _components(tj.get("pre_tokenizer"))
+    prefix = any(n.get("type") == "Prepend" for n in norm) or any(
+        p.get("type") == "Metaspace" and p.get("prepend_scheme", "always") != "never"
+        and p.get("add_prefix_space", True) for p in pre)
+    return Vocab(model="llama", tokens=tokens, types=types, scores=scores,
+                 add_space_prefix=prefix, remove_extra_whitespaces=False)
+
+
+def _spm_from_model(path):
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    with open(path, "rb") as f:
+        try:
+            proto.ParseFromString(f.read())
+        except Exception as e:   # protobuf raises its own DecodeError
+            raise ConvertError(f"{path}: not a SentencePiece model ({e})") from None
+    if proto.trainer_spec.model_type not in (1, 2):   # UNIGRAM, BPE
+        raise ConvertError(f"{path}: unsupported SentencePiece model type {proto.trainer_spec.model_type}")
+    tokens = [p.piece for p in proto.pieces]
+    types = [int(p.type) for p in proto.pieces]
+    scores = [float(p.score) for p in proto.pieces]
+    ids = {"unk": proto.trainer_spec.unk_id, "bos": proto.trainer_spec.bos_id,
+           "eos": proto.trainer_spec.eos_id, "pad": proto.trainer_spec.pad_id}
+    v = Vocab(model="llama", tokens=tokens, types=types, scores=scores,
+              add_space_prefix=proto.normalizer_spec.add_dummy_prefix,
+              remove_extra_whitespaces=proto.normalizer_spec.remove_extra_whitespaces,
+              add_bos=True)
+    v.special_ids = {k: i for k, i in ids.items() if 0 <= i < len(tokens)}
+    return v
+
+
+def _token_text(value):
+    # tokenizer_config.json stores special tokens as strings or AddedToken dicts.
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _post_processor_flags(tj):
+    """add_bos/add_eos as the fast tokenizer's TemplateProcessing applies them; None if unknown."""
+    post = (tj or {}).get("post_processor") or {}
+    procs = (post.get("processors") or []) if post.get("type") == "Sequence" else [post]
+    for p in procs:
+        if p.get("type") == "TemplateProcessing":
+            single = p.get("single") or []
+            first = bool(single) and "SpecialToken" in single[0]
+            last = len(single) > 1 and "SpecialToken" in single[-1]
+            return first, last
+    return None
+
+
+def _chat_template(model_dir, config):
+    tmpl = config.get("chat_template")
+    if tmpl:
+        return tmpl
+    jinja = os.path.join(model_dir, "chat_template.jinja")
+    if os.path.exists(jinja):
+        with open(jinja, encoding="utf-8") as f:
+            return f.read()
+    js = os.path.join(model_dir, "chat_template.json")
+    if os.path.exists(js):
+        return _read_json(js).get("chat_template")
+    return None
+
+
+def load_vocab(model_dir, model_config, pre_override=None):
+    """Reads the tokenizer of model_dir; n_vocab rows of the embedding get a token each."""
+    n_vocab = int(model_config["vocab_size"])
+    tj_path = os.path.join(model_dir, "tokenizer.json")
+    sp_path = os.path.join(model_dir, "tokenizer.model")
+    tc_path = os.path.join(model_dir, "tokenizer_config.json")
+    tj = _read_json(tj_path) if os.path.exists(tj_path) else None
+    tcfg = _read_json(tc_path) if os.path.exists(tc_path) else {}
+
+    if os.path.exists(sp_path):
+        vocab = _spm_from_model(sp_path)
+        # Tokens the HF tokenizer adds past the SentencePiece vocab, or marks special inside it.
+        added = list(tj.get("added_tokens") or []) if tj else []
+        for i, a in (tcfg.get("added_tokens_decoder") or {}).items():
+            added.append({"id": int(i), "content": a.get("content"), "special": a.get("special")})
+        for a in added:
+            i = int(a["id"])
+            if i < len(vocab.tokens) and vocab.tokens[i] == a["content"]:
+                if a.get("special") and vocab.types[i] == NORMAL:
+                    vocab.types[i] = CONTROL
+            else:
+                _place_added(vocab.tokens, vocab.types, [a], tj_path)
+                vocab.scores += [0.0] * (len(vocab.tokens) - len(vocab.scores))
+        _fill_holes(vocab.tokens, vocab.types)
+    elif tj is not None:
+        model = tj.get("model") or {}
+        if model.get("type") != "BPE":
+            raise ConvertError(f"{tj_path}: unsupported tokenizer model type {model.get('type')!r} (expected BPE)")
+        if model.get("byte_fallback"):
+            vocab = _spm_from_json(tj, tj_path)
+        else:
+            vocab = _bpe_from_json(tj, tj_path, pre_override)
+    else:
+        raise ConvertError(f"no tokenizer in {model_dir} (expected tokenizer.json or tokenizer.model)")
+
+    if len(vocab.tokens) > n_vocab:
+        raise ConvertError(f"tokenizer has {len(vocab.tokens)} tokens, more than vocab_size={n_vocab}")
+    _pad(vocab.tokens, vocab.types, vocab.scores, n_vocab)
+
+    index = {}
+    for i, t in enumerate(vocab.tokens):
+        index.setdefault(t, i)
+    for kind in ("bos", "eos", "unk", "pad"):
+        text = _token_text(tcfg.get(f"{kind}_token"))
+        if text is not None and text in index:
+            vocab.special_ids[kind] = index[text]
+        elif kind not in vocab.special_ids:
+            cid = model_config.get(f"{kind}_token_id")
+            if isinstance(cid, list):
+                cid = cid[0] if cid else None
+            if isinstance(cid, int) and 0 <= cid < n_vocab:
+                vocab.special_ids[kind] = cid
+
+    flags = _post_processor_flags(tj)
+    if flags is not None:
+        vocab.add_bos, vocab.add_eos = flags
+    elif vocab.model == "gpt2":
+        vocab.add_bos = vocab.add_eos = False
+    if isinstance(tcfg.get("add_bos_token"), bool):
+        vocab.add_bos = tcfg["add_bos_token"]
+    if isinstance(tcfg.get("add_eos_token"), bool):
+        vocab.add_eos = tcfg["add_eos_token"]
+    vocab.chat_template = _chat_template(model_dir, tcfg)
+    return vocab
+
+
+def add_vocab(writer, vocab):
+    writer.add_tokenizer_model(vocab.model)
+    if vocab.pre is not None:
+        writer.add_tokenizer_pre(vocab.pre)
+    elif vocab.model == "llama":
+        writer.add_tokenizer_pre("default")
+    writer.add_token_list(vocab.tokens)
+    writer.add_token_types(vocab.types)
+    if vocab.scores is not None:
+        writer.add_token_scores(vocab.scores)
+    if vocab.merges is not None:
+        writer.add_token_merges(vocab.merges)
+    setters = {"bos": writer.add_bos_token_id, "eos": writer.add_eos_token_id,
+               "unk": writer.add_unk_token_id, "pad": writer.add_pad_token_id}
+    for kind, i in vocab.special_ids.items():
+        setters[kind](i)
+    writer.add_add_bos_token(bool(vocab.add_bos))
+    writer.add_add_eos_token(bool(vocab.add_eos))
+    if vocab.add_space_prefix is not None:
+        writer.add_add_space_prefix(bool(vocab.add_space_prefix))
+    if vocab.remove_extra_whitespaces is not None:
+        writer.add_remove_extra_whitespaces(bool(vocab.remove_extra_whitespaces))
+    if vocab.chat_template:
+        writer.add_chat_template(vocab.chat_template)

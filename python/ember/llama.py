@@ -1,0 +1,388 @@
+"""The `Llama` class: llama-cpp-python's high-level API (create_completion, streaming, stop strings,
+logprobs, prefix reuse) over ember's Model / Context / Sampler / IncrementalDetokenizer."""
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from typing import Dict, Iterator, List, Optional, Sequence, Union
+
+import numpy as np
+
+from . import _ember
+
+DEFAULT_SEED = 0xFFFFFFFF   # "draw a random seed", as in llama.cpp
+
+# llama-cpp-python constructor arguments that change nothing in ember (memory mapping is always
+# on, flash attention and NUMA are not separate modes here, chat formatting is not applied by
+# create_completion); accepted so existing code ports unchanged.
+_HARMLESS_KWARGS = frozenset({
+    "use_mmap", "use_mlock", "logits_all", "n_threads_batch", "n_ubatch", "numa", "flash_attn",
+    "chat_format",
+})
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Numerically stable log-softmax over the last axis, in float64."""
+    x = logits.astype(np.float64)
+    m = np.max(x, axis=-1, keepdims=True)
+    return x - (m + np.log(np.sum(np.exp(x - m), axis=-1, keepdims=True)))
+
+
+def _stop_prefix_len(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of some stop string: text
+    that may still turn into a stop string and so must not be streamed yet."""
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best
+
+
+def _find_stop(text: str, stops: Sequence[str], start: int) -> int:
+    """Index of the earliest stop string occurrence in text[start:...], or -1."""
+    found = -1
+    for s in stops:
+        i = text.find(s, start)
+        if i >= 0 and (found < 0 or i < found):
+            found = i
+    return found
+
+
+class _Generation:
+    """State of one completion: settled by create_completion before any token is generated, so
+    bad arguments raise at call time even when streaming."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+        self.completion_tokens: List[int] = []
+        self.text = ""                 # completion text so far (a stop string included, if one came)
+        self.records: list = []        # per completion token: (start offset in text, logprob entry)
+        self.finish_reason = "length"
+
+
+class Llama:
+    """A GGUF model plus one inference context, with llama-cpp-python's `Llama` API."""
+
+    def __init__(self, model_path: str, *, n_ctx: int = 512, n_batch: int = 512,
+                 n_threads: Optional[int] = None, n_gpu_layers: int = 0, seed: int = DEFAULT_SEED,
+                 verbose: bool = True, offload_kqv: bool = True, main_gpu: int = 0,
+                 last_n_tokens_size: int = 64, kv_block_size: int = 16, **kwargs):
+        unknown = sorted(set(kwargs) - _HARMLESS_KWARGS)
+        if unknown:
+            raise TypeError(f"Llama() got unexpected keyword arguments: {', '.join(unknown)}")
+        if n_ctx < 0:
+            raise ValueError(f"Llama: n_ctx must be >= 0 (0 = the model's training context), got {n_ctx}")
+        if n_batch <= 0:
+            raise ValueError(f"Llama: n_batch must be > 0, got {n_batch}")
+        if n_threads is not None and n_threads < 0:
+            raise ValueError(f"Llama: n_threads must be >= 1 (None = all cores), got {n_threads}")
+        self.model_path = str(model_path)
+        self.verbose = verbose
+        self._seed = self._check_seed(seed)
+        self._last_n = last_n_tokens_size
+        t0 = time.perf_counter()
+        self._model = _ember.Model(self.model_path, n_gpu_layers=n_gpu_layers, main_gpu=main_gpu)
+        self._tok = self._model.tokenizer
+        n_ctx = n_ctx or self._model.n_ctx_train
+        self._ctx = _ember.Context(self._model, n_ctx=n_ctx, n_batch=min(n_batch, n_ctx),
+                                   n_threads=n_threads or 0, kv_block_size=kv_block_size,
+                                   offload_kqv=offload_kqv)
+        self._history: List[int] = []   # the tokens whose KV the context holds, in order
+        self._generation = 0             # bumped by every completion, to retire stale streams
+        if verbose:
+            m = self._model
+            print(f"ember: loaded {self.model_path} (arch {m.arch}, {m.n_layer} layers, n_embd {m.n_embd}, "
+                  f"n_vocab {m.n_vocab}, {n_gpu_layers} GPU layers) with n_ctx {self._ctx.n_ctx} "
+                  f"in {time.perf_counter() - t0:.2f} s", file=sys.stderr)
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def close(self) -> None:
+        """Frees the context and the model; the object is unusable afterwards."""
+        self._ctx = None
+        self._tok = None
+        self._model = None
+        self._history = []
+
+    def __enter__(self) -> "Llama":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _context(self):
+        if self._ctx is None:
+            raise ValueError("Llama: this model was closed")
+        return self._ctx
+
+    # ---- model facts -----------------------------------------------------------------------
+    def n_ctx(self) -> int:
+        return self._context().n_ctx
+
+    def n_vocab(self) -> int:
+        self._context()
+        return self._model.n_vocab
+
+    def n_embd(self) -> int:
+        self._context()
+        return self._model.n_embd
+
+    def token_bos(self) -> int:
+        self._context()
+        return self._tok.bos
+
+    def token_eos(self) -> int:
+        self._context()
+        return self._tok.eos
+
+    @property
+    def n_tokens(self) -> int:
+        """How many tokens the context holds."""
+        return len(self._history)
+
+    @property
+    def input_ids(self) -> np.ndarray:
+        return np.asarray(self._history, dtype=np.int32)
+
+    # ---- tokens ----------------------------------------------------------------------------
+    def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> List[int]:
+        self._context()
+        if isinstance(text, str):
+            text = text.encode("utf-8")
+        return list(self._tok.encode(text, add_bos, special))
+
+    def detokenize(self, tokens: Sequence[int], special: bool = False) -> bytes:
+        self._context()
+        return bytes(self._tok.decode(list(tokens), special))
+
+    # ---- evaluation ------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forgets the context's tokens (the next prompt is evaluated from scratch)."""
+        self._context().truncate(0)
+        self._history = []
+
+    def eval(self, tokens: Sequence[int]) -> None:
+        """Appends tokens to the context (ValueError past n_ctx)."""
+        self._eval(list(tokens), logits_all=False)
+
+    def _eval(self, tokens: List[int], logits_all: bool) -> None:
+        ctx = self._context()
+        if len(self._history) + len(tokens) > ctx.n_ctx:
+            raise ValueError(f"Requested tokens ({len(self._history) + len(tokens)}) exceed context "
+                             f"window of {ctx.n_ctx}")
+        try:
+            ctx.eval(tokens, logits_all)
+        except BaseException:
+            ctx.truncate(len(self._history))   # a failed eval leaves the context as it was
+            raise
+        self._history.extend(tokens)
+
+    def _load_prompt(self, prompt_tokens: List[int], logits_all: bool) -> None:
+        """Makes the context hold exactly prompt_tokens, reusing the longest common prefix of
+        what it holds; the last prompt token is always evaluated, to get its logits."""
+        common = 0
+        if not logits_all:
+            limit = min(len(self._history), len(prompt_tokens) - 1)
+            while common < limit and self._history[common] == prompt_tokens[common]:
+                common += 1
+        self._context().truncate(common)
+        del self._history[common:]
+        self._eval(prompt_tokens[common:], logits_all)
+
+    # ---- completion ------------------------------------------------------------------------
+    @staticmethod
+    def _check_seed(seed) -> int:
+        if seed is None or seed == -1:
+            return DEFAULT_SEED
+        if not isinstance(seed, (int, np.integer)) or seed < 0 or seed >= 1 << 64:
+            raise ValueError(f"seed must be an integer in [0, 2**64) or -1 for random, got {seed!r}")
+        return int(seed)
+
+    def _piece(self, token: int) -> str:
+        return bytes(self._tok.token_to_piece(token, False)).decode("utf-8", errors="ignore")
+
+    def _logprob_entry(self, logprobs_row: np.ndarray, token: int, n_top: int) -> dict:
+        top: Dict[str, float] = {}
+        if n_top > 0:
+            k = min(n_top, logprobs_row.shape[0])
+            idx = np.argpartition(-logprobs_row, k - 1)[:k]
+            for i in idx[np.argsort(-logprobs_row[idx], kind="stable")]:
+                top.setdefault(self._piece(int(i)), float(logprobs_row[i]))
+        lp = float(logprobs_row[token])
+        top[self._piece(token)] = lp
+        return {"token": self._piece(token), "logprob": lp, "top": top}
+
+    def create_completion(self, prompt: Union[str, List[int]], suffix: Optional[str] = None,
+                          max_tokens: Optional[int] = 16, temperature: float = 0.8, top_p: float = 0.95,
+                          min_p: float = 0.05, typical_p: float = 1.0, echo: bool = False,
+                          stop: Optional[Union[str, List[str]]] = None, frequency_penalty: float = 0.0,
+                          presence_penalty: float = 0.0, repeat_penalty: float = 1.0, top_k: int = 40,
+                          stream: bool = False, seed: Optional[int] = None, logprobs: Optional[int] = None,
+                          logit_bias: Optional[Dict[int, float]] = None, model: Optional[str] = None):
+        """Generates text from a prompt (str or token ids). Returns llama-cpp-python's completion
+        dict, or an iterator of its chunk dicts when stream=True."""
+        ctx = self._context()
+        if typical_p != 1.0:
+            raise ValueError(f"typical_p={typical_p} is not supported by ember (only 1.0)")
+        if logprobs is not None and int(logprobs) < 0:
+            raise ValueError(f"logprobs must be None or >= 0, got {logprobs}")
+        if isinstance(prompt, str):
+            prompt_text = prompt
+            prompt_tokens = self.tokenize(prompt.encode("utf-8"), add_bos=True, special=True)
+        else:
+            prompt_tokens = [int(t) for t in prompt]
+            prompt_text = self.detokenize(prompt_tokens).decode("utf-8", errors="ignore")
+        if not prompt_tokens:
+            if self._tok.bos < 0:
+                raise ValueError("prompt is empty and the model has no BOS token to start from")
+            prompt_tokens = [self._tok.bos]
+        n_ctx = ctx.n_ctx
+        if len(prompt_tokens) + 1 > n_ctx:
+            raise ValueError(f"Requested tokens ({len(prompt_tokens)}) exceed context window of {n_ctx}")
+        room = n_ctx - len(prompt_tokens)
+        max_tokens = room if max_tokens is None or max_tokens <= 0 else min(max_tokens, room)
+        if stop is None:
+            stops: List[str] = []
+        elif isinstance(stop, str):
+            stops = [stop] if stop else []
+        else:
+            stops = [s for s in stop if s]
+        seed = self._check_seed(seed) if seed is not None else self._seed
+        sampler = _ember.Sampler(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                 repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                                 presence_penalty=presence_penalty, penalty_last_n=self._last_n,
+                                 logit_bias={int(k): float(v) for k, v in (logit_bias or {}).items()},
+                                 seed=seed)
+        self._generation += 1
+        gen = _Generation(
+            id=f"cmpl-{uuid.uuid4()}", created=int(time.time()), model=model or self.model_path,
+            prompt_tokens=prompt_tokens, prompt_text=prompt_text, max_tokens=max_tokens, stops=stops,
+            sampler=sampler, n_logprobs=None if logprobs is None else int(logprobs), echo=echo,
+            suffix=suffix, generation=self._generation)
+        if stream:
+            return self._stream(gen)
+        # The non-streamed result is the streamed pieces joined, so the two always agree.
+        text_parts = []
+        logprobs_all = self._empty_logprobs() if gen.n_logprobs is not None else None
+        for piece, lp in self._run(gen):
+            text_parts.append(piece)
+            if lp is not None:
+                for key, values in lp.items():
+                    logprobs_all[key].extend(values)
+        return self._completion_dict(gen, "".join(text_parts), logprobs_all)
+
+    __call__ = create_completion
+
+    @staticmethod
+    def _empty_logprobs() -> dict:
+        return {"tokens": [], "text_offset": [], "token_logprobs": [], "top_logprobs": []}
+
+    def _prompt_logprobs(self, gen: _Generation) -> dict:
+        """Echo + logprobs: an entry per prompt token (a leading BOS left out); the first entry has
+        no logprob, as in the OpenAI API. Needs the logits of every prompt position."""
+        tokens = gen.prompt_tokens
+        all_logits = self._context().all_logits()   # [n_prompt, n_vocab]
+        detok = _ember.IncrementalDetokenizer(self._tok, False)
+        out = self._empty_logprobs()
+        offset = 0
+        for i, t in enumerate(tokens):
+            if not (i == 0 and t == self._tok.bos):
+                out["tokens"].append(self._piece(t))
+                out["text_offset"].append(offset)
+                if not out["token_logprobs"]:
+                    out["token_logprobs"].append(None)
+                    out["top_logprobs"].append(None)
+                else:
+                    e = self._logprob_entry(_log_softmax(all_logits[i - 1]), t, gen.n_logprobs)
+                    out["token_logprobs"].append(e["logprob"])
+                    out["top_logprobs"].append(e["top"])
+            offset += len(bytes(detok.push(t)).decode("utf-8", errors="ignore"))
+        return out
+
+    def _run(self, gen: _Generation) -> Iterator[tuple]:
+        """Generates; yields (text piece, logprobs dict or None) as text becomes safe to show
+        (never part of a stop string, never a split UTF-8 character). Sets gen.finish_reason."""
+        want_lp = gen.n_logprobs is not None
+        self._load_prompt(gen.prompt_tokens, logits_all=gen.echo and want_lp)
+        base = len(gen.prompt_text)
+        if gen.echo:
+            yield gen.prompt_text, (self._prompt_logprobs(gen) if want_lp else None)
+        ctx = self._context()
+        detok = _ember.IncrementalDetokenizer(self._tok, False)
+        longest_stop = max((len(s) for s in gen.stops), default=0)
+        emitted = 0       # chars of gen.text already yielded
+        reported = 0      # completion tokens whose logprobs were already yielded
+        cut = -1          # where a stop string begins, once found
+
+        def take(end: int, everything: bool = False):
+            # A token's logprobs go out with the piece that holds the start of its text.
+            nonlocal emitted, reported
+            lp = None
+            if want_lp:
+                lp = self._empty_logprobs()
+                while reported < len(gen.records) and (everything or gen.records[reported][0] < end):
+                    start, e = gen.records[reported]
+                    lp["tokens"].append(e["token"])
+                    lp["text_offset"].append(base + start)
+                    lp["token_logprobs"].append(e["logprob"])
+                    lp["top_logprobs"].append(e["top"])
+                    reported += 1
+            piece = gen.text[emitted:end]
+            emitted = end
+            return piece, lp
+
+        while len(gen.completion_tokens) < gen.max_tokens:
+            if self._generation != gen.generation:
+                raise RuntimeError("Llama: this stream was abandoned: another completion has started since")
+            logits = ctx.logits()
+            token = gen.sampler.sample(logits, self._history)
+            if self._tok.is_eog(token):
+                gen.finish_reason = "stop"
+                break
+            gen.completion_tokens.append(token)
+            start = len(gen.text)
+            gen.text += bytes(detok.push(token)).decode("utf-8", errors="ignore")
+            if want_lp:
+                gen.records.append((start, self._logprob_entry(_log_softmax(logits), token, gen.n_logprobs)))
+            if gen.stops:
+                cut = _find_stop(gen.text, gen.stops, max(0, start - longest_stop + 1))
+                if cut >= 0:
+                    gen.finish_reason = "stop"
+                    break
+            end = len(gen.text) - _stop_prefix_len(gen.text[emitted:], gen.stops)
+            if end > emitted:
+                yield take(end)
+            if len(gen.completion_tokens) >= gen.max_tokens:
+                break
+            self._eval([token], logits_all=False)
+        if cut < 0:
+            # Finished by length or end of generation: release what the detokenizer held back;
+            # a stop string may still complete inside it.
+            gen.text += bytes(detok.flush()).decode("utf-8", errors="ignore")
+            if gen.stops:
+                cut = _find_stop(gen.text, gen.stops, max(0, emitted - longest_stop + 1))
+                if cut >= 0:
+                    gen.finish_reason = "stop"
+        final = cut if cut >= 0 else len(gen.text)
+        if final > emitted or (want_lp and reported < len(gen.records)):
+            yield take(final, everything=cut < 0)
+        if gen.suffix:
+            yield gen.suffix, None
+
+    def _stream(self, gen: _Generation) -> Iterator[dict]:
+        for piece, lp in self._run(gen):
+            yield {"id": gen.id, "object": "text_completion", "created": gen.created, "model": gen.model,
+                   "choices": [{"text": piece, "index": 0, "logprobs": lp, "finish_reason": None}]}
+        yield {"id": gen.id, "object": "text_completion", "created": gen.created, "model": gen.model,
+               "choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": gen.finish_reason}]}
+
+    def _completion_dict(self, gen: _Generation, text: str, logprobs: Optional[dict]) -> dict:
+        n_prompt, n_completion = len(gen.prompt_tokens), len(gen.completion_tokens)
+        return {
+            "id": gen.id, "object": "text_completion", "created": gen.created, "model": gen.model,
+            "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": gen.finish_reason}],
+            "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_completion,
+                      "total_tokens": n_prompt + n_completion},
+        }

@@ -1,0 +1,79 @@
+"""ember-perplexity: perplexity of a model on a text file, computed as llama.cpp's llama-perplexity does.
+
+The text is tokenized whole and cut into floor(n_tokens / n_ctx) chunks of n_ctx tokens; each chunk is
+evaluated from an empty cache (its first token replaced by BOS only where the model adds BOS), and the
+logits at positions n_ctx/2 .. n_ctx-2 score the token that follows. PPL = exp(mean NLL).
+"""
+import argparse
+import math
+import sys
+import time
+
+import numpy as np
+
+from . import _ember
+
+
+def chunk_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """Negative log-likelihood of each target under a row of logits (stable log-softmax)."""
+    logits = logits.astype(np.float64)
+    peak = logits.max(axis=1, keepdims=True)
+    log_z = np.log(np.exp(logits - peak).sum(axis=1)) + peak[:, 0]
+    return log_z - logits[np.arange(len(targets)), targets]
+
+
+def perplexity(model, text: bytes, n_ctx: int, n_threads: int, n_batch: int = 0, out=sys.stdout):
+    tok = model.tokenizer
+    tokens = tok.encode(text, True, False)
+    n_chunk = len(tokens) // n_ctx
+    if n_chunk == 0:
+        raise ValueError(f"the text has {len(tokens)} tokens, fewer than n_ctx {n_ctx}: need at least one chunk")
+    ctx = _ember.Context(model, n_ctx=n_ctx, n_batch=n_batch or n_ctx, n_threads=n_threads)
+    first = n_ctx // 2
+    nlls = []
+    print(f"perplexity: {len(tokens)} tokens, {n_chunk} chunks of {n_ctx}", file=out)
+    start = time.perf_counter()
+    for c in range(n_chunk):
+        chunk = list(tokens[c * n_ctx:(c + 1) * n_ctx])
+        if tok.add_bos:
+            chunk[0] = tok.bos
+        ctx.truncate(0)
+        ctx.eval(chunk, logits_all=True)
+        logits = ctx.all_logits()
+        targets = np.asarray(chunk[first + 1:], dtype=np.int64)
+        nlls.append(chunk_nll(logits[first:n_ctx - 1], targets))
+        running = math.exp(np.concatenate(nlls).mean())
+        print(f"[{c + 1}]{running:.4f},", end="", file=out, flush=True)
+    print(file=out)
+    nll = np.concatenate(nlls)
+    ppl = math.exp(nll.mean())
+    # Error estimate as llama.cpp reports it: the standard error of the mean NLL, propagated through exp.
+    err = ppl * nll.std(ddof=1) / math.sqrt(len(nll)) if len(nll) > 1 else 0.0
+    elapsed = time.perf_counter() - start
+    print(f"{n_chunk * n_ctx / elapsed:.1f} tokens/s", file=out)
+    print(f"Final estimate: PPL = {ppl:.4f} +/- {err:.5f}", file=out)
+    return ppl
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="ember-perplexity", description=__doc__.splitlines()[0])
+    ap.add_argument("-m", "--model", required=True, help="GGUF model file")
+    ap.add_argument("-f", "--file", required=True, help="text file to score")
+    ap.add_argument("-c", "--ctx-size", type=int, default=512, help="tokens per chunk (n_ctx)")
+    ap.add_argument("-b", "--batch-size", type=int, default=0, help="tokens per forward (default n_ctx)")
+    ap.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (0: all)")
+    ap.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, help="blocks on the GPU (-1: all)")
+    args = ap.parse_args(argv)
+    try:
+        with open(args.file, "rb") as f:
+            text = f.read()
+        model = _ember.Model(args.model, n_gpu_layers=args.n_gpu_layers)
+        perplexity(model, text, args.ctx_size, args.threads, args.batch_size)
+    except (OSError, ValueError, RuntimeError, MemoryError) as e:
+        print(f"ember-perplexity: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+// The CPU backend: host memory, weights used in place from the mapping, ops on the thread pool.
+#pragma once
+#include <vector>
+
+#include "cpu/thread_pool.h"
+#include "model/backend.h"
+
+namespace ember {
+
+class CpuBackend final : public Backend {
+public:
+    explicit CpuBackend(int n_threads);
+    const char* name() const override { return "cpu"; }
+    bool is_host() const override { return true; }
+
+    void* alloc(size_t bytes) override;
+    void free(void* p) override;
+    void copy_from_host(void* dst, const void* src, size_t bytes) override;
+    void copy_to_host(void* dst, const void* src, size_t bytes) override;
+    void synchronize() override {}
+    size_t kv_elem_bytes() const override { return sizeof(uint16_t); }
+
+    Weight prepare_weight(const GGUFTensor& t) override;
+    const float* prepare_vector(const GGUFTensor& t) override;
+    void set_batch(const BatchInfo& batch) override { batch_ = batch; }
+
+    void matmul(const Weight& w, const float* x, int32_t n_tok, float* y) override;
+    void rmsnorm(const float* x, const float* gamma, int32_t n_tok, int32_t dim, float eps,
+                 float* y) override;
+    void rope(float* x, int32_t n_tok, int32_t n_heads, int32_t head_dim, float freq_base,
+              bool neox) override;
+    void kv_store(KVLayer& kv, const float* k, const float* v, int32_t n_tok) override;
+    void attention(const KVLayer& kv, const float* q, int32_t n_tok, const AttentionShape& shape,
+                   float* out) override;
+    void swiglu(const float* gate, const float* up, int64_t n, float* out) override;
+    void add(float* x, const float* y, int64_t n) override;
+    void add_bias(float* x, const float* bias, int32_t n_tok, int32_t dim) override;
+
+    ThreadPool& pool() { return pool_; }
+
+private:
+    ThreadPool pool_;
+    BatchInfo batch_;
+    std::vector<uint8_t> act_q_;                   // activations quantized for vec_dot
+    std::vector<std::vector<float>> f32_vectors_;  // norm weights converted to f32 when stored as f16
+};
+
+}  // namespace ember

@@ -1,0 +1,33 @@
+// Quantized matmul on the CPU: activations are quantized once to the weight type's vec_dot
+// format, then each thread takes chunks of weight rows and dots every token against each row
+// (a row stays in cache while all tokens pass over it).
+#include <algorithm>
+
+#include "cpu/cpu_backend.h"
+#include "quant/activation.h"
+
+namespace ember {
+
+void CpuBackend::matmul(const Weight& w, const float* x, int32_t n_tok, float* y) {
+    const TypeTraits& tr = type_traits(w.type);
+    const size_t x_row = row_bytes(tr.vec_dot_type, w.n_in);
+    const size_t w_row = row_bytes(w.type, w.n_in);
+    if (act_q_.size() < x_row * n_tok) act_q_.resize(x_row * n_tok);
+    uint8_t* xq = act_q_.data();
+    pool_.parallel_for(n_tok, 1, [&](int64_t b, int64_t e) {
+        for (int64_t t = b; t < e; ++t)
+            quantize_activations(tr.vec_dot_type, x + t * w.n_in, xq + t * x_row, w.n_in);
+    });
+    const auto* wdata = static_cast<const uint8_t*>(w.data);
+    const VecDotFn dot = tr.vec_dot;
+    const int64_t n_out = w.n_out, n_in = w.n_in;
+    // Chunks of 16 rows keep scheduling overhead small and still balance the two threads.
+    pool_.parallel_for(n_out, 16, [&](int64_t b, int64_t e) {
+        for (int64_t o = b; o < e; ++o) {
+            const uint8_t* wr = wdata + o * w_row;
+            for (int32_t t = 0; t < n_tok; ++t) y[(int64_t)t * n_out + o] = dot(n_in, wr, xq + t * x_row);
+        }
+    });
+}
+
+}  // namespace ember

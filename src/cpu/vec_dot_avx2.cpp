@@ -1,0 +1,216 @@
+// AVX2 + FMA + F16C dot products (the fallback below AVX-512): one 32-block per 256-bit
+// vector, vpmaddubsw (u8 x s8 -> s16 pairs) then vpmaddwd against ones or per-group scales.
+#include <immintrin.h>
+
+#include <cstring>
+#include <type_traits>
+
+#include "quant/blocks.h"
+#include "quant/kernels.h"
+
+namespace ember {
+namespace {
+
+inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
+inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+inline float hsum_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
+// 16 nibble bytes -> 32 bytes: low nibbles (elements 0..15) then high nibbles (16..31).
+inline __m256i nibbles32(const uint8_t* qs) {
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+    const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+}
+
+// 32 bits -> 32 bytes, 0x10 where bit j of qh is set (bit 4 of the Q5 quants).
+inline __m256i q5_high_bits(const uint8_t* qh) {
+    uint32_t h;
+    std::memcpy(&h, qh, 4);
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(int(h)),
+        _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                         2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201ULL));
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+
+// s32 x 8 dot of unsigned w with signed x (no s16 saturation: |w| <= 128, |x| <= 127).
+inline __m256i dot_u8s8(__m256i w, __m256i x) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
+}
+// signed w: |w| against x carrying w's sign (x from our quantizers is in [-127, 127]).
+inline __m256i dot_s8s8(__m256i w, __m256i x) {
+    return dot_u8s8(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
+}
+
+enum class Legacy { q4_0, q4_1, q5_0, q5_1, q8_0 };
+
+template <Legacy K, class WB>
+inline __m256i block_dot(const WB& w, const int8_t* xq) {
+    const __m256i x = load256(xq);
+    if constexpr (K == Legacy::q8_0) return dot_s8s8(load256(w.qs), x);
+    else if constexpr (K == Legacy::q4_0) return dot_s8s8(_mm256_sub_epi8(nibbles32(w.qs), _mm256_set1_epi8(8)), x);
+    else if constexpr (K == Legacy::q4_1) return dot_u8s8(nibbles32(w.qs), x);
+    else {
+        const __m256i q = _mm256_or_si256(nibbles32(w.qs), q5_high_bits(w.qh));
+        if constexpr (K == Legacy::q5_0) return dot_s8s8(_mm256_sub_epi8(q, _mm256_set1_epi8(16)), x);
+        else return dot_u8s8(q, x);
+    }
+}
+
+template <Legacy K, class WB, class XB>
+float dot_legacy(int64_t n, const void* wv, const void* xv) {
+    constexpr bool has_min = K == Legacy::q4_1 || K == Legacy::q5_1;
+    const WB* w = static_cast<const WB*>(wv);
+    const XB* x = static_cast<const XB*>(xv);
+    const int64_t nb = n / 32;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float summ = 0.0f;
+    auto one = [&](int64_t i, __m256& acc) {
+        const __m256i p = block_dot<K>(w[i], x[i].qs);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(h2f(w[i].d) * h2f(x[i].d)), acc);
+        if constexpr (has_min) summ += h2f(w[i].m) * h2f(x[i].s);
+    };
+    int64_t i = 0;
+    for (; i + 1 < nb; i += 2) {
+        one(i, acc0);
+        one(i + 1, acc1);
+    }
+    if (i < nb) one(i, acc0);
+    return hsum_ps(_mm256_add_ps(acc0, acc1)) + summ;
+}
+
+template <int Kind>   // 0: F32, 1: F16, 2: BF16
+inline __m256 load_weights8(const void* w, int64_t i) {
+    if constexpr (Kind == 0) return _mm256_loadu_ps(static_cast<const float*>(w) + i);
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(w) + i));
+    if constexpr (Kind == 1) return _mm256_cvtph_ps(h);
+    else return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+template <int Kind>
+inline float weight_at(const void* w, int64_t i) {
+    if constexpr (Kind == 0) return static_cast<const float*>(w)[i];
+    const uint16_t h = static_cast<const uint16_t*>(w)[i];
+    if constexpr (Kind == 1) return h2f(h);
+    else {
+        const uint32_t u = uint32_t(h) << 16;
+        float f;
+        std::memcpy(&f, &u, 4);
+        return f;
+    }
+}
+
+template <int Kind>
+float dot_float(int64_t n, const void* w, const void* xv) {
+    const float* x = static_cast<const float*>(xv);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm256_fmadd_ps(load_weights8<Kind>(w, i), _mm256_loadu_ps(x + i), acc0);
+        acc1 = _mm256_fmadd_ps(load_weights8<Kind>(w, i + 8), _mm256_loadu_ps(x + i + 8), acc1);
+    }
+    float s = hsum_ps(_mm256_add_ps(acc0, acc1));
+    for (; i < n; ++i) s += weight_at<Kind>(w, i) * x[i];
+    return s;
+}
+
+inline __m256i two_scales(int lo, int hi) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(short(lo))), _mm_set1_epi16(short(hi)), 1);
+}
+
+template <bool Q5>
+float dot_q45_k(int64_t n, const void* wv, const void* xv) {
+    using WB = std::conditional_t<Q5, BlockQ5_K, BlockQ4_K>;
+    const WB* w = static_cast<const WB*>(wv);
+    const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; ++i) {
+        uint64_t sc64, mn64;
+        unpack_scales_k4(w[i].scales, sc64, mn64);
+        uint8_t sc[8];
+        std::memcpy(sc, &sc64, 8);
+        const __m128i mn8 = _mm_cvtsi64_si128(int64_t(mn64));
+        const __m256i mn16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));
+        const __m256i prod_m = _mm256_madd_epi16(load256(x[i].bsums), mn16);
+        __m256i sumi = _mm256_setzero_si256();
+        for (int c = 0; c < 4; ++c) {
+            const __m256i q = load256(w[i].qs + 32 * c);
+            __m256i lo = _mm256_and_si256(q, m4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            if constexpr (Q5) {
+                const __m256i qh = load256(w[i].qh);
+                const __m256i b0 = _mm256_set1_epi8(char(1 << (2 * c))), b1 = _mm256_set1_epi8(char(2 << (2 * c)));
+                const __m256i sixteen = _mm256_set1_epi8(16);
+                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b0), b0), sixteen));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b1), b1), sixteen));
+            }
+            const __m256i plo = _mm256_maddubs_epi16(lo, load256(x[i].qs + 64 * c));
+            const __m256i phi = _mm256_maddubs_epi16(hi, load256(x[i].qs + 64 * c + 32));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, _mm256_set1_epi16(sc[2 * c])));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(phi, _mm256_set1_epi16(sc[2 * c + 1])));
+        }
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(h2f(w[i].d) * x[i].d), acc);
+        accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(prod_m), _mm256_set1_ps(h2f(w[i].dmin) * x[i].d), accm);
+    }
+    return hsum_ps(acc) - hsum_ps(accm);
+}
+
+float dot_q6_k(int64_t n, const void* wv, const void* xv) {
+    const BlockQ6_K* w = static_cast<const BlockQ6_K*>(wv);
+    const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; ++i) {
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[i].scales)));
+        // q - 32 offset: sum_g sc_g * 32 * bsum_g
+        __m256i sumi = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                        _mm256_slli_epi32(_mm256_madd_epi16(sc16, load256(x[i].bsums)), 5));
+        for (int h = 0; h < 2; ++h) {
+            const __m256i ql0 = load256(w[i].ql + 64 * h), ql1 = load256(w[i].ql + 64 * h + 32);
+            const __m256i qh = load256(w[i].qh + 32 * h);
+            const __m256i q[4] = {
+                _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4)),
+                _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4)),
+            };
+            for (int k = 0; k < 4; ++k) {
+                const int g = 8 * h + 2 * k;   // 32 elements = groups g, g + 1
+                const __m256i p = _mm256_maddubs_epi16(q[k], load256(x[i].qs + 128 * h + 32 * k));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, two_scales(w[i].scales[g], w[i].scales[g + 1])));
+            }
+        }
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(h2f(w[i].d) * x[i].d), acc);
+    }
+    return hsum_ps(acc);
+}
+
+}  // namespace
+
+VecDotFn vec_dot_avx2(GGMLType type) {
+    switch (type) {
+        case GGMLType::F32: return dot_float<0>;
+        case GGMLType::F16: return dot_float<1>;
+        case GGMLType::BF16: return dot_float<2>;
+        case GGMLType::Q4_0: return dot_legacy<Legacy::q4_0, BlockQ4_0, BlockQ8_0>;
+        case GGMLType::Q4_1: return dot_legacy<Legacy::q4_1, BlockQ4_1, BlockQ8_1>;
+        case GGMLType::Q5_0: return dot_legacy<Legacy::q5_0, BlockQ5_0, BlockQ8_0>;
+        case GGMLType::Q5_1: return dot_legacy<Legacy::q5_1, BlockQ5_1, BlockQ8_1>;
+        case GGMLType::Q8_0: return dot_legacy<Legacy::q8_0, BlockQ8_0, BlockQ8_0>;
+        case GGMLType::Q4_K: return dot_q45_k<false>;
+        case GGMLType::Q5_K: return dot_q45_k<true>;
+        case GGMLType::Q6_K: return dot_q6_k;
+        default: return nullptr;
+    }
+}
+
+}  // namespace ember

@@ -1,0 +1,270 @@
+// AVX-512 (F, BW, VL, DQ, VNNI) dot products. Legacy 32-blocks go two per 512-bit vector
+// (lanes 0-7 block i, 8-15 block i+1) through vpdpbusd (u8 x s8 -> s32); K-quants use
+// vpmaddubsw (u8 x s8 -> s16 pairs) then vpdpwssd against per-sub-block scales.
+#include <immintrin.h>
+
+// GCC 12's own AVX-512 headers trip -W(maybe-)uninitialized on their _mm512_undefined_*()
+// helpers (a compiler false positive, not in this file's code).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+#include <cstring>
+#include <type_traits>
+
+#include "quant/blocks.h"
+#include "quant/kernels.h"
+
+namespace ember {
+namespace {
+
+inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
+
+inline __m512i join(__m256i lo, __m256i hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+// 16 nibble bytes -> 32 bytes: low nibbles (elements 0..15) then high nibbles (16..31).
+inline __m256i nibbles32(const uint8_t* qs) {
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+    const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+}
+
+// Q5 weights: nibbles plus bit 4 of element j from bit j of qh.
+inline __m256i q5_values(const uint8_t* qs, const uint8_t* qh) {
+    uint32_t h;
+    std::memcpy(&h, qh, 4);
+    return _mm256_or_si256(nibbles32(qs), _mm256_maskz_mov_epi8(h, _mm256_set1_epi8(0x10)));
+}
+
+// ---- legacy 32-element blocks --------------------------------------------------------------
+// Kind selects how the weight bytes are formed and which offset/min term applies.
+enum class Legacy { q4_0, q4_1, q5_0, q5_1, q8_0 };
+
+template <Legacy K, class WB>
+inline __m256i weight_values(const WB& b) {
+    if constexpr (K == Legacy::q4_0 || K == Legacy::q4_1) return nibbles32(b.qs);
+    else if constexpr (K == Legacy::q5_0 || K == Legacy::q5_1) return q5_values(b.qs, b.qh);
+    else return load256(b.qs);
+}
+
+// Integer dot of 2 blocks (16 s32 lanes, 8 per block), offsets of the *_0 formats removed:
+// sum (q - off) * x = sum q * x - off * sum x.
+template <Legacy K>
+inline __m512i dot_pair(__m512i w, __m512i x) {
+    const __m512i zero = _mm512_setzero_si512();
+    if constexpr (K == Legacy::q8_0) {
+        // u8 x s8 product: |w| against x with w's sign moved onto x (x from our quantizer
+        // is in [-127, 127], so negation never overflows).
+        const __mmask64 neg = _mm512_movepi8_mask(w);
+        const __m512i sx = _mm512_mask_sub_epi8(x, neg, zero, x);
+        return _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(w), sx);
+    } else {
+        const __m512i p = _mm512_dpbusd_epi32(zero, w, x);
+        if constexpr (K == Legacy::q4_0) return _mm512_sub_epi32(p, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(8), x));
+        else if constexpr (K == Legacy::q5_0) return _mm512_sub_epi32(p, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(16), x));
+        else return p;
+    }
+}
+
+inline uint32_t load_u32(const void* p) {
+    uint32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+}
+
+// The first 4 bytes of 4 blocks (d and m, or d and s; for the *_0 types d and 2 unused
+// bytes) as 8 floats [d0, m0, d1, m1, d2, m2, d3, m3].
+template <class B>
+inline __m256 head_halves(const B* b) {
+    const __m128i h = _mm_setr_epi32(int(load_u32(&b[0])), int(load_u32(&b[1])),
+                                     int(load_u32(&b[2])), int(load_u32(&b[3])));
+    return _mm256_cvtph_ps(h);
+}
+
+template <Legacy K, class WB, class XB>
+float dot_legacy(int64_t n, const void* wv, const void* xv) {
+    constexpr bool has_min = K == Legacy::q4_1 || K == Legacy::q5_1;
+    const WB* w = static_cast<const WB*>(wv);
+    const XB* x = static_cast<const XB*>(xv);
+    const int64_t nb = n / 32;
+    // lanes 0-7 take the scale of the pair's first block (float 0 or 4 of the 8 products),
+    // lanes 8-15 the second's (float 2 or 6)
+    const __m512i idx01 = _mm512_inserti64x4(_mm512_set1_epi32(0), _mm256_set1_epi32(2), 1);
+    const __m512i idx23 = _mm512_inserti64x4(_mm512_set1_epi32(4), _mm256_set1_epi32(6), 1);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    __m256 accm = _mm256_setzero_ps();   // odd lanes: m * s of each block
+    int64_t i = 0;
+    for (; i + 3 < nb; i += 4) {
+        // 4 blocks: scales for all four at once, then two 512-bit pairs
+        const __m256 prod = _mm256_mul_ps(head_halves(w + i), head_halves(x + i));
+        if constexpr (has_min) accm = _mm256_add_ps(accm, prod);
+        const __m512 p512 = _mm512_castps256_ps512(prod);
+        const __m512i q01 = dot_pair<K>(join(weight_values<K>(w[i]), weight_values<K>(w[i + 1])),
+                                        join(load256(x[i].qs), load256(x[i + 1].qs)));
+        const __m512i q23 = dot_pair<K>(join(weight_values<K>(w[i + 2]), weight_values<K>(w[i + 3])),
+                                        join(load256(x[i + 2].qs), load256(x[i + 3].qs)));
+        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q01), _mm512_permutexvar_ps(idx01, p512), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q23), _mm512_permutexvar_ps(idx23, p512), acc1);
+    }
+    if (i + 1 < nb) {   // a leftover pair
+        const __m128i wh = _mm_setr_epi32(int(load_u32(&w[i])), int(load_u32(&w[i + 1])), 0, 0);
+        const __m128i xh = _mm_setr_epi32(int(load_u32(&x[i])), int(load_u32(&x[i + 1])), 0, 0);
+        const __m256 prod = _mm256_mul_ps(_mm256_cvtph_ps(wh), _mm256_cvtph_ps(xh));
+        if constexpr (has_min) accm = _mm256_add_ps(accm, prod);
+        const __m512i q01 = dot_pair<K>(join(weight_values<K>(w[i]), weight_values<K>(w[i + 1])),
+                                        join(load256(x[i].qs), load256(x[i + 1].qs)));
+        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q01),
+                               _mm512_permutexvar_ps(idx01, _mm512_castps256_ps512(prod)), acc0);
+        i += 2;
+    }
+    float s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+    if constexpr (has_min) {
+        alignas(32) float m[8];
+        _mm256_store_ps(m, accm);
+        s += (m[1] + m[3]) + (m[5] + m[7]);
+    }
+    if (i < nb) {   // a last odd block, in the low half
+        const __m512i p = dot_pair<K>(_mm512_zextsi256_si512(weight_values<K>(w[i])),
+                                      _mm512_zextsi256_si512(load256(x[i].qs)));
+        s += h2f(w[i].d) * h2f(x[i].d) * float(_mm512_reduce_add_epi32(p));
+        if constexpr (has_min) s += h2f(w[i].m) * h2f(x[i].s);
+    }
+    return s;
+}
+
+// ---- float weights x F32 activations --------------------------------------------------------
+template <int Kind>   // 0: F32, 1: F16, 2: BF16
+inline __m512 load_weights16(const void* w, int64_t i, __mmask16 m) {
+    if constexpr (Kind == 0) {
+        return _mm512_maskz_loadu_ps(m, static_cast<const float*>(w) + i);
+    } else {
+        const __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(w) + i);
+        if constexpr (Kind == 1) return _mm512_cvtph_ps(h);
+        else return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+}
+
+template <int Kind>
+float dot_float(int64_t n, const void* w, const void* xv) {
+    const float* x = static_cast<const float*>(xv);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        acc0 = _mm512_fmadd_ps(load_weights16<Kind>(w, i, 0xFFFF), _mm512_loadu_ps(x + i), acc0);
+        acc1 = _mm512_fmadd_ps(load_weights16<Kind>(w, i + 16, 0xFFFF), _mm512_loadu_ps(x + i + 16), acc1);
+    }
+    for (; i < n; i += 16) {
+        const int64_t left = n - i;
+        const __mmask16 m = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+        acc0 = _mm512_fmadd_ps(load_weights16<Kind>(w, i, m), _mm512_maskz_loadu_ps(m, x + i), acc0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+// ---- K-quants x Q8_K -----------------------------------------------------------------------
+// Word index vectors selecting, for 32 words (2 runs of 16 or 4 runs of 8), the scale of the
+// sub-block each word belongs to.
+inline __m512i run_index(int first, int run) {
+    alignas(64) int16_t idx[32];
+    for (int w = 0; w < 32; ++w) idx[w] = int16_t(first + w / run);
+    return _mm512_load_si512(idx);
+}
+
+template <bool Q5>
+float dot_q45_k(int64_t n, const void* wv, const void* xv) {
+    using WB = std::conditional_t<Q5, BlockQ5_K, BlockQ4_K>;
+    const WB* w = static_cast<const WB*>(wv);
+    const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
+    __m512i idx[4];
+    for (int c = 0; c < 4; ++c) idx[c] = run_index(2 * c, 16);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512 acc = _mm512_setzero_ps();
+    __m256 accm = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; ++i) {
+        uint64_t sc, mn;
+        unpack_scales_k4(w[i].scales, sc, mn);
+        const __m512i scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(sc))));
+        // min term: sum_j mn_j * (bsum_2j + bsum_2j+1), mins repeated to match 16 bsums
+        const __m128i mn8 = _mm_cvtsi64_si128(int64_t(mn));
+        const __m256i mn16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));
+        const __m256i prod_m = _mm256_madd_epi16(load256(x[i].bsums), mn16);
+        __m512i qh2;
+        if constexpr (Q5) {
+            const __m256i qh = load256(w[i].qh);
+            qh2 = join(qh, qh);
+        }
+        __m512i sumi = _mm512_setzero_si512();
+        for (int c = 0; c < 4; ++c) {
+            const __m256i q = load256(w[i].qs + 32 * c);
+            __m512i wq = _mm512_and_si512(join(q, _mm256_srli_epi16(q, 4)), m4);
+            if constexpr (Q5) {
+                const __m512i bits = join(_mm256_set1_epi8(char(1 << (2 * c))), _mm256_set1_epi8(char(2 << (2 * c))));
+                const __mmask64 hi = _mm512_test_epi8_mask(qh2, bits);
+                wq = _mm512_mask_add_epi8(wq, hi, wq, _mm512_set1_epi8(16));
+            }
+            const __m512i p16 = _mm512_maddubs_epi16(wq, _mm512_loadu_si512(x[i].qs + 64 * c));
+            sumi = _mm512_dpwssd_epi32(sumi, p16, _mm512_permutexvar_epi16(idx[c], scales));
+        }
+        const float d = h2f(w[i].d) * x[i].d, dmin = h2f(w[i].dmin) * x[i].d;
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_set1_ps(d), acc);
+        accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(prod_m), _mm256_set1_ps(dmin), accm);
+    }
+    const __m128 m = _mm_add_ps(_mm256_castps256_ps128(accm), _mm256_extractf128_ps(accm, 1));
+    const __m128 m2 = _mm_add_ps(m, _mm_movehl_ps(m, m));
+    return _mm512_reduce_add_ps(acc) - _mm_cvtss_f32(_mm_add_ss(m2, _mm_shuffle_ps(m2, m2, 1)));
+}
+
+float dot_q6_k(int64_t n, const void* wv, const void* xv) {
+    const BlockQ6_K* w = static_cast<const BlockQ6_K*>(wv);
+    const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
+    __m512i idx[4];
+    for (int k = 0; k < 4; ++k) idx[k] = run_index(4 * k, 8);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(0x03);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; ++i) {
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[i].scales)));
+        const __m512i scales = _mm512_castsi256_si512(sc16);
+        // q - 32 offset: sum_g sc_g * 32 * bsum_g
+        const __m256i bias = _mm256_madd_epi16(sc16, load256(x[i].bsums));
+        __m512i sumi = _mm512_slli_epi32(_mm512_zextsi256_si512(bias), 5);
+        sumi = _mm512_sub_epi32(_mm512_setzero_si512(), sumi);
+        for (int h = 0; h < 2; ++h) {
+            const __m512i ql = _mm512_loadu_si512(w[i].ql + 64 * h);
+            const __m256i qh = load256(w[i].qh + 32 * h);
+            const __m512i qh01 = _mm512_and_si512(join(qh, _mm256_srli_epi16(qh, 2)), m2);
+            const __m512i qh23 = _mm512_and_si512(join(_mm256_srli_epi16(qh, 4), _mm256_srli_epi16(qh, 6)), m2);
+            const __m512i w01 = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_slli_epi16(qh01, 4));
+            const __m512i w23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), _mm512_slli_epi16(qh23, 4));
+            const __m512i p01 = _mm512_maddubs_epi16(w01, _mm512_loadu_si512(x[i].qs + 128 * h));
+            const __m512i p23 = _mm512_maddubs_epi16(w23, _mm512_loadu_si512(x[i].qs + 128 * h + 64));
+            sumi = _mm512_dpwssd_epi32(sumi, p01, _mm512_permutexvar_epi16(idx[2 * h], scales));
+            sumi = _mm512_dpwssd_epi32(sumi, p23, _mm512_permutexvar_epi16(idx[2 * h + 1], scales));
+        }
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_set1_ps(h2f(w[i].d) * x[i].d), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+}  // namespace
+
+VecDotFn vec_dot_avx512(GGMLType type) {
+    switch (type) {
+        case GGMLType::F32: return dot_float<0>;
+        case GGMLType::F16: return dot_float<1>;
+        case GGMLType::BF16: return dot_float<2>;
+        case GGMLType::Q4_0: return dot_legacy<Legacy::q4_0, BlockQ4_0, BlockQ8_0>;
+        case GGMLType::Q4_1: return dot_legacy<Legacy::q4_1, BlockQ4_1, BlockQ8_1>;
+        case GGMLType::Q5_0: return dot_legacy<Legacy::q5_0, BlockQ5_0, BlockQ8_0>;
+        case GGMLType::Q5_1: return dot_legacy<Legacy::q5_1, BlockQ5_1, BlockQ8_1>;
+        case GGMLType::Q8_0: return dot_legacy<Legacy::q8_0, BlockQ8_0, BlockQ8_0>;
+        case GGMLType::Q4_K: return dot_q45_k<false>;
+        case GGMLType::Q5_K: return dot_q45_k<true>;
+        case GGMLType::Q6_K: return dot_q6_k;
+        default: return nullptr;
+    }
+}
+
+}  // namespace ember

@@ -1,0 +1,254 @@
+// Context: one sequence's paged KV cache and the llama-family forward over batches of tokens.
+// Per batch: embedding rows (host) -> blocks on their devices (the hidden state crosses a device
+// boundary only where placement changes) -> final norm + output head -> logits (host).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <thread>
+
+#include "ember/status.h"
+#include "kv/block_allocator.h"
+#include "model/model_impl.h"
+
+namespace ember {
+
+namespace {
+
+// Activation buffers of one backend, each [n_batch][width] floats.
+struct Scratch {
+    Backend* be = nullptr;
+    float *x = nullptr, *xn = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *att = nullptr,
+          *gate = nullptr, *up = nullptr, *logits = nullptr;
+    int32_t logits_rows = 0;
+};
+
+}  // namespace
+
+struct ContextImpl {
+    std::shared_ptr<Model> model;
+    ContextParams params;
+    std::unique_ptr<Backend> cpu;
+    std::vector<BlockWeights> blocks;   // per block, on its device
+    HeadWeights head;
+    std::map<Backend*, Scratch> scratch;
+    std::vector<std::pair<Backend*, void*>> owned;   // every allocation, freed at the end
+    BlockAllocator alloc;
+    BlockTable table;
+    std::vector<KVLayer> kv;
+    int32_t n_past = 0;
+    std::vector<float> logits;   // [n_logits][n_vocab]
+    int32_t n_logits = 0;
+    std::vector<float> embd;     // [n_batch][n_embd] host staging for the embedding rows
+
+    ContextImpl(std::shared_ptr<Model> m, const ContextParams& p, int32_t n_blocks)
+        : model(std::move(m)), params(p), alloc(n_blocks), table(alloc, p.kv_block_size) {}
+
+    ~ContextImpl() {
+        for (auto& [be, ptr] : owned) be->free(ptr);
+    }
+
+    float* alloc_floats(Backend& be, int64_t n) {
+        void* p = be.alloc((size_t)n * sizeof(float));
+        owned.emplace_back(&be, p);
+        return static_cast<float*>(p);
+    }
+
+    Scratch& scratch_for(Backend& be) {
+        Scratch& s = scratch[&be];
+        if (s.be) return s;
+        const HParams& hp = model->hparams();
+        const int64_t B = params.n_batch;
+        s.be = &be;
+        s.x = alloc_floats(be, B * hp.n_embd);
+        s.xn = alloc_floats(be, B * std::max<int64_t>(hp.n_embd, (int64_t)hp.n_head * hp.head_dim));
+        s.q = alloc_floats(be, B * hp.n_head * hp.head_dim);
+        s.k = alloc_floats(be, B * hp.n_head_kv * hp.head_dim);
+        s.v = alloc_floats(be, B * hp.n_head_kv * hp.head_dim);
+        s.att = alloc_floats(be, B * hp.n_head * hp.head_dim);
+        s.gate = alloc_floats(be, B * hp.n_ff);
+        s.up = alloc_floats(be, B * hp.n_ff);
+        return s;
+    }
+
+    void forward(const int32_t* tokens, int32_t n, bool logits_all);
+};
+
+Context::Context(std::shared_ptr<Model> model, const ContextParams& params) {
+    if (params.n_ctx <= 0) fail("n_ctx must be positive, got ", params.n_ctx);
+    if (params.n_batch <= 0) fail("n_batch must be positive, got ", params.n_batch);
+    if (params.kv_block_size <= 0) fail("kv_block_size must be positive, got ", params.kv_block_size);
+    if (params.n_threads < 0) fail("n_threads must be >= 0, got ", params.n_threads);
+    ModelImpl& m = model->impl();
+    if (!params.offload_kqv && m.any_gpu())
+        fail("offload_kqv=False (KV of GPU blocks in host memory) is not available in this build of ember; "
+             "use offload_kqv=True or n_gpu_layers=0");
+    const int32_t n_blocks = (params.n_ctx + params.kv_block_size - 1) / params.kv_block_size;
+    impl_ = std::make_unique<ContextImpl>(std::move(model), params, n_blocks);
+    ContextImpl& c = *impl_;
+    c.params.n_batch = std::min(params.n_batch, params.n_ctx);
+    const int n_threads = params.n_threads > 0 ? params.n_threads
+                                               : (int)std::max(1u, std::thread::hardware_concurrency());
+    c.cpu = make_cpu_backend(n_threads);
+    const HParams& hp = m.hp;
+    c.blocks.resize(hp.n_layer);
+    for (int32_t l = 0; l < hp.n_layer; ++l)
+        c.blocks[l] = m.on_gpu[l] ? m.gpu_blocks[l] : prepare_block(*c.cpu, m.blocks[l]);
+    c.head = m.any_gpu() ? m.gpu_head : prepare_head(*c.cpu, *m.output, *m.output_norm);
+    c.kv.resize(hp.n_layer);
+    for (int32_t l = 0; l < hp.n_layer; ++l) {
+        KVLayer& kv = c.kv[l];
+        Backend& be = *c.blocks[l].backend;
+        kv.n_blocks = n_blocks;
+        kv.block_size = params.kv_block_size;
+        kv.n_head_kv = hp.n_head_kv;
+        kv.head_dim = hp.head_dim;
+        const size_t bytes = (size_t)n_blocks * kv.block_size * hp.n_head_kv * hp.head_dim * be.kv_elem_bytes();
+        kv.k = be.alloc(bytes);
+        c.owned.emplace_back(&be, kv.k);
+        kv.v = be.alloc(bytes);
+        c.owned.emplace_back(&be, kv.v);
+    }
+    c.embd.resize((size_t)c.params.n_batch * hp.n_embd);
+}
+
+Context::~Context() = default;
+
+void ContextImpl::forward(const int32_t* tokens, int32_t n, bool logits_all) {
+    ModelImpl& m = model->impl();
+    const HParams& hp = m.hp;
+    const int64_t E = hp.n_embd, QW = (int64_t)hp.n_head * hp.head_dim;
+    const int64_t KW = (int64_t)hp.n_head_kv * hp.head_dim;
+
+    table.reserve_tokens(n_past + n);
+    BatchInfo batch;
+    batch.n_tok = n;
+    batch.n_seq = 1;
+    batch.max_blocks = (int32_t)table.blocks().size();
+    batch.block_table = table.blocks();
+    for (int32_t i = 0; i < n; ++i) {
+        batch.pos.push_back(n_past + i);
+        batch.seq.push_back(0);
+    }
+
+    // Embedding rows stay in host memory (token_embd may be the largest tensor).
+    const TypeTraits& et = type_traits(m.tok_embd->type);
+    const size_t erow = row_bytes(m.tok_embd->type, E);
+    for (int32_t i = 0; i < n; ++i) et.dequantize_row(m.tok_embd->data + (size_t)tokens[i] * erow, &embd[i * E], E);
+
+    Backend* cur = cpu.get();
+    const float* x_src = embd.data();   // where the hidden state is before block 0
+    Scratch* s = nullptr;
+    std::vector<Backend*> seen;
+    const AttentionShape shape{hp.n_head, hp.n_head_kv, hp.head_dim, 1.0f / std::sqrt((float)hp.head_dim)};
+    for (int32_t l = 0; l < hp.n_layer; ++l) {
+        const BlockWeights& w = blocks[l];
+        Backend& be = *w.backend;
+        if (!s || s->be != &be) {
+            Scratch& next = scratch_for(be);
+            if (std::find(seen.begin(), seen.end(), &be) == seen.end()) {
+                be.set_batch(batch);
+                seen.push_back(&be);
+            }
+            // Move the hidden state to this block's device (through host memory).
+            if (!s) {
+                be.copy_from_host(next.x, x_src, n * E * sizeof(float));
+            } else if (be.is_host()) {
+                cur->copy_to_host(next.x, s->x, n * E * sizeof(float));
+            } else {
+                std::vector<float> tmp(n * E);
+                cur->copy_to_host(tmp.data(), s->x, tmp.size() * sizeof(float));
+                be.copy_from_host(next.x, tmp.data(), tmp.size() * sizeof(float));
+            }
+            s = &next;
+            cur = &be;
+        }
+        be.rmsnorm(s->x, w.attn_norm, n, (int32_t)E, hp.rms_eps, s->xn);
+        be.matmul(w.wq, s->xn, n, s->q);
+        be.matmul(w.wk, s->xn, n, s->k);
+        be.matmul(w.wv, s->xn, n, s->v);
+        if (w.bq) be.add_bias(s->q, w.bq, n, (int32_t)QW);
+        if (w.bk) be.add_bias(s->k, w.bk, n, (int32_t)KW);
+        if (w.bv) be.add_bias(s->v, w.bv, n, (int32_t)KW);
+        be.rope(s->q, n, hp.n_head, hp.head_dim, hp.rope_base, hp.rope_neox);
+        be.rope(s->k, n, hp.n_head_kv, hp.head_dim, hp.rope_base, hp.rope_neox);
+        be.kv_store(kv[l], s->k, s->v, n);
+        be.attention(kv[l], s->q, n, shape, s->att);
+        be.matmul(w.wo, s->att, n, s->xn);
+        be.add(s->x, s->xn, n * E);
+        be.rmsnorm(s->x, w.ffn_norm, n, (int32_t)E, hp.rms_eps, s->xn);
+        be.matmul(w.w_gate, s->xn, n, s->gate);
+        be.matmul(w.w_up, s->xn, n, s->up);
+        be.swiglu(s->gate, s->up, n * hp.n_ff, s->gate);
+        be.matmul(w.w_down, s->gate, n, s->xn);
+        be.add(s->x, s->xn, n * E);
+    }
+
+    // Head: the blocks' last device is the head's device whenever any block is on the GPU.
+    Backend& hb = *head.backend;
+    Scratch& hs = scratch_for(hb);
+    if (&hb != cur) {
+        std::vector<float> tmp(n * E);
+        cur->copy_to_host(tmp.data(), s->x, tmp.size() * sizeof(float));
+        hb.copy_from_host(hs.x, tmp.data(), tmp.size() * sizeof(float));
+    }
+    const int32_t first = logits_all ? 0 : n - 1;
+    const int32_t rows = n - first;
+    if (hs.logits_rows < rows) {
+        hs.logits = alloc_floats(hb, (int64_t)rows * hp.n_vocab);
+        hs.logits_rows = rows;
+    }
+    hb.rmsnorm(hs.x + first * E, head.output_norm, rows, (int32_t)E, hp.rms_eps, hs.xn);
+    hb.matmul(head.output, hs.xn, rows, hs.logits);
+    const size_t old = logits.size();
+    logits.resize(old + (size_t)rows * hp.n_vocab);
+    hb.copy_to_host(logits.data() + old, hs.logits, (size_t)rows * hp.n_vocab * sizeof(float));
+    n_logits += rows;
+    n_past += n;
+}
+
+void Context::eval(const int32_t* tokens, int32_t n, bool logits_all) {
+    ContextImpl& c = *impl_;
+    const int32_t n_vocab = c.model->hparams().n_vocab;
+    if (n <= 0) fail("eval needs at least one token");
+    if (c.n_past + n > c.params.n_ctx)
+        fail("context overflow: ", c.n_past, " tokens in the cache + ", n, " new exceed n_ctx ", c.params.n_ctx);
+    for (int32_t i = 0; i < n; ++i)
+        if (tokens[i] < 0 || tokens[i] >= n_vocab)
+            fail("token id ", tokens[i], " at index ", i, " is out of range [0, ", n_vocab, ")");
+    c.logits.clear();
+    c.n_logits = 0;
+    for (int32_t start = 0; start < n; start += c.params.n_batch) {
+        const int32_t len = std::min(c.params.n_batch, n - start);
+        const bool last_chunk = start + len == n;
+        if (!logits_all && !last_chunk) {
+            // Intermediate chunks of a prompt only fill the KV; their logits are dropped.
+            c.forward(tokens + start, len, false);
+            c.logits.clear();
+            c.n_logits = 0;
+        } else {
+            c.forward(tokens + start, len, logits_all);
+        }
+    }
+}
+
+const float* Context::logits(int32_t i) const {
+    const ContextImpl& c = *impl_;
+    if (i < 0) i += c.n_logits;
+    if (i < 0 || i >= c.n_logits) fail("logits index out of range: ", i, " (have ", c.n_logits, " rows)");
+    return c.logits.data() + (size_t)i * c.model->hparams().n_vocab;
+}
+
+int32_t Context::n_logits() const { return impl_->n_logits; }
+int32_t Context::n_past() const { return impl_->n_past; }
+int32_t Context::n_ctx() const { return impl_->params.n_ctx; }
+const Model& Context::model() const { return *impl_->model; }
+
+void Context::truncate(int32_t n_past) {
+    ContextImpl& c = *impl_;
+    if (n_past < 0 || n_past > c.n_past) fail("truncate: n_past ", n_past, " must be in [0, ", c.n_past, "]");
+    c.table.truncate(n_past);
+    c.n_past = n_past;
+}
+
+}  // namespace ember

@@ -1,0 +1,78 @@
+// The per-tensor type recipe, following llama.cpp's llama_tensor_get_type for the mixes ember
+// supports: output head Q6_K (Q8_0 where rows are not a multiple of 256), *_K_M give Q6_K to
+// attn_v and ffn_down in the first and last eighth of layers and every third layer between,
+// and K types fall back to legacy ones when a row is not a whole number of 256-element blocks.
+#include "quantize/recipe.h"
+
+#include <cctype>
+
+namespace ember {
+
+namespace {
+
+const QuantMix kMixes[] = {
+    {"F32", GGMLType::F32, 0, false},     {"F16", GGMLType::F16, 1, false},
+    {"BF16", GGMLType::BF16, 32, false},  {"Q4_0", GGMLType::Q4_0, 2, false},
+    {"Q4_1", GGMLType::Q4_1, 3, false},   {"Q8_0", GGMLType::Q8_0, 7, false},
+    {"Q5_0", GGMLType::Q5_0, 8, false},   {"Q5_1", GGMLType::Q5_1, 9, false},
+    // Plain Q4_K / Q5_K (every matrix in the base type) record the nearest llama ftype, *_K_S.
+    {"Q4_K", GGMLType::Q4_K, 14, false},  {"Q4_K_M", GGMLType::Q4_K, 15, true},
+    {"Q5_K", GGMLType::Q5_K, 16, false},  {"Q5_K_M", GGMLType::Q5_K, 17, true},
+    {"Q6_K", GGMLType::Q6_K, 18, false},
+};
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+bool use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+
+bool is_k_type(GGMLType t) { return t == GGMLType::Q4_K || t == GGMLType::Q5_K || t == GGMLType::Q6_K; }
+
+GGMLType k_fallback(GGMLType t) {
+    switch (t) {
+        case GGMLType::Q4_K: return GGMLType::Q5_0;
+        case GGMLType::Q5_K: return GGMLType::Q5_1;
+        case GGMLType::Q6_K: return GGMLType::Q8_0;
+        default: return t;
+    }
+}
+
+}  // namespace
+
+const QuantMix* find_quant_mix(const std::string& name) {
+    std::string up;
+    for (char c : name) up += (char)std::toupper((unsigned char)c);
+    for (const auto& m : kMixes)
+        if (up == m.name) return &m;
+    return nullptr;
+}
+
+std::string quant_mix_names() {
+    std::string s;
+    for (const auto& m : kMixes) s += (s.empty() ? "" : ", ") + std::string(m.name);
+    return s;
+}
+
+GGMLType choose_type(const QuantMix& mix, const GGUFTensor& t, RecipeState& st) {
+    // Only 2-D weight matrices are quantized; norms, biases and other vectors stay F32.
+    if (t.ne.size() < 2 || !ends_with(t.name, ".weight")) return GGMLType::F32;
+    GGMLType type = mix.base;
+    const bool float_mix = mix.base == GGMLType::F32 || mix.base == GGMLType::F16 || mix.base == GGMLType::BF16;
+    const bool is_output = t.name == "output.weight" || (!st.has_output && t.name == "token_embd.weight");
+    if (!float_mix && is_output) {
+        type = (t.ne[0] % 256 != 0) ? GGMLType::Q8_0 : (mix.base == GGMLType::Q8_0 ? GGMLType::Q8_0 : GGMLType::Q6_K);
+    } else if (ends_with(t.name, "attn_v.weight")) {
+        if (mix.more_bits_k && use_more_bits(st.i_attn_v, st.n_attn_v)) type = GGMLType::Q6_K;
+        ++st.i_attn_v;
+    } else if (ends_with(t.name, "ffn_down.weight")) {
+        if (mix.more_bits_k && use_more_bits(st.i_ffn_down, st.n_ffn_down)) type = GGMLType::Q6_K;
+        ++st.i_ffn_down;
+    }
+    if (is_k_type(type) && t.ne[0] % 256 != 0) type = k_fallback(type);
+    const TypeTraits& tr = type_traits(type);
+    if (t.ne[0] % tr.block_elems != 0) type = GGMLType::F16;   // rows too short for any block: keep precision
+    return type;
+}
+
+}  // namespace ember

@@ -1,0 +1,30 @@
+// Which type each tensor gets for a quantization mix (llama.cpp's recipe, so files compare).
+#pragma once
+#include <string>
+
+#include "ember/gguf.h"
+
+namespace ember {
+
+struct QuantMix {
+    const char* name;       // as given on the command line
+    GGMLType base;          // type of ordinary weight matrices
+    uint32_t file_type;     // general.file_type value (llama_ftype)
+    bool more_bits_k;       // *_K_M: some attn_v / ffn_down layers get Q6_K
+};
+
+// nullptr if the name is unknown.
+const QuantMix* find_quant_mix(const std::string& name);
+std::string quant_mix_names();
+
+// Counts of attn_v / ffn_down tensors seen so far decide which layers get more bits.
+struct RecipeState {
+    int n_attn_v = 0, n_ffn_down = 0;   // totals in the model
+    int i_attn_v = 0, i_ffn_down = 0;   // running indices
+    bool has_output = false;
+};
+
+// Type for tensor t under mix; F32 for tensors that are not quantized (norms, biases, 1-D).
+GGMLType choose_type(const QuantMix& mix, const GGUFTensor& t, RecipeState& st);
+
+}  // namespace ember

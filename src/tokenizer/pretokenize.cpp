@@ -1,0 +1,241 @@
+// Hand-written pre-tokenizer regexes. Each stage refines a list of codepoint ranges [begin, end)
+// of the text; a match never crosses a range boundary, as when llama.cpp applies its regex
+// chain piece by piece. Semantics follow leftmost-alternative regex matching.
+#include "tokenizer/pretokenize.h"
+
+#include <cstdint>
+#include <unordered_map>
+
+#include "tokenizer/unicode.h"
+
+namespace ember {
+
+namespace {
+
+struct Range {
+    size_t begin, end;
+};
+
+// One pre-tokenization: the decoded text and the current list of pieces.
+class Splitter {
+public:
+    explicit Splitter(const std::string& text) : text_(text) {
+        utf8_decode(text, cpts_, offsets_);
+        flags_.resize(cpts_.size());
+        for (size_t i = 0; i < cpts_.size(); ++i) flags_[i] = codepoint_flags(cpts_[i]);
+        if (!cpts_.empty()) pieces_.push_back({0, cpts_.size()});
+    }
+
+    // Matches of `match_len` (0 = no match at this position) become pieces; the text between
+    // matches becomes pieces too.
+    template <class MatchLen>
+    void split_matches(MatchLen match_len) {
+        std::vector<Range> out;
+        out.reserve(pieces_.size() * 2);
+        for (const Range& r : pieces_) {
+            size_t gap = r.begin, pos = r.begin;
+            while (pos < r.end) {
+                size_t n = match_len(pos, r.end);
+                if (n == 0) { ++pos; continue; }
+                if (pos > gap) out.push_back({gap, pos});
+                out.push_back({pos, pos + n});
+                pos += n;
+                gap = pos;
+            }
+            if (r.end > gap) out.push_back({gap, r.end});
+        }
+        pieces_.swap(out);
+    }
+
+    // The GPT-2 pattern. Every codepoint is covered by some alternative, so the piece is
+    // cut into consecutive words.
+    void split_gpt2() {
+        std::vector<Range> out;
+        out.reserve(pieces_.size() * 2);
+        for (const Range& r : pieces_) {
+            size_t pos = r.begin;
+            auto emit = [&](size_t end) { out.push_back({pos, end}); pos = end; };
+            while (pos < r.end) {
+                const uint32_t c = cpts_[pos];
+                if (size_t n = contraction(pos, r.end, false)) { emit(pos + n); continue; }
+                const bool sp = c == ' ' && pos + 1 < r.end;   // the optional leading space
+                const uint8_t f = flags_[sp ? pos + 1 : pos];
+                if (f & CPT_LETTER) { emit(run(pos + sp, r.end, CPT_LETTER)); continue; }
+                if (f & CPT_NUMBER) { emit(run(pos + sp, r.end, CPT_NUMBER)); continue; }
+                if (!(f & (CPT_WHITESPACE | CPT_LETTER | CPT_NUMBER))) {
+                    emit(run_not(pos + sp, r.end, CPT_WHITESPACE | CPT_LETTER | CPT_NUMBER));
+                    continue;
+                }
+                emit(whitespace_end(pos, r.end, false));
+            }
+        }
+        pieces_.swap(out);
+    }
+
+    // The llama3 pattern; max_digits is 3 for llama3, 1 for qwen2.
+    void split_llama3(size_t max_digits) {
+        std::vector<Range> out;
+        out.reserve(pieces_.size() * 2);
+        for (const Range& r : pieces_) {
+            size_t pos = r.begin;
+            auto emit = [&](size_t end) { out.push_back({pos, end}); pos = end; };
+            while (pos < r.end) {
+                const uint32_t c = cpts_[pos];
+                const uint8_t f = flags_[pos];
+                if (size_t n = contraction(pos, r.end, true)) { emit(pos + n); continue; }
+                // [^\r\n\p{L}\p{N}]?\p{L}+
+                if (!(c == '\r' || c == '\n' || (f & CPT_NUMBER)) &&
+                    ((f & CPT_LETTER) || (pos + 1 < r.end && (flags_[pos + 1] & CPT_LETTER)))) {
+                    emit(run(pos + 1, r.end, CPT_LETTER));
+                    continue;
+                }
+                // \p{N}{1,max_digits}
+                if (f & CPT_NUMBER) {
+                    size_t end = pos;
+                    while (end < r.end && end - pos < max_digits && (flags_[end] & CPT_NUMBER)) ++end;
+                    emit(end);
+                    continue;
+                }
+                // <space>?[^\s\p{L}\p{N}]+[\r\n]*
+                const bool sp = c == ' ' && pos + 1 < r.end;
+                const uint8_t f2 = flags_[sp ? pos + 1 : pos];
+                if (!(f2 & (CPT_WHITESPACE | CPT_LETTER | CPT_NUMBER))) {
+                    size_t end = run_not(pos + sp, r.end, CPT_WHITESPACE | CPT_LETTER | CPT_NUMBER);
+                    while (end < r.end && (cpts_[end] == '\r' || cpts_[end] == '\n')) ++end;
+                    emit(end);
+                    continue;
+                }
+                emit(whitespace_end(pos, r.end, true));
+            }
+        }
+        pieces_.swap(out);
+    }
+
+    std::vector<std::string> words() const {
+        std::vector<std::string> w;
+        w.reserve(pieces_.size());
+        for (const Range& r : pieces_)
+            w.emplace_back(text_, offsets_[r.begin], offsets_[r.end] - offsets_[r.begin]);
+        return w;
+    }
+
+    const std::vector<uint32_t>& cpts() const { return cpts_; }
+    const std::vector<uint8_t>& flags() const { return flags_; }
+
+private:
+    // 's|'t|'re|'ve|'m|'ll|'d (optionally case-insensitive): length matched, or 0.
+    size_t contraction(size_t pos, size_t end, bool any_case) const {
+        if (cpts_[pos] != '\'' || pos + 1 >= end) return 0;
+        auto lower = [&](size_t i) -> uint32_t {
+            uint32_t c = cpts_[i];
+            return (any_case && c >= 'A' && c <= 'Z') ? c + 32 : c;
+        };
+        const uint32_t a = lower(pos + 1);
+        if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
+        if (pos + 2 >= end) return 0;
+        const uint32_t b = lower(pos + 2);
+        if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return 3;
+        return 0;
+    }
+
+    size_t run(size_t pos, size_t end, uint8_t mask) const {
+        while (pos < end && (flags_[pos] & mask)) ++pos;
+        return pos;
+    }
+    size_t run_not(size_t pos, size_t end, uint8_t mask) const {
+        while (pos < end && !(flags_[pos] & mask)) ++pos;
+        return pos;
+    }
+
+    // At a codepoint no earlier alternative matched: \s*[\r\n]+ (llama3 only), \s+(?!\S), \s+,
+    // or a lone codepoint when nothing matches at all.
+    size_t whitespace_end(size_t pos, size_t end, bool newline_rule) const {
+        size_t n = 0, last_newline_end = 0;
+        while (pos + n < end && (flags_[pos + n] & CPT_WHITESPACE)) {
+            if (cpts_[pos + n] == '\r' || cpts_[pos + n] == '\n') last_newline_end = pos + n + 1;
+            ++n;
+        }
+        if (newline_rule && last_newline_end) return last_newline_end;
+        if (n > 1 && pos + n < end) return pos + n - 1;   // leave one space for the next word
+        if (n > 0) return pos + n;
+        return pos + 1;
+    }
+
+    const std::string& text_;
+    std::vector<uint32_t> cpts_;
+    std::vector<size_t> offsets_;
+    std::vector<uint8_t> flags_;
+    std::vector<Range> pieces_;
+};
+
+bool is_ascii_digit(uint32_t c) { return c >= '0' && c <= '9'; }
+
+}  // namespace
+
+PreTokenizer pre_tokenizer_from_name(const std::string& name) {
+    static const std::unordered_map<std::string, PreTokenizer> names = {
+        {"gpt-2", PreTokenizer::GPT2},        {"gpt2", PreTokenizer::GPT2},
+        {"mpt", PreTokenizer::GPT2},          {"olmo", PreTokenizer::GPT2},
+        {"jais", PreTokenizer::GPT2},         {"phi-2", PreTokenizer::GPT2},
+        {"smollm", PreTokenizer::SMOLLM},     {"starcoder", PreTokenizer::SMOLLM},
+        {"refact", PreTokenizer::SMOLLM},     {"command-r", PreTokenizer::SMOLLM},
+        {"codeshell", PreTokenizer::SMOLLM},  {"exaone", PreTokenizer::SMOLLM},
+        {"minerva-7b", PreTokenizer::SMOLLM},
+        {"llama3", PreTokenizer::LLAMA3},     {"llama-v3", PreTokenizer::LLAMA3},
+        {"llama-bpe", PreTokenizer::LLAMA3},  {"falcon3", PreTokenizer::LLAMA3},
+        {"dbrx", PreTokenizer::LLAMA3},       {"smaug-bpe", PreTokenizer::LLAMA3},
+        {"chatglm-bpe", PreTokenizer::LLAMA3},
+        {"qwen2", PreTokenizer::QWEN2},       {"stablelm2", PreTokenizer::QWEN2},
+        {"deepseek-r1-qwen", PreTokenizer::QWEN2}, {"hunyuan", PreTokenizer::QWEN2},
+        {"default", PreTokenizer::DEFAULT},
+    };
+    auto it = names.find(name);
+    return it == names.end() ? PreTokenizer::DEFAULT : it->second;
+}
+
+std::vector<std::string> pre_tokenize(PreTokenizer kind, const std::string& text) {
+    Splitter s(text);
+    const auto& cpts = s.cpts();
+    const auto& flags = s.flags();
+    switch (kind) {
+        case PreTokenizer::GPT2:
+            s.split_gpt2();
+            break;
+        case PreTokenizer::SMOLLM:
+            s.split_matches([&](size_t pos, size_t) -> size_t { return (flags[pos] & CPT_NUMBER) ? 1 : 0; });
+            s.split_gpt2();
+            break;
+        case PreTokenizer::LLAMA3:
+            s.split_llama3(3);
+            break;
+        case PreTokenizer::QWEN2:
+            s.split_llama3(1);
+            break;
+        case PreTokenizer::DEFAULT: {
+            auto is_punct = [&](size_t i) {
+                const uint32_t c = cpts[i];
+                return (flags[i] & CPT_PUNCT) || c == '$' || c == '+' || c == '<' || c == '=' ||
+                       c == '>' || c == '^' || c == '~' || c == '|';
+            };
+            s.split_matches([&](size_t pos, size_t end) -> size_t {
+                size_t e = pos;
+                while (e < end && is_punct(e)) ++e;
+                return e - pos;
+            });
+            s.split_gpt2();
+            s.split_matches([&](size_t pos, size_t end) -> size_t {
+                size_t e = pos;
+                while (e < end && (flags[e] & CPT_NUMBER)) ++e;
+                return e - pos;
+            });
+            s.split_matches([&](size_t pos, size_t end) -> size_t {
+                return (pos + 3 <= end && is_ascii_digit(cpts[pos]) && is_ascii_digit(cpts[pos + 1]) &&
+                        is_ascii_digit(cpts[pos + 2])) ? 3 : 0;
+            });
+            break;
+        }
+    }
+    return s.words();
+}
+
+}  // namespace ember

@@ -1,0 +1,175 @@
+// The part shared by both tokenizer kinds: vocab validation, text -> id lookup, splitting the
+// input around special tokens, token pieces of non-NORMAL tokens, end-of-generation ids.
+#include "tokenizer/vocab.h"
+
+#include <algorithm>
+
+#include "ember/status.h"
+
+namespace ember {
+
+namespace {
+
+void check_id(int32_t id, size_t n, const char* what) {
+    if (id < -1 || id >= int64_t(n))
+        fail("tokenizer: ", what, " id ", id, " is outside the vocabulary of ", n, " tokens");
+}
+
+// Texts that end a turn in the common chat formats (llama.cpp recognises the same set).
+bool is_eog_text(const std::string& t) {
+    static const char* const texts[] = {
+        "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
+        "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>", "<｜end▁of▁sentence｜>",
+    };
+    for (const char* s : texts)
+        if (t == s) return true;
+    return false;
+}
+
+}  // namespace
+
+int byte_token_value(const std::string& t) {
+    auto hex = [](char c) -> int {
+        if (c >= '0' && c <= '9') return c - '0';
+        if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+        if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+        return -1;
+    };
+    if (t.size() != 6 || t.compare(0, 3, "<0x") != 0 || t[5] != '>') return -1;
+    int hi = hex(t[3]), lo = hex(t[4]);
+    return (hi < 0 || lo < 0) ? -1 : hi * 16 + lo;
+}
+
+std::unique_ptr<Tokenizer> make_tokenizer(TokenizerVocab v) {
+    const size_t n = v.tokens.size();
+    if (n == 0) fail("tokenizer: tokenizer.ggml.tokens is empty");
+    if (n > size_t(INT32_MAX)) fail("tokenizer: tokenizer.ggml.tokens has too many entries (", n, ")");
+    if (!v.scores.empty() && v.scores.size() != n)
+        fail("tokenizer: tokenizer.ggml.scores has ", v.scores.size(), " entries, expected ", n);
+    if (!v.types.empty() && v.types.size() != n)
+        fail("tokenizer: tokenizer.ggml.token_type has ", v.types.size(), " entries, expected ", n);
+    for (size_t i = 0; i < v.types.size(); ++i)
+        if (v.types[i] < 0 || v.types[i] > int32_t(TokenType::BYTE))
+            fail("tokenizer: tokenizer.ggml.token_type[", i, "] = ", v.types[i], " is not a token type (0..6)");
+    check_id(v.bos, n, "bos");
+    check_id(v.eos, n, "eos");
+    check_id(v.unk, n, "unknown");
+    check_id(v.pad, n, "padding");
+    check_id(v.eot, n, "eot");
+    check_id(v.eom, n, "eom");
+    if (v.add_bos && v.bos < 0) fail("tokenizer: add_bos_token is set but there is no bos_token_id");
+    if (v.add_eos && v.eos < 0) fail("tokenizer: add_eos_token is set but there is no eos_token_id");
+    if (v.model == "gpt2") return make_bpe_tokenizer(std::move(v));
+    if (v.model == "llama") return make_spm_tokenizer(std::move(v));
+    fail("tokenizer: tokenizer.ggml.model '", v.model, "' is not supported (expected 'gpt2' or 'llama')");
+}
+
+VocabTokenizer::VocabTokenizer(TokenizerVocab vocab) : v_(std::move(vocab)) {
+    const int32_t n = int32_t(v_.tokens.size());
+    token_ids_.reserve(size_t(n) * 2);
+    for (int32_t i = 0; i < n; ++i) token_ids_[v_.tokens[i]] = i;   // later duplicates win
+
+    for (int32_t i = 0; i < n; ++i) {
+        TokenType t = type(i);
+        if ((t == TokenType::CONTROL || t == TokenType::USER_DEFINED || t == TokenType::UNKNOWN) &&
+            !v_.tokens[i].empty())
+            special_.push_back(i);
+    }
+    // Longest first, so "<|im_start|>" wins over a shorter special token inside it.
+    std::stable_sort(special_.begin(), special_.end(), [&](int32_t a, int32_t b) {
+        return v_.tokens[a].size() > v_.tokens[b].size();
+    });
+
+    eog_.assign(size_t(n), false);
+    for (int32_t id : {v_.eos, v_.eot, v_.eom})
+        if (id >= 0) eog_[id] = true;
+    for (int32_t i = 0; i < n; ++i) {
+        TokenType t = type(i);
+        if ((t == TokenType::CONTROL || t == TokenType::USER_DEFINED) && is_eog_text(v_.tokens[i]))
+            eog_[i] = true;
+    }
+}
+
+std::vector<int32_t> VocabTokenizer::encode(const std::string& text, bool add_bos,
+                                            bool parse_special) const {
+    // Fragments of the input: either a special token or a byte range of plain text.
+    struct Fragment {
+        int32_t token;   // -1: text[begin, end)
+        size_t begin, end;
+    };
+    std::vector<Fragment> frags{{-1, 0, text.size()}};
+    for (int32_t id : special_) {
+        // User-defined tokens are always matched (as llama.cpp and HF tokenizers do); control
+        // and unknown tokens only when the caller asks to parse special text.
+        if (!parse_special && type(id) != TokenType::USER_DEFINED) continue;
+        const std::string& s = v_.tokens[id];
+        std::vector<Fragment> next;
+        next.reserve(frags.size());
+        for (const Fragment& f : frags) {
+            if (f.token >= 0 || f.end - f.begin < s.size()) { next.push_back(f); continue; }
+            size_t pos = f.begin;
+            while (true) {
+                size_t hit = text.find(s, pos);
+                if (hit == std::string::npos || hit + s.size() > f.end) break;
+                if (hit > pos) next.push_back({-1, pos, hit});
+                next.push_back({id, hit, hit + s.size()});
+                pos = hit + s.size();
+            }
+            if (pos < f.end) next.push_back({-1, pos, f.end});
+        }
+        frags.swap(next);
+    }
+
+    std::vector<int32_t> out;
+    out.reserve(text.size() / 3 + 4);
+    if (add_bos && v_.add_bos) out.push_back(v_.bos);
+    bool after_special = true;
+    for (const Fragment& f : frags) {
+        if (f.token >= 0) {
+            out.push_back(f.token);
+            after_special = true;
+        } else if (f.end > f.begin) {
+            encode_fragment(text.substr(f.begin, f.end - f.begin), after_special, out);
+            after_special = false;
+        }
+    }
+    // Like add_bos, EOS is added only where the model asks for it (and the caller adds specials).
+    if (add_bos && v_.add_eos) out.push_back(v_.eos);
+    return out;
+}
+
+std::string VocabTokenizer::token_to_piece(int32_t id, bool special) const {
+    if (id < 0 || id >= n_vocab())
+        fail("tokenizer: token id ", id, " is outside the vocabulary of ", n_vocab(), " tokens");
+    switch (type(id)) {
+        case TokenType::NORMAL:
+            return normal_piece(id);
+        case TokenType::CONTROL:
+        case TokenType::UNKNOWN:
+            return special ? v_.tokens[id] : std::string();
+        case TokenType::USER_DEFINED:
+            return v_.tokens[id];
+        case TokenType::BYTE: {
+            // "<0xNN>" -> the byte NN
+            const std::string& t = v_.tokens[id];
+            int b = byte_token_value(t);
+            return b >= 0 ? std::string(1, char(b)) : t;
+        }
+        case TokenType::UNDEFINED:
+        case TokenType::UNUSED:
+            break;
+    }
+    return std::string();
+}
+
+bool VocabTokenizer::is_eog(int32_t id) const {
+    return id >= 0 && id < n_vocab() && eog_[id];
+}
+
+const std::string& VocabTokenizer::token_text(int32_t id) const {
+    if (id < 0 || id >= n_vocab())
+        fail("tokenizer: token id ", id, " is outside the vocabulary of ", n_vocab(), " tokens");
+    return v_.tokens[id];
+}
+
+}  // namespace ember

@@ -1,0 +1,82 @@
+// The tokenizer's inputs as plain vectors (what GGUF tokenizer.* keys hold), the shared base of
+// both tokenizer kinds (vocab lookup, special-token partitioning, pieces), and the factory.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ember/tokenizer.h"
+
+namespace ember {
+
+// tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
+enum class TokenType : int32_t {
+    UNDEFINED = 0, NORMAL = 1, UNKNOWN = 2, CONTROL = 3, USER_DEFINED = 4, UNUSED = 5, BYTE = 6,
+};
+
+struct TokenizerVocab {
+    std::string model;                  // tokenizer.ggml.model: "gpt2" or "llama"
+    std::string pre = "default";        // tokenizer.ggml.pre (byte-level BPE only)
+    std::vector<std::string> tokens;    // tokenizer.ggml.tokens
+    std::vector<float> scores;          // tokenizer.ggml.scores (empty: all 0)
+    std::vector<int32_t> types;         // tokenizer.ggml.token_type (empty: all NORMAL)
+    std::vector<std::string> merges;    // tokenizer.ggml.merges, "left right", rank = index
+    int32_t bos = -1, eos = -1, unk = -1, pad = -1, eot = -1, eom = -1;   // -1: none
+    bool add_bos = false;
+    bool add_eos = false;
+    bool add_space_prefix = true;       // SentencePiece only
+};
+
+// Validates the vocab (sizes, ids in range, model name) and builds the tokenizer.
+// Throws InvalidInput naming the offending field.
+std::unique_ptr<Tokenizer> make_tokenizer(TokenizerVocab vocab);
+// "<0xNN>" -> NN, anything else -> -1.
+int byte_token_value(const std::string& text);
+
+std::unique_ptr<Tokenizer> make_bpe_tokenizer(TokenizerVocab vocab);   // bpe.cpp
+std::unique_ptr<Tokenizer> make_spm_tokenizer(TokenizerVocab vocab);   // spm.cpp
+
+// What both kinds share. Subclasses tokenize one run of plain text (no special tokens in it)
+// and turn NORMAL tokens into bytes.
+class VocabTokenizer : public Tokenizer {
+public:
+    explicit VocabTokenizer(TokenizerVocab vocab);
+
+    std::vector<int32_t> encode(const std::string& text, bool add_bos,
+                                bool parse_special) const override;
+    std::string token_to_piece(int32_t id, bool special) const override;
+
+    int32_t n_vocab() const override { return int32_t(v_.tokens.size()); }
+    int32_t bos() const override { return v_.bos; }
+    int32_t eos() const override { return v_.eos; }
+    bool add_bos() const override { return v_.add_bos; }
+    bool is_eog(int32_t id) const override;
+    const std::string& token_text(int32_t id) const override;
+
+    // SentencePiece decoding drops the space its encoder put before the text.
+    virtual bool decode_strips_leading_space() const { return false; }
+
+protected:
+    // Appends the tokens of text (a fragment between special tokens). after_special: the
+    // fragment starts the text or follows a special token (SentencePiece adds its space there).
+    virtual void encode_fragment(const std::string& text, bool after_special,
+                                 std::vector<int32_t>& out) const = 0;
+    virtual std::string normal_piece(int32_t id) const = 0;
+
+    TokenType type(int32_t id) const { return v_.types.empty() ? TokenType::NORMAL : TokenType(v_.types[id]); }
+    int32_t find_token(const std::string& text) const {
+        auto it = token_ids_.find(text);
+        return it == token_ids_.end() ? -1 : it->second;
+    }
+
+    TokenizerVocab v_;
+
+private:
+    std::unordered_map<std::string, int32_t> token_ids_;
+    std::vector<int32_t> special_;       // CONTROL/USER_DEFINED/UNKNOWN ids, longest text first
+    std::vector<bool> eog_;
+};
+
+}  // namespace ember

@@ -1,0 +1,211 @@
+"""CUDA backend kernels (_ember.Backend("cuda")) against references on fresh random data:
+matmul of every weight type (decode GEMV and prompt GEMM paths) vs the gguf package's
+dequantization in float64, rmsnorm / rope / swiglu vs numpy, paged attention (decode,
+prompt, GQA, flash-decoding splits) vs a numpy softmax over f16-rounded K/V, and each op
+vs the CPU backend. Skipped with the reason when ember has no CUDA backend or no GPU."""
+import numpy as np
+import pytest
+import gguf.quants
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+
+from ember import _ember as E
+
+TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
+# Byte offsets of fp16 scale fields in one block: random bytes there could be inf / NaN.
+F16_FIELDS = {T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: [0],
+              T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208]}
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    try:
+        return E.Backend("cuda")
+    except Exception as e:  # built without CUDA, or no device
+        pytest.skip(f"no CUDA device: {e}")
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    return E.Backend("cpu", 2)
+
+
+def rng_for(*key):
+    seed = int(np.random.SeedSequence().entropy % (2**32))
+    print(f"seed for {key}: {seed}")
+    return np.random.default_rng(seed)
+
+
+def random_weight(t, n_out, n_in, rng):
+    """[n_out, row_bytes] uint8: random quants with finite random scales (or random floats)."""
+    if t == T.F32:
+        return rng.standard_normal((n_out, n_in)).astype(np.float32).view(np.uint8)
+    if t == T.F16:
+        return rng.standard_normal((n_out, n_in)).astype(np.float16).view(np.uint8)
+    if t == T.BF16:
+        f = rng.standard_normal((n_out, n_in)).astype(np.float32)
+        return (f.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    be, bb = GGML_QUANT_SIZES[t]
+    nb = n_in // be
+    blocks = rng.integers(0, 256, size=(n_out * nb, bb), dtype=np.uint8)
+    for off in F16_FIELDS[t]:
+        d = (rng.uniform(0.002, 0.05, n_out * nb) * rng.choice([-1, 1], n_out * nb)).astype(np.float16)
+        blocks[:, off:off + 2] = d.view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(n_out, nb * bb)
+
+
+def dequant(t, w, n_in):
+    if t == T.F32:
+        return w.view(np.float32).reshape(w.shape[0], n_in).astype(np.float64)
+    return gguf.quants.dequantize(w, t).reshape(w.shape[0], n_in).astype(np.float64)
+
+
+def rel_err(y, ref):
+    assert np.all(np.isfinite(y)), "non-finite output"
+    return float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
+
+
+# n_tok 1..8 run the decode GEMV (q8_1 activations for quantized types); larger batches
+# dequantize to f16 and use cuBLAS.
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n_tok", [1, 3, 8, 37])
+def test_matmul(gpu, t, n_tok):
+    rng = rng_for("matmul", t.name, n_tok)
+    n_in = 768 if t in (T.Q4_K, T.Q5_K, T.Q6_K) else 544   # 544: 17 blocks, not a multiple of 64
+    n_out = 203                                           # not a multiple of the rows per CTA
+    w = random_weight(t, n_out, n_in, rng)
+    x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+    y = gpu.matmul(int(t), w, n_in, x)
+    assert y.shape == (n_tok, n_out)
+    ref = x.astype(np.float64) @ dequant(t, w, n_in).T
+    if t == T.F32:
+        tol = 1e-5 if n_tok <= 8 else 1e-4
+    elif n_tok > 8 or t in (T.F16, T.BF16):
+        tol = 2e-3            # f16 / bf16 activations on the tensor-core path
+    else:
+        tol = 1.5e-2          # int8 activations (q8_1) in the GEMV
+    assert rel_err(y, ref) < tol
+
+
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q8_0, T.Q4_K, T.Q6_K, T.F16])
+def test_matmul_large_rows(gpu, t):
+    """Rows of 4096 (several units per lane) and 11008 (a ragged last stride)."""
+    rng = rng_for("matmul_large", t.name)
+    for n_in in (4096, 11008 if t not in (T.Q4_K, T.Q6_K) else 11264):
+        w = random_weight(t, 64, n_in, rng)
+        x = rng.standard_normal((2, n_in)).astype(np.float32)
+        ref = x.astype(np.float64) @ dequant(t, w, n_in).T
+        assert rel_err(gpu.matmul(int(t), w, n_in, x), ref) < (2e-3 if t == T.F16 else 1.5e-2)
+
+
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q5_1, T.Q4_K, T.Q6_K])
+def test_matmul_matches_cpu(gpu, cpu, t):
+    rng = rng_for("matmul_cpu", t.name)
+    n_in = 512
+    w = random_weight(t, 80, n_in, rng)
+    x = rng.standard_normal((2, n_in)).astype(np.float32)
+    yc, yg = cpu.matmul(int(t), w, n_in, x), gpu.matmul(int(t), w, n_in, x)
+    assert rel_err(yg, yc) < 2e-2
+
+
+def test_rmsnorm(gpu, cpu):
+    rng = rng_for("rmsnorm")
+    x = rng.standard_normal((5, 4096)).astype(np.float32) * 3
+    g = rng.standard_normal(4096).astype(np.float32)
+    xd = x.astype(np.float64)
+    ref = xd / np.sqrt((xd * xd).mean(axis=1, keepdims=True) + 1e-5) * g
+    y = gpu.rmsnorm(x, g, 1e-5)
+    assert rel_err(y, ref) < 1e-5
+    assert rel_err(y, cpu.rmsnorm(x, g, 1e-5)) < 1e-5
+
+
+def rope_ref(x, pos, n_heads, hd, base, neox):
+    x = x.astype(np.float64).reshape(len(pos), n_heads, hd).copy()
+    i = np.arange(hd // 2)
+    theta = np.asarray(pos, np.float64)[:, None] * base ** (-2.0 * i / hd)   # [n_tok, hd/2]
+    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    if neox:
+        a, b = x[..., : hd // 2].copy(), x[..., hd // 2:].copy()
+        x[..., : hd // 2], x[..., hd // 2:] = a * c - b * s, a * s + b * c
+    else:
+        a, b = x[..., 0::2].copy(), x[..., 1::2].copy()
+        x[..., 0::2], x[..., 1::2] = a * c - b * s, a * s + b * c
+    return x.reshape(len(pos), -1)
+
+
+@pytest.mark.parametrize("neox", [False, True])
+def test_rope(gpu, neox):
+    rng = rng_for("rope", neox)
+    n_heads, hd = 6, 64
+    pos = [int(p) for p in rng.integers(0, 2000, 7)]
+    x = rng.standard_normal((7, n_heads * hd)).astype(np.float32)
+    y = gpu.rope(x, pos, n_heads, hd, 10000.0, neox)
+    assert rel_err(y, rope_ref(x, pos, n_heads, hd, 10000.0, neox)) < 1e-4
+
+
+def test_swiglu(gpu):
+    rng = rng_for("swiglu")
+    g = rng.standard_normal(10007).astype(np.float32) * 4
+    u = rng.standard_normal(10007).astype(np.float32)
+    gd = g.astype(np.float64)
+    assert rel_err(gpu.swiglu(g, u), gd / (1 + np.exp(-gd)) * u) < 1e-6
+
+
+def attention_ref(q, k, v, pos, n_head, n_kv, hd):
+    k = k.astype(np.float16).astype(np.float64).reshape(len(k), n_kv, hd)
+    v = v.astype(np.float16).astype(np.float64).reshape(len(v), n_kv, hd)
+    q = q.astype(np.float64).reshape(len(pos), n_head, hd)
+    out = np.zeros_like(q)
+    rep = n_head // n_kv
+    for i, p in enumerate(pos):
+        for h in range(n_head):
+            s = k[: p + 1, h // rep] @ q[i, h] / np.sqrt(hd)
+            e = np.exp(s - s.max())
+            out[i, h] = (e / e.sum()) @ v[: p + 1, h // rep]
+    return out.reshape(len(pos), -1)
+
+
+# (n_head, n_head_kv, head_dim, kv length, query positions, block_size)
+ATTN_CASES = {
+    "decode": (8, 8, 128, 77, [76], 16),
+    "decode_gqa_9_3": (9, 3, 64, 200, [199], 16),
+    "decode_batch": (4, 2, 128, 64, [10, 63, 40], 16),
+    "prompt_causal": (4, 4, 128, 100, list(range(100)), 16),
+    "prompt_gqa": (9, 3, 64, 70, list(range(20, 70)), 32),
+    "long_split": (8, 8, 128, 3000, [2999], 16),
+    "long_split_gqa": (32, 8, 128, 2500, [1000, 2499], 64),
+    "head_dim_80": (4, 2, 80, 90, [89, 3], 16),
+    "head_dim_256": (2, 1, 256, 40, list(range(40)), 16),
+}
+
+
+@pytest.mark.parametrize("case", list(ATTN_CASES))
+def test_attention(gpu, case):
+    n_head, n_kv, hd, length, pos, bs = ATTN_CASES[case]
+    rng = rng_for("attention", case)
+    q = rng.standard_normal((len(pos), n_head * hd)).astype(np.float32)
+    k = rng.standard_normal((length, n_kv * hd)).astype(np.float32)
+    v = rng.standard_normal((length, n_kv * hd)).astype(np.float32)
+    y = gpu.attention(q, k, v, pos, n_head, n_kv, hd, bs, seed=int(rng.integers(1 << 30)))
+    assert rel_err(y, attention_ref(q, k, v, pos, n_head, n_kv, hd)) < 2e-4
+
+
+def test_attention_matches_cpu(gpu, cpu):
+    rng = rng_for("attention_cpu")
+    n_head, n_kv, hd, length = 9, 3, 64, 150
+    pos = list(range(140, 150))
+    q = rng.standard_normal((len(pos), n_head * hd)).astype(np.float32)
+    k = rng.standard_normal((length, n_kv * hd)).astype(np.float32)
+    v = rng.standard_normal((length, n_kv * hd)).astype(np.float32)
+    yc = cpu.attention(q, k, v, pos, n_head, n_kv, hd, 16, seed=3)
+    yg = gpu.attention(q, k, v, pos, n_head, n_kv, hd, 16, seed=5)
+    assert rel_err(yg, yc) < 2e-3
+
+
+def test_bad_input_raises(gpu):
+    rng = rng_for("bad")
+    w = random_weight(T.Q4_K, 4, 256, rng)
+    with pytest.raises(ValueError):
+        gpu.matmul(int(T.Q4_K), w[:, :100], 256, np.zeros((1, 256), np.float32))
+    with pytest.raises(ValueError):   # head_dim beyond the kernel's limit
+        gpu.attention(np.ones((1, 512), np.float32), np.ones((4, 512), np.float32), np.ones((4, 512), np.float32),
+                      [3], 1, 1, 512, 16)

@@ -1,0 +1,227 @@
+"""ember.Llama (llama-cpp-python's API) and the `ember` CLI on the real SmolLM2-135M model:
+greedy text vs llama.cpp's (tests/reference/smollm2/greedy.jsonl), result shapes, streaming,
+stop strings, seeds, logprobs, prefix reuse and context limits."""
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, read_jsonl
+from ember.llama import Llama
+
+
+@pytest.fixture(scope="module")
+def llm(smollm2_path):
+    with Llama(smollm2_path, n_ctx=512, verbose=False) as model:
+        yield model
+
+
+@pytest.fixture(scope="module")
+def small(smollm2_path):
+    """A second context of only 40 tokens, for the context-limit paths."""
+    with Llama(smollm2_path, n_ctx=40, n_batch=16, verbose=False) as model:
+        yield model
+
+
+def greedy(llm, prompt, n, **kw):
+    return llm.create_completion(prompt, max_tokens=n, temperature=0.0, **kw)
+
+
+def common_prefix(a, b):
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def test_greedy_matches_llama_cpp(llm):
+    refs = read_jsonl("greedy.jsonl")
+    good = 0
+    for ref in refs:
+        out = greedy(llm, ref["prompt"], ref["n_predict"])
+        text = out["choices"][0]["text"]
+        ours = llm.tokenize(text.encode(), add_bos=False)
+        theirs = llm.tokenize(ref["completion"].encode(), add_bos=False)
+        match = common_prefix(ours, theirs)
+        print(f"{ref['prompt']!r}: {match}/{len(theirs)} tokens match")
+        good += match >= min(16, len(theirs))
+    assert good >= len(refs) - 1
+
+
+def test_completion_dict_shape(llm, smollm2_path):
+    prompt = "Once upon a time"
+    out = llm(prompt, max_tokens=4, temperature=0.7, seed=11)
+    assert set(out) == {"id", "object", "created", "model", "choices", "usage"}
+    assert out["id"].startswith("cmpl-") and out["object"] == "text_completion"
+    assert isinstance(out["created"], int) and out["model"] == smollm2_path
+    (choice,) = out["choices"]
+    assert set(choice) == {"text", "index", "logprobs", "finish_reason"}
+    assert choice["index"] == 0 and choice["logprobs"] is None and isinstance(choice["text"], str)
+    assert choice["finish_reason"] == "length"
+    n_prompt = len(llm.tokenize(prompt.encode(), special=True))
+    assert out["usage"] == {"prompt_tokens": n_prompt, "completion_tokens": 4, "total_tokens": n_prompt + 4}
+    assert llm(prompt, max_tokens=3, model="my-name")["model"] == "my-name"
+
+
+def test_model_facts(llm):
+    assert llm.n_ctx() == 512 and llm.n_vocab() == 49152
+    assert llm.token_eos() >= 0
+    assert llm.n_embd() == 576
+
+
+def test_stream_concatenates_to_non_stream(llm):
+    prompt = "def fibonacci(n):"
+    whole = greedy(llm, prompt, 24)
+    chunks = list(greedy(llm, prompt, 24, stream=True))
+    assert all(c["object"] == "text_completion" and c["id"] == chunks[0]["id"] for c in chunks)
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+    assert chunks[-1]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"] == "length"
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole["choices"][0]["text"]
+
+
+def test_stop_string_split_across_tokens(llm):
+    prompt = "The capital of France is"
+    full = greedy(llm, prompt, 24)["choices"][0]["text"]
+    # A stop string that begins inside one token and ends inside the next.
+    ids = llm.tokenize(full.encode(), add_bos=False)
+    pieces = [llm.detokenize([t]).decode() for t in ids]
+    ends = np.cumsum([len(p) for p in pieces])
+    b = int(next(e for e, p in zip(ends, pieces[1:]) if e >= 4 and len(p) >= 3))
+    stop = full[b - 2:b + 2]
+    expected = full[:full.index(stop)]
+    out = greedy(llm, prompt, 24, stop=[stop, "never-appears"])
+    assert out["choices"][0]["text"] == expected and out["choices"][0]["finish_reason"] == "stop"
+    chunks = [c["choices"][0]["text"] for c in greedy(llm, prompt, 24, stop=stop, stream=True)]
+    assert "".join(chunks) == expected
+    assert not any(stop in c for c in chunks)
+    # The earliest of several stop strings wins.
+    out = greedy(llm, prompt, 24, stop=[full[b + 1:b + 3], stop])
+    assert out["choices"][0]["text"] == full[:min(full.index(stop), full.index(full[b + 1:b + 3]))]
+
+
+def test_end_of_generation_stops(llm):
+    prompt = "<|im_start|>user\nSay hello.<|im_end|>\n<|im_start|>assistant\n"
+    out = greedy(llm, prompt, 120)
+    assert out["choices"][0]["finish_reason"] == "stop"
+    assert out["usage"]["completion_tokens"] < 120 and "<|im_end|>" not in out["choices"][0]["text"]
+
+
+def test_seed_reproducibility(llm):
+    kw = dict(max_tokens=16, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    a = llm("Once upon a time, there was a little", seed=1234, **kw)["choices"][0]["text"]
+    b = llm("Once upon a time, there was a little", seed=1234, **kw)["choices"][0]["text"]
+    c = [llm("Once upon a time, there was a little", seed=s, **kw)["choices"][0]["text"] for s in (1, 2, 3)]
+    assert a == b
+    assert len(set(c + [a])) > 1
+
+
+def test_logprobs(llm):
+    prompt = "The three primary colors are"
+    out = greedy(llm, prompt, 6, logprobs=3)
+    text, lp = out["choices"][0]["text"], out["choices"][0]["logprobs"]
+    assert set(lp) == {"tokens", "text_offset", "token_logprobs", "top_logprobs"}
+    assert all(len(v) == 6 for v in lp.values())
+    assert "".join(lp["tokens"]) == text
+    assert lp["text_offset"][0] == len(prompt)
+    assert lp["text_offset"] == [len(prompt) + len("".join(lp["tokens"][:i])) for i in range(6)]
+    for tok, lpv, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
+        assert lpv <= 0.0 and 1 <= len(top) <= 4
+        assert math.isclose(top[tok], lpv) and math.isclose(max(top.values()), lpv)   # greedy = most likely
+    # The first logprob against a log-softmax of the logits computed here.
+    llm.reset()
+    ids = llm.tokenize(prompt.encode(), special=True)
+    llm.eval(ids)
+    logits = llm._ctx.logits().astype(np.float64)
+    ref = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+    assert math.isclose(lp["token_logprobs"][0], ref.max(), abs_tol=1e-4)
+    # Streaming gives the same entries, spread over the chunks.
+    merged = {k: [] for k in lp}
+    for c in greedy(llm, prompt, 6, logprobs=3, stream=True):
+        for k, v in (c["choices"][0]["logprobs"] or {}).items():
+            merged[k].extend(v)
+    assert merged["tokens"] == lp["tokens"] and np.allclose(merged["token_logprobs"], lp["token_logprobs"])
+
+
+def test_echo_with_logprobs(llm):
+    prompt = "Water boils at"
+    out = greedy(llm, prompt, 3, echo=True, logprobs=2)
+    text, lp = out["choices"][0]["text"], out["choices"][0]["logprobs"]
+    n_prompt = len(llm.tokenize(prompt.encode(), special=True))
+    assert text.startswith(prompt) and len(text) > len(prompt)
+    assert len(lp["tokens"]) == n_prompt + 3
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert all(v <= 0.0 for v in lp["token_logprobs"][1:])
+    assert lp["text_offset"][0] == 0 and lp["text_offset"][n_prompt] == len(prompt)
+
+
+def test_prefix_reuse_gives_fresh_results(llm):
+    base = "In machine learning, overfitting means"
+    greedy(llm, base, 8)
+    longer = base + " that the model"
+    reused = greedy(llm, longer, 12)["choices"][0]["text"]
+    assert llm.n_tokens >= len(llm.tokenize(longer.encode(), special=True))
+    llm.reset()
+    assert llm.n_tokens == 0
+    fresh = greedy(llm, longer, 12)["choices"][0]["text"]
+    assert reused == fresh
+    # Token-id prompts work too, and the same prompt again re-evaluates only its last token.
+    ids = llm.tokenize(longer.encode(), special=True)
+    assert greedy(llm, ids, 12)["choices"][0]["text"] == fresh
+
+
+def test_tokenize_detokenize_round_trip(llm):
+    text = "Grüße aus Köln! 東京 🙂 x = [1, 2, 3]\n\tdef f(): return 0x1F"
+    ids = llm.tokenize(text.encode(), add_bos=False)
+    assert all(0 <= t < llm.n_vocab() for t in ids)
+    assert llm.detokenize(ids) == text.encode()
+    assert llm.tokenize(b"<|im_start|>", add_bos=False, special=True) != \
+        llm.tokenize(b"<|im_start|>", add_bos=False, special=False)
+
+
+def test_context_limits(small):
+    with pytest.raises(ValueError, match=r"\(50\).*40"):
+        small(list(range(100, 150)), max_tokens=4)
+    with pytest.raises(ValueError, match="40"):
+        small(" ".join(["hello"] * 60), max_tokens=4)
+    # max_tokens None: generate until the context is full.
+    out = small("Once upon a time, there was a little", max_tokens=None, temperature=0.0,
+                logit_bias={small.token_eos(): -math.inf})
+    assert out["choices"][0]["finish_reason"] in ("length", "stop")
+    if out["choices"][0]["finish_reason"] == "length":
+        assert out["usage"]["total_tokens"] == 40
+    with pytest.raises(ValueError, match="40"):
+        small.eval(list(range(100, 150)))
+
+
+def test_bad_arguments(llm):
+    with pytest.raises(ValueError, match="top_p"):
+        llm("hi", top_p=0.0)
+    with pytest.raises(ValueError, match="typical_p"):
+        llm("hi", typical_p=0.5)
+    with pytest.raises(TypeError, match="not_a_llama_arg"):
+        Llama("unused.gguf", not_a_llama_arg=1)
+
+
+def test_verbose_prints_one_line(smollm2_path, capfd):
+    with Llama(smollm2_path, n_ctx=64, verbose=True):
+        pass
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "ember" in err[0] and "llama" in err[0]
+
+
+def test_cli_prints_completion(llm, smollm2_path):
+    prompt = "The capital of France is"
+    expected = greedy(llm, prompt, 8)["choices"][0]["text"]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "python"), env.get("PYTHONPATH", "")])
+    res = subprocess.run([sys.executable, "-m", "ember.cli", "-m", smollm2_path, "-p", prompt, "-n", "8",
+                          "--temp", "0", "-c", "128", "-t", "2"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == expected + "\n"
+    bad = subprocess.run([sys.executable, "-m", "ember.cli", "-m", smollm2_path, "-p", prompt, "--top-p", "2"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert bad.returncode == 1 and "top_p" in bad.stderr
