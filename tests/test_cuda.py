@@ -201,11 +201,69 @@ def test_attention_matches_cpu(gpu, cpu):
     assert rel_err(yg, yc) < 2e-3
 
 
+# End-to-end on the real SmolLM2-135M (Q4_1, GQA 9/3, tied Q8_0 head): every block on the GPU,
+# and a split (the first 18 blocks on the CPU, the last 12 and the head on the GPU). Decode steps
+# run eagerly, then are captured and replayed as CUDA graphs, so greedy text checks the graphs.
+SPLITS = {"all": -1, "split12": 12}
+
+
+@pytest.mark.parametrize("split", list(SPLITS))
+def test_smollm2_greedy_gpu(gpu, smollm2_path, split):
+    from conftest import read_jsonl
+    from ember.llama import Llama
+
+    refs = read_jsonl("greedy.jsonl")
+    good = 0
+    with Llama(smollm2_path, n_ctx=512, n_gpu_layers=SPLITS[split], verbose=False) as llm:
+        for ref in refs:
+            out = llm.create_completion(ref["prompt"], max_tokens=ref["n_predict"], temperature=0.0)
+            ours = llm.tokenize(out["choices"][0]["text"].encode(), add_bos=False)
+            theirs = llm.tokenize(ref["completion"].encode(), add_bos=False)
+            match = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+            print(f"{split} {ref['prompt']!r}: {match}/{len(theirs)} tokens match")
+            good += match >= min(16, len(theirs))
+    assert good >= len(refs) - 1
+
+
+@pytest.mark.parametrize("split", list(SPLITS))
+def test_smollm2_perplexity_gpu(gpu, smollm2_path, split):
+    import io
+    from conftest import REFERENCE
+    from ember.perplexity import perplexity
+
+    model = E.Model(smollm2_path, n_gpu_layers=SPLITS[split])
+    log = io.StringIO()
+    ppl = perplexity(model, (REFERENCE / "apache-2.0.txt").read_bytes(), 256, 4, out=log)
+    print(log.getvalue())
+    assert abs(ppl - 17.7438) / 17.7438 < 0.01
+
+
+def test_smollm2_logits_gpu_vs_cpu(gpu, smollm2_path):
+    """Prompt logits, then 12 single-token steps (graph capture and replays) vs the CPU."""
+    rng = rng_for("logits")
+    prompt = [int(t) for t in rng.integers(0, 49152, 40)]
+    steps = [int(t) for t in rng.integers(0, 49152, 12)]
+    rows = {}
+    for name, ngl in (("cpu", 0), ("gpu", -1)):
+        ctx = E.Context(E.Model(smollm2_path, n_gpu_layers=ngl), n_ctx=128, n_batch=64, n_threads=4)
+        ctx.eval(prompt, logits_all=False)
+        out = [np.array(ctx.logits(-1))]
+        for t in steps:
+            ctx.eval([t], logits_all=False)
+            out.append(np.array(ctx.logits(-1)))
+        rows[name] = np.stack(out)
+    for i, (c, g) in enumerate(zip(rows["cpu"], rows["gpu"])):
+        assert rel_err(g.astype(np.float64), c.astype(np.float64)) < 3e-2, f"step {i}"
+        assert np.argmax(g) == np.argmax(c) or np.sort(c)[-1] - np.sort(c)[-2] < 0.1, f"step {i}"
+
+
 def test_bad_input_raises(gpu):
     rng = rng_for("bad")
-    w = random_weight(T.Q4_K, 4, 256, rng)
-    with pytest.raises(ValueError):
-        gpu.matmul(int(T.Q4_K), w[:, :100], 256, np.zeros((1, 256), np.float32))
+    w = np.ascontiguousarray(random_weight(T.Q4_K, 4, 256, rng)[:, :100])
+    x = rng.standard_normal((1, 256)).astype(np.float32)
+    with pytest.raises(ValueError):   # rows shorter than 256 Q4_K elements
+        gpu.matmul(int(T.Q4_K), w, 256, x)
+    q, kv = rng.standard_normal((1, 512)).astype(np.float32), rng.standard_normal((4, 512)).astype(np.float32)
     with pytest.raises(ValueError):   # head_dim beyond the kernel's limit
-        gpu.attention(np.ones((1, 512), np.float32), np.ones((4, 512), np.float32), np.ones((4, 512), np.float32),
+        gpu.attention(q, kv, kv,
                       [3], 1, 1, 512, 16)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, read_jsonl
-from ember.llama import Llama
+from ember.llama import Llama, _find_stop, _stop_prefix_len
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +74,8 @@ def test_model_facts(llm):
 
 def test_stream_concatenates_to_non_stream(llm):
     prompt = "def fibonacci(n):"
-    whole = greedy(llm, prompt, 24)
-    chunks = list(greedy(llm, prompt, 24, stream=True))
+    whole = greedy(llm, prompt, 16)
+    chunks = list(greedy(llm, prompt, 16, stream=True))
     assert all(c["object"] == "text_completion" and c["id"] == chunks[0]["id"] for c in chunks)
     assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
     assert chunks[-1]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"] == "length"
@@ -97,23 +97,36 @@ def test_stop_string_split_across_tokens(llm):
     chunks = [c["choices"][0]["text"] for c in greedy(llm, prompt, 24, stop=stop, stream=True)]
     assert "".join(chunks) == expected
     assert not any(stop in c for c in chunks)
+    # A stop string whose start appears but which never completes holds text back, then releases it.
+    chunks = [c["choices"][0]["text"] for c in greedy(llm, prompt, 24, stop=stop + "\x00", stream=True)]
+    assert "".join(chunks) == full
     # The earliest of several stop strings wins.
     out = greedy(llm, prompt, 24, stop=[full[b + 1:b + 3], stop])
     assert out["choices"][0]["text"] == full[:min(full.index(stop), full.index(full[b + 1:b + 3]))]
 
 
+def test_stop_helpers():
+    assert _stop_prefix_len("abc Par", ["Paris", "xyz"]) == 3
+    assert _stop_prefix_len("abc Paris", ["Paris"]) == 0      # a whole stop string is not a prefix
+    assert _stop_prefix_len("ab", ["bcd", "abx"]) == 2
+    assert _find_stop("one two three two", ["two", "three"], 0) == 4
+    assert _find_stop("one two three two", ["three", "two"], 5) == 8
+    assert _find_stop("abc", ["zz"], 0) == -1
+
+
 def test_end_of_generation_stops(llm):
-    prompt = "<|im_start|>user\nSay hello.<|im_end|>\n<|im_start|>assistant\n"
-    out = greedy(llm, prompt, 120)
+    prompt = "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
+    out = greedy(llm, prompt, 40)
     assert out["choices"][0]["finish_reason"] == "stop"
-    assert out["usage"]["completion_tokens"] < 120 and "<|im_end|>" not in out["choices"][0]["text"]
+    assert out["usage"]["completion_tokens"] < 40 and "<|im_end|>" not in out["choices"][0]["text"]
 
 
 def test_seed_reproducibility(llm):
-    kw = dict(max_tokens=16, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
-    a = llm("Once upon a time, there was a little", seed=1234, **kw)["choices"][0]["text"]
-    b = llm("Once upon a time, there was a little", seed=1234, **kw)["choices"][0]["text"]
-    c = [llm("Once upon a time, there was a little", seed=s, **kw)["choices"][0]["text"] for s in (1, 2, 3)]
+    kw = dict(max_tokens=8, temperature=1.5, top_k=0, top_p=1.0, min_p=0.0)
+    prompt = "My favourite word is"
+    a = llm(prompt, seed=1234, **kw)["choices"][0]["text"]
+    b = llm(prompt, seed=1234, **kw)["choices"][0]["text"]
+    c = [llm(prompt, seed=s, **kw)["choices"][0]["text"] for s in (1, 2)]
     assert a == b
     assert len(set(c + [a])) > 1
 
@@ -206,10 +219,12 @@ def test_bad_arguments(llm):
 
 
 def test_verbose_prints_one_line(smollm2_path, capfd):
-    with Llama(smollm2_path, n_ctx=64, verbose=True):
-        pass
+    with Llama(smollm2_path, n_ctx=64, verbose=True) as model:
+        assert model.n_ctx() == 64
     err = capfd.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "ember" in err[0] and "llama" in err[0]
+    with pytest.raises(ValueError, match="closed"):
+        model("hi")
 
 
 def test_cli_prints_completion(llm, smollm2_path):

@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import List, Optional
 
+from .llama import Llama
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ember", description="Complete a prompt with a GGUF model.")
@@ -30,8 +32,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = _parser().parse_args(argv)
-    from .llama import Llama   # imported here so --help works without the native module
-
     try:
         llm = Llama(args.model, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads,
                     n_gpu_layers=args.n_gpu_layers, seed=args.seed, verbose=args.verbose)

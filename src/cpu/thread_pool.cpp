@@ -1,5 +1,5 @@
-// Persistent worker threads: a generation counter announces a job, a pending counter says when
-// every worker finished it.
+// Persistent workers: a generation counter announces a job; a worker enters it only while it is
+// still open, so the caller never waits for a worker that has not started.
 #include "cpu/thread_pool.h"
 
 #include <algorithm>
@@ -14,23 +14,32 @@ namespace ember {
 
 namespace {
 constexpr int kSpinsBeforeSleep = 1 << 16;
-}
+constexpr int kSpinsBeforeYield = 1 << 10;
+}  // namespace
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(std::max(1, n_threads)) {
-    for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+    for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this] { worker_loop(); });
 }
 
 ThreadPool::~ThreadPool() {
-    stop_.store(true);
     {
         std::lock_guard<std::mutex> lock(mutex_);
+        stop_.store(true);
         generation_.fetch_add(1);
     }
     wake_.notify_all();
     for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::worker_loop(int index) {
+void ThreadPool::drain() {
+    for (;;) {
+        const int64_t begin = next_.fetch_add(grain_, std::memory_order_relaxed);
+        if (begin >= n_) return;
+        (*fn_)(begin, std::min(n_, begin + grain_));
+    }
+}
+
+void ThreadPool::worker_loop() {
     uint64_t seen = 0;
     for (;;) {
         int spins = 0;
@@ -46,45 +55,39 @@ void ThreadPool::worker_loop(int index) {
         }
         seen = generation_.load(std::memory_order_acquire);
         if (stop_.load()) return;
-        (*job_)(index, n_threads_);
-        pending_.fetch_sub(1, std::memory_order_acq_rel);
+        entered_.fetch_add(1, std::memory_order_acq_rel);
+        if (open_gen_.load(std::memory_order_acquire) == seen) drain();
+        entered_.fetch_sub(1, std::memory_order_acq_rel);
     }
 }
 
-void ThreadPool::run(const std::function<void(int, int)>& fn) {
-    if (n_threads_ == 1) {
-        fn(0, 1);
-        return;
-    }
-    job_ = &fn;
-    pending_.store(n_threads_ - 1, std::memory_order_release);
-    {
-        // Publishing under the mutex means a worker about to sleep cannot miss the wake-up.
-        std::lock_guard<std::mutex> lock(mutex_);
-        generation_.fetch_add(1, std::memory_order_acq_rel);
-    }
-    if (sleepers_.load() > 0) wake_.notify_all();
-    fn(0, n_threads_);
-    while (pending_.load(std::memory_order_acquire) != 0) EMBER_PAUSE();
-    job_ = nullptr;
-}
-
-void ThreadPool::parallel_for(int64_t n, int64_t grain,
-                              const std::function<void(int64_t, int64_t)>& fn) {
+void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
     if (n <= 0) return;
     grain = std::max<int64_t>(1, grain);
     if (n_threads_ == 1 || n <= grain) {
         fn(0, n);
         return;
     }
-    std::atomic<int64_t> next{0};
-    run([&](int, int) {
-        for (;;) {
-            int64_t begin = next.fetch_add(grain, std::memory_order_relaxed);
-            if (begin >= n) break;
-            fn(begin, std::min(n, begin + grain));
-        }
-    });
+    fn_ = &fn;
+    n_ = n;
+    grain_ = grain;
+    next_.store(0, std::memory_order_relaxed);
+    {
+        // Publishing under the mutex means a worker about to sleep cannot miss the wake-up.
+        std::lock_guard<std::mutex> lock(mutex_);
+        const uint64_t gen = generation_.load() + 1;
+        open_gen_.store(gen, std::memory_order_release);
+        generation_.store(gen, std::memory_order_release);
+    }
+    if (sleepers_.load() > 0) wake_.notify_all();
+    drain();
+    // Close the job; then wait only for workers already inside it (they finish their chunk).
+    open_gen_.store(0, std::memory_order_release);
+    for (int spins = 0; entered_.load(std::memory_order_acquire) != 0; ++spins) {
+        if (spins < kSpinsBeforeYield) EMBER_PAUSE();
+        else std::this_thread::yield();
+    }
+    fn_ = nullptr;
 }
 
 }  // namespace ember

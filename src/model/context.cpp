@@ -137,6 +137,8 @@ void ContextImpl::forward(const int32_t* tokens, int32_t n, bool logits_all) {
     for (int32_t i = 0; i < n; ++i) et.dequantize_row(m.tok_embd->data + (size_t)tokens[i] * erow, &embd[i * E], E);
 
     Backend* cur = cpu.get();
+    const int32_t first = logits_all ? 0 : n - 1;   // first token whose logits are kept
+    bool replayed = false;                          // the device ops ran as a recorded graph
     const float* x_src = embd.data();   // where the hidden state is before block 0
     Scratch* s = nullptr;
     std::vector<Backend*> seen;
@@ -162,6 +164,15 @@ void ContextImpl::forward(const int32_t* tokens, int32_t n, bool logits_all) {
             }
             s = &next;
             cur = &be;
+            // When this device runs every remaining block and the head, the rest of the step is
+            // device ops only: the backend may replay it as a graph recorded for the same shapes.
+            const bool rest_here = head.backend == &be &&
+                std::all_of(blocks.begin() + l, blocks.end(), [&](const BlockWeights& b) { return b.backend == &be; });
+            if (rest_here && be.step_begin(reinterpret_cast<uintptr_t>(this) ^ ((uint64_t)n << 32) ^
+                                           ((uint64_t)first << 48) ^ ((uint64_t)l << 24))) {
+                replayed = true;
+                break;
+            }
         }
         be.rmsnorm(s->x, w.attn_norm, n, (int32_t)E, hp.rms_eps, s->xn);
         be.matmul(w.wq, s->xn, n, s->q);
@@ -192,14 +203,16 @@ void ContextImpl::forward(const int32_t* tokens, int32_t n, bool logits_all) {
         cur->copy_to_host(tmp.data(), s->x, tmp.size() * sizeof(float));
         hb.copy_from_host(hs.x, tmp.data(), tmp.size() * sizeof(float));
     }
-    const int32_t first = logits_all ? 0 : n - 1;
     const int32_t rows = n - first;
     if (hs.logits_rows < rows) {
         hs.logits = alloc_floats(hb, (int64_t)rows * hp.n_vocab);
         hs.logits_rows = rows;
     }
-    hb.rmsnorm(hs.x + first * E, head.output_norm, rows, (int32_t)E, hp.rms_eps, hs.xn);
-    hb.matmul(head.output, hs.xn, rows, hs.logits);
+    if (!replayed) {
+        hb.rmsnorm(hs.x + first * E, head.output_norm, rows, (int32_t)E, hp.rms_eps, hs.xn);
+        hb.matmul(head.output, hs.xn, rows, hs.logits);
+    }
+    hb.step_end();
     const size_t old = logits.size();
     logits.resize(old + (size_t)rows * hp.n_vocab);
     hb.copy_to_host(logits.data() + old, hs.logits, (size_t)rows * hp.n_vocab * sizeof(float));
