@@ -85,39 +85,50 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(Attention
 
     const int32_t* bt = b.block_table + int64_t(seq) * b.max_blocks;
     const int bs = a.block_size;
-    for (int kb = k0 + warp * kpw; kb < k1; kb += kAttnWarps * kpw) {
-        const int k = kb + grp;
-        const bool kv_ok = k < k1;
-        uint4 kr = make_uint4(0, 0, 0, 0), vr = kr;
-        if (kv_ok && dim_ok) {
-            const int64_t off = (int64_t(bt[k / bs]) * bs + k % bs) * kv_dim + kvh * hd + 8 * c;
-            kr = *reinterpret_cast<const uint4*>(a.k_cache + off);
-            vr = *reinterpret_cast<const uint4*>(a.v_cache + off);
-        }
-        float kf[8], vf[8];
-        unpack8(kr, kf);
-        unpack8(vr, vf);
-        float s[M];
+    // Two keys per lane group per iteration, both loads issued before either is used.
+    constexpr int kUnroll = 2;
+    const int step = kAttnWarps * kpw;
+    for (int kb = k0 + warp * kpw; kb < k1; kb += kUnroll * step) {
+        uint4 kr[kUnroll], vr[kUnroll];
+        int kk[kUnroll];
 #pragma unroll
-        for (int i = 0; i < M; ++i) {
-            float d = 0.f;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) d += q[i][j] * kf[j];
-            s[i] = d;
-        }
-        for (int o = tpk >> 1; o > 0; o >>= 1) {
-#pragma unroll
-            for (int i = 0; i < M; ++i) s[i] += __shfl_xor_sync(0xffffffffu, s[i], o);
+        for (int u = 0; u < kUnroll; ++u) {
+            kk[u] = kb + u * step + grp;
+            kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
+            if (kk[u] < k1 && dim_ok) {
+                const int64_t off = (int64_t(bt[kk[u] / bs]) * bs + kk[u] % bs) * kv_dim + kvh * hd + 8 * c;
+                kr[u] = *reinterpret_cast<const uint4*>(a.k_cache + off);
+                vr[u] = *reinterpret_cast<const uint4*>(a.v_cache + off);
+            }
         }
 #pragma unroll
-        for (int i = 0; i < M; ++i) {
-            if (kv_ok && k <= lim[i]) {
-                const float mn = fmaxf(m[i], s[i]);
-                const float corr = exp2f(m[i] - mn), p = exp2f(s[i] - mn);
-                l[i] = l[i] * corr + p;
+        for (int u = 0; u < kUnroll; ++u) {
+            const int k = kk[u];
+            float kf[8], vf[8];
+            unpack8(kr[u], kf);
+            unpack8(vr[u], vf);
+            float s[M];
 #pragma unroll
-                for (int j = 0; j < 8; ++j) acc[i][j] = acc[i][j] * corr + p * vf[j];
-                m[i] = mn;
+            for (int i = 0; i < M; ++i) {
+                float d = 0.f;
+#pragma unroll
+                for (int j = 0; j < 8; ++j) d += q[i][j] * kf[j];
+                s[i] = d;
+            }
+            for (int o = tpk >> 1; o > 0; o >>= 1) {
+#pragma unroll
+                for (int i = 0; i < M; ++i) s[i] += __shfl_xor_sync(0xffffffffu, s[i], o);
+            }
+#pragma unroll
+            for (int i = 0; i < M; ++i) {
+                if (k < k1 && k <= lim[i]) {
+                    const float mn = fmaxf(m[i], s[i]);
+                    const float corr = exp2f(m[i] - mn), p = exp2f(s[i] - mn);
+                    l[i] = l[i] * corr + p;
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) acc[i][j] = acc[i][j] * corr + p * vf[j];
+                    m[i] = mn;
+                }
             }
         }
     }

@@ -38,8 +38,8 @@ namespace {
     } while (0)
 
 constexpr double kMiB = 1024.0 * 1024.0;
-constexpr int kKeysPerSplit = 256;     // flash-decoding: one split per this many keys
-constexpr int kTargetAttnCtas = 1024;  // split only while the grid is smaller than this
+constexpr int kKeysPerSplit = 64;      // flash-decoding: one split per this many keys
+constexpr int kTargetAttnCtas = 2048;  // split only while the grid is smaller than this
 constexpr int kTileLens[4] = {1, 2, 4, 8};
 
 int pow2_ceil(int v) {

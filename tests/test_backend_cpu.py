@@ -76,3 +76,14 @@ def test_bad_arguments(cpu):
     with pytest.raises(ValueError, match="weight must be"):
         cpu.matmul(int(gguf.GGMLQuantizationType.Q4_0), np.zeros((4, 10), np.uint8), 32,
                    np.ones((1, 32), np.float32))
+
+
+def test_paged_attention_f32_cache_is_exact(cpu):
+    rng = np.random.default_rng()
+    n_head, n_head_kv, hd, length = 4, 4, 32, 33
+    k = rng.standard_normal((length, n_head_kv * hd)).astype(np.float32)
+    v = rng.standard_normal((length, n_head_kv * hd)).astype(np.float32)
+    pos = [3, 32]
+    q = rng.standard_normal((len(pos), n_head * hd)).astype(np.float32)
+    got = cpu.attention(q, k, v, pos, n_head, n_head_kv, hd, 8, 7, kv_type="f32")
+    np.testing.assert_allclose(got, ref.attention(q, k, v, pos, n_head, n_head_kv, hd), rtol=1e-5, atol=1e-5)

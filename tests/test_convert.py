@@ -87,7 +87,8 @@ def _hf_logits(ref, ids):
 
 def _ember_logits(path, ids):
     m = _ember.Model(path, n_gpu_layers=0)
-    ctx = _ember.Context(m, n_ctx=64, n_batch=64, n_threads=2)
+    # An f32 KV cache: the comparison is with transformers' f32 attention, not llama.cpp's f16 cache.
+    ctx = _ember.Context(m, n_ctx=64, n_batch=64, n_threads=2, kv_type="f32")
     ctx.eval(ids, logits_all=True)
     return np.stack([np.asarray(ctx.logits(i)) for i in range(len(ids))])
 

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT, read_jsonl
+from conftest import read_jsonl
 from ember.llama import Llama, _find_stop, _stop_prefix_len
 
 
@@ -230,8 +230,8 @@ def test_verbose_prints_one_line(smollm2_path, capfd):
 def test_cli_prints_completion(llm, smollm2_path):
     prompt = "The capital of France is"
     expected = greedy(llm, prompt, 8)["choices"][0]["text"]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "python"), env.get("PYTHONPATH", "")])
+    # The subprocess imports ember the way this process did (installed, or EMBER_DEV_BUILD + PYTHONPATH).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     res = subprocess.run([sys.executable, "-m", "ember.cli", "-m", smollm2_path, "-p", prompt, "-n", "8",
                           "--temp", "0", "-c", "128", "-t", "2"],
                          capture_output=True, text=True, env=env, timeout=300)

@@ -52,6 +52,7 @@ struct ContextParams {
     int32_t n_threads = 0;        // 0: all hardware threads
     int32_t kv_block_size = 16;   // tokens per paged-KV block
     bool offload_kqv = true;      // false: KV of GPU layers stays in host memory
+    bool kv_f32 = false;          // KV cache in f32 instead of f16 (CPU blocks only)
 };
 
 struct ContextImpl;

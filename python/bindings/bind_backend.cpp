@@ -110,7 +110,8 @@ struct PyBackend {
     // q [n_q, n_head*hd] at positions pos (each < len); k_all/v_all [len, n_head_kv*hd] are the
     // sequence's keys/values, scattered into blocks through a shuffled block table.
     F32Out attention(F32In q, F32In k_all, F32In v_all, std::vector<int32_t> pos, int32_t n_head,
-                     int32_t n_head_kv, int32_t head_dim, int32_t block_size, uint64_t seed) {
+                     int32_t n_head_kv, int32_t head_dim, int32_t block_size, uint64_t seed,
+                     const std::string& kv_type) {
         const int32_t len = (int32_t)k_all.shape(0);
         const size_t kw = (size_t)n_head_kv * head_dim, qw = (size_t)n_head * head_dim;
         if (k_all.ndim() != 2 || k_all.shape(1) != kw || v_all.size() != k_all.size())
@@ -129,7 +130,9 @@ struct PyBackend {
         kv.block_size = block_size;
         kv.n_head_kv = n_head_kv;
         kv.head_dim = head_dim;
-        const size_t kv_bytes = (size_t)n_blocks * block_size * kw * be->kv_elem_bytes();
+        if (kv_type != "f16" && kv_type != "f32") fail("kv_type must be 'f16' or 'f32', got '", kv_type, "'");
+        kv.type = kv_type == "f32" ? GGMLType::F32 : GGMLType::F16;
+        const size_t kv_bytes = (size_t)n_blocks * block_size * kw * (kv_type == "f32" ? 4 : be->kv_elem_bytes());
         Buf kb(*be, kv_bytes), vb(*be, kv_bytes);
         kv.k = kb.p;
         kv.v = vb.p;
@@ -159,5 +162,5 @@ void bind_backend(nb::module_& m) {
         .def("swiglu", &PyBackend::swiglu, nb::arg("gate"), nb::arg("up"))
         .def("attention", &PyBackend::attention, nb::arg("q"), nb::arg("k_all"), nb::arg("v_all"), nb::arg("pos"),
              nb::arg("n_head"), nb::arg("n_head_kv"), nb::arg("head_dim"), nb::arg("block_size"),
-             nb::arg("seed") = 0);
+             nb::arg("seed") = 0, nb::arg("kv_type") = "f16");
 }

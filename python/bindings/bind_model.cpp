@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "ember/model.h"
+#include "ember/status.h"
 
 namespace nb = nanobind;
 using namespace ember;
@@ -59,17 +60,19 @@ void bind_model(nb::module_& m) {
 
     nb::class_<Context>(m, "Context")
         .def(nb::new_([](std::shared_ptr<Model> model, int n_ctx, int n_batch, int n_threads, int kv_block_size,
-                         bool offload_kqv) {
+                         bool offload_kqv, const std::string& kv_type) {
                  ContextParams p;
                  p.n_ctx = n_ctx;
                  p.n_batch = n_batch;
                  p.n_threads = n_threads;
                  p.kv_block_size = kv_block_size;
                  p.offload_kqv = offload_kqv;
+                 if (kv_type != "f16" && kv_type != "f32") fail("kv_type must be 'f16' or 'f32', got '", kv_type, "'");
+                 p.kv_f32 = kv_type == "f32";
                  return std::make_shared<Context>(std::move(model), p);
              }),
              nb::arg("model"), nb::arg("n_ctx") = 512, nb::arg("n_batch") = 512, nb::arg("n_threads") = 0,
-             nb::arg("kv_block_size") = 16, nb::arg("offload_kqv") = true)
+             nb::arg("kv_block_size") = 16, nb::arg("offload_kqv") = true, nb::arg("kv_type") = "f16")
         .def("eval",
              [](Context& c, const std::vector<int32_t>& tokens, bool logits_all) {
                  nb::gil_scoped_release release;

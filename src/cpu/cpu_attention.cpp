@@ -1,8 +1,9 @@
-// Paged attention on the CPU. KV rows are f16 in blocks of block_size tokens; each (token, head)
+// Paged attention on the CPU. KV rows live in blocks of block_size tokens; each (token, head)
 // pair walks its sequence's block table up to its own position (causal).
-// Precision follows llama.cpp's CPU attention (the reference our outputs are checked against):
-// q is rounded to f16 for the q.k dot with f16 keys, the softmax runs in f32, and the
+// f16 KV follows llama.cpp's CPU attention precision (the reference our outputs are checked
+// against): q is rounded to f16 for the q.k dot with f16 keys, the softmax runs in f32, and the
 // probabilities are rounded to f16 before the dot with f16 values (f32 accumulation).
+// f32 KV keeps everything in f32 (exact comparisons with other implementations).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -13,48 +14,62 @@
 namespace ember {
 
 namespace {
-inline uint16_t* kv_row(const KVLayer& kv, void* base, int32_t block, int32_t slot) {
+
+struct F16Kv {
+    using elem = uint16_t;
+    static elem store(float x) { return float_to_half(x); }
+    static float load(elem x) { return half_to_float(x); }
+    static float operand(float x) { return half_to_float(float_to_half(x)); }   // rounded like the kv
+};
+
+struct F32Kv {
+    using elem = float;
+    static elem store(float x) { return x; }
+    static float load(elem x) { return x; }
+    static float operand(float x) { return x; }
+};
+
+template <class Kv>
+typename Kv::elem* kv_row(const KVLayer& kv, void* base, int32_t block, int32_t slot) {
     const int64_t width = (int64_t)kv.n_head_kv * kv.head_dim;
-    return static_cast<uint16_t*>(base) + ((int64_t)block * kv.block_size + slot) * width;
+    return static_cast<typename Kv::elem*>(base) + ((int64_t)block * kv.block_size + slot) * width;
 }
 
-inline float round_f16(float x) { return half_to_float(float_to_half(x)); }
-}  // namespace
-
-void CpuBackend::kv_store(KVLayer& kv, const float* k, const float* v, int32_t n_tok) {
+template <class Kv>
+void store_rows(const BatchInfo& batch, KVLayer& kv, const float* k, const float* v, int32_t n_tok) {
     const int64_t width = (int64_t)kv.n_head_kv * kv.head_dim;
     for (int32_t t = 0; t < n_tok; ++t) {
-        const int32_t pos = batch_.pos[t];
-        const int32_t block = batch_.block_table[(int64_t)batch_.seq[t] * batch_.max_blocks + pos / kv.block_size];
-        const int32_t slot = pos % kv.block_size;
-        uint16_t* kr = kv_row(kv, kv.k, block, slot);
-        uint16_t* vr = kv_row(kv, kv.v, block, slot);
+        const int32_t pos = batch.pos[t];
+        const int32_t block = batch.block_table[(int64_t)batch.seq[t] * batch.max_blocks + pos / kv.block_size];
+        auto* kr = kv_row<Kv>(kv, kv.k, block, pos % kv.block_size);
+        auto* vr = kv_row<Kv>(kv, kv.v, block, pos % kv.block_size);
         for (int64_t i = 0; i < width; ++i) {
-            kr[i] = float_to_half(k[t * width + i]);
-            vr[i] = float_to_half(v[t * width + i]);
+            kr[i] = Kv::store(k[t * width + i]);
+            vr[i] = Kv::store(v[t * width + i]);
         }
     }
 }
 
-void CpuBackend::attention(const KVLayer& kv, const float* q, int32_t n_tok, const AttentionShape& s,
-                           float* out) {
+template <class Kv>
+void attend(ThreadPool& pool, const BatchInfo& batch, const KVLayer& kv, const float* q, int32_t n_tok,
+            const AttentionShape& s, float* out) {
     const int32_t group = s.n_head / s.n_head_kv;
     const int64_t q_width = (int64_t)s.n_head * s.head_dim;
     const int32_t D = s.head_dim;
-    pool_.parallel_for((int64_t)n_tok * s.n_head, 1, [&](int64_t b, int64_t e) {
-        std::vector<float> qh(D), vf(D), prob;
+    pool.parallel_for((int64_t)n_tok * s.n_head, 1, [&](int64_t b, int64_t e) {
+        std::vector<float> qh(D), prob;
         for (int64_t th = b; th < e; ++th) {
             const int32_t t = (int32_t)(th / s.n_head), h = (int32_t)(th % s.n_head);
-            const int32_t kvh = h / group;
-            const int32_t n_pos = batch_.pos[t] + 1;
-            const int32_t* table = &batch_.block_table[(int64_t)batch_.seq[t] * batch_.max_blocks];
-            for (int32_t i = 0; i < D; ++i) qh[i] = round_f16(q[t * q_width + (int64_t)h * D + i]);
+            const int64_t kv_off = (int64_t)(h / group) * D;
+            const int32_t n_pos = batch.pos[t] + 1;
+            const int32_t* table = &batch.block_table[(int64_t)batch.seq[t] * batch.max_blocks];
+            for (int32_t i = 0; i < D; ++i) qh[i] = Kv::operand(q[t * q_width + (int64_t)h * D + i]);
             prob.resize(n_pos);
             float m = -INFINITY;
             for (int32_t p = 0; p < n_pos; ++p) {
-                const uint16_t* kr = kv_row(kv, kv.k, table[p / kv.block_size], p % kv.block_size) + (int64_t)kvh * D;
+                const auto* kr = kv_row<Kv>(kv, kv.k, table[p / kv.block_size], p % kv.block_size) + kv_off;
                 float d = 0.f;
-                for (int32_t i = 0; i < D; ++i) d += qh[i] * half_to_float(kr[i]);
+                for (int32_t i = 0; i < D; ++i) d += qh[i] * Kv::load(kr[i]);
                 prob[p] = d * s.scale;
                 m = std::max(m, prob[p]);
             }
@@ -67,12 +82,25 @@ void CpuBackend::attention(const KVLayer& kv, const float* q, int32_t n_tok, con
             float* o = out + t * q_width + (int64_t)h * D;
             std::fill(o, o + D, 0.f);
             for (int32_t p = 0; p < n_pos; ++p) {
-                const float w = round_f16(prob[p] * inv);
-                const uint16_t* vr = kv_row(kv, kv.v, table[p / kv.block_size], p % kv.block_size) + (int64_t)kvh * D;
-                for (int32_t i = 0; i < D; ++i) o[i] += w * half_to_float(vr[i]);
+                const float w = Kv::operand(prob[p] * inv);
+                const auto* vr = kv_row<Kv>(kv, kv.v, table[p / kv.block_size], p % kv.block_size) + kv_off;
+                for (int32_t i = 0; i < D; ++i) o[i] += w * Kv::load(vr[i]);
             }
         }
     });
+}
+
+}  // namespace
+
+void CpuBackend::kv_store(KVLayer& kv, const float* k, const float* v, int32_t n_tok) {
+    if (kv.type == GGMLType::F32) store_rows<F32Kv>(batch_, kv, k, v, n_tok);
+    else store_rows<F16Kv>(batch_, kv, k, v, n_tok);
+}
+
+void CpuBackend::attention(const KVLayer& kv, const float* q, int32_t n_tok, const AttentionShape& s,
+                           float* out) {
+    if (kv.type == GGMLType::F32) attend<F32Kv>(pool_, batch_, kv, q, n_tok, s, out);
+    else attend<F16Kv>(pool_, batch_, kv, q, n_tok, s, out);
 }
 
 }  // namespace ember

@@ -33,6 +33,7 @@ struct BatchInfo {
 // KV storage of one layer: n_blocks blocks of block_size tokens; K and V each
 // [n_blocks][block_size][n_head_kv * head_dim] in the backend's kv element type.
 struct KVLayer {
+    GGMLType type = GGMLType::F16;   // F16 everywhere; F32 on the CPU when asked (exact reference runs)
     void* k = nullptr;
     void* v = nullptr;
     int32_t n_blocks = 0, block_size = 0, n_head_kv = 0, head_dim = 0;
@@ -54,7 +55,7 @@ public:
     virtual void copy_from_host(void* dst, const void* src, size_t bytes) = 0;
     virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
     virtual void synchronize() = 0;
-    virtual size_t kv_elem_bytes() const = 0;    // 4 (f32) or 2 (f16)
+    virtual size_t kv_elem_bytes() const = 0;    // bytes of the backend's default KV type (f16: 2)
 
     // Makes a weight usable by this backend (CPU: points into the mapping; GPU: uploads once).
     virtual Weight prepare_weight(const GGUFTensor& t) = 0;

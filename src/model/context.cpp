@@ -80,6 +80,8 @@ Context::Context(std::shared_ptr<Model> model, const ContextParams& params) {
     if (params.kv_block_size <= 0) fail("kv_block_size must be positive, got ", params.kv_block_size);
     if (params.n_threads < 0) fail("n_threads must be >= 0, got ", params.n_threads);
     ModelImpl& m = model->impl();
+    if (params.kv_f32 && m.any_gpu())
+        fail("an f32 KV cache is available for CPU blocks only; use the f16 cache with n_gpu_layers != 0");
     if (!params.offload_kqv && m.any_gpu())
         fail("offload_kqv=False (KV of GPU blocks in host memory) is not available in this build of ember; "
              "use offload_kqv=True or n_gpu_layers=0");
@@ -103,7 +105,9 @@ Context::Context(std::shared_ptr<Model> model, const ContextParams& params) {
         kv.block_size = params.kv_block_size;
         kv.n_head_kv = hp.n_head_kv;
         kv.head_dim = hp.head_dim;
-        const size_t bytes = (size_t)n_blocks * kv.block_size * hp.n_head_kv * hp.head_dim * be.kv_elem_bytes();
+        kv.type = params.kv_f32 ? GGMLType::F32 : GGMLType::F16;
+        const size_t elem = params.kv_f32 ? sizeof(float) : be.kv_elem_bytes();
+        const size_t bytes = (size_t)n_blocks * kv.block_size * hp.n_head_kv * hp.head_dim * elem;
         kv.k = be.alloc(bytes);
         c.owned.emplace_back(&be, kv.k);
         kv.v = be.alloc(bytes);
