@@ -48,5 +48,18 @@ __device__ __forceinline__ int spread4_bit4(uint32_t n) {
     return (int)((((n & 0xFu) * 0x00204081u) & 0x01010101u) << 4);
 }
 
+// Quantizes one 32-value block held one value per lane of a warp to q8_1 (q: the block's 32
+// int8, ds: its (d, d * sum q)). Rounding as ggml's quantize_row_q8_1 (x * (1/d), half away
+// from zero; fp16 scales), so dot products round as the reference CPU ones do.
+__device__ __forceinline__ void q8_1_block(float v, int lane, int8_t* q, float2* ds) {
+    const float amax = warp_max(fabsf(v));
+    const float d = amax / 127.f;
+    const float id = d != 0.f ? 1.f / d : 0.f;
+    const int qi = int(roundf(v * id));
+    q[lane] = int8_t(qi);
+    const int sum = warp_sum_int(qi);
+    if (lane == 0) *ds = make_float2(__half2float(__float2half_rn(d)), __half2float(__float2half_rn(d * float(sum))));
+}
+
 }  // namespace cuda
 }  // namespace ember

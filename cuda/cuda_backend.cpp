@@ -118,17 +118,23 @@ public:
         return p;
     }
     void free(void* p) override {
+        flush();
         if (p) EMBER_CUDA_CHECK(cudaFree(p));
     }
     void copy_from_host(void* dst, const void* src, size_t bytes) override {
+        flush();
         ++epoch_;
         EMBER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
     }
     void copy_to_host(void* dst, const void* src, size_t bytes) override {
+        flush();
         EMBER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
         EMBER_CUDA_CHECK(cudaStreamSynchronize(stream_));
     }
-    void synchronize() override { EMBER_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+    void synchronize() override {
+        flush();
+        EMBER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
 
     Weight prepare_weight(const GGUFTensor& t) override {
         if (t.ne.empty()) fail("cuda: tensor ", t.name, " has no dimensions");
@@ -185,6 +191,7 @@ public:
     // through a pinned staging copy; offsets depend only on capacities, so a captured graph
     // stays valid while the contents change.
     void set_batch(const BatchInfo& b) override {
+        flush();
         ++epoch_;
         const int32_t n_tok = b.n_tok;
         if (n_tok < 0 || int64_t(b.pos.size()) < n_tok || int64_t(b.seq.size()) < n_tok)
@@ -253,27 +260,41 @@ public:
     }
 
     void matmul(const Weight& w, const float* x, int32_t n_tok, float* y) override {
-        ++epoch_;
         if (n_tok <= 0) return;
         cuda::DeviceWeight dw{w.type, static_cast<const uint8_t*>(w.data), packed_layout(w.type, w.n_in, w.n_out),
                               w.n_in, w.n_out};
         if (n_tok <= kMaxGemvTokens) {
+            // Q, K, V (and gate, up) read the same input back to back: one launch for all.
+            PendingGemv& pg = pgemv_;
+            if (pg.count > 0 && pg.count < kMaxGemvBatch && pg.x == x && pg.n_tok == n_tok &&
+                pg.w[0].type == w.type && pg.w[0].n_in == w.n_in) {
+                ++epoch_;
+                pg.w[pg.count] = dw;
+                pg.y[pg.count++] = y;
+                if (q8_x_ == x) q8_epoch_ = epoch_;
+                return;
+            }
+            flush();
+            ++epoch_;
             if (gemv_wants_q8(w.type)) {
-                // Q, K and V (and gate, up) read the same input back to back: quantize it once.
-                const bool cached = q8_x_ == x && q8_tok_ == n_tok && q8_n_ == w.n_in && q8_epoch_ + 1 == epoch_;
+                const int64_t total = int64_t(n_tok) * w.n_in;
+                const bool cached = q8_x_ == x && q8_total_ == total && q8_epoch_ + 1 == epoch_;
                 if (!cached) {
-                    ensure(xq_, size_t(n_tok) * w.n_in);
-                    ensure(xds_, size_t(n_tok) * (w.n_in / 32) * sizeof(float2));
+                    ensure(xq_, size_t(total));
+                    ensure(xds_, size_t(total / 32) * sizeof(float2));
                     quantize_q8_1(x, static_cast<int8_t*>(xq_.p), static_cast<float2*>(xds_.p), n_tok, w.n_in, stream_);
                 }
-                q8_x_ = x;
-                q8_tok_ = n_tok;
-                q8_n_ = w.n_in;
-                q8_epoch_ = epoch_;
+                set_q8(x, total);
             }
-            gemv(dw, x, static_cast<const int8_t*>(xq_.p), static_cast<const float2*>(xds_.p), n_tok, y, stream_);
+            pg.count = 1;
+            pg.w[0] = dw;
+            pg.y[0] = y;
+            pg.x = x;
+            pg.n_tok = n_tok;
             return;
         }
+        flush();
+        ++epoch_;
         // Prompt batches: tensor cores through cuBLAS, y^T [n_out x n_tok] = W [n_out x n_in] x^T
         // (column-major: A = W^T with lda n_in, B = x^T with ldb n_in, C ldc n_out).
         const float one = 1.f, zero = 0.f;
@@ -305,21 +326,42 @@ public:
     }
 
     void rmsnorm(const float* x, const float* gamma, int32_t n_tok, int32_t dim, float eps, float* y) override {
+        // A pending residual add into x is done by the norm kernel itself (x += res, then norm).
+        const float* res = nullptr;
+        if (padd_.x != nullptr && padd_.x == x && padd_.n == int64_t(n_tok) * dim) {
+            res = padd_.y;
+            padd_ = PendingAdd{};
+        }
+        flush();
         ++epoch_;
-        cuda::rmsnorm(x, gamma, n_tok, dim, eps, y, stream_);
+        // Decode-sized batches: also emit the q8_1 activations the next GEMV reads.
+        int8_t* q = nullptr;
+        float2* ds = nullptr;
+        if (n_tok <= kMaxGemvTokens && dim % 32 == 0) {
+            const size_t total = size_t(n_tok) * dim;
+            ensure(xq_, total);
+            ensure(xds_, total / 32 * sizeof(float2));
+            q = static_cast<int8_t*>(xq_.p);
+            ds = static_cast<float2*>(xds_.p);
+        }
+        cuda::rmsnorm(const_cast<float*>(x), res, gamma, n_tok, dim, eps, y, q, ds, stream_);
+        if (q) set_q8(y, int64_t(n_tok) * dim);
     }
     void rope(float* x, int32_t n_tok, int32_t n_heads, int32_t head_dim, float freq_base, bool neox) override {
+        flush();
         ++epoch_;
         check_batch(n_tok, "rope");
         cuda::rope(x, dbatch_.pos, n_tok, n_heads, head_dim, freq_base, neox, stream_);
     }
     void kv_store(KVLayer& kv, const float* k, const float* v, int32_t n_tok) override {
+        flush();
         ++epoch_;
         check_batch(n_tok, "kv_store");
         cuda::kv_store(static_cast<__half*>(kv.k), static_cast<__half*>(kv.v), kv.block_size, kv.n_head_kv * kv.head_dim,
                        k, v, n_tok, dbatch_, stream_);
     }
     void attention(const KVLayer& kv, const float* q, int32_t n_tok, const AttentionShape& shape, float* out) override {
+        flush();
         ++epoch_;
         check_batch(n_tok, "attention");
         if (shape.n_head_kv != kv.n_head_kv || shape.head_dim != kv.head_dim)
@@ -361,14 +403,25 @@ public:
         cuda::attention(a, dbatch_, stream_);
     }
     void swiglu(const float* gate, const float* up, int64_t n, float* out) override {
+        flush();
         ++epoch_;
-        cuda::swiglu(gate, up, n, out, stream_);
+        if (n_tok_ > 0 && n_tok_ <= kMaxGemvTokens && n % 32 == 0) {   // feeds the down projection's GEMV
+            ensure(xq_, size_t(n));
+            ensure(xds_, size_t(n / 32) * sizeof(float2));
+            cuda::swiglu_q8(gate, up, n, out, static_cast<int8_t*>(xq_.p), static_cast<float2*>(xds_.p), stream_);
+            set_q8(out, n);
+        } else {
+            cuda::swiglu(gate, up, n, out, stream_);
+        }
     }
+    // Deferred: a following rmsnorm of x does the add in its own kernel.
     void add(float* x, const float* y, int64_t n) override {
+        flush();
         ++epoch_;
-        cuda::add(x, y, n, stream_);
+        padd_ = PendingAdd{x, y, n};
     }
     void add_bias(float* x, const float* bias, int32_t n_tok, int32_t dim) override {
+        flush();
         ++epoch_;
         cuda::add_bias(x, bias, n_tok, dim, stream_);
     }
@@ -377,6 +430,7 @@ public:
     // attention split; its first run goes eagerly (sizing every scratch buffer), its second is
     // captured, later ones replay the graph.
     bool step_begin(uint64_t key) override {
+        flush();
         if (capturing_) abort_capture();
         if (n_tok_ > kMaxGemvTokens || n_tok_ <= 0) return false;
         const uint64_t full = mix(mix(key, batch_sig_), graph_gen_);
@@ -394,6 +448,7 @@ public:
         return false;
     }
     void step_end() override {
+        flush();
         if (!capturing_) return;
         capturing_ = false;
         cudaGraph_t g = nullptr;
@@ -417,6 +472,40 @@ public:
     }
 
 private:
+    struct PendingAdd {
+        float* x = nullptr;
+        const float* y = nullptr;
+        int64_t n = 0;
+    };
+    struct PendingGemv {
+        int count = 0;
+        cuda::DeviceWeight w[kMaxGemvBatch];
+        float* y[kMaxGemvBatch] = {};
+        const float* x = nullptr;
+        int32_t n_tok = 0;
+    };
+
+    // Launches the deferred op, if any (every op but the fusable ones calls this first).
+    void flush() {
+        if (padd_.x) {
+            const PendingAdd a = padd_;
+            padd_ = PendingAdd{};
+            cuda::add(a.x, a.y, a.n, stream_);
+        }
+        if (pgemv_.count) {
+            const cuda::DeviceWeight* ws[kMaxGemvBatch] = {&pgemv_.w[0], &pgemv_.w[1], &pgemv_.w[2]};
+            const int count = pgemv_.count;
+            pgemv_.count = 0;
+            gemv(ws, pgemv_.y, count, pgemv_.x, static_cast<const int8_t*>(xq_.p), static_cast<const float2*>(xds_.p),
+                 pgemv_.n_tok, stream_);
+        }
+    }
+    void set_q8(const float* x, int64_t total) {
+        q8_x_ = x;
+        q8_total_ = total;
+        q8_epoch_ = epoch_;
+    }
+
     struct Scratch {
         void* p = nullptr;
         size_t cap = 0;
@@ -471,11 +560,14 @@ private:
     int n_tiles_[4] = {0, 0, 0, 0};
     uint64_t batch_sig_ = 0;
 
-    // q8 activations cache
+    // q8 activations in xq_/xds_: of which float buffer, how many values, valid while no other
+    // op ran since epoch q8_epoch_ (every op bumps epoch_).
     uint64_t epoch_ = 0, q8_epoch_ = ~uint64_t(0) - 1;
     const float* q8_x_ = nullptr;
-    int32_t q8_tok_ = 0;
-    int64_t q8_n_ = 0;
+    int64_t q8_total_ = 0;
+
+    PendingAdd padd_;
+    PendingGemv pgemv_;
 
     // graphs
     std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;

@@ -20,6 +20,19 @@ __global__ void swiglu_kernel(const float* __restrict__ g, const float* __restri
     }
 }
 
+// swiglu whose output also goes out as q8_1 blocks (n % 32 == 0), one warp per block.
+__global__ void swiglu_q8_kernel(const float* __restrict__ g, const float* __restrict__ u, int64_t n_blocks,
+                                 float* __restrict__ o, int8_t* __restrict__ q, float2* __restrict__ ds) {
+    const int64_t blk = int64_t(blockIdx.x) * (blockDim.x / kWarp) + (threadIdx.x >> 5);
+    if (blk >= n_blocks) return;
+    const int lane = threadIdx.x & 31;
+    const int64_t i = blk * 32 + lane;
+    const float a = g[i];
+    const float v = a / (1.f + expf(-a)) * u[i];
+    o[i] = v;
+    q8_1_block(v, lane, q + blk * 32, ds + blk);
+}
+
 __global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, int64_t n) {
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
         x[i] += y[i];
@@ -50,6 +63,14 @@ void swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStrea
     if (n <= 0) return;
     swiglu_kernel<<<grid_for(n), 256, 0, s>>>(gate, up, n, out);
     EMBER_CUDA_LAUNCHED("swiglu");
+}
+
+void swiglu_q8(const float* gate, const float* up, int64_t n, float* out, int8_t* q, float2* ds, cudaStream_t s) {
+    if (n % 32) fail("cuda swiglu_q8: ", n, " elements are not whole 32-element blocks");
+    const int64_t nb = n / 32;
+    if (nb == 0) return;
+    swiglu_q8_kernel<<<unsigned((nb + 7) / 8), 256, 0, s>>>(gate, up, nb, out, q, ds);
+    EMBER_CUDA_LAUNCHED("swiglu_q8");
 }
 
 void add(float* x, const float* y, int64_t n, cudaStream_t s) {

@@ -12,10 +12,35 @@ namespace {
 
 constexpr int kRowsPerBlock = 4;   // warps per block
 
+// Up to kMaxGemvBatch weights of one type and width that read the same activations: their
+// CTAs are laid end to end in one grid (start[i] = first CTA of weight i).
+struct GemvBatch {
+    GemvParams common;                       // x, widths, units; w/meta/y unused
+    const uint8_t* w[kMaxGemvBatch];
+    const uint8_t* meta[kMaxGemvBatch];
+    const uint8_t* meta2[kMaxGemvBatch];
+    float* y[kMaxGemvBatch];
+    int64_t n_out[kMaxGemvBatch];
+    int32_t start[kMaxGemvBatch];
+};
+
+template <class T>
+__device__ __forceinline__ T pick(const T (&a)[kMaxGemvBatch], int i) {
+    return i == 0 ? a[0] : (i == 1 ? a[1] : a[2]);
+}
+
 template <class F, int NT>
-__global__ void __launch_bounds__(kRowsPerBlock * kWarp) gemv_kernel(GemvParams p) {
+__global__ void __launch_bounds__(kRowsPerBlock * kWarp) gemv_kernel(GemvBatch b) {
     const int lane = threadIdx.x & (kWarp - 1);
-    const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+    const int bx = blockIdx.x;
+    const int wi = bx >= b.start[2] ? 2 : (bx >= b.start[1] ? 1 : 0);
+    GemvParams p = b.common;
+    p.w = pick(b.w, wi);
+    p.meta = pick(b.meta, wi);
+    p.meta2 = pick(b.meta2, wi);
+    p.y = pick(b.y, wi);
+    p.n_out = pick(b.n_out, wi);
+    const int64_t row = int64_t(bx - pick(b.start, wi)) * kRowsPerBlock + (threadIdx.x >> 5);
     if (row >= p.n_out) return;
     float acc[NT];
 #pragma unroll
@@ -30,17 +55,17 @@ __global__ void __launch_bounds__(kRowsPerBlock * kWarp) gemv_kernel(GemvParams 
 }
 
 template <class F>
-void launch(const GemvParams& p, int32_t n_tok, cudaStream_t s) {
-    const dim3 grid(unsigned((p.n_out + kRowsPerBlock - 1) / kRowsPerBlock)), block(kRowsPerBlock * kWarp);
+void launch(const GemvBatch& b, unsigned n_ctas, int32_t n_tok, cudaStream_t s) {
+    const dim3 grid(n_ctas), block(kRowsPerBlock * kWarp);
     switch (n_tok) {
-        case 1: gemv_kernel<F, 1><<<grid, block, 0, s>>>(p); break;
-        case 2: gemv_kernel<F, 2><<<grid, block, 0, s>>>(p); break;
-        case 3: gemv_kernel<F, 3><<<grid, block, 0, s>>>(p); break;
-        case 4: gemv_kernel<F, 4><<<grid, block, 0, s>>>(p); break;
-        case 5: gemv_kernel<F, 5><<<grid, block, 0, s>>>(p); break;
-        case 6: gemv_kernel<F, 6><<<grid, block, 0, s>>>(p); break;
-        case 7: gemv_kernel<F, 7><<<grid, block, 0, s>>>(p); break;
-        case 8: gemv_kernel<F, 8><<<grid, block, 0, s>>>(p); break;
+        case 1: gemv_kernel<F, 1><<<grid, block, 0, s>>>(b); break;
+        case 2: gemv_kernel<F, 2><<<grid, block, 0, s>>>(b); break;
+        case 3: gemv_kernel<F, 3><<<grid, block, 0, s>>>(b); break;
+        case 4: gemv_kernel<F, 4><<<grid, block, 0, s>>>(b); break;
+        case 5: gemv_kernel<F, 5><<<grid, block, 0, s>>>(b); break;
+        case 6: gemv_kernel<F, 6><<<grid, block, 0, s>>>(b); break;
+        case 7: gemv_kernel<F, 7><<<grid, block, 0, s>>>(b); break;
+        case 8: gemv_kernel<F, 8><<<grid, block, 0, s>>>(b); break;
         default: fail("cuda gemv: n_tok ", n_tok, " is outside 1..", kMaxGemvTokens);
     }
     EMBER_CUDA_LAUNCHED("gemv");
@@ -52,33 +77,47 @@ bool gemv_wants_q8(GGMLType type) {
     return !(type == GGMLType::F32 || type == GGMLType::F16 || type == GGMLType::BF16);
 }
 
-void gemv(const DeviceWeight& w, const float* x, const int8_t* xq, const float2* xds,
-          int32_t n_tok, float* y, cudaStream_t s) {
-    GemvParams p;
-    p.w = w.base;
-    p.meta = w.base + w.layout.meta_off;
-    p.meta2 = w.base + w.layout.meta2_off;
-    p.n_in = w.n_in;
-    p.n_out = w.n_out;
-    p.n_blocks = w.layout.n_blocks;
+void gemv(const DeviceWeight* const* ws, float* const* ys, int count, const float* x, const int8_t* xq,
+          const float2* xds, int32_t n_tok, cudaStream_t s) {
+    if (count < 1 || count > kMaxGemvBatch) fail("cuda gemv: ", count, " weights in one launch (1..", kMaxGemvBatch, ")");
+    const DeviceWeight& w0 = *ws[0];
+    GemvBatch b{};
+    GemvParams& p = b.common;
+    p.n_in = w0.n_in;
+    p.n_blocks = w0.layout.n_blocks;
     p.x = x;
     p.xq = xq;
     p.xds = xds;
-    p.y = y;
-    const int64_t nb = w.layout.n_blocks;
-    switch (w.type) {
-        case GGMLType::Q4_0: p.units = int32_t(nb); launch<FmtQ4_0>(p, n_tok, s); break;
-        case GGMLType::Q4_1: p.units = int32_t(nb); launch<FmtQ4_1>(p, n_tok, s); break;
-        case GGMLType::Q5_0: p.units = int32_t(nb); launch<FmtQ5<false>>(p, n_tok, s); break;
-        case GGMLType::Q5_1: p.units = int32_t(nb); launch<FmtQ5<true>>(p, n_tok, s); break;
-        case GGMLType::Q8_0: p.units = int32_t(nb); launch<FmtQ8_0>(p, n_tok, s); break;
-        case GGMLType::Q4_K: p.units = int32_t(nb * 4); launch<FmtQK<false>>(p, n_tok, s); break;
-        case GGMLType::Q5_K: p.units = int32_t(nb * 4); launch<FmtQK<true>>(p, n_tok, s); break;
-        case GGMLType::Q6_K: p.units = int32_t(nb * 4); launch<FmtQ6_K>(p, n_tok, s); break;
-        case GGMLType::F32: p.units = int32_t(w.n_in / 4); launch<FmtFloat<float>>(p, n_tok, s); break;
-        case GGMLType::F16: p.units = int32_t(w.n_in / 8); launch<FmtFloat<__half>>(p, n_tok, s); break;
-        case GGMLType::BF16: p.units = int32_t(w.n_in / 8); launch<FmtFloat<__nv_bfloat16>>(p, n_tok, s); break;
-        default: fail("cuda gemv: unsupported weight type ", block_info(w.type).name);
+    unsigned n_ctas = 0;
+    for (int i = 0; i < kMaxGemvBatch; ++i) {
+        b.start[i] = int32_t(n_ctas);
+        if (i >= count) {
+            b.start[i] = 0x7fffffff;
+            continue;
+        }
+        const DeviceWeight& w = *ws[i];
+        if (w.type != w0.type || w.n_in != w0.n_in) fail("cuda gemv: batched weights differ in type or width");
+        b.w[i] = w.base;
+        b.meta[i] = w.base + w.layout.meta_off;
+        b.meta2[i] = w.base + w.layout.meta2_off;
+        b.y[i] = ys[i];
+        b.n_out[i] = w.n_out;
+        n_ctas += unsigned((w.n_out + kRowsPerBlock - 1) / kRowsPerBlock);
+    }
+    const int64_t nb = w0.layout.n_blocks;
+    switch (w0.type) {
+        case GGMLType::Q4_0: p.units = int32_t(nb); launch<FmtQ4_0>(b, n_ctas, n_tok, s); break;
+        case GGMLType::Q4_1: p.units = int32_t(nb); launch<FmtQ4_1>(b, n_ctas, n_tok, s); break;
+        case GGMLType::Q5_0: p.units = int32_t(nb); launch<FmtQ5<false>>(b, n_ctas, n_tok, s); break;
+        case GGMLType::Q5_1: p.units = int32_t(nb); launch<FmtQ5<true>>(b, n_ctas, n_tok, s); break;
+        case GGMLType::Q8_0: p.units = int32_t(nb); launch<FmtQ8_0>(b, n_ctas, n_tok, s); break;
+        case GGMLType::Q4_K: p.units = int32_t(nb * 4); launch<FmtQK<false>>(b, n_ctas, n_tok, s); break;
+        case GGMLType::Q5_K: p.units = int32_t(nb * 4); launch<FmtQK<true>>(b, n_ctas, n_tok, s); break;
+        case GGMLType::Q6_K: p.units = int32_t(nb * 4); launch<FmtQ6_K>(b, n_ctas, n_tok, s); break;
+        case GGMLType::F32: p.units = int32_t(w0.n_in / 4); launch<FmtFloat<float>>(b, n_ctas, n_tok, s); break;
+        case GGMLType::F16: p.units = int32_t(w0.n_in / 8); launch<FmtFloat<__half>>(b, n_ctas, n_tok, s); break;
+        case GGMLType::BF16: p.units = int32_t(w0.n_in / 8); launch<FmtFloat<__nv_bfloat16>>(b, n_ctas, n_tok, s); break;
+        default: fail("cuda gemv: unsupported weight type ", block_info(w0.type).name);
     }
 }
 

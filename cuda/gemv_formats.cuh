@@ -164,8 +164,8 @@ struct FmtQK {
         const uint8_t* base = p.w + (row * p.n_blocks + blk) * kBlockBytes;
         const uint8_t* qs = base + (kQ5 ? 48 : 16) + 32 * jp;
         const uint4 qa = ld_stream(qs), qb = ld_stream(qs + 16);
-        const uint32_t* hdr = reinterpret_cast<const uint32_t*>(base);
-        const uint32_t dd = __ldg(hdr), s0 = __ldg(hdr + 1), s1 = __ldg(hdr + 2), s2 = __ldg(hdr + 3);
+        const uint4 hdr = ld_stream(base);   // f16 d, f16 dmin, 12 bytes of scales (4 lanes share it)
+        const uint32_t dd = hdr.x, s0 = hdr.y, s1 = hdr.z, s2 = hdr.w;
         const float d = h2f(uint16_t(dd & 0xFFFF)), dmin = h2f(uint16_t(dd >> 16));
         float sc1, m1, sc2, m2;
         kq_scale_min(s0, s1, s2, 2 * jp, sc1, m1);

@@ -31,17 +31,23 @@ void convert_to_bf16(const float* x, __nv_bfloat16* y, int64_t n, cudaStream_t s
 constexpr int kMaxGemvTokens = 8;
 // Whether this type's GEMV reads activations quantized by quantize_q8_1 (else float x).
 bool gemv_wants_q8(GGMLType type);
-// y [n_tok][n_out] = x [n_tok][n_in] * W^T, n_tok <= kMaxGemvTokens.
-void gemv(const DeviceWeight& w, const float* x, const int8_t* xq, const float2* xds,
-          int32_t n_tok, float* y, cudaStream_t s);
+// y_i [n_tok][n_out_i] = x [n_tok][n_in] * W_i^T for up to kMaxGemvBatch weights of one type
+// and width (Q, K, V or gate, up) in one launch; n_tok <= kMaxGemvTokens.
+constexpr int kMaxGemvBatch = 3;
+void gemv(const DeviceWeight* const* w, float* const* y, int count, const float* x, const int8_t* xq,
+          const float2* xds, int32_t n_tok, cudaStream_t s);
 // W -> out [n_out][n_in] f16 (quantized types only) for the tensor-core path.
 void dequantize_f16(const DeviceWeight& w, __half* out, cudaStream_t s);
 
-void rmsnorm(const float* x, const float* gamma, int32_t n_tok, int32_t dim, float eps, float* y,
-             cudaStream_t s);
+// y = rmsnorm(x) * gamma per row [n_tok][dim]. Optional fusions: res != null first does
+// x += res (written back); q != null also writes y as q8_1 blocks (q, ds) for a following GEMV.
+void rmsnorm(float* x, const float* res, const float* gamma, int32_t n_tok, int32_t dim, float eps, float* y,
+             int8_t* q, float2* ds, cudaStream_t s);
 void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_heads, int32_t head_dim,
           float freq_base, bool neox, cudaStream_t s);
 void swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t s);
+// swiglu that also writes its output as q8_1 blocks (n % 32 == 0) for the down projection.
+void swiglu_q8(const float* gate, const float* up, int64_t n, float* out, int8_t* q, float2* ds, cudaStream_t s);
 void add(float* x, const float* y, int64_t n, cudaStream_t s);
 void add_bias(float* x, const float* bias, int32_t n_tok, int32_t dim, cudaStream_t s);
 
@@ -76,6 +82,10 @@ struct AttentionArgs {
     float2* part_ml;              // [n_split][n_tok][n_head] (running max, sum of exp)
 };
 void attention(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s);
+// Prompt batches on tensor cores: tiles of kMmaTileLen tokens (a.tiles / a.n_tiles), one q head
+// per CTA, no split. Returns false (nothing launched) for head dims it does not handle.
+constexpr int kMmaTileLen = 64;
+bool attention_prefill_mma(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s);
 
 }  // namespace cuda
 }  // namespace ember

@@ -10,16 +10,29 @@ namespace {
 
 constexpr int kNormThreads = 256;
 
-__global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ gamma,
-                                                              int32_t dim, float eps, float* __restrict__ y) {
-    const float* xr = x + int64_t(blockIdx.x) * dim;
+// One block per token row. With `res`, first x += res (the residual add of the previous op,
+// written back). With `q`, y is also quantized to q8_1 for the GEMV that reads it next.
+__global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(float* __restrict__ x, const float* __restrict__ res,
+                                                              const float* __restrict__ gamma, int32_t dim, float eps,
+                                                              float* __restrict__ y, int8_t* __restrict__ q,
+                                                              float2* __restrict__ ds) {
+    float* xr = x + int64_t(blockIdx.x) * dim;
     float* yr = y + int64_t(blockIdx.x) * dim;
     float ss = 0.f;
-    for (int i = threadIdx.x; i < dim; i += kNormThreads) ss += xr[i] * xr[i];
+    if (res) {
+        const float* rr = res + int64_t(blockIdx.x) * dim;
+        for (int i = threadIdx.x; i < dim; i += kNormThreads) {
+            const float v = xr[i] + rr[i];
+            xr[i] = v;
+            ss += v * v;
+        }
+    } else {
+        for (int i = threadIdx.x; i < dim; i += kNormThreads) ss += xr[i] * xr[i];
+    }
     __shared__ float red[kNormThreads / kWarp];
     ss = warp_sum(ss);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
-    __syncthreads();
+    __syncthreads();   // also makes this block's writes of x visible to all its threads
     if (threadIdx.x < kWarp) {
         float v = threadIdx.x < kNormThreads / kWarp ? red[threadIdx.x] : 0.f;
         v = warp_sum(v);
@@ -27,7 +40,17 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(const float* __re
     }
     __syncthreads();
     const float inv = rsqrtf(red[0] / float(dim) + eps);
-    for (int i = threadIdx.x; i < dim; i += kNormThreads) yr[i] = xr[i] * inv * gamma[i];
+    if (q) {   // dim % 32 == 0: each warp takes whole 32-element blocks
+        const int lane = threadIdx.x & 31, nb = dim / 32;
+        for (int blk = threadIdx.x >> 5; blk < nb; blk += kNormThreads / kWarp) {
+            const int i = blk * 32 + lane;
+            const float v = xr[i] * inv * gamma[i];
+            yr[i] = v;
+            q8_1_block(v, lane, q + int64_t(blockIdx.x) * dim + blk * 32, ds + int64_t(blockIdx.x) * nb + blk);
+        }
+    } else {
+        for (int i = threadIdx.x; i < dim; i += kNormThreads) yr[i] = xr[i] * inv * gamma[i];
+    }
 }
 
 __global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ pos, int32_t n_tok, int32_t n_heads,
@@ -52,9 +75,11 @@ __global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ p
 
 }  // namespace
 
-void rmsnorm(const float* x, const float* gamma, int32_t n_tok, int32_t dim, float eps, float* y, cudaStream_t s) {
+void rmsnorm(float* x, const float* res, const float* gamma, int32_t n_tok, int32_t dim, float eps, float* y,
+             int8_t* q, float2* ds, cudaStream_t s) {
     if (n_tok <= 0) return;
-    rmsnorm_kernel<<<unsigned(n_tok), kNormThreads, 0, s>>>(x, gamma, dim, eps, y);
+    if (q && dim % 32) fail("cuda rmsnorm: q8 output needs a width that is a multiple of 32, got ", dim);
+    rmsnorm_kernel<<<unsigned(n_tok), kNormThreads, 0, s>>>(x, res, gamma, dim, eps, y, q, ds);
     EMBER_CUDA_LAUNCHED("rmsnorm");
 }
 

@@ -8,19 +8,13 @@ namespace cuda {
 
 namespace {
 
-// One warp per 32-element block: d = amax / 127, q = round(x / d), ds = (d, d * sum q).
+// One warp per 32-element block.
 __global__ void quantize_q8_1_kernel(const float* __restrict__ x, int8_t* __restrict__ q,
                                      float2* __restrict__ ds, int64_t n_blocks) {
     const int64_t blk = int64_t(blockIdx.x) * (blockDim.x / kWarp) + (threadIdx.x >> 5);
     if (blk >= n_blocks) return;
     const int lane = threadIdx.x & 31;
-    const float v = x[blk * 32 + lane];
-    const float amax = warp_max(fabsf(v));
-    const float d = amax / 127.f;
-    const int qi = amax == 0.f ? 0 : __float2int_rn(v / d);
-    q[blk * 32 + lane] = int8_t(qi);
-    const int sum = warp_sum_int(qi);
-    if (lane == 0) ds[blk] = make_float2(d, d * float(sum));
+    q8_1_block(x[blk * 32 + lane], lane, q + blk * 32, ds + blk);
 }
 
 template <class T>

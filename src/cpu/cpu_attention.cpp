@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cpu/cpu_backend.h"
+#include "cpu/f16_ops.h"
 #include "quant/half.h"
 
 namespace ember {
@@ -18,15 +19,23 @@ namespace {
 struct F16Kv {
     using elem = uint16_t;
     static elem store(float x) { return float_to_half(x); }
-    static float load(elem x) { return half_to_float(x); }
     static float operand(float x) { return half_to_float(float_to_half(x)); }   // rounded like the kv
+    static float dot(const float* a, const elem* b, int n) { return f16_dot(a, b, n); }
+    static void axpy(float w, const elem* x, float* y, int n) { f16_axpy(w, x, y, n); }
 };
 
 struct F32Kv {
     using elem = float;
     static elem store(float x) { return x; }
-    static float load(elem x) { return x; }
     static float operand(float x) { return x; }
+    static float dot(const float* a, const elem* b, int n) {
+        float d = 0.f;
+        for (int i = 0; i < n; ++i) d += a[i] * b[i];
+        return d;
+    }
+    static void axpy(float w, const elem* x, float* y, int n) {
+        for (int i = 0; i < n; ++i) y[i] += w * x[i];
+    }
 };
 
 template <class Kv>
@@ -68,9 +77,7 @@ void attend(ThreadPool& pool, const BatchInfo& batch, const KVLayer& kv, const f
             float m = -INFINITY;
             for (int32_t p = 0; p < n_pos; ++p) {
                 const auto* kr = kv_row<Kv>(kv, kv.k, table[p / kv.block_size], p % kv.block_size) + kv_off;
-                float d = 0.f;
-                for (int32_t i = 0; i < D; ++i) d += qh[i] * Kv::load(kr[i]);
-                prob[p] = d * s.scale;
+                prob[p] = Kv::dot(qh.data(), kr, D) * s.scale;
                 m = std::max(m, prob[p]);
             }
             double sum = 0.0;
@@ -84,7 +91,7 @@ void attend(ThreadPool& pool, const BatchInfo& batch, const KVLayer& kv, const f
             for (int32_t p = 0; p < n_pos; ++p) {
                 const float w = Kv::operand(prob[p] * inv);
                 const auto* vr = kv_row<Kv>(kv, kv.v, table[p / kv.block_size], p % kv.block_size) + kv_off;
-                for (int32_t i = 0; i < D; ++i) o[i] += w * Kv::load(vr[i]);
+                Kv::axpy(w, vr, o, D);
             }
         }
     });

@@ -1,0 +1,212 @@
+// Prompt attention on tensor cores (FlashAttention-2 style, mma.sync m16n8k16 f16 -> f32):
+// a CTA of 4 warps takes 64 consecutive tokens of one sequence (16 query rows per warp) and
+// one q head, and streams that sequence's keys in tiles of 64 from the paged f16 cache
+// through shared memory. Scores stay in registers (online softmax), no n x n matrix exists.
+// Head dims 64 and 128; others use the CUDA-core kernel in attention.cu.
+#include "common.cuh"
+#include "kernels.h"
+
+namespace ember {
+namespace cuda {
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kQTile = 16 * kWarps;   // query rows per CTA
+constexpr int kKTile = 64;            // keys per shared-memory tile
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ uint32_t pack_half2(float a, float b) {
+    const __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+    const unsigned addr = unsigned(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+    const unsigned addr = unsigned(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+// Fragment layouts (g = lane / 4, t = lane % 4): A 16x16 row-major a0 (g, 2t..2t+1),
+// a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..); B 16x8 b0 (2t..2t+1, g), b1 (2t+8.., g);
+// C 16x8 c0,c1 (g, 2t..2t+1), c2,c3 (g+8, 2t..2t+1).
+template <int HD>
+__global__ void __launch_bounds__(kWarps * kWarp) attention_mma_kernel(AttentionArgs a, DeviceBatch b) {
+    constexpr int kStride = HD + 8;        // halves per smem row: 16-byte pad, no ldmatrix bank conflicts
+    constexpr int kSteps = HD / 16;        // k-steps of Q.K^T
+    constexpr int kDimTiles = HD / 8;      // n-tiles of the output
+    __shared__ __align__(16) __half ks[kKTile][kStride];
+    __shared__ __align__(16) __half vs[kKTile][kStride];
+
+    const AttnTile tile = a.tiles[blockIdx.x];
+    const int h = blockIdx.y;
+    const int kvh = h / (a.n_head / a.n_head_kv);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int q_dim = a.n_head * HD, kv_dim = a.n_head_kv * HD;
+
+    // This warp's rows: tokens tile.first + 16 * warp + {g, g + 8}.
+    const int r0 = 16 * warp + g, r1 = r0 + 8;
+    const int pos0 = r0 < tile.count ? b.pos[tile.first + r0] : -1;
+    const int pos1 = r1 < tile.count ? b.pos[tile.first + r1] : -1;
+    int max_pos = -1;
+    for (int i = 0; i < tile.count; ++i) max_pos = max(max_pos, b.pos[tile.first + i]);
+
+    uint32_t qa[kSteps][4];
+    {
+        const float qs = a.scale * kLog2e;   // scores come out in the log2 domain
+        const float* q0 = a.q + int64_t(tile.first + r0) * q_dim + h * HD;
+        const float* q1 = a.q + int64_t(tile.first + r1) * q_dim + h * HD;
+#pragma unroll
+        for (int s = 0; s < kSteps; ++s) {
+            float2 x00 = make_float2(0.f, 0.f), x01 = x00, x10 = x00, x11 = x00;
+            if (pos0 >= 0) {
+                x00 = *reinterpret_cast<const float2*>(q0 + 16 * s + 2 * t);
+                x01 = *reinterpret_cast<const float2*>(q0 + 16 * s + 2 * t + 8);
+            }
+            if (pos1 >= 0) {
+                x10 = *reinterpret_cast<const float2*>(q1 + 16 * s + 2 * t);
+                x11 = *reinterpret_cast<const float2*>(q1 + 16 * s + 2 * t + 8);
+            }
+            qa[s][0] = pack_half2(x00.x * qs, x00.y * qs);
+            qa[s][1] = pack_half2(x10.x * qs, x10.y * qs);
+            qa[s][2] = pack_half2(x01.x * qs, x01.y * qs);
+            qa[s][3] = pack_half2(x11.x * qs, x11.y * qs);
+        }
+    }
+
+    float o[kDimTiles][4];
+#pragma unroll
+    for (int j = 0; j < kDimTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+
+    const int32_t* bt = b.block_table + int64_t(b.seq[tile.first]) * b.max_blocks;
+    const int bs = a.block_size;
+    const int n_keys = max_pos + 1;
+    for (int k0 = 0; k0 < n_keys; k0 += kKTile) {
+        __syncthreads();   // the previous tile is consumed
+        constexpr int kChunks = kKTile * HD / 8;   // 16-byte pieces of a tile
+        for (int c = threadIdx.x; c < kChunks; c += kWarps * kWarp) {
+            const int key = c / (HD / 8), part = c % (HD / 8);
+            const int kk = k0 + key;
+            uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
+            if (kk < n_keys) {
+                const int64_t off = (int64_t(bt[kk / bs]) * bs + kk % bs) * kv_dim + kvh * HD + 8 * part;
+                kv = *reinterpret_cast<const uint4*>(a.k_cache + off);
+                vv = *reinterpret_cast<const uint4*>(a.v_cache + off);
+            }
+            *reinterpret_cast<uint4*>(&ks[key][8 * part]) = kv;
+            *reinterpret_cast<uint4*>(&vs[key][8 * part]) = vv;
+        }
+        __syncthreads();
+        if (pos0 < k0 && pos1 < k0) continue;   // every key of this tile is in this warp's future
+
+        // S = Q K^T for this warp's 16 rows x 64 keys (8 n-tiles).
+        float sc[kKTile / 8][4];
+#pragma unroll
+        for (int j = 0; j < kKTile / 8; ++j) {
+            sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+#pragma unroll
+            for (int s = 0; s < kSteps; s += 2) {
+                uint32_t kb[4];   // B fragments of k-steps s and s+1
+                ldmatrix_x4(kb, &ks[8 * j + (lane & 7)][16 * s + 8 * (lane >> 3)]);
+                mma16816(sc[j], qa[s], kb[0], kb[1]);
+                mma16816(sc[j], qa[s + 1], kb[2], kb[3]);
+            }
+        }
+        // Causal mask and online softmax (rows g and g + 8; a row lives in one lane quad).
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < kKTile / 8; ++j) {
+            const int key = k0 + 8 * j + 2 * t;
+            if (key > pos0) sc[j][0] = -INFINITY;
+            if (key + 1 > pos0) sc[j][1] = -INFINITY;
+            if (key > pos1) sc[j][2] = -INFINITY;
+            if (key + 1 > pos1) sc[j][3] = -INFINITY;
+            mx0 = fmaxf(mx0, fmaxf(sc[j][0], sc[j][1]));
+            mx1 = fmaxf(mx1, fmaxf(sc[j][2], sc[j][3]));
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        // A row with no visible key yet keeps m = -inf; use 0 so exp2 gives 0, not NaN.
+        const float base0 = mn0 == -INFINITY ? 0.f : mn0, base1 = mn1 == -INFINITY ? 0.f : mn1;
+        const float corr0 = exp2f(m0 - base0), corr1 = exp2f(m1 - base1);
+        m0 = mn0;
+        m1 = mn1;
+        l0 *= corr0;
+        l1 *= corr1;
+#pragma unroll
+        for (int j = 0; j < kDimTiles; ++j) {
+            o[j][0] *= corr0;
+            o[j][1] *= corr0;
+            o[j][2] *= corr1;
+            o[j][3] *= corr1;
+        }
+        uint32_t pa[kKTile / 16][4];   // P as A fragments, one per 16 keys
+#pragma unroll
+        for (int j = 0; j < kKTile / 8; ++j) {
+            const float p0 = exp2f(sc[j][0] - base0), p1 = exp2f(sc[j][1] - base0);
+            const float p2 = exp2f(sc[j][2] - base1), p3 = exp2f(sc[j][3] - base1);
+            l0 += p0 + p1;
+            l1 += p2 + p3;
+            pa[j / 2][(j & 1) * 2 + 0] = pack_half2(p0, p1);
+            pa[j / 2][(j & 1) * 2 + 1] = pack_half2(p2, p3);
+        }
+        // O += P V: k = keys (4 steps of 16), n = dims.
+#pragma unroll
+        for (int s = 0; s < kKTile / 16; ++s) {
+#pragma unroll
+            for (int j = 0; j < kDimTiles; j += 2) {
+                uint32_t vb[4];   // B fragments of dim tiles j and j+1
+                ldmatrix_x4_trans(vb, &vs[16 * s + (lane & 7) + 8 * ((lane >> 3) & 1)][8 * j + 8 * (lane >> 4)]);
+                mma16816(o[j], pa[s], vb[0], vb[1]);
+                mma16816(o[j + 1], pa[s], vb[2], vb[3]);
+            }
+        }
+    }
+
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+    float* out0 = a.out + int64_t(tile.first + r0) * q_dim + h * HD;
+    float* out1 = a.out + int64_t(tile.first + r1) * q_dim + h * HD;
+#pragma unroll
+    for (int j = 0; j < kDimTiles; ++j) {
+        if (pos0 >= 0) *reinterpret_cast<float2*>(out0 + 8 * j + 2 * t) = make_float2(o[j][0] * inv0, o[j][1] * inv0);
+        if (pos1 >= 0) *reinterpret_cast<float2*>(out1 + 8 * j + 2 * t) = make_float2(o[j][2] * inv1, o[j][3] * inv1);
+    }
+}
+
+}  // namespace
+
+bool attention_prefill_mma(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s) {
+    if (a.head_dim != 64 && a.head_dim != 128) return false;
+    if (a.n_tiles == 0) return true;
+    const dim3 grid(unsigned(a.n_tiles), unsigned(a.n_head));
+    if (a.head_dim == 64)
+        attention_mma_kernel<64><<<grid, kWarps * kWarp, 0, s>>>(a, b);
+    else
+        attention_mma_kernel<128><<<grid, kWarps * kWarp, 0, s>>>(a, b);
+    EMBER_CUDA_LAUNCHED("attention_mma");
+    return true;
+}
+
+}  // namespace cuda
+}  // namespace ember
