@@ -11,10 +11,10 @@ namespace cuda {
 
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kQTile = 16 * kWarps;   // query rows per CTA
+constexpr int kWarps = 4;            // 16 query rows each: 64 tokens per CTA (kMmaTileLen)
 constexpr int kKTile = 64;            // keys per shared-memory tile
 constexpr float kLog2e = 1.4426950408889634f;
+static_assert(16 * kWarps == kMmaTileLen, "a CTA's warps cover one token tile");
 
 __device__ __forceinline__ uint32_t pack_half2(float a, float b) {
     const __half2 h = __floats2half2_rn(a, b);

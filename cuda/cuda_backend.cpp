@@ -40,7 +40,9 @@ namespace {
 constexpr double kMiB = 1024.0 * 1024.0;
 constexpr int kKeysPerSplit = 64;      // flash-decoding: one split per this many keys
 constexpr int kTargetAttnCtas = 2048;  // split only while the grid is smaller than this
-constexpr int kTileLens[4] = {1, 2, 4, 8};
+constexpr int kNumTileLens = 5;
+constexpr int kBatchHeadWords = 2 + 2 * kNumTileLens;   // int32 words per token slot before the block table
+constexpr int kTileLens[kNumTileLens] = {1, 2, 4, 8, kMmaTileLen};   // attention tile lists kept per batch
 
 int pow2_ceil(int v) {
     int p = 1;
@@ -213,8 +215,8 @@ public:
             bt_stride_ = std::max(bt_stride_, pow2_ceil(std::max(b.max_blocks, 64)));
             invalidate_graphs();
         }
-        // int32 layout: pos[cap_tok] seq[cap_tok] tiles[4][cap_tok][2] block_table[cap_seq][bt_stride]
-        const size_t n_words = size_t(cap_tok_) * 10 + size_t(cap_seq_) * size_t(bt_stride_);
+        // int32 layout: pos[cap_tok] seq[cap_tok] tiles[kNumTileLens][cap_tok][2] block_table[cap_seq][bt_stride]
+        const size_t n_words = size_t(cap_tok_) * kBatchHeadWords + size_t(cap_seq_) * size_t(bt_stride_);
         ensure(batch_dev_, n_words * 4);
         if (staging_cap_ < n_words * 4) {
             EMBER_CUDA_CHECK(cudaEventSynchronize(staging_done_));
@@ -227,7 +229,7 @@ public:
         int32_t* w = static_cast<int32_t*>(staging_);
         std::copy(b.pos.begin(), b.pos.begin() + n_tok, w);
         std::copy(b.seq.begin(), b.seq.begin() + n_tok, w + cap_tok_);
-        for (int k = 0; k < 4; ++k) {
+        for (int k = 0; k < kNumTileLens; ++k) {
             int32_t* tiles = w + 2 * cap_tok_ + size_t(k) * 2 * cap_tok_;
             int n = 0;
             for (int32_t t = 0; t < n_tok;) {
@@ -240,7 +242,7 @@ public:
             }
             n_tiles_[k] = n;
         }
-        int32_t* bt = w + 10 * size_t(cap_tok_);
+        int32_t* bt = w + kBatchHeadWords * size_t(cap_tok_);
         for (int32_t q = 0; q < b.n_seq; ++q)
             std::copy(b.block_table.begin() + int64_t(q) * b.max_blocks, b.block_table.begin() + int64_t(q + 1) * b.max_blocks,
                       bt + int64_t(q) * bt_stride_);
@@ -249,12 +251,12 @@ public:
         const int32_t* d = static_cast<const int32_t*>(batch_dev_.p);
         dbatch_.pos = d;
         dbatch_.seq = d + cap_tok_;
-        dbatch_.block_table = d + 10 * size_t(cap_tok_);
+        dbatch_.block_table = d + kBatchHeadWords * size_t(cap_tok_);
         dbatch_.max_blocks = bt_stride_;
         n_tok_ = n_tok;
         max_len_ = max_pos + 1;
         uint64_t sig = uint64_t(n_tok);
-        for (int k = 0; k < 4; ++k) sig = mix(sig, uint64_t(n_tiles_[k]));
+        for (int k = 0; k < kNumTileLens; ++k) sig = mix(sig, uint64_t(n_tiles_[k]));
         sig = mix(sig, uint64_t(pow2_ceil((max_len_ + kKeysPerSplit - 1) / kKeysPerSplit)));
         batch_sig_ = sig;
     }
@@ -380,6 +382,13 @@ public:
         a.n_tok = n_tok;
         const int n_rep = shape.n_head_kv > 0 ? shape.n_head / shape.n_head_kv : 1;
         a.heads_per_cta = std::min(n_rep, 8);
+        if (n_tok > kMaxGemvTokens) {   // prompts: tensor cores where the head dim allows
+            a.tile_len = kMmaTileLen;
+            a.n_tiles = n_tiles_[kNumTileLens - 1];
+            a.tiles = tiles_for(kNumTileLens - 1);
+            a.n_split = 1;
+            if (cuda::attention_prefill_mma(a, dbatch_, stream_)) return;
+        }
         // Decode-sized batches: one token per CTA; prompts: share K/V among up to 8 queries.
         int k = 0;
         if (n_tok > kMaxGemvTokens) {
@@ -388,7 +397,7 @@ public:
         }
         a.tile_len = kTileLens[k];
         a.n_tiles = n_tiles_[k];
-        a.tiles = reinterpret_cast<const cuda::AttnTile*>(dbatch_.pos + 2 * cap_tok_ + size_t(k) * 2 * cap_tok_);
+        a.tiles = tiles_for(k);
         const int n_hchunks = (n_rep + a.heads_per_cta - 1) / a.heads_per_cta;
         const int base = a.n_tiles * shape.n_head_kv * n_hchunks;
         const int want = pow2_ceil((max_len_ + kKeysPerSplit - 1) / kKeysPerSplit);
@@ -539,6 +548,9 @@ private:
         cudaGetLastError();
         capturing_ = false;
     }
+    const cuda::AttnTile* tiles_for(int k) const {
+        return reinterpret_cast<const cuda::AttnTile*>(dbatch_.pos + 2 * size_t(cap_tok_) + size_t(k) * 2 * cap_tok_);
+    }
     void check_batch(int32_t n_tok, const char* op) const {
         if (n_tok != n_tok_) fail("cuda ", op, ": n_tok ", n_tok, " but set_batch gave ", n_tok_);
     }
@@ -557,7 +569,7 @@ private:
     int32_t cap_tok_ = 0, cap_seq_ = 0, bt_stride_ = 0;
     cuda::DeviceBatch dbatch_{};
     int32_t n_tok_ = 0, max_len_ = 0;
-    int n_tiles_[4] = {0, 0, 0, 0};
+    int n_tiles_[kNumTileLens] = {};
     uint64_t batch_sig_ = 0;
 
     // q8 activations in xq_/xds_: of which float buffer, how many values, valid while no other

@@ -175,6 +175,7 @@ ATTN_CASES = {
     "long_split_gqa": (32, 8, 128, 2500, [1000, 2499], 64),
     "head_dim_80": (4, 2, 80, 90, [89, 3], 16),
     "head_dim_256": (2, 1, 256, 40, list(range(40)), 16),
+    "prompt_long_gqa": (8, 2, 128, 700, list(range(300, 700)), 16),
 }
 
 
@@ -186,7 +187,9 @@ def test_attention(gpu, case):
     k = rng.standard_normal((length, n_kv * hd)).astype(np.float32)
     v = rng.standard_normal((length, n_kv * hd)).astype(np.float32)
     y = gpu.attention(q, k, v, pos, n_head, n_kv, hd, bs, seed=int(rng.integers(1 << 30)))
-    assert rel_err(y, attention_ref(q, k, v, pos, n_head, n_kv, hd)) < 2e-4
+    # Prompts with head dim 64 / 128 run on tensor cores: f16 Q and probabilities.
+    tol = 3e-3 if len(pos) > 8 and hd in (64, 128) else 2e-4
+    assert rel_err(y, attention_ref(q, k, v, pos, n_head, n_kv, hd)) < tol
 
 
 def test_attention_matches_cpu(gpu, cpu):

@@ -1,6 +1,7 @@
 // ember-quantize's engine: copies metadata, picks each tensor's type by the recipe, then streams
 // tensors one at a time (dequantize rows to f32 -> quantize), rows split across threads.
 #include <algorithm>
+#include <cstdio>
 #include <thread>
 #include <vector>
 
@@ -59,8 +60,21 @@ void quantize_model(const QuantizeParams& params, const QuantizeProgress& progre
         if (t.name.find("attn_v.weight") != std::string::npos) ++st.n_attn_v;
         if (t.name.find("ffn_down.weight") != std::string::npos) ++st.n_ffn_down;
     }
-    std::vector<GGMLType> types;
-    for (const auto& t : in.tensors()) types.push_back(choose_type(*mix, t, st));
+    // The recipe's running attn_v / ffn_down counters advance in llama.cpp's order (layer number,
+    // then name), not file order: files with blk.0, blk.1, blk.10, ... order would shift the
+    // more-bits layers otherwise.
+    const auto& ts = in.tensors();
+    std::vector<size_t> order(ts.size());
+    std::vector<int> layer(ts.size(), -1);
+    for (size_t i = 0; i < ts.size(); ++i) {
+        order[i] = i;
+        std::sscanf(ts[i].name.c_str(), "blk.%d.", &layer[i]);
+    }
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+        return layer[a] != layer[b] ? layer[a] < layer[b] : ts[a].name < ts[b].name;
+    });
+    std::vector<GGMLType> types(ts.size());
+    for (size_t i : order) types[i] = choose_type(*mix, ts[i], st);
 
     GGUFWriter out(params.output, in.alignment());
     for (const auto& [key, value] : in.metadata())

@@ -2,21 +2,28 @@
 # Device call A: build, kernel tests, kernel benchmark; meanwhile write the synthetic llama2-7b
 # (F16, vocab from build/carry/vocab.gguf) and its Q4_0 / Q8_0 / Q4_K_M quantizations to /tmp/em,
 # and stash the first half of SmolLM2 there (the model is larger than one call may carry; call
-# B brings the second half). Carry: build/carry build/parts/smol.part00
-set -o pipefail
+# B brings the second half). Carry: build/carry build/parts/smol.part00. Every step has its own
+# time limit and logs to $OUT/a.log, which comes back even when the call is cut off.
 cd "$(dirname "$0")/../.."
+LOG="${OUT:-/tmp}/a.log"
+step() { echo "== $(date +%T) $*" | tee -a "$LOG"; }
 mkdir -p /tmp/em && cp build/parts/smol.part00 /tmp/em/
-source tools/device/cuda_build.sh || { echo "BUILD FAILED"; exit 1; }
-echo "libstdc++: $(ldd build/dev/_ember*.so | grep -c libstdc)"
-( python3 build/carry/make_synthetic_gguf.py --shape llama2-7b --vocab build/carry/vocab.gguf -o /tmp/em/l7b-f16.gguf > /tmp/em/synth.log 2>&1
-  for q in Q4_0 Q8_0 Q4_K_M; do python3 -m ember.quantize -q /tmp/em/l7b-f16.gguf /tmp/em/l7b-${q,,}.gguf $q >> /tmp/em/quant.log 2>&1; done ) &
-python3 -m pytest tests/test_cuda.py -q -rs -k "not smollm" 2>&1 | tail -15
-python3 -c "
-from ember import _ember as E; import numpy as np
-for kind in ('cpu', 'cuda'):
-    try: E.Backend(kind).matmul(12, np.ones((2, 100), np.uint8), 256, np.ones((1, 256), np.float32))
-    except ValueError as e: print(kind, 'ValueError ok:', e)
-" 2>&1 | tail -3
-build/dev/ember-cuda-bench 2>&1 | tee "$OUT/bench_kernels.md"
-wait
-tail -n 2 /tmp/em/synth.log /tmp/em/quant.log; ls -la /tmp/em
+step build
+source tools/device/cuda_build.sh >> "$LOG" 2>&1 || { echo "BUILD FAILED"; tail -30 "$LOG"; exit 1; }
+step "build done, libstdc++ linked: $(ldd build/dev/_ember*.so | grep -c libstdc)"
+if [ ! -f /tmp/em/l7b-q4_k_m.gguf ]; then
+  ( timeout 200 python3 build/carry/make_synthetic_gguf.py --shape llama2-7b --vocab build/carry/vocab.gguf \
+        -o /tmp/em/l7b-f16.gguf > /tmp/em/synth.log 2>&1
+    for q in Q4_0 Q8_0 Q4_K_M; do
+      timeout 150 python3 -m ember.quantize -q /tmp/em/l7b-f16.gguf /tmp/em/l7b-${q,,}.gguf $q >> /tmp/em/quant.log 2>&1
+    done ) &
+fi
+step tests
+timeout 200 python3 -m pytest tests/test_cuda.py -q -rs -k "not smollm" -p no:cacheprovider >> "$LOG" 2>&1
+step "tests rc=$?"
+timeout 120 build/dev/ember-cuda-bench > "${OUT:-/tmp}/bench_kernels.md" 2>&1
+step "bench rc=$?"
+wait; cat /tmp/em/quant.log | tail -3 >> "$LOG"
+step "models: $(ls /tmp/em | tr '\n' ' ')"
+grep -E "passed|failed|Error|error|FAIL" "$LOG" | tail -20
+cat "${OUT:-/tmp}/bench_kernels.md"

@@ -9,6 +9,9 @@ export EMBER_TEST_CACHE=/tmp/em
 source tools/device/cuda_build.sh || { echo "BUILD FAILED"; exit 1; }
 python3 -m pytest tests/test_cuda.py -q -rs -s -k smollm 2>&1 | tee "$OUT/e2e.log" |
   grep -E "match|PPL|passed|failed|Error|assert|Segm|Fatal" | tail -40
-for q in ${BENCH_TYPES:-Q4_0 Q8_0 Q4_K_M F16}; do
-  python3 -m ember.bench -m /tmp/em/l7b-${q,,}.gguf -ngl -1 -p 512 -n 128 -r 3 --bandwidth 4300 2>&1 | tail -2
-done | tee "$OUT/bench_model.md"
+bench() { python3 -m ember.bench --bandwidth 4300 "$@" 2>&1 | grep -v "^| model\|^|---"; }
+{
+  for q in ${BENCH_TYPES:-Q4_0 Q8_0 Q4_K_M F16}; do bench -m /tmp/em/l7b-${q,,}.gguf -ngl -1 -p 512 -n 128 -r 3; done
+  [ -n "$BENCH_DEPTH" ] && bench -m /tmp/em/l7b-q4_0.gguf -ngl -1 -p 0 -n 128 -d 16384 -r 2
+  [ -n "$BENCH_PARTIAL" ] && bench -m /tmp/em/l7b-q4_0.gguf -ngl 16 -p 512 -n 64 -r 2
+} | tee "$OUT/bench_model.md"
