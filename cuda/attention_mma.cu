@@ -63,6 +63,8 @@ __global__ void __launch_bounds__(kWarps * kWarp) attention_mma_kernel(Attention
     const int pos1 = r1 < tile.count ? b.pos[tile.first + r1] : -1;
     int max_pos = -1;
     for (int i = 0; i < tile.count; ++i) max_pos = max(max_pos, b.pos[tile.first + i]);
+    // The warp's last visible key: warp-uniform, so the .aligned mma / ldmatrix never diverge.
+    const int warp_pos = __reduce_max_sync(0xffffffffu, max(pos0, pos1));
 
     uint32_t qa[kSteps][4];
     {
@@ -111,7 +113,7 @@ __global__ void __launch_bounds__(kWarps * kWarp) attention_mma_kernel(Attention
             *reinterpret_cast<uint4*>(&vs[key][8 * part]) = vv;
         }
         __syncthreads();
-        if (pos0 < k0 && pos1 < k0) continue;   // every key of this tile is in this warp's future
+        if (warp_pos < k0) continue;   // every key of this tile is in the future of this warp's rows
 
         // S = Q K^T for this warp's 16 rows x 64 keys (8 n-tiles).
         float sc[kKTile / 8][4];

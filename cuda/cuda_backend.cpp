@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -60,6 +61,12 @@ uint64_t mix(uint64_t h, uint64_t v) {
     return h;
 }
 
+// Unset or anything but "0": on.
+bool env_flag(const char* name) {
+    const char* v = std::getenv(name);
+    return !(v && std::string(v) == "0");
+}
+
 float bf16_bits_to_float(uint16_t b) {
     const uint32_t u = uint32_t(b) << 16;
     float f;
@@ -70,6 +77,10 @@ float bf16_bits_to_float(uint16_t b) {
 class CudaBackend final : public Backend {
 public:
     explicit CudaBackend(int device) : device_(device) {
+        // EMBER_CUDA_GRAPHS=0 runs every step eagerly; EMBER_CUDA_FUSE=0 launches each op as
+        // called (no merged GEMVs, no norm/add/swiglu fusions). Both for diagnosis.
+        graphs_on_ = env_flag("EMBER_CUDA_GRAPHS");
+        fuse_on_ = env_flag("EMBER_CUDA_FUSE");
         int n = 0;
         const cudaError_t e = cudaGetDeviceCount(&n);
         if (e != cudaSuccess || n == 0) {
@@ -268,7 +279,7 @@ public:
         if (n_tok <= kMaxGemvTokens) {
             // Q, K, V (and gate, up) read the same input back to back: one launch for all.
             PendingGemv& pg = pgemv_;
-            if (pg.count > 0 && pg.count < kMaxGemvBatch && pg.x == x && pg.n_tok == n_tok &&
+            if (fuse_on_ && pg.count > 0 && pg.count < kMaxGemvBatch && pg.x == x && pg.n_tok == n_tok &&
                 pg.w[0].type == w.type && pg.w[0].n_in == w.n_in) {
                 ++epoch_;
                 pg.w[pg.count] = dw;
@@ -339,7 +350,7 @@ public:
         // Decode-sized batches: also emit the q8_1 activations the next GEMV reads.
         int8_t* q = nullptr;
         float2* ds = nullptr;
-        if (n_tok <= kMaxGemvTokens && dim % 32 == 0) {
+        if (fuse_on_ && n_tok <= kMaxGemvTokens && dim % 32 == 0) {
             const size_t total = size_t(n_tok) * dim;
             ensure(xq_, total);
             ensure(xds_, total / 32 * sizeof(float2));
@@ -414,7 +425,7 @@ public:
     void swiglu(const float* gate, const float* up, int64_t n, float* out) override {
         flush();
         ++epoch_;
-        if (n_tok_ > 0 && n_tok_ <= kMaxGemvTokens && n % 32 == 0) {   // feeds the down projection's GEMV
+        if (fuse_on_ && n_tok_ > 0 && n_tok_ <= kMaxGemvTokens && n % 32 == 0) {   // feeds the down projection's GEMV
             ensure(xq_, size_t(n));
             ensure(xds_, size_t(n / 32) * sizeof(float2));
             cuda::swiglu_q8(gate, up, n, out, static_cast<int8_t*>(xq_.p), static_cast<float2*>(xds_.p), stream_);
@@ -427,7 +438,10 @@ public:
     void add(float* x, const float* y, int64_t n) override {
         flush();
         ++epoch_;
-        padd_ = PendingAdd{x, y, n};
+        if (fuse_on_)
+            padd_ = PendingAdd{x, y, n};
+        else
+            cuda::add(x, y, n, stream_);
     }
     void add_bias(float* x, const float* bias, int32_t n_tok, int32_t dim) override {
         flush();
@@ -441,7 +455,7 @@ public:
     bool step_begin(uint64_t key) override {
         flush();
         if (capturing_) abort_capture();
-        if (n_tok_ > kMaxGemvTokens || n_tok_ <= 0) return false;
+        if (!graphs_on_ || n_tok_ > kMaxGemvTokens || n_tok_ <= 0) return false;
         const uint64_t full = mix(mix(key, batch_sig_), graph_gen_);
         auto it = graphs_.find(full);
         if (it != graphs_.end()) {
@@ -586,6 +600,7 @@ private:
     std::unordered_set<uint64_t> seen_;
     uint64_t graph_gen_ = 0, capture_key_ = 0, capture_gen_ = 0;
     bool capturing_ = false;
+    bool graphs_on_ = true, fuse_on_ = true;
 };
 
 }  // namespace

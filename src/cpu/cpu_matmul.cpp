@@ -1,9 +1,11 @@
 // Quantized matmul on the CPU: activations are quantized once to the weight type's vec_dot
-// format, then each thread takes chunks of weight rows and dots every token against each row
-// (a row stays in cache while all tokens pass over it).
+// format, then each thread takes chunks of weight rows. A batch goes through the tiled kernel
+// that matches vec_dot bit for bit where there is one (cpu/gemm.h); otherwise, and for a
+// single token, every token is dotted against each row (a row stays in cache meanwhile).
 #include <algorithm>
 
 #include "cpu/cpu_backend.h"
+#include "cpu/gemm.h"
 #include "quant/activation.h"
 
 namespace ember {
@@ -21,6 +23,16 @@ void CpuBackend::matmul(const Weight& w, const float* x, int32_t n_tok, float* y
     const auto* wdata = static_cast<const uint8_t*>(w.data);
     const VecDotFn dot = tr.vec_dot;
     const int64_t n_out = w.n_out, n_in = w.n_in;
+    if (n_tok > 1) {
+        if (const GemmFn gemm = gemm_avx512_for(dot)) {
+            // About eight chunks of whole row tiles (even sizes): the kernel prepares each token
+            // tile's scales once per chunk, so fewer, larger chunks waste less.
+            pool_.parallel_for(n_out, std::max<int64_t>(16, (n_out / 8 + 15) / 16 * 16), [&](int64_t b, int64_t e) {
+                gemm(n_in, wdata, w_row, xq, x_row, n_tok, b, e, y, n_out);
+            });
+            return;
+        }
+    }
     // About eight chunks per matmul: each hand-out costs a cache-line round trip between cores,
     // which at 16-row chunks cost a third of decode time on 2 threads; eight still rebalance
     // when one thread is late.

@@ -1,0 +1,258 @@
+// AVX-512 VNNI tiles of 2 weight rows x 4 tokens for Q4_0, Q4_1 and Q8_0 weights. Each output
+// keeps its own accumulators and repeats vec_dot_avx512.cpp's dot_legacy float operations
+// lane for lane (same products, FMAs, adds and reductions), so it is bit-identical to it.
+#include <immintrin.h>
+
+// GCC 12's AVX-512 headers trip -W(maybe-)uninitialized on _mm512_undefined_*() (see
+// vec_dot_avx512.cpp).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+#include <algorithm>
+#include <vector>
+
+#include "cpu/gemm.h"
+#include "quant/blocks.h"
+#include "quant/kernels.h"
+
+namespace ember {
+namespace {
+
+constexpr int R = 2, C = 4;   // weight rows x tokens per tile: 16 zmm accumulators
+
+enum class Kind { q4_0, q4_1, q8_0 };
+
+template <Kind K> struct Blocks;
+template <> struct Blocks<Kind::q4_0> { using W = BlockQ4_0; using X = BlockQ8_0; };
+template <> struct Blocks<Kind::q4_1> { using W = BlockQ4_1; using X = BlockQ8_1; };
+template <> struct Blocks<Kind::q8_0> { using W = BlockQ8_0; using X = BlockQ8_0; };
+
+inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
+inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+inline __m128i load128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
+inline __m512i join(__m256i lo, __m256i hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+// Integer lane sums need only be exact, not computed as vec_dot does: every operand here is
+// made unsigned (Q4 nibbles as they are, Q8_0 bytes + 128) and the offset comes back through
+// a per-token correction sum(off * x) that is shared by all rows of the tile.
+template <Kind K> constexpr int offset() { return K == Kind::q4_0 ? 8 : K == Kind::q8_0 ? 128 : 0; }
+
+// Weight bytes of blocks b and b + 1 in the activation pair layout (32 bytes per block).
+template <Kind K, class W>
+inline __m512i weight_pair(const W* b) {
+    if constexpr (K == Kind::q8_0) {
+        return _mm512_xor_si512(join(load256(b[0].qs), load256(b[1].qs)), _mm512_set1_epi8(char(0x80)));
+    } else {
+        // 128-bit lanes: qs0, qs0 >> 4, qs1, qs1 >> 4, each masked to nibbles
+        const __m512i q = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(load128(b[0].qs)), 0xFF00,
+                                                      load128(b[1].qs));
+        return _mm512_and_si512(_mm512_mask_srli_epi16(q, 0xFF00FF00u, q, 4), _mm512_set1_epi8(0x0F));
+    }
+}
+
+template <Kind K, class W>
+inline __m256i weight_one(const W& b) {
+    if constexpr (K == Kind::q8_0) return _mm256_xor_si256(load256(b.qs), _mm256_set1_epi8(char(0x80)));
+    const __m128i q = load128(b.qs);
+    const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+}
+
+// The fp16 words of up to 4 consecutive block heads (bytes past n_blk blocks read as 0; the
+// masked loads never touch them, so the last row of a mapping is safe).
+template <class W>
+inline __m512i head_words(const W* w, int n_blk, __m512i idx) {
+    constexpr int bs = sizeof(W);
+    const int bytes = n_blk * bs;
+    const __mmask64 m0 = bytes >= 64 ? ~__mmask64(0) : (__mmask64(1) << bytes) - 1;
+    const __m512i lo = _mm512_maskz_loadu_epi8(m0, w);
+    if constexpr (3 * bs + 4 <= 64) {
+        return _mm512_permutexvar_epi16(idx, lo);
+    } else {
+        const int rest = std::max(0, bytes - 64);
+        const __mmask64 m1 = rest >= 64 ? ~__mmask64(0) : (__mmask64(1) << rest) - 1;
+        const __m512i hi = _mm512_maskz_loadu_epi8(m1, reinterpret_cast<const uint8_t*>(w) + 64);
+        return _mm512_permutex2var_epi16(lo, idx, hi);
+    }
+}
+
+// Word indices: d of block l / 8 in word l (two pairs of 16 lanes), and m of block l % 4.
+template <class W>
+inline __m512i d_index() {
+    alignas(64) int16_t idx[32];
+    for (int l = 0; l < 32; ++l) idx[l] = int16_t((l / 8) * int(sizeof(W)) / 2);
+    return _mm512_load_si512(idx);
+}
+template <class W>
+inline __m512i m_index() {
+    alignas(64) int16_t idx[32];
+    for (int l = 0; l < 32; ++l) idx[l] = int16_t((l % 4) * int(sizeof(W)) / 2 + 1);
+    return _mm512_load_si512(idx);
+}
+
+// Per 4-token tile, the activation scales laid out for the inner loop: xe[c][pair][16] holds
+// d of the pair's first block in lanes 0-7 and of its second in lanes 8-15 (as vec_dot's
+// permuted products have them); xs[group][c][4] holds s of blocks 4g..4g+3 (Q8_1).
+template <Kind K>
+void tile_scales(const uint8_t* const* x, int64_t nb, float* xe, float* xs) {
+    using X = typename Blocks<K>::X;
+    const int64_t np = nb / 2, ng = (nb + 3) / 4;
+    for (int c = 0; c < C; ++c) {
+        const X* xb = reinterpret_cast<const X*>(x[c]);
+        for (int64_t p = 0; p < np; ++p) {
+            float* e = xe + (c * np + p) * 16;
+            std::fill(e, e + 8, h2f(xb[2 * p].d));
+            std::fill(e + 8, e + 16, h2f(xb[2 * p + 1].d));
+        }
+        if constexpr (K == Kind::q4_1) {
+            for (int64_t g = 0; g < ng; ++g)
+                for (int j = 0; j < 4; ++j)
+                    xs[(g * C + c) * 4 + j] = 4 * g + j < nb ? h2f(xb[4 * g + j].s) : 0.0f;
+        }
+    }
+}
+
+// Blocks i .. i + 2 * n_pair - 1 of the tile (n_pair 2: a group of 4, 1: a leftover pair).
+// Pair h outermost, so only that pair's row data is live next to the 16 accumulators; forced
+// inline with constant loops so the accumulators stay in registers.
+template <Kind K, int n_pair, class W, class X>
+__attribute__((always_inline)) inline void group(const W* const* w, const X* const* xb, const float* xe,
+                                                 int64_t np, int64_t i, __m512 (&acc)[R][C][2]) {
+    const __m512i zero = _mm512_setzero_si512();
+    __m512i words[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) words[r] = head_words(w[r] + i, 2 * n_pair, d_index<W>());
+#pragma GCC unroll 2
+    for (int h = 0; h < n_pair; ++h) {
+        __m512i wv[R];
+        __m512 wd[R];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+            wv[r] = weight_pair<K>(w[r] + i + 2 * h);
+            wd[r] = _mm512_cvtph_ps(h == 0 ? _mm512_castsi512_si256(words[r]) : _mm512_extracti64x4_epi64(words[r], 1));
+        }
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) {
+            const __m512i xv = join(load256(xb[c][i + 2 * h].qs), load256(xb[c][i + 2 * h + 1].qs));
+            const __m512 xd = _mm512_loadu_ps(xe + (c * np + h) * 16);
+            __m512i base = zero;
+            if constexpr (offset<K>() != 0)
+                base = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(char(offset<K>())), xv));
+#pragma GCC unroll 4
+            for (int r = 0; r < R; ++r) {
+                const __m512i q = _mm512_dpbusd_epi32(base, wv[r], xv);
+                // vec_dot: fma(cvt(q), permuted d_w * d_x, acc); the product is rounded the
+                // same whether formed before or after the permute
+                acc[r][c][h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), _mm512_mul_ps(wd[r], xd), acc[r][c][h]);
+            }
+        }
+    }
+}
+
+// y[c * n_out + r] for the tile's R rows and C tokens.
+template <Kind K>
+void tile(int64_t nb, const uint8_t* const* wrow, const uint8_t* const* x, const float* xe,
+          const float* xs, float* y, int64_t n_out) {
+    using W = typename Blocks<K>::W;
+    using X = typename Blocks<K>::X;
+    constexpr bool has_min = K == Kind::q4_1;
+    const W* w[R];
+    const X* xb[C];
+    for (int r = 0; r < R; ++r) w[r] = reinterpret_cast<const W*>(wrow[r]);
+    for (int c = 0; c < C; ++c) xb[c] = reinterpret_cast<const X*>(x[c]);
+    const int64_t np = nb / 2;
+
+    // Every loop over acc is unrolled: an indexed access anywhere would keep the whole array
+    // in memory, with 16 stores per step.
+    __m512 acc[R][C][2];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) acc[r][c][0] = acc[r][c][1] = _mm512_setzero_ps();
+
+    int64_t i = 0;
+    for (; i + 3 < nb; i += 4) group<K, 2>(w, xb, xe + i * 8, np, i, acc);
+    if (i + 1 < nb) {
+        group<K, 1>(w, xb, xe + i * 8, np, i, acc);
+        i += 2;
+    }
+
+    // vec_dot's accm: lane 4j+1 sums m_w * s_x of blocks j mod 4, one add per group of 4.
+    // Here lanes 4c+j of one register per row hold it for the C tokens. The product must stay
+    // a separate rounding (mul_round is a builtin GCC does not fuse into an FMA).
+    alignas(64) float msum[R][16];
+    if constexpr (has_min) {
+        const __m512i midx = m_index<W>();
+        for (int r = 0; r < R; ++r) {
+            __m512 accm = _mm512_setzero_ps();
+            for (int64_t g = 0; 4 * g < i; ++g) {
+                const int n_blk = int(std::min<int64_t>(4, i - 4 * g));
+                const __m512 mw = _mm512_cvtph_ps(_mm512_castsi512_si256(head_words(w[r] + 4 * g, n_blk, midx)));
+                const __m512 p = _mm512_mul_round_ps(mw, _mm512_loadu_ps(xs + g * C * 4), _MM_FROUND_CUR_DIRECTION);
+                accm = _mm512_add_ps(accm, p);
+            }
+            _mm512_store_ps(msum[r], accm);
+        }
+    }
+
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) {
+            float s = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][c][0], acc[r][c][1]));
+            if constexpr (has_min) {
+                const float* m = msum[r] + 4 * c;
+                s += (m[0] + m[1]) + (m[2] + m[3]);
+            }
+            if (i < nb) {   // a last odd block, as vec_dot's scalar tail
+                const __m256i xv = load256(xb[c][i].qs);
+                __m256i base = _mm256_setzero_si256();
+                if constexpr (offset<K>() != 0)
+                    base = _mm256_sub_epi32(base, _mm256_dpbusd_epi32(base, _mm256_set1_epi8(char(offset<K>())), xv));
+                const __m256i p = _mm256_dpbusd_epi32(base, weight_one<K>(w[r][i]), xv);
+                s += h2f(w[r][i].d) * h2f(xb[c][i].d) * float(_mm512_reduce_add_epi32(_mm512_zextsi256_si512(p)));
+                if constexpr (has_min) s += h2f(w[r][i].m) * h2f(xb[c][i].s);
+            }
+            y[c * n_out + r] = s;
+        }
+    }
+}
+
+template <Kind K>
+void gemm(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* x, size_t x_row, int32_t n_tok,
+          int64_t o_begin, int64_t o_end, float* y, int64_t n_out) {
+    const VecDotFn dot = vec_dot_avx512(K == Kind::q4_0 ? GGMLType::Q4_0 : K == Kind::q4_1 ? GGMLType::Q4_1 : GGMLType::Q8_0);
+    const int64_t nb = n_in / 32;
+    std::vector<float> xe(size_t(C * (nb / 2) * 16)), xs(size_t((nb + 3) / 4 * C * 4));
+    const int64_t o_tiled = o_begin + (o_end - o_begin) / R * R;
+    int32_t t = 0;
+    // Token tiles outside: the tile's activations stay in L1 while the chunk's rows pass.
+    for (; t + C <= n_tok; t += C) {
+        const uint8_t* xt[C];
+        for (int c = 0; c < C; ++c) xt[c] = x + (t + c) * x_row;
+        tile_scales<K>(xt, nb, xe.data(), xs.data());
+        for (int64_t o = o_begin; o < o_tiled; o += R) {
+            const uint8_t* wr[R];
+            for (int r = 0; r < R; ++r) wr[r] = w + (o + r) * w_row;
+            tile<K>(nb, wr, xt, xe.data(), xs.data(), y + int64_t(t) * n_out + o, n_out);
+        }
+        for (int64_t o = o_tiled; o < o_end; ++o)
+            for (int c = 0; c < C; ++c) y[int64_t(t + c) * n_out + o] = dot(n_in, w + o * w_row, xt[c]);
+    }
+    for (; t < n_tok; ++t)
+        for (int64_t o = o_begin; o < o_end; ++o) y[int64_t(t) * n_out + o] = dot(n_in, w + o * w_row, x + t * x_row);
+}
+
+}  // namespace
+
+GemmFn gemm_avx512_for(VecDotFn dot) {
+    if (!dot) return nullptr;
+    if (dot == vec_dot_avx512(GGMLType::Q4_0)) return gemm<Kind::q4_0>;
+    if (dot == vec_dot_avx512(GGMLType::Q4_1)) return gemm<Kind::q4_1>;
+    if (dot == vec_dot_avx512(GGMLType::Q8_0)) return gemm<Kind::q8_0>;
+    return nullptr;
+}
+
+}  // namespace ember

@@ -1,0 +1,55 @@
+"""CPU batched matmul (tiled kernels, src/cpu/gemm_*.cpp) against per-token matmuls (vec_dot):
+every output must be bit-identical, since greedy outputs are checked against llama.cpp."""
+import gguf
+import numpy as np
+import pytest
+
+from ember import _ember
+
+# The tiled types first; the rest pin down that the fallback loop stays exact too.
+TYPES = ["Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q4_K", "Q6_K", "F16"]
+# Row lengths give every remainder of blocks of 32 modulo 4 (the kernels step 4 blocks at a
+# time, then a pair, then a single block); 256-multiples also cover the K-quants.
+N_IN = [1536, 576, 96, 160, 32]
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    return _ember.Backend("cpu", 2)
+
+
+def per_token(cpu, type_id, wq, n_in, x):
+    return np.concatenate([cpu.matmul(type_id, wq, n_in, x[t:t + 1]) for t in range(len(x))])
+
+
+@pytest.mark.parametrize("name", TYPES)
+@pytest.mark.parametrize("n_in", N_IN)
+def test_batched_matmul_is_bit_identical_to_per_token(cpu, name, n_in):
+    qtype = gguf.GGMLQuantizationType[name]
+    block = 256 if name.endswith("_K") else 32
+    if n_in % block:
+        pytest.skip(f"{name} needs rows of whole {block}-blocks")
+    rng = np.random.default_rng()
+    n_out = 37   # not a whole number of row tiles nor of thread chunks
+    w = rng.standard_normal((n_out, n_in)).astype(np.float32)
+    wq = _ember.quantize(int(qtype), w.ravel()).reshape(n_out, -1)
+    for n_tok in [1, 2, 5, 16, 33]:
+        # per-token scales spread over decades, as hidden states are
+        x = (rng.standard_normal((n_tok, n_in)) * 10.0 ** rng.uniform(-2, 2, (n_tok, 1))).astype(np.float32)
+        got = cpu.matmul(int(qtype), wq, n_in, x)
+        want = per_token(cpu, int(qtype), wq, n_in, x)
+        assert got.shape == (n_tok, n_out)
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32),
+                                      err_msg=f"{name} n_in={n_in} n_tok={n_tok}")
+
+
+def test_large_batch_spans_thread_chunks(cpu):
+    """A model-sized shape: many row chunks over both threads, a tile remainder of tokens."""
+    rng = np.random.default_rng()
+    qtype = gguf.GGMLQuantizationType.Q4_1
+    n_in, n_out, n_tok = 576, 1536, 67
+    wq = _ember.quantize(int(qtype), rng.standard_normal(n_out * n_in).astype(np.float32)).reshape(n_out, -1)
+    x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+    got = cpu.matmul(int(qtype), wq, n_in, x)
+    want = per_token(cpu, int(qtype), wq, n_in, x)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
