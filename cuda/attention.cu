@@ -4,7 +4,8 @@
 // (flash-decoding: long contexts are split so a single token still fills the GPU). Keys are
 // streamed once with an online softmax; no score matrix is kept. Per key a group of TPK
 // lanes holds 8 dims each (16-byte loads of K and V). Splits > 1 write unnormalized partials
-// merged by attention_combine_kernel.
+// that the last CTA to finish merges. Q and the probabilities are rounded to f16 as in
+// llama.cpp's attention, so greedy decoding follows the reference closely.
 #include "common.cuh"
 #include "kernels.h"
 
@@ -79,7 +80,10 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(Attention
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             acc[i][j] = 0.f;
-            q[i][j] = (lim[i] >= 0 && dim_ok) ? a.q[int64_t(tok[i]) * q_dim + head[i] * hd + 8 * c + j] * qscale : 0.f;
+            // q rounded to f16 first, as llama.cpp's f16 K.Q dot does: keeps greedy decoding in step.
+            q[i][j] = (lim[i] >= 0 && dim_ok)
+                          ? __half2float(__float2half_rn(a.q[int64_t(tok[i]) * q_dim + head[i] * hd + 8 * c + j])) * qscale
+                          : 0.f;
         }
     }
 
@@ -124,9 +128,10 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(Attention
                 if (k < k1 && k <= lim[i]) {
                     const float mn = fmaxf(m[i], s[i]);
                     const float corr = exp2f(m[i] - mn), p = exp2f(s[i] - mn);
+                    const float ph = __half2float(__float2half_rn(p));   // f16 probabilities times f16 V
                     l[i] = l[i] * corr + p;
 #pragma unroll
-                    for (int j = 0; j < 8; ++j) acc[i][j] = acc[i][j] * corr + p * vf[j];
+                    for (int j = 0; j < 8; ++j) acc[i][j] = acc[i][j] * corr + ph * vf[j];
                     m[i] = mn;
                 }
             }
@@ -159,43 +164,58 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(Attention
         }
     }
     __syncthreads();
-    if (warp != 0 || grp != 0 || !dim_ok) return;
+    if (warp == 0 && grp == 0 && dim_ok) {
 #pragma unroll
-    for (int i = 0; i < M; ++i) {
-        if (lim[i] < 0) continue;
-        for (int w = 1; w < kAttnWarps; ++w) merge_state(m[i], l[i], acc[i], sm_m[w][i], sm_l[w][i], &sm_acc[w][i][8 * c]);
-        if (a.n_split == 1) {
-            const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
-            float* o = a.out + int64_t(tok[i]) * q_dim + head[i] * hd + 8 * c;
+        for (int i = 0; i < M; ++i) {
+            if (lim[i] < 0) continue;
+            for (int w = 1; w < kAttnWarps; ++w)
+                merge_state(m[i], l[i], acc[i], sm_m[w][i], sm_l[w][i], &sm_acc[w][i][8 * c]);
+            if (a.n_split == 1) {
+                const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
+                float* o = a.out + int64_t(tok[i]) * q_dim + head[i] * hd + 8 * c;
 #pragma unroll
-            for (int j = 0; j < 8; ++j) o[j] = acc[i][j] * inv;
-        } else {
-            const int64_t slot = (int64_t(split) * a.n_tok + tok[i]) * a.n_head + head[i];
-            float* o = a.part_acc + slot * hd + 8 * c;
+                for (int j = 0; j < 8; ++j) o[j] = acc[i][j] * inv;
+            } else {
+                const int64_t slot = (int64_t(split) * a.n_tok + tok[i]) * a.n_head + head[i];
+                float* o = a.part_acc + slot * hd + 8 * c;
 #pragma unroll
-            for (int j = 0; j < 8; ++j) o[j] = acc[i][j];
-            if (c == 0) a.part_ml[slot] = make_float2(m[i], l[i]);
+                for (int j = 0; j < 8; ++j) o[j] = acc[i][j];
+                if (c == 0) a.part_ml[slot] = make_float2(m[i], l[i]);
+            }
         }
     }
-}
+    if (a.n_split == 1) return;
 
-// One block per (token, head), one thread per dim: out = sum_s acc_s 2^(m_s - M) / sum_s l_s 2^(m_s - M).
-__global__ void attention_combine_kernel(const float* __restrict__ part_acc, const float2* __restrict__ part_ml,
-                                         int32_t n_split, int32_t n_tok, int32_t n_head, int32_t hd,
-                                         float* __restrict__ out) {
-    const int64_t th = blockIdx.x;   // token * n_head + head
-    const int64_t stride = int64_t(n_tok) * n_head;
-    float mx = -INFINITY;
-    for (int s = 0; s < n_split; ++s) mx = fmaxf(mx, part_ml[s * stride + th].x);
-    float L = 0.f, o = 0.f;
-    for (int s = 0; s < n_split; ++s) {
-        const float2 ml = part_ml[s * stride + th];
-        if (ml.x == -INFINITY) continue;
-        const float w = exp2f(ml.x - mx);
-        L += ml.y * w;
-        o += part_acc[(s * stride + th) * hd + threadIdx.x] * w;
+    // The last CTA of this (tile, head chunk) to finish merges the splits' partials (no second
+    // launch); it also resets the counter for the next launch or graph replay.
+    __shared__ int is_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int* ctr = a.split_counter + blockIdx.x * gridDim.y + blockIdx.y;
+        is_last = atomicAdd(ctr, 1) == a.n_split - 1;
+        if (is_last) *ctr = 0;
     }
-    out[th * hd + threadIdx.x] = L > 0.f ? o / L : 0.f;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    const int64_t stride = int64_t(a.n_tok) * a.n_head;
+    for (int e = threadIdx.x; e < M * hd; e += blockDim.x) {
+        const int i = e / hd, d = e % hd, ti = i / HC, hi = i % HC;
+        if (!(i < HC * a.tile_len && ti < tile.count && hc * HC + hi < n_rep)) continue;
+        const int64_t th = int64_t(tile.first + ti) * a.n_head + kvh * n_rep + hc * HC + hi;
+        float mx = -INFINITY;
+        for (int sp = 0; sp < a.n_split; ++sp) mx = fmaxf(mx, __ldcg(&a.part_ml[sp * stride + th]).x);
+        float L = 0.f, o = 0.f;
+        for (int sp = 0; sp < a.n_split; ++sp) {
+            const float2 ml = __ldcg(&a.part_ml[sp * stride + th]);
+            if (ml.x == -INFINITY) continue;
+            const float w = exp2f(ml.x - mx);
+            L += ml.y * w;
+            o += __ldcg(&a.part_acc[(sp * stride + th) * hd + d]) * w;
+        }
+        a.out[th * hd + d] = L > 0.f ? o / L : 0.f;
+    }
 }
 
 }  // namespace
@@ -222,11 +242,6 @@ void attention(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s) {
     else
         fail("cuda attention: ", pairs, " query heads per CTA exceeds 8");
     EMBER_CUDA_LAUNCHED("attention");
-    if (a.n_split > 1) {
-        attention_combine_kernel<<<unsigned(a.n_tok * a.n_head), unsigned(a.head_dim), 0, s>>>(
-            a.part_acc, a.part_ml, a.n_split, a.n_tok, a.n_head, a.head_dim, a.out);
-        EMBER_CUDA_LAUNCHED("attention_combine");
-    }
 }
 
 }  // namespace cuda

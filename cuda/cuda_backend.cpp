@@ -40,7 +40,7 @@ namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 constexpr int kKeysPerSplit = 64;      // flash-decoding: one split per this many keys
-constexpr int kTargetAttnCtas = 2048;  // split only while the grid is smaller than this
+constexpr int kTargetAttnCtas = 1024;  // split only while the grid is smaller than this
 constexpr int kNumTileLens = 5;
 constexpr int kBatchHeadWords = 2 + 2 * kNumTileLens;   // int32 words per token slot before the block table
 constexpr int kTileLens[kNumTileLens] = {1, 2, 4, 8, kMmaTileLen};   // attention tile lists kept per batch
@@ -104,7 +104,7 @@ public:
         for (auto& g : graphs_) cudaGraphExecDestroy(g.second);
         if (cublas_) cublasDestroy(cublas_);
         for (void* p : owned_) cudaFree(p);
-        for (Scratch* s : {&xq_, &xds_, &xh_, &wh_, &batch_dev_, &part_acc_, &part_ml_}) cudaFree(s->p);
+        for (Scratch* s : {&xq_, &xds_, &xh_, &wh_, &batch_dev_, &part_acc_, &part_ml_, &split_ctr_}) cudaFree(s->p);
         cudaFree(cublas_ws_);
         if (staging_) cudaFreeHost(staging_);
         cudaEventDestroy(staging_done_);
@@ -419,6 +419,10 @@ public:
             ensure(part_ml_, slots * sizeof(float2));
             a.part_acc = static_cast<float*>(part_acc_.p);
             a.part_ml = static_cast<float2*>(part_ml_.p);
+            const size_t n_ctr = size_t(a.n_tiles) * shape.n_head_kv * n_hchunks;
+            if (ensure(split_ctr_, n_ctr * sizeof(int32_t)))   // counters start at zero, kernels reset them
+                EMBER_CUDA_CHECK(cudaMemsetAsync(split_ctr_.p, 0, split_ctr_.cap, stream_));
+            a.split_counter = static_cast<int32_t*>(split_ctr_.p);
         }
         cuda::attention(a, dbatch_, stream_);
     }
@@ -535,8 +539,9 @@ private:
     };
     static constexpr size_t kCublasWorkspace = size_t(32) << 20;
 
-    void ensure(Scratch& s, size_t bytes) {
-        if (bytes <= s.cap) return;
+    // Grows s to hold bytes; true when it (re)allocated.
+    bool ensure(Scratch& s, size_t bytes) {
+        if (bytes <= s.cap) return false;
         if (capturing_) fail("cuda: scratch buffer must grow to ", bytes, " bytes inside a captured step");
         if (s.p) {
             EMBER_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -548,6 +553,7 @@ private:
         s.p = alloc(cap);
         s.cap = cap;
         invalidate_graphs();
+        return true;
     }
     void invalidate_graphs() {
         ++graph_gen_;
@@ -574,7 +580,7 @@ private:
     cublasHandle_t cublas_ = nullptr;
     void* cublas_ws_ = nullptr;
     std::vector<void*> owned_;
-    Scratch xq_, xds_, xh_, wh_, batch_dev_, part_acc_, part_ml_;
+    Scratch xq_, xds_, xh_, wh_, batch_dev_, part_acc_, part_ml_, split_ctr_;
 
     // batch mirror
     void* staging_ = nullptr;

@@ -80,6 +80,7 @@ struct AttentionArgs {
     int32_t n_split;              // key range split into this many parts (flash-decoding)
     float* part_acc;              // [n_split][n_tok][n_head][head_dim] when n_split > 1
     float2* part_ml;              // [n_split][n_tok][n_head] (running max, sum of exp)
+    int32_t* split_counter;       // [n_tiles][grid.y] zeros: CTAs done per (tile, head chunk)
 };
 void attention(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s);
 // Prompt batches on tensor cores: tiles of kMmaTileLen tokens (a.tiles / a.n_tiles), one q head

@@ -1,41 +1,43 @@
-// Paged attention on the CPU. KV rows live in blocks of block_size tokens; each (token, head)
-// pair walks its sequence's block table up to its own position (causal).
-// f16 KV follows llama.cpp's CPU attention precision (the reference our outputs are checked
-// against): q is rounded to f16 for the q.k dot with f16 keys, the softmax runs in f32, and the
-// probabilities are rounded to f16 before the dot with f16 values (f32 accumulation).
+// Paged attention on the CPU. KV rows live in blocks of block_size tokens; each token attends to
+// positions 0..pos of its sequence (causal), walking the sequence's block table.
+//
+// Work unit: (sequence, kv head, run of up to 32 of its tokens). A unit first gathers the
+// positions it needs from the paged cache into f32 scratch -- keys transposed in groups of 16
+// positions so that 16 q.k dots advance side by side in SIMD lanes, values row-major -- and then
+// serves every query head that reads this kv head (GQA) for each of its tokens.
+//
+// Precision: f16 KV follows llama.cpp's CPU attention (our outputs are checked against it token
+// by token): q rounded to f16 for the q.k dot, softmax in f32, probabilities rounded to f16 before
+// the dot with the values. Each dot is a sequential sum over the head dimension and each output
+// element a sequential sum over positions, exactly as a scalar loop would do it: a reordered sum
+// flips 8-bit activation rounding downstream and costs agreement with llama.cpp.
 // f32 KV keeps everything in f32 (exact comparisons with other implementations).
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "cpu/cpu_backend.h"
-#include "cpu/f16_ops.h"
 #include "quant/half.h"
 
 namespace ember {
 
 namespace {
 
+constexpr int kLanes = 16;          // positions per transposed key group
+constexpr int kTokensPerUnit = 32;
+
 struct F16Kv {
     using elem = uint16_t;
     static elem store(float x) { return float_to_half(x); }
+    static float load(elem x) { return half_to_float(x); }
     static float operand(float x) { return half_to_float(float_to_half(x)); }   // rounded like the kv
-    static float dot(const float* a, const elem* b, int n) { return f16_dot(a, b, n); }
-    static void axpy(float w, const elem* x, float* y, int n) { f16_axpy(w, x, y, n); }
 };
 
 struct F32Kv {
     using elem = float;
     static elem store(float x) { return x; }
+    static float load(elem x) { return x; }
     static float operand(float x) { return x; }
-    static float dot(const float* a, const elem* b, int n) {
-        float d = 0.f;
-        for (int i = 0; i < n; ++i) d += a[i] * b[i];
-        return d;
-    }
-    static void axpy(float w, const elem* x, float* y, int n) {
-        for (int i = 0; i < n; ++i) y[i] += w * x[i];
-    }
 };
 
 template <class Kv>
@@ -59,41 +61,84 @@ void store_rows(const BatchInfo& batch, KVLayer& kv, const float* k, const float
     }
 }
 
+struct Unit {
+    int32_t seq, kv_head;
+    const int32_t* tokens;   // token indices of the batch, all in `seq`
+    int32_t n_tokens;
+};
+
+// Per-thread scratch: keys [n_pos/16][D][16], values [n_pos][D], q, scores.
+struct Scratch {
+    std::vector<float> kt, vf, q, prob;
+};
+
 template <class Kv>
-void attend(ThreadPool& pool, const BatchInfo& batch, const KVLayer& kv, const float* q, int32_t n_tok,
-            const AttentionShape& s, float* out) {
-    const int32_t group = s.n_head / s.n_head_kv;
-    const int64_t q_width = (int64_t)s.n_head * s.head_dim;
-    const int32_t D = s.head_dim;
-    pool.parallel_for((int64_t)n_tok * s.n_head, 1, [&](int64_t b, int64_t e) {
-        std::vector<float> qh(D), prob;
-        for (int64_t th = b; th < e; ++th) {
-            const int32_t t = (int32_t)(th / s.n_head), h = (int32_t)(th % s.n_head);
-            const int64_t kv_off = (int64_t)(h / group) * D;
-            const int32_t n_pos = batch.pos[t] + 1;
-            const int32_t* table = &batch.block_table[(int64_t)batch.seq[t] * batch.max_blocks];
-            for (int32_t i = 0; i < D; ++i) qh[i] = Kv::operand(q[t * q_width + (int64_t)h * D + i]);
-            prob.resize(n_pos);
-            float m = -INFINITY;
-            for (int32_t p = 0; p < n_pos; ++p) {
-                const auto* kr = kv_row<Kv>(kv, kv.k, table[p / kv.block_size], p % kv.block_size) + kv_off;
-                prob[p] = Kv::dot(qh.data(), kr, D) * s.scale;
-                m = std::max(m, prob[p]);
+void attend_unit(const BatchInfo& batch, const KVLayer& kv, const float* q, const AttentionShape& s,
+                 const Unit& u, Scratch& sc, float* out) {
+    const int32_t D = s.head_dim, group = s.n_head / s.n_head_kv;
+    const int64_t q_width = (int64_t)s.n_head * D;
+    const int32_t* table = &batch.block_table[(int64_t)u.seq * batch.max_blocks];
+    int32_t n_pos = 0;
+    for (int32_t j = 0; j < u.n_tokens; ++j) n_pos = std::max(n_pos, batch.pos[u.tokens[j]] + 1);
+    const int32_t n_groups = (n_pos + kLanes - 1) / kLanes;
+    sc.kt.assign((size_t)n_groups * D * kLanes, 0.f);
+    sc.vf.resize((size_t)n_pos * D);
+    for (int32_t p = 0; p < n_pos; ++p) {
+        const int32_t blk = table[p / kv.block_size], slot = p % kv.block_size;
+        const auto* kr = kv_row<Kv>(kv, kv.k, blk, slot) + (int64_t)u.kv_head * D;
+        const auto* vr = kv_row<Kv>(kv, kv.v, blk, slot) + (int64_t)u.kv_head * D;
+        float* kt = &sc.kt[(size_t)(p / kLanes) * D * kLanes + p % kLanes];
+        for (int32_t i = 0; i < D; ++i) kt[(size_t)i * kLanes] = Kv::load(kr[i]);
+        for (int32_t i = 0; i < D; ++i) sc.vf[(size_t)p * D + i] = Kv::load(vr[i]);
+    }
+    sc.q.resize(D);
+    sc.prob.resize((size_t)n_groups * kLanes);
+    for (int32_t j = 0; j < u.n_tokens; ++j) {
+        const int32_t t = u.tokens[j];
+        const int32_t len = batch.pos[t] + 1;
+        for (int32_t h = u.kv_head * group; h < (u.kv_head + 1) * group; ++h) {
+            for (int32_t i = 0; i < D; ++i) sc.q[i] = Kv::operand(q[t * q_width + (int64_t)h * D + i]);
+            // 16 dots at once, each a sequential sum over i (lanes are positions).
+            for (int32_t g = 0; g < (len + kLanes - 1) / kLanes; ++g) {
+                float acc[kLanes] = {};
+                const float* kt = &sc.kt[(size_t)g * D * kLanes];
+                for (int32_t i = 0; i < D; ++i)
+                    for (int l = 0; l < kLanes; ++l) acc[l] += sc.q[i] * kt[(size_t)i * kLanes + l];
+                for (int l = 0; l < kLanes; ++l) sc.prob[g * kLanes + l] = acc[l] * s.scale;
             }
+            float m = -INFINITY;
+            for (int32_t p = 0; p < len; ++p) m = std::max(m, sc.prob[p]);
             double sum = 0.0;
-            for (int32_t p = 0; p < n_pos; ++p) {
-                prob[p] = std::exp(prob[p] - m);
-                sum += prob[p];
+            for (int32_t p = 0; p < len; ++p) {
+                sc.prob[p] = std::exp(sc.prob[p] - m);
+                sum += sc.prob[p];
             }
             const float inv = (float)(1.0 / sum);
             float* o = out + t * q_width + (int64_t)h * D;
             std::fill(o, o + D, 0.f);
-            for (int32_t p = 0; p < n_pos; ++p) {
-                const float w = Kv::operand(prob[p] * inv);
-                const auto* vr = kv_row<Kv>(kv, kv.v, table[p / kv.block_size], p % kv.block_size) + kv_off;
-                Kv::axpy(w, vr, o, D);
+            for (int32_t p = 0; p < len; ++p) {
+                const float w = Kv::operand(sc.prob[p] * inv);
+                const float* vr = &sc.vf[(size_t)p * D];
+                for (int32_t i = 0; i < D; ++i) o[i] += w * vr[i];
             }
         }
+    }
+}
+
+template <class Kv>
+void attend(ThreadPool& pool, const BatchInfo& batch, const KVLayer& kv, const float* q, int32_t n_tok,
+            const AttentionShape& s, float* out) {
+    std::vector<std::vector<int32_t>> by_seq(batch.n_seq);
+    for (int32_t t = 0; t < n_tok; ++t) by_seq[batch.seq[t]].push_back(t);
+    std::vector<Unit> units;
+    for (int32_t sq = 0; sq < batch.n_seq; ++sq)
+        for (int32_t kvh = 0; kvh < s.n_head_kv; ++kvh)
+            for (size_t j = 0; j < by_seq[sq].size(); j += kTokensPerUnit)
+                units.push_back({sq, kvh, by_seq[sq].data() + j,
+                                 (int32_t)std::min<size_t>(kTokensPerUnit, by_seq[sq].size() - j)});
+    pool.parallel_for((int64_t)units.size(), 1, [&](int64_t b, int64_t e) {
+        thread_local Scratch sc;
+        for (int64_t i = b; i < e; ++i) attend_unit<Kv>(batch, kv, q, s, units[i], sc, out);
     });
 }
 
