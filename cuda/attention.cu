@@ -8,6 +8,7 @@
 // llama.cpp's attention, so greedy decoding follows the reference closely.
 #include "common.cuh"
 #include "kernels.h"
+#include "launch.h"
 
 namespace ember {
 namespace cuda {
@@ -41,6 +42,7 @@ __device__ __forceinline__ void merge_state(float& m, float& l, float* a, float 
 
 template <int M>
 __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(AttentionArgs a, DeviceBatch b) {
+    pdl_wait();
     const AttnTile tile = a.tiles[blockIdx.x];
     const int n_rep = a.n_head / a.n_head_kv;
     const int HC = a.heads_per_cta;
@@ -232,13 +234,13 @@ void attention(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s) {
     const dim3 grid(unsigned(a.n_tiles), unsigned(a.n_head_kv * n_hchunks), unsigned(a.n_split));
     const dim3 block(kAttnWarps * kWarp);
     if (pairs <= 1)
-        attention_kernel<1><<<grid, block, 0, s>>>(a, b);
+        launch_pdl(attention_kernel<1>, grid, block, s, a, b);
     else if (pairs <= 2)
-        attention_kernel<2><<<grid, block, 0, s>>>(a, b);
+        launch_pdl(attention_kernel<2>, grid, block, s, a, b);
     else if (pairs <= 4)
-        attention_kernel<4><<<grid, block, 0, s>>>(a, b);
+        launch_pdl(attention_kernel<4>, grid, block, s, a, b);
     else if (pairs <= 8)
-        attention_kernel<8><<<grid, block, 0, s>>>(a, b);
+        launch_pdl(attention_kernel<8>, grid, block, s, a, b);
     else
         fail("cuda attention: ", pairs, " query heads per CTA exceeds 8");
     EMBER_CUDA_LAUNCHED("attention");

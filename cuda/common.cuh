@@ -15,6 +15,14 @@ namespace cuda {
 
 constexpr int kWarp = 32;
 
+// Programmatic dependent launch: wait until the previous kernel's results are visible. Every
+// kernel started with launch_pdl calls this before its first access to activations.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -49,13 +57,13 @@ __device__ __forceinline__ int spread4_bit4(uint32_t n) {
 }
 
 // Quantizes one 32-value block held one value per lane of a warp to q8_1 (q: the block's 32
-// int8, ds: its (d, d * sum q)). Rounding as ggml's quantize_row_q8_1 (x * (1/d), half away
-// from zero; fp16 scales), so dot products round as the reference CPU ones do.
+// int8, ds: its (d, d * sum q)). Rounding as ggml's x86 quantize_row_q8_1 (x * (127 / amax),
+// to nearest even; fp16 scales), so dot products round as the reference CPU ones do.
 __device__ __forceinline__ void q8_1_block(float v, int lane, int8_t* q, float2* ds) {
     const float amax = warp_max(fabsf(v));
     const float d = amax / 127.f;
-    const float id = d != 0.f ? 1.f / d : 0.f;
-    const int qi = int(roundf(v * id));
+    const float id = amax != 0.f ? 127.f / amax : 0.f;
+    const int qi = __float2int_rn(v * id);
     q[lane] = int8_t(qi);
     const int sum = warp_sum_int(qi);
     if (lane == 0) *ds = make_float2(__half2float(__float2half_rn(d)), __half2float(__float2half_rn(d * float(sum))));

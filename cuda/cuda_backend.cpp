@@ -14,12 +14,18 @@
 
 #include "cuda_check.h"
 #include "kernels.h"
+#include "launch.h"
 #include "model/backend.h"
 #include "weight_pack.h"
 
 namespace ember {
 
 namespace cuda {
+
+bool& pdl_enabled() {
+    static bool on = false;
+    return on;
+}
 
 void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line) {
     cudaGetLastError();   // clear a sticky launch error so the next call starts clean
@@ -89,6 +95,9 @@ public:
         }
         if (device < 0 || device >= n) fail("cuda: device ", device, " does not exist (", n, " present)");
         EMBER_CUDA_CHECK(cudaSetDevice(device_));
+        int major = 0;
+        EMBER_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_));
+        pdl_enabled() = major >= 9 && env_flag("EMBER_CUDA_PDL");
         EMBER_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
         EMBER_CUDA_CHECK(cudaEventCreateWithFlags(&staging_done_, cudaEventDisableTiming));
         EMBER_CUBLAS_CHECK(cublasCreate(&cublas_));

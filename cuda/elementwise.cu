@@ -2,6 +2,7 @@
 // (float K/V rows -> f16 cache slots addressed through the block table).
 #include "common.cuh"
 #include "kernels.h"
+#include "launch.h"
 
 namespace ember {
 namespace cuda {
@@ -14,6 +15,7 @@ unsigned grid_for(int64_t n) {
 }
 
 __global__ void swiglu_kernel(const float* __restrict__ g, const float* __restrict__ u, int64_t n, float* __restrict__ o) {
+    pdl_wait();
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
         const float a = g[i];
         o[i] = a / (1.f + expf(-a)) * u[i];
@@ -23,6 +25,7 @@ __global__ void swiglu_kernel(const float* __restrict__ g, const float* __restri
 // swiglu whose output also goes out as q8_1 blocks (n % 32 == 0), one warp per block.
 __global__ void swiglu_q8_kernel(const float* __restrict__ g, const float* __restrict__ u, int64_t n_blocks,
                                  float* __restrict__ o, int8_t* __restrict__ q, float2* __restrict__ ds) {
+    pdl_wait();
     const int64_t blk = int64_t(blockIdx.x) * (blockDim.x / kWarp) + (threadIdx.x >> 5);
     if (blk >= n_blocks) return;
     const int lane = threadIdx.x & 31;
@@ -34,11 +37,13 @@ __global__ void swiglu_q8_kernel(const float* __restrict__ g, const float* __res
 }
 
 __global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, int64_t n) {
+    pdl_wait();
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
         x[i] += y[i];
 }
 
 __global__ void add_bias_kernel(float* __restrict__ x, const float* __restrict__ b, int64_t n, int32_t dim) {
+    pdl_wait();
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
         x[i] += b[i % dim];
 }
@@ -47,6 +52,7 @@ __global__ void add_bias_kernel(float* __restrict__ x, const float* __restrict__
 // block_table[seq][pos / block_size], layout [n_blocks][block_size][kv_dim].
 __global__ void kv_store_kernel(__half* __restrict__ kc, __half* __restrict__ vc, int32_t block_size, int32_t kv_dim,
                                 const float* __restrict__ k, const float* __restrict__ v, DeviceBatch b) {
+    pdl_wait();
     const int t = blockIdx.x;
     const int p = b.pos[t];
     const int64_t phys = b.block_table[int64_t(b.seq[t]) * b.max_blocks + p / block_size];
@@ -61,7 +67,7 @@ __global__ void kv_store_kernel(__half* __restrict__ kc, __half* __restrict__ vc
 
 void swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t s) {
     if (n <= 0) return;
-    swiglu_kernel<<<grid_for(n), 256, 0, s>>>(gate, up, n, out);
+    launch_pdl(swiglu_kernel, grid_for(n), 256, s, gate, up, n, out);
     EMBER_CUDA_LAUNCHED("swiglu");
 }
 
@@ -69,27 +75,27 @@ void swiglu_q8(const float* gate, const float* up, int64_t n, float* out, int8_t
     if (n % 32) fail("cuda swiglu_q8: ", n, " elements are not whole 32-element blocks");
     const int64_t nb = n / 32;
     if (nb == 0) return;
-    swiglu_q8_kernel<<<unsigned((nb + 7) / 8), 256, 0, s>>>(gate, up, nb, out, q, ds);
+    launch_pdl(swiglu_q8_kernel, unsigned((nb + 7) / 8), 256, s, gate, up, nb, out, q, ds);
     EMBER_CUDA_LAUNCHED("swiglu_q8");
 }
 
 void add(float* x, const float* y, int64_t n, cudaStream_t s) {
     if (n <= 0) return;
-    add_kernel<<<grid_for(n), 256, 0, s>>>(x, y, n);
+    launch_pdl(add_kernel, grid_for(n), 256, s, x, y, n);
     EMBER_CUDA_LAUNCHED("add");
 }
 
 void add_bias(float* x, const float* bias, int32_t n_tok, int32_t dim, cudaStream_t s) {
     const int64_t n = int64_t(n_tok) * dim;
     if (n <= 0) return;
-    add_bias_kernel<<<grid_for(n), 256, 0, s>>>(x, bias, n, dim);
+    launch_pdl(add_bias_kernel, grid_for(n), 256, s, x, bias, n, dim);
     EMBER_CUDA_LAUNCHED("add_bias");
 }
 
 void kv_store(__half* k_cache, __half* v_cache, int32_t block_size, int32_t kv_dim, const float* k, const float* v,
               int32_t n_tok, const DeviceBatch& b, cudaStream_t s) {
     if (n_tok <= 0) return;
-    kv_store_kernel<<<unsigned(n_tok), 128, 0, s>>>(k_cache, v_cache, block_size, kv_dim, k, v, b);
+    launch_pdl(kv_store_kernel, unsigned(n_tok), 128, s, k_cache, v_cache, block_size, kv_dim, k, v, b);
     EMBER_CUDA_LAUNCHED("kv_store");
 }
 

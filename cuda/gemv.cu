@@ -4,6 +4,7 @@
 #include "common.cuh"
 #include "gemv_formats.cuh"
 #include "kernels.h"
+#include "launch.h"
 
 namespace ember {
 namespace cuda {
@@ -42,11 +43,22 @@ __global__ void __launch_bounds__(kRowsPerBlock * kWarp) gemv_kernel(GemvBatch b
     p.n_out = pick(b.n_out, wi);
     const int64_t row = int64_t(bx - pick(b.start, wi)) * kRowsPerBlock + (threadIdx.x >> 5);
     if (row >= p.n_out) return;
+    pdl_wait();
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[t] = 0.f;
-#pragma unroll 2
-    for (int u = lane; u < p.units; u += kWarp) F::template dot<NT>(p, row, u, acc);
+    // kDepth units per lane in flight: all their weight loads are issued before the first is used
+    // (a 4096-wide Q4_0 row is then a single round trip to memory).
+    constexpr int kDepth = 4;
+    for (int u0 = lane; u0 < p.units; u0 += kDepth * kWarp) {
+        typename F::Data v[kDepth];
+#pragma unroll
+        for (int k = 0; k < kDepth; ++k)
+            if (u0 + k * kWarp < p.units) v[k] = F::load(p, row, u0 + k * kWarp);
+#pragma unroll
+        for (int k = 0; k < kDepth; ++k)
+            if (u0 + k * kWarp < p.units) F::template dot<NT>(p, u0 + k * kWarp, v[k], acc);
+    }
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
         const float v = warp_sum(acc[t]);
@@ -58,14 +70,14 @@ template <class F>
 void launch(const GemvBatch& b, unsigned n_ctas, int32_t n_tok, cudaStream_t s) {
     const dim3 grid(n_ctas), block(kRowsPerBlock * kWarp);
     switch (n_tok) {
-        case 1: gemv_kernel<F, 1><<<grid, block, 0, s>>>(b); break;
-        case 2: gemv_kernel<F, 2><<<grid, block, 0, s>>>(b); break;
-        case 3: gemv_kernel<F, 3><<<grid, block, 0, s>>>(b); break;
-        case 4: gemv_kernel<F, 4><<<grid, block, 0, s>>>(b); break;
-        case 5: gemv_kernel<F, 5><<<grid, block, 0, s>>>(b); break;
-        case 6: gemv_kernel<F, 6><<<grid, block, 0, s>>>(b); break;
-        case 7: gemv_kernel<F, 7><<<grid, block, 0, s>>>(b); break;
-        case 8: gemv_kernel<F, 8><<<grid, block, 0, s>>>(b); break;
+        case 1: launch_pdl(gemv_kernel<F, 1>, grid, block, s, b); break;
+        case 2: launch_pdl(gemv_kernel<F, 2>, grid, block, s, b); break;
+        case 3: launch_pdl(gemv_kernel<F, 3>, grid, block, s, b); break;
+        case 4: launch_pdl(gemv_kernel<F, 4>, grid, block, s, b); break;
+        case 5: launch_pdl(gemv_kernel<F, 5>, grid, block, s, b); break;
+        case 6: launch_pdl(gemv_kernel<F, 6>, grid, block, s, b); break;
+        case 7: launch_pdl(gemv_kernel<F, 7>, grid, block, s, b); break;
+        case 8: launch_pdl(gemv_kernel<F, 8>, grid, block, s, b); break;
         default: fail("cuda gemv: n_tok ", n_tok, " is outside 1..", kMaxGemvTokens);
     }
     EMBER_CUDA_LAUNCHED("gemv");

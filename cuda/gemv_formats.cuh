@@ -1,5 +1,5 @@
 // Per-format dot products of the decode GEMV: each format splits a weight row into "units"
-// (a lane's share of one iteration) and accumulates unit . x for NT tokens. Integer formats
+// (a lane's share of one step) and accumulates unit . x for NT tokens. Integer formats
 // read activations as q8_1 blocks (int8 + (d, d*sum)) and multiply with dp4a; float formats
 // read float activations. Weight bytes are streamed with 16-byte loads, each read once.
 #pragma once
@@ -43,18 +43,29 @@ __device__ __forceinline__ float2 load_ds(const GemvParams& p, int t, int64_t xb
     return p.xds[t * (p.n_in / 32) + xblock];
 }
 
+// Each format: Data (a unit's weight bytes in registers), load() (issues the unit's weight loads
+// only, so the GEMV can put several units' loads in flight before any use) and dot() (the math,
+// reading the cached activations).
+
 // Q4_0 / Q4_1 / Q5_0 / Q5_1: a unit is one 32-element block (16 bytes of nibbles: byte j
 // holds element j low, element j+16 high). Q8_0: one block of 32 int8.
+__device__ __forceinline__ void nibbles(const uint4& q, int (&w)[8]) {
+    w[0] = int(q.x & 0x0F0F0F0F); w[1] = int(q.y & 0x0F0F0F0F); w[2] = int(q.z & 0x0F0F0F0F); w[3] = int(q.w & 0x0F0F0F0F);
+    w[4] = int((q.x >> 4) & 0x0F0F0F0F); w[5] = int((q.y >> 4) & 0x0F0F0F0F);
+    w[6] = int((q.z >> 4) & 0x0F0F0F0F); w[7] = int((q.w >> 4) & 0x0F0F0F0F);
+}
+
 struct FmtQ4_0 {
-    static constexpr bool kQ8 = true;
-    template <int NT>
-    __device__ static void dot(const GemvParams& p, int64_t row, int u, float* acc) {
+    struct Data { uint4 q; uint16_t d; };
+    __device__ static Data load(const GemvParams& p, int64_t row, int u) {
         const int64_t b = row * p.n_blocks + u;
-        const uint4 q = ld_stream(p.w + b * 16);
-        const float d = h2f(__ldg(reinterpret_cast<const uint16_t*>(p.meta) + b));
-        const int w[8] = {int(q.x & 0x0F0F0F0F), int(q.y & 0x0F0F0F0F), int(q.z & 0x0F0F0F0F), int(q.w & 0x0F0F0F0F),
-                          int((q.x >> 4) & 0x0F0F0F0F), int((q.y >> 4) & 0x0F0F0F0F),
-                          int((q.z >> 4) & 0x0F0F0F0F), int((q.w >> 4) & 0x0F0F0F0F)};
+        return {ld_stream(p.w + b * 16), __ldg(reinterpret_cast<const uint16_t*>(p.meta) + b)};
+    }
+    template <int NT>
+    __device__ static void dot(const GemvParams& p, int u, const Data& v, float* acc) {
+        const float d = h2f(v.d);
+        int w[8];
+        nibbles(v.q, w);
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
             int4 a, c;
@@ -66,16 +77,16 @@ struct FmtQ4_0 {
 };
 
 struct FmtQ4_1 {
-    static constexpr bool kQ8 = true;
-    template <int NT>
-    __device__ static void dot(const GemvParams& p, int64_t row, int u, float* acc) {
+    struct Data { uint4 q; uint32_t dm; };
+    __device__ static Data load(const GemvParams& p, int64_t row, int u) {
         const int64_t b = row * p.n_blocks + u;
-        const uint4 q = ld_stream(p.w + b * 16);
-        const uint32_t dm = __ldg(reinterpret_cast<const uint32_t*>(p.meta) + b);
-        const float d = h2f(uint16_t(dm & 0xFFFF)), m = h2f(uint16_t(dm >> 16));
-        const int w[8] = {int(q.x & 0x0F0F0F0F), int(q.y & 0x0F0F0F0F), int(q.z & 0x0F0F0F0F), int(q.w & 0x0F0F0F0F),
-                          int((q.x >> 4) & 0x0F0F0F0F), int((q.y >> 4) & 0x0F0F0F0F),
-                          int((q.z >> 4) & 0x0F0F0F0F), int((q.w >> 4) & 0x0F0F0F0F)};
+        return {ld_stream(p.w + b * 16), __ldg(reinterpret_cast<const uint32_t*>(p.meta) + b)};
+    }
+    template <int NT>
+    __device__ static void dot(const GemvParams& p, int u, const Data& v, float* acc) {
+        const float d = h2f(uint16_t(v.dm & 0xFFFF)), m = h2f(uint16_t(v.dm >> 16));
+        int w[8];
+        nibbles(v.q, w);
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
             int4 a, c;
@@ -88,19 +99,19 @@ struct FmtQ4_1 {
 
 template <bool kHasMin>
 struct FmtQ5 {
-    static constexpr bool kQ8 = true;
-    template <int NT>
-    __device__ static void dot(const GemvParams& p, int64_t row, int u, float* acc) {
+    struct Data { uint4 q; uint2 mt; };   // mt: {d | m << 16, qh}
+    __device__ static Data load(const GemvParams& p, int64_t row, int u) {
         const int64_t b = row * p.n_blocks + u;
-        const uint4 q = ld_stream(p.w + b * 16);
-        const uint2 mt = __ldg(reinterpret_cast<const uint2*>(p.meta) + b);   // {d | m<<16, qh}
-        const float d = h2f(uint16_t(mt.x & 0xFFFF)), m = h2f(uint16_t(mt.x >> 16));
-        const uint32_t qh = mt.y;
-        const int w[8] = {
-            int(q.x & 0x0F0F0F0F) | spread4_bit4(qh), int(q.y & 0x0F0F0F0F) | spread4_bit4(qh >> 4),
-            int(q.z & 0x0F0F0F0F) | spread4_bit4(qh >> 8), int(q.w & 0x0F0F0F0F) | spread4_bit4(qh >> 12),
-            int((q.x >> 4) & 0x0F0F0F0F) | spread4_bit4(qh >> 16), int((q.y >> 4) & 0x0F0F0F0F) | spread4_bit4(qh >> 20),
-            int((q.z >> 4) & 0x0F0F0F0F) | spread4_bit4(qh >> 24), int((q.w >> 4) & 0x0F0F0F0F) | spread4_bit4(qh >> 28)};
+        return {ld_stream(p.w + b * 16), __ldg(reinterpret_cast<const uint2*>(p.meta) + b)};
+    }
+    template <int NT>
+    __device__ static void dot(const GemvParams& p, int u, const Data& v, float* acc) {
+        const float d = h2f(uint16_t(v.mt.x & 0xFFFF)), m = h2f(uint16_t(v.mt.x >> 16));
+        const uint32_t qh = v.mt.y;
+        int w[8];
+        nibbles(v.q, w);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) w[k] |= spread4_bit4(qh >> (4 * k));
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
             int4 a, c;
@@ -115,14 +126,15 @@ struct FmtQ5 {
 };
 
 struct FmtQ8_0 {
-    static constexpr bool kQ8 = true;
-    template <int NT>
-    __device__ static void dot(const GemvParams& p, int64_t row, int u, float* acc) {
+    struct Data { uint4 q0, q1; uint16_t d; };
+    __device__ static Data load(const GemvParams& p, int64_t row, int u) {
         const int64_t b = row * p.n_blocks + u;
-        const uint4 q0 = ld_stream(p.w + b * 32);
-        const uint4 q1 = ld_stream(p.w + b * 32 + 16);
-        const float d = h2f(__ldg(reinterpret_cast<const uint16_t*>(p.meta) + b));
-        const int w[8] = {int(q0.x), int(q0.y), int(q0.z), int(q0.w), int(q1.x), int(q1.y), int(q1.z), int(q1.w)};
+        return {ld_stream(p.w + b * 32), ld_stream(p.w + b * 32 + 16), __ldg(reinterpret_cast<const uint16_t*>(p.meta) + b)};
+    }
+    template <int NT>
+    __device__ static void dot(const GemvParams& p, int u, const Data& v, float* acc) {
+        const float d = h2f(v.d);
+        const int w[8] = {int(v.q0.x), int(v.q0.y), int(v.q0.z), int(v.q0.w), int(v.q1.x), int(v.q1.y), int(v.q1.z), int(v.q1.w)};
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
             int4 a, c;
@@ -155,27 +167,33 @@ __device__ __forceinline__ void kq_scale_min(uint32_t s0, uint32_t s1, uint32_t 
 // whose low nibbles are sub-block 2jp and high nibbles sub-block 2jp+1.
 template <bool kQ5>
 struct FmtQK {
-    static constexpr bool kQ8 = true;
     static constexpr int kBlockBytes = kQ5 ? 176 : 144;
+    struct Data { uint4 hdr, qa, qb, ha, hb; };   // ha, hb: the block's 32 qh bytes (Q5_K)
+    __device__ static Data load(const GemvParams& p, int64_t row, int u) {
+        const uint8_t* base = p.w + (row * p.n_blocks + (u >> 2)) * kBlockBytes;
+        const uint8_t* qs = base + (kQ5 ? 48 : 16) + 32 * (u & 3);
+        Data v;
+        v.hdr = ld_stream(base);   // f16 d, f16 dmin, 12 bytes of scales (4 lanes share it)
+        v.qa = ld_stream(qs);
+        v.qb = ld_stream(qs + 16);
+        if (kQ5) {
+            v.ha = ld_stream(base + 16);
+            v.hb = ld_stream(base + 32);
+        }
+        return v;
+    }
     template <int NT>
-    __device__ static void dot(const GemvParams& p, int64_t row, int u, float* acc) {
+    __device__ static void dot(const GemvParams& p, int u, const Data& v, float* acc) {
         const int jp = u & 3;
         const int64_t blk = u >> 2;
-        const uint8_t* base = p.w + (row * p.n_blocks + blk) * kBlockBytes;
-        const uint8_t* qs = base + (kQ5 ? 48 : 16) + 32 * jp;
-        const uint4 qa = ld_stream(qs), qb = ld_stream(qs + 16);
-        const uint4 hdr = ld_stream(base);   // f16 d, f16 dmin, 12 bytes of scales (4 lanes share it)
-        const uint32_t dd = hdr.x, s0 = hdr.y, s1 = hdr.z, s2 = hdr.w;
-        const float d = h2f(uint16_t(dd & 0xFFFF)), dmin = h2f(uint16_t(dd >> 16));
+        const float d = h2f(uint16_t(v.hdr.x & 0xFFFF)), dmin = h2f(uint16_t(v.hdr.x >> 16));
         float sc1, m1, sc2, m2;
-        kq_scale_min(s0, s1, s2, 2 * jp, sc1, m1);
-        kq_scale_min(s0, s1, s2, 2 * jp + 1, sc2, m2);
-        const uint32_t q[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+        kq_scale_min(v.hdr.y, v.hdr.z, v.hdr.w, 2 * jp, sc1, m1);
+        kq_scale_min(v.hdr.y, v.hdr.z, v.hdr.w, 2 * jp + 1, sc2, m2);
+        const uint32_t q[8] = {v.qa.x, v.qa.y, v.qa.z, v.qa.w, v.qb.x, v.qb.y, v.qb.z, v.qb.w};
         int lo[8], hi[8];
         if (kQ5) {
-            const uint4 ha = __ldg(reinterpret_cast<const uint4*>(base + 16));
-            const uint4 hb = __ldg(reinterpret_cast<const uint4*>(base + 32));
-            const uint32_t h[8] = {ha.x, ha.y, ha.z, ha.w, hb.x, hb.y, hb.z, hb.w};
+            const uint32_t h[8] = {v.ha.x, v.ha.y, v.ha.z, v.ha.w, v.hb.x, v.hb.y, v.hb.z, v.hb.w};
 #pragma unroll
             for (int k = 0; k < 8; ++k) {
                 lo[k] = int((q[k] & 0x0F0F0F0F) | (((h[k] >> (2 * jp)) & 0x01010101) << 4));
@@ -205,19 +223,21 @@ struct FmtQK {
 // Q6_K (packed: 192 quant bytes ql[128] qh[64] per block, scales and d apart): a unit is
 // 16 consecutive l of one 128-element half: elements l, l+32, l+64, l+96 (four sub-blocks of 16).
 struct FmtQ6_K {
-    static constexpr bool kQ8 = true;
+    struct Data { uint4 A, B, H, S; uint16_t d; };
+    __device__ static Data load(const GemvParams& p, int64_t row, int u) {
+        const int64_t b = row * p.n_blocks + (u >> 2);
+        const int h = (u >> 1) & 1, l0 = 16 * (u & 1);
+        const uint8_t* qs = p.w + b * 192;
+        return {ld_stream(qs + h * 64 + l0), ld_stream(qs + h * 64 + 32 + l0), ld_stream(qs + 128 + h * 32 + l0),
+                __ldg(reinterpret_cast<const uint4*>(p.meta) + b), __ldg(reinterpret_cast<const uint16_t*>(p.meta2) + b)};
+    }
     template <int NT>
-    __device__ static void dot(const GemvParams& p, int64_t row, int u, float* acc) {
+    __device__ static void dot(const GemvParams& p, int u, const Data& v, float* acc) {
         const int64_t blk = u >> 2;
         const int h = (u >> 1) & 1, l0 = 16 * (u & 1);
-        const int64_t b = row * p.n_blocks + blk;
-        const uint8_t* qs = p.w + b * 192;
-        const uint4 A = ld_stream(qs + h * 64 + l0);
-        const uint4 B = ld_stream(qs + h * 64 + 32 + l0);
-        const uint4 H = ld_stream(qs + 128 + h * 32 + l0);
-        const uint4 S = __ldg(reinterpret_cast<const uint4*>(p.meta) + b);
-        const float d = h2f(__ldg(reinterpret_cast<const uint16_t*>(p.meta2) + b));
-        const uint32_t a[4] = {A.x, A.y, A.z, A.w}, bb[4] = {B.x, B.y, B.z, B.w}, hh[4] = {H.x, H.y, H.z, H.w};
+        const float d = h2f(v.d);
+        const uint32_t a[4] = {v.A.x, v.A.y, v.A.z, v.A.w}, bb[4] = {v.B.x, v.B.y, v.B.z, v.B.w},
+                       hh[4] = {v.H.x, v.H.y, v.H.z, v.H.w};
         int q[4][4];
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
@@ -229,7 +249,7 @@ struct FmtQ6_K {
         const int is = h * 8 + (l0 >> 4);
         float sc[4];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) sc[k] = d * float(int8_t(byte_of(S.x, S.y, S.z, S.w, is + 2 * k)));
+        for (int k = 0; k < 4; ++k) sc[k] = d * float(int8_t(byte_of(v.S.x, v.S.y, v.S.z, v.S.w, is + 2 * k)));
         const int64_t xb = blk * 8 + h * 4;
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
@@ -247,17 +267,19 @@ struct FmtQ6_K {
 // Float weights: a unit is 16 bytes of the row (8 halves / bf16s or 4 floats).
 template <class T>
 struct FmtFloat {
-    static constexpr bool kQ8 = false;
     static constexpr int kPer = 16 / sizeof(T);
+    struct Data { uint4 q; };
+    __device__ static Data load(const GemvParams& p, int64_t row, int u) {
+        return {ld_stream(p.w + (row * p.n_in + int64_t(u) * kPer) * sizeof(T))};
+    }
     template <int NT>
-    __device__ static void dot(const GemvParams& p, int64_t row, int u, float* acc) {
-        const uint4 q = ld_stream(p.w + (row * p.n_in + int64_t(u) * kPer) * sizeof(T));
+    __device__ static void dot(const GemvParams& p, int u, const Data& v, float* acc) {
         float wf[8];
         if constexpr (sizeof(T) == 4) {
-            wf[0] = __uint_as_float(q.x); wf[1] = __uint_as_float(q.y);
-            wf[2] = __uint_as_float(q.z); wf[3] = __uint_as_float(q.w);
+            wf[0] = __uint_as_float(v.q.x); wf[1] = __uint_as_float(v.q.y);
+            wf[2] = __uint_as_float(v.q.z); wf[3] = __uint_as_float(v.q.w);
         } else {
-            const uint32_t qq[4] = {q.x, q.y, q.z, q.w};
+            const uint32_t qq[4] = {v.q.x, v.q.y, v.q.z, v.q.w};
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
                 float2 f;

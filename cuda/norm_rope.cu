@@ -2,6 +2,7 @@
 // pair; normal mode rotates (2i, 2i+1), neox mode (i, i + head_dim/2)).
 #include "common.cuh"
 #include "kernels.h"
+#include "launch.h"
 
 namespace ember {
 namespace cuda {
@@ -16,6 +17,7 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(float* __restrict
                                                               const float* __restrict__ gamma, int32_t dim, float eps,
                                                               float* __restrict__ y, int8_t* __restrict__ q,
                                                               float2* __restrict__ ds) {
+    pdl_wait();
     float* xr = x + int64_t(blockIdx.x) * dim;
     float* yr = y + int64_t(blockIdx.x) * dim;
     float ss = 0.f;
@@ -55,6 +57,7 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(float* __restrict
 
 __global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ pos, int32_t n_tok, int32_t n_heads,
                             int32_t head_dim, float log2_base, bool neox) {
+    pdl_wait();
     const int half = head_dim / 2;
     const int64_t total = int64_t(n_tok) * n_heads * half;
     for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < total; g += int64_t(gridDim.x) * blockDim.x) {
@@ -79,7 +82,7 @@ void rmsnorm(float* x, const float* res, const float* gamma, int32_t n_tok, int3
              int8_t* q, float2* ds, cudaStream_t s) {
     if (n_tok <= 0) return;
     if (q && dim % 32) fail("cuda rmsnorm: q8 output needs a width that is a multiple of 32, got ", dim);
-    rmsnorm_kernel<<<unsigned(n_tok), kNormThreads, 0, s>>>(x, res, gamma, dim, eps, y, q, ds);
+    launch_pdl(rmsnorm_kernel, unsigned(n_tok), kNormThreads, s, x, res, gamma, dim, eps, y, q, ds);
     EMBER_CUDA_LAUNCHED("rmsnorm");
 }
 
@@ -89,7 +92,7 @@ void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_heads, int32_t 
     const int64_t total = int64_t(n_tok) * n_heads * (head_dim / 2);
     if (total == 0) return;
     const unsigned grid = unsigned(std::min<int64_t>((total + 255) / 256, 65536));
-    rope_kernel<<<grid, 256, 0, s>>>(x, pos, n_tok, n_heads, head_dim, log2f(freq_base), neox);
+    launch_pdl(rope_kernel, grid, 256, s, x, pos, n_tok, n_heads, head_dim, log2f(freq_base), neox);
     EMBER_CUDA_LAUNCHED("rope");
 }
 

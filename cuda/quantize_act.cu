@@ -2,6 +2,7 @@
 // float -> f16 / bf16 for the cuBLAS tensor-core path.
 #include "common.cuh"
 #include "kernels.h"
+#include "launch.h"
 
 namespace ember {
 namespace cuda {
@@ -11,6 +12,7 @@ namespace {
 // One warp per 32-element block.
 __global__ void quantize_q8_1_kernel(const float* __restrict__ x, int8_t* __restrict__ q,
                                      float2* __restrict__ ds, int64_t n_blocks) {
+    pdl_wait();
     const int64_t blk = int64_t(blockIdx.x) * (blockDim.x / kWarp) + (threadIdx.x >> 5);
     if (blk >= n_blocks) return;
     const int lane = threadIdx.x & 31;
@@ -37,7 +39,7 @@ unsigned grid_for(int64_t n, int threads) {
 void quantize_q8_1(const float* x, int8_t* q, float2* ds, int32_t n_tok, int64_t n, cudaStream_t s) {
     if (n % 32) fail("cuda quantize_q8_1: width ", n, " is not a multiple of 32");
     const int64_t n_blocks = int64_t(n_tok) * n / 32;
-    quantize_q8_1_kernel<<<unsigned((n_blocks + 7) / 8), 256, 0, s>>>(x, q, ds, n_blocks);
+    launch_pdl(quantize_q8_1_kernel, unsigned((n_blocks + 7) / 8), 256, s, x, q, ds, n_blocks);
     EMBER_CUDA_LAUNCHED("quantize_q8_1");
 }
 

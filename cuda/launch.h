@@ -1,0 +1,33 @@
+// Kernel launches of the decode path with programmatic dependent launch (Hopper): a kernel may
+// be scheduled while the previous one drains, and waits (pdl_wait) before touching memory, so
+// the launch gap between the many small kernels of a step overlaps the previous kernel's tail.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "cuda_check.h"
+
+namespace ember {
+namespace cuda {
+
+// Set once by the backend for devices that support it (compute capability >= 9.0).
+bool& pdl_enabled();
+
+template <class... KArgs, class... Args>
+void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaStream_t s, Args&&... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl_enabled() ? 1 : 0;
+    EMBER_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+}  // namespace cuda
+}  // namespace ember
