@@ -2,9 +2,9 @@
 // word's bytes to GPT-2's printable codepoints, merge adjacent symbols by merge rank.
 #include <algorithm>
 #include <mutex>
-#include <queue>
 
 #include "ember/status.h"
+#include "tokenizer/symbol_merge.h"
 #include "tokenizer/pretokenize.h"
 #include "tokenizer/unicode.h"
 #include "tokenizer/vocab.h"
@@ -89,46 +89,17 @@ private:
             int32_t id = find_token(word);
             if (id >= 0) return {id};
         }
-        struct Sym { size_t start, len; int prev, next; };
-        std::vector<Sym> syms;
-        for (size_t i = 0; i < word.size();) {
-            size_t len = std::min(utf8_len(uint8_t(word[i])), word.size() - i);
-            syms.push_back({i, len, int(syms.size()) - 1, int(syms.size()) + 1});
-            i += len;
-        }
-        syms.back().next = -1;
-
-        struct Pair { int32_t rank; int left; size_t total; };   // total: bytes of both sides when pushed
-        auto worse = [](const Pair& x, const Pair& y) {
-            return x.rank != y.rank ? x.rank > y.rank : x.left > y.left;
-        };
-        std::priority_queue<Pair, std::vector<Pair>, decltype(worse)> heap(worse);
+        std::vector<MergeSymbol> syms = split_characters(word);
         std::string key;
-        auto push = [&](int l) {
-            if (l < 0 || syms[l].next < 0) return;
-            int r = syms[l].next;
-            int32_t rk = rank(word, syms[l].start, syms[l].len, syms[r].len, key);
-            if (rk >= 0) heap.push({rk, l, syms[l].len + syms[r].len});
-        };
-        for (int i = 0; i + 1 < int(syms.size()); ++i) push(i);
-
-        while (!heap.empty()) {
-            Pair p = heap.top();
-            heap.pop();
-            Sym& l = syms[p.left];
-            if (l.len == 0 || l.next < 0) continue;
-            Sym& r = syms[l.next];
-            if (l.len + r.len != p.total) continue;   // stale: a side has merged since
-            l.len += r.len;
-            r.len = 0;
-            l.next = r.next;
-            if (r.next >= 0) syms[r.next].prev = p.left;
-            push(l.prev);
-            push(p.left);
-        }
+        // Lower merge rank merges first.
+        merge_symbols(syms, [&](const MergeSymbol& l, const MergeSymbol& r, double& priority) {
+            const int32_t rk = rank(word, l.start, l.len, r.len, key);
+            priority = -double(rk);
+            return rk >= 0;
+        });
 
         for (int i = 0; i >= 0; i = syms[i].next) {
-            const Sym& s = syms[i];
+            const MergeSymbol& s = syms[i];
             int32_t id = find_token(word.substr(s.start, s.len));
             if (id >= 0) {
                 ids.push_back(id);

@@ -2,8 +2,8 @@
 // one where add_space_prefix asks), the highest-scoring adjacent pair that is a vocab token is
 // merged first, and characters that end up outside the vocab fall back to <0xNN> byte tokens.
 #include <algorithm>
-#include <queue>
 
+#include "tokenizer/symbol_merge.h"
 #include "tokenizer/unicode.h"
 #include "tokenizer/vocab.h"
 
@@ -59,47 +59,18 @@ private:
 
     void merge(const std::string& s, std::vector<int32_t>& out) const {
         if (s.empty()) return;
-        struct Sym { size_t start, len; int prev, next; };
-        std::vector<Sym> syms;
-        for (size_t i = 0; i < s.size();) {
-            size_t len = std::min(utf8_len(uint8_t(s[i])), s.size() - i);
-            syms.push_back({i, len, int(syms.size()) - 1, int(syms.size()) + 1});
-            i += len;
-        }
-        syms.back().next = -1;
-
-        struct Pair { float score; int left; size_t total; };   // total: bytes of both sides when pushed
-        auto worse = [](const Pair& x, const Pair& y) {
-            return x.score != y.score ? x.score < y.score : x.left > y.left;
-        };
-        std::priority_queue<Pair, std::vector<Pair>, decltype(worse)> heap(worse);
-        auto push = [&](int l) {
-            if (l < 0 || syms[l].next < 0) return;
-            const Sym& r = syms[syms[l].next];
-            int32_t id = find_token(s.substr(syms[l].start, syms[l].len + r.len));
-            if (id >= 0) heap.push({score(id), l, syms[l].len + r.len});
-        };
-        for (int i = 0; i + 1 < int(syms.size()); ++i) push(i);
-
-        while (!heap.empty()) {
-            Pair p = heap.top();
-            heap.pop();
-            Sym& l = syms[p.left];
-            if (l.len == 0 || l.next < 0) continue;
-            Sym& r = syms[l.next];
-            if (l.len + r.len != p.total) continue;   // stale: a side has merged since
-            l.len += r.len;
-            r.len = 0;
-            l.next = r.next;
-            if (r.next >= 0) syms[r.next].prev = p.left;
-            push(l.prev);
-            push(p.left);
-        }
+        std::vector<MergeSymbol> syms = split_characters(s);
+        // The merged piece must be a token; higher scores merge first.
+        merge_symbols(syms, [&](const MergeSymbol& l, const MergeSymbol& r, double& priority) {
+            const int32_t id = find_token(s.substr(l.start, l.len + r.len));
+            if (id >= 0) priority = score(id);
+            return id >= 0;
+        });
 
         // Every merged symbol is a token; a single character may not be: its bytes then go
         // through the byte tokens, or the whole character becomes unknown without them.
         for (int i = 0; i >= 0; i = syms[i].next) {
-            const Sym& sym = syms[i];
+            const MergeSymbol& sym = syms[i];
             int32_t id = find_token(s.substr(sym.start, sym.len));
             if (id >= 0) {
                 out.push_back(id);
