@@ -220,7 +220,84 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(Attention
     }
 }
 
+// Reference-order attention for short contexts (len <= kExactMaxLen): one CTA per (token,
+// q head), the arithmetic of the CPU backend and llama.cpp step for step: q rounded to f16, each
+// q.k a sequential sum over dims without fused multiply-adds, a two-pass softmax, probabilities
+// normalized then rounded to f16, each output a sequential sum over positions. Greedy decoding
+// then follows the reference token for token far longer than with a reordered sum.
+__global__ void __launch_bounds__(kAttnWarps * kWarp) attention_exact_kernel(AttentionArgs a, DeviceBatch b) {
+    pdl_wait();
+    const int t = blockIdx.x, h = blockIdx.y;
+    const int hd = a.head_dim, kvh = h / (a.n_head / a.n_head_kv), kv_dim = a.n_head_kv * hd;
+    const int len = b.pos[t] + 1;
+    __shared__ float qs[kMaxHeadDim];
+    __shared__ float ps[kExactMaxLen];
+    __shared__ float red_f[kAttnWarps];
+    __shared__ double red_d[kAttnWarps];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x)
+        qs[i] = __half2float(__float2half_rn(a.q[int64_t(t) * a.n_head * hd + int64_t(h) * hd + i]));
+    __syncthreads();
+    const int32_t* bt = b.block_table + int64_t(b.seq[t]) * b.max_blocks;
+    const int bs = a.block_size;
+    float mx = -INFINITY;
+    for (int p = threadIdx.x; p < len; p += blockDim.x) {
+        const uint4* kp = reinterpret_cast<const uint4*>(a.k_cache + (int64_t(bt[p / bs]) * bs + p % bs) * kv_dim +
+                                                         int64_t(kvh) * hd);
+        float acc = 0.f;
+        // 16-byte loads, four in flight, then the dims in order (the sum itself stays sequential).
+        for (int c0 = 0; c0 < hd / 8; c0 += 4) {
+            uint4 r[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) r[u] = c0 + u < hd / 8 ? kp[c0 + u] : make_uint4(0, 0, 0, 0);
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                if (c0 + u >= hd / 8) break;
+                float kf[8];
+                unpack8(r[u], kf);
+#pragma unroll
+                for (int j = 0; j < 8; ++j) acc = __fadd_rn(acc, __fmul_rn(qs[8 * (c0 + u) + j], kf[j]));
+            }
+        }
+        ps[p] = __fmul_rn(acc, a.scale);
+        mx = fmaxf(mx, ps[p]);
+    }
+    mx = warp_max(mx);
+    if (lane == 0) red_f[warp] = mx;
+    __syncthreads();
+    mx = red_f[0];
+    for (int w = 1; w < kAttnWarps; ++w) mx = fmaxf(mx, red_f[w]);
+    double sum = 0.0;
+    for (int p = threadIdx.x; p < len; p += blockDim.x) {
+        ps[p] = expf(ps[p] - mx);
+        sum += double(ps[p]);
+    }
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) red_d[warp] = sum;
+    __syncthreads();
+    sum = 0.0;
+    for (int w = 0; w < kAttnWarps; ++w) sum += red_d[w];
+    const float inv = float(1.0 / sum);
+    for (int p = threadIdx.x; p < len; p += blockDim.x) ps[p] = __half2float(__float2half_rn(__fmul_rn(ps[p], inv)));
+    __syncthreads();
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float o = 0.f;
+#pragma unroll 8
+        for (int p = 0; p < len; ++p) {
+            const __half* vp = a.v_cache + (int64_t(bt[p / bs]) * bs + p % bs) * kv_dim + int64_t(kvh) * hd;
+            o = __fadd_rn(o, __fmul_rn(ps[p], __half2float(vp[i])));
+        }
+        a.out[int64_t(t) * a.n_head * hd + int64_t(h) * hd + i] = o;
+    }
+}
+
 }  // namespace
+
+void attention_exact(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s) {
+    if (a.head_dim > kMaxHeadDim) fail("cuda attention: head_dim ", a.head_dim, " exceeds ", kMaxHeadDim);
+    if (a.n_tok == 0) return;
+    launch_pdl(attention_exact_kernel, dim3(unsigned(a.n_tok), unsigned(a.n_head)), dim3(kAttnWarps * kWarp), s, a, b);
+}
 
 void attention(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s) {
     if (a.head_dim % 8 || a.head_dim > kMaxHeadDim)

@@ -45,6 +45,10 @@ namespace {
     } while (0)
 
 constexpr double kMiB = 1024.0 * 1024.0;
+// Prompts up to this many tokens take the decode kernels (integer GEMV in chunks of 8 tokens,
+// CUDA-core attention): the same rounding as the reference CPU path, so short prompts and the
+// text that follows them agree with it closely. Longer ones use the tensor cores.
+constexpr int kMaxIntPromptTokens = 64;
 constexpr int kKeysPerSplit = 64;      // flash-decoding: one split per this many keys
 constexpr int kTargetAttnCtas = 1024;  // split only while the grid is smaller than this
 constexpr int kNumTileLens = 5;
@@ -84,8 +88,11 @@ class CudaBackend final : public Backend {
 public:
     explicit CudaBackend(int device) : device_(device) {
         // EMBER_CUDA_GRAPHS=0 runs every step eagerly; EMBER_CUDA_FUSE=0 launches each op as
-        // called (no merged GEMVs, no norm/add/swiglu fusions). Both for diagnosis.
+        // called (no merged GEMVs, no norm/add/swiglu fusions); EMBER_CUDA_EXACT_ATTN=0 uses the
+        // flash-decoding kernel for short contexts too; EMBER_CUDA_PDL=0 turns off programmatic
+        // dependent launch. For diagnosis and comparisons.
         graphs_on_ = env_flag("EMBER_CUDA_GRAPHS");
+        exact_attn_on_ = env_flag("EMBER_CUDA_EXACT_ATTN");
         fuse_on_ = env_flag("EMBER_CUDA_FUSE");
         int n = 0;
         const cudaError_t e = cudaGetDeviceCount(&n);
@@ -317,6 +324,23 @@ public:
         }
         flush();
         ++epoch_;
+        if (n_tok <= kMaxIntPromptTokens && gemv_wants_q8(w.type)) {
+            const int64_t total = int64_t(n_tok) * w.n_in;
+            if (!(q8_x_ == x && q8_total_ == total && q8_epoch_ + 1 == epoch_)) {
+                ensure(xq_, size_t(total));
+                ensure(xds_, size_t(total / 32) * sizeof(float2));
+                quantize_q8_1(x, static_cast<int8_t*>(xq_.p), static_cast<float2*>(xds_.p), n_tok, w.n_in, stream_);
+            }
+            set_q8(x, total);
+            const cuda::DeviceWeight* ws[1] = {&dw};
+            for (int32_t t0 = 0; t0 < n_tok; t0 += kMaxGemvTokens) {
+                float* ys[1] = {y + int64_t(t0) * w.n_out};
+                gemv(ws, ys, 1, x + int64_t(t0) * w.n_in, static_cast<const int8_t*>(xq_.p) + int64_t(t0) * w.n_in,
+                     static_cast<const float2*>(xds_.p) + int64_t(t0) * (w.n_in / 32),
+                     std::min<int32_t>(kMaxGemvTokens, n_tok - t0), stream_);
+            }
+            return;
+        }
         // Prompt batches: tensor cores through cuBLAS, y^T [n_out x n_tok] = W [n_out x n_in] x^T
         // (column-major: A = W^T with lda n_in, B = x^T with ldb n_in, C ldc n_out).
         const float one = 1.f, zero = 0.f;
@@ -359,7 +383,7 @@ public:
         // Decode-sized batches: also emit the q8_1 activations the next GEMV reads.
         int8_t* q = nullptr;
         float2* ds = nullptr;
-        if (fuse_on_ && n_tok <= kMaxGemvTokens && dim % 32 == 0) {
+        if (fuse_on_ && n_tok <= kMaxIntPromptTokens && dim % 32 == 0) {
             const size_t total = size_t(n_tok) * dim;
             ensure(xq_, total);
             ensure(xds_, total / 32 * sizeof(float2));
@@ -402,7 +426,11 @@ public:
         a.n_tok = n_tok;
         const int n_rep = shape.n_head_kv > 0 ? shape.n_head / shape.n_head_kv : 1;
         a.heads_per_cta = std::min(n_rep, 8);
-        if (n_tok > kMaxGemvTokens) {   // prompts: tensor cores where the head dim allows
+        if (n_tok <= kMaxIntPromptTokens && max_len_ <= cuda::kExactMaxLen && exact_attn_on_ && shape.head_dim % 8 == 0) {
+            cuda::attention_exact(a, dbatch_, stream_);
+            return;
+        }
+        if (n_tok > kMaxIntPromptTokens) {   // long prompts: tensor cores where the head dim allows
             a.tile_len = kMmaTileLen;
             a.n_tiles = n_tiles_[kNumTileLens - 1];
             a.tiles = tiles_for(kNumTileLens - 1);
@@ -438,7 +466,7 @@ public:
     void swiglu(const float* gate, const float* up, int64_t n, float* out) override {
         flush();
         ++epoch_;
-        if (fuse_on_ && n_tok_ > 0 && n_tok_ <= kMaxGemvTokens && n % 32 == 0) {   // feeds the down projection's GEMV
+        if (fuse_on_ && n_tok_ > 0 && n_tok_ <= kMaxIntPromptTokens && n % 32 == 0) {   // feeds the down projection's GEMV
             ensure(xq_, size_t(n));
             ensure(xds_, size_t(n / 32) * sizeof(float2));
             cuda::swiglu_q8(gate, up, n, out, static_cast<int8_t*>(xq_.p), static_cast<float2*>(xds_.p), stream_);
@@ -615,7 +643,7 @@ private:
     std::unordered_set<uint64_t> seen_;
     uint64_t graph_gen_ = 0, capture_key_ = 0, capture_gen_ = 0;
     bool capturing_ = false;
-    bool graphs_on_ = true, fuse_on_ = true;
+    bool graphs_on_ = true, fuse_on_ = true, exact_attn_on_ = true;
 };
 
 }  // namespace

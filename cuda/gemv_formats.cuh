@@ -66,12 +66,14 @@ struct FmtQ4_0 {
         const float d = h2f(v.d);
         int w[8];
         nibbles(v.q, w);
+        // q - 8 as signed bytes: the integer dot is exact, as in ggml's q4_0 x q8_0.
+#pragma unroll
+        for (int k = 0; k < 8; ++k) w[k] = int(__vsub4(uint32_t(w[k]), 0x08080808u));
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
             int4 a, c;
             load_x32(p, t, u, a, c);
-            const float2 ds = load_ds(p, t, u);
-            acc[t] += d * (ds.x * float(dot32(w, a, c)) - 8.f * ds.y);
+            acc[t] += d * load_ds(p, t, u).x * float(dot32(w, a, c));
         }
     }
 };
@@ -111,7 +113,10 @@ struct FmtQ5 {
         int w[8];
         nibbles(v.q, w);
 #pragma unroll
-        for (int k = 0; k < 8; ++k) w[k] |= spread4_bit4(qh >> (4 * k));
+        for (int k = 0; k < 8; ++k) {
+            w[k] |= spread4_bit4(qh >> (4 * k));
+            if (!kHasMin) w[k] = int(__vsub4(uint32_t(w[k]), 0x10101010u));   // q - 16, exact as in ggml
+        }
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
             int4 a, c;
@@ -120,7 +125,7 @@ struct FmtQ5 {
             if (kHasMin)
                 acc[t] += d * ds.x * float(dot32(w, a, c)) + m * ds.y;
             else
-                acc[t] += d * (ds.x * float(dot32(w, a, c)) - 16.f * ds.y);
+                acc[t] += d * ds.x * float(dot32(w, a, c));
         }
     }
 };

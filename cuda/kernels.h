@@ -83,6 +83,9 @@ struct AttentionArgs {
     int32_t* split_counter;       // [n_tiles][grid.y] zeros: CTAs done per (tile, head chunk)
 };
 void attention(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s);
+// Short contexts (every position < kExactMaxLen): the reference CPU arithmetic, in order.
+constexpr int kExactMaxLen = 512;
+void attention_exact(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s);
 // Prompt batches on tensor cores: tiles of kMmaTileLen tokens (a.tiles / a.n_tiles), one q head
 // per CTA, no split. Returns false (nothing launched) for head dims it does not handle.
 constexpr int kMmaTileLen = 64;

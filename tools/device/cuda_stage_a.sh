@@ -19,11 +19,11 @@ if [ ! -f /tmp/em/l7b-q4_k_m.gguf ]; then
     done ) &
 fi
 step tests
-timeout 200 python3 -m pytest tests/test_cuda.py -q -rs -k "not smollm" -p no:cacheprovider >> "$LOG" 2>&1
+timeout 200 python3 -m pytest tests/test_cuda.py -q -rs -s -k "not smollm" -p no:cacheprovider 2>&1 | grep -v "^seed" >> "$LOG"
 step "tests rc=$?"
-timeout 120 build/dev/ember-cuda-bench > "${OUT:-/tmp}/bench_kernels.md" 2>&1
+[ -z "$SKIP_BENCH" ] && timeout 120 build/dev/ember-cuda-bench > "${OUT:-/tmp}/bench_kernels.md" 2>&1
 step "bench rc=$?"
 wait; cat /tmp/em/quant.log | tail -3 >> "$LOG"
 step "models: $(ls /tmp/em | tr '\n' ' ')"
-grep -E "passed|failed|Error|error|FAIL" "$LOG" | tail -20
+grep -E "passed|failed|Error|error|FAIL|gpu vs cpu" "$LOG" | tail -24
 cat "${OUT:-/tmp}/bench_kernels.md"
