@@ -31,11 +31,6 @@ MODELS = {
 }
 
 
-def _require(attr):
-    if not hasattr(_ember, attr):
-        pytest.skip(f"ember._ember.{attr} is not built yet: this check needs it")
-
-
 @pytest.fixture(scope="module")
 def tokenizers_dir(tmp_path_factory):
     """Tokenizers trained once per module: byte-level BPE and SentencePiece (model and json-only)."""
@@ -204,7 +199,6 @@ def test_padded_vocab_rows(models, tokenizers_dir, tmp_path):
 @pytest.mark.parametrize("name", list(MODELS))
 @pytest.mark.parametrize("outtype,tol", [("f32", 1e-4), ("f16", 1e-2), ("q8_0", 6e-2)])
 def test_logits_match_transformers(models, tmp_path, name, outtype, tol):
-    _require("Model")
     hf_dir, ref = models[name]
     path = _convert(hf_dir, tmp_path, outtype)
     want = _hf_logits(ref, PROMPT)
@@ -215,7 +209,6 @@ def test_logits_match_transformers(models, tmp_path, name, outtype, tol):
 
 
 def test_bf16_checkpoint_to_bf16_is_lossless(models, tmp_path):
-    _require("Model")
     hf_dir, ref = models["llama-untied-sharded-bf16"]
     path = _convert(hf_dir, tmp_path, "bf16")
     want = _hf_logits(ref, PROMPT)
@@ -246,7 +239,6 @@ def test_tokenizer_matches_hf(tokenizer_ggufs, kind):
     """SentencePiece cases compare with transformers' SentencePiece-backed tokenizer; the
     tokenizers-based LlamaTokenizer must agree too wherever the text does not start with
     whitespace (there it drops SentencePiece's dummy prefix; see hf_tiny.spm_tokenizer)."""
-    _require("Tokenizer")
     path, tok, reference = tokenizer_ggufs[kind]
     et = _ember.Tokenizer.from_gguf_file(path)
     for text in hf_tiny.TEST_TEXTS:
