@@ -1,6 +1,7 @@
-// AVX-512 VNNI tiles of 2 weight rows x 4 tokens for Q4_0, Q4_1 and Q8_0 weights. Each output
-// keeps its own accumulators and repeats vec_dot_avx512.cpp's dot_legacy float operations
-// lane for lane (same products, FMAs, adds and reductions), so it is bit-identical to it.
+// AVX-512 VNNI tiles of 2 weight rows x 4 tokens for Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K
+// weights. Each output keeps its own accumulators and repeats vec_dot_avx512.cpp's float
+// operations lane for lane (same products, FMAs, adds and reductions), so it is bit-identical
+// to it.
 #include <immintrin.h>
 
 // GCC 12's AVX-512 headers trip -W(maybe-)uninitialized on _mm512_undefined_*() (see
@@ -9,6 +10,7 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/gemm.h"
@@ -245,6 +247,189 @@ void gemm(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* x, size_t
         for (int64_t o = o_begin; o < o_end; ++o) y[int64_t(t) * n_out + o] = dot(n_in, w + o * w_row, x + t * x_row);
 }
 
+// ---- K-quants x Q8_K ------------------------------------------------------------------------
+// Per super-block the tile decodes each row's weights and scale vectors once and runs the
+// vec_dot integer ops (maddubs, dpwssd: exact, no saturation) per token, so each token's
+// sumi lanes equal vec_dot's; the float steps per block and the reductions are vec_dot's.
+enum class KKind { q4_k, q5_k, q6_k };
+
+inline __m512i run_index(int first, int run) {
+    alignas(64) int16_t idx[32];
+    for (int l = 0; l < 32; ++l) idx[l] = int16_t(first + l / run);
+    return _mm512_load_si512(idx);
+}
+
+// Q4_K/Q5_K: sumi of block i for the tile; the mins term goes separately (min_terms).
+template <bool Q5>
+__attribute__((always_inline)) inline void block_q45_k(const std::conditional_t<Q5, BlockQ5_K, BlockQ4_K>* const* w,
+                                                       const BlockQ8_K* const* xb, int64_t i, const __m512i (&idx)[4],
+                                                       __m512 (&acc)[R][C]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512i scales[R], qh2[R], sumi[R][C];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+        uint64_t sc, mn;
+        unpack_scales_k4(w[r][i].scales, sc, mn);
+        scales[r] = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(sc))));
+        if constexpr (Q5) {
+            const __m256i qh = load256(w[r][i].qh);
+            qh2[r] = join(qh, qh);
+        }
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) sumi[r][c] = _mm512_setzero_si512();
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) {
+        __m512i wq[R], sp[R];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+            const __m256i q = load256(w[r][i].qs + 32 * k);
+            wq[r] = _mm512_and_si512(join(q, _mm256_srli_epi16(q, 4)), m4);
+            if constexpr (Q5) {
+                const __m512i bits = join(_mm256_set1_epi8(char(1 << (2 * k))), _mm256_set1_epi8(char(2 << (2 * k))));
+                wq[r] = _mm512_mask_add_epi8(wq[r], _mm512_test_epi8_mask(qh2[r], bits), wq[r], _mm512_set1_epi8(16));
+            }
+            sp[r] = _mm512_permutexvar_epi16(idx[k], scales[r]);
+        }
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) {
+            const __m512i xv = _mm512_loadu_si512(xb[c][i].qs + 64 * k);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; ++r)
+                sumi[r][c] = _mm512_dpwssd_epi32(sumi[r][c], _mm512_maddubs_epi16(wq[r], xv), sp[r]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+        const float dw = h2f(w[r][i].d);
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c)
+            acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[r][c]), _mm512_set1_ps(dw * xb[c][i].d), acc[r][c]);
+    }
+}
+
+// vec_dot's accm of one (row, token), then its horizontal sum.
+template <class W>
+float min_term(int64_t nb, const W* w, const BlockQ8_K* x) {
+    __m256 accm = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; ++i) {
+        uint64_t sc, mn;
+        unpack_scales_k4(w[i].scales, sc, mn);
+        const __m128i mn8 = _mm_cvtsi64_si128(int64_t(mn));
+        const __m256i mn16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));
+        const __m256i prod_m = _mm256_madd_epi16(load256(x[i].bsums), mn16);
+        accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(prod_m), _mm256_set1_ps(h2f(w[i].dmin) * x[i].d), accm);
+    }
+    const __m128 m = _mm_add_ps(_mm256_castps256_ps128(accm), _mm256_extractf128_ps(accm, 1));
+    const __m128 m2 = _mm_add_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_add_ss(m2, _mm_shuffle_ps(m2, m2, 1)));
+}
+
+__attribute__((always_inline)) inline void block_q6_k(const BlockQ6_K* const* w, const BlockQ8_K* const* xb, int64_t i,
+                                                      const __m512i (&idx)[4], __m512 (&acc)[R][C]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(0x03);
+    __m512i scales[R], sumi[R][C];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+        const __m256i sc16 = _mm256_cvtepi8_epi16(load128(w[r][i].scales));
+        scales[r] = _mm512_castsi256_si512(sc16);
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) {
+            const __m256i bias = _mm256_madd_epi16(sc16, load256(xb[c][i].bsums));
+            sumi[r][c] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(_mm512_zextsi256_si512(bias), 5));
+        }
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+        __m512i w01[R], w23[R];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+            const __m512i ql = _mm512_loadu_si512(w[r][i].ql + 64 * h);
+            const __m256i qh = load256(w[r][i].qh + 32 * h);
+            const __m512i qh01 = _mm512_and_si512(join(qh, _mm256_srli_epi16(qh, 2)), m2);
+            const __m512i qh23 = _mm512_and_si512(join(_mm256_srli_epi16(qh, 4), _mm256_srli_epi16(qh, 6)), m2);
+            w01[r] = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_slli_epi16(qh01, 4));
+            w23[r] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), _mm512_slli_epi16(qh23, 4));
+        }
+#pragma GCC unroll 2
+        for (int j = 0; j < 2; ++j) {
+            __m512i sp[R];
+#pragma GCC unroll 4
+            for (int r = 0; r < R; ++r) sp[r] = _mm512_permutexvar_epi16(idx[2 * h + j], scales[r]);
+#pragma GCC unroll 4
+            for (int c = 0; c < C; ++c) {
+                const __m512i xv = _mm512_loadu_si512(xb[c][i].qs + 128 * h + 64 * j);
+#pragma GCC unroll 4
+                for (int r = 0; r < R; ++r)
+                    sumi[r][c] = _mm512_dpwssd_epi32(sumi[r][c], _mm512_maddubs_epi16(j ? w23[r] : w01[r], xv), sp[r]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+        const float dw = h2f(w[r][i].d);
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c)
+            acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[r][c]), _mm512_set1_ps(dw * xb[c][i].d), acc[r][c]);
+    }
+}
+
+template <KKind K> struct KBlock;
+template <> struct KBlock<KKind::q4_k> { using W = BlockQ4_K; static constexpr GGMLType type = GGMLType::Q4_K; };
+template <> struct KBlock<KKind::q5_k> { using W = BlockQ5_K; static constexpr GGMLType type = GGMLType::Q5_K; };
+template <> struct KBlock<KKind::q6_k> { using W = BlockQ6_K; static constexpr GGMLType type = GGMLType::Q6_K; };
+
+// y[c * n_out + r] for the tile's R rows and C tokens.
+template <KKind K>
+void tile_k(int64_t nb, const uint8_t* const* wrow, const uint8_t* const* x, float* y, int64_t n_out) {
+    using W = typename KBlock<K>::W;
+    const W* w[R];
+    const BlockQ8_K* xb[C];
+    for (int r = 0; r < R; ++r) w[r] = reinterpret_cast<const W*>(wrow[r]);
+    for (int c = 0; c < C; ++c) xb[c] = reinterpret_cast<const BlockQ8_K*>(x[c]);
+    __m512i idx[4];
+    for (int k = 0; k < 4; ++k) idx[k] = K == KKind::q6_k ? run_index(4 * k, 8) : run_index(2 * k, 16);
+    __m512 acc[R][C];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; ++i) {
+        if constexpr (K == KKind::q6_k) block_q6_k(w, xb, i, idx, acc);
+        else block_q45_k<K == KKind::q5_k>(w, xb, i, idx, acc);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) {
+            float s = _mm512_reduce_add_ps(acc[r][c]);
+            if constexpr (K != KKind::q6_k) s -= min_term(nb, w[r], xb[c]);
+            y[c * n_out + r] = s;
+        }
+}
+
+template <KKind K>
+void gemm_k(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* x, size_t x_row, int32_t n_tok,
+            int64_t o_begin, int64_t o_end, float* y, int64_t n_out) {
+    const VecDotFn dot = vec_dot_avx512(KBlock<K>::type);
+    const int64_t nb = n_in / QK_K;
+    const int64_t o_tiled = o_begin + (o_end - o_begin) / R * R;
+    int32_t t = 0;
+    for (; t + C <= n_tok; t += C) {
+        const uint8_t* xt[C];
+        for (int c = 0; c < C; ++c) xt[c] = x + (t + c) * x_row;
+        for (int64_t o = o_begin; o < o_tiled; o += R) {
+            const uint8_t* wr[R];
+            for (int r = 0; r < R; ++r) wr[r] = w + (o + r) * w_row;
+            tile_k<K>(nb, wr, xt, y + int64_t(t) * n_out + o, n_out);
+        }
+        for (int64_t o = o_tiled; o < o_end; ++o)
+            for (int c = 0; c < C; ++c) y[int64_t(t + c) * n_out + o] = dot(n_in, w + o * w_row, xt[c]);
+    }
+    for (; t < n_tok; ++t)
+        for (int64_t o = o_begin; o < o_end; ++o) y[int64_t(t) * n_out + o] = dot(n_in, w + o * w_row, x + t * x_row);
+}
+
 }  // namespace
 
 GemmFn gemm_avx512_for(VecDotFn dot) {
@@ -252,6 +437,9 @@ GemmFn gemm_avx512_for(VecDotFn dot) {
     if (dot == vec_dot_avx512(GGMLType::Q4_0)) return gemm<Kind::q4_0>;
     if (dot == vec_dot_avx512(GGMLType::Q4_1)) return gemm<Kind::q4_1>;
     if (dot == vec_dot_avx512(GGMLType::Q8_0)) return gemm<Kind::q8_0>;
+    if (dot == vec_dot_avx512(GGMLType::Q4_K)) return gemm_k<KKind::q4_k>;
+    if (dot == vec_dot_avx512(GGMLType::Q5_K)) return gemm_k<KKind::q5_k>;
+    if (dot == vec_dot_avx512(GGMLType::Q6_K)) return gemm_k<KKind::q6_k>;
     return nullptr;
 }
 
