@@ -221,23 +221,12 @@ void dequantize_row_q3_k(const void* src, float* dst, int64_t n) {
     }
 }
 
-void dequantize_row_q4_k(const void* src, float* dst, int64_t n) {
-    const BlockQ4_K* b = static_cast<const BlockQ4_K*>(src);
-    for (int64_t i = 0; i < n / QK_K; ++i, dst += QK_K) {
-        const float d = half_to_float(b[i].d), dmin = half_to_float(b[i].dmin);
-        for (int j = 0; j < 8; ++j) {
-            uint8_t sc, m;
-            get_scale_min_k4(j, b[i].scales, sc, m);
-            const float dj = d * float(sc), mj = dmin * float(m);
-            const uint8_t* q = b[i].qs + 32 * (j / 2);
-            const int shift = 4 * (j % 2);
-            for (int l = 0; l < 32; ++l) dst[32 * j + l] = dj * float((q[l] >> shift) & 0x0F) - mj;
-        }
-    }
-}
-
-void dequantize_row_q5_k(const void* src, float* dst, int64_t n) {
-    const BlockQ5_K* b = static_cast<const BlockQ5_K*>(src);
+namespace {
+// Q4_K and Q5_K share the super-block layout (8 sub-blocks of 32, 6-bit scales and mins);
+// Q5_K adds a fifth bit per element from qh.
+template <class Block, bool kHighBit>
+void dequantize_row_k4(const void* src, float* dst, int64_t n) {
+    const Block* b = static_cast<const Block*>(src);
     for (int64_t i = 0; i < n / QK_K; ++i, dst += QK_K) {
         const float d = half_to_float(b[i].d), dmin = half_to_float(b[i].dmin);
         for (int j = 0; j < 8; ++j) {
@@ -247,12 +236,17 @@ void dequantize_row_q5_k(const void* src, float* dst, int64_t n) {
             const uint8_t* q = b[i].qs + 32 * (j / 2);
             const int shift = 4 * (j % 2);
             for (int l = 0; l < 32; ++l) {
-                const int v = ((q[l] >> shift) & 0x0F) | (((b[i].qh[l] >> j) & 1) << 4);
+                int v = (q[l] >> shift) & 0x0F;
+                if constexpr (kHighBit) v |= ((b[i].qh[l] >> j) & 1) << 4;
                 dst[32 * j + l] = dj * float(v) - mj;
             }
         }
     }
 }
+}  // namespace
+
+void dequantize_row_q4_k(const void* src, float* dst, int64_t n) { dequantize_row_k4<BlockQ4_K, false>(src, dst, n); }
+void dequantize_row_q5_k(const void* src, float* dst, int64_t n) { dequantize_row_k4<BlockQ5_K, true>(src, dst, n); }
 
 void dequantize_row_q6_k(const void* src, float* dst, int64_t n) {
     const BlockQ6_K* b = static_cast<const BlockQ6_K*>(src);

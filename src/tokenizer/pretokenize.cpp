@@ -50,64 +50,59 @@ public:
     // The GPT-2 pattern. Every codepoint is covered by some alternative, so the piece is
     // cut into consecutive words.
     void split_gpt2() {
-        std::vector<Range> out;
-        out.reserve(pieces_.size() * 2);
-        for (const Range& r : pieces_) {
-            size_t pos = r.begin;
-            auto emit = [&](size_t end) { out.push_back({pos, end}); pos = end; };
-            while (pos < r.end) {
-                const uint32_t c = cpts_[pos];
-                if (size_t n = contraction(pos, r.end, false)) { emit(pos + n); continue; }
-                const bool sp = c == ' ' && pos + 1 < r.end;   // the optional leading space
-                const uint8_t f = flags_[sp ? pos + 1 : pos];
-                if (f & CPT_LETTER) { emit(run(pos + sp, r.end, CPT_LETTER)); continue; }
-                if (f & CPT_NUMBER) { emit(run(pos + sp, r.end, CPT_NUMBER)); continue; }
-                if (!(f & (CPT_WHITESPACE | CPT_LETTER | CPT_NUMBER))) {
-                    emit(run_not(pos + sp, r.end, CPT_WHITESPACE | CPT_LETTER | CPT_NUMBER));
-                    continue;
-                }
-                emit(whitespace_end(pos, r.end, false));
-            }
-        }
-        pieces_.swap(out);
+        split_words([&](size_t pos, size_t end) -> size_t {
+            const uint32_t c = cpts_[pos];
+            if (size_t n = contraction(pos, end, false)) return pos + n;
+            const bool sp = c == ' ' && pos + 1 < end;   // the optional leading space
+            const uint8_t f = flags_[sp ? pos + 1 : pos];
+            if (f & CPT_LETTER) return run(pos + sp, end, CPT_LETTER);
+            if (f & CPT_NUMBER) return run(pos + sp, end, CPT_NUMBER);
+            if (!(f & (CPT_WHITESPACE | CPT_LETTER | CPT_NUMBER)))
+                return run_not(pos + sp, end, CPT_WHITESPACE | CPT_LETTER | CPT_NUMBER);
+            return whitespace_end(pos, end, false);
+        });
     }
 
     // The llama3 pattern; max_digits is 3 for llama3, 1 for qwen2.
     void split_llama3(size_t max_digits) {
+        split_words([&](size_t pos, size_t end) -> size_t {
+            const uint32_t c = cpts_[pos];
+            const uint8_t f = flags_[pos];
+            if (size_t n = contraction(pos, end, true)) return pos + n;
+            // [^\r\n\p{L}\p{N}]?\p{L}+
+            if (!(c == '\r' || c == '\n' || (f & CPT_NUMBER)) &&
+                ((f & CPT_LETTER) || (pos + 1 < end && (flags_[pos + 1] & CPT_LETTER))))
+                return run(pos + 1, end, CPT_LETTER);
+            // \p{N}{1,max_digits}
+            if (f & CPT_NUMBER) {
+                size_t e = pos;
+                while (e < end && e - pos < max_digits && (flags_[e] & CPT_NUMBER)) ++e;
+                return e;
+            }
+            // <space>?[^\s\p{L}\p{N}]+[\r\n]*
+            const bool sp = c == ' ' && pos + 1 < end;
+            const uint8_t f2 = flags_[sp ? pos + 1 : pos];
+            if (!(f2 & (CPT_WHITESPACE | CPT_LETTER | CPT_NUMBER))) {
+                size_t e = run_not(pos + sp, end, CPT_WHITESPACE | CPT_LETTER | CPT_NUMBER);
+                while (e < end && (cpts_[e] == '\r' || cpts_[e] == '\n')) ++e;
+                return e;
+            }
+            return whitespace_end(pos, end, true);
+        });
+    }
+
+    // Cuts every piece into consecutive words: next_word(pos, piece_end) gives the end of the
+    // word starting at pos (each pattern covers every codepoint with some alternative).
+    template <class NextWord>
+    void split_words(NextWord&& next_word) {
         std::vector<Range> out;
         out.reserve(pieces_.size() * 2);
-        for (const Range& r : pieces_) {
-            size_t pos = r.begin;
-            auto emit = [&](size_t end) { out.push_back({pos, end}); pos = end; };
-            while (pos < r.end) {
-                const uint32_t c = cpts_[pos];
-                const uint8_t f = flags_[pos];
-                if (size_t n = contraction(pos, r.end, true)) { emit(pos + n); continue; }
-                // [^\r\n\p{L}\p{N}]?\p{L}+
-                if (!(c == '\r' || c == '\n' || (f & CPT_NUMBER)) &&
-                    ((f & CPT_LETTER) || (pos + 1 < r.end && (flags_[pos + 1] & CPT_LETTER)))) {
-                    emit(run(pos + 1, r.end, CPT_LETTER));
-                    continue;
-                }
-                // \p{N}{1,max_digits}
-                if (f & CPT_NUMBER) {
-                    size_t end = pos;
-                    while (end < r.end && end - pos < max_digits && (flags_[end] & CPT_NUMBER)) ++end;
-                    emit(end);
-                    continue;
-                }
-                // <space>?[^\s\p{L}\p{N}]+[\r\n]*
-                const bool sp = c == ' ' && pos + 1 < r.end;
-                const uint8_t f2 = flags_[sp ? pos + 1 : pos];
-                if (!(f2 & (CPT_WHITESPACE | CPT_LETTER | CPT_NUMBER))) {
-                    size_t end = run_not(pos + sp, r.end, CPT_WHITESPACE | CPT_LETTER | CPT_NUMBER);
-                    while (end < r.end && (cpts_[end] == '\r' || cpts_[end] == '\n')) ++end;
-                    emit(end);
-                    continue;
-                }
-                emit(whitespace_end(pos, r.end, true));
+        for (const Range& r : pieces_)
+            for (size_t pos = r.begin; pos < r.end;) {
+                const size_t end = next_word(pos, r.end);
+                out.push_back({pos, end});
+                pos = end;
             }
-        }
         pieces_.swap(out);
     }
 
