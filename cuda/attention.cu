@@ -43,6 +43,7 @@ __device__ __forceinline__ void merge_state(float& m, float& l, float* a, float 
 template <int M>
 __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(AttentionArgs a, DeviceBatch b) {
     pdl_wait();
+    pdl_trigger();
     const AttnTile tile = a.tiles[blockIdx.x];
     const int n_rep = a.n_head / a.n_head_kv;
     const int HC = a.heads_per_cta;
@@ -91,8 +92,9 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(Attention
 
     const int32_t* bt = b.block_table + int64_t(seq) * b.max_blocks;
     const int bs = a.block_size;
-    // Two keys per lane group per iteration, both loads issued before either is used.
-    constexpr int kUnroll = 2;
+    // kUnroll keys per lane group per iteration, all loads issued before any is used (more for
+    // decode, whose few queries leave registers to spare: long contexts are latency bound).
+    constexpr int kUnroll = M <= 2 ? 4 : 2;
     const int step = kAttnWarps * kpw;
     for (int kb = k0 + warp * kpw; kb < k1; kb += kUnroll * step) {
         uint4 kr[kUnroll], vr[kUnroll];
@@ -225,34 +227,65 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(Attention
 // q.k a sequential sum over dims without fused multiply-adds, a two-pass softmax, probabilities
 // normalized then rounded to f16, each output a sequential sum over positions. Greedy decoding
 // then follows the reference token for token far longer than with a reordered sum.
-__global__ void __launch_bounds__(kAttnWarps * kWarp) attention_exact_kernel(AttentionArgs a, DeviceBatch b) {
+// The sums are sequential, so speed comes from memory parallelism: V streams into shared memory
+// through a kExactStages-deep cp.async pipeline started before the scores, and each thread's K
+// row is loaded eight 16-byte words at a time.
+constexpr int kExactThreads = 256;
+constexpr int kExactChunk = 64;    // V positions per pipeline stage
+constexpr int kExactStages = 4;
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+__global__ void __launch_bounds__(kExactThreads) attention_exact_kernel(AttentionArgs a, DeviceBatch b) {
+    extern __shared__ uint4 vbuf[];   // [kExactStages][kExactChunk][head_dim / 8]
+    constexpr int kWarps = kExactThreads / kWarp;
     pdl_wait();
+    pdl_trigger();
     const int t = blockIdx.x, h = blockIdx.y;
-    const int hd = a.head_dim, kvh = h / (a.n_head / a.n_head_kv), kv_dim = a.n_head_kv * hd;
+    const int hd = a.head_dim, n8 = hd / 8, kvh = h / (a.n_head / a.n_head_kv), kv_dim = a.n_head_kv * hd;
     const int len = b.pos[t] + 1;
     __shared__ float qs[kMaxHeadDim];
     __shared__ float ps[kExactMaxLen];
-    __shared__ float red_f[kAttnWarps];
-    __shared__ double red_d[kAttnWarps];
+    __shared__ float red_f[kWarps];
+    __shared__ double red_d[kWarps];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x)
-        qs[i] = __half2float(__float2half_rn(a.q[int64_t(t) * a.n_head * hd + int64_t(h) * hd + i]));
-    __syncthreads();
     const int32_t* bt = b.block_table + int64_t(b.seq[t]) * b.max_blocks;
     const int bs = a.block_size;
+    auto row = [&](int p) { return (int64_t(bt[p / bs]) * bs + p % bs) * kv_dim + int64_t(kvh) * hd; };
+
+    // V chunk c -> stage c % kExactStages. Every thread commits a group per call (empty past the
+    // end) so the wait counts below are the same for all.
+    const int n_chunks = (len + kExactChunk - 1) / kExactChunk;
+    auto issue_v = [&](int c) {
+        if (c < n_chunks) {
+            uint4* dst = vbuf + (c % kExactStages) * kExactChunk * n8;
+            const int p0 = c * kExactChunk, n = min(kExactChunk, len - p0) * n8;
+            for (int e = threadIdx.x; e < n; e += kExactThreads) cp_async16(dst + e, a.v_cache + row(p0 + e / n8) + 8 * (e % n8));
+        }
+        cp_async_commit();
+    };
+    for (int c = 0; c < kExactStages - 1; ++c) issue_v(c);
+
+    for (int i = threadIdx.x; i < hd; i += kExactThreads)
+        qs[i] = __half2float(__float2half_rn(a.q[int64_t(t) * a.n_head * hd + int64_t(h) * hd + i]));
+    __syncthreads();
     float mx = -INFINITY;
-    for (int p = threadIdx.x; p < len; p += blockDim.x) {
-        const uint4* kp = reinterpret_cast<const uint4*>(a.k_cache + (int64_t(bt[p / bs]) * bs + p % bs) * kv_dim +
-                                                         int64_t(kvh) * hd);
+    for (int p = threadIdx.x; p < len; p += kExactThreads) {
+        const uint4* kp = reinterpret_cast<const uint4*>(a.k_cache + row(p));
         float acc = 0.f;
-        // 16-byte loads, four in flight, then the dims in order (the sum itself stays sequential).
-        for (int c0 = 0; c0 < hd / 8; c0 += 4) {
-            uint4 r[4];
+        for (int c0 = 0; c0 < n8; c0 += 8) {
+            uint4 r[8];
 #pragma unroll
-            for (int u = 0; u < 4; ++u) r[u] = c0 + u < hd / 8 ? kp[c0 + u] : make_uint4(0, 0, 0, 0);
+            for (int u = 0; u < 8; ++u) r[u] = c0 + u < n8 ? kp[c0 + u] : make_uint4(0, 0, 0, 0);
 #pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                if (c0 + u >= hd / 8) break;
+            for (int u = 0; u < 8; ++u) {
+                if (c0 + u >= n8) break;
                 float kf[8];
                 unpack8(r[u], kf);
 #pragma unroll
@@ -266,9 +299,9 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_exact_kernel(Att
     if (lane == 0) red_f[warp] = mx;
     __syncthreads();
     mx = red_f[0];
-    for (int w = 1; w < kAttnWarps; ++w) mx = fmaxf(mx, red_f[w]);
+    for (int w = 1; w < kWarps; ++w) mx = fmaxf(mx, red_f[w]);
     double sum = 0.0;
-    for (int p = threadIdx.x; p < len; p += blockDim.x) {
+    for (int p = threadIdx.x; p < len; p += kExactThreads) {
         ps[p] = expf(ps[p] - mx);
         sum += double(ps[p]);
     }
@@ -276,27 +309,44 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_exact_kernel(Att
     if (lane == 0) red_d[warp] = sum;
     __syncthreads();
     sum = 0.0;
-    for (int w = 0; w < kAttnWarps; ++w) sum += red_d[w];
+    for (int w = 0; w < kWarps; ++w) sum += red_d[w];
     const float inv = float(1.0 / sum);
-    for (int p = threadIdx.x; p < len; p += blockDim.x) ps[p] = __half2float(__float2half_rn(__fmul_rn(ps[p], inv)));
-    __syncthreads();
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        float o = 0.f;
+    for (int p = threadIdx.x; p < len; p += kExactThreads) ps[p] = __half2float(__float2half_rn(__fmul_rn(ps[p], inv)));
+
+    float o = 0.f;
+    for (int c = 0; c < n_chunks; ++c) {
+        issue_v(c + kExactStages - 1);   // reuses the stage chunk c - 1 had, released by the last barrier
+        cp_async_wait<kExactStages - 1>();
+        __syncthreads();
+        if (threadIdx.x < hd) {
+            const __half* vs = reinterpret_cast<const __half*>(vbuf + (c % kExactStages) * kExactChunk * n8) + threadIdx.x;
+            const float* pc = ps + c * kExactChunk;
+            const int n = min(kExactChunk, len - c * kExactChunk);
 #pragma unroll 8
-        for (int p = 0; p < len; ++p) {
-            const __half* vp = a.v_cache + (int64_t(bt[p / bs]) * bs + p % bs) * kv_dim + int64_t(kvh) * hd;
-            o = __fadd_rn(o, __fmul_rn(ps[p], __half2float(vp[i])));
+            for (int j = 0; j < n; ++j) o = __fadd_rn(o, __fmul_rn(pc[j], __half2float(vs[j * hd])));
         }
-        a.out[int64_t(t) * a.n_head * hd + int64_t(h) * hd + i] = o;
+        __syncthreads();
     }
+    const int64_t e = int64_t(t) * a.n_head * hd + int64_t(h) * hd + threadIdx.x;
+    if (threadIdx.x < hd) a.out[e] = o;
+    if (a.out_q && threadIdx.x < hd)   // hd % 32 == 0: each warp holds one q8_1 block of the output row
+        q8_1_block(o, lane, a.out_q + e - lane, a.out_ds + e / 32);
 }
 
 }  // namespace
 
 void attention_exact(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s) {
-    if (a.head_dim > kMaxHeadDim) fail("cuda attention: head_dim ", a.head_dim, " exceeds ", kMaxHeadDim);
+    if (a.head_dim % 8 || a.head_dim > kMaxHeadDim)
+        fail("cuda attention: head_dim ", a.head_dim, " must be a multiple of 8 and at most ", kMaxHeadDim);
     if (a.n_tok == 0) return;
-    launch_pdl(attention_exact_kernel, dim3(unsigned(a.n_tok), unsigned(a.n_head)), dim3(kAttnWarps * kWarp), s, a, b);
+    const size_t smem = size_t(kExactStages) * kExactChunk * a.head_dim * sizeof(__half);
+    static size_t smem_set = 0;   // the opt-in above 48 KB, once per size
+    if (smem > smem_set) {
+        EMBER_CUDA_CHECK(cudaFuncSetAttribute(attention_exact_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        smem_set = smem;
+    }
+    launch_pdl_smem(attention_exact_kernel, dim3(unsigned(a.n_tok), unsigned(a.n_head)), dim3(kExactThreads), smem, s, a, b);
+    EMBER_CUDA_LAUNCHED("attention_exact");
 }
 
 void attention(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s) {

@@ -23,6 +23,14 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+// Lets the next kernel of the stream start its CTAs as this grid's last ones run (they stop at
+// pdl_wait until this grid has finished); every launch_pdl kernel calls it once it has started.
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

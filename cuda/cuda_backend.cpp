@@ -393,16 +393,37 @@ public:
         cuda::rmsnorm(const_cast<float*>(x), res, gamma, n_tok, dim, eps, y, q, ds, stream_);
         if (q) set_q8(y, int64_t(n_tok) * dim);
     }
+    // Deferred (up to two: q then k): a following kv_store of the rotated k runs all in one kernel.
     void rope(float* x, int32_t n_tok, int32_t n_heads, int32_t head_dim, float freq_base, bool neox) override {
-        flush();
+        flush(/*keep_ropes=*/true);
         ++epoch_;
         check_batch(n_tok, "rope");
+        if (fuse_on_ && n_prope_ < 2) {
+            prope_[n_prope_++] = PendingRope{x, n_tok, n_heads, head_dim, freq_base, neox};
+            return;
+        }
         cuda::rope(x, dbatch_.pos, n_tok, n_heads, head_dim, freq_base, neox, stream_);
     }
     void kv_store(KVLayer& kv, const float* k, const float* v, int32_t n_tok) override {
+        check_batch(n_tok, "kv_store");
+        if (n_prope_ > 0) {
+            const PendingRope& rk = prope_[n_prope_ - 1];
+            const PendingRope* rq = n_prope_ == 2 ? &prope_[0] : nullptr;
+            const bool k_ok = rk.x == k && rk.n_tok == n_tok && rk.n_heads == kv.n_head_kv && rk.head_dim == kv.head_dim;
+            const bool q_ok = !rq || (rq->n_tok == n_tok && rq->head_dim == rk.head_dim && rq->base == rk.base &&
+                                      rq->neox == rk.neox);
+            if (k_ok && q_ok) {
+                n_prope_ = 0;
+                flush();
+                ++epoch_;
+                cuda::rope_kv_store(rq ? rq->x : nullptr, rq ? rq->n_heads : 0, rk.x, v, kv.n_head_kv, kv.head_dim, rk.base,
+                                    rk.neox, static_cast<__half*>(kv.k), static_cast<__half*>(kv.v), kv.block_size, n_tok,
+                                    dbatch_, stream_);
+                return;
+            }
+        }
         flush();
         ++epoch_;
-        check_batch(n_tok, "kv_store");
         cuda::kv_store(static_cast<__half*>(kv.k), static_cast<__half*>(kv.v), kv.block_size, kv.n_head_kv * kv.head_dim,
                        k, v, n_tok, dbatch_, stream_);
     }
@@ -427,7 +448,15 @@ public:
         const int n_rep = shape.n_head_kv > 0 ? shape.n_head / shape.n_head_kv : 1;
         a.heads_per_cta = std::min(n_rep, 8);
         if (n_tok <= kMaxIntPromptTokens && max_len_ <= cuda::kExactMaxLen && exact_attn_on_ && shape.head_dim % 8 == 0) {
+            const int64_t total = int64_t(n_tok) * shape.n_head * shape.head_dim;
+            if (fuse_on_ && shape.head_dim % 32 == 0) {   // the O projection's GEMV reads these q8_1 blocks
+                ensure(xq_, size_t(total));
+                ensure(xds_, size_t(total / 32) * sizeof(float2));
+                a.out_q = static_cast<int8_t*>(xq_.p);
+                a.out_ds = static_cast<float2*>(xds_.p);
+            }
             cuda::attention_exact(a, dbatch_, stream_);
+            if (a.out_q) set_q8(out, total);
             return;
         }
         if (n_tok > kMaxIntPromptTokens) {   // long prompts: tensor cores where the head dim allows
@@ -541,6 +570,12 @@ private:
         const float* y = nullptr;
         int64_t n = 0;
     };
+    struct PendingRope {
+        float* x;
+        int32_t n_tok, n_heads, head_dim;
+        float base;
+        bool neox;
+    };
     struct PendingGemv {
         int count = 0;
         cuda::DeviceWeight w[kMaxGemvBatch];
@@ -549,8 +584,15 @@ private:
         int32_t n_tok = 0;
     };
 
-    // Launches the deferred op, if any (every op but the fusable ones calls this first).
-    void flush() {
+    // Launches the deferred ops, if any (every op but the fusable ones calls this first).
+    void flush(bool keep_ropes = false) {
+        if (!keep_ropes) {
+            for (int i = 0; i < n_prope_; ++i) {
+                const PendingRope& r = prope_[i];
+                cuda::rope(r.x, dbatch_.pos, r.n_tok, r.n_heads, r.head_dim, r.base, r.neox, stream_);
+            }
+            n_prope_ = 0;
+        }
         if (padd_.x) {
             const PendingAdd a = padd_;
             padd_ = PendingAdd{};
@@ -636,6 +678,8 @@ private:
     int64_t q8_total_ = 0;
 
     PendingAdd padd_;
+    PendingRope prope_[2];
+    int n_prope_ = 0;
     PendingGemv pgemv_;
 
     // graphs

@@ -16,6 +16,7 @@ unsigned grid_for(int64_t n) {
 
 __global__ void swiglu_kernel(const float* __restrict__ g, const float* __restrict__ u, int64_t n, float* __restrict__ o) {
     pdl_wait();
+    pdl_trigger();
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
         const float a = g[i];
         o[i] = a / (1.f + expf(-a)) * u[i];
@@ -26,6 +27,7 @@ __global__ void swiglu_kernel(const float* __restrict__ g, const float* __restri
 __global__ void swiglu_q8_kernel(const float* __restrict__ g, const float* __restrict__ u, int64_t n_blocks,
                                  float* __restrict__ o, int8_t* __restrict__ q, float2* __restrict__ ds) {
     pdl_wait();
+    pdl_trigger();
     const int64_t blk = int64_t(blockIdx.x) * (blockDim.x / kWarp) + (threadIdx.x >> 5);
     if (blk >= n_blocks) return;
     const int lane = threadIdx.x & 31;
@@ -38,12 +40,14 @@ __global__ void swiglu_q8_kernel(const float* __restrict__ g, const float* __res
 
 __global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, int64_t n) {
     pdl_wait();
+    pdl_trigger();
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
         x[i] += y[i];
 }
 
 __global__ void add_bias_kernel(float* __restrict__ x, const float* __restrict__ b, int64_t n, int32_t dim) {
     pdl_wait();
+    pdl_trigger();
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
         x[i] += b[i % dim];
 }
@@ -53,6 +57,7 @@ __global__ void add_bias_kernel(float* __restrict__ x, const float* __restrict__
 __global__ void kv_store_kernel(__half* __restrict__ kc, __half* __restrict__ vc, int32_t block_size, int32_t kv_dim,
                                 const float* __restrict__ k, const float* __restrict__ v, DeviceBatch b) {
     pdl_wait();
+    pdl_trigger();
     const int t = blockIdx.x;
     const int p = b.pos[t];
     const int64_t phys = b.block_table[int64_t(b.seq[t]) * b.max_blocks + p / block_size];

@@ -42,27 +42,35 @@ __global__ void __launch_bounds__(kRowsPerBlock * kWarp) gemv_kernel(GemvBatch b
     p.y = pick(b.y, wi);
     p.n_out = pick(b.n_out, wi);
     const int64_t row = int64_t(bx - pick(b.start, wi)) * kRowsPerBlock + (threadIdx.x >> 5);
+    pdl_trigger();
     if (row >= p.n_out) return;
-    pdl_wait();
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[t] = 0.f;
     // kDepth units per lane in flight: all their weight loads are issued before the first is used
-    // (a 4096-wide Q4_0 row is then a single round trip to memory).
-    constexpr int kDepth = 4;
-    for (int u0 = lane; u0 < p.units; u0 += kDepth * kWarp) {
-        typename F::Data v[kDepth];
+    // (a 4096-wide Q4_0 row is then a single round trip to memory). Weights do not depend on the
+    // previous kernel, so the first loads go out before pdl_wait and overlap its tail.
+    constexpr int kDepth = F::kDepth;
+    typename F::Data v[kDepth];
+    auto load = [&](int u0) {
 #pragma unroll
         for (int k = 0; k < kDepth; ++k)
             if (u0 + k * kWarp < p.units) v[k] = F::load(p, row, u0 + k * kWarp);
+    };
+    load(lane);
+    pdl_wait();
+    for (int u0 = lane;;) {
 #pragma unroll
         for (int k = 0; k < kDepth; ++k)
             if (u0 + k * kWarp < p.units) F::template dot<NT>(p, u0 + k * kWarp, v[k], acc);
+        u0 += kDepth * kWarp;
+        if (u0 >= p.units) break;
+        load(u0);
     }
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
-        const float v = warp_sum(acc[t]);
-        if (lane == 0) p.y[t * p.n_out + row] = v;
+        const float sum = warp_sum(acc[t]);
+        if (lane == 0) p.y[t * p.n_out + row] = sum;
     }
 }
 

@@ -44,8 +44,8 @@ __device__ __forceinline__ float2 load_ds(const GemvParams& p, int t, int64_t xb
 }
 
 // Each format: Data (a unit's weight bytes in registers), load() (issues the unit's weight loads
-// only, so the GEMV can put several units' loads in flight before any use) and dot() (the math,
-// reading the cached activations).
+// only, so the GEMV can put several units' loads in flight before any use), dot() (the math,
+// reading the cached activations) and kDepth (units per lane in flight).
 
 // Q4_0 / Q4_1 / Q5_0 / Q5_1: a unit is one 32-element block (16 bytes of nibbles: byte j
 // holds element j low, element j+16 high). Q8_0: one block of 32 int8.
@@ -56,6 +56,7 @@ __device__ __forceinline__ void nibbles(const uint4& q, int (&w)[8]) {
 }
 
 struct FmtQ4_0 {
+    static constexpr int kDepth = 4;
     struct Data { uint4 q; uint16_t d; };
     __device__ static Data load(const GemvParams& p, int64_t row, int u) {
         const int64_t b = row * p.n_blocks + u;
@@ -79,6 +80,7 @@ struct FmtQ4_0 {
 };
 
 struct FmtQ4_1 {
+    static constexpr int kDepth = 4;
     struct Data { uint4 q; uint32_t dm; };
     __device__ static Data load(const GemvParams& p, int64_t row, int u) {
         const int64_t b = row * p.n_blocks + u;
@@ -101,6 +103,7 @@ struct FmtQ4_1 {
 
 template <bool kHasMin>
 struct FmtQ5 {
+    static constexpr int kDepth = 4;
     struct Data { uint4 q; uint2 mt; };   // mt: {d | m << 16, qh}
     __device__ static Data load(const GemvParams& p, int64_t row, int u) {
         const int64_t b = row * p.n_blocks + u;
@@ -131,6 +134,7 @@ struct FmtQ5 {
 };
 
 struct FmtQ8_0 {
+    static constexpr int kDepth = 4;
     struct Data { uint4 q0, q1; uint16_t d; };
     __device__ static Data load(const GemvParams& p, int64_t row, int u) {
         const int64_t b = row * p.n_blocks + u;
@@ -172,6 +176,7 @@ __device__ __forceinline__ void kq_scale_min(uint32_t s0, uint32_t s1, uint32_t 
 // whose low nibbles are sub-block 2jp and high nibbles sub-block 2jp+1.
 template <bool kQ5>
 struct FmtQK {
+    static constexpr int kDepth = 4;
     static constexpr int kBlockBytes = kQ5 ? 176 : 144;
     struct Data { uint4 hdr, qa, qb, ha, hb; };   // ha, hb: the block's 32 qh bytes (Q5_K)
     __device__ static Data load(const GemvParams& p, int64_t row, int u) {
@@ -228,6 +233,7 @@ struct FmtQK {
 // Q6_K (packed: 192 quant bytes ql[128] qh[64] per block, scales and d apart): a unit is
 // 16 consecutive l of one 128-element half: elements l, l+32, l+64, l+96 (four sub-blocks of 16).
 struct FmtQ6_K {
+    static constexpr int kDepth = 4;
     struct Data { uint4 A, B, H, S; uint16_t d; };
     __device__ static Data load(const GemvParams& p, int64_t row, int u) {
         const int64_t b = row * p.n_blocks + (u >> 2);
@@ -273,6 +279,7 @@ struct FmtQ6_K {
 template <class T>
 struct FmtFloat {
     static constexpr int kPer = 16 / sizeof(T);
+    static constexpr int kDepth = 8;   // 16 bytes a unit: a 4096-wide f16 row is 16 units per lane
     struct Data { uint4 q; };
     __device__ static Data load(const GemvParams& p, int64_t row, int u) {
         return {ld_stream(p.w + (row * p.n_in + int64_t(u) * kPer) * sizeof(T))};

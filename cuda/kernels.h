@@ -61,6 +61,10 @@ struct DeviceBatch {
 
 void kv_store(__half* k_cache, __half* v_cache, int32_t block_size, int32_t kv_dim,
               const float* k, const float* v, int32_t n_tok, const DeviceBatch& b, cudaStream_t s);
+// rope of q (may be null) and k, then kv_store of k and v: the three ops in one launch.
+void rope_kv_store(float* q, int32_t n_head_q, float* k, const float* v, int32_t n_head_kv, int32_t head_dim,
+                   float freq_base, bool neox, __half* k_cache, __half* v_cache, int32_t block_size, int32_t n_tok,
+                   const DeviceBatch& b, cudaStream_t s);
 
 // A run of <= tile_len consecutive batch tokens of one sequence: attention shares K/V loads
 // among the tile's queries. Built on the host by set_batch for each tile length.
@@ -81,6 +85,8 @@ struct AttentionArgs {
     float* part_acc;              // [n_split][n_tok][n_head][head_dim] when n_split > 1
     float2* part_ml;              // [n_split][n_tok][n_head] (running max, sum of exp)
     int32_t* split_counter;       // [n_tiles][grid.y] zeros: CTAs done per (tile, head chunk)
+    int8_t* out_q;                // attention_exact: out also as q8_1 blocks (or null)
+    float2* out_ds;
 };
 void attention(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s);
 // Short contexts (every position < kExactMaxLen): the reference CPU arithmetic, in order.

@@ -18,6 +18,7 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(float* __restrict
                                                               float* __restrict__ y, int8_t* __restrict__ q,
                                                               float2* __restrict__ ds) {
     pdl_wait();
+    pdl_trigger();
     float* xr = x + int64_t(blockIdx.x) * dim;
     float* yr = y + int64_t(blockIdx.x) * dim;
     float ss = 0.f;
@@ -55,24 +56,131 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(float* __restrict
     }
 }
 
+// Rows whose width is a multiple of 4 and at most 4 * kVecNormThreads * U: each thread keeps its
+// U float4 of the row in registers, so the row is read once with every load in flight (the
+// one-token decode norm is otherwise a chain of dependent loads). For the q8 output, eight
+// consecutive lanes hold one 32-element block: the same arithmetic as q8_1_block.
+constexpr int kVecNormThreads = 1024;
+
+template <int U>
+__global__ void __launch_bounds__(kVecNormThreads) rmsnorm_vec_kernel(float* __restrict__ x, const float* __restrict__ res,
+                                                                     const float* __restrict__ gamma, int32_t dim, float eps,
+                                                                     float* __restrict__ y, int8_t* __restrict__ q,
+                                                                     float2* __restrict__ ds) {
+    pdl_wait();
+    pdl_trigger();
+    const int n4 = dim / 4;
+    float4* xr = reinterpret_cast<float4*>(x + int64_t(blockIdx.x) * dim);
+    float4 v[U], g[U];
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < U; ++k) {
+        const int i = threadIdx.x + k * blockDim.x;
+        v[k] = g[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (i < n4) {
+            v[k] = xr[i];
+            g[k] = reinterpret_cast<const float4*>(gamma)[i];
+            if (res) {
+                const float4 r = reinterpret_cast<const float4*>(res + int64_t(blockIdx.x) * dim)[i];
+                v[k] = make_float4(v[k].x + r.x, v[k].y + r.y, v[k].z + r.z, v[k].w + r.w);
+                xr[i] = v[k];
+            }
+        }
+        ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+    }
+    __shared__ float red[kVecNormThreads / kWarp];
+    ss = warp_sum(ss);
+    const int lane = threadIdx.x & 31, n_warps = blockDim.x / kWarp;
+    if (lane == 0) red[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    float tot = lane < n_warps ? red[lane] : 0.f;
+    tot = warp_sum(tot);
+    const float inv = rsqrtf(tot / float(dim) + eps);
+#pragma unroll
+    for (int k = 0; k < U; ++k) {
+        const int i = threadIdx.x + k * blockDim.x;
+        const float4 o = make_float4(v[k].x * inv * g[k].x, v[k].y * inv * g[k].y, v[k].z * inv * g[k].z, v[k].w * inv * g[k].w);
+        if (i < n4) reinterpret_cast<float4*>(y + int64_t(blockIdx.x) * dim)[i] = o;
+        if (q) {   // dim % 32 == 0, so a group of 8 lanes is wholly inside or outside the row
+            float amax = fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w)));
+#pragma unroll
+            for (int m = 1; m < 8; m <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+            const float d = amax / 127.f;
+            const float id = amax != 0.f ? 127.f / amax : 0.f;
+            const int q0 = __float2int_rn(o.x * id), q1 = __float2int_rn(o.y * id), q2 = __float2int_rn(o.z * id),
+                      q3 = __float2int_rn(o.w * id);
+            int sum = q0 + q1 + q2 + q3;
+#pragma unroll
+            for (int m = 1; m < 8; m <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, m);
+            if (i < n4) {
+                const int64_t e = int64_t(blockIdx.x) * dim + 4 * int64_t(i);
+                reinterpret_cast<char4*>(q)[e / 4] = make_char4(int8_t(q0), int8_t(q1), int8_t(q2), int8_t(q3));
+                if ((lane & 7) == 0)
+                    ds[e / 32] = make_float2(__half2float(__float2half_rn(d)), __half2float(__float2half_rn(d * float(sum))));
+            }
+        }
+    }
+}
+
+// Rotates the pair (i, i + half) (neox) or (2i, 2i + 1) of one head by pos * base^(-2i/head_dim).
+__device__ __forceinline__ void rope_pair(const float* src, float* dst, int i, int pos, int head_dim, float log2_base,
+                                          bool neox) {
+    const int half = head_dim / 2;
+    const float theta = float(pos) * exp2f(-log2_base * float(2 * i) / float(head_dim));
+    float sn, cs;
+    sincosf(theta, &sn, &cs);
+    const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+    const float x0 = src[a], x1 = src[b];
+    dst[a] = x0 * cs - x1 * sn;
+    dst[b] = x0 * sn + x1 * cs;
+}
+
 __global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ pos, int32_t n_tok, int32_t n_heads,
                             int32_t head_dim, float log2_base, bool neox) {
     pdl_wait();
+    pdl_trigger();
     const int half = head_dim / 2;
     const int64_t total = int64_t(n_tok) * n_heads * half;
     for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < total; g += int64_t(gridDim.x) * blockDim.x) {
-        const int i = int(g % half);
         const int64_t th = g / half;   // token * n_heads + head
-        const int t = int(th / n_heads);
-        // theta = pos * base^(-2i/head_dim)
-        const float theta = float(pos[t]) * exp2f(-log2_base * float(2 * i) / float(head_dim));
-        float sn, cs;
-        sincosf(theta, &sn, &cs);
         float* h = x + th * head_dim;
-        const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-        const float x0 = h[a], x1 = h[b];
-        h[a] = x0 * cs - x1 * sn;
-        h[b] = x0 * sn + x1 * cs;
+        rope_pair(h, h, int(g % half), pos[th / n_heads], head_dim, log2_base, neox);
+    }
+}
+
+// rope of q (optional) and k, then k and v stored as f16 at each token's cache slot: one launch
+// for what the forward asks as three ops. Per token: q pairs, then k pairs, then v pairs.
+__global__ void rope_kv_store_kernel(float* __restrict__ q, int32_t n_head_q, float* __restrict__ k,
+                                     const float* __restrict__ v, int32_t n_head_kv, int32_t head_dim, float log2_base,
+                                     bool neox, __half* __restrict__ kc, __half* __restrict__ vc, int32_t block_size,
+                                     int32_t n_tok, DeviceBatch b) {
+    pdl_wait();
+    pdl_trigger();
+    const int half = head_dim / 2, kv_dim = n_head_kv * head_dim;
+    const int nq = n_head_q * half, nk = n_head_kv * half, per_tok = nq + 2 * nk;
+    const int64_t total = int64_t(n_tok) * per_tok;
+    for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < total; g += int64_t(gridDim.x) * blockDim.x) {
+        const int t = int(g / per_tok), r = int(g % per_tok);
+        const int p = b.pos[t];
+        if (r < nq) {
+            float* h = q + (int64_t(t) * n_head_q + r / half) * head_dim;
+            rope_pair(h, h, r % half, p, head_dim, log2_base, neox);
+            continue;
+        }
+        const int64_t phys = b.block_table[int64_t(b.seq[t]) * b.max_blocks + p / block_size];
+        __half* dst_row = (r < nq + nk ? kc : vc) + (phys * block_size + p % block_size) * kv_dim;
+        if (r < nq + nk) {
+            const int j = r - nq, head = j / half, i = j % half;
+            float* h = k + int64_t(t) * kv_dim + head * head_dim;
+            rope_pair(h, h, i, p, head_dim, log2_base, neox);
+            const int a = neox ? i : 2 * i, c = neox ? i + half : 2 * i + 1;
+            dst_row[head * head_dim + a] = __float2half_rn(h[a]);
+            dst_row[head * head_dim + c] = __float2half_rn(h[c]);
+        } else {
+            const int e = 2 * (r - nq - nk);
+            const float2 val = *reinterpret_cast<const float2*>(v + int64_t(t) * kv_dim + e);
+            *reinterpret_cast<__half2*>(dst_row + e) = __floats2half2_rn(val.x, val.y);
+        }
     }
 }
 
@@ -82,7 +190,19 @@ void rmsnorm(float* x, const float* res, const float* gamma, int32_t n_tok, int3
              int8_t* q, float2* ds, cudaStream_t s) {
     if (n_tok <= 0) return;
     if (q && dim % 32) fail("cuda rmsnorm: q8 output needs a width that is a multiple of 32, got ", dim);
-    launch_pdl(rmsnorm_kernel, unsigned(n_tok), kNormThreads, s, x, res, gamma, dim, eps, y, q, ds);
+    const int n4 = dim / 4;
+    if (dim % 4 == 0 && n4 <= 4 * kVecNormThreads) {
+        const int per = (n4 + kVecNormThreads - 1) / kVecNormThreads;   // float4 per thread
+        const int threads = ((n4 + per - 1) / per + kWarp - 1) / kWarp * kWarp;
+        if (per == 1)
+            launch_pdl(rmsnorm_vec_kernel<1>, unsigned(n_tok), threads, s, x, res, gamma, dim, eps, y, q, ds);
+        else if (per == 2)
+            launch_pdl(rmsnorm_vec_kernel<2>, unsigned(n_tok), threads, s, x, res, gamma, dim, eps, y, q, ds);
+        else
+            launch_pdl(rmsnorm_vec_kernel<4>, unsigned(n_tok), threads, s, x, res, gamma, dim, eps, y, q, ds);
+    } else {
+        launch_pdl(rmsnorm_kernel, unsigned(n_tok), kNormThreads, s, x, res, gamma, dim, eps, y, q, ds);
+    }
     EMBER_CUDA_LAUNCHED("rmsnorm");
 }
 
@@ -94,6 +214,18 @@ void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_heads, int32_t 
     const unsigned grid = unsigned(std::min<int64_t>((total + 255) / 256, 65536));
     launch_pdl(rope_kernel, grid, 256, s, x, pos, n_tok, n_heads, head_dim, log2f(freq_base), neox);
     EMBER_CUDA_LAUNCHED("rope");
+}
+
+void rope_kv_store(float* q, int32_t n_head_q, float* k, const float* v, int32_t n_head_kv, int32_t head_dim,
+                   float freq_base, bool neox, __half* k_cache, __half* v_cache, int32_t block_size, int32_t n_tok,
+                   const DeviceBatch& b, cudaStream_t s) {
+    if (head_dim % 2) fail("cuda rope: head_dim ", head_dim, " is odd");
+    const int64_t total = int64_t(n_tok) * (n_head_q + 2 * n_head_kv) * (head_dim / 2);
+    if (total == 0) return;
+    const unsigned grid = unsigned(std::min<int64_t>((total + 255) / 256, 65536));
+    launch_pdl(rope_kv_store_kernel, grid, 256, s, q, q ? n_head_q : 0, k, v, n_head_kv, head_dim, log2f(freq_base), neox,
+               k_cache, v_cache, block_size, n_tok, b);
+    EMBER_CUDA_LAUNCHED("rope_kv_store");
 }
 
 }  // namespace cuda

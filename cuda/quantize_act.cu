@@ -13,6 +13,7 @@ namespace {
 __global__ void quantize_q8_1_kernel(const float* __restrict__ x, int8_t* __restrict__ q,
                                      float2* __restrict__ ds, int64_t n_blocks) {
     pdl_wait();
+    pdl_trigger();
     const int64_t blk = int64_t(blockIdx.x) * (blockDim.x / kWarp) + (threadIdx.x >> 5);
     if (blk >= n_blocks) return;
     const int lane = threadIdx.x & 31;

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "model/backend.h"
@@ -99,6 +100,7 @@ int main(int argc, char** argv) {
         be->free(a);
         be->free(b);
         std::printf("device copy bandwidth: %.0f GB/s (read + write)\n\n", copy_bw / 1e9);
+        const std::string only = argc > 1 ? argv[1] : "";   // "gemv" or "attention": that table alone
 
         const Named types[] = {{GGMLType::Q4_0, "Q4_0"}, {GGMLType::Q4_1, "Q4_1"}, {GGMLType::Q5_0, "Q5_0"},
                                {GGMLType::Q5_1, "Q5_1"}, {GGMLType::Q8_0, "Q8_0"}, {GGMLType::Q4_K, "Q4_K"},
@@ -108,6 +110,7 @@ int main(int argc, char** argv) {
         const int64_t shapes[3][2] = {{4096, 4096}, {4096, 11008}, {11008, 4096}};
         std::printf("| type | shape | tok | us (with q8 of x) | GB/s from HBM | %% of copy bw | pp512 TFLOP/s |\n|---|---|---|---|---|---|---|\n");
         for (const Named& ty : types) {
+            if (only == "attention") break;
             for (auto& sh : shapes) {
                 int64_t n_in = sh[0], n_out = sh[1];
                 if ((ty.t == GGMLType::Q4_K || ty.t == GGMLType::Q5_K || ty.t == GGMLType::Q6_K) && n_in % 256) n_in = 11264;
@@ -145,6 +148,7 @@ int main(int argc, char** argv) {
         std::printf("\n| attention | ctx | us | GB/s of K/V | TFLOP/s |\n|---|---|---|---|---|\n");
         const int n_head = 32, n_kv = 32, hd = 128, bs = 16;
         for (int ctx : {512, 4096, 16384}) {
+            if (only == "gemv") break;
             const int n_blocks = ctx / bs;
             KVLayer kv;
             kv.n_blocks = n_blocks;
@@ -197,7 +201,6 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "ember-cuda-bench: %s\n", e.what());
         return 1;
     }
-    (void)argc;
     (void)argv;
     return 0;
 }

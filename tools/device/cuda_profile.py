@@ -1,0 +1,30 @@
+#!/usr/bin/env python3
+"""Drive a few decode steps for Nsight Compute (ncu) to time every kernel of one step.
+
+    ncu --metrics gpu__time_duration.sum --csv ... cuda_profile.py MODEL.gguf [STEPS [DEPTH]]
+
+Prints the wall time per step first (graphs as configured by EMBER_CUDA_GRAPHS), so the sum of
+kernel times can be set against it: the difference is launch gaps and host work.
+"""
+import sys
+import time
+
+from ember import _ember as E
+
+
+def main():
+    path = sys.argv[1]
+    steps = int(sys.argv[2]) if len(sys.argv) > 2 else 24
+    depth = int(sys.argv[3]) if len(sys.argv) > 3 else 4
+    ctx = E.Context(E.Model(path, n_gpu_layers=-1), n_ctx=depth + steps + 1, n_batch=512)
+    ctx.eval([1 + i % 1000 for i in range(depth)])
+    tok = 5
+    t = time.perf_counter()
+    for _ in range(steps):
+        ctx.eval([tok])
+        tok = (tok * 7 + 3) % 1000
+    print(f"ms per decode step: {(time.perf_counter() - t) / steps * 1e3:.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
