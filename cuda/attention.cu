@@ -6,6 +6,8 @@
 // lanes holds 8 dims each (16-byte loads of K and V). Splits > 1 write unnormalized partials
 // that the last CTA to finish merges. Q and the probabilities are rounded to f16 as in
 // llama.cpp's attention, so greedy decoding follows the reference closely.
+#include <algorithm>
+
 #include "common.cuh"
 #include "kernels.h"
 #include "launch.h"
@@ -333,6 +335,207 @@ __global__ void __launch_bounds__(kExactThreads) attention_exact_kernel(Attentio
         q8_1_block(o, lane, a.out_q + e - lane, a.out_ds + e / 32);
 }
 
+// Decode over long contexts (flash-decoding): one CTA per (token, kv head's group of up to
+// kDecMaxHeads q heads, key range). K and V stream through shared memory in tiles of kDecTile
+// keys, kDecStages deep, so loads never wait on the math; each tile gets its own softmax update.
+// Scores: 8 lanes per key, each over hd/8 dims (conflict-free 16-byte reads of the tile); values:
+// one thread per output dim. Q and the probabilities are rounded to f16 as in the kernel above.
+constexpr int kDecThreads = 128;
+constexpr int kDecTile = 32;
+constexpr int kDecStages = 3;
+constexpr int kDecMaxHeads = 4;   // one warp per head for the softmax step
+
+__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, bool valid) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0) : "memory");
+}
+
+template <int M, int NC>   // M q heads per CTA, NC 16-byte chunks of a key per lane (hd = 64 * NC)
+__global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(AttentionArgs a, DeviceBatch b) {
+    extern __shared__ uint4 tiles[];   // [kDecStages][K, V][kDecTile][8 * NC]
+    __shared__ float ps[M][kDecTile];
+    __shared__ float corr_s[M], m_s[M], l_s[M];
+    constexpr int hd = 64 * NC, n8 = 8 * NC, kTileWords = kDecTile * n8;
+    pdl_wait();
+    pdl_trigger();
+    const int t = blockIdx.x, split = blockIdx.z;
+    const int n_rep = a.n_head / a.n_head_kv, n_hchunks = (n_rep + M - 1) / M;
+    const int kvh = blockIdx.y / n_hchunks, h0 = kvh * n_rep + (blockIdx.y % n_hchunks) * M;
+    const int n_heads_here = min(M, kvh * n_rep + n_rep - h0);
+    const int kv_dim = a.n_head_kv * hd, q_dim = a.n_head * hd;
+    const int len = b.pos[t] + 1;
+    const int chunk = ((len + a.n_split - 1) / a.n_split + kDecTile - 1) / kDecTile * kDecTile;
+    const int k0 = split * chunk, k1 = min(len, k0 + chunk);
+    const int n_tiles = k1 > k0 ? (k1 - k0 + kDecTile - 1) / kDecTile : 0;
+    const int32_t* bt = b.block_table + int64_t(b.seq[t]) * b.max_blocks;
+    const int bs = a.block_size;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+    auto issue = [&](int j) {
+        if (j < n_tiles) {
+            uint4* dst = tiles + (j % kDecStages) * 2 * kTileWords;
+            for (int e = tid; e < 2 * kTileWords; e += kDecThreads) {
+                const int kv = e / kTileWords, r = e % kTileWords, key = k0 + j * kDecTile + r / n8;
+                const bool ok = key < k1;
+                const int kk = ok ? key : k0;
+                const int64_t off = (int64_t(bt[kk / bs]) * bs + kk % bs) * kv_dim + int64_t(kvh) * hd + 8 * (r % n8);
+                cp_async16_zfill(dst + e, (kv ? a.v_cache : a.k_cache) + off, ok);
+            }
+        }
+        cp_async_commit();
+    };
+    for (int j = 0; j < kDecStages - 1; ++j) issue(j);
+
+    // Lane part p (of 8) of a key owns chunks p, p + 8, ...: q for those dims, f16-rounded, scaled.
+    const int part = tid & 7, key_in_pass = tid >> 3;   // 16 keys per pass, two passes per tile
+    const float qscale = a.scale * kLog2e;
+    float q[M][NC][8];
+#pragma unroll
+    for (int i = 0; i < M; ++i)
+#pragma unroll
+        for (int c = 0; c < NC; ++c)
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+                q[i][c][j] = i < n_heads_here
+                                 ? __half2float(__float2half_rn(a.q[int64_t(t) * q_dim + (h0 + i) * hd + 8 * (part + 8 * c) + j])) * qscale
+                                 : 0.f;
+    if (tid < M) {
+        m_s[tid] = -INFINITY;
+        l_s[tid] = 0.f;
+    }
+    __syncthreads();
+    float acc[M][NC];   // output dims tid + kDecThreads * c (those below hd)
+#pragma unroll
+    for (int i = 0; i < M; ++i)
+#pragma unroll
+        for (int c = 0; c < NC; ++c) acc[i][c] = 0.f;
+
+    for (int j = 0; j < n_tiles; ++j) {
+        issue(j + kDecStages - 1);
+        cp_async_wait<kDecStages - 1>();
+        __syncthreads();
+        const uint4* kt = tiles + (j % kDecStages) * 2 * kTileWords;
+        const __half* vt = reinterpret_cast<const __half*>(kt + kTileWords);
+#pragma unroll
+        for (int pass = 0; pass < kDecTile / 16; ++pass) {
+            const int key = pass * 16 + key_in_pass;
+            float s[M];
+#pragma unroll
+            for (int i = 0; i < M; ++i) s[i] = 0.f;
+#pragma unroll
+            for (int c = 0; c < NC; ++c) {
+                float kf[8];
+                unpack8(kt[key * n8 + part + 8 * c], kf);
+#pragma unroll
+                for (int i = 0; i < M; ++i)
+#pragma unroll
+                    for (int jj = 0; jj < 8; ++jj) s[i] += q[i][c][jj] * kf[jj];
+            }
+#pragma unroll
+            for (int i = 0; i < M; ++i) {
+                s[i] += __shfl_xor_sync(0xffffffffu, s[i], 1);
+                s[i] += __shfl_xor_sync(0xffffffffu, s[i], 2);
+                s[i] += __shfl_xor_sync(0xffffffffu, s[i], 4);
+                if (part == 0) ps[i][key] = k0 + j * kDecTile + key < k1 ? s[i] : -INFINITY;
+            }
+        }
+        __syncthreads();
+        if (warp < M) {   // softmax step of head `warp`: lane = key of the tile
+            const float sc = ps[warp][lane], m_old = m_s[warp];
+            const float m_new = fmaxf(m_old, warp_max(sc));
+            const float p = sc == -INFINITY ? 0.f : exp2f(sc - m_new);
+            const float corr = m_old == -INFINITY ? 0.f : exp2f(m_old - m_new);
+            const float sum = warp_sum(p);
+            ps[warp][lane] = __half2float(__float2half_rn(p));   // f16 probabilities times f16 V
+            if (lane == 0) {
+                corr_s[warp] = corr;
+                m_s[warp] = m_new;
+                l_s[warp] = l_s[warp] * corr + sum;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            const int d = tid + kDecThreads * c;
+            if (d >= hd) break;
+#pragma unroll
+            for (int i = 0; i < M; ++i) {
+                float o = acc[i][c] * corr_s[i];
+#pragma unroll 8
+                for (int key = 0; key < kDecTile; ++key) o += ps[i][key] * __half2float(vt[key * hd + d]);
+                acc[i][c] = o;
+            }
+        }
+        __syncthreads();   // the stage is refilled next iteration
+    }
+
+    for (int i = 0; i < n_heads_here; ++i) {
+        const int64_t th = int64_t(t) * a.n_head + h0 + i;
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            const int d = tid + kDecThreads * c;
+            if (d >= hd) break;
+            if (a.n_split == 1) {
+                a.out[th * hd + d] = l_s[i] > 0.f ? acc[i][c] / l_s[i] : 0.f;
+            } else {
+                const int64_t slot = int64_t(split) * a.n_tok * a.n_head + th;
+                a.part_acc[slot * hd + d] = acc[i][c];
+                if (d == 0) a.part_ml[slot] = make_float2(m_s[i], l_s[i]);
+            }
+        }
+    }
+    if (a.n_split == 1) return;
+
+    // The last CTA of this (token, head group) to finish merges the splits' partials.
+    __shared__ int is_last;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        int* ctr = a.split_counter + blockIdx.x * gridDim.y + blockIdx.y;
+        is_last = atomicAdd(ctr, 1) == a.n_split - 1;
+        if (is_last) *ctr = 0;
+    }
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    const int64_t stride = int64_t(a.n_tok) * a.n_head;
+    for (int e = tid; e < n_heads_here * hd; e += kDecThreads) {
+        const int64_t th = int64_t(t) * a.n_head + h0 + e / hd;
+        const int d = e % hd;
+        float mx = -INFINITY;
+        for (int sp = 0; sp < a.n_split; ++sp) mx = fmaxf(mx, __ldcg(&a.part_ml[sp * stride + th]).x);
+        float L = 0.f, o = 0.f;
+#pragma unroll 8
+        for (int sp = 0; sp < a.n_split; ++sp) {
+            const float2 ml = __ldcg(&a.part_ml[sp * stride + th]);
+            const float w = ml.x == -INFINITY ? 0.f : exp2f(ml.x - mx);
+            L += ml.y * w;
+            o += __ldcg(&a.part_acc[(sp * stride + th) * hd + d]) * w;
+        }
+        a.out[th * hd + d] = L > 0.f ? o / L : 0.f;
+    }
+}
+
+template <int M, int NC>
+void launch_decode(const AttentionArgs& a, const DeviceBatch& b, dim3 grid, cudaStream_t s) {
+    const size_t smem = size_t(kDecStages) * 2 * kDecTile * 64 * NC * sizeof(__half);
+    static bool opted_in = false;   // above 48 KB of dynamic shared memory needs the opt-in
+    if (!opted_in) {
+        EMBER_CUDA_CHECK(cudaFuncSetAttribute(attention_decode_kernel<M, NC>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        opted_in = true;
+    }
+    launch_pdl_smem(attention_decode_kernel<M, NC>, grid, dim3(kDecThreads), smem, s, a, b);
+}
+
+template <int M>
+void launch_decode_hd(const AttentionArgs& a, const DeviceBatch& b, dim3 grid, cudaStream_t s) {
+    switch (a.head_dim) {
+        case 64: launch_decode<M, 1>(a, b, grid, s); break;
+        case 128: launch_decode<M, 2>(a, b, grid, s); break;
+        default: launch_decode<M, 4>(a, b, grid, s); break;   // 256
+    }
+}
+
 }  // namespace
 
 void attention_exact(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s) {
@@ -371,6 +574,26 @@ void attention(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s) {
     else
         fail("cuda attention: ", pairs, " query heads per CTA exceeds 8");
     EMBER_CUDA_LAUNCHED("attention");
+}
+
+int attention_decode_heads(int n_head, int n_head_kv, int head_dim) {
+    if (head_dim != 64 && head_dim != 128 && head_dim != 256) return 0;
+    return std::min(n_head / n_head_kv, kDecMaxHeads);
+}
+
+void attention_decode(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s) {
+    const int M = attention_decode_heads(a.n_head, a.n_head_kv, a.head_dim);
+    if (M == 0) fail("cuda attention_decode: head_dim ", a.head_dim, " is not 64, 128 or 256");
+    if (a.n_tok == 0) return;
+    const int n_hchunks = (a.n_head / a.n_head_kv + M - 1) / M;
+    const dim3 grid(unsigned(a.n_tok), unsigned(a.n_head_kv * n_hchunks), unsigned(a.n_split));
+    switch (M) {
+        case 1: launch_decode_hd<1>(a, b, grid, s); break;
+        case 2: launch_decode_hd<2>(a, b, grid, s); break;
+        case 3: launch_decode_hd<3>(a, b, grid, s); break;
+        default: launch_decode_hd<4>(a, b, grid, s); break;
+    }
+    EMBER_CUDA_LAUNCHED("attention_decode");
 }
 
 }  // namespace cuda

@@ -17,6 +17,7 @@
 #include "launch.h"
 #include "model/backend.h"
 #include "weight_pack.h"
+#include "weight_stream.h"
 
 namespace ember {
 
@@ -51,6 +52,7 @@ constexpr double kMiB = 1024.0 * 1024.0;
 constexpr int kMaxIntPromptTokens = 64;
 constexpr int kKeysPerSplit = 64;      // flash-decoding: one split per this many keys
 constexpr int kTargetAttnCtas = 1024;  // split only while the grid is smaller than this
+constexpr int kDecodeTargetCtas = 512; // the pipelined decode kernel: about one wave of 4 CTAs per SM
 constexpr int kNumTileLens = 5;
 constexpr int kBatchHeadWords = 2 + 2 * kNumTileLens;   // int32 words per token slot before the block table
 constexpr int kTileLens[kNumTileLens] = {1, 2, 4, 8, kMmaTileLen};   // attention tile lists kept per batch
@@ -466,7 +468,17 @@ public:
             a.n_split = 1;
             if (cuda::attention_prefill_mma(a, dbatch_, stream_)) return;
         }
-        // Decode-sized batches: one token per CTA; prompts: share K/V among up to 8 queries.
+        const int n_dec = cuda::attention_decode_heads(shape.n_head, shape.n_head_kv, shape.head_dim);
+        if (n_tok <= kMaxGemvTokens && n_dec > 0) {   // decode over a long context: pipelined tiles
+            const int n_groups = (n_rep + n_dec - 1) / n_dec;
+            const int base = n_tok * shape.n_head_kv * n_groups;
+            const int want = pow2_ceil((max_len_ + kKeysPerSplit - 1) / kKeysPerSplit);
+            a.n_split = std::max(1, std::min(want, pow2_floor(std::max(1, kDecodeTargetCtas / base))));
+            prepare_splits(a, size_t(base));
+            cuda::attention_decode(a, dbatch_, stream_);
+            return;
+        }
+        // Prompts: share K/V among up to 8 queries.
         int k = 0;
         if (n_tok > kMaxGemvTokens) {
             const int tq = std::max(1, 8 / pow2_ceil(a.heads_per_cta));
@@ -479,17 +491,7 @@ public:
         const int base = a.n_tiles * shape.n_head_kv * n_hchunks;
         const int want = pow2_ceil((max_len_ + kKeysPerSplit - 1) / kKeysPerSplit);
         a.n_split = std::max(1, std::min(want, pow2_floor(std::max(1, kTargetAttnCtas / std::max(base, 1)))));
-        if (a.n_split > 1) {
-            const size_t slots = size_t(a.n_split) * n_tok * shape.n_head;
-            ensure(part_acc_, slots * shape.head_dim * 4);
-            ensure(part_ml_, slots * sizeof(float2));
-            a.part_acc = static_cast<float*>(part_acc_.p);
-            a.part_ml = static_cast<float2*>(part_ml_.p);
-            const size_t n_ctr = size_t(a.n_tiles) * shape.n_head_kv * n_hchunks;
-            if (ensure(split_ctr_, n_ctr * sizeof(int32_t)))   // counters start at zero, kernels reset them
-                EMBER_CUDA_CHECK(cudaMemsetAsync(split_ctr_.p, 0, split_ctr_.cap, stream_));
-            a.split_counter = static_cast<int32_t*>(split_ctr_.p);
-        }
+        prepare_splits(a, size_t(a.n_tiles) * shape.n_head_kv * n_hchunks);
         cuda::attention(a, dbatch_, stream_);
     }
     void swiglu(const float* gate, const float* up, int64_t n, float* out) override {
@@ -517,6 +519,11 @@ public:
         flush();
         ++epoch_;
         cuda::add_bias(x, bias, n_tok, dim, stream_);
+    }
+
+    std::unique_ptr<WeightStream> open_stream(const StreamSetup& setup) override {
+        flush();
+        return open_weight_stream(device_, stream_, [this] { flush(); }, setup);
     }
 
     // Decode-step graphs: a step is keyed by the caller's key, the batch shape and the
@@ -605,6 +612,18 @@ private:
             gemv(ws, pgemv_.y, count, pgemv_.x, static_cast<const int8_t*>(xq_.p), static_cast<const float2*>(xds_.p),
                  pgemv_.n_tok, stream_);
         }
+    }
+    // Partial-result buffers and per-CTA-group counters of a split (flash-decoding) attention.
+    void prepare_splits(cuda::AttentionArgs& a, size_t n_groups) {
+        if (a.n_split <= 1) return;
+        const size_t slots = size_t(a.n_split) * a.n_tok * a.n_head;
+        ensure(part_acc_, slots * a.head_dim * 4);
+        ensure(part_ml_, slots * sizeof(float2));
+        a.part_acc = static_cast<float*>(part_acc_.p);
+        a.part_ml = static_cast<float2*>(part_ml_.p);
+        if (ensure(split_ctr_, n_groups * sizeof(int32_t)))   // counters start at zero, kernels reset them
+            EMBER_CUDA_CHECK(cudaMemsetAsync(split_ctr_.p, 0, split_ctr_.cap, stream_));
+        a.split_counter = static_cast<int32_t*>(split_ctr_.p);
     }
     void set_q8(const float* x, int64_t total) {
         q8_x_ = x;

@@ -279,7 +279,7 @@ struct FmtQ6_K {
 template <class T>
 struct FmtFloat {
     static constexpr int kPer = 16 / sizeof(T);
-    static constexpr int kDepth = 8;   // 16 bytes a unit: a 4096-wide f16 row is 16 units per lane
+    static constexpr int kDepth = 4;
     struct Data { uint4 q; };
     __device__ static Data load(const GemvParams& p, int64_t row, int u) {
         return {ld_stream(p.w + (row * p.n_in + int64_t(u) * kPer) * sizeof(T))};

@@ -89,6 +89,11 @@ struct AttentionArgs {
     float2* out_ds;
 };
 void attention(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s);
+// Decode batches (one CTA per token) over long contexts: K/V tiles pipelined through shared
+// memory. attention_decode_heads: q heads per CTA for this shape, 0 when the kernel does not
+// take it (head_dim other than 64, 128, 256). Grid: n_tok x (kv heads x head groups) x n_split.
+int attention_decode_heads(int n_head, int n_head_kv, int head_dim);
+void attention_decode(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s);
 // Short contexts (every position < kExactMaxLen): the reference CPU arithmetic, in order.
 constexpr int kExactMaxLen = 512;
 void attention_exact(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s);

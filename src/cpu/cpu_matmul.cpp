@@ -23,20 +23,23 @@ void CpuBackend::matmul(const Weight& w, const float* x, int32_t n_tok, float* y
     const auto* wdata = static_cast<const uint8_t*>(w.data);
     const VecDotFn dot = tr.vec_dot;
     const int64_t n_out = w.n_out, n_in = w.n_in;
+    // Few chunks per matmul: each hand-out costs a cache-line round trip between cores, which at
+    // 16-row chunks cost a third of decode time on 2 threads. Eight (up to 4 threads) still
+    // rebalance when one thread is late; more threads get two each so that all of them work.
+    // Each output row is still one dot (or gemm) call: the chunking never changes a result.
+    const int64_t n_chunks = std::max<int64_t>(8, 2 * (int64_t)pool_.size());
     if (n_tok > 1) {
         if (const GemmFn gemm = gemm_avx512_for(dot)) {
-            // About eight chunks of whole row tiles (even sizes): the kernel prepares each token
-            // tile's scales once per chunk, so fewer, larger chunks waste less.
-            pool_.parallel_for(n_out, std::max<int64_t>(16, (n_out / 8 + 15) / 16 * 16), [&](int64_t b, int64_t e) {
+            // Chunks of whole 16-row tiles: the kernel prepares each token tile's scales once per
+            // chunk, so fewer, larger chunks waste less.
+            const int64_t grain = std::max<int64_t>(16, (n_out / n_chunks + 15) / 16 * 16);
+            pool_.parallel_for(n_out, grain, [&](int64_t b, int64_t e) {
                 gemm(n_in, wdata, w_row, xq, x_row, n_tok, b, e, y, n_out);
             });
             return;
         }
     }
-    // About eight chunks per matmul: each hand-out costs a cache-line round trip between cores,
-    // which at 16-row chunks cost a third of decode time on 2 threads; eight still rebalance
-    // when one thread is late.
-    pool_.parallel_for(n_out, std::max<int64_t>(16, n_out / 8), [&](int64_t b, int64_t e) {
+    pool_.parallel_for(n_out, std::max<int64_t>(16, n_out / n_chunks), [&](int64_t b, int64_t e) {
         for (int64_t o = b; o < e; ++o) {
             const uint8_t* wr = wdata + o * w_row;
             for (int32_t t = 0; t < n_tok; ++t) y[(int64_t)t * n_out + o] = dot(n_in, wr, xq + t * x_row);

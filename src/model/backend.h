@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -42,6 +43,34 @@ struct KVLayer {
 struct AttentionShape {
     int32_t n_head, n_head_kv, head_dim;
     float scale;   // usually 1/sqrt(head_dim)
+};
+
+// Device staging for blocks whose weights and KV live in host memory, so that large batches can
+// run them on a GPU (llama.cpp does the same for prompt batches). Two sets of weight slots: block
+// l+1's upload (on a copy stream) overlaps block l's compute, which reads the other set.
+class WeightStream {
+public:
+    virtual ~WeightStream() = default;
+    // Starts copying block `layer`'s host weights (as given to open_stream) into staging set `set`
+    // (0 or 1), after the ops issued before the last release(set); returns them as Weights of the
+    // backend, readable by ops issued after acquire(set).
+    virtual std::vector<Weight> upload(int set, int layer) = 0;
+    virtual void acquire(int set) = 0;   // ops issued from now on run after set's upload
+    virtual void release(int set) = 0;   // ops issued until now are the last to read set
+    // Device -> host copy ordered after the ops issued so far; the host memory is written by the
+    // time the backend's next copy_to_host or synchronize returns.
+    virtual void copy_to_host_async(void* host, const void* dev, size_t bytes) = 0;
+    // Host memory the copies use at full speed (pinned), freed with the stream; null when none is left.
+    virtual void* alloc_host(size_t bytes) = 0;
+};
+
+// Runs fn(begin, end) over [0, n) in chunks of `grain` on host threads.
+using HostParallelFor = std::function<void(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn)>;
+
+struct StreamSetup {
+    std::vector<std::vector<Weight>> blocks;   // [n_layer] host weights of each block; empty: not streamed
+    HostParallelFor parallel_for;              // fills pinned bounce buffers when the mapping cannot be pinned
+    bool verbose = false;
 };
 
 class Backend {
@@ -91,6 +120,13 @@ public:
     // step_end. Backends without graphs keep these defaults.
     virtual bool step_begin(uint64_t key) { (void)key; return false; }
     virtual void step_end() {}
+
+    // Staging for running host-resident blocks on this device; null where the backend cannot
+    // (the CPU). Throws (OutOfMemory, InvalidInput) when the device cannot hold it.
+    virtual std::unique_ptr<WeightStream> open_stream(const StreamSetup& setup) {
+        (void)setup;
+        return nullptr;
+    }
 };
 
 std::unique_ptr<Backend> make_cpu_backend(int n_threads);

@@ -1,12 +1,17 @@
 // Context: one sequence's paged KV cache and the llama-family forward over batches of tokens.
 // Per batch: embedding rows (host) -> blocks on their devices (the hidden state crosses a device
-// boundary only where placement changes) -> final norm + output head -> logits (host).
+// boundary only where placement changes) -> final norm + output head -> logits (host). Large
+// batches run CPU blocks on the GPU too, on weights and KV copied there for the step.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
+#include <string>
 #include <thread>
 
+#include "cpu/cpu_backend.h"
 #include "ember/status.h"
 #include "kv/block_allocator.h"
 #include "model/model_impl.h"
@@ -14,6 +19,11 @@
 namespace ember {
 
 namespace {
+
+// Batches of at least this many tokens run CPU-resident blocks on the GPU on streamed weights
+// (llama.cpp offloads from the same batch size). Above the decode-graph batch sizes (<= 8), so
+// a streamed step is never captured.
+constexpr int32_t kStreamMinTokens = 32;
 
 // Activation buffers of one backend, each [n_batch][width] floats.
 struct Scratch {
@@ -36,6 +46,10 @@ struct ContextImpl {
     BlockAllocator alloc;
     BlockTable table;
     std::vector<KVLayer> kv;
+    // Streaming (null: CPU blocks always run on the CPU); destroyed before `cpu` (whose pool it
+    // uses) and `model` (whose GPU backend it uses).
+    std::unique_ptr<WeightStream> stream;
+    KVLayer stream_kv;   // on the GPU, geometry of a CPU block's kv[l]: its KV during a streamed step
     int32_t n_past = 0;
     std::vector<float> logits;   // [n_logits][n_vocab]
     int32_t n_logits = 0;
@@ -72,7 +86,61 @@ struct ContextImpl {
     }
 
     void forward(const int32_t* tokens, int32_t n, bool logits_all);
+    void open_stream(ThreadPool& pool);
+    void copy_kv_blocks(const KVLayer& from, KVLayer& to, int32_t b0, int32_t b1, bool to_gpu);
 };
+
+// Staging for streamed steps: GPU memory for two blocks' weights and one KV layer. Without it
+// (too little GPU memory), CPU blocks run on the CPU for every batch.
+void ContextImpl::open_stream(ThreadPool& pool) {
+    ModelImpl& m = model->impl();
+    StreamSetup su;
+    su.blocks.resize(blocks.size());
+    for (size_t l = 0; l < blocks.size(); ++l) {
+        const BlockWeights& w = blocks[l];
+        if (!m.on_gpu[l]) su.blocks[l] = {w.wq, w.wk, w.wv, w.wo, w.w_gate, w.w_up, w.w_down};
+    }
+    su.parallel_for = [&pool](int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+        pool.parallel_for(n, grain, fn);
+    };
+    su.verbose = m.params.verbose;
+    const HParams& hp = m.hp;
+    const size_t kv_bytes = (size_t)alloc.n_blocks() * params.kv_block_size * hp.n_head_kv * hp.head_dim *
+                            m.gpu->kv_elem_bytes();
+    try {
+        stream = m.gpu->open_stream(su);
+        if (stream) {
+            void* p = m.gpu->alloc(2 * kv_bytes);
+            owned.emplace_back(m.gpu.get(), p);
+            stream_kv = KVLayer{GGMLType::F16, p, static_cast<uint8_t*>(p) + kv_bytes, alloc.n_blocks(),
+                                params.kv_block_size, hp.n_head_kv, hp.head_dim};
+        }
+    } catch (const std::exception& e) {
+        stream.reset();
+        if (m.params.verbose)
+            std::fprintf(stderr, "ember: prompt batches run the CPU blocks on the CPU (no GPU staging: %s)\n", e.what());
+    }
+}
+
+// Copies KV blocks [b0, b1) of the sequence (physical ids from the block table) between a host
+// layer and the GPU staging layer; runs of consecutive ids go as one copy.
+void ContextImpl::copy_kv_blocks(const KVLayer& from, KVLayer& to, int32_t b0, int32_t b1, bool to_gpu) {
+    Backend& gpu = *model->impl().gpu;
+    const std::vector<int32_t>& ids = table.blocks();
+    const size_t block_bytes = (size_t)from.block_size * from.n_head_kv * from.head_dim * gpu.kv_elem_bytes();
+    for (int32_t b = b0; b < b1;) {
+        int32_t e = b + 1;
+        while (e < b1 && ids[e] == ids[e - 1] + 1) ++e;
+        const size_t off = (size_t)ids[b] * block_bytes, bytes = (size_t)(e - b) * block_bytes;
+        for (int kv = 0; kv < 2; ++kv) {
+            const uint8_t* src = static_cast<const uint8_t*>(kv ? from.v : from.k) + off;
+            uint8_t* dst = static_cast<uint8_t*>(kv ? to.v : to.k) + off;
+            if (to_gpu) gpu.copy_from_host(dst, src, bytes);
+            else stream->copy_to_host_async(dst, src, bytes);
+        }
+        b = e;
+    }
+}
 
 Context::Context(std::shared_ptr<Model> model, const ContextParams& params) {
     if (params.n_ctx <= 0) fail("n_ctx must be positive, got ", params.n_ctx);
@@ -91,12 +159,19 @@ Context::Context(std::shared_ptr<Model> model, const ContextParams& params) {
     c.params.n_batch = std::min(params.n_batch, params.n_ctx);
     const int n_threads = params.n_threads > 0 ? params.n_threads
                                                : (int)std::max(1u, std::thread::hardware_concurrency());
-    c.cpu = make_cpu_backend(n_threads);
+    auto cpu = std::make_unique<CpuBackend>(n_threads);
+    ThreadPool& pool = cpu->pool();
+    c.cpu = std::move(cpu);
     const HParams& hp = m.hp;
     c.blocks.resize(hp.n_layer);
     for (int32_t l = 0; l < hp.n_layer; ++l)
         c.blocks[l] = m.on_gpu[l] ? m.gpu_blocks[l] : prepare_block(*c.cpu, m.blocks[l]);
     c.head = m.any_gpu() ? m.gpu_head : prepare_head(*c.cpu, *m.output, *m.output_norm);
+    // EMBER_STREAM=0: CPU blocks stay on the CPU for every batch (diagnosis, comparisons).
+    const char* stream_env = std::getenv("EMBER_STREAM");
+    if (m.any_gpu() && !(stream_env && std::string(stream_env) == "0") &&
+        std::find(m.on_gpu.begin(), m.on_gpu.end(), false) != m.on_gpu.end())
+        c.open_stream(pool);
     c.kv.resize(hp.n_layer);
     for (int32_t l = 0; l < hp.n_layer; ++l) {
         KVLayer& kv = c.kv[l];
@@ -108,10 +183,14 @@ Context::Context(std::shared_ptr<Model> model, const ContextParams& params) {
         kv.type = params.kv_f32 ? GGMLType::F32 : GGMLType::F16;
         const size_t elem = params.kv_f32 ? sizeof(float) : be.kv_elem_bytes();
         const size_t bytes = (size_t)n_blocks * kv.block_size * hp.n_head_kv * hp.head_dim * elem;
-        kv.k = be.alloc(bytes);
-        c.owned.emplace_back(&be, kv.k);
-        kv.v = be.alloc(bytes);
-        c.owned.emplace_back(&be, kv.v);
+        for (void** p : {&kv.k, &kv.v}) {
+            // A streamed block's host KV is pinned, so its copies run asynchronously at full speed.
+            *p = be.is_host() && c.stream ? c.stream->alloc_host(bytes) : nullptr;
+            if (!*p) {
+                *p = be.alloc(bytes);
+                c.owned.emplace_back(&be, *p);
+            }
+        }
     }
     c.embd.resize((size_t)c.params.n_batch * hp.n_embd);
 }
@@ -147,8 +226,21 @@ void ContextImpl::forward(const int32_t* tokens, int32_t n, bool logits_all) {
     Scratch* s = nullptr;
     std::vector<Backend*> seen;
     const AttentionShape shape{hp.n_head, hp.n_head_kv, hp.head_dim, 1.0f / std::sqrt((float)hp.head_dim)};
+    // A streamed step runs CPU blocks on the GPU: block l reads staging set l % 2 while block
+    // l+1's weights upload into the other; its KV blocks go to stream_kv and the new ones come back.
+    const bool streamed = stream && n >= kStreamMinTokens;
+    std::vector<Weight> staged;   // the next streamed block's weights, already uploading
     for (int32_t l = 0; l < hp.n_layer; ++l) {
-        const BlockWeights& w = blocks[l];
+        const bool st = streamed && !m.on_gpu[l];
+        BlockWeights sw;
+        if (st) {
+            if (staged.empty()) staged = stream->upload(l % 2, l);
+            sw = m.stream_blocks[l];
+            sw.wq = staged[0], sw.wk = staged[1], sw.wv = staged[2], sw.wo = staged[3];
+            sw.w_gate = staged[4], sw.w_up = staged[5], sw.w_down = staged[6];
+            staged.clear();
+        }
+        const BlockWeights& w = st ? sw : blocks[l];
         Backend& be = *w.backend;
         if (!s || s->be != &be) {
             Scratch& next = scratch_for(be);
@@ -170,7 +262,7 @@ void ContextImpl::forward(const int32_t* tokens, int32_t n, bool logits_all) {
             cur = &be;
             // When this device runs every remaining block and the head, the rest of the step is
             // device ops only: the backend may replay it as a graph recorded for the same shapes.
-            const bool rest_here = head.backend == &be &&
+            const bool rest_here = !streamed && head.backend == &be &&
                 std::all_of(blocks.begin() + l, blocks.end(), [&](const BlockWeights& b) { return b.backend == &be; });
             if (rest_here && be.step_begin(reinterpret_cast<uintptr_t>(this) ^ ((uint64_t)n << 32) ^
                                            ((uint64_t)first << 48) ^ ((uint64_t)l << 24))) {
@@ -178,6 +270,7 @@ void ContextImpl::forward(const int32_t* tokens, int32_t n, bool logits_all) {
                 break;
             }
         }
+        if (st) stream->acquire(l % 2);
         be.rmsnorm(s->x, w.attn_norm, n, (int32_t)E, hp.rms_eps, s->xn);
         be.matmul(w.wq, s->xn, n, s->q);
         be.matmul(w.wk, s->xn, n, s->k);
@@ -185,10 +278,16 @@ void ContextImpl::forward(const int32_t* tokens, int32_t n, bool logits_all) {
         if (w.bq) be.add_bias(s->q, w.bq, n, (int32_t)QW);
         if (w.bk) be.add_bias(s->k, w.bk, n, (int32_t)KW);
         if (w.bv) be.add_bias(s->v, w.bv, n, (int32_t)KW);
+        // A streamed block attends in the GPU staging layer: positions [0, n_past) go in here (no
+        // fusable op is pending), the blocks holding the batch's positions come back out.
+        KVLayer& lkv = st ? stream_kv : kv[l];
+        const int32_t bs = kv[l].block_size;
+        if (st) copy_kv_blocks(kv[l], stream_kv, 0, (n_past + bs - 1) / bs, true);
         be.rope(s->q, n, hp.n_head, hp.head_dim, hp.rope_base, hp.rope_neox);
         be.rope(s->k, n, hp.n_head_kv, hp.head_dim, hp.rope_base, hp.rope_neox);
-        be.kv_store(kv[l], s->k, s->v, n);
-        be.attention(kv[l], s->q, n, shape, s->att);
+        be.kv_store(lkv, s->k, s->v, n);
+        be.attention(lkv, s->q, n, shape, s->att);
+        if (st) copy_kv_blocks(stream_kv, kv[l], n_past / bs, (n_past + n - 1) / bs + 1, false);
         be.matmul(w.wo, s->att, n, s->xn);
         be.add(s->x, s->xn, n * E);
         be.rmsnorm(s->x, w.ffn_norm, n, (int32_t)E, hp.rms_eps, s->xn);
@@ -197,6 +296,10 @@ void ContextImpl::forward(const int32_t* tokens, int32_t n, bool logits_all) {
         be.swiglu(s->gate, s->up, n * hp.n_ff, s->gate);
         be.matmul(w.w_down, s->gate, n, s->xn);
         be.add(s->x, s->xn, n * E);
+        if (st) {
+            stream->release(l % 2);
+            if (l + 1 < hp.n_layer && !m.on_gpu[l + 1]) staged = stream->upload((l + 1) % 2, l + 1);
+        }
     }
 
     // Head: the blocks' last device is the head's device whenever any block is on the GPU.

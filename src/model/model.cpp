@@ -26,11 +26,19 @@ const GGUFTensor* bind_optional(const GGUFFile& f, const std::string& name, std:
 
 }  // namespace
 
-BlockWeights prepare_block(Backend& be, const BlockTensors& t) {
+BlockWeights prepare_block_vectors(Backend& be, const BlockTensors& t) {
     BlockWeights w;
     w.backend = &be;
     w.attn_norm = be.prepare_vector(*t.attn_norm);
     w.ffn_norm = be.prepare_vector(*t.ffn_norm);
+    if (t.bq) w.bq = be.prepare_vector(*t.bq);
+    if (t.bk) w.bk = be.prepare_vector(*t.bk);
+    if (t.bv) w.bv = be.prepare_vector(*t.bv);
+    return w;
+}
+
+BlockWeights prepare_block(Backend& be, const BlockTensors& t) {
+    BlockWeights w = prepare_block_vectors(be, t);
     w.wq = be.prepare_weight(*t.wq);
     w.wk = be.prepare_weight(*t.wk);
     w.wv = be.prepare_weight(*t.wv);
@@ -38,9 +46,6 @@ BlockWeights prepare_block(Backend& be, const BlockTensors& t) {
     w.w_gate = be.prepare_weight(*t.w_gate);
     w.w_up = be.prepare_weight(*t.w_up);
     w.w_down = be.prepare_weight(*t.w_down);
-    if (t.bq) w.bq = be.prepare_vector(*t.bq);
-    if (t.bk) w.bk = be.prepare_vector(*t.bk);
-    if (t.bv) w.bv = be.prepare_vector(*t.bv);
     return w;
 }
 
@@ -99,10 +104,13 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& p
     m.on_gpu.assign(hp.n_layer, false);
     for (int32_t l = hp.n_layer - n_gpu; l < hp.n_layer; ++l) m.on_gpu[l] = true;
     m.gpu_blocks.resize(hp.n_layer);
+    m.stream_blocks.resize(hp.n_layer);
     if (n_gpu > 0) {
         m.gpu = make_cuda_backend(params.main_gpu);
-        for (int32_t l = 0; l < hp.n_layer; ++l)
+        for (int32_t l = 0; l < hp.n_layer; ++l) {
             if (m.on_gpu[l]) m.gpu_blocks[l] = prepare_block(*m.gpu, m.blocks[l]);
+            else m.stream_blocks[l] = prepare_block_vectors(*m.gpu, m.blocks[l]);
+        }
         // The head follows the blocks onto the GPU (llama.cpp leaves it on the CPU, a known trap).
         m.gpu_head = prepare_head(*m.gpu, *m.output, *m.output_norm);
         m.gpu->synchronize();

@@ -30,6 +30,8 @@ struct HeadWeights {
 };
 
 BlockWeights prepare_block(Backend& be, const BlockTensors& t);
+// Only the norm weights and biases (weights left empty).
+BlockWeights prepare_block_vectors(Backend& be, const BlockTensors& t);
 HeadWeights prepare_head(Backend& be, const GGUFTensor& output, const GGUFTensor& output_norm);
 
 struct ModelImpl {
@@ -45,6 +47,9 @@ struct ModelImpl {
 
     std::unique_ptr<Backend> gpu;         // null when every block is on the CPU
     std::vector<BlockWeights> gpu_blocks; // indexed by block; backend null for CPU blocks
+    // CPU blocks' norms and biases on the GPU, where prompt batches run them on streamed weights
+    // (context.cpp); backend null for GPU blocks.
+    std::vector<BlockWeights> stream_blocks;
     HeadWeights gpu_head;                 // set whenever any block is on the GPU
 
     bool any_gpu() const { return gpu != nullptr; }
