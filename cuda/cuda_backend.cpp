@@ -495,6 +495,17 @@ public:
         cuda::attention(a, dbatch_, stream_);
     }
     void swiglu(const float* gate, const float* up, int64_t n, float* out) override {
+        // Gate and up of a float-weight model still pending as one GEMV: compute the product in
+        // that launch (the gate and up outputs are then never written).
+        const PendingGemv& pg = pgemv_;
+        if (fuse_on_ && pg.count == 2 && pg.y[0] == gate && pg.y[1] == up && cuda::gemv_swiglu_supported(pg.w[0].type) &&
+            pg.w[0].n_out == pg.w[1].n_out && n == int64_t(pg.n_tok) * pg.w[0].n_out) {
+            pgemv_.count = 0;
+            flush();
+            ++epoch_;
+            cuda::gemv_swiglu(pg.w[0], pg.w[1], out, pg.x, pg.n_tok, stream_);
+            return;
+        }
         flush();
         ++epoch_;
         if (fuse_on_ && n_tok_ > 0 && n_tok_ <= kMaxIntPromptTokens && n % 32 == 0) {   // feeds the down projection's GEMV

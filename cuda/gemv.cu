@@ -30,48 +30,85 @@ __device__ __forceinline__ T pick(const T (&a)[kMaxGemvBatch], int i) {
     return i == 0 ? a[0] : (i == 1 ? a[1] : a[2]);
 }
 
-template <class F, int NT>
-__global__ void __launch_bounds__(kRowsPerBlock * kWarp) gemv_kernel(GemvBatch b) {
-    const int lane = threadIdx.x & (kWarp - 1);
-    const int bx = blockIdx.x;
-    const int wi = bx >= b.start[2] ? 2 : (bx >= b.start[1] ? 1 : 0);
-    GemvParams p = b.common;
-    p.w = pick(b.w, wi);
-    p.meta = pick(b.meta, wi);
-    p.meta2 = pick(b.meta2, wi);
-    p.y = pick(b.y, wi);
-    p.n_out = pick(b.n_out, wi);
-    const int64_t row = int64_t(bx - pick(b.start, wi)) * kRowsPerBlock + (threadIdx.x >> 5);
-    pdl_trigger();
-    if (row >= p.n_out) return;
-    float acc[NT];
-#pragma unroll
-    for (int t = 0; t < NT; ++t) acc[t] = 0.f;
-    // kDepth units per lane in flight: all their weight loads are issued before the first is used
-    // (a 4096-wide Q4_0 row is then a single round trip to memory). Weights do not depend on the
-    // previous kernel, so the first loads go out before pdl_wait and overlap its tail.
+// acc[r] += row `row` of weight p[r] . x, for R weights of one type and width read together.
+// kDepth units per lane and weight are in flight: all their loads are issued before the first is
+// used (a 4096-wide Q4_0 row is then a single round trip to memory). Weights do not depend on
+// the previous kernel, so the first loads go out before pdl_wait and overlap its tail.
+template <class F, int NT, int R>
+__device__ __forceinline__ void rows_dot(const GemvParams (&p)[R], int64_t row, int lane, float (&acc)[R][NT]) {
     constexpr int kDepth = F::kDepth;
-    typename F::Data v[kDepth];
+    const int units = p[0].units;
+    typename F::Data v[R][kDepth];
     auto load = [&](int u0) {
 #pragma unroll
-        for (int k = 0; k < kDepth; ++k)
-            if (u0 + k * kWarp < p.units) v[k] = F::load(p, row, u0 + k * kWarp);
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int k = 0; k < kDepth; ++k)
+                if (u0 + k * kWarp < units) v[r][k] = F::load(p[r], row, u0 + k * kWarp);
     };
     load(lane);
     pdl_wait();
     for (int u0 = lane;;) {
 #pragma unroll
-        for (int k = 0; k < kDepth; ++k)
-            if (u0 + k * kWarp < p.units) F::template dot<NT>(p, u0 + k * kWarp, v[k], acc);
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int k = 0; k < kDepth; ++k)
+                if (u0 + k * kWarp < units) F::template dot<NT>(p[r], u0 + k * kWarp, v[r][k], acc[r]);
         u0 += kDepth * kWarp;
-        if (u0 >= p.units) break;
+        if (u0 >= units) break;
         load(u0);
     }
 #pragma unroll
-    for (int t = 0; t < NT; ++t) {
-        const float sum = warp_sum(acc[t]);
-        if (lane == 0) p.y[t * p.n_out + row] = sum;
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[r][t] = warp_sum(acc[r][t]);
+}
+
+template <class F, int NT>
+__global__ void __launch_bounds__(kRowsPerBlock * kWarp) gemv_kernel(GemvBatch b) {
+    const int lane = threadIdx.x & (kWarp - 1);
+    const int bx = blockIdx.x;
+    const int wi = bx >= b.start[2] ? 2 : (bx >= b.start[1] ? 1 : 0);
+    GemvParams p[1] = {b.common};
+    p[0].w = pick(b.w, wi);
+    p[0].meta = pick(b.meta, wi);
+    p[0].meta2 = pick(b.meta2, wi);
+    const int64_t n_out = pick(b.n_out, wi);
+    const int64_t row = int64_t(bx - pick(b.start, wi)) * kRowsPerBlock + (threadIdx.x >> 5);
+    pdl_trigger();
+    if (row >= n_out) return;
+    float acc[1][NT] = {};
+    rows_dot<F, NT, 1>(p, row, lane, acc);
+    float* y = pick(b.y, wi);
+    if (lane == 0)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) y[t * n_out + row] = acc[0][t];
+}
+
+// Gate and up rows together (weights 0 and 1 of the batch), written as silu(gate) * up: the
+// swiglu of float-weight models, whose down projection reads float activations.
+template <class F, int NT>
+__global__ void __launch_bounds__(kRowsPerBlock * kWarp) gemv_swiglu_kernel(GemvBatch b, float* out) {
+    const int lane = threadIdx.x & (kWarp - 1);
+    GemvParams p[2] = {b.common, b.common};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        p[r].w = b.w[r];
+        p[r].meta = b.meta[r];
+        p[r].meta2 = b.meta2[r];
     }
+    const int64_t n_out = b.n_out[0];
+    const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+    pdl_trigger();
+    if (row >= n_out) return;
+    float acc[2][NT] = {};
+    rows_dot<F, NT, 2>(p, row, lane, acc);
+    if (lane == 0)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            const float g = acc[0][t];
+            out[t * n_out + row] = g / (1.f + expf(-g)) * acc[1][t];   // as swiglu_kernel
+        }
 }
 
 template <class F>
@@ -91,7 +128,53 @@ void launch(const GemvBatch& b, unsigned n_ctas, int32_t n_tok, cudaStream_t s) 
     EMBER_CUDA_LAUNCHED("gemv");
 }
 
+template <class F>
+void launch_swiglu(const GemvBatch& b, float* out, unsigned n_ctas, int32_t n_tok, cudaStream_t s) {
+    const dim3 grid(n_ctas), block(kRowsPerBlock * kWarp);
+    switch (n_tok) {
+        case 1: launch_pdl(gemv_swiglu_kernel<F, 1>, grid, block, s, b, out); break;
+        case 2: launch_pdl(gemv_swiglu_kernel<F, 2>, grid, block, s, b, out); break;
+        case 3: launch_pdl(gemv_swiglu_kernel<F, 3>, grid, block, s, b, out); break;
+        case 4: launch_pdl(gemv_swiglu_kernel<F, 4>, grid, block, s, b, out); break;
+        case 5: launch_pdl(gemv_swiglu_kernel<F, 5>, grid, block, s, b, out); break;
+        case 6: launch_pdl(gemv_swiglu_kernel<F, 6>, grid, block, s, b, out); break;
+        case 7: launch_pdl(gemv_swiglu_kernel<F, 7>, grid, block, s, b, out); break;
+        case 8: launch_pdl(gemv_swiglu_kernel<F, 8>, grid, block, s, b, out); break;
+        default: fail("cuda gemv_swiglu: n_tok ", n_tok, " is outside 1..", kMaxGemvTokens);
+    }
+    EMBER_CUDA_LAUNCHED("gemv_swiglu");
+}
+
 }  // namespace
+
+bool gemv_swiglu_supported(GGMLType type) {
+    return type == GGMLType::F32 || type == GGMLType::F16 || type == GGMLType::BF16;
+}
+
+void gemv_swiglu(const DeviceWeight& gate, const DeviceWeight& up, float* out, const float* x, int32_t n_tok,
+                 cudaStream_t s) {
+    if (gate.type != up.type || gate.n_in != up.n_in || gate.n_out != up.n_out)
+        fail("cuda gemv_swiglu: gate and up differ in type or shape");
+    GemvBatch b{};
+    GemvParams& p = b.common;
+    p.n_in = gate.n_in;
+    p.n_blocks = gate.layout.n_blocks;
+    p.x = x;
+    const DeviceWeight* ws[2] = {&gate, &up};
+    for (int i = 0; i < 2; ++i) {
+        b.w[i] = ws[i]->base;
+        b.meta[i] = ws[i]->base + ws[i]->layout.meta_off;
+        b.meta2[i] = ws[i]->base + ws[i]->layout.meta2_off;
+        b.n_out[i] = ws[i]->n_out;
+    }
+    const unsigned n_ctas = unsigned((gate.n_out + kRowsPerBlock - 1) / kRowsPerBlock);
+    switch (gate.type) {
+        case GGMLType::F32: p.units = int32_t(gate.n_in / 4); launch_swiglu<FmtFloat<float>>(b, out, n_ctas, n_tok, s); break;
+        case GGMLType::F16: p.units = int32_t(gate.n_in / 8); launch_swiglu<FmtFloat<__half>>(b, out, n_ctas, n_tok, s); break;
+        case GGMLType::BF16: p.units = int32_t(gate.n_in / 8); launch_swiglu<FmtFloat<__nv_bfloat16>>(b, out, n_ctas, n_tok, s); break;
+        default: fail("cuda gemv_swiglu: unsupported weight type ", block_info(gate.type).name);
+    }
+}
 
 bool gemv_wants_q8(GGMLType type) {
     return !(type == GGMLType::F32 || type == GGMLType::F16 || type == GGMLType::BF16);

@@ -36,6 +36,11 @@ bool gemv_wants_q8(GGMLType type);
 constexpr int kMaxGemvBatch = 3;
 void gemv(const DeviceWeight* const* w, float* const* y, int count, const float* x, const int8_t* xq,
           const float2* xds, int32_t n_tok, cudaStream_t s);
+// out [n_tok][n_out] = silu(x W_gate^T) * (x W_up^T) in one launch, for the float weight types
+// (gemv_swiglu_supported) whose down projection reads float activations.
+bool gemv_swiglu_supported(GGMLType type);
+void gemv_swiglu(const DeviceWeight& gate, const DeviceWeight& up, float* out, const float* x, int32_t n_tok,
+                 cudaStream_t s);
 // W -> out [n_out][n_in] f16 (quantized types only) for the tensor-core path.
 void dequantize_f16(const DeviceWeight& w, __half* out, cudaStream_t s);
 

@@ -324,8 +324,9 @@ def test_smollm2_logits_gpu_vs_cpu(gpu, smollm2_path):
 STREAM_TYPES = [T.Q4_0, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_1, T.Q6_K, T.Q4_K, T.F16]
 
 
-def write_synthetic_model(path, rng, n_layer=4):
-    """n_embd 256 (4 heads of 64, 2 KV heads), n_ff 512, a 512-token SentencePiece vocab."""
+def write_synthetic_model(path, rng, n_layer=4, types=STREAM_TYPES):
+    """n_embd 256 (4 heads of 64, 2 KV heads), n_ff 512, a 512-token SentencePiece vocab; the
+    matrices rotate through `types`."""
     import gguf
     n_embd, n_ff, n_vocab = 256, 512, 512
     w = gguf.GGUFWriter(str(path), "llama")
@@ -359,7 +360,7 @@ def write_synthetic_model(path, rng, n_layer=4):
         norm(f"blk.{l}.attn_norm.weight")
         norm(f"blk.{l}.ffn_norm.weight")
         for i, (name, n_out, n_in) in enumerate(shapes):
-            matrix(f"blk.{l}.{name}.weight", STREAM_TYPES[(i + l) % len(STREAM_TYPES)], n_out, n_in)
+            matrix(f"blk.{l}.{name}.weight", types[(i + l) % len(types)], n_out, n_in)
     norm("output_norm.weight")
     matrix("output.weight", T.Q8_0, n_vocab, n_embd, scale=3.0)
     w.write_header_to_file()
@@ -422,6 +423,18 @@ def test_streamed_partial_offload(gpu, tmp_path, monkeypatch, capfd):
     # Decode steps read the KV that streamed blocks wrote (another prompt's KV gives ~0.1 here).
     assert max(errs["streamed vs split"]) < 1e-2
     assert max(errs["streamed_b32 vs split"]) < 1e-2
+
+
+def test_float_model_matches_cpu(gpu, tmp_path):
+    """All-F16 matrices: decode runs gate and up as one GEMV that writes silu(gate) * up."""
+    rng = rng_for("f16 model")
+    path = tmp_path / "f16.gguf"
+    write_synthetic_model(path, rng, types=[T.F16])
+    seq = [[int(t) for t in rng.integers(3, 512, n)] for n in (20, 1, 1, 1, 1, 1, 1)]
+    cpu_rows, gpu_rows = run_sequence(path, 0, 128, seq), run_sequence(path, -1, 128, seq)
+    errs = [rel_err(g, c) for g, c in zip(gpu_rows, cpu_rows)]
+    print("f16 model gpu vs cpu per step: " + " ".join(f"{e:.1e}" for e in errs))
+    assert max(errs) < 1e-2
 
 
 def test_bad_input_raises(gpu):

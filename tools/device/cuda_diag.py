@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """GPU-vs-CPU logits of a short prompt and 60 decode steps, per CUDA backend configuration
-(default, EMBER_CUDA_GRAPHS=0, EMBER_CUDA_FUSE=0, both off): tells which part of the decode path
-a divergence comes from. Both devices see the same tokens (the CPU's greedy choices).
+(default, EMBER_CUDA_GRAPHS=0, EMBER_CUDA_FUSE=0, both off, half the blocks on the CPU): tells
+which part of the decode path a divergence comes from. Every run sees the same tokens (the
+CPU's greedy choices).
 
     cuda_diag.py MODEL.gguf [PROMPT_LEN]
 """
@@ -39,12 +40,15 @@ def main():
         steps.append(int(np.argmax(ctx.logits(-1))))
         ctx.eval([steps[-1]])
     ref = run(path, 0, prompt, steps)
-    for name, env in (("default", {}), ("graphs=0", {"EMBER_CUDA_GRAPHS": "0"}),
-                      ("fuse=0", {"EMBER_CUDA_FUSE": "0"}), ("both=0", {"EMBER_CUDA_GRAPHS": "0", "EMBER_CUDA_FUSE": "0"})):
+    half = E.Model(path).n_layer // 2
+    for name, ngl, env in (("default", -1, {}), ("graphs=0", -1, {"EMBER_CUDA_GRAPHS": "0"}),
+                           ("fuse=0", -1, {"EMBER_CUDA_FUSE": "0"}),
+                           ("both=0", -1, {"EMBER_CUDA_GRAPHS": "0", "EMBER_CUDA_FUSE": "0"}),
+                           ("split", half, {}), ("split g=0", half, {"EMBER_CUDA_GRAPHS": "0"})):
         for k in ("EMBER_CUDA_GRAPHS", "EMBER_CUDA_FUSE"):
             os.environ.pop(k, None)
         os.environ.update(env)
-        got = run(path, -1, prompt, steps)
+        got = run(path, ngl, prompt, steps)
         err = np.linalg.norm(got - ref, axis=1) / np.linalg.norm(ref, axis=1)
         same = (got.argmax(1) == ref.argmax(1)).mean()
         print(f"{name:9s} prompt {err[0]:.2e}  steps max {err[1:].max():.2e} mean {err[1:].mean():.2e}  "

@@ -32,7 +32,8 @@ if [ -z "$SKIP_DIAG" ]; then   # GPU vs CPU logits on a synthetic SmolLM2-shaped
   python3 -m ember.quantize -q /tmp/em/smol-f16.gguf /tmp/em/smol-q4_1.gguf Q4_1
   for n in 5 20; do step "diag prompt $n"; timeout 120 python3 tools/device/cuda_diag.py /tmp/em/smol-q4_1.gguf $n 2>&1 | tee -a "$LOG"; done
 fi
-waitfor() { for _ in $(seq 300); do [ -f "$1" ] && return 0; sleep 2; done; return 1; }
+wait   # every model written: nothing else loads the host while benchmarks run
+waitfor() { [ -f "$1" ]; }
 bench() { timeout 150 python3 -m ember.bench --bandwidth 3000 "$@" 2>&1 | grep -v "^| model\|^|---"; }
 for q in ${TYPES:-Q4_0 Q8_0 Q4_K_M F16}; do
   waitfor /tmp/em/l7b-${q,,}.gguf || { step "no model $q: $(tail -3 /tmp/em/synth.log /tmp/em/quant.log)"; continue; }
