@@ -47,10 +47,11 @@ __device__ __forceinline__ int warp_sum_int(int v) {
     return v;
 }
 
-// Weights are read exactly once per step: stream them past L1 so activations stay cached.
+// Weights are read exactly once per step: stream them past L1 so activations stay cached, and
+// fetch whole 256-byte L2 sectors (the neighbours are read next).
 __device__ __forceinline__ uint4 ld_stream(const void* p) {
     uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                  : "l"(p));
     return r;

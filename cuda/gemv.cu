@@ -1,6 +1,7 @@
 // Decode GEMV: y [n_tok][n_out] = x [n_tok][n_in] * W^T for n_tok <= 8, every weight type.
-// One warp per output row; its lanes stride over the row's units (gemv_formats.cuh) so a
-// warp's 16-byte loads are contiguous, and all n_tok tokens share each weight load.
+// One warp per output row, or up to four for long rows (warps_per_row); lanes stride over the
+// row's units (gemv_formats.cuh) so a warp's 16-byte loads are contiguous, and all n_tok
+// tokens share each weight load.
 #include "common.cuh"
 #include "gemv_formats.cuh"
 #include "kernels.h"
@@ -23,7 +24,12 @@ struct GemvBatch {
     float* y[kMaxGemvBatch];
     int64_t n_out[kMaxGemvBatch];
     int32_t start[kMaxGemvBatch];
+    int32_t wpr;   // warps per row: 1, 2 or 4 (kRowsPerBlock / wpr rows per CTA)
 };
+
+// Long rows are split over several warps so that each lane has at most about eight units
+// (two rounds of loads) to fetch: a 4096-wide f16 row is 512 units, an 11008-wide one 1376.
+int warps_per_row(int32_t units) { return units >= 1024 ? 4 : (units >= 512 ? 2 : 1); }
 
 template <class T>
 __device__ __forceinline__ T pick(const T (&a)[kMaxGemvBatch], int i) {
@@ -35,7 +41,7 @@ __device__ __forceinline__ T pick(const T (&a)[kMaxGemvBatch], int i) {
 // used (a 4096-wide Q4_0 row is then a single round trip to memory). Weights do not depend on
 // the previous kernel, so the first loads go out before pdl_wait and overlap its tail.
 template <class F, int NT, int R>
-__device__ __forceinline__ void rows_dot(const GemvParams (&p)[R], int64_t row, int lane, float (&acc)[R][NT]) {
+__device__ __forceinline__ void rows_dot(const GemvParams (&p)[R], int64_t row, int first, int stride, float (&acc)[R][NT]) {
     constexpr int kDepth = F::kDepth;
     const int units = p[0].units;
     typename F::Data v[R][kDepth];
@@ -44,29 +50,51 @@ __device__ __forceinline__ void rows_dot(const GemvParams (&p)[R], int64_t row, 
         for (int r = 0; r < R; ++r)
 #pragma unroll
             for (int k = 0; k < kDepth; ++k)
-                if (u0 + k * kWarp < units) v[r][k] = F::load(p[r], row, u0 + k * kWarp);
+                if (u0 + k * stride < units) v[r][k] = F::load(p[r], row, u0 + k * stride);
     };
-    load(lane);
+    load(first);
     pdl_wait();
-    for (int u0 = lane;;) {
+    for (int u0 = first;;) {
 #pragma unroll
         for (int r = 0; r < R; ++r)
 #pragma unroll
             for (int k = 0; k < kDepth; ++k)
-                if (u0 + k * kWarp < units) F::template dot<NT>(p[r], u0 + k * kWarp, v[r][k], acc[r]);
-        u0 += kDepth * kWarp;
+                if (u0 + k * stride < units) F::template dot<NT>(p[r], u0 + k * stride, v[r][k], acc[r]);
+        u0 += kDepth * stride;
         if (u0 >= units) break;
         load(u0);
     }
+}
+
+// Sums acc over the wpr warps of each row (warp sums, then in warp order through shared
+// memory); true on the lane that holds the row's totals.
+template <int R, int NT>
+__device__ __forceinline__ bool reduce_row(float (&acc)[R][NT], int wpr) {
+    __shared__ float part[kRowsPerBlock][R][NT];
+    const int lane = threadIdx.x & (kWarp - 1), warp = threadIdx.x >> 5;
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int t = 0; t < NT; ++t) acc[r][t] = warp_sum(acc[r][t]);
+    if (wpr == 1) return lane == 0;
+    if (lane == 0)
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int t = 0; t < NT; ++t) part[warp][r][t] = acc[r][t];
+    __syncthreads();
+    if (lane != 0 || warp % wpr != 0) return false;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+            for (int w = 1; w < wpr; ++w) acc[r][t] += part[warp + w][r][t];
+    return true;
 }
 
 template <class F, int NT>
 __global__ void __launch_bounds__(kRowsPerBlock * kWarp) gemv_kernel(GemvBatch b) {
-    const int lane = threadIdx.x & (kWarp - 1);
+    const int lane = threadIdx.x & (kWarp - 1), warp = threadIdx.x >> 5;
     const int bx = blockIdx.x;
     const int wi = bx >= b.start[2] ? 2 : (bx >= b.start[1] ? 1 : 0);
     GemvParams p[1] = {b.common};
@@ -74,22 +102,23 @@ __global__ void __launch_bounds__(kRowsPerBlock * kWarp) gemv_kernel(GemvBatch b
     p[0].meta = pick(b.meta, wi);
     p[0].meta2 = pick(b.meta2, wi);
     const int64_t n_out = pick(b.n_out, wi);
-    const int64_t row = int64_t(bx - pick(b.start, wi)) * kRowsPerBlock + (threadIdx.x >> 5);
+    const int64_t row = int64_t(bx - pick(b.start, wi)) * (kRowsPerBlock / b.wpr) + warp / b.wpr;
     pdl_trigger();
-    if (row >= n_out) return;
     float acc[1][NT] = {};
-    rows_dot<F, NT, 1>(p, row, lane, acc);
-    float* y = pick(b.y, wi);
-    if (lane == 0)
+    if (row < n_out) rows_dot<F, NT, 1>(p, row, (warp % b.wpr) * kWarp + lane, b.wpr * kWarp, acc);
+    if (b.wpr == 1 && row >= n_out) return;   // (split rows keep every warp for the barrier)
+    if (reduce_row(acc, b.wpr) && row < n_out) {
+        float* y = pick(b.y, wi);
 #pragma unroll
         for (int t = 0; t < NT; ++t) y[t * n_out + row] = acc[0][t];
+    }
 }
 
 // Gate and up rows together (weights 0 and 1 of the batch), written as silu(gate) * up: the
 // swiglu of float-weight models, whose down projection reads float activations.
 template <class F, int NT>
 __global__ void __launch_bounds__(kRowsPerBlock * kWarp) gemv_swiglu_kernel(GemvBatch b, float* out) {
-    const int lane = threadIdx.x & (kWarp - 1);
+    const int lane = threadIdx.x & (kWarp - 1), warp = threadIdx.x >> 5;
     GemvParams p[2] = {b.common, b.common};
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -98,12 +127,12 @@ __global__ void __launch_bounds__(kRowsPerBlock * kWarp) gemv_swiglu_kernel(Gemv
         p[r].meta2 = b.meta2[r];
     }
     const int64_t n_out = b.n_out[0];
-    const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+    const int64_t row = int64_t(blockIdx.x) * (kRowsPerBlock / b.wpr) + warp / b.wpr;
     pdl_trigger();
-    if (row >= n_out) return;
     float acc[2][NT] = {};
-    rows_dot<F, NT, 2>(p, row, lane, acc);
-    if (lane == 0)
+    if (row < n_out) rows_dot<F, NT, 2>(p, row, (warp % b.wpr) * kWarp + lane, b.wpr * kWarp, acc);
+    if (b.wpr == 1 && row >= n_out) return;
+    if (reduce_row(acc, b.wpr) && row < n_out)
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
             const float g = acc[0][t];
@@ -167,11 +196,14 @@ void gemv_swiglu(const DeviceWeight& gate, const DeviceWeight& up, float* out, c
         b.meta2[i] = ws[i]->base + ws[i]->layout.meta2_off;
         b.n_out[i] = ws[i]->n_out;
     }
-    const unsigned n_ctas = unsigned((gate.n_out + kRowsPerBlock - 1) / kRowsPerBlock);
+    p.units = int32_t(gate.n_in / (gate.type == GGMLType::F32 ? 4 : 8));
+    b.wpr = warps_per_row(p.units);
+    const int rows_per_cta = kRowsPerBlock / b.wpr;
+    const unsigned n_ctas = unsigned((gate.n_out + rows_per_cta - 1) / rows_per_cta);
     switch (gate.type) {
-        case GGMLType::F32: p.units = int32_t(gate.n_in / 4); launch_swiglu<FmtFloat<float>>(b, out, n_ctas, n_tok, s); break;
-        case GGMLType::F16: p.units = int32_t(gate.n_in / 8); launch_swiglu<FmtFloat<__half>>(b, out, n_ctas, n_tok, s); break;
-        case GGMLType::BF16: p.units = int32_t(gate.n_in / 8); launch_swiglu<FmtFloat<__nv_bfloat16>>(b, out, n_ctas, n_tok, s); break;
+        case GGMLType::F32: launch_swiglu<FmtFloat<float>>(b, out, n_ctas, n_tok, s); break;
+        case GGMLType::F16: launch_swiglu<FmtFloat<__half>>(b, out, n_ctas, n_tok, s); break;
+        case GGMLType::BF16: launch_swiglu<FmtFloat<__nv_bfloat16>>(b, out, n_ctas, n_tok, s); break;
         default: fail("cuda gemv_swiglu: unsupported weight type ", block_info(gate.type).name);
     }
 }
@@ -191,6 +223,15 @@ void gemv(const DeviceWeight* const* ws, float* const* ys, int count, const floa
     p.x = x;
     p.xq = xq;
     p.xds = xds;
+    const int64_t nb = w0.layout.n_blocks;
+    switch (w0.type) {
+        case GGMLType::Q4_K: case GGMLType::Q5_K: case GGMLType::Q6_K: p.units = int32_t(nb * 4); break;
+        case GGMLType::F32: p.units = int32_t(w0.n_in / 4); break;
+        case GGMLType::F16: case GGMLType::BF16: p.units = int32_t(w0.n_in / 8); break;
+        default: p.units = int32_t(nb); break;   // legacy 32-element blocks
+    }
+    b.wpr = warps_per_row(p.units);
+    const int rows_per_cta = kRowsPerBlock / b.wpr;
     unsigned n_ctas = 0;
     for (int i = 0; i < kMaxGemvBatch; ++i) {
         b.start[i] = int32_t(n_ctas);
@@ -205,21 +246,20 @@ void gemv(const DeviceWeight* const* ws, float* const* ys, int count, const floa
         b.meta2[i] = w.base + w.layout.meta2_off;
         b.y[i] = ys[i];
         b.n_out[i] = w.n_out;
-        n_ctas += unsigned((w.n_out + kRowsPerBlock - 1) / kRowsPerBlock);
+        n_ctas += unsigned((w.n_out + rows_per_cta - 1) / rows_per_cta);
     }
-    const int64_t nb = w0.layout.n_blocks;
     switch (w0.type) {
-        case GGMLType::Q4_0: p.units = int32_t(nb); launch<FmtQ4_0>(b, n_ctas, n_tok, s); break;
-        case GGMLType::Q4_1: p.units = int32_t(nb); launch<FmtQ4_1>(b, n_ctas, n_tok, s); break;
-        case GGMLType::Q5_0: p.units = int32_t(nb); launch<FmtQ5<false>>(b, n_ctas, n_tok, s); break;
-        case GGMLType::Q5_1: p.units = int32_t(nb); launch<FmtQ5<true>>(b, n_ctas, n_tok, s); break;
-        case GGMLType::Q8_0: p.units = int32_t(nb); launch<FmtQ8_0>(b, n_ctas, n_tok, s); break;
-        case GGMLType::Q4_K: p.units = int32_t(nb * 4); launch<FmtQK<false>>(b, n_ctas, n_tok, s); break;
-        case GGMLType::Q5_K: p.units = int32_t(nb * 4); launch<FmtQK<true>>(b, n_ctas, n_tok, s); break;
-        case GGMLType::Q6_K: p.units = int32_t(nb * 4); launch<FmtQ6_K>(b, n_ctas, n_tok, s); break;
-        case GGMLType::F32: p.units = int32_t(w0.n_in / 4); launch<FmtFloat<float>>(b, n_ctas, n_tok, s); break;
-        case GGMLType::F16: p.units = int32_t(w0.n_in / 8); launch<FmtFloat<__half>>(b, n_ctas, n_tok, s); break;
-        case GGMLType::BF16: p.units = int32_t(w0.n_in / 8); launch<FmtFloat<__nv_bfloat16>>(b, n_ctas, n_tok, s); break;
+        case GGMLType::Q4_0: launch<FmtQ4_0>(b, n_ctas, n_tok, s); break;
+        case GGMLType::Q4_1: launch<FmtQ4_1>(b, n_ctas, n_tok, s); break;
+        case GGMLType::Q5_0: launch<FmtQ5<false>>(b, n_ctas, n_tok, s); break;
+        case GGMLType::Q5_1: launch<FmtQ5<true>>(b, n_ctas, n_tok, s); break;
+        case GGMLType::Q8_0: launch<FmtQ8_0>(b, n_ctas, n_tok, s); break;
+        case GGMLType::Q4_K: launch<FmtQK<false>>(b, n_ctas, n_tok, s); break;
+        case GGMLType::Q5_K: launch<FmtQK<true>>(b, n_ctas, n_tok, s); break;
+        case GGMLType::Q6_K: launch<FmtQ6_K>(b, n_ctas, n_tok, s); break;
+        case GGMLType::F32: launch<FmtFloat<float>>(b, n_ctas, n_tok, s); break;
+        case GGMLType::F16: launch<FmtFloat<__half>>(b, n_ctas, n_tok, s); break;
+        case GGMLType::BF16: launch<FmtFloat<__nv_bfloat16>>(b, n_ctas, n_tok, s); break;
         default: fail("cuda gemv: unsupported weight type ", block_info(w0.type).name);
     }
 }

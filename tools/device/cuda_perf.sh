@@ -2,7 +2,8 @@
 # Device call: build, kernel tests, synthetic llama2-7b models (F16 and Q4_0 / Q8_0 / Q4_K_M,
 # kept in /tmp/em while the machine stays warm), a per-kernel time listing of one Q4_0 decode
 # step under ncu, and ember-bench pp512/tg128 for each type. Carry: build/carry.
-# Env: TYPES (default "Q4_0 Q8_0 Q4_K_M F16"), SKIP_TESTS=1, SKIP_DIAG=1, SKIP_NCU=1, EXTRA (a command run last).
+# Env: TYPES (default "Q4_0 Q8_0 Q4_K_M F16"), SKIP_TESTS=1, SKIP_DIAG=1, SKIP_NCU=1, NCU_TYPE (the
+# type profiled, default Q4_0), EXTRA (a command run last).
 cd "$(dirname "$0")/../.."
 LOG="${OUT:-/tmp}/perf.log"
 step() { echo "== $(date +%T) $*" | tee -a "$LOG"; }
@@ -37,13 +38,13 @@ waitfor() { [ -f "$1" ]; }
 bench() { timeout 150 python3 -m ember.bench --bandwidth 3000 "$@" 2>&1 | grep -v "^| model\|^|---"; }
 for q in ${TYPES:-Q4_0 Q8_0 Q4_K_M F16}; do
   waitfor /tmp/em/l7b-${q,,}.gguf || { step "no model $q: $(tail -3 /tmp/em/synth.log /tmp/em/quant.log)"; continue; }
-  if [ "$q" = Q4_0 ] && [ -z "$SKIP_NCU" ]; then
-    step "ncu Q4_0"
+  if [ "$q" = "${NCU_TYPE:-Q4_0}" ] && [ -z "$SKIP_NCU" ]; then
+    step "ncu $q"
     EMBER_CUDA_GRAPHS=0 timeout 200 ncu --metrics gpu__time_duration.sum --clock-control none --cache-control none --csv \
-      --launch-skip 1200 --launch-count 500 python3 tools/device/cuda_profile.py /tmp/em/l7b-q4_0.gguf 8 \
+      --launch-skip 1200 --launch-count 500 python3 tools/device/cuda_profile.py /tmp/em/l7b-${q,,}.gguf 8 \
       > "${OUT:-/tmp}/ncu.csv" 2>"${OUT:-/tmp}/ncu.err"
     python3 tools/device/summarize_ncu.py "${OUT:-/tmp}/ncu.csv" 32 | tee -a "$LOG" | head -30
-    timeout 100 python3 tools/device/cuda_profile.py /tmp/em/l7b-q4_0.gguf 64 | tee -a "$LOG"
+    timeout 100 python3 tools/device/cuda_profile.py /tmp/em/l7b-${q,,}.gguf 64 | tee -a "$LOG"
   fi
   bench -m /tmp/em/l7b-${q,,}.gguf -ngl -1 -p 512 -n 128 -r 3 | tee -a "$LOG"
 done
