@@ -11,6 +11,17 @@ namespace {
 
 constexpr int kNormThreads = 256;
 
+// The CPU backend's (and ggml's) arithmetic: squares summed in double, then
+// 1 / sqrt(float(mean) + eps) correctly rounded, so a norm's q8 output rounds as the CPU's does.
+__device__ __forceinline__ double warp_sum_double(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float rms_scale(double sum_sq, int32_t dim, float eps) {
+    return __fdiv_rn(1.0f, __fsqrt_rn(float(sum_sq / dim) + eps));
+}
+
 // One block per token row. With `res`, first x += res (the residual add of the previous op,
 // written back). With `q`, y is also quantized to q8_1 for the GEMV that reads it next.
 __global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(float* __restrict__ x, const float* __restrict__ res,
@@ -21,28 +32,28 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(float* __restrict
     pdl_trigger();
     float* xr = x + int64_t(blockIdx.x) * dim;
     float* yr = y + int64_t(blockIdx.x) * dim;
-    float ss = 0.f;
+    double ss = 0.0;
     if (res) {
         const float* rr = res + int64_t(blockIdx.x) * dim;
         for (int i = threadIdx.x; i < dim; i += kNormThreads) {
             const float v = xr[i] + rr[i];
             xr[i] = v;
-            ss += v * v;
+            ss += double(v) * v;
         }
     } else {
-        for (int i = threadIdx.x; i < dim; i += kNormThreads) ss += xr[i] * xr[i];
+        for (int i = threadIdx.x; i < dim; i += kNormThreads) ss += double(xr[i]) * xr[i];
     }
-    __shared__ float red[kNormThreads / kWarp];
-    ss = warp_sum(ss);
+    __shared__ double red[kNormThreads / kWarp];
+    ss = warp_sum_double(ss);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
     __syncthreads();   // also makes this block's writes of x visible to all its threads
     if (threadIdx.x < kWarp) {
-        float v = threadIdx.x < kNormThreads / kWarp ? red[threadIdx.x] : 0.f;
-        v = warp_sum(v);
+        double v = threadIdx.x < kNormThreads / kWarp ? red[threadIdx.x] : 0.0;
+        v = warp_sum_double(v);
         if (threadIdx.x == 0) red[0] = v;
     }
     __syncthreads();
-    const float inv = rsqrtf(red[0] / float(dim) + eps);
+    const float inv = rms_scale(red[0], dim, eps);
     if (q) {   // dim % 32 == 0: each warp takes whole 32-element blocks
         const int lane = threadIdx.x & 31, nb = dim / 32;
         for (int blk = threadIdx.x >> 5; blk < nb; blk += kNormThreads / kWarp) {
@@ -72,7 +83,7 @@ __global__ void __launch_bounds__(kVecNormThreads) rmsnorm_vec_kernel(float* __r
     const int n4 = dim / 4;
     float4* xr = reinterpret_cast<float4*>(x + int64_t(blockIdx.x) * dim);
     float4 v[U], g[U];
-    float ss = 0.f;
+    double ss = 0.0;
 #pragma unroll
     for (int k = 0; k < U; ++k) {
         const int i = threadIdx.x + k * blockDim.x;
@@ -86,16 +97,15 @@ __global__ void __launch_bounds__(kVecNormThreads) rmsnorm_vec_kernel(float* __r
                 xr[i] = v[k];
             }
         }
-        ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+        ss += double(v[k].x) * v[k].x + double(v[k].y) * v[k].y + double(v[k].z) * v[k].z + double(v[k].w) * v[k].w;
     }
-    __shared__ float red[kVecNormThreads / kWarp];
-    ss = warp_sum(ss);
+    __shared__ double red[kVecNormThreads / kWarp];
+    ss = warp_sum_double(ss);
     const int lane = threadIdx.x & 31, n_warps = blockDim.x / kWarp;
     if (lane == 0) red[threadIdx.x >> 5] = ss;
     __syncthreads();
-    float tot = lane < n_warps ? red[lane] : 0.f;
-    tot = warp_sum(tot);
-    const float inv = rsqrtf(tot / float(dim) + eps);
+    const double tot = warp_sum_double(lane < n_warps ? red[lane] : 0.0);
+    const float inv = rms_scale(tot, dim, eps);
 #pragma unroll
     for (int k = 0; k < U; ++k) {
         const int i = threadIdx.x + k * blockDim.x;

@@ -44,8 +44,9 @@ def main():
     for name, ngl, env in (("default", -1, {}), ("graphs=0", -1, {"EMBER_CUDA_GRAPHS": "0"}),
                            ("fuse=0", -1, {"EMBER_CUDA_FUSE": "0"}),
                            ("both=0", -1, {"EMBER_CUDA_GRAPHS": "0", "EMBER_CUDA_FUSE": "0"}),
+                           ("pdl=0", -1, {"EMBER_CUDA_PDL": "0"}), ("exact=0", -1, {"EMBER_CUDA_EXACT_ATTN": "0"}),
                            ("split", half, {}), ("split g=0", half, {"EMBER_CUDA_GRAPHS": "0"})):
-        for k in ("EMBER_CUDA_GRAPHS", "EMBER_CUDA_FUSE"):
+        for k in ("EMBER_CUDA_GRAPHS", "EMBER_CUDA_FUSE", "EMBER_CUDA_PDL", "EMBER_CUDA_EXACT_ATTN"):
             os.environ.pop(k, None)
         os.environ.update(env)
         got = run(path, ngl, prompt, steps)
