@@ -42,6 +42,40 @@ __device__ __forceinline__ void merge_state(float& m, float& l, float* a, float 
     m = mn;
 }
 
+// Split (flash-decoding) launches: every CTA of a (blockIdx.x, blockIdx.y) group writes its
+// partial result, then the last one to finish merges them (no second launch). True, in all its
+// threads, for that last CTA, which also resets the group's counter for the next launch or graph
+// replay.
+__device__ __forceinline__ bool last_of_splits(const AttentionArgs& a) {
+    __shared__ int is_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int* ctr = a.split_counter + blockIdx.x * gridDim.y + blockIdx.y;
+        is_last = atomicAdd(ctr, 1) == a.n_split - 1;
+        if (is_last) *ctr = 0;
+    }
+    __syncthreads();
+    if (is_last) __threadfence();
+    return is_last;
+}
+
+// Output element d of query slot th (token * n_head + head) from the splits' partials.
+__device__ __forceinline__ float merge_splits(const AttentionArgs& a, int64_t th, int d) {
+    const int64_t stride = int64_t(a.n_tok) * a.n_head;
+    float mx = -INFINITY;
+    for (int sp = 0; sp < a.n_split; ++sp) mx = fmaxf(mx, __ldcg(&a.part_ml[sp * stride + th]).x);
+    float L = 0.f, o = 0.f;
+#pragma unroll 8
+    for (int sp = 0; sp < a.n_split; ++sp) {
+        const float2 ml = __ldcg(&a.part_ml[sp * stride + th]);
+        const float w = ml.x == -INFINITY ? 0.f : exp2f(ml.x - mx);
+        L += ml.y * w;
+        o += __ldcg(&a.part_acc[(sp * stride + th) * a.head_dim + d]) * w;
+    }
+    return L > 0.f ? o / L : 0.f;
+}
+
 template <int M>
 __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(AttentionArgs a, DeviceBatch b) {
     pdl_wait();
@@ -190,37 +224,12 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(Attention
             }
         }
     }
-    if (a.n_split == 1) return;
-
-    // The last CTA of this (tile, head chunk) to finish merges the splits' partials (no second
-    // launch); it also resets the counter for the next launch or graph replay.
-    __shared__ int is_last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int* ctr = a.split_counter + blockIdx.x * gridDim.y + blockIdx.y;
-        is_last = atomicAdd(ctr, 1) == a.n_split - 1;
-        if (is_last) *ctr = 0;
-    }
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-    const int64_t stride = int64_t(a.n_tok) * a.n_head;
+    if (a.n_split == 1 || !last_of_splits(a)) return;
     for (int e = threadIdx.x; e < M * hd; e += blockDim.x) {
         const int i = e / hd, d = e % hd, ti = i / HC, hi = i % HC;
         if (!(i < HC * a.tile_len && ti < tile.count && hc * HC + hi < n_rep)) continue;
         const int64_t th = int64_t(tile.first + ti) * a.n_head + kvh * n_rep + hc * HC + hi;
-        float mx = -INFINITY;
-        for (int sp = 0; sp < a.n_split; ++sp) mx = fmaxf(mx, __ldcg(&a.part_ml[sp * stride + th]).x);
-        float L = 0.f, o = 0.f;
-        for (int sp = 0; sp < a.n_split; ++sp) {
-            const float2 ml = __ldcg(&a.part_ml[sp * stride + th]);
-            if (ml.x == -INFINITY) continue;
-            const float w = exp2f(ml.x - mx);
-            L += ml.y * w;
-            o += __ldcg(&a.part_acc[(sp * stride + th) * hd + d]) * w;
-        }
-        a.out[th * hd + d] = L > 0.f ? o / L : 0.f;
+        a.out[th * hd + d] = merge_splits(a, th, d);
     }
 }
 
@@ -484,35 +493,10 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(Attention
             }
         }
     }
-    if (a.n_split == 1) return;
-
-    // The last CTA of this (token, head group) to finish merges the splits' partials.
-    __shared__ int is_last;
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-        int* ctr = a.split_counter + blockIdx.x * gridDim.y + blockIdx.y;
-        is_last = atomicAdd(ctr, 1) == a.n_split - 1;
-        if (is_last) *ctr = 0;
-    }
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-    const int64_t stride = int64_t(a.n_tok) * a.n_head;
+    if (a.n_split == 1 || !last_of_splits(a)) return;
     for (int e = tid; e < n_heads_here * hd; e += kDecThreads) {
         const int64_t th = int64_t(t) * a.n_head + h0 + e / hd;
-        const int d = e % hd;
-        float mx = -INFINITY;
-        for (int sp = 0; sp < a.n_split; ++sp) mx = fmaxf(mx, __ldcg(&a.part_ml[sp * stride + th]).x);
-        float L = 0.f, o = 0.f;
-#pragma unroll 8
-        for (int sp = 0; sp < a.n_split; ++sp) {
-            const float2 ml = __ldcg(&a.part_ml[sp * stride + th]);
-            const float w = ml.x == -INFINITY ? 0.f : exp2f(ml.x - mx);
-            L += ml.y * w;
-            o += __ldcg(&a.part_acc[(sp * stride + th) * hd + d]) * w;
-        }
-        a.out[th * hd + d] = L > 0.f ? o / L : 0.f;
+        a.out[th * hd + e % hd] = merge_splits(a, th, e % hd);
     }
 }
 
