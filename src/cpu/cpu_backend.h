@@ -1,5 +1,6 @@
 // The CPU backend: host memory, weights used in place from the mapping, ops on the thread pool.
 #pragma once
+#include <algorithm>
 #include <vector>
 
 #include "cpu/thread_pool.h"
@@ -25,6 +26,7 @@ public:
     void set_batch(const BatchInfo& batch) override { batch_ = batch; }
 
     void matmul(const Weight& w, const float* x, int32_t n_tok, float* y) override;
+    void matmul_many(const Weight* const* ws, float* const* ys, int count, const float* x, int32_t n_tok) override;
     void rmsnorm(const float* x, const float* gamma, int32_t n_tok, int32_t dim, float eps,
                  float* y) override;
     void rope(float* x, int32_t n_tok, int32_t n_heads, int32_t head_dim, float freq_base,
@@ -39,6 +41,13 @@ public:
     ThreadPool& pool() { return pool_; }
 
 private:
+    // x quantized to the vec_dot format `type` (per token rows of row_bytes(type, n_in)), in act_q_.
+    const uint8_t* quantize_input(GGMLType type, const float* x, int64_t n_in, int32_t n_tok);
+    // Row chunks per matmul: few, since each hand-out costs a cache-line round trip between cores
+    // (at 16-row chunks a third of decode time on 2 threads); eight (up to 4 threads) still
+    // rebalance when one thread is late, more threads get two each so that all of them work.
+    int64_t n_chunks() const { return std::max<int64_t>(8, 2 * (int64_t)pool_.size()); }
+
     ThreadPool pool_;
     BatchInfo batch_;
     std::vector<uint8_t> act_q_;                   // activations quantized for vec_dot

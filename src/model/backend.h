@@ -95,6 +95,11 @@ public:
 
     // y[t][o] = sum_i W[o][i] * x[t][i]
     virtual void matmul(const Weight& w, const float* x, int32_t n_tok, float* y) = 0;
+    // ys[i] = x * ws[i]^T for weights that read the same input (Q, K, V; gate, up). Backends
+    // may share the input's preparation and one hand-out of rows; by default, matmul per weight.
+    virtual void matmul_many(const Weight* const* ws, float* const* ys, int count, const float* x, int32_t n_tok) {
+        for (int i = 0; i < count; ++i) matmul(*ws[i], x, n_tok, ys[i]);
+    }
     // y[t] = x[t] / rms(x[t]) * gamma
     virtual void rmsnorm(const float* x, const float* gamma, int32_t n_tok, int32_t dim,
                          float eps, float* y) = 0;

@@ -272,9 +272,11 @@ void ContextImpl::forward(const int32_t* tokens, int32_t n, bool logits_all) {
         }
         if (st) stream->acquire(l % 2);
         be.rmsnorm(s->x, w.attn_norm, n, (int32_t)E, hp.rms_eps, s->xn);
-        be.matmul(w.wq, s->xn, n, s->q);
-        be.matmul(w.wk, s->xn, n, s->k);
-        be.matmul(w.wv, s->xn, n, s->v);
+        {
+            const Weight* qkv[3] = {&w.wq, &w.wk, &w.wv};
+            float* out[3] = {s->q, s->k, s->v};
+            be.matmul_many(qkv, out, 3, s->xn, n);
+        }
         if (w.bq) be.add_bias(s->q, w.bq, n, (int32_t)QW);
         if (w.bk) be.add_bias(s->k, w.bk, n, (int32_t)KW);
         if (w.bv) be.add_bias(s->v, w.bv, n, (int32_t)KW);
@@ -291,8 +293,11 @@ void ContextImpl::forward(const int32_t* tokens, int32_t n, bool logits_all) {
         be.matmul(w.wo, s->att, n, s->xn);
         be.add(s->x, s->xn, n * E);
         be.rmsnorm(s->x, w.ffn_norm, n, (int32_t)E, hp.rms_eps, s->xn);
-        be.matmul(w.w_gate, s->xn, n, s->gate);
-        be.matmul(w.w_up, s->xn, n, s->up);
+        {
+            const Weight* gate_up[2] = {&w.w_gate, &w.w_up};
+            float* out[2] = {s->gate, s->up};
+            be.matmul_many(gate_up, out, 2, s->xn, n);
+        }
         be.swiglu(s->gate, s->up, n * hp.n_ff, s->gate);
         be.matmul(w.w_down, s->gate, n, s->xn);
         be.add(s->x, s->xn, n * E);
