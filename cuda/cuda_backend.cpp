@@ -307,16 +307,7 @@ public:
             }
             flush();
             ++epoch_;
-            if (gemv_wants_q8(w.type)) {
-                const int64_t total = int64_t(n_tok) * w.n_in;
-                const bool cached = q8_x_ == x && q8_total_ == total && q8_epoch_ + 1 == epoch_;
-                if (!cached) {
-                    ensure(xq_, size_t(total));
-                    ensure(xds_, size_t(total / 32) * sizeof(float2));
-                    quantize_q8_1(x, static_cast<int8_t*>(xq_.p), static_cast<float2*>(xds_.p), n_tok, w.n_in, stream_);
-                }
-                set_q8(x, total);
-            }
+            if (gemv_wants_q8(w.type)) q8_input(x, n_tok, w.n_in);
             pg.count = 1;
             pg.w[0] = dw;
             pg.y[0] = y;
@@ -327,13 +318,7 @@ public:
         flush();
         ++epoch_;
         if (n_tok <= kMaxIntPromptTokens && gemv_wants_q8(w.type)) {
-            const int64_t total = int64_t(n_tok) * w.n_in;
-            if (!(q8_x_ == x && q8_total_ == total && q8_epoch_ + 1 == epoch_)) {
-                ensure(xq_, size_t(total));
-                ensure(xds_, size_t(total / 32) * sizeof(float2));
-                quantize_q8_1(x, static_cast<int8_t*>(xq_.p), static_cast<float2*>(xds_.p), n_tok, w.n_in, stream_);
-            }
-            set_q8(x, total);
+            q8_input(x, n_tok, w.n_in);
             const cuda::DeviceWeight* ws[1] = {&dw};
             for (int32_t t0 = 0; t0 < n_tok; t0 += kMaxGemvTokens) {
                 float* ys[1] = {y + int64_t(t0) * w.n_out};
@@ -383,17 +368,10 @@ public:
         flush();
         ++epoch_;
         // Decode-sized batches: also emit the q8_1 activations the next GEMV reads.
-        int8_t* q = nullptr;
-        float2* ds = nullptr;
-        if (fuse_on_ && n_tok <= kMaxIntPromptTokens && dim % 32 == 0) {
-            const size_t total = size_t(n_tok) * dim;
-            ensure(xq_, total);
-            ensure(xds_, total / 32 * sizeof(float2));
-            q = static_cast<int8_t*>(xq_.p);
-            ds = static_cast<float2*>(xds_.p);
-        }
-        cuda::rmsnorm(const_cast<float*>(x), res, gamma, n_tok, dim, eps, y, q, ds, stream_);
-        if (q) set_q8(y, int64_t(n_tok) * dim);
+        Q8 q8{};
+        if (fuse_on_ && n_tok <= kMaxIntPromptTokens && dim % 32 == 0) q8 = q8_scratch(int64_t(n_tok) * dim);
+        cuda::rmsnorm(const_cast<float*>(x), res, gamma, n_tok, dim, eps, y, q8.q, q8.ds, stream_);
+        if (q8.q) set_q8(y, int64_t(n_tok) * dim);
     }
     // Deferred (up to two: q then k): a following kv_store of the rotated k runs all in one kernel.
     void rope(float* x, int32_t n_tok, int32_t n_heads, int32_t head_dim, float freq_base, bool neox) override {
@@ -452,10 +430,9 @@ public:
         if (n_tok <= kMaxIntPromptTokens && max_len_ <= cuda::kExactMaxLen && exact_attn_on_ && shape.head_dim % 8 == 0) {
             const int64_t total = int64_t(n_tok) * shape.n_head * shape.head_dim;
             if (fuse_on_ && shape.head_dim % 32 == 0) {   // the O projection's GEMV reads these q8_1 blocks
-                ensure(xq_, size_t(total));
-                ensure(xds_, size_t(total / 32) * sizeof(float2));
-                a.out_q = static_cast<int8_t*>(xq_.p);
-                a.out_ds = static_cast<float2*>(xds_.p);
+                const Q8 q8 = q8_scratch(total);
+                a.out_q = q8.q;
+                a.out_ds = q8.ds;
             }
             cuda::attention_exact(a, dbatch_, stream_);
             if (a.out_q) set_q8(out, total);
@@ -509,9 +486,8 @@ public:
         flush();
         ++epoch_;
         if (fuse_on_ && n_tok_ > 0 && n_tok_ <= kMaxIntPromptTokens && n % 32 == 0) {   // feeds the down projection's GEMV
-            ensure(xq_, size_t(n));
-            ensure(xds_, size_t(n / 32) * sizeof(float2));
-            cuda::swiglu_q8(gate, up, n, out, static_cast<int8_t*>(xq_.p), static_cast<float2*>(xds_.p), stream_);
+            const Q8 q8 = q8_scratch(n);
+            cuda::swiglu_q8(gate, up, n, out, q8.q, q8.ds, stream_);
             set_q8(out, n);
         } else {
             cuda::swiglu(gate, up, n, out, stream_);
@@ -635,6 +611,25 @@ private:
         if (ensure(split_ctr_, n_groups * sizeof(int32_t)))   // counters start at zero, kernels reset them
             EMBER_CUDA_CHECK(cudaMemsetAsync(split_ctr_.p, 0, split_ctr_.cap, stream_));
         a.split_counter = static_cast<int32_t*>(split_ctr_.p);
+    }
+    // The q8_1 activation buffers (xq_, xds_), grown to hold `total` values.
+    struct Q8 {
+        int8_t* q = nullptr;
+        float2* ds = nullptr;
+    };
+    Q8 q8_scratch(int64_t total) {
+        ensure(xq_, size_t(total));
+        ensure(xds_, size_t(total / 32) * sizeof(float2));
+        return {static_cast<int8_t*>(xq_.p), static_cast<float2*>(xds_.p)};
+    }
+    // x [n_tok][n_in] as q8_1 in the scratch buffers, unless the op just before wrote exactly that.
+    void q8_input(const float* x, int32_t n_tok, int64_t n_in) {
+        const int64_t total = int64_t(n_tok) * n_in;
+        if (!(q8_x_ == x && q8_total_ == total && q8_epoch_ + 1 == epoch_)) {
+            const Q8 q8 = q8_scratch(total);
+            quantize_q8_1(x, q8.q, q8.ds, n_tok, n_in, stream_);
+        }
+        set_q8(x, total);
     }
     void set_q8(const float* x, int64_t total) {
         q8_x_ = x;

@@ -2,6 +2,8 @@
 // One warp per output row, or up to four for long rows (warps_per_row); lanes stride over the
 // row's units (gemv_formats.cuh) so a warp's 16-byte loads are contiguous, and all n_tok
 // tokens share each weight load.
+#include <type_traits>
+
 #include "common.cuh"
 #include "gemv_formats.cuh"
 #include "kernels.h"
@@ -140,37 +142,31 @@ __global__ void __launch_bounds__(kRowsPerBlock * kWarp) gemv_swiglu_kernel(Gemv
         }
 }
 
+// Calls f(std::integral_constant<int, NT>) for NT == n_tok: the token count is a template
+// parameter of the kernels (their accumulators live in registers).
+template <int NT = 1, class Fn>
+void with_n_tok(int32_t n_tok, Fn&& f) {
+    if constexpr (NT <= kMaxGemvTokens) {
+        if (n_tok == NT) return f(std::integral_constant<int, NT>{});
+        with_n_tok<NT + 1>(n_tok, f);
+    } else {
+        fail("cuda gemv: n_tok ", n_tok, " is outside 1..", kMaxGemvTokens);
+    }
+}
+
 template <class F>
 void launch(const GemvBatch& b, unsigned n_ctas, int32_t n_tok, cudaStream_t s) {
-    const dim3 grid(n_ctas), block(kRowsPerBlock * kWarp);
-    switch (n_tok) {
-        case 1: launch_pdl(gemv_kernel<F, 1>, grid, block, s, b); break;
-        case 2: launch_pdl(gemv_kernel<F, 2>, grid, block, s, b); break;
-        case 3: launch_pdl(gemv_kernel<F, 3>, grid, block, s, b); break;
-        case 4: launch_pdl(gemv_kernel<F, 4>, grid, block, s, b); break;
-        case 5: launch_pdl(gemv_kernel<F, 5>, grid, block, s, b); break;
-        case 6: launch_pdl(gemv_kernel<F, 6>, grid, block, s, b); break;
-        case 7: launch_pdl(gemv_kernel<F, 7>, grid, block, s, b); break;
-        case 8: launch_pdl(gemv_kernel<F, 8>, grid, block, s, b); break;
-        default: fail("cuda gemv: n_tok ", n_tok, " is outside 1..", kMaxGemvTokens);
-    }
+    with_n_tok(n_tok, [&](auto nt) {
+        launch_pdl(gemv_kernel<F, decltype(nt)::value>, dim3(n_ctas), dim3(kRowsPerBlock * kWarp), s, b);
+    });
     EMBER_CUDA_LAUNCHED("gemv");
 }
 
 template <class F>
 void launch_swiglu(const GemvBatch& b, float* out, unsigned n_ctas, int32_t n_tok, cudaStream_t s) {
-    const dim3 grid(n_ctas), block(kRowsPerBlock * kWarp);
-    switch (n_tok) {
-        case 1: launch_pdl(gemv_swiglu_kernel<F, 1>, grid, block, s, b, out); break;
-        case 2: launch_pdl(gemv_swiglu_kernel<F, 2>, grid, block, s, b, out); break;
-        case 3: launch_pdl(gemv_swiglu_kernel<F, 3>, grid, block, s, b, out); break;
-        case 4: launch_pdl(gemv_swiglu_kernel<F, 4>, grid, block, s, b, out); break;
-        case 5: launch_pdl(gemv_swiglu_kernel<F, 5>, grid, block, s, b, out); break;
-        case 6: launch_pdl(gemv_swiglu_kernel<F, 6>, grid, block, s, b, out); break;
-        case 7: launch_pdl(gemv_swiglu_kernel<F, 7>, grid, block, s, b, out); break;
-        case 8: launch_pdl(gemv_swiglu_kernel<F, 8>, grid, block, s, b, out); break;
-        default: fail("cuda gemv_swiglu: n_tok ", n_tok, " is outside 1..", kMaxGemvTokens);
-    }
+    with_n_tok(n_tok, [&](auto nt) {
+        launch_pdl(gemv_swiglu_kernel<F, decltype(nt)::value>, dim3(n_ctas), dim3(kRowsPerBlock * kWarp), s, b, out);
+    });
     EMBER_CUDA_LAUNCHED("gemv_swiglu");
 }
 

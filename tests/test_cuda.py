@@ -210,17 +210,22 @@ ATTN_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(ATTN_CASES))
-def test_attention(gpu, case):
+def attention_vs_ref(backend, case, rng):
+    """The backend's attention on fresh random q, k, v of an ATTN_CASES shape, and the reference."""
     n_head, n_kv, hd, length, pos, bs = ATTN_CASES[case]
-    rng = rng_for("attention", case)
     q = rng.standard_normal((len(pos), n_head * hd)).astype(np.float32)
     k = rng.standard_normal((length, n_kv * hd)).astype(np.float32)
     v = rng.standard_normal((length, n_kv * hd)).astype(np.float32)
-    y = gpu.attention(q, k, v, pos, n_head, n_kv, hd, bs, seed=int(rng.integers(1 << 30)))
+    y = backend.attention(q, k, v, pos, n_head, n_kv, hd, bs, seed=int(rng.integers(1 << 30)))
+    return y, attention_ref(q, k, v, pos, n_head, n_kv, hd)
+
+
+@pytest.mark.parametrize("case", list(ATTN_CASES))
+def test_attention(gpu, case):
+    y, ref = attention_vs_ref(gpu, case, rng_for("attention", case))
     # Q and the probabilities are rounded to f16 (as llama.cpp does; tensor cores for prompts).
     tol = 3e-3
-    assert rel_err(y, attention_ref(q, k, v, pos, n_head, n_kv, hd)) < tol
+    assert rel_err(y, ref) < tol
 
 
 @pytest.mark.parametrize("case", ["decode", "decode_gqa_9_3", "decode_batch", "head_dim_80", "prompt_gqa"])
@@ -231,13 +236,8 @@ def test_attention_flash_kernel_short(case, monkeypatch):
         fast = E.Backend("cuda")
     except Exception as e:
         pytest.skip(f"no CUDA device: {e}")
-    n_head, n_kv, hd, length, pos, bs = ATTN_CASES[case]
-    rng = rng_for("attention_flash", case)
-    q = rng.standard_normal((len(pos), n_head * hd)).astype(np.float32)
-    k = rng.standard_normal((length, n_kv * hd)).astype(np.float32)
-    v = rng.standard_normal((length, n_kv * hd)).astype(np.float32)
-    y = fast.attention(q, k, v, pos, n_head, n_kv, hd, bs, seed=int(rng.integers(1 << 30)))
-    assert rel_err(y, attention_ref(q, k, v, pos, n_head, n_kv, hd)) < 3e-3
+    y, ref = attention_vs_ref(fast, case, rng_for("attention_flash", case))
+    assert rel_err(y, ref) < 3e-3
 
 
 def test_attention_matches_cpu(gpu, cpu):
