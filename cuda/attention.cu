@@ -358,13 +358,37 @@ __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, b
     const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0) : "memory");
 }
+__device__ __forceinline__ void cp_async4_zfill(void* smem, const void* gmem, bool valid) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(s), "l"(gmem), "r"(valid ? 4 : 0) : "memory");
+}
 
-template <int M, int NC>   // M q heads per CTA, NC 16-byte chunks of a key per lane (hd = 64 * NC)
+// Shared-memory tile geometry of one pipeline stage (K and V of kDecTile keys).
+// f16 KV: [K, V][kDecTile][hd] halves. q8_0 KV (see src/kv/kv_layout.h): [K, V][kDecTile][row]
+// int8 then [K, V][kDecTile][hd / 32] f16 scales; a row is padded by 64 bytes for hd > 64 so
+// that the four keys a warp reads at once fall on different banks.
+template <int HD, bool Q8>
+struct DecTile {
+    static constexpr int kRow = Q8 ? (HD > 64 ? HD + 64 : HD) : 2 * HD;   // bytes per key row
+    static constexpr int kData = 2 * kDecTile * kRow;
+    static constexpr int kScales = Q8 ? 2 * kDecTile * HD / 16 : 0;       // bytes
+    static constexpr int kBytes = kData + kScales;
+};
+
+// An int8 (as its byte u) to float without the quarter-rate I2F: 2^23 + (int8 + 128) built from
+// the bits, minus 2^23 + 128 (exact).
+__device__ __forceinline__ float i8_to_float(uint32_t u) {
+    return __int_as_float(0x4B000000 | (u ^ 0x80)) - 8388736.f;
+}
+
+template <int M, int NC, bool Q8>   // M q heads per CTA, NC 16-byte f16 chunks of a key per lane (hd = 64 * NC)
 __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(AttentionArgs a, DeviceBatch b) {
-    extern __shared__ uint4 tiles[];   // [kDecStages][K, V][kDecTile][8 * NC]
+    constexpr int hd = 64 * NC, n8 = 8 * NC;
+    using Tile = DecTile<hd, Q8>;
+    extern __shared__ uint4 tiles[];   // [kDecStages][Tile::kBytes]
     __shared__ float ps[M][kDecTile];
+    __shared__ float pv[Q8 ? M : 1][kDecTile][Q8 ? hd / 32 : 1];   // q8_0: probability x V scale
     __shared__ float corr_s[M], m_s[M], l_s[M];
-    constexpr int hd = 64 * NC, n8 = 8 * NC, kTileWords = kDecTile * n8;
     pdl_wait();
     pdl_trigger();
     const int t = blockIdx.x, split = blockIdx.z;
@@ -379,35 +403,79 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(Attention
     const int32_t* bt = b.block_table + int64_t(b.seq[t]) * b.max_blocks;
     const int bs = a.block_size;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t block_bytes = int64_t(bs) * kv_dim + int64_t(bs) * kv_dim / 16;   // q8_0 layout
 
+    auto stage = [&](int j) { return reinterpret_cast<uint8_t*>(tiles) + (j % kDecStages) * Tile::kBytes; };
     auto issue = [&](int j) {
         if (j < n_tiles) {
-            uint4* dst = tiles + (j % kDecStages) * 2 * kTileWords;
-            for (int e = tid; e < 2 * kTileWords; e += kDecThreads) {
-                const int kv = e / kTileWords, r = e % kTileWords, key = k0 + j * kDecTile + r / n8;
-                const bool ok = key < k1;
-                const int kk = ok ? key : k0;
-                const int64_t off = (int64_t(bt[kk / bs]) * bs + kk % bs) * kv_dim + int64_t(kvh) * hd + 8 * (r % n8);
-                cp_async16_zfill(dst + e, (kv ? a.v_cache : a.k_cache) + off, ok);
+            uint8_t* dst = stage(j);
+            if constexpr (!Q8) {
+                constexpr int kWords = kDecTile * n8;
+                for (int e = tid; e < 2 * kWords; e += kDecThreads) {
+                    const int kv = e / kWords, r = e % kWords, key = k0 + j * kDecTile + r / n8;
+                    const bool ok = key < k1;
+                    const int kk = ok ? key : k0;
+                    const int64_t off = (int64_t(bt[kk / bs]) * bs + kk % bs) * kv_dim + int64_t(kvh) * hd + 8 * (r % n8);
+                    cp_async16_zfill(dst + 16 * e, (kv ? a.v_cache : a.k_cache) + off, ok);
+                }
+            } else {
+                constexpr int n16 = hd / 16, n4 = hd / 64;   // 16-byte int8 chunks, 4-byte scale words per key
+                constexpr int kChunks = kDecTile * n16, kWords = kDecTile * n4;
+                for (int e = tid; e < 2 * (kChunks + kWords); e += kDecThreads) {
+                    const bool scale = e >= 2 * kChunks;
+                    const int ee = scale ? e - 2 * kChunks : e, per = scale ? kWords : kChunks, w = scale ? n4 : n16;
+                    const int kv = ee / per, r = ee % per, key = k0 + j * kDecTile + r / w;
+                    const bool ok = key < k1;
+                    const int kk = ok ? key : k0;
+                    const uint8_t* base = reinterpret_cast<const uint8_t*>(kv ? a.v_cache : a.k_cache) +
+                                          int64_t(bt[kk / bs]) * block_bytes;
+                    const int64_t row = int64_t(kk % bs) * kv_dim + int64_t(kvh) * hd;
+                    if (!scale)
+                        cp_async16_zfill(dst + kv * kDecTile * Tile::kRow + (r / w) * Tile::kRow + 16 * (r % w),
+                                         base + row + 16 * (r % w), ok);
+                    else
+                        cp_async4_zfill(dst + Tile::kData + kv * kDecTile * (hd / 16) + 4 * r,
+                                        base + int64_t(bs) * kv_dim + row / 16 + 4 * (r % w), ok);
+                }
             }
         }
         cp_async_commit();
     };
     for (int j = 0; j < kDecStages - 1; ++j) issue(j);
 
-    // Lane part p (of 8) of a key owns chunks p, p + 8, ...: q for those dims, f16-rounded, scaled.
+    // Lane part p (of 8) of a key owns dims 8 (p + 8 c) .. + 7: q for those dims, scaled and
+    // f16-rounded for an f16 cache (as the CPU's attention does). For a q8_0 cache q is itself
+    // quantized per 32 dims (lanes p..p+3 share a group), so scores are int8 dot products.
     const int part = tid & 7, key_in_pass = tid >> 3;   // 16 keys per pass, two passes per tile
     const float qscale = a.scale * kLog2e;
-    float q[M][NC][8];
+    float q[M][NC][Q8 ? 1 : 8];
+    int qi[M][NC][2];
 #pragma unroll
     for (int i = 0; i < M; ++i)
 #pragma unroll
-        for (int c = 0; c < NC; ++c)
+        for (int c = 0; c < NC; ++c) {
+            float x[8];
 #pragma unroll
             for (int j = 0; j < 8; ++j)
-                q[i][c][j] = i < n_heads_here
-                                 ? __half2float(__float2half_rn(a.q[int64_t(t) * q_dim + (h0 + i) * hd + 8 * (part + 8 * c) + j])) * qscale
-                                 : 0.f;
+                x[j] = i < n_heads_here ? a.q[int64_t(t) * q_dim + (h0 + i) * hd + 8 * (part + 8 * c) + j] : 0.f;
+            if constexpr (Q8) {
+                float amax = 0.f;
+#pragma unroll
+                for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(x[j]));
+                amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+                amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+                const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+                uint32_t w[2] = {0u, 0u};
+#pragma unroll
+                for (int j = 0; j < 8; ++j) w[j / 4] |= (uint32_t(__float2int_rn(x[j] * id)) & 0xFFu) << (8 * (j % 4));
+                qi[i][c][0] = int(w[0]);
+                qi[i][c][1] = int(w[1]);
+                q[i][c][0] = d * qscale;
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; ++j) q[i][c][j] = __half2float(__float2half_rn(x[j])) * qscale;
+            }
+        }
     if (tid < M) {
         m_s[tid] = -INFINITY;
         l_s[tid] = 0.f;
@@ -423,8 +491,7 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(Attention
         issue(j + kDecStages - 1);
         cp_async_wait<kDecStages - 1>();
         __syncthreads();
-        const uint4* kt = tiles + (j % kDecStages) * 2 * kTileWords;
-        const __half* vt = reinterpret_cast<const __half*>(kt + kTileWords);
+        const uint8_t* st = stage(j);
 #pragma unroll
         for (int pass = 0; pass < kDecTile / 16; ++pass) {
             const int key = pass * 16 + key_in_pass;
@@ -433,12 +500,21 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(Attention
             for (int i = 0; i < M; ++i) s[i] = 0.f;
 #pragma unroll
             for (int c = 0; c < NC; ++c) {
-                float kf[8];
-                unpack8(kt[key * n8 + part + 8 * c], kf);
+                const int d0 = 8 * (part + 8 * c);
+                if constexpr (Q8) {
+                    const float dk = __half2float(reinterpret_cast<const __half*>(st + Tile::kData)[key * (hd / 32) + d0 / 32]);
+                    const uint2 kw = *reinterpret_cast<const uint2*>(st + key * Tile::kRow + d0);
 #pragma unroll
-                for (int i = 0; i < M; ++i)
+                    for (int i = 0; i < M; ++i)
+                        s[i] += float(__dp4a(int(kw.y), qi[i][c][1], __dp4a(int(kw.x), qi[i][c][0], 0))) * (dk * q[i][c][0]);
+                } else {
+                    float kf[8];
+                    unpack8(*reinterpret_cast<const uint4*>(st + key * Tile::kRow + 2 * d0), kf);
 #pragma unroll
-                    for (int jj = 0; jj < 8; ++jj) s[i] += q[i][c][jj] * kf[jj];
+                    for (int i = 0; i < M; ++i)
+#pragma unroll
+                        for (int jj = 0; jj < 8; ++jj) s[i] += q[i][c][jj] * kf[jj];
+                }
             }
 #pragma unroll
             for (int i = 0; i < M; ++i) {
@@ -455,7 +531,13 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(Attention
             const float p = sc == -INFINITY ? 0.f : exp2f(sc - m_new);
             const float corr = m_old == -INFINITY ? 0.f : exp2f(m_old - m_new);
             const float sum = warp_sum(p);
-            ps[warp][lane] = __half2float(__float2half_rn(p));   // f16 probabilities times f16 V
+            if constexpr (Q8) {
+                const __half* vsc = reinterpret_cast<const __half*>(st + Tile::kData) + kDecTile * (hd / 32) + lane * (hd / 32);
+#pragma unroll
+                for (int g = 0; g < hd / 32; ++g) pv[warp][lane][g] = p * __half2float(vsc[g]);
+            } else {
+                ps[warp][lane] = __half2float(__float2half_rn(p));   // f16 probabilities times f16 V
+            }
             if (lane == 0) {
                 corr_s[warp] = corr;
                 m_s[warp] = m_new;
@@ -463,6 +545,7 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(Attention
             }
         }
         __syncthreads();
+        const uint8_t* vt = st + kDecTile * Tile::kRow;
 #pragma unroll
         for (int c = 0; c < NC; ++c) {
             const int d = tid + kDecThreads * c;
@@ -470,8 +553,19 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(Attention
 #pragma unroll
             for (int i = 0; i < M; ++i) {
                 float o = acc[i][c] * corr_s[i];
+                if constexpr (Q8) {   // two chains of FMAs
+                    float o1 = 0.f;
 #pragma unroll 8
-                for (int key = 0; key < kDecTile; ++key) o += ps[i][key] * __half2float(vt[key * hd + d]);
+                    for (int key = 0; key < kDecTile; key += 2) {
+                        o += pv[i][key][d / 32] * i8_to_float(vt[key * Tile::kRow + d]);
+                        o1 += pv[i][key + 1][d / 32] * i8_to_float(vt[(key + 1) * Tile::kRow + d]);
+                    }
+                    o += o1;
+                } else {
+#pragma unroll 8
+                    for (int key = 0; key < kDecTile; ++key)
+                        o += ps[i][key] * __half2float(reinterpret_cast<const __half*>(vt + key * Tile::kRow)[d]);
+                }
                 acc[i][c] = o;
             }
         }
@@ -500,24 +594,31 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(Attention
     }
 }
 
-template <int M, int NC>
+template <int M, int NC, bool Q8>
 void launch_decode(const AttentionArgs& a, const DeviceBatch& b, dim3 grid, cudaStream_t s) {
-    const size_t smem = size_t(kDecStages) * 2 * kDecTile * 64 * NC * sizeof(__half);
+    const size_t smem = size_t(kDecStages) * DecTile<64 * NC, Q8>::kBytes;
     static bool opted_in = false;   // above 48 KB of dynamic shared memory needs the opt-in
     if (!opted_in) {
-        EMBER_CUDA_CHECK(cudaFuncSetAttribute(attention_decode_kernel<M, NC>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        EMBER_CUDA_CHECK(cudaFuncSetAttribute(attention_decode_kernel<M, NC, Q8>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
         opted_in = true;
     }
-    launch_pdl_smem(attention_decode_kernel<M, NC>, grid, dim3(kDecThreads), smem, s, a, b);
+    launch_pdl_smem(attention_decode_kernel<M, NC, Q8>, grid, dim3(kDecThreads), smem, s, a, b);
+}
+
+template <int M, bool Q8>
+void launch_decode_hd(const AttentionArgs& a, const DeviceBatch& b, dim3 grid, cudaStream_t s) {
+    switch (a.head_dim) {
+        case 64: launch_decode<M, 1, Q8>(a, b, grid, s); break;
+        case 128: launch_decode<M, 2, Q8>(a, b, grid, s); break;
+        default: launch_decode<M, 4, Q8>(a, b, grid, s); break;   // 256
+    }
 }
 
 template <int M>
-void launch_decode_hd(const AttentionArgs& a, const DeviceBatch& b, dim3 grid, cudaStream_t s) {
-    switch (a.head_dim) {
-        case 64: launch_decode<M, 1>(a, b, grid, s); break;
-        case 128: launch_decode<M, 2>(a, b, grid, s); break;
-        default: launch_decode<M, 4>(a, b, grid, s); break;   // 256
-    }
+void launch_decode_kv(const AttentionArgs& a, const DeviceBatch& b, dim3 grid, cudaStream_t s) {
+    if (a.kv_q8) launch_decode_hd<M, true>(a, b, grid, s);
+    else launch_decode_hd<M, false>(a, b, grid, s);
 }
 
 }  // namespace
@@ -572,10 +673,10 @@ void attention_decode(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t
     const int n_hchunks = (a.n_head / a.n_head_kv + M - 1) / M;
     const dim3 grid(unsigned(a.n_tok), unsigned(a.n_head_kv * n_hchunks), unsigned(a.n_split));
     switch (M) {
-        case 1: launch_decode_hd<1>(a, b, grid, s); break;
-        case 2: launch_decode_hd<2>(a, b, grid, s); break;
-        case 3: launch_decode_hd<3>(a, b, grid, s); break;
-        default: launch_decode_hd<4>(a, b, grid, s); break;
+        case 1: launch_decode_kv<1>(a, b, grid, s); break;
+        case 2: launch_decode_kv<2>(a, b, grid, s); break;
+        case 3: launch_decode_kv<3>(a, b, grid, s); break;
+        default: launch_decode_kv<4>(a, b, grid, s); break;
     }
     EMBER_CUDA_LAUNCHED("attention_decode");
 }

@@ -15,6 +15,7 @@
 #include "cuda_check.h"
 #include "kernels.h"
 #include "launch.h"
+#include "kv/kv_layout.h"
 #include "model/backend.h"
 #include "weight_pack.h"
 #include "weight_stream.h"
@@ -131,7 +132,6 @@ public:
 
     const char* name() const override { return "cuda"; }
     bool is_host() const override { return false; }
-    size_t kv_elem_bytes() const override { return 2; }
 
     void* alloc(size_t bytes) override {
         EMBER_CUDA_CHECK(cudaSetDevice(device_));
@@ -283,6 +283,7 @@ public:
         dbatch_.block_table = d + kBatchHeadWords * size_t(cap_tok_);
         dbatch_.max_blocks = bt_stride_;
         n_tok_ = n_tok;
+        n_seq_ = b.n_seq;
         max_len_ = max_pos + 1;
         uint64_t sig = uint64_t(n_tok);
         for (int k = 0; k < kNumTileLens; ++k) sig = mix(sig, uint64_t(n_tiles_[k]));
@@ -386,6 +387,9 @@ public:
     }
     void kv_store(KVLayer& kv, const float* k, const float* v, int32_t n_tok) override {
         check_batch(n_tok, "kv_store");
+        if (kv.type != GGMLType::F16 && kv.type != GGMLType::Q8_0)
+            fail("cuda kv_store: the GPU keeps KV in f16 or q8_0, not in GGML type ", int(kv.type));
+        const bool q8 = kv.type == GGMLType::Q8_0;
         if (n_prope_ > 0) {
             const PendingRope& rk = prope_[n_prope_ - 1];
             const PendingRope* rq = n_prope_ == 2 ? &prope_[0] : nullptr;
@@ -397,13 +401,15 @@ public:
                 flush();
                 ++epoch_;
                 cuda::rope_kv_store(rq ? rq->x : nullptr, rq ? rq->n_heads : 0, rk.x, v, kv.n_head_kv, kv.head_dim, rk.base,
-                                    rk.neox, static_cast<__half*>(kv.k), static_cast<__half*>(kv.v), kv.block_size, n_tok,
-                                    dbatch_, stream_);
+                                    rk.neox, q8 ? nullptr : static_cast<__half*>(kv.k), q8 ? nullptr : static_cast<__half*>(kv.v),
+                                    kv.block_size, n_tok, dbatch_, stream_);
+                if (q8) store_q8(kv, k, v, n_tok);
                 return;
             }
         }
         flush();
         ++epoch_;
+        if (q8) return store_q8(kv, k, v, n_tok);
         cuda::kv_store(static_cast<__half*>(kv.k), static_cast<__half*>(kv.v), kv.block_size, kv.n_head_kv * kv.head_dim,
                        k, v, n_tok, dbatch_, stream_);
     }
@@ -417,6 +423,15 @@ public:
         cuda::AttentionArgs a{};
         a.k_cache = static_cast<const __half*>(kv.k);
         a.v_cache = static_cast<const __half*>(kv.v);
+        const int n_dec = cuda::attention_decode_heads(shape.n_head, shape.n_head_kv, shape.head_dim);
+        if (kv.type == GGMLType::Q8_0) {
+            // Decode reads the q8_0 blocks directly; other batches read an f16 copy of the blocks
+            // they use (their work per KV byte is large, so the copy costs little).
+            a.kv_q8 = n_tok <= kMaxGemvTokens && n_dec > 0 && kv_block_bytes(kv.type, kv.block_size, int64_t(kv.n_head_kv) * kv.head_dim) % 16 == 0;
+            if (!a.kv_q8) expand_q8(kv, a);
+        } else if (kv.type != GGMLType::F16) {
+            fail("cuda attention: the GPU keeps KV in f16 or q8_0, not in GGML type ", int(kv.type));
+        }
         a.block_size = kv.block_size;
         a.n_head = shape.n_head;
         a.n_head_kv = shape.n_head_kv;
@@ -427,7 +442,8 @@ public:
         a.n_tok = n_tok;
         const int n_rep = shape.n_head_kv > 0 ? shape.n_head / shape.n_head_kv : 1;
         a.heads_per_cta = std::min(n_rep, 8);
-        if (n_tok <= kMaxIntPromptTokens && max_len_ <= cuda::kExactMaxLen && exact_attn_on_ && shape.head_dim % 8 == 0) {
+        if (!a.kv_q8 && n_tok <= kMaxIntPromptTokens && max_len_ <= cuda::kExactMaxLen && exact_attn_on_ &&
+            shape.head_dim % 8 == 0) {
             const int64_t total = int64_t(n_tok) * shape.n_head * shape.head_dim;
             if (fuse_on_ && shape.head_dim % 32 == 0) {   // the O projection's GEMV reads these q8_1 blocks
                 const Q8 q8 = q8_scratch(total);
@@ -445,7 +461,6 @@ public:
             a.n_split = 1;
             if (cuda::attention_prefill_mma(a, dbatch_, stream_)) return;
         }
-        const int n_dec = cuda::attention_decode_heads(shape.n_head, shape.n_head_kv, shape.head_dim);
         if (n_tok <= kMaxGemvTokens && n_dec > 0) {   // decode over a long context: pipelined tiles
             const int n_groups = (n_rep + n_dec - 1) / n_dec;
             const int base = n_tok * shape.n_head_kv * n_groups;
@@ -601,6 +616,21 @@ private:
         }
     }
     // Partial-result buffers and per-CTA-group counters of a split (flash-decoding) attention.
+    void store_q8(KVLayer& kv, const float* k, const float* v, int32_t n_tok) {
+        cuda::kv_store_q8(static_cast<uint8_t*>(kv.k), static_cast<uint8_t*>(kv.v), kv.block_size,
+                          kv.n_head_kv * kv.head_dim, k, v, n_tok, dbatch_, stream_);
+    }
+    // The batch's blocks of a q8_0 layer as f16 in kv_f16_ (one layer's worth, reused by all).
+    void expand_q8(const KVLayer& kv, cuda::AttentionArgs& a) {
+        const int64_t width = int64_t(kv.n_head_kv) * kv.head_dim, n = int64_t(kv.n_blocks) * kv.block_size * width;
+        ensure(kv_f16_, size_t(n) * 2 * sizeof(__half));
+        __half* kh = static_cast<__half*>(kv_f16_.p);
+        const int32_t n_blk = std::min<int32_t>(bt_stride_, (max_len_ + kv.block_size - 1) / kv.block_size);
+        cuda::kv_expand_q8(static_cast<const uint8_t*>(kv.k), static_cast<const uint8_t*>(kv.v), kh, kh + n, kv.block_size,
+                           int32_t(width), kv.n_blocks, n_seq_, n_blk, dbatch_, stream_);
+        a.k_cache = kh;
+        a.v_cache = kh + n;
+    }
     void prepare_splits(cuda::AttentionArgs& a, size_t n_groups) {
         if (a.n_split <= 1) return;
         const size_t slots = size_t(a.n_split) * a.n_tok * a.n_head;
@@ -684,7 +714,7 @@ private:
     cublasHandle_t cublas_ = nullptr;
     void* cublas_ws_ = nullptr;
     std::vector<void*> owned_;
-    Scratch xq_, xds_, xh_, wh_, batch_dev_, part_acc_, part_ml_, split_ctr_;
+    Scratch xq_, xds_, xh_, wh_, batch_dev_, part_acc_, part_ml_, split_ctr_, kv_f16_;
 
     // batch mirror
     void* staging_ = nullptr;
@@ -692,7 +722,7 @@ private:
     cudaEvent_t staging_done_ = nullptr;
     int32_t cap_tok_ = 0, cap_seq_ = 0, bt_stride_ = 0;
     cuda::DeviceBatch dbatch_{};
-    int32_t n_tok_ = 0, max_len_ = 0;
+    int32_t n_tok_ = 0, n_seq_ = 0, max_len_ = 0;
     int n_tiles_[kNumTileLens] = {};
     uint64_t batch_sig_ = 0;
 

@@ -159,7 +159,8 @@ __global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ p
 }
 
 // rope of q (optional) and k, then k and v stored as f16 at each token's cache slot: one launch
-// for what the forward asks as three ops. Per token: q pairs, then k pairs, then v pairs.
+// for what the forward asks as three ops. Per token: q pairs, then k pairs, then v pairs (none
+// when the caches are null: a q8_0 cache is stored by its own kernel after the ropes).
 __global__ void rope_kv_store_kernel(float* __restrict__ q, int32_t n_head_q, float* __restrict__ k,
                                      const float* __restrict__ v, int32_t n_head_kv, int32_t head_dim, float log2_base,
                                      bool neox, __half* __restrict__ kc, __half* __restrict__ vc, int32_t block_size,
@@ -167,7 +168,8 @@ __global__ void rope_kv_store_kernel(float* __restrict__ q, int32_t n_head_q, fl
     pdl_wait();
     pdl_trigger();
     const int half = head_dim / 2, kv_dim = n_head_kv * head_dim;
-    const int nq = n_head_q * half, nk = n_head_kv * half, per_tok = nq + 2 * nk;
+    const bool store = kc != nullptr;
+    const int nq = n_head_q * half, nk = n_head_kv * half, per_tok = nq + (store ? 2 : 1) * nk;
     const int64_t total = int64_t(n_tok) * per_tok;
     for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < total; g += int64_t(gridDim.x) * blockDim.x) {
         const int t = int(g / per_tok), r = int(g % per_tok);
@@ -175,6 +177,12 @@ __global__ void rope_kv_store_kernel(float* __restrict__ q, int32_t n_head_q, fl
         if (r < nq) {
             float* h = q + (int64_t(t) * n_head_q + r / half) * head_dim;
             rope_pair(h, h, r % half, p, head_dim, log2_base, neox);
+            continue;
+        }
+        if (!store) {
+            const int j = r - nq;
+            float* h = k + int64_t(t) * kv_dim + (j / half) * head_dim;
+            rope_pair(h, h, j % half, p, head_dim, log2_base, neox);
             continue;
         }
         const int64_t phys = b.block_table[int64_t(b.seq[t]) * b.max_blocks + p / block_size];
@@ -230,7 +238,7 @@ void rope_kv_store(float* q, int32_t n_head_q, float* k, const float* v, int32_t
                    float freq_base, bool neox, __half* k_cache, __half* v_cache, int32_t block_size, int32_t n_tok,
                    const DeviceBatch& b, cudaStream_t s) {
     if (head_dim % 2) fail("cuda rope: head_dim ", head_dim, " is odd");
-    const int64_t total = int64_t(n_tok) * (n_head_q + 2 * n_head_kv) * (head_dim / 2);
+    const int64_t total = int64_t(n_tok) * (n_head_q + (k_cache ? 2 : 1) * n_head_kv) * (head_dim / 2);
     if (total == 0) return;
     const unsigned grid = unsigned(std::min<int64_t>((total + 255) / 256, 65536));
     launch_pdl(rope_kv_store_kernel, grid, 256, s, q, q ? n_head_q : 0, k, v, n_head_kv, head_dim, log2f(freq_base), neox,

@@ -240,6 +240,29 @@ def test_attention_flash_kernel_short(case, monkeypatch):
     assert rel_err(y, ref) < 3e-3
 
 
+Q8_KV_CASES = {**{c: ATTN_CASES[c] for c in ["decode", "decode_gqa_9_3", "decode_batch", "prompt_causal", "prompt_gqa",
+                                            "long_split", "long_split_gqa", "long_split_hd256"]},
+               "head_dim_96": (4, 2, 96, 90, [89, 3], 16)}   # (q8_0 needs head dims of whole 32-groups)
+
+
+@pytest.mark.parametrize("case", list(Q8_KV_CASES))
+def test_attention_q8_kv(gpu, cpu, case):
+    """q8_0 KV: decode reads the blocks directly (q quantized per 32 dims for int8 dot products),
+    other batches (and head dims the decode kernel does not take) an f16 copy. Both backends store
+    the same bytes, so the CPU (f32 q) is the reference; the f32 reference shows the q8_0 rounding
+    itself (about 1% on unit-normal K/V)."""
+    n_head, n_kv, hd, length, pos, bs = Q8_KV_CASES[case]
+    rng = rng_for("attention_q8", case)
+    q = rng.standard_normal((len(pos), n_head * hd)).astype(np.float32)
+    k = rng.standard_normal((length, n_kv * hd)).astype(np.float32)
+    v = rng.standard_normal((length, n_kv * hd)).astype(np.float32)
+    yg = gpu.attention(q, k, v, pos, n_head, n_kv, hd, bs, seed=11, kv_type="q8_0")
+    yc = cpu.attention(q, k, v, pos, n_head, n_kv, hd, bs, seed=12, kv_type="q8_0")
+    # Direct decode rounds q to int8 per 32 dims; the f16 copy rounds K/V, q and p to f16.
+    assert rel_err(yg, yc) < 5e-3
+    assert rel_err(yg, attention_ref(q, k, v, pos, n_head, n_kv, hd)) < 3e-2
+
+
 def test_attention_matches_cpu(gpu, cpu):
     rng = rng_for("attention_cpu")
     n_head, n_kv, hd, length = 9, 3, 64, 150
@@ -376,9 +399,10 @@ def write_synthetic_model(path, rng, n_layer=4, types=STREAM_TYPES):
     w.close()
 
 
-def run_sequence(path, ngl, n_batch, tokens):
+def run_sequence(path, ngl, n_batch, tokens, kv_type="f16"):
     """Last-token logits after each eval of `tokens` (a list of token lists)."""
-    ctx = E.Context(E.Model(str(path), n_gpu_layers=ngl, verbose=True), n_ctx=160, n_batch=n_batch, n_threads=4)
+    ctx = E.Context(E.Model(str(path), n_gpu_layers=ngl, verbose=True), n_ctx=160, n_batch=n_batch, n_threads=4,
+                    kv_type=kv_type)
     out = []
     for toks in tokens:
         ctx.eval(toks, logits_all=False)
@@ -442,6 +466,19 @@ def test_float_model_matches_cpu(gpu, tmp_path):
     errs = [rel_err(g, c) for g, c in zip(gpu_rows, cpu_rows)]
     print("f16 model gpu vs cpu per step: " + " ".join(f"{e:.1e}" for e in errs))
     assert max(errs) < 1e-2
+
+
+def test_q8_kv_model_matches_cpu(gpu, tmp_path):
+    """A q8_0 KV cache: all-GPU and the streamed split against the CPU with the same cache type."""
+    rng = rng_for("q8 kv model")
+    path = tmp_path / "synthetic.gguf"
+    write_synthetic_model(path, rng)
+    seq = [[int(t) for t in rng.integers(3, 512, n)] for n in (40, 1, 1, 1, 70, 1, 1)]
+    cpu_rows = run_sequence(path, 0, 128, seq, kv_type="q8_0")
+    for ngl in (-1, 2):
+        errs = [rel_err(g, c) for g, c in zip(run_sequence(path, ngl, 128, seq, kv_type="q8_0"), cpu_rows)]
+        print(f"q8_0 KV ngl {ngl} gpu vs cpu per step: " + " ".join(f"{e:.1e}" for e in errs))
+        assert max(errs) < 3e-2
 
 
 def test_bad_input_raises(gpu):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import read_jsonl
-from ember.llama import Llama, _find_stop, _stop_prefix_len
+from ember.llama import Llama, _find_stop, _stop_prefix_len, kv_cache_type
 
 
 @pytest.fixture(scope="module")
@@ -218,6 +218,24 @@ def test_bad_arguments(llm):
         Llama("unused.gguf", not_a_llama_arg=1)
 
 
+def test_kv_cache_type_arguments(llm, smollm2_path):
+    # llama-cpp-python's type_k / type_v: ggml type ids (1 f16, 0 f32, 8 q8_0) or their names.
+    assert kv_cache_type() == "f16"
+    assert kv_cache_type(8, "q8_0") == "q8_0" and kv_cache_type(0, 0) == "f32"
+    with pytest.raises(ValueError, match=r"type_k \(q8_0\) and type_v \(f16\)"):
+        kv_cache_type(8, None)
+    with pytest.raises(ValueError, match="type_k.*'q4_0'"):
+        kv_cache_type("q4_0", "q4_0")
+    with pytest.raises(ValueError, match="type_v.*2"):
+        kv_cache_type(8, 2)
+    with pytest.raises(ValueError, match="type_k.*type_v"):
+        Llama(smollm2_path, type_k=8, type_v=1, verbose=False)
+    prompt = "The capital of France is"
+    with Llama(smollm2_path, n_ctx=64, type_k=8, type_v=8, verbose=False) as q8:
+        # The first token's f16 top-two margin (2.4) is beyond what the q8_0 rounding moves.
+        assert greedy(q8, prompt, 1)["choices"][0]["text"] == greedy(llm, prompt, 1)["choices"][0]["text"]
+
+
 def test_verbose_prints_one_line(smollm2_path, capfd):
     with Llama(smollm2_path, n_ctx=64, verbose=True) as model:
         assert model.n_ctx() == 64
@@ -240,3 +258,6 @@ def test_cli_prints_completion(llm, smollm2_path):
     bad = subprocess.run([sys.executable, "-m", "ember.cli", "-m", smollm2_path, "-p", prompt, "--top-p", "2"],
                          capture_output=True, text=True, env=env, timeout=300)
     assert bad.returncode == 1 and "top_p" in bad.stderr
+    mixed = subprocess.run([sys.executable, "-m", "ember.cli", "-m", smollm2_path, "-p", prompt, "-ctk", "q8_0"],
+                           capture_output=True, text=True, env=env, timeout=300)
+    assert mixed.returncode == 1 and "type_v (f16)" in mixed.stderr

@@ -52,7 +52,9 @@ struct ContextParams {
     int32_t n_threads = 0;        // 0: all hardware threads
     int32_t kv_block_size = 16;   // tokens per paged-KV block
     bool offload_kqv = true;      // false: KV of GPU layers stays in host memory
-    bool kv_f32 = false;          // KV cache in f32 instead of f16 (CPU blocks only)
+    // KV cache element type: F16; Q8_0 (llama.cpp's -ctk/-ctv q8_0: half the bytes, needs
+    // head_dim % 32 == 0); F32 (CPU blocks only: exact comparisons with f32 references).
+    GGMLType kv_type = GGMLType::F16;
 };
 
 struct ContextImpl;

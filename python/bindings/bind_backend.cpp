@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "ember/status.h"
+#include "kv/kv_layout.h"
+#include "kv_type_arg.h"
 #include "model/backend.h"
 
 namespace nb = nanobind;
@@ -108,7 +110,8 @@ struct PyBackend {
     }
 
     // q [n_q, n_head*hd] at positions pos (each < len); k_all/v_all [len, n_head_kv*hd] are the
-    // sequence's keys/values, scattered into blocks through a shuffled block table.
+    // sequence's keys/values, scattered into blocks through a shuffled block table, stored as
+    // kv_type ("f16", "f32", "q8_0").
     F32Out attention(F32In q, F32In k_all, F32In v_all, std::vector<int32_t> pos, int32_t n_head,
                      int32_t n_head_kv, int32_t head_dim, int32_t block_size, uint64_t seed,
                      const std::string& kv_type) {
@@ -130,9 +133,9 @@ struct PyBackend {
         kv.block_size = block_size;
         kv.n_head_kv = n_head_kv;
         kv.head_dim = head_dim;
-        if (kv_type != "f16" && kv_type != "f32") fail("kv_type must be 'f16' or 'f32', got '", kv_type, "'");
-        kv.type = kv_type == "f32" ? GGMLType::F32 : GGMLType::F16;
-        const size_t kv_bytes = (size_t)n_blocks * block_size * kw * (kv_type == "f32" ? 4 : be->kv_elem_bytes());
+        kv.type = kv_type_arg(kv_type);
+        check_kv_type(kv.type, head_dim);
+        const size_t kv_bytes = (size_t)n_blocks * kv_block_bytes(kv.type, block_size, (int64_t)kw);
         Buf kb(*be, kv_bytes), vb(*be, kv_bytes);
         kv.k = kb.p;
         kv.v = vb.p;

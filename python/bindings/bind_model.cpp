@@ -9,6 +9,7 @@
 
 #include "ember/model.h"
 #include "ember/status.h"
+#include "kv_type_arg.h"
 
 namespace nb = nanobind;
 using namespace ember;
@@ -43,6 +44,7 @@ void bind_model(nb::module_& m) {
         .def_prop_ro("n_embd", [](const Model& mo) { return mo.hparams().n_embd; })
         .def_prop_ro("n_head", [](const Model& mo) { return mo.hparams().n_head; })
         .def_prop_ro("n_head_kv", [](const Model& mo) { return mo.hparams().n_head_kv; })
+        .def_prop_ro("head_dim", [](const Model& mo) { return mo.hparams().head_dim; })
         .def_prop_ro("n_gpu_layers", [](const Model& mo) { return mo.params().n_gpu_layers; })
         .def_prop_ro("path", [](const Model& mo) { return mo.file().path(); })
         .def_prop_ro("size_bytes", [](const Model& mo) {
@@ -67,8 +69,7 @@ void bind_model(nb::module_& m) {
                  p.n_threads = n_threads;
                  p.kv_block_size = kv_block_size;
                  p.offload_kqv = offload_kqv;
-                 if (kv_type != "f16" && kv_type != "f32") fail("kv_type must be 'f16' or 'f32', got '", kv_type, "'");
-                 p.kv_f32 = kv_type == "f32";
+                 p.kv_type = kv_type_arg(kv_type);
                  return std::make_shared<Context>(std::move(model), p);
              }),
              nb::arg("model"), nb::arg("n_ctx") = 512, nb::arg("n_batch") = 512, nb::arg("n_threads") = 0,

@@ -2,7 +2,8 @@
 
 pp<P>: one forward over P prompt tokens. tg<N>: N tokens generated one at a time (after a prompt of
 depth D with -d). For generation the table adds the effective weight bandwidth (bytes of weights and KV
-read per token x tokens/s) and its share of the memory-bandwidth roofline.
+read per token x tokens/s) and its share of the memory-bandwidth roofline. -ctk/-ctv pick the KV cache type
+(f16, q8_0, f32; K and V alike); as in llama-bench, type_k/type_v columns appear when it is not f16.
 """
 import argparse
 import statistics
@@ -12,9 +13,12 @@ import time
 import numpy as np
 
 from . import _ember
+from .llama import KV_CACHE_TYPES, kv_cache_type
 
 # Measured copy bandwidth of the H100 the anchors ran on (see docs/performance.md).
 GPU_BANDWIDTH_GBS = 3000.0
+# Bytes per cached K or V value (q8_0: 32 int8 values and one f16 scale, src/kv/kv_layout.h).
+KV_BYTES_PER_VALUE = {"f16": 2.0, "f32": 4.0, "q8_0": 34 / 32}
 
 
 def host_bandwidth_gbs() -> float:
@@ -29,7 +33,7 @@ def host_bandwidth_gbs() -> float:
     return 2 * src.nbytes / best / 1e9
 
 
-def decode_bytes_per_token(model, ngl: int, depth: int) -> float:
+def decode_bytes_per_token(model, kv_type: str, depth: int) -> float:
     """Weight bytes one decode step reads (every matrix once; only one embedding row) plus the KV."""
     import gguf  # metadata reader for tensor sizes
 
@@ -40,9 +44,7 @@ def decode_bytes_per_token(model, ngl: int, depth: int) -> float:
         if t.name == "token_embd.weight" and not tied:
             continue
         total += int(t.n_bytes)
-    kv_elem = 2 if ngl != 0 else 4
-    head_dim = model.n_embd // model.n_head
-    kv = 2 * model.n_layer * model.n_head_kv * head_dim * kv_elem * depth
+    kv = 2 * model.n_layer * model.n_head_kv * model.head_dim * KV_BYTES_PER_VALUE[kv_type] * depth
     return float(total + kv)
 
 
@@ -74,20 +76,29 @@ def main(argv=None) -> int:
     ap.add_argument("-t", "--threads", type=int, default=0)
     ap.add_argument("-b", "--batch-size", type=int, default=512)
     ap.add_argument("--bandwidth", type=float, default=0.0, help="roofline GB/s (default: measured host / H100)")
+    ap.add_argument("-ctk", "--cache-type-k", choices=KV_CACHE_TYPES, default="f16", help="KV cache type of K")
+    ap.add_argument("-ctv", "--cache-type-v", choices=KV_CACHE_TYPES, default="f16",
+                    help="KV cache type of V (the same as K)")
     args = ap.parse_args(argv)
     try:
+        kv_type = kv_cache_type(args.cache_type_k, args.cache_type_v)
         model = _ember.Model(args.model, n_gpu_layers=args.n_gpu_layers)
+        n_ctx = args.depth + max(args.n_prompt, args.n_gen) + 1
+        ctx = _ember.Context(model, n_ctx=n_ctx, n_batch=args.batch_size, n_threads=args.threads,
+                             kv_type=kv_type)
     except (OSError, ValueError, RuntimeError, MemoryError) as e:
         print(f"ember-bench: error: {e}", file=sys.stderr)
         return 1
-    n_ctx = args.depth + max(args.n_prompt, args.n_gen) + 1
-    ctx = _ember.Context(model, n_ctx=n_ctx, n_batch=args.batch_size, n_threads=args.threads)
     on_gpu = args.n_gpu_layers != 0
     bandwidth = args.bandwidth or (GPU_BANDWIDTH_GBS if on_gpu else host_bandwidth_gbs())
     rng = np.random.default_rng(1234)
     backend = "CUDA" if on_gpu else "CPU"
-    print(f"| model | size | params | backend | ngl | threads | test | t/s | GB/s | % roofline ({bandwidth:.0f} GB/s) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    kv_names = "" if kv_type == "f16" else " type_k | type_v |"
+    kv_cells = "" if kv_type == "f16" else f" {kv_type} | {kv_type} |"
+    header = (f"| model | size | params | backend | ngl | threads |{kv_names} test | t/s | GB/s "
+              f"| % roofline ({bandwidth:.0f} GB/s) |")
+    print(header)
+    print("|---" * (header.count("|") - 1) + "|")
     tests = []
     if args.n_prompt > 0:
         tests.append((f"pp{args.n_prompt}", args.n_prompt, 0))
@@ -104,10 +115,11 @@ def main(argv=None) -> int:
         std = statistics.stdev(speeds) if len(speeds) > 1 else 0.0
         gbs = roof = ""
         if n_gen:
-            rate = decode_bytes_per_token(model, args.n_gpu_layers, args.depth + n_gen // 2) * mean / 1e9
+            rate = decode_bytes_per_token(model, kv_type, args.depth + n_gen // 2) * mean / 1e9
             gbs, roof = f"{rate:.1f}", f"{100 * rate / bandwidth:.1f}%"
         print(f"| {model.path.rsplit('/', 1)[-1]} | {model.size_bytes / 2**30:.2f} GiB | {model.n_params / 1e9:.2f} B "
-              f"| {backend} | {args.n_gpu_layers} | {args.threads or 'all'} | {name} | {mean:.2f} ± {std:.2f} "
+              f"| {backend} | {args.n_gpu_layers} | {args.threads or 'all'} |{kv_cells} {name} "
+              f"| {mean:.2f} ± {std:.2f} "
               f"| {gbs} | {roof} |", flush=True)
     return 0
 

@@ -1,12 +1,12 @@
 """The `ember` command: load a GGUF model and stream a completion of a prompt to stdout
-(ember -m MODEL -p PROMPT -n N [--temp T] [--seed S] [-c N_CTX] [-t THREADS] [-ngl N])."""
+(ember -m MODEL -p PROMPT -n N [--temp T] [--seed S] [-c N_CTX] [-t THREADS] [-ngl N] [-ctk/-ctv TYPE])."""
 from __future__ import annotations
 
 import argparse
 import sys
 from typing import List, Optional
 
-from .llama import Llama
+from .llama import KV_CACHE_TYPES, Llama
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -25,6 +25,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-b", "--batch-size", type=int, default=512, help="prompt tokens per forward")
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, help="blocks on the GPU (-1: all)")
+    p.add_argument("-ctk", "--cache-type-k", choices=KV_CACHE_TYPES, default="f16", help="KV cache type of K")
+    p.add_argument("-ctv", "--cache-type-v", choices=KV_CACHE_TYPES, default="f16",
+                   help="KV cache type of V (the same as K)")
     p.add_argument("--echo", action="store_true", help="print the prompt before the completion")
     p.add_argument("-v", "--verbose", action="store_true", help="print a load summary to stderr")
     return p
@@ -34,7 +37,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = _parser().parse_args(argv)
     try:
         llm = Llama(args.model, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads,
-                    n_gpu_layers=args.n_gpu_layers, seed=args.seed, verbose=args.verbose)
+                    n_gpu_layers=args.n_gpu_layers, seed=args.seed, verbose=args.verbose,
+                    type_k=args.cache_type_k, type_v=args.cache_type_v)
         with llm:
             chunks = llm.create_completion(args.prompt, max_tokens=args.n_predict, temperature=args.temp,
                                            top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,

@@ -22,6 +22,30 @@ _HARMLESS_KWARGS = frozenset({
 })
 
 
+# KV cache types by ggml type id, as llama-cpp-python's type_k / type_v take them.
+_KV_TYPE_IDS = {1: "f16", 0: "f32", 8: "q8_0"}
+KV_CACHE_TYPES = tuple(_KV_TYPE_IDS.values())   # names, as the tools' -ctk / -ctv take them
+
+
+def _kv_type_name(arg: str, value) -> str:
+    if value is None:
+        return "f16"
+    if isinstance(value, str) and value in KV_CACHE_TYPES:
+        return value
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and int(value) in _KV_TYPE_IDS:
+        return _KV_TYPE_IDS[int(value)]
+    raise ValueError(f"{arg} must be a KV cache type: 1 or 'f16', 0 or 'f32', 8 or 'q8_0'; got {value!r}")
+
+
+def kv_cache_type(type_k=None, type_v=None) -> str:
+    """The KV cache type ("f16", "f32" or "q8_0") that llama-cpp-python's type_k / type_v name
+    (ggml type ids or those names; None: f16). ember stores K and V alike, so they must agree."""
+    k, v = _kv_type_name("type_k", type_k), _kv_type_name("type_v", type_v)
+    if k != v:
+        raise ValueError(f"type_k ({k}) and type_v ({v}) must be the same KV cache type")
+    return k
+
+
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
     """Numerically stable log-softmax over the last axis, in float64."""
     x = logits.astype(np.float64)
@@ -69,7 +93,7 @@ class Llama:
     def __init__(self, model_path: str, *, n_ctx: int = 512, n_batch: int = 512,
                  n_threads: Optional[int] = None, n_gpu_layers: int = 0, seed: int = DEFAULT_SEED,
                  verbose: bool = True, offload_kqv: bool = True, main_gpu: int = 0,
-                 last_n_tokens_size: int = 64, kv_block_size: int = 16, **kwargs):
+                 last_n_tokens_size: int = 64, kv_block_size: int = 16, type_k=None, type_v=None, **kwargs):
         unknown = sorted(set(kwargs) - _HARMLESS_KWARGS)
         if unknown:
             raise TypeError(f"Llama() got unexpected keyword arguments: {', '.join(unknown)}")
@@ -79,6 +103,7 @@ class Llama:
             raise ValueError(f"Llama: n_batch must be > 0, got {n_batch}")
         if n_threads is not None and n_threads < 0:
             raise ValueError(f"Llama: n_threads must be >= 1 (None = all cores), got {n_threads}")
+        kv_type = kv_cache_type(type_k, type_v)
         self.model_path = str(model_path)
         self.verbose = verbose
         self._seed = self._check_seed(seed)
@@ -89,14 +114,14 @@ class Llama:
         n_ctx = n_ctx or self._model.n_ctx_train
         self._ctx = _ember.Context(self._model, n_ctx=n_ctx, n_batch=min(n_batch, n_ctx),
                                    n_threads=n_threads or 0, kv_block_size=kv_block_size,
-                                   offload_kqv=offload_kqv)
+                                   offload_kqv=offload_kqv, kv_type=kv_type)
         self._history: List[int] = []   # the tokens whose KV the context holds, in order
         self._generation = 0             # bumped by every completion, to retire stale streams
         if verbose:
             m = self._model
             print(f"ember: loaded {self.model_path} (arch {m.arch}, {m.n_layer} layers, n_embd {m.n_embd}, "
                   f"n_vocab {m.n_vocab}, {n_gpu_layers} GPU layers) with n_ctx {self._ctx.n_ctx} "
-                  f"in {time.perf_counter() - t0:.2f} s", file=sys.stderr)
+                  f"({kv_type} KV cache) in {time.perf_counter() - t0:.2f} s", file=sys.stderr)
 
     # ---- lifecycle -------------------------------------------------------------------------
     def close(self) -> None:

@@ -12,6 +12,7 @@ import time
 import numpy as np
 
 from . import _ember
+from .llama import KV_CACHE_TYPES, kv_cache_type
 
 
 def chunk_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
@@ -22,13 +23,14 @@ def chunk_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return log_z - logits[np.arange(len(targets)), targets]
 
 
-def perplexity(model, text: bytes, n_ctx: int, n_threads: int, n_batch: int = 0, out=sys.stdout):
+def perplexity(model, text: bytes, n_ctx: int, n_threads: int, n_batch: int = 0, out=sys.stdout,
+               kv_type: str = "f16"):
     tok = model.tokenizer
     tokens = tok.encode(text, True, False)
     n_chunk = len(tokens) // n_ctx
     if n_chunk == 0:
         raise ValueError(f"the text has {len(tokens)} tokens, fewer than n_ctx {n_ctx}: need at least one chunk")
-    ctx = _ember.Context(model, n_ctx=n_ctx, n_batch=n_batch or n_ctx, n_threads=n_threads)
+    ctx = _ember.Context(model, n_ctx=n_ctx, n_batch=n_batch or n_ctx, n_threads=n_threads, kv_type=kv_type)
     first = n_ctx // 2
     nlls = []
     print(f"perplexity: {len(tokens)} tokens, {n_chunk} chunks of {n_ctx}", file=out)
@@ -63,12 +65,16 @@ def main(argv=None) -> int:
     ap.add_argument("-b", "--batch-size", type=int, default=0, help="tokens per forward (default n_ctx)")
     ap.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (0: all)")
     ap.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, help="blocks on the GPU (-1: all)")
+    ap.add_argument("-ctk", "--cache-type-k", choices=KV_CACHE_TYPES, default="f16", help="KV cache type of K")
+    ap.add_argument("-ctv", "--cache-type-v", choices=KV_CACHE_TYPES, default="f16",
+                    help="KV cache type of V (the same as K)")
     args = ap.parse_args(argv)
     try:
+        kv_type = kv_cache_type(args.cache_type_k, args.cache_type_v)
         with open(args.file, "rb") as f:
             text = f.read()
         model = _ember.Model(args.model, n_gpu_layers=args.n_gpu_layers)
-        perplexity(model, text, args.ctx_size, args.threads, args.batch_size)
+        perplexity(model, text, args.ctx_size, args.threads, args.batch_size, kv_type=kv_type)
     except (OSError, ValueError, RuntimeError, MemoryError) as e:
         print(f"ember-perplexity: error: {e}", file=sys.stderr)
         return 1

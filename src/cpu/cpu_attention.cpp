@@ -12,12 +12,19 @@
 // element a sequential sum over positions, exactly as a scalar loop would do it: a reordered sum
 // flips 8-bit activation rounding downstream and costs agreement with llama.cpp.
 // f32 KV keeps everything in f32 (exact comparisons with other implementations).
+// q8_0 KV (layout in src/kv/kv_layout.h): rows are stored as ggml's quantize_row_q8_0 would and
+// the gather dequantizes them (scale * int8); q and the probabilities stay f32, since the int8
+// rounding of K and V dominates the error (llama.cpp's CPU path quantizes q to q8_0 too, so
+// outputs are close to it, not equal).
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "cpu/cpu_backend.h"
+#include "kv/kv_layout.h"
+#include "quant/blocks.h"
 #include "quant/half.h"
+#include "quant/kernels.h"
 
 namespace ember {
 
@@ -26,38 +33,83 @@ namespace {
 constexpr int kLanes = 16;          // positions per transposed key group
 constexpr int kTokensPerUnit = 32;
 
+int64_t kv_width(const KVLayer& kv) { return (int64_t)kv.n_head_kv * kv.head_dim; }
+
+// A KV type: store() writes one token's row (width values) at (block, slot) of K or V (`base`),
+// load() reads kv head `head`'s head_dim values of a row as f32 into dst[i * stride], and
+// operand() rounds an attention operand (q, probabilities) as the dots of this type want it.
+
+// F16 / F32: a row is width consecutive elements.
+template <class Elem>
+Elem* elem_row(const KVLayer& kv, void* base, int32_t block, int32_t slot) {
+    return static_cast<Elem*>(base) + ((int64_t)block * kv.block_size + slot) * kv_width(kv);
+}
+
 struct F16Kv {
-    using elem = uint16_t;
-    static elem store(float x) { return float_to_half(x); }
-    static float load(elem x) { return half_to_float(x); }
+    static void store(const KVLayer& kv, void* base, int32_t block, int32_t slot, const float* x) {
+        uint16_t* r = elem_row<uint16_t>(kv, base, block, slot);
+        for (int64_t i = 0; i < kv_width(kv); ++i) r[i] = float_to_half(x[i]);
+    }
+    static void load(const KVLayer& kv, void* base, int32_t block, int32_t slot, int32_t head, float* dst,
+                     size_t stride) {
+        const uint16_t* r = elem_row<uint16_t>(kv, base, block, slot) + (int64_t)head * kv.head_dim;
+        for (int32_t i = 0; i < kv.head_dim; ++i) dst[i * stride] = half_to_float(r[i]);
+    }
     static float operand(float x) { return half_to_float(float_to_half(x)); }   // rounded like the kv
 };
 
 struct F32Kv {
-    using elem = float;
-    static elem store(float x) { return x; }
-    static float load(elem x) { return x; }
+    static void store(const KVLayer& kv, void* base, int32_t block, int32_t slot, const float* x) {
+        std::copy(x, x + kv_width(kv), elem_row<float>(kv, base, block, slot));
+    }
+    static void load(const KVLayer& kv, void* base, int32_t block, int32_t slot, int32_t head, float* dst,
+                     size_t stride) {
+        const float* r = elem_row<float>(kv, base, block, slot) + (int64_t)head * kv.head_dim;
+        for (int32_t i = 0; i < kv.head_dim; ++i) dst[i * stride] = r[i];
+    }
+    static float operand(float x) { return x; }
+};
+
+// Q8_0: a block's int8 values [block_size][width], then its f16 scales [block_size][width / 32];
+// a head's values start on a scale group (head_dim % 32 == 0, checked at context creation).
+struct Q8Kv {
+    struct Row {
+        int8_t* q;
+        uint16_t* d;
+    };
+    static Row row(const KVLayer& kv, void* base, int32_t block, int32_t slot) {
+        const int64_t width = kv_width(kv);
+        uint8_t* b =
+            static_cast<uint8_t*>(base) + (size_t)block * kv_block_bytes(GGMLType::Q8_0, kv.block_size, width);
+        return {reinterpret_cast<int8_t*>(b) + slot * width,
+                reinterpret_cast<uint16_t*>(b + (size_t)kv.block_size * width) + slot * (width / QK8_0)};
+    }
+    static void store(const KVLayer& kv, void* base, int32_t block, int32_t slot, const float* x) {
+        const Row r = row(kv, base, block, slot);
+        for (int64_t g = 0; g < kv_width(kv) / QK8_0; ++g)
+            r.d[g] = quantize_group_q8_0(x + g * QK8_0, r.q + g * QK8_0);
+    }
+    static void load(const KVLayer& kv, void* base, int32_t block, int32_t slot, int32_t head, float* dst,
+                     size_t stride) {
+        const Row r = row(kv, base, block, slot);
+        const int8_t* q = r.q + (int64_t)head * kv.head_dim;
+        const uint16_t* d = r.d + (int64_t)head * kv.head_dim / QK8_0;
+        for (int32_t g = 0; g < kv.head_dim / QK8_0; ++g) {
+            const float scale = half_to_float(d[g]);
+            for (int32_t i = g * QK8_0; i < (g + 1) * QK8_0; ++i) dst[i * stride] = float(q[i]) * scale;
+        }
+    }
     static float operand(float x) { return x; }
 };
 
 template <class Kv>
-typename Kv::elem* kv_row(const KVLayer& kv, void* base, int32_t block, int32_t slot) {
-    const int64_t width = (int64_t)kv.n_head_kv * kv.head_dim;
-    return static_cast<typename Kv::elem*>(base) + ((int64_t)block * kv.block_size + slot) * width;
-}
-
-template <class Kv>
 void store_rows(const BatchInfo& batch, KVLayer& kv, const float* k, const float* v, int32_t n_tok) {
-    const int64_t width = (int64_t)kv.n_head_kv * kv.head_dim;
+    const int64_t width = kv_width(kv);
     for (int32_t t = 0; t < n_tok; ++t) {
         const int32_t pos = batch.pos[t];
         const int32_t block = batch.block_table[(int64_t)batch.seq[t] * batch.max_blocks + pos / kv.block_size];
-        auto* kr = kv_row<Kv>(kv, kv.k, block, pos % kv.block_size);
-        auto* vr = kv_row<Kv>(kv, kv.v, block, pos % kv.block_size);
-        for (int64_t i = 0; i < width; ++i) {
-            kr[i] = Kv::store(k[t * width + i]);
-            vr[i] = Kv::store(v[t * width + i]);
-        }
+        Kv::store(kv, kv.k, block, pos % kv.block_size, k + t * width);
+        Kv::store(kv, kv.v, block, pos % kv.block_size, v + t * width);
     }
 }
 
@@ -85,11 +137,8 @@ void attend_unit(const BatchInfo& batch, const KVLayer& kv, const float* q, cons
     sc.vf.resize((size_t)n_pos * D);
     for (int32_t p = 0; p < n_pos; ++p) {
         const int32_t blk = table[p / kv.block_size], slot = p % kv.block_size;
-        const auto* kr = kv_row<Kv>(kv, kv.k, blk, slot) + (int64_t)u.kv_head * D;
-        const auto* vr = kv_row<Kv>(kv, kv.v, blk, slot) + (int64_t)u.kv_head * D;
-        float* kt = &sc.kt[(size_t)(p / kLanes) * D * kLanes + p % kLanes];
-        for (int32_t i = 0; i < D; ++i) kt[(size_t)i * kLanes] = Kv::load(kr[i]);
-        for (int32_t i = 0; i < D; ++i) sc.vf[(size_t)p * D + i] = Kv::load(vr[i]);
+        Kv::load(kv, kv.k, blk, slot, u.kv_head, &sc.kt[(size_t)(p / kLanes) * D * kLanes + p % kLanes], kLanes);
+        Kv::load(kv, kv.v, blk, slot, u.kv_head, &sc.vf[(size_t)p * D], 1);
     }
     sc.q.resize(D);
     sc.prob.resize((size_t)n_groups * kLanes);
@@ -145,14 +194,20 @@ void attend(ThreadPool& pool, const BatchInfo& batch, const KVLayer& kv, const f
 }  // namespace
 
 void CpuBackend::kv_store(KVLayer& kv, const float* k, const float* v, int32_t n_tok) {
-    if (kv.type == GGMLType::F32) store_rows<F32Kv>(batch_, kv, k, v, n_tok);
-    else store_rows<F16Kv>(batch_, kv, k, v, n_tok);
+    switch (kv.type) {
+        case GGMLType::F32: store_rows<F32Kv>(batch_, kv, k, v, n_tok); break;
+        case GGMLType::Q8_0: store_rows<Q8Kv>(batch_, kv, k, v, n_tok); break;
+        default: store_rows<F16Kv>(batch_, kv, k, v, n_tok); break;
+    }
 }
 
 void CpuBackend::attention(const KVLayer& kv, const float* q, int32_t n_tok, const AttentionShape& s,
                            float* out) {
-    if (kv.type == GGMLType::F32) attend<F32Kv>(pool_, batch_, kv, q, n_tok, s, out);
-    else attend<F16Kv>(pool_, batch_, kv, q, n_tok, s, out);
+    switch (kv.type) {
+        case GGMLType::F32: attend<F32Kv>(pool_, batch_, kv, q, n_tok, s, out); break;
+        case GGMLType::Q8_0: attend<Q8Kv>(pool_, batch_, kv, q, n_tok, s, out); break;
+        default: attend<F16Kv>(pool_, batch_, kv, q, n_tok, s, out); break;
+    }
 }
 
 }  // namespace ember

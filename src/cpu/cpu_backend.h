@@ -19,7 +19,6 @@ public:
     void copy_from_host(void* dst, const void* src, size_t bytes) override;
     void copy_to_host(void* dst, const void* src, size_t bytes) override;
     void synchronize() override {}
-    size_t kv_elem_bytes() const override { return sizeof(uint16_t); }
 
     Weight prepare_weight(const GGUFTensor& t) override;
     const float* prepare_vector(const GGUFTensor& t) override;

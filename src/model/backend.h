@@ -31,10 +31,10 @@ struct BatchInfo {
     // Token i attends to positions 0..pos[i] of its sequence (causal).
 };
 
-// KV storage of one layer: n_blocks blocks of block_size tokens; K and V each
-// [n_blocks][block_size][n_head_kv * head_dim] in the backend's kv element type.
+// KV storage of one layer: n_blocks blocks of block_size tokens; K and V each n_blocks blocks
+// laid out as src/kv/kv_layout.h says for `type` (F16, F32: [block_size][n_head_kv * head_dim]).
 struct KVLayer {
-    GGMLType type = GGMLType::F16;   // F16 everywhere; F32 on the CPU when asked (exact reference runs)
+    GGMLType type = GGMLType::F16;   // F16, Q8_0 on any backend; F32 on the CPU only (exact reference runs)
     void* k = nullptr;
     void* v = nullptr;
     int32_t n_blocks = 0, block_size = 0, n_head_kv = 0, head_dim = 0;
@@ -84,7 +84,6 @@ public:
     virtual void copy_from_host(void* dst, const void* src, size_t bytes) = 0;
     virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
     virtual void synchronize() = 0;
-    virtual size_t kv_elem_bytes() const = 0;    // bytes of the backend's default KV type (f16: 2)
 
     // Makes a weight usable by this backend (CPU: points into the mapping; GPU: uploads once).
     virtual Weight prepare_weight(const GGUFTensor& t) = 0;

@@ -14,6 +14,7 @@
 #include "cpu/cpu_backend.h"
 #include "ember/status.h"
 #include "kv/block_allocator.h"
+#include "kv/kv_layout.h"
 #include "model/model_impl.h"
 
 namespace ember {
@@ -62,6 +63,13 @@ struct ContextImpl {
         for (auto& [be, ptr] : owned) be->free(ptr);
     }
 
+    // Bytes of K (or V) of one layer: all blocks of the sequence.
+    size_t kv_layer_bytes() const {
+        const HParams& hp = model->hparams();
+        const int64_t width = (int64_t)hp.n_head_kv * hp.head_dim;
+        return (size_t)alloc.n_blocks() * kv_block_bytes(params.kv_type, params.kv_block_size, width);
+    }
+
     float* alloc_floats(Backend& be, int64_t n) {
         void* p = be.alloc((size_t)n * sizeof(float));
         owned.emplace_back(&be, p);
@@ -105,14 +113,13 @@ void ContextImpl::open_stream(ThreadPool& pool) {
     };
     su.verbose = m.params.verbose;
     const HParams& hp = m.hp;
-    const size_t kv_bytes = (size_t)alloc.n_blocks() * params.kv_block_size * hp.n_head_kv * hp.head_dim *
-                            m.gpu->kv_elem_bytes();
+    const size_t kv_bytes = kv_layer_bytes();
     try {
         stream = m.gpu->open_stream(su);
         if (stream) {
             void* p = m.gpu->alloc(2 * kv_bytes);
             owned.emplace_back(m.gpu.get(), p);
-            stream_kv = KVLayer{GGMLType::F16, p, static_cast<uint8_t*>(p) + kv_bytes, alloc.n_blocks(),
+            stream_kv = KVLayer{params.kv_type, p, static_cast<uint8_t*>(p) + kv_bytes, alloc.n_blocks(),
                                 params.kv_block_size, hp.n_head_kv, hp.head_dim};
         }
     } catch (const std::exception& e) {
@@ -127,7 +134,7 @@ void ContextImpl::open_stream(ThreadPool& pool) {
 void ContextImpl::copy_kv_blocks(const KVLayer& from, KVLayer& to, int32_t b0, int32_t b1, bool to_gpu) {
     Backend& gpu = *model->impl().gpu;
     const std::vector<int32_t>& ids = table.blocks();
-    const size_t block_bytes = (size_t)from.block_size * from.n_head_kv * from.head_dim * gpu.kv_elem_bytes();
+    const size_t block_bytes = kv_block_bytes(from.type, from.block_size, (int64_t)from.n_head_kv * from.head_dim);
     for (int32_t b = b0; b < b1;) {
         int32_t e = b + 1;
         while (e < b1 && ids[e] == ids[e - 1] + 1) ++e;
@@ -148,8 +155,9 @@ Context::Context(std::shared_ptr<Model> model, const ContextParams& params) {
     if (params.kv_block_size <= 0) fail("kv_block_size must be positive, got ", params.kv_block_size);
     if (params.n_threads < 0) fail("n_threads must be >= 0, got ", params.n_threads);
     ModelImpl& m = model->impl();
-    if (params.kv_f32 && m.any_gpu())
-        fail("an f32 KV cache is available for CPU blocks only; use the f16 cache with n_gpu_layers != 0");
+    check_kv_type(params.kv_type, m.hp.head_dim);
+    if (params.kv_type == GGMLType::F32 && m.any_gpu())
+        fail("an f32 KV cache is available for CPU blocks only; use the f16 or q8_0 cache with n_gpu_layers != 0");
     if (!params.offload_kqv && m.any_gpu())
         fail("offload_kqv=False (KV of GPU blocks in host memory) is not available in this build of ember; "
              "use offload_kqv=True or n_gpu_layers=0");
@@ -180,9 +188,8 @@ Context::Context(std::shared_ptr<Model> model, const ContextParams& params) {
         kv.block_size = params.kv_block_size;
         kv.n_head_kv = hp.n_head_kv;
         kv.head_dim = hp.head_dim;
-        kv.type = params.kv_f32 ? GGMLType::F32 : GGMLType::F16;
-        const size_t elem = params.kv_f32 ? sizeof(float) : be.kv_elem_bytes();
-        const size_t bytes = (size_t)n_blocks * kv.block_size * hp.n_head_kv * hp.head_dim * elem;
+        kv.type = params.kv_type;
+        const size_t bytes = c.kv_layer_bytes();
         for (void** p : {&kv.k, &kv.v}) {
             // A streamed block's host KV is pinned, so its copies run asynchronously at full speed.
             *p = be.is_host() && c.stream ? c.stream->alloc_host(bytes) : nullptr;

@@ -38,6 +38,9 @@ void quantize_row_q4_k(const float* src, void* dst, int64_t n);
 void quantize_row_q5_k(const float* src, void* dst, int64_t n);
 void quantize_row_q6_k(const float* src, void* dst, int64_t n);
 void quantize_row_q8_k(const float* src, void* dst, int64_t n);
+// One Q8_0 group of 32 values into q; returns the scale d as f16 bits. Shared by
+// quantize_row_q8_0 and the q8_0 KV cache, whose scales are stored apart from the int8 values.
+uint16_t quantize_group_q8_0(const float* x, int8_t* q);
 
 // Scalar reference dot products (weights type x its vec_dot_type); src/cpu/vec_dot_scalar.cpp.
 VecDotFn vec_dot_scalar(GGMLType type);

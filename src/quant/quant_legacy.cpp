@@ -172,16 +172,18 @@ void quantize_row_q5_1(const float* src, void* dst, int64_t n) {
 }
 
 // Q8_0: d = amax/127, q = round-half-away(x/d) in [-127, 127].
+uint16_t quantize_group_q8_0(const float* x, int8_t* q) {
+    float amax = 0.0f;
+    for (int j = 0; j < QK8_0; ++j) amax = std::fmax(amax, std::fabs(x[j]));
+    const float d = amax / 127.0f;
+    const float id = inverse_or_zero(d);
+    for (int j = 0; j < QK8_0; ++j) q[j] = int8_t(std::roundf(x[j] * id));
+    return float_to_half(d);
+}
+
 void quantize_row_q8_0(const float* src, void* dst, int64_t n) {
     BlockQ8_0* b = static_cast<BlockQ8_0*>(dst);
-    for (int64_t i = 0; i < n / QK8_0; ++i, src += QK8_0) {
-        float amax = 0.0f;
-        for (int j = 0; j < QK8_0; ++j) amax = std::fmax(amax, std::fabs(src[j]));
-        const float d = amax / 127.0f;
-        const float id = inverse_or_zero(d);
-        b[i].d = float_to_half(d);
-        for (int j = 0; j < QK8_0; ++j) b[i].qs[j] = int8_t(std::roundf(src[j] * id));
-    }
+    for (int64_t i = 0; i < n / QK8_0; ++i, src += QK8_0) b[i].d = quantize_group_q8_0(src, b[i].qs);
 }
 
 // Q8_1: as Q8_0 plus s = d * sum(q), which the *_1 dot products use for the min term.

@@ -1,0 +1,46 @@
+// Byte layout of a paged KV cache block for each KV element type, shared by every backend (the
+// streamed partial offload copies whole blocks between host and GPU as raw bytes).
+//
+// A block holds block_size token rows of `width` = n_head_kv * head_dim elements, K and V in
+// separate buffers. F16 / F32: [block_size][width] elements. Q8_0 (llama.cpp's -ctk/-ctv q8_0;
+// halves the bytes decode attention reads at long contexts): all int8 values first,
+// [block_size][width], then one f16 scale per 32 values, [block_size][width / 32], so that int8
+// rows stay 16-byte aligned for vector loads. A value is scale * int8 with scale = amax / 127
+// of its 32-value group and int8 = round(x / scale), as ggml's quantize_row_q8_0.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "ember/quant.h"
+#include "ember/status.h"
+
+namespace ember {
+
+inline bool kv_type_supported(GGMLType t) {
+    return t == GGMLType::F16 || t == GGMLType::F32 || t == GGMLType::Q8_0;
+}
+
+// Bytes of one block of one of K or V.
+inline size_t kv_block_bytes(GGMLType t, int32_t block_size, int64_t width) {
+    const size_t n = size_t(block_size) * size_t(width);
+    switch (t) {
+        case GGMLType::F32: return n * 4;
+        case GGMLType::Q8_0: return n + n / 32 * 2;
+        default: return n * 2;
+    }
+}
+
+// Throws InvalidInput unless `t` is a KV type for heads of head_dim: a Q8_0 scale group must
+// not straddle two heads, since attention reads one head's slice of a row.
+inline void check_kv_type(GGMLType t, int32_t head_dim) {
+    if (!kv_type_supported(t)) {
+        const TypeTraits* tr = find_type_traits(uint32_t(t));
+        fail("KV cache type ", tr ? tr->name : "?", " (ggml type ", uint32_t(t),
+             ") is not supported; use F16, F32 or Q8_0");
+    }
+    if (t == GGMLType::Q8_0 && head_dim % 32 != 0)
+        fail("a Q8_0 KV cache needs head_dim to be a multiple of 32, got head_dim ", head_dim,
+             " (use the F16 cache)");
+}
+
+}  // namespace ember
