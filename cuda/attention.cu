@@ -358,18 +358,15 @@ __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, b
     const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0) : "memory");
 }
-__device__ __forceinline__ void cp_async4_zfill(void* smem, const void* gmem, bool valid) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(s), "l"(gmem), "r"(valid ? 4 : 0) : "memory");
-}
 
 // Shared-memory tile geometry of one pipeline stage (K and V of kDecTile keys).
-// f16 KV: [K, V][kDecTile][hd] halves. q8_0 KV (see src/kv/kv_layout.h): [K, V][kDecTile][row]
-// int8 then [K, V][kDecTile][hd / 32] f16 scales; a row is padded by 64 bytes for hd > 64 so
-// that the four keys a warp reads at once fall on different banks.
+// f16 KV: [K, V][kDecTile][hd] halves. q8_0 KV (see src/kv/kv_layout.h): [K, V][kDecTile][hd]
+// int8 then [K, V][kDecTile][hd / 32] f16 scales. The int8 rows are swizzled: byte b of key k
+// sits at b ^ swizzle(k), so the four keys a warp reads at once fall on different banks.
 template <int HD, bool Q8>
 struct DecTile {
-    static constexpr int kRow = Q8 ? (HD > 64 ? HD + 64 : HD) : 2 * HD;   // bytes per key row
+    static constexpr int kRow = Q8 ? HD : 2 * HD;   // bytes per key row
+    __device__ static int swizzle(int key) { return Q8 ? (key & (HD / 64 - 1)) * 64 : 0; }
     static constexpr int kData = 2 * kDecTile * kRow;
     static constexpr int kScales = Q8 ? 2 * kDecTile * HD / 16 : 0;       // bytes
     static constexpr int kBytes = kData + kScales;
@@ -387,7 +384,7 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(Attention
     using Tile = DecTile<hd, Q8>;
     extern __shared__ uint4 tiles[];   // [kDecStages][Tile::kBytes]
     __shared__ float ps[M][kDecTile];
-    __shared__ float pv[Q8 ? M : 1][kDecTile][Q8 ? hd / 32 : 1];   // q8_0: probability x V scale
+    __shared__ __align__(16) float pv[Q8 ? M : 1][Q8 ? hd / 32 : 1][kDecTile];   // q8_0: probability x V scale
     __shared__ float corr_s[M], m_s[M], l_s[M];
     pdl_wait();
     pdl_trigger();
@@ -406,36 +403,43 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(Attention
     const int64_t block_bytes = int64_t(bs) * kv_dim + int64_t(bs) * kv_dim / 16;   // q8_0 layout
 
     auto stage = [&](int j) { return reinterpret_cast<uint8_t*>(tiles) + (j % kDecStages) * Tile::kBytes; };
+    // Copies of one tile: every divisor is a compile-time power of two (the block size too:
+    // the backend sends only power-of-two blocks here), so address math stays a few shifts.
+    const int bs_shift = __ffs(bs) - 1;
+    auto key_row = [&](int key) { return int64_t(bt[key >> bs_shift]) * bs + (key & (bs - 1)); };
     auto issue = [&](int j) {
         if (j < n_tiles) {
             uint8_t* dst = stage(j);
+            const int key0 = k0 + j * kDecTile;
             if constexpr (!Q8) {
                 constexpr int kWords = kDecTile * n8;
                 for (int e = tid; e < 2 * kWords; e += kDecThreads) {
-                    const int kv = e / kWords, r = e % kWords, key = k0 + j * kDecTile + r / n8;
+                    const int kv = e / kWords, r = e % kWords, key = key0 + r / n8;
                     const bool ok = key < k1;
-                    const int kk = ok ? key : k0;
-                    const int64_t off = (int64_t(bt[kk / bs]) * bs + kk % bs) * kv_dim + int64_t(kvh) * hd + 8 * (r % n8);
+                    const int64_t off = key_row(ok ? key : k0) * kv_dim + int64_t(kvh) * hd + 8 * (r % n8);
                     cp_async16_zfill(dst + 16 * e, (kv ? a.v_cache : a.k_cache) + off, ok);
                 }
             } else {
-                constexpr int n16 = hd / 16, n4 = hd / 64;   // 16-byte int8 chunks, 4-byte scale words per key
-                constexpr int kChunks = kDecTile * n16, kWords = kDecTile * n4;
-                for (int e = tid; e < 2 * (kChunks + kWords); e += kDecThreads) {
+                // int8 rows: hd / 16 chunks a key; scales: hd / 16 bytes a key, so a 16-byte chunk
+                // holds kSk consecutive keys of one block (head-major layout, kv_layout.h).
+                constexpr int n16 = hd / 16, kChunks = kDecTile * n16, kSk = 256 / hd, kScaleChunks = kDecTile / kSk;
+                for (int e = tid; e < 2 * (kChunks + kScaleChunks); e += kDecThreads) {
                     const bool scale = e >= 2 * kChunks;
-                    const int ee = scale ? e - 2 * kChunks : e, per = scale ? kWords : kChunks, w = scale ? n4 : n16;
-                    const int kv = ee / per, r = ee % per, key = k0 + j * kDecTile + r / w;
+                    const int ee = scale ? e - 2 * kChunks : e;
+                    const int kv = scale ? ee / kScaleChunks : ee / kChunks, r = scale ? ee % kScaleChunks : ee % kChunks;
+                    const int key = key0 + (scale ? r * kSk : r / n16);
                     const bool ok = key < k1;
-                    const int kk = ok ? key : k0;
+                    const int64_t kr = key_row(ok ? key : k0);   // block * bs + slot
                     const uint8_t* base = reinterpret_cast<const uint8_t*>(kv ? a.v_cache : a.k_cache) +
-                                          int64_t(bt[kk / bs]) * block_bytes;
-                    const int64_t row = int64_t(kk % bs) * kv_dim + int64_t(kvh) * hd;
+                                          (kr >> bs_shift) * block_bytes;
+                    const int64_t row = (int64_t(kvh) * bs + (kr & (bs - 1))) * hd;
                     if (!scale)
-                        cp_async16_zfill(dst + kv * kDecTile * Tile::kRow + (r / w) * Tile::kRow + 16 * (r % w),
-                                         base + row + 16 * (r % w), ok);
+                        cp_async16_zfill(dst + kv * kDecTile * Tile::kRow + (r / n16) * Tile::kRow +
+                                             ((16 * (r % n16)) ^ Tile::swizzle(r / n16)),
+                                         base + row + 16 * (r % n16), ok);
                     else
-                        cp_async4_zfill(dst + Tile::kData + kv * kDecTile * (hd / 16) + 4 * r,
-                                        base + int64_t(bs) * kv_dim + row / 16 + 4 * (r % w), ok);
+                        cp_async16_zfill(dst + Tile::kData + kv * kDecTile * (hd / 16) + 16 * r,
+                                         base + int64_t(bs) * kv_dim + row / 16, ok);
                 }
             }
         }
@@ -503,7 +507,7 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(Attention
                 const int d0 = 8 * (part + 8 * c);
                 if constexpr (Q8) {
                     const float dk = __half2float(reinterpret_cast<const __half*>(st + Tile::kData)[key * (hd / 32) + d0 / 32]);
-                    const uint2 kw = *reinterpret_cast<const uint2*>(st + key * Tile::kRow + d0);
+                    const uint2 kw = *reinterpret_cast<const uint2*>(st + key * Tile::kRow + (d0 ^ Tile::swizzle(key)));
 #pragma unroll
                     for (int i = 0; i < M; ++i)
                         s[i] += float(__dp4a(int(kw.y), qi[i][c][1], __dp4a(int(kw.x), qi[i][c][0], 0))) * (dk * q[i][c][0]);
@@ -533,8 +537,8 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(Attention
             const float sum = warp_sum(p);
             if constexpr (Q8) {
                 const __half* vsc = reinterpret_cast<const __half*>(st + Tile::kData) + kDecTile * (hd / 32) + lane * (hd / 32);
-#pragma unroll
-                for (int g = 0; g < hd / 32; ++g) pv[warp][lane][g] = p * __half2float(vsc[g]);
+#pragma unroll   // (a masked key's scale may be any bits: keep its product 0)
+                for (int g = 0; g < hd / 32; ++g) pv[warp][g][lane] = sc == -INFINITY ? 0.f : p * __half2float(vsc[g]);
             } else {
                 ps[warp][lane] = __half2float(__float2half_rn(p));   // f16 probabilities times f16 V
             }
@@ -553,12 +557,17 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(Attention
 #pragma unroll
             for (int i = 0; i < M; ++i) {
                 float o = acc[i][c] * corr_s[i];
-                if constexpr (Q8) {   // two chains of FMAs
+                if constexpr (Q8) {   // two chains of FMAs; four keys' weights in one load
                     float o1 = 0.f;
-#pragma unroll 8
-                    for (int key = 0; key < kDecTile; key += 2) {
-                        o += pv[i][key][d / 32] * i8_to_float(vt[key * Tile::kRow + d]);
-                        o1 += pv[i][key + 1][d / 32] * i8_to_float(vt[(key + 1) * Tile::kRow + d]);
+                    const float4* w4 = reinterpret_cast<const float4*>(pv[i][d / 32]);
+#pragma unroll
+                    for (int key = 0; key < kDecTile; key += 4) {
+                        const float4 w = w4[key / 4];
+                        const uint8_t* v4 = vt + key * Tile::kRow;
+                        o += w.x * i8_to_float(v4[d ^ Tile::swizzle(key)]);
+                        o1 += w.y * i8_to_float(v4[Tile::kRow + (d ^ Tile::swizzle(key + 1))]);
+                        o += w.z * i8_to_float(v4[2 * Tile::kRow + (d ^ Tile::swizzle(key + 2))]);
+                        o1 += w.w * i8_to_float(v4[3 * Tile::kRow + (d ^ Tile::swizzle(key + 3))]);
                     }
                     o += o1;
                 } else {

@@ -423,7 +423,9 @@ public:
         cuda::AttentionArgs a{};
         a.k_cache = static_cast<const __half*>(kv.k);
         a.v_cache = static_cast<const __half*>(kv.v);
-        const int n_dec = cuda::attention_decode_heads(shape.n_head, shape.n_head_kv, shape.head_dim);
+        // The decode kernel takes power-of-two KV blocks of >= 4 tokens (the default is 16).
+        const bool dec_blocks = (kv.block_size & (kv.block_size - 1)) == 0 && kv.block_size >= 4;
+        const int n_dec = dec_blocks ? cuda::attention_decode_heads(shape.n_head, shape.n_head_kv, shape.head_dim) : 0;
         if (kv.type == GGMLType::Q8_0) {
             // Decode reads the q8_0 blocks directly; other batches read an f16 copy of the blocks
             // they use (their work per KV byte is large, so the copy costs little).
@@ -465,7 +467,9 @@ public:
             const int n_groups = (n_rep + n_dec - 1) / n_dec;
             const int base = n_tok * shape.n_head_kv * n_groups;
             const int want = pow2_ceil((max_len_ + kKeysPerSplit - 1) / kKeysPerSplit);
-            a.n_split = std::max(1, std::min(want, pow2_floor(std::max(1, kDecodeTargetCtas / base))));
+            // q8_0 tiles take half the shared memory: twice the CTAs fit, and hide more latency.
+            const int target = a.kv_q8 ? 2 * kDecodeTargetCtas : kDecodeTargetCtas;
+            a.n_split = std::max(1, std::min(want, pow2_floor(std::max(1, target / base))));
             prepare_splits(a, size_t(base));
             cuda::attention_decode(a, dbatch_, stream_);
             return;
@@ -618,7 +622,7 @@ private:
     // Partial-result buffers and per-CTA-group counters of a split (flash-decoding) attention.
     void store_q8(KVLayer& kv, const float* k, const float* v, int32_t n_tok) {
         cuda::kv_store_q8(static_cast<uint8_t*>(kv.k), static_cast<uint8_t*>(kv.v), kv.block_size,
-                          kv.n_head_kv * kv.head_dim, k, v, n_tok, dbatch_, stream_);
+                          kv.n_head_kv * kv.head_dim, kv.head_dim, k, v, n_tok, dbatch_, stream_);
     }
     // The batch's blocks of a q8_0 layer as f16 in kv_f16_ (one layer's worth, reused by all).
     void expand_q8(const KVLayer& kv, cuda::AttentionArgs& a) {
@@ -627,7 +631,7 @@ private:
         __half* kh = static_cast<__half*>(kv_f16_.p);
         const int32_t n_blk = std::min<int32_t>(bt_stride_, (max_len_ + kv.block_size - 1) / kv.block_size);
         cuda::kv_expand_q8(static_cast<const uint8_t*>(kv.k), static_cast<const uint8_t*>(kv.v), kh, kh + n, kv.block_size,
-                           int32_t(width), kv.n_blocks, n_seq_, n_blk, dbatch_, stream_);
+                           int32_t(width), kv.head_dim, kv.n_blocks, n_seq_, n_blk, dbatch_, stream_);
         a.k_cache = kh;
         a.v_cache = kh + n;
     }

@@ -69,10 +69,11 @@ void kv_store(__half* k_cache, __half* v_cache, int32_t block_size, int32_t kv_d
 // q8_0 KV (src/kv/kv_layout.h): store rows as kv_store does; kv_expand_q8 writes the blocks of
 // the first n_blk entries of each of n_seq block-table rows as f16 at the same places of an f16
 // layer (for kernels that read f16 K/V only).
-void kv_store_q8(uint8_t* k_cache, uint8_t* v_cache, int32_t block_size, int32_t kv_dim, const float* k,
-                 const float* v, int32_t n_tok, const DeviceBatch& b, cudaStream_t s);
+void kv_store_q8(uint8_t* k_cache, uint8_t* v_cache, int32_t block_size, int32_t kv_dim, int32_t head_dim,
+                 const float* k, const float* v, int32_t n_tok, const DeviceBatch& b, cudaStream_t s);
 void kv_expand_q8(const uint8_t* k_cache, const uint8_t* v_cache, __half* k_f16, __half* v_f16, int32_t block_size,
-                  int32_t kv_dim, int32_t n_blocks, int32_t n_seq, int32_t n_blk, const DeviceBatch& b, cudaStream_t s);
+                  int32_t kv_dim, int32_t head_dim, int32_t n_blocks, int32_t n_seq, int32_t n_blk, const DeviceBatch& b,
+                  cudaStream_t s);
 // rope of q (may be null) and k, then kv_store of k and v (both caches null: the ropes only).
 void rope_kv_store(float* q, int32_t n_head_q, float* k, const float* v, int32_t n_head_kv, int32_t head_dim,
                    float freq_base, bool neox, __half* k_cache, __half* v_cache, int32_t block_size, int32_t n_tok,

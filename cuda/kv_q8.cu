@@ -13,8 +13,8 @@ namespace {
 // One warp per 32-value group of one token's K or V row; rounding as the CPU's q8_0 (d = amax /
 // 127, round(x / d) via the reciprocal, half away from zero), so both backends store equal bytes.
 __global__ void kv_store_q8_kernel(uint8_t* __restrict__ kc, uint8_t* __restrict__ vc, int32_t block_size,
-                                   int32_t kv_dim, const float* __restrict__ k, const float* __restrict__ v,
-                                   int32_t n_tok, DeviceBatch b) {
+                                   int32_t kv_dim, int32_t head_dim, const float* __restrict__ k,
+                                   const float* __restrict__ v, int32_t n_tok, DeviceBatch b) {
     pdl_wait();
     pdl_trigger();
     const int groups = kv_dim / 32;
@@ -26,7 +26,8 @@ __global__ void kv_store_q8_kernel(uint8_t* __restrict__ kc, uint8_t* __restrict
     const int64_t phys = b.block_table[int64_t(b.seq[t]) * b.max_blocks + p / block_size];
     const int64_t n = int64_t(block_size) * kv_dim;
     uint8_t* base = (is_v ? vc : kc) + phys * (n + n / 16);
-    const int64_t e = int64_t(p % block_size) * kv_dim + grp * 32;
+    const int hg = head_dim / 32, head = grp / hg;   // head-major: (head, slot, group of the head)
+    const int64_t e = (int64_t(head) * block_size + p % block_size) * head_dim + (grp % hg) * 32;
     const float x = (is_v ? v : k)[int64_t(t) * kv_dim + grp * 32 + lane];
     const float amax = warp_max(fabsf(x));
     const float d = amax / 127.f;
@@ -37,12 +38,12 @@ __global__ void kv_store_q8_kernel(uint8_t* __restrict__ kc, uint8_t* __restrict
 
 // grid.x: (sequence, block index < n_blk) of the batch's block tables; grid.y: parts of that
 // block. Each thread expands 16 values (one 16-byte load, one scale) of K and of V to f16 at
-// the same place of an f16-layout copy.
+// their place in an f16-layout copy (row-major: [slot][head][dim]).
 constexpr int kExpandThreads = 256;
 
 __global__ void kv_expand_q8_kernel(const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc, __half* __restrict__ kh,
-                                    __half* __restrict__ vh, int32_t block_size, int32_t kv_dim, int32_t n_blocks,
-                                    int32_t n_blk, DeviceBatch b) {
+                                    __half* __restrict__ vh, int32_t block_size, int32_t kv_dim, int32_t head_dim,
+                                    int32_t n_blocks, int32_t n_blk, DeviceBatch b) {
     pdl_wait();
     pdl_trigger();
     const int seq = blockIdx.x / n_blk, j = blockIdx.x % n_blk;
@@ -61,7 +62,8 @@ __global__ void kv_expand_q8_kernel(const uint8_t* __restrict__ kc, const uint8_
             const __half2 h = __floats2half2_rn(d * float(int8_t(word & 0xFF)), d * float(int8_t((word >> 8) & 0xFF)));
             out[k] = *reinterpret_cast<const uint32_t*>(&h);
         }
-        uint4* dst = reinterpret_cast<uint4*>((kv ? vh : kh) + phys * n + i);
+        const int64_t head = i / (int64_t(block_size) * head_dim), slot = i / head_dim % block_size;
+        uint4* dst = reinterpret_cast<uint4*>((kv ? vh : kh) + phys * n + slot * kv_dim + head * head_dim + i % head_dim);
         dst[0] = make_uint4(out[0], out[1], out[2], out[3]);
         dst[1] = make_uint4(out[4], out[5], out[6], out[7]);
     }
@@ -69,25 +71,26 @@ __global__ void kv_expand_q8_kernel(const uint8_t* __restrict__ kc, const uint8_
 
 }  // namespace
 
-void kv_store_q8(uint8_t* k_cache, uint8_t* v_cache, int32_t block_size, int32_t kv_dim, const float* k,
-                 const float* v, int32_t n_tok, const DeviceBatch& b, cudaStream_t s) {
+void kv_store_q8(uint8_t* k_cache, uint8_t* v_cache, int32_t block_size, int32_t kv_dim, int32_t head_dim,
+                 const float* k, const float* v, int32_t n_tok, const DeviceBatch& b, cudaStream_t s) {
     if (n_tok <= 0) return;
-    if (kv_dim % 32) fail("cuda kv_store_q8: KV width ", kv_dim, " is not a multiple of 32");
+    if (head_dim % 32) fail("cuda kv_store_q8: head_dim ", head_dim, " is not a multiple of 32");
     const int64_t groups = int64_t(n_tok) * 2 * (kv_dim / 32);
-    launch_pdl(kv_store_q8_kernel, unsigned((groups + 7) / 8), 256, s, k_cache, v_cache, block_size, kv_dim, k, v,
-               n_tok, b);
+    launch_pdl(kv_store_q8_kernel, unsigned((groups + 7) / 8), 256, s, k_cache, v_cache, block_size, kv_dim, head_dim,
+               k, v, n_tok, b);
     EMBER_CUDA_LAUNCHED("kv_store_q8");
 }
 
 void kv_expand_q8(const uint8_t* k_cache, const uint8_t* v_cache, __half* k_f16, __half* v_f16, int32_t block_size,
-                  int32_t kv_dim, int32_t n_blocks, int32_t n_seq, int32_t n_blk, const DeviceBatch& b, cudaStream_t s) {
+                  int32_t kv_dim, int32_t head_dim, int32_t n_blocks, int32_t n_seq, int32_t n_blk, const DeviceBatch& b,
+                  cudaStream_t s) {
     if (n_seq <= 0 || n_blk <= 0) return;
     if (int64_t(block_size) * kv_dim % 256)
         fail("cuda kv_expand_q8: a KV block of ", block_size, " x ", kv_dim, " values is not a multiple of 256");
     const int64_t per_block = int64_t(block_size) * kv_dim / 16;
     const dim3 grid(unsigned(n_seq * n_blk), unsigned((per_block + kExpandThreads - 1) / kExpandThreads));
     launch_pdl(kv_expand_q8_kernel, grid, kExpandThreads, s, k_cache, v_cache, k_f16, v_f16, block_size, kv_dim,
-               n_blocks, n_blk, b);
+               head_dim, n_blocks, n_blk, b);
     EMBER_CUDA_LAUNCHED("kv_expand_q8");
 }
 

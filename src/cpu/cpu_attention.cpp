@@ -70,33 +70,34 @@ struct F32Kv {
     static float operand(float x) { return x; }
 };
 
-// Q8_0: a block's int8 values [block_size][width], then its f16 scales [block_size][width / 32];
-// a head's values start on a scale group (head_dim % 32 == 0, checked at context creation).
+// Q8_0: head-major int8 values, then f16 scales (src/kv/kv_layout.h; head_dim % 32 == 0,
+// checked at context creation).
 struct Q8Kv {
-    struct Row {
+    struct Head {
         int8_t* q;
         uint16_t* d;
     };
-    static Row row(const KVLayer& kv, void* base, int32_t block, int32_t slot) {
+    static Head head_row(const KVLayer& kv, void* base, int32_t block, int32_t slot, int32_t head) {
         const int64_t width = kv_width(kv);
         uint8_t* b =
             static_cast<uint8_t*>(base) + (size_t)block * kv_block_bytes(GGMLType::Q8_0, kv.block_size, width);
-        return {reinterpret_cast<int8_t*>(b) + slot * width,
-                reinterpret_cast<uint16_t*>(b + (size_t)kv.block_size * width) + slot * (width / QK8_0)};
+        return {reinterpret_cast<int8_t*>(b) + kv_q8_value(kv.block_size, kv.head_dim, head, slot),
+                reinterpret_cast<uint16_t*>(b + (size_t)kv.block_size * width) +
+                    kv_q8_scale(kv.block_size, kv.head_dim, head, slot)};
     }
     static void store(const KVLayer& kv, void* base, int32_t block, int32_t slot, const float* x) {
-        const Row r = row(kv, base, block, slot);
-        for (int64_t g = 0; g < kv_width(kv) / QK8_0; ++g)
-            r.d[g] = quantize_group_q8_0(x + g * QK8_0, r.q + g * QK8_0);
+        for (int32_t h = 0; h < kv.n_head_kv; ++h) {
+            const Head r = head_row(kv, base, block, slot, h);
+            for (int32_t g = 0; g < kv.head_dim / QK8_0; ++g)
+                r.d[g] = quantize_group_q8_0(x + (int64_t)h * kv.head_dim + g * QK8_0, r.q + g * QK8_0);
+        }
     }
     static void load(const KVLayer& kv, void* base, int32_t block, int32_t slot, int32_t head, float* dst,
                      size_t stride) {
-        const Row r = row(kv, base, block, slot);
-        const int8_t* q = r.q + (int64_t)head * kv.head_dim;
-        const uint16_t* d = r.d + (int64_t)head * kv.head_dim / QK8_0;
+        const Head r = head_row(kv, base, block, slot, head);
         for (int32_t g = 0; g < kv.head_dim / QK8_0; ++g) {
-            const float scale = half_to_float(d[g]);
-            for (int32_t i = g * QK8_0; i < (g + 1) * QK8_0; ++i) dst[i * stride] = float(q[i]) * scale;
+            const float scale = half_to_float(r.d[g]);
+            for (int32_t i = g * QK8_0; i < (g + 1) * QK8_0; ++i) dst[i * stride] = float(r.q[i]) * scale;
         }
     }
     static float operand(float x) { return x; }

@@ -3,10 +3,12 @@
 //
 // A block holds block_size token rows of `width` = n_head_kv * head_dim elements, K and V in
 // separate buffers. F16 / F32: [block_size][width] elements. Q8_0 (llama.cpp's -ctk/-ctv q8_0;
-// halves the bytes decode attention reads at long contexts): all int8 values first,
-// [block_size][width], then one f16 scale per 32 values, [block_size][width / 32], so that int8
-// rows stay 16-byte aligned for vector loads. A value is scale * int8 with scale = amax / 127
-// of its 32-value group and int8 = round(x / scale), as ggml's quantize_row_q8_0.
+// halves the bytes decode attention reads at long contexts) is head-major, so one head's keys
+// of a block are one contiguous run for the decode kernel: all int8 values first,
+// [n_head_kv][block_size][head_dim], then one f16 scale per 32 values,
+// [n_head_kv][block_size][head_dim / 32] (kv_q8_value / kv_q8_scale give the offsets). A value
+// is scale * int8 with scale = amax / 127 of its 32-value group and int8 = round(x / scale), as
+// ggml's quantize_row_q8_0.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -18,6 +20,15 @@ namespace ember {
 
 inline bool kv_type_supported(GGMLType t) {
     return t == GGMLType::F16 || t == GGMLType::F32 || t == GGMLType::Q8_0;
+}
+
+// Q8_0: offsets in a block of head `head`, slot `slot`: of its first int8 value (bytes) and of
+// its first f16 scale (in scales, after the block's block_size * width int8 values).
+inline size_t kv_q8_value(int32_t block_size, int32_t head_dim, int32_t head, int32_t slot) {
+    return (size_t(head) * block_size + slot) * head_dim;
+}
+inline size_t kv_q8_scale(int32_t block_size, int32_t head_dim, int32_t head, int32_t slot) {
+    return (size_t(head) * block_size + slot) * (head_dim / 32);
 }
 
 // Bytes of one block of one of K or V.

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Drive a few decode steps for Nsight Compute (ncu) to time every kernel of one step.
 
-    ncu --metrics gpu__time_duration.sum --csv ... cuda_profile.py MODEL.gguf [STEPS [DEPTH]]
+    ncu --metrics gpu__time_duration.sum --csv ... cuda_profile.py MODEL.gguf [STEPS [DEPTH [KV_TYPE]]]
 
 Prints the wall time per step first (graphs as configured by EMBER_CUDA_GRAPHS), so the sum of
 kernel times can be set against it: the difference is launch gaps and host work.
@@ -16,7 +16,8 @@ def main():
     path = sys.argv[1]
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 24
     depth = int(sys.argv[3]) if len(sys.argv) > 3 else 4
-    ctx = E.Context(E.Model(path, n_gpu_layers=-1), n_ctx=depth + steps + 1, n_batch=512)
+    kv_type = sys.argv[4] if len(sys.argv) > 4 else "f16"
+    ctx = E.Context(E.Model(path, n_gpu_layers=-1), n_ctx=depth + steps + 1, n_batch=512, kv_type=kv_type)
     ctx.eval([1 + i % 1000 for i in range(depth)])
     tok = 5
     t = time.perf_counter()
