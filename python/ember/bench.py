@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from . import _ember
-from .llama import KV_CACHE_TYPES, kv_cache_type
+from .llama import add_kv_cache_args, kv_cache_type
 
 # Measured copy bandwidth of the H100 the anchors ran on (see docs/performance.md).
 GPU_BANDWIDTH_GBS = 3000.0
@@ -76,9 +76,7 @@ def main(argv=None) -> int:
     ap.add_argument("-t", "--threads", type=int, default=0)
     ap.add_argument("-b", "--batch-size", type=int, default=512)
     ap.add_argument("--bandwidth", type=float, default=0.0, help="roofline GB/s (default: measured host / H100)")
-    ap.add_argument("-ctk", "--cache-type-k", choices=KV_CACHE_TYPES, default="f16", help="KV cache type of K")
-    ap.add_argument("-ctv", "--cache-type-v", choices=KV_CACHE_TYPES, default="f16",
-                    help="KV cache type of V (the same as K)")
+    add_kv_cache_args(ap)
     args = ap.parse_args(argv)
     try:
         kv_type = kv_cache_type(args.cache_type_k, args.cache_type_v)

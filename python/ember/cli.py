@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import List, Optional
 
-from .llama import KV_CACHE_TYPES, Llama
+from .llama import Llama, add_kv_cache_args
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -25,9 +25,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-b", "--batch-size", type=int, default=512, help="prompt tokens per forward")
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, help="blocks on the GPU (-1: all)")
-    p.add_argument("-ctk", "--cache-type-k", choices=KV_CACHE_TYPES, default="f16", help="KV cache type of K")
-    p.add_argument("-ctv", "--cache-type-v", choices=KV_CACHE_TYPES, default="f16",
-                   help="KV cache type of V (the same as K)")
+    add_kv_cache_args(p)
     p.add_argument("--echo", action="store_true", help="print the prompt before the completion")
     p.add_argument("-v", "--verbose", action="store_true", help="print a load summary to stderr")
     return p

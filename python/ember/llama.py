@@ -37,6 +37,14 @@ def _kv_type_name(arg: str, value) -> str:
     raise ValueError(f"{arg} must be a KV cache type: 1 or 'f16', 0 or 'f32', 8 or 'q8_0'; got {value!r}")
 
 
+def add_kv_cache_args(parser) -> None:
+    """The tools' llama.cpp-style -ctk / -ctv options (read back with kv_cache_type(args.cache_type_k,
+    args.cache_type_v))."""
+    parser.add_argument("-ctk", "--cache-type-k", choices=KV_CACHE_TYPES, default="f16", help="KV cache type of K")
+    parser.add_argument("-ctv", "--cache-type-v", choices=KV_CACHE_TYPES, default="f16",
+                        help="KV cache type of V (the same as K)")
+
+
 def kv_cache_type(type_k=None, type_v=None) -> str:
     """The KV cache type ("f16", "f32" or "q8_0") that llama-cpp-python's type_k / type_v name
     (ggml type ids or those names; None: f16). ember stores K and V alike, so they must agree."""

@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from . import _ember
-from .llama import KV_CACHE_TYPES, kv_cache_type
+from .llama import add_kv_cache_args, kv_cache_type
 
 
 def chunk_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
@@ -65,9 +65,7 @@ def main(argv=None) -> int:
     ap.add_argument("-b", "--batch-size", type=int, default=0, help="tokens per forward (default n_ctx)")
     ap.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (0: all)")
     ap.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, help="blocks on the GPU (-1: all)")
-    ap.add_argument("-ctk", "--cache-type-k", choices=KV_CACHE_TYPES, default="f16", help="KV cache type of K")
-    ap.add_argument("-ctv", "--cache-type-v", choices=KV_CACHE_TYPES, default="f16",
-                    help="KV cache type of V (the same as K)")
+    add_kv_cache_args(ap)
     args = ap.parse_args(argv)
     try:
         kv_type = kv_cache_type(args.cache_type_k, args.cache_type_v)
