@@ -452,8 +452,8 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(Attention
     // quantized per 32 dims (lanes p..p+3 share a group), so scores are int8 dot products.
     const int part = tid & 7, key_in_pass = tid >> 3;   // 16 keys per pass, two passes per tile
     const float qscale = a.scale * kLog2e;
-    float q[M][NC][Q8 ? 1 : 8];
-    int qi[M][NC][2];
+    float q[M][NC][Q8 ? 1 : 8];   // f16 KV: q; q8_0 KV: the group's scale d times qscale
+    int qi[M][NC][2];             // q8_0 KV: the 8 int8 values, packed
 #pragma unroll
     for (int i = 0; i < M; ++i)
 #pragma unroll

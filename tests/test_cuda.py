@@ -210,12 +210,19 @@ ATTN_CASES = {
 }
 
 
-def attention_vs_ref(backend, case, rng):
-    """The backend's attention on fresh random q, k, v of an ATTN_CASES shape, and the reference."""
-    n_head, n_kv, hd, length, pos, bs = ATTN_CASES[case]
+def attention_inputs(shape, rng):
+    """Fresh random q, k, v for an ATTN_CASES-style shape."""
+    n_head, n_kv, hd, length, pos, _ = shape
     q = rng.standard_normal((len(pos), n_head * hd)).astype(np.float32)
     k = rng.standard_normal((length, n_kv * hd)).astype(np.float32)
     v = rng.standard_normal((length, n_kv * hd)).astype(np.float32)
+    return q, k, v
+
+
+def attention_vs_ref(backend, case, rng):
+    """The backend's attention on fresh random q, k, v of an ATTN_CASES shape, and the reference."""
+    n_head, n_kv, hd, length, pos, bs = ATTN_CASES[case]
+    q, k, v = attention_inputs(ATTN_CASES[case], rng)
     y = backend.attention(q, k, v, pos, n_head, n_kv, hd, bs, seed=int(rng.integers(1 << 30)))
     return y, attention_ref(q, k, v, pos, n_head, n_kv, hd)
 
@@ -253,10 +260,7 @@ def test_attention_q8_kv(gpu, cpu, case):
     the same bytes, so the CPU (f32 q) is the reference; the f32 reference shows the q8_0 rounding
     itself (about 1% on unit-normal K/V)."""
     n_head, n_kv, hd, length, pos, bs = Q8_KV_CASES[case]
-    rng = rng_for("attention_q8", case)
-    q = rng.standard_normal((len(pos), n_head * hd)).astype(np.float32)
-    k = rng.standard_normal((length, n_kv * hd)).astype(np.float32)
-    v = rng.standard_normal((length, n_kv * hd)).astype(np.float32)
+    q, k, v = attention_inputs(Q8_KV_CASES[case], rng_for("attention_q8", case))
     yg = gpu.attention(q, k, v, pos, n_head, n_kv, hd, bs, seed=11, kv_type="q8_0")
     yc = cpu.attention(q, k, v, pos, n_head, n_kv, hd, bs, seed=12, kv_type="q8_0")
     # Direct decode rounds q to int8 per 32 dims (as llama.cpp's CUDA attention does for a q8_0

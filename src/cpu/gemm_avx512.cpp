@@ -259,6 +259,32 @@ inline __m512i run_index(int first, int run) {
     return _mm512_load_si512(idx);
 }
 
+// sumi[r][c] += maddubs(wq[r], token c's 64 int8 at byte `off` of block i), pairs weighted by
+// sp[r] (vec_dot's integer step, one 64-value slice).
+__attribute__((always_inline)) inline void madd_slice(const __m512i (&wq)[R], const __m512i (&sp)[R],
+                                                      const BlockQ8_K* const* xb, int64_t i, int off,
+                                                      __m512i (&sumi)[R][C]) {
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) {
+        const __m512i xv = _mm512_loadu_si512(xb[c][i].qs + off);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) sumi[r][c] = _mm512_dpwssd_epi32(sumi[r][c], _mm512_maddubs_epi16(wq[r], xv), sp[r]);
+    }
+}
+
+// acc[r][c] += sumi[r][c] * d_w * d_x of block i (vec_dot's float step).
+template <class W>
+__attribute__((always_inline)) inline void scale_block(const W* const* w, const BlockQ8_K* const* xb, int64_t i,
+                                                       const __m512i (&sumi)[R][C], __m512 (&acc)[R][C]) {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+        const float dw = h2f(w[r][i].d);
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c)
+            acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[r][c]), _mm512_set1_ps(dw * xb[c][i].d), acc[r][c]);
+    }
+}
+
 // Q4_K/Q5_K: sumi of block i for the tile; the mins term goes separately (min_terms).
 template <bool Q5>
 __attribute__((always_inline)) inline void block_q45_k(const std::conditional_t<Q5, BlockQ5_K, BlockQ4_K>* const* w,
@@ -291,21 +317,9 @@ __attribute__((always_inline)) inline void block_q45_k(const std::conditional_t<
             }
             sp[r] = _mm512_permutexvar_epi16(idx[k], scales[r]);
         }
-#pragma GCC unroll 4
-        for (int c = 0; c < C; ++c) {
-            const __m512i xv = _mm512_loadu_si512(xb[c][i].qs + 64 * k);
-#pragma GCC unroll 4
-            for (int r = 0; r < R; ++r)
-                sumi[r][c] = _mm512_dpwssd_epi32(sumi[r][c], _mm512_maddubs_epi16(wq[r], xv), sp[r]);
-        }
+        madd_slice(wq, sp, xb, i, 64 * k, sumi);
     }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-        const float dw = h2f(w[r][i].d);
-#pragma GCC unroll 4
-        for (int c = 0; c < C; ++c)
-            acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[r][c]), _mm512_set1_ps(dw * xb[c][i].d), acc[r][c]);
-    }
+    scale_block(w, xb, i, sumi, acc);
 }
 
 // vec_dot's accm of one (row, token), then its horizontal sum.
@@ -356,22 +370,10 @@ __attribute__((always_inline)) inline void block_q6_k(const BlockQ6_K* const* w,
             __m512i sp[R];
 #pragma GCC unroll 4
             for (int r = 0; r < R; ++r) sp[r] = _mm512_permutexvar_epi16(idx[2 * h + j], scales[r]);
-#pragma GCC unroll 4
-            for (int c = 0; c < C; ++c) {
-                const __m512i xv = _mm512_loadu_si512(xb[c][i].qs + 128 * h + 64 * j);
-#pragma GCC unroll 4
-                for (int r = 0; r < R; ++r)
-                    sumi[r][c] = _mm512_dpwssd_epi32(sumi[r][c], _mm512_maddubs_epi16(j ? w23[r] : w01[r], xv), sp[r]);
-            }
+            madd_slice(j ? w23 : w01, sp, xb, i, 128 * h + 64 * j, sumi);
         }
     }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-        const float dw = h2f(w[r][i].d);
-#pragma GCC unroll 4
-        for (int c = 0; c < C; ++c)
-            acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[r][c]), _mm512_set1_ps(dw * xb[c][i].d), acc[r][c]);
-    }
+    scale_block(w, xb, i, sumi, acc);
 }
 
 template <KKind K> struct KBlock;

@@ -18,10 +18,6 @@
 
 namespace ember {
 
-inline bool kv_type_supported(GGMLType t) {
-    return t == GGMLType::F16 || t == GGMLType::F32 || t == GGMLType::Q8_0;
-}
-
 // Q8_0: offsets in a block of head `head`, slot `slot`: of its first int8 value (bytes) and of
 // its first f16 scale (in scales, after the block's block_size * width int8 values).
 inline size_t kv_q8_value(int32_t block_size, int32_t head_dim, int32_t head, int32_t slot) {
@@ -44,7 +40,7 @@ inline size_t kv_block_bytes(GGMLType t, int32_t block_size, int64_t width) {
 // Throws InvalidInput unless `t` is a KV type for heads of head_dim: a Q8_0 scale group must
 // not straddle two heads, since attention reads one head's slice of a row.
 inline void check_kv_type(GGMLType t, int32_t head_dim) {
-    if (!kv_type_supported(t)) {
+    if (t != GGMLType::F16 && t != GGMLType::F32 && t != GGMLType::Q8_0) {
         const TypeTraits* tr = find_type_traits(uint32_t(t));
         fail("KV cache type ", tr ? tr->name : "?", " (ggml type ", uint32_t(t),
              ") is not supported; use F16, F32 or Q8_0");
