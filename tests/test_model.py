@@ -52,6 +52,19 @@ def test_paging_and_batching_do_not_change_logits(model):
         np.testing.assert_allclose(step.logits(), expect[i], rtol=1e-4, atol=1e-4)
 
 
+def test_no_mmap_copy_gives_the_same_logits(model, smollm2_path):
+    # use_mmap=False reads the CPU matrices from a huge-page copy: same bytes, same results.
+    tokens = np.random.default_rng().integers(0, model.n_vocab, 12).tolist()
+    no_mmap = _ember.Model(smollm2_path, use_mmap=False)
+    assert (model.use_mmap, no_mmap.use_mmap) == (True, False)
+    logits = []
+    for m in (model, no_mmap):
+        ctx = _ember.Context(m, n_ctx=32, n_threads=2)
+        ctx.eval(tokens, logits_all=True)
+        logits.append(ctx.all_logits())
+    np.testing.assert_array_equal(logits[1], logits[0])
+
+
 def test_truncate_then_continue(model):
     rng = np.random.default_rng()
     a, b = rng.integers(0, model.n_vocab, 20).tolist(), rng.integers(0, model.n_vocab, 5).tolist()

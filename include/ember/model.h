@@ -14,6 +14,9 @@ namespace ember {
 struct ModelParams {
     int32_t n_gpu_layers = 0;   // the last N blocks go on the GPU; -1 = all
     int32_t main_gpu = 0;
+    // false: CPU-resident matrices are copied into anonymous huge-page memory at load instead of
+    // being read from the file mapping (llama.cpp's --no-mmap).
+    bool use_mmap = true;
     bool verbose = false;
 };
 

@@ -28,15 +28,17 @@ nb::ndarray<nb::numpy, float> copy_rows(const float* src, size_t rows, size_t co
 
 void bind_model(nb::module_& m) {
     nb::class_<Model>(m, "Model")
-        .def(nb::new_([](const std::string& path, int n_gpu_layers, int main_gpu, bool verbose) {
+        .def(nb::new_([](const std::string& path, int n_gpu_layers, int main_gpu, bool use_mmap, bool verbose) {
                  ModelParams p;
                  p.n_gpu_layers = n_gpu_layers;
                  p.main_gpu = main_gpu;
+                 p.use_mmap = use_mmap;
                  p.verbose = verbose;
                  nb::gil_scoped_release release;
                  return Model::load(path, p);
              }),
-             nb::arg("path"), nb::arg("n_gpu_layers") = 0, nb::arg("main_gpu") = 0, nb::arg("verbose") = false)
+             nb::arg("path"), nb::arg("n_gpu_layers") = 0, nb::arg("main_gpu") = 0, nb::arg("use_mmap") = true,
+             nb::arg("verbose") = false)
         .def_prop_ro("arch", [](const Model& mo) { return mo.hparams().arch; })
         .def_prop_ro("n_vocab", [](const Model& mo) { return mo.hparams().n_vocab; })
         .def_prop_ro("n_ctx_train", [](const Model& mo) { return mo.hparams().n_ctx_train; })
@@ -46,6 +48,7 @@ void bind_model(nb::module_& m) {
         .def_prop_ro("n_head_kv", [](const Model& mo) { return mo.hparams().n_head_kv; })
         .def_prop_ro("head_dim", [](const Model& mo) { return mo.hparams().head_dim; })
         .def_prop_ro("n_gpu_layers", [](const Model& mo) { return mo.params().n_gpu_layers; })
+        .def_prop_ro("use_mmap", [](const Model& mo) { return mo.params().use_mmap; })
         .def_prop_ro("path", [](const Model& mo) { return mo.file().path(); })
         .def_prop_ro("size_bytes", [](const Model& mo) {
             size_t total = 0;

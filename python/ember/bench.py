@@ -75,12 +75,14 @@ def main(argv=None) -> int:
     ap.add_argument("-r", "--repetitions", type=int, default=3)
     ap.add_argument("-t", "--threads", type=int, default=0)
     ap.add_argument("-b", "--batch-size", type=int, default=512)
+    ap.add_argument("-mmp", "--mmap", type=int, choices=(0, 1), default=1,
+                    help="0: copy the CPU blocks' weights into huge-page host memory (llama-bench's -mmp)")
     ap.add_argument("--bandwidth", type=float, default=0.0, help="roofline GB/s (default: measured host / H100)")
     add_kv_cache_args(ap)
     args = ap.parse_args(argv)
     try:
         kv_type = kv_cache_type(args.cache_type_k, args.cache_type_v)
-        model = _ember.Model(args.model, n_gpu_layers=args.n_gpu_layers)
+        model = _ember.Model(args.model, n_gpu_layers=args.n_gpu_layers, use_mmap=bool(args.mmap))
         n_ctx = args.depth + max(args.n_prompt, args.n_gen) + 1
         ctx = _ember.Context(model, n_ctx=n_ctx, n_batch=args.batch_size, n_threads=args.threads,
                              kv_type=kv_type)

@@ -13,11 +13,11 @@ from . import _ember
 
 DEFAULT_SEED = 0xFFFFFFFF   # "draw a random seed", as in llama.cpp
 
-# llama-cpp-python constructor arguments that change nothing in ember (memory mapping is always
-# on, flash attention and NUMA are not separate modes here, chat formatting is not applied by
-# create_completion); accepted so existing code ports unchanged.
+# llama-cpp-python constructor arguments that change nothing in ember (flash attention and NUMA
+# are not separate modes here, chat formatting is not applied by create_completion); accepted so
+# existing code ports unchanged.
 _HARMLESS_KWARGS = frozenset({
-    "use_mmap", "use_mlock", "logits_all", "n_threads_batch", "n_ubatch", "numa", "flash_attn",
+    "use_mlock", "logits_all", "n_threads_batch", "n_ubatch", "numa", "flash_attn",
     "chat_format",
 })
 
@@ -100,7 +100,7 @@ class Llama:
 
     def __init__(self, model_path: str, *, n_ctx: int = 512, n_batch: int = 512,
                  n_threads: Optional[int] = None, n_gpu_layers: int = 0, seed: int = DEFAULT_SEED,
-                 verbose: bool = True, offload_kqv: bool = True, main_gpu: int = 0,
+                 verbose: bool = True, offload_kqv: bool = True, main_gpu: int = 0, use_mmap: bool = True,
                  last_n_tokens_size: int = 64, kv_block_size: int = 16, type_k=None, type_v=None, **kwargs):
         unknown = sorted(set(kwargs) - _HARMLESS_KWARGS)
         if unknown:
@@ -117,7 +117,8 @@ class Llama:
         self._seed = self._check_seed(seed)
         self._last_n = last_n_tokens_size
         t0 = time.perf_counter()
-        self._model = _ember.Model(self.model_path, n_gpu_layers=n_gpu_layers, main_gpu=main_gpu)
+        self._model = _ember.Model(self.model_path, n_gpu_layers=n_gpu_layers, main_gpu=main_gpu,
+                                   use_mmap=bool(use_mmap))
         self._tok = self._model.tokenizer
         n_ctx = n_ctx or self._model.n_ctx_train
         self._ctx = _ember.Context(self._model, n_ctx=n_ctx, n_batch=min(n_batch, n_ctx),

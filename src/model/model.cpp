@@ -115,6 +115,24 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& p
         m.gpu_head = prepare_head(*m.gpu, *m.output, *m.output_norm);
         m.gpu->synchronize();
     }
+    if (!params.use_mmap) {
+        // CPU blocks (and a CPU head) read their matrices from a huge-page copy instead of the mapping.
+        std::vector<const GGUFTensor*> host;
+        for (int32_t l = 0; l < hp.n_layer; ++l) {
+            const BlockTensors& b = m.blocks[l];
+            if (!m.on_gpu[l]) host.insert(host.end(), {b.wq, b.wk, b.wv, b.wo, b.w_gate, b.w_up, b.w_down});
+        }
+        if (!m.any_gpu()) host.push_back(m.output);
+        m.host_weights = std::make_unique<HostWeights>(host);
+        for (BlockTensors& b : m.blocks)
+            for (const GGUFTensor** t : {&b.wq, &b.wk, &b.wv, &b.wo, &b.w_gate, &b.w_up, &b.w_down})
+                *t = m.host_weights->find(*t);
+        m.output = m.host_weights->find(m.output);
+        if (params.verbose)
+            std::fprintf(stderr, "ember: %s: %.1f MiB of CPU weights copied to host memory (%s)\n", path.c_str(),
+                         m.host_weights->bytes() / 1048576.0,
+                         m.host_weights->huge_pages() ? "transparent huge pages" : "no huge pages");
+    }
     if (params.verbose)
         std::fprintf(stderr, "ember: %s: arch %s, %d blocks (%d on GPU), n_embd %d, n_head %d/%d, vocab %d\n",
                      path.c_str(), hp.arch.c_str(), hp.n_layer, n_gpu, hp.n_embd, hp.n_head, hp.n_head_kv,

@@ -6,6 +6,7 @@
 
 #include "ember/model.h"
 #include "model/backend.h"
+#include "model/host_weights.h"
 
 namespace ember {
 
@@ -51,6 +52,7 @@ struct ModelImpl {
     // (context.cpp); backend null for GPU blocks.
     std::vector<BlockWeights> stream_blocks;
     HeadWeights gpu_head;                 // set whenever any block is on the GPU
+    std::unique_ptr<HostWeights> host_weights;   // use_mmap = false: the CPU matrices' copies
 
     bool any_gpu() const { return gpu != nullptr; }
 };
