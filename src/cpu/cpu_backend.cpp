@@ -10,7 +10,9 @@
 
 namespace ember {
 
-CpuBackend::CpuBackend(int n_threads) : pool_(n_threads) {}
+CpuBackend::CpuBackend(int n_threads) : pool_(n_threads) {
+    if (const char* kb = std::getenv("EMBER_CPU_HANDOUT_KB")) handout_bytes_ = size_t(std::atol(kb)) << 10;
+}
 
 void* CpuBackend::alloc(size_t bytes) {
     void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
@@ -77,7 +79,7 @@ void CpuBackend::rope(float* x, int32_t n_tok, int32_t n_heads, int32_t head_dim
 }
 
 void CpuBackend::swiglu(const float* gate, const float* up, int64_t n, float* out) {
-    pool_.parallel_for(n, 4096, [&](int64_t b, int64_t e) {
+    pool_.parallel_for(n, 1024, [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
     });
 }

@@ -5,6 +5,7 @@
 // Each output row is one dot (or gemm) call however the rows are chunked or merged, so neither
 // ever changes a result.
 #include <algorithm>
+#include <cmath>
 
 #include "cpu/cpu_backend.h"
 #include "cpu/gemm.h"
@@ -41,12 +42,19 @@ void CpuBackend::matmul(const Weight& w, const float* x, int32_t n_tok, float* y
             return;
         }
     }
-    pool_.parallel_for(n_out, std::max<int64_t>(16, n_out / n_chunks()), [&](int64_t b, int64_t e) {
+    pool_.parallel_for(n_out, row_grain(n_out, w_row), [&](int64_t b, int64_t e) {
         for (int64_t o = b; o < e; ++o) {
             const uint8_t* wr = wdata + o * w_row;
             for (int32_t t = 0; t < n_tok; ++t) y[(int64_t)t * n_out + o] = dot(n_in, wr, xq + t * x_row);
         }
     });
+}
+
+int64_t CpuBackend::row_grain(int64_t n_rows, size_t w_row) const {
+    double chunks = (double)n_chunks();
+    if (handout_bytes_ > 0)
+        chunks = std::max(chunks, std::sqrt((double)n_rows * w_row * pool_.size() / handout_bytes_));
+    return std::max<int64_t>(16, (int64_t)(n_rows / chunks));
 }
 
 // One token (decode) through several weights of one input: the input is quantized once and the
@@ -65,7 +73,7 @@ void CpuBackend::matmul_many(const Weight* const* ws, float* const* ys, int coun
     std::vector<int64_t> first(count + 1, 0);   // rows of weight i: [first[i], first[i + 1])
     for (int i = 0; i < count; ++i) first[i + 1] = first[i] + ws[i]->n_out;
     const int64_t total = first[count];
-    pool_.parallel_for(total, std::max<int64_t>(16, total / n_chunks()), [&](int64_t b, int64_t e) {
+    pool_.parallel_for(total, row_grain(total, row_bytes(ws[0]->type, n_in)), [&](int64_t b, int64_t e) {
         int i = 0;
         while (first[i + 1] <= b) ++i;
         for (int64_t g = b; g < e; ++i) {
