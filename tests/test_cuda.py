@@ -360,7 +360,7 @@ def test_smollm2_logits_gpu_vs_cpu(gpu, smollm2_path):
 STREAM_TYPES = [T.Q4_0, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_1, T.Q6_K, T.Q4_K, T.F16]
 
 
-def write_synthetic_model(path, rng, n_layer=4, types=STREAM_TYPES):
+def write_synthetic_model(path, rng, n_layer=4, types=STREAM_TYPES, output_type=T.Q8_0):
     """n_embd 256 (4 heads of 64, 2 KV heads), n_ff 512, a 512-token SentencePiece vocab; the
     matrices rotate through `types`."""
     import gguf
@@ -398,7 +398,7 @@ def write_synthetic_model(path, rng, n_layer=4, types=STREAM_TYPES):
         for i, (name, n_out, n_in) in enumerate(shapes):
             matrix(f"blk.{l}.{name}.weight", types[(i + l) % len(types)], n_out, n_in)
     norm("output_norm.weight")
-    matrix("output.weight", T.Q8_0, n_vocab, n_embd, scale=3.0)
+    matrix("output.weight", output_type, n_vocab, n_embd, scale=3.0)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -462,16 +462,23 @@ def test_streamed_partial_offload(gpu, tmp_path, monkeypatch, capfd):
     assert max(errs["streamed_b32 vs split"]) < 1e-2
 
 
-def test_float_model_matches_cpu(gpu, tmp_path):
-    """All-F16 matrices: decode runs gate and up as one GEMV that writes silu(gate) * up."""
+def test_float_model_matches_cpu(gpu, tmp_path, monkeypatch):
+    """All-F16 matrices and head. Decode batches (<= 8 tokens) run gate and up as one GEMV that
+    writes silu(gate) * up; unfused (EMBER_CUDA_FUSE=0) the same values come out of separate
+    kernels."""
     rng = rng_for("f16 model")
     path = tmp_path / "f16.gguf"
-    write_synthetic_model(path, rng, types=[T.F16])
-    seq = [[int(t) for t in rng.integers(3, 512, n)] for n in (20, 1, 1, 1, 1, 1, 1)]
+    write_synthetic_model(path, rng, types=[T.F16], output_type=T.F16)
+    seq = [[int(t) for t in rng.integers(3, 512, n)] for n in (20, 1, 3, 1, 8, 1, 1)]
     cpu_rows, gpu_rows = run_sequence(path, 0, 128, seq), run_sequence(path, -1, 128, seq)
+    monkeypatch.setenv("EMBER_CUDA_FUSE", "0")
+    unfused_rows = run_sequence(path, -1, 128, seq)
     errs = [rel_err(g, c) for g, c in zip(gpu_rows, cpu_rows)]
+    fusion = [rel_err(g, u) for g, u in zip(gpu_rows, unfused_rows)]
     print("f16 model gpu vs cpu per step: " + " ".join(f"{e:.1e}" for e in errs))
+    print("fused vs unfused per step: " + " ".join(f"{e:.1e}" for e in fusion))
     assert max(errs) < 1e-2
+    assert max(fusion) < 1e-5
 
 
 def test_q8_kv_model_matches_cpu(gpu, tmp_path):

@@ -57,11 +57,12 @@ def run_test(ctx, rng, n_vocab, n_prompt, n_gen, depth):
         t = time.perf_counter()
         ctx.eval(tokens)
         return n_prompt / (time.perf_counter() - t)
-    token = [int(rng.integers(0, n_vocab))]
+    # As llama-bench: each step decodes a random token (its logits still come back to the host);
+    # no sampling in the timed loop.
+    tokens = [[int(t)] for t in rng.integers(0, n_vocab, n_gen)]
     t = time.perf_counter()
-    for _ in range(n_gen):
+    for token in tokens:
         ctx.eval(token)
-        token = [int(np.argmax(ctx.logits()))]
     return n_gen / (time.perf_counter() - t)
 
 
