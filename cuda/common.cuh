@@ -31,6 +31,12 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
+// A libm float function as the CPU backend gets it (expf, powf, sinf, cosf: within about half an
+// ulp), from the double function rounded once. CUDA's float versions are 1-2 ulp off in a good
+// share of cases, and one ulp can flip a later f16 or int8 rounding away from the CPU's.
+__device__ __forceinline__ float libm_f(double v) { return float(v); }
+__device__ __forceinline__ float exp_libm(float x) { return libm_f(exp(double(x))); }
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

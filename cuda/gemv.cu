@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(kRowsPerBlock * kWarp) gemv_swiglu_kernel(Gemv
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
             const float g = acc[0][t];
-            out[t * n_out + row] = g / (1.f + expf(-g)) * acc[1][t];   // as swiglu_kernel
+            out[t * n_out + row] = g / (1.f + exp_libm(-g)) * acc[1][t];   // as swiglu_kernel
         }
 }
 

@@ -133,20 +133,21 @@ __global__ void __launch_bounds__(kVecNormThreads) rmsnorm_vec_kernel(float* __r
 }
 
 // Rotates the pair (i, i + half) (neox) or (2i, 2i + 1) of one head by pos * base^(-2i/head_dim).
-__device__ __forceinline__ void rope_pair(const float* src, float* dst, int i, int pos, int head_dim, float log2_base,
+// The CPU backend's arithmetic: theta = pos * pow(base, -2i/head_dim), libm's sin and cos
+// (libm_f), products rounded before the sum (no FMA contraction).
+__device__ __forceinline__ void rope_pair(const float* src, float* dst, int i, int pos, int head_dim, float base,
                                           bool neox) {
     const int half = head_dim / 2;
-    const float theta = float(pos) * exp2f(-log2_base * float(2 * i) / float(head_dim));
-    float sn, cs;
-    sincosf(theta, &sn, &cs);
+    const float theta = float(pos) * libm_f(pow(double(base), double(-2.0f * float(i) / float(head_dim))));
+    const float sn = libm_f(sin(double(theta))), cs = libm_f(cos(double(theta)));
     const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
     const float x0 = src[a], x1 = src[b];
-    dst[a] = x0 * cs - x1 * sn;
-    dst[b] = x0 * sn + x1 * cs;
+    dst[a] = __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
+    dst[b] = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, cs));
 }
 
 __global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ pos, int32_t n_tok, int32_t n_heads,
-                            int32_t head_dim, float log2_base, bool neox) {
+                            int32_t head_dim, float base, bool neox) {
     pdl_wait();
     pdl_trigger();
     const int half = head_dim / 2;
@@ -154,7 +155,7 @@ __global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ p
     for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < total; g += int64_t(gridDim.x) * blockDim.x) {
         const int64_t th = g / half;   // token * n_heads + head
         float* h = x + th * head_dim;
-        rope_pair(h, h, int(g % half), pos[th / n_heads], head_dim, log2_base, neox);
+        rope_pair(h, h, int(g % half), pos[th / n_heads], head_dim, base, neox);
     }
 }
 
@@ -162,7 +163,7 @@ __global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ p
 // for what the forward asks as three ops. Per token: q pairs, then k pairs, then v pairs (none
 // when the caches are null: a q8_0 cache is stored by its own kernel after the ropes).
 __global__ void rope_kv_store_kernel(float* __restrict__ q, int32_t n_head_q, float* __restrict__ k,
-                                     const float* __restrict__ v, int32_t n_head_kv, int32_t head_dim, float log2_base,
+                                     const float* __restrict__ v, int32_t n_head_kv, int32_t head_dim, float base,
                                      bool neox, __half* __restrict__ kc, __half* __restrict__ vc, int32_t block_size,
                                      int32_t n_tok, DeviceBatch b) {
     pdl_wait();
@@ -176,13 +177,13 @@ __global__ void rope_kv_store_kernel(float* __restrict__ q, int32_t n_head_q, fl
         const int p = b.pos[t];
         if (r < nq) {
             float* h = q + (int64_t(t) * n_head_q + r / half) * head_dim;
-            rope_pair(h, h, r % half, p, head_dim, log2_base, neox);
+            rope_pair(h, h, r % half, p, head_dim, base, neox);
             continue;
         }
         if (!store) {
             const int j = r - nq;
             float* h = k + int64_t(t) * kv_dim + (j / half) * head_dim;
-            rope_pair(h, h, j % half, p, head_dim, log2_base, neox);
+            rope_pair(h, h, j % half, p, head_dim, base, neox);
             continue;
         }
         const int64_t phys = b.block_table[int64_t(b.seq[t]) * b.max_blocks + p / block_size];
@@ -190,7 +191,7 @@ __global__ void rope_kv_store_kernel(float* __restrict__ q, int32_t n_head_q, fl
         if (r < nq + nk) {
             const int j = r - nq, head = j / half, i = j % half;
             float* h = k + int64_t(t) * kv_dim + head * head_dim;
-            rope_pair(h, h, i, p, head_dim, log2_base, neox);
+            rope_pair(h, h, i, p, head_dim, base, neox);
             const int a = neox ? i : 2 * i, c = neox ? i + half : 2 * i + 1;
             dst_row[head * head_dim + a] = __float2half_rn(h[a]);
             dst_row[head * head_dim + c] = __float2half_rn(h[c]);
@@ -230,7 +231,7 @@ void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_heads, int32_t 
     const int64_t total = int64_t(n_tok) * n_heads * (head_dim / 2);
     if (total == 0) return;
     const unsigned grid = unsigned(std::min<int64_t>((total + 255) / 256, 65536));
-    launch_pdl(rope_kernel, grid, 256, s, x, pos, n_tok, n_heads, head_dim, log2f(freq_base), neox);
+    launch_pdl(rope_kernel, grid, 256, s, x, pos, n_tok, n_heads, head_dim, freq_base, neox);
     EMBER_CUDA_LAUNCHED("rope");
 }
 
@@ -241,7 +242,7 @@ void rope_kv_store(float* q, int32_t n_head_q, float* k, const float* v, int32_t
     const int64_t total = int64_t(n_tok) * (n_head_q + (k_cache ? 2 : 1) * n_head_kv) * (head_dim / 2);
     if (total == 0) return;
     const unsigned grid = unsigned(std::min<int64_t>((total + 255) / 256, 65536));
-    launch_pdl(rope_kv_store_kernel, grid, 256, s, q, q ? n_head_q : 0, k, v, n_head_kv, head_dim, log2f(freq_base), neox,
+    launch_pdl(rope_kv_store_kernel, grid, 256, s, q, q ? n_head_q : 0, k, v, n_head_kv, head_dim, freq_base, neox,
                k_cache, v_cache, block_size, n_tok, b);
     EMBER_CUDA_LAUNCHED("rope_kv_store");
 }

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """A/B of CPU backend settings read from the environment when a context is made (e.g.
-EMBER_CPU_CHUNK_KB), on one model: one context per setting, decode steps interleaved between
-them in rounds so that machine drift hits every setting alike. Prints tokens/s per setting
-(median and spread over rounds).
+EMBER_CPU_HANDOUT_KB), or of the thread count (VAR "threads"), on one model: one context per
+setting, decode steps interleaved between them in rounds so that machine drift hits every
+setting alike. Prints tokens/s per setting (median and spread over rounds).
 
     cpu_decode_ab.py MODEL NGL THREADS VAR VALUE [VALUE...]
 """
@@ -21,8 +21,10 @@ def main():
     model = E.Model(path, n_gpu_layers=ngl)
     ctxs = []
     for v in values:
-        os.environ[var] = v
-        ctxs.append(E.Context(model, n_ctx=STEPS * ROUNDS + 8, n_batch=8, n_threads=threads))
+        if var != "threads":
+            os.environ[var] = v
+        n = int(v) if var == "threads" else threads
+        ctxs.append(E.Context(model, n_ctx=STEPS * ROUNDS + 8, n_batch=8, n_threads=n))
     if len(set(values)) != len(values):
         sys.exit("cpu_decode_ab.py: each VALUE once")
     rates = {v: [] for v in values}
