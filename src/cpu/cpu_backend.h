@@ -49,7 +49,7 @@ private:
     // Rows per hand-out of a decode matmul. With T threads, the threads that finish first wait
     // out the last chunk (~T/2 chunk times lost), while each hand-out costs a cache-line round
     // trip; the sum is least near sqrt(bytes * T / k) chunks, k ~ hand-out cost x a thread's
-    // streaming rate x 2. That is ~300 chunks for a 7B gate/up on 16 threads, still ~8 for most
+    // streaming rate x 2. That is ~220 chunks for a 7B gate/up on 16 threads, still ~8 for most
     // SmolLM2 matrices on 2. EMBER_CPU_HANDOUT_KB (diagnosis) sets k; 0 = n_chunks() only.
     size_t handout_bytes_ = size_t(16) << 10;
     int64_t row_grain(int64_t n_rows, size_t w_row) const;

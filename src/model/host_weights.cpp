@@ -23,11 +23,13 @@ HostWeights::HostWeights(const std::vector<const GGUFTensor*>& tensors) {
     for (const GGUFTensor* t : sources_) total = align_up(total, kAlign) + t->nbytes;
     if (total == 0) return;
     bytes_ = align_up(total, kHugePage);
-    void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    map_bytes_ = bytes_ + kHugePage;
+    void* p = ::mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
         throw OutOfMemory(cat("use_mmap=false: cannot allocate ", bytes_ >> 20, " MiB of host memory for the "
                               "CPU blocks' weights (", std::strerror(errno), ")"));
-    base_ = static_cast<uint8_t*>(p);
+    map_ = p;
+    base_ = reinterpret_cast<uint8_t*>(align_up(reinterpret_cast<uintptr_t>(p), kHugePage));
 #ifdef MADV_HUGEPAGE
     huge_ = ::madvise(base_, bytes_, MADV_HUGEPAGE) == 0;   // a hint: kernels without THP ignore it
 #endif
@@ -42,7 +44,7 @@ HostWeights::HostWeights(const std::vector<const GGUFTensor*>& tensors) {
 }
 
 HostWeights::~HostWeights() {
-    if (base_) ::munmap(base_, bytes_);
+    if (map_) ::munmap(map_, map_bytes_);
 }
 
 const GGUFTensor* HostWeights::find(const GGUFTensor* t) const {
