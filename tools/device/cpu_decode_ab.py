@@ -4,7 +4,7 @@ EMBER_CPU_HANDOUT_KB), or of the thread count (VAR "threads"), on one model: one
 setting, decode steps interleaved between them in rounds so that machine drift hits every
 setting alike. Prints tokens/s per setting (median and spread over rounds).
 
-    cpu_decode_ab.py MODEL NGL THREADS VAR VALUE [VALUE...]
+    cpu_decode_ab.py MODEL NGL THREADS VAR VALUE [VALUE...]     (AB_ROUNDS: rounds, default 12)
 """
 import os
 import statistics
@@ -13,7 +13,7 @@ import time
 
 from ember import _ember as E
 
-STEPS, ROUNDS = 8, 12
+STEPS, ROUNDS = 8, int(os.environ.get("AB_ROUNDS", "12"))
 
 
 def main():
