@@ -44,6 +44,8 @@ def read_rate(ws, n):
 def main():
     copies = int(sys.argv[1]) if len(sys.argv) > 1 else 8
     backing = sys.argv[2] if len(sys.argv) > 2 else "anon"
+    if backing not in ("anon", "file"):
+        sys.exit(f"cpu_threads.py: BACKING is anon or file, got {backing!r}")
     threads = [int(a) for a in sys.argv[3:]] or [1, 2, 4, 8, 12, 16]
     ws = weights(copies, backing, np.random.default_rng(0))
     x = np.random.default_rng(1).standard_normal((1, 11008)).astype(np.float32)
