@@ -273,6 +273,25 @@ def test_vec_dot_best_matches_ref(t):
             assert abs(ref - exact) <= ref_tol, (t.name, n, ref, exact)
 
 
+@pytest.mark.parametrize("t", [T.Q8_0, T.Q8_1], ids=lambda t: t.name)
+def test_activation_quantizer_matches_ref(t):
+    """The matmul's activation quantizer (SIMD where there is one) writes the scalar reference's
+    bytes: random magnitudes, zero blocks, exact halfway quotients of both signs, non-finite blocks."""
+    rng = rng_for("activation quantizer", t.name)
+    rows = [(rng.standard_normal(4096) * 10.0 ** rng.uniform(-30, 30)).astype(np.float32) for _ in range(8)]
+    ties = np.zeros(64, dtype=np.float32)
+    ties[:32] = np.arange(-15.5, 16.5, 1.0)   # with 127 in the block d = 1, so x / d = x:
+    ties[31] = 127.0                          # every other value is an exact .5 tie
+    ties[32:] = np.arange(-16, 16) + 0.5
+    ties[63] = 127.0
+    odd = np.zeros(96, dtype=np.float32)
+    odd[5] = np.float32(1e-45)                        # a subnormal amax: d rounds to 0
+    odd[40], odd[41], odd[70] = np.inf, 1.0, np.nan   # non-finite blocks take the scalar path
+    for x in rows + [ties, odd, np.zeros(32, dtype=np.float32)]:
+        best, ref = E.quantize(int(t), x, impl="best"), E.quantize(int(t), x, impl="ref")
+        np.testing.assert_array_equal(best, ref)
+
+
 def cpu_has(flag):
     try:
         with open("/proc/cpuinfo") as f:
@@ -291,7 +310,7 @@ def test_lower_simd_levels(level):
         pytest.skip("this CPU has no AVX2+FMA, so the avx2 level cannot be selected")
     env = dict(os.environ, EMBER_SIMD=level, EMBER_QUANT_EXPECT_SIMD=level)
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-                        "-k", "vec_dot_best_matches_ref or type_info_and_simd_level"],
+                        "-k", "vec_dot_best_matches_ref or type_info_and_simd_level or activation_quantizer"],
                        env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
 

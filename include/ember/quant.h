@@ -28,6 +28,7 @@ struct TypeTraits {
     GGMLType vec_dot_type;            // format activations are converted to for vec_dot
     VecDotFn vec_dot_ref;             // scalar reference
     VecDotFn vec_dot;                 // best kernel for this CPU (chosen at start-up)
+    QuantizeRowFn quantize_row_best;  // best quantizer for this CPU, same bytes as quantize_row
 };
 
 // nullptr for a type id ember does not know.

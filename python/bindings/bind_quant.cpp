@@ -46,14 +46,15 @@ nb::ndarray<nb::numpy, float, nb::ndim<1>> dequantize(uint32_t type_id, Bytes da
     return arr;
 }
 
-nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>> quantize(uint32_t type_id, Floats x) {
+nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>> quantize(uint32_t type_id, Floats x, const std::string& impl) {
     const TypeTraits& t = traits_of(type_id);
     if (!t.quantize_row) fail("quant.quantize: no quantizer for type ", t.name);
+    if (impl != "ref" && impl != "best") fail("quant.quantize: impl must be 'ref' or 'best', got '", impl, "'");
     const int64_t n = int64_t(x.size());
     const size_t bytes = row_bytes(t.type, n);
     uint8_t* out;
     auto arr = owned_array<uint8_t>(bytes, out);
-    t.quantize_row(x.data(), out, n);
+    (impl == "ref" ? t.quantize_row : t.quantize_row_best)(x.data(), out, n);
     return arr;
 }
 
@@ -87,8 +88,9 @@ nb::dict type_info(uint32_t type_id) {
 void bind_quant(nb::module_& m) {
     m.def("dequantize", &dequantize, nb::arg("type_id"), nb::arg("data"), nb::arg("n"),
           "Dequantize n elements of a ggml type (row bytes as a uint8 array) to float32.");
-    m.def("quantize", &quantize, nb::arg("type_id"), nb::arg("x"),
-          "Quantize a float32 row to the ggml type's block bytes (uint8 array).");
+    m.def("quantize", &quantize, nb::arg("type_id"), nb::arg("x"), nb::arg("impl") = "ref",
+          "Quantize a float32 row to the ggml type's block bytes (uint8 array); impl 'ref' (scalar) "
+          "or 'best' (the activation quantizer, SIMD where there is one: the same bytes).");
     m.def("vec_dot", &vec_dot, nb::arg("type_id"), nb::arg("w"), nb::arg("x"), nb::arg("impl") = "best",
           "Dot product of a weight row (type bytes) with float32 x, which is first quantized to "
           "the type's vec_dot_type; impl 'best' (SIMD) or 'ref' (scalar).");

@@ -4,11 +4,6 @@
 // to it.
 #include <immintrin.h>
 
-// GCC 12's AVX-512 headers trip -W(maybe-)uninitialized on _mm512_undefined_*() (see
-// vec_dot_avx512.cpp).
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-
 #include <algorithm>
 #include <type_traits>
 #include <vector>

@@ -3,11 +3,6 @@
 // vpmaddubsw (u8 x s8 -> s16 pairs) then vpdpwssd against per-sub-block scales.
 #include <immintrin.h>
 
-// GCC 12's own AVX-512 headers trip -W(maybe-)uninitialized on their _mm512_undefined_*()
-// helpers (a compiler false positive, not in this file's code).
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-
 #include <cstring>
 #include <type_traits>
 

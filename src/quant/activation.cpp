@@ -11,7 +11,7 @@ void quantize_activations(GGMLType vec_dot_type, const float* x, void* dst, int6
     const TypeTraits& t = type_traits(vec_dot_type);
     row_bytes(vec_dot_type, n);   // validates n
     if (!t.quantize_row) fail("quant: no quantizer for activation type ", t.name);
-    t.quantize_row(x, dst, n);
+    t.quantize_row_best(x, dst, n);
 }
 
 }  // namespace ember

@@ -47,5 +47,8 @@ VecDotFn vec_dot_scalar(GGMLType type);
 // SIMD kernels; nullptr where that ISA has no kernel for the type (the caller falls back).
 VecDotFn vec_dot_avx2(GGMLType type);
 VecDotFn vec_dot_avx512(GGMLType type);
+// Activation quantizers with the scalar quantize_row_* output, byte for byte; nullptr for types
+// without one.
+QuantizeRowFn quantize_row_avx512(GGMLType type);
 
 }  // namespace ember

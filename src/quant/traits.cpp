@@ -46,9 +46,14 @@ VecDotFn best_vec_dot(GGMLType t) {
     return f ? f : vec_dot_scalar(t);
 }
 
+QuantizeRowFn best_quantize_row(GGMLType t, QuantizeRowFn scalar) {
+    QuantizeRowFn f = simd() == Simd::avx512 ? quantize_row_avx512(t) : nullptr;
+    return f ? f : scalar;
+}
+
 TypeTraits row(GGMLType t, const char* name, int elems, int bytes, DequantizeRowFn dq,
                QuantizeRowFn q, GGMLType vdt) {
-    return TypeTraits{t, name, elems, bytes, dq, q, vdt, vec_dot_scalar(t), best_vec_dot(t)};
+    return TypeTraits{t, name, elems, bytes, dq, q, vdt, vec_dot_scalar(t), best_vec_dot(t), best_quantize_row(t, q)};
 }
 
 const std::vector<TypeTraits>& table() {
