@@ -287,6 +287,7 @@ def test_activation_quantizer_matches_ref(t):
     odd = np.zeros(96, dtype=np.float32)
     odd[5] = np.float32(1e-45)                        # a subnormal amax: d rounds to 0
     odd[40], odd[41], odd[70] = np.inf, 1.0, np.nan   # non-finite blocks take the scalar path
+    odd = np.concatenate([odd, np.full(32, np.nan, dtype=np.float32)])
     for x in rows + [ties, odd, np.zeros(32, dtype=np.float32)]:
         best, ref = E.quantize(int(t), x, impl="best"), E.quantize(int(t), x, impl="ref")
         np.testing.assert_array_equal(best, ref)

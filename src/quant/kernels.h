@@ -49,6 +49,7 @@ VecDotFn vec_dot_avx2(GGMLType type);
 VecDotFn vec_dot_avx512(GGMLType type);
 // Activation quantizers with the scalar quantize_row_* output, byte for byte; nullptr for types
 // without one.
+QuantizeRowFn quantize_row_avx2(GGMLType type);
 QuantizeRowFn quantize_row_avx512(GGMLType type);
 
 }  // namespace ember

@@ -25,7 +25,8 @@ inline float block_q8(const float* x, int8_t* q, int* sum) {
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    if (!(amax <= 3.4028235e38f) || !(id <= 3.4028235e38f)) return -1.0f;   // NaN / inf in or out
+    const __mmask16 nan = _mm512_cmp_ps_mask(v0, v0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(v1, v1, _CMP_UNORD_Q);
+    if (nan || !(amax <= 3.4028235e38f) || !(id <= 3.4028235e38f)) return -1.0f;   // NaN / inf in or out
     const __m512i q0 = _mm512_cvtps_epi32(round_half_away(_mm512_mul_ps(v0, _mm512_set1_ps(id))));
     const __m512i q1 = _mm512_cvtps_epi32(round_half_away(_mm512_mul_ps(v1, _mm512_set1_ps(id))));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(q0));

@@ -48,6 +48,7 @@ VecDotFn best_vec_dot(GGMLType t) {
 
 QuantizeRowFn best_quantize_row(GGMLType t, QuantizeRowFn scalar) {
     QuantizeRowFn f = simd() == Simd::avx512 ? quantize_row_avx512(t) : nullptr;
+    if (!f && int(simd()) >= int(Simd::avx2)) f = quantize_row_avx2(t);
     return f ? f : scalar;
 }
 
