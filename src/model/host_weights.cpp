@@ -23,8 +23,7 @@ HostWeights::HostWeights(const std::vector<const GGUFTensor*>& tensors) {
     for (const GGUFTensor* t : sources_) total = align_up(total, kAlign) + t->nbytes;
     if (total == 0) return;
     bytes_ = align_up(total, kHugePage);
-    map_bytes_ = bytes_ + kHugePage;
-    void* p = ::mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void* p = ::mmap(nullptr, bytes_ + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
         throw OutOfMemory(cat("use_mmap=false: cannot allocate ", bytes_ >> 20, " MiB of host memory for the "
                               "CPU blocks' weights (", std::strerror(errno), ")"));
@@ -44,7 +43,7 @@ HostWeights::HostWeights(const std::vector<const GGUFTensor*>& tensors) {
 }
 
 HostWeights::~HostWeights() {
-    if (map_) ::munmap(map_, map_bytes_);
+    if (map_) ::munmap(map_, bytes_ + kHugePage);
 }
 
 const GGUFTensor* HostWeights::find(const GGUFTensor* t) const {

@@ -25,8 +25,7 @@ public:
     bool huge_pages() const { return huge_; }
 
 private:
-    void* map_ = nullptr;       // the anonymous mapping, one huge page longer than needed
-    size_t map_bytes_ = 0;
+    void* map_ = nullptr;       // the anonymous mapping: bytes_ plus one huge page of slack
     uint8_t* base_ = nullptr;   // its first 2 MiB boundary: huge pages need aligned 2 MiB ranges
     size_t bytes_ = 0;
     bool huge_ = false;

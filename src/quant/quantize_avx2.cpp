@@ -2,9 +2,7 @@
 // _q8_1 (quant_legacy.cpp), as quantize_avx512.cpp does with 16-wide vectors.
 #include <immintrin.h>
 
-#include "quant/blocks.h"
-#include "quant/half.h"
-#include "quant/kernels.h"
+#include "quant/quantize_q8_rows.h"
 
 namespace ember {
 namespace {
@@ -54,38 +52,8 @@ inline float block_q8(const float* x, int8_t* q, int* sum) {
     return d;
 }
 
-void quantize_q8_0(const float* src, void* dst, int64_t n) {
-    BlockQ8_0* b = static_cast<BlockQ8_0*>(dst);
-    for (int64_t i = 0; i < n / QK8_0; ++i, src += QK8_0) {
-        int sum;
-        const float d = block_q8(src, b[i].qs, &sum);
-        if (d < 0) quantize_row_q8_0(src, &b[i], QK8_0);
-        else b[i].d = float_to_half(d);
-    }
-}
-
-void quantize_q8_1(const float* src, void* dst, int64_t n) {
-    BlockQ8_1* b = static_cast<BlockQ8_1*>(dst);
-    for (int64_t i = 0; i < n / QK8_1; ++i, src += QK8_1) {
-        int sum;
-        const float d = block_q8(src, b[i].qs, &sum);
-        if (d < 0) {
-            quantize_row_q8_1(src, &b[i], QK8_1);
-            continue;
-        }
-        b[i].d = float_to_half(d);
-        b[i].s = float_to_half(float(sum) * d);
-    }
-}
-
 }  // namespace
 
-QuantizeRowFn quantize_row_avx2(GGMLType type) {
-    switch (type) {
-        case GGMLType::Q8_0: return quantize_q8_0;
-        case GGMLType::Q8_1: return quantize_q8_1;
-        default: return nullptr;
-    }
-}
+QuantizeRowFn quantize_row_avx2(GGMLType type) { return q8_row_quantizer<block_q8>(type); }
 
 }  // namespace ember
