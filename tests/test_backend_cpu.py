@@ -19,8 +19,7 @@ def cpu():
 
 @pytest.mark.parametrize("name", TYPES)
 @pytest.mark.parametrize("n_tok", [1, 7])
-def test_matmul_matches_dequantized_reference(cpu, name, n_tok):
-    rng = np.random.default_rng()
+def test_matmul_matches_dequantized_reference(cpu, name, n_tok, rng):
     qtype = gguf.GGMLQuantizationType[name]
     n_in, n_out = 512, 48
     w = rng.standard_normal((n_out, n_in)).astype(np.float32)
@@ -35,31 +34,27 @@ def test_matmul_matches_dequantized_reference(cpu, name, n_tok):
     assert err < MATMUL_TOL.get(name, 2e-2), f"{name}: relative error {err}"
 
 
-def test_rmsnorm(cpu):
-    rng = np.random.default_rng()
+def test_rmsnorm(cpu, rng):
     x = rng.standard_normal((5, 576)).astype(np.float32) * 3
     g = rng.standard_normal(576).astype(np.float32)
     np.testing.assert_allclose(cpu.rmsnorm(x, g, 1e-5), ref.rmsnorm(x, g, 1e-5), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("neox", [False, True])
-def test_rope(cpu, neox):
-    rng = np.random.default_rng()
+def test_rope(cpu, neox, rng):
     pos = rng.integers(0, 4000, 6).tolist()
     x = rng.standard_normal((6, 4 * 64)).astype(np.float32)
     got = cpu.rope(x, pos, 4, 64, 10000.0, neox)
     np.testing.assert_allclose(got, ref.rope(x, pos, 4, 64, 10000.0, neox), rtol=1e-3, atol=1e-3)
 
 
-def test_swiglu(cpu):
-    rng = np.random.default_rng()
+def test_swiglu(cpu, rng):
     g, u = rng.standard_normal((2, 3000)).astype(np.float32) * 4
     np.testing.assert_allclose(cpu.swiglu(g, u), ref.swiglu(g, u), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("block_size", [16, 5])
-def test_paged_attention(cpu, block_size):
-    rng = np.random.default_rng()
+def test_paged_attention(cpu, block_size, rng):
     n_head, n_head_kv, hd, length = 6, 2, 64, 75
     k = rng.standard_normal((length, n_head_kv * hd)).astype(np.float32)
     v = rng.standard_normal((length, n_head_kv * hd)).astype(np.float32)
@@ -78,8 +73,7 @@ def test_bad_arguments(cpu):
                    np.ones((1, 32), np.float32))
 
 
-def test_paged_attention_f32_cache_is_exact(cpu):
-    rng = np.random.default_rng()
+def test_paged_attention_f32_cache_is_exact(cpu, rng):
     n_head, n_head_kv, hd, length = 4, 4, 32, 33
     k = rng.standard_normal((length, n_head_kv * hd)).astype(np.float32)
     v = rng.standard_normal((length, n_head_kv * hd)).astype(np.float32)
@@ -96,8 +90,7 @@ def _q8_0_round_trip(x):
 
 
 @pytest.mark.parametrize("block_size", [16, 5])
-def test_paged_attention_q8_0_cache(cpu, block_size):
-    rng = np.random.default_rng()
+def test_paged_attention_q8_0_cache(cpu, block_size, rng):
     n_head, n_head_kv, hd, length = 6, 2, 64, 75   # GQA, 5 or 15 blocks through a shuffled table
     k = rng.standard_normal((length, n_head_kv * hd)).astype(np.float32)
     v = rng.standard_normal((length, n_head_kv * hd)).astype(np.float32)

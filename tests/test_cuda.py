@@ -9,6 +9,7 @@ import gguf.quants
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 from ember import _ember as E
+from conftest import rng_for
 
 TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
 # Byte offsets of fp16 scale fields in one block: random bytes there could be inf / NaN.
@@ -28,11 +29,6 @@ def gpu():
 def cpu():
     return E.Backend("cpu", 2)
 
-
-def rng_for(*key):
-    seed = int(np.random.SeedSequence().entropy % (2**32))
-    print(f"seed for {key}: {seed}")
-    return np.random.default_rng(seed)
 
 
 def random_weight(t, n_out, n_in, rng):

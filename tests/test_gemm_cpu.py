@@ -29,9 +29,8 @@ def block_elems(name):
 
 # Only row lengths of whole blocks of the type.
 @pytest.mark.parametrize("name,n_in", [(t, n) for n in N_IN for t in TYPES if n % block_elems(t) == 0])
-def test_batched_matmul_is_bit_identical_to_per_token(cpu, name, n_in):
+def test_batched_matmul_is_bit_identical_to_per_token(cpu, name, n_in, rng):
     qtype = gguf.GGMLQuantizationType[name]
-    rng = np.random.default_rng()
     n_out = 37   # not a whole number of row tiles nor of thread chunks
     w = rng.standard_normal((n_out, n_in)).astype(np.float32)
     wq = _ember.quantize(int(qtype), w.ravel()).reshape(n_out, -1)
@@ -45,9 +44,8 @@ def test_batched_matmul_is_bit_identical_to_per_token(cpu, name, n_in):
                                       err_msg=f"{name} n_in={n_in} n_tok={n_tok}")
 
 
-def test_large_batch_spans_thread_chunks(cpu):
+def test_large_batch_spans_thread_chunks(cpu, rng):
     """A model-sized shape: many row chunks over both threads, a tile remainder of tokens."""
-    rng = np.random.default_rng()
     qtype = gguf.GGMLQuantizationType.Q4_1
     n_in, n_out, n_tok = 576, 1536, 67
     wq = _ember.quantize(int(qtype), rng.standard_normal(n_out * n_in).astype(np.float32)).reshape(n_out, -1)

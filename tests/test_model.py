@@ -35,8 +35,7 @@ def test_perplexity_matches_llama_cpp(model, kv_type):
     assert "PPL = " in out.getvalue().strip().splitlines()[-1]
 
 
-def test_paging_and_batching_do_not_change_logits(model):
-    rng = np.random.default_rng()
+def test_paging_and_batching_do_not_change_logits(model, rng):
     tokens = rng.integers(0, model.n_vocab, 40).tolist()
     base = _ember.Context(model, n_ctx=64, n_batch=64, n_threads=2, kv_block_size=16)
     base.eval(tokens, logits_all=True)
@@ -52,9 +51,9 @@ def test_paging_and_batching_do_not_change_logits(model):
         np.testing.assert_allclose(step.logits(), expect[i], rtol=1e-4, atol=1e-4)
 
 
-def test_no_mmap_copy_gives_the_same_logits(model, smollm2_path):
+def test_no_mmap_copy_gives_the_same_logits(model, smollm2_path, rng):
     # use_mmap=False reads the CPU matrices from a huge-page copy: same bytes, same results.
-    tokens = np.random.default_rng().integers(0, model.n_vocab, 12).tolist()
+    tokens = rng.integers(0, model.n_vocab, 12).tolist()
     no_mmap = _ember.Model(smollm2_path, use_mmap=False)
     assert (model.use_mmap, no_mmap.use_mmap) == (True, False)
     logits = []
@@ -65,8 +64,7 @@ def test_no_mmap_copy_gives_the_same_logits(model, smollm2_path):
     np.testing.assert_array_equal(logits[1], logits[0])
 
 
-def test_truncate_then_continue(model):
-    rng = np.random.default_rng()
+def test_truncate_then_continue(model, rng):
     a, b = rng.integers(0, model.n_vocab, 20).tolist(), rng.integers(0, model.n_vocab, 5).tolist()
     ctx = _ember.Context(model, n_ctx=64, n_threads=2)
     ctx.eval(a + rng.integers(0, model.n_vocab, 10).tolist())
@@ -98,18 +96,21 @@ def _kv_logits(model, tokens, kv_type):
     return ctx.all_logits()
 
 
-def test_q8_0_kv_cache_close_to_f16(model):
+def test_q8_0_kv_cache_close_to_f16(model, rng):
     tokens = model.tokenizer.encode((REFERENCE / "apache-2.0.txt").read_bytes(), True, False)
-    start = int(np.random.default_rng().integers(0, len(tokens) - 40))
-    window = list(tokens[start:start + 40])
-    f16, q8 = _kv_logits(model, window, "f16"), _kv_logits(model, window, "q8_0")
-    err = np.linalg.norm(q8 - f16, axis=1) / np.linalg.norm(f16, axis=1)
+    errs = []
+    for start in rng.integers(0, len(tokens) - 40, 4):
+        window = list(tokens[start:start + 40])
+        f16, q8 = _kv_logits(model, window, "f16"), _kv_logits(model, window, "q8_0")
+        errs.append(np.linalg.norm(q8 - f16, axis=1) / np.linalg.norm(f16, axis=1))
+    means = [float(e.mean()) for e in errs]
     # A q8_0 value is off by up to 1/254 of its 32-group's largest magnitude (f16: 2^-11 of itself),
     # but the logits move more than that: each layer rounds its activations to 8 bits for the Q4_1
-    # matmuls, which turns small changes into rounding flips. The f16 cache is itself 0.024-0.057 per
-    # row on average from an f32 one; q8_0 from f16 measured 0.026-0.077 over 40 windows of the text
-    # (single rows reach 0.3 for either, so the bound is on the mean).
-    assert err.mean() < 0.12, f"relative error per row: mean {err.mean():.3f}, max {err.max():.3f}"
+    # matmuls, which turns small changes into rounding flips. Over all 2,175 windows of 40 tokens of
+    # the text, the mean relative error per row of a window is 0.048 (median), 0.104 (99th
+    # percentile), 0.317 at most: a few fragile stretches of the text move whole rows (perplexity
+    # stays 17.76 with q8_0 against 17.79 with f16). So the bound is on four windows together.
+    assert np.mean(means) < 0.12, f"relative error per row, mean of each window: {np.round(means, 3)}"
 
 
 @pytest.mark.parametrize("prompt", [b"The capital of France is", b"Once upon a time, there was a little"])

@@ -11,6 +11,7 @@ import gguf
 import gguf.quants
 
 from ember import _ember as E
+from conftest import rng_for
 
 ALL_TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q8_1,
              T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_K]
@@ -22,13 +23,6 @@ F16_FIELDS = {
     T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: [0], T.Q8_1: [0, 2],
     T.Q2_K: [80, 82], T.Q3_K: [108], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208],
 }
-
-
-def rng_for(*key):
-    """Fresh random inputs each run; the seed is printed so a failure can be replayed."""
-    seed = int(np.random.SeedSequence().entropy % (2**32))
-    print(f"seed for {key}: {seed}")
-    return np.random.default_rng(seed)
 
 
 def block_size(t):

@@ -15,7 +15,7 @@ from gguf import GGUFReader, GGUFValueType, GGMLQuantizationType as T
 from ember import _ember as E
 from ember.perplexity import perplexity
 
-from conftest import REFERENCE
+from conftest import REFERENCE, rng_for
 
 LEGACY = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
 # llama_ftype values written to general.file_type (llama.h).
@@ -26,12 +26,6 @@ FTYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1":
 # fallback; 8 layers so the "more bits" layer pattern of *_K_M is not trivial.
 N_EMBD, N_LAYER, N_HEAD, N_HEAD_KV, N_FF = 256, 8, 4, 2, 384
 
-
-def rng_for(*key):
-    """Fresh random weights each run; the seed is printed so a failure can be replayed."""
-    seed = int(np.random.SeedSequence().entropy % (2**32))
-    print(f"seed for {key}: {seed}")
-    return np.random.default_rng(seed)
 
 
 def copy_tokenizer(src: GGUFReader, w: gguf.GGUFWriter) -> int:
@@ -291,18 +285,20 @@ def test_quantized_tiny_model_runs(tiny_path, mix):
     """The quantized file loads and evaluates in ember; its logits track the F32 model's."""
     ids = [1, 504, 3458, 314, 260, 1345, 28, 9872, 17, 42, 1000, 2000]
 
-    def last_logits(path):
+    def all_logits(path):
         m = E.Model(path)
         ctx = E.Context(m, n_ctx=64, n_threads=2)
-        ctx.eval(ids)
-        return np.asarray(ctx.logits(), dtype=np.float64).reshape(-1)
+        ctx.eval(ids, logits_all=True)
+        return np.asarray(ctx.all_logits(), dtype=np.float64).reshape(-1)
 
-    ref, q = last_logits(tiny_path), last_logits(quantized(tiny_path, mix))
+    ref, q = all_logits(tiny_path), all_logits(quantized(tiny_path, mix))
     assert np.all(np.isfinite(q))
     corr = float(np.corrcoef(ref, q)[0, 1])
-    print(f"{mix}: correlation of last-token logits with F32: {corr:.4f}")
-    # Random weights amplify rounding noise layer after layer: 0.84-0.94 seen for Q4_K_M across
-    # fresh models (quality on a real model is checked by the SmolLM2 perplexity test).
+    print(f"{mix}: correlation of all positions' logits with F32: {corr:.4f}")
+    # Random weights amplify rounding noise layer after layer. Over seeds 1-30 (EMBER_TEST_SEED),
+    # all 12 positions together: Q4_K_M 0.862 at least, Q8_0 0.9976 (the last position alone went
+    # down to 0.75 for Q4_K_M, too close to the bound). Quality on a real model is checked by the
+    # SmolLM2 perplexity test.
     assert corr > {"Q8_0": 0.995, "Q4_K_M": 0.75}[mix]
 
 

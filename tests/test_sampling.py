@@ -5,9 +5,17 @@ import math
 import numpy as np
 import pytest
 
+from conftest import rng_for
 from ember import _ember
 
-RNG = np.random.default_rng()
+RNG = None
+
+
+@pytest.fixture(autouse=True)
+def _fresh_rng(request):
+    """Each test draws from its own generator, its seed printed (conftest.rng_for)."""
+    global RNG
+    RNG = rng_for(request.node.name)
 
 
 def random_logits(n, scale=3.0):
