@@ -10,7 +10,8 @@
 // by token): q rounded to f16 for the q.k dot, softmax in f32, probabilities rounded to f16 before
 // the dot with the values. Each dot is a sequential sum over the head dimension and each output
 // element a sequential sum over positions, exactly as a scalar loop would do it: a reordered sum
-// flips 8-bit activation rounding downstream and costs agreement with llama.cpp.
+// flips 8-bit activation rounding downstream and costs agreement with llama.cpp. The dots and
+// sums run in attention_math.h, whose SIMD levels keep that order.
 // f32 KV keeps everything in f32 (exact comparisons with other implementations).
 // q8_0 KV (layout in src/kv/kv_layout.h): rows are stored as ggml's quantize_row_q8_0 would and
 // the gather dequantizes them (scale * int8); q and the probabilities stay f32, since the int8
@@ -20,6 +21,7 @@
 #include <cmath>
 #include <vector>
 
+#include "cpu/attention_math.h"
 #include "cpu/cpu_backend.h"
 #include "kv/kv_layout.h"
 #include "quant/blocks.h"
@@ -30,14 +32,14 @@ namespace ember {
 
 namespace {
 
-constexpr int kLanes = 16;          // positions per transposed key group
+constexpr int kLanes = kAttentionLanes;   // positions per transposed key group
 constexpr int kTokensPerUnit = 32;
 
 int64_t kv_width(const KVLayer& kv) { return (int64_t)kv.n_head_kv * kv.head_dim; }
 
 // A KV type: store() writes one token's row (width values) at (block, slot) of K or V (`base`),
-// load() reads kv head `head`'s head_dim values of a row as f32 into dst[i * stride], and
-// operand() rounds an attention operand (q, probabilities) as the dots of this type want it.
+// load() reads kv head `head`'s head_dim values of a row as f32 into dst, and kF16Operands says
+// whether the attention operands (q, probabilities) are rounded to f16 for the dots.
 
 // F16 / F32: a row is width consecutive elements.
 template <class Elem>
@@ -51,11 +53,10 @@ struct F16Kv {
         for (int64_t i = 0; i < kv_width(kv); ++i) r[i] = float_to_half(x[i]);
     }
     static void load(const KVLayer& kv, void* base, int32_t block, int32_t slot, int32_t head, float* dst,
-                     size_t stride) {
-        const uint16_t* r = elem_row<uint16_t>(kv, base, block, slot) + (int64_t)head * kv.head_dim;
-        for (int32_t i = 0; i < kv.head_dim; ++i) dst[i * stride] = half_to_float(r[i]);
+                     const AttentionMath& math) {
+        math.f16_to_f32(elem_row<uint16_t>(kv, base, block, slot) + (int64_t)head * kv.head_dim, kv.head_dim, dst);
     }
-    static float operand(float x) { return half_to_float(float_to_half(x)); }   // rounded like the kv
+    static constexpr bool kF16Operands = true;   // rounded like the kv
 };
 
 struct F32Kv {
@@ -63,11 +64,11 @@ struct F32Kv {
         std::copy(x, x + kv_width(kv), elem_row<float>(kv, base, block, slot));
     }
     static void load(const KVLayer& kv, void* base, int32_t block, int32_t slot, int32_t head, float* dst,
-                     size_t stride) {
+                     const AttentionMath&) {
         const float* r = elem_row<float>(kv, base, block, slot) + (int64_t)head * kv.head_dim;
-        for (int32_t i = 0; i < kv.head_dim; ++i) dst[i * stride] = r[i];
+        std::copy(r, r + kv.head_dim, dst);
     }
-    static float operand(float x) { return x; }
+    static constexpr bool kF16Operands = false;
 };
 
 // Q8_0: head-major int8 values, then f16 scales (src/kv/kv_layout.h; head_dim % 32 == 0,
@@ -93,14 +94,14 @@ struct Q8Kv {
         }
     }
     static void load(const KVLayer& kv, void* base, int32_t block, int32_t slot, int32_t head, float* dst,
-                     size_t stride) {
+                     const AttentionMath&) {
         const Head r = head_row(kv, base, block, slot, head);
         for (int32_t g = 0; g < kv.head_dim / QK8_0; ++g) {
             const float scale = half_to_float(r.d[g]);
-            for (int32_t i = g * QK8_0; i < (g + 1) * QK8_0; ++i) dst[i * stride] = float(r.q[i]) * scale;
+            for (int32_t i = g * QK8_0; i < (g + 1) * QK8_0; ++i) dst[i] = float(r.q[i]) * scale;
         }
     }
-    static float operand(float x) { return x; }
+    static constexpr bool kF16Operands = false;
 };
 
 template <class Kv>
@@ -120,15 +121,16 @@ struct Unit {
     int32_t n_tokens;
 };
 
-// Per-thread scratch: keys [n_pos/16][D][16], values [n_pos][D], q, scores.
+// Per-thread scratch: keys [n_pos/16][D][16], values [n_pos][D], a key row, q, scores, weights.
 struct Scratch {
-    std::vector<float> kt, vf, q, prob;
+    std::vector<float> kt, vf, krow, q, prob, w;
 };
 
 template <class Kv>
 void attend_unit(const BatchInfo& batch, const KVLayer& kv, const float* q, const AttentionShape& s,
                  const Unit& u, Scratch& sc, float* out) {
     const int32_t D = s.head_dim, group = s.n_head / s.n_head_kv;
+    const AttentionMath& math = attention_math(D);
     const int64_t q_width = (int64_t)s.n_head * D;
     const int32_t* table = &batch.block_table[(int64_t)u.seq * batch.max_blocks];
     int32_t n_pos = 0;
@@ -136,26 +138,23 @@ void attend_unit(const BatchInfo& batch, const KVLayer& kv, const float* q, cons
     const int32_t n_groups = (n_pos + kLanes - 1) / kLanes;
     sc.kt.assign((size_t)n_groups * D * kLanes, 0.f);
     sc.vf.resize((size_t)n_pos * D);
+    sc.krow.resize(D);
     for (int32_t p = 0; p < n_pos; ++p) {
         const int32_t blk = table[p / kv.block_size], slot = p % kv.block_size;
-        Kv::load(kv, kv.k, blk, slot, u.kv_head, &sc.kt[(size_t)(p / kLanes) * D * kLanes + p % kLanes], kLanes);
-        Kv::load(kv, kv.v, blk, slot, u.kv_head, &sc.vf[(size_t)p * D], 1);
+        Kv::load(kv, kv.k, blk, slot, u.kv_head, sc.krow.data(), math);
+        float* kt = &sc.kt[(size_t)(p / kLanes) * D * kLanes + p % kLanes];
+        for (int32_t i = 0; i < D; ++i) kt[i * kLanes] = sc.krow[i];
+        Kv::load(kv, kv.v, blk, slot, u.kv_head, &sc.vf[(size_t)p * D], math);
     }
     sc.q.resize(D);
     sc.prob.resize((size_t)n_groups * kLanes);
+    sc.w.resize((size_t)n_pos);
     for (int32_t j = 0; j < u.n_tokens; ++j) {
         const int32_t t = u.tokens[j];
         const int32_t len = batch.pos[t] + 1;
         for (int32_t h = u.kv_head * group; h < (u.kv_head + 1) * group; ++h) {
-            for (int32_t i = 0; i < D; ++i) sc.q[i] = Kv::operand(q[t * q_width + (int64_t)h * D + i]);
-            // 16 dots at once, each a sequential sum over i (lanes are positions).
-            for (int32_t g = 0; g < (len + kLanes - 1) / kLanes; ++g) {
-                float acc[kLanes] = {};
-                const float* kt = &sc.kt[(size_t)g * D * kLanes];
-                for (int32_t i = 0; i < D; ++i)
-                    for (int l = 0; l < kLanes; ++l) acc[l] += sc.q[i] * kt[(size_t)i * kLanes + l];
-                for (int l = 0; l < kLanes; ++l) sc.prob[g * kLanes + l] = acc[l] * s.scale;
-            }
+            math.scale_round(q + t * q_width + (int64_t)h * D, D, 1.0f, Kv::kF16Operands, sc.q.data());
+            math.scores(sc.q.data(), sc.kt.data(), D, (len + kLanes - 1) / kLanes, s.scale, sc.prob.data());
             float m = -INFINITY;
             for (int32_t p = 0; p < len; ++p) m = std::max(m, sc.prob[p]);
             double sum = 0.0;
@@ -163,14 +162,8 @@ void attend_unit(const BatchInfo& batch, const KVLayer& kv, const float* q, cons
                 sc.prob[p] = std::exp(sc.prob[p] - m);
                 sum += sc.prob[p];
             }
-            const float inv = (float)(1.0 / sum);
-            float* o = out + t * q_width + (int64_t)h * D;
-            std::fill(o, o + D, 0.f);
-            for (int32_t p = 0; p < len; ++p) {
-                const float w = Kv::operand(sc.prob[p] * inv);
-                const float* vr = &sc.vf[(size_t)p * D];
-                for (int32_t i = 0; i < D; ++i) o[i] += w * vr[i];
-            }
+            math.scale_round(sc.prob.data(), len, (float)(1.0 / sum), Kv::kF16Operands, sc.w.data());
+            math.weighted_sum(sc.w.data(), sc.vf.data(), D, len, out + t * q_width + (int64_t)h * D);
         }
     }
 }

@@ -1,0 +1,50 @@
+// Scalar reference of the attention arithmetic (attention_math.h) and the choice of level.
+#include "cpu/attention_math.h"
+
+#include <cstring>
+
+#include "ember/quant.h"
+#include "quant/half.h"
+
+namespace ember {
+namespace {
+
+void scores(const float* q, const float* kt, int32_t D, int32_t n_groups, float scale, float* prob) {
+    for (int32_t g = 0; g < n_groups; ++g) {
+        float acc[kAttentionLanes] = {};
+        const float* k = kt + (int64_t)g * D * kAttentionLanes;
+        for (int32_t i = 0; i < D; ++i)
+            for (int l = 0; l < kAttentionLanes; ++l) acc[l] += q[i] * k[i * kAttentionLanes + l];
+        for (int l = 0; l < kAttentionLanes; ++l) prob[g * kAttentionLanes + l] = acc[l] * scale;
+    }
+}
+
+void scale_round(const float* x, int32_t n, float mul, bool to_f16, float* y) {
+    for (int32_t j = 0; j < n; ++j) {
+        const float v = x[j] * mul;
+        y[j] = to_f16 ? half_to_float(float_to_half(v)) : v;
+    }
+}
+
+void weighted_sum(const float* w, const float* v, int32_t D, int32_t len, float* o) {
+    for (int32_t i = 0; i < D; ++i) o[i] = 0.f;
+    for (int32_t p = 0; p < len; ++p)
+        for (int32_t i = 0; i < D; ++i) o[i] += w[p] * v[(int64_t)p * D + i];
+}
+
+void f16_to_f32(const uint16_t* src, int32_t n, float* dst) {
+    for (int32_t j = 0; j < n; ++j) dst[j] = half_to_float(src[j]);
+}
+
+}  // namespace
+
+const AttentionMath kAttentionMathScalar{scores, scale_round, weighted_sum, f16_to_f32};
+
+const AttentionMath& attention_math(int32_t head_dim) {
+    static const AttentionMath& best = std::strcmp(simd_level(), "avx512") == 0 ? kAttentionMathAvx512
+                                       : std::strcmp(simd_level(), "avx2") == 0 ? kAttentionMathAvx2
+                                                                                : kAttentionMathScalar;
+    return head_dim % kAttentionLanes == 0 ? best : kAttentionMathScalar;
+}
+
+}  // namespace ember

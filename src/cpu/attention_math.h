@@ -1,0 +1,33 @@
+// The arithmetic of one CPU attention unit (cpu_attention.cpp), in the order a scalar loop
+// gives it: every q.k dot a sequential sum over the head dimension, every output element a
+// sequential sum over positions, each product rounded before it is added (no FMA: these files
+// build with -ffp-contract=off). The SIMD versions keep that order lane for lane, so every
+// level returns the same bits; the scalar one is the reference.
+#pragma once
+#include <cstdint>
+
+namespace ember {
+
+constexpr int kAttentionLanes = 16;   // positions per transposed key group
+
+struct AttentionMath {
+    // prob[p] = (sum_i q[i] * k_p[i]) * scale for the n_groups * 16 positions of kt, which holds
+    // keys transposed in groups of 16: k_p[i] = kt[(p / 16) * D * 16 + i * 16 + p % 16].
+    void (*scores)(const float* q, const float* kt, int32_t D, int32_t n_groups, float scale, float* prob);
+    // y[j] = x[j] * mul, rounded through f16 when `to_f16` (attention operands of an f16 cache).
+    void (*scale_round)(const float* x, int32_t n, float mul, bool to_f16, float* y);
+    // o[i] = sum_p w[p] * v[p * D + i] for p < len.
+    void (*weighted_sum)(const float* w, const float* v, int32_t D, int32_t len, float* o);
+    // dst[j] = the f16 value src[j] as f32.
+    void (*f16_to_f32)(const uint16_t* src, int32_t n, float* dst);
+};
+
+extern const AttentionMath kAttentionMathScalar;
+extern const AttentionMath kAttentionMathAvx2;
+extern const AttentionMath kAttentionMathAvx512;
+
+// The level vec_dot uses (CPU features, lowered by EMBER_SIMD); the scalar reference for head
+// dimensions that are not a multiple of 16.
+const AttentionMath& attention_math(int32_t head_dim);
+
+}  // namespace ember

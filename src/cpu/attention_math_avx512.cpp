@@ -1,0 +1,10 @@
+// The attention arithmetic on AVX-512 (one zmm per 16-float vector): attention_math_simd.h
+// built under this file's ISA flags.
+#include "cpu/attention_math_simd.h"
+
+namespace ember {
+
+const AttentionMath kAttentionMathAvx512{
+    attention_simd::scores, attention_simd::scale_round, attention_simd::weighted_sum, attention_simd::f16_to_f32};
+
+}  // namespace ember

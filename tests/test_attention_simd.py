@@ -1,0 +1,73 @@
+"""The CPU attention's SIMD levels (src/cpu/attention_math*) against its scalar reference: the same
+bits, since each keeps the scalar loop's order of products and sums. EMBER_SIMD is read once per
+process, so each level runs in a fresh interpreter on the same random inputs."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import rng_for
+
+# n_head, n_head_kv, head_dim, cache length, kv type, kv block size, q scale. Head dims: 64 and 128
+# (whole passes of 64 outputs), 80 (a pass plus a 16-wide tail), 32 (tail only), 40 (not a multiple
+# of 16: the scalar path at every level). q scale 1e-6 puts the f16-rounded q among f16 subnormals;
+# 6 spreads the scores so that probabilities underflow f16.
+CASES = [
+    (6, 2, 64, 75, "f16", 16, 1.0),
+    (4, 4, 128, 130, "f16", 5, 1.0),
+    (3, 1, 80, 40, "f16", 16, 1.0),
+    (6, 2, 64, 75, "f16", 16, 1e-6),
+    (6, 2, 64, 75, "f16", 16, 6.0),
+    (2, 1, 40, 21, "f16", 4, 1.0),
+    (4, 4, 32, 33, "f32", 8, 1.0),
+    (6, 2, 64, 75, "q8_0", 16, 1.0),
+]
+
+RUN = """
+import sys, numpy as np
+from ember import _ember
+cases, seed, out = eval(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+rng = np.random.default_rng(seed)
+cpu = _ember.Backend("cpu", 2)
+res = {}
+for i, (nh, nkv, hd, length, kv, bs, qs) in enumerate(cases):
+    k = rng.standard_normal((length, nkv * hd)).astype(np.float32)
+    v = rng.standard_normal((length, nkv * hd)).astype(np.float32)
+    pos = sorted({0, 1, length // 2, length - 2, length - 1})
+    q = (rng.standard_normal((len(pos), nh * hd)) * qs).astype(np.float32)
+    res[f"c{i}"] = cpu.attention(q, k, v, pos, nh, nkv, hd, bs, int(rng.integers(1 << 30)), kv_type=kv)
+np.savez(out, **res)
+"""
+
+
+def cpu_has(flag):
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(flag in line.split() for line in f if line.startswith("flags"))
+    except OSError:
+        return False
+
+
+def run_at(level, seed, path):
+    env = dict(os.environ)
+    env.pop("EMBER_SIMD", None)
+    if level:
+        env["EMBER_SIMD"] = level
+    r = subprocess.run([sys.executable, "-c", RUN, repr(CASES), str(seed), str(path)], env=env,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return np.load(path)
+
+
+def test_simd_levels_match_scalar_bit_for_bit(tmp_path):
+    if not cpu_has("avx2"):
+        pytest.skip("this CPU has no AVX2: only the scalar attention can run here")
+    seed = int(rng_for("attention simd").integers(1 << 31))
+    scalar = run_at("scalar", seed, tmp_path / "scalar.npz")
+    levels = {"avx2": run_at("avx2", seed, tmp_path / "avx2.npz"), "best": run_at(None, seed, tmp_path / "best.npz")}
+    for name, got in levels.items():
+        for i, case in enumerate(CASES):
+            np.testing.assert_array_equal(got[f"c{i}"].view(np.uint32), scalar[f"c{i}"].view(np.uint32),
+                                          err_msg=f"{name} vs scalar, case {case}")
