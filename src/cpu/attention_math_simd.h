@@ -1,7 +1,7 @@
-// The SIMD attention arithmetic (attention_math.h), written once on 16-float GCC vectors:
-// attention_math_avx2.cpp and attention_math_avx512.cpp include it under their ISA flags, and
-// GCC lowers each vector op to two ymm or one zmm instruction. Lane l of a vector holds what
-// iteration l of the scalar loop computes, with the same operations in the same order.
+// The SIMD attention arithmetic (attention_math.h), written once on a 16-float type:
+// attention_math_avx2.cpp and attention_math_avx512.cpp include it under their ISA flags. Lane l
+// of a vector holds what iteration l of the scalar loop computes, with the same operations in
+// the same order.
 #pragma once
 #include <immintrin.h>
 
@@ -13,45 +13,48 @@ namespace ember {
 namespace attention_simd {
 namespace {   // each including file gets its own copies, built for its ISA
 
-typedef float v16 __attribute__((vector_size(64)));
-
-inline v16 load(const float* p) {
-    v16 v;
-    std::memcpy(&v, p, sizeof v);
-    return v;
-}
-inline void store(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
-
-// f16 <-> f32 of 16 values (F16C, round to nearest even: the scalar float_to_half's result).
+// 16 floats: one zmm, or two ymm under AVX2 (GCC's own 64-byte vectors went through the stack
+// there). Operators are single IEEE operations, so lane l computes what the scalar loop does.
+#if defined(__AVX512F__)
+struct v16 {
+    __m512 z;
+};
+inline v16 zero() { return {_mm512_setzero_ps()}; }
+inline v16 load(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline void store(float* p, v16 a) { _mm512_storeu_ps(p, a.z); }
+inline v16 operator+(v16 a, v16 b) { return {_mm512_add_ps(a.z, b.z)}; }
+inline v16 operator*(v16 a, float s) { return {_mm512_mul_ps(a.z, _mm512_set1_ps(s))}; }
+// f16 <-> f32 (F16C, round to nearest even: the scalar float_to_half's result)
 inline v16 from_f16(const uint16_t* p) {
-    v16 v;
-#if defined(__AVX512F__)
-    const __m512 f = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-    std::memcpy(&v, &f, sizeof v);
-#else
-    const __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    const __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
-    std::memcpy(&v, &lo, 32);
-    std::memcpy(reinterpret_cast<char*>(&v) + 32, &hi, 32);
-#endif
-    return v;
+    return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
 }
-
-inline v16 round_f16(v16 v) {
-    alignas(32) uint16_t h[16];
-#if defined(__AVX512F__)
-    __m512 f;
-    std::memcpy(&f, &v, sizeof v);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(h), _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+inline v16 round_f16(v16 a) {
+    return {_mm512_cvtph_ps(_mm512_cvtps_ph(a.z, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))};
+}
 #else
+struct v16 {
     __m256 lo, hi;
-    std::memcpy(&lo, &v, 32);
-    std::memcpy(&hi, reinterpret_cast<const char*>(&v) + 32, 32);
-    _mm_store_si128(reinterpret_cast<__m128i*>(h), _mm256_cvtps_ph(lo, _MM_FROUND_TO_NEAREST_INT));
-    _mm_store_si128(reinterpret_cast<__m128i*>(h + 8), _mm256_cvtps_ph(hi, _MM_FROUND_TO_NEAREST_INT));
-#endif
-    return from_f16(h);
+};
+inline v16 zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline v16 load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline void store(float* p, v16 a) {
+    _mm256_storeu_ps(p, a.lo);
+    _mm256_storeu_ps(p + 8, a.hi);
 }
+inline v16 operator+(v16 a, v16 b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+inline v16 operator*(v16 a, float s) {
+    const __m256 b = _mm256_set1_ps(s);
+    return {_mm256_mul_ps(a.lo, b), _mm256_mul_ps(a.hi, b)};
+}
+inline v16 from_f16(const uint16_t* p) {
+    return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))};
+}
+inline v16 round_f16(v16 a) {
+    return {_mm256_cvtph_ps(_mm256_cvtps_ph(a.lo, _MM_FROUND_TO_NEAREST_INT)),
+            _mm256_cvtph_ps(_mm256_cvtps_ph(a.hi, _MM_FROUND_TO_NEAREST_INT))};
+}
+#endif
 
 // Four key groups at a time: four independent sums hide the add latency; each lane's sum
 // still runs over i in order.
@@ -60,7 +63,7 @@ inline void scores(const float* q, const float* kt, int32_t D, int32_t n_groups,
     int32_t g = 0;
     for (; g + 4 <= n_groups; g += 4) {
         const float* k = kt + (int64_t)g * D * L;
-        v16 a0 = {}, a1 = {}, a2 = {}, a3 = {};
+        v16 a0 = zero(), a1 = zero(), a2 = zero(), a3 = zero();
         for (int32_t i = 0; i < D; ++i) {
             const float qi = q[i];
             a0 = a0 + load(k + i * L) * qi;
@@ -75,7 +78,7 @@ inline void scores(const float* q, const float* kt, int32_t D, int32_t n_groups,
     }
     for (; g < n_groups; ++g) {
         const float* k = kt + (int64_t)g * D * L;
-        v16 a = {};
+        v16 a = zero();
         for (int32_t i = 0; i < D; ++i) a = a + load(k + i * L) * q[i];
         store(prob + g * L, a * scale);
     }
@@ -87,7 +90,7 @@ inline void scale_round(const float* x, int32_t n, float mul, bool to_f16, float
         const v16 v = load(x + j) * mul;
         store(y + j, to_f16 ? round_f16(v) : v);
     }
-    alignas(64) float tail[16] = {};
+    float tail[16] = {};
     std::memcpy(tail, x + j, sizeof(float) * (n - j));
     const v16 v = load(tail) * mul;
     store(tail, to_f16 ? round_f16(v) : v);
@@ -98,7 +101,7 @@ inline void scale_round(const float* x, int32_t n, float mul, bool to_f16, float
 inline void weighted_sum(const float* w, const float* v, int32_t D, int32_t len, float* o) {
     int32_t c = 0;
     for (; c + 64 <= D; c += 64) {
-        v16 a0 = {}, a1 = {}, a2 = {}, a3 = {};
+        v16 a0 = zero(), a1 = zero(), a2 = zero(), a3 = zero();
         for (int32_t p = 0; p < len; ++p) {
             const float* r = v + (int64_t)p * D + c;
             const float wp = w[p];
@@ -113,7 +116,7 @@ inline void weighted_sum(const float* w, const float* v, int32_t D, int32_t len,
         store(o + c + 48, a3);
     }
     for (; c < D; c += 16) {
-        v16 a = {};
+        v16 a = zero();
         for (int32_t p = 0; p < len; ++p) a = a + load(v + (int64_t)p * D + c) * w[p];
         store(o + c, a);
     }
@@ -122,10 +125,11 @@ inline void weighted_sum(const float* w, const float* v, int32_t D, int32_t len,
 inline void f16_to_f32(const uint16_t* src, int32_t n, float* dst) {
     int32_t j = 0;
     for (; j + 16 <= n; j += 16) store(dst + j, from_f16(src + j));
-    alignas(32) uint16_t tail[16] = {};
+    uint16_t tail[16] = {};
     std::memcpy(tail, src + j, sizeof(uint16_t) * (n - j));
-    const v16 v = from_f16(tail);
-    std::memcpy(dst + j, &v, sizeof(float) * (n - j));
+    float out[16];
+    store(out, from_f16(tail));
+    std::memcpy(dst + j, out, sizeof(float) * (n - j));
 }
 
 }  // namespace
