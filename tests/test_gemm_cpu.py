@@ -1,9 +1,11 @@
 """CPU batched matmul (tiled kernels, src/cpu/gemm_*.cpp) against per-token matmuls (vec_dot):
-every output must be bit-identical, since greedy outputs are checked against llama.cpp."""
+every output must be bit-identical, since greedy outputs are checked against llama.cpp. The
+AVX-512 tiles run at this machine's level; test_avx2_tiles reruns the file under EMBER_SIMD=avx2."""
 import gguf
 import numpy as np
 import pytest
 
+from conftest import rerun_at_simd_level
 from ember import _ember
 
 # The tiled types first; the rest pin down that the fallback loop stays exact too.
@@ -53,3 +55,7 @@ def test_large_batch_spans_thread_chunks(cpu, rng):
     got = cpu.matmul(int(qtype), wq, n_in, x)
     want = per_token(cpu, int(qtype), wq, n_in, x)
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_avx2_tiles():
+    rerun_at_simd_level("avx2", __file__, "bit_identical or spans_thread_chunks")

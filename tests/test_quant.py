@@ -1,8 +1,6 @@
 """Quant block formats and CPU dot products (_ember quant bindings) against the gguf package's
 numpy reference (gguf.quants) and against each other (SIMD kernel vs scalar reference)."""
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -11,7 +9,7 @@ import gguf
 import gguf.quants
 
 from ember import _ember as E
-from conftest import rng_for
+from conftest import rerun_at_simd_level, rng_for
 
 ALL_TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q8_1,
              T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_K]
@@ -287,27 +285,10 @@ def test_activation_quantizer_matches_ref(t):
         np.testing.assert_array_equal(best, ref)
 
 
-def cpu_has(flag):
-    try:
-        with open("/proc/cpuinfo") as f:
-            return flag in f.read().split()
-    except OSError:
-        return False
-
-
 @pytest.mark.parametrize("level", ["avx2", "scalar"])
 def test_lower_simd_levels(level):
-    """EMBER_SIMD lowers the kernel level (chosen once at start-up): rerun the kernel tests in a
-    fresh interpreter at that level."""
-    if os.environ.get("EMBER_SIMD"):
-        pytest.skip("already running under a forced EMBER_SIMD level")
-    if level == "avx2" and not (cpu_has("avx2") and cpu_has("fma")):
-        pytest.skip("this CPU has no AVX2+FMA, so the avx2 level cannot be selected")
-    env = dict(os.environ, EMBER_SIMD=level, EMBER_QUANT_EXPECT_SIMD=level)
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-                        "-k", "vec_dot_best_matches_ref or type_info_and_simd_level or activation_quantizer"],
-                       env=env, capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    rerun_at_simd_level(level, __file__, "vec_dot_best_matches_ref or type_info_and_simd_level or activation_quantizer",
+                        EMBER_QUANT_EXPECT_SIMD=level)
 
 
 def test_bad_input_raises_value_error():

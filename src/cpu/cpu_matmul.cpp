@@ -32,7 +32,7 @@ void CpuBackend::matmul(const Weight& w, const float* x, int32_t n_tok, float* y
     const VecDotFn dot = tr.vec_dot;
     const int64_t n_out = w.n_out, n_in = w.n_in;
     if (n_tok > 1) {
-        if (const GemmFn gemm = gemm_avx512_for(dot)) {
+        if (const GemmFn gemm = gemm_for(dot)) {
             // Chunks of whole 16-row tiles: the kernel prepares each token tile's scales once per
             // chunk, so fewer, larger chunks waste less.
             const int64_t grain = std::max<int64_t>(16, (n_out / n_chunks() + 15) / 16 * 16);

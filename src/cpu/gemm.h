@@ -18,5 +18,10 @@ using GemmFn = void (*)(int64_t n_in, const uint8_t* w, size_t w_row, const uint
 // none for that kernel (the caller then loops over dot). Matching on the function pointer
 // keeps the choice tied to the vec_dot the traits table picked (EMBER_SIMD included).
 GemmFn gemm_avx512_for(VecDotFn dot);
+GemmFn gemm_avx2_for(VecDotFn dot);
+inline GemmFn gemm_for(VecDotFn dot) {
+    const GemmFn f = gemm_avx512_for(dot);
+    return f ? f : gemm_avx2_for(dot);
+}
 
 }  // namespace ember

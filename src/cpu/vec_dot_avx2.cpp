@@ -2,81 +2,31 @@
 // vector, vpmaddubsw (u8 x s8 -> s16 pairs) then vpmaddwd against ones or per-group scales.
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstring>
 #include <type_traits>
 
-#include "quant/blocks.h"
+#include "cpu/simd_avx2.h"
 #include "quant/kernels.h"
 
 namespace ember {
 namespace {
 
-inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
-inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+using namespace avx2;
 
-inline float hsum_ps(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    return _mm_cvtss_f32(s);
-}
-
-// 16 nibble bytes -> 32 bytes: low nibbles (elements 0..15) then high nibbles (16..31).
-inline __m256i nibbles32(const uint8_t* qs) {
-    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-    const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
-    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
-}
-
-// 32 bits -> 32 bytes, 0x10 where bit j of qh is set (bit 4 of the Q5 quants).
-inline __m256i q5_high_bits(const uint8_t* qh) {
-    uint32_t h;
-    std::memcpy(&h, qh, 4);
-    const __m256i spread = _mm256_shuffle_epi8(
-        _mm256_set1_epi32(int(h)),
-        _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                         2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
-    const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201ULL));
-    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-    return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
-}
-
-// s32 x 8 dot of unsigned w with signed x (no s16 saturation: |w| <= 128, |x| <= 127).
-inline __m256i dot_u8s8(__m256i w, __m256i x) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
-}
-// signed w: |w| against x carrying w's sign (x from our quantizers is in [-127, 127]).
-inline __m256i dot_s8s8(__m256i w, __m256i x) {
-    return dot_u8s8(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
-}
-
-enum class Legacy { q4_0, q4_1, q5_0, q5_1, q8_0 };
-
-template <Legacy K, class WB>
-inline __m256i block_dot(const WB& w, const int8_t* xq) {
-    const __m256i x = load256(xq);
-    if constexpr (K == Legacy::q8_0) return dot_s8s8(load256(w.qs), x);
-    else if constexpr (K == Legacy::q4_0) return dot_s8s8(_mm256_sub_epi8(nibbles32(w.qs), _mm256_set1_epi8(8)), x);
-    else if constexpr (K == Legacy::q4_1) return dot_u8s8(nibbles32(w.qs), x);
-    else {
-        const __m256i q = _mm256_or_si256(nibbles32(w.qs), q5_high_bits(w.qh));
-        if constexpr (K == Legacy::q5_0) return dot_s8s8(_mm256_sub_epi8(q, _mm256_set1_epi8(16)), x);
-        else return dot_u8s8(q, x);
-    }
-}
-
-template <Legacy K, class WB, class XB>
+template <Legacy K>
 float dot_legacy(int64_t n, const void* wv, const void* xv) {
-    constexpr bool has_min = K == Legacy::q4_1 || K == Legacy::q5_1;
+    using WB = typename LegacyBlocks<K>::W;
+    using XB = typename LegacyBlocks<K>::X;
     const WB* w = static_cast<const WB*>(wv);
     const XB* x = static_cast<const XB*>(xv);
     const int64_t nb = n / 32;
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     float summ = 0.0f;
     auto one = [&](int64_t i, __m256& acc) {
-        const __m256i p = block_dot<K>(w[i], x[i].qs);
+        const __m256i p = block_dot<K>(weight_bytes<K>(w[i]), x[i].qs);
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(h2f(w[i].d) * h2f(x[i].d)), acc);
-        if constexpr (has_min) summ += h2f(w[i].m) * h2f(x[i].s);
+        if constexpr (kHasMin<K>) summ = std::fma(h2f(w[i].m), h2f(x[i].s), summ);   // gemm_avx2.cpp: the same
     };
     int64_t i = 0;
     for (; i + 1 < nb; i += 2) {
@@ -201,11 +151,11 @@ VecDotFn vec_dot_avx2(GGMLType type) {
         case GGMLType::F32: return dot_float<0>;
         case GGMLType::F16: return dot_float<1>;
         case GGMLType::BF16: return dot_float<2>;
-        case GGMLType::Q4_0: return dot_legacy<Legacy::q4_0, BlockQ4_0, BlockQ8_0>;
-        case GGMLType::Q4_1: return dot_legacy<Legacy::q4_1, BlockQ4_1, BlockQ8_1>;
-        case GGMLType::Q5_0: return dot_legacy<Legacy::q5_0, BlockQ5_0, BlockQ8_0>;
-        case GGMLType::Q5_1: return dot_legacy<Legacy::q5_1, BlockQ5_1, BlockQ8_1>;
-        case GGMLType::Q8_0: return dot_legacy<Legacy::q8_0, BlockQ8_0, BlockQ8_0>;
+        case GGMLType::Q4_0: return dot_legacy<Legacy::q4_0>;
+        case GGMLType::Q4_1: return dot_legacy<Legacy::q4_1>;
+        case GGMLType::Q5_0: return dot_legacy<Legacy::q5_0>;
+        case GGMLType::Q5_1: return dot_legacy<Legacy::q5_1>;
+        case GGMLType::Q8_0: return dot_legacy<Legacy::q8_0>;
         case GGMLType::Q4_K: return dot_q45_k<false>;
         case GGMLType::Q5_K: return dot_q45_k<true>;
         case GGMLType::Q6_K: return dot_q6_k;

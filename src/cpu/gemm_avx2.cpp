@@ -1,0 +1,104 @@
+// AVX2 tiles of 1 weight row x 4 tokens for the legacy 32-element types (Q4_0, Q4_1, Q5_0, Q5_1,
+// Q8_0): each weight block is turned into bytes once for four tokens. Every output keeps
+// vec_dot_avx2.cpp's accumulators (even blocks, odd blocks, the min term) and repeats its
+// operations in its order, so it is bit-identical to it.
+#include <immintrin.h>
+
+#include <vector>
+
+#include "cpu/gemm.h"
+#include "cpu/simd_avx2.h"
+#include "quant/kernels.h"
+
+namespace ember {
+namespace {
+
+using namespace avx2;
+
+constexpr int C = 4;   // tokens per tile: 8 accumulators
+
+// The tile's activation scales as floats, block-major: d[i * C + c] and s[i * C + c] (Q8_1) of
+// block i of token c, so one 128-bit load serves the four tokens.
+template <Legacy K>
+void tile_scales(const typename LegacyBlocks<K>::X* const (&x)[C], int64_t nb, float* d, float* s) {
+    for (int64_t i = 0; i < nb; ++i)
+        for (int c = 0; c < C; ++c) {
+            d[i * C + c] = h2f(x[c][i].d);
+            if constexpr (kHasMin<K>) s[i * C + c] = h2f(x[c][i].s);
+        }
+}
+
+// y[c * n_out] for one row w and tokens x[0..C).
+template <Legacy K>
+void tile(int64_t nb, const typename LegacyBlocks<K>::W* w, const typename LegacyBlocks<K>::X* const (&x)[C],
+          const float* xd, const float* xs, float* y, int64_t n_out) {
+    __m256 acc[2][C];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) acc[0][c] = acc[1][c] = _mm256_setzero_ps();
+    __m128 summ = _mm_setzero_ps();   // lane c: vec_dot's summ of token c
+    auto one = [&](int64_t i, int a) __attribute__((always_inline)) {
+        const __m256i wb = weight_bytes<K>(w[i]);
+        // block_dot's operand that does not depend on the token
+        const __m256i wu = kSignedWeights<K> ? _mm256_abs_epi8(wb) : wb;
+        // vec_dot's d_w * d_x, one rounding each, for the four tokens at once
+        const __m256 dd = _mm256_castps128_ps256(_mm_mul_ps(_mm_set1_ps(h2f(w[i].d)), _mm_loadu_ps(xd + i * C)));
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) {
+            __m256i xv = load256(x[c][i].qs);
+            if constexpr (kSignedWeights<K>) xv = _mm256_sign_epi8(xv, wb);
+            const __m256 scale = _mm256_permutevar8x32_ps(dd, _mm256_set1_epi32(c));
+            acc[a][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(wu, xv)), scale, acc[a][c]);
+        }
+        if constexpr (kHasMin<K>) summ = _mm_fmadd_ps(_mm_set1_ps(h2f(w[i].m)), _mm_loadu_ps(xs + i * C), summ);
+    };
+    int64_t i = 0;
+    for (; i + 1 < nb; i += 2) {
+        one(i, 0);
+        one(i + 1, 1);
+    }
+    if (i < nb) one(i, 0);
+    alignas(16) float m[C];
+    _mm_store_ps(m, summ);
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) y[c * n_out] = hsum_ps(_mm256_add_ps(acc[0][c], acc[1][c])) + m[c];
+}
+
+template <Legacy K>
+void gemm(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* x, size_t x_row, int32_t n_tok,
+          int64_t o_begin, int64_t o_end, float* y, int64_t n_out) {
+    using W = typename LegacyBlocks<K>::W;
+    using X = typename LegacyBlocks<K>::X;
+    const VecDotFn dot = vec_dot_avx2(K == Legacy::q4_0   ? GGMLType::Q4_0
+                                      : K == Legacy::q4_1 ? GGMLType::Q4_1
+                                      : K == Legacy::q5_0 ? GGMLType::Q5_0
+                                      : K == Legacy::q5_1 ? GGMLType::Q5_1
+                                                          : GGMLType::Q8_0);
+    const int64_t nb = n_in / 32;
+    std::vector<float> xd(size_t(nb * C)), xs(kHasMin<K> ? size_t(nb * C) : 0);
+    int32_t t = 0;
+    // Token tiles outside: the tile's activations stay in L1 while the chunk's rows pass.
+    for (; t + C <= n_tok; t += C) {
+        const X* xt[C];
+        for (int c = 0; c < C; ++c) xt[c] = reinterpret_cast<const X*>(x + (t + c) * x_row);
+        tile_scales<K>(xt, nb, xd.data(), xs.data());
+        for (int64_t o = o_begin; o < o_end; ++o)
+            tile<K>(nb, reinterpret_cast<const W*>(w + o * w_row), xt, xd.data(), xs.data(),
+                    y + int64_t(t) * n_out + o, n_out);
+    }
+    for (; t < n_tok; ++t)
+        for (int64_t o = o_begin; o < o_end; ++o) y[int64_t(t) * n_out + o] = dot(n_in, w + o * w_row, x + t * x_row);
+}
+
+}  // namespace
+
+GemmFn gemm_avx2_for(VecDotFn dot) {
+    if (!dot) return nullptr;
+    if (dot == vec_dot_avx2(GGMLType::Q4_0)) return gemm<Legacy::q4_0>;
+    if (dot == vec_dot_avx2(GGMLType::Q4_1)) return gemm<Legacy::q4_1>;
+    if (dot == vec_dot_avx2(GGMLType::Q5_0)) return gemm<Legacy::q5_0>;
+    if (dot == vec_dot_avx2(GGMLType::Q5_1)) return gemm<Legacy::q5_1>;
+    if (dot == vec_dot_avx2(GGMLType::Q8_0)) return gemm<Legacy::q8_0>;
+    return nullptr;
+}
+
+}  // namespace ember

@@ -1,0 +1,87 @@
+// AVX2 + FMA + F16C building blocks shared by the AVX2 dot products (vec_dot_avx2.cpp) and the
+// AVX2 batch tiles (gemm_avx2.cpp), which must compute the same integer lanes and floats. Only
+// files built with those ISA flags include it.
+#pragma once
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "quant/blocks.h"
+
+namespace ember {
+namespace avx2 {
+
+inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
+inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+inline float hsum_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
+// 16 nibble bytes -> 32 bytes: low nibbles (elements 0..15) then high nibbles (16..31).
+inline __m256i nibbles32(const uint8_t* qs) {
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+    const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+}
+
+// 32 bits -> 32 bytes, 0x10 where bit j of qh is set (bit 4 of the Q5 quants).
+inline __m256i q5_high_bits(const uint8_t* qh) {
+    uint32_t h;
+    std::memcpy(&h, qh, 4);
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(int(h)),
+        _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                         2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201ULL));
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+
+// s32 x 8 dot of unsigned w with signed x (no s16 saturation: |w| <= 128, |x| <= 127).
+inline __m256i dot_u8s8(__m256i w, __m256i x) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
+}
+// signed w: |w| against x carrying w's sign (x from our quantizers is in [-127, 127]).
+inline __m256i dot_s8s8(__m256i w, __m256i x) {
+    return dot_u8s8(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
+}
+
+enum class Legacy { q4_0, q4_1, q5_0, q5_1, q8_0 };
+
+template <Legacy K> struct LegacyBlocks;
+template <> struct LegacyBlocks<Legacy::q4_0> { using W = BlockQ4_0; using X = BlockQ8_0; };
+template <> struct LegacyBlocks<Legacy::q4_1> { using W = BlockQ4_1; using X = BlockQ8_1; };
+template <> struct LegacyBlocks<Legacy::q5_0> { using W = BlockQ5_0; using X = BlockQ8_0; };
+template <> struct LegacyBlocks<Legacy::q5_1> { using W = BlockQ5_1; using X = BlockQ8_1; };
+template <> struct LegacyBlocks<Legacy::q8_0> { using W = BlockQ8_0; using X = BlockQ8_0; };
+
+template <Legacy K> constexpr bool kHasMin = K == Legacy::q4_1 || K == Legacy::q5_1;
+template <Legacy K> constexpr bool kSignedWeights = !kHasMin<K>;
+
+// A block's 32 weights as bytes in element order: q - offset for the *_0 kinds (signed), q for
+// the *_1 kinds (unsigned).
+template <Legacy K, class WB>
+inline __m256i weight_bytes(const WB& w) {
+    if constexpr (K == Legacy::q8_0) return load256(w.qs);
+    else if constexpr (K == Legacy::q4_0) return _mm256_sub_epi8(nibbles32(w.qs), _mm256_set1_epi8(8));
+    else if constexpr (K == Legacy::q4_1) return nibbles32(w.qs);
+    else {
+        const __m256i q = _mm256_or_si256(nibbles32(w.qs), q5_high_bits(w.qh));
+        if constexpr (K == Legacy::q5_0) return _mm256_sub_epi8(q, _mm256_set1_epi8(16));
+        else return q;
+    }
+}
+
+// The 8 s32 lanes of a block's integer dot (lane j: elements 4j..4j+3) from weight_bytes.
+template <Legacy K>
+inline __m256i block_dot(__m256i wb, const int8_t* xq) {
+    if constexpr (kSignedWeights<K>) return dot_s8s8(wb, load256(xq));
+    else return dot_u8s8(wb, load256(xq));
+}
+
+}  // namespace avx2
+}  // namespace ember
