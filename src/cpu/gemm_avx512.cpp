@@ -1,10 +1,11 @@
-// AVX-512 VNNI tiles of 2 weight rows x 4 tokens for Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K
+// AVX-512 VNNI tiles of 2 weight rows x 4 tokens for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K
 // weights. Each output keeps its own accumulators and repeats vec_dot_avx512.cpp's float
 // operations lane for lane (same products, FMAs, adds and reductions), so it is bit-identical
 // to it.
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -17,11 +18,13 @@ namespace {
 
 constexpr int R = 2, C = 4;   // weight rows x tokens per tile: 16 zmm accumulators
 
-enum class Kind { q4_0, q4_1, q8_0 };
+enum class Kind { q4_0, q4_1, q5_0, q5_1, q8_0 };
 
 template <Kind K> struct Blocks;
 template <> struct Blocks<Kind::q4_0> { using W = BlockQ4_0; using X = BlockQ8_0; };
 template <> struct Blocks<Kind::q4_1> { using W = BlockQ4_1; using X = BlockQ8_1; };
+template <> struct Blocks<Kind::q5_0> { using W = BlockQ5_0; using X = BlockQ8_0; };
+template <> struct Blocks<Kind::q5_1> { using W = BlockQ5_1; using X = BlockQ8_1; };
 template <> struct Blocks<Kind::q8_0> { using W = BlockQ8_0; using X = BlockQ8_0; };
 
 inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
@@ -34,7 +37,19 @@ inline __m512i join(__m256i lo, __m256i hi) {
 // Integer lane sums need only be exact, not computed as vec_dot does: every operand here is
 // made unsigned (Q4 nibbles as they are, Q8_0 bytes + 128) and the offset comes back through
 // a per-token correction sum(off * x) that is shared by all rows of the tile.
-template <Kind K> constexpr int offset() { return K == Kind::q4_0 ? 8 : K == Kind::q8_0 ? 128 : 0; }
+template <Kind K> constexpr int offset() {
+    return K == Kind::q4_0 ? 8 : K == Kind::q5_0 ? 16 : K == Kind::q8_0 ? 128 : 0;
+}
+template <Kind K> constexpr bool kHasMin = K == Kind::q4_1 || K == Kind::q5_1;
+template <Kind K> constexpr bool kQ5 = K == Kind::q5_0 || K == Kind::q5_1;
+
+// Q5: bit 4 of element j comes from bit j of qh (a pair: bits 32..63 for the second block).
+template <class W>
+inline uint32_t qh_bits(const W& b) {
+    uint32_t h;
+    std::memcpy(&h, b.qh, 4);
+    return h;
+}
 
 // Weight bytes of blocks b and b + 1 in the activation pair layout (32 bytes per block).
 template <Kind K, class W>
@@ -45,7 +60,13 @@ inline __m512i weight_pair(const W* b) {
         // 128-bit lanes: qs0, qs0 >> 4, qs1, qs1 >> 4, each masked to nibbles
         const __m512i q = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(load128(b[0].qs)), 0xFF00,
                                                       load128(b[1].qs));
-        return _mm512_and_si512(_mm512_mask_srli_epi16(q, 0xFF00FF00u, q, 4), _mm512_set1_epi8(0x0F));
+        const __m512i nib = _mm512_and_si512(_mm512_mask_srli_epi16(q, 0xFF00FF00u, q, 4), _mm512_set1_epi8(0x0F));
+        if constexpr (kQ5<K>) {
+            const __mmask64 high = __mmask64(qh_bits(b[0])) | (__mmask64(qh_bits(b[1])) << 32);
+            return _mm512_mask_mov_epi8(nib, high, _mm512_or_si512(nib, _mm512_set1_epi8(0x10)));
+        } else {
+            return nib;
+        }
     }
 }
 
@@ -54,7 +75,9 @@ inline __m256i weight_one(const W& b) {
     if constexpr (K == Kind::q8_0) return _mm256_xor_si256(load256(b.qs), _mm256_set1_epi8(char(0x80)));
     const __m128i q = load128(b.qs);
     const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
-    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+    const __m256i nib = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+    if constexpr (kQ5<K>) return _mm256_mask_mov_epi8(nib, qh_bits(b), _mm256_or_si256(nib, _mm256_set1_epi8(0x10)));
+    else return nib;
 }
 
 // The fp16 words of up to 4 consecutive block heads (bytes past n_blk blocks read as 0; the
@@ -103,7 +126,7 @@ void tile_scales(const uint8_t* const* x, int64_t nb, float* xe, float* xs) {
             std::fill(e, e + 8, h2f(xb[2 * p].d));
             std::fill(e + 8, e + 16, h2f(xb[2 * p + 1].d));
         }
-        if constexpr (K == Kind::q4_1) {
+        if constexpr (kHasMin<K>) {
             for (int64_t g = 0; g < ng; ++g)
                 for (int j = 0; j < 4; ++j)
                     xs[(g * C + c) * 4 + j] = 4 * g + j < nb ? h2f(xb[4 * g + j].s) : 0.0f;
@@ -154,7 +177,7 @@ void tile(int64_t nb, const uint8_t* const* wrow, const uint8_t* const* x, const
           const float* xs, float* y, int64_t n_out) {
     using W = typename Blocks<K>::W;
     using X = typename Blocks<K>::X;
-    constexpr bool has_min = K == Kind::q4_1;
+    constexpr bool has_min = kHasMin<K>;
     const W* w[R];
     const X* xb[C];
     for (int r = 0; r < R; ++r) w[r] = reinterpret_cast<const W*>(wrow[r]);
@@ -220,7 +243,11 @@ void tile(int64_t nb, const uint8_t* const* wrow, const uint8_t* const* x, const
 template <Kind K>
 void gemm(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* x, size_t x_row, int32_t n_tok,
           int64_t o_begin, int64_t o_end, float* y, int64_t n_out) {
-    const VecDotFn dot = vec_dot_avx512(K == Kind::q4_0 ? GGMLType::Q4_0 : K == Kind::q4_1 ? GGMLType::Q4_1 : GGMLType::Q8_0);
+    const VecDotFn dot = vec_dot_avx512(K == Kind::q4_0   ? GGMLType::Q4_0
+                                        : K == Kind::q4_1 ? GGMLType::Q4_1
+                                        : K == Kind::q5_0 ? GGMLType::Q5_0
+                                        : K == Kind::q5_1 ? GGMLType::Q5_1
+                                                          : GGMLType::Q8_0);
     const int64_t nb = n_in / 32;
     std::vector<float> xe(size_t(C * (nb / 2) * 16)), xs(size_t((nb + 3) / 4 * C * 4));
     const int64_t o_tiled = o_begin + (o_end - o_begin) / R * R;
@@ -433,6 +460,8 @@ GemmFn gemm_avx512_for(VecDotFn dot) {
     if (!dot) return nullptr;
     if (dot == vec_dot_avx512(GGMLType::Q4_0)) return gemm<Kind::q4_0>;
     if (dot == vec_dot_avx512(GGMLType::Q4_1)) return gemm<Kind::q4_1>;
+    if (dot == vec_dot_avx512(GGMLType::Q5_0)) return gemm<Kind::q5_0>;
+    if (dot == vec_dot_avx512(GGMLType::Q5_1)) return gemm<Kind::q5_1>;
     if (dot == vec_dot_avx512(GGMLType::Q8_0)) return gemm<Kind::q8_0>;
     if (dot == vec_dot_avx512(GGMLType::Q4_K)) return gemm_k<KKind::q4_k>;
     if (dot == vec_dot_avx512(GGMLType::Q5_K)) return gemm_k<KKind::q5_k>;
