@@ -1,9 +1,11 @@
 // AVX2 tiles of 1 weight row x 4 tokens for the legacy 32-element types (Q4_0, Q4_1, Q5_0, Q5_1,
-// Q8_0): each weight block is turned into bytes once for four tokens. Every output keeps
-// vec_dot_avx2.cpp's accumulators (even blocks, odd blocks, the min term) and repeats its
-// operations in its order, so it is bit-identical to it.
+// Q8_0) and the K-quants (Q4_K, Q5_K, Q6_K): each weight block is turned into bytes once for four
+// tokens. Every output keeps vec_dot_avx2.cpp's accumulators (legacy: even blocks, odd blocks,
+// the min term; K-quants: the scaled sums and the mins) and repeats their float operations in
+// their order, so it is bit-identical to it.
 #include <immintrin.h>
 
+#include <type_traits>
 #include <vector>
 
 #include "cpu/gemm.h"
@@ -89,6 +91,102 @@ void gemm(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* x, size_t
         for (int64_t o = o_begin; o < o_end; ++o) y[int64_t(t) * n_out + o] = dot(n_in, w + o * w_row, x + t * x_row);
 }
 
+// ---- K-quants x Q8_K ------------------------------------------------------------------------
+
+// vec_dot's float step of super-block i for the C tokens: acc[c] += sumi[c] * d_w * d_x. The
+// accumulators live in memory (one load and store a super-block): in registers next to the
+// integer sums they pushed those out to the stack.
+__attribute__((always_inline)) inline void scale_block(float dw, const BlockQ8_K* const (&x)[C], int64_t i,
+                                                       const __m256i (&sumi)[C], float (&acc)[C][8]) {
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c)
+        _mm256_storeu_ps(acc[c], _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[c]), _mm256_set1_ps(dw * x[c][i].d),
+                                                 _mm256_loadu_ps(acc[c])));
+}
+
+template <bool Q5>
+void tile_q45_k(int64_t nb, const std::conditional_t<Q5, BlockQ5_K, BlockQ4_K>* w, const BlockQ8_K* const (&x)[C],
+                float* y, int64_t n_out) {
+    float acc[C][8] = {};
+    for (int64_t i = 0; i < nb; ++i) {
+        const KScales sc(w[i].scales);
+        __m256i sumi[C];
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) sumi[c] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; ++k) {
+            const Q45Chunk<Q5> q(w[i], k);
+            const __m256i s_lo = _mm256_set1_epi16(sc.sc[2 * k]), s_hi = _mm256_set1_epi16(sc.sc[2 * k + 1]);
+#pragma GCC unroll 4
+            for (int c = 0; c < C; ++c) {
+                const int8_t* xq = x[c][i].qs + 64 * k;
+                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(_mm256_maddubs_epi16(q.lo, load256(xq)), s_lo));
+                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(_mm256_maddubs_epi16(q.hi, load256(xq + 32)), s_hi));
+            }
+        }
+        scale_block(h2f(w[i].d), x, i, sumi, acc);
+    }
+    // vec_dot's min accumulators: their own chains, so a second pass gives the same floats
+    __m256 accm[C];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) accm[c] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; ++i) {
+        const __m256i mins = KScales(w[i].scales).mins16();
+        const float dmin = h2f(w[i].dmin);
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c)
+            accm[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(KScales::min_products(mins, x[c][i])),
+                                      _mm256_set1_ps(dmin * x[c][i].d), accm[c]);
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) y[c * n_out] = hsum_ps(_mm256_loadu_ps(acc[c])) - hsum_ps(accm[c]);
+}
+
+void tile_q6_k(int64_t nb, const BlockQ6_K* w, const BlockQ8_K* const (&x)[C], float* y, int64_t n_out) {
+    float acc[C][8] = {};
+    for (int64_t i = 0; i < nb; ++i) {
+        __m256i sumi[C];
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) sumi[c] = q6_offset_term(w[i], x[c][i]);
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; ++h) {
+            const Q6Half q(w[i], h);
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; ++k) {
+                const __m256i v = q.values(k), s = q6_scales(w[i], h, k);
+#pragma GCC unroll 4
+                for (int c = 0; c < C; ++c) {
+                    const __m256i p = _mm256_maddubs_epi16(v, load256(x[c][i].qs + 128 * h + 32 * k));
+                    sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(p, s));
+                }
+            }
+        }
+        scale_block(h2f(w[i].d), x, i, sumi, acc);
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) y[c * n_out] = hsum_ps(_mm256_loadu_ps(acc[c]));
+}
+
+template <GGMLType T>
+void gemm_k(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* x, size_t x_row, int32_t n_tok,
+            int64_t o_begin, int64_t o_end, float* y, int64_t n_out) {
+    const VecDotFn dot = vec_dot_avx2(T);
+    const int64_t nb = n_in / QK_K;
+    int32_t t = 0;
+    for (; t + C <= n_tok; t += C) {
+        const BlockQ8_K* xt[C];
+        for (int c = 0; c < C; ++c) xt[c] = reinterpret_cast<const BlockQ8_K*>(x + (t + c) * x_row);
+        for (int64_t o = o_begin; o < o_end; ++o) {
+            float* yo = y + int64_t(t) * n_out + o;
+            if constexpr (T == GGMLType::Q6_K) tile_q6_k(nb, reinterpret_cast<const BlockQ6_K*>(w + o * w_row), xt, yo, n_out);
+            else if constexpr (T == GGMLType::Q5_K) tile_q45_k<true>(nb, reinterpret_cast<const BlockQ5_K*>(w + o * w_row), xt, yo, n_out);
+            else tile_q45_k<false>(nb, reinterpret_cast<const BlockQ4_K*>(w + o * w_row), xt, yo, n_out);
+        }
+    }
+    for (; t < n_tok; ++t)
+        for (int64_t o = o_begin; o < o_end; ++o) y[int64_t(t) * n_out + o] = dot(n_in, w + o * w_row, x + t * x_row);
+}
+
 }  // namespace
 
 GemmFn gemm_avx2_for(VecDotFn dot) {
@@ -98,6 +196,9 @@ GemmFn gemm_avx2_for(VecDotFn dot) {
     if (dot == vec_dot_avx2(GGMLType::Q5_0)) return gemm<Legacy::q5_0>;
     if (dot == vec_dot_avx2(GGMLType::Q5_1)) return gemm<Legacy::q5_1>;
     if (dot == vec_dot_avx2(GGMLType::Q8_0)) return gemm<Legacy::q8_0>;
+    if (dot == vec_dot_avx2(GGMLType::Q4_K)) return gemm_k<GGMLType::Q4_K>;
+    if (dot == vec_dot_avx2(GGMLType::Q5_K)) return gemm_k<GGMLType::Q5_K>;
+    if (dot == vec_dot_avx2(GGMLType::Q6_K)) return gemm_k<GGMLType::Q6_K>;
     return nullptr;
 }
 

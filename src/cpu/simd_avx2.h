@@ -83,5 +83,72 @@ inline __m256i block_dot(__m256i wb, const int8_t* xq) {
     else return dot_u8s8(wb, load256(xq));
 }
 
+// ---- K-quants x Q8_K (integer lanes exact: only their partition must match between files) ----
+
+// A Q4_K/Q5_K super-block's 8 sub-block scales and its min term against one token.
+struct KScales {
+    uint8_t sc[8];
+    uint64_t mn;
+    explicit KScales(const uint8_t* packed) {
+        uint64_t s;
+        unpack_scales_k4(packed, s, mn);
+        std::memcpy(sc, &s, 8);
+    }
+    // the mins as 16 words, each repeated to match the 16 bsums
+    __m256i mins16() const {
+        const __m128i mn8 = _mm_cvtsi64_si128(int64_t(mn));
+        return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));
+    }
+    // sum_j mn_j * (bsum_2j + bsum_2j+1), 8 lanes
+    static __m256i min_products(__m256i mins16, const BlockQ8_K& x) { return _mm256_madd_epi16(load256(x.bsums), mins16); }
+};
+
+// Chunk c (64 weights) of a Q4_K/Q5_K super-block as bytes: lo = sub-block 2c, hi = 2c + 1.
+template <bool Q5>
+struct Q45Chunk {
+    __m256i lo, hi;
+    template <class WB>
+    Q45Chunk(const WB& w, int c) {
+        const __m256i m4 = _mm256_set1_epi8(0x0F);
+        const __m256i q = load256(w.qs + 32 * c);
+        lo = _mm256_and_si256(q, m4);
+        hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        if constexpr (Q5) {
+            const __m256i qh = load256(w.qh);
+            const __m256i b0 = _mm256_set1_epi8(char(1 << (2 * c))), b1 = _mm256_set1_epi8(char(2 << (2 * c)));
+            const __m256i sixteen = _mm256_set1_epi8(16);
+            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b0), b0), sixteen));
+            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b1), b1), sixteen));
+        }
+    }
+};
+
+// Q6_K: the q - 32 offset as the starting sum, -32 * sum_g sc_g * bsum_g.
+inline __m256i q6_offset_term(const BlockQ6_K& w, const BlockQ8_K& x) {
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.scales)));
+    return _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sc16, load256(x.bsums)), 5));
+}
+
+// Half h (128 weights) of a Q6_K super-block; values(k): weights 128h + 32k .. + 31 as bytes.
+struct Q6Half {
+    __m256i ql0, ql1, qh;
+    Q6Half(const BlockQ6_K& w, int h)
+        : ql0(load256(w.ql + 64 * h)), ql1(load256(w.ql + 64 * h + 32)), qh(load256(w.qh + 32 * h)) {}
+    __m256i values(int k) const {
+        const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
+        const __m256i l = k & 1 ? ql1 : ql0;
+        const __m256i low = k < 2 ? _mm256_and_si256(l, m4) : _mm256_and_si256(_mm256_srli_epi16(l, 4), m4);
+        const __m256i high = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)), m2);
+        return _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+    }
+};
+
+// The scales of the two 16-weight groups of Q6Half(h).values(k), one per 128-bit half.
+inline __m256i q6_scales(const BlockQ6_K& w, int h, int k) {
+    const int g = 8 * h + 2 * k;
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(short(w.scales[g]))),
+                                   _mm_set1_epi16(short(w.scales[g + 1])), 1);
+}
+
 }  // namespace avx2
 }  // namespace ember

@@ -72,44 +72,25 @@ float dot_float(int64_t n, const void* w, const void* xv) {
     return s;
 }
 
-inline __m256i two_scales(int lo, int hi) {
-    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(short(lo))), _mm_set1_epi16(short(hi)), 1);
-}
-
 template <bool Q5>
 float dot_q45_k(int64_t n, const void* wv, const void* xv) {
     using WB = std::conditional_t<Q5, BlockQ5_K, BlockQ4_K>;
     const WB* w = static_cast<const WB*>(wv);
     const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
     __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; ++i) {
-        uint64_t sc64, mn64;
-        unpack_scales_k4(w[i].scales, sc64, mn64);
-        uint8_t sc[8];
-        std::memcpy(sc, &sc64, 8);
-        const __m128i mn8 = _mm_cvtsi64_si128(int64_t(mn64));
-        const __m256i mn16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));
-        const __m256i prod_m = _mm256_madd_epi16(load256(x[i].bsums), mn16);
+        const KScales sc(w[i].scales);
         __m256i sumi = _mm256_setzero_si256();
         for (int c = 0; c < 4; ++c) {
-            const __m256i q = load256(w[i].qs + 32 * c);
-            __m256i lo = _mm256_and_si256(q, m4);
-            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            if constexpr (Q5) {
-                const __m256i qh = load256(w[i].qh);
-                const __m256i b0 = _mm256_set1_epi8(char(1 << (2 * c))), b1 = _mm256_set1_epi8(char(2 << (2 * c)));
-                const __m256i sixteen = _mm256_set1_epi8(16);
-                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b0), b0), sixteen));
-                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b1), b1), sixteen));
-            }
-            const __m256i plo = _mm256_maddubs_epi16(lo, load256(x[i].qs + 64 * c));
-            const __m256i phi = _mm256_maddubs_epi16(hi, load256(x[i].qs + 64 * c + 32));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, _mm256_set1_epi16(sc[2 * c])));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(phi, _mm256_set1_epi16(sc[2 * c + 1])));
+            const Q45Chunk<Q5> q(w[i], c);
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(q.lo, load256(x[i].qs + 64 * c)),
+                                                            _mm256_set1_epi16(sc.sc[2 * c])));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(q.hi, load256(x[i].qs + 64 * c + 32)),
+                                                            _mm256_set1_epi16(sc.sc[2 * c + 1])));
         }
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(h2f(w[i].d) * x[i].d), acc);
-        accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(prod_m), _mm256_set1_ps(h2f(w[i].dmin) * x[i].d), accm);
+        accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(KScales::min_products(sc.mins16(), x[i])),
+                               _mm256_set1_ps(h2f(w[i].dmin) * x[i].d), accm);
     }
     return hsum_ps(acc) - hsum_ps(accm);
 }
@@ -117,26 +98,14 @@ float dot_q45_k(int64_t n, const void* wv, const void* xv) {
 float dot_q6_k(int64_t n, const void* wv, const void* xv) {
     const BlockQ6_K* w = static_cast<const BlockQ6_K*>(wv);
     const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; ++i) {
-        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[i].scales)));
-        // q - 32 offset: sum_g sc_g * 32 * bsum_g
-        __m256i sumi = _mm256_sub_epi32(_mm256_setzero_si256(),
-                                        _mm256_slli_epi32(_mm256_madd_epi16(sc16, load256(x[i].bsums)), 5));
+        __m256i sumi = q6_offset_term(w[i], x[i]);
         for (int h = 0; h < 2; ++h) {
-            const __m256i ql0 = load256(w[i].ql + 64 * h), ql1 = load256(w[i].ql + 64 * h + 32);
-            const __m256i qh = load256(w[i].qh + 32 * h);
-            const __m256i q[4] = {
-                _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4)),
-                _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4)),
-            };
+            const Q6Half q(w[i], h);
             for (int k = 0; k < 4; ++k) {
-                const int g = 8 * h + 2 * k;   // 32 elements = groups g, g + 1
-                const __m256i p = _mm256_maddubs_epi16(q[k], load256(x[i].qs + 128 * h + 32 * k));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, two_scales(w[i].scales[g], w[i].scales[g + 1])));
+                const __m256i p = _mm256_maddubs_epi16(q.values(k), load256(x[i].qs + 128 * h + 32 * k));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, q6_scales(w[i], h, k)));
             }
         }
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(h2f(w[i].d) * x[i].d), acc);
