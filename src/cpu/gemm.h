@@ -24,4 +24,30 @@ inline GemmFn gemm_for(VecDotFn dot) {
     return f ? f : gemm_avx2_for(dot);
 }
 
+// The loop every tiled kernel shares: token tiles of C outside (their activations stay in L1
+// while the chunk's rows pass), row tiles of R inside; rows and tokens left over go through dot,
+// which the tiles reproduce bit for bit. prepare(xt) runs once per token tile; tile(wr, xt, yt)
+// writes yt[c * n_out + r] for rows wr[0..R) and tokens xt[0..C).
+template <int R, int C, class Prepare, class Tile>
+void run_tiles(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* x, size_t x_row, int32_t n_tok,
+               int64_t o_begin, int64_t o_end, float* y, int64_t n_out, VecDotFn dot, Prepare&& prepare,
+               Tile&& tile) {
+    const int64_t o_tiled = o_begin + (o_end - o_begin) / R * R;
+    int32_t t = 0;
+    for (; t + C <= n_tok; t += C) {
+        const uint8_t* xt[C];
+        for (int c = 0; c < C; ++c) xt[c] = x + (t + c) * x_row;
+        prepare(xt);
+        for (int64_t o = o_begin; o < o_tiled; o += R) {
+            const uint8_t* wr[R];
+            for (int r = 0; r < R; ++r) wr[r] = w + (o + r) * w_row;
+            tile(wr, xt, y + int64_t(t) * n_out + o);
+        }
+        for (int64_t o = o_tiled; o < o_end; ++o)
+            for (int c = 0; c < C; ++c) y[int64_t(t + c) * n_out + o] = dot(n_in, w + o * w_row, xt[c]);
+    }
+    for (; t < n_tok; ++t)
+        for (int64_t o = o_begin; o < o_end; ++o) y[int64_t(t) * n_out + o] = dot(n_in, w + o * w_row, x + t * x_row);
+}
+
 }  // namespace ember

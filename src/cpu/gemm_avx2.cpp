@@ -70,25 +70,18 @@ void gemm(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* x, size_t
           int64_t o_begin, int64_t o_end, float* y, int64_t n_out) {
     using W = typename LegacyBlocks<K>::W;
     using X = typename LegacyBlocks<K>::X;
-    const VecDotFn dot = vec_dot_avx2(K == Legacy::q4_0   ? GGMLType::Q4_0
-                                      : K == Legacy::q4_1 ? GGMLType::Q4_1
-                                      : K == Legacy::q5_0 ? GGMLType::Q5_0
-                                      : K == Legacy::q5_1 ? GGMLType::Q5_1
-                                                          : GGMLType::Q8_0);
     const int64_t nb = n_in / 32;
     std::vector<float> xd(size_t(nb * C)), xs(kHasMin<K> ? size_t(nb * C) : 0);
-    int32_t t = 0;
-    // Token tiles outside: the tile's activations stay in L1 while the chunk's rows pass.
-    for (; t + C <= n_tok; t += C) {
-        const X* xt[C];
-        for (int c = 0; c < C; ++c) xt[c] = reinterpret_cast<const X*>(x + (t + c) * x_row);
-        tile_scales<K>(xt, nb, xd.data(), xs.data());
-        for (int64_t o = o_begin; o < o_end; ++o)
-            tile<K>(nb, reinterpret_cast<const W*>(w + o * w_row), xt, xd.data(), xs.data(),
-                    y + int64_t(t) * n_out + o, n_out);
-    }
-    for (; t < n_tok; ++t)
-        for (int64_t o = o_begin; o < o_end; ++o) y[int64_t(t) * n_out + o] = dot(n_in, w + o * w_row, x + t * x_row);
+    const X* xb[C];
+    run_tiles<1, C>(
+        n_in, w, w_row, x, x_row, n_tok, o_begin, o_end, y, n_out, vec_dot_avx2(LegacyBlocks<K>::type),
+        [&](const uint8_t* const* xt) {
+            for (int c = 0; c < C; ++c) xb[c] = reinterpret_cast<const X*>(xt[c]);
+            tile_scales<K>(xb, nb, xd.data(), xs.data());
+        },
+        [&](const uint8_t* const* wr, const uint8_t* const*, float* yt) {
+            tile<K>(nb, reinterpret_cast<const W*>(wr[0]), xb, xd.data(), xs.data(), yt, n_out);
+        });
 }
 
 // ---- K-quants x Q8_K ------------------------------------------------------------------------
@@ -170,21 +163,18 @@ void tile_q6_k(int64_t nb, const BlockQ6_K* w, const BlockQ8_K* const (&x)[C], f
 template <GGMLType T>
 void gemm_k(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* x, size_t x_row, int32_t n_tok,
             int64_t o_begin, int64_t o_end, float* y, int64_t n_out) {
-    const VecDotFn dot = vec_dot_avx2(T);
     const int64_t nb = n_in / QK_K;
-    int32_t t = 0;
-    for (; t + C <= n_tok; t += C) {
-        const BlockQ8_K* xt[C];
-        for (int c = 0; c < C; ++c) xt[c] = reinterpret_cast<const BlockQ8_K*>(x + (t + c) * x_row);
-        for (int64_t o = o_begin; o < o_end; ++o) {
-            float* yo = y + int64_t(t) * n_out + o;
-            if constexpr (T == GGMLType::Q6_K) tile_q6_k(nb, reinterpret_cast<const BlockQ6_K*>(w + o * w_row), xt, yo, n_out);
-            else if constexpr (T == GGMLType::Q5_K) tile_q45_k<true>(nb, reinterpret_cast<const BlockQ5_K*>(w + o * w_row), xt, yo, n_out);
-            else tile_q45_k<false>(nb, reinterpret_cast<const BlockQ4_K*>(w + o * w_row), xt, yo, n_out);
-        }
-    }
-    for (; t < n_tok; ++t)
-        for (int64_t o = o_begin; o < o_end; ++o) y[int64_t(t) * n_out + o] = dot(n_in, w + o * w_row, x + t * x_row);
+    const BlockQ8_K* xb[C];
+    run_tiles<1, C>(
+        n_in, w, w_row, x, x_row, n_tok, o_begin, o_end, y, n_out, vec_dot_avx2(T),
+        [&](const uint8_t* const* xt) {
+            for (int c = 0; c < C; ++c) xb[c] = reinterpret_cast<const BlockQ8_K*>(xt[c]);
+        },
+        [&](const uint8_t* const* wr, const uint8_t* const*, float* yt) {
+            if constexpr (T == GGMLType::Q6_K) tile_q6_k(nb, reinterpret_cast<const BlockQ6_K*>(wr[0]), xb, yt, n_out);
+            else if constexpr (T == GGMLType::Q5_K) tile_q45_k<true>(nb, reinterpret_cast<const BlockQ5_K*>(wr[0]), xb, yt, n_out);
+            else tile_q45_k<false>(nb, reinterpret_cast<const BlockQ4_K*>(wr[0]), xb, yt, n_out);
+        });
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cpu/gemm.h"
+#include "cpu/legacy_blocks.h"
 #include "quant/blocks.h"
 #include "quant/kernels.h"
 
@@ -18,14 +19,6 @@ namespace {
 
 constexpr int R = 2, C = 4;   // weight rows x tokens per tile: 16 zmm accumulators
 
-enum class Kind { q4_0, q4_1, q5_0, q5_1, q8_0 };
-
-template <Kind K> struct Blocks;
-template <> struct Blocks<Kind::q4_0> { using W = BlockQ4_0; using X = BlockQ8_0; };
-template <> struct Blocks<Kind::q4_1> { using W = BlockQ4_1; using X = BlockQ8_1; };
-template <> struct Blocks<Kind::q5_0> { using W = BlockQ5_0; using X = BlockQ8_0; };
-template <> struct Blocks<Kind::q5_1> { using W = BlockQ5_1; using X = BlockQ8_1; };
-template <> struct Blocks<Kind::q8_0> { using W = BlockQ8_0; using X = BlockQ8_0; };
 
 inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
 inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
@@ -37,11 +30,9 @@ inline __m512i join(__m256i lo, __m256i hi) {
 // Integer lane sums need only be exact, not computed as vec_dot does: every operand here is
 // made unsigned (Q4 nibbles as they are, Q8_0 bytes + 128) and the offset comes back through
 // a per-token correction sum(off * x) that is shared by all rows of the tile.
-template <Kind K> constexpr int offset() {
-    return K == Kind::q4_0 ? 8 : K == Kind::q5_0 ? 16 : K == Kind::q8_0 ? 128 : 0;
+template <Legacy K> constexpr int offset() {
+    return K == Legacy::q4_0 ? 8 : K == Legacy::q5_0 ? 16 : K == Legacy::q8_0 ? 128 : 0;
 }
-template <Kind K> constexpr bool kHasMin = K == Kind::q4_1 || K == Kind::q5_1;
-template <Kind K> constexpr bool kQ5 = K == Kind::q5_0 || K == Kind::q5_1;
 
 // Q5: bit 4 of element j comes from bit j of qh (a pair: bits 32..63 for the second block).
 template <class W>
@@ -52,9 +43,9 @@ inline uint32_t qh_bits(const W& b) {
 }
 
 // Weight bytes of blocks b and b + 1 in the activation pair layout (32 bytes per block).
-template <Kind K, class W>
+template <Legacy K, class W>
 inline __m512i weight_pair(const W* b) {
-    if constexpr (K == Kind::q8_0) {
+    if constexpr (K == Legacy::q8_0) {
         return _mm512_xor_si512(join(load256(b[0].qs), load256(b[1].qs)), _mm512_set1_epi8(char(0x80)));
     } else {
         // 128-bit lanes: qs0, qs0 >> 4, qs1, qs1 >> 4, each masked to nibbles
@@ -70,9 +61,9 @@ inline __m512i weight_pair(const W* b) {
     }
 }
 
-template <Kind K, class W>
+template <Legacy K, class W>
 inline __m256i weight_one(const W& b) {
-    if constexpr (K == Kind::q8_0) return _mm256_xor_si256(load256(b.qs), _mm256_set1_epi8(char(0x80)));
+    if constexpr (K == Legacy::q8_0) return _mm256_xor_si256(load256(b.qs), _mm256_set1_epi8(char(0x80)));
     const __m128i q = load128(b.qs);
     const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
     const __m256i nib = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
@@ -115,9 +106,9 @@ inline __m512i m_index() {
 // Per 4-token tile, the activation scales laid out for the inner loop: xe[c][pair][16] holds
 // d of the pair's first block in lanes 0-7 and of its second in lanes 8-15 (as vec_dot's
 // permuted products have them); xs[group][c][4] holds s of blocks 4g..4g+3 (Q8_1).
-template <Kind K>
+template <Legacy K>
 void tile_scales(const uint8_t* const* x, int64_t nb, float* xe, float* xs) {
-    using X = typename Blocks<K>::X;
+    using X = typename LegacyBlocks<K>::X;
     const int64_t np = nb / 2, ng = (nb + 3) / 4;
     for (int c = 0; c < C; ++c) {
         const X* xb = reinterpret_cast<const X*>(x[c]);
@@ -137,7 +128,7 @@ void tile_scales(const uint8_t* const* x, int64_t nb, float* xe, float* xs) {
 // Blocks i .. i + 2 * n_pair - 1 of the tile (n_pair 2: a group of 4, 1: a leftover pair).
 // Pair h outermost, so only that pair's row data is live next to the 16 accumulators; forced
 // inline with constant loops so the accumulators stay in registers.
-template <Kind K, int n_pair, class W, class X>
+template <Legacy K, int n_pair, class W, class X>
 __attribute__((always_inline)) inline void group(const W* const* w, const X* const* xb, const float* xe,
                                                  int64_t np, int64_t i, __m512 (&acc)[R][C][2]) {
     const __m512i zero = _mm512_setzero_si512();
@@ -172,11 +163,11 @@ __attribute__((always_inline)) inline void group(const W* const* w, const X* con
 }
 
 // y[c * n_out + r] for the tile's R rows and C tokens.
-template <Kind K>
+template <Legacy K>
 void tile(int64_t nb, const uint8_t* const* wrow, const uint8_t* const* x, const float* xe,
           const float* xs, float* y, int64_t n_out) {
-    using W = typename Blocks<K>::W;
-    using X = typename Blocks<K>::X;
+    using W = typename LegacyBlocks<K>::W;
+    using X = typename LegacyBlocks<K>::X;
     constexpr bool has_min = kHasMin<K>;
     const W* w[R];
     const X* xb[C];
@@ -240,33 +231,17 @@ void tile(int64_t nb, const uint8_t* const* wrow, const uint8_t* const* x, const
     }
 }
 
-template <Kind K>
+template <Legacy K>
 void gemm(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* x, size_t x_row, int32_t n_tok,
           int64_t o_begin, int64_t o_end, float* y, int64_t n_out) {
-    const VecDotFn dot = vec_dot_avx512(K == Kind::q4_0   ? GGMLType::Q4_0
-                                        : K == Kind::q4_1 ? GGMLType::Q4_1
-                                        : K == Kind::q5_0 ? GGMLType::Q5_0
-                                        : K == Kind::q5_1 ? GGMLType::Q5_1
-                                                          : GGMLType::Q8_0);
     const int64_t nb = n_in / 32;
     std::vector<float> xe(size_t(C * (nb / 2) * 16)), xs(size_t((nb + 3) / 4 * C * 4));
-    const int64_t o_tiled = o_begin + (o_end - o_begin) / R * R;
-    int32_t t = 0;
-    // Token tiles outside: the tile's activations stay in L1 while the chunk's rows pass.
-    for (; t + C <= n_tok; t += C) {
-        const uint8_t* xt[C];
-        for (int c = 0; c < C; ++c) xt[c] = x + (t + c) * x_row;
-        tile_scales<K>(xt, nb, xe.data(), xs.data());
-        for (int64_t o = o_begin; o < o_tiled; o += R) {
-            const uint8_t* wr[R];
-            for (int r = 0; r < R; ++r) wr[r] = w + (o + r) * w_row;
-            tile<K>(nb, wr, xt, xe.data(), xs.data(), y + int64_t(t) * n_out + o, n_out);
-        }
-        for (int64_t o = o_tiled; o < o_end; ++o)
-            for (int c = 0; c < C; ++c) y[int64_t(t + c) * n_out + o] = dot(n_in, w + o * w_row, xt[c]);
-    }
-    for (; t < n_tok; ++t)
-        for (int64_t o = o_begin; o < o_end; ++o) y[int64_t(t) * n_out + o] = dot(n_in, w + o * w_row, x + t * x_row);
+    run_tiles<R, C>(
+        n_in, w, w_row, x, x_row, n_tok, o_begin, o_end, y, n_out, vec_dot_avx512(LegacyBlocks<K>::type),
+        [&](const uint8_t* const* xt) { tile_scales<K>(xt, nb, xe.data(), xs.data()); },
+        [&](const uint8_t* const* wr, const uint8_t* const* xt, float* yt) {
+            tile<K>(nb, wr, xt, xe.data(), xs.data(), yt, n_out);
+        });
 }
 
 // ---- K-quants x Q8_K ------------------------------------------------------------------------
@@ -435,34 +410,22 @@ void tile_k(int64_t nb, const uint8_t* const* wrow, const uint8_t* const* x, flo
 template <KKind K>
 void gemm_k(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* x, size_t x_row, int32_t n_tok,
             int64_t o_begin, int64_t o_end, float* y, int64_t n_out) {
-    const VecDotFn dot = vec_dot_avx512(KBlock<K>::type);
     const int64_t nb = n_in / QK_K;
-    const int64_t o_tiled = o_begin + (o_end - o_begin) / R * R;
-    int32_t t = 0;
-    for (; t + C <= n_tok; t += C) {
-        const uint8_t* xt[C];
-        for (int c = 0; c < C; ++c) xt[c] = x + (t + c) * x_row;
-        for (int64_t o = o_begin; o < o_tiled; o += R) {
-            const uint8_t* wr[R];
-            for (int r = 0; r < R; ++r) wr[r] = w + (o + r) * w_row;
-            tile_k<K>(nb, wr, xt, y + int64_t(t) * n_out + o, n_out);
-        }
-        for (int64_t o = o_tiled; o < o_end; ++o)
-            for (int c = 0; c < C; ++c) y[int64_t(t + c) * n_out + o] = dot(n_in, w + o * w_row, xt[c]);
-    }
-    for (; t < n_tok; ++t)
-        for (int64_t o = o_begin; o < o_end; ++o) y[int64_t(t) * n_out + o] = dot(n_in, w + o * w_row, x + t * x_row);
+    run_tiles<R, C>(
+        n_in, w, w_row, x, x_row, n_tok, o_begin, o_end, y, n_out, vec_dot_avx512(KBlock<K>::type),
+        [](const uint8_t* const*) {},
+        [&](const uint8_t* const* wr, const uint8_t* const* xt, float* yt) { tile_k<K>(nb, wr, xt, yt, n_out); });
 }
 
 }  // namespace
 
 GemmFn gemm_avx512_for(VecDotFn dot) {
     if (!dot) return nullptr;
-    if (dot == vec_dot_avx512(GGMLType::Q4_0)) return gemm<Kind::q4_0>;
-    if (dot == vec_dot_avx512(GGMLType::Q4_1)) return gemm<Kind::q4_1>;
-    if (dot == vec_dot_avx512(GGMLType::Q5_0)) return gemm<Kind::q5_0>;
-    if (dot == vec_dot_avx512(GGMLType::Q5_1)) return gemm<Kind::q5_1>;
-    if (dot == vec_dot_avx512(GGMLType::Q8_0)) return gemm<Kind::q8_0>;
+    if (dot == vec_dot_avx512(GGMLType::Q4_0)) return gemm<Legacy::q4_0>;
+    if (dot == vec_dot_avx512(GGMLType::Q4_1)) return gemm<Legacy::q4_1>;
+    if (dot == vec_dot_avx512(GGMLType::Q5_0)) return gemm<Legacy::q5_0>;
+    if (dot == vec_dot_avx512(GGMLType::Q5_1)) return gemm<Legacy::q5_1>;
+    if (dot == vec_dot_avx512(GGMLType::Q8_0)) return gemm<Legacy::q8_0>;
     if (dot == vec_dot_avx512(GGMLType::Q4_K)) return gemm_k<KKind::q4_k>;
     if (dot == vec_dot_avx512(GGMLType::Q5_K)) return gemm_k<KKind::q5_k>;
     if (dot == vec_dot_avx512(GGMLType::Q6_K)) return gemm_k<KKind::q6_k>;

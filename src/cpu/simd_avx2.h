@@ -6,6 +6,7 @@
 
 #include <cstring>
 
+#include "cpu/legacy_blocks.h"
 #include "quant/blocks.h"
 
 namespace ember {
@@ -49,18 +50,6 @@ inline __m256i dot_u8s8(__m256i w, __m256i x) {
 inline __m256i dot_s8s8(__m256i w, __m256i x) {
     return dot_u8s8(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
 }
-
-enum class Legacy { q4_0, q4_1, q5_0, q5_1, q8_0 };
-
-template <Legacy K> struct LegacyBlocks;
-template <> struct LegacyBlocks<Legacy::q4_0> { using W = BlockQ4_0; using X = BlockQ8_0; };
-template <> struct LegacyBlocks<Legacy::q4_1> { using W = BlockQ4_1; using X = BlockQ8_1; };
-template <> struct LegacyBlocks<Legacy::q5_0> { using W = BlockQ5_0; using X = BlockQ8_0; };
-template <> struct LegacyBlocks<Legacy::q5_1> { using W = BlockQ5_1; using X = BlockQ8_1; };
-template <> struct LegacyBlocks<Legacy::q8_0> { using W = BlockQ8_0; using X = BlockQ8_0; };
-
-template <Legacy K> constexpr bool kHasMin = K == Legacy::q4_1 || K == Legacy::q5_1;
-template <Legacy K> constexpr bool kSignedWeights = !kHasMin<K>;
 
 // A block's 32 weights as bytes in element order: q - offset for the *_0 kinds (signed), q for
 // the *_1 kinds (unsigned).

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "cpu/legacy_blocks.h"
 #include "quant/blocks.h"
 #include "quant/kernels.h"
 
@@ -36,8 +37,6 @@ inline __m256i q5_values(const uint8_t* qs, const uint8_t* qh) {
 
 // ---- legacy 32-element blocks --------------------------------------------------------------
 // Kind selects how the weight bytes are formed and which offset/min term applies.
-enum class Legacy { q4_0, q4_1, q5_0, q5_1, q8_0 };
-
 template <Legacy K, class WB>
 inline __m256i weight_values(const WB& b) {
     if constexpr (K == Legacy::q4_0 || K == Legacy::q4_1) return nibbles32(b.qs);
@@ -79,9 +78,11 @@ inline __m256 head_halves(const B* b) {
     return _mm256_cvtph_ps(h);
 }
 
-template <Legacy K, class WB, class XB>
+template <Legacy K>
 float dot_legacy(int64_t n, const void* wv, const void* xv) {
-    constexpr bool has_min = K == Legacy::q4_1 || K == Legacy::q5_1;
+    using WB = typename LegacyBlocks<K>::W;
+    using XB = typename LegacyBlocks<K>::X;
+    constexpr bool has_min = kHasMin<K>;
     const WB* w = static_cast<const WB*>(wv);
     const XB* x = static_cast<const XB*>(xv);
     const int64_t nb = n / 32;
@@ -250,11 +251,11 @@ VecDotFn vec_dot_avx512(GGMLType type) {
         case GGMLType::F32: return dot_float<0>;
         case GGMLType::F16: return dot_float<1>;
         case GGMLType::BF16: return dot_float<2>;
-        case GGMLType::Q4_0: return dot_legacy<Legacy::q4_0, BlockQ4_0, BlockQ8_0>;
-        case GGMLType::Q4_1: return dot_legacy<Legacy::q4_1, BlockQ4_1, BlockQ8_1>;
-        case GGMLType::Q5_0: return dot_legacy<Legacy::q5_0, BlockQ5_0, BlockQ8_0>;
-        case GGMLType::Q5_1: return dot_legacy<Legacy::q5_1, BlockQ5_1, BlockQ8_1>;
-        case GGMLType::Q8_0: return dot_legacy<Legacy::q8_0, BlockQ8_0, BlockQ8_0>;
+        case GGMLType::Q4_0: return dot_legacy<Legacy::q4_0>;
+        case GGMLType::Q4_1: return dot_legacy<Legacy::q4_1>;
+        case GGMLType::Q5_0: return dot_legacy<Legacy::q5_0>;
+        case GGMLType::Q5_1: return dot_legacy<Legacy::q5_1>;
+        case GGMLType::Q8_0: return dot_legacy<Legacy::q8_0>;
         case GGMLType::Q4_K: return dot_q45_k<false>;
         case GGMLType::Q5_K: return dot_q45_k<true>;
         case GGMLType::Q6_K: return dot_q6_k;
