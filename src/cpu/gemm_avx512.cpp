@@ -319,21 +319,29 @@ __attribute__((always_inline)) inline void block_q45_k(const std::conditional_t<
     scale_block(w, xb, i, sumi, acc);
 }
 
-// vec_dot's accm of one (row, token), then its horizontal sum.
+// vec_dot's accm of one row for the C tokens (each its own FMA chain), then their horizontal
+// sums: out[c]. The row's scales are unpacked once for all tokens.
 template <class W>
-float min_term(int64_t nb, const W* w, const BlockQ8_K* x) {
-    __m256 accm = _mm256_setzero_ps();
+void min_terms(int64_t nb, const W* w, const BlockQ8_K* const* xb, float (&out)[C]) {
+    __m256 accm[C];
+    for (int c = 0; c < C; ++c) accm[c] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; ++i) {
         uint64_t sc, mn;
         unpack_scales_k4(w[i].scales, sc, mn);
         const __m128i mn8 = _mm_cvtsi64_si128(int64_t(mn));
         const __m256i mn16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));
-        const __m256i prod_m = _mm256_madd_epi16(load256(x[i].bsums), mn16);
-        accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(prod_m), _mm256_set1_ps(h2f(w[i].dmin) * x[i].d), accm);
+        const float dmin = h2f(w[i].dmin);
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) {
+            const __m256i prod_m = _mm256_madd_epi16(load256(xb[c][i].bsums), mn16);
+            accm[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(prod_m), _mm256_set1_ps(dmin * xb[c][i].d), accm[c]);
+        }
     }
-    const __m128 m = _mm_add_ps(_mm256_castps256_ps128(accm), _mm256_extractf128_ps(accm, 1));
-    const __m128 m2 = _mm_add_ps(m, _mm_movehl_ps(m, m));
-    return _mm_cvtss_f32(_mm_add_ss(m2, _mm_shuffle_ps(m2, m2, 1)));
+    for (int c = 0; c < C; ++c) {
+        const __m128 m = _mm_add_ps(_mm256_castps256_ps128(accm[c]), _mm256_extractf128_ps(accm[c], 1));
+        const __m128 m2 = _mm_add_ps(m, _mm_movehl_ps(m, m));
+        out[c] = _mm_cvtss_f32(_mm_add_ss(m2, _mm_shuffle_ps(m2, m2, 1)));
+    }
 }
 
 __attribute__((always_inline)) inline void block_q6_k(const BlockQ6_K* const* w, const BlockQ8_K* const* xb, int64_t i,
@@ -397,14 +405,12 @@ void tile_k(int64_t nb, const uint8_t* const* wrow, const uint8_t* const* x, flo
         if constexpr (K == KKind::q6_k) block_q6_k(w, xb, i, idx, acc);
         else block_q45_k<K == KKind::q5_k>(w, xb, i, idx, acc);
     }
+    for (int r = 0; r < R; ++r) {
+        float mins[C] = {};
+        if constexpr (K != KKind::q6_k) min_terms(nb, w[r], xb, mins);
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-        for (int c = 0; c < C; ++c) {
-            float s = _mm512_reduce_add_ps(acc[r][c]);
-            if constexpr (K != KKind::q6_k) s -= min_term(nb, w[r], xb[c]);
-            y[c * n_out + r] = s;
-        }
+        for (int c = 0; c < C; ++c) y[c * n_out + r] = _mm512_reduce_add_ps(acc[r][c]) - mins[c];
+    }
 }
 
 template <KKind K>
