@@ -285,6 +285,25 @@ def test_activation_quantizer_matches_ref(t):
         np.testing.assert_array_equal(best, ref)
 
 
+def test_q8_k_activation_quantizer_matches_ref():
+    """As above for Q8_K (super-blocks of 256): the first value of largest magnitude sets the
+    scale, quotients round to nearest even, +128 is capped at 127."""
+    rng = rng_for("activation quantizer", "Q8_K")
+    rows = [(rng.standard_normal(4096) * 10.0 ** rng.uniform(-30, 30)).astype(np.float32) for _ in range(8)]
+    special = np.zeros((6, 256), dtype=np.float32)
+    special[0, 0] = -128.0                                 # iscale 1: every other value an exact tie
+    special[0, 1:] = (np.arange(255) % 64 - 32) + 0.5
+    special[1, 7], special[1, 200] = 3.0, -3.0             # equal magnitudes: the first one wins
+    special[1, 8:200] = rng.uniform(-3, 3, 192)
+    special[2, 3] = np.float32(1e-45)                      # subnormal max: the scale overflows
+    special[3, 9], special[3, 10] = np.inf, 1.0            # non-finite blocks take the scalar path
+    special[4, 100] = np.nan
+    special[5, 50], special[5, 51] = -5.0, 5.0             # -128 and a capped +128
+    for x in rows + [special.reshape(-1), np.zeros(256, dtype=np.float32)]:
+        best, ref = E.quantize(int(T.Q8_K), x, impl="best"), E.quantize(int(T.Q8_K), x, impl="ref")
+        np.testing.assert_array_equal(best, ref)
+
+
 @pytest.mark.parametrize("level", ["avx2", "scalar"])
 def test_lower_simd_levels(level):
     rerun_at_simd_level(level, __file__, "vec_dot_best_matches_ref or type_info_and_simd_level or activation_quantizer",
