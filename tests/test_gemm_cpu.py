@@ -46,6 +46,19 @@ def test_batched_matmul_is_bit_identical_to_per_token(cpu, name, n_in, rng):
                                       err_msg=f"{name} n_in={n_in} n_tok={n_tok}")
 
 
+@pytest.mark.parametrize("name,n_in", [(t, n) for n in N_IN for t in TYPES if n % block_elems(t) == 0])
+def test_single_token_matmul_is_vec_dot(cpu, name, n_in, rng):
+    """One token (decode): each output is exactly the kernel's vec_dot of its row, however the
+    rows are handed out or tiled."""
+    qtype = gguf.GGMLQuantizationType[name]
+    n_out = 37
+    wq = _ember.quantize(int(qtype), rng.standard_normal(n_out * n_in).astype(np.float32)).reshape(n_out, -1)
+    x = (rng.standard_normal((1, n_in)) * 10.0 ** rng.uniform(-2, 2)).astype(np.float32)
+    got = cpu.matmul(int(qtype), wq, n_in, x)[0]
+    want = np.array([_ember.vec_dot(int(qtype), wq[o], x[0], impl="best") for o in range(n_out)], np.float32)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=f"{name} n_in={n_in}")
+
+
 def test_large_batch_spans_thread_chunks(cpu, rng):
     """A model-sized shape: many row chunks over both threads, a tile remainder of tokens."""
     qtype = gguf.GGMLQuantizationType.Q4_1
@@ -58,4 +71,4 @@ def test_large_batch_spans_thread_chunks(cpu, rng):
 
 
 def test_avx2_tiles():
-    rerun_at_simd_level("avx2", __file__, "bit_identical or spans_thread_chunks")
+    rerun_at_simd_level("avx2", __file__, "bit_identical or single_token or spans_thread_chunks")
