@@ -53,7 +53,7 @@ void CpuBackend::matmul(const Weight& w, const float* x, int32_t n_tok, float* y
 int64_t CpuBackend::row_grain(int64_t n_rows, size_t w_row) const {
     double chunks = (double)n_chunks();
     if (handout_bytes_ > 0)
-        chunks = std::max(chunks, std::sqrt((double)n_rows * w_row * pool_.size() / handout_bytes_));
+        chunks = std::max(chunks, pool_.size() * std::sqrt((double)n_rows * w_row / handout_bytes_));
     return std::max<int64_t>(16, (int64_t)(n_rows / chunks));
 }
 
