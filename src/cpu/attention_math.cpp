@@ -1,6 +1,7 @@
 // Scalar reference of the attention arithmetic (attention_math.h) and the choice of level.
 #include "cpu/attention_math.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "ember/quant.h"
@@ -36,9 +37,15 @@ void f16_to_f32(const uint16_t* src, int32_t n, float* dst) {
     for (int32_t j = 0; j < n; ++j) dst[j] = half_to_float(src[j]);
 }
 
+float max(const float* x, int32_t n) {
+    float m = -INFINITY;
+    for (int32_t j = 0; j < n; ++j) m = x[j] > m ? x[j] : m;
+    return m;
+}
+
 }  // namespace
 
-const AttentionMath kAttentionMathScalar{scores, scale_round, weighted_sum, f16_to_f32};
+const AttentionMath kAttentionMathScalar{scores, scale_round, weighted_sum, f16_to_f32, max};
 
 const AttentionMath& attention_math(int32_t head_dim) {
     static const AttentionMath& best = std::strcmp(simd_level(), "avx512") == 0 ? kAttentionMathAvx512

@@ -20,6 +20,9 @@ struct AttentionMath {
     void (*weighted_sum)(const float* w, const float* v, int32_t D, int32_t len, float* o);
     // dst[j] = the f16 value src[j] as f32.
     void (*f16_to_f32)(const uint16_t* src, int32_t n, float* dst);
+    // The largest of x[0..n), NaNs skipped (-inf when there is nothing else). Exact at any width:
+    // only the sign of a zero result can depend on the order, and x - m does not.
+    float (*max)(const float* x, int32_t n);
 };
 
 extern const AttentionMath kAttentionMathScalar;

@@ -5,6 +5,7 @@
 #pragma once
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "cpu/attention_math.h"
@@ -24,6 +25,8 @@ inline v16 load(const float* p) { return {_mm512_loadu_ps(p)}; }
 inline void store(float* p, v16 a) { _mm512_storeu_ps(p, a.z); }
 inline v16 operator+(v16 a, v16 b) { return {_mm512_add_ps(a.z, b.z)}; }
 inline v16 operator*(v16 a, float s) { return {_mm512_mul_ps(a.z, _mm512_set1_ps(s))}; }
+inline v16 load_fill(float s) { return {_mm512_set1_ps(s)}; }
+inline v16 vmax(v16 x, v16 m) { return {_mm512_max_ps(x.z, m.z)}; }
 // f16 <-> f32 (F16C, round to nearest even: the scalar float_to_half's result)
 inline v16 from_f16(const uint16_t* p) {
     return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
@@ -46,6 +49,8 @@ inline v16 operator*(v16 a, float s) {
     const __m256 b = _mm256_set1_ps(s);
     return {_mm256_mul_ps(a.lo, b), _mm256_mul_ps(a.hi, b)};
 }
+inline v16 load_fill(float s) { return {_mm256_set1_ps(s), _mm256_set1_ps(s)}; }
+inline v16 vmax(v16 x, v16 m) { return {_mm256_max_ps(x.lo, m.lo), _mm256_max_ps(x.hi, m.hi)}; }
 inline v16 from_f16(const uint16_t* p) {
     return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
             _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))};
@@ -130,6 +135,21 @@ inline void f16_to_f32(const uint16_t* src, int32_t n, float* dst) {
     float out[16];
     store(out, from_f16(tail));
     std::memcpy(dst + j, out, sizeof(float) * (n - j));
+}
+
+// max(x, m) keeps m where x is NaN (the second operand wins), as the scalar comparison does.
+inline float max(const float* x, int32_t n) {
+    v16 m = load_fill(-INFINITY);
+    int32_t j = 0;
+    for (; j + 16 <= n; j += 16) m = vmax(load(x + j), m);
+    float tail[16];
+    for (int l = 0; l < 16; ++l) tail[l] = j + l < n ? x[j + l] : -INFINITY;
+    m = vmax(load(tail), m);
+    float lanes[16];
+    store(lanes, m);
+    float r = -INFINITY;
+    for (int l = 0; l < 16; ++l) r = lanes[l] > r ? lanes[l] : r;
+    return r;
 }
 
 }  // namespace

@@ -155,13 +155,12 @@ void attend_unit(const BatchInfo& batch, const KVLayer& kv, const float* q, cons
         for (int32_t h = u.kv_head * group; h < (u.kv_head + 1) * group; ++h) {
             math.scale_round(q + t * q_width + (int64_t)h * D, D, 1.0f, Kv::kF16Operands, sc.q.data());
             math.scores(sc.q.data(), sc.kt.data(), D, (len + kLanes - 1) / kLanes, s.scale, sc.prob.data());
-            float m = -INFINITY;
-            for (int32_t p = 0; p < len; ++p) m = std::max(m, sc.prob[p]);
+            const float m = math.max(sc.prob.data(), len);
+            // exp in a loop of its own: with the double sum in the same loop the sum's chain
+            // went through the stack around every libm call
+            for (int32_t p = 0; p < len; ++p) sc.prob[p] = std::exp(sc.prob[p] - m);
             double sum = 0.0;
-            for (int32_t p = 0; p < len; ++p) {
-                sc.prob[p] = std::exp(sc.prob[p] - m);
-                sum += sc.prob[p];
-            }
+            for (int32_t p = 0; p < len; ++p) sum += sc.prob[p];
             math.scale_round(sc.prob.data(), len, (float)(1.0 / sum), Kv::kF16Operands, sc.w.data());
             math.weighted_sum(sc.w.data(), sc.vf.data(), D, len, out + t * q_width + (int64_t)h * D);
         }
