@@ -19,6 +19,19 @@ using GemmFn = void (*)(int64_t n_in, const uint8_t* w, size_t w_row, const uint
 // keeps the choice tied to the vec_dot the traits table picked (EMBER_SIMD included).
 GemmFn gemm_avx512_for(VecDotFn dot);
 GemmFn gemm_avx2_for(VecDotFn dot);
+
+// One row per tiled type of an ISA: adding a type to a tile file is one row of its table.
+struct GemmEntry {
+    GGMLType type;
+    GemmFn gemm;
+};
+template <size_t N>
+GemmFn gemm_lookup(VecDotFn dot, VecDotFn (*isa_vec_dot)(GGMLType), const GemmEntry (&table)[N]) {
+    if (!dot) return nullptr;
+    for (const GemmEntry& e : table)
+        if (dot == isa_vec_dot(e.type)) return e.gemm;
+    return nullptr;
+}
 inline GemmFn gemm_for(VecDotFn dot) {
     const GemmFn f = gemm_avx512_for(dot);
     return f ? f : gemm_avx2_for(dot);

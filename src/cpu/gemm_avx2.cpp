@@ -180,16 +180,13 @@ void gemm_k(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* x, size
 }  // namespace
 
 GemmFn gemm_avx2_for(VecDotFn dot) {
-    if (!dot) return nullptr;
-    if (dot == vec_dot_avx2(GGMLType::Q4_0)) return gemm<Legacy::q4_0>;
-    if (dot == vec_dot_avx2(GGMLType::Q4_1)) return gemm<Legacy::q4_1>;
-    if (dot == vec_dot_avx2(GGMLType::Q5_0)) return gemm<Legacy::q5_0>;
-    if (dot == vec_dot_avx2(GGMLType::Q5_1)) return gemm<Legacy::q5_1>;
-    if (dot == vec_dot_avx2(GGMLType::Q8_0)) return gemm<Legacy::q8_0>;
-    if (dot == vec_dot_avx2(GGMLType::Q4_K)) return gemm_k<GGMLType::Q4_K>;
-    if (dot == vec_dot_avx2(GGMLType::Q5_K)) return gemm_k<GGMLType::Q5_K>;
-    if (dot == vec_dot_avx2(GGMLType::Q6_K)) return gemm_k<GGMLType::Q6_K>;
-    return nullptr;
+    static const GemmEntry kTiles[] = {
+        {GGMLType::Q4_0, gemm<Legacy::q4_0>}, {GGMLType::Q4_1, gemm<Legacy::q4_1>},
+        {GGMLType::Q5_0, gemm<Legacy::q5_0>}, {GGMLType::Q5_1, gemm<Legacy::q5_1>},
+        {GGMLType::Q8_0, gemm<Legacy::q8_0>}, {GGMLType::Q4_K, gemm_k<GGMLType::Q4_K>},
+        {GGMLType::Q5_K, gemm_k<GGMLType::Q5_K>}, {GGMLType::Q6_K, gemm_k<GGMLType::Q6_K>},
+    };
+    return gemm_lookup(dot, vec_dot_avx2, kTiles);
 }
 
 }  // namespace ember
