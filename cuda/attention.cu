@@ -313,7 +313,7 @@ __global__ void __launch_bounds__(kExactThreads) attention_exact_kernel(Attentio
     for (int w = 1; w < kWarps; ++w) mx = fmaxf(mx, red_f[w]);
     double sum = 0.0;
     for (int p = threadIdx.x; p < len; p += kExactThreads) {
-        ps[p] = exp_libm(ps[p] - mx);
+        ps[p] = expf_glibc(ps[p] - mx);
         sum += double(ps[p]);
     }
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);

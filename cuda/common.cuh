@@ -31,11 +31,35 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
-// A libm float function as the CPU backend gets it (expf, powf, sinf, cosf: within about half an
-// ulp), from the double function rounded once. CUDA's float versions are 1-2 ulp off in a good
-// share of cases, and one ulp can flip a later f16 or int8 rounding away from the CPU's.
-__device__ __forceinline__ float libm_f(double v) { return float(v); }
-__device__ __forceinline__ float exp_libm(float x) { return libm_f(exp(double(x))); }
+// expf as glibc (2.28 and later) computes it on x86-64 with FMA, which the CPU backend's softmax
+// and swiglu call: x / ln2 = (k + r) / 32, exp(x) = 2^(k/32) * p(r) with a table of 2^(i/32) and a
+// cubic in double. Over every float in [-110, 95] it differs from glibc 2.36's expf in 2 of
+// 2.26e9 inputs (the double exp rounded to float differs in 6.3e-4 of them, CUDA's expf more
+// often), and one ulp can flip a later f16 or int8 rounding away from the CPU's.
+__device__ const uint64_t kExp2Table[32] = {   // bits of 2^(i/32) minus i << 47
+    0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51,
+    0x3fef72b83c7d517b, 0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1,
+    0x3fef06fe0a31b715, 0x3feef1a7373aa9cb, 0x3feedea64c123422, 0x3feece086061892d,
+    0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429, 0x3feea47eb03a5585,
+    0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74, 0x3feea11473eb0187, 0x3feea589994cce13,
+    0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d,
+    0x3feee89f995ad3ad, 0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069,
+    0x3fef5818dcfba487, 0x3fef7c97337b9b5f, 0x3fefa4afa2a490da, 0x3fefd0765b6e4540};
+__device__ __forceinline__ float expf_glibc(float x) {
+    if (x != x) return x + x;
+    if (x > 0x1.62e42ep6f) return INFINITY;
+    if (x < -0x1.9fe368p6f) return 0.f;
+    constexpr double kInvLn2N = 0x1.71547652b82fep+0 * 32, kShift = 0x1.8p+52;
+    constexpr double kC0 = 0x1.c6af84b912394p-5 / 32 / 32 / 32, kC1 = 0x1.ebfce50fac4f3p-3 / 32 / 32,
+                     kC2 = 0x1.62e42ff0c52d6p-1 / 32;
+    const double z = __dmul_rn(kInvLn2N, double(x));
+    const double kd_shifted = __dadd_rn(z, kShift);   // rounds z to an integer k in the low bits
+    const uint64_t ki = uint64_t(__double_as_longlong(kd_shifted));
+    const double r = __dsub_rn(z, __dsub_rn(kd_shifted, kShift));
+    const double s = __longlong_as_double((long long)(kExp2Table[ki % 32] + (ki << 47)));
+    const double p = __fma_rn(__fma_rn(kC0, r, kC1), __dmul_rn(r, r), __fma_rn(kC2, r, 1.0));
+    return float(__dmul_rn(p, s));
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -71,17 +95,29 @@ __device__ __forceinline__ int spread4_bit4(uint32_t n) {
     return (int)((((n & 0xFu) * 0x00204081u) & 0x01010101u) << 4);
 }
 
+// q8 activation rounding as the CPU backend's quantize_row_q8_0 / _q8_1 (ggml's scalar
+// reference): d = amax / 127, q = round-half-away(x * (1 / d)); fp16 scales. With the same bytes
+// the integer dots are equal, so the GEMV can round as the CPU does (gemv_legacy.cuh).
+struct Q8Scale {
+    float d, id;
+};
+__device__ __forceinline__ Q8Scale q8_scale(float amax) {
+    const float d = __fdiv_rn(amax, 127.f);
+    return {d, d != 0.f ? __frcp_rn(d) : 0.f};
+}
+__device__ __forceinline__ int q8_round(float x, float id) { return int(roundf(__fmul_rn(x, id))); }
+__device__ __forceinline__ float2 q8_1_ds(float d, int sum) {
+    return make_float2(__half2float(__float2half_rn(d)), __half2float(__float2half_rn(__fmul_rn(float(sum), d))));
+}
+
 // Quantizes one 32-value block held one value per lane of a warp to q8_1 (q: the block's 32
-// int8, ds: its (d, d * sum q)). Rounding as ggml's x86 quantize_row_q8_1 (x * (127 / amax),
-// to nearest even; fp16 scales), so dot products round as the reference CPU ones do.
+// int8, ds: its (d, d * sum q)).
 __device__ __forceinline__ void q8_1_block(float v, int lane, int8_t* q, float2* ds) {
-    const float amax = warp_max(fabsf(v));
-    const float d = amax / 127.f;
-    const float id = amax != 0.f ? 127.f / amax : 0.f;
-    const int qi = __float2int_rn(v * id);
+    const Q8Scale sc = q8_scale(warp_max(fabsf(v)));
+    const int qi = q8_round(v, sc.id);
     q[lane] = int8_t(qi);
     const int sum = warp_sum_int(qi);
-    if (lane == 0) *ds = make_float2(__half2float(__float2half_rn(d)), __half2float(__float2half_rn(d * float(sum))));
+    if (lane == 0) *ds = q8_1_ds(sc.d, sum);
 }
 
 }  // namespace cuda

@@ -17,6 +17,7 @@
 #include "launch.h"
 #include "kv/kv_layout.h"
 #include "model/backend.h"
+#include "rope_table.h"
 #include "weight_pack.h"
 #include "weight_stream.h"
 
@@ -235,6 +236,7 @@ public:
             if (b.pos[t] < 0) fail("cuda set_batch: token ", t, " has negative position ", b.pos[t]);
             max_pos = std::max(max_pos, b.pos[t]);
         }
+        if (ropes_.reserve(max_pos + 1, stream_)) invalidate_graphs();
         // Capacities grow (never shrink); growing reallocates and invalidates recorded graphs.
         // The block table keeps a fixed row stride so a sequence growing by a block does not
         // change any kernel parameter.
@@ -374,6 +376,14 @@ public:
         cuda::rmsnorm(const_cast<float*>(x), res, gamma, n_tok, dim, eps, y, q8.q, q8.ds, stream_);
         if (q8.q) set_q8(y, int64_t(n_tok) * dim);
     }
+    // The rotations of (base, head_dim) for the batch's positions. A first use allocates the table
+    // (set_batch grows it later), which moves a buffer as growing does.
+    const float2* rope_table(float base, int32_t head_dim) {
+        bool moved = false;
+        const float2* t = ropes_.get(base, head_dim, max_len_, stream_, moved);
+        if (moved) invalidate_graphs();
+        return t;
+    }
     // Deferred (up to two: q then k): a following kv_store of the rotated k runs all in one kernel.
     void rope(float* x, int32_t n_tok, int32_t n_heads, int32_t head_dim, float freq_base, bool neox) override {
         flush(/*keep_ropes=*/true);
@@ -383,7 +393,7 @@ public:
             prope_[n_prope_++] = PendingRope{x, n_tok, n_heads, head_dim, freq_base, neox};
             return;
         }
-        cuda::rope(x, dbatch_.pos, n_tok, n_heads, head_dim, freq_base, neox, stream_);
+        cuda::rope(x, dbatch_.pos, n_tok, n_heads, head_dim, rope_table(freq_base, head_dim), neox, stream_);
     }
     void kv_store(KVLayer& kv, const float* k, const float* v, int32_t n_tok) override {
         check_batch(n_tok, "kv_store");
@@ -400,8 +410,8 @@ public:
                 n_prope_ = 0;
                 flush();
                 ++epoch_;
-                cuda::rope_kv_store(rq ? rq->x : nullptr, rq ? rq->n_heads : 0, rk.x, v, kv.n_head_kv, kv.head_dim, rk.base,
-                                    rk.neox, q8 ? nullptr : static_cast<__half*>(kv.k), q8 ? nullptr : static_cast<__half*>(kv.v),
+                cuda::rope_kv_store(rq ? rq->x : nullptr, rq ? rq->n_heads : 0, rk.x, v, kv.n_head_kv, kv.head_dim,
+                                    rope_table(rk.base, rk.head_dim), rk.neox, q8 ? nullptr : static_cast<__half*>(kv.k), q8 ? nullptr : static_cast<__half*>(kv.v),
                                     kv.block_size, n_tok, dbatch_, stream_);
                 if (q8) store_q8(kv, k, v, n_tok);
                 return;
@@ -602,7 +612,7 @@ private:
         if (!keep_ropes) {
             for (int i = 0; i < n_prope_; ++i) {
                 const PendingRope& r = prope_[i];
-                cuda::rope(r.x, dbatch_.pos, r.n_tok, r.n_heads, r.head_dim, r.base, r.neox, stream_);
+                cuda::rope(r.x, dbatch_.pos, r.n_tok, r.n_heads, r.head_dim, rope_table(r.base, r.head_dim), r.neox, stream_);
             }
             n_prope_ = 0;
         }
@@ -726,6 +736,7 @@ private:
     cudaEvent_t staging_done_ = nullptr;
     int32_t cap_tok_ = 0, cap_seq_ = 0, bt_stride_ = 0;
     cuda::DeviceBatch dbatch_{};
+    cuda::RopeTables ropes_;
     int32_t n_tok_ = 0, n_seq_ = 0, max_len_ = 0;
     int n_tiles_[kNumTileLens] = {};
     uint64_t batch_sig_ = 0;

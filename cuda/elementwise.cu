@@ -19,7 +19,7 @@ __global__ void swiglu_kernel(const float* __restrict__ g, const float* __restri
     pdl_trigger();
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
         const float a = g[i];
-        o[i] = a / (1.f + exp_libm(-a)) * u[i];
+        o[i] = a / (1.f + expf_glibc(-a)) * u[i];
     }
 }
 
@@ -33,7 +33,7 @@ __global__ void swiglu_q8_kernel(const float* __restrict__ g, const float* __res
     const int lane = threadIdx.x & 31;
     const int64_t i = blk * 32 + lane;
     const float a = g[i];
-    const float v = a / (1.f + exp_libm(-a)) * u[i];
+    const float v = a / (1.f + expf_glibc(-a)) * u[i];
     o[i] = v;
     q8_1_block(v, lane, q + blk * 32, ds + blk);
 }

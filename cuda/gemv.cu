@@ -1,11 +1,13 @@
 // Decode GEMV: y [n_tok][n_out] = x [n_tok][n_in] * W^T for n_tok <= 8, every weight type.
 // One warp per output row, or up to four for long rows (warps_per_row); lanes stride over the
 // row's units (gemv_formats.cuh) so a warp's 16-byte loads are contiguous, and all n_tok
-// tokens share each weight load.
+// tokens share each weight load. The 32-element block formats take one warp per row in the
+// CPU's summation order instead (gemv_legacy.cuh).
 #include <type_traits>
 
 #include "common.cuh"
 #include "gemv_formats.cuh"
+#include "gemv_legacy.cuh"
 #include "kernels.h"
 #include "launch.h"
 
@@ -33,6 +35,11 @@ struct GemvBatch {
 // per lane; an 11008-wide one 1376). Four rather than two warps for 512-1023 units: F16 tg128
 // 184.8 / 183.8 -> 185.9 / 186.2 tok/s on the H100 (2026-11-22, interleaved); one warp: 173.
 int warps_per_row(int32_t units) { return units >= 512 ? 4 : 1; }
+
+bool is_legacy_block_type(GGMLType t) {
+    return t == GGMLType::Q4_0 || t == GGMLType::Q4_1 || t == GGMLType::Q5_0 || t == GGMLType::Q5_1 ||
+           t == GGMLType::Q8_0;
+}
 
 template <class T>
 __device__ __forceinline__ T pick(const T (&a)[kMaxGemvBatch], int i) {
@@ -108,12 +115,19 @@ __global__ void __launch_bounds__(kRowsPerBlock * kWarp) gemv_kernel(GemvBatch b
     const int64_t row = int64_t(bx - pick(b.start, wi)) * (kRowsPerBlock / b.wpr) + warp / b.wpr;
     pdl_trigger();
     float acc[1][NT] = {};
-    if (row < n_out) rows_dot<F, NT, 1>(p, row, (warp % b.wpr) * kWarp + lane, b.wpr * kWarp, acc);
-    if (b.wpr == 1 && row >= n_out) return;   // (split rows keep every warp for the barrier)
-    if (reduce_row(acc, b.wpr) && row < n_out) {
-        float* y = pick(b.y, wi);
+    float* y = pick(b.y, wi);
+    if constexpr (F::kWholeRow) {   // one warp per row, summed on every lane
+        if (row >= n_out) return;
+        F::template row_dot<NT>(p[0], row, acc[0]);
+        if (lane == 0)
 #pragma unroll
-        for (int t = 0; t < NT; ++t) y[t * n_out + row] = acc[0][t];
+            for (int t = 0; t < NT; ++t) y[t * n_out + row] = acc[0][t];
+    } else {
+        if (row < n_out) rows_dot<F, NT, 1>(p, row, (warp % b.wpr) * kWarp + lane, b.wpr * kWarp, acc);
+        if (b.wpr == 1 && row >= n_out) return;   // (split rows keep every warp for the barrier)
+        if (reduce_row(acc, b.wpr) && row < n_out)
+#pragma unroll
+            for (int t = 0; t < NT; ++t) y[t * n_out + row] = acc[0][t];
     }
 }
 
@@ -139,7 +153,7 @@ __global__ void __launch_bounds__(kRowsPerBlock * kWarp) gemv_swiglu_kernel(Gemv
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
             const float g = acc[0][t];
-            out[t * n_out + row] = g / (1.f + exp_libm(-g)) * acc[1][t];   // as swiglu_kernel
+            out[t * n_out + row] = g / (1.f + expf_glibc(-g)) * acc[1][t];   // as swiglu_kernel
         }
 }
 
@@ -161,6 +175,14 @@ void launch(const GemvBatch& b, unsigned n_ctas, int32_t n_tok, cudaStream_t s) 
         launch_pdl(gemv_kernel<F, decltype(nt)::value>, dim3(n_ctas), dim3(kRowsPerBlock * kWarp), s, b);
     });
     EMBER_CUDA_LAUNCHED("gemv");
+}
+
+template <class Exact, class Fast>
+void launch_legacy(bool cpu_order, const GemvBatch& b, unsigned n_ctas, int32_t n_tok, cudaStream_t s) {
+    if (cpu_order)
+        launch<LegacyRows<Exact>>(b, n_ctas, n_tok, s);
+    else
+        launch<Fast>(b, n_ctas, n_tok, s);
 }
 
 template <class F>
@@ -227,7 +249,8 @@ void gemv(const DeviceWeight* const* ws, float* const* ys, int count, const floa
         case GGMLType::F16: case GGMLType::BF16: p.units = int32_t(w0.n_in / 8); break;
         default: p.units = int32_t(nb); break;   // legacy 32-element blocks
     }
-    b.wpr = warps_per_row(p.units);
+    const bool cpu_order = is_legacy_block_type(w0.type) && w0.n_in <= kLegacyExactMaxWidth;
+    b.wpr = cpu_order ? 1 : warps_per_row(p.units);
     const int rows_per_cta = kRowsPerBlock / b.wpr;
     unsigned n_ctas = 0;
     for (int i = 0; i < kMaxGemvBatch; ++i) {
@@ -246,11 +269,11 @@ void gemv(const DeviceWeight* const* ws, float* const* ys, int count, const floa
         n_ctas += unsigned((w.n_out + rows_per_cta - 1) / rows_per_cta);
     }
     switch (w0.type) {
-        case GGMLType::Q4_0: launch<FmtQ4_0>(b, n_ctas, n_tok, s); break;
-        case GGMLType::Q4_1: launch<FmtQ4_1>(b, n_ctas, n_tok, s); break;
-        case GGMLType::Q5_0: launch<FmtQ5<false>>(b, n_ctas, n_tok, s); break;
-        case GGMLType::Q5_1: launch<FmtQ5<true>>(b, n_ctas, n_tok, s); break;
-        case GGMLType::Q8_0: launch<FmtQ8_0>(b, n_ctas, n_tok, s); break;
+        case GGMLType::Q4_0: launch_legacy<LegacyQ4_0, FmtQ4_0>(cpu_order, b, n_ctas, n_tok, s); break;
+        case GGMLType::Q4_1: launch_legacy<LegacyQ4_1, FmtQ4_1>(cpu_order, b, n_ctas, n_tok, s); break;
+        case GGMLType::Q5_0: launch_legacy<LegacyQ5<false>, FmtQ5<false>>(cpu_order, b, n_ctas, n_tok, s); break;
+        case GGMLType::Q5_1: launch_legacy<LegacyQ5<true>, FmtQ5<true>>(cpu_order, b, n_ctas, n_tok, s); break;
+        case GGMLType::Q8_0: launch_legacy<LegacyQ8_0, FmtQ8_0>(cpu_order, b, n_ctas, n_tok, s); break;
         case GGMLType::Q4_K: launch<FmtQK<false>>(b, n_ctas, n_tok, s); break;
         case GGMLType::Q5_K: launch<FmtQK<true>>(b, n_ctas, n_tok, s); break;
         case GGMLType::Q6_K: launch<FmtQ6_K>(b, n_ctas, n_tok, s); break;

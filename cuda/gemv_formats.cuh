@@ -2,6 +2,8 @@
 // (a lane's share of one step) and accumulates unit . x for NT tokens. Integer formats
 // read activations as q8_1 blocks (int8 + (d, d*sum)) and multiply with dp4a; float formats
 // read float activations. Weight bytes are streamed with 16-byte loads, each read once.
+// (Rows of the 32-element block formats up to kLegacyExactMaxWidth wide sum in the CPU's order
+// instead: gemv_legacy.cuh.)
 #pragma once
 #include "common.cuh"
 #include "weight_pack.h"
@@ -56,6 +58,7 @@ __device__ __forceinline__ void nibbles(const uint4& q, int (&w)[8]) {
 }
 
 struct FmtQ4_0 {
+    static constexpr bool kWholeRow = false;
     static constexpr int kDepth = 4;
     struct Data { uint4 q; uint16_t d; };
     __device__ static Data load(const GemvParams& p, int64_t row, int u) {
@@ -80,6 +83,7 @@ struct FmtQ4_0 {
 };
 
 struct FmtQ4_1 {
+    static constexpr bool kWholeRow = false;
     static constexpr int kDepth = 4;
     struct Data { uint4 q; uint32_t dm; };
     __device__ static Data load(const GemvParams& p, int64_t row, int u) {
@@ -103,6 +107,7 @@ struct FmtQ4_1 {
 
 template <bool kHasMin>
 struct FmtQ5 {
+    static constexpr bool kWholeRow = false;
     static constexpr int kDepth = 4;
     struct Data { uint4 q; uint2 mt; };   // mt: {d | m << 16, qh}
     __device__ static Data load(const GemvParams& p, int64_t row, int u) {
@@ -134,6 +139,7 @@ struct FmtQ5 {
 };
 
 struct FmtQ8_0 {
+    static constexpr bool kWholeRow = false;
     static constexpr int kDepth = 4;
     struct Data { uint4 q0, q1; uint16_t d; };
     __device__ static Data load(const GemvParams& p, int64_t row, int u) {
@@ -176,6 +182,7 @@ __device__ __forceinline__ void kq_scale_min(uint32_t s0, uint32_t s1, uint32_t 
 // whose low nibbles are sub-block 2jp and high nibbles sub-block 2jp+1.
 template <bool kQ5>
 struct FmtQK {
+    static constexpr bool kWholeRow = false;
     static constexpr int kDepth = 4;
     static constexpr int kBlockBytes = kQ5 ? 176 : 144;
     struct Data { uint4 hdr, qa, qb, ha, hb; };   // ha, hb: the block's 32 qh bytes (Q5_K)
@@ -233,6 +240,7 @@ struct FmtQK {
 // Q6_K (packed: 192 quant bytes ql[128] qh[64] per block, scales and d apart): a unit is
 // 16 consecutive l of one 128-element half: elements l, l+32, l+64, l+96 (four sub-blocks of 16).
 struct FmtQ6_K {
+    static constexpr bool kWholeRow = false;
     static constexpr int kDepth = 4;
     struct Data { uint4 A, B, H, S; uint16_t d; };
     __device__ static Data load(const GemvParams& p, int64_t row, int u) {
@@ -278,6 +286,7 @@ struct FmtQ6_K {
 // Float weights: a unit is 16 bytes of the row (8 halves / bf16s or 4 floats).
 template <class T>
 struct FmtFloat {
+    static constexpr bool kWholeRow = false;
     static constexpr int kPer = 16 / sizeof(T);
     static constexpr int kDepth = 4;
     struct Data { uint4 q; };

@@ -48,8 +48,9 @@ void dequantize_f16(const DeviceWeight& w, __half* out, cudaStream_t s);
 // x += res (written back); q != null also writes y as q8_1 blocks (q, ds) for a following GEMV.
 void rmsnorm(float* x, const float* res, const float* gamma, int32_t n_tok, int32_t dim, float eps, float* y,
              int8_t* q, float2* ds, cudaStream_t s);
+// cos_sin: the RopeTables table of (freq_base, head_dim) covering the batch's positions.
 void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_heads, int32_t head_dim,
-          float freq_base, bool neox, cudaStream_t s);
+          const float2* cos_sin, bool neox, cudaStream_t s);
 void swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t s);
 // swiglu that also writes its output as q8_1 blocks (n % 32 == 0) for the down projection.
 void swiglu_q8(const float* gate, const float* up, int64_t n, float* out, int8_t* q, float2* ds, cudaStream_t s);
@@ -76,7 +77,7 @@ void kv_expand_q8(const uint8_t* k_cache, const uint8_t* v_cache, __half* k_f16,
                   cudaStream_t s);
 // rope of q (may be null) and k, then kv_store of k and v (both caches null: the ropes only).
 void rope_kv_store(float* q, int32_t n_head_q, float* k, const float* v, int32_t n_head_kv, int32_t head_dim,
-                   float freq_base, bool neox, __half* k_cache, __half* v_cache, int32_t block_size, int32_t n_tok,
+                   const float2* cos_sin, bool neox, __half* k_cache, __half* v_cache, int32_t block_size, int32_t n_tok,
                    const DeviceBatch& b, cudaStream_t s);
 
 // A run of <= tile_len consecutive batch tokens of one sequence: attention shares K/V loads

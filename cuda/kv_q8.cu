@@ -29,11 +29,9 @@ __global__ void kv_store_q8_kernel(uint8_t* __restrict__ kc, uint8_t* __restrict
     const int hg = head_dim / 32, head = grp / hg;   // head-major: (head, slot, group of the head)
     const int64_t e = (int64_t(head) * block_size + p % block_size) * head_dim + (grp % hg) * 32;
     const float x = (is_v ? v : k)[int64_t(t) * kv_dim + grp * 32 + lane];
-    const float amax = warp_max(fabsf(x));
-    const float d = amax / 127.f;
-    const float id = d != 0.f ? 1.f / d : 0.f;
-    reinterpret_cast<int8_t*>(base)[e + lane] = int8_t(roundf(x * id));
-    if (lane == 0) reinterpret_cast<__half*>(base + n)[e / 32] = __float2half_rn(d);
+    const Q8Scale sc = q8_scale(warp_max(fabsf(x)));
+    reinterpret_cast<int8_t*>(base)[e + lane] = int8_t(q8_round(x, sc.id));
+    if (lane == 0) reinterpret_cast<__half*>(base + n)[e / 32] = __float2half_rn(sc.d);
 }
 
 // grid.x: (sequence, block index < n_blk) of the batch's block tables; grid.y: parts of that

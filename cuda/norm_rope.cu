@@ -115,10 +115,9 @@ __global__ void __launch_bounds__(kVecNormThreads) rmsnorm_vec_kernel(float* __r
             float amax = fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w)));
 #pragma unroll
             for (int m = 1; m < 8; m <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-            const float d = amax / 127.f;
-            const float id = amax != 0.f ? 127.f / amax : 0.f;
-            const int q0 = __float2int_rn(o.x * id), q1 = __float2int_rn(o.y * id), q2 = __float2int_rn(o.z * id),
-                      q3 = __float2int_rn(o.w * id);
+            const Q8Scale sc = q8_scale(amax);
+            const int q0 = q8_round(o.x, sc.id), q1 = q8_round(o.y, sc.id), q2 = q8_round(o.z, sc.id),
+                      q3 = q8_round(o.w, sc.id);
             int sum = q0 + q1 + q2 + q3;
 #pragma unroll
             for (int m = 1; m < 8; m <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, m);
@@ -126,20 +125,20 @@ __global__ void __launch_bounds__(kVecNormThreads) rmsnorm_vec_kernel(float* __r
                 const int64_t e = int64_t(blockIdx.x) * dim + 4 * int64_t(i);
                 reinterpret_cast<char4*>(q)[e / 4] = make_char4(int8_t(q0), int8_t(q1), int8_t(q2), int8_t(q3));
                 if ((lane & 7) == 0)
-                    ds[e / 32] = make_float2(__half2float(__float2half_rn(d)), __half2float(__float2half_rn(d * float(sum))));
+                    ds[e / 32] = q8_1_ds(sc.d, sum);
             }
         }
     }
 }
 
 // Rotates the pair (i, i + half) (neox) or (2i, 2i + 1) of one head by pos * base^(-2i/head_dim).
-// The CPU backend's arithmetic: theta = pos * pow(base, -2i/head_dim), libm's sin and cos
-// (libm_f), products rounded before the sum (no FMA contraction).
-__device__ __forceinline__ void rope_pair(const float* src, float* dst, int i, int pos, int head_dim, float base,
-                                          bool neox) {
+// The CPU backend's arithmetic: its cos and sin (the table, rope_table.h), products rounded
+// before the sum (no FMA contraction).
+__device__ __forceinline__ void rope_pair(const float* src, float* dst, int i, int pos, int head_dim,
+                                          const float2* __restrict__ cos_sin, bool neox) {
     const int half = head_dim / 2;
-    const float theta = float(pos) * libm_f(pow(double(base), double(-2.0f * float(i) / float(head_dim))));
-    const float sn = libm_f(sin(double(theta))), cs = libm_f(cos(double(theta)));
+    const float2 r = cos_sin[int64_t(pos) * half + i];
+    const float cs = r.x, sn = r.y;
     const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
     const float x0 = src[a], x1 = src[b];
     dst[a] = __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
@@ -147,7 +146,7 @@ __device__ __forceinline__ void rope_pair(const float* src, float* dst, int i, i
 }
 
 __global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ pos, int32_t n_tok, int32_t n_heads,
-                            int32_t head_dim, float base, bool neox) {
+                            int32_t head_dim, const float2* __restrict__ cos_sin, bool neox) {
     pdl_wait();
     pdl_trigger();
     const int half = head_dim / 2;
@@ -155,7 +154,7 @@ __global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ p
     for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < total; g += int64_t(gridDim.x) * blockDim.x) {
         const int64_t th = g / half;   // token * n_heads + head
         float* h = x + th * head_dim;
-        rope_pair(h, h, int(g % half), pos[th / n_heads], head_dim, base, neox);
+        rope_pair(h, h, int(g % half), pos[th / n_heads], head_dim, cos_sin, neox);
     }
 }
 
@@ -163,8 +162,8 @@ __global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ p
 // for what the forward asks as three ops. Per token: q pairs, then k pairs, then v pairs (none
 // when the caches are null: a q8_0 cache is stored by its own kernel after the ropes).
 __global__ void rope_kv_store_kernel(float* __restrict__ q, int32_t n_head_q, float* __restrict__ k,
-                                     const float* __restrict__ v, int32_t n_head_kv, int32_t head_dim, float base,
-                                     bool neox, __half* __restrict__ kc, __half* __restrict__ vc, int32_t block_size,
+                                     const float* __restrict__ v, int32_t n_head_kv, int32_t head_dim,
+                                     const float2* __restrict__ cos_sin, bool neox, __half* __restrict__ kc, __half* __restrict__ vc, int32_t block_size,
                                      int32_t n_tok, DeviceBatch b) {
     pdl_wait();
     pdl_trigger();
@@ -177,13 +176,13 @@ __global__ void rope_kv_store_kernel(float* __restrict__ q, int32_t n_head_q, fl
         const int p = b.pos[t];
         if (r < nq) {
             float* h = q + (int64_t(t) * n_head_q + r / half) * head_dim;
-            rope_pair(h, h, r % half, p, head_dim, base, neox);
+            rope_pair(h, h, r % half, p, head_dim, cos_sin, neox);
             continue;
         }
         if (!store) {
             const int j = r - nq;
             float* h = k + int64_t(t) * kv_dim + (j / half) * head_dim;
-            rope_pair(h, h, j % half, p, head_dim, base, neox);
+            rope_pair(h, h, j % half, p, head_dim, cos_sin, neox);
             continue;
         }
         const int64_t phys = b.block_table[int64_t(b.seq[t]) * b.max_blocks + p / block_size];
@@ -191,7 +190,7 @@ __global__ void rope_kv_store_kernel(float* __restrict__ q, int32_t n_head_q, fl
         if (r < nq + nk) {
             const int j = r - nq, head = j / half, i = j % half;
             float* h = k + int64_t(t) * kv_dim + head * head_dim;
-            rope_pair(h, h, i, p, head_dim, base, neox);
+            rope_pair(h, h, i, p, head_dim, cos_sin, neox);
             const int a = neox ? i : 2 * i, c = neox ? i + half : 2 * i + 1;
             dst_row[head * head_dim + a] = __float2half_rn(h[a]);
             dst_row[head * head_dim + c] = __float2half_rn(h[c]);
@@ -225,24 +224,24 @@ void rmsnorm(float* x, const float* res, const float* gamma, int32_t n_tok, int3
     EMBER_CUDA_LAUNCHED("rmsnorm");
 }
 
-void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_heads, int32_t head_dim, float freq_base,
+void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_heads, int32_t head_dim, const float2* cos_sin,
           bool neox, cudaStream_t s) {
     if (head_dim % 2) fail("cuda rope: head_dim ", head_dim, " is odd");
     const int64_t total = int64_t(n_tok) * n_heads * (head_dim / 2);
     if (total == 0) return;
     const unsigned grid = unsigned(std::min<int64_t>((total + 255) / 256, 65536));
-    launch_pdl(rope_kernel, grid, 256, s, x, pos, n_tok, n_heads, head_dim, freq_base, neox);
+    launch_pdl(rope_kernel, grid, 256, s, x, pos, n_tok, n_heads, head_dim, cos_sin, neox);
     EMBER_CUDA_LAUNCHED("rope");
 }
 
 void rope_kv_store(float* q, int32_t n_head_q, float* k, const float* v, int32_t n_head_kv, int32_t head_dim,
-                   float freq_base, bool neox, __half* k_cache, __half* v_cache, int32_t block_size, int32_t n_tok,
+                   const float2* cos_sin, bool neox, __half* k_cache, __half* v_cache, int32_t block_size, int32_t n_tok,
                    const DeviceBatch& b, cudaStream_t s) {
     if (head_dim % 2) fail("cuda rope: head_dim ", head_dim, " is odd");
     const int64_t total = int64_t(n_tok) * (n_head_q + (k_cache ? 2 : 1) * n_head_kv) * (head_dim / 2);
     if (total == 0) return;
     const unsigned grid = unsigned(std::min<int64_t>((total + 255) / 256, 65536));
-    launch_pdl(rope_kv_store_kernel, grid, 256, s, q, q ? n_head_q : 0, k, v, n_head_kv, head_dim, freq_base, neox,
+    launch_pdl(rope_kv_store_kernel, grid, 256, s, q, q ? n_head_q : 0, k, v, n_head_kv, head_dim, cos_sin, neox,
                k_cache, v_cache, block_size, n_tok, b);
     EMBER_CUDA_LAUNCHED("rope_kv_store");
 }

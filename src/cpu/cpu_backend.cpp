@@ -7,6 +7,7 @@
 #include <new>
 
 #include "ember/status.h"
+#include "model/rope_angles.h"
 
 namespace ember {
 
@@ -60,12 +61,7 @@ void CpuBackend::rope(float* x, int32_t n_tok, int32_t n_heads, int32_t head_dim
     const int32_t half = head_dim / 2;
     std::vector<float> cos_t(half), sin_t(half);
     for (int32_t t = 0; t < n_tok; ++t) {
-        const float pos = (float)batch_.pos[t];
-        for (int32_t i = 0; i < half; ++i) {
-            const float theta = pos * std::pow(freq_base, -2.0f * i / head_dim);
-            cos_t[i] = std::cos(theta);
-            sin_t[i] = std::sin(theta);
-        }
+        for (int32_t i = 0; i < half; ++i) rope_cos_sin(batch_.pos[t], i, head_dim, freq_base, cos_t[i], sin_t[i]);
         for (int32_t h = 0; h < n_heads; ++h) {
             float* v = x + ((int64_t)t * n_heads + h) * head_dim;
             for (int32_t i = 0; i < half; ++i) {
