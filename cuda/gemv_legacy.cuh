@@ -37,13 +37,18 @@ __device__ __forceinline__ uint32_t ld_stream32(const void* p) {
 // One format: kQuantBytes per block in the quants region, Meta per block in the meta region,
 // and values(): the four weight bytes of lane k's elements 4k..4k+3 as the CPU's integer dot
 // sees them (offsets of the *_0 formats already subtracted: the integer sums are equal).
-struct LegacyQ4_0 {
-    static constexpr int kQuantBytes = 16;
+
+// The formats whose only scale is an f16 d per block (Q4_0, Q8_0).
+struct LegacyScaleOnly {
     static constexpr bool kHasMin = false, kHighBits = false;
     using Meta = uint16_t;
     __device__ static float d(Meta m) { return h2f(m); }
     __device__ static float m(Meta) { return 0.f; }
     __device__ static uint32_t qh(Meta) { return 0; }
+};
+
+struct LegacyQ4_0 : LegacyScaleOnly {
+    static constexpr int kQuantBytes = 16;
     __device__ static int values(uint32_t word, int k, uint32_t) {
         return int(__vsub4((k < 4 ? word : word >> 4) & 0x0F0F0F0Fu, 0x08080808u));
     }
@@ -75,13 +80,8 @@ struct LegacyQ5 {
     }
 };
 
-struct LegacyQ8_0 {
+struct LegacyQ8_0 : LegacyScaleOnly {
     static constexpr int kQuantBytes = 32;
-    static constexpr bool kHasMin = false, kHighBits = false;
-    using Meta = uint16_t;
-    __device__ static float d(Meta m) { return h2f(m); }
-    __device__ static float m(Meta) { return 0.f; }
-    __device__ static uint32_t qh(Meta) { return 0; }
     __device__ static int values(uint32_t word, int, uint32_t) { return int(word); }
 };
 
