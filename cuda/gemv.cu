@@ -34,12 +34,9 @@ struct GemvBatch {
 // Long rows are split over four warps (a 4096-wide f16 row is 512 units: one round of four loads
 // per lane; an 11008-wide one 1376). Four rather than two warps for 512-1023 units: F16 tg128
 // 184.8 / 183.8 -> 185.9 / 186.2 tok/s on the H100 (2026-11-22, interleaved); one warp: 173.
-int warps_per_row(int32_t units) { return units >= 512 ? 4 : 1; }
-
-bool is_legacy_block_type(GGMLType t) {
-    return t == GGMLType::Q4_0 || t == GGMLType::Q4_1 || t == GGMLType::Q5_0 || t == GGMLType::Q5_1 ||
-           t == GGMLType::Q8_0;
-}
+constexpr int warps_per_row(int32_t units) { return units >= 512 ? 4 : 1; }
+// Rows summed in the CPU's order take one warp each.
+static_assert(warps_per_row(kLegacyExactMaxWidth / 32) == 1, "CPU-order rows must get one warp per row");
 
 template <class T>
 __device__ __forceinline__ T pick(const T (&a)[kMaxGemvBatch], int i) {
@@ -249,9 +246,9 @@ void gemv(const DeviceWeight* const* ws, float* const* ys, int count, const floa
         case GGMLType::F16: case GGMLType::BF16: p.units = int32_t(w0.n_in / 8); break;
         default: p.units = int32_t(nb); break;   // legacy 32-element blocks
     }
-    const bool cpu_order = is_legacy_block_type(w0.type) && w0.n_in <= kLegacyExactMaxWidth;
-    b.wpr = cpu_order ? 1 : warps_per_row(p.units);
+    b.wpr = warps_per_row(p.units);
     const int rows_per_cta = kRowsPerBlock / b.wpr;
+    const bool cpu_order = w0.n_in <= kLegacyExactMaxWidth;   // read by the legacy formats only
     unsigned n_ctas = 0;
     for (int i = 0; i < kMaxGemvBatch; ++i) {
         b.start[i] = int32_t(n_ctas);
