@@ -8,6 +8,8 @@
 // llama.cpp's attention, so greedy decoding follows the reference closely.
 #include <algorithm>
 
+#include "async_copy.cuh"
+#include "attention_splits.cuh"
 #include "common.cuh"
 #include "kernels.h"
 #include "launch.h"
@@ -19,7 +21,6 @@ namespace {
 
 constexpr int kAttnWarps = 4;
 constexpr int kMaxHeadDim = 256;
-constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ __forceinline__ void unpack8(uint4 r, float* f) {
     const uint32_t w[4] = {r.x, r.y, r.z, r.w};
@@ -40,40 +41,6 @@ __device__ __forceinline__ void merge_state(float& m, float& l, float* a, float 
 #pragma unroll
     for (int j = 0; j < 8; ++j) a[j] = a[j] * ca + ao[j] * cb;
     m = mn;
-}
-
-// Split (flash-decoding) launches: every CTA of a (blockIdx.x, blockIdx.y) group writes its
-// partial result, then the last one to finish merges them (no second launch). True, in all its
-// threads, for that last CTA, which also resets the group's counter for the next launch or graph
-// replay.
-__device__ __forceinline__ bool last_of_splits(const AttentionArgs& a) {
-    __shared__ int is_last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int* ctr = a.split_counter + blockIdx.x * gridDim.y + blockIdx.y;
-        is_last = atomicAdd(ctr, 1) == a.n_split - 1;
-        if (is_last) *ctr = 0;
-    }
-    __syncthreads();
-    if (is_last) __threadfence();
-    return is_last;
-}
-
-// Output element d of query slot th (token * n_head + head) from the splits' partials.
-__device__ __forceinline__ float merge_splits(const AttentionArgs& a, int64_t th, int d) {
-    const int64_t stride = int64_t(a.n_tok) * a.n_head;
-    float mx = -INFINITY;
-    for (int sp = 0; sp < a.n_split; ++sp) mx = fmaxf(mx, __ldcg(&a.part_ml[sp * stride + th]).x);
-    float L = 0.f, o = 0.f;
-#pragma unroll 8
-    for (int sp = 0; sp < a.n_split; ++sp) {
-        const float2 ml = __ldcg(&a.part_ml[sp * stride + th]);
-        const float w = ml.x == -INFINITY ? 0.f : exp2f(ml.x - mx);
-        L += ml.y * w;
-        o += __ldcg(&a.part_acc[(sp * stride + th) * a.head_dim + d]) * w;
-    }
-    return L > 0.f ? o / L : 0.f;
 }
 
 template <int M>
@@ -245,14 +212,6 @@ constexpr int kExactThreads = 256;
 constexpr int kExactChunk = 64;    // V positions per pipeline stage
 constexpr int kExactStages = 4;
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
-
 __global__ void __launch_bounds__(kExactThreads) attention_exact_kernel(AttentionArgs a, DeviceBatch b) {
     extern __shared__ uint4 vbuf[];   // [kExactStages][kExactChunk][head_dim / 8]
     constexpr int kWarps = kExactThreads / kWarp;
@@ -344,31 +303,27 @@ __global__ void __launch_bounds__(kExactThreads) attention_exact_kernel(Attentio
         q8_1_block(o, lane, a.out_q + e - lane, a.out_ds + e / 32);
 }
 
-// Decode over long contexts (flash-decoding): one CTA per (token, kv head's group of up to
-// kDecMaxHeads q heads, key range). K and V stream through shared memory in tiles of kDecTile
-// keys, kDecStages deep, so loads never wait on the math; each tile gets its own softmax update.
-// Scores: 8 lanes per key, each over hd/8 dims (conflict-free 16-byte reads of the tile); values:
-// one thread per output dim. Q and the probabilities are rounded to f16 as in the kernel above.
+// Decode over a long q8_0 cache (flash-decoding; the f16 cache has its tensor-core kernel in
+// attention_decode_mma.cu): one CTA per (token, kv head's group of up to kDecMaxHeads q heads,
+// key range). K and V stream through shared memory in tiles of kDecTile keys, kDecStages deep, so
+// loads never wait on the math; each tile gets its own softmax update. Scores: 8 lanes per key,
+// each over hd/8 dims, q quantized per 32 dims so they are int8 dot products; values: one thread
+// per output dim.
 constexpr int kDecThreads = 128;
 constexpr int kDecTile = 32;
 constexpr int kDecStages = 3;
 constexpr int kDecMaxHeads = 4;   // one warp per head for the softmax step
 
-__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, bool valid) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0) : "memory");
-}
-
-// Shared-memory tile geometry of one pipeline stage (K and V of kDecTile keys).
-// f16 KV: [K, V][kDecTile][hd] halves. q8_0 KV (see src/kv/kv_layout.h): [K, V][kDecTile][hd]
-// int8 then [K, V][kDecTile][hd / 32] f16 scales. The int8 rows are swizzled: byte b of key k
-// sits at b ^ swizzle(k), so the four keys a warp reads at once fall on different banks.
-template <int HD, bool Q8>
+// Shared-memory tile geometry of one pipeline stage (K and V of kDecTile keys, src/kv/kv_layout.h):
+// [K, V][kDecTile][hd] int8 then [K, V][kDecTile][hd / 32] f16 scales. The int8 rows are
+// swizzled: byte b of key k sits at b ^ swizzle(k), so the four keys a warp reads at once fall on
+// different banks.
+template <int HD>
 struct DecTile {
-    static constexpr int kRow = Q8 ? HD : 2 * HD;   // bytes per key row
-    __device__ static int swizzle(int key) { return Q8 ? (key & (HD / 64 - 1)) * 64 : 0; }
+    static constexpr int kRow = HD;   // bytes per key row
+    __device__ static int swizzle(int key) { return (key & (HD / 64 - 1)) * 64; }
     static constexpr int kData = 2 * kDecTile * kRow;
-    static constexpr int kScales = Q8 ? 2 * kDecTile * HD / 16 : 0;       // bytes
+    static constexpr int kScales = 2 * kDecTile * HD / 16;   // bytes
     static constexpr int kBytes = kData + kScales;
 };
 
@@ -378,13 +333,13 @@ __device__ __forceinline__ float i8_to_float(uint32_t u) {
     return __int_as_float(0x4B000000 | (u ^ 0x80)) - 8388736.f;
 }
 
-template <int M, int NC, bool Q8>   // M q heads per CTA, NC 16-byte f16 chunks of a key per lane (hd = 64 * NC)
+template <int M, int NC>   // M q heads per CTA, NC chunks of 8 dims of a key per lane (hd = 64 * NC)
 __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(AttentionArgs a, DeviceBatch b) {
-    constexpr int hd = 64 * NC, n8 = 8 * NC;
-    using Tile = DecTile<hd, Q8>;
+    constexpr int hd = 64 * NC;
+    using Tile = DecTile<hd>;
     extern __shared__ uint4 tiles[];   // [kDecStages][Tile::kBytes]
     __shared__ float ps[M][kDecTile];
-    __shared__ __align__(16) float pv[Q8 ? M : 1][Q8 ? hd / 32 : 1][kDecTile];   // q8_0: probability x V scale
+    __shared__ __align__(16) float pv[M][hd / 32][kDecTile];   // probability x V scale
     __shared__ float corr_s[M], m_s[M], l_s[M];
     pdl_wait();
     pdl_trigger();
@@ -411,15 +366,7 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(Attention
         if (j < n_tiles) {
             uint8_t* dst = stage(j);
             const int key0 = k0 + j * kDecTile;
-            if constexpr (!Q8) {
-                constexpr int kWords = kDecTile * n8;
-                for (int e = tid; e < 2 * kWords; e += kDecThreads) {
-                    const int kv = e / kWords, r = e % kWords, key = key0 + r / n8;
-                    const bool ok = key < k1;
-                    const int64_t off = key_row(ok ? key : k0) * kv_dim + int64_t(kvh) * hd + 8 * (r % n8);
-                    cp_async16_zfill(dst + 16 * e, (kv ? a.v_cache : a.k_cache) + off, ok);
-                }
-            } else {
+            {
                 // int8 rows: hd / 16 chunks a key; scales: hd / 16 bytes a key, so a 16-byte chunk
                 // holds kSk consecutive keys of one block (head-major layout, kv_layout.h).
                 constexpr int n16 = hd / 16, kChunks = kDecTile * n16, kSk = 256 / hd, kScaleChunks = kDecTile / kSk;
@@ -447,13 +394,12 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(Attention
     };
     for (int j = 0; j < kDecStages - 1; ++j) issue(j);
 
-    // Lane part p (of 8) of a key owns dims 8 (p + 8 c) .. + 7: q for those dims, scaled and
-    // f16-rounded for an f16 cache (as the CPU's attention does). For a q8_0 cache q is itself
-    // quantized per 32 dims (lanes p..p+3 share a group), so scores are int8 dot products.
+    // Lane part p (of 8) of a key owns dims 8 (p + 8 c) .. + 7: q for those dims, quantized per
+    // 32 dims (lanes p..p+3 share a group), so scores are int8 dot products.
     const int part = tid & 7, key_in_pass = tid >> 3;   // 16 keys per pass, two passes per tile
     const float qscale = a.scale * kLog2e;
-    float q[M][NC][Q8 ? 1 : 8];   // f16 KV: q; q8_0 KV: the group's scale d times qscale
-    int qi[M][NC][2];             // q8_0 KV: the 8 int8 values, packed
+    float q[M][NC];     // the group's scale d times qscale
+    int qi[M][NC][2];   // the 8 int8 values, packed
 #pragma unroll
     for (int i = 0; i < M; ++i)
 #pragma unroll
@@ -462,23 +408,18 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(Attention
 #pragma unroll
             for (int j = 0; j < 8; ++j)
                 x[j] = i < n_heads_here ? a.q[int64_t(t) * q_dim + (h0 + i) * hd + 8 * (part + 8 * c) + j] : 0.f;
-            if constexpr (Q8) {
-                float amax = 0.f;
+            float amax = 0.f;
 #pragma unroll
-                for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(x[j]));
-                amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-                amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-                const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
-                uint32_t w[2] = {0u, 0u};
+            for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(x[j]));
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+            const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+            uint32_t w[2] = {0u, 0u};
 #pragma unroll
-                for (int j = 0; j < 8; ++j) w[j / 4] |= (uint32_t(__float2int_rn(x[j] * id)) & 0xFFu) << (8 * (j % 4));
-                qi[i][c][0] = int(w[0]);
-                qi[i][c][1] = int(w[1]);
-                q[i][c][0] = d * qscale;
-            } else {
-#pragma unroll
-                for (int j = 0; j < 8; ++j) q[i][c][j] = __half2float(__float2half_rn(x[j])) * qscale;
-            }
+            for (int j = 0; j < 8; ++j) w[j / 4] |= (uint32_t(__float2int_rn(x[j] * id)) & 0xFFu) << (8 * (j % 4));
+            qi[i][c][0] = int(w[0]);
+            qi[i][c][1] = int(w[1]);
+            q[i][c] = d * qscale;
         }
     if (tid < M) {
         m_s[tid] = -INFINITY;
@@ -505,20 +446,11 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(Attention
 #pragma unroll
             for (int c = 0; c < NC; ++c) {
                 const int d0 = 8 * (part + 8 * c);
-                if constexpr (Q8) {
-                    const float dk = __half2float(reinterpret_cast<const __half*>(st + Tile::kData)[key * (hd / 32) + d0 / 32]);
-                    const uint2 kw = *reinterpret_cast<const uint2*>(st + key * Tile::kRow + (d0 ^ Tile::swizzle(key)));
+                const float dk = __half2float(reinterpret_cast<const __half*>(st + Tile::kData)[key * (hd / 32) + d0 / 32]);
+                const uint2 kw = *reinterpret_cast<const uint2*>(st + key * Tile::kRow + (d0 ^ Tile::swizzle(key)));
 #pragma unroll
-                    for (int i = 0; i < M; ++i)
-                        s[i] += float(__dp4a(int(kw.y), qi[i][c][1], __dp4a(int(kw.x), qi[i][c][0], 0))) * (dk * q[i][c][0]);
-                } else {
-                    float kf[8];
-                    unpack8(*reinterpret_cast<const uint4*>(st + key * Tile::kRow + 2 * d0), kf);
-#pragma unroll
-                    for (int i = 0; i < M; ++i)
-#pragma unroll
-                        for (int jj = 0; jj < 8; ++jj) s[i] += q[i][c][jj] * kf[jj];
-                }
+                for (int i = 0; i < M; ++i)
+                    s[i] += float(__dp4a(int(kw.y), qi[i][c][1], __dp4a(int(kw.x), qi[i][c][0], 0))) * (dk * q[i][c]);
             }
 #pragma unroll
             for (int i = 0; i < M; ++i) {
@@ -535,13 +467,9 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(Attention
             const float p = sc == -INFINITY ? 0.f : exp2f(sc - m_new);
             const float corr = m_old == -INFINITY ? 0.f : exp2f(m_old - m_new);
             const float sum = warp_sum(p);
-            if constexpr (Q8) {
-                const __half* vsc = reinterpret_cast<const __half*>(st + Tile::kData) + kDecTile * (hd / 32) + lane * (hd / 32);
+            const __half* vsc = reinterpret_cast<const __half*>(st + Tile::kData) + kDecTile * (hd / 32) + lane * (hd / 32);
 #pragma unroll   // (a masked key's scale may be any bits: keep its product 0)
-                for (int g = 0; g < hd / 32; ++g) pv[warp][g][lane] = sc == -INFINITY ? 0.f : p * __half2float(vsc[g]);
-            } else {
-                ps[warp][lane] = __half2float(__float2half_rn(p));   // f16 probabilities times f16 V
-            }
+            for (int g = 0; g < hd / 32; ++g) pv[warp][g][lane] = sc == -INFINITY ? 0.f : p * __half2float(vsc[g]);
             if (lane == 0) {
                 corr_s[warp] = corr;
                 m_s[warp] = m_new;
@@ -556,26 +484,18 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(Attention
             if (d >= hd) break;
 #pragma unroll
             for (int i = 0; i < M; ++i) {
-                float o = acc[i][c] * corr_s[i];
-                if constexpr (Q8) {   // two chains of FMAs; four keys' weights in one load
-                    float o1 = 0.f;
-                    const float4* w4 = reinterpret_cast<const float4*>(pv[i][d / 32]);
+                float o = acc[i][c] * corr_s[i], o1 = 0.f;   // two chains of FMAs; four keys' weights in one load
+                const float4* w4 = reinterpret_cast<const float4*>(pv[i][d / 32]);
 #pragma unroll
-                    for (int key = 0; key < kDecTile; key += 4) {
-                        const float4 w = w4[key / 4];
-                        const uint8_t* v4 = vt + key * Tile::kRow;
-                        o += w.x * i8_to_float(v4[d ^ Tile::swizzle(key)]);
-                        o1 += w.y * i8_to_float(v4[Tile::kRow + (d ^ Tile::swizzle(key + 1))]);
-                        o += w.z * i8_to_float(v4[2 * Tile::kRow + (d ^ Tile::swizzle(key + 2))]);
-                        o1 += w.w * i8_to_float(v4[3 * Tile::kRow + (d ^ Tile::swizzle(key + 3))]);
-                    }
-                    o += o1;
-                } else {
-#pragma unroll 8
-                    for (int key = 0; key < kDecTile; ++key)
-                        o += ps[i][key] * __half2float(reinterpret_cast<const __half*>(vt + key * Tile::kRow)[d]);
+                for (int key = 0; key < kDecTile; key += 4) {
+                    const float4 w = w4[key / 4];
+                    const uint8_t* v4 = vt + key * Tile::kRow;
+                    o += w.x * i8_to_float(v4[d ^ Tile::swizzle(key)]);
+                    o1 += w.y * i8_to_float(v4[Tile::kRow + (d ^ Tile::swizzle(key + 1))]);
+                    o += w.z * i8_to_float(v4[2 * Tile::kRow + (d ^ Tile::swizzle(key + 2))]);
+                    o1 += w.w * i8_to_float(v4[3 * Tile::kRow + (d ^ Tile::swizzle(key + 3))]);
                 }
-                acc[i][c] = o;
+                acc[i][c] = o + o1;
             }
         }
         __syncthreads();   // the stage is refilled next iteration
@@ -603,31 +523,25 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(Attention
     }
 }
 
-template <int M, int NC, bool Q8>
+template <int M, int NC>
 void launch_decode(const AttentionArgs& a, const DeviceBatch& b, dim3 grid, cudaStream_t s) {
-    const size_t smem = size_t(kDecStages) * DecTile<64 * NC, Q8>::kBytes;
+    const size_t smem = size_t(kDecStages) * DecTile<64 * NC>::kBytes;
     static bool opted_in = false;   // above 48 KB of dynamic shared memory needs the opt-in
     if (!opted_in) {
-        EMBER_CUDA_CHECK(cudaFuncSetAttribute(attention_decode_kernel<M, NC, Q8>,
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        EMBER_CUDA_CHECK(cudaFuncSetAttribute(attention_decode_kernel<M, NC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              int(smem)));
         opted_in = true;
     }
-    launch_pdl_smem(attention_decode_kernel<M, NC, Q8>, grid, dim3(kDecThreads), smem, s, a, b);
-}
-
-template <int M, bool Q8>
-void launch_decode_hd(const AttentionArgs& a, const DeviceBatch& b, dim3 grid, cudaStream_t s) {
-    switch (a.head_dim) {
-        case 64: launch_decode<M, 1, Q8>(a, b, grid, s); break;
-        case 128: launch_decode<M, 2, Q8>(a, b, grid, s); break;
-        default: launch_decode<M, 4, Q8>(a, b, grid, s); break;   // 256
-    }
+    launch_pdl_smem(attention_decode_kernel<M, NC>, grid, dim3(kDecThreads), smem, s, a, b);
 }
 
 template <int M>
-void launch_decode_kv(const AttentionArgs& a, const DeviceBatch& b, dim3 grid, cudaStream_t s) {
-    if (a.kv_q8) launch_decode_hd<M, true>(a, b, grid, s);
-    else launch_decode_hd<M, false>(a, b, grid, s);
+void launch_decode_hd(const AttentionArgs& a, const DeviceBatch& b, dim3 grid, cudaStream_t s) {
+    switch (a.head_dim) {
+        case 64: launch_decode<M, 1>(a, b, grid, s); break;
+        case 128: launch_decode<M, 2>(a, b, grid, s); break;
+        default: launch_decode<M, 4>(a, b, grid, s); break;   // 256
+    }
 }
 
 }  // namespace
@@ -670,22 +584,23 @@ void attention(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s) {
     EMBER_CUDA_LAUNCHED("attention");
 }
 
-int attention_decode_heads(int n_head, int n_head_kv, int head_dim) {
+int attention_decode_heads(int n_head, int n_head_kv, int head_dim, bool kv_q8) {
     if (head_dim != 64 && head_dim != 128 && head_dim != 256) return 0;
-    return std::min(n_head / n_head_kv, kDecMaxHeads);
+    return std::min(n_head / n_head_kv, kv_q8 ? kDecMaxHeads : kDecodeMmaHeads);
 }
 
 void attention_decode(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s) {
-    const int M = attention_decode_heads(a.n_head, a.n_head_kv, a.head_dim);
+    if (!a.kv_q8) fail("cuda attention_decode: reads a q8_0 cache (attention_decode_mma takes f16)");
+    const int M = attention_decode_heads(a.n_head, a.n_head_kv, a.head_dim, true);
     if (M == 0) fail("cuda attention_decode: head_dim ", a.head_dim, " is not 64, 128 or 256");
     if (a.n_tok == 0) return;
     const int n_hchunks = (a.n_head / a.n_head_kv + M - 1) / M;
     const dim3 grid(unsigned(a.n_tok), unsigned(a.n_head_kv * n_hchunks), unsigned(a.n_split));
     switch (M) {
-        case 1: launch_decode_kv<1>(a, b, grid, s); break;
-        case 2: launch_decode_kv<2>(a, b, grid, s); break;
-        case 3: launch_decode_kv<3>(a, b, grid, s); break;
-        default: launch_decode_kv<4>(a, b, grid, s); break;
+        case 1: launch_decode_hd<1>(a, b, grid, s); break;
+        case 2: launch_decode_hd<2>(a, b, grid, s); break;
+        case 3: launch_decode_hd<3>(a, b, grid, s); break;
+        default: launch_decode_hd<4>(a, b, grid, s); break;
     }
     EMBER_CUDA_LAUNCHED("attention_decode");
 }

@@ -54,7 +54,11 @@ constexpr double kMiB = 1024.0 * 1024.0;
 constexpr int kMaxIntPromptTokens = 64;
 constexpr int kKeysPerSplit = 64;      // flash-decoding: one split per this many keys
 constexpr int kTargetAttnCtas = 1024;  // split only while the grid is smaller than this
-constexpr int kDecodeTargetCtas = 512; // the pipelined decode kernel: about one wave of 4 CTAs per SM
+// Decode attention over long contexts: CTAs per launch the key-range split aims at. The q8_0
+// kernel fits about 8 CTAs an SM; the f16 tensor-core kernel 2, and one wave of those beat 128
+// (1 an SM, 162 tok/s at depth 16384) and 512 (two waves, 190): 193.
+constexpr int kDecodeTargetCtas = 1024;
+constexpr int kDecodeMmaTargetCtas = 256;
 constexpr int kNumTileLens = 5;
 constexpr int kBatchHeadWords = 2 + 2 * kNumTileLens;   // int32 words per token slot before the block table
 constexpr int kTileLens[kNumTileLens] = {1, 2, 4, 8, kMmaTileLen};   // attention tile lists kept per batch
@@ -410,9 +414,13 @@ public:
                 n_prope_ = 0;
                 flush();
                 ++epoch_;
+                // Decode over a long f16 cache: the attention kernel comes next and starts streaming
+                // the older keys as soon as this kernel lets it (tg128 at depth 16384 +1.5%; at
+                // short contexts, where the short kernel follows, an early start cost 1.5%).
+                const bool early = !q8 && n_tok <= kMaxGemvTokens && max_len_ > cuda::kExactMaxLen;
                 cuda::rope_kv_store(rq ? rq->x : nullptr, rq ? rq->n_heads : 0, rk.x, v, kv.n_head_kv, kv.head_dim,
                                     rope_table(rk.base, rk.head_dim), rk.neox, q8 ? nullptr : static_cast<__half*>(kv.k), q8 ? nullptr : static_cast<__half*>(kv.v),
-                                    kv.block_size, n_tok, dbatch_, stream_);
+                                    kv.block_size, n_tok, dbatch_, early, stream_);
                 if (q8) store_q8(kv, k, v, n_tok);
                 return;
             }
@@ -435,11 +443,14 @@ public:
         a.v_cache = static_cast<const __half*>(kv.v);
         // The decode kernel takes power-of-two KV blocks of >= 4 tokens (the default is 16).
         const bool dec_blocks = (kv.block_size & (kv.block_size - 1)) == 0 && kv.block_size >= 4;
-        const int n_dec = dec_blocks ? cuda::attention_decode_heads(shape.n_head, shape.n_head_kv, shape.head_dim) : 0;
+        auto decode_heads = [&](bool q8) {
+            return dec_blocks ? cuda::attention_decode_heads(shape.n_head, shape.n_head_kv, shape.head_dim, q8) : 0;
+        };
         if (kv.type == GGMLType::Q8_0) {
             // Decode reads the q8_0 blocks directly; other batches read an f16 copy of the blocks
             // they use (their work per KV byte is large, so the copy costs little).
-            a.kv_q8 = n_tok <= kMaxGemvTokens && n_dec > 0 && kv_block_bytes(kv.type, kv.block_size, int64_t(kv.n_head_kv) * kv.head_dim) % 16 == 0;
+            a.kv_q8 = n_tok <= kMaxGemvTokens && decode_heads(true) > 0 &&
+                      kv_block_bytes(kv.type, kv.block_size, int64_t(kv.n_head_kv) * kv.head_dim) % 16 == 0;
             if (!a.kv_q8) expand_q8(kv, a);
         } else if (kv.type != GGMLType::F16) {
             fail("cuda attention: the GPU keeps KV in f16 or q8_0, not in GGML type ", int(kv.type));
@@ -473,15 +484,16 @@ public:
             a.n_split = 1;
             if (cuda::attention_prefill_mma(a, dbatch_, stream_)) return;
         }
+        const int n_dec = decode_heads(a.kv_q8);
         if (n_tok <= kMaxGemvTokens && n_dec > 0) {   // decode over a long context: pipelined tiles
             const int n_groups = (n_rep + n_dec - 1) / n_dec;
             const int base = n_tok * shape.n_head_kv * n_groups;
             const int want = pow2_ceil((max_len_ + kKeysPerSplit - 1) / kKeysPerSplit);
-            // q8_0 tiles take half the shared memory: twice the CTAs fit, and hide more latency.
-            const int target = a.kv_q8 ? 2 * kDecodeTargetCtas : kDecodeTargetCtas;
+            const int target = a.kv_q8 ? kDecodeTargetCtas : kDecodeMmaTargetCtas;
             a.n_split = std::max(1, std::min(want, pow2_floor(std::max(1, target / base))));
             prepare_splits(a, size_t(base));
-            cuda::attention_decode(a, dbatch_, stream_);
+            if (a.kv_q8) cuda::attention_decode(a, dbatch_, stream_);
+            else cuda::attention_decode_mma(a, dbatch_, stream_);
             return;
         }
         // Prompts: share K/V among up to 8 queries.

@@ -78,7 +78,7 @@ void kv_expand_q8(const uint8_t* k_cache, const uint8_t* v_cache, __half* k_f16,
 // rope of q (may be null) and k, then kv_store of k and v (both caches null: the ropes only).
 void rope_kv_store(float* q, int32_t n_head_q, float* k, const float* v, int32_t n_head_kv, int32_t head_dim,
                    const float2* cos_sin, bool neox, __half* k_cache, __half* v_cache, int32_t block_size, int32_t n_tok,
-                   const DeviceBatch& b, cudaStream_t s);
+                   const DeviceBatch& b, bool early, cudaStream_t s);   // early: let the next kernel start at once
 
 // A run of <= tile_len consecutive batch tokens of one sequence: attention shares K/V loads
 // among the tile's queries. Built on the host by set_batch for each tile length.
@@ -105,10 +105,14 @@ struct AttentionArgs {
 };
 void attention(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s);
 // Decode batches (one CTA per token) over long contexts: K/V tiles pipelined through shared
-// memory. attention_decode_heads: q heads per CTA for this shape, 0 when the kernel does not
-// take it (head_dim other than 64, 128, 256). Grid: n_tok x (kv heads x head groups) x n_split.
-int attention_decode_heads(int n_head, int n_head_kv, int head_dim);
+// memory, the q8_0 cache on CUDA cores (attention_decode), the f16 cache on tensor cores
+// (attention_decode_mma, up to kDecodeMmaHeads q heads of a kv head per CTA).
+// attention_decode_heads: q heads per CTA for this shape and cache, 0 when neither kernel takes
+// it (head_dim other than 64, 128, 256). Grid: n_tok x (kv heads x head groups) x n_split.
+constexpr int kDecodeMmaHeads = 16;
+int attention_decode_heads(int n_head, int n_head_kv, int head_dim, bool kv_q8);
 void attention_decode(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s);
+void attention_decode_mma(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s);
 // Short contexts (every position < kExactMaxLen): the reference CPU arithmetic, in order.
 constexpr int kExactMaxLen = 512;
 void attention_exact(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s);

@@ -164,9 +164,12 @@ __global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ p
 __global__ void rope_kv_store_kernel(float* __restrict__ q, int32_t n_head_q, float* __restrict__ k,
                                      const float* __restrict__ v, int32_t n_head_kv, int32_t head_dim,
                                      const float2* __restrict__ cos_sin, bool neox, __half* __restrict__ kc, __half* __restrict__ vc, int32_t block_size,
-                                     int32_t n_tok, DeviceBatch b) {
+                                     int32_t n_tok, DeviceBatch b, bool early) {
+    // early: trigger first, so the decode attention that follows streams the older cache while
+    // this kernel waits.
+    if (early) pdl_trigger();
     pdl_wait();
-    pdl_trigger();
+    if (!early) pdl_trigger();
     const int half = head_dim / 2, kv_dim = n_head_kv * head_dim;
     const bool store = kc != nullptr;
     const int nq = n_head_q * half, nk = n_head_kv * half, per_tok = nq + (store ? 2 : 1) * nk;
@@ -236,13 +239,13 @@ void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_heads, int32_t 
 
 void rope_kv_store(float* q, int32_t n_head_q, float* k, const float* v, int32_t n_head_kv, int32_t head_dim,
                    const float2* cos_sin, bool neox, __half* k_cache, __half* v_cache, int32_t block_size, int32_t n_tok,
-                   const DeviceBatch& b, cudaStream_t s) {
+                   const DeviceBatch& b, bool early, cudaStream_t s) {
     if (head_dim % 2) fail("cuda rope: head_dim ", head_dim, " is odd");
     const int64_t total = int64_t(n_tok) * (n_head_q + (k_cache ? 2 : 1) * n_head_kv) * (head_dim / 2);
     if (total == 0) return;
     const unsigned grid = unsigned(std::min<int64_t>((total + 255) / 256, 65536));
     launch_pdl(rope_kv_store_kernel, grid, 256, s, q, q ? n_head_q : 0, k, v, n_head_kv, head_dim, cos_sin, neox,
-               k_cache, v_cache, block_size, n_tok, b);
+               k_cache, v_cache, block_size, n_tok, b, early);
     EMBER_CUDA_LAUNCHED("rope_kv_store");
 }
 

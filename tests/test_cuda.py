@@ -217,6 +217,8 @@ ATTN_CASES = {
     "prompt_long_gqa": (8, 2, 128, 700, list(range(300, 700)), 16),
     "long_split_hd256": (4, 2, 256, 1500, [1499], 16),
     "long_split_gqa_9_3": (9, 3, 64, 1200, [1199, 800], 16),
+    "long_split_block_8": (8, 4, 128, 1500, [1499, 700], 8),   # KV blocks smaller than a decode tile
+    "long_gqa_17": (34, 2, 64, 900, [899], 16),   # 17 q heads a kv head: two head groups
 }
 
 
@@ -240,7 +242,8 @@ def attention_vs_ref(backend, case, rng):
 @pytest.mark.parametrize("case", list(ATTN_CASES))
 def test_attention(gpu, case):
     y, ref = attention_vs_ref(gpu, case, rng_for("attention", case))
-    # Q and the probabilities are rounded to f16 (as llama.cpp does; tensor cores for prompts).
+    # Q and the probabilities are rounded to f16 (as llama.cpp does; tensor cores for prompts and
+    # for decode over a long f16 cache).
     tol = 3e-3
     assert rel_err(y, ref) < tol
 
@@ -258,7 +261,7 @@ def test_attention_flash_kernel_short(case, monkeypatch):
 
 
 Q8_KV_CASES = {**{c: ATTN_CASES[c] for c in ["decode", "decode_gqa_9_3", "decode_batch", "prompt_causal", "prompt_gqa",
-                                            "long_split", "long_split_gqa", "long_split_hd256"]},
+                                            "long_split", "long_split_gqa", "long_split_hd256", "long_split_block_8", "long_gqa_17"]},
                "head_dim_96": (4, 2, 96, 90, [89, 3], 16),   # (q8_0 needs head dims of whole 32-groups)
                "decode_block_12": (4, 2, 64, 100, [99, 50], 12)}   # not a power of two: the f16 copy
 

@@ -110,7 +110,7 @@ def main(argv=None) -> int:
             name += f" @ d{args.depth}"
         # Warm-up: one run of the test itself, so buffers, cuBLAS plans and the decode-step graphs
         # of every context length bucket exist before timing (a server pays these once).
-        run_test(ctx, rng, model.n_vocab, n_prompt, n_gen, 0)
+        run_test(ctx, rng, model.n_vocab, n_prompt, n_gen, args.depth)
         speeds = [run_test(ctx, rng, model.n_vocab, n_prompt, n_gen, args.depth) for _ in range(args.repetitions)]
         mean = statistics.mean(speeds)
         std = statistics.stdev(speeds) if len(speeds) > 1 else 0.0

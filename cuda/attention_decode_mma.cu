@@ -1,0 +1,294 @@
+// Decode attention over a long f16 cache on tensor cores (flash-decoding). One CTA per (token,
+// group of up to 16 q heads of one kv head, key range); its 4 warps take turns over tiles of 16
+// keys, each warp with its own copy pipeline (Hopper: bulk copies, one 2*HD-byte key row per
+// lane, into an mbarrier; before it: cp.async), so no warp waits for another before the end.
+// Per tile a warp computes S = Q K^T (rows: q heads; K through ldmatrix as the B operand), an
+// online softmax in registers, and O += P V (P already in the A layout S came out in; V through
+// ldmatrix.trans). The warps' states merge in shared memory at the end; splits > 1 merge as in
+// attention_splits.cuh. Q and the probabilities are rounded to f16, as in the other kernels.
+// The CUDA-core kernel this replaced (now q8_0 only, attention.cu) spent its issue slots on
+// per-key arithmetic and block-wide barriers: one depth-16384 launch of llama2-7b took 111 us
+// (72% of DRAM peak); this one with cp.async 106 us (76%), with bulk copies and the early start
+// below 102.5 us (78%; Nsight Compute, tools/device/ncu_decode_depth.sh).
+#include "async_copy.cuh"
+#include "attention_splits.cuh"
+#include "common.cuh"
+#include "kernels.h"
+#include "launch.h"
+#include "mma.cuh"
+
+namespace ember {
+namespace cuda {
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kKeys = 16;   // keys per warp tile: one k-step of P V, two n-tiles of Q K^T
+
+// Shared memory of one warp: kStages tiles of K then V, [key][dim] halves, each key row padded
+// by 16 bytes so the 8 rows an ldmatrix reads fall on different banks.
+template <int HD>
+struct DecodeMmaSmem {
+    static constexpr int kRowBytes = 2 * HD + 16;
+    static constexpr int kStages = HD <= 128 ? 3 : 2;
+    static constexpr int kStageBytes = 2 * kKeys * kRowBytes;   // K then V
+    static constexpr int kWarpBytes = kStages * kStageBytes;
+    static constexpr int kBytes = kWarps * kWarpBytes;
+    static_assert(kBytes >= kWarps * kDecodeMmaHeads * HD * 4, "the stages double as the merge buffer");
+    __device__ static int at(int row, int chunk) { return row * kRowBytes + 16 * chunk; }   // bytes
+};
+
+template <int HD>
+__global__ void __launch_bounds__(kWarps * kWarp) attention_decode_mma_kernel(AttentionArgs a, DeviceBatch b) {
+    using Smem = DecodeMmaSmem<HD>;
+    constexpr int kSteps = HD / 16, kDimTiles = HD / 8, kRows = kDecodeMmaHeads;
+    extern __shared__ uint4 smem[];
+    __shared__ float2 ml_s[kWarps][kRows];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    __shared__ uint64_t full[kWarps][Smem::kStages];   // a stage's bulk copies have landed
+#endif
+    pdl_trigger();
+    const int t = blockIdx.x, split = blockIdx.z;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    const int n_rep = a.n_head / a.n_head_kv, n_hchunks = (n_rep + kRows - 1) / kRows;
+    const int kvh = blockIdx.y / n_hchunks, h0 = kvh * n_rep + (blockIdx.y % n_hchunks) * kRows;
+    const int n_rows = min(kRows, kvh * n_rep + n_rep - h0);
+    const int kv_dim = a.n_head_kv * HD, q_dim = a.n_head * HD;
+    const int len = b.pos[t] + 1;
+    const int chunk = ((len + a.n_split - 1) / a.n_split + kKeys - 1) / kKeys * kKeys;
+    const int k0 = split * chunk, k1 = min(len, k0 + chunk);
+    const int n_tiles = k1 > k0 ? (k1 - k0 + kKeys - 1) / kKeys : 0;
+    const int n_mine = n_tiles > warp ? (n_tiles - warp + kWarps - 1) / kWarps : 0;   // tiles warp, warp + 4, ...
+    const int32_t* bt = b.block_table + int64_t(b.seq[t]) * b.max_blocks;
+    const int bs = a.block_size, bs_shift = __ffs(bs) - 1;   // power-of-two blocks (the backend checks)
+    uint8_t* wsm = reinterpret_cast<uint8_t*>(smem) + warp * Smem::kWarpBytes;
+    auto tile_key0 = [&](int i) { return k0 + (warp + kWarps * i) * kKeys; };
+
+    // The warp's i-th tile. Keys past the range copy key k0's row instead: finite values that
+    // get probability 0. Hopper: one bulk copy per lane (K rows on lanes 0-15, V on 16-31);
+    // before: cp.async, 16 bytes per request, one group per call.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (lane == 0) {
+        for (int st = 0; st < Smem::kStages; ++st) mbar_init(&full[warp][st], 1);
+        mbar_init_fence();
+    }
+    __syncwarp();
+#endif
+    auto issue = [&](int i) {
+        if (i < n_mine) {
+            uint8_t* st = wsm + (i % Smem::kStages) * Smem::kStageBytes;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            uint64_t* bar = &full[warp][i % Smem::kStages];
+            if (lane == 0) mbar_arrive_expect_tx(bar, 2 * kKeys * 2 * HD);
+            __syncwarp();
+            const int r = lane % kKeys, key = tile_key0(i) + r, kk = key < k1 ? key : k0;
+            const int64_t off = (int64_t(bt[kk >> bs_shift]) * bs + (kk & (bs - 1))) * kv_dim + kvh * HD;
+            fence_proxy_async();   // this stage's last ldmatrix reads come before the copy
+            bulk_copy_g2s(st + (lane / kKeys) * kKeys * Smem::kRowBytes + r * Smem::kRowBytes,
+                          (lane < kKeys ? a.k_cache : a.v_cache) + off, 2 * HD, bar);
+#else
+            constexpr int kChunks = HD / 8, kLanesPerKey = kChunks < kWarp ? kChunks : kWarp;
+            constexpr int kKeysPerPass = kWarp / kLanesPerKey;
+            const int c = lane % kLanesPerKey;
+#pragma unroll
+            for (int p = 0; p < kKeys / kKeysPerPass; ++p) {
+                const int r = p * kKeysPerPass + lane / kLanesPerKey, key = tile_key0(i) + r, kk = key < k1 ? key : k0;
+                const int64_t off = (int64_t(bt[kk >> bs_shift]) * bs + (kk & (bs - 1))) * kv_dim + kvh * HD + 8 * c;
+                cp_async16(st + Smem::at(r, c), a.k_cache + off);
+                cp_async16(st + kKeys * Smem::kRowBytes + Smem::at(r, c), a.v_cache + off);
+            }
+#endif
+        }
+#if !(defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
+        cp_async_commit();
+#endif
+    };
+    // The first stages go out before waiting for the previous kernel, except tiles that may hold
+    // keys this batch's tokens wrote (the last n_tok positions): the rest of the cache is old.
+    const int old_end = len - a.n_tok;
+    int n_early = 0;
+    while (n_early < Smem::kStages - 1 && (n_early >= n_mine || tile_key0(n_early) + kKeys <= old_end)) issue(n_early++);
+    pdl_wait();
+    for (int i = n_early; i < Smem::kStages - 1; ++i) issue(i);
+
+    // Q as A fragments: rows g and g + 8 are heads h0 + g and h0 + g + 8 (zero past n_rows).
+    uint32_t qa[kSteps][4];
+    {
+        const float* q0 = a.q + int64_t(t) * q_dim + int64_t(h0 + g) * HD;
+        const float* q1 = q0 + 8 * HD;
+        const bool v0 = g < n_rows, v1 = g + 8 < n_rows;
+#pragma unroll
+        for (int s = 0; s < kSteps; ++s) {
+            const float2 z = make_float2(0.f, 0.f);
+            const float2 x00 = v0 ? *reinterpret_cast<const float2*>(q0 + 16 * s + 2 * tq) : z;
+            const float2 x01 = v0 ? *reinterpret_cast<const float2*>(q0 + 16 * s + 2 * tq + 8) : z;
+            const float2 x10 = v1 ? *reinterpret_cast<const float2*>(q1 + 16 * s + 2 * tq) : z;
+            const float2 x11 = v1 ? *reinterpret_cast<const float2*>(q1 + 16 * s + 2 * tq + 8) : z;
+            qa[s][0] = pack_half2(x00.x, x00.y);
+            qa[s][1] = pack_half2(x10.x, x10.y);
+            qa[s][2] = pack_half2(x01.x, x01.y);
+            qa[s][3] = pack_half2(x11.x, x11.y);
+        }
+    }
+    const float qscale = a.scale * kLog2e;   // applied to the f16 q.k in f32, as the other kernels do
+
+    float o[kDimTiles][4];
+#pragma unroll
+    for (int j = 0; j < kDimTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;   // rows g, g + 8 (l: this lane's part)
+
+    for (int i = 0; i < n_mine; ++i) {
+        issue(i + Smem::kStages - 1);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        mbar_wait(&full[warp][i % Smem::kStages], (i / Smem::kStages) & 1);
+#else
+        cp_async_wait<Smem::kStages - 1>();
+        __syncwarp();   // every lane's copies of tile i are visible to the whole warp
+#endif
+        const uint8_t* ks = wsm + (i % Smem::kStages) * Smem::kStageBytes;
+        const uint8_t* vs = ks + kKeys * Smem::kRowBytes;
+
+        float sc[2][4];   // S: n-tile j holds keys 8j .. 8j + 7
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+#pragma unroll
+            for (int s = 0; s < kSteps; s += 2) {
+                uint32_t kb[4];   // B fragments of k-steps s and s + 1
+                const int r = 8 * j + (lane & 7);
+                ldmatrix_x4(kb, ks + Smem::at(r, 2 * s + (lane >> 3)));
+                mma16816(sc[j], qa[s], kb[0], kb[1]);
+                mma16816(sc[j], qa[s + 1], kb[2], kb[3]);
+            }
+        }
+        // Online softmax; a row lives in one lane quad. Key 0 of a tile is always in range, so
+        // the new maxima are finite.
+        const int key_base = tile_key0(i);
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const bool ok = key_base + 8 * j + 2 * tq + e < k1;
+                sc[j][e] = ok ? sc[j][e] * qscale : -INFINITY;
+                sc[j][2 + e] = ok ? sc[j][2 + e] * qscale : -INFINITY;
+                mx0 = fmaxf(mx0, sc[j][e]);
+                mx1 = fmaxf(mx1, sc[j][2 + e]);
+            }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        const float corr0 = exp2f(m0 - mn0), corr1 = exp2f(m1 - mn1);
+        m0 = mn0;
+        m1 = mn1;
+        l0 *= corr0;
+        l1 *= corr1;
+#pragma unroll
+        for (int j = 0; j < kDimTiles; ++j) {
+            o[j][0] *= corr0;
+            o[j][1] *= corr0;
+            o[j][2] *= corr1;
+            o[j][3] *= corr1;
+        }
+        uint32_t pa[4];   // P as the A fragment of 16 keys
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const float p0 = exp2f(sc[j][0] - mn0), p1 = exp2f(sc[j][1] - mn0);
+            const float p2 = exp2f(sc[j][2] - mn1), p3 = exp2f(sc[j][3] - mn1);
+            l0 += p0 + p1;
+            l1 += p2 + p3;
+            pa[2 * j] = pack_half2(p0, p1);
+            pa[2 * j + 1] = pack_half2(p2, p3);
+        }
+        // O += P V: k = the 16 keys, n = dims; B fragments of dim tiles j and j + 1 per ldmatrix.
+#pragma unroll
+        for (int j = 0; j < kDimTiles; j += 2) {
+            uint32_t vb[4];
+            const int r = (lane & 7) + 8 * ((lane >> 3) & 1);
+            ldmatrix_x4_trans(vb, vs + Smem::at(r, j + (lane >> 4)));
+            mma16816(o[j], pa, vb[0], vb[1]);
+            mma16816(o[j + 1], pa, vb[2], vb[3]);
+        }
+        __syncwarp();   // the stage is refilled by the next issue
+    }
+#if !(defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
+    cp_async_wait<0>();   // (only empty groups remain)
+#endif
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+
+    // Merge the warps: their stages become [warp][row][dim] floats.
+    __syncthreads();
+    float* ob = reinterpret_cast<float*>(smem);
+    float* mine = ob + warp * kRows * HD;
+#pragma unroll
+    for (int j = 0; j < kDimTiles; ++j) {
+        *reinterpret_cast<float2*>(mine + g * HD + 8 * j + 2 * tq) = make_float2(o[j][0], o[j][1]);
+        *reinterpret_cast<float2*>(mine + (g + 8) * HD + 8 * j + 2 * tq) = make_float2(o[j][2], o[j][3]);
+    }
+    if (tq == 0) {
+        ml_s[warp][g] = make_float2(m0, l0);
+        ml_s[warp][g + 8] = make_float2(m1, l1);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < n_rows * HD; e += kWarps * kWarp) {
+        const int r = e / HD, d = e % HD;
+        float m = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) m = fmaxf(m, ml_s[w][r].x);
+        float l = 0.f, acc = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+            const float wt = ml_s[w][r].x == -INFINITY ? 0.f : exp2f(ml_s[w][r].x - m);
+            l += ml_s[w][r].y * wt;
+            acc += ob[(w * kRows + r) * HD + d] * wt;
+        }
+        const int64_t th = int64_t(t) * a.n_head + h0 + r;
+        if (a.n_split == 1) {
+            a.out[th * HD + d] = l > 0.f ? acc / l : 0.f;
+        } else {
+            const int64_t slot = int64_t(split) * a.n_tok * a.n_head + th;
+            a.part_acc[slot * HD + d] = acc;
+            if (d == 0) a.part_ml[slot] = make_float2(m, l);
+        }
+    }
+    if (a.n_split == 1 || !last_of_splits(a)) return;
+    for (int e = threadIdx.x; e < n_rows * HD; e += kWarps * kWarp) {
+        const int64_t th = int64_t(t) * a.n_head + h0 + e / HD;
+        a.out[th * HD + e % HD] = merge_splits(a, th, e % HD);
+    }
+}
+
+template <int HD>
+void launch(const AttentionArgs& a, const DeviceBatch& b, dim3 grid, cudaStream_t s) {
+    const size_t smem = DecodeMmaSmem<HD>::kBytes;
+    static bool opted_in = false;   // above 48 KB of dynamic shared memory needs the opt-in
+    if (!opted_in) {
+        EMBER_CUDA_CHECK(cudaFuncSetAttribute(attention_decode_mma_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              int(smem)));
+        opted_in = true;
+    }
+    launch_pdl_smem(attention_decode_mma_kernel<HD>, grid, dim3(kWarps * kWarp), smem, s, a, b);
+}
+
+}  // namespace
+
+void attention_decode_mma(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s) {
+    if (a.n_tok == 0) return;
+    const int n_hchunks = (a.n_head / a.n_head_kv + kDecodeMmaHeads - 1) / kDecodeMmaHeads;
+    const dim3 grid(unsigned(a.n_tok), unsigned(a.n_head_kv * n_hchunks), unsigned(a.n_split));
+    switch (a.head_dim) {
+        case 64: launch<64>(a, b, grid, s); break;
+        case 128: launch<128>(a, b, grid, s); break;
+        case 256: launch<256>(a, b, grid, s); break;
+        default: fail("cuda attention_decode_mma: head_dim ", a.head_dim, " is not 64, 128 or 256");
+    }
+    EMBER_CUDA_LAUNCHED("attention_decode_mma");
+}
+
+}  // namespace cuda
+}  // namespace ember
