@@ -343,15 +343,10 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(Attention
     __shared__ float corr_s[M], m_s[M], l_s[M];
     pdl_wait();
     pdl_trigger();
-    const int t = blockIdx.x, split = blockIdx.z;
-    const int n_rep = a.n_head / a.n_head_kv, n_hchunks = (n_rep + M - 1) / M;
-    const int kvh = blockIdx.y / n_hchunks, h0 = kvh * n_rep + (blockIdx.y % n_hchunks) * M;
-    const int n_heads_here = min(M, kvh * n_rep + n_rep - h0);
+    const DecodeCta c = decode_cta(a, b, M, kDecTile);
+    const int t = c.t, split = c.split, kvh = c.kvh, h0 = c.h0, n_heads_here = c.n_rows, k0 = c.k0, k1 = c.k1;
+    const int n_tiles = c.n_tiles;
     const int kv_dim = a.n_head_kv * hd, q_dim = a.n_head * hd;
-    const int len = b.pos[t] + 1;
-    const int chunk = ((len + a.n_split - 1) / a.n_split + kDecTile - 1) / kDecTile * kDecTile;
-    const int k0 = split * chunk, k1 = min(len, k0 + chunk);
-    const int n_tiles = k1 > k0 ? (k1 - k0 + kDecTile - 1) / kDecTile : 0;
     const int32_t* bt = b.block_table + int64_t(b.seq[t]) * b.max_blocks;
     const int bs = a.block_size;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;

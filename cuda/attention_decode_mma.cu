@@ -48,16 +48,11 @@ __global__ void __launch_bounds__(kWarps * kWarp) attention_decode_mma_kernel(At
     __shared__ uint64_t full[kWarps][Smem::kStages];   // a stage's bulk copies have landed
 #endif
     pdl_trigger();
-    const int t = blockIdx.x, split = blockIdx.z;
+    const DecodeCta c = decode_cta(a, b, kRows, kKeys);
+    const int t = c.t, split = c.split, kvh = c.kvh, h0 = c.h0, n_rows = c.n_rows, len = c.len, k0 = c.k0, k1 = c.k1;
+    const int n_tiles = c.n_tiles;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-    const int n_rep = a.n_head / a.n_head_kv, n_hchunks = (n_rep + kRows - 1) / kRows;
-    const int kvh = blockIdx.y / n_hchunks, h0 = kvh * n_rep + (blockIdx.y % n_hchunks) * kRows;
-    const int n_rows = min(kRows, kvh * n_rep + n_rep - h0);
     const int kv_dim = a.n_head_kv * HD, q_dim = a.n_head * HD;
-    const int len = b.pos[t] + 1;
-    const int chunk = ((len + a.n_split - 1) / a.n_split + kKeys - 1) / kKeys * kKeys;
-    const int k0 = split * chunk, k1 = min(len, k0 + chunk);
-    const int n_tiles = k1 > k0 ? (k1 - k0 + kKeys - 1) / kKeys : 0;
     const int n_mine = n_tiles > warp ? (n_tiles - warp + kWarps - 1) / kWarps : 0;   // tiles warp, warp + 4, ...
     const int32_t* bt = b.block_table + int64_t(b.seq[t]) * b.max_blocks;
     const int bs = a.block_size, bs_shift = __ffs(bs) - 1;   // power-of-two blocks (the backend checks)
@@ -161,8 +156,7 @@ __global__ void __launch_bounds__(kWarps * kWarp) attention_decode_mma_kernel(At
                 mma16816(sc[j], qa[s + 1], kb[2], kb[3]);
             }
         }
-        // Online softmax; a row lives in one lane quad. Key 0 of a tile is always in range, so
-        // the new maxima are finite.
+        // Online softmax (key 0 of a tile is always in range, so the new maxima are finite).
         const int key_base = tile_key0(i);
         float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
@@ -175,28 +169,12 @@ __global__ void __launch_bounds__(kWarps * kWarp) attention_decode_mma_kernel(At
                 mx0 = fmaxf(mx0, sc[j][e]);
                 mx1 = fmaxf(mx1, sc[j][2 + e]);
             }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-        const float corr0 = exp2f(m0 - mn0), corr1 = exp2f(m1 - mn1);
-        m0 = mn0;
-        m1 = mn1;
-        l0 *= corr0;
-        l1 *= corr1;
-#pragma unroll
-        for (int j = 0; j < kDimTiles; ++j) {
-            o[j][0] *= corr0;
-            o[j][1] *= corr0;
-            o[j][2] *= corr1;
-            o[j][3] *= corr1;
-        }
+        const float2 base = softmax_step(make_float2(mx0, mx1), m0, m1, l0, l1, o);
         uint32_t pa[4];   // P as the A fragment of 16 keys
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-            const float p0 = exp2f(sc[j][0] - mn0), p1 = exp2f(sc[j][1] - mn0);
-            const float p2 = exp2f(sc[j][2] - mn1), p3 = exp2f(sc[j][3] - mn1);
+            const float p0 = exp2f(sc[j][0] - base.x), p1 = exp2f(sc[j][1] - base.x);
+            const float p2 = exp2f(sc[j][2] - base.y), p3 = exp2f(sc[j][3] - base.y);
             l0 += p0 + p1;
             l1 += p2 + p3;
             pa[2 * j] = pack_half2(p0, p1);

@@ -114,30 +114,12 @@ __global__ void __launch_bounds__(kWarps * kWarp) attention_mma_kernel(Attention
             mx0 = fmaxf(mx0, fmaxf(sc[j][0], sc[j][1]));
             mx1 = fmaxf(mx1, fmaxf(sc[j][2], sc[j][3]));
         }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-        // A row with no visible key yet keeps m = -inf; use 0 so exp2 gives 0, not NaN.
-        const float base0 = mn0 == -INFINITY ? 0.f : mn0, base1 = mn1 == -INFINITY ? 0.f : mn1;
-        const float corr0 = exp2f(m0 - base0), corr1 = exp2f(m1 - base1);
-        m0 = mn0;
-        m1 = mn1;
-        l0 *= corr0;
-        l1 *= corr1;
-#pragma unroll
-        for (int j = 0; j < kDimTiles; ++j) {
-            o[j][0] *= corr0;
-            o[j][1] *= corr0;
-            o[j][2] *= corr1;
-            o[j][3] *= corr1;
-        }
+        const float2 base = softmax_step(make_float2(mx0, mx1), m0, m1, l0, l1, o);
         uint32_t pa[kKTile / 16][4];   // P as A fragments, one per 16 keys
 #pragma unroll
         for (int j = 0; j < kKTile / 8; ++j) {
-            const float p0 = exp2f(sc[j][0] - base0), p1 = exp2f(sc[j][1] - base0);
-            const float p2 = exp2f(sc[j][2] - base1), p3 = exp2f(sc[j][3] - base1);
+            const float p0 = exp2f(sc[j][0] - base.x), p1 = exp2f(sc[j][1] - base.x);
+            const float p2 = exp2f(sc[j][2] - base.y), p3 = exp2f(sc[j][3] - base.y);
             l0 += p0 + p1;
             l1 += p2 + p3;
             pa[j / 2][(j & 1) * 2 + 0] = pack_half2(p0, p1);

@@ -1,6 +1,7 @@
-// Flash-decoding bookkeeping shared by the attention kernels: scores live in the log2 domain
-// (scaled by log2 e, so exp2 gives the softmax), and a key range split over several CTAs is
-// merged by the last CTA of its group to finish, from the partials the others wrote.
+// Flash-attention bookkeeping shared by the attention kernels: scores live in the log2 domain
+// (scaled by log2 e, so exp2 gives the softmax); what a decode CTA covers; the online-softmax
+// step of an mma fragment's rows; and a key range split over several CTAs, merged by the last
+// CTA of its group to finish from the partials the others wrote.
 #pragma once
 #include "common.cuh"
 #include "kernels.h"
@@ -9,6 +10,56 @@ namespace ember {
 namespace cuda {
 
 constexpr float kLog2e = 1.4426950408889634f;
+
+// A decode CTA of the grid n_tok x (kv heads x groups of `rows` q heads) x n_split: token t, q
+// heads h0 .. h0 + n_rows - 1 of kv head kvh, keys [k0, k1) of the token's len in n_tiles tiles
+// of `tile` keys (a split's range is a whole number of tiles).
+struct DecodeCta {
+    int t, split, kvh, h0, n_rows, len, k0, k1, n_tiles;
+};
+__device__ __forceinline__ DecodeCta decode_cta(const AttentionArgs& a, const DeviceBatch& b, int rows, int tile) {
+    DecodeCta c;
+    c.t = blockIdx.x;
+    c.split = blockIdx.z;
+    const int n_rep = a.n_head / a.n_head_kv, n_hchunks = (n_rep + rows - 1) / rows;
+    c.kvh = blockIdx.y / n_hchunks;
+    c.h0 = c.kvh * n_rep + (blockIdx.y % n_hchunks) * rows;
+    c.n_rows = min(rows, c.kvh * n_rep + n_rep - c.h0);
+    c.len = b.pos[c.t] + 1;
+    const int chunk = ((c.len + a.n_split - 1) / a.n_split + tile - 1) / tile * tile;
+    c.k0 = c.split * chunk;
+    c.k1 = min(c.len, c.k0 + chunk);
+    c.n_tiles = c.k1 > c.k0 ? (c.k1 - c.k0 + tile - 1) / tile : 0;
+    return c;
+}
+
+// One online-softmax step for the rows g and g + 8 of an m16n8 mma fragment (a row lives in one
+// lane quad): mx holds this lane's maxima of the two rows over the new scores. Updates the
+// running maxima m, rescales the running sums l and the output fragments o to them, and returns
+// the bases to exponentiate the new scores against. A row with no visible key yet keeps
+// m = -inf; its base is 0 so exp2 gives 0, not NaN.
+template <int N>
+__device__ __forceinline__ float2 softmax_step(float2 mx, float& m0, float& m1, float& l0, float& l1, float (&o)[N][4]) {
+    mx.x = fmaxf(mx.x, __shfl_xor_sync(0xffffffffu, mx.x, 1));
+    mx.x = fmaxf(mx.x, __shfl_xor_sync(0xffffffffu, mx.x, 2));
+    mx.y = fmaxf(mx.y, __shfl_xor_sync(0xffffffffu, mx.y, 1));
+    mx.y = fmaxf(mx.y, __shfl_xor_sync(0xffffffffu, mx.y, 2));
+    const float mn0 = fmaxf(m0, mx.x), mn1 = fmaxf(m1, mx.y);
+    const float base0 = mn0 == -INFINITY ? 0.f : mn0, base1 = mn1 == -INFINITY ? 0.f : mn1;
+    const float corr0 = exp2f(m0 - base0), corr1 = exp2f(m1 - base1);
+    m0 = mn0;
+    m1 = mn1;
+    l0 *= corr0;
+    l1 *= corr1;
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+        o[j][0] *= corr0;
+        o[j][1] *= corr0;
+        o[j][2] *= corr1;
+        o[j][3] *= corr1;
+    }
+    return make_float2(base0, base1);
+}
 
 // Split launches: every CTA of a (blockIdx.x, blockIdx.y) group writes its partial result, then
 // the last one to finish merges them (no second launch). True, in all its threads, for that last
