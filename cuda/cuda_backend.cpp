@@ -414,10 +414,10 @@ public:
                 n_prope_ = 0;
                 flush();
                 ++epoch_;
-                // Decode over a long f16 cache: the attention kernel comes next and starts streaming
-                // the older keys as soon as this kernel lets it (tg128 at depth 16384 +1.5%; at
-                // short contexts, where the short kernel follows, an early start cost 1.5%).
-                const bool early = !q8 && n_tok <= kMaxGemvTokens && max_len_ > cuda::kExactMaxLen;
+                // Before the f16 decode kernel, which starts streaming the older keys as soon as
+                // this kernel lets it (tg128 at depth 16384 +1.5%; before the short-context
+                // kernel an early start cost 1.5%).
+                const bool early = decode_mma_attention(kv, n_tok);
                 cuda::rope_kv_store(rq ? rq->x : nullptr, rq ? rq->n_heads : 0, rk.x, v, kv.n_head_kv, kv.head_dim,
                                     rope_table(rk.base, rk.head_dim), rk.neox, q8 ? nullptr : static_cast<__half*>(kv.k), q8 ? nullptr : static_cast<__half*>(kv.v),
                                     kv.block_size, n_tok, dbatch_, early, stream_);
@@ -441,15 +441,10 @@ public:
         cuda::AttentionArgs a{};
         a.k_cache = static_cast<const __half*>(kv.k);
         a.v_cache = static_cast<const __half*>(kv.v);
-        // The decode kernel takes power-of-two KV blocks of >= 4 tokens (the default is 16).
-        const bool dec_blocks = (kv.block_size & (kv.block_size - 1)) == 0 && kv.block_size >= 4;
-        auto decode_heads = [&](bool q8) {
-            return dec_blocks ? cuda::attention_decode_heads(shape.n_head, shape.n_head_kv, shape.head_dim, q8) : 0;
-        };
         if (kv.type == GGMLType::Q8_0) {
             // Decode reads the q8_0 blocks directly; other batches read an f16 copy of the blocks
             // they use (their work per KV byte is large, so the copy costs little).
-            a.kv_q8 = n_tok <= kMaxGemvTokens && decode_heads(true) > 0 &&
+            a.kv_q8 = n_tok <= kMaxGemvTokens && decode_heads(kv, shape.n_head, true) > 0 &&
                       kv_block_bytes(kv.type, kv.block_size, int64_t(kv.n_head_kv) * kv.head_dim) % 16 == 0;
             if (!a.kv_q8) expand_q8(kv, a);
         } else if (kv.type != GGMLType::F16) {
@@ -465,8 +460,7 @@ public:
         a.n_tok = n_tok;
         const int n_rep = shape.n_head_kv > 0 ? shape.n_head / shape.n_head_kv : 1;
         a.heads_per_cta = std::min(n_rep, 8);
-        if (!a.kv_q8 && n_tok <= kMaxIntPromptTokens && max_len_ <= cuda::kExactMaxLen && exact_attn_on_ &&
-            shape.head_dim % 8 == 0) {
+        if (!a.kv_q8 && exact_attention(n_tok, shape.head_dim)) {
             const int64_t total = int64_t(n_tok) * shape.n_head * shape.head_dim;
             if (fuse_on_ && shape.head_dim % 32 == 0) {   // the O projection's GEMV reads these q8_1 blocks
                 const Q8 q8 = q8_scratch(total);
@@ -484,7 +478,7 @@ public:
             a.n_split = 1;
             if (cuda::attention_prefill_mma(a, dbatch_, stream_)) return;
         }
-        const int n_dec = decode_heads(a.kv_q8);
+        const int n_dec = decode_heads(kv, shape.n_head, a.kv_q8);
         if (n_tok <= kMaxGemvTokens && n_dec > 0) {   // decode over a long context: pipelined tiles
             const int n_groups = (n_rep + n_dec - 1) / n_dec;
             const int base = n_tok * shape.n_head_kv * n_groups;
@@ -600,6 +594,23 @@ public:
     }
 
 private:
+    // Which attention kernel a batch takes, asked by attention() and by the kernel before it.
+    // The reference-order short-context kernel (f16 K/V, every position < kExactMaxLen):
+    bool exact_attention(int32_t n_tok, int32_t head_dim) const {
+        return n_tok <= kMaxIntPromptTokens && max_len_ <= cuda::kExactMaxLen && exact_attn_on_ && head_dim % 8 == 0;
+    }
+    // The long-context decode kernels take power-of-two KV blocks of >= 4 tokens (the default is
+    // 16): q heads per CTA for the q8_0 or the f16 one, 0 when they do not take the layer.
+    int decode_heads(const KVLayer& kv, int32_t n_head, bool q8) const {
+        const bool blocks = (kv.block_size & (kv.block_size - 1)) == 0 && kv.block_size >= 4;
+        return blocks ? cuda::attention_decode_heads(n_head, kv.n_head_kv, kv.head_dim, q8) : 0;
+    }
+    // An f16 layer's attention for this batch runs attention_decode_mma.
+    bool decode_mma_attention(const KVLayer& kv, int32_t n_tok) const {
+        return kv.type == GGMLType::F16 && n_tok <= kMaxGemvTokens && !exact_attention(n_tok, kv.head_dim) &&
+               decode_heads(kv, kv.n_head_kv, false) > 0;
+    }
+
     struct PendingAdd {
         float* x = nullptr;
         const float* y = nullptr;
