@@ -298,9 +298,7 @@ __global__ void __launch_bounds__(kExactThreads) attention_exact_kernel(Attentio
         __syncthreads();
     }
     const int64_t e = int64_t(t) * a.n_head * hd + int64_t(h) * hd + threadIdx.x;
-    if (threadIdx.x < hd) a.out[e] = o;
-    if (a.out_q && threadIdx.x < hd)   // hd % 32 == 0: each warp holds one q8_1 block of the output row
-        q8_1_block(o, lane, a.out_q + e - lane, a.out_ds + e / 32);
+    if (threadIdx.x < hd) store_out(a, e, o);
 }
 
 // Decode over a long q8_0 cache (flash-decoding; the f16 cache has its tensor-core kernel in
@@ -503,7 +501,7 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(Attention
             const int d = tid + kDecThreads * c;
             if (d >= hd) break;
             if (a.n_split == 1) {
-                a.out[th * hd + d] = l_s[i] > 0.f ? acc[i][c] / l_s[i] : 0.f;
+                store_out(a, th * hd + d, l_s[i] > 0.f ? acc[i][c] / l_s[i] : 0.f);
             } else {
                 const int64_t slot = int64_t(split) * a.n_tok * a.n_head + th;
                 a.part_acc[slot * hd + d] = acc[i][c];
@@ -514,7 +512,7 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(Attention
     if (a.n_split == 1 || !last_of_splits(a)) return;
     for (int e = tid; e < n_heads_here * hd; e += kDecThreads) {
         const int64_t th = int64_t(t) * a.n_head + h0 + e / hd;
-        a.out[th * hd + e % hd] = merge_splits(a, th, e % hd);
+        store_out(a, th * hd + e % hd, merge_splits(a, th, e % hd));
     }
 }
 

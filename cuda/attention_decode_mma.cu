@@ -1,6 +1,6 @@
 // Decode attention over a long f16 cache on tensor cores (flash-decoding). One CTA per (token,
-// group of up to 16 q heads of one kv head, key range); its 4 warps take turns over tiles of 16
-// keys, each warp with its own copy pipeline (Hopper: bulk copies, one 2*HD-byte key row per
+// group of up to 16 q heads of one kv head, key range); its warps take turns over tiles of 16
+// keys, each warp with its own two-stage copy pipeline (Hopper: bulk copies, one 2*HD-byte key row per
 // lane, into an mbarrier; before it: cp.async), so no warp waits for another before the end.
 // Per tile a warp computes S = Q K^T (rows: q heads; K through ldmatrix as the B operand), an
 // online softmax in registers, and O += P V (P already in the A layout S came out in; V through
@@ -10,6 +10,11 @@
 // per-key arithmetic and block-wide barriers: one depth-16384 launch of llama2-7b took 111 us
 // (72% of DRAM peak); this one with cp.async 106 us (76%), with bulk copies and the early start
 // below 102.5 us (78%; Nsight Compute, tools/device/ncu_decode_depth.sh).
+// Warps and stages: what limits it is how many warps an SM runs, more than how many bytes each
+// has in flight. At depth 16384 (tg128, H100, 2026-11-22) 6 warps x 2 stages at two CTAs an SM
+// gave 196.2-197.8 tok/s against 192.4-194.8 for 4 x 3; 5 x 2: 194.6; 8 x 3 or 12 x 2 at one CTA
+// an SM: 194.1-195.9; 13 x 2: 188.3; 4 x 6 or 4 x 4 at one CTA: 171-173; 2 x 6: 178; 3 x 2 at
+// four CTAs (16 splits): 193.5. Head dim 256 has rows twice as long: half the warps.
 #include "async_copy.cuh"
 #include "attention_splits.cuh"
 #include "common.cuh"
@@ -22,15 +27,15 @@ namespace cuda {
 
 namespace {
 
-constexpr int kWarps = 4;
 constexpr int kKeys = 16;   // keys per warp tile: one k-step of P V, two n-tiles of Q K^T
 
 // Shared memory of one warp: kStages tiles of K then V, [key][dim] halves, each key row padded
 // by 16 bytes so the 8 rows an ldmatrix reads fall on different banks.
 template <int HD>
 struct DecodeMmaSmem {
+    static constexpr int kWarps = HD <= 128 ? 6 : 3;
     static constexpr int kRowBytes = 2 * HD + 16;
-    static constexpr int kStages = HD <= 128 ? 3 : 2;
+    static constexpr int kStages = 2;
     static constexpr int kStageBytes = 2 * kKeys * kRowBytes;   // K then V
     static constexpr int kWarpBytes = kStages * kStageBytes;
     static constexpr int kBytes = kWarps * kWarpBytes;
@@ -39,8 +44,9 @@ struct DecodeMmaSmem {
 };
 
 template <int HD>
-__global__ void __launch_bounds__(kWarps * kWarp) attention_decode_mma_kernel(AttentionArgs a, DeviceBatch b) {
+__global__ void __launch_bounds__(DecodeMmaSmem<HD>::kWarps * kWarp) attention_decode_mma_kernel(AttentionArgs a, DeviceBatch b) {
     using Smem = DecodeMmaSmem<HD>;
+    constexpr int kWarps = Smem::kWarps;
     constexpr int kSteps = HD / 16, kDimTiles = HD / 8, kRows = kDecodeMmaHeads;
     extern __shared__ uint4 smem[];
     __shared__ float2 ml_s[kWarps][kRows];
@@ -53,7 +59,7 @@ __global__ void __launch_bounds__(kWarps * kWarp) attention_decode_mma_kernel(At
     const int n_tiles = c.n_tiles;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     const int kv_dim = a.n_head_kv * HD, q_dim = a.n_head * HD;
-    const int n_mine = n_tiles > warp ? (n_tiles - warp + kWarps - 1) / kWarps : 0;   // tiles warp, warp + 4, ...
+    const int n_mine = n_tiles > warp ? (n_tiles - warp + kWarps - 1) / kWarps : 0;   // tiles warp, warp + kWarps, ...
     const int32_t* bt = b.block_table + int64_t(b.seq[t]) * b.max_blocks;
     const int bs = a.block_size, bs_shift = __ffs(bs) - 1;   // power-of-two blocks (the backend checks)
     uint8_t* wsm = reinterpret_cast<uint8_t*>(smem) + warp * Smem::kWarpBytes;
@@ -227,7 +233,7 @@ __global__ void __launch_bounds__(kWarps * kWarp) attention_decode_mma_kernel(At
         }
         const int64_t th = int64_t(t) * a.n_head + h0 + r;
         if (a.n_split == 1) {
-            a.out[th * HD + d] = l > 0.f ? acc / l : 0.f;
+            store_out(a, th * HD + d, l > 0.f ? acc / l : 0.f);
         } else {
             const int64_t slot = int64_t(split) * a.n_tok * a.n_head + th;
             a.part_acc[slot * HD + d] = acc;
@@ -237,7 +243,7 @@ __global__ void __launch_bounds__(kWarps * kWarp) attention_decode_mma_kernel(At
     if (a.n_split == 1 || !last_of_splits(a)) return;
     for (int e = threadIdx.x; e < n_rows * HD; e += kWarps * kWarp) {
         const int64_t th = int64_t(t) * a.n_head + h0 + e / HD;
-        a.out[th * HD + e % HD] = merge_splits(a, th, e % HD);
+        store_out(a, th * HD + e % HD, merge_splits(a, th, e % HD));
     }
 }
 
@@ -250,7 +256,7 @@ void launch(const AttentionArgs& a, const DeviceBatch& b, dim3 grid, cudaStream_
                                               int(smem)));
         opted_in = true;
     }
-    launch_pdl_smem(attention_decode_mma_kernel<HD>, grid, dim3(kWarps * kWarp), smem, s, a, b);
+    launch_pdl_smem(attention_decode_mma_kernel<HD>, grid, dim3(DecodeMmaSmem<HD>::kWarps * kWarp), smem, s, a, b);
 }
 
 }  // namespace

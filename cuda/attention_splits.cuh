@@ -61,6 +61,15 @@ __device__ __forceinline__ float2 softmax_step(float2 mx, float& m0, float& m1, 
     return make_float2(base0, base1);
 }
 
+// Output element e (token * n_head * head_dim + head * head_dim + dim) of the attention; where the
+// O projection's GEMV reads q8_1 activations (a.out_q), also its q8_1 block, so no quantize
+// launch follows. The calling warp's 32 lanes hold one block, lane i its element i (head_dim is a
+// multiple of 32 wherever out_q is set).
+__device__ __forceinline__ void store_out(const AttentionArgs& a, int64_t e, float v) {
+    a.out[e] = v;
+    if (a.out_q) q8_1_block(v, threadIdx.x & (kWarp - 1), a.out_q + (e & ~int64_t(31)), a.out_ds + e / 32);
+}
+
 // Split launches: every CTA of a (blockIdx.x, blockIdx.y) group writes its partial result, then
 // the last one to finish merges them (no second launch). True, in all its threads, for that last
 // CTA, which also resets the group's counter for the next launch or graph replay.

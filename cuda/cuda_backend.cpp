@@ -128,7 +128,7 @@ public:
         for (auto& g : graphs_) cudaGraphExecDestroy(g.second);
         if (cublas_) cublasDestroy(cublas_);
         for (void* p : owned_) cudaFree(p);
-        for (Scratch* s : {&xq_, &xds_, &xh_, &wh_, &batch_dev_, &part_acc_, &part_ml_, &split_ctr_}) cudaFree(s->p);
+        for (Scratch* s : {&xq_, &xds_, &xh_, &wh_, &batch_dev_, &part_acc_, &part_ml_, &split_ctr_, &kv_f16_}) cudaFree(s->p);
         cudaFree(cublas_ws_);
         if (staging_) cudaFreeHost(staging_);
         cudaEventDestroy(staging_done_);
@@ -460,17 +460,20 @@ public:
         a.n_tok = n_tok;
         const int n_rep = shape.n_head_kv > 0 ? shape.n_head / shape.n_head_kv : 1;
         a.heads_per_cta = std::min(n_rep, 8);
-        if (!a.kv_q8 && exact_attention(n_tok, shape.head_dim)) {
-            const int64_t total = int64_t(n_tok) * shape.n_head * shape.head_dim;
-            if (fuse_on_ && shape.head_dim % 32 == 0) {   // the O projection's GEMV reads these q8_1 blocks
+        // The exact and decode kernels also write their output as the q8_1 blocks the O
+        // projection's GEMV reads (no quantize launch between them).
+        const int64_t total = int64_t(n_tok) * shape.n_head * shape.head_dim;
+        auto with_q8_out = [&](auto&& launch) {
+            if (fuse_on_ && shape.head_dim % 32 == 0) {
                 const Q8 q8 = q8_scratch(total);
                 a.out_q = q8.q;
                 a.out_ds = q8.ds;
             }
-            cuda::attention_exact(a, dbatch_, stream_);
+            launch();
             if (a.out_q) set_q8(out, total);
-            return;
-        }
+        };
+        if (!a.kv_q8 && exact_attention(n_tok, shape.head_dim))
+            return with_q8_out([&] { cuda::attention_exact(a, dbatch_, stream_); });
         if (n_tok > kMaxIntPromptTokens) {   // long prompts: tensor cores where the head dim allows
             a.tile_len = kMmaTileLen;
             a.n_tiles = n_tiles_[kNumTileLens - 1];
@@ -486,9 +489,10 @@ public:
             const int target = a.kv_q8 ? kDecodeTargetCtas : kDecodeMmaTargetCtas;
             a.n_split = std::max(1, std::min(want, pow2_floor(std::max(1, target / base))));
             prepare_splits(a, size_t(base));
-            if (a.kv_q8) cuda::attention_decode(a, dbatch_, stream_);
-            else cuda::attention_decode_mma(a, dbatch_, stream_);
-            return;
+            return with_q8_out([&] {
+                if (a.kv_q8) cuda::attention_decode(a, dbatch_, stream_);
+                else cuda::attention_decode_mma(a, dbatch_, stream_);
+            });
         }
         // Prompts: share K/V among up to 8 queries.
         int k = 0;

@@ -49,6 +49,16 @@ def random_weight(t, n_out, n_in, rng):
     return blocks.reshape(n_out, nb * bb)
 
 
+def quantized_weight(t, n_out, n_in, rng):
+    """[n_out, row_bytes] uint8: unit-normal floats (scaled to unit-sized outputs) quantized to t,
+    where a product of several matrices needs realistic magnitudes (random K-quant bytes give
+    huge weights)."""
+    f = (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+    if t == T.F16:
+        return f.astype(np.float16).view(np.uint8)
+    return np.asarray(E.quantize(int(t), f.ravel())).reshape(n_out, -1)
+
+
 def dequant(t, w, n_in):
     if t == T.F32:
         return w.view(np.float32).reshape(w.shape[0], n_in).astype(np.float64)
@@ -280,6 +290,58 @@ def test_attention_q8_kv(gpu, cpu, case):
     # cache: 0.5% here); the f16 copy rounds K/V, q and p to f16.
     assert rel_err(yg, yc) < 1e-2
     assert rel_err(yg, attention_ref(q, k, v, pos, n_head, n_kv, hd)) < 3e-2
+
+
+def unfused_backend(monkeypatch):
+    """A CUDA backend that launches each op as called (EMBER_CUDA_FUSE=0)."""
+    monkeypatch.setenv("EMBER_CUDA_FUSE", "0")
+    try:
+        return E.Backend("cuda")
+    finally:
+        monkeypatch.delenv("EMBER_CUDA_FUSE")
+
+
+@pytest.mark.parametrize("case", ["decode", "decode_batch", "long_split", "long_split_gqa", "long_split_hd256"])
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+def test_attention_q8_output_same_bits(gpu, case, kv_type, monkeypatch):
+    """The decode attention kernels write their output also as the q8_1 blocks the O projection's
+    GEMV reads (no quantize launch between them): attention + O projection equals, bit for bit,
+    the unfused backend's separate kernels. Short contexts through the flash kernels too."""
+    n_head, n_kv, hd, length, pos, bs = ATTN_CASES[case]
+    rng = rng_for("attention_o", case, kv_type)
+    q, k, v = attention_inputs(ATTN_CASES[case], rng)
+    wo = random_weight(T.Q4_0, 96, n_head * hd, rng)
+    monkeypatch.setenv("EMBER_CUDA_EXACT_ATTN", "0")
+    fused = E.Backend("cuda")
+    unfused = unfused_backend(monkeypatch)
+    args = (q, k, v, pos, n_head, n_kv, hd, bs)
+    yf = fused.attention(*args, seed=4, kv_type=kv_type, o_type=int(T.Q4_0), o_weight=wo)
+    yu = unfused.attention(*args, seed=4, kv_type=kv_type, o_type=int(T.Q4_0), o_weight=wo)
+    assert_same_bits(yf, yu, f"attention + O projection, {case}")
+
+
+# (type, n_in, n_ff, n_tok): CPU-order rows (<= 2048 wide) and lane-strided ones, one and four
+# warps per row (Q8_0 rows of 16384), float weights (no q8_1 output), several tokens.
+FFN_CASES = [(T.Q4_0, 256, 512, 1), (T.Q4_0, 4096, 256, 1), (T.Q4_0, 4096, 256, 3), (T.Q5_1, 512, 160, 2),
+             (T.Q4_K, 4096, 256, 1), (T.Q6_K, 2304, 256, 1), (T.Q8_0, 16384, 64, 2), (T.F16, 4096, 128, 1)]
+
+
+@pytest.mark.parametrize("t,n_in,n_ff,n_tok", FFN_CASES, ids=lambda v: getattr(v, "name", str(v)))
+def test_ffn_fused_same_bits(gpu, t, n_in, n_ff, n_tok, monkeypatch):
+    """A feed-forward block as the fused backend runs it (gate and up in one GEMV launch; float
+    weights write silu(gate) * up from it, the q8_1 formats get it from swiglu_q8 with the q8_1
+    blocks the down projection reads): the same bits as the unfused kernels, and near the float64
+    reference."""
+    rng = rng_for("ffn", t.name, n_in, n_tok)
+    gate, up = quantized_weight(t, n_ff, n_in, rng), quantized_weight(t, n_ff, n_in, rng)
+    down = quantized_weight(t, n_in, n_ff, rng)
+    x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+    y = gpu.ffn(int(t), gate, up, down, n_in, x)
+    assert_same_bits(y, unfused_backend(monkeypatch).ffn(int(t), gate, up, down, n_in, x), "ffn")
+    xd = x.astype(np.float64)
+    g, u = xd @ dequant(t, gate, n_in).T, xd @ dequant(t, up, n_in).T
+    ref = (g / (1 + np.exp(-np.clip(g, -700, 700))) * u) @ dequant(t, down, n_ff).T
+    assert rel_err(y, ref) < 5e-2   # two int8 roundings of the activations
 
 
 def test_attention_matches_cpu(gpu, cpu):

@@ -2,6 +2,7 @@
 // tested against a reference on fresh random data. Each call copies inputs in and results out.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -10,6 +11,7 @@
 #include <cstring>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -25,6 +27,7 @@ namespace {
 
 using F32In = nb::ndarray<const float, nb::c_contig, nb::device::cpu>;
 using F32Out = nb::ndarray<nb::numpy, float>;
+using U8In = nb::ndarray<const uint8_t, nb::c_contig, nb::device::cpu>;
 
 F32Out make_out(std::vector<float>&& v, std::initializer_list<size_t> shape) {
     auto* heap = new std::vector<float>(std::move(v));
@@ -68,21 +71,45 @@ struct PyBackend {
         else fail("backend kind must be 'cpu' or 'cuda', got '", kind, "'");
     }
 
-    F32Out matmul(uint32_t type_id, nb::ndarray<const uint8_t, nb::c_contig, nb::device::cpu> w, int64_t n_in,
-                  F32In x) {
+    // A weight of n_in-element rows in type type_id, as the backend keeps it.
+    Weight weight(uint32_t type_id, const U8In& w, int64_t n_in, const char* what) {
         const TypeTraits* tr = find_type_traits(type_id);
         if (!tr) fail("unknown type id ", type_id);
         if (w.ndim() != 2 || w.shape(1) != row_bytes(tr->type, n_in))
-            fail("weight must be [n_out, ", row_bytes(tr->type, n_in), "] bytes for ", n_in, " ", tr->name,
+            fail(what, " must be [n_out, ", row_bytes(tr->type, n_in), "] bytes for ", n_in, " ", tr->name,
                  " elements per row");
+        GGUFTensor t{what, tr->type, {n_in, (int64_t)w.shape(0)}, 0, w.size(), w.data()};
+        Weight out = be->prepare_weight(t);
+        out.src = nullptr;   // (t is gone after this call; only streamed weights read src)
+        return out;
+    }
+
+    F32Out matmul(uint32_t type_id, U8In w, int64_t n_in, F32In x) {
+        Weight wt = weight(type_id, w, n_in, "weight");
         if (x.ndim() != 2 || (int64_t)x.shape(1) != n_in) fail("x must be [n_tok, ", n_in, "] float32");
-        GGUFTensor t{"w", tr->type, {n_in, (int64_t)w.shape(0)}, 0, w.size(), w.data()};
         const int32_t n_tok = (int32_t)x.shape(0);
-        const int64_t n_out = (int64_t)w.shape(0);
-        Weight wt = be->prepare_weight(t);
+        const int64_t n_out = wt.n_out;
         Buf xb(*be, x.data(), x.size() * sizeof(float)), yb(*be, (size_t)n_tok * n_out * sizeof(float));
         be->matmul(wt, xb.f(), n_tok, yb.f());
         return make_out(download(*be, yb, (size_t)n_tok * n_out), {(size_t)n_tok, (size_t)n_out});
+    }
+
+    // A feed-forward block, its ops called as a model calls them (a backend may fuse them):
+    // down(silu(x gate^T) * (x up^T)); gate and up [n_ff] rows of n_in, down [n_in] rows of n_ff.
+    F32Out ffn(uint32_t type_id, U8In gate, U8In up, U8In down, int64_t n_in, F32In x) {
+        Weight wg = weight(type_id, gate, n_in, "gate"), wu = weight(type_id, up, n_in, "up");
+        const int64_t n_ff = wg.n_out;
+        Weight wd = weight(type_id, down, n_ff, "down");
+        if (wu.n_out != n_ff || wd.n_out != n_in) fail("ffn: gate and up need n_ff rows, down n_in rows");
+        if (x.ndim() != 2 || (int64_t)x.shape(1) != n_in) fail("x must be [n_tok, ", n_in, "] float32");
+        const size_t n_tok = x.shape(0);
+        Buf xb(*be, x.data(), x.size() * 4), gb(*be, n_tok * n_ff * 4), ub(*be, n_tok * n_ff * 4),
+            hb(*be, n_tok * n_ff * 4), yb(*be, x.size() * 4);
+        be->matmul(wg, xb.f(), (int32_t)n_tok, gb.f());
+        be->matmul(wu, xb.f(), (int32_t)n_tok, ub.f());
+        be->swiglu(gb.f(), ub.f(), (int64_t)(n_tok * n_ff), hb.f());
+        be->matmul(wd, hb.f(), (int32_t)n_tok, yb.f());
+        return make_out(download(*be, yb, x.size()), {n_tok, (size_t)n_in});
     }
 
     F32Out rmsnorm(F32In x, F32In gamma, float eps) {
@@ -111,10 +138,11 @@ struct PyBackend {
 
     // q [n_q, n_head*hd] at positions pos (each < len); k_all/v_all [len, n_head_kv*hd] are the
     // sequence's keys/values, scattered into blocks through a shuffled block table, stored as
-    // kv_type ("f16", "f32", "q8_0").
+    // kv_type ("f16", "f32", "q8_0"). With o_weight (rows of n_head * hd in type o_type), the
+    // output projected through it, as the model's next op (a backend may fuse the two).
     F32Out attention(F32In q, F32In k_all, F32In v_all, std::vector<int32_t> pos, int32_t n_head,
                      int32_t n_head_kv, int32_t head_dim, int32_t block_size, uint64_t seed,
-                     const std::string& kv_type) {
+                     const std::string& kv_type, uint32_t o_type, std::optional<U8In> o_weight) {
         const int32_t len = (int32_t)k_all.shape(0);
         const size_t kw = (size_t)n_head_kv * head_dim, qw = (size_t)n_head * head_dim;
         if (k_all.ndim() != 2 || k_all.shape(1) != kw || v_all.size() != k_all.size())
@@ -147,8 +175,13 @@ struct PyBackend {
         be->set_batch(one_sequence_batch(pos, table));
         Buf qb(*be, q.data(), q.size() * 4), ob(*be, q.size() * 4);
         const AttentionShape shape{n_head, n_head_kv, head_dim, 1.0f / std::sqrt((float)head_dim)};
+        // (the projection is set up first: the matmul directly follows the attention)
+        const Weight wo = o_weight ? weight(o_type, *o_weight, (int64_t)qw, "o_weight") : Weight{};
+        Buf yb(*be, pos.size() * wo.n_out * 4);
         be->attention(kv, qb.f(), (int32_t)pos.size(), shape, ob.f());
-        return make_out(download(*be, ob, q.size()), {q.shape(0), q.shape(1)});
+        if (!o_weight) return make_out(download(*be, ob, q.size()), {q.shape(0), q.shape(1)});
+        be->matmul(wo, ob.f(), (int32_t)pos.size(), yb.f());
+        return make_out(download(*be, yb, pos.size() * wo.n_out), {pos.size(), (size_t)wo.n_out});
     }
 };
 
@@ -165,5 +198,7 @@ void bind_backend(nb::module_& m) {
         .def("swiglu", &PyBackend::swiglu, nb::arg("gate"), nb::arg("up"))
         .def("attention", &PyBackend::attention, nb::arg("q"), nb::arg("k_all"), nb::arg("v_all"), nb::arg("pos"),
              nb::arg("n_head"), nb::arg("n_head_kv"), nb::arg("head_dim"), nb::arg("block_size"),
-             nb::arg("seed") = 0, nb::arg("kv_type") = "f16");
+             nb::arg("seed") = 0, nb::arg("kv_type") = "f16", nb::arg("o_type") = 0, nb::arg("o_weight") = nb::none())
+        .def("ffn", &PyBackend::ffn, nb::arg("type_id"), nb::arg("gate"), nb::arg("up"), nb::arg("down"), nb::arg("n_in"),
+             nb::arg("x"));
 }
