@@ -49,11 +49,11 @@ def random_weight(t, n_out, n_in, rng):
     return blocks.reshape(n_out, nb * bb)
 
 
-def quantized_weight(t, n_out, n_in, rng):
-    """[n_out, row_bytes] uint8: unit-normal floats (scaled to unit-sized outputs) quantized to t,
-    where a product of several matrices needs realistic magnitudes (random K-quant bytes give
-    huge weights)."""
-    f = (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+def quantized_weight(t, n_out, n_in, rng, scale=1.0):
+    """[n_out, row_bytes] uint8: normal floats (outputs of about `scale` for unit inputs) quantized
+    to t, where a product of several matrices needs realistic magnitudes (random K-quant bytes
+    give huge weights, and the attention one-hot)."""
+    f = (rng.standard_normal((n_out, n_in)) * scale / np.sqrt(n_in)).astype(np.float32)
     if t == T.F16:
         return f.astype(np.float16).view(np.uint8)
     return np.asarray(E.quantize(int(t), f.ravel())).reshape(n_out, -1)
@@ -449,11 +449,7 @@ def write_synthetic_model(path, rng, n_layer=4, types=STREAM_TYPES, output_type=
     w.add_token_scores([0.0] * n_vocab)
 
     def matrix(name, t, n_out, n_in, scale=0.5):
-        # Quantized from floats of unit-sized outputs (random quant bytes would make K-quant weights
-        # huge, and the attention one-hot).
-        f = (rng.standard_normal((n_out, n_in)) * scale / np.sqrt(n_in)).astype(np.float32)
-        data = f.astype(np.float16).view(np.uint8) if t == T.F16 else E.quantize(int(t), f.ravel())
-        w.add_tensor(name, np.asarray(data).reshape(n_out, -1), raw_dtype=t)
+        w.add_tensor(name, quantized_weight(t, n_out, n_in, rng, scale), raw_dtype=t)
 
     def norm(name):
         w.add_tensor(name, (1 + 0.1 * rng.standard_normal(n_embd)).astype(np.float32))

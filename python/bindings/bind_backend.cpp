@@ -175,11 +175,14 @@ struct PyBackend {
         be->set_batch(one_sequence_batch(pos, table));
         Buf qb(*be, q.data(), q.size() * 4), ob(*be, q.size() * 4);
         const AttentionShape shape{n_head, n_head_kv, head_dim, 1.0f / std::sqrt((float)head_dim)};
+        if (!o_weight) {
+            be->attention(kv, qb.f(), (int32_t)pos.size(), shape, ob.f());
+            return make_out(download(*be, ob, q.size()), {q.shape(0), q.shape(1)});
+        }
         // (the projection is set up first: the matmul directly follows the attention)
-        const Weight wo = o_weight ? weight(o_type, *o_weight, (int64_t)qw, "o_weight") : Weight{};
+        const Weight wo = weight(o_type, *o_weight, (int64_t)qw, "o_weight");
         Buf yb(*be, pos.size() * wo.n_out * 4);
         be->attention(kv, qb.f(), (int32_t)pos.size(), shape, ob.f());
-        if (!o_weight) return make_out(download(*be, ob, q.size()), {q.shape(0), q.shape(1)});
         be->matmul(wo, ob.f(), (int32_t)pos.size(), yb.f());
         return make_out(download(*be, yb, pos.size() * wo.n_out), {pos.size(), (size_t)wo.n_out});
     }
