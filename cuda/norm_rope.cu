@@ -78,19 +78,23 @@ __global__ void __launch_bounds__(kVecNormThreads) rmsnorm_vec_kernel(float* __r
                                                                      const float* __restrict__ gamma, int32_t dim, float eps,
                                                                      float* __restrict__ y, int8_t* __restrict__ q,
                                                                      float2* __restrict__ ds) {
-    pdl_wait();
-    pdl_trigger();
     const int n4 = dim / 4;
     float4* xr = reinterpret_cast<float4*>(x + int64_t(blockIdx.x) * dim);
     float4 v[U], g[U];
+#pragma unroll
+    for (int k = 0; k < U; ++k) {   // gamma does not depend on the previous kernel: load it while that one ends
+        const int i = threadIdx.x + k * blockDim.x;
+        g[k] = i < n4 ? reinterpret_cast<const float4*>(gamma)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    pdl_wait();
+    pdl_trigger();
     double ss = 0.0;
 #pragma unroll
     for (int k = 0; k < U; ++k) {
         const int i = threadIdx.x + k * blockDim.x;
-        v[k] = g[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+        v[k] = make_float4(0.f, 0.f, 0.f, 0.f);
         if (i < n4) {
             v[k] = xr[i];
-            g[k] = reinterpret_cast<const float4*>(gamma)[i];
             if (res) {
                 const float4 r = reinterpret_cast<const float4*>(res + int64_t(blockIdx.x) * dim)[i];
                 v[k] = make_float4(v[k].x + r.x, v[k].y + r.y, v[k].z + r.z, v[k].w + r.w);

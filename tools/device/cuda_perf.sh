@@ -2,20 +2,23 @@
 # Device call: build, kernel tests, synthetic llama2-7b models (F16 and Q4_0 / Q8_0 / Q4_K_M,
 # kept in /tmp/em while the machine stays warm), a per-kernel time listing of one Q4_0 decode
 # step under ncu, and ember-bench pp512/tg128 for each type. Carry: build/carry.
-# Env: TYPES (default "Q4_0 Q8_0 Q4_K_M F16"), SKIP_TESTS=1, SKIP_DIAG=1, SKIP_NCU=1, NCU_TYPE (the
-# type profiled, default Q4_0), EXTRA (a command run last).
+# Env: TYPES (default "Q4_0 Q8_0 Q4_K_M F16"), QUANTS (the quantized models written, default
+# "Q4_0 Q8_0 Q4_K_M"), SKIP_TESTS=1, SKIP_DIAG=1, SKIP_NCU=1, NCU_TYPE (the type profiled, default
+# Q4_0), EXTRA (a command run last).
 cd "$(dirname "$0")/../.."
 LOG="${OUT:-/tmp}/perf.log"
 step() { echo "== $(date +%T) $*" | tee -a "$LOG"; }
 mkdir -p /tmp/em
 step "$(nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader); $(nproc) cpus; $(grep -m1 'model name' /proc/cpuinfo)"
-if [ ! -f /tmp/em/l7b-q4_k_m.gguf ]; then
+quants=${QUANTS:-Q4_0 Q8_0 Q4_K_M}
+if ! ls $(for q in F16 $quants; do echo /tmp/em/l7b-${q,,}.gguf; done) > /dev/null 2>&1; then
   ( python3 -m pip install -q --no-index --no-deps --target /tmp/site build/carry/wheels/*.whl
-    PYTHONPATH=/tmp/site timeout 300 python3 build/carry/make_synthetic_gguf.py --shape llama2-7b \
-        --vocab build/carry/vocab.gguf -o /tmp/em/l7b-f16.gguf > /tmp/em/synth.log 2>&1
+    [ -f /tmp/em/l7b-f16.gguf ] || PYTHONPATH=/tmp/site timeout 300 python3 build/carry/make_synthetic_gguf.py \
+        --shape llama2-7b --vocab build/carry/vocab.gguf -o /tmp/em/l7b-f16.gguf > /tmp/em/synth.log 2>&1
     while [ ! -f /tmp/em/built ]; do sleep 2; done
     export PYTHONPATH=/tmp/site:$PWD/python EMBER_DEV_BUILD=$PWD/build/dev
-    for q in Q4_0 Q8_0 Q4_K_M; do
+    for q in $quants; do
+      [ -f /tmp/em/l7b-${q,,}.gguf ] && continue
       timeout 200 python3 -m ember.quantize -q /tmp/em/l7b-f16.gguf /tmp/em/l7b-${q,,}.gguf.tmp $q >> /tmp/em/quant.log 2>&1 &&
         mv /tmp/em/l7b-${q,,}.gguf.tmp /tmp/em/l7b-${q,,}.gguf
     done ) &
