@@ -9,6 +9,7 @@ cd "$(dirname "$0")/../.."
 LOG="${OUT:-/tmp}/perf.log"
 step() { echo "== $(date +%T) $*" | tee -a "$LOG"; }
 mkdir -p /tmp/em
+rm -f /tmp/em/built   # the quantizer below waits for this call's build, not a warm machine's last one
 step "$(nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader); $(nproc) cpus; $(grep -m1 'model name' /proc/cpuinfo)"
 quants=${QUANTS:-Q4_0 Q8_0 Q4_K_M}
 if ! ls $(for q in F16 $quants; do echo /tmp/em/l7b-${q,,}.gguf; done) > /dev/null 2>&1; then
@@ -40,7 +41,7 @@ wait   # every model written: nothing else loads the host while benchmarks run
 waitfor() { [ -f "$1" ]; }
 bench() { timeout 150 python3 -m ember.bench --bandwidth 3000 "$@" 2>&1 | grep -v "^| model\|^|---"; }
 for q in ${TYPES:-Q4_0 Q8_0 Q4_K_M F16}; do
-  waitfor /tmp/em/l7b-${q,,}.gguf || { step "no model $q: $(tail -3 /tmp/em/synth.log /tmp/em/quant.log)"; continue; }
+  waitfor /tmp/em/l7b-${q,,}.gguf || { step "no model $q: $(tail -n 3 /tmp/em/synth.log /tmp/em/quant.log)"; continue; }
   if [ "$q" = "${NCU_TYPE:-Q4_0}" ] && [ -z "$SKIP_NCU" ]; then
     step "ncu $q"
     EMBER_CUDA_GRAPHS=0 timeout 200 ncu --metrics gpu__time_duration.sum --clock-control none --cache-control none --csv \
