@@ -15,6 +15,8 @@
 // gave 196.2-197.8 tok/s against 192.4-194.8 for 4 x 3; 5 x 2: 194.6; 8 x 3 or 12 x 2 at one CTA
 // an SM: 194.1-195.9; 13 x 2: 188.3; 4 x 6 or 4 x 4 at one CTA: 171-173; 2 x 6: 178; 3 x 2 at
 // four CTAs (16 splits): 193.5. Head dim 256 has rows twice as long: half the warps.
+// Also measured (2026-11-22): rows without the 16-byte padding lose 9% to ldmatrix bank
+// conflicts; reading the cache head-major (a tile one 4 KB run) changes nothing.
 #include "async_copy.cuh"
 #include "attention_splits.cuh"
 #include "common.cuh"
