@@ -1,6 +1,7 @@
 // DRAM read ceiling of the GPU: a grid-stride kernel that streams a buffer with 16-byte
 // non-caching loads (D independent loads in flight per thread) and sums it, timed with events.
 // The figure a memory-bound kernel (GEMV, decode attention) can be held against.
+// Use sizes well above the 50 MB L2: smaller buffers stay in L2 between repetitions.
 //   nvcc -O3 -arch=sm_90 -o /tmp/read_bw tools/device/read_bw.cu && /tmp/read_bw [MiB]
 #include <cstdio>
 #include <cstdlib>
