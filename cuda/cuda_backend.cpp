@@ -609,7 +609,9 @@ private:
         const bool blocks = (kv.block_size & (kv.block_size - 1)) == 0 && kv.block_size >= 4;
         return blocks ? cuda::attention_decode_heads(n_head, kv.n_head_kv, kv.head_dim, q8) : 0;
     }
-    // An f16 layer's attention for this batch runs attention_decode_mma.
+    // An f16 layer's attention for this batch runs attention_decode_mma (as attention() decides;
+    // the head count passed to decode_heads sets only how many heads a CTA takes, not whether the
+    // kernel takes the layer, so the layer's kv heads stand in for the q heads it does not know).
     bool decode_mma_attention(const KVLayer& kv, int32_t n_tok) const {
         return kv.type == GGMLType::F16 && n_tok <= kMaxGemvTokens && !exact_attention(n_tok, kv.head_dim) &&
                decode_heads(kv, kv.n_head_kv, false) > 0;

@@ -12,7 +12,9 @@ mkdir -p /tmp/em
 rm -f /tmp/em/built   # the quantizer below waits for this call's build, not a warm machine's last one
 step "$(nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader); $(nproc) cpus; $(grep -m1 'model name' /proc/cpuinfo)"
 quants=${QUANTS:-Q4_0 Q8_0 Q4_K_M}
-if ! ls $(for q in F16 $quants; do echo /tmp/em/l7b-${q,,}.gguf; done) > /dev/null 2>&1; then
+missing=0
+for q in F16 $quants; do [ -f /tmp/em/l7b-${q,,}.gguf ] || missing=1; done
+if [ $missing = 1 ]; then
   ( python3 -m pip install -q --no-index --no-deps --target /tmp/site build/carry/wheels/*.whl
     [ -f /tmp/em/l7b-f16.gguf ] || PYTHONPATH=/tmp/site timeout 300 python3 build/carry/make_synthetic_gguf.py \
         --shape llama2-7b --vocab build/carry/vocab.gguf -o /tmp/em/l7b-f16.gguf > /tmp/em/synth.log 2>&1
