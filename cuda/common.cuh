@@ -31,6 +31,12 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
+// A rope pair (x0, x1) rotated by (cos, sin) = cs with the CPU backend's arithmetic: products
+// rounded before the sum (no FMA contraction).
+__device__ __forceinline__ float2 rope_rotate(float x0, float x1, float2 cs) {
+    return make_float2(__fsub_rn(__fmul_rn(x0, cs.x), __fmul_rn(x1, cs.y)), __fadd_rn(__fmul_rn(x0, cs.y), __fmul_rn(x1, cs.x)));
+}
+
 // expf as glibc (2.28 and later) computes it on x86-64 with FMA, which the CPU backend's softmax
 // and swiglu call: x / ln2 = (k + r) / 32, exp(x) = 2^(k/32) * p(r) with a table of 2^(i/32) and a
 // cubic in double. Over every float in [-110, 95] it differs from glibc 2.36's expf in 2 of

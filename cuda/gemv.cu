@@ -29,6 +29,7 @@ struct GemvBatch {
     int64_t n_out[kMaxGemvBatch];
     int32_t start[kMaxGemvBatch];
     int32_t wpr;   // warps per row: 1 or 4 (kRowsPerBlock / wpr rows per CTA)
+    QkvRopeStore rope;   // cos_sin null: rows written as they are
 };
 
 // Long rows are split over four warps (a 4096-wide f16 row is 512 units: one round of four loads
@@ -99,6 +100,36 @@ __device__ __forceinline__ bool reduce_row(float (&acc)[R][NT], int wpr) {
     return true;
 }
 
+// The Q, K, V rows' epilogue with a QkvRopeStore (one warp a row, whole CTAs of rows, so rows 2i
+// and 2i + 1 are warps w and w ^ 1 of one CTA): lane 0 holds the row's sums of the NT tokens; lane
+// t finishes token t as rope_kv_store_kernel would. wi: 0 q, 1 k, 2 v.
+template <int NT>
+__device__ __forceinline__ void rope_store_row(const QkvRopeStore& e, int wi, int64_t row, const float (&acc)[NT],
+                                               float* y, int64_t n_out) {
+    __shared__ float sums[kRowsPerBlock][NT];
+    const int lane = threadIdx.x & (kWarp - 1), warp = threadIdx.x >> 5;
+    if (lane == 0)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) sums[warp][t] = acc[t];
+    __syncthreads();
+    if (lane >= NT) return;
+    const int t = lane, p = e.b.pos[t];
+    float v = sums[warp][t];
+    if (wi < 2) {
+        const float other = sums[warp ^ 1][t];
+        const int half = e.head_dim / 2;
+        const bool odd = row & 1;
+        const float2 r = rope_rotate(odd ? other : v, odd ? v : other,
+                                     e.cos_sin[int64_t(p) * half + int(row % e.head_dim) / 2]);
+        v = odd ? r.y : r.x;
+    }
+    y[t * n_out + row] = v;
+    if (wi > 0) {
+        const int64_t phys = e.b.block_table[int64_t(e.b.seq[t]) * e.b.max_blocks + p / e.block_size];
+        (wi == 1 ? e.k_cache : e.v_cache)[(phys * e.block_size + p % e.block_size) * n_out + row] = __float2half_rn(v);
+    }
+}
+
 template <class F, int NT>
 __global__ void __launch_bounds__(kRowsPerBlock * kWarp) gemv_kernel(GemvBatch b) {
     const int lane = threadIdx.x & (kWarp - 1), warp = threadIdx.x >> 5;
@@ -116,13 +147,16 @@ __global__ void __launch_bounds__(kRowsPerBlock * kWarp) gemv_kernel(GemvBatch b
     if constexpr (F::kWholeRow) {   // one warp per row, summed on every lane
         if (row >= n_out) return;
         F::template row_dot<NT>(p[0], row, acc[0]);
+        if (b.rope.cos_sin) return rope_store_row<NT>(b.rope, wi, row, acc[0], y, n_out);
         if (lane == 0)
 #pragma unroll
             for (int t = 0; t < NT; ++t) y[t * n_out + row] = acc[0][t];
     } else {
         if (row < n_out) rows_dot<F, NT, 1>(p, row, (warp % b.wpr) * kWarp + lane, b.wpr * kWarp, acc);
         if (b.wpr == 1 && row >= n_out) return;   // (split rows keep every warp for the barrier)
-        if (reduce_row(acc, b.wpr) && row < n_out)
+        const bool holds_sums = reduce_row(acc, b.wpr);
+        if (b.rope.cos_sin) return rope_store_row<NT>(b.rope, wi, row, acc[0], y, n_out);
+        if (holds_sums && row < n_out)
 #pragma unroll
             for (int t = 0; t < NT; ++t) y[t * n_out + row] = acc[0][t];
     }
@@ -190,6 +224,17 @@ void launch_swiglu(const GemvBatch& b, float* out, unsigned n_ctas, int32_t n_to
     EMBER_CUDA_LAUNCHED("gemv_swiglu");
 }
 
+// The units a lane strides over in one of w's rows (gemv_formats.cuh).
+int32_t row_units(const DeviceWeight& w) {
+    const int64_t nb = w.layout.n_blocks;
+    switch (w.type) {
+        case GGMLType::Q4_K: case GGMLType::Q5_K: case GGMLType::Q6_K: return int32_t(nb * 4);
+        case GGMLType::F32: return int32_t(w.n_in / 4);
+        case GGMLType::F16: case GGMLType::BF16: return int32_t(w.n_in / 8);
+        default: return int32_t(nb);   // legacy 32-element blocks
+    }
+}
+
 }  // namespace
 
 bool gemv_swiglu_supported(GGMLType type) {
@@ -212,7 +257,7 @@ void gemv_swiglu(const DeviceWeight& gate, const DeviceWeight& up, float* out, c
         b.meta2[i] = ws[i]->base + ws[i]->layout.meta2_off;
         b.n_out[i] = ws[i]->n_out;
     }
-    p.units = int32_t(gate.n_in / (gate.type == GGMLType::F32 ? 4 : 8));
+    p.units = row_units(gate);
     b.wpr = warps_per_row(p.units);
     const int rows_per_cta = kRowsPerBlock / b.wpr;
     const unsigned n_ctas = unsigned((gate.n_out + rows_per_cta - 1) / rows_per_cta);
@@ -228,8 +273,10 @@ bool gemv_wants_q8(GGMLType type) {
     return !(type == GGMLType::F32 || type == GGMLType::F16 || type == GGMLType::BF16);
 }
 
-void gemv(const DeviceWeight* const* ws, float* const* ys, int count, const float* x, const int8_t* xq,
-          const float2* xds, int32_t n_tok, cudaStream_t s) {
+namespace {
+
+void gemv_batch(const DeviceWeight* const* ws, float* const* ys, int count, const float* x, const int8_t* xq,
+                const float2* xds, int32_t n_tok, const QkvRopeStore* rope, cudaStream_t s) {
     if (count < 1 || count > kMaxGemvBatch) fail("cuda gemv: ", count, " weights in one launch (1..", kMaxGemvBatch, ")");
     const DeviceWeight& w0 = *ws[0];
     GemvBatch b{};
@@ -239,14 +286,9 @@ void gemv(const DeviceWeight* const* ws, float* const* ys, int count, const floa
     p.x = x;
     p.xq = xq;
     p.xds = xds;
-    const int64_t nb = w0.layout.n_blocks;
-    switch (w0.type) {
-        case GGMLType::Q4_K: case GGMLType::Q5_K: case GGMLType::Q6_K: p.units = int32_t(nb * 4); break;
-        case GGMLType::F32: p.units = int32_t(w0.n_in / 4); break;
-        case GGMLType::F16: case GGMLType::BF16: p.units = int32_t(w0.n_in / 8); break;
-        default: p.units = int32_t(nb); break;   // legacy 32-element blocks
-    }
+    p.units = row_units(w0);
     b.wpr = warps_per_row(p.units);
+    if (rope) b.rope = *rope;
     const int rows_per_cta = kRowsPerBlock / b.wpr;
     const bool cpu_order = w0.n_in <= kLegacyExactMaxWidth;   // read by the legacy formats only
     unsigned n_ctas = 0;
@@ -279,6 +321,27 @@ void gemv(const DeviceWeight* const* ws, float* const* ys, int count, const floa
         case GGMLType::BF16: launch<FmtFloat<__nv_bfloat16>>(b, n_ctas, n_tok, s); break;
         default: fail("cuda gemv: unsupported weight type ", block_info(w0.type).name);
     }
+}
+
+}  // namespace
+
+void gemv(const DeviceWeight* const* ws, float* const* ys, int count, const float* x, const int8_t* xq,
+          const float2* xds, int32_t n_tok, cudaStream_t s) {
+    gemv_batch(ws, ys, count, x, xq, xds, n_tok, nullptr, s);
+}
+
+bool gemv_takes_rope_store(const DeviceWeight& q, const DeviceWeight& k, const DeviceWeight& v, int32_t head_dim) {
+    const bool same = q.type == k.type && k.type == v.type && q.n_in == k.n_in && k.n_in == v.n_in && k.n_out == v.n_out;
+    const bool whole_ctas = q.n_out % kRowsPerBlock == 0 && k.n_out % kRowsPerBlock == 0;
+    return same && whole_ctas && head_dim % 2 == 0 && q.n_out % head_dim == 0 && k.n_out % head_dim == 0 &&
+           warps_per_row(row_units(q)) == 1;
+}
+
+void gemv_rope_store(const DeviceWeight* const* ws, float* const* ys, const float* x, const int8_t* xq, const float2* xds,
+                     int32_t n_tok, const QkvRopeStore& rope, cudaStream_t s) {
+    if (!gemv_takes_rope_store(*ws[0], *ws[1], *ws[2], rope.head_dim) || !rope.cos_sin)
+        fail("cuda gemv_rope_store: q, k, v do not take the fused rope and KV store");
+    gemv_batch(ws, ys, 3, x, xq, xds, n_tok, &rope, s);
 }
 
 }  // namespace cuda

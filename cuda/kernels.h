@@ -80,6 +80,19 @@ void rope_kv_store(float* q, int32_t n_head_q, float* k, const float* v, int32_t
                    const float2* cos_sin, bool neox, __half* k_cache, __half* v_cache, int32_t block_size, int32_t n_tok,
                    const DeviceBatch& b, bool early, cudaStream_t s);   // early: let the next kernel start at once
 
+// The same ropes (normal mode only) and f16 KV store done by the Q, K, V GEMV as it writes its
+// rows, when gemv_takes_rope_store: one launch a layer less. w and y are q, k, v in that order.
+struct QkvRopeStore {
+    const float2* cos_sin;   // the RopeTables table of (freq_base, head_dim) for the batch's positions
+    __half* k_cache;
+    __half* v_cache;
+    int32_t block_size, head_dim;
+    DeviceBatch b;
+};
+bool gemv_takes_rope_store(const DeviceWeight& q, const DeviceWeight& k, const DeviceWeight& v, int32_t head_dim);
+void gemv_rope_store(const DeviceWeight* const* w, float* const* y, const float* x, const int8_t* xq, const float2* xds,
+                     int32_t n_tok, const QkvRopeStore& rope, cudaStream_t s);
+
 // A run of <= tile_len consecutive batch tokens of one sequence: attention shares K/V loads
 // among the tile's queries. Built on the host by set_batch for each tile length.
 struct AttnTile { int32_t first, count; };

@@ -135,18 +135,15 @@ __global__ void __launch_bounds__(kVecNormThreads) rmsnorm_vec_kernel(float* __r
     }
 }
 
-// Rotates the pair (i, i + half) (neox) or (2i, 2i + 1) of one head by pos * base^(-2i/head_dim).
-// The CPU backend's arithmetic: its cos and sin (the table, rope_table.h), products rounded
-// before the sum (no FMA contraction).
+// Rotates the pair (i, i + half) (neox) or (2i, 2i + 1) of one head by pos * base^(-2i/head_dim),
+// by the CPU backend's cos and sin (the table, rope_table.h).
 __device__ __forceinline__ void rope_pair(const float* src, float* dst, int i, int pos, int head_dim,
                                           const float2* __restrict__ cos_sin, bool neox) {
     const int half = head_dim / 2;
-    const float2 r = cos_sin[int64_t(pos) * half + i];
-    const float cs = r.x, sn = r.y;
     const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-    const float x0 = src[a], x1 = src[b];
-    dst[a] = __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
-    dst[b] = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, cs));
+    const float2 r = rope_rotate(src[a], src[b], cos_sin[int64_t(pos) * half + i]);
+    dst[a] = r.x;
+    dst[b] = r.y;
 }
 
 __global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ pos, int32_t n_tok, int32_t n_heads,

@@ -344,6 +344,38 @@ def test_ffn_fused_same_bits(gpu, t, n_in, n_ff, n_tok, monkeypatch):
     assert rel_err(y, ref) < 5e-2   # two int8 roundings of the activations
 
 
+# (type, n_in, q heads, kv heads, head_dim, n_tok): CPU-order rows (SmolLM2's shape), lane-strided
+# ones, GQA, several tokens, a K-quant; F16 rows of 4096 (four warps a row) keep the separate kernel.
+QKV_CASES = [(T.Q4_1, 576, 9, 3, 64, 1), (T.Q4_0, 4096, 8, 8, 128, 1), (T.Q4_0, 4096, 8, 2, 128, 3),
+             (T.Q4_K, 4096, 4, 4, 128, 2), (T.Q8_0, 2048, 4, 2, 64, 8), (T.F16, 4096, 4, 4, 128, 1)]
+
+
+@pytest.mark.parametrize("t,n_in,n_head,n_kv,hd,n_tok", QKV_CASES, ids=lambda v: getattr(v, "name", str(v)))
+@pytest.mark.parametrize("neox", [False, True])
+def test_qkv_rope_store_same_bits(gpu, cpu, t, n_in, n_head, n_kv, hd, n_tok, neox, monkeypatch):
+    """Q, K, V projections, rope of q and k and the f16 KV store, called as the model calls them:
+    where the fused backend's Q, K, V GEMV rotates and stores in its epilogue (normal rope), the
+    same bits as the unfused kernels; near the CPU backend and the float64 reference."""
+    rng = rng_for("qkv", t.name, n_in, n_tok, neox)
+    wq, wk, wv = (quantized_weight(t, n * hd, n_in, rng) for n in (n_head, n_kv, n_kv))
+    x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+    pos = sorted(int(p) for p in rng.choice(300, n_tok, replace=False))
+    args = (int(t), wq, wk, wv, n_in, x, pos, hd, 10000.0, neox, 16)
+    fused = gpu.qkv_rope_store(*args)
+    names = ("q", "k", "k cache", "v cache")
+    for name, a, b in zip(names, fused, unfused_backend(monkeypatch).qkv_rope_store(*args)):
+        assert_same_bits(a, b, name)
+    q, k, k_cache, v_cache = fused
+    assert_same_bits(k_cache, k.astype(np.float16).astype(np.float32), "k cache vs rotated k")
+    xd = x.astype(np.float64)
+    refs = (rope_ref(xd @ dequant(t, wq, n_in).T, pos, n_head, hd, 10000.0, neox),
+            rope_ref(xd @ dequant(t, wk, n_in).T, pos, n_kv, hd, 10000.0, neox), None, xd @ dequant(t, wv, n_in).T)
+    for name, a, c, ref in zip(names, fused, cpu.qkv_rope_store(*args), refs):
+        assert rel_err(a, c) < 2e-2, name
+        if ref is not None:
+            assert rel_err(a, ref) < 1.5e-2, name   # int8 activations (q8_1) in the GEMV
+
+
 def test_attention_matches_cpu(gpu, cpu):
     rng = rng_for("attention_cpu")
     n_head, n_kv, hd, length = 9, 3, 64, 150

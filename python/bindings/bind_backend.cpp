@@ -15,6 +15,7 @@
 #include <random>
 #include <vector>
 
+#include "ember/quant.h"
 #include "ember/status.h"
 #include "kv/kv_layout.h"
 #include "kv_type_arg.h"
@@ -62,6 +63,45 @@ BatchInfo one_sequence_batch(const std::vector<int32_t>& pos, const std::vector<
     b.block_table = table;
     return b;
 }
+
+// One sequence's KV layer of len positions, in blocks taken from a shuffled list with spares (so
+// block ids are not simply 0..n-1).
+struct PagedKV {
+    KVLayer kv;
+    std::vector<int32_t> table;
+    std::unique_ptr<Buf> k, v;
+    PagedKV(Backend& be, int32_t len, int32_t block_size, int32_t n_head_kv, int32_t head_dim, GGMLType type, uint64_t seed) {
+        const int32_t n_used = (len + block_size - 1) / block_size;
+        kv.n_blocks = n_used * 2;
+        std::vector<int32_t> ids(kv.n_blocks);
+        std::iota(ids.begin(), ids.end(), 0);
+        std::shuffle(ids.begin(), ids.end(), std::mt19937_64(seed));
+        table.assign(ids.begin(), ids.begin() + n_used);
+        kv.block_size = block_size;
+        kv.n_head_kv = n_head_kv;
+        kv.head_dim = head_dim;
+        kv.type = type;
+        check_kv_type(type, head_dim);
+        const size_t bytes = (size_t)kv.n_blocks * kv_block_bytes(type, block_size, (int64_t)n_head_kv * head_dim);
+        k = std::make_unique<Buf>(be, bytes);
+        v = std::make_unique<Buf>(be, bytes);
+        kv.k = k->p;
+        kv.v = v->p;
+    }
+    // The f16 rows of positions pos in cache c, as float [len(pos)][n_head_kv * head_dim].
+    std::vector<float> rows(Backend& be, Buf& c, const std::vector<int32_t>& pos) const {
+        const size_t width = (size_t)kv.n_head_kv * kv.head_dim;
+        std::vector<uint16_t> all((size_t)kv.n_blocks * kv.block_size * width);
+        be.synchronize();
+        be.copy_to_host(all.data(), c.p, all.size() * 2);
+        std::vector<float> out;
+        for (int32_t p : pos) {
+            const size_t row = (size_t)table[p / kv.block_size] * kv.block_size + p % kv.block_size;
+            for (size_t i = 0; i < width; ++i) out.push_back(fp16_to_fp32(all[row * width + i]));
+        }
+        return out;
+    }
+};
 
 struct PyBackend {
     std::unique_ptr<Backend> be;
@@ -112,6 +152,39 @@ struct PyBackend {
         return make_out(download(*be, yb, x.size()), {n_tok, (size_t)n_in});
     }
 
+    // An attention block's input side, its ops called as a model calls them (a backend may fuse
+    // them): q, k, v = x wq^T, x wk^T, x wv^T (one type, rows of n_in); rope of q and k at pos;
+    // k and v stored in an f16 cache (block_size, shuffled blocks). Returns the rotated q and k and
+    // the cached rows of k and v at pos, as float.
+    std::vector<F32Out> qkv_rope_store(uint32_t type_id, U8In wq, U8In wk, U8In wv, int64_t n_in, F32In x,
+                                       std::vector<int32_t> pos, int32_t head_dim, float base, bool neox,
+                                       int32_t block_size) {
+        Weight q = weight(type_id, wq, n_in, "wq"), k = weight(type_id, wk, n_in, "wk"), v = weight(type_id, wv, n_in, "wv");
+        const int32_t n_tok = (int32_t)pos.size();
+        if (x.ndim() != 2 || x.shape(0) != pos.size() || (int64_t)x.shape(1) != n_in)
+            fail("x must be [len(pos), ", n_in, "] float32");
+        if (k.n_out != v.n_out || q.n_out % head_dim || k.n_out % head_dim)
+            fail("qkv_rope_store: wk and wv need the same rows, both and wq whole heads of ", head_dim);
+        const int32_t len = *std::max_element(pos.begin(), pos.end()) + 1;
+        PagedKV paged(*be, len, block_size, (int32_t)(k.n_out / head_dim), head_dim, GGMLType::F16, 7);
+        be->set_batch(one_sequence_batch(pos, paged.table));
+        Buf xb(*be, x.data(), x.size() * 4), qb(*be, n_tok * q.n_out * 4), kb(*be, n_tok * k.n_out * 4),
+            vb(*be, n_tok * v.n_out * 4);
+        be->matmul(q, xb.f(), n_tok, qb.f());
+        be->matmul(k, xb.f(), n_tok, kb.f());
+        be->matmul(v, xb.f(), n_tok, vb.f());
+        be->rope(qb.f(), n_tok, (int32_t)(q.n_out / head_dim), head_dim, base, neox);
+        be->rope(kb.f(), n_tok, (int32_t)(k.n_out / head_dim), head_dim, base, neox);
+        be->kv_store(paged.kv, kb.f(), vb.f(), n_tok);
+        const size_t nt = pos.size(), kw = (size_t)k.n_out;
+        std::vector<F32Out> out;
+        out.push_back(make_out(download(*be, qb, nt * q.n_out), {nt, (size_t)q.n_out}));
+        out.push_back(make_out(download(*be, kb, nt * kw), {nt, kw}));
+        out.push_back(make_out(paged.rows(*be, *paged.k, pos), {nt, kw}));
+        out.push_back(make_out(paged.rows(*be, *paged.v, pos), {nt, kw}));
+        return out;
+    }
+
     F32Out rmsnorm(F32In x, F32In gamma, float eps) {
         const int32_t n_tok = (int32_t)x.shape(0), dim = (int32_t)x.shape(1);
         if (x.ndim() != 2 || gamma.size() != (size_t)dim) fail("rmsnorm: x [n_tok, dim] and gamma [dim]");
@@ -150,23 +223,9 @@ struct PyBackend {
         if (q.ndim() != 2 || q.shape(0) != pos.size() || q.shape(1) != qw)
             fail("attention: q must be [len(pos), n_head * head_dim]");
         for (int32_t p : pos) if (p < 0 || p >= len) fail("attention: position ", p, " outside [0, ", len, ")");
-        const int32_t n_used = (len + block_size - 1) / block_size;
-        const int32_t n_blocks = n_used * 2;   // spare blocks so ids are not simply 0..n-1
-        std::vector<int32_t> ids(n_blocks);
-        std::iota(ids.begin(), ids.end(), 0);
-        std::shuffle(ids.begin(), ids.end(), std::mt19937_64(seed));
-        std::vector<int32_t> table(ids.begin(), ids.begin() + n_used);
-        KVLayer kv;
-        kv.n_blocks = n_blocks;
-        kv.block_size = block_size;
-        kv.n_head_kv = n_head_kv;
-        kv.head_dim = head_dim;
-        kv.type = kv_type_arg(kv_type);
-        check_kv_type(kv.type, head_dim);
-        const size_t kv_bytes = (size_t)n_blocks * kv_block_bytes(kv.type, block_size, (int64_t)kw);
-        Buf kb(*be, kv_bytes), vb(*be, kv_bytes);
-        kv.k = kb.p;
-        kv.v = vb.p;
+        PagedKV paged(*be, len, block_size, n_head_kv, head_dim, kv_type_arg(kv_type), seed);
+        KVLayer& kv = paged.kv;
+        const std::vector<int32_t>& table = paged.table;
         std::vector<int32_t> all_pos(len);
         std::iota(all_pos.begin(), all_pos.end(), 0);
         be->set_batch(one_sequence_batch(all_pos, table));
@@ -195,6 +254,9 @@ void bind_backend(nb::module_& m) {
         .def(nb::init<const std::string&, int>(), nb::arg("kind") = "cpu", nb::arg("n_threads") = 2)
         .def_prop_ro("name", [](const PyBackend& b) { return std::string(b.be->name()); })
         .def("matmul", &PyBackend::matmul, nb::arg("type_id"), nb::arg("weight"), nb::arg("n_in"), nb::arg("x"))
+        .def("qkv_rope_store", &PyBackend::qkv_rope_store, nb::arg("type_id"), nb::arg("wq"), nb::arg("wk"), nb::arg("wv"),
+             nb::arg("n_in"), nb::arg("x"), nb::arg("pos"), nb::arg("head_dim"), nb::arg("base"), nb::arg("neox"),
+             nb::arg("block_size"))
         .def("rmsnorm", &PyBackend::rmsnorm, nb::arg("x"), nb::arg("gamma"), nb::arg("eps"))
         .def("rope", &PyBackend::rope, nb::arg("x"), nb::arg("pos"), nb::arg("n_heads"), nb::arg("head_dim"),
              nb::arg("base"), nb::arg("neox"))
