@@ -167,15 +167,11 @@ public:
     // vocabulary kept the GPU idle 50-64 us a step from pageable memory (2-3% of a depth-0 step).
     void copy_to_host(void* dst, const void* src, size_t bytes) override {
         flush();
-        if (bytes > kPinnedOutBytes) {
-            EMBER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
-            EMBER_CUDA_CHECK(cudaStreamSynchronize(stream_));
-            return;
-        }
-        if (!pinned_out_) EMBER_CUDA_CHECK(cudaMallocHost(&pinned_out_, kPinnedOutBytes));
-        EMBER_CUDA_CHECK(cudaMemcpyAsync(pinned_out_, src, bytes, cudaMemcpyDeviceToHost, stream_));
+        if (bytes <= kPinnedOutBytes && !pinned_out_) EMBER_CUDA_CHECK(cudaMallocHost(&pinned_out_, kPinnedOutBytes));
+        void* to = bytes <= kPinnedOutBytes ? pinned_out_ : dst;
+        EMBER_CUDA_CHECK(cudaMemcpyAsync(to, src, bytes, cudaMemcpyDeviceToHost, stream_));
         EMBER_CUDA_CHECK(cudaStreamSynchronize(stream_));
-        std::memcpy(dst, pinned_out_, bytes);
+        if (to != dst) std::memcpy(dst, to, bytes);
     }
     void synchronize() override {
         flush();
@@ -660,21 +656,24 @@ private:
         ++epoch_;
         const cuda::QkvRopeStore e{rope_table(rk.base, rk.head_dim), static_cast<__half*>(kv.k), static_cast<__half*>(kv.v),
                                    kv.block_size, kv.head_dim, dbatch_};
-        const cuda::DeviceWeight* ws[3] = {&pg.w[0], &pg.w[1], &pg.w[2]};
-        pg.count = 0;
-        cuda::gemv_rope_store(ws, pg.y, pg.x, static_cast<const int8_t*>(xq_.p), static_cast<const float2*>(xds_.p), n_tok,
-                              e, stream_);
+        launch_pending_gemv(&e);
         return true;
+    }
+    // The pending GEMV on the q8_1 scratch activations; with rope, as the Q, K, V GEMV that also
+    // does the ropes and the KV store.
+    void launch_pending_gemv(const cuda::QkvRopeStore* rope) {
+        PendingGemv& pg = pgemv_;
+        const cuda::DeviceWeight* ws[kMaxGemvBatch] = {&pg.w[0], &pg.w[1], &pg.w[2]};
+        const int count = pg.count;
+        pg.count = 0;
+        const auto* xq = static_cast<const int8_t*>(xq_.p);
+        const auto* xds = static_cast<const float2*>(xds_.p);
+        if (rope) cuda::gemv_rope_store(ws, pg.y, pg.x, xq, xds, pg.n_tok, *rope, stream_);
+        else gemv(ws, pg.y, count, pg.x, xq, xds, pg.n_tok, stream_);
     }
     // Launches the deferred ops, if any (every op but the fusable ones calls this first).
     void flush(bool keep_ropes = false) {
-        if (pgemv_.count) {   // (before the ropes: they may rotate its outputs)
-            const cuda::DeviceWeight* ws[kMaxGemvBatch] = {&pgemv_.w[0], &pgemv_.w[1], &pgemv_.w[2]};
-            const int count = pgemv_.count;
-            pgemv_.count = 0;
-            gemv(ws, pgemv_.y, count, pgemv_.x, static_cast<const int8_t*>(xq_.p), static_cast<const float2*>(xds_.p),
-                 pgemv_.n_tok, stream_);
-        }
+        if (pgemv_.count) launch_pending_gemv(nullptr);   // (before the ropes: they may rotate its outputs)
         if (!keep_ropes) {
             for (int i = 0; i < n_prope_; ++i) {
                 const PendingRope& r = prope_[i];
