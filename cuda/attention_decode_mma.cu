@@ -1,7 +1,7 @@
 // Decode attention over a long f16 cache on tensor cores (flash-decoding). One CTA per (token,
 // group of up to 16 q heads of one kv head, key range); its warps take turns over tiles of 16
-// keys, each warp with its own two-stage copy pipeline (Hopper: bulk copies, one 2*HD-byte key row per
-// lane, into an mbarrier; before it: cp.async), so no warp waits for another before the end.
+// keys, each warp with its own two-stage copy pipeline (Hopper: tensor copies of whole 16-row
+// boxes into an mbarrier; else cp.async), so no warp waits for another before the end.
 // Per tile a warp computes S = Q K^T (rows: q heads; K through ldmatrix as the B operand), an
 // online softmax in registers, and O += P V (P already in the A layout S came out in; V through
 // ldmatrix.trans). The warps' states merge in shared memory at the end; splits > 1 merge as in
@@ -9,14 +9,20 @@
 // The CUDA-core kernel this replaced (now q8_0 only, attention.cu) spent its issue slots on
 // per-key arithmetic and block-wide barriers: one depth-16384 launch of llama2-7b took 111 us
 // (72% of DRAM peak); this one with cp.async 106 us (76%), with bulk copies and the early start
-// below 102.5 us (78%; Nsight Compute, tools/device/ncu_decode_depth.sh).
+// below 102.5 us (78%; Nsight Compute, tools/device/ncu_decode_depth.sh). Tensor copies (4 per
+// tile, 128-byte swizzle) instead of one 256-byte bulk copy per key row: tg128 at depth 16384
+// 196.1-196.4 -> 199.7-200.6 tok/s, at depth 4096 335.5 -> 342 (H100, 2026-11-22, one call); a
+// tile's completion waits on 4 copies instead of 32, and rows need no padding.
 // Warps and stages: what limits it is how many warps an SM runs, more than how many bytes each
 // has in flight. At depth 16384 (tg128, H100, 2026-11-22) 6 warps x 2 stages at two CTAs an SM
 // gave 196.2-197.8 tok/s against 192.4-194.8 for 4 x 3; 5 x 2: 194.6; 8 x 3 or 12 x 2 at one CTA
 // an SM: 194.1-195.9; 13 x 2: 188.3; 4 x 6 or 4 x 4 at one CTA: 171-173; 2 x 6: 178; 3 x 2 at
 // four CTAs (16 splits): 193.5. Head dim 256 has rows twice as long: half the warps.
-// Also measured (2026-11-22): rows without the 16-byte padding lose 9% to ldmatrix bank
-// conflicts; reading the cache head-major (a tile one 4 KB run) changes nothing.
+// Also measured (2026-11-22, row copies): rows without the 16-byte padding lost 9% to ldmatrix bank
+// conflicts (the swizzle avoids them); reading the cache head-major (a tile one 4 KB run) changed nothing.
+#include <cuda.h>   // CUtensorMap (the encoder comes from the runtime's driver entry point)
+#include <cudaTypedefs.h>
+
 #include "async_copy.cuh"
 #include "attention_splits.cuh"
 #include "common.cuh"
@@ -31,26 +37,42 @@ namespace {
 
 constexpr int kKeys = 16;   // keys per warp tile: one k-step of P V, two n-tiles of Q K^T
 
-// Shared memory of one warp: kStages tiles of K then V, [key][dim] halves, each key row padded
-// by 16 bytes so the 8 rows an ldmatrix reads fall on different banks.
+constexpr int kBoxHalves = 64;   // a tile is HD / 64 boxes of [kKeys][64] halves (128-byte rows)
+
+// Shared memory of one warp: kStages tiles of K then V. A tile is HD / 64 boxes of [key][64 dims]
+// with 128-byte rows, 16-byte chunk c of row r stored at chunk c ^ (r % 8): the layout the tensor
+// copies' 128-byte swizzle writes, in which the 8 rows an ldmatrix reads fall on different banks
+// without padding. Boxes start on 1024-byte boundaries (the swizzle's period).
 template <int HD>
 struct DecodeMmaSmem {
     static constexpr int kWarps = HD <= 128 ? 6 : 3;
-    static constexpr int kRowBytes = 2 * HD + 16;
+    static constexpr int kBoxes = HD / kBoxHalves;
+    static constexpr int kBoxBytes = kKeys * 2 * kBoxHalves;
+    static constexpr int kTileBytes = kBoxes * kBoxBytes;
     static constexpr int kStages = 2;
-    static constexpr int kStageBytes = 2 * kKeys * kRowBytes;   // K then V
+    static constexpr int kStageBytes = 2 * kTileBytes;   // K then V
     static constexpr int kWarpBytes = kStages * kStageBytes;
-    static constexpr int kBytes = kWarps * kWarpBytes;
-    static_assert(kBytes >= kWarps * kDecodeMmaHeads * HD * 4, "the stages double as the merge buffer");
-    __device__ static int at(int row, int chunk) { return row * kRowBytes + 16 * chunk; }   // bytes
+    static constexpr int kAlign = 1024;
+    static constexpr int kBytes = kWarps * kWarpBytes + kAlign;   // (room to align the start)
+    static_assert(kBoxBytes % kAlign == 0, "boxes keep the swizzle's alignment");
+    static_assert(kWarps * kWarpBytes >= kWarps * kDecodeMmaHeads * HD * 4, "the stages double as the merge buffer");
+    __device__ static int at(int row, int chunk) {   // bytes
+        return (chunk >> 3) * kBoxBytes + row * 2 * kBoxHalves + (((chunk & 7) ^ (row & 7)) << 4);
+    }
 };
 
-template <int HD>
-__global__ void __launch_bounds__(DecodeMmaSmem<HD>::kWarps * kWarp) attention_decode_mma_kernel(AttentionArgs a, DeviceBatch b) {
+// kTma (Hopper, blocks of a multiple of kKeys rows): a tile is one block's kKeys rows, copied as
+// 2 * HD / 64 tensor boxes through tm_k / tm_v (the cache as [rows][kv_dim] halves); else the
+// lanes copy 16-byte chunks with cp.async.
+template <int HD, bool kTma>
+__global__ void __launch_bounds__(DecodeMmaSmem<HD>::kWarps * kWarp)
+    attention_decode_mma_kernel(AttentionArgs a, DeviceBatch b, const __grid_constant__ CUtensorMap tm_k,
+                                const __grid_constant__ CUtensorMap tm_v) {
     using Smem = DecodeMmaSmem<HD>;
     constexpr int kWarps = Smem::kWarps;
     constexpr int kSteps = HD / 16, kDimTiles = HD / 8, kRows = kDecodeMmaHeads;
-    extern __shared__ uint4 smem[];
+    extern __shared__ uint4 smem_raw[];
+    uint8_t* smem = reinterpret_cast<uint8_t*>(smem_raw) + ((Smem::kAlign - smem_addr(smem_raw) % Smem::kAlign) % Smem::kAlign);
     __shared__ float2 ml_s[kWarps][kRows];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     __shared__ uint64_t full[kWarps][Smem::kStages];   // a stage's bulk copies have landed
@@ -64,14 +86,15 @@ __global__ void __launch_bounds__(DecodeMmaSmem<HD>::kWarps * kWarp) attention_d
     const int n_mine = n_tiles > warp ? (n_tiles - warp + kWarps - 1) / kWarps : 0;   // tiles warp, warp + kWarps, ...
     const int32_t* bt = b.block_table + int64_t(b.seq[t]) * b.max_blocks;
     const int bs = a.block_size, bs_shift = __ffs(bs) - 1;   // power-of-two blocks (the backend checks)
-    uint8_t* wsm = reinterpret_cast<uint8_t*>(smem) + warp * Smem::kWarpBytes;
+    uint8_t* wsm = smem + warp * Smem::kWarpBytes;
     auto tile_key0 = [&](int i) { return k0 + (warp + kWarps * i) * kKeys; };
 
-    // The warp's i-th tile. Keys past the range copy key k0's row instead: finite values that
-    // get probability 0. Hopper: one bulk copy per lane (K rows on lanes 0-15, V on 16-31);
-    // before: cp.async, 16 bytes per request, one group per call.
+    // The warp's i-th tile. Tensor copies: lanes 0 .. 2 * kBoxes - 1 each copy one box (the
+    // rows past the key range hold whatever the block holds: wait_tile zeroes them in V). cp.async:
+    // 16 bytes per request, one group per call; keys past the range copy key k0's row instead
+    // (finite values that get probability 0).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (lane == 0) {
+    if (kTma && lane == 0) {
         for (int st = 0; st < Smem::kStages; ++st) mbar_init(&full[warp][st], 1);
         mbar_init_fence();
     }
@@ -80,31 +103,56 @@ __global__ void __launch_bounds__(DecodeMmaSmem<HD>::kWarps * kWarp) attention_d
     auto issue = [&](int i) {
         if (i < n_mine) {
             uint8_t* st = wsm + (i % Smem::kStages) * Smem::kStageBytes;
+            if constexpr (kTma) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-            uint64_t* bar = &full[warp][i % Smem::kStages];
-            if (lane == 0) mbar_arrive_expect_tx(bar, 2 * kKeys * 2 * HD);
-            __syncwarp();
-            const int r = lane % kKeys, key = tile_key0(i) + r, kk = key < k1 ? key : k0;
-            const int64_t off = (int64_t(bt[kk >> bs_shift]) * bs + (kk & (bs - 1))) * kv_dim + kvh * HD;
-            fence_proxy_async();   // this stage's last ldmatrix reads come before the copy
-            bulk_copy_g2s(st + (lane / kKeys) * kKeys * Smem::kRowBytes + r * Smem::kRowBytes,
-                          (lane < kKeys ? a.k_cache : a.v_cache) + off, 2 * HD, bar);
-#else
-            constexpr int kChunks = HD / 8, kLanesPerKey = kChunks < kWarp ? kChunks : kWarp;
-            constexpr int kKeysPerPass = kWarp / kLanesPerKey;
-            const int c = lane % kLanesPerKey;
+                uint64_t* bar = &full[warp][i % Smem::kStages];
+                if (lane == 0) mbar_arrive_expect_tx(bar, Smem::kStageBytes);
+                __syncwarp();
+                if (lane < 2 * Smem::kBoxes) {
+                    const int key = tile_key0(i), box = lane % Smem::kBoxes, is_v = lane / Smem::kBoxes;
+                    const int row = bt[key >> bs_shift] * bs + (key & (bs - 1));
+                    fence_proxy_async();   // this stage's last reads come before the copy
+                    tensor_copy_2d_g2s(st + is_v * Smem::kTileBytes + box * Smem::kBoxBytes, is_v ? &tm_v : &tm_k,
+                                       kvh * HD + box * kBoxHalves, row, bar);
+                }
+#endif
+            } else {
+                constexpr int kChunks = HD / 8, kLanesPerKey = kChunks < kWarp ? kChunks : kWarp;
+                constexpr int kKeysPerPass = kWarp / kLanesPerKey;
+                const int c = lane % kLanesPerKey;
 #pragma unroll
-            for (int p = 0; p < kKeys / kKeysPerPass; ++p) {
-                const int r = p * kKeysPerPass + lane / kLanesPerKey, key = tile_key0(i) + r, kk = key < k1 ? key : k0;
-                const int64_t off = (int64_t(bt[kk >> bs_shift]) * bs + (kk & (bs - 1))) * kv_dim + kvh * HD + 8 * c;
-                cp_async16(st + Smem::at(r, c), a.k_cache + off);
-                cp_async16(st + kKeys * Smem::kRowBytes + Smem::at(r, c), a.v_cache + off);
+                for (int p = 0; p < kKeys / kKeysPerPass; ++p) {
+                    const int r = p * kKeysPerPass + lane / kLanesPerKey, key = tile_key0(i) + r, kk = key < k1 ? key : k0;
+                    const int64_t off = (int64_t(bt[kk >> bs_shift]) * bs + (kk & (bs - 1))) * kv_dim + kvh * HD;
+#pragma unroll
+                    for (int cc = c; cc < kChunks; cc += kLanesPerKey) {
+                        cp_async16(st + Smem::at(r, cc), a.k_cache + off + 8 * cc);
+                        cp_async16(st + Smem::kTileBytes + Smem::at(r, cc), a.v_cache + off + 8 * cc);
+                    }
+                }
             }
-#endif
         }
-#if !(defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
-        cp_async_commit();
+        if constexpr (!kTma) cp_async_commit();
+    };
+    // Waits for the warp's i-th tile. A tensor-copied tile that ends past the key range: its V
+    // rows there are zeroed (they may hold anything, and 0 * inf in P V would be NaN).
+    auto wait_tile = [&](int i) {
+        if constexpr (kTma) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            mbar_wait(&full[warp][i % Smem::kStages], (i / Smem::kStages) & 1);
 #endif
+            const int n_valid = k1 - tile_key0(i);
+            if (n_valid < kKeys) {
+                uint8_t* vs = wsm + (i % Smem::kStages) * Smem::kStageBytes + Smem::kTileBytes;
+                for (int e = lane; e < kKeys * HD / 8; e += kWarp) {   // 16-byte chunks, row-major
+                    const int r = e / (HD / 8);
+                    if (r >= n_valid) *reinterpret_cast<uint4*>(vs + Smem::at(r, e % (HD / 8))) = make_uint4(0, 0, 0, 0);
+                }
+            }
+        } else {
+            cp_async_wait<Smem::kStages - 1>();
+        }
+        __syncwarp();   // every lane's copies (and zeroes) of tile i are visible to the whole warp
     };
     // The first stages go out before waiting for the previous kernel, except tiles that may hold
     // keys this batch's tokens wrote (the last n_tok positions): the rest of the cache is old.
@@ -142,14 +190,9 @@ __global__ void __launch_bounds__(DecodeMmaSmem<HD>::kWarps * kWarp) attention_d
 
     for (int i = 0; i < n_mine; ++i) {
         issue(i + Smem::kStages - 1);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        mbar_wait(&full[warp][i % Smem::kStages], (i / Smem::kStages) & 1);
-#else
-        cp_async_wait<Smem::kStages - 1>();
-        __syncwarp();   // every lane's copies of tile i are visible to the whole warp
-#endif
+        wait_tile(i);
         const uint8_t* ks = wsm + (i % Smem::kStages) * Smem::kStageBytes;
-        const uint8_t* vs = ks + kKeys * Smem::kRowBytes;
+        const uint8_t* vs = ks + Smem::kTileBytes;
 
         float sc[2][4];   // S: n-tile j holds keys 8j .. 8j + 7
 #pragma unroll
@@ -199,9 +242,7 @@ __global__ void __launch_bounds__(DecodeMmaSmem<HD>::kWarps * kWarp) attention_d
         }
         __syncwarp();   // the stage is refilled by the next issue
     }
-#if !(defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
-    cp_async_wait<0>();   // (only empty groups remain)
-#endif
+    if constexpr (!kTma) cp_async_wait<0>();   // (only empty groups remain)
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
@@ -209,7 +250,7 @@ __global__ void __launch_bounds__(DecodeMmaSmem<HD>::kWarps * kWarp) attention_d
 
     // Merge the warps: their stages become [warp][row][dim] floats.
     __syncthreads();
-    float* ob = reinterpret_cast<float*>(smem);
+    float* ob = reinterpret_cast<float*>(smem);   // (the stages, all read)
     float* mine = ob + warp * kRows * HD;
 #pragma unroll
     for (int j = 0; j < kDimTiles; ++j) {
@@ -249,16 +290,70 @@ __global__ void __launch_bounds__(DecodeMmaSmem<HD>::kWarps * kWarp) attention_d
     }
 }
 
-template <int HD>
-void launch(const AttentionArgs& a, const DeviceBatch& b, dim3 grid, cudaStream_t s) {
+// The driver's tensor-map encoder, reached through the runtime (no link to the driver library);
+// null where the driver has none.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+    static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+        void* p = nullptr;
+        cudaDriverEntryPointQueryResult q{};
+#if CUDART_VERSION >= 12050
+        const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q);
+#else
+        const cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &p, cudaEnableDefault, &q);
+#endif
+        if (e != cudaSuccess || q != cudaDriverEntryPointSuccess) {
+            cudaGetLastError();
+            p = nullptr;
+        }
+        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+    }();
+    return fn;
+}
+
+// The cache as [cache_rows][kv_dim] halves in boxes of [kKeys][64] with the 128-byte swizzle;
+// false where the encoder or the cache's alignment does not allow it.
+bool encode_cache_map(CUtensorMap* map, const __half* cache, const AttentionArgs& a) {
+    const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+    if (!encode || reinterpret_cast<uintptr_t>(cache) % 16 != 0) return false;
+    const cuuint64_t kv_dim = cuuint64_t(a.n_head_kv) * a.head_dim;
+    const cuuint64_t dims[2] = {kv_dim, cuuint64_t(a.cache_rows)};
+    const cuuint64_t strides[1] = {kv_dim * 2};
+    const cuuint32_t box[2] = {kBoxHalves, kKeys};
+    const cuuint32_t elem_strides[2] = {1, 1};
+    return encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, const_cast<__half*>(cache), dims, strides, box, elem_strides,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// Tensor copies need Hopper and tiles that never cross a block.
+bool tma_capable(const AttentionArgs& a) {
+    int dev = 0, major = 0;
+    EMBER_CUDA_CHECK(cudaGetDevice(&dev));
+    EMBER_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    return major >= 9 && a.block_size % kKeys == 0 && a.cache_rows > 0;
+}
+
+template <int HD, bool kTma>
+void launch_kernel(const AttentionArgs& a, const DeviceBatch& b, dim3 grid, const CUtensorMap& tm_k, const CUtensorMap& tm_v,
+                   cudaStream_t s) {
     const size_t smem = DecodeMmaSmem<HD>::kBytes;
     static bool opted_in = false;   // above 48 KB of dynamic shared memory needs the opt-in
     if (!opted_in) {
-        EMBER_CUDA_CHECK(cudaFuncSetAttribute(attention_decode_mma_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              int(smem)));
+        EMBER_CUDA_CHECK(cudaFuncSetAttribute(attention_decode_mma_kernel<HD, kTma>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
         opted_in = true;
     }
-    launch_pdl_smem(attention_decode_mma_kernel<HD>, grid, dim3(DecodeMmaSmem<HD>::kWarps * kWarp), smem, s, a, b);
+    launch_pdl_smem(attention_decode_mma_kernel<HD, kTma>, grid, dim3(DecodeMmaSmem<HD>::kWarps * kWarp), smem, s, a, b,
+                    tm_k, tm_v);
+}
+
+template <int HD>
+void launch(const AttentionArgs& a, const DeviceBatch& b, dim3 grid, cudaStream_t s) {
+    CUtensorMap tm_k{}, tm_v{};
+    if (tma_capable(a) && encode_cache_map(&tm_k, a.k_cache, a) && encode_cache_map(&tm_v, a.v_cache, a))
+        launch_kernel<HD, true>(a, b, grid, tm_k, tm_v, s);
+    else
+        launch_kernel<HD, false>(a, b, grid, tm_k, tm_v, s);
 }
 
 }  // namespace

@@ -132,6 +132,8 @@ public:
         cudaFree(cublas_ws_);
         if (staging_) cudaFreeHost(staging_);
         if (pinned_out_) cudaFreeHost(pinned_out_);
+        if (pinned_in_) cudaFreeHost(pinned_in_);
+        for (const HostBlock& h : host_blocks_) cudaFreeHost(h.p);
         cudaEventDestroy(staging_done_);
         cudaStreamDestroy(stream_);
     }
@@ -158,17 +160,26 @@ public:
         flush();
         if (p) EMBER_CUDA_CHECK(cudaFree(p));
     }
+    // Small copies wait in pinned memory as pending uploads (see issue_uploads); larger ones go now.
     void copy_from_host(void* dst, const void* src, size_t bytes) override {
-        flush();
+        if (ops_pending()) flush();   // (ops issued before the copy read dst as it was)
         ++epoch_;
+        if (void* p = pinned_input(bytes)) {
+            std::memcpy(p, src, bytes);
+            add_upload(dst, p, bytes);
+            return;
+        }
+        flush();
         EMBER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
     }
-    // Small copies (a decode step's logits) go through pinned memory: the 196 KB of a 49152-word
-    // vocabulary kept the GPU idle 50-64 us a step from pageable memory (2-3% of a depth-0 step).
+    // Copies into memory from alloc_host land directly; other small copies (a decode step's
+    // logits) go through a pinned bounce buffer: the 196 KB of a 49152-word vocabulary kept the
+    // GPU idle 50-64 us a step from pageable memory (2-3% of a depth-0 step).
     void copy_to_host(void* dst, const void* src, size_t bytes) override {
         flush();
-        if (bytes <= kPinnedOutBytes && !pinned_out_) EMBER_CUDA_CHECK(cudaMallocHost(&pinned_out_, kPinnedOutBytes));
-        void* to = bytes <= kPinnedOutBytes ? pinned_out_ : dst;
+        const bool direct = bytes > kPinnedOutBytes || is_pinned(dst, bytes);
+        if (!direct && !pinned_out_) EMBER_CUDA_CHECK(cudaMallocHost(&pinned_out_, kPinnedOutBytes));
+        void* to = direct ? dst : pinned_out_;
         EMBER_CUDA_CHECK(cudaMemcpyAsync(to, src, bytes, cudaMemcpyDeviceToHost, stream_));
         EMBER_CUDA_CHECK(cudaStreamSynchronize(stream_));
         if (to != dst) std::memcpy(dst, to, bytes);
@@ -176,6 +187,23 @@ public:
     void synchronize() override {
         flush();
         EMBER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
+    void* alloc_host(size_t bytes) override {
+        void* p = nullptr;
+        if (cudaMallocHost(&p, bytes) != cudaSuccess) {
+            cudaGetLastError();
+            throw OutOfMemory(cat("cuda: could not pin ", bytes / kMiB, " MiB of host memory"));
+        }
+        host_blocks_.push_back(HostBlock{p, bytes});
+        return p;
+    }
+    void free_host(void* p) override {
+        flush();
+        EMBER_CUDA_CHECK(cudaStreamSynchronize(stream_));   // no copy still writes it
+        auto it = std::find_if(host_blocks_.begin(), host_blocks_.end(), [p](const HostBlock& h) { return h.p == p; });
+        if (it == host_blocks_.end()) fail("cuda free_host: ", p, " did not come from alloc_host");
+        host_blocks_.erase(it);
+        EMBER_CUDA_CHECK(cudaFreeHost(p));
     }
 
     Weight prepare_weight(const GGUFTensor& t) override {
@@ -265,8 +293,10 @@ public:
             staging_ = nullptr;
             EMBER_CUDA_CHECK(cudaMallocHost(&staging_, n_words * 4));
             staging_cap_ = n_words * 4;
+            invalidate_graphs();   // recorded steps copy from the old staging
         }
-        EMBER_CUDA_CHECK(cudaEventSynchronize(staging_done_));   // the previous step's copy has read it
+        EMBER_CUDA_CHECK(cudaEventSynchronize(staging_done_));   // the previous step's copies have read it
+        in_used_ = 0;
         int32_t* w = static_cast<int32_t*>(staging_);
         std::copy(b.pos.begin(), b.pos.begin() + n_tok, w);
         std::copy(b.seq.begin(), b.seq.begin() + n_tok, w + cap_tok_);
@@ -287,8 +317,7 @@ public:
         for (int32_t q = 0; q < b.n_seq; ++q)
             std::copy(b.block_table.begin() + int64_t(q) * b.max_blocks, b.block_table.begin() + int64_t(q + 1) * b.max_blocks,
                       bt + int64_t(q) * bt_stride_);
-        EMBER_CUDA_CHECK(cudaMemcpyAsync(batch_dev_.p, staging_, n_words * 4, cudaMemcpyHostToDevice, stream_));
-        EMBER_CUDA_CHECK(cudaEventRecord(staging_done_, stream_));
+        add_upload(batch_dev_.p, staging_, n_words * 4);
         const int32_t* d = static_cast<const int32_t*>(batch_dev_.p);
         dbatch_.pos = d;
         dbatch_.seq = d + cap_tok_;
@@ -460,6 +489,7 @@ public:
             fail("cuda attention: the GPU keeps KV in f16 or q8_0, not in GGML type ", int(kv.type));
         }
         a.block_size = kv.block_size;
+        a.cache_rows = int64_t(kv.n_blocks) * kv.block_size;
         a.n_head = shape.n_head;
         a.n_head_kv = shape.n_head_kv;
         a.head_dim = shape.head_dim;
@@ -564,14 +594,20 @@ public:
     // Decode-step graphs: a step is keyed by the caller's key, the batch shape and the
     // attention split; its first run goes eagerly (sizing every scratch buffer), its second is
     // captured, later ones replay the graph.
+    // The step's pending uploads (batch mirror, first hidden state) are part of the key: a
+    // recorded step holds them as its first nodes, reading the same pinned staging each replay.
     bool step_begin(uint64_t key) override {
-        flush();
+        if (ops_pending()) flush();
         if (capturing_) abort_capture();
         if (!graphs_on_ || n_tok_ > kMaxGemvTokens || n_tok_ <= 0) return false;
-        const uint64_t full = mix(mix(key, batch_sig_), graph_gen_);
+        uint64_t full = mix(mix(key, batch_sig_), graph_gen_);
+        for (int i = 0; i < uploads_.n; ++i)
+            full = mix(mix(mix(full, reinterpret_cast<uintptr_t>(uploads_.dst[i])), reinterpret_cast<uintptr_t>(uploads_.src[i])),
+                       uploads_.bytes[i]);
         auto it = graphs_.find(full);
         if (it != graphs_.end()) {
-            EMBER_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
+            uploads_.n = 0;
+            launch_graph(it->second);
             return true;
         }
         if (!seen_.insert(full).second) {
@@ -579,6 +615,7 @@ public:
             capturing_ = true;
             capture_key_ = full;
             capture_gen_ = graph_gen_;
+            issue_uploads();
         }
         return false;
     }
@@ -593,7 +630,7 @@ public:
             const cudaError_t e = cudaGraphInstantiate(&once, g, 0);
             cudaGraphDestroy(g);
             EMBER_CUDA_CHECK(e);
-            EMBER_CUDA_CHECK(cudaGraphLaunch(once, stream_));
+            launch_graph(once);
             EMBER_CUDA_CHECK(cudaStreamSynchronize(stream_));
             cudaGraphExecDestroy(once);
             return;
@@ -603,7 +640,7 @@ public:
         cudaGraphDestroy(g);
         EMBER_CUDA_CHECK(e);
         graphs_[capture_key_] = exec;
-        EMBER_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+        launch_graph(exec);
     }
 
 private:
@@ -671,8 +708,53 @@ private:
         if (rope) cuda::gemv_rope_store(ws, pg.y, pg.x, xq, xds, pg.n_tok, *rope, stream_);
         else gemv(ws, pg.y, count, pg.x, xq, xds, pg.n_tok, stream_);
     }
-    // Launches the deferred ops, if any (every op but the fusable ones calls this first).
+    // Pending uploads: host-to-device copies of a step's inputs from pinned staging (the batch
+    // mirror, copy_from_host's small copies), issued by the next op or inside a step's capture.
+    // A replayed step then costs the host one graph launch, not two more copy calls and an
+    // event record. staging_done_ follows the last issued ones: set_batch waits on it before
+    // rewriting the staging.
+    void issue_uploads() {
+        if (!uploads_.n) return;
+        cuda::copy_from_pinned(uploads_, stream_);
+        if (!capturing_) EMBER_CUDA_CHECK(cudaEventRecord(staging_done_, stream_));
+        uploads_.n = 0;
+    }
+    void add_upload(void* dst, const void* src, size_t bytes) {
+        uploads_.dst[uploads_.n] = dst;
+        uploads_.src[uploads_.n] = src;
+        uploads_.bytes[uploads_.n++] = bytes;
+    }
+    void launch_graph(cudaGraphExec_t g) {
+        EMBER_CUDA_CHECK(cudaGraphLaunch(g, stream_));
+        EMBER_CUDA_CHECK(cudaEventRecord(staging_done_, stream_));
+    }
+    // Room in pinned_in_ for a pending upload of `bytes`; null (copy directly) when it does not
+    // fit, while capturing, or when the upload list is full.
+    void* pinned_input(size_t bytes) {
+        constexpr size_t kAlign = 256;
+        if (bytes > kPinnedInBytes || capturing_ || uploads_.n == cuda::kMaxHostCopies) return nullptr;
+        if (in_used_ + bytes > kPinnedInBytes) {   // full: wait until the issued copies have read it
+            issue_uploads();
+            EMBER_CUDA_CHECK(cudaEventSynchronize(staging_done_));
+            in_used_ = 0;
+        }
+        if (!pinned_in_) EMBER_CUDA_CHECK(cudaMallocHost(&pinned_in_, kPinnedInBytes));
+        void* p = static_cast<char*>(pinned_in_) + in_used_;
+        in_used_ += (bytes + kAlign - 1) / kAlign * kAlign;
+        return p;
+    }
+    bool ops_pending() const { return pgemv_.count || n_prope_ || padd_.x; }
+    bool is_pinned(const void* p, size_t bytes) const {
+        const char* c = static_cast<const char*>(p);
+        for (const HostBlock& h : host_blocks_)
+            if (c >= static_cast<const char*>(h.p) && c + bytes <= static_cast<const char*>(h.p) + h.bytes) return true;
+        return false;
+    }
+
+    // Launches the deferred ops, if any (every op but the fusable ones calls this first), after
+    // the pending uploads.
     void flush(bool keep_ropes = false) {
+        issue_uploads();
         if (pgemv_.count) launch_pending_gemv(nullptr);   // (before the ropes: they may rotate its outputs)
         if (!keep_ropes) {
             for (int i = 0; i < n_prope_; ++i) {
@@ -794,6 +876,15 @@ private:
     cudaEvent_t staging_done_ = nullptr;
     static constexpr size_t kPinnedOutBytes = size_t(1) << 20;
     void* pinned_out_ = nullptr;   // copy_to_host's bounce buffer
+    static constexpr size_t kPinnedInBytes = size_t(1) << 20;
+    cuda::HostCopies uploads_{};
+    void* pinned_in_ = nullptr;   // copy_from_host's pending small copies, from offset 0 each step
+    size_t in_used_ = 0;
+    struct HostBlock {
+        void* p;
+        size_t bytes;
+    };
+    std::vector<HostBlock> host_blocks_;   // from alloc_host
     int32_t cap_tok_ = 0, cap_seq_ = 0, bt_stride_ = 0;
     cuda::DeviceBatch dbatch_{};
     cuda::RopeTables ropes_;

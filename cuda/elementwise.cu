@@ -45,6 +45,24 @@ __global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, i
         x[i] += y[i];
 }
 
+// Copy blockIdx.y of c. The host rewrites the source between launches: __ldcv reads it again
+// rather than from a cache.
+__global__ void copy_from_pinned_kernel(HostCopies c) {
+    pdl_wait();
+    pdl_trigger();
+    const int i = blockIdx.y;
+    char* d = static_cast<char*>(c.dst[i]);
+    const char* src = static_cast<const char*>(c.src[i]);
+    const size_t n = c.bytes[i], first = size_t(blockIdx.x) * blockDim.x + threadIdx.x, stride = size_t(gridDim.x) * blockDim.x;
+    size_t tail = 0;
+    if ((reinterpret_cast<uintptr_t>(d) | reinterpret_cast<uintptr_t>(src)) % 16 == 0) {
+        for (size_t k = first; k < n / 16; k += stride)
+            reinterpret_cast<uint4*>(d)[k] = __ldcv(reinterpret_cast<const uint4*>(src) + k);
+        tail = n / 16 * 16;
+    }
+    for (size_t k = tail + first; k < n; k += stride) d[k] = __ldcv(reinterpret_cast<const signed char*>(src) + k);
+}
+
 __global__ void add_bias_kernel(float* __restrict__ x, const float* __restrict__ b, int64_t n, int32_t dim) {
     pdl_wait();
     pdl_trigger();
@@ -88,6 +106,13 @@ void add(float* x, const float* y, int64_t n, cudaStream_t s) {
     if (n <= 0) return;
     launch_pdl(add_kernel, grid_for(n), 256, s, x, y, n);
     EMBER_CUDA_LAUNCHED("add");
+}
+
+void copy_from_pinned(const HostCopies& c, cudaStream_t s) {
+    if (c.n <= 0) return;
+    if (c.n > kMaxHostCopies) fail("cuda copy_from_pinned: ", c.n, " copies, at most ", kMaxHostCopies);
+    launch_pdl(copy_from_pinned_kernel, dim3(8, unsigned(c.n)), 256, s, c);
+    EMBER_CUDA_LAUNCHED("copy_from_pinned");
 }
 
 void add_bias(float* x, const float* bias, int32_t n_tok, int32_t dim, cudaStream_t s) {

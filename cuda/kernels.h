@@ -55,6 +55,16 @@ void swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStrea
 // swiglu that also writes its output as q8_1 blocks (n % 32 == 0) for the down projection.
 void swiglu_q8(const float* gate, const float* up, int64_t n, float* out, int8_t* q, float2* ds, cudaStream_t s);
 void add(float* x, const float* y, int64_t n, cudaStream_t s);
+// Up to kMaxHostCopies host-to-device copies read straight from pinned host memory by one
+// kernel (a decode step's inputs: one graph node, no copy-engine transfer per buffer).
+constexpr int kMaxHostCopies = 8;
+struct HostCopies {
+    int n;
+    void* dst[kMaxHostCopies];
+    const void* src[kMaxHostCopies];   // pinned (cudaMallocHost) host memory
+    size_t bytes[kMaxHostCopies];
+};
+void copy_from_pinned(const HostCopies& c, cudaStream_t s);
 void add_bias(float* x, const float* bias, int32_t n_tok, int32_t dim, cudaStream_t s);
 
 // Batch addressing mirrored on the device (fixed buffers, rewritten by set_batch).
@@ -102,6 +112,7 @@ struct AttentionArgs {
     const __half* v_cache;
     bool kv_q8;
     int32_t block_size, n_head, n_head_kv, head_dim;
+    int64_t cache_rows;           // rows of k_cache and v_cache (blocks x block_size)
     float scale;
     const float* q;               // [n_tok][n_head * head_dim]
     float* out;                   // [n_tok][n_head * head_dim]

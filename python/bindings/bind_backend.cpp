@@ -65,7 +65,8 @@ BatchInfo one_sequence_batch(const std::vector<int32_t>& pos, const std::vector<
 }
 
 // One sequence's KV layer of len positions, in blocks taken from a shuffled list with spares (so
-// block ids are not simply 0..n-1).
+// block ids are not simply 0..n-1). Every byte starts as 0xff (f16 NaN): a kernel that lets a
+// row it was not given into its result shows as NaN.
 struct PagedKV {
     KVLayer kv;
     std::vector<int32_t> table;
@@ -83,8 +84,9 @@ struct PagedKV {
         kv.type = type;
         check_kv_type(type, head_dim);
         const size_t bytes = (size_t)kv.n_blocks * kv_block_bytes(type, block_size, (int64_t)n_head_kv * head_dim);
-        k = std::make_unique<Buf>(be, bytes);
-        v = std::make_unique<Buf>(be, bytes);
+        const std::vector<uint8_t> nan_bytes(bytes, 0xff);
+        k = std::make_unique<Buf>(be, nan_bytes.data(), bytes);
+        v = std::make_unique<Buf>(be, nan_bytes.data(), bytes);
         kv.k = k->p;
         kv.v = v->p;
     }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <new>
 #include <vector>
 
 #include "ember/gguf.h"
@@ -84,6 +85,10 @@ public:
     virtual void copy_from_host(void* dst, const void* src, size_t bytes) = 0;
     virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
     virtual void synchronize() = 0;
+    // Host memory that copy_to_host / copy_from_host reach at full speed (CUDA: pinned, so a
+    // decode step's logits land without a bounce copy); by default plain heap memory.
+    virtual void* alloc_host(size_t bytes) { return ::operator new(bytes); }
+    virtual void free_host(void* p) { ::operator delete(p); }
 
     // Makes a weight usable by this backend (CPU: points into the mapping; GPU: uploads once).
     virtual Weight prepare_weight(const GGUFTensor& t) = 0;

@@ -34,6 +34,40 @@ struct Scratch {
     int32_t logits_rows = 0;
 };
 
+// Logits rows [n][n_vocab] in host memory from the head's backend (CUDA: pinned, so the copy
+// lands there directly, with no bounce buffer and no zero-filling resize).
+class HostLogits {
+public:
+    HostLogits() = default;
+    HostLogits(const HostLogits&) = delete;
+    HostLogits& operator=(const HostLogits&) = delete;
+    ~HostLogits() { release(); }
+    void clear() { size_ = 0; }
+    const float* data() const { return p_; }
+    // Room for n more floats after the current ones (kept), from be's host memory.
+    float* append(Backend& be, size_t n) {
+        if (be_ != &be || size_ + n > cap_) {
+            const size_t cap = std::max(size_ + n, 2 * cap_);
+            float* p = static_cast<float*>(be.alloc_host(cap * sizeof(float)));
+            if (size_) std::memcpy(p, p_, size_ * sizeof(float));
+            release();
+            be_ = &be, p_ = p, cap_ = cap;
+        }
+        size_ += n;
+        return p_ + size_ - n;
+    }
+
+private:
+    void release() {
+        if (p_) be_->free_host(p_);
+        p_ = nullptr;
+        cap_ = 0;
+    }
+    Backend* be_ = nullptr;
+    float* p_ = nullptr;
+    size_t cap_ = 0, size_ = 0;
+};
+
 }  // namespace
 
 struct ContextImpl {
@@ -52,7 +86,7 @@ struct ContextImpl {
     std::unique_ptr<WeightStream> stream;
     KVLayer stream_kv;   // on the GPU, geometry of a CPU block's kv[l]: its KV during a streamed step
     int32_t n_past = 0;
-    std::vector<float> logits;   // [n_logits][n_vocab]
+    HostLogits logits;   // [n_logits][n_vocab]; declared after `cpu` and `model`, whose host memory it holds
     int32_t n_logits = 0;
     std::vector<float> embd;     // [n_batch][n_embd] host staging for the embedding rows
 
@@ -332,9 +366,8 @@ void ContextImpl::forward(const int32_t* tokens, int32_t n, bool logits_all) {
         hb.matmul(head.output, hs.xn, rows, hs.logits);
     }
     hb.step_end();
-    const size_t old = logits.size();
-    logits.resize(old + (size_t)rows * hp.n_vocab);
-    hb.copy_to_host(logits.data() + old, hs.logits, (size_t)rows * hp.n_vocab * sizeof(float));
+    const size_t n_out = (size_t)rows * hp.n_vocab;
+    hb.copy_to_host(logits.append(hb, n_out), hs.logits, n_out * sizeof(float));
     n_logits += rows;
     n_past += n;
 }
