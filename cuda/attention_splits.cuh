@@ -51,12 +51,14 @@ __device__ __forceinline__ float2 softmax_step(float2 mx, float& m0, float& m1, 
     m1 = mn1;
     l0 *= corr0;
     l1 *= corr1;
+    if (__any_sync(0xffffffffu, corr0 != 1.f || corr1 != 1.f)) {   // (past the first keys the maxima rarely move)
 #pragma unroll
-    for (int j = 0; j < N; ++j) {
-        o[j][0] *= corr0;
-        o[j][1] *= corr0;
-        o[j][2] *= corr1;
-        o[j][3] *= corr1;
+        for (int j = 0; j < N; ++j) {
+            o[j][0] *= corr0;
+            o[j][1] *= corr0;
+            o[j][2] *= corr1;
+            o[j][3] *= corr1;
+        }
     }
     return make_float2(base0, base1);
 }
