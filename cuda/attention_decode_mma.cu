@@ -107,11 +107,11 @@ __global__ void __launch_bounds__(DecodeMmaSmem<HD>::kWarps * kWarp)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
                 uint64_t* bar = &full[warp][i % Smem::kStages];
                 if (lane == 0) mbar_arrive_expect_tx(bar, Smem::kStageBytes);
+                fence_proxy_async();   // every lane's last reads (and zeroes) of this stage come before the copies
                 __syncwarp();
                 if (lane < 2 * Smem::kBoxes) {
                     const int key = tile_key0(i), box = lane % Smem::kBoxes, is_v = lane / Smem::kBoxes;
                     const int row = bt[key >> bs_shift] * bs + (key & (bs - 1));
-                    fence_proxy_async();   // this stage's last reads come before the copy
                     tensor_copy_2d_g2s(st + is_v * Smem::kTileBytes + box * Smem::kBoxBytes, is_v ? &tm_v : &tm_k,
                                        kvh * HD + box * kBoxHalves, row, bar);
                 }
@@ -123,12 +123,9 @@ __global__ void __launch_bounds__(DecodeMmaSmem<HD>::kWarps * kWarp)
 #pragma unroll
                 for (int p = 0; p < kKeys / kKeysPerPass; ++p) {
                     const int r = p * kKeysPerPass + lane / kLanesPerKey, key = tile_key0(i) + r, kk = key < k1 ? key : k0;
-                    const int64_t off = (int64_t(bt[kk >> bs_shift]) * bs + (kk & (bs - 1))) * kv_dim + kvh * HD;
-#pragma unroll
-                    for (int cc = c; cc < kChunks; cc += kLanesPerKey) {
-                        cp_async16(st + Smem::at(r, cc), a.k_cache + off + 8 * cc);
-                        cp_async16(st + Smem::kTileBytes + Smem::at(r, cc), a.v_cache + off + 8 * cc);
-                    }
+                    const int64_t off = (int64_t(bt[kk >> bs_shift]) * bs + (kk & (bs - 1))) * kv_dim + kvh * HD + 8 * c;
+                    cp_async16(st + Smem::at(r, c), a.k_cache + off);
+                    cp_async16(st + Smem::kTileBytes + Smem::at(r, c), a.v_cache + off);
                 }
             }
         }
