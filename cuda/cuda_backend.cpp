@@ -131,9 +131,7 @@ public:
         for (Scratch* s : {&xq_, &xds_, &xh_, &wh_, &batch_dev_, &part_acc_, &part_ml_, &split_ctr_, &kv_f16_}) cudaFree(s->p);
         cudaFree(cublas_ws_);
         if (staging_) cudaFreeHost(staging_);
-        if (pinned_out_) cudaFreeHost(pinned_out_);
-        if (pinned_in_) cudaFreeHost(pinned_in_);
-        for (const HostBlock& h : host_blocks_) cudaFreeHost(h.p);
+        for (const HostBlock& h : host_blocks_) cudaFreeHost(h.p);   // (pinned_in_ and pinned_out_ among them)
         cudaEventDestroy(staging_done_);
         cudaStreamDestroy(stream_);
     }
@@ -178,7 +176,7 @@ public:
     void copy_to_host(void* dst, const void* src, size_t bytes) override {
         flush();
         const bool direct = bytes > kPinnedOutBytes || is_pinned(dst, bytes);
-        if (!direct && !pinned_out_) EMBER_CUDA_CHECK(cudaMallocHost(&pinned_out_, kPinnedOutBytes));
+        if (!direct && !pinned_out_) pinned_out_ = alloc_host(kPinnedOutBytes);
         void* to = direct ? dst : pinned_out_;
         EMBER_CUDA_CHECK(cudaMemcpyAsync(to, src, bytes, cudaMemcpyDeviceToHost, stream_));
         EMBER_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -738,7 +736,7 @@ private:
             EMBER_CUDA_CHECK(cudaEventSynchronize(staging_done_));
             in_used_ = 0;
         }
-        if (!pinned_in_) EMBER_CUDA_CHECK(cudaMallocHost(&pinned_in_, kPinnedInBytes));
+        if (!pinned_in_) pinned_in_ = alloc_host(kPinnedInBytes);
         void* p = static_cast<char*>(pinned_in_) + in_used_;
         in_used_ += (bytes + kAlign - 1) / kAlign * kAlign;
         return p;

@@ -2,8 +2,8 @@
 # Device call (after cuda_perf.sh has built build/dev and written /tmp/em): A/B of source variants.
 # Each argument is a patch against the tree (git diff); for the baseline, then each patch, then
 # the baseline again (drift check), it rebuilds _ember and runs bench_reps.py at each of $DEPTH
-# (default 16384; a list such as "16384 0" runs them all on one build) on $MODEL (default the Q4_0 llama2-7b), after $CHECK (a command, e.g. a pytest subset)
-# where given. Usage, carrying build/carry and build/ab:
+# (default 16384; a list such as "16384 0" runs them all on one build) on $MODEL (default the
+# Q4_0 llama2-7b), after $CHECK (a command, e.g. a pytest subset) where given. Usage, carrying build/carry and build/ab:
 #   EXTRA='bash tools/device/ab_patches.sh build/ab/*.patch' TYPES=Q4_0 SKIP_TESTS=1 SKIP_DIAG=1 \
 #       SKIP_NCU=1 bash tools/device/cuda_perf.sh
 cd "$(dirname "$0")/../.."
