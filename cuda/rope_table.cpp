@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "cuda_check.h"
-#include "model/rope_angles.h"
+#include "backend/rope_angles.h"
 
 namespace ember {
 namespace cuda {

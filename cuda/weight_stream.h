@@ -7,7 +7,7 @@
 #include <functional>
 #include <memory>
 
-#include "model/backend.h"
+#include "backend/backend.h"
 
 namespace ember {
 namespace cuda {

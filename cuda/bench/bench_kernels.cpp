@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "model/backend.h"
+#include "backend/backend.h"
 #include "weight_pack.h"
 
 using namespace ember;

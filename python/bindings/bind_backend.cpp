@@ -17,9 +17,9 @@
 
 #include "ember/quant.h"
 #include "ember/status.h"
-#include "kv/kv_layout.h"
+#include "backend/kv_layout.h"
 #include "kv_type_arg.h"
-#include "model/backend.h"
+#include "backend/backend.h"
 
 namespace nb = nanobind;
 using namespace ember;

@@ -23,7 +23,7 @@
 
 #include "cpu/attention_math.h"
 #include "cpu/cpu_backend.h"
-#include "kv/kv_layout.h"
+#include "backend/kv_layout.h"
 #include "quant/blocks.h"
 #include "quant/half.h"
 #include "quant/kernels.h"

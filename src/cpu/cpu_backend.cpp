@@ -7,7 +7,7 @@
 #include <new>
 
 #include "ember/status.h"
-#include "model/rope_angles.h"
+#include "backend/rope_angles.h"
 
 namespace ember {
 

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "cpu/thread_pool.h"
-#include "model/backend.h"
+#include "backend/backend.h"
 
 namespace ember {
 

@@ -14,7 +14,7 @@
 #include "cpu/cpu_backend.h"
 #include "ember/status.h"
 #include "kv/block_allocator.h"
-#include "kv/kv_layout.h"
+#include "backend/kv_layout.h"
 #include "model/model_impl.h"
 
 namespace ember {

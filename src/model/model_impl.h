@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "ember/model.h"
-#include "model/backend.h"
+#include "backend/backend.h"
 #include "model/host_weights.h"
 
 namespace ember {

@@ -1,6 +1,7 @@
-// The op set a forward pass needs, implemented once per device (src/cpu, cuda/). Every op
-// takes a batch of n_tok tokens that may belong to several sequences; activations are
-// row-major [n_tok][width] float32 in the backend's own memory.
+// The backend contract: the op set a forward pass needs, implemented once per device (src/cpu,
+// cuda/): primitives, plus named fused ops with default compositions. Every op takes a batch of
+// n_tok tokens that may belong to several sequences; activations are row-major [n_tok][width]
+// float32 in the backend's own memory.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include <new>
 #include <vector>
 
+#include "backend/rope_angles.h"
 #include "ember/gguf.h"
 
 namespace ember {
@@ -43,7 +45,42 @@ struct KVLayer {
 
 struct AttentionShape {
     int32_t n_head, n_head_kv, head_dim;
-    float scale;   // usually 1/sqrt(head_dim)
+    float scale;          // usually 1/sqrt(head_dim)
+    int32_t window = 0;   // > 0: a query at position p sees keys p - window < j <= p only (sliding window)
+};
+
+// Elementwise gate activation of a gated feed-forward: act(gate) * up.
+enum class Activation { SiLU, GeLUTanh };
+
+// The weights of a block's attention input: the norm before it, the Q, K, V projections with
+// optional biases and optional per-head RMSNorms of q and k (before rope), and the rope.
+struct AttnInWeights {
+    const float* norm = nullptr;   // [n_embd]
+    float eps = 1e-5f;
+    const Weight *wq = nullptr, *wk = nullptr, *wv = nullptr;
+    const float *bq = nullptr, *bk = nullptr, *bv = nullptr;   // null: no bias
+    const float *q_norm = nullptr, *k_norm = nullptr;          // [head_dim]; null: none
+    int32_t n_head = 0, n_head_kv = 0, head_dim = 0;
+    const RopeParams* rope = nullptr;
+};
+
+// The weights of a gated feed-forward with the norm before it.
+struct FfnWeights {
+    const float* norm = nullptr;   // [n_embd]
+    float eps = 1e-5f;
+    const Weight *gate = nullptr, *up = nullptr, *down = nullptr;
+    Activation act = Activation::SiLU;
+};
+
+// Activation buffers the fused ops work in, each [n_tok][width] in the backend's memory.
+struct BlockBuffers {
+    float* xn;     // [n_embd] normed input of a projection
+    float* q;      // [n_head * head_dim]
+    float* k;      // [n_head_kv * head_dim]
+    float* v;      // [n_head_kv * head_dim]
+    float* att;    // [n_head * head_dim] attention output before the O projection
+    float* gate;   // [n_ff]
+    float* up;     // [n_ff]
 };
 
 // Device staging for blocks whose weights and KV live in host memory, so that large batches can
@@ -97,6 +134,7 @@ public:
 
     virtual void set_batch(const BatchInfo& batch) = 0;
 
+    // ---- primitives ----
     // y[t][o] = sum_i W[o][i] * x[t][i]
     virtual void matmul(const Weight& w, const float* x, int32_t n_tok, float* y) = 0;
     // ys[i] = x * ws[i]^T for weights that read the same input (Q, K, V; gate, up). Backends
@@ -107,21 +145,76 @@ public:
     // y[t] = x[t] / rms(x[t]) * gamma
     virtual void rmsnorm(const float* x, const float* gamma, int32_t n_tok, int32_t dim,
                          float eps, float* y) = 0;
-    // x: [n_tok][n_heads * head_dim], rotated in place at the batch positions.
-    virtual void rope(float* x, int32_t n_tok, int32_t n_heads, int32_t head_dim,
-                      float freq_base, bool neox) = 0;
+    // x [n_tok][n_heads][head_dim]: each head normed in place by gamma [head_dim] (Qwen3, Gemma 3 q/k norm).
+    virtual void head_rmsnorm(float* x, const float* gamma, int32_t n_tok, int32_t n_heads, int32_t head_dim,
+                              float eps) = 0;
+    // x: [n_tok][n_heads * rope.head_dim], rotated in place at the batch positions.
+    virtual void rope(float* x, int32_t n_tok, int32_t n_heads, const RopeParams& rope) = 0;
     // Stores k, v [n_tok][n_head_kv * head_dim] at each token's (sequence, position).
     virtual void kv_store(KVLayer& kv, const float* k, const float* v, int32_t n_tok) = 0;
     // q [n_tok][n_head * head_dim] -> out [n_tok][n_head * head_dim], causal over the
-    // sequence's blocks (GQA: head h reads kv head h / (n_head / n_head_kv)).
+    // sequence's blocks (GQA: head h reads kv head h / (n_head / n_head_kv)), within shape.window.
     virtual void attention(const KVLayer& kv, const float* q, int32_t n_tok,
                            const AttentionShape& shape, float* out) = 0;
-    // out[i] = silu(gate[i]) * up[i]
-    virtual void swiglu(const float* gate, const float* up, int64_t n, float* out) = 0;
+    // out[i] = act(gate[i]) * up[i]
+    virtual void gated_act(Activation act, const float* gate, const float* up, int64_t n, float* out) = 0;
     // x[i] += y[i]
     virtual void add(float* x, const float* y, int64_t n) = 0;
     // x[t][j] += bias[j]
     virtual void add_bias(float* x, const float* bias, int32_t n_tok, int32_t dim) = 0;
+
+    // ---- fused ops: each default composes the primitives; a backend overrides the ones it can
+    // do in fewer passes. Callers always call the fused op, so a fusion never depends on the
+    // order in which a forward happens to call primitives. ----
+
+    // residual != null: x += residual first (written back). Then y = rmsnorm(x) * gamma.
+    virtual void add_rmsnorm(float* x, const float* residual, const float* gamma, int32_t n_tok, int32_t dim,
+                             float eps, float* y) {
+        if (residual) add(x, residual, (int64_t)n_tok * dim);
+        rmsnorm(x, gamma, n_tok, dim, eps, y);
+    }
+    // y = W (rmsnorm(x += residual) * gamma); the normed rows go to xn. The output head.
+    virtual void norm_matmul(float* x, const float* residual, const float* gamma, float eps, const Weight& w,
+                             int32_t n_tok, float* xn, float* y) {
+        add_rmsnorm(x, residual, gamma, n_tok, (int32_t)w.n_in, eps, xn);
+        matmul(w, xn, n_tok, y);
+    }
+    // The attention input of a block: x += residual; xn = rmsnorm(x); q, k, v = projections (+
+    // biases, + per-head norms of q and k); rope of q and k; k and v stored in kv. On return
+    // b.q holds the rotated queries.
+    virtual void attn_in(const AttnInWeights& w, float* x, const float* residual, int32_t n_tok, KVLayer& kv,
+                         const BlockBuffers& b) {
+        const int32_t dim = (int32_t)w.wq->n_in;
+        add_rmsnorm(x, residual, w.norm, n_tok, dim, w.eps, b.xn);
+        const Weight* ws[3] = {w.wq, w.wk, w.wv};
+        float* ys[3] = {b.q, b.k, b.v};
+        matmul_many(ws, ys, 3, b.xn, n_tok);
+        const int32_t qw = w.n_head * w.head_dim, kw = w.n_head_kv * w.head_dim;
+        if (w.bq) add_bias(b.q, w.bq, n_tok, qw);
+        if (w.bk) add_bias(b.k, w.bk, n_tok, kw);
+        if (w.bv) add_bias(b.v, w.bv, n_tok, kw);
+        if (w.q_norm) head_rmsnorm(b.q, w.q_norm, n_tok, w.n_head, w.head_dim, w.eps);
+        if (w.k_norm) head_rmsnorm(b.k, w.k_norm, n_tok, w.n_head_kv, w.head_dim, w.eps);
+        rope(b.q, n_tok, w.n_head, *w.rope);
+        rope(b.k, n_tok, w.n_head_kv, *w.rope);
+        kv_store(kv, b.k, b.v, n_tok);
+    }
+    // out = wo (attention of b.q over kv); b.att holds the attention output.
+    virtual void attn_out(const KVLayer& kv, const AttentionShape& shape, const Weight& wo, int32_t n_tok,
+                          const BlockBuffers& b, float* out) {
+        attention(kv, b.q, n_tok, shape, b.att);
+        matmul(wo, b.att, n_tok, out);
+    }
+    // A gated feed-forward: x += residual; xn = rmsnorm(x); out = down(act(gate xn) * up xn).
+    virtual void ffn(const FfnWeights& w, float* x, const float* residual, int32_t n_tok, const BlockBuffers& b,
+                     float* out) {
+        add_rmsnorm(x, residual, w.norm, n_tok, (int32_t)w.gate->n_in, w.eps, b.xn);
+        const Weight* ws[2] = {w.gate, w.up};
+        float* ys[2] = {b.gate, b.up};
+        matmul_many(ws, ys, 2, b.xn, n_tok);
+        gated_act(w.act, b.gate, b.up, (int64_t)n_tok * w.gate->n_out, b.gate);
+        matmul(*w.down, b.gate, n_tok, out);
+    }
 
     // Step-graph hooks around this backend's ops of one forward step (after set_batch and the
     // input copies, before the output copy). step_begin returns true when it replayed a graph
@@ -137,9 +230,5 @@ public:
         return nullptr;
     }
 };
-
-std::unique_ptr<Backend> make_cpu_backend(int n_threads);
-// Throws InvalidInput when ember was built without CUDA or no device is present.
-std::unique_ptr<Backend> make_cuda_backend(int device);
 
 }  // namespace ember
