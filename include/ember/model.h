@@ -21,7 +21,7 @@ struct ModelParams {
 };
 
 struct HParams {
-    std::string arch;           // "llama", "qwen2", ...
+    std::string arch;           // "llama", "qwen2", "qwen3", "gemma3", ...
     int32_t n_layer = 0, n_embd = 0, n_head = 0, n_head_kv = 0, n_ff = 0, n_vocab = 0;
     int32_t head_dim = 0;       // n_embd / n_head unless the file says otherwise
     int32_t n_ctx_train = 0;
@@ -29,6 +29,17 @@ struct HParams {
     float rope_base = 10000.0f;
     bool rope_neox = false;     // rotate halves (qwen2) instead of adjacent pairs (llama)
     bool tied_output = false;   // output head reuses token_embd
+    // Rope scaling ({arch}.rope.scaling.*): "none", "linear" or "yarn"; llama 3's per-pair
+    // frequency divisors come from the rope_freqs.weight tensor instead.
+    std::string rope_scaling = "none";
+    float rope_freq_scale = 1.0f;         // 1 / rope.scaling.factor
+    int32_t rope_n_ctx_orig = 0;          // rope.scaling.original_context_length (YaRN)
+    float yarn_ext_factor = 0.0f, yarn_attn_factor = 1.0f, yarn_beta_fast = 32.0f, yarn_beta_slow = 1.0f;
+    // Sliding-window attention: layers for which swa_layer[l] is true see the last n_swa
+    // positions only and rotate with rope_base_swa (Gemma 3's local layers).
+    int32_t n_swa = 0;
+    float rope_base_swa = 10000.0f;
+    std::vector<bool> swa_layer;
 };
 
 struct ModelImpl;

@@ -223,6 +223,9 @@ public:
     virtual bool step_begin(uint64_t key) { (void)key; return false; }
     virtual void step_end() {}
 
+    // Runs work on this backend's host threads (the CPU backend's pool); null where it has none.
+    virtual HostParallelFor host_parallel_for() { return nullptr; }
+
     // Staging for running host-resident blocks on this device; null where the backend cannot
     // (the CPU). Throws (OutOfMemory, InvalidInput) when the device cannot hold it.
     virtual std::unique_ptr<WeightStream> open_stream(const StreamSetup& setup) {

@@ -1,5 +1,6 @@
 // Paged attention on the CPU. KV rows live in blocks of block_size tokens; each token attends to
-// positions 0..pos of its sequence (causal), walking the sequence's block table.
+// positions 0..pos of its sequence (causal), or the last `window` of them (sliding window),
+// walking the sequence's block table.
 //
 // Work unit: (sequence, kv head, run of up to 32 of its tokens). A unit first gathers the
 // positions it needs from the paged cache into f32 scratch -- keys transposed in groups of 16
@@ -18,6 +19,7 @@
 // rounding of K and V dominates the error (llama.cpp's CPU path quantizes q to q8_0 too, so
 // outputs are close to it, not equal).
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <vector>
 
@@ -133,36 +135,44 @@ void attend_unit(const BatchInfo& batch, const KVLayer& kv, const float* q, cons
     const AttentionMath& math = attention_math(D);
     const int64_t q_width = (int64_t)s.n_head * D;
     const int32_t* table = &batch.block_table[(int64_t)u.seq * batch.max_blocks];
-    int32_t n_pos = 0;
-    for (int32_t j = 0; j < u.n_tokens; ++j) n_pos = std::max(n_pos, batch.pos[u.tokens[j]] + 1);
-    const int32_t n_groups = (n_pos + kLanes - 1) / kLanes;
+    // First position token t sees; the unit gathers [lo, n_pos) (scratch index p - lo).
+    auto first_pos = [&](int32_t t) { return s.window > 0 ? std::max(0, batch.pos[t] + 1 - s.window) : 0; };
+    int32_t n_pos = 0, lo = INT32_MAX;
+    for (int32_t j = 0; j < u.n_tokens; ++j) {
+        n_pos = std::max(n_pos, batch.pos[u.tokens[j]] + 1);
+        lo = std::min(lo, first_pos(u.tokens[j]));
+    }
+    const int32_t n_loc = n_pos - lo;
+    const int32_t n_groups = (n_loc + kLanes - 1) / kLanes;
     sc.kt.assign((size_t)n_groups * D * kLanes, 0.f);
-    sc.vf.resize((size_t)n_pos * D);
+    sc.vf.resize((size_t)n_loc * D);
     sc.krow.resize(D);
-    for (int32_t p = 0; p < n_pos; ++p) {
+    for (int32_t i = 0; i < n_loc; ++i) {
+        const int32_t p = lo + i;
         const int32_t blk = table[p / kv.block_size], slot = p % kv.block_size;
         Kv::load(kv, kv.k, blk, slot, u.kv_head, sc.krow.data(), math);
-        float* kt = &sc.kt[(size_t)(p / kLanes) * D * kLanes + p % kLanes];
-        for (int32_t i = 0; i < D; ++i) kt[i * kLanes] = sc.krow[i];
-        Kv::load(kv, kv.v, blk, slot, u.kv_head, &sc.vf[(size_t)p * D], math);
+        float* kt = &sc.kt[(size_t)(i / kLanes) * D * kLanes + i % kLanes];
+        for (int32_t d = 0; d < D; ++d) kt[d * kLanes] = sc.krow[d];
+        Kv::load(kv, kv.v, blk, slot, u.kv_head, &sc.vf[(size_t)i * D], math);
     }
     sc.q.resize(D);
     sc.prob.resize((size_t)n_groups * kLanes);
-    sc.w.resize((size_t)n_pos);
+    sc.w.resize((size_t)n_loc);
     for (int32_t j = 0; j < u.n_tokens; ++j) {
         const int32_t t = u.tokens[j];
-        const int32_t len = batch.pos[t] + 1;
+        const int32_t end = batch.pos[t] + 1 - lo, off = first_pos(t) - lo, len = end - off;
+        float* prob = sc.prob.data() + off;
         for (int32_t h = u.kv_head * group; h < (u.kv_head + 1) * group; ++h) {
             math.scale_round(q + t * q_width + (int64_t)h * D, D, 1.0f, Kv::kF16Operands, sc.q.data());
-            math.scores(sc.q.data(), sc.kt.data(), D, (len + kLanes - 1) / kLanes, s.scale, sc.prob.data());
-            const float m = math.max(sc.prob.data(), len);
+            math.scores(sc.q.data(), sc.kt.data(), D, (end + kLanes - 1) / kLanes, s.scale, sc.prob.data());
+            const float m = math.max(prob, len);
             // exp in a loop of its own: with the double sum in the same loop the sum's chain
             // went through the stack around every libm call
-            for (int32_t p = 0; p < len; ++p) sc.prob[p] = std::exp(sc.prob[p] - m);
+            for (int32_t p = 0; p < len; ++p) prob[p] = std::exp(prob[p] - m);
             double sum = 0.0;
-            for (int32_t p = 0; p < len; ++p) sum += sc.prob[p];
-            math.scale_round(sc.prob.data(), len, (float)(1.0 / sum), Kv::kF16Operands, sc.w.data());
-            math.weighted_sum(sc.w.data(), sc.vf.data(), D, len, out + t * q_width + (int64_t)h * D);
+            for (int32_t p = 0; p < len; ++p) sum += prob[p];
+            math.scale_round(prob, len, (float)(1.0 / sum), Kv::kF16Operands, sc.w.data());
+            math.weighted_sum(sc.w.data(), sc.vf.data() + (size_t)off * D, D, len, out + t * q_width + (int64_t)h * D);
         }
     }
 }

@@ -1,4 +1,4 @@
-// CPU backend memory, weight binding and the elementwise ops (norm, rope, swiglu, add).
+// CPU backend memory, weight binding and the elementwise ops (norms, rope, gated activations, add).
 #include "cpu/cpu_backend.h"
 
 #include <cmath>
@@ -6,6 +6,7 @@
 #include <cstring>
 #include <new>
 
+#include "backend/registry.h"
 #include "ember/status.h"
 #include "backend/rope_angles.h"
 
@@ -43,29 +44,36 @@ const float* CpuBackend::prepare_vector(const GGUFTensor& t) {
     return f32_vectors_.back().data();
 }
 
+namespace {
+// One row y = x / rms(x) * gamma, the sum of squares in double (rows may alias: x is read first).
+void rmsnorm_row(const float* x, const float* gamma, int32_t dim, float eps, float* y) {
+    double ss = 0.0;
+    for (int32_t i = 0; i < dim; ++i) ss += (double)x[i] * x[i];
+    const float scale = 1.0f / std::sqrt((float)(ss / dim) + eps);
+    for (int32_t i = 0; i < dim; ++i) y[i] = x[i] * scale * gamma[i];
+}
+}  // namespace
+
 void CpuBackend::rmsnorm(const float* x, const float* gamma, int32_t n_tok, int32_t dim, float eps,
                          float* y) {
-    for (int32_t t = 0; t < n_tok; ++t) {
-        const float* xr = x + (int64_t)t * dim;
-        float* yr = y + (int64_t)t * dim;
-        double ss = 0.0;
-        for (int32_t i = 0; i < dim; ++i) ss += (double)xr[i] * xr[i];
-        const float scale = 1.0f / std::sqrt((float)(ss / dim) + eps);
-        for (int32_t i = 0; i < dim; ++i) yr[i] = xr[i] * scale * gamma[i];
-    }
+    for (int32_t t = 0; t < n_tok; ++t) rmsnorm_row(x + (int64_t)t * dim, gamma, dim, eps, y + (int64_t)t * dim);
 }
 
-void CpuBackend::rope(float* x, int32_t n_tok, int32_t n_heads, int32_t head_dim, float freq_base,
-                      bool neox) {
+void CpuBackend::head_rmsnorm(float* x, const float* gamma, int32_t n_tok, int32_t n_heads, int32_t head_dim,
+                              float eps) {
+    for (int64_t r = 0; r < (int64_t)n_tok * n_heads; ++r) rmsnorm_row(x + r * head_dim, gamma, head_dim, eps, x + r * head_dim);
+}
+
+void CpuBackend::rope(float* x, int32_t n_tok, int32_t n_heads, const RopeParams& rope) {
     // llama layout rotates adjacent pairs (2i, 2i+1); neox rotates (i, i + head_dim/2).
-    const int32_t half = head_dim / 2;
+    const int32_t head_dim = rope.head_dim, half = head_dim / 2;
     std::vector<float> cos_t(half), sin_t(half);
     for (int32_t t = 0; t < n_tok; ++t) {
-        for (int32_t i = 0; i < half; ++i) rope_cos_sin(batch_.pos[t], i, head_dim, freq_base, cos_t[i], sin_t[i]);
+        for (int32_t i = 0; i < half; ++i) rope_cos_sin(batch_.pos[t], i, rope, cos_t[i], sin_t[i]);
         for (int32_t h = 0; h < n_heads; ++h) {
             float* v = x + ((int64_t)t * n_heads + h) * head_dim;
             for (int32_t i = 0; i < half; ++i) {
-                const int32_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+                const int32_t a = rope.neox ? i : 2 * i, b = rope.neox ? i + half : 2 * i + 1;
                 const float x0 = v[a], x1 = v[b];
                 v[a] = x0 * cos_t[i] - x1 * sin_t[i];
                 v[b] = x0 * sin_t[i] + x1 * cos_t[i];
@@ -74,9 +82,17 @@ void CpuBackend::rope(float* x, int32_t n_tok, int32_t n_heads, int32_t head_dim
     }
 }
 
-void CpuBackend::swiglu(const float* gate, const float* up, int64_t n, float* out) {
+void CpuBackend::gated_act(Activation act, const float* gate, const float* up, int64_t n, float* out) {
     pool_.parallel_for(n, 1024, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+        if (act == Activation::SiLU) {
+            for (int64_t i = b; i < e; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+        } else {
+            const float k = 0.7978845608028654f;   // sqrt(2 / pi)
+            for (int64_t i = b; i < e; ++i) {
+                const float g = gate[i];
+                out[i] = 0.5f * g * (1.0f + std::tanh(k * (g + 0.044715f * g * g * g))) * up[i];
+            }
+        }
     });
 }
 
@@ -89,8 +105,15 @@ void CpuBackend::add_bias(float* x, const float* bias, int32_t n_tok, int32_t di
         for (int32_t j = 0; j < dim; ++j) x[(int64_t)t * dim + j] += bias[j];
 }
 
-std::unique_ptr<Backend> make_cpu_backend(int n_threads) {
-    return std::make_unique<CpuBackend>(n_threads);
+HostParallelFor CpuBackend::host_parallel_for() {
+    return [this](int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+        pool_.parallel_for(n, grain, fn);
+    };
+}
+
+std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& opts) {
+    if (opts.n_threads <= 0) fail("cpu backend: n_threads must be positive, got ", opts.n_threads);
+    return std::make_unique<CpuBackend>(opts.n_threads);
 }
 
 }  // namespace ember

@@ -1,7 +1,8 @@
-// Context: one sequence's paged KV cache and the llama-family forward over batches of tokens.
-// Per batch: embedding rows (host) -> blocks on their devices (the hidden state crosses a device
-// boundary only where placement changes) -> final norm + output head -> logits (host). Large
-// batches run CPU blocks on the GPU too, on weights and KV copied there for the step.
+// Context: one sequence's paged KV cache and the forward over batches of tokens. Per batch:
+// embedding rows (host) -> each block's forward (its architecture's, on the device the placement
+// plan gives it; the hidden state crosses a device boundary only where placement changes) ->
+// final norm + output head -> logits (host). Large batches run CPU blocks on the GPU too, through
+// the streamed offload.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -11,26 +12,23 @@
 #include <string>
 #include <thread>
 
-#include "cpu/cpu_backend.h"
+#include "backend/kv_layout.h"
+#include "backend/registry.h"
 #include "ember/status.h"
 #include "kv/block_allocator.h"
-#include "backend/kv_layout.h"
 #include "model/model_impl.h"
+#include "model/streamed_offload.h"
 
 namespace ember {
 
 namespace {
 
-// Batches of at least this many tokens run CPU-resident blocks on the GPU on streamed weights
-// (llama.cpp offloads from the same batch size). Above the decode-graph batch sizes (<= 8), so
-// a streamed step is never captured.
-constexpr int32_t kStreamMinTokens = 32;
-
-// Activation buffers of one backend, each [n_batch][width] floats.
+// Activation buffers of one backend, each [n_batch][width] floats: the hidden state x, the
+// fused ops' buffers, and the two block outputs (out_a, out_b).
 struct Scratch {
     Backend* be = nullptr;
-    float *x = nullptr, *xn = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *att = nullptr,
-          *gate = nullptr, *up = nullptr, *logits = nullptr;
+    float *x = nullptr, *out_a = nullptr, *out_b = nullptr, *logits = nullptr;
+    BlockBuffers buf{};
     int32_t logits_rows = 0;
 };
 
@@ -74,17 +72,16 @@ struct ContextImpl {
     std::shared_ptr<Model> model;
     ContextParams params;
     std::unique_ptr<Backend> cpu;
-    std::vector<BlockWeights> blocks;   // per block, on its device
+    std::vector<BlockWeights> blocks;   // per block, on its device (the plan's)
     HeadWeights head;
     std::map<Backend*, Scratch> scratch;
     std::vector<std::pair<Backend*, void*>> owned;   // every allocation, freed at the end
     BlockAllocator alloc;
     BlockTable table;
     std::vector<KVLayer> kv;
-    // Streaming (null: CPU blocks always run on the CPU); destroyed before `cpu` (whose pool it
-    // uses) and `model` (whose GPU backend it uses).
-    std::unique_ptr<WeightStream> stream;
-    KVLayer stream_kv;   // on the GPU, geometry of a CPU block's kv[l]: its KV during a streamed step
+    // Null: CPU blocks always run on the CPU. Destroyed before `cpu` (whose pool it uses) and
+    // `model` (whose GPU backend it uses).
+    std::unique_ptr<StreamedOffload> stream;
     int32_t n_past = 0;
     HostLogits logits;   // [n_logits][n_vocab]; declared after `cpu` and `model`, whose host memory it holds
     int32_t n_logits = 0;
@@ -115,73 +112,23 @@ struct ContextImpl {
         if (s.be) return s;
         const HParams& hp = model->hparams();
         const int64_t B = params.n_batch;
+        const int64_t QW = (int64_t)hp.n_head * hp.head_dim, KW = (int64_t)hp.n_head_kv * hp.head_dim;
         s.be = &be;
         s.x = alloc_floats(be, B * hp.n_embd);
-        s.xn = alloc_floats(be, B * std::max<int64_t>(hp.n_embd, (int64_t)hp.n_head * hp.head_dim));
-        s.q = alloc_floats(be, B * hp.n_head * hp.head_dim);
-        s.k = alloc_floats(be, B * hp.n_head_kv * hp.head_dim);
-        s.v = alloc_floats(be, B * hp.n_head_kv * hp.head_dim);
-        s.att = alloc_floats(be, B * hp.n_head * hp.head_dim);
-        s.gate = alloc_floats(be, B * hp.n_ff);
-        s.up = alloc_floats(be, B * hp.n_ff);
+        s.out_a = alloc_floats(be, B * hp.n_embd);
+        s.out_b = alloc_floats(be, B * hp.n_embd);
+        s.buf.xn = alloc_floats(be, B * hp.n_embd);
+        s.buf.q = alloc_floats(be, B * QW);
+        s.buf.k = alloc_floats(be, B * KW);
+        s.buf.v = alloc_floats(be, B * KW);
+        s.buf.att = alloc_floats(be, B * QW);
+        s.buf.gate = alloc_floats(be, B * hp.n_ff);
+        s.buf.up = alloc_floats(be, B * hp.n_ff);
         return s;
     }
 
     void forward(const int32_t* tokens, int32_t n, bool logits_all);
-    void open_stream(ThreadPool& pool);
-    void copy_kv_blocks(const KVLayer& from, KVLayer& to, int32_t b0, int32_t b1, bool to_gpu);
 };
-
-// Staging for streamed steps: GPU memory for two blocks' weights and one KV layer. Without it
-// (too little GPU memory), CPU blocks run on the CPU for every batch.
-void ContextImpl::open_stream(ThreadPool& pool) {
-    ModelImpl& m = model->impl();
-    StreamSetup su;
-    su.blocks.resize(blocks.size());
-    for (size_t l = 0; l < blocks.size(); ++l) {
-        const BlockWeights& w = blocks[l];
-        if (!m.on_gpu[l]) su.blocks[l] = {w.wq, w.wk, w.wv, w.wo, w.w_gate, w.w_up, w.w_down};
-    }
-    su.parallel_for = [&pool](int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
-        pool.parallel_for(n, grain, fn);
-    };
-    su.verbose = m.params.verbose;
-    const HParams& hp = m.hp;
-    const size_t kv_bytes = kv_layer_bytes();
-    try {
-        stream = m.gpu->open_stream(su);
-        if (stream) {
-            void* p = m.gpu->alloc(2 * kv_bytes);
-            owned.emplace_back(m.gpu.get(), p);
-            stream_kv = KVLayer{params.kv_type, p, static_cast<uint8_t*>(p) + kv_bytes, alloc.n_blocks(),
-                                params.kv_block_size, hp.n_head_kv, hp.head_dim};
-        }
-    } catch (const std::exception& e) {
-        stream.reset();
-        if (m.params.verbose)
-            std::fprintf(stderr, "ember: prompt batches run the CPU blocks on the CPU (no GPU staging: %s)\n", e.what());
-    }
-}
-
-// Copies KV blocks [b0, b1) of the sequence (physical ids from the block table) between a host
-// layer and the GPU staging layer; runs of consecutive ids go as one copy.
-void ContextImpl::copy_kv_blocks(const KVLayer& from, KVLayer& to, int32_t b0, int32_t b1, bool to_gpu) {
-    Backend& gpu = *model->impl().gpu;
-    const std::vector<int32_t>& ids = table.blocks();
-    const size_t block_bytes = kv_block_bytes(from.type, from.block_size, (int64_t)from.n_head_kv * from.head_dim);
-    for (int32_t b = b0; b < b1;) {
-        int32_t e = b + 1;
-        while (e < b1 && ids[e] == ids[e - 1] + 1) ++e;
-        const size_t off = (size_t)ids[b] * block_bytes, bytes = (size_t)(e - b) * block_bytes;
-        for (int kv = 0; kv < 2; ++kv) {
-            const uint8_t* src = static_cast<const uint8_t*>(kv ? from.v : from.k) + off;
-            uint8_t* dst = static_cast<uint8_t*>(kv ? to.v : to.k) + off;
-            if (to_gpu) gpu.copy_from_host(dst, src, bytes);
-            else stream->copy_to_host_async(dst, src, bytes);
-        }
-        b = e;
-    }
-}
 
 Context::Context(std::shared_ptr<Model> model, const ContextParams& params) {
     if (params.n_ctx <= 0) fail("n_ctx must be positive, got ", params.n_ctx);
@@ -199,30 +146,28 @@ Context::Context(std::shared_ptr<Model> model, const ContextParams& params) {
     impl_ = std::make_unique<ContextImpl>(std::move(model), params, n_blocks);
     ContextImpl& c = *impl_;
     c.params.n_batch = std::min(params.n_batch, params.n_ctx);
-    const int n_threads = params.n_threads > 0 ? params.n_threads
-                                               : (int)std::max(1u, std::thread::hardware_concurrency());
-    auto cpu = std::make_unique<CpuBackend>(n_threads);
-    ThreadPool& pool = cpu->pool();
-    c.cpu = std::move(cpu);
+    BackendOptions opts;
+    opts.n_threads = params.n_threads > 0 ? params.n_threads : (int)std::max(1u, std::thread::hardware_concurrency());
+    c.cpu = make_backend("cpu", opts);
     const HParams& hp = m.hp;
     c.blocks.resize(hp.n_layer);
     for (int32_t l = 0; l < hp.n_layer; ++l)
-        c.blocks[l] = m.on_gpu[l] ? m.gpu_blocks[l] : prepare_block(*c.cpu, m.blocks[l]);
-    c.head = m.any_gpu() ? m.gpu_head : prepare_head(*c.cpu, *m.output, *m.output_norm);
+        c.blocks[l] = m.plan.block[l] == Device::gpu ? m.gpu_blocks[l] : prepare_block(*c.cpu, m.blocks[l]);
+    c.head = m.plan.head == Device::gpu ? m.gpu_head : prepare_head(*c.cpu, *m.output, *m.output_norm);
+    KVLayer geometry;
+    geometry.type = params.kv_type;
+    geometry.n_blocks = n_blocks;
+    geometry.block_size = params.kv_block_size;
+    geometry.n_head_kv = hp.n_head_kv;
+    geometry.head_dim = hp.head_dim;
     // EMBER_STREAM=0: CPU blocks stay on the CPU for every batch (diagnosis, comparisons).
     const char* stream_env = std::getenv("EMBER_STREAM");
-    if (m.any_gpu() && !(stream_env && std::string(stream_env) == "0") &&
-        std::find(m.on_gpu.begin(), m.on_gpu.end(), false) != m.on_gpu.end())
-        c.open_stream(pool);
-    c.kv.resize(hp.n_layer);
+    if (m.plan.any_gpu() && m.plan.any_cpu() && !(stream_env && std::string(stream_env) == "0"))
+        c.stream = StreamedOffload::open(m, c.blocks, *c.cpu, geometry);
+    c.kv.assign(hp.n_layer, geometry);
     for (int32_t l = 0; l < hp.n_layer; ++l) {
         KVLayer& kv = c.kv[l];
         Backend& be = *c.blocks[l].backend;
-        kv.n_blocks = n_blocks;
-        kv.block_size = params.kv_block_size;
-        kv.n_head_kv = hp.n_head_kv;
-        kv.head_dim = hp.head_dim;
-        kv.type = params.kv_type;
         const size_t bytes = c.kv_layer_bytes();
         for (void** p : {&kv.k, &kv.v}) {
             // A streamed block's host KV is pinned, so its copies run asynchronously at full speed.
@@ -241,8 +186,7 @@ Context::~Context() = default;
 void ContextImpl::forward(const int32_t* tokens, int32_t n, bool logits_all) {
     ModelImpl& m = model->impl();
     const HParams& hp = m.hp;
-    const int64_t E = hp.n_embd, QW = (int64_t)hp.n_head * hp.head_dim;
-    const int64_t KW = (int64_t)hp.n_head_kv * hp.head_dim;
+    const int64_t E = hp.n_embd;
 
     table.reserve_tokens(n_past + n);
     BatchInfo batch;
@@ -258,30 +202,41 @@ void ContextImpl::forward(const int32_t* tokens, int32_t n, bool logits_all) {
     // Embedding rows stay in host memory (token_embd may be the largest tensor).
     const TypeTraits& et = type_traits(m.tok_embd->type);
     const size_t erow = row_bytes(m.tok_embd->type, E);
-    for (int32_t i = 0; i < n; ++i) et.dequantize_row(m.tok_embd->data + (size_t)tokens[i] * erow, &embd[i * E], E);
+    const float embd_scale = m.arch->embd_scale(hp);
+    for (int32_t i = 0; i < n; ++i) {
+        float* row = &embd[i * E];
+        et.dequantize_row(m.tok_embd->data + (size_t)tokens[i] * erow, row, E);
+        if (embd_scale != 1.0f)
+            for (int64_t j = 0; j < E; ++j) row[j] *= embd_scale;
+    }
 
     Backend* cur = cpu.get();
     const int32_t first = logits_all ? 0 : n - 1;   // first token whose logits are kept
     bool replayed = false;                          // the device ops ran as a recorded graph
-    const float* x_src = embd.data();   // where the hidden state is before block 0
     Scratch* s = nullptr;
+    const float* pending = nullptr;   // the last block's output, still to be added to s->x
     std::vector<Backend*> seen;
-    const AttentionShape shape{hp.n_head, hp.n_head_kv, hp.head_dim, 1.0f / std::sqrt((float)hp.head_dim)};
-    // A streamed step runs CPU blocks on the GPU: block l reads staging set l % 2 while block
-    // l+1's weights upload into the other; its KV blocks go to stream_kv and the new ones come back.
-    const bool streamed = stream && n >= kStreamMinTokens;
-    std::vector<Weight> staged;   // the next streamed block's weights, already uploading
-    for (int32_t l = 0; l < hp.n_layer; ++l) {
-        const bool st = streamed && !m.on_gpu[l];
-        BlockWeights sw;
-        if (st) {
-            if (staged.empty()) staged = stream->upload(l % 2, l);
-            sw = m.stream_blocks[l];
-            sw.wq = staged[0], sw.wk = staged[1], sw.wv = staged[2], sw.wo = staged[3];
-            sw.w_gate = staged[4], sw.w_up = staged[5], sw.w_down = staged[6];
-            staged.clear();
+    // Moves the hidden state to `be` (through host memory), the pending addition done first.
+    auto move_to = [&](Backend& be, Scratch& next) {
+        if (!s) {
+            be.copy_from_host(next.x, embd.data(), n * E * sizeof(float));
+            return;
         }
-        const BlockWeights& w = st ? sw : blocks[l];
+        if (pending) cur->add(s->x, pending, n * E);
+        pending = nullptr;
+        if (be.is_host()) {
+            cur->copy_to_host(next.x, s->x, n * E * sizeof(float));
+        } else {
+            std::vector<float> tmp(n * E);
+            cur->copy_to_host(tmp.data(), s->x, tmp.size() * sizeof(float));
+            be.copy_from_host(next.x, tmp.data(), tmp.size() * sizeof(float));
+        }
+    };
+    const bool streamed = stream && n >= StreamedOffload::kMinTokens;
+    auto is_streamed = [&](int32_t l) { return streamed && m.plan.block[l] == Device::cpu; };
+    for (int32_t l = 0; l < hp.n_layer; ++l) {
+        const bool st = is_streamed(l);
+        const BlockWeights w = st ? stream->begin_block(l, kv[l], table.blocks(), n_past) : blocks[l];
         Backend& be = *w.backend;
         if (!s || s->be != &be) {
             Scratch& next = scratch_for(be);
@@ -289,16 +244,7 @@ void ContextImpl::forward(const int32_t* tokens, int32_t n, bool logits_all) {
                 be.set_batch(batch);
                 seen.push_back(&be);
             }
-            // Move the hidden state to this block's device (through host memory).
-            if (!s) {
-                be.copy_from_host(next.x, x_src, n * E * sizeof(float));
-            } else if (be.is_host()) {
-                cur->copy_to_host(next.x, s->x, n * E * sizeof(float));
-            } else {
-                std::vector<float> tmp(n * E);
-                cur->copy_to_host(tmp.data(), s->x, tmp.size() * sizeof(float));
-                be.copy_from_host(next.x, tmp.data(), tmp.size() * sizeof(float));
-            }
+            move_to(be, next);
             s = &next;
             cur = &be;
             // When this device runs every remaining block and the head, the rest of the step is
@@ -311,60 +257,26 @@ void ContextImpl::forward(const int32_t* tokens, int32_t n, bool logits_all) {
                 break;
             }
         }
-        if (st) stream->acquire(l % 2);
-        be.rmsnorm(s->x, w.attn_norm, n, (int32_t)E, hp.rms_eps, s->xn);
-        {
-            const Weight* qkv[3] = {&w.wq, &w.wk, &w.wv};
-            float* out[3] = {s->q, s->k, s->v};
-            be.matmul_many(qkv, out, 3, s->xn, n);
-        }
-        if (w.bq) be.add_bias(s->q, w.bq, n, (int32_t)QW);
-        if (w.bk) be.add_bias(s->k, w.bk, n, (int32_t)KW);
-        if (w.bv) be.add_bias(s->v, w.bv, n, (int32_t)KW);
-        // A streamed block attends in the GPU staging layer: positions [0, n_past) go in here (no
-        // fusable op is pending), the blocks holding the batch's positions come back out.
-        KVLayer& lkv = st ? stream_kv : kv[l];
-        const int32_t bs = kv[l].block_size;
-        if (st) copy_kv_blocks(kv[l], stream_kv, 0, (n_past + bs - 1) / bs, true);
-        be.rope(s->q, n, hp.n_head, hp.head_dim, hp.rope_base, hp.rope_neox);
-        be.rope(s->k, n, hp.n_head_kv, hp.head_dim, hp.rope_base, hp.rope_neox);
-        be.kv_store(lkv, s->k, s->v, n);
-        be.attention(lkv, s->q, n, shape, s->att);
-        if (st) copy_kv_blocks(stream_kv, kv[l], n_past / bs, (n_past + n - 1) / bs + 1, false);
-        be.matmul(w.wo, s->att, n, s->xn);
-        be.add(s->x, s->xn, n * E);
-        be.rmsnorm(s->x, w.ffn_norm, n, (int32_t)E, hp.rms_eps, s->xn);
-        {
-            const Weight* gate_up[2] = {&w.w_gate, &w.w_up};
-            float* out[2] = {s->gate, s->up};
-            be.matmul_many(gate_up, out, 2, s->xn, n);
-        }
-        be.swiglu(s->gate, s->up, n * hp.n_ff, s->gate);
-        be.matmul(w.w_down, s->gate, n, s->xn);
-        be.add(s->x, s->xn, n * E);
-        if (st) {
-            stream->release(l % 2);
-            if (l + 1 < hp.n_layer && !m.on_gpu[l + 1]) staged = stream->upload((l + 1) % 2, l + 1);
-        }
+        const BlockRun run{be, w, m.layers[l], hp, st ? stream->kv() : kv[l], s->buf, n, s->x, pending, s->out_a, s->out_b};
+        pending = m.arch->forward_block(run);
+        if (st) stream->end_block(l, kv[l], table.blocks(), n_past, n, l + 1 < hp.n_layer && is_streamed(l + 1));
     }
 
     // Head: the blocks' last device is the head's device whenever any block is on the GPU.
     Backend& hb = *head.backend;
     Scratch& hs = scratch_for(hb);
     if (&hb != cur) {
-        std::vector<float> tmp(n * E);
-        cur->copy_to_host(tmp.data(), s->x, tmp.size() * sizeof(float));
-        hb.copy_from_host(hs.x, tmp.data(), tmp.size() * sizeof(float));
+        move_to(hb, hs);
+        cur = &hb;
     }
     const int32_t rows = n - first;
     if (hs.logits_rows < rows) {
         hs.logits = alloc_floats(hb, (int64_t)rows * hp.n_vocab);
         hs.logits_rows = rows;
     }
-    if (!replayed) {
-        hb.rmsnorm(hs.x + first * E, head.output_norm, rows, (int32_t)E, hp.rms_eps, hs.xn);
-        hb.matmul(head.output, hs.xn, rows, hs.logits);
-    }
+    if (!replayed)
+        hb.norm_matmul(hs.x + first * E, pending ? pending + first * E : nullptr, head.output_norm, hp.rms_eps,
+                       head.output, rows, hs.buf.xn, hs.logits);
     hb.step_end();
     const size_t n_out = (size_t)rows * hp.n_vocab;
     hb.copy_to_host(logits.append(hb, n_out), hs.logits, n_out * sizeof(float));

@@ -1,24 +1,15 @@
-// Hyperparameters of the llama family from GGUF metadata ({arch}.block_count etc.).
-#include <set>
-
+// Hyperparameters from GGUF metadata: the keys every architecture has ({arch}.block_count etc.,
+// rope scaling), then the architecture's own (model/arch).
 #include "ember/status.h"
+#include "model/arch/arch.h"
 #include "model/model_impl.h"
 
 namespace ember {
 
-namespace {
-// Architectures the llama forward covers; the value says whether rope rotates halves (neox).
-bool arch_rope_neox(const std::string& arch, const std::string& path) {
-    if (arch == "llama" || arch == "mistral") return false;
-    if (arch == "qwen2") return true;
-    fail(path, ": unsupported architecture '", arch, "' (general.architecture); supported: llama, mistral, qwen2");
-}
-}  // namespace
-
 HParams read_hparams(const GGUFFile& f) {
     HParams hp;
     hp.arch = f.get_string("general.architecture");
-    hp.rope_neox = arch_rope_neox(hp.arch, f.path());
+    const Architecture& arch = find_architecture(hp.arch, f.path());
     const std::string a = hp.arch + ".";
     hp.n_layer = (int32_t)f.get_uint(a + "block_count");
     hp.n_embd = (int32_t)f.get_uint(a + "embedding_length");
@@ -32,12 +23,61 @@ HParams read_hparams(const GGUFFile& f) {
         fail(f.path(), ": hyperparameters must be positive (block_count ", hp.n_layer, ", embedding_length ",
              hp.n_embd, ", feed_forward_length ", hp.n_ff, ", head_count ", hp.n_head, ", head_count_kv ",
              hp.n_head_kv, ")");
-    if (hp.n_embd % hp.n_head != 0 || hp.n_head % hp.n_head_kv != 0)
+    if (hp.n_head % hp.n_head_kv != 0)
+        fail(f.path(), ": ", a, "attention.head_count ", hp.n_head, " must be a multiple of head_count_kv ",
+             hp.n_head_kv);
+    const bool own_head_dim = f.find(a + "attention.key_length") != nullptr;
+    if (!own_head_dim && hp.n_embd % hp.n_head != 0)
         fail(f.path(), ": ", a, "attention.head_count ", hp.n_head, " must divide embedding_length ", hp.n_embd,
-             " and be a multiple of head_count_kv ", hp.n_head_kv);
+             " (or the file must give attention.key_length)");
     hp.head_dim = (int32_t)f.get_uint(a + "attention.key_length", (uint64_t)(hp.n_embd / hp.n_head));
-    if (hp.head_dim % 2 != 0) fail(f.path(), ": head dimension ", hp.head_dim, " must be even for rope");
+    if (hp.head_dim <= 0 || hp.head_dim % 2 != 0)
+        fail(f.path(), ": head dimension ", hp.head_dim, " must be positive and even for rope");
+    const int64_t v_len = (int64_t)f.get_uint(a + "attention.value_length", (uint64_t)hp.head_dim);
+    if (v_len != hp.head_dim)
+        fail(f.path(), ": ", a, "attention.value_length ", v_len, " differs from key_length ", hp.head_dim,
+             "; ember needs equal key and value head sizes");
+
+    // Rope scaling. llama 3's comes as the rope_freqs.weight tensor (read with the tensors).
+    hp.rope_scaling = f.get_string(a + "rope.scaling.type", "none");
+    double factor = f.get_float(a + "rope.scaling.factor", 0.0);
+    if (factor == 0.0) factor = f.get_float(a + "rope.scale_linear", 0.0);
+    if (hp.rope_scaling == "linear" || hp.rope_scaling == "yarn") {
+        if (!(factor > 0.0))
+            fail(f.path(), ": ", a, "rope.scaling.type '", hp.rope_scaling, "' needs a positive ", a,
+                 "rope.scaling.factor, got ", factor);
+        hp.rope_freq_scale = (float)(1.0 / factor);
+    } else if (hp.rope_scaling != "none") {
+        fail(f.path(), ": ", a, "rope.scaling.type '", hp.rope_scaling, "' is not supported (none, linear, yarn)");
+    } else if (factor > 0.0) {
+        hp.rope_freq_scale = (float)(1.0 / factor);   // an old file's rope.scale_linear alone
+    }
+    hp.rope_n_ctx_orig = (int32_t)f.get_uint(a + "rope.scaling.original_context_length", (uint64_t)hp.n_ctx_train);
+    if (hp.rope_scaling == "yarn") {
+        hp.yarn_ext_factor = (float)f.get_float(a + "rope.scaling.yarn_ext_factor", 1.0);
+        hp.yarn_attn_factor = (float)f.get_float(a + "rope.scaling.attn_factor", 1.0);
+        hp.yarn_beta_fast = (float)f.get_float(a + "rope.scaling.yarn_beta_fast", 32.0);
+        hp.yarn_beta_slow = (float)f.get_float(a + "rope.scaling.yarn_beta_slow", 1.0);
+    }
+    arch.read_hparams(f, hp);
+    if (hp.swa_layer.empty()) hp.swa_layer.assign(hp.n_layer, false);
     return hp;
+}
+
+RopeParams model_rope(const HParams& hp, const std::vector<float>& freq_factors) {
+    RopeParams r;
+    r.base = hp.rope_base;
+    r.head_dim = hp.head_dim;
+    r.neox = hp.rope_neox;
+    r.freq_scale = hp.rope_freq_scale;
+    r.freq_factors = freq_factors;
+    if (hp.rope_scaling == "yarn") {
+        r.ext_factor = hp.yarn_ext_factor;
+        r.attn_factor = hp.yarn_attn_factor;
+        rope_yarn_corr_dims(hp.head_dim, hp.rope_n_ctx_orig, hp.rope_base, hp.yarn_beta_fast, hp.yarn_beta_slow,
+                            r.corr_lo, r.corr_hi);
+    }
+    return r;
 }
 
 }  // namespace ember

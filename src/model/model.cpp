@@ -1,7 +1,9 @@
 // Model::load: opens the GGUF, reads hyperparameters and the tokenizer, binds every block's
-// tensors (shape-checked) in place, and places blocks: the last n_gpu_layers on the GPU.
+// tensors (shape-checked, as its architecture lists them) in place, and places blocks as the
+// placement plan says.
 #include <cstdio>
 
+#include "backend/registry.h"
 #include "ember/status.h"
 #include "model/model_impl.h"
 
@@ -9,7 +11,7 @@ namespace ember {
 
 namespace {
 
-const GGUFTensor& bind(const GGUFFile& f, const std::string& name, std::vector<int64_t> ne) {
+const GGUFTensor& bind_tensor(const GGUFFile& f, const std::string& name, std::vector<int64_t> ne) {
     const GGUFTensor& t = f.tensor(name);
     if (t.ne != ne) {
         std::string want, got;
@@ -21,31 +23,26 @@ const GGUFTensor& bind(const GGUFFile& f, const std::string& name, std::vector<i
 }
 
 const GGUFTensor* bind_optional(const GGUFFile& f, const std::string& name, std::vector<int64_t> ne) {
-    return f.find_tensor(name) ? &bind(f, name, std::move(ne)) : nullptr;
+    return f.find_tensor(name) ? &bind_tensor(f, name, std::move(ne)) : nullptr;
 }
+
+
+bool is_matrix(const GGUFTensor& t) { return t.ne.size() >= 2; }
 
 }  // namespace
 
 BlockWeights prepare_block_vectors(Backend& be, const BlockTensors& t) {
     BlockWeights w;
     w.backend = &be;
-    w.attn_norm = be.prepare_vector(*t.attn_norm);
-    w.ffn_norm = be.prepare_vector(*t.ffn_norm);
-    if (t.bq) w.bq = be.prepare_vector(*t.bq);
-    if (t.bk) w.bk = be.prepare_vector(*t.bk);
-    if (t.bv) w.bv = be.prepare_vector(*t.bv);
+    for (int r = 0; r < kRoles; ++r)
+        if (t.t[r] && !is_matrix(*t.t[r])) w.vec[r] = be.prepare_vector(*t.t[r]);
     return w;
 }
 
 BlockWeights prepare_block(Backend& be, const BlockTensors& t) {
     BlockWeights w = prepare_block_vectors(be, t);
-    w.wq = be.prepare_weight(*t.wq);
-    w.wk = be.prepare_weight(*t.wk);
-    w.wv = be.prepare_weight(*t.wv);
-    w.wo = be.prepare_weight(*t.wo);
-    w.w_gate = be.prepare_weight(*t.w_gate);
-    w.w_up = be.prepare_weight(*t.w_up);
-    w.w_down = be.prepare_weight(*t.w_down);
+    for (int r = 0; r < kRoles; ++r)
+        if (t.t[r] && is_matrix(*t.t[r])) w.mat[r] = be.prepare_weight(*t.t[r]);
     return w;
 }
 
@@ -57,6 +54,23 @@ HeadWeights prepare_head(Backend& be, const GGUFTensor& output, const GGUFTensor
     return h;
 }
 
+namespace {
+
+// llama 3's per-pair frequency divisors (rope_freqs.weight, [head_dim / 2] f32), empty when absent.
+std::vector<float> read_freq_factors(const GGUFFile& f, const HParams& hp) {
+    const GGUFTensor* t = f.find_tensor("rope_freqs.weight");
+    if (!t) return {};
+    const int64_t n = hp.head_dim / 2;
+    if (t->ne != std::vector<int64_t>{n} || t->type != GGMLType::F32)
+        fail(f.path(), ": tensor 'rope_freqs.weight' must be F32 [", n, "] (head_dim / 2)");
+    const float* v = reinterpret_cast<const float*>(t->data);
+    for (int64_t i = 0; i < n; ++i)
+        if (!(v[i] > 0.0f)) fail(f.path(), ": rope_freqs.weight[", i, "] is ", v[i], ", must be positive");
+    return std::vector<float>(v, v + n);
+}
+
+}  // namespace
+
 std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& params) {
     std::shared_ptr<Model> model(new Model());
     model->impl_ = std::make_unique<ModelImpl>();
@@ -66,10 +80,10 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& p
     const GGUFFile& f = *m.file;
     m.hp = read_hparams(f);
     HParams& hp = m.hp;
+    m.arch = &find_architecture(hp.arch, path);
     m.tokenizer = Tokenizer::from_gguf(f);
 
-    const int64_t E = hp.n_embd, F = hp.n_ff, D = hp.head_dim;
-    const int64_t QW = hp.n_head * D, KW = hp.n_head_kv * D;
+    const int64_t E = hp.n_embd;
     m.tok_embd = &f.tensor("token_embd.weight");
     if (m.tok_embd->ne.size() != 2 || m.tok_embd->ne[0] != E)
         fail(path, ": tensor 'token_embd.weight' must be [", E, ", n_vocab]");
@@ -77,56 +91,48 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& p
     if (hp.n_vocab != m.tokenizer->n_vocab())
         fail(path, ": token_embd.weight has ", hp.n_vocab, " rows but the tokenizer has ",
              m.tokenizer->n_vocab(), " tokens");
-    m.output_norm = &bind(f, "output_norm.weight", {E});
+    m.output_norm = &bind_tensor(f, "output_norm.weight", {E});
     m.output = bind_optional(f, "output.weight", {E, hp.n_vocab});
     hp.tied_output = m.output == nullptr;
     if (hp.tied_output) m.output = m.tok_embd;
 
+    const RopeParams rope = model_rope(hp, read_freq_factors(f, hp));
+    const std::vector<TensorSpec> specs = m.arch->block_tensors(hp);
     for (int32_t l = 0; l < hp.n_layer; ++l) {
         const std::string p = "blk." + std::to_string(l) + ".";
         BlockTensors b;
-        b.attn_norm = &bind(f, p + "attn_norm.weight", {E});
-        b.wq = &bind(f, p + "attn_q.weight", {E, QW});
-        b.wk = &bind(f, p + "attn_k.weight", {E, KW});
-        b.wv = &bind(f, p + "attn_v.weight", {E, KW});
-        b.wo = &bind(f, p + "attn_output.weight", {QW, E});
-        b.bq = bind_optional(f, p + "attn_q.bias", {QW});
-        b.bk = bind_optional(f, p + "attn_k.bias", {KW});
-        b.bv = bind_optional(f, p + "attn_v.bias", {KW});
-        b.ffn_norm = &bind(f, p + "ffn_norm.weight", {E});
-        b.w_gate = &bind(f, p + "ffn_gate.weight", {E, F});
-        b.w_up = &bind(f, p + "ffn_up.weight", {E, F});
-        b.w_down = &bind(f, p + "ffn_down.weight", {F, E});
+        for (const TensorSpec& s : specs)
+            b.t[static_cast<int>(s.role)] = s.optional ? bind_optional(f, p + s.name, s.shape) : &bind_tensor(f, p + s.name, s.shape);
         m.blocks.push_back(b);
+        m.layers.push_back(m.arch->layer_config(hp, l, rope));
     }
 
-    const int32_t n_gpu = params.n_gpu_layers < 0 ? hp.n_layer : std::min(params.n_gpu_layers, hp.n_layer);
-    m.on_gpu.assign(hp.n_layer, false);
-    for (int32_t l = hp.n_layer - n_gpu; l < hp.n_layer; ++l) m.on_gpu[l] = true;
+    m.plan = plan_placement(hp.n_layer, params.n_gpu_layers);
     m.gpu_blocks.resize(hp.n_layer);
     m.stream_blocks.resize(hp.n_layer);
-    if (n_gpu > 0) {
-        m.gpu = make_cuda_backend(params.main_gpu);
+    if (m.plan.any_gpu()) {
+        BackendOptions opts;
+        opts.device = params.main_gpu;
+        m.gpu = make_backend("cuda", opts);
         for (int32_t l = 0; l < hp.n_layer; ++l) {
-            if (m.on_gpu[l]) m.gpu_blocks[l] = prepare_block(*m.gpu, m.blocks[l]);
+            if (m.plan.block[l] == Device::gpu) m.gpu_blocks[l] = prepare_block(*m.gpu, m.blocks[l]);
             else m.stream_blocks[l] = prepare_block_vectors(*m.gpu, m.blocks[l]);
         }
-        // The head follows the blocks onto the GPU (llama.cpp leaves it on the CPU, a known trap).
         m.gpu_head = prepare_head(*m.gpu, *m.output, *m.output_norm);
         m.gpu->synchronize();
     }
     if (!params.use_mmap) {
         // CPU blocks (and a CPU head) read their matrices from a huge-page copy instead of the mapping.
         std::vector<const GGUFTensor*> host;
-        for (int32_t l = 0; l < hp.n_layer; ++l) {
-            const BlockTensors& b = m.blocks[l];
-            if (!m.on_gpu[l]) host.insert(host.end(), {b.wq, b.wk, b.wv, b.wo, b.w_gate, b.w_up, b.w_down});
-        }
-        if (!m.any_gpu()) host.push_back(m.output);
+        for (int32_t l = 0; l < hp.n_layer; ++l)
+            if (m.plan.block[l] == Device::cpu)
+                for (const GGUFTensor* t : m.blocks[l].t)
+                    if (t && is_matrix(*t)) host.push_back(t);
+        if (m.plan.head == Device::cpu) host.push_back(m.output);
         m.host_weights = std::make_unique<HostWeights>(host);
         for (BlockTensors& b : m.blocks)
-            for (const GGUFTensor** t : {&b.wq, &b.wk, &b.wv, &b.wo, &b.w_gate, &b.w_up, &b.w_down})
-                *t = m.host_weights->find(*t);
+            for (const GGUFTensor*& t : b.t)
+                if (t && is_matrix(*t)) t = m.host_weights->find(t);
         m.output = m.host_weights->find(m.output);
         if (params.verbose)
             std::fprintf(stderr, "ember: %s: %.1f MiB of CPU weights copied to host memory (%s)\n", path.c_str(),
@@ -135,8 +141,8 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& p
     }
     if (params.verbose)
         std::fprintf(stderr, "ember: %s: arch %s, %d blocks (%d on GPU), n_embd %d, n_head %d/%d, vocab %d\n",
-                     path.c_str(), hp.arch.c_str(), hp.n_layer, n_gpu, hp.n_embd, hp.n_head, hp.n_head_kv,
-                     hp.n_vocab);
+                     path.c_str(), hp.arch.c_str(), hp.n_layer, m.plan.n_gpu_blocks, hp.n_embd, hp.n_head,
+                     hp.n_head_kv, hp.n_vocab);
     return model;
 }
 

@@ -1,0 +1,85 @@
+// What an architecture is to the rest of ember: its hyperparameter keys, the tensors of a block
+// (by role, optional ones marked), each layer's rope and attention shape, and its block forward
+// over the backend contract. One file per architecture implements this (llama.cpp, qwen2.cpp, ...)
+// and registry.cpp maps general.architecture names to them.
+#pragma once
+#include <array>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "ember/model.h"
+
+namespace ember {
+
+// The roles a block's tensors play. Matrices (2-D) become Weights, vectors (1-D) float arrays.
+enum class Role : int {
+    attn_norm, wq, wk, wv, wo, bq, bk, bv, q_norm, k_norm, post_attn_norm,
+    ffn_norm, gate, up, down, post_ffn_norm,
+    count
+};
+constexpr int kRoles = static_cast<int>(Role::count);
+
+struct TensorSpec {
+    Role role;
+    const char* name;             // after "blk.N.", e.g. "attn_q.weight"
+    std::vector<int64_t> shape;   // GGUF ne order: [n_in, n_out] for matrices
+    bool optional = false;
+};
+
+// A block's GGUF tensors (null where an optional one is absent).
+struct BlockTensors {
+    std::array<const GGUFTensor*, kRoles> t{};
+    const GGUFTensor* operator[](Role r) const { return t[static_cast<int>(r)]; }
+};
+
+// A block's tensors as one backend sees them.
+struct BlockWeights {
+    Backend* backend = nullptr;
+    std::array<Weight, kRoles> mat{};
+    std::array<const float*, kRoles> vec{};
+    const Weight* m(Role r) const { return &mat[static_cast<int>(r)]; }
+    const float* v(Role r) const { return vec[static_cast<int>(r)]; }
+};
+
+// How one layer attends: its rope and its attention shape (scale, sliding window).
+struct LayerConfig {
+    RopeParams rope;
+    AttentionShape shape{};
+};
+
+// One block's run: the hidden state x [n_tok][n_embd] with the previous block's output still to
+// be added (residual, null for none), two [n_tok][n_embd] buffers the block may write, and the
+// scratch of the fused ops. A block returns its own output, which becomes the next residual.
+struct BlockRun {
+    Backend& be;
+    const BlockWeights& w;
+    const LayerConfig& cfg;
+    const HParams& hp;
+    KVLayer& kv;
+    const BlockBuffers& buf;
+    int32_t n_tok;
+    float* x;
+    const float* residual;
+    float* out_a;
+    float* out_b;
+};
+
+class Architecture {
+public:
+    virtual ~Architecture() = default;
+    // Reads the architecture's own keys after the common ones (ember reads those for all).
+    virtual void read_hparams(const GGUFFile& f, HParams& hp) const { (void)f, (void)hp; }
+    virtual std::vector<TensorSpec> block_tensors(const HParams& hp) const = 0;
+    // Factor the embedding rows are scaled by before block 0.
+    virtual float embd_scale(const HParams& hp) const { (void)hp; return 1.0f; }
+    // Layer l's rope and attention; `rope` is the model's rope (base, scaling, frequency factors).
+    virtual LayerConfig layer_config(const HParams& hp, int32_t l, const RopeParams& rope) const;
+    // Runs the block on r.be; returns its output (r.out_a or r.out_b), still to be added to x.
+    virtual const float* forward_block(const BlockRun& r) const = 0;
+};
+
+// The architecture of general.architecture `name`; throws naming the file and the ones supported.
+const Architecture& find_architecture(const std::string& name, const std::string& path);
+
+}  // namespace ember

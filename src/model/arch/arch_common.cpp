@@ -1,0 +1,70 @@
+// The pre-norm llama block (Llama, Mistral, Qwen2, Qwen3) and the weight views the fused ops take.
+#include "model/arch/arch_common.h"
+
+#include <cmath>
+
+namespace ember {
+
+std::vector<TensorSpec> llama_block_tensors(const HParams& hp, bool biases, bool qk_norm) {
+    const int64_t E = hp.n_embd, F = hp.n_ff, D = hp.head_dim;
+    const int64_t QW = (int64_t)hp.n_head * D, KW = (int64_t)hp.n_head_kv * D;
+    std::vector<TensorSpec> t = {
+        {Role::attn_norm, "attn_norm.weight", {E}},
+        {Role::wq, "attn_q.weight", {E, QW}},
+        {Role::wk, "attn_k.weight", {E, KW}},
+        {Role::wv, "attn_v.weight", {E, KW}},
+        {Role::wo, "attn_output.weight", {QW, E}},
+        {Role::ffn_norm, "ffn_norm.weight", {E}},
+        {Role::gate, "ffn_gate.weight", {E, F}},
+        {Role::up, "ffn_up.weight", {E, F}},
+        {Role::down, "ffn_down.weight", {F, E}},
+    };
+    if (biases) {
+        t.push_back({Role::bq, "attn_q.bias", {QW}, true});
+        t.push_back({Role::bk, "attn_k.bias", {KW}, true});
+        t.push_back({Role::bv, "attn_v.bias", {KW}, true});
+    }
+    if (qk_norm) {
+        t.push_back({Role::q_norm, "attn_q_norm.weight", {D}});
+        t.push_back({Role::k_norm, "attn_k_norm.weight", {D}});
+    }
+    return t;
+}
+
+LayerConfig Architecture::layer_config(const HParams& hp, int32_t l, const RopeParams& rope) const {
+    (void)l;
+    LayerConfig c;
+    c.rope = rope;
+    c.shape = AttentionShape{hp.n_head, hp.n_head_kv, hp.head_dim, 1.0f / std::sqrt((float)hp.head_dim), 0};
+    return c;
+}
+
+AttnInWeights attn_in_weights(const BlockRun& r) {
+    AttnInWeights a;
+    a.norm = r.w.v(Role::attn_norm);
+    a.eps = r.hp.rms_eps;
+    a.wq = r.w.m(Role::wq), a.wk = r.w.m(Role::wk), a.wv = r.w.m(Role::wv);
+    a.bq = r.w.v(Role::bq), a.bk = r.w.v(Role::bk), a.bv = r.w.v(Role::bv);
+    a.q_norm = r.w.v(Role::q_norm), a.k_norm = r.w.v(Role::k_norm);
+    a.n_head = r.hp.n_head, a.n_head_kv = r.hp.n_head_kv, a.head_dim = r.hp.head_dim;
+    a.rope = &r.cfg.rope;
+    return a;
+}
+
+FfnWeights ffn_weights(const BlockRun& r, Activation act) {
+    FfnWeights f;
+    f.norm = r.w.v(Role::ffn_norm);
+    f.eps = r.hp.rms_eps;
+    f.gate = r.w.m(Role::gate), f.up = r.w.m(Role::up), f.down = r.w.m(Role::down);
+    f.act = act;
+    return f;
+}
+
+const float* pre_norm_block(const BlockRun& r, Activation act) {
+    r.be.attn_in(attn_in_weights(r), r.x, r.residual, r.n_tok, r.kv, r.buf);
+    r.be.attn_out(r.kv, r.cfg.shape, *r.w.m(Role::wo), r.n_tok, r.buf, r.out_a);
+    r.be.ffn(ffn_weights(r, act), r.x, r.out_a, r.n_tok, r.buf, r.out_b);
+    return r.out_b;
+}
+
+}  // namespace ember

@@ -1,0 +1,64 @@
+// Gemma 3: embeddings scaled by sqrt(n_embd); q/k RMSNorm; RMSNorms after attention and after
+// the feed-forward as well as before; GeLU(tanh)-gated feed-forward; neox rope; local layers
+// with a sliding window and a rope base of their own, every `pattern`-th layer global; tied head.
+// GGUF conventions are llama.cpp's (norm weights stored as 1 + w).
+#include <cmath>
+
+#include "ember/status.h"
+#include "model/arch/arch_common.h"
+
+namespace ember {
+
+class Gemma3Arch final : public Architecture {
+public:
+    void read_hparams(const GGUFFile& f, HParams& hp) const override {
+        hp.rope_neox = true;
+        hp.n_swa = (int32_t)f.get_uint("gemma3.attention.sliding_window", 0);
+        // llama.cpp's gemma3: five local layers, then one global, unless the file says otherwise.
+        const int64_t pattern = (int64_t)f.get_uint("gemma3.attention.sliding_window_pattern", 6);
+        if (pattern <= 0) fail(f.path(), ": gemma3.attention.sliding_window_pattern must be positive, got ", pattern);
+        hp.rope_base_swa = (float)f.get_float("gemma3.rope.freq_base_swa", 10000.0);
+        hp.swa_layer.assign(hp.n_layer, false);
+        if (hp.n_swa > 0)
+            for (int32_t l = 0; l < hp.n_layer; ++l) hp.swa_layer[l] = l % pattern < pattern - 1;
+    }
+    std::vector<TensorSpec> block_tensors(const HParams& hp) const override {
+        std::vector<TensorSpec> t = llama_block_tensors(hp, /*biases=*/false, /*qk_norm=*/true);
+        t.push_back({Role::post_attn_norm, "post_attention_norm.weight", {hp.n_embd}});
+        t.push_back({Role::post_ffn_norm, "post_ffw_norm.weight", {hp.n_embd}});
+        return t;
+    }
+    float embd_scale(const HParams& hp) const override { return std::sqrt((float)hp.n_embd); }
+    LayerConfig layer_config(const HParams& hp, int32_t l, const RopeParams& rope) const override {
+        LayerConfig c = Architecture::layer_config(hp, l, rope);
+        // llama.cpp's rule: the 27B model (62 layers) scales queries by n_embd / n_head, the
+        // others by the head dimension (HF's query_pre_attn_scalar in each released config).
+        if (hp.n_layer == 62) c.shape.scale = 1.0f / std::sqrt((float)(hp.n_embd / hp.n_head));
+        if (hp.swa_layer[l]) {
+            c.shape.window = hp.n_swa;
+            // Local layers rotate at their own base and without the global layers' scaling.
+            c.rope = RopeParams{};
+            c.rope.base = hp.rope_base_swa;
+            c.rope.head_dim = rope.head_dim;
+            c.rope.neox = rope.neox;
+        }
+        return c;
+    }
+    const float* forward_block(const BlockRun& r) const override {
+        const int32_t n = r.n_tok, E = r.hp.n_embd;
+        const float eps = r.hp.rms_eps;
+        r.be.attn_in(attn_in_weights(r), r.x, r.residual, n, r.kv, r.buf);
+        r.be.attn_out(r.kv, r.cfg.shape, *r.w.m(Role::wo), n, r.buf, r.out_a);
+        r.be.rmsnorm(r.out_a, r.w.v(Role::post_attn_norm), n, E, eps, r.out_b);
+        r.be.ffn(ffn_weights(r, Activation::GeLUTanh), r.x, r.out_b, n, r.buf, r.out_a);
+        r.be.rmsnorm(r.out_a, r.w.v(Role::post_ffn_norm), n, E, eps, r.out_b);
+        return r.out_b;
+    }
+};
+
+const Architecture& gemma3_architecture() {
+    static const Gemma3Arch arch;
+    return arch;
+}
+
+}  // namespace ember

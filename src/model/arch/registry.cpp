@@ -1,0 +1,37 @@
+// general.architecture -> Architecture: one row per supported name.
+#include <string>
+
+#include "ember/status.h"
+#include "model/arch/arch.h"
+
+namespace ember {
+
+const Architecture& llama_architecture();
+const Architecture& qwen2_architecture();
+const Architecture& qwen3_architecture();
+const Architecture& gemma3_architecture();
+
+namespace {
+struct Entry {
+    const char* name;
+    const Architecture& (*get)();
+};
+const Entry kArchitectures[] = {
+    {"llama", &llama_architecture},
+    {"mistral", &llama_architecture},
+    {"qwen2", &qwen2_architecture},
+    {"qwen3", &qwen3_architecture},
+    {"gemma3", &gemma3_architecture},
+};
+}  // namespace
+
+const Architecture& find_architecture(const std::string& name, const std::string& path) {
+    std::string names;
+    for (const Entry& e : kArchitectures) {
+        if (name == e.name) return e.get();
+        names += (names.empty() ? "" : ", ") + std::string(e.name);
+    }
+    fail(path, ": unsupported architecture '", name, "' (general.architecture); supported: ", names);
+}
+
+}  // namespace ember
