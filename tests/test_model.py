@@ -180,11 +180,9 @@ def test_missing_or_misshapen_tensor_is_named(smollm2_path, tmp_path):
 
 
 def test_gpu_layers_without_cuda(smollm2_path):
-    try:
-        _ember.Backend("cuda")
-    except ValueError as e:
-        with pytest.raises(ValueError, match="n_gpu_layers"):
-            _ember.Model(smollm2_path, n_gpu_layers=4)
-        assert "CUDA" in str(e) or "cuda" in str(e)
+    assert "cpu" in _ember.backends()
+    if "cuda" in _ember.backends():
+        print("CUDA backend present: the without-CUDA error path is not reachable in this build")
         return
-    print("CUDA backend present: the without-CUDA error path is not reachable in this build")
+    with pytest.raises(ValueError, match="n_gpu_layers.*CUDA"):
+        _ember.Model(smollm2_path, n_gpu_layers=4)

@@ -7,6 +7,7 @@
 
 #include <cstring>
 
+#include "backend/registry.h"
 #include "ember/model.h"
 #include "ember/status.h"
 #include "kv_type_arg.h"
@@ -27,6 +28,7 @@ nb::ndarray<nb::numpy, float> copy_rows(const float* src, size_t rows, size_t co
 }  // namespace
 
 void bind_model(nb::module_& m) {
+    m.def("backends", &backend_names, "Names of the backends built into this ember (\"cpu\", \"cuda\").");
     nb::class_<Model>(m, "Model")
         .def(nb::new_([](const std::string& path, int n_gpu_layers, int main_gpu, bool use_mmap, bool verbose) {
                  ModelParams p;
