@@ -59,13 +59,14 @@ def bpe_tokenizer(out_dir, vocab_size=400):
     return hf
 
 
-def spm_tokenizer(out_dir, vocab_size=400, keep_model=True):
+def spm_tokenizer(out_dir, vocab_size=400, keep_model=True, add_dummy_prefix=True):
     """A SentencePiece BPE model with byte fallback, saved with transformers' LlamaTokenizer
     (tokenizer.json + tokenizer_config.json; keep_model=False drops tokenizer.model so only the
     HF files describe it). Identity normalization: llama.cpp's SentencePiece tokenizer does not
     collapse whitespace. Returns (LlamaTokenizer, transformers' SentencePiece-backed tokenizer).
     The second is the reference: the tokenizers-based LlamaTokenizer skips the dummy prefix when
-    the text already starts with a space, unlike SentencePiece itself (and llama.cpp)."""
+    the text already starts with a space, unlike SentencePiece itself (and llama.cpp).
+    add_dummy_prefix=False trains a model like Gemma's, which adds no space before the text."""
     import sentencepiece as spm
     from transformers import LlamaTokenizer
     from transformers.tokenization_utils_sentencepiece import SentencePieceBackend
@@ -78,7 +79,8 @@ def spm_tokenizer(out_dir, vocab_size=400, keep_model=True):
     spm.SentencePieceTrainer.train(
         input=corpus, model_prefix=prefix, vocab_size=vocab_size, model_type="bpe", byte_fallback=True,
         character_coverage=1.0, normalization_rule_name="identity", remove_extra_whitespaces=False,
-        split_digits=True, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
+        split_digits=True, add_dummy_prefix=add_dummy_prefix, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+        minloglevel=2)
     os.remove(corpus)
     os.remove(prefix + ".vocab")
     model_path = os.path.join(out_dir, "tokenizer.model")
@@ -108,24 +110,32 @@ def _randomize_(model, seed):
 
 
 def tiny_model(out_dir, arch, vocab_size, tied=False, shard=False, dtype="float32", seed=0, **overrides):
-    """A 2-layer, hidden-64 random model of arch ("llama", "mistral", "qwen2") saved as safetensors
-    (sharded into several files when shard). Returns the model in float32 with exactly the
-    weights that were saved (rounded to dtype), as the reference."""
+    """A small random model of arch ("llama", "mistral", "qwen2", "qwen3", "gemma3"; 2 layers of
+    hidden 64 unless overridden) saved as safetensors (sharded into several files when shard).
+    Returns the model in float32 with exactly the weights that were saved (rounded to dtype), as
+    the reference."""
     import torch
-    from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
-                              Qwen2Config, Qwen2ForCausalLM)
+    from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, MistralConfig,
+                              MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
     classes = {"llama": (LlamaConfig, LlamaForCausalLM), "mistral": (MistralConfig, MistralForCausalLM),
-               "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
+               "qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+               "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM)}
     config_cls, model_cls = classes[arch]
     kw = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
               rms_norm_eps=1e-5, tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2)
-    if arch in ("llama", "mistral"):
+    if arch in ("llama", "mistral") and "rope_parameters" not in overrides:
         kw["rope_theta"] = 50000.0
+    if arch == "gemma3":
+        # query_pre_attn_scalar = head_dim: the attention scale llama.cpp's gemma3 assumes.
+        kw.update(head_dim=16, query_pre_attn_scalar=16, pad_token_id=0)
     kw.update(overrides)
     torch.manual_seed(seed)
-    model = model_cls(config_cls(**kw)).eval()
+    model = model_cls(config_cls(**kw))
+    if arch == "gemma3":
+        model.config._attn_implementation = "eager"   # the implementation Gemma's authors recommend
+    model.eval()
     _randomize_(model, seed)
     torch_dtype = getattr(torch, dtype)
     with torch.no_grad():

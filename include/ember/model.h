@@ -40,6 +40,7 @@ struct HParams {
     int32_t n_swa = 0;
     float rope_base_swa = 10000.0f;
     std::vector<bool> swa_layer;
+    float attn_scale = 0.0f;    // > 0: the file's query scale ({arch}.attention.scale), else 1/sqrt(head_dim)
 };
 
 struct ModelImpl;

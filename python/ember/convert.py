@@ -79,11 +79,12 @@ def convert(model_dir, out_path, outtype="f16", name=None, pre=None, progress=Tr
     except ValueError as e:
         raise ConvertError(f"{config_path}: malformed JSON ({e})") from None
 
-    _, spec = arch_of(config, config_path)
-    hp = read_hparams(config, spec, config_path)
+    _, spec, text_config = arch_of(config, config_path)
+    hp = read_hparams(text_config, spec, config_path)
     checkpoint = Checkpoint(model_dir)
     plans = plan_tensors(spec, hp, checkpoint)
-    vocab = load_vocab(model_dir, config, pre)
+    # Special token ids may sit at the top level of a multimodal config, the vocab size in its text part.
+    vocab = load_vocab(model_dir, {**config, **text_config}, pre)
 
     writer = gguf.GGUFWriter(out_path, spec.gguf_arch)
     try:
@@ -91,7 +92,7 @@ def convert(model_dir, out_path, outtype="f16", name=None, pre=None, progress=Tr
         writer.add_type("model")
         writer.add_file_type(getattr(gguf.LlamaFileType, OUTTYPES[outtype][1]).value)
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-        add_hparams(writer, hp)
+        add_hparams(writer, spec, hp)
         add_vocab(writer, vocab)
         types = []
         for p in plans:

@@ -1,44 +1,55 @@
 """Architectures ember-convert knows: HF config.json -> GGUF hyperparameter keys, and HF tensor
-names/shapes -> GGUF tensor names, with the Q/K row permutation GGUF's "llama" layout expects."""
+names/shapes -> GGUF tensor names, as llama.cpp's converter writes them: the Q/K row permutation
+of GGUF's "llama" layout, Gemma's norm weights stored as 1 + w, llama 3's rope_freqs tensor."""
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 
 from .convert_error import ConvertError
+from .convert_rope import Rope, add_rope_scaling, llama3_rope_divisors, read_rope, split_rope_params
 
 
 @dataclass(frozen=True)
 class ArchSpec:
     gguf_arch: str
-    permute_qk: bool     # llama's rope rotates adjacent pairs; HF stores Q/K rows in halves
-    qkv_bias: bool       # Qwen2 has Q/K/V biases
+    permute_qk: bool = False   # llama's rope rotates adjacent pairs; HF stores Q/K rows in halves
+    qkv_bias: bool = False     # Qwen2 has Q/K/V biases
+    qk_norm: bool = False      # per-head RMSNorm of Q and K (Qwen3, Gemma 3)
+    gemma: bool = False        # Gemma 3: norms around attention and FFN, (1 + w) norms, tied head
+    act: str = "silu"
+    rope_scalings: tuple = ("linear", "yarn")
+    multimodal: bool = False   # the text model sits under a language-model prefix
+    defaults: dict = field(default_factory=dict)   # config values transformers fills in when absent
 
 
+# Gemma3TextConfig's defaults: released checkpoints leave many of these out of config.json.
+_GEMMA3_DEFAULTS = {
+    "vocab_size": 262208, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 131072, "rms_norm_eps": 1e-6,
+    "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0, "query_pre_attn_scalar": 256,
+    "sliding_window": 4096, "tie_word_embeddings": True,
+}
+_LLAMA = ArchSpec("llama", permute_qk=True, rope_scalings=("linear", "yarn", "llama3"))
+_GEMMA3 = dict(qk_norm=True, gemma=True, act="gelu_pytorch_tanh", rope_scalings=("linear",),
+               defaults=_GEMMA3_DEFAULTS)
 ARCHS = {
-    "LlamaForCausalLM": ArchSpec("llama", permute_qk=True, qkv_bias=False),
-    "MistralForCausalLM": ArchSpec("llama", permute_qk=True, qkv_bias=False),
-    "Qwen2ForCausalLM": ArchSpec("qwen2", permute_qk=False, qkv_bias=True),
+    "LlamaForCausalLM": _LLAMA,
+    "MistralForCausalLM": _LLAMA,
+    "Qwen2ForCausalLM": ArchSpec("qwen2", qkv_bias=True),
+    "Qwen3ForCausalLM": ArchSpec("qwen3", qk_norm=True),
+    "Gemma3ForCausalLM": ArchSpec("gemma3", **_GEMMA3),
+    "Gemma3ForConditionalGeneration": ArchSpec("gemma3", multimodal=True, **_GEMMA3),
 }
 
-# Per-layer HF suffix -> GGUF suffix.
-_LAYER_MAP = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.bias": "attn_v.bias",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 # Buffers some checkpoints carry that the forward recomputes.
 _IGNORED_RE = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
+# Where multimodal checkpoints keep the language model (transformers >= 4.52, then older), and
+# the parts of them that are not the language model.
+_MM_TEXT_PREFIXES = ("model.language_model.", "language_model.model.")
+_MM_OTHER_RE = re.compile(r"^(model\.)?(vision_tower|multi_modal_projector)\.|^(language_model\.)?lm_head\.weight$")
 
 
 @dataclass
@@ -52,64 +63,152 @@ class Hparams:
     head_dim: int
     n_ctx: int
     rms_eps: float
-    rope_base: float
+    rope: Rope
     tied: bool
+    rope_base_swa: Optional[float] = None
+    n_swa: int = 0
+    swa_pattern: object = None     # None: llama.cpp's default; int period; or a bool per layer
+    final_softcap: Optional[float] = None
+    attn_scale: Optional[float] = None
 
 
 @dataclass
 class TensorPlan:
-    hf_name: str
+    hf_name: str          # the checkpoint's name; None for a tensor computed from the config
     gguf_name: str
     shape: tuple          # numpy (HF) order: rows first
-    permute_heads: int    # > 0: apply the llama Q/K permutation with this many heads
+    permute_heads: int = 0     # > 0: apply the llama Q/K permutation with this many heads
+    shift: float = 0.0         # added to every element (Gemma's 1 + w norms)
+    data: Optional[np.ndarray] = None
 
 
 def _need(config, key, path):
-    if key not in config:
+    if config.get(key) is None:
         raise ConvertError(f"{path}: missing key '{key}'")
     return config[key]
 
 
+def _int(config, key, path, default=None):
+    value = config.get(key)
+    if value is None:
+        if default is None:
+            raise ConvertError(f"{path}: missing key '{key}'")
+        value = default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+        raise ConvertError(f"{path}: '{key}' must be an integer, got {value!r}")
+    if value <= 0:
+        raise ConvertError(f"{path}: '{key}' must be positive, got {value!r}")
+    return int(value)
+
+
 def arch_of(config, path):
+    """(HF architecture name, spec, the config the text model is described by)."""
     archs = config.get("architectures") or []
     if not archs:
         raise ConvertError(f"{path}: no 'architectures' entry")
     name = archs[0]
     if name not in ARCHS:
         raise ConvertError(f"unsupported architecture {name} (supported: {', '.join(ARCHS)})")
-    return name, ARCHS[name]
+    spec = ARCHS[name]
+    text = config
+    if spec.multimodal:
+        if not isinstance(config.get("text_config"), dict):
+            raise ConvertError(f"{path}: {name} without a 'text_config' object")
+        text = config["text_config"]
+    return name, spec, {**spec.defaults, **text}
+
+
+def _gemma3_layer_types(config, n_layer, path):
+    types = config.get("layer_types")
+    if types is None:
+        period = config.get("sliding_window_pattern", config.get("_sliding_window_pattern", 6))
+        if not isinstance(period, int) or period <= 0:
+            raise ConvertError(f"{path}: 'sliding_window_pattern' must be a positive integer, got {period!r}")
+        return [(i + 1) % period != 0 for i in range(n_layer)]
+    if len(types) != n_layer:
+        raise ConvertError(f"{path}: 'layer_types' has {len(types)} entries, expected num_hidden_layers={n_layer}")
+    for t in types:
+        if t not in ("sliding_attention", "full_attention"):
+            raise ConvertError(f"{path}: unknown layer type {t!r} in 'layer_types'")
+    return [t == "sliding_attention" for t in types]
+
+
+def _swa_pattern(sliding):
+    """None when llama.cpp's gemma3 default (five local layers, then one global) holds; else the
+    period p (layer i local iff i % p < p - 1) when there is one, else the per-layer list."""
+    n = len(sliding)
+    if sliding == [i % 6 < 5 for i in range(n)]:
+        return None
+    for period in range(1, n + 2):
+        if sliding == [i % period < period - 1 for i in range(n)]:
+            return period
+    return list(sliding)
+
+
+def _read_gemma3(config, hp, path):
+    if config.get("attn_logit_softcapping") is not None:
+        raise ConvertError(f"{path}: attn_logit_softcapping is not supported for gemma3")
+    if config.get("use_bidirectional_attention"):
+        raise ConvertError(f"{path}: use_bidirectional_attention=true is not supported for gemma3")
+    if not hp.tied:
+        raise ConvertError(f"{path}: tie_word_embeddings=false is not supported for gemma3 (the head is token_embd)")
+    sliding = _gemma3_layer_types(config, hp.n_layer, path)
+    _, local = split_rope_params(config)
+    if any(sliding):
+        hp.n_swa = _int(config, "sliding_window", path)
+        if local is None:
+            raise ConvertError(f"{path}: no rope parameters for the sliding-window layers")
+        hp.rope_base_swa = read_rope(local, 10_000.0, path, allowed=(),
+                                     what="rope scaling of the sliding-window layers").base
+    hp.swa_pattern = _swa_pattern(sliding)
+    if config.get("final_logit_softcapping") is not None:
+        hp.final_softcap = float(config["final_logit_softcapping"])
+    scalar = _need(config, "query_pre_attn_scalar", path)
+    if not isinstance(scalar, (int, float)) or isinstance(scalar, bool) or scalar <= 0:
+        raise ConvertError(f"{path}: 'query_pre_attn_scalar' must be a positive number, got {scalar!r}")
+    # llama.cpp's gemma3 scales queries by 1/sqrt(head_dim) (1/sqrt(hidden/heads) for the 62-layer
+    # 27B); any other HF scalar needs the explicit key.
+    if scalar != hp.head_dim:
+        hp.attn_scale = scalar ** -0.5
 
 
 def read_hparams(config, spec, path):
-    n_head = int(_need(config, "num_attention_heads", path))
-    n_embd = int(_need(config, "hidden_size", path))
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in ("default", None):
-        # ember's forward has no scaled rope: refusing beats a file that runs with wrong positions.
-        raise ConvertError(f"{path}: unsupported rope scaling '{rope_type}'")
-    act = config.get("hidden_act", "silu")
-    if act != "silu":
-        raise ConvertError(f"{path}: unsupported hidden_act '{act}' (expected silu)")
+    n_head = _int(config, "num_attention_heads", path)
+    n_embd = _int(config, "hidden_size", path)
+    act = config.get("hidden_activation") or config.get("hidden_act") or "silu"
+    if act != spec.act:
+        raise ConvertError(f"{path}: unsupported hidden activation '{act}' for {spec.gguf_arch} (expected {spec.act})")
     for flag in ("attention_bias", "mlp_bias"):
         if config.get(flag) and not (flag == "attention_bias" and spec.qkv_bias):
             raise ConvertError(f"{path}: unsupported {flag}=true for {spec.gguf_arch}")
-    return Hparams(
-        n_vocab=int(_need(config, "vocab_size", path)),
+    if not spec.gemma and (config.get("use_sliding_window")
+                           or "sliding_attention" in (config.get("layer_types") or [])):
+        raise ConvertError(f"{path}: sliding-window attention is not supported for {spec.gguf_arch}")
+    rope_params, _ = split_rope_params(config)
+    hp = Hparams(
+        n_vocab=_int(config, "vocab_size", path),
         n_embd=n_embd,
-        n_layer=int(_need(config, "num_hidden_layers", path)),
-        n_ff=int(_need(config, "intermediate_size", path)),
+        n_layer=_int(config, "num_hidden_layers", path),
+        n_ff=_int(config, "intermediate_size", path),
         n_head=n_head,
-        n_head_kv=int(config.get("num_key_value_heads") or n_head),
-        head_dim=int(config.get("head_dim") or n_embd // n_head),
-        n_ctx=int(config.get("max_position_embeddings", 2048)),
+        n_head_kv=_int(config, "num_key_value_heads", path, n_head),
+        head_dim=_int(config, "head_dim", path, n_embd // n_head),
+        n_ctx=_int(config, "max_position_embeddings", path, 2048),
         rms_eps=float(config.get("rms_norm_eps", 1e-6)),
-        rope_base=float(rope.get("rope_theta", config.get("rope_theta", 10000.0))),
+        rope=read_rope(rope_params, 10_000.0, path, allowed=spec.rope_scalings),
         tied=bool(config.get("tie_word_embeddings", False)),
     )
+    if n_head % hp.n_head_kv:
+        raise ConvertError(f"{path}: num_attention_heads={n_head} is not a multiple of "
+                           f"num_key_value_heads={hp.n_head_kv}")
+    if hp.head_dim % 2:
+        raise ConvertError(f"{path}: head_dim={hp.head_dim} must be even for rope")
+    if spec.gemma:
+        _read_gemma3(config, hp, path)
+    return hp
 
 
-def add_hparams(writer, hp):
+def add_hparams(writer, spec, hp):
     writer.add_context_length(hp.n_ctx)
     writer.add_embedding_length(hp.n_embd)
     writer.add_block_count(hp.n_layer)
@@ -117,66 +216,128 @@ def add_hparams(writer, hp):
     writer.add_head_count(hp.n_head)
     writer.add_head_count_kv(hp.n_head_kv)
     writer.add_layer_norm_rms_eps(hp.rms_eps)
-    writer.add_rope_freq_base(hp.rope_base)
+    writer.add_rope_freq_base(hp.rope.base)
     writer.add_rope_dimension_count(hp.head_dim)
     writer.add_vocab_size(hp.n_vocab)
-    if hp.head_dim * hp.n_head != hp.n_embd:
+    # llama.cpp's qwen3/gemma3 converters always write the head size; llama/qwen2 only when it
+    # is not hidden_size / num_attention_heads.
+    if spec.qk_norm or hp.head_dim * hp.n_head != hp.n_embd:
         writer.add_key_length(hp.head_dim)
         writer.add_value_length(hp.head_dim)
+    add_rope_scaling(writer, hp.rope)
+    if hp.n_swa:
+        writer.add_sliding_window(hp.n_swa)
+        writer.add_rope_freq_base_swa(hp.rope_base_swa)
+    if hp.swa_pattern is not None:
+        writer.add_sliding_window_pattern(hp.swa_pattern)
+    if hp.final_softcap is not None:
+        writer.add_final_logit_softcapping(hp.final_softcap)
+    if hp.attn_scale is not None:
+        writer.add_attention_scale(hp.attn_scale)
 
 
-def _expected_shapes(spec, hp):
-    """HF name -> (GGUF name, numpy shape, heads to permute with) for every tensor the model needs."""
-    q, kv = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
+def _layer_tensors(spec, hp):
+    """HF per-layer suffix -> (GGUF suffix, numpy shape, heads to permute with)."""
+    q, kv, E = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim, hp.n_embd
+    out = {
+        "input_layernorm.weight": ("attn_norm.weight", (E,), 0),
+        "self_attn.q_proj.weight": ("attn_q.weight", (q, E), hp.n_head if spec.permute_qk else 0),
+        "self_attn.k_proj.weight": ("attn_k.weight", (kv, E), hp.n_head_kv if spec.permute_qk else 0),
+        "self_attn.v_proj.weight": ("attn_v.weight", (kv, E), 0),
+        "self_attn.o_proj.weight": ("attn_output.weight", (E, q), 0),
+        "mlp.gate_proj.weight": ("ffn_gate.weight", (hp.n_ff, E), 0),
+        "mlp.up_proj.weight": ("ffn_up.weight", (hp.n_ff, E), 0),
+        "mlp.down_proj.weight": ("ffn_down.weight", (E, hp.n_ff), 0),
+    }
+    if spec.qkv_bias:
+        out["self_attn.q_proj.bias"] = ("attn_q.bias", (q,), 0)
+        out["self_attn.k_proj.bias"] = ("attn_k.bias", (kv,), 0)
+        out["self_attn.v_proj.bias"] = ("attn_v.bias", (kv,), 0)
+    if spec.qk_norm:
+        out["self_attn.q_norm.weight"] = ("attn_q_norm.weight", (hp.head_dim,), 0)
+        out["self_attn.k_norm.weight"] = ("attn_k_norm.weight", (hp.head_dim,), 0)
+    if spec.gemma:
+        # Gemma normalises each sublayer's output too: its "post_attention_layernorm" is that
+        # output norm, and the FFN's input norm is "pre_feedforward_layernorm".
+        out["post_attention_layernorm.weight"] = ("post_attention_norm.weight", (E,), 0)
+        out["pre_feedforward_layernorm.weight"] = ("ffn_norm.weight", (E,), 0)
+        out["post_feedforward_layernorm.weight"] = ("post_ffw_norm.weight", (E,), 0)
+    else:
+        out["post_attention_layernorm.weight"] = ("ffn_norm.weight", (E,), 0)
+    return out
+
+
+def _expected(spec, hp):
+    """Canonical HF name -> (GGUF name, numpy shape, heads to permute with) for every tensor the
+    model needs, in GGUF order (globals, then by layer)."""
     out = {
         "model.embed_tokens.weight": ("token_embd.weight", (hp.n_vocab, hp.n_embd), 0),
         "model.norm.weight": ("output_norm.weight", (hp.n_embd,), 0),
     }
     if not hp.tied:
         out["lm_head.weight"] = ("output.weight", (hp.n_vocab, hp.n_embd), 0)
-    per_layer = {
-        "input_layernorm.weight": ((hp.n_embd,), 0),
-        "self_attn.q_proj.weight": ((q, hp.n_embd), hp.n_head if spec.permute_qk else 0),
-        "self_attn.k_proj.weight": ((kv, hp.n_embd), hp.n_head_kv if spec.permute_qk else 0),
-        "self_attn.v_proj.weight": ((kv, hp.n_embd), 0),
-        "self_attn.o_proj.weight": ((hp.n_embd, q), 0),
-        "post_attention_layernorm.weight": ((hp.n_embd,), 0),
-        "mlp.gate_proj.weight": ((hp.n_ff, hp.n_embd), 0),
-        "mlp.up_proj.weight": ((hp.n_ff, hp.n_embd), 0),
-        "mlp.down_proj.weight": ((hp.n_embd, hp.n_ff), 0),
-    }
-    if spec.qkv_bias:
-        per_layer["self_attn.q_proj.bias"] = ((q,), 0)
-        per_layer["self_attn.k_proj.bias"] = ((kv,), 0)
-        per_layer["self_attn.v_proj.bias"] = ((kv,), 0)
+    per_layer = _layer_tensors(spec, hp)
     for i in range(hp.n_layer):
-        for suffix, (shape, heads) in per_layer.items():
-            out[f"model.layers.{i}.{suffix}"] = (f"blk.{i}.{_LAYER_MAP[suffix]}", shape, heads)
+        for suffix, (gguf_suffix, shape, heads) in per_layer.items():
+            out[f"model.layers.{i}.{suffix}"] = (f"blk.{i}.{gguf_suffix}", shape, heads)
+    return out
+
+
+def _canonical_names(spec, present):
+    """Checkpoint name -> the name a text-only checkpoint would use (None: not part of the text
+    model, skipped)."""
+    if not spec.multimodal:
+        return {n: n for n in present}
+    prefix = next((p for p in _MM_TEXT_PREFIXES if any(n.startswith(p) for n in present)), None)
+    if prefix is None:
+        raise ConvertError(f"no language-model tensors (expected names starting with "
+                           f"{' or '.join(_MM_TEXT_PREFIXES)})")
+    out = {}
+    for n in present:
+        if n.startswith(prefix):
+            out[n] = "model." + n[len(prefix):]
+        elif _MM_OTHER_RE.search(n):
+            out[n] = None
+        else:
+            out[n] = n
     return out
 
 
 def plan_tensors(spec, hp, checkpoint):
     """Checks the checkpoint holds exactly the tensors the architecture needs, with the right
-    shapes, before anything is written. Returns them in GGUF order (globals, then by layer)."""
-    expected = _expected_shapes(spec, hp)
-    present = set(checkpoint.names())
-    for name in sorted(present):
-        if name in expected or _IGNORED_RE.search(name):
+    shapes, before anything is written. Returns them in GGUF order (llama 3's computed
+    rope_freqs first, as llama.cpp writes it; then globals, then by layer)."""
+    expected = _expected(spec, hp)
+    canonical = _canonical_names(spec, checkpoint.names())
+    stored = {}
+    for name in sorted(canonical):
+        c = canonical[name]
+        if c is None or _IGNORED_RE.search(name):
             continue
-        if hp.tied and name == "lm_head.weight":
+        if c in expected:
+            stored[c] = name
+            continue
+        if hp.tied and c == "lm_head.weight":
             continue   # some tied checkpoints store the shared matrix twice
-        m = _LAYER_RE.match(name)
+        m = _LAYER_RE.match(c)
         if m and int(m.group(1)) >= hp.n_layer:
             raise ConvertError(f"tensor {name}: layer {m.group(1)} beyond num_hidden_layers={hp.n_layer}")
         raise ConvertError(f"unexpected tensor {name} (not part of {spec.gguf_arch})")
     plans = []
+    if hp.rope.scaling == "llama3":
+        divisors = llama3_rope_divisors(hp.rope, hp.head_dim)
+        plans.append(TensorPlan(None, "rope_freqs.weight", divisors.shape, data=divisors))
     for hf_name, (gguf_name, shape, heads) in expected.items():
-        if hf_name not in present:
-            raise ConvertError(f"missing tensor {hf_name}")
-        got = tuple(checkpoint.shape(hf_name))
+        if hf_name not in stored:
+            prefix = f" (under {_MM_TEXT_PREFIXES[0]} or {_MM_TEXT_PREFIXES[1]})" if spec.multimodal else ""
+            raise ConvertError(f"missing tensor {hf_name}{prefix}")
+        name = stored[hf_name]
+        got = tuple(checkpoint.shape(name))
         if got != shape:
-            raise ConvertError(f"tensor {hf_name} has shape {list(got)}, expected {list(shape)}")
-        plans.append(TensorPlan(hf_name, gguf_name, shape, heads))
+            raise ConvertError(f"tensor {name} has shape {list(got)}, expected {list(shape)}")
+        # Gemma's RMSNorm scales by (1 + w); llama.cpp stores the sum so the norm is a plain one.
+        shift = 1.0 if spec.gemma and hf_name.endswith("norm.weight") else 0.0
+        plans.append(TensorPlan(name, gguf_name, shape, heads, shift))
     return plans
 
 
@@ -190,7 +351,11 @@ def permute_qk(w, n_heads):
 
 
 def load_tensor(checkpoint, plan):
+    if plan.data is not None:
+        return plan.data
     data = checkpoint.load_f32(plan.hf_name)
     if plan.permute_heads:
         data = np.ascontiguousarray(permute_qk(data, plan.permute_heads))
+    if plan.shift:
+        data += np.float32(plan.shift)
     return data

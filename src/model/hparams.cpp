@@ -55,7 +55,9 @@ HParams read_hparams(const GGUFFile& f) {
     hp.rope_n_ctx_orig = (int32_t)f.get_uint(a + "rope.scaling.original_context_length", (uint64_t)hp.n_ctx_train);
     if (hp.rope_scaling == "yarn") {
         hp.yarn_ext_factor = (float)f.get_float(a + "rope.scaling.yarn_ext_factor", 1.0);
-        hp.yarn_attn_factor = (float)f.get_float(a + "rope.scaling.attn_factor", 1.0);
+        // llama.cpp's converter writes yarn_attn_factor; older files attn_factor.
+        hp.yarn_attn_factor = (float)f.get_float(a + "rope.scaling.yarn_attn_factor",
+                                                 f.get_float(a + "rope.scaling.attn_factor", 1.0));
         hp.yarn_beta_fast = (float)f.get_float(a + "rope.scaling.yarn_beta_fast", 32.0);
         hp.yarn_beta_slow = (float)f.get_float(a + "rope.scaling.yarn_beta_slow", 1.0);
     }
