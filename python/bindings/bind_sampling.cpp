@@ -18,10 +18,12 @@ namespace {
 
 using Logits = nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
-ember::Sampler* make_sampler(ember::Sampler* self, float temperature, int32_t top_k, float top_p, float min_p,
-                             float repeat_penalty, float frequency_penalty, float presence_penalty,
-                             int32_t penalty_last_n, const std::optional<std::map<int32_t, float>>& logit_bias,
-                             uint64_t seed) {
+// A custom __init__ constructs in place into the instance nanobind allocated and returns nothing:
+// a returned Sampler* would be cast back to a new reference to that instance which nothing drops,
+// so the instance, its type and its methods would outlive the interpreter (nanobind's leak report).
+void init_sampler(ember::Sampler* self, float temperature, int32_t top_k, float top_p, float min_p,
+                  float repeat_penalty, float frequency_penalty, float presence_penalty, int32_t penalty_last_n, const std::optional<std::map<int32_t, float>>& logit_bias,
+                  uint64_t seed) {
     ember::SamplingParams p;
     p.temperature = temperature;
     p.top_k = top_k;
@@ -33,7 +35,7 @@ ember::Sampler* make_sampler(ember::Sampler* self, float temperature, int32_t to
     p.penalty_last_n = penalty_last_n;
     if (logit_bias) p.logit_bias.assign(logit_bias->begin(), logit_bias->end());
     p.seed = seed;
-    return new (self) ember::Sampler(p);
+    new (self) ember::Sampler(p);
 }
 
 }  // namespace
@@ -42,7 +44,7 @@ void bind_sampling(nb::module_& m) {
     nb::class_<ember::Sampler>(m, "Sampler",
         "Token sampler: logit_bias -> penalties -> top_k -> top_p -> min_p -> temperature -> draw "
         "(greedy when temperature <= 0). seed 0xFFFFFFFF draws a random seed.")
-        .def("__init__", &make_sampler, "temperature"_a = 0.8f, "top_k"_a = 40, "top_p"_a = 0.95f,
+        .def("__init__", &init_sampler, "temperature"_a = 0.8f, "top_k"_a = 40, "top_p"_a = 0.95f,
              "min_p"_a = 0.05f, "repeat_penalty"_a = 1.0f, "frequency_penalty"_a = 0.0f,
              "presence_penalty"_a = 0.0f, "penalty_last_n"_a = 64, "logit_bias"_a = nb::none(),
              "seed"_a = 0xFFFFFFFFull)

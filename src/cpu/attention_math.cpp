@@ -2,9 +2,8 @@
 #include "cpu/attention_math.h"
 
 #include <cmath>
-#include <cstring>
 
-#include "ember/quant.h"
+#include "cpu/cpu_kernels.h"
 #include "quant/half.h"
 
 namespace ember {
@@ -48,9 +47,9 @@ float max(const float* x, int32_t n) {
 const AttentionMath kAttentionMathScalar{scores, scale_round, weighted_sum, f16_to_f32, max};
 
 const AttentionMath& attention_math(int32_t head_dim) {
-    static const AttentionMath& best = std::strcmp(simd_level(), "avx512") == 0 ? kAttentionMathAvx512
-                                       : std::strcmp(simd_level(), "avx2") == 0 ? kAttentionMathAvx2
-                                                                                : kAttentionMathScalar;
+    static const AttentionMath& best = cpu_simd_level() == SimdLevel::avx512 ? kAttentionMathAvx512
+                                       : cpu_simd_level() == SimdLevel::avx2   ? kAttentionMathAvx2
+                                                                               : kAttentionMathScalar;
     return head_dim % kAttentionLanes == 0 ? best : kAttentionMathScalar;
 }
 

@@ -8,8 +8,8 @@
 #include <cmath>
 
 #include "cpu/cpu_backend.h"
+#include "cpu/cpu_kernels.h"
 #include "cpu/gemm.h"
-#include "quant/activation.h"
 
 namespace ember {
 
@@ -24,12 +24,12 @@ const uint8_t* CpuBackend::quantize_input(GGMLType type, const float* x, int64_t
 }
 
 void CpuBackend::matmul(const Weight& w, const float* x, int32_t n_tok, float* y) {
-    const TypeTraits& tr = type_traits(w.type);
-    const size_t x_row = row_bytes(tr.vec_dot_type, w.n_in);
+    const CpuKernels& kern = cpu_kernels(w.type);
+    const size_t x_row = row_bytes(kern.vec_dot_type, w.n_in);
     const size_t w_row = row_bytes(w.type, w.n_in);
-    const uint8_t* xq = quantize_input(tr.vec_dot_type, x, w.n_in, n_tok);
+    const uint8_t* xq = quantize_input(kern.vec_dot_type, x, w.n_in, n_tok);
     const auto* wdata = static_cast<const uint8_t*>(w.data);
-    const VecDotFn dot = tr.vec_dot;
+    const VecDotFn dot = kern.vec_dot;
     const int64_t n_out = w.n_out, n_in = w.n_in;
     if (n_tok > 1) {
         if (const GemmFn gemm = gemm_for(dot)) {
@@ -60,10 +60,10 @@ int64_t CpuBackend::row_grain(int64_t n_rows, size_t w_row) const {
 // One token (decode) through several weights of one input: the input is quantized once and the
 // rows of all of them are handed out as one job, so the threads meet once instead of per weight.
 void CpuBackend::matmul_many(const Weight* const* ws, float* const* ys, int count, const float* x, int32_t n_tok) {
-    const GGMLType act = type_traits(ws[0]->type).vec_dot_type;
+    const GGMLType act = cpu_kernels(ws[0]->type).vec_dot_type;
     bool shared = n_tok == 1 && count > 1;
     for (int i = 1; i < count; ++i)
-        shared = shared && type_traits(ws[i]->type).vec_dot_type == act && ws[i]->n_in == ws[0]->n_in;
+        shared = shared && cpu_kernels(ws[i]->type).vec_dot_type == act && ws[i]->n_in == ws[0]->n_in;
     if (!shared) {
         Backend::matmul_many(ws, ys, count, x, n_tok);
         return;
@@ -78,11 +78,11 @@ void CpuBackend::matmul_many(const Weight* const* ws, float* const* ys, int coun
         while (first[i + 1] <= b) ++i;
         for (int64_t g = b; g < e; ++i) {
             const Weight& w = *ws[i];
-            const TypeTraits& tr = type_traits(w.type);
+            const VecDotFn dot = cpu_kernels(w.type).vec_dot;
             const size_t w_row = row_bytes(w.type, n_in);
             const auto* wdata = static_cast<const uint8_t*>(w.data);
             const int64_t stop = std::min(e, first[i + 1]);
-            for (; g < stop; ++g) ys[i][g - first[i]] = tr.vec_dot(n_in, wdata + (g - first[i]) * w_row, xq);
+            for (; g < stop; ++g) ys[i][g - first[i]] = dot(n_in, wdata + (g - first[i]) * w_row, xq);
         }
     });
 }

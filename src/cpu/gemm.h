@@ -4,7 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "ember/quant.h"
+#include "cpu/cpu_kernels.h"
 
 namespace ember {
 
@@ -16,7 +16,7 @@ using GemmFn = void (*)(int64_t n_in, const uint8_t* w, size_t w_row, const uint
 
 // The tiled kernel whose every output equals what `dot` returns, or nullptr when there is
 // none for that kernel (the caller then loops over dot). Matching on the function pointer
-// keeps the choice tied to the vec_dot the traits table picked (EMBER_SIMD included).
+// keeps the choice tied to the vec_dot the kernel table picked (EMBER_SIMD included).
 GemmFn gemm_avx512_for(VecDotFn dot);
 GemmFn gemm_avx2_for(VecDotFn dot);
 

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "cpu/gemm.h"
+#include "cpu/isa_kernels.h"
 #include "cpu/simd_avx2.h"
-#include "quant/kernels.h"
 
 namespace ember {
 namespace {

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "cpu/gemm.h"
+#include "cpu/isa_kernels.h"
 #include "cpu/legacy_blocks.h"
 #include "quant/blocks.h"
-#include "quant/kernels.h"
 
 namespace ember {
 namespace {

@@ -6,8 +6,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include "cpu/isa_kernels.h"
 #include "cpu/simd_avx2.h"
-#include "quant/kernels.h"
 
 namespace ember {
 namespace {

@@ -6,9 +6,9 @@
 #include <cstring>
 #include <type_traits>
 
+#include "cpu/isa_kernels.h"
 #include "cpu/legacy_blocks.h"
 #include "quant/blocks.h"
-#include "quant/kernels.h"
 
 namespace ember {
 namespace {

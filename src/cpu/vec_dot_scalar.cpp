@@ -3,9 +3,9 @@
 // Integer sums are exact per block; one float multiply-add per block, as ggml does.
 #include <cstring>
 
+#include "cpu/isa_kernels.h"
 #include "quant/blocks.h"
 #include "quant/half.h"
-#include "quant/kernels.h"
 
 namespace ember {
 namespace {

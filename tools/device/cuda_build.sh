@@ -12,4 +12,4 @@ cxx=$(command -v /usr/bin/g++ || command -v g++); cc=$(command -v /usr/bin/gcc |
 cmake -S . -B build/dev -G Ninja -DEMBER_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
       -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_C_COMPILER="$cc" -DCMAKE_CUDA_HOST_COMPILER="$cxx" \
       -DPython_EXECUTABLE="$(command -v python3)" >/dev/null || return 1
-ninja -C build/dev _ember ember_cuda_bench > /tmp/ninja.log 2>&1 || { grep -v '^\[' /tmp/ninja.log | head -60; return 1; }
+ninja -C build/dev _ember _ember_test ember_cuda_bench > /tmp/ninja.log 2>&1 || { grep -v '^\[' /tmp/ninja.log | head -60; return 1; }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cpu/isa_kernels.h"
 #include "quant/blocks.h"
 #include "quant/half.h"
 #include "quant/kernels.h"

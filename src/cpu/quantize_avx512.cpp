@@ -7,7 +7,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "quant/quantize_q8_rows.h"
+#include "cpu/quantize_q8_rows.h"
 
 namespace ember {
 namespace {

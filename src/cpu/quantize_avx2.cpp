@@ -2,7 +2,7 @@
 // _q8_1 (quant_legacy.cpp), as quantize_avx512.cpp does with 16-wide vectors.
 #include <immintrin.h>
 
-#include "quant/quantize_q8_rows.h"
+#include "cpu/quantize_q8_rows.h"
 
 namespace ember {
 namespace {

@@ -1,0 +1,397 @@
+// Single backend ops on numpy arrays (_ember_test.Backend), so every kernel (CPU SIMD, CUDA) can be
+// tested against a reference on fresh random data. Backends come from the registry by name; each
+// call copies inputs in and results out.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/kv_layout.h"
+#include "backend/registry.h"
+#include "ember/quant.h"
+#include "ember/status.h"
+#include "kv_type_arg.h"
+
+namespace nb = nanobind;
+using namespace ember;
+
+namespace {
+
+using F32In = nb::ndarray<const float, nb::c_contig, nb::device::cpu>;
+using F32Out = nb::ndarray<nb::numpy, float>;
+using U8In = nb::ndarray<const uint8_t, nb::c_contig, nb::device::cpu>;
+
+F32Out make_out(std::vector<float>&& v, std::initializer_list<size_t> shape) {
+    auto* heap = new std::vector<float>(std::move(v));
+    nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
+    return F32Out(heap->data(), shape, owner);
+}
+
+// Device buffer that frees itself.
+struct Buf {
+    Backend& be;
+    void* p;
+    Buf(Backend& b, size_t bytes) : be(b), p(b.alloc(std::max<size_t>(bytes, 4))) {}
+    Buf(Backend& b, const void* src, size_t bytes) : Buf(b, bytes) { b.copy_from_host(p, src, bytes); }
+    Buf(const Buf&) = delete;
+    Buf& operator=(const Buf&) = delete;
+    ~Buf() { be.free(p); }
+    float* f() { return static_cast<float*>(p); }
+};
+
+std::vector<float> download(Backend& be, const Buf& b, size_t n) {
+    std::vector<float> out(n);
+    be.synchronize();
+    be.copy_to_host(out.data(), b.p, n * sizeof(float));
+    return out;
+}
+
+// An optional float vector of n values uploaded to the backend; null when absent.
+std::unique_ptr<Buf> optional_vector(Backend& be, const std::optional<F32In>& v, size_t n, const char* what) {
+    if (!v) return nullptr;
+    if (v->ndim() != 1 || v->size() != n) fail(what, " must be [", n, "] float32, got ", v->size(), " values");
+    return std::make_unique<Buf>(be, v->data(), n * sizeof(float));
+}
+
+const float* ptr(const std::unique_ptr<Buf>& b) { return b ? b->f() : nullptr; }
+
+BatchInfo one_sequence_batch(const std::vector<int32_t>& pos, const std::vector<int32_t>& table) {
+    BatchInfo b;
+    b.n_tok = (int32_t)pos.size();
+    b.pos = pos;
+    b.seq.assign(pos.size(), 0);
+    b.n_seq = 1;
+    b.max_blocks = (int32_t)table.size();
+    b.block_table = table;
+    return b;
+}
+
+void check_positions(const std::vector<int32_t>& pos, const char* fn) {
+    if (pos.empty()) fail(fn, ": pos must not be empty");
+    for (int32_t p : pos)
+        if (p < 0) fail(fn, ": position ", p, " is negative");
+}
+
+Activation activation_arg(const std::string& name) {
+    if (name == "silu") return Activation::SiLU;
+    if (name == "gelu_tanh") return Activation::GeLUTanh;
+    fail("act must be 'silu' or 'gelu_tanh', got '", name, "'");
+}
+
+// One sequence's KV layer of len positions, in blocks taken from a shuffled list with spares (so
+// block ids are not simply 0..n-1). Every byte starts as 0xff (f16 NaN): a kernel that lets a
+// row it was not given into its result shows as NaN.
+struct PagedKV {
+    KVLayer kv;
+    std::vector<int32_t> table;
+    std::unique_ptr<Buf> k, v;
+    PagedKV(Backend& be, int32_t len, int32_t block_size, int32_t n_head_kv, int32_t head_dim, GGMLType type,
+            uint64_t seed) {
+        if (block_size <= 0) fail("block_size must be positive, got ", block_size);
+        check_kv_type(type, head_dim);
+        const int32_t n_used = (len + block_size - 1) / block_size;
+        kv.n_blocks = n_used * 2;
+        std::vector<int32_t> ids(kv.n_blocks);
+        std::iota(ids.begin(), ids.end(), 0);
+        std::shuffle(ids.begin(), ids.end(), std::mt19937_64(seed));
+        table.assign(ids.begin(), ids.begin() + n_used);
+        kv.block_size = block_size;
+        kv.n_head_kv = n_head_kv;
+        kv.head_dim = head_dim;
+        kv.type = type;
+        const size_t bytes = (size_t)kv.n_blocks * kv_block_bytes(type, block_size, (int64_t)n_head_kv * head_dim);
+        const std::vector<uint8_t> nan_bytes(bytes, 0xff);
+        k = std::make_unique<Buf>(be, nan_bytes.data(), bytes);
+        v = std::make_unique<Buf>(be, nan_bytes.data(), bytes);
+        kv.k = k->p;
+        kv.v = v->p;
+    }
+    // The f16 rows of positions pos in cache c, as float [len(pos)][n_head_kv * head_dim].
+    std::vector<float> rows(Backend& be, const Buf& c, const std::vector<int32_t>& pos) const {
+        const size_t width = (size_t)kv.n_head_kv * kv.head_dim;
+        std::vector<uint16_t> all((size_t)kv.n_blocks * kv.block_size * width);
+        be.synchronize();
+        be.copy_to_host(all.data(), c.p, all.size() * 2);
+        std::vector<float> out;
+        for (int32_t p : pos) {
+            const size_t row = (size_t)table[p / kv.block_size] * kv.block_size + p % kv.block_size;
+            for (size_t i = 0; i < width; ++i) out.push_back(fp16_to_fp32(all[row * width + i]));
+        }
+        return out;
+    }
+};
+
+RopeParams rope_params(int32_t head_dim, float base, bool neox, float freq_scale, float ext_factor, float attn_factor,
+                       float corr_lo, float corr_hi, const std::optional<F32In>& freq_factors) {
+    if (head_dim <= 0 || head_dim % 2) fail("rope: head_dim must be positive and even, got ", head_dim);
+    RopeParams r;
+    r.base = base;
+    r.head_dim = head_dim;
+    r.neox = neox;
+    r.freq_scale = freq_scale;
+    r.ext_factor = ext_factor;
+    r.attn_factor = attn_factor;
+    r.corr_lo = corr_lo;
+    r.corr_hi = corr_hi;
+    if (freq_factors) {
+        if (freq_factors->ndim() != 1 || freq_factors->size() != (size_t)head_dim / 2)
+            fail("rope: freq_factors must be [head_dim / 2 = ", head_dim / 2, "] float32, got ", freq_factors->size(),
+                 " values");
+        r.freq_factors.assign(freq_factors->data(), freq_factors->data() + freq_factors->size());
+    }
+    return r;
+}
+
+struct PyBackend {
+    std::unique_ptr<Backend> be;
+    PyBackend(const std::string& kind, int n_threads, int device) {
+        BackendOptions opts;
+        opts.n_threads = n_threads;
+        opts.device = device;
+        be = make_backend(kind, opts);
+    }
+
+    // A weight of n_in-element rows in type type_id, as the backend keeps it.
+    Weight weight(uint32_t type_id, const U8In& w, int64_t n_in, const char* what) {
+        const TypeTraits* tr = find_type_traits(type_id);
+        if (!tr) fail(what, ": unknown type id ", type_id);
+        if (w.ndim() != 2 || w.shape(1) != row_bytes(tr->type, n_in))
+            fail(what, " must be [n_out, ", row_bytes(tr->type, n_in), "] bytes for ", n_in, " ", tr->name,
+                 " elements per row");
+        GGUFTensor t{what, tr->type, {n_in, (int64_t)w.shape(0)}, 0, w.size(), w.data()};
+        Weight out = be->prepare_weight(t);
+        out.src = nullptr;   // (t is gone after this call; only streamed weights read src)
+        return out;
+    }
+
+    static void check_rows(const F32In& x, size_t n_tok, int64_t width, const char* what) {
+        if (x.ndim() != 2 || x.shape(0) != n_tok || (int64_t)x.shape(1) != width)
+            fail(what, " must be [", n_tok, ", ", width, "] float32");
+    }
+
+    F32Out matmul(uint32_t type_id, U8In w, int64_t n_in, F32In x) {
+        Weight wt = weight(type_id, w, n_in, "weight");
+        if (x.ndim() != 2) fail("x must be [n_tok, ", n_in, "] float32");
+        check_rows(x, x.shape(0), n_in, "x");
+        const int32_t n_tok = (int32_t)x.shape(0);
+        const int64_t n_out = wt.n_out;
+        Buf xb(*be, x.data(), x.size() * sizeof(float)), yb(*be, (size_t)n_tok * n_out * sizeof(float));
+        be->matmul(wt, xb.f(), n_tok, yb.f());
+        return make_out(download(*be, yb, (size_t)n_tok * n_out), {(size_t)n_tok, (size_t)n_out});
+    }
+
+    // The fused feed-forward op: x += residual; xn = rmsnorm(x) * norm; down(act(xn gate^T) * (xn up^T)).
+    // gate and up [n_ff] rows of n_in, down [n_in] rows of n_ff. Returns (out, x after the residual add).
+    std::vector<F32Out> ffn(uint32_t type_id, U8In gate, U8In up, U8In down, int64_t n_in, F32In x, F32In norm,
+                            float eps, std::optional<F32In> residual, const std::string& act) {
+        Weight wg = weight(type_id, gate, n_in, "gate"), wu = weight(type_id, up, n_in, "up");
+        const int64_t n_ff = wg.n_out;
+        Weight wd = weight(type_id, down, n_ff, "down");
+        if (wu.n_out != n_ff || wd.n_out != n_in) fail("ffn: gate and up need n_ff rows, down n_in rows");
+        if (x.ndim() != 2) fail("x must be [n_tok, ", n_in, "] float32");
+        const size_t n_tok = x.shape(0);
+        check_rows(x, n_tok, n_in, "x");
+        if (residual) check_rows(*residual, n_tok, n_in, "residual");
+        FfnWeights fw;
+        std::unique_ptr<Buf> normb = optional_vector(*be, norm, (size_t)n_in, "norm");
+        fw.norm = normb->f();
+        fw.eps = eps;
+        fw.gate = &wg;
+        fw.up = &wu;
+        fw.down = &wd;
+        fw.act = activation_arg(act);
+        Buf xb(*be, x.data(), x.size() * 4), xn(*be, x.size() * 4), gb(*be, n_tok * n_ff * 4), ub(*be, n_tok * n_ff * 4),
+            yb(*be, x.size() * 4);
+        std::unique_ptr<Buf> rb = residual ? std::make_unique<Buf>(*be, residual->data(), residual->size() * 4) : nullptr;
+        BlockBuffers b{};
+        b.xn = xn.f();
+        b.gate = gb.f();
+        b.up = ub.f();
+        be->ffn(fw, xb.f(), ptr(rb), (int32_t)n_tok, b, yb.f());
+        return {make_out(download(*be, yb, x.size()), {n_tok, (size_t)n_in}),
+                make_out(download(*be, xb, x.size()), {n_tok, (size_t)n_in})};
+    }
+
+    // The fused attention input op: x += residual; xn = rmsnorm(x) * norm; q, k, v = projections
+    // (+ biases, + per-head norms); rope of q and k at pos; k and v stored in an f16 cache
+    // (block_size, shuffled blocks). Returns the rotated q, the cached rows of k and v at pos as
+    // float, and x after the residual add.
+    std::vector<F32Out> attn_in(uint32_t type_id, U8In wq, U8In wk, U8In wv, int64_t n_in, F32In x,
+                                std::vector<int32_t> pos, int32_t head_dim, float base, bool neox, int32_t block_size,
+                                F32In norm, float eps, std::optional<F32In> residual, std::optional<F32In> bq,
+                                std::optional<F32In> bk, std::optional<F32In> bv, std::optional<F32In> q_norm,
+                                std::optional<F32In> k_norm) {
+        check_positions(pos, "attn_in");
+        Weight q = weight(type_id, wq, n_in, "wq"), k = weight(type_id, wk, n_in, "wk"), v = weight(type_id, wv, n_in, "wv");
+        if (head_dim <= 0 || k.n_out != v.n_out || q.n_out % head_dim || k.n_out % head_dim)
+            fail("attn_in: wk and wv need the same rows, both and wq whole heads of ", head_dim);
+        const size_t nt = pos.size();
+        const int32_t n_tok = (int32_t)nt;
+        check_rows(x, nt, n_in, "x");
+        if (residual) check_rows(*residual, nt, n_in, "residual");
+        const RopeParams rope = rope_params(head_dim, base, neox, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, std::nullopt);
+        AttnInWeights w;
+        std::unique_ptr<Buf> nbuf = optional_vector(*be, norm, (size_t)n_in, "norm");
+        std::unique_ptr<Buf> bqb = optional_vector(*be, bq, (size_t)q.n_out, "bq"),
+                             bkb = optional_vector(*be, bk, (size_t)k.n_out, "bk"),
+                             bvb = optional_vector(*be, bv, (size_t)v.n_out, "bv"),
+                             qn = optional_vector(*be, q_norm, (size_t)head_dim, "q_norm"),
+                             kn = optional_vector(*be, k_norm, (size_t)head_dim, "k_norm");
+        w.norm = nbuf->f();
+        w.eps = eps;
+        w.wq = &q;
+        w.wk = &k;
+        w.wv = &v;
+        w.bq = ptr(bqb);
+        w.bk = ptr(bkb);
+        w.bv = ptr(bvb);
+        w.q_norm = ptr(qn);
+        w.k_norm = ptr(kn);
+        w.n_head = (int32_t)(q.n_out / head_dim);
+        w.n_head_kv = (int32_t)(k.n_out / head_dim);
+        w.head_dim = head_dim;
+        w.rope = &rope;
+        const int32_t len = *std::max_element(pos.begin(), pos.end()) + 1;
+        PagedKV paged(*be, len, block_size, w.n_head_kv, head_dim, GGMLType::F16, 7);
+        be->set_batch(one_sequence_batch(pos, paged.table));
+        Buf xb(*be, x.data(), x.size() * 4), xn(*be, x.size() * 4), qb(*be, nt * q.n_out * 4), kb(*be, nt * k.n_out * 4),
+            vb(*be, nt * v.n_out * 4);
+        std::unique_ptr<Buf> rb = residual ? std::make_unique<Buf>(*be, residual->data(), residual->size() * 4) : nullptr;
+        BlockBuffers b{};
+        b.xn = xn.f();
+        b.q = qb.f();
+        b.k = kb.f();
+        b.v = vb.f();
+        be->attn_in(w, xb.f(), ptr(rb), n_tok, paged.kv, b);
+        const size_t kw = (size_t)k.n_out;
+        return {make_out(download(*be, qb, nt * q.n_out), {nt, (size_t)q.n_out}),
+                make_out(paged.rows(*be, *paged.k, pos), {nt, kw}), make_out(paged.rows(*be, *paged.v, pos), {nt, kw}),
+                make_out(download(*be, xb, x.size()), {nt, (size_t)n_in})};
+    }
+
+    F32Out rmsnorm(F32In x, F32In gamma, float eps) {
+        if (x.ndim() != 2 || gamma.ndim() != 1 || gamma.size() != x.shape(1))
+            fail("rmsnorm: x must be [n_tok, dim] and gamma [dim] float32");
+        const int32_t n_tok = (int32_t)x.shape(0), dim = (int32_t)x.shape(1);
+        Buf xb(*be, x.data(), x.size() * 4), gb(*be, gamma.data(), gamma.size() * 4), yb(*be, x.size() * 4);
+        be->rmsnorm(xb.f(), gb.f(), n_tok, dim, eps, yb.f());
+        return make_out(download(*be, yb, x.size()), {(size_t)n_tok, (size_t)dim});
+    }
+
+    F32Out head_rmsnorm(F32In x, F32In gamma, int32_t n_heads, int32_t head_dim, float eps) {
+        if (n_heads <= 0 || head_dim <= 0 || x.ndim() != 2 || x.shape(1) != (size_t)n_heads * head_dim)
+            fail("head_rmsnorm: x must be [n_tok, n_heads * head_dim] float32 with n_heads, head_dim > 0");
+        if (gamma.ndim() != 1 || gamma.size() != (size_t)head_dim) fail("head_rmsnorm: gamma must be [head_dim] float32");
+        Buf xb(*be, x.data(), x.size() * 4), gb(*be, gamma.data(), gamma.size() * 4);
+        be->head_rmsnorm(xb.f(), gb.f(), (int32_t)x.shape(0), n_heads, head_dim, eps);
+        return make_out(download(*be, xb, x.size()), {x.shape(0), x.shape(1)});
+    }
+
+    F32Out rope(F32In x, std::vector<int32_t> pos, int32_t n_heads, int32_t head_dim, float base, bool neox,
+                float freq_scale, float ext_factor, float attn_factor, float corr_lo, float corr_hi,
+                std::optional<F32In> freq_factors) {
+        check_positions(pos, "rope");
+        const RopeParams r =
+            rope_params(head_dim, base, neox, freq_scale, ext_factor, attn_factor, corr_lo, corr_hi, freq_factors);
+        if (n_heads <= 0 || x.ndim() != 2 || x.shape(0) != pos.size() || x.shape(1) != (size_t)n_heads * head_dim)
+            fail("rope: x must be [len(pos), n_heads * head_dim] float32");
+        be->set_batch(one_sequence_batch(pos, {0}));
+        Buf xb(*be, x.data(), x.size() * 4);
+        be->rope(xb.f(), (int32_t)pos.size(), n_heads, r);
+        return make_out(download(*be, xb, x.size()), {x.shape(0), x.shape(1)});
+    }
+
+    F32Out gated_act(F32In g, F32In u, const std::string& act) {
+        const Activation a = activation_arg(act);
+        if (g.size() != u.size()) fail("gated_act: gate and up must have the same size");
+        Buf gb(*be, g.data(), g.size() * 4), ub(*be, u.data(), u.size() * 4), ob(*be, g.size() * 4);
+        be->gated_act(a, gb.f(), ub.f(), (int64_t)g.size(), ob.f());
+        return make_out(download(*be, ob, g.size()), {g.size()});
+    }
+
+    // q [n_q, n_head*hd] at positions pos (each < len); k_all/v_all [len, n_head_kv*hd] are the
+    // sequence's keys/values, scattered into blocks through a shuffled block table, stored as
+    // kv_type ("f16", "f32", "q8_0"); window > 0: a query at p sees p - window < j <= p only. With
+    // o_weight (rows of n_head * hd in type o_type), the output projected through it by the fused
+    // attn_out op.
+    F32Out attention(F32In q, F32In k_all, F32In v_all, std::vector<int32_t> pos, int32_t n_head, int32_t n_head_kv,
+                     int32_t head_dim, int32_t block_size, uint64_t seed, const std::string& kv_type, int32_t window,
+                     uint32_t o_type, std::optional<U8In> o_weight) {
+        check_positions(pos, "attention");
+        if (n_head <= 0 || n_head_kv <= 0 || head_dim <= 0 || n_head % n_head_kv)
+            fail("attention: n_head must be a positive multiple of n_head_kv, head_dim positive");
+        if (window < 0) fail("attention: window must be >= 0 (0: no window), got ", window);
+        const size_t kw = (size_t)n_head_kv * head_dim, qw = (size_t)n_head * head_dim;
+        if (k_all.ndim() != 2 || k_all.shape(1) != kw || v_all.ndim() != 2 || v_all.shape(0) != k_all.shape(0) ||
+            v_all.shape(1) != kw)
+            fail("attention: k_all, v_all must be [len, n_head_kv * head_dim] float32");
+        check_rows(q, pos.size(), (int64_t)qw, "attention: q");
+        const int32_t len = (int32_t)k_all.shape(0);
+        for (int32_t p : pos)
+            if (p >= len) fail("attention: position ", p, " outside [0, ", len, ")");
+        PagedKV paged(*be, len, block_size, n_head_kv, head_dim, kv_type_arg(kv_type), seed);
+        std::vector<int32_t> all_pos(len);
+        std::iota(all_pos.begin(), all_pos.end(), 0);
+        be->set_batch(one_sequence_batch(all_pos, paged.table));
+        Buf ks(*be, k_all.data(), k_all.size() * 4), vs(*be, v_all.data(), v_all.size() * 4);
+        be->kv_store(paged.kv, ks.f(), vs.f(), len);
+        be->set_batch(one_sequence_batch(pos, paged.table));
+        Buf qb(*be, q.data(), q.size() * 4), ob(*be, q.size() * 4);
+        AttentionShape shape{n_head, n_head_kv, head_dim, 1.0f / std::sqrt((float)head_dim)};
+        shape.window = window;
+        const int32_t n_tok = (int32_t)pos.size();
+        if (!o_weight) {
+            be->attention(paged.kv, qb.f(), n_tok, shape, ob.f());
+            return make_out(download(*be, ob, q.size()), {q.shape(0), q.shape(1)});
+        }
+        const Weight wo = weight(o_type, *o_weight, (int64_t)qw, "o_weight");
+        Buf yb(*be, pos.size() * wo.n_out * 4);
+        BlockBuffers b{};
+        b.q = qb.f();
+        b.att = ob.f();
+        be->attn_out(paged.kv, shape, wo, n_tok, b, yb.f());
+        return make_out(download(*be, yb, pos.size() * wo.n_out), {pos.size(), (size_t)wo.n_out});
+    }
+};
+
+}  // namespace
+
+void bind_kernel_backend(nb::module_& m) {
+    m.def("backend_names", &backend_names, "The backends built into this ember, by registry name.");
+    nb::class_<PyBackend>(m, "Backend")
+        .def(nb::init<const std::string&, int, int>(), nb::arg("kind") = "cpu", nb::arg("n_threads") = 2,
+             nb::arg("device") = 0)
+        .def_prop_ro("name", [](const PyBackend& b) { return std::string(b.be->name()); })
+        .def("matmul", &PyBackend::matmul, nb::arg("type_id"), nb::arg("weight"), nb::arg("n_in"), nb::arg("x"))
+        .def("attn_in", &PyBackend::attn_in, nb::arg("type_id"), nb::arg("wq"), nb::arg("wk"), nb::arg("wv"),
+             nb::arg("n_in"), nb::arg("x"), nb::arg("pos"), nb::arg("head_dim"), nb::arg("base"), nb::arg("neox"),
+             nb::arg("block_size"), nb::arg("norm"), nb::arg("eps") = 1e-5f, nb::arg("residual") = nb::none(),
+             nb::arg("bq") = nb::none(), nb::arg("bk") = nb::none(), nb::arg("bv") = nb::none(),
+             nb::arg("q_norm") = nb::none(), nb::arg("k_norm") = nb::none())
+        .def("rmsnorm", &PyBackend::rmsnorm, nb::arg("x"), nb::arg("gamma"), nb::arg("eps"))
+        .def("head_rmsnorm", &PyBackend::head_rmsnorm, nb::arg("x"), nb::arg("gamma"), nb::arg("n_heads"),
+             nb::arg("head_dim"), nb::arg("eps"))
+        .def("rope", &PyBackend::rope, nb::arg("x"), nb::arg("pos"), nb::arg("n_heads"), nb::arg("head_dim"),
+             nb::arg("base"), nb::arg("neox"), nb::arg("freq_scale") = 1.0f, nb::arg("ext_factor") = 0.0f,
+             nb::arg("attn_factor") = 1.0f, nb::arg("corr_lo") = 0.0f, nb::arg("corr_hi") = 0.0f,
+             nb::arg("freq_factors") = nb::none())
+        .def("gated_act", &PyBackend::gated_act, nb::arg("gate"), nb::arg("up"), nb::arg("act") = "silu")
+        .def("attention", &PyBackend::attention, nb::arg("q"), nb::arg("k_all"), nb::arg("v_all"), nb::arg("pos"),
+             nb::arg("n_head"), nb::arg("n_head_kv"), nb::arg("head_dim"), nb::arg("block_size"),
+             nb::arg("seed") = 0, nb::arg("kv_type") = "f16", nb::arg("window") = 0, nb::arg("o_type") = 0,
+             nb::arg("o_weight") = nb::none())
+        .def("ffn", &PyBackend::ffn, nb::arg("type_id"), nb::arg("gate"), nb::arg("up"), nb::arg("down"),
+             nb::arg("n_in"), nb::arg("x"), nb::arg("norm"), nb::arg("eps") = 1e-5f, nb::arg("residual") = nb::none(),
+             nb::arg("act") = "silu");
+}

@@ -1,0 +1,17 @@
+// The per-ISA kernel lookups the CPU kernel table (cpu_kernels.cpp) is built from: dot products
+// (vec_dot_*.cpp) and activation quantizers (quantize_*.cpp), each nullptr where that ISA has none.
+#pragma once
+#include "cpu/cpu_kernels.h"
+
+namespace ember {
+
+// Scalar reference dot products (weights type x its vec_dot_type), defined for every type.
+VecDotFn vec_dot_scalar(GGMLType type);
+// SIMD kernels; nullptr where that ISA has no kernel for the type (the caller falls back).
+VecDotFn vec_dot_avx2(GGMLType type);
+VecDotFn vec_dot_avx512(GGMLType type);
+// Activation quantizers with the scalar quantize_row_* output, byte for byte.
+QuantizeRowFn quantize_row_avx2(GGMLType type);
+QuantizeRowFn quantize_row_avx512(GGMLType type);
+
+}  // namespace ember
