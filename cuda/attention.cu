@@ -1,4 +1,5 @@
-// Paged attention over f16 K/V blocks, causal, for decode and prompt batches alike.
+// Paged attention over f16 K/V blocks, causal (within a sliding window where the layer has one),
+// for decode and prompt batches alike.
 // A CTA takes one tile of <= 8 consecutive tokens of one sequence, the q heads of one KV head
 // it can hold (GQA: K/V loaded once for all of them), and one of n_split key ranges
 // (flash-decoding: long contexts are split so a single token still fills the GPU). Keys are
@@ -62,20 +63,23 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(Attention
     const int c = lane & (tpk - 1), grp = lane / tpk;
     const bool dim_ok = c < nd8;
 
-    int tok[M], head[M], lim[M];
-    int maxlen = 0;
+    int tok[M], head[M], lim[M], low[M];
+    int maxlen = 0, minlow = 0x7fffffff;   // (slot 0 always holds a query)
 #pragma unroll
     for (int i = 0; i < M; ++i) {
         const int ti = i / HC, hi = i % HC;
         const bool ok = i < HC * a.tile_len && ti < tile.count && hc * HC + hi < n_rep;
         tok[i] = tile.first + (ok ? ti : 0);
         head[i] = kvh * n_rep + hc * HC + hi;
-        lim[i] = ok ? b.pos[tok[i]] : -1;   // keys 0..lim attend
+        lim[i] = ok ? b.pos[tok[i]] : -1;   // keys low..lim attend
+        low[i] = a.window > 0 ? max(0, lim[i] - a.window + 1) : 0;
         maxlen = max(maxlen, lim[i] + 1);
+        if (ok) minlow = min(minlow, low[i]);
     }
     const int seq = b.seq[tile.first];
-    const int chunk = (maxlen + a.n_split - 1) / a.n_split;
-    const int k0 = split * chunk, k1 = min(maxlen, k0 + chunk);
+    // The splits share the keys some query of the tile sees: [minlow, maxlen).
+    const int chunk = (maxlen - minlow + a.n_split - 1) / a.n_split;
+    const int k0 = minlow + split * chunk, k1 = min(maxlen, k0 + chunk);
 
     float q[M][8], acc[M][8], m[M], l[M];
     const float qscale = a.scale * kLog2e;   // scores in the log2 domain: exp2 below
@@ -132,7 +136,7 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(Attention
             }
 #pragma unroll
             for (int i = 0; i < M; ++i) {
-                if (k < k1 && k <= lim[i]) {
+                if (k < k1 && k <= lim[i] && k >= low[i]) {
                     const float mn = fmaxf(m[i], s[i]);
                     const float corr = exp2f(m[i] - mn), p = exp2f(s[i] - mn);
                     const float ph = __half2float(__float2half_rn(p));   // f16 probabilities times f16 V
@@ -219,7 +223,10 @@ __global__ void __launch_bounds__(kExactThreads) attention_exact_kernel(Attentio
     pdl_trigger();
     const int t = blockIdx.x, h = blockIdx.y;
     const int hd = a.head_dim, n8 = hd / 8, kvh = h / (a.n_head / a.n_head_kv), kv_dim = a.n_head_kv * hd;
+    // Keys first .. first + n_keys - 1 (all up to the token's position, or its window's), in
+    // order from the first, as the CPU visits them.
     const int len = b.pos[t] + 1;
+    const int first = a.window > 0 ? max(0, len - a.window) : 0, n_keys = len - first;
     __shared__ float qs[kMaxHeadDim];
     __shared__ float ps[kExactMaxLen];
     __shared__ float red_f[kWarps];
@@ -231,11 +238,11 @@ __global__ void __launch_bounds__(kExactThreads) attention_exact_kernel(Attentio
 
     // V chunk c -> stage c % kExactStages. Every thread commits a group per call (empty past the
     // end) so the wait counts below are the same for all.
-    const int n_chunks = (len + kExactChunk - 1) / kExactChunk;
+    const int n_chunks = (n_keys + kExactChunk - 1) / kExactChunk;
     auto issue_v = [&](int c) {
         if (c < n_chunks) {
             uint4* dst = vbuf + (c % kExactStages) * kExactChunk * n8;
-            const int p0 = c * kExactChunk, n = min(kExactChunk, len - p0) * n8;
+            const int p0 = first + c * kExactChunk, n = min(kExactChunk, len - p0) * n8;
             for (int e = threadIdx.x; e < n; e += kExactThreads) cp_async16(dst + e, a.v_cache + row(p0 + e / n8) + 8 * (e % n8));
         }
         cp_async_commit();
@@ -246,8 +253,8 @@ __global__ void __launch_bounds__(kExactThreads) attention_exact_kernel(Attentio
         qs[i] = __half2float(__float2half_rn(a.q[int64_t(t) * a.n_head * hd + int64_t(h) * hd + i]));
     __syncthreads();
     float mx = -INFINITY;
-    for (int p = threadIdx.x; p < len; p += kExactThreads) {
-        const uint4* kp = reinterpret_cast<const uint4*>(a.k_cache + row(p));
+    for (int p = threadIdx.x; p < n_keys; p += kExactThreads) {   // (ps is indexed from first)
+        const uint4* kp = reinterpret_cast<const uint4*>(a.k_cache + row(first + p));
         float acc = 0.f;
         for (int c0 = 0; c0 < n8; c0 += 8) {
             uint4 r[8];
@@ -271,7 +278,7 @@ __global__ void __launch_bounds__(kExactThreads) attention_exact_kernel(Attentio
     mx = red_f[0];
     for (int w = 1; w < kWarps; ++w) mx = fmaxf(mx, red_f[w]);
     double sum = 0.0;
-    for (int p = threadIdx.x; p < len; p += kExactThreads) {
+    for (int p = threadIdx.x; p < n_keys; p += kExactThreads) {
         ps[p] = expf_glibc(ps[p] - mx);
         sum += double(ps[p]);
     }
@@ -281,7 +288,7 @@ __global__ void __launch_bounds__(kExactThreads) attention_exact_kernel(Attentio
     sum = 0.0;
     for (int w = 0; w < kWarps; ++w) sum += red_d[w];
     const float inv = float(1.0 / sum);
-    for (int p = threadIdx.x; p < len; p += kExactThreads) ps[p] = __half2float(__float2half_rn(__fmul_rn(ps[p], inv)));
+    for (int p = threadIdx.x; p < n_keys; p += kExactThreads) ps[p] = __half2float(__float2half_rn(__fmul_rn(ps[p], inv)));
 
     float o = 0.f;
     for (int c = 0; c < n_chunks; ++c) {
@@ -291,7 +298,7 @@ __global__ void __launch_bounds__(kExactThreads) attention_exact_kernel(Attentio
         if (threadIdx.x < hd) {
             const __half* vs = reinterpret_cast<const __half*>(vbuf + (c % kExactStages) * kExactChunk * n8) + threadIdx.x;
             const float* pc = ps + c * kExactChunk;
-            const int n = min(kExactChunk, len - c * kExactChunk);
+            const int n = min(kExactChunk, n_keys - c * kExactChunk);
 #pragma unroll 8
             for (int j = 0; j < n; ++j) o = __fadd_rn(o, __fmul_rn(pc[j], __half2float(vs[j * hd])));
         }
@@ -312,7 +319,7 @@ constexpr int kDecTile = 32;
 constexpr int kDecStages = 3;
 constexpr int kDecMaxHeads = 4;   // one warp per head for the softmax step
 
-// Shared-memory tile geometry of one pipeline stage (K and V of kDecTile keys, src/kv/kv_layout.h):
+// Shared-memory tile geometry of one pipeline stage (K and V of kDecTile keys, src/backend/kv_layout.h):
 // [K, V][kDecTile][hd] int8 then [K, V][kDecTile][hd / 32] f16 scales. The int8 rows are
 // swizzled: byte b of key k sits at b ^ swizzle(k), so the four keys a warp reads at once fall on
 // different banks.
@@ -342,7 +349,7 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(Attention
     pdl_wait();
     pdl_trigger();
     const DecodeCta c = decode_cta(a, b, M, kDecTile);
-    const int t = c.t, split = c.split, kvh = c.kvh, h0 = c.h0, n_heads_here = c.n_rows, k0 = c.k0, k1 = c.k1;
+    const int t = c.t, split = c.split, kvh = c.kvh, h0 = c.h0, n_heads_here = c.n_rows, lo = c.lo, k0 = c.k0, k1 = c.k1;
     const int n_tiles = c.n_tiles;
     const int kv_dim = a.n_head_kv * hd, q_dim = a.n_head * hd;
     const int32_t* bt = b.block_table + int64_t(b.seq[t]) * b.max_blocks;
@@ -367,9 +374,12 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(Attention
                     const bool scale = e >= 2 * kChunks;
                     const int ee = scale ? e - 2 * kChunks : e;
                     const int kv = scale ? ee / kScaleChunks : ee / kChunks, r = scale ? ee % kScaleChunks : ee % kChunks;
+                    // Keys outside [lo, k1) are zero-filled from a visible key's address (a key
+                    // below the window may lie in a block the cache no longer holds); a scale chunk
+                    // is copied when any of its keys is visible.
                     const int key = key0 + (scale ? r * kSk : r / n16);
-                    const bool ok = key < k1;
-                    const int64_t kr = key_row(ok ? key : k0);   // block * bs + slot
+                    const bool ok = key < k1 && (scale ? key + kSk > lo : key >= lo);
+                    const int64_t kr = key_row(ok ? key : max(k0, lo));   // block * bs + slot
                     const uint8_t* base = reinterpret_cast<const uint8_t*>(kv ? a.v_cache : a.k_cache) +
                                           (kr >> bs_shift) * block_bytes;
                     const int64_t row = (int64_t(kvh) * bs + (kr & (bs - 1))) * hd;
@@ -445,12 +455,14 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(Attention
                 for (int i = 0; i < M; ++i)
                     s[i] += float(__dp4a(int(kw.y), qi[i][c][1], __dp4a(int(kw.x), qi[i][c][0], 0))) * (dk * q[i][c]);
             }
+            const int k = k0 + j * kDecTile + key;
+            const bool visible = k < k1 && k >= lo;
 #pragma unroll
             for (int i = 0; i < M; ++i) {
                 s[i] += __shfl_xor_sync(0xffffffffu, s[i], 1);
                 s[i] += __shfl_xor_sync(0xffffffffu, s[i], 2);
                 s[i] += __shfl_xor_sync(0xffffffffu, s[i], 4);
-                if (part == 0) ps[i][key] = k0 + j * kDecTile + key < k1 ? s[i] : -INFINITY;
+                if (part == 0) ps[i][key] = visible ? s[i] : -INFINITY;
             }
         }
         __syncthreads();

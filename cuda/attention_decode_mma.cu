@@ -79,7 +79,8 @@ __global__ void __launch_bounds__(DecodeMmaSmem<HD>::kWarps * kWarp)
 #endif
     pdl_trigger();
     const DecodeCta c = decode_cta(a, b, kRows, kKeys);
-    const int t = c.t, split = c.split, kvh = c.kvh, h0 = c.h0, n_rows = c.n_rows, len = c.len, k0 = c.k0, k1 = c.k1;
+    const int t = c.t, split = c.split, kvh = c.kvh, h0 = c.h0, n_rows = c.n_rows, len = c.len, lo = c.lo, k0 = c.k0,
+              k1 = c.k1;
     const int n_tiles = c.n_tiles;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     const int kv_dim = a.n_head_kv * HD, q_dim = a.n_head * HD;
@@ -90,9 +91,10 @@ __global__ void __launch_bounds__(DecodeMmaSmem<HD>::kWarps * kWarp)
     auto tile_key0 = [&](int i) { return k0 + (warp + kWarps * i) * kKeys; };
 
     // The warp's i-th tile. Tensor copies: lanes 0 .. 2 * kBoxes - 1 each copy one box (the
-    // rows past the key range hold whatever the block holds: wait_tile zeroes them in V). cp.async:
-    // 16 bytes per request, one group per call; keys past the range copy key k0's row instead
-    // (finite values that get probability 0).
+    // rows outside the visible keys [lo, k1) hold whatever the block holds: wait_tile zeroes them
+    // in V). cp.async: 16 bytes per request, one group per call; keys outside [lo, k1) copy a
+    // visible key's row instead (finite values that get probability 0; a key below a sliding
+    // window may lie in a block the cache no longer holds).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (kTma && lane == 0) {
         for (int st = 0; st < Smem::kStages; ++st) mbar_init(&full[warp][st], 1);
@@ -122,7 +124,8 @@ __global__ void __launch_bounds__(DecodeMmaSmem<HD>::kWarps * kWarp)
                 const int c = lane % kLanesPerKey;
 #pragma unroll
                 for (int p = 0; p < kKeys / kKeysPerPass; ++p) {
-                    const int r = p * kKeysPerPass + lane / kLanesPerKey, key = tile_key0(i) + r, kk = key < k1 ? key : k0;
+                    const int r = p * kKeysPerPass + lane / kLanesPerKey, key = tile_key0(i) + r;
+                    const int kk = key < k1 && key >= lo ? key : max(k0, lo);
                     const int64_t off = (int64_t(bt[kk >> bs_shift]) * bs + (kk & (bs - 1))) * kv_dim + kvh * HD + 8 * c;
                     cp_async16(st + Smem::at(r, c), a.k_cache + off);
                     cp_async16(st + Smem::kTileBytes + Smem::at(r, c), a.v_cache + off);
@@ -131,19 +134,20 @@ __global__ void __launch_bounds__(DecodeMmaSmem<HD>::kWarps * kWarp)
         }
         if constexpr (!kTma) cp_async_commit();
     };
-    // Waits for the warp's i-th tile. A tensor-copied tile that ends past the key range: its V
-    // rows there are zeroed (they may hold anything, and 0 * inf in P V would be NaN).
+    // Waits for the warp's i-th tile. A tensor-copied tile that reaches outside the visible keys:
+    // its V rows there are zeroed (they may hold anything, and 0 * inf in P V would be NaN).
     auto wait_tile = [&](int i) {
         if constexpr (kTma) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
             mbar_wait(&full[warp][i % Smem::kStages], (i / Smem::kStages) & 1);
 #endif
-            const int n_valid = k1 - tile_key0(i);
-            if (n_valid < kKeys) {
+            const int v_lo = lo - tile_key0(i), v_hi = k1 - tile_key0(i);   // visible rows [v_lo, v_hi)
+            if (v_lo > 0 || v_hi < kKeys) {
                 uint8_t* vs = wsm + (i % Smem::kStages) * Smem::kStageBytes + Smem::kTileBytes;
                 for (int e = lane; e < kKeys * HD / 8; e += kWarp) {   // 16-byte chunks, row-major
                     const int r = e / (HD / 8);
-                    if (r >= n_valid) *reinterpret_cast<uint4*>(vs + Smem::at(r, e % (HD / 8))) = make_uint4(0, 0, 0, 0);
+                    if (r < v_lo || r >= v_hi)
+                        *reinterpret_cast<uint4*>(vs + Smem::at(r, e % (HD / 8))) = make_uint4(0, 0, 0, 0);
                 }
             }
         } else {
@@ -204,14 +208,15 @@ __global__ void __launch_bounds__(DecodeMmaSmem<HD>::kWarps * kWarp)
                 mma16816(sc[j], qa[s + 1], kb[2], kb[3]);
             }
         }
-        // Online softmax (key 0 of a tile is always in range, so the new maxima are finite).
+        // Online softmax (every tile holds a visible key, so the new maxima are finite).
         const int key_base = tile_key0(i);
         float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
         for (int j = 0; j < 2; ++j)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                const bool ok = key_base + 8 * j + 2 * tq + e < k1;
+                const int key = key_base + 8 * j + 2 * tq + e;
+                const bool ok = key < k1 && key >= lo;
                 sc[j][e] = ok ? sc[j][e] * qscale : -INFINITY;
                 sc[j][2 + e] = ok ? sc[j][2 + e] * qscale : -INFINITY;
                 mx0 = fmaxf(mx0, sc[j][e]);

@@ -1,8 +1,9 @@
 // Prompt attention on tensor cores (FlashAttention-2 style, mma.sync m16n8k16 f16 -> f32):
 // a CTA of 4 warps takes 64 consecutive tokens of one sequence (16 query rows per warp) and
 // one q head, and streams that sequence's keys in tiles of 64 from the paged f16 cache
-// through shared memory. Scores stay in registers (online softmax), no n x n matrix exists.
-// Head dims 64 and 128; others use the CUDA-core kernel in attention.cu.
+// through shared memory (from the tile holding the first key a sliding window lets it see).
+// Scores stay in registers (online softmax), no n x n matrix exists. Head dims 64 and 128;
+// others use the CUDA-core kernel in attention.cu.
 #include "attention_splits.cuh"
 #include "common.cuh"
 #include "kernels.h"
@@ -35,10 +36,19 @@ __global__ void __launch_bounds__(kWarps * kWarp) attention_mma_kernel(Attention
     const int r0 = 16 * warp + g, r1 = r0 + 8;
     const int pos0 = r0 < tile.count ? b.pos[tile.first + r0] : -1;
     const int pos1 = r1 < tile.count ? b.pos[tile.first + r1] : -1;
-    int max_pos = -1;
-    for (int i = 0; i < tile.count; ++i) max_pos = max(max_pos, b.pos[tile.first + i]);
-    // The warp's last visible key: warp-uniform, so the .aligned mma / ldmatrix never diverge.
+    int max_pos = -1, min_pos = 0x7fffffff;
+    for (int i = 0; i < tile.count; ++i) {
+        max_pos = max(max_pos, b.pos[tile.first + i]);
+        min_pos = min(min_pos, b.pos[tile.first + i]);
+    }
+    // Sliding window: row r sees keys low_r .. pos_r; the CTA starts at the tile of keys holding
+    // the first key any of its rows sees.
+    const int w = a.window;
+    const int low0 = w > 0 ? pos0 - w + 1 : 0, low1 = w > 0 ? pos1 - w + 1 : 0;
+    const int key_lo = w > 0 ? max(0, min_pos - w + 1) : 0;
+    // The warp's last and first visible keys: warp-uniform, so the .aligned mma / ldmatrix never diverge.
     const int warp_pos = __reduce_max_sync(0xffffffffu, max(pos0, pos1));
+    const int warp_low = __reduce_min_sync(0xffffffffu, min(pos0 >= 0 ? low0 : 0x7fffffff, pos1 >= 0 ? low1 : 0x7fffffff));
 
     uint32_t qa[kSteps][4];
     {
@@ -71,14 +81,14 @@ __global__ void __launch_bounds__(kWarps * kWarp) attention_mma_kernel(Attention
     const int32_t* bt = b.block_table + int64_t(b.seq[tile.first]) * b.max_blocks;
     const int bs = a.block_size;
     const int n_keys = max_pos + 1;
-    for (int k0 = 0; k0 < n_keys; k0 += kKTile) {
+    for (int k0 = key_lo / kKTile * kKTile; k0 < n_keys; k0 += kKTile) {
         __syncthreads();   // the previous tile is consumed
         constexpr int kChunks = kKTile * HD / 8;   // 16-byte pieces of a tile
         for (int c = threadIdx.x; c < kChunks; c += kWarps * kWarp) {
             const int key = c / (HD / 8), part = c % (HD / 8);
             const int kk = k0 + key;
             uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
-            if (kk < n_keys) {
+            if (kk < n_keys && kk >= key_lo) {   // (a key below every row's window may be in a freed block)
                 const int64_t off = (int64_t(bt[kk / bs]) * bs + kk % bs) * kv_dim + kvh * HD + 8 * part;
                 kv = *reinterpret_cast<const uint4*>(a.k_cache + off);
                 vv = *reinterpret_cast<const uint4*>(a.v_cache + off);
@@ -87,7 +97,8 @@ __global__ void __launch_bounds__(kWarps * kWarp) attention_mma_kernel(Attention
             *reinterpret_cast<uint4*>(&vs[key][8 * part]) = vv;
         }
         __syncthreads();
-        if (warp_pos < k0) continue;   // every key of this tile is in the future of this warp's rows
+        // Every key of this tile is in the future of this warp's rows, or below their windows.
+        if (warp_pos < k0 || warp_low >= k0 + kKTile) continue;
 
         // S = Q K^T for this warp's 16 rows x 64 keys (8 n-tiles).
         float sc[kKTile / 8][4];
@@ -102,15 +113,15 @@ __global__ void __launch_bounds__(kWarps * kWarp) attention_mma_kernel(Attention
                 mma16816(sc[j], qa[s + 1], kb[2], kb[3]);
             }
         }
-        // Causal mask and online softmax (rows g and g + 8; a row lives in one lane quad).
+        // Causal and window mask, online softmax (rows g and g + 8; a row lives in one lane quad).
         float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
         for (int j = 0; j < kKTile / 8; ++j) {
             const int key = k0 + 8 * j + 2 * t;
-            if (key > pos0) sc[j][0] = -INFINITY;
-            if (key + 1 > pos0) sc[j][1] = -INFINITY;
-            if (key > pos1) sc[j][2] = -INFINITY;
-            if (key + 1 > pos1) sc[j][3] = -INFINITY;
+            if (key > pos0 || key < low0) sc[j][0] = -INFINITY;
+            if (key + 1 > pos0 || key + 1 < low0) sc[j][1] = -INFINITY;
+            if (key > pos1 || key < low1) sc[j][2] = -INFINITY;
+            if (key + 1 > pos1 || key + 1 < low1) sc[j][3] = -INFINITY;
             mx0 = fmaxf(mx0, fmaxf(sc[j][0], sc[j][1]));
             mx1 = fmaxf(mx1, fmaxf(sc[j][2], sc[j][3]));
         }

@@ -12,10 +12,12 @@ namespace cuda {
 constexpr float kLog2e = 1.4426950408889634f;
 
 // A decode CTA of the grid n_tok x (kv heads x groups of `rows` q heads) x n_split: token t, q
-// heads h0 .. h0 + n_rows - 1 of kv head kvh, keys [k0, k1) of the token's len in n_tiles tiles
-// of `tile` keys (a split's range is a whole number of tiles).
+// heads h0 .. h0 + n_rows - 1 of kv head kvh, keys [k0, k1) in n_tiles tiles of `tile` keys (a
+// split's range is a whole number of tiles). The visible keys are [lo, len): with a sliding
+// window the tiles wholly below lo are skipped, and the kernel masks the keys below lo in the
+// first one.
 struct DecodeCta {
-    int t, split, kvh, h0, n_rows, len, k0, k1, n_tiles;
+    int t, split, kvh, h0, n_rows, len, lo, k0, k1, n_tiles;
 };
 __device__ __forceinline__ DecodeCta decode_cta(const AttentionArgs& a, const DeviceBatch& b, int rows, int tile) {
     DecodeCta c;
@@ -26,8 +28,10 @@ __device__ __forceinline__ DecodeCta decode_cta(const AttentionArgs& a, const De
     c.h0 = c.kvh * n_rep + (blockIdx.y % n_hchunks) * rows;
     c.n_rows = min(rows, c.kvh * n_rep + n_rep - c.h0);
     c.len = b.pos[c.t] + 1;
-    const int chunk = ((c.len + a.n_split - 1) / a.n_split + tile - 1) / tile * tile;
-    c.k0 = c.split * chunk;
+    c.lo = a.window > 0 ? max(0, c.len - a.window) : 0;
+    const int first = c.lo / tile * tile;
+    const int chunk = ((c.len - first + a.n_split - 1) / a.n_split + tile - 1) / tile * tile;
+    c.k0 = first + c.split * chunk;
     c.k1 = min(c.len, c.k0 + chunk);
     c.n_tiles = c.k1 > c.k0 ? (c.k1 - c.k0 + tile - 1) / tile : 0;
     return c;

@@ -1,5 +1,7 @@
 // The CUDA Backend: device memory, weight upload, batch metadata in fixed device buffers,
-// op dispatch (GEMV for decode, dequantize + cuBLAS for prompts), and decode-step CUDA graphs.
+// op dispatch (GEMV for decode, dequantize + cuBLAS for prompts), the fused ops of a block
+// (norm -> q8_1 activations -> GEMV, Q/K/V with rope and KV store, attention -> O projection,
+// gate/up -> gated activation -> down), and decode-step CUDA graphs.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -12,11 +14,12 @@
 #include <unordered_set>
 #include <vector>
 
+#include "cuda_backend.h"
 #include "cuda_check.h"
 #include "kernels.h"
 #include "launch.h"
-#include "backend/kv_layout.h"
 #include "backend/backend.h"
+#include "backend/kv_layout.h"
 #include "rope_table.h"
 #include "weight_pack.h"
 #include "weight_stream.h"
@@ -95,10 +98,11 @@ float bf16_bits_to_float(uint16_t b) {
 class CudaBackend final : public Backend {
 public:
     explicit CudaBackend(int device) : device_(device) {
-        // EMBER_CUDA_GRAPHS=0 runs every step eagerly; EMBER_CUDA_FUSE=0 launches each op as
-        // called (no merged GEMVs, no norm/add/swiglu fusions); EMBER_CUDA_EXACT_ATTN=0 uses the
-        // flash-decoding kernel for short contexts too; EMBER_CUDA_PDL=0 turns off programmatic
-        // dependent launch. For diagnosis and comparisons.
+        // EMBER_CUDA_GRAPHS=0 runs every step eagerly; EMBER_CUDA_FUSE=0 makes every fused op
+        // (and matmul_many) take the Backend's default composition of primitives, one launch per
+        // primitive; EMBER_CUDA_EXACT_ATTN=0 uses the flash-decoding kernel for short contexts
+        // too; EMBER_CUDA_PDL=0 turns off programmatic dependent launch. For diagnosis and
+        // comparisons.
         graphs_on_ = env_flag("EMBER_CUDA_GRAPHS");
         exact_attn_on_ = env_flag("EMBER_CUDA_EXACT_ATTN");
         fuse_on_ = env_flag("EMBER_CUDA_FUSE");
@@ -155,26 +159,24 @@ public:
         return p;
     }
     void free(void* p) override {
-        flush();
+        issue_uploads();   // (a pending upload may write p)
         if (p) EMBER_CUDA_CHECK(cudaFree(p));
     }
     // Small copies wait in pinned memory as pending uploads (see issue_uploads); larger ones go now.
     void copy_from_host(void* dst, const void* src, size_t bytes) override {
-        if (ops_pending()) flush();   // (ops issued before the copy read dst as it was)
-        ++epoch_;
         if (void* p = pinned_input(bytes)) {
             std::memcpy(p, src, bytes);
             add_upload(dst, p, bytes);
             return;
         }
-        flush();
+        issue_uploads();
         EMBER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
     }
     // Copies into memory from alloc_host land directly; other small copies (a decode step's
     // logits) go through a pinned bounce buffer: the 196 KB of a 49152-word vocabulary kept the
     // GPU idle 50-64 us a step from pageable memory (2-3% of a depth-0 step).
     void copy_to_host(void* dst, const void* src, size_t bytes) override {
-        flush();
+        issue_uploads();
         const bool direct = bytes > kPinnedOutBytes || is_pinned(dst, bytes);
         if (!direct && !pinned_out_) pinned_out_ = alloc_host(kPinnedOutBytes);
         void* to = direct ? dst : pinned_out_;
@@ -183,7 +185,7 @@ public:
         if (to != dst) std::memcpy(dst, to, bytes);
     }
     void synchronize() override {
-        flush();
+        issue_uploads();
         EMBER_CUDA_CHECK(cudaStreamSynchronize(stream_));
     }
     void* alloc_host(size_t bytes) override {
@@ -196,7 +198,7 @@ public:
         return p;
     }
     void free_host(void* p) override {
-        flush();
+        issue_uploads();
         EMBER_CUDA_CHECK(cudaStreamSynchronize(stream_));   // no copy still writes it
         auto it = std::find_if(host_blocks_.begin(), host_blocks_.end(), [p](const HostBlock& h) { return h.p == p; });
         if (it == host_blocks_.end()) fail("cuda free_host: ", p, " did not come from alloc_host");
@@ -259,8 +261,7 @@ public:
     // through a pinned staging copy; offsets depend only on capacities, so a captured graph
     // stays valid while the contents change.
     void set_batch(const BatchInfo& b) override {
-        flush();
-        ++epoch_;
+        issue_uploads();   // (the previous batch's upload reads the staging rewritten below)
         const int32_t n_tok = b.n_tok;
         if (n_tok < 0 || int64_t(b.pos.size()) < n_tok || int64_t(b.seq.size()) < n_tok)
             fail("cuda set_batch: n_tok ", n_tok, " but ", b.pos.size(), " positions and ", b.seq.size(), " sequence ids");
@@ -330,263 +331,179 @@ public:
         batch_sig_ = sig;
     }
 
+    // ---- primitives: each launches its kernels at once ----
     void matmul(const Weight& w, const float* x, int32_t n_tok, float* y) override {
-        if (n_tok <= 0) return;
-        cuda::DeviceWeight dw{w.type, static_cast<const uint8_t*>(w.data), packed_layout(w.type, w.n_in, w.n_out),
-                              w.n_in, w.n_out};
-        if (n_tok <= kMaxGemvTokens) {
-            // Q, K, V (and gate, up) read the same input back to back: one launch for all.
-            PendingGemv& pg = pgemv_;
-            if (fuse_on_ && pg.count > 0 && pg.count < kMaxGemvBatch && pg.x == x && pg.n_tok == n_tok &&
-                pg.w[0].type == w.type && pg.w[0].n_in == w.n_in) {
-                ++epoch_;
-                pg.w[pg.count] = dw;
-                pg.y[pg.count++] = y;
-                if (q8_x_ == x) q8_epoch_ = epoch_;
-                return;
-            }
-            flush();
-            ++epoch_;
-            if (gemv_wants_q8(w.type)) q8_input(x, n_tok, w.n_in);
-            pg.count = 1;
-            pg.w[0] = dw;
-            pg.y[0] = y;
-            pg.x = x;
-            pg.n_tok = n_tok;
-            return;
-        }
-        flush();
-        ++epoch_;
-        if (n_tok <= kMaxIntPromptTokens && gemv_wants_q8(w.type)) {
-            q8_input(x, n_tok, w.n_in);
-            const cuda::DeviceWeight* ws[1] = {&dw};
-            for (int32_t t0 = 0; t0 < n_tok; t0 += kMaxGemvTokens) {
-                float* ys[1] = {y + int64_t(t0) * w.n_out};
-                gemv(ws, ys, 1, x + int64_t(t0) * w.n_in, static_cast<const int8_t*>(xq_.p) + int64_t(t0) * w.n_in,
-                     static_cast<const float2*>(xds_.p) + int64_t(t0) * (w.n_in / 32),
-                     std::min<int32_t>(kMaxGemvTokens, n_tok - t0), stream_);
-            }
-            return;
-        }
-        // Prompt batches: tensor cores through cuBLAS, y^T [n_out x n_tok] = W [n_out x n_in] x^T
-        // (column-major: A = W^T with lda n_in, B = x^T with ldb n_in, C ldc n_out).
-        const float one = 1.f, zero = 0.f;
-        const void* A = w.data;
-        const void* B = x;
-        cudaDataType ta = CUDA_R_32F, tb = CUDA_R_32F;
-        const size_t nx = size_t(n_tok) * size_t(w.n_in);
-        if (w.type == GGMLType::F32) {
-            // float weights stay float (no tensor-core rounding of small F32 tensors)
-        } else if (w.type == GGMLType::BF16) {
-            ensure(xh_, nx * 2);
-            convert_to_bf16(x, static_cast<__nv_bfloat16*>(xh_.p), int64_t(nx), stream_);
-            ta = tb = CUDA_R_16BF;
-            B = xh_.p;
-        } else {
-            ensure(xh_, nx * 2);
-            convert_to_f16(x, static_cast<__half*>(xh_.p), int64_t(nx), stream_);
-            ta = tb = CUDA_R_16F;
-            B = xh_.p;
-            if (w.type != GGMLType::F16) {
-                ensure(wh_, size_t(w.n_out) * size_t(w.n_in) * 2);
-                dequantize_f16(dw, static_cast<__half*>(wh_.p), stream_);
-                A = wh_.p;
-            }
-        }
-        EMBER_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(w.n_out), n_tok, int(w.n_in), &one, A, ta,
-                                        int(w.n_in), B, tb, int(w.n_in), &zero, y, CUDA_R_32F, int(w.n_out),
-                                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        issue_uploads();
+        const Weight* ws[1] = {&w};
+        project(ws, &y, 1, x, n_tok, false);
     }
-
+    // One q8_1 quantization of x for all weights, and one GEMV launch per run of weights of one type.
+    void matmul_many(const Weight* const* ws, float* const* ys, int count, const float* x, int32_t n_tok) override {
+        if (!fuse_on_) return Backend::matmul_many(ws, ys, count, x, n_tok);
+        issue_uploads();
+        project(ws, ys, count, x, n_tok, false);
+    }
     void rmsnorm(const float* x, const float* gamma, int32_t n_tok, int32_t dim, float eps, float* y) override {
-        // A pending residual add into x is done by the norm kernel itself (x += res, then norm).
-        const float* res = nullptr;
-        if (padd_.x != nullptr && padd_.x == x && padd_.n == int64_t(n_tok) * dim) {
-            res = padd_.y;
-            padd_ = PendingAdd{};
-        }
-        flush();
-        ++epoch_;
-        // Decode-sized batches: also emit the q8_1 activations the next GEMV reads.
-        Q8 q8{};
-        if (fuse_on_ && n_tok <= kMaxIntPromptTokens && dim % 32 == 0) q8 = q8_scratch(int64_t(n_tok) * dim);
-        cuda::rmsnorm(const_cast<float*>(x), res, gamma, n_tok, dim, eps, y, q8.q, q8.ds, stream_);
-        if (q8.q) set_q8(y, int64_t(n_tok) * dim);
+        issue_uploads();
+        cuda::rmsnorm(const_cast<float*>(x), nullptr, gamma, n_tok, dim, eps, y, nullptr, nullptr, stream_);
     }
-    // The rotations of (base, head_dim) for the batch's positions. A first use allocates the table
-    // (set_batch grows it later), which moves a buffer as growing does.
-    const float2* rope_table(float base, int32_t head_dim) {
-        bool moved = false;
-        const float2* t = ropes_.get(base, head_dim, max_len_, stream_, moved);
-        if (moved) invalidate_graphs();
-        return t;
+    void head_rmsnorm(float* x, const float* gamma, int32_t n_tok, int32_t n_heads, int32_t head_dim,
+                      float eps) override {
+        issue_uploads();
+        cuda::head_rmsnorm(x, gamma, n_tok, n_heads, head_dim, eps, stream_);
     }
-    // Deferred (up to two: q then k): a following kv_store of the rotated k runs all in one kernel.
-    // q and k straight out of a pending Q, K, V GEMV keep that GEMV pending too: it may do them.
-    void rope(float* x, int32_t n_tok, int32_t n_heads, int32_t head_dim, float freq_base, bool neox) override {
-        const bool from_qkv = fuse_on_ && pgemv_.count == 3 && n_prope_ < 2 && pgemv_.y[n_prope_] == x && !padd_.x;
-        if (!from_qkv) flush(/*keep_ropes=*/true);
-        ++epoch_;
+    void rope(float* x, int32_t n_tok, int32_t n_heads, const RopeParams& rope) override {
+        issue_uploads();
         check_batch(n_tok, "rope");
-        if (fuse_on_ && n_prope_ < 2) {
-            prope_[n_prope_++] = PendingRope{x, n_tok, n_heads, head_dim, freq_base, neox};
-            return;
-        }
-        cuda::rope(x, dbatch_.pos, n_tok, n_heads, head_dim, rope_table(freq_base, head_dim), neox, stream_);
+        cuda::rope(x, dbatch_.pos, n_tok, n_heads, rope.head_dim, rope_table(rope), rope.neox, stream_);
     }
     void kv_store(KVLayer& kv, const float* k, const float* v, int32_t n_tok) override {
+        issue_uploads();
         check_batch(n_tok, "kv_store");
-        if (kv.type != GGMLType::F16 && kv.type != GGMLType::Q8_0)
-            fail("cuda kv_store: the GPU keeps KV in f16 or q8_0, not in GGML type ", int(kv.type));
-        const bool q8 = kv.type == GGMLType::Q8_0;
-        if (n_prope_ > 0) {
-            const PendingRope& rk = prope_[n_prope_ - 1];
-            const PendingRope* rq = n_prope_ == 2 ? &prope_[0] : nullptr;
-            const bool k_ok = rk.x == k && rk.n_tok == n_tok && rk.n_heads == kv.n_head_kv && rk.head_dim == kv.head_dim;
-            const bool q_ok = !rq || (rq->n_tok == n_tok && rq->head_dim == rk.head_dim && rq->base == rk.base &&
-                                      rq->neox == rk.neox);
-            if (k_ok && q_ok) {
-                n_prope_ = 0;
-                if (rope_store_in_qkv(kv, rk, rq, k, v, n_tok)) return;
-                flush();
-                ++epoch_;
-                // Before the f16 decode kernel, which starts streaming the older keys as soon as
-                // this kernel lets it (tg128 at depth 16384 +1.5%; before the short-context
-                // kernel an early start cost 1.5%).
-                const bool early = decode_mma_attention(kv, n_tok);
-                cuda::rope_kv_store(rq ? rq->x : nullptr, rq ? rq->n_heads : 0, rk.x, v, kv.n_head_kv, kv.head_dim,
-                                    rope_table(rk.base, rk.head_dim), rk.neox, q8 ? nullptr : static_cast<__half*>(kv.k), q8 ? nullptr : static_cast<__half*>(kv.v),
-                                    kv.block_size, n_tok, dbatch_, early, stream_);
-                if (q8) store_q8(kv, k, v, n_tok);
-                return;
-            }
-        }
-        flush();
-        ++epoch_;
-        if (q8) return store_q8(kv, k, v, n_tok);
+        check_kv(kv, "kv_store");
+        if (kv.type == GGMLType::Q8_0) return store_q8(kv, k, v, n_tok);
         cuda::kv_store(static_cast<__half*>(kv.k), static_cast<__half*>(kv.v), kv.block_size, kv.n_head_kv * kv.head_dim,
                        k, v, n_tok, dbatch_, stream_);
     }
     void attention(const KVLayer& kv, const float* q, int32_t n_tok, const AttentionShape& shape, float* out) override {
-        flush();
-        ++epoch_;
-        check_batch(n_tok, "attention");
-        if (shape.n_head_kv != kv.n_head_kv || shape.head_dim != kv.head_dim)
-            fail("cuda attention: shape (", shape.n_head_kv, " kv heads of ", shape.head_dim, ") does not match the KV layer (",
-                 kv.n_head_kv, " of ", kv.head_dim, ")");
-        cuda::AttentionArgs a{};
-        a.k_cache = static_cast<const __half*>(kv.k);
-        a.v_cache = static_cast<const __half*>(kv.v);
-        if (kv.type == GGMLType::Q8_0) {
-            // Decode reads the q8_0 blocks directly; other batches read an f16 copy of the blocks
-            // they use (their work per KV byte is large, so the copy costs little).
-            a.kv_q8 = n_tok <= kMaxGemvTokens && decode_heads(kv, shape.n_head, true) > 0 &&
-                      kv_block_bytes(kv.type, kv.block_size, int64_t(kv.n_head_kv) * kv.head_dim) % 16 == 0;
-            if (!a.kv_q8) expand_q8(kv, a);
-        } else if (kv.type != GGMLType::F16) {
-            fail("cuda attention: the GPU keeps KV in f16 or q8_0, not in GGML type ", int(kv.type));
-        }
-        a.block_size = kv.block_size;
-        a.cache_rows = int64_t(kv.n_blocks) * kv.block_size;
-        a.n_head = shape.n_head;
-        a.n_head_kv = shape.n_head_kv;
-        a.head_dim = shape.head_dim;
-        a.scale = shape.scale;
-        a.q = q;
-        a.out = out;
-        a.n_tok = n_tok;
-        const int n_rep = shape.n_head_kv > 0 ? shape.n_head / shape.n_head_kv : 1;
-        a.heads_per_cta = std::min(n_rep, 8);
-        // The exact and decode kernels also write their output as the q8_1 blocks the O
-        // projection's GEMV reads (no quantize launch between them).
-        const int64_t total = int64_t(n_tok) * shape.n_head * shape.head_dim;
-        auto with_q8_out = [&](auto&& launch) {
-            if (fuse_on_ && shape.head_dim % 32 == 0) {
-                const Q8 q8 = q8_scratch(total);
-                a.out_q = q8.q;
-                a.out_ds = q8.ds;
-            }
-            launch();
-            if (a.out_q) set_q8(out, total);
-        };
-        if (!a.kv_q8 && exact_attention(n_tok, shape.head_dim))
-            return with_q8_out([&] { cuda::attention_exact(a, dbatch_, stream_); });
-        if (n_tok > kMaxIntPromptTokens) {   // long prompts: tensor cores where the head dim allows
-            a.tile_len = kMmaTileLen;
-            a.n_tiles = n_tiles_[kNumTileLens - 1];
-            a.tiles = tiles_for(kNumTileLens - 1);
-            a.n_split = 1;
-            if (cuda::attention_prefill_mma(a, dbatch_, stream_)) return;
-        }
-        const int n_dec = decode_heads(kv, shape.n_head, a.kv_q8);
-        if (n_tok <= kMaxGemvTokens && n_dec > 0) {   // decode over a long context: pipelined tiles
-            const int n_groups = (n_rep + n_dec - 1) / n_dec;
-            const int base = n_tok * shape.n_head_kv * n_groups;
-            const int want = pow2_ceil((max_len_ + kKeysPerSplit - 1) / kKeysPerSplit);
-            const int target = a.kv_q8 ? kDecodeTargetCtas : kDecodeMmaTargetCtas;
-            a.n_split = std::max(1, std::min(want, pow2_floor(std::max(1, target / base))));
-            prepare_splits(a, size_t(base));
-            return with_q8_out([&] {
-                if (a.kv_q8) cuda::attention_decode(a, dbatch_, stream_);
-                else cuda::attention_decode_mma(a, dbatch_, stream_);
-            });
-        }
-        // Prompts: share K/V among up to 8 queries.
-        int k = 0;
-        if (n_tok > kMaxGemvTokens) {
-            const int tq = std::max(1, 8 / pow2_ceil(a.heads_per_cta));
-            while (kTileLens[k] < tq) ++k;
-        }
-        a.tile_len = kTileLens[k];
-        a.n_tiles = n_tiles_[k];
-        a.tiles = tiles_for(k);
-        const int n_hchunks = (n_rep + a.heads_per_cta - 1) / a.heads_per_cta;
-        const int base = a.n_tiles * shape.n_head_kv * n_hchunks;
-        const int want = pow2_ceil((max_len_ + kKeysPerSplit - 1) / kKeysPerSplit);
-        a.n_split = std::max(1, std::min(want, pow2_floor(std::max(1, kTargetAttnCtas / std::max(base, 1)))));
-        prepare_splits(a, size_t(a.n_tiles) * shape.n_head_kv * n_hchunks);
-        cuda::attention(a, dbatch_, stream_);
+        issue_uploads();
+        attend(kv, q, n_tok, shape, out, false);
     }
-    void swiglu(const float* gate, const float* up, int64_t n, float* out) override {
-        // Gate and up of a float-weight model still pending as one GEMV: compute the product in
-        // that launch (the gate and up outputs are then never written).
-        const PendingGemv& pg = pgemv_;
-        if (fuse_on_ && pg.count == 2 && pg.y[0] == gate && pg.y[1] == up && cuda::gemv_swiglu_supported(pg.w[0].type) &&
-            pg.w[0].n_out == pg.w[1].n_out && n == int64_t(pg.n_tok) * pg.w[0].n_out) {
-            pgemv_.count = 0;
-            flush();
-            ++epoch_;
-            cuda::gemv_swiglu(pg.w[0], pg.w[1], out, pg.x, pg.n_tok, stream_);
-            return;
-        }
-        flush();
-        ++epoch_;
-        if (fuse_on_ && n_tok_ > 0 && n_tok_ <= kMaxIntPromptTokens && n % 32 == 0) {   // feeds the down projection's GEMV
-            const Q8 q8 = q8_scratch(n);
-            cuda::swiglu_q8(gate, up, n, out, q8.q, q8.ds, stream_);
-            set_q8(out, n);
-        } else {
-            cuda::swiglu(gate, up, n, out, stream_);
-        }
+    void gated_act(Activation act, const float* gate, const float* up, int64_t n, float* out) override {
+        issue_uploads();
+        cuda::gated_act(act, gate, up, n, out, stream_);
     }
-    // Deferred: a following rmsnorm of x does the add in its own kernel.
     void add(float* x, const float* y, int64_t n) override {
-        flush();
-        ++epoch_;
-        if (fuse_on_)
-            padd_ = PendingAdd{x, y, n};
-        else
-            cuda::add(x, y, n, stream_);
+        issue_uploads();
+        cuda::add(x, y, n, stream_);
     }
     void add_bias(float* x, const float* bias, int32_t n_tok, int32_t dim) override {
-        flush();
-        ++epoch_;
+        issue_uploads();
         cuda::add_bias(x, bias, n_tok, dim, stream_);
     }
 
+    // ---- fused ops. Where a GEMV of a decode-sized batch reads the result of the kernel before
+    // it, that kernel also writes the result as q8_1 blocks into the scratch (xq_, xds_) and the
+    // GEMV reads them there: the handoff is explicit inside one op. ----
+
+    // The residual add inside the norm kernel.
+    void add_rmsnorm(float* x, const float* residual, const float* gamma, int32_t n_tok, int32_t dim, float eps,
+                     float* y) override {
+        if (!fuse_on_) return Backend::add_rmsnorm(x, residual, gamma, n_tok, dim, eps, y);
+        issue_uploads();
+        norm(x, residual, gamma, n_tok, dim, eps, y, false);
+    }
+    // The output head: the norm writes the q8_1 input of the GEMV.
+    void norm_matmul(float* x, const float* residual, const float* gamma, float eps, const Weight& w, int32_t n_tok,
+                     float* xn, float* y) override {
+        if (!fuse_on_) return Backend::norm_matmul(x, residual, gamma, eps, w, n_tok, xn, y);
+        issue_uploads();
+        const Weight* ws[1] = {&w};
+        const int32_t dim = int32_t(w.n_in);
+        const bool q8 = feeds_q8(ws, 1, n_tok, dim);
+        norm(x, residual, gamma, n_tok, dim, eps, xn, q8);
+        project(ws, &y, 1, xn, n_tok, q8);
+    }
+    // Norm (+ residual add, + q8_1 output); Q, K, V in one GEMV launch. A plain block (no biases,
+    // no q/k norms) with an f16 cache and normal rope has the GEMV rotate q and k and store k and v
+    // as it writes its rows where gemv_takes_rope_store; otherwise one kernel ropes q and k and
+    // stores f16 k and v (a q8_0 cache is stored by its own kernel after it), after the biases and
+    // the per-head norms.
+    void attn_in(const AttnInWeights& w, float* x, const float* residual, int32_t n_tok, KVLayer& kv,
+                 const BlockBuffers& b) override {
+        if (!fuse_on_) return Backend::attn_in(w, x, residual, n_tok, kv, b);
+        issue_uploads();
+        check_batch(n_tok, "attn_in");
+        check_kv(kv, "attn_in");
+        if (!w.rope) fail("cuda attn_in: no rope parameters");
+        const RopeParams& rp = *w.rope;
+        if (w.head_dim != kv.head_dim || w.n_head_kv != kv.n_head_kv || rp.head_dim != w.head_dim)
+            fail("cuda attn_in: ", w.n_head_kv, " kv heads of ", w.head_dim, " (rope over ", rp.head_dim,
+                 ") do not match the KV layer (", kv.n_head_kv, " of ", kv.head_dim, ")");
+        const int32_t dim = int32_t(w.wq->n_in);
+        const Weight* ws[3] = {w.wq, w.wk, w.wv};
+        float* ys[3] = {b.q, b.k, b.v};
+        const bool q8 = feeds_q8(ws, 3, n_tok, dim);
+        norm(x, residual, w.norm, n_tok, dim, w.eps, b.xn, q8);
+        const float2* table = rope_table(rp);
+        const bool f16_cache = kv.type == GGMLType::F16;
+        const bool plain = !w.bq && !w.bk && !w.bv && !w.q_norm && !w.k_norm;
+        if (plain && f16_cache && !rp.neox && n_tok <= kMaxGemvTokens) {
+            const cuda::DeviceWeight dq = device_weight(*w.wq), dk = device_weight(*w.wk), dv = device_weight(*w.wv);
+            if (cuda::gemv_takes_rope_store(dq, dk, dv, kv.head_dim)) {
+                const cuda::DeviceWeight* pw[3] = {&dq, &dk, &dv};
+                const cuda::QkvRopeStore e{table, static_cast<__half*>(kv.k), static_cast<__half*>(kv.v), kv.block_size,
+                                           kv.head_dim, dbatch_};
+                cuda::gemv_rope_store(pw, ys, b.xn, static_cast<const int8_t*>(xq_.p), static_cast<const float2*>(xds_.p),
+                                      n_tok, e, stream_);
+                return;
+            }
+        }
+        project(ws, ys, 3, b.xn, n_tok, q8);
+        const int32_t qw = w.n_head * w.head_dim, kw = w.n_head_kv * w.head_dim;
+        if (w.bq) cuda::add_bias(b.q, w.bq, n_tok, qw, stream_);
+        if (w.bk) cuda::add_bias(b.k, w.bk, n_tok, kw, stream_);
+        if (w.bv) cuda::add_bias(b.v, w.bv, n_tok, kw, stream_);
+        if (w.q_norm) cuda::head_rmsnorm(b.q, w.q_norm, n_tok, w.n_head, w.head_dim, w.eps, stream_);
+        if (w.k_norm) cuda::head_rmsnorm(b.k, w.k_norm, n_tok, w.n_head_kv, w.head_dim, w.eps, stream_);
+        // An early start only for the f16 decode kernel, which streams the older keys while this
+        // kernel runs (before the short-context kernel an early start costs time).
+        const bool early = decode_mma_attention(kv, n_tok);
+        cuda::rope_kv_store(b.q, w.n_head, b.k, b.v, kv.n_head_kv, kv.head_dim, table, rp.neox,
+                            f16_cache ? static_cast<__half*>(kv.k) : nullptr, f16_cache ? static_cast<__half*>(kv.v) : nullptr,
+                            kv.block_size, n_tok, dbatch_, early, stream_);
+        if (!f16_cache) store_q8(kv, b.k, b.v, n_tok);
+    }
+    // The attention kernels that can write their output as the q8_1 input of the O projection's
+    // GEMV do.
+    void attn_out(const KVLayer& kv, const AttentionShape& shape, const Weight& wo, int32_t n_tok, const BlockBuffers& b,
+                  float* out) override {
+        if (!fuse_on_) return Backend::attn_out(kv, shape, wo, n_tok, b, out);
+        issue_uploads();
+        const Weight* ws[1] = {&wo};
+        const int64_t width = int64_t(shape.n_head) * shape.head_dim;
+        if (wo.n_in != width) fail("cuda attn_out: the O projection reads ", wo.n_in, " values, attention writes ", width);
+        const bool q8 = attend(kv, b.q, n_tok, shape, b.att, shape.head_dim % 32 == 0 && feeds_q8(ws, 1, n_tok, width));
+        project(ws, &out, 1, b.att, n_tok, q8);
+    }
+    // Norm (+ residual add, + q8_1 output); gate and up in one GEMV launch; the gated activation
+    // writing the q8_1 input of the down projection's GEMV. Float weights of decode batches with
+    // SiLU: gate, up and the activation are one GEMV (gemv_swiglu).
+    void ffn(const FfnWeights& w, float* x, const float* residual, int32_t n_tok, const BlockBuffers& b,
+             float* out) override {
+        if (!fuse_on_) return Backend::ffn(w, x, residual, n_tok, b, out);
+        issue_uploads();
+        const int32_t dim = int32_t(w.gate->n_in);
+        const int64_t n_ff = w.gate->n_out, n = int64_t(n_tok) * n_ff;
+        if (w.up->n_in != dim || w.up->n_out != n_ff || w.down->n_in != n_ff)
+            fail("cuda ffn: gate ", w.gate->n_out, "x", w.gate->n_in, ", up ", w.up->n_out, "x", w.up->n_in, " and down ",
+                 w.down->n_out, "x", w.down->n_in, " do not chain");
+        const Weight* gu[2] = {w.gate, w.up};
+        const Weight* dn[1] = {w.down};
+        if (w.act == Activation::SiLU && n_tok <= kMaxGemvTokens && w.gate->type == w.up->type &&
+            cuda::gemv_swiglu_supported(w.gate->type)) {
+            norm(x, residual, w.norm, n_tok, dim, w.eps, b.xn, false);
+            cuda::gemv_swiglu(device_weight(*w.gate), device_weight(*w.up), b.gate, b.xn, n_tok, stream_);
+            project(dn, &out, 1, b.gate, n_tok, false);
+            return;
+        }
+        const bool q8_in = feeds_q8(gu, 2, n_tok, dim);
+        norm(x, residual, w.norm, n_tok, dim, w.eps, b.xn, q8_in);
+        float* ys[2] = {b.gate, b.up};
+        project(gu, ys, 2, b.xn, n_tok, q8_in);
+        const bool q8_mid = feeds_q8(dn, 1, n_tok, n_ff);
+        if (q8_mid) {
+            const Q8 q = q8_scratch(n);
+            cuda::gated_act_q8(w.act, b.gate, b.up, n, b.gate, q.q, q.ds, stream_);
+        } else {
+            cuda::gated_act(w.act, b.gate, b.up, n, b.gate, stream_);
+        }
+        project(dn, &out, 1, b.gate, n_tok, q8_mid);
+    }
+
     std::unique_ptr<WeightStream> open_stream(const StreamSetup& setup) override {
-        flush();
-        return open_weight_stream(device_, stream_, [this] { flush(); }, setup);
+        issue_uploads();
+        return open_weight_stream(device_, stream_, [this] { issue_uploads(); }, setup);
     }
 
     // Decode-step graphs: a step is keyed by the caller's key, the batch shape and the
@@ -595,7 +512,6 @@ public:
     // The step's pending uploads (batch mirror, first hidden state) are part of the key: a
     // recorded step holds them as its first nodes, reading the same pinned staging each replay.
     bool step_begin(uint64_t key) override {
-        if (ops_pending()) flush();
         if (capturing_) abort_capture();
         if (!graphs_on_ || n_tok_ > kMaxGemvTokens || n_tok_ <= 0) return false;
         uint64_t full = mix(mix(key, batch_sig_), graph_gen_);
@@ -618,7 +534,7 @@ public:
         return false;
     }
     void step_end() override {
-        flush();
+        issue_uploads();
         if (!capturing_) return;
         capturing_ = false;
         cudaGraph_t g = nullptr;
@@ -661,51 +577,198 @@ private:
                decode_heads(kv, kv.n_head_kv, false) > 0;
     }
 
-    struct PendingAdd {
-        float* x = nullptr;
-        const float* y = nullptr;
-        int64_t n = 0;
-    };
-    struct PendingRope {
-        float* x;
-        int32_t n_tok, n_heads, head_dim;
-        float base;
-        bool neox;
-    };
-    struct PendingGemv {
-        int count = 0;
-        cuda::DeviceWeight w[kMaxGemvBatch];
-        float* y[kMaxGemvBatch] = {};
-        const float* x = nullptr;
-        int32_t n_tok = 0;
-    };
-
-    // The pending Q, K, V GEMV rotates q and k and stores k and v as it writes them (normal rope,
-    // f16 cache): no rope_kv_store launch. False (nothing launched) where it cannot.
-    bool rope_store_in_qkv(KVLayer& kv, const PendingRope& rk, const PendingRope* rq, const float* k, const float* v,
-                           int32_t n_tok) {
-        PendingGemv& pg = pgemv_;
-        if (pg.count != 3 || !rq || pg.y[0] != rq->x || pg.y[1] != k || pg.y[2] != v || pg.n_tok != n_tok || rk.neox ||
-            kv.type != GGMLType::F16 || !cuda::gemv_takes_rope_store(pg.w[0], pg.w[1], pg.w[2], kv.head_dim))
-            return false;
-        ++epoch_;
-        const cuda::QkvRopeStore e{rope_table(rk.base, rk.head_dim), static_cast<__half*>(kv.k), static_cast<__half*>(kv.v),
-                                   kv.block_size, kv.head_dim, dbatch_};
-        launch_pending_gemv(&e);
-        return true;
+    cuda::DeviceWeight device_weight(const Weight& w) const {
+        return {w.type, static_cast<const uint8_t*>(w.data), packed_layout(w.type, w.n_in, w.n_out), w.n_in, w.n_out};
     }
-    // The pending GEMV on the q8_1 scratch activations; with rope, as the Q, K, V GEMV that also
-    // does the ropes and the KV store.
-    void launch_pending_gemv(const cuda::QkvRopeStore* rope) {
-        PendingGemv& pg = pgemv_;
-        const cuda::DeviceWeight* ws[kMaxGemvBatch] = {&pg.w[0], &pg.w[1], &pg.w[2]};
-        const int count = pg.count;
-        pg.count = 0;
+    void check_kv(const KVLayer& kv, const char* op) const {
+        if (kv.type != GGMLType::F16 && kv.type != GGMLType::Q8_0)
+            fail("cuda ", op, ": the GPU keeps KV in f16 or q8_0, not in GGML type ", int(kv.type));
+    }
+    // Whether the input of a projection by these weights should come with its q8_1 blocks: the
+    // integer GEMV paths (batches up to kMaxIntPromptTokens) of the quantized types read them.
+    bool feeds_q8(const Weight* const* ws, int count, int32_t n_tok, int64_t width) const {
+        if (n_tok <= 0 || n_tok > kMaxIntPromptTokens || width % 32) return false;
+        for (int i = 0; i < count; ++i)
+            if (cuda::gemv_wants_q8(ws[i]->type)) return true;
+        return false;
+    }
+    // y = rmsnorm(x += residual) * gamma; with q8, y also as q8_1 blocks in the scratch.
+    void norm(float* x, const float* residual, const float* gamma, int32_t n_tok, int32_t dim, float eps, float* y,
+              bool q8) {
+        const Q8 q = q8 ? q8_scratch(int64_t(n_tok) * dim) : Q8{};
+        cuda::rmsnorm(x, residual, gamma, n_tok, dim, eps, y, q.q, q.ds, stream_);
+    }
+    // ys[i] = x ws[i]^T; x_q8: the scratch already holds x as q8_1 blocks (the kernel before
+    // wrote them), else they are made here where a GEMV reads them. Decode batches: one GEMV
+    // launch per run of up to kMaxGemvBatch consecutive weights of one type; prompts up to
+    // kMaxIntPromptTokens: the integer GEMV in chunks of kMaxGemvTokens tokens (the CPU's
+    // rounding); longer ones and float weights of prompts: cuBLAS.
+    void project(const Weight* const* ws, float* const* ys, int count, const float* x, int32_t n_tok, bool x_q8) {
+        if (n_tok <= 0 || count <= 0) return;
+        const int64_t n_in = ws[0]->n_in;
+        for (int i = 1; i < count; ++i)
+            if (ws[i]->n_in != n_in) fail("cuda matmul: weights of one input read ", n_in, " and ", ws[i]->n_in, " values");
+        if (!x_q8 && feeds_q8(ws, count, n_tok, n_in)) {
+            const Q8 q = q8_scratch(int64_t(n_tok) * n_in);
+            quantize_q8_1(x, q.q, q.ds, n_tok, n_in, stream_);
+        }
         const auto* xq = static_cast<const int8_t*>(xq_.p);
         const auto* xds = static_cast<const float2*>(xds_.p);
-        if (rope) cuda::gemv_rope_store(ws, pg.y, pg.x, xq, xds, pg.n_tok, *rope, stream_);
-        else gemv(ws, pg.y, count, pg.x, xq, xds, pg.n_tok, stream_);
+        if (n_tok <= kMaxGemvTokens) {
+            for (int i = 0; i < count;) {
+                cuda::DeviceWeight dw[kMaxGemvBatch];
+                const cuda::DeviceWeight* pw[kMaxGemvBatch];
+                float* py[kMaxGemvBatch];
+                const GGMLType type = ws[i]->type;
+                int n = 0;
+                for (; i < count && n < kMaxGemvBatch && ws[i]->type == type; ++i, ++n) {
+                    dw[n] = device_weight(*ws[i]);
+                    pw[n] = &dw[n];
+                    py[n] = ys[i];
+                }
+                gemv(pw, py, n, x, xq, xds, n_tok, stream_);
+            }
+            return;
+        }
+        for (int i = 0; i < count; ++i) {
+            const Weight& w = *ws[i];
+            if (n_tok > kMaxIntPromptTokens || !cuda::gemv_wants_q8(w.type)) {
+                gemm(w, x, n_tok, ys[i]);
+                continue;
+            }
+            const cuda::DeviceWeight dw = device_weight(w);
+            const cuda::DeviceWeight* pw[1] = {&dw};
+            for (int32_t t0 = 0; t0 < n_tok; t0 += kMaxGemvTokens) {
+                float* py[1] = {ys[i] + int64_t(t0) * w.n_out};
+                gemv(pw, py, 1, x + int64_t(t0) * n_in, xq + int64_t(t0) * n_in, xds + int64_t(t0) * (n_in / 32),
+                     std::min<int32_t>(kMaxGemvTokens, n_tok - t0), stream_);
+            }
+        }
     }
+    // Prompt batches: tensor cores through cuBLAS, y^T [n_out x n_tok] = W [n_out x n_in] x^T
+    // (column-major: A = W^T with lda n_in, B = x^T with ldb n_in, C ldc n_out).
+    void gemm(const Weight& w, const float* x, int32_t n_tok, float* y) {
+        const float one = 1.f, zero = 0.f;
+        const void* A = w.data;
+        const void* B = x;
+        cudaDataType ta = CUDA_R_32F, tb = CUDA_R_32F;
+        const size_t nx = size_t(n_tok) * size_t(w.n_in);
+        if (w.type == GGMLType::F32) {
+            // float weights stay float (no tensor-core rounding of small F32 tensors)
+        } else if (w.type == GGMLType::BF16) {
+            ensure(xh_, nx * 2);
+            convert_to_bf16(x, static_cast<__nv_bfloat16*>(xh_.p), int64_t(nx), stream_);
+            ta = tb = CUDA_R_16BF;
+            B = xh_.p;
+        } else {
+            ensure(xh_, nx * 2);
+            convert_to_f16(x, static_cast<__half*>(xh_.p), int64_t(nx), stream_);
+            ta = tb = CUDA_R_16F;
+            B = xh_.p;
+            if (w.type != GGMLType::F16) {
+                ensure(wh_, size_t(w.n_out) * size_t(w.n_in) * 2);
+                dequantize_f16(device_weight(w), static_cast<__half*>(wh_.p), stream_);
+                A = wh_.p;
+            }
+        }
+        EMBER_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(w.n_out), n_tok, int(w.n_in), &one, A, ta,
+                                        int(w.n_in), B, tb, int(w.n_in), &zero, y, CUDA_R_32F, int(w.n_out),
+                                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+    // The rotations of `params` for the batch's positions. A first use allocates the table
+    // (set_batch grows it later), which moves a buffer as growing does.
+    const float2* rope_table(const RopeParams& params) {
+        bool moved = false;
+        const float2* t = ropes_.get(params, max_len_, stream_, moved);
+        if (moved) invalidate_graphs();
+        return t;
+    }
+    // Keys one query tile reads at most: the context, or with a sliding window the window and
+    // the part of a key tile below it. Sets the split counts; a function of the batch signature's
+    // length bucket and the window, so recorded graphs stay valid.
+    int32_t key_span(int32_t window) const {
+        return window > 0 ? std::min(max_len_, window + kKeysPerSplit) : max_len_;
+    }
+    // The attention of q over kv into out. want_q8: the kernels that can also write out as q8_1
+    // blocks into the scratch do; returns whether they did.
+    bool attend(const KVLayer& kv, const float* q, int32_t n_tok, const AttentionShape& shape, float* out, bool want_q8) {
+        check_batch(n_tok, "attention");
+        check_kv(kv, "attention");
+        if (shape.n_head_kv != kv.n_head_kv || shape.head_dim != kv.head_dim)
+            fail("cuda attention: shape (", shape.n_head_kv, " kv heads of ", shape.head_dim, ") does not match the KV layer (",
+                 kv.n_head_kv, " of ", kv.head_dim, ")");
+        if (shape.window < 0) fail("cuda attention: negative window ", shape.window);
+        cuda::AttentionArgs a{};
+        a.k_cache = static_cast<const __half*>(kv.k);
+        a.v_cache = static_cast<const __half*>(kv.v);
+        if (kv.type == GGMLType::Q8_0) {
+            // Decode reads the q8_0 blocks directly; other batches read an f16 copy of the blocks
+            // they use (their work per KV byte is large, so the copy costs little).
+            a.kv_q8 = n_tok <= kMaxGemvTokens && decode_heads(kv, shape.n_head, true) > 0 &&
+                      kv_block_bytes(kv.type, kv.block_size, int64_t(kv.n_head_kv) * kv.head_dim) % 16 == 0;
+            if (!a.kv_q8) expand_q8(kv, a);
+        }
+        a.block_size = kv.block_size;
+        a.cache_rows = int64_t(kv.n_blocks) * kv.block_size;
+        a.n_head = shape.n_head;
+        a.n_head_kv = shape.n_head_kv;
+        a.head_dim = shape.head_dim;
+        a.scale = shape.scale;
+        a.window = shape.window;
+        a.q = q;
+        a.out = out;
+        a.n_tok = n_tok;
+        const int n_rep = shape.n_head_kv > 0 ? shape.n_head / shape.n_head_kv : 1;
+        a.heads_per_cta = std::min(n_rep, 8);
+        const int want_splits = pow2_ceil((key_span(shape.window) + kKeysPerSplit - 1) / kKeysPerSplit);
+        // The exact and decode kernels write q8_1 blocks along with their output.
+        auto with_q8_out = [&](auto&& launch) {
+            if (want_q8) {
+                const Q8 q8 = q8_scratch(int64_t(n_tok) * shape.n_head * shape.head_dim);
+                a.out_q = q8.q;
+                a.out_ds = q8.ds;
+            }
+            launch();
+            return want_q8;
+        };
+        if (!a.kv_q8 && exact_attention(n_tok, shape.head_dim))
+            return with_q8_out([&] { cuda::attention_exact(a, dbatch_, stream_); });
+        if (n_tok > kMaxIntPromptTokens) {   // long prompts: tensor cores where the head dim allows
+            a.tile_len = kMmaTileLen;
+            a.n_tiles = n_tiles_[kNumTileLens - 1];
+            a.tiles = tiles_for(kNumTileLens - 1);
+            a.n_split = 1;
+            if (cuda::attention_prefill_mma(a, dbatch_, stream_)) return false;
+        }
+        const int n_dec = decode_heads(kv, shape.n_head, a.kv_q8);
+        if (n_tok <= kMaxGemvTokens && n_dec > 0) {   // decode over a long context: pipelined tiles
+            const int n_groups = (n_rep + n_dec - 1) / n_dec;
+            const int base = n_tok * shape.n_head_kv * n_groups;
+            const int target = a.kv_q8 ? kDecodeTargetCtas : kDecodeMmaTargetCtas;
+            a.n_split = std::max(1, std::min(want_splits, pow2_floor(std::max(1, target / base))));
+            prepare_splits(a, size_t(base));
+            return with_q8_out([&] {
+                if (a.kv_q8) cuda::attention_decode(a, dbatch_, stream_);
+                else cuda::attention_decode_mma(a, dbatch_, stream_);
+            });
+        }
+        // Prompts: share K/V among up to 8 queries.
+        int k = 0;
+        if (n_tok > kMaxGemvTokens) {
+            const int tq = std::max(1, 8 / pow2_ceil(a.heads_per_cta));
+            while (kTileLens[k] < tq) ++k;
+        }
+        a.tile_len = kTileLens[k];
+        a.n_tiles = n_tiles_[k];
+        a.tiles = tiles_for(k);
+        const int n_hchunks = (n_rep + a.heads_per_cta - 1) / a.heads_per_cta;
+        const int base = a.n_tiles * shape.n_head_kv * n_hchunks;
+        a.n_split = std::max(1, std::min(want_splits, pow2_floor(std::max(1, kTargetAttnCtas / std::max(base, 1)))));
+        prepare_splits(a, size_t(a.n_tiles) * shape.n_head_kv * n_hchunks);
+        cuda::attention(a, dbatch_, stream_);
+        return false;
+    }
+
     // Pending uploads: host-to-device copies of a step's inputs from pinned staging (the batch
     // mirror, copy_from_host's small copies), issued by the next op or inside a step's capture.
     // A replayed step then costs the host one graph launch, not two more copy calls and an
@@ -741,7 +804,6 @@ private:
         in_used_ += (bytes + kAlign - 1) / kAlign * kAlign;
         return p;
     }
-    bool ops_pending() const { return pgemv_.count || n_prope_ || padd_.x; }
     bool is_pinned(const void* p, size_t bytes) const {
         const char* c = static_cast<const char*>(p);
         for (const HostBlock& h : host_blocks_)
@@ -749,25 +811,6 @@ private:
         return false;
     }
 
-    // Launches the deferred ops, if any (every op but the fusable ones calls this first), after
-    // the pending uploads.
-    void flush(bool keep_ropes = false) {
-        issue_uploads();
-        if (pgemv_.count) launch_pending_gemv(nullptr);   // (before the ropes: they may rotate its outputs)
-        if (!keep_ropes) {
-            for (int i = 0; i < n_prope_; ++i) {
-                const PendingRope& r = prope_[i];
-                cuda::rope(r.x, dbatch_.pos, r.n_tok, r.n_heads, r.head_dim, rope_table(r.base, r.head_dim), r.neox, stream_);
-            }
-            n_prope_ = 0;
-        }
-        if (padd_.x) {
-            const PendingAdd a = padd_;
-            padd_ = PendingAdd{};
-            cuda::add(a.x, a.y, a.n, stream_);
-        }
-    }
-    // Partial-result buffers and per-CTA-group counters of a split (flash-decoding) attention.
     void store_q8(KVLayer& kv, const float* k, const float* v, int32_t n_tok) {
         cuda::kv_store_q8(static_cast<uint8_t*>(kv.k), static_cast<uint8_t*>(kv.v), kv.block_size,
                           kv.n_head_kv * kv.head_dim, kv.head_dim, k, v, n_tok, dbatch_, stream_);
@@ -783,6 +826,7 @@ private:
         a.k_cache = kh;
         a.v_cache = kh + n;
     }
+    // Partial-result buffers and per-CTA-group counters of a split (flash-decoding) attention.
     void prepare_splits(cuda::AttentionArgs& a, size_t n_groups) {
         if (a.n_split <= 1) return;
         const size_t slots = size_t(a.n_split) * a.n_tok * a.n_head;
@@ -804,21 +848,6 @@ private:
         ensure(xds_, size_t(total / 32) * sizeof(float2));
         return {static_cast<int8_t*>(xq_.p), static_cast<float2*>(xds_.p)};
     }
-    // x [n_tok][n_in] as q8_1 in the scratch buffers, unless the op just before wrote exactly that.
-    void q8_input(const float* x, int32_t n_tok, int64_t n_in) {
-        const int64_t total = int64_t(n_tok) * n_in;
-        if (!(q8_x_ == x && q8_total_ == total && q8_epoch_ + 1 == epoch_)) {
-            const Q8 q8 = q8_scratch(total);
-            quantize_q8_1(x, q8.q, q8.ds, n_tok, n_in, stream_);
-        }
-        set_q8(x, total);
-    }
-    void set_q8(const float* x, int64_t total) {
-        q8_x_ = x;
-        q8_total_ = total;
-        q8_epoch_ = epoch_;
-    }
-
     struct Scratch {
         void* p = nullptr;
         size_t cap = 0;
@@ -890,17 +919,6 @@ private:
     int n_tiles_[kNumTileLens] = {};
     uint64_t batch_sig_ = 0;
 
-    // q8 activations in xq_/xds_: of which float buffer, how many values, valid while no other
-    // op ran since epoch q8_epoch_ (every op bumps epoch_).
-    uint64_t epoch_ = 0, q8_epoch_ = ~uint64_t(0) - 1;
-    const float* q8_x_ = nullptr;
-    int64_t q8_total_ = 0;
-
-    PendingAdd padd_;
-    PendingRope prope_[2];
-    int n_prope_ = 0;
-    PendingGemv pgemv_;
-
     // graphs
     std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
     std::unordered_set<uint64_t> seen_;
@@ -912,6 +930,8 @@ private:
 }  // namespace
 }  // namespace cuda
 
-std::unique_ptr<Backend> make_cuda_backend(int device) { return std::make_unique<cuda::CudaBackend>(device); }
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& opts) {
+    return std::make_unique<cuda::CudaBackend>(opts.device);
+}
 
 }  // namespace ember

@@ -1,5 +1,5 @@
-// Elementwise ops on float activations: swiglu, residual add, bias add, and the KV store
-// (float K/V rows -> f16 cache slots addressed through the block table).
+// Elementwise ops on float activations: gated activations (SiLU, GeLU), residual add, bias add,
+// and the KV store (float K/V rows -> f16 cache slots addressed through the block table).
 #include "common.cuh"
 #include "kernels.h"
 #include "launch.h"
@@ -14,26 +14,38 @@ unsigned grid_for(int64_t n) {
     return unsigned(g < 65536 ? (g > 0 ? g : 1) : 65536);
 }
 
-__global__ void swiglu_kernel(const float* __restrict__ g, const float* __restrict__ u, int64_t n, float* __restrict__ o) {
-    pdl_wait();
-    pdl_trigger();
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-        const float a = g[i];
-        o[i] = a / (1.f + expf_glibc(-a)) * u[i];
+// act(gate) of a gated feed-forward. SiLU as the CPU computes it (glibc's expf algorithm);
+// GeLU in its tanh form, 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))).
+template <Activation A>
+__device__ __forceinline__ float gate_act(float x) {
+    if constexpr (A == Activation::SiLU) {
+        return x / (1.f + expf_glibc(-x));
+    } else {
+        constexpr float kSqrt2OverPi = 0.7978845608028654f;
+        return 0.5f * x * (1.f + tanhf(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
     }
 }
 
-// swiglu whose output also goes out as q8_1 blocks (n % 32 == 0), one warp per block.
-__global__ void swiglu_q8_kernel(const float* __restrict__ g, const float* __restrict__ u, int64_t n_blocks,
-                                 float* __restrict__ o, int8_t* __restrict__ q, float2* __restrict__ ds) {
+// out may alias gate or up: each element is read before it is written, by the same thread.
+template <Activation A>
+__global__ void gated_act_kernel(const float* g, const float* u, int64_t n, float* o) {
+    pdl_wait();
+    pdl_trigger();
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+        o[i] = gate_act<A>(g[i]) * u[i];
+}
+
+// gated_act whose output also goes out as q8_1 blocks (n % 32 == 0), one warp per block.
+template <Activation A>
+__global__ void gated_act_q8_kernel(const float* g, const float* u, int64_t n_blocks, float* o, int8_t* __restrict__ q,
+                                    float2* __restrict__ ds) {
     pdl_wait();
     pdl_trigger();
     const int64_t blk = int64_t(blockIdx.x) * (blockDim.x / kWarp) + (threadIdx.x >> 5);
     if (blk >= n_blocks) return;
     const int lane = threadIdx.x & 31;
     const int64_t i = blk * 32 + lane;
-    const float a = g[i];
-    const float v = a / (1.f + expf_glibc(-a)) * u[i];
+    const float v = gate_act<A>(g[i]) * u[i];
     o[i] = v;
     q8_1_block(v, lane, q + blk * 32, ds + blk);
 }
@@ -88,18 +100,26 @@ __global__ void kv_store_kernel(__half* __restrict__ kc, __half* __restrict__ vc
 
 }  // namespace
 
-void swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t s) {
+void gated_act(Activation act, const float* gate, const float* up, int64_t n, float* out, cudaStream_t s) {
     if (n <= 0) return;
-    launch_pdl(swiglu_kernel, grid_for(n), 256, s, gate, up, n, out);
-    EMBER_CUDA_LAUNCHED("swiglu");
+    if (act == Activation::SiLU)
+        launch_pdl(gated_act_kernel<Activation::SiLU>, grid_for(n), 256, s, gate, up, n, out);
+    else
+        launch_pdl(gated_act_kernel<Activation::GeLUTanh>, grid_for(n), 256, s, gate, up, n, out);
+    EMBER_CUDA_LAUNCHED("gated_act");
 }
 
-void swiglu_q8(const float* gate, const float* up, int64_t n, float* out, int8_t* q, float2* ds, cudaStream_t s) {
-    if (n % 32) fail("cuda swiglu_q8: ", n, " elements are not whole 32-element blocks");
+void gated_act_q8(Activation act, const float* gate, const float* up, int64_t n, float* out, int8_t* q, float2* ds,
+                  cudaStream_t s) {
+    if (n % 32) fail("cuda gated_act_q8: ", n, " elements are not whole 32-element blocks");
     const int64_t nb = n / 32;
     if (nb == 0) return;
-    launch_pdl(swiglu_q8_kernel, unsigned((nb + 7) / 8), 256, s, gate, up, nb, out, q, ds);
-    EMBER_CUDA_LAUNCHED("swiglu_q8");
+    const unsigned grid = unsigned((nb + 7) / 8);
+    if (act == Activation::SiLU)
+        launch_pdl(gated_act_q8_kernel<Activation::SiLU>, grid, 256, s, gate, up, nb, out, q, ds);
+    else
+        launch_pdl(gated_act_q8_kernel<Activation::GeLUTanh>, grid, 256, s, gate, up, nb, out, q, ds);
+    EMBER_CUDA_LAUNCHED("gated_act_q8");
 }
 
 void add(float* x, const float* y, int64_t n, cudaStream_t s) {

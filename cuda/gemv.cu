@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(kRowsPerBlock * kWarp) gemv_swiglu_kernel(Gemv
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
             const float g = acc[0][t];
-            out[t * n_out + row] = g / (1.f + expf_glibc(-g)) * acc[1][t];   // as swiglu_kernel
+            out[t * n_out + row] = g / (1.f + expf_glibc(-g)) * acc[1][t];   // as gated_act_kernel
         }
 }
 

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "backend/backend.h"
 #include "ember/quant.h"
 #include "weight_pack.h"
 
@@ -44,16 +45,21 @@ void gemv_swiglu(const DeviceWeight& gate, const DeviceWeight& up, float* out, c
 // W -> out [n_out][n_in] f16 (quantized types only) for the tensor-core path.
 void dequantize_f16(const DeviceWeight& w, __half* out, cudaStream_t s);
 
-// y = rmsnorm(x) * gamma per row [n_tok][dim]. Optional fusions: res != null first does
-// x += res (written back); q != null also writes y as q8_1 blocks (q, ds) for a following GEMV.
+// y = rmsnorm(x) * gamma per row [n_tok][dim] (y may be x). Optional fusions: res != null first
+// does x += res (written back); q != null also writes y as q8_1 blocks (q, ds) for a following GEMV.
 void rmsnorm(float* x, const float* res, const float* gamma, int32_t n_tok, int32_t dim, float eps, float* y,
              int8_t* q, float2* ds, cudaStream_t s);
-// cos_sin: the RopeTables table of (freq_base, head_dim) covering the batch's positions.
+// x [n_tok][n_heads][head_dim]: each head normed in place by gamma [head_dim], as rmsnorm rounds.
+void head_rmsnorm(float* x, const float* gamma, int32_t n_tok, int32_t n_heads, int32_t head_dim, float eps,
+                  cudaStream_t s);
+// cos_sin: the RopeTables table of the rope's RopeParams covering the batch's positions.
 void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_heads, int32_t head_dim,
           const float2* cos_sin, bool neox, cudaStream_t s);
-void swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t s);
-// swiglu that also writes its output as q8_1 blocks (n % 32 == 0) for the down projection.
-void swiglu_q8(const float* gate, const float* up, int64_t n, float* out, int8_t* q, float2* ds, cudaStream_t s);
+// out[i] = act(gate[i]) * up[i] (out may be gate or up).
+void gated_act(Activation act, const float* gate, const float* up, int64_t n, float* out, cudaStream_t s);
+// gated_act that also writes its output as q8_1 blocks (n % 32 == 0) for the down projection.
+void gated_act_q8(Activation act, const float* gate, const float* up, int64_t n, float* out, int8_t* q, float2* ds,
+                  cudaStream_t s);
 void add(float* x, const float* y, int64_t n, cudaStream_t s);
 // Up to kMaxHostCopies host-to-device copies read straight from pinned host memory by one
 // kernel (a decode step's inputs: one graph node, no copy-engine transfer per buffer).
@@ -77,7 +83,7 @@ struct DeviceBatch {
 
 void kv_store(__half* k_cache, __half* v_cache, int32_t block_size, int32_t kv_dim,
               const float* k, const float* v, int32_t n_tok, const DeviceBatch& b, cudaStream_t s);
-// q8_0 KV (src/kv/kv_layout.h): store rows as kv_store does; kv_expand_q8 writes the blocks of
+// q8_0 KV (src/backend/kv_layout.h): store rows as kv_store does; kv_expand_q8 writes the blocks of
 // the first n_blk entries of each of n_seq block-table rows as f16 at the same places of an f16
 // layer (for kernels that read f16 K/V only).
 void kv_store_q8(uint8_t* k_cache, uint8_t* v_cache, int32_t block_size, int32_t kv_dim, int32_t head_dim,
@@ -93,7 +99,7 @@ void rope_kv_store(float* q, int32_t n_head_q, float* k, const float* v, int32_t
 // The same ropes (normal mode only) and f16 KV store done by the Q, K, V GEMV as it writes its
 // rows, when gemv_takes_rope_store: one launch a layer less. w and y are q, k, v in that order.
 struct QkvRopeStore {
-    const float2* cos_sin;   // the RopeTables table of (freq_base, head_dim) for the batch's positions
+    const float2* cos_sin;   // the RopeTables table of the rope's RopeParams for the batch's positions
     __half* k_cache;
     __half* v_cache;
     int32_t block_size, head_dim;
@@ -114,6 +120,7 @@ struct AttentionArgs {
     int32_t block_size, n_head, n_head_kv, head_dim;
     int64_t cache_rows;           // rows of k_cache and v_cache (blocks x block_size)
     float scale;
+    int32_t window;               // > 0: a query at position p sees keys p - window < j <= p only
     const float* q;               // [n_tok][n_head * head_dim]
     float* out;                   // [n_tok][n_head * head_dim]
     int32_t n_tok;

@@ -1,4 +1,4 @@
-// q8_0 KV cache (layout: src/kv/kv_layout.h): storing new K/V rows, and expanding the blocks a
+// q8_0 KV cache (layout: src/backend/kv_layout.h): storing new K/V rows, and expanding the blocks a
 // batch reads into an f16 copy for the kernels that only read f16 K/V (prompt batches; decode
 // over long contexts reads q8_0 directly, attention.cu).
 #include "common.cuh"

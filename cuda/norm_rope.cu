@@ -1,5 +1,6 @@
-// RMS norm (one block per token row) and rotary position embedding (one thread per rotated
-// pair; normal mode rotates (2i, 2i+1), neox mode (i, i + head_dim/2)).
+// RMS norm (one block per token row, or one warp per head for the q/k head norms) and rotary
+// position embedding (one thread per rotated pair; normal mode rotates (2i, 2i+1), neox mode
+// (i, i + head_dim/2)).
 #include "common.cuh"
 #include "kernels.h"
 #include "launch.h"
@@ -23,10 +24,11 @@ __device__ __forceinline__ float rms_scale(double sum_sq, int32_t dim, float eps
 }
 
 // One block per token row. With `res`, first x += res (the residual add of the previous op,
-// written back). With `q`, y is also quantized to q8_1 for the GEMV that reads it next.
-__global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(float* __restrict__ x, const float* __restrict__ res,
+// written back). With `q`, y is also quantized to q8_1 for the GEMV that reads it next. y may be
+// x (Gemma 3's post-norms): each element is read before the same thread writes it.
+__global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(float* x, const float* __restrict__ res,
                                                               const float* __restrict__ gamma, int32_t dim, float eps,
-                                                              float* __restrict__ y, int8_t* __restrict__ q,
+                                                              float* y, int8_t* __restrict__ q,
                                                               float2* __restrict__ ds) {
     pdl_wait();
     pdl_trigger();
@@ -74,9 +76,9 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(float* __restrict
 constexpr int kVecNormThreads = 1024;
 
 template <int U>
-__global__ void __launch_bounds__(kVecNormThreads) rmsnorm_vec_kernel(float* __restrict__ x, const float* __restrict__ res,
+__global__ void __launch_bounds__(kVecNormThreads) rmsnorm_vec_kernel(float* x, const float* __restrict__ res,
                                                                      const float* __restrict__ gamma, int32_t dim, float eps,
-                                                                     float* __restrict__ y, int8_t* __restrict__ q,
+                                                                     float* y, int8_t* __restrict__ q,
                                                                      float2* __restrict__ ds) {
     const int n4 = dim / 4;
     float4* xr = reinterpret_cast<float4*>(x + int64_t(blockIdx.x) * dim);
@@ -135,8 +137,28 @@ __global__ void __launch_bounds__(kVecNormThreads) rmsnorm_vec_kernel(float* __r
     }
 }
 
-// Rotates the pair (i, i + half) (neox) or (2i, 2i + 1) of one head by pos * base^(-2i/head_dim),
-// by the CPU backend's cos and sin (the table, rope_table.h).
+// Per-head RMS norm (Qwen3, Gemma 3 q/k norms), in place: one warp per head row of head_dim
+// values, the same arithmetic as rmsnorm (double sum of squares, correctly rounded scale, then
+// x * scale * gamma).
+constexpr int kHeadNormWarps = 8;
+
+__global__ void __launch_bounds__(kHeadNormWarps * kWarp) head_rmsnorm_kernel(float* __restrict__ x,
+                                                                             const float* __restrict__ gamma,
+                                                                             int64_t n_rows, int32_t head_dim, float eps) {
+    pdl_wait();
+    pdl_trigger();
+    const int64_t r = int64_t(blockIdx.x) * kHeadNormWarps + (threadIdx.x >> 5);
+    if (r >= n_rows) return;
+    const int lane = threadIdx.x & 31;
+    float* xr = x + r * head_dim;
+    double ss = 0.0;
+    for (int i = lane; i < head_dim; i += kWarp) ss += double(xr[i]) * xr[i];
+    const float inv = rms_scale(warp_sum_double(ss), head_dim, eps);
+    for (int i = lane; i < head_dim; i += kWarp) xr[i] = xr[i] * inv * gamma[i];
+}
+
+// Rotates the pair (i, i + half) (neox) or (2i, 2i + 1) of one head by the rope's angle of pair i
+// at pos, with the CPU backend's cos and sin (the table, rope_table.h; any scaling is in it).
 __device__ __forceinline__ void rope_pair(const float* src, float* dst, int i, int pos, int head_dim,
                                           const float2* __restrict__ cos_sin, bool neox) {
     const int half = head_dim / 2;
@@ -226,6 +248,16 @@ void rmsnorm(float* x, const float* res, const float* gamma, int32_t n_tok, int3
         launch_pdl(rmsnorm_kernel, unsigned(n_tok), kNormThreads, s, x, res, gamma, dim, eps, y, q, ds);
     }
     EMBER_CUDA_LAUNCHED("rmsnorm");
+}
+
+void head_rmsnorm(float* x, const float* gamma, int32_t n_tok, int32_t n_heads, int32_t head_dim, float eps,
+                  cudaStream_t s) {
+    if (head_dim <= 0) fail("cuda head_rmsnorm: head_dim ", head_dim, " must be positive");
+    const int64_t n_rows = int64_t(n_tok) * n_heads;
+    if (n_rows <= 0) return;
+    launch_pdl(head_rmsnorm_kernel, unsigned((n_rows + kHeadNormWarps - 1) / kHeadNormWarps), kHeadNormWarps * kWarp, s, x,
+               gamma, n_rows, head_dim, eps);
+    EMBER_CUDA_LAUNCHED("head_rmsnorm");
 }
 
 void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_heads, int32_t head_dim, const float2* cos_sin,

@@ -1,9 +1,10 @@
+// RopeTables: host-computed rope rotations uploaded per RopeParams (see rope_table.h).
 #include "rope_table.h"
 
 #include <algorithm>
 
 #include "cuda_check.h"
-#include "backend/rope_angles.h"
+#include "ember/status.h"
 
 namespace ember {
 namespace cuda {
@@ -21,12 +22,12 @@ RopeTables::~RopeTables() {
 }
 
 void RopeTables::fill(Table& t, int32_t n_pos, cudaStream_t s) {
-    const int32_t half = t.head_dim / 2, cap = capacity_for(n_pos);
+    const int32_t half = t.params.head_dim / 2, cap = capacity_for(n_pos);
     std::vector<float2> host(size_t(cap) * half);
     for (int32_t p = 0; p < cap; ++p)
         for (int32_t i = 0; i < half; ++i) {
             float2& cs = host[size_t(p) * half + i];
-            rope_cos_sin(p, i, t.head_dim, t.base, cs.x, cs.y);
+            rope_cos_sin(p, i, t.params, cs.x, cs.y);
         }
     EMBER_CUDA_CHECK(cudaStreamSynchronize(s));   // no queued kernel still reads the old table
     if (t.dev) EMBER_CUDA_CHECK(cudaFree(t.dev));
@@ -36,11 +37,14 @@ void RopeTables::fill(Table& t, int32_t n_pos, cudaStream_t s) {
     t.capacity = cap;
 }
 
-const float2* RopeTables::get(float base, int32_t head_dim, int32_t n_pos, cudaStream_t s, bool& moved) {
-    auto it = std::find_if(tables_.begin(), tables_.end(),
-                           [&](const Table& t) { return t.base == base && t.head_dim == head_dim; });
+const float2* RopeTables::get(const RopeParams& params, int32_t n_pos, cudaStream_t s, bool& moved) {
+    if (params.head_dim <= 0 || params.head_dim % 2)
+        fail("cuda rope: head_dim ", params.head_dim, " must be positive and even");
+    if (!params.freq_factors.empty() && int64_t(params.freq_factors.size()) != params.head_dim / 2)
+        fail("cuda rope: ", params.freq_factors.size(), " frequency factors for ", params.head_dim / 2, " rotated pairs");
+    auto it = std::find_if(tables_.begin(), tables_.end(), [&](const Table& t) { return t.params == params; });
     if (it == tables_.end()) {
-        tables_.push_back(Table{base, head_dim, 0, nullptr});
+        tables_.push_back(Table{params, 0, nullptr});
         it = tables_.end() - 1;
     }
     if (it->capacity < n_pos) {

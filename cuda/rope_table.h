@@ -1,13 +1,16 @@
-// Device tables of rope rotations, one per (freq_base, head_dim): (cos, sin) of every pair i at
-// every position p below the capacity, at [p * head_dim / 2 + i], from model/rope_angles.h, the
-// values the CPU backend rotates with. The GPU then rounds rope as the CPU does, and no kernel
-// computes sin or cos. Tables grow (to powers of two, at least 4096 positions) ahead of the
-// positions a batch reaches; growing moves them, so recorded graphs must be dropped.
+// Device tables of rope rotations, one per RopeParams (base, head_dim, mode, linear / YaRN
+// scaling, frequency factors): (cos, sin) of every pair i at every position p below the capacity,
+// at [p * head_dim / 2 + i], from rope_cos_sin of backend/rope_angles.h, the values the CPU
+// backend rotates with. The GPU then rounds rope as the CPU does, and no kernel computes sin or
+// cos. Tables grow (to powers of two, at least 4096 positions) ahead of the positions a batch
+// reaches; growing moves them, so recorded graphs must be dropped.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <vector>
+
+#include "backend/rope_angles.h"
 
 namespace ember {
 namespace cuda {
@@ -19,16 +22,16 @@ public:
     RopeTables& operator=(const RopeTables&) = delete;
     ~RopeTables();
 
-    // The table of (base, head_dim) covering positions [0, n_pos), built on first use; `moved`
-    // is set when a table was (re)allocated.
-    const float2* get(float base, int32_t head_dim, int32_t n_pos, cudaStream_t s, bool& moved);
+    // The table of `params` covering positions [0, n_pos), built on first use; `moved` is set
+    // when a table was (re)allocated.
+    const float2* get(const RopeParams& params, int32_t n_pos, cudaStream_t s, bool& moved);
     // Grows every table to cover [0, n_pos); true when one moved.
     bool reserve(int32_t n_pos, cudaStream_t s);
 
 private:
     struct Table {
-        float base;
-        int32_t head_dim, capacity;
+        RopeParams params;
+        int32_t capacity;
         float2* dev;
     };
     void fill(Table& t, int32_t n_pos, cudaStream_t s);

@@ -12,26 +12,18 @@ namespace {
 size_t align256(size_t n) { return (n + 255) & ~size_t(255); }
 }  // namespace
 
-// The CUDA backend keeps its own small table so ember_cuda needs no symbol of ember_core.
-BlockInfo block_info(GGMLType type) {
+const TypeTraits& block_info(GGMLType type) {
     switch (type) {
-        case GGMLType::F32: return {1, 4, "F32"};
-        case GGMLType::F16: return {1, 2, "F16"};
-        case GGMLType::BF16: return {1, 2, "BF16"};
-        case GGMLType::Q4_0: return {32, 18, "Q4_0"};
-        case GGMLType::Q4_1: return {32, 20, "Q4_1"};
-        case GGMLType::Q5_0: return {32, 22, "Q5_0"};
-        case GGMLType::Q5_1: return {32, 24, "Q5_1"};
-        case GGMLType::Q8_0: return {32, 34, "Q8_0"};
-        case GGMLType::Q4_K: return {256, 144, "Q4_K"};
-        case GGMLType::Q5_K: return {256, 176, "Q5_K"};
-        case GGMLType::Q6_K: return {256, 210, "Q6_K"};
+        case GGMLType::F32: case GGMLType::F16: case GGMLType::BF16:
+        case GGMLType::Q4_0: case GGMLType::Q4_1: case GGMLType::Q5_0: case GGMLType::Q5_1: case GGMLType::Q8_0:
+        case GGMLType::Q4_K: case GGMLType::Q5_K: case GGMLType::Q6_K:
+            return type_traits(type);
         default: fail("cuda: weight type ", uint32_t(type), " is not supported by the CUDA backend");
     }
 }
 
 PackedLayout packed_layout(GGMLType type, int64_t n_in, int64_t n_out) {
-    const BlockInfo tt = block_info(type);
+    const TypeTraits& tt = block_info(type);
     if (n_in % tt.block_elems != 0)
         fail("cuda: a ", tt.name, " row of ", n_in, " elements is not a whole number of ",
              tt.block_elems, "-element blocks");
@@ -62,7 +54,7 @@ PackedLayout packed_layout(GGMLType type, int64_t n_in, int64_t n_out) {
 
 void pack_weight(GGMLType type, int64_t n_in, int64_t n_out, const uint8_t* src, uint8_t* dst) {
     const PackedLayout L = packed_layout(type, n_in, n_out);
-    const BlockInfo tt = block_info(type);
+    const TypeTraits& tt = block_info(type);
     const size_t nblk = size_t(L.n_blocks) * size_t(n_out);
     if (L.qs_bytes == 0) {
         std::memcpy(dst, src, nblk * tt.block_bytes);

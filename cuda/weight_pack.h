@@ -23,9 +23,9 @@ struct PackedLayout {
 struct MetaQ5_0 { uint16_t d; uint16_t pad; uint32_t qh; };
 struct MetaQ5_1 { uint16_t d, m; uint32_t qh; };
 
-struct BlockInfo { int block_elems, block_bytes; const char* name; };
-// Throws InvalidInput for types the CUDA backend does not run.
-BlockInfo block_info(GGMLType type);
+// The block format (include/ember/quant.h) of a type the CUDA backend runs; throws InvalidInput
+// for the others.
+const TypeTraits& block_info(GGMLType type);
 
 PackedLayout packed_layout(GGMLType type, int64_t n_in, int64_t n_out);
 // Rewrites ggml blocks (n_out rows of n_in elements) into `dst` (layout.total bytes).

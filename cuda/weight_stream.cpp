@@ -28,7 +28,7 @@ constexpr double kMiB = 1024.0 * 1024.0;
 
 size_t align256(size_t n) { return (n + 255) & ~size_t(255); }
 size_t raw_bytes(const Weight& w) {
-    const BlockInfo b = block_info(w.type);
+    const TypeTraits& b = block_info(w.type);
     return size_t(w.n_in / b.block_elems) * size_t(w.n_out) * size_t(b.block_bytes);
 }
 

@@ -1,5 +1,5 @@
 // Streaming host-resident blocks' weights into device staging memory (WeightStream of
-// model/backend.h): raw ggml blocks are copied on a second stream (from the pinned mapping, or
+// backend/backend.h): raw ggml blocks are copied on a second stream (from the pinned mapping, or
 // through pinned bounce buffers) and re-laid out on the GPU into weight_pack.h's layout.
 #pragma once
 #include <cuda_runtime.h>
@@ -12,8 +12,8 @@
 namespace ember {
 namespace cuda {
 
-// compute: the backend's stream; flush: launches the backend's deferred ops, so anything ordered
-// on `compute` comes after every op issued before it.
+// compute: the backend's stream; flush: issues the backend's pending input uploads, so anything
+// ordered on `compute` comes after every op and copy issued before it.
 std::unique_ptr<WeightStream> open_weight_stream(int device, cudaStream_t compute, std::function<void()> flush,
                                                  const StreamSetup& setup);
 

@@ -31,7 +31,8 @@ struct BatchInfo {
     int32_t n_seq = 0;
     int32_t max_blocks = 0;             // columns of block_table
     std::vector<int32_t> block_table;   // [n_seq][max_blocks] physical KV block ids
-    // Token i attends to positions 0..pos[i] of its sequence (causal).
+    // Token i attends to positions 0..pos[i] of its sequence (causal), or to the last
+    // AttentionShape::window of them.
 };
 
 // KV storage of one layer: n_blocks blocks of block_size tokens; K and V each n_blocks blocks
@@ -72,7 +73,8 @@ struct FfnWeights {
     Activation act = Activation::SiLU;
 };
 
-// Activation buffers the fused ops work in, each [n_tok][width] in the backend's memory.
+// Activation buffers the fused ops work in, each [n_tok][width] in the backend's memory. After
+// attn_in only q is defined (rotated); after attn_out, att; the others are scratch.
 struct BlockBuffers {
     float* xn;     // [n_embd] normed input of a projection
     float* q;      // [n_head * head_dim]
@@ -142,7 +144,7 @@ public:
     virtual void matmul_many(const Weight* const* ws, float* const* ys, int count, const float* x, int32_t n_tok) {
         for (int i = 0; i < count; ++i) matmul(*ws[i], x, n_tok, ys[i]);
     }
-    // y[t] = x[t] / rms(x[t]) * gamma
+    // y[t] = x[t] / rms(x[t]) * gamma; y may be x (in place).
     virtual void rmsnorm(const float* x, const float* gamma, int32_t n_tok, int32_t dim,
                          float eps, float* y) = 0;
     // x [n_tok][n_heads][head_dim]: each head normed in place by gamma [head_dim] (Qwen3, Gemma 3 q/k norm).
@@ -156,7 +158,7 @@ public:
     // sequence's blocks (GQA: head h reads kv head h / (n_head / n_head_kv)), within shape.window.
     virtual void attention(const KVLayer& kv, const float* q, int32_t n_tok,
                            const AttentionShape& shape, float* out) = 0;
-    // out[i] = act(gate[i]) * up[i]
+    // out[i] = act(gate[i]) * up[i]; out may be gate.
     virtual void gated_act(Activation act, const float* gate, const float* up, int64_t n, float* out) = 0;
     // x[i] += y[i]
     virtual void add(float* x, const float* y, int64_t n) = 0;
