@@ -338,7 +338,10 @@ __device__ __forceinline__ float i8_to_float(uint32_t u) {
     return __int_as_float(0x4B000000 | (u ^ 0x80)) - 8388736.f;
 }
 
-template <int M, int NC>   // M q heads per CTA, NC chunks of 8 dims of a key per lane (hd = 64 * NC)
+// M q heads per CTA, NC chunks of 8 dims of a key per lane (hd = 64 * NC); kWindow: the layer has
+// a sliding window (the window's masks are compiled out of the other instantiation, whose copy
+// loop issues at the rate the long-context q8_0 decode depends on).
+template <int M, int NC, bool kWindow>
 __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(AttentionArgs a, DeviceBatch b) {
     constexpr int hd = 64 * NC;
     using Tile = DecTile<hd>;
@@ -378,8 +381,8 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(Attention
                     // below the window may lie in a block the cache no longer holds); a scale chunk
                     // is copied when any of its keys is visible.
                     const int key = key0 + (scale ? r * kSk : r / n16);
-                    const bool ok = key < k1 && (scale ? key + kSk > lo : key >= lo);
-                    const int64_t kr = key_row(ok ? key : max(k0, lo));   // block * bs + slot
+                    const bool ok = key < k1 && (!kWindow || (scale ? key + kSk > lo : key >= lo));
+                    const int64_t kr = key_row(ok ? key : (kWindow ? max(k0, lo) : k0));   // block * bs + slot
                     const uint8_t* base = reinterpret_cast<const uint8_t*>(kv ? a.v_cache : a.k_cache) +
                                           (kr >> bs_shift) * block_bytes;
                     const int64_t row = (int64_t(kvh) * bs + (kr & (bs - 1))) * hd;
@@ -456,7 +459,7 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(Attention
                     s[i] += float(__dp4a(int(kw.y), qi[i][c][1], __dp4a(int(kw.x), qi[i][c][0], 0))) * (dk * q[i][c]);
             }
             const int k = k0 + j * kDecTile + key;
-            const bool visible = k < k1 && k >= lo;
+            const bool visible = k < k1 && (!kWindow || k >= lo);
 #pragma unroll
             for (int i = 0; i < M; ++i) {
                 s[i] += __shfl_xor_sync(0xffffffffu, s[i], 1);
@@ -528,16 +531,22 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(Attention
     }
 }
 
-template <int M, int NC>
-void launch_decode(const AttentionArgs& a, const DeviceBatch& b, dim3 grid, cudaStream_t s) {
+template <int M, int NC, bool kWindow>
+void launch_decode_kernel(const AttentionArgs& a, const DeviceBatch& b, dim3 grid, cudaStream_t s) {
     const size_t smem = size_t(kDecStages) * DecTile<64 * NC>::kBytes;
     static bool opted_in = false;   // above 48 KB of dynamic shared memory needs the opt-in
     if (!opted_in) {
-        EMBER_CUDA_CHECK(cudaFuncSetAttribute(attention_decode_kernel<M, NC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              int(smem)));
+        EMBER_CUDA_CHECK(cudaFuncSetAttribute(attention_decode_kernel<M, NC, kWindow>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
         opted_in = true;
     }
-    launch_pdl_smem(attention_decode_kernel<M, NC>, grid, dim3(kDecThreads), smem, s, a, b);
+    launch_pdl_smem(attention_decode_kernel<M, NC, kWindow>, grid, dim3(kDecThreads), smem, s, a, b);
+}
+
+template <int M, int NC>
+void launch_decode(const AttentionArgs& a, const DeviceBatch& b, dim3 grid, cudaStream_t s) {
+    if (a.window > 0) launch_decode_kernel<M, NC, true>(a, b, grid, s);
+    else launch_decode_kernel<M, NC, false>(a, b, grid, s);
 }
 
 template <int M>

@@ -14,15 +14,16 @@ unsigned grid_for(int64_t n) {
     return unsigned(g < 65536 ? (g > 0 ? g : 1) : 65536);
 }
 
-// act(gate) of a gated feed-forward. SiLU as the CPU computes it (glibc's expf algorithm);
-// GeLU in its tanh form, 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))).
+// act(gate) of a gated feed-forward, as the CPU computes it (glibc's expf algorithm). GeLU's tanh
+// form 0.5 x (1 + tanh(y)) is x / (1 + exp(-2y)) with y = sqrt(2 / pi) (x + 0.044715 x^3): the
+// same exp, and the products rounded one by one (no contraction), so the bits are the CPU's.
 template <Activation A>
 __device__ __forceinline__ float gate_act(float x) {
     if constexpr (A == Activation::SiLU) {
         return x / (1.f + expf_glibc(-x));
     } else {
-        constexpr float kSqrt2OverPi = 0.7978845608028654f;
-        return 0.5f * x * (1.f + tanhf(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+        const float cube = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, x), x), x);
+        return x / (1.f + expf_glibc(__fmul_rn(-1.5957691216057308f, __fadd_rn(x, cube))));
     }
 }
 

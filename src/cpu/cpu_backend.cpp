@@ -87,10 +87,11 @@ void CpuBackend::gated_act(Activation act, const float* gate, const float* up, i
         if (act == Activation::SiLU) {
             for (int64_t i = b; i < e; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
         } else {
-            const float k = 0.7978845608028654f;   // sqrt(2 / pi)
+            // 0.5 g (1 + tanh(y)) written as g / (1 + exp(-2y)), y = sqrt(2 / pi) (g + 0.044715 g^3):
+            // one expf, as the CUDA kernel computes it.
             for (int64_t i = b; i < e; ++i) {
-                const float g = gate[i];
-                out[i] = 0.5f * g * (1.0f + std::tanh(k * (g + 0.044715f * g * g * g))) * up[i];
+                const float g = gate[i], cube = 0.044715f * g * g * g;
+                out[i] = g / (1.0f + std::exp(-1.5957691216057308f * (g + cube))) * up[i];
             }
         }
     });

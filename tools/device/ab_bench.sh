@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device call after ab_setup.sh: rows of the H100 speed table (docs/performance.md) for this
-# tree and the baseline tree, alternating baseline / this tree per row, on the models in /tmp/em.
+# tree and the baseline tree (built in /tmp/base), alternating baseline / this tree per row, on the models in /tmp/em.
 # ROWS picks rows by name (default all): q4_0 q8_0 q4_k_m f16 depth depth_q8 ngl16 ngl16_mmp0.
 # Any model parts carried in build/parts are stored under /tmp/em/parts.
 cd "$(dirname "$0")/../.."
@@ -15,7 +15,7 @@ bench() {   # bench TREE ARGS...: ember-bench of the tree's build, its result li
 row() {   # row NAME ARGS...
   echo "== $(date +%T) $1"
   local name=$1; shift
-  echo "base: $(bench "$PWD/build/base_src" "$@" | tr '\n' ' ')"
+  echo "base: $(bench /tmp/base "$@" | tr '\n' ' ')"
   echo "new:  $(bench "$PWD" "$@" | tr '\n' ' ')"
 }
 for r in ${ROWS:-q4_0 q8_0 q4_k_m f16 depth depth_q8 ngl16 ngl16_mmp0}; do

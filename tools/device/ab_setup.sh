@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Device call 1 of a before/after comparison: builds this tree (build/dev) and a baseline tree
-# (build/base_src, e.g. `git archive BASE | tar -x -C build/base_src`) side by side, writes the
+# (build/base_src, e.g. `git archive BASE | tar -x -C build/base_src`, built in /tmp/base, outside
+# the carried paths that the next call's tree replaces) side by side, writes the
 # synthetic llama2-7b F16 and its Q4_0 / Q8_0 / Q4_K_M quantizations to /tmp/em, stores any
 # model parts carried in build/parts under /tmp/em/parts, then runs the CUDA kernel tests.
 # Carry: build/carry build/base_src [build/parts/...]. Env: QUANTS, PYTEST_K (default "not smollm").
@@ -14,8 +15,8 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site build/carry/wh
 [ -f /tmp/em/l7b-f16.gguf ] || ( PYTHONPATH=/tmp/site timeout 400 python3 build/carry/make_synthetic_gguf.py \
     --shape llama2-7b --vocab build/carry/vocab.gguf -o /tmp/em/l7b-f16.gguf > /tmp/em/synth.log 2>&1 ) &
 synth=$!
-mkdir -p build/base_src/build && rm -rf build/base_src/build/carry && cp -r build/carry build/base_src/build/carry
-( sleep 15; source build/base_src/tools/device/cuda_build.sh > /tmp/em/base_build.log 2>&1 && echo ok > /tmp/em/base_built ) &
+rm -rf /tmp/base && cp -r build/base_src /tmp/base && mkdir -p /tmp/base/build && cp -r build/carry /tmp/base/build/carry
+( sleep 15; source /tmp/base/tools/device/cuda_build.sh > /tmp/em/base_build.log 2>&1 && echo ok > /tmp/em/base_built ) &
 base=$!
 step "build"
 source tools/device/cuda_build.sh >> "$LOG" 2>&1 || { echo "BUILD FAILED"; tail -60 "$LOG"; exit 1; }
