@@ -29,5 +29,5 @@ for q in ${QUANTS:-Q4_0 Q8_0 Q4_K_M}; do
     mv /tmp/em/l7b-${q,,}.gguf.tmp /tmp/em/l7b-${q,,}.gguf
 done
 step "models: $(ls /tmp/em)"
-timeout 240 python3 -m pytest tests/test_cuda.py -q -rs -x -k "${PYTEST_K:-not smollm}" -p no:cacheprovider > "${OUT:-/tmp}/tests.log" 2>&1
+timeout 240 python3 -m pytest tests/test_cuda.py -q -rs -k "${PYTEST_K:-not smollm}" -p no:cacheprovider > "${OUT:-/tmp}/tests.log" 2>&1
 step "tests rc=$? $(tail -1 "${OUT:-/tmp}/tests.log")"
