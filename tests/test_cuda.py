@@ -13,6 +13,7 @@ import backend_reference as ref_ops
 from conftest import kernel_module, rng_for
 
 E = kernel_module()
+from ember import _ember
 
 TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
 # Byte offsets of fp16 scale fields in one block: random bytes there could be inf / NaN.
@@ -470,7 +471,7 @@ def test_smollm2_perplexity_gpu(gpu, smollm2_path, split):
     from conftest import REFERENCE
     from ember.perplexity import perplexity
 
-    model = E.Model(smollm2_path, n_gpu_layers=SPLITS[split])
+    model = _ember.Model(smollm2_path, n_gpu_layers=SPLITS[split])
     log = io.StringIO()
     ppl = perplexity(model, (REFERENCE / "apache-2.0.txt").read_bytes(), 256, 4, out=log)
     print(log.getvalue())
@@ -488,7 +489,7 @@ def test_smollm2_logits_gpu_vs_cpu(gpu, smollm2_path):
     steps = [int(t) for t in rng.integers(0, 49152, 12)]
     rows = {}
     for name, ngl in (("cpu", 0), ("gpu", -1)):
-        ctx = E.Context(E.Model(smollm2_path, n_gpu_layers=ngl), n_ctx=128, n_batch=64, n_threads=4)
+        ctx = _ember.Context(_ember.Model(smollm2_path, n_gpu_layers=ngl), n_ctx=128, n_batch=64, n_threads=4)
         ctx.eval(prompt, logits_all=False)
         out = [np.array(ctx.logits(-1))]
         for t in steps:
@@ -553,7 +554,7 @@ def write_synthetic_model(path, rng, n_layer=4, types=STREAM_TYPES, output_type=
 
 def run_sequence(path, ngl, n_batch, tokens, kv_type="f16"):
     """Last-token logits after each eval of `tokens` (a list of token lists)."""
-    ctx = E.Context(E.Model(str(path), n_gpu_layers=ngl, verbose=True), n_ctx=160, n_batch=n_batch, n_threads=4,
+    ctx = _ember.Context(_ember.Model(str(path), n_gpu_layers=ngl, verbose=True), n_ctx=160, n_batch=n_batch, n_threads=4,
                     kv_type=kv_type)
     out = []
     for toks in tokens:
