@@ -109,6 +109,6 @@ def smollm2_path() -> str:
     return str(_fetch_smollm2())
 
 
-def read_jsonl(name: str):
-    with open(REFERENCE / name, encoding="utf-8") as f:
+def read_jsonl(name: str, folder: pathlib.Path = REFERENCE):
+    with open(folder / name, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]

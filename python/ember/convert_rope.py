@@ -107,14 +107,13 @@ def add_rope_scaling(writer, rope):
         writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         writer.add_rope_scaling_factor(rope.factor)
         writer.add_rope_scaling_orig_ctx_len(rope.orig_ctx)
-        if rope.yarn_ext_factor is not None:
-            writer.add_rope_scaling_yarn_ext_factor(rope.yarn_ext_factor)
-        if rope.yarn_attn_factor is not None:
-            writer.add_rope_scaling_yarn_attn_factor(rope.yarn_attn_factor)
-        if rope.yarn_beta_fast is not None:
-            writer.add_rope_scaling_yarn_beta_fast(rope.yarn_beta_fast)
-        if rope.yarn_beta_slow is not None:
-            writer.add_rope_scaling_yarn_beta_slow(rope.yarn_beta_slow)
+        # Only what the config gives: the runtime takes llama.cpp's defaults for the rest.
+        for value, add in ((rope.yarn_ext_factor, writer.add_rope_scaling_yarn_ext_factor),
+                           (rope.yarn_attn_factor, writer.add_rope_scaling_yarn_attn_factor),
+                           (rope.yarn_beta_fast, writer.add_rope_scaling_yarn_beta_fast),
+                           (rope.yarn_beta_slow, writer.add_rope_scaling_yarn_beta_slow)):
+            if value is not None:
+                add(value)
 
 
 def llama3_rope_divisors(rope, head_dim):

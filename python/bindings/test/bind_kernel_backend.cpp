@@ -135,15 +135,7 @@ struct PagedKV {
 RopeParams rope_params(int32_t head_dim, float base, bool neox, float freq_scale, float ext_factor, float attn_factor,
                        float corr_lo, float corr_hi, const std::optional<F32In>& freq_factors) {
     if (head_dim <= 0 || head_dim % 2) fail("rope: head_dim must be positive and even, got ", head_dim);
-    RopeParams r;
-    r.base = base;
-    r.head_dim = head_dim;
-    r.neox = neox;
-    r.freq_scale = freq_scale;
-    r.ext_factor = ext_factor;
-    r.attn_factor = attn_factor;
-    r.corr_lo = corr_lo;
-    r.corr_hi = corr_hi;
+    RopeParams r{base, head_dim, neox, freq_scale, ext_factor, attn_factor, corr_lo, corr_hi, {}};
     if (freq_factors) {
         if (freq_factors->ndim() != 1 || freq_factors->size() != (size_t)head_dim / 2)
             fail("rope: freq_factors must be [head_dim / 2 = ", head_dim / 2, "] float32, got ", freq_factors->size(),
@@ -203,21 +195,12 @@ struct PyBackend {
         const size_t n_tok = x.shape(0);
         check_rows(x, n_tok, n_in, "x");
         if (residual) check_rows(*residual, n_tok, n_in, "residual");
-        FfnWeights fw;
         std::unique_ptr<Buf> normb = optional_vector(*be, norm, (size_t)n_in, "norm");
-        fw.norm = normb->f();
-        fw.eps = eps;
-        fw.gate = &wg;
-        fw.up = &wu;
-        fw.down = &wd;
-        fw.act = activation_arg(act);
+        const FfnWeights fw{normb->f(), eps, &wg, &wu, &wd, activation_arg(act)};
         Buf xb(*be, x.data(), x.size() * 4), xn(*be, x.size() * 4), gb(*be, n_tok * n_ff * 4), ub(*be, n_tok * n_ff * 4),
             yb(*be, x.size() * 4);
         std::unique_ptr<Buf> rb = residual ? std::make_unique<Buf>(*be, residual->data(), residual->size() * 4) : nullptr;
-        BlockBuffers b{};
-        b.xn = xn.f();
-        b.gate = gb.f();
-        b.up = ub.f();
+        const BlockBuffers b{xn.f(), nullptr, nullptr, nullptr, nullptr, gb.f(), ub.f()};
         be->ffn(fw, xb.f(), ptr(rb), (int32_t)n_tok, b, yb.f());
         return {make_out(download(*be, yb, x.size()), {n_tok, (size_t)n_in}),
                 make_out(download(*be, xb, x.size()), {n_tok, (size_t)n_in})};
@@ -241,38 +224,21 @@ struct PyBackend {
         check_rows(x, nt, n_in, "x");
         if (residual) check_rows(*residual, nt, n_in, "residual");
         const RopeParams rope = rope_params(head_dim, base, neox, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, std::nullopt);
-        AttnInWeights w;
         std::unique_ptr<Buf> nbuf = optional_vector(*be, norm, (size_t)n_in, "norm");
         std::unique_ptr<Buf> bqb = optional_vector(*be, bq, (size_t)q.n_out, "bq"),
                              bkb = optional_vector(*be, bk, (size_t)k.n_out, "bk"),
                              bvb = optional_vector(*be, bv, (size_t)v.n_out, "bv"),
                              qn = optional_vector(*be, q_norm, (size_t)head_dim, "q_norm"),
                              kn = optional_vector(*be, k_norm, (size_t)head_dim, "k_norm");
-        w.norm = nbuf->f();
-        w.eps = eps;
-        w.wq = &q;
-        w.wk = &k;
-        w.wv = &v;
-        w.bq = ptr(bqb);
-        w.bk = ptr(bkb);
-        w.bv = ptr(bvb);
-        w.q_norm = ptr(qn);
-        w.k_norm = ptr(kn);
-        w.n_head = (int32_t)(q.n_out / head_dim);
-        w.n_head_kv = (int32_t)(k.n_out / head_dim);
-        w.head_dim = head_dim;
-        w.rope = &rope;
+        const AttnInWeights w{nbuf->f(), eps, &q, &k, &v, ptr(bqb), ptr(bkb), ptr(bvb), ptr(qn), ptr(kn),
+                              (int32_t)(q.n_out / head_dim), (int32_t)(k.n_out / head_dim), head_dim, &rope};
         const int32_t len = *std::max_element(pos.begin(), pos.end()) + 1;
         PagedKV paged(*be, len, block_size, w.n_head_kv, head_dim, GGMLType::F16, 7);
         be->set_batch(one_sequence_batch(pos, paged.table));
         Buf xb(*be, x.data(), x.size() * 4), xn(*be, x.size() * 4), qb(*be, nt * q.n_out * 4), kb(*be, nt * k.n_out * 4),
             vb(*be, nt * v.n_out * 4);
         std::unique_ptr<Buf> rb = residual ? std::make_unique<Buf>(*be, residual->data(), residual->size() * 4) : nullptr;
-        BlockBuffers b{};
-        b.xn = xn.f();
-        b.q = qb.f();
-        b.k = kb.f();
-        b.v = vb.f();
+        const BlockBuffers b{xn.f(), qb.f(), kb.f(), vb.f(), nullptr, nullptr, nullptr};
         be->attn_in(w, xb.f(), ptr(rb), n_tok, paged.kv, b);
         const size_t kw = (size_t)k.n_out;
         return {make_out(download(*be, qb, nt * q.n_out), {nt, (size_t)q.n_out}),

@@ -15,4 +15,19 @@ FfnWeights ffn_weights(const BlockRun& r, Activation act);
 // x += attn(norm(x)); x += ffn(norm(x)), with the second addition left to the caller (returned).
 const float* pre_norm_block(const BlockRun& r, Activation act);
 
+// The pre-norm llama family with a SwiGLU feed-forward; members differ in the rope layout, Q/K/V
+// biases and per-head q/k norms (llama.cpp, qwen2.cpp, qwen3.cpp each make one).
+class PreNormArch : public Architecture {
+public:
+    PreNormArch(bool neox, bool biases, bool qk_norm) : neox_(neox), biases_(biases), qk_norm_(qk_norm) {}
+    void read_hparams(const GGUFFile& f, HParams& hp) const override { (void)f, hp.rope_neox = neox_; }
+    std::vector<TensorSpec> block_tensors(const HParams& hp) const override {
+        return llama_block_tensors(hp, biases_, qk_norm_);
+    }
+    const float* forward_block(const BlockRun& r) const override { return pre_norm_block(r, Activation::SiLU); }
+
+private:
+    bool neox_, biases_, qk_norm_;
+};
+
 }  // namespace ember

@@ -3,16 +3,8 @@
 
 namespace ember {
 
-class LlamaArch final : public Architecture {
-public:
-    std::vector<TensorSpec> block_tensors(const HParams& hp) const override {
-        return llama_block_tensors(hp, /*biases=*/false, /*qk_norm=*/false);
-    }
-    const float* forward_block(const BlockRun& r) const override { return pre_norm_block(r, Activation::SiLU); }
-};
-
 const Architecture& llama_architecture() {
-    static const LlamaArch arch;
+    static const PreNormArch arch(/*neox=*/false, /*biases=*/false, /*qk_norm=*/false);
     return arch;
 }
 

@@ -4,17 +4,8 @@
 
 namespace ember {
 
-class Qwen3Arch final : public Architecture {
-public:
-    void read_hparams(const GGUFFile& f, HParams& hp) const override { (void)f, hp.rope_neox = true; }
-    std::vector<TensorSpec> block_tensors(const HParams& hp) const override {
-        return llama_block_tensors(hp, /*biases=*/false, /*qk_norm=*/true);
-    }
-    const float* forward_block(const BlockRun& r) const override { return pre_norm_block(r, Activation::SiLU); }
-};
-
 const Architecture& qwen3_architecture() {
-    static const Qwen3Arch arch;
+    static const PreNormArch arch(/*neox=*/true, /*biases=*/false, /*qk_norm=*/true);
     return arch;
 }
 
