@@ -361,7 +361,8 @@ public:
         issue_uploads();
         check_batch(n_tok, "kv_store");
         check_kv(kv, "kv_store");
-        if (kv.type == GGMLType::Q8_0) return store_q8(kv, k, v, n_tok);
+        if (kv.k_type != kv.v_type) return store_mixed(kv, k, v, n_tok);
+        if (kv.k_type == GGMLType::Q8_0) return store_q8(kv, k, v, n_tok);
         cuda::kv_store(static_cast<__half*>(kv.k), static_cast<__half*>(kv.v), kv.block_size, kv.n_head_kv * kv.head_dim,
                        k, v, n_tok, dbatch_, stream_);
     }
@@ -405,10 +406,10 @@ public:
         project(ws, &y, 1, xn, n_tok, q8);
     }
     // Norm (+ residual add, + q8_1 output); Q, K, V in one GEMV launch. A plain block (no biases,
-    // no q/k norms) with an f16 cache and normal rope has the GEMV rotate q and k and store k and v
+    // no q/k norms) with f16 caches and normal rope has the GEMV rotate q and k and store k and v
     // as it writes its rows where gemv_takes_rope_store; otherwise one kernel ropes q and k and
-    // stores f16 k and v (a q8_0 cache is stored by its own kernel after it), after the biases and
-    // the per-head norms.
+    // stores f16 k and v (a q8_0 cache is stored by its own kernel after it; with one f16 and one
+    // q8_0 cache, each is), after the biases and the per-head norms.
     void attn_in(const AttnInWeights& w, float* x, const float* residual, int32_t n_tok, KVLayer& kv,
                  const BlockBuffers& b) override {
         if (!fuse_on_) return Backend::attn_in(w, x, residual, n_tok, kv, b);
@@ -426,7 +427,7 @@ public:
         const bool q8 = feeds_q8(ws, 3, n_tok, dim);
         norm(x, residual, w.norm, n_tok, dim, w.eps, b.xn, q8);
         const float2* table = rope_table(rp);
-        const bool f16_cache = kv.type == GGMLType::F16;
+        const bool f16_cache = kv.k_type == GGMLType::F16 && kv.v_type == GGMLType::F16;
         const bool plain = !w.bq && !w.bk && !w.bv && !w.q_norm && !w.k_norm;
         if (plain && f16_cache && !rp.neox && n_tok <= kMaxGemvTokens) {
             const cuda::DeviceWeight dq = device_weight(*w.wq), dk = device_weight(*w.wk), dv = device_weight(*w.wv);
@@ -452,7 +453,9 @@ public:
         cuda::rope_kv_store(b.q, w.n_head, b.k, b.v, kv.n_head_kv, kv.head_dim, table, rp.neox,
                             f16_cache ? static_cast<__half*>(kv.k) : nullptr, f16_cache ? static_cast<__half*>(kv.v) : nullptr,
                             kv.block_size, n_tok, dbatch_, early, stream_);
-        if (!f16_cache) store_q8(kv, b.k, b.v, n_tok);
+        if (f16_cache) return;
+        if (kv.k_type == kv.v_type) store_q8(kv, b.k, b.v, n_tok);
+        else store_mixed(kv, b.k, b.v, n_tok);
     }
     // The attention kernels that can write their output as the q8_1 input of the O projection's
     // GEMV do.
@@ -573,16 +576,17 @@ private:
     // the head count passed to decode_heads sets only how many heads a CTA takes, not whether the
     // kernel takes the layer, so the layer's kv heads stand in for the q heads it does not know).
     bool decode_mma_attention(const KVLayer& kv, int32_t n_tok) const {
-        return kv.type == GGMLType::F16 && n_tok <= kMaxGemvTokens && !exact_attention(n_tok, kv.head_dim) &&
-               decode_heads(kv, kv.n_head_kv, false) > 0;
+        return kv.k_type == GGMLType::F16 && kv.v_type == GGMLType::F16 && n_tok <= kMaxGemvTokens &&
+               !exact_attention(n_tok, kv.head_dim) && decode_heads(kv, kv.n_head_kv, false) > 0;
     }
 
     cuda::DeviceWeight device_weight(const Weight& w) const {
         return {w.type, static_cast<const uint8_t*>(w.data), packed_layout(w.type, w.n_in, w.n_out), w.n_in, w.n_out};
     }
     void check_kv(const KVLayer& kv, const char* op) const {
-        if (kv.type != GGMLType::F16 && kv.type != GGMLType::Q8_0)
-            fail("cuda ", op, ": the GPU keeps KV in f16 or q8_0, not in GGML type ", int(kv.type));
+        for (GGMLType t : {kv.k_type, kv.v_type})
+            if (t != GGMLType::F16 && t != GGMLType::Q8_0)
+                fail("cuda ", op, ": the GPU keeps KV in f16 or q8_0, not in GGML type ", int(t));
     }
     // Whether the input of a projection by these weights should come with its q8_1 blocks: the
     // integer GEMV paths (batches up to kMaxIntPromptTokens) of the quantized types read them.
@@ -701,12 +705,15 @@ private:
         cuda::AttentionArgs a{};
         a.k_cache = static_cast<const __half*>(kv.k);
         a.v_cache = static_cast<const __half*>(kv.v);
-        if (kv.type == GGMLType::Q8_0) {
+        if (kv.k_type == GGMLType::Q8_0 && kv.v_type == GGMLType::Q8_0) {
             // Decode reads the q8_0 blocks directly; other batches read an f16 copy of the blocks
             // they use (their work per KV byte is large, so the copy costs little).
             a.kv_q8 = n_tok <= kMaxGemvTokens && decode_heads(kv, shape.n_head, true) > 0 &&
-                      kv_block_bytes(kv.type, kv.block_size, int64_t(kv.n_head_kv) * kv.head_dim) % 16 == 0;
+                      kv_block_bytes(GGMLType::Q8_0, kv.block_size, int64_t(kv.n_head_kv) * kv.head_dim) % 16 == 0;
             if (!a.kv_q8) expand_q8(kv, a);
+        } else if (kv.k_type == GGMLType::Q8_0 || kv.v_type == GGMLType::Q8_0) {
+            // One q8_0 and one f16 cache: the f16 kernels, over an f16 copy of the q8_0 one.
+            expand_q8(kv, a);
         }
         a.block_size = kv.block_size;
         a.cache_rows = int64_t(kv.n_blocks) * kv.block_size;
@@ -815,16 +822,28 @@ private:
         cuda::kv_store_q8(static_cast<uint8_t*>(kv.k), static_cast<uint8_t*>(kv.v), kv.block_size,
                           kv.n_head_kv * kv.head_dim, kv.head_dim, k, v, n_tok, dbatch_, stream_);
     }
-    // The batch's blocks of a q8_0 layer as f16 in kv_f16_ (one layer's worth, reused by all).
+    // A layer with one f16 and one q8_0 cache: each stored by the kernel of its type.
+    void store_mixed(KVLayer& kv, const float* k, const float* v, int32_t n_tok) {
+        const bool k_q8 = kv.k_type == GGMLType::Q8_0;
+        const int32_t width = kv.n_head_kv * kv.head_dim;
+        cuda::kv_store_q8(k_q8 ? static_cast<uint8_t*>(kv.k) : nullptr, k_q8 ? nullptr : static_cast<uint8_t*>(kv.v),
+                          kv.block_size, width, kv.head_dim, k, v, n_tok, dbatch_, stream_);
+        cuda::kv_store(k_q8 ? nullptr : static_cast<__half*>(kv.k), k_q8 ? static_cast<__half*>(kv.v) : nullptr,
+                       kv.block_size, width, k, v, n_tok, dbatch_, stream_);
+    }
+    // The batch's blocks of the layer's q8_0 caches as f16 in kv_f16_ (one layer's worth, reused
+    // by all); a.k_cache / a.v_cache point at the copies.
     void expand_q8(const KVLayer& kv, cuda::AttentionArgs& a) {
         const int64_t width = int64_t(kv.n_head_kv) * kv.head_dim, n = int64_t(kv.n_blocks) * kv.block_size * width;
         ensure(kv_f16_, size_t(n) * 2 * sizeof(__half));
         __half* kh = static_cast<__half*>(kv_f16_.p);
         const int32_t n_blk = std::min<int32_t>(bt_stride_, (max_len_ + kv.block_size - 1) / kv.block_size);
-        cuda::kv_expand_q8(static_cast<const uint8_t*>(kv.k), static_cast<const uint8_t*>(kv.v), kh, kh + n, kv.block_size,
+        const bool k_q8 = kv.k_type == GGMLType::Q8_0, v_q8 = kv.v_type == GGMLType::Q8_0;
+        cuda::kv_expand_q8(k_q8 ? static_cast<const uint8_t*>(kv.k) : nullptr,
+                           v_q8 ? static_cast<const uint8_t*>(kv.v) : nullptr, kh, kh + n, kv.block_size,
                            int32_t(width), kv.head_dim, kv.n_blocks, n_seq_, n_blk, dbatch_, stream_);
-        a.k_cache = kh;
-        a.v_cache = kh + n;
+        if (k_q8) a.k_cache = kh;
+        if (v_q8) a.v_cache = kh + n;
     }
     // Partial-result buffers and per-CTA-group counters of a split (flash-decoding) attention.
     void prepare_splits(cuda::AttentionArgs& a, size_t n_groups) {

@@ -94,8 +94,8 @@ __global__ void kv_store_kernel(__half* __restrict__ kc, __half* __restrict__ vc
     const int64_t phys = b.block_table[int64_t(b.seq[t]) * b.max_blocks + p / block_size];
     const int64_t dst = (phys * block_size + p % block_size) * kv_dim;
     for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
-        kc[dst + i] = __float2half_rn(k[int64_t(t) * kv_dim + i]);
-        vc[dst + i] = __float2half_rn(v[int64_t(t) * kv_dim + i]);
+        if (kc) kc[dst + i] = __float2half_rn(k[int64_t(t) * kv_dim + i]);
+        if (vc) vc[dst + i] = __float2half_rn(v[int64_t(t) * kv_dim + i]);
     }
 }
 

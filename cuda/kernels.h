@@ -81,6 +81,8 @@ struct DeviceBatch {
     int32_t max_blocks;
 };
 
+// kv_store, kv_store_q8, kv_expand_q8: a null cache is skipped (layers whose K and V types differ
+// store and expand each cache with the kernel of its type).
 void kv_store(__half* k_cache, __half* v_cache, int32_t block_size, int32_t kv_dim,
               const float* k, const float* v, int32_t n_tok, const DeviceBatch& b, cudaStream_t s);
 // q8_0 KV (src/backend/kv_layout.h): store rows as kv_store does; kv_expand_q8 writes the blocks of

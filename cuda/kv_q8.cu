@@ -12,6 +12,8 @@ namespace {
 
 // One warp per 32-value group of one token's K or V row; rounding as the CPU's q8_0 (d = amax /
 // 127, round(x / d) via the reciprocal, half away from zero), so both backends store equal bytes.
+// kCaches 2: K and V; 1: kc from k only (the q8_0 cache of a layer whose other cache is f16).
+template <int kCaches>
 __global__ void kv_store_q8_kernel(uint8_t* __restrict__ kc, uint8_t* __restrict__ vc, int32_t block_size,
                                    int32_t kv_dim, int32_t head_dim, const float* __restrict__ k,
                                    const float* __restrict__ v, int32_t n_tok, DeviceBatch b) {
@@ -19,9 +21,9 @@ __global__ void kv_store_q8_kernel(uint8_t* __restrict__ kc, uint8_t* __restrict
     pdl_trigger();
     const int groups = kv_dim / 32;
     const int64_t g = int64_t(blockIdx.x) * (blockDim.x / kWarp) + (threadIdx.x >> 5);
-    if (g >= int64_t(n_tok) * 2 * groups) return;
+    if (g >= int64_t(n_tok) * kCaches * groups) return;
     const int lane = threadIdx.x & 31;
-    const int t = int(g / (2 * groups)), r = int(g % (2 * groups)), is_v = r >= groups, grp = r % groups;
+    const int t = int(g / (kCaches * groups)), r = int(g % (kCaches * groups)), is_v = r >= groups, grp = r % groups;
     const int p = b.pos[t];
     const int64_t phys = b.block_table[int64_t(b.seq[t]) * b.max_blocks + p / block_size];
     const int64_t n = int64_t(block_size) * kv_dim;
@@ -36,9 +38,10 @@ __global__ void kv_store_q8_kernel(uint8_t* __restrict__ kc, uint8_t* __restrict
 
 // grid.x: (sequence, block index < n_blk) of the batch's block tables; grid.y: parts of that
 // block. Each thread expands 16 values (one 16-byte load, one scale) of K and of V to f16 at
-// their place in an f16-layout copy (row-major: [slot][head][dim]).
+// their place in an f16-layout copy (row-major: [slot][head][dim]). kCaches 1: kc into kh only.
 constexpr int kExpandThreads = 256;
 
+template <int kCaches>
 __global__ void kv_expand_q8_kernel(const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc, __half* __restrict__ kh,
                                     __half* __restrict__ vh, int32_t block_size, int32_t kv_dim, int32_t head_dim,
                                     int32_t n_blocks, int32_t n_blk, DeviceBatch b) {
@@ -48,7 +51,7 @@ __global__ void kv_expand_q8_kernel(const uint8_t* __restrict__ kc, const uint8_
     const int32_t phys = b.block_table[int64_t(seq) * b.max_blocks + j];
     const int64_t n = int64_t(block_size) * kv_dim, i = (int64_t(blockIdx.y) * kExpandThreads + threadIdx.x) * 16;
     if (phys < 0 || phys >= n_blocks || i >= n) return;
-    for (int kv = 0; kv < 2; ++kv) {
+    for (int kv = 0; kv < kCaches; ++kv) {
         const uint8_t* src = (kv ? vc : kc) + phys * (n + n / 16);
         const float d = __half2float(reinterpret_cast<const __half*>(src + n)[i / 32]);
         const uint4 raw = *reinterpret_cast<const uint4*>(src + i);
@@ -73,9 +76,18 @@ void kv_store_q8(uint8_t* k_cache, uint8_t* v_cache, int32_t block_size, int32_t
                  const float* k, const float* v, int32_t n_tok, const DeviceBatch& b, cudaStream_t s) {
     if (n_tok <= 0) return;
     if (head_dim % 32) fail("cuda kv_store_q8: head_dim ", head_dim, " is not a multiple of 32");
-    const int64_t groups = int64_t(n_tok) * 2 * (kv_dim / 32);
-    launch_pdl(kv_store_q8_kernel, unsigned((groups + 7) / 8), 256, s, k_cache, v_cache, block_size, kv_dim, head_dim,
-               k, v, n_tok, b);
+    if (k_cache && v_cache) {
+        const int64_t groups = int64_t(n_tok) * 2 * (kv_dim / 32);
+        launch_pdl(kv_store_q8_kernel<2>, unsigned((groups + 7) / 8), 256, s, k_cache, v_cache, block_size, kv_dim,
+                   head_dim, k, v, n_tok, b);
+    } else if (k_cache || v_cache) {   // the one q8_0 cache goes through the kernel's K half
+        const int64_t groups = int64_t(n_tok) * (kv_dim / 32);
+        launch_pdl(kv_store_q8_kernel<1>, unsigned((groups + 7) / 8), 256, s, k_cache ? k_cache : v_cache,
+                   static_cast<uint8_t*>(nullptr), block_size, kv_dim, head_dim, k_cache ? k : v,
+                   static_cast<const float*>(nullptr), n_tok, b);
+    } else {
+        return;
+    }
     EMBER_CUDA_LAUNCHED("kv_store_q8");
 }
 
@@ -87,8 +99,16 @@ void kv_expand_q8(const uint8_t* k_cache, const uint8_t* v_cache, __half* k_f16,
         fail("cuda kv_expand_q8: a KV block of ", block_size, " x ", kv_dim, " values is not a multiple of 256");
     const int64_t per_block = int64_t(block_size) * kv_dim / 16;
     const dim3 grid(unsigned(n_seq * n_blk), unsigned((per_block + kExpandThreads - 1) / kExpandThreads));
-    launch_pdl(kv_expand_q8_kernel, grid, kExpandThreads, s, k_cache, v_cache, k_f16, v_f16, block_size, kv_dim,
-               head_dim, n_blocks, n_blk, b);
+    if (k_cache && v_cache) {
+        launch_pdl(kv_expand_q8_kernel<2>, grid, kExpandThreads, s, k_cache, v_cache, k_f16, v_f16, block_size, kv_dim,
+                   head_dim, n_blocks, n_blk, b);
+    } else if (k_cache || v_cache) {   // the one q8_0 cache goes through the kernel's K half
+        launch_pdl(kv_expand_q8_kernel<1>, grid, kExpandThreads, s, k_cache ? k_cache : v_cache,
+                   static_cast<const uint8_t*>(nullptr), k_cache ? k_f16 : v_f16, static_cast<__half*>(nullptr),
+                   block_size, kv_dim, head_dim, n_blocks, n_blk, b);
+    } else {
+        return;
+    }
     EMBER_CUDA_LAUNCHED("kv_expand_q8");
 }
 

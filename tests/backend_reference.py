@@ -1,5 +1,17 @@
 """numpy references for the backend ops (float64), shared by the CPU and CUDA op tests."""
+import gguf
 import numpy as np
+
+
+def kv_round(x, kv_type):
+    """x [rows, width] as a KV cache of kv_type ("f32", "f16", "q8_0") holds it (q8_0: ggml's
+    quantize_row_q8_0 and back, through the gguf package)."""
+    if kv_type == "f32":
+        return x
+    if kv_type == "f16":
+        return x.astype(np.float16).astype(np.float32)
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    return gguf.quants.dequantize(gguf.quants.quantize(x, q8), q8).reshape(x.shape)
 
 
 def rmsnorm(x, gamma, eps):

@@ -153,12 +153,17 @@ def hf_logits(ref, ids):
         return ref(torch.tensor([ids])).logits[0].numpy()
 
 
-def ember_logits(path, ids):
-    """ember's logits [len(ids), n_vocab] on the CPU, with an f32 KV cache: the comparison is with
-    transformers' f32 attention, not llama.cpp's f16 cache."""
+def ember_logits(path, ids, n_gpu_layers=0, kv_type="f32", chunk=64):
+    """ember's logits [len(ids), n_vocab], the ids evaluated `chunk` at a time. By default on the
+    CPU with an f32 KV cache: the comparison is with transformers' f32 attention, not llama.cpp's
+    f16 cache."""
     import numpy as np
     from ember import _ember
-    m = _ember.Model(str(path), n_gpu_layers=0)
-    ctx = _ember.Context(m, n_ctx=64, n_batch=64, n_threads=2, kv_type="f32")
-    ctx.eval(ids, logits_all=True)
-    return np.stack([np.asarray(ctx.logits(i)) for i in range(len(ids))])
+    m = _ember.Model(str(path), n_gpu_layers=n_gpu_layers)
+    ctx = _ember.Context(m, n_ctx=64, n_batch=64, n_threads=2, kv_type=kv_type)
+    rows = []
+    for start in range(0, len(ids), chunk):
+        piece = ids[start:start + chunk]
+        ctx.eval(piece, logits_all=True)
+        rows += [np.asarray(ctx.logits(i)) for i in range(len(piece))]
+    return np.stack(rows)

@@ -267,6 +267,22 @@ def test_logits_match_transformers(models, name):
     assert rel <= 1e-4, f"{name}: max|diff|/max|ref| = {rel:.2e}"
 
 
+@pytest.mark.parametrize("chunk", [40, 1], ids=["prompt", "decode"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_cuda_logits_match_cpu(models, name, chunk):
+    """Every block on the GPU (q/k norms, windows, scaled ropes, GeLU in the CUDA kernels; one
+    40-token batch, or token by token through the decode kernels and graphs) against the CPU,
+    both with the f16 KV cache."""
+    if "cuda" not in _ember.backends():
+        pytest.skip("this ember was built without the CUDA backend")
+    path = models[name][2]
+    want = hf_tiny.ember_logits(path, PROMPT, kv_type="f16")
+    got = hf_tiny.ember_logits(path, PROMPT, n_gpu_layers=-1, kv_type="f16", chunk=chunk)
+    rel = np.abs(got - want).max() / np.abs(want).max()
+    print(f"{name} chunk {chunk}: max|diff|/max|ref| = {rel:.2e}")
+    assert rel <= 2e-3, f"{name}: max|diff|/max|ref| = {rel:.2e}"
+
+
 # --------------------------------------------------------------------------------------- errors
 
 

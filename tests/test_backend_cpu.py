@@ -168,12 +168,6 @@ def test_paged_attention_f32_cache_is_exact(cpu, rng):
     np.testing.assert_allclose(got, ref.attention(q, k, v, pos, n_head, n_head_kv, hd), rtol=1e-5, atol=1e-5)
 
 
-def _q8_0_round_trip(x):
-    """x as a q8_0 cache holds it: gguf's quantizer (ggml's quantize_row_q8_0) and dequantizer."""
-    q8 = gguf.GGMLQuantizationType.Q8_0
-    return gguf.quants.dequantize(gguf.quants.quantize(x, q8), q8).reshape(x.shape)
-
-
 @pytest.mark.parametrize("block_size", [16, 5])
 def test_paged_attention_q8_0_cache(cpu, block_size, rng):
     n_head, n_head_kv, hd, length = 6, 2, 64, 75   # GQA, 5 or 15 blocks through a shuffled table
@@ -185,7 +179,7 @@ def test_paged_attention_q8_0_cache(cpu, block_size, rng):
                         kv_type="q8_0")
     # The cache rounds K and V as ggml's q8_0 does and the rest is f32: to f32 precision against
     # the reference on the rounded K and V.
-    expect = ref.attention(q, _q8_0_round_trip(k), _q8_0_round_trip(v), pos, n_head, n_head_kv, hd)
+    expect = ref.attention(q, ref.kv_round(k, "q8_0"), ref.kv_round(v, "q8_0"), pos, n_head, n_head_kv, hd)
     np.testing.assert_allclose(got, expect, rtol=1e-5, atol=1e-5)
     # Against the unrounded K and V: a value moves by at most 1/254 of its 32-group's largest
     # magnitude (~0.01 here); outputs, weighted means of V under scores moved as much, move by
@@ -193,9 +187,37 @@ def test_paged_attention_q8_0_cache(cpu, block_size, rng):
     np.testing.assert_allclose(got, ref.attention(q, k, v, pos, n_head, n_head_kv, hd), atol=5e-2)
 
 
+@pytest.mark.parametrize("type_k", ["f32", "f16", "q8_0"])
+@pytest.mark.parametrize("type_v", ["f32", "f16", "q8_0"])
+def test_paged_attention_mixed_kv_types(cpu, type_k, type_v, rng):
+    """K and V each in its own type: the reference over K and V rounded as their caches hold them.
+    q is rounded to f16 for an f16 K and the probabilities for an f16 V (as llama.cpp), so only
+    pairs without f16 match to f32 precision."""
+    n_head, n_head_kv, hd, length = 6, 2, 64, 45
+    k = rng.standard_normal((length, n_head_kv * hd)).astype(np.float32)
+    v = rng.standard_normal((length, n_head_kv * hd)).astype(np.float32)
+    pos = [0, 15, 16, 30, 44]
+    q = rng.standard_normal((len(pos), n_head * hd)).astype(np.float32)
+    got = cpu.attention(q, k, v, pos, n_head, n_head_kv, hd, 16, int(rng.integers(1 << 30)),
+                        type_k=type_k, type_v=type_v)
+    expect = ref.attention(q, ref.kv_round(k, type_k), ref.kv_round(v, type_v), pos, n_head, n_head_kv, hd)
+    tol = 5e-3 if "f16" in (type_k, type_v) else 1e-5
+    np.testing.assert_allclose(got, expect, rtol=tol, atol=tol)
+    if type_k != type_v:   # each cache's type takes effect: neither single-type cache gives this
+        same_k = cpu.attention(q, k, v, pos, n_head, n_head_kv, hd, 16, 1, type_k=type_k, type_v=type_k)
+        same_v = cpu.attention(q, k, v, pos, n_head, n_head_kv, hd, 16, 1, type_k=type_v, type_v=type_v)
+        assert not np.array_equal(got, same_k) and not np.array_equal(got, same_v)
+
+
 def test_q8_0_cache_needs_head_dim_multiple_of_32(cpu):
     x = np.ones((2, 48), np.float32)
     with pytest.raises(ValueError, match="head_dim 48"):
         cpu.attention(x, x, x, [0, 1], 1, 1, 48, 16, 0, kv_type="q8_0")
+    with pytest.raises(ValueError, match="type_v: a Q8_0 KV cache needs .*head_dim 48"):
+        cpu.attention(x, x, x, [0, 1], 1, 1, 48, 16, 0, type_v="q8_0")
     with pytest.raises(ValueError, match="kv_type.*'q4_0'"):
         cpu.attention(x, x, x, [0, 1], 1, 1, 48, 16, 0, kv_type="q4_0")
+    with pytest.raises(ValueError, match="type_k.*'q4_0'"):
+        cpu.attention(x, x, x, [0, 1], 1, 1, 48, 16, 0, type_k="q4_0")
+    with pytest.raises(ValueError, match="kv_type .*or type_k / type_v, not both"):
+        cpu.attention(x, x, x, [0, 1], 1, 1, 48, 16, 0, kv_type="f16", type_v="f32")

@@ -249,6 +249,32 @@ def test_sliding_window_attention(gpu, cpu, kv_type, pos):
     assert rel_err(yg, yc) < 1e-2
 
 
+@pytest.mark.parametrize("type_k, type_v", [("q8_0", "f16"), ("f16", "q8_0")])
+@pytest.mark.parametrize("length, pos, window", [
+    (96, [90], 0),                            # decode, short context: the exact kernel
+    (96, [0, 5, 31, 32, 60, 95], 40),         # a short prompt in a sliding window
+    (1100, [1099], 0),                        # decode over a long context: attention_decode_mma
+    (1100, list(range(1000, 1100)), 0),       # a long prompt: the tensor-core prefill
+], ids=["decode", "prompt_window", "decode_long", "prefill_long"])
+def test_attention_mixed_kv_types(gpu, cpu, type_k, type_v, length, pos, window):
+    """One q8_0 and one f16 cache: the GPU expands the q8_0 one to f16 and runs the f16 kernels; the
+    reference is over K and V rounded as their caches hold them."""
+    rng = rng_for("attention_mixed", type_k, length, len(pos))
+    n_head, n_kv, hd = 8, 2, 128
+    q = rng.standard_normal((len(pos), n_head * hd)).astype(np.float32)
+    k, v = rng.standard_normal((2, length, n_kv * hd)).astype(np.float32)
+    args = (q, k, v, pos, n_head, n_kv, hd, 16)
+    yg = gpu.attention(*args, seed=5, type_k=type_k, type_v=type_v, window=window)
+    yc = cpu.attention(*args, seed=3, type_k=type_k, type_v=type_v, window=window)
+    expect = ref_ops.attention(q, ref_ops.kv_round(k, type_k), ref_ops.kv_round(v, type_v), pos, n_head, n_kv, hd,
+                               window)
+    assert rel_err(yg, expect) < 3e-3
+    assert rel_err(yg, yc) < 3e-3
+    # each cache's type takes effect: neither single-type cache gives this result
+    for same in (type_k, type_v):
+        assert rel_err(gpu.attention(*args, seed=5, kv_type=same, window=window), yg) > 0
+
+
 def attention_ref(q, k, v, pos, n_head, n_kv, hd):
     k = k.astype(np.float16).astype(np.float64).reshape(len(k), n_kv, hd)
     v = v.astype(np.float16).astype(np.float64).reshape(len(v), n_kv, hd)
@@ -552,10 +578,11 @@ def write_synthetic_model(path, rng, n_layer=4, types=STREAM_TYPES, output_type=
     w.close()
 
 
-def run_sequence(path, ngl, n_batch, tokens, kv_type="f16"):
-    """Last-token logits after each eval of `tokens` (a list of token lists)."""
+def run_sequence(path, ngl, n_batch, tokens, kv_type="f16", type_v=None):
+    """Last-token logits after each eval of `tokens` (a list of token lists); kv_type is K's type
+    (and V's unless type_v is given)."""
     ctx = _ember.Context(_ember.Model(str(path), n_gpu_layers=ngl, verbose=True), n_ctx=160, n_batch=n_batch, n_threads=4,
-                    kv_type=kv_type)
+                         type_k=kv_type, type_v=type_v or kv_type)
     out = []
     for toks in tokens:
         ctx.eval(toks, logits_all=False)
@@ -638,6 +665,21 @@ def test_q8_kv_model_matches_cpu(gpu, tmp_path):
     for ngl in (-1, 2):
         errs = [rel_err(g, c) for g, c in zip(run_sequence(path, ngl, 128, seq, kv_type="q8_0"), cpu_rows)]
         print(f"q8_0 KV ngl {ngl} gpu vs cpu per step: " + " ".join(f"{e:.1e}" for e in errs))
+        assert max(errs) < 3e-2
+
+
+@pytest.mark.parametrize("type_k, type_v", [("q8_0", "f16"), ("f16", "q8_0")])
+def test_mixed_kv_model_matches_cpu(gpu, tmp_path, type_k, type_v):
+    """One q8_0 and one f16 cache (attn_in's rope then a store per cache; attention over an f16
+    copy of the q8_0 one): all-GPU, decode graphs and the streamed split against the CPU."""
+    rng = rng_for("mixed kv model", type_k)
+    path = tmp_path / "synthetic.gguf"
+    write_synthetic_model(path, rng)
+    seq = [[int(t) for t in rng.integers(3, 512, n)] for n in (40, 1, 1, 1, 70, 1, 1)]
+    cpu_rows = run_sequence(path, 0, 128, seq, type_k, type_v)
+    for ngl in (-1, 2):
+        errs = [rel_err(g, c) for g, c in zip(run_sequence(path, ngl, 128, seq, type_k, type_v), cpu_rows)]
+        print(f"K {type_k} V {type_v} ngl {ngl} gpu vs cpu per step: " + " ".join(f"{e:.1e}" for e in errs))
         assert max(errs) < 3e-2
 
 

@@ -52,6 +52,17 @@ def test_tokenize_matches_llama_cpp(tok):
         assert tok.encode(row["text"], add_bos=True) == row["ids_no_special"], row["text"]
 
 
+def test_tokenize_invalid_utf8_uses_byte_tokens(tok):
+    # llama.cpp's SentencePiece session groups bytes by the lead byte alone (0xFF starts a 4-byte
+    # symbol, so "\xff\xfe\xc3(" is one symbol), finds no token for it, and emits its bytes as
+    # the vocab's <0xNN> tokens (id 238 + NN here); valid text after it merges as usual.
+    ids = tok.encode(b"\xff\xfe\xc3(abc", add_bos=True)
+    assert ids == [2, 238 + 0xFF, 238 + 0xFE, 238 + 0xC3, 238 + ord("("), 28180]
+    assert [tok.token_text(i) for i in ids[1:5]] == [b"<0xFF>", b"<0xFE>", b"<0xC3>", b"<0x28>"]
+    assert tok.encode(b"abc", add_bos=False) == [28180]
+    assert tok.decode(ids[1:]) == b"\xff\xfe\xc3(abc"
+
+
 def test_detokenize_round_trips(tok):
     # SentencePiece with no space prefix: the pieces of plain text spell it back byte for byte, but
     # for a literal U+2581 in the input, which reads back as the space it stands for (as in llama.cpp).

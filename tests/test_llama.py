@@ -1,16 +1,19 @@
 """ember.Llama (llama-cpp-python's API) and the `ember` CLI on the real SmolLM2-135M model:
 greedy text vs llama.cpp's (tests/reference/smollm2/greedy.jsonl), result shapes, streaming,
 stop strings, seeds, logprobs, prefix reuse and context limits."""
+import _thread
 import math
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
 
 from conftest import read_jsonl
-from ember.llama import Llama, _find_stop, _stop_prefix_len, kv_cache_type
+from ember.llama import Llama, _find_stop, _stop_prefix_len, kv_cache_type, kv_cache_types
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +198,7 @@ def test_tokenize_detokenize_round_trip(llm):
 
 
 def test_context_limits(small):
-    with pytest.raises(ValueError, match=r"\(50\).*40"):
+    with pytest.raises(ValueError, match="prompt is 50 tokens and n_ctx is 40.*at least 51"):
         small(list(range(100, 150)), max_tokens=4)
     with pytest.raises(ValueError, match="40"):
         small(" ".join(["hello"] * 60), max_tokens=4)
@@ -228,8 +231,8 @@ def test_kv_cache_type_arguments(llm, smollm2_path):
         kv_cache_type("q4_0", "q4_0")
     with pytest.raises(ValueError, match="type_v.*2"):
         kv_cache_type(8, 2)
-    with pytest.raises(ValueError, match="type_k.*type_v"):
-        Llama(smollm2_path, type_k=8, type_v=1, verbose=False)
+    # Llama itself takes K and V types each on its own (llama.cpp's -ctk / -ctv): tests/test_kv_types.py.
+    assert kv_cache_types(8, None) == ("q8_0", "f16")
     prompt = "The capital of France is"
     with Llama(smollm2_path, n_ctx=64, type_k=8, type_v=8, verbose=False) as q8:
         # The first token's f16 top-two margin (2.4) is beyond what the q8_0 rounding moves.
@@ -258,6 +261,85 @@ def test_cli_prints_completion(llm, smollm2_path):
     bad = subprocess.run([sys.executable, "-m", "ember.cli", "-m", smollm2_path, "-p", prompt, "--top-p", "2"],
                          capture_output=True, text=True, env=env, timeout=300)
     assert bad.returncode == 1 and "top_p" in bad.stderr
-    mixed = subprocess.run([sys.executable, "-m", "ember.cli", "-m", smollm2_path, "-p", prompt, "-ctk", "q8_0"],
-                           capture_output=True, text=True, env=env, timeout=300)
-    assert mixed.returncode == 1 and "type_v (f16)" in mixed.stderr
+    # -ctk alone: K q8_0, V f16, as llama.cpp takes it.
+    mixed = subprocess.run([sys.executable, "-m", "ember.cli", "-m", smollm2_path, "-p", prompt, "-n", "4",
+                            "-c", "128", "-t", "2", "-ctk", "q8_0"], capture_output=True, text=True, env=env, timeout=300)
+    assert mixed.returncode == 0 and mixed.stdout.strip(), mixed.stderr
+
+
+def test_interrupt_keeps_the_finished_batches(smollm2_path):
+    # Ctrl-C during a long prompt: KeyboardInterrupt comes between two n_batch chunks, and the
+    # context keeps exactly the chunks done, so the same prompt afterwards resumes from them.
+    prompt = "The quick brown fox jumps over the lazy dog. " * 100
+    with Llama(smollm2_path, n_ctx=2048, n_batch=32, verbose=False) as llm:
+        tokens = llm.tokenize(prompt.encode())
+        timer = threading.Timer(0.5, _thread.interrupt_main)
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            llm.eval(tokens)
+            time.sleep(60)   # the eval was quicker than the timer: wait for the interrupt here
+        timer.cancel()
+        kept = llm.n_tokens
+        assert 0 < kept < len(tokens) and kept % 32 == 0
+        assert llm._ctx.n_past == kept and list(llm.input_ids) == tokens[:kept]
+        resumed = greedy(llm, prompt, 4)["choices"][0]["text"]
+        llm.reset()
+        assert greedy(llm, prompt, 4)["choices"][0]["text"] == resumed
+
+
+def test_echo_logprobs_span_batches(llm, small):
+    # Prompt logits gathered over several 16-token chunks equal those of one 512-token batch.
+    prompt = ("The history of the printing press begins in the fifteenth century, when Gutenberg, "
+              "a goldsmith from Mainz, built a press with movable metal type")
+    assert 16 < len(llm.tokenize(prompt.encode())) < 40 - 2   # two chunks, and room in the 40-token context
+    one = greedy(llm, prompt, 2, echo=True, logprobs=2)["choices"][0]["logprobs"]
+    chunked = greedy(small, prompt, 2, echo=True, logprobs=2)["choices"][0]["logprobs"]
+    assert one["tokens"] == chunked["tokens"]
+    assert np.allclose(one["token_logprobs"][1:], chunked["token_logprobs"][1:], atol=1e-3)
+
+
+def test_n_threads_capped_at_hardware_threads(smollm2_path, capfd):
+    hw = os.cpu_count()
+    with Llama(smollm2_path, n_ctx=64, n_threads=hw + 1000, verbose=False) as llm:
+        t = time.perf_counter()
+        assert greedy(llm, "The capital of France is", 3)["usage"]["completion_tokens"] == 3
+        assert time.perf_counter() - t < 30
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"n_threads {hw + 1000}" in err[0] and f"{hw} hardware threads" in err[0], err
+
+
+def test_bytes_prompt_is_a_type_error(llm):
+    # llama-cpp-python would take b"Hello" as the token ids 72, 101, 108...
+    with pytest.raises(TypeError, match="got bytes.*decode"):
+        llm(b"Hello")
+
+
+def test_context_of_one_token_says_what_is_needed(smollm2_path):
+    with Llama(smollm2_path, n_ctx=1, verbose=False) as tiny:
+        with pytest.raises(ValueError, match=r"prompt is 1 token \(BOS included\) and n_ctx is 1.*at least 2"):
+            tiny("")
+        with pytest.raises(ValueError, match=r"prompt is 3 tokens and n_ctx is 1.*at least 4"):
+            tiny("Hello, world")
+
+
+def test_n_ctx_past_training_context_warns_once(smollm2_path, capfd):
+    with Llama(smollm2_path, n_ctx=8192 + 64, verbose=False) as big:
+        assert big.n_ctx() == 8256
+        greedy(big, "Hi", 1)
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "n_ctx 8256" in err[0] and "n_ctx_train 8192" in err[0], err
+    with Llama(smollm2_path, n_ctx=8192, verbose=False):
+        pass
+    assert capfd.readouterr().err == ""
+
+
+def test_gpu_layers_fall_back_to_cpu_without_cuda(smollm2_path, llm, capfd):
+    from ember import _ember
+    if "cuda" in _ember.backends():
+        pytest.skip("CUDA backend built in: n_gpu_layers offloads")
+    prompt = "The capital of France is"
+    with Llama(smollm2_path, n_ctx=512, n_gpu_layers=-1, verbose=False) as cpu:
+        got = greedy(cpu, prompt, 8)["choices"][0]["text"]
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "n_gpu_layers=-1 ignored" in err[0] and "CPU" in err[0], err
+    assert got == greedy(llm, prompt, 8)["choices"][0]["text"]

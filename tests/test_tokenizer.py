@@ -118,6 +118,22 @@ def test_special_tokens(smol):
     assert smol.token_to_piece(216) == b" "   # 'Ġ'
 
 
+def test_invalid_utf8_bpe_is_replacement_characters(smol, smol_vocab):
+    # llama.cpp's unicode_cpts_from_utf8 turns each byte that does not start a well-formed sequence
+    # into U+FFFD (one per byte, unlike Python's errors="replace") before the pre-tokenizer, so the
+    # ids are those of the text with U+FFFD in place; that text is valid, and the HF BPE over the
+    # same vocab gives its ids independently. 24211 is "ï¿½" through the byte table.
+    fffd = 24211
+    assert smol_vocab["tokens"][fffd].encode("utf-8") == b"\xc3\xaf\xc2\xbf\xc2\xbd"
+    hf = hf_tokenizer(smol_vocab, "smollm")
+    cases = [(b"\xff\xfe\xc3(abc", "\ufffd\ufffd\ufffd(abc"), (b"a\xe2\x82", "a\ufffd\ufffd"),
+             (b"\x80 x", "\ufffd x"), (b"ok\xc0", "ok\ufffd"), (b"\xf8\xf0\x9f\x98\x80", "\ufffd\U0001F600")]
+    for raw, replaced in cases:
+        assert smol.encode(raw) == smol.encode(replaced) == hf.encode(replaced).ids, raw
+    assert smol.encode(b"\xff\xfe\xc3(abc") == [fffd, fffd, fffd, 24, 25276]
+    assert smol.encode(b"\xff<|endoftext|>\xfe", special=True) == [fffd, 0, fffd]
+
+
 def test_bad_ids_raise(smol):
     with pytest.raises(ValueError, match="outside the vocabulary"):
         smol.token_to_piece(49152)
@@ -233,10 +249,11 @@ def _is_utf8(b: bytes) -> bool:
         return False
 
 
-def test_incremental_detokenizer_holds_and_flushes(smol):
-    # Byte tokens for the 4 bytes of U+1F600, pushed one at a time.
-    byte_ids = [smol.encode(bytes([b]))[0] for b in "😀".encode("utf-8")]
-    # single bytes \xf0 etc. are not valid text alone: encode maps them to their byte token
+def test_incremental_detokenizer_holds_and_flushes(smol, smol_vocab):
+    # Byte tokens for the 4 bytes of U+1F600, pushed one at a time (looked up by their byte-table
+    # text: encoding a lone \xf0 gives U+FFFD, as in llama.cpp).
+    chars = gpt2_byte_chars()
+    byte_ids = [smol_vocab["tokens"].index(chars[b]) for b in "😀".encode("utf-8")]
     detok = IncrementalDetokenizer(smol)
     assert [detok.push(i) for i in byte_ids] == [b"", b"", b"", "😀".encode()]
     detok.push(byte_ids[0])
@@ -364,6 +381,30 @@ def test_spm_hand_vocab():
     no_prefix = Tokenizer.from_vocab("llama", tokens, scores=scores, token_types=types, bos=1, eos=2, unk=0,
                                      add_space_prefix=False)
     assert no_prefix.encode("hello") == [ids["he"], ids["llo"]]
+
+
+def test_spm_invalid_utf8():
+    # llama.cpp's SentencePiece session splits by the lead byte alone (unicode_len_utf8: 0xF8..0xFF
+    # count as 4 bytes, no continuation check), and a symbol that is no token goes out as <0xNN>
+    # byte tokens; without byte tokens ember gives the unknown token.
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + ["▁", "a", "b", "▁ab", "ab"]
+    scores = [0.0] * 259 + [-1.0, -2.0, -2.0, -3.0, -4.0]
+    types = [2, 3, 3] + [6] * 256 + [1] * 5
+    tok = Tokenizer.from_vocab("llama", tokens, scores=scores, token_types=types, bos=1, eos=2, unk=0,
+                               add_space_prefix=False)
+    ids = {t: i for i, t in enumerate(tokens)}
+    byte = lambda b: 3 + b  # noqa: E731
+    assert tok.encode(b"ab\xff") == [ids["ab"], byte(0xFF)]
+    assert tok.encode(b"\xffab") == [byte(0xFF), byte(ord("a")), byte(ord("b"))]        # one 3-byte symbol
+    assert tok.encode(b"\xffabab") == [byte(0xFF), byte(ord("a")), byte(ord("b")), byte(ord("a")), ids["b"]]
+    assert tok.encode(b"\xc3(ab") == [byte(0xC3), byte(ord("(")), ids["ab"]]
+    assert tok.encode(b"\x80\x80") == [byte(0x80), byte(0x80)]
+    no_bytes = Tokenizer.from_vocab("llama", tokens[:3] + tokens[259:], scores=[0.0] * 3 + scores[259:],
+                                    token_types=[2, 3, 3] + types[259:], bos=1, eos=2, unk=0,
+                                    add_space_prefix=False)
+    ab = 7   # its id there
+    assert no_bytes.encode(b"ab\x80ab") == [ab, 0, ab]
+    assert no_bytes.encode(b"ab\xffab") == [ab, 0]
 
 
 @pytest.fixture(scope="module")

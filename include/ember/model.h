@@ -67,9 +67,11 @@ struct ContextParams {
     int32_t n_threads = 0;        // 0: all hardware threads
     int32_t kv_block_size = 16;   // tokens per paged-KV block
     bool offload_kqv = true;      // false: KV of GPU layers stays in host memory
-    // KV cache element type: F16; Q8_0 (llama.cpp's -ctk/-ctv q8_0: half the bytes, needs
-    // head_dim % 32 == 0); F32 (CPU blocks only: exact comparisons with f32 references).
-    GGMLType kv_type = GGMLType::F16;
+    // KV cache element types of K and V, each on its own as llama.cpp's -ctk / -ctv: F16; Q8_0
+    // (half the bytes, needs head_dim % 32 == 0); F32 (CPU blocks only: exact comparisons with
+    // f32 references).
+    GGMLType type_k = GGMLType::F16;
+    GGMLType type_v = GGMLType::F16;
 };
 
 struct ContextImpl;

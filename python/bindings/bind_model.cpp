@@ -1,6 +1,7 @@
 // Python bindings for Model (load + placement) and Context (paged KV + forward).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -67,18 +68,22 @@ void bind_model(nb::module_& m) {
 
     nb::class_<Context>(m, "Context")
         .def(nb::new_([](std::shared_ptr<Model> model, int n_ctx, int n_batch, int n_threads, int kv_block_size,
-                         bool offload_kqv, const std::string& kv_type) {
+                         bool offload_kqv, const std::optional<std::string>& kv_type,
+                         const std::optional<std::string>& type_k, const std::optional<std::string>& type_v) {
                  ContextParams p;
                  p.n_ctx = n_ctx;
                  p.n_batch = n_batch;
                  p.n_threads = n_threads;
                  p.kv_block_size = kv_block_size;
                  p.offload_kqv = offload_kqv;
-                 p.kv_type = kv_type_arg(kv_type);
+                 const KVTypes t = kv_types_arg(kv_type, type_k, type_v);
+                 p.type_k = t.k;
+                 p.type_v = t.v;
                  return std::make_shared<Context>(std::move(model), p);
              }),
              nb::arg("model"), nb::arg("n_ctx") = 512, nb::arg("n_batch") = 512, nb::arg("n_threads") = 0,
-             nb::arg("kv_block_size") = 16, nb::arg("offload_kqv") = true, nb::arg("kv_type") = "f16")
+             nb::arg("kv_block_size") = 16, nb::arg("offload_kqv") = true, nb::arg("kv_type") = nb::none(),
+             nb::arg("type_k") = nb::none(), nb::arg("type_v") = nb::none())
         .def("eval",
              [](Context& c, const std::vector<int32_t>& tokens, bool logits_all) {
                  nb::gil_scoped_release release;

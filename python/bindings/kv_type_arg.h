@@ -1,13 +1,29 @@
-// The kv_type argument of Context and Backend.attention, named as llama.cpp's cache types.
+// The KV cache type arguments of Context and Backend.attention, named as llama.cpp's cache types.
 #pragma once
+#include <optional>
 #include <string>
 
 #include "ember/quant.h"
 #include "ember/status.h"
 
-inline ember::GGMLType kv_type_arg(const std::string& name) {
+// `arg` names the argument in the message.
+inline ember::GGMLType kv_type_arg(const char* arg, const std::string& name) {
     if (name == "f16") return ember::GGMLType::F16;
     if (name == "f32") return ember::GGMLType::F32;
     if (name == "q8_0") return ember::GGMLType::Q8_0;
-    ember::fail("kv_type must be 'f16', 'f32' or 'q8_0', got '", name, "'");
+    ember::fail(arg, " must be 'f16', 'f32' or 'q8_0', got '", name, "'");
+}
+
+struct KVTypes {
+    ember::GGMLType k, v;
+};
+
+// type_k / type_v name each cache (as llama.cpp's -ctk / -ctv); kv_type names both at once. A
+// cache named by neither is f16.
+inline KVTypes kv_types_arg(const std::optional<std::string>& kv_type, const std::optional<std::string>& type_k,
+                            const std::optional<std::string>& type_v) {
+    if (kv_type && (type_k || type_v))
+        ember::fail("give kv_type (K and V alike) or type_k / type_v, not both; got kv_type='", *kv_type, "'");
+    const ember::GGMLType both = kv_type ? kv_type_arg("kv_type", *kv_type) : ember::GGMLType::F16;
+    return {type_k ? kv_type_arg("type_k", *type_k) : both, type_v ? kv_type_arg("type_v", *type_v) : both};
 }

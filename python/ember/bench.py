@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 from . import _ember
+from .cli import run_tool
 from .llama import add_kv_cache_args, kv_cache_type
 
 # Measured copy bandwidth of the H100 the anchors ran on (see docs/performance.md).
@@ -81,16 +82,16 @@ def main(argv=None) -> int:
     ap.add_argument("--bandwidth", type=float, default=0.0, help="roofline GB/s (default: measured host / H100)")
     add_kv_cache_args(ap)
     args = ap.parse_args(argv)
-    try:
-        kv_type = kv_cache_type(args.cache_type_k, args.cache_type_v)
-        model = _ember.Model(args.model, n_gpu_layers=args.n_gpu_layers, use_mmap=bool(args.mmap))
-        n_ctx = args.depth + max(args.n_prompt, args.n_gen) + 1
-        ctx = _ember.Context(model, n_ctx=n_ctx, n_batch=args.batch_size, n_threads=args.threads,
-                             kv_type=kv_type)
-    except (OSError, ValueError, RuntimeError, MemoryError) as e:
-        print(f"ember-bench: error: {e}", file=sys.stderr)
-        return 1
-    on_gpu = args.n_gpu_layers != 0
+    return run_tool("ember-bench", lambda: _bench(args))
+
+
+def _bench(args) -> int:
+    kv_type = kv_cache_type(args.cache_type_k, args.cache_type_v)
+    model = _ember.Model(args.model, n_gpu_layers=args.n_gpu_layers, use_mmap=bool(args.mmap))
+    n_ctx = args.depth + max(args.n_prompt, args.n_gen) + 1
+    ctx = _ember.Context(model, n_ctx=n_ctx, n_batch=args.batch_size, n_threads=args.threads,
+                         kv_type=kv_type)
+    on_gpu = model.n_gpu_layers != 0   # 0 where a build without CUDA runs everything on the CPU
     bandwidth = args.bandwidth or (GPU_BANDWIDTH_GBS if on_gpu else host_bandwidth_gbs())
     rng = np.random.default_rng(1234)
     backend = "CUDA" if on_gpu else "CPU"
@@ -119,7 +120,7 @@ def main(argv=None) -> int:
             rate = decode_bytes_per_token(model, kv_type, args.depth + n_gen // 2) * mean / 1e9
             gbs, roof = f"{rate:.1f}", f"{100 * rate / bandwidth:.1f}%"
         print(f"| {model.path.rsplit('/', 1)[-1]} | {model.size_bytes / 2**30:.2f} GiB | {model.n_params / 1e9:.2f} B "
-              f"| {backend} | {args.n_gpu_layers} | {args.threads or 'all'} |{kv_cells} {name} "
+              f"| {backend} | {model.n_gpu_layers} | {args.threads or 'all'} |{kv_cells} {name} "
               f"| {mean:.2f} ± {std:.2f} "
               f"| {gbs} | {roof} |", flush=True)
     return 0

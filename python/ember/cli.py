@@ -3,10 +3,42 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 from .llama import Llama, add_kv_cache_args
+
+
+def _describe(e: BaseException) -> str:
+    """An exception as the one line after `NAME: error: `."""
+    if isinstance(e, MemoryError):
+        return f"out of memory ({e})" if str(e) else "out of memory"
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.filename}: {e.strerror}" if e.filename else e.strerror
+    text = " ".join(str(e).split())
+    if text and (isinstance(e, (ValueError, RuntimeError, OSError)) or type(e).__module__.startswith("ember.")):
+        return text
+    # Anything else (TypeError, KeyError...): the message alone would not say what it is.
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def run_tool(prog: str, body: Callable[[], int]) -> int:
+    """How every ember command ends: body's status; 1 with one line `PROG: error: ...` on stderr
+    for any failure (never a traceback); 130 on Ctrl-C. When the reader of stdout goes away
+    (`ember ... | head`) the process dies of SIGPIPE, silently, as cat or grep do: the shell
+    reports 141, so `set -o pipefail` still sees that the output was cut short."""
+    try:
+        return body()
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        signal.raise_signal(signal.SIGPIPE)
+        raise   # reached only where SIGPIPE is blocked, so its default action could not end the process
+    except Exception as e:
+        print(f"{prog}: error: {_describe(e)}", file=sys.stderr)
+        return 1
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -33,24 +65,22 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = _parser().parse_args(argv)
-    try:
-        llm = Llama(args.model, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads,
-                    n_gpu_layers=args.n_gpu_layers, seed=args.seed, verbose=args.verbose,
-                    type_k=args.cache_type_k, type_v=args.cache_type_v)
-        with llm:
-            chunks = llm.create_completion(args.prompt, max_tokens=args.n_predict, temperature=args.temp,
-                                           top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                                           repeat_penalty=args.repeat_penalty, echo=args.echo, stream=True)
-            for chunk in chunks:
-                sys.stdout.write(chunk["choices"][0]["text"])
-                sys.stdout.flush()
-            sys.stdout.write("\n")
+    return run_tool("ember", lambda: _complete(args))
+
+
+def _complete(args) -> int:
+    llm = Llama(args.model, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads,
+                n_gpu_layers=args.n_gpu_layers, seed=args.seed, verbose=args.verbose,
+                type_k=args.cache_type_k, type_v=args.cache_type_v)
+    with llm:
+        chunks = llm.create_completion(args.prompt, max_tokens=args.n_predict, temperature=args.temp,
+                                       top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                                       repeat_penalty=args.repeat_penalty, echo=args.echo, stream=True)
+        for chunk in chunks:
+            sys.stdout.write(chunk["choices"][0]["text"])
             sys.stdout.flush()
-    except (ValueError, OSError) as e:
-        print(f"ember: error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
+        sys.stdout.write("\n")
+        sys.stdout.flush()
     return 0
 
 

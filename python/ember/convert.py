@@ -134,15 +134,13 @@ def main(argv=None):
                         help="byte-level BPE pre-tokenizer name, when it cannot be recognised")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     args = parser.parse_args(argv)
-    try:
+    from .cli import run_tool
+
+    def run():
         convert(args.model_dir, args.outfile, args.outtype, args.name, args.pre, not args.no_progress)
-    except ConvertError as e:
-        print(f"ember-convert: error: {e}", file=sys.stderr)
-        return 1
-    except OSError as e:
-        print(f"ember-convert: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
-        return 1
-    return 0
+        return 0
+
+    return run_tool("ember-convert", run)
 
 
 if __name__ == "__main__":

@@ -38,19 +38,26 @@ def _kv_type_name(arg: str, value) -> str:
 
 
 def add_kv_cache_args(parser) -> None:
-    """The tools' llama.cpp-style -ctk / -ctv options (read back with kv_cache_type(args.cache_type_k,
-    args.cache_type_v))."""
-    parser.add_argument("-ctk", "--cache-type-k", choices=KV_CACHE_TYPES, default="f16", help="KV cache type of K")
+    """The tools' llama.cpp-style -ctk / -ctv options, each f16 unless given (-ctk q8_0 alone: K
+    q8_0, V f16, as in llama.cpp); read back with kv_cache_types(args.cache_type_k, args.cache_type_v)."""
+    parser.add_argument("-ctk", "--cache-type-k", choices=KV_CACHE_TYPES, default="f16",
+                        help="KV cache type of K (default f16)")
     parser.add_argument("-ctv", "--cache-type-v", choices=KV_CACHE_TYPES, default="f16",
-                        help="KV cache type of V (the same as K)")
+                        help="KV cache type of V (default f16, whatever K's is)")
+
+
+def kv_cache_types(type_k=None, type_v=None) -> tuple[str, str]:
+    """The K and V cache types ("f16", "f32" or "q8_0") that llama-cpp-python's type_k / type_v
+    name (ggml type ids or those names; None: f16), each on its own."""
+    return _kv_type_name("type_k", type_k), _kv_type_name("type_v", type_v)
 
 
 def kv_cache_type(type_k=None, type_v=None) -> str:
-    """The KV cache type ("f16", "f32" or "q8_0") that llama-cpp-python's type_k / type_v name
-    (ggml type ids or those names; None: f16). ember stores K and V alike, so they must agree."""
-    k, v = _kv_type_name("type_k", type_k), _kv_type_name("type_v", type_v)
+    """The one KV cache type of tools that size or report K and V as one type (ember-bench,
+    ember-perplexity): type_k and type_v as kv_cache_types reads them, which must agree there."""
+    k, v = kv_cache_types(type_k, type_v)
     if k != v:
-        raise ValueError(f"type_k ({k}) and type_v ({v}) must be the same KV cache type")
+        raise ValueError(f"type_k ({k}) and type_v ({v}) must be the same KV cache type for this tool")
     return k
 
 
@@ -111,7 +118,7 @@ class Llama:
             raise ValueError(f"Llama: n_batch must be > 0, got {n_batch}")
         if n_threads is not None and n_threads < 0:
             raise ValueError(f"Llama: n_threads must be >= 1 (None = all cores), got {n_threads}")
-        kv_type = kv_cache_type(type_k, type_v)
+        type_k, type_v = kv_cache_types(type_k, type_v)
         self.model_path = str(model_path)
         self.verbose = verbose
         self._seed = self._check_seed(seed)
@@ -120,17 +127,22 @@ class Llama:
         self._model = _ember.Model(self.model_path, n_gpu_layers=n_gpu_layers, main_gpu=main_gpu,
                                    use_mmap=bool(use_mmap))
         self._tok = self._model.tokenizer
-        n_ctx = n_ctx or self._model.n_ctx_train
-        self._ctx = _ember.Context(self._model, n_ctx=n_ctx, n_batch=min(n_batch, n_ctx),
+        n_ctx_train = self._model.n_ctx_train
+        n_ctx = n_ctx or n_ctx_train
+        if n_ctx_train > 0 and n_ctx > n_ctx_train:
+            print(f"ember: warning: n_ctx {n_ctx} is larger than the model's training context "
+                  f"(n_ctx_train {n_ctx_train}); output past {n_ctx_train} tokens may degrade", file=sys.stderr)
+        self._n_batch = min(n_batch, n_ctx)
+        self._ctx = _ember.Context(self._model, n_ctx=n_ctx, n_batch=self._n_batch,
                                    n_threads=n_threads or 0, kv_block_size=kv_block_size,
-                                   offload_kqv=offload_kqv, kv_type=kv_type)
+                                   offload_kqv=offload_kqv, type_k=type_k, type_v=type_v)
         self._history: List[int] = []   # the tokens whose KV the context holds, in order
         self._generation = 0             # bumped by every completion, to retire stale streams
         if verbose:
             m = self._model
             print(f"ember: loaded {self.model_path} (arch {m.arch}, {m.n_layer} layers, n_embd {m.n_embd}, "
-                  f"n_vocab {m.n_vocab}, {n_gpu_layers} GPU layers) with n_ctx {self._ctx.n_ctx} "
-                  f"({kv_type} KV cache) in {time.perf_counter() - t0:.2f} s", file=sys.stderr)
+                  f"n_vocab {m.n_vocab}, {m.n_gpu_layers} GPU layers) with n_ctx {self._ctx.n_ctx} "
+                  f"(KV cache K {type_k}, V {type_v}) in {time.perf_counter() - t0:.2f} s", file=sys.stderr)
 
     # ---- lifecycle -------------------------------------------------------------------------
     def close(self) -> None:
@@ -198,24 +210,36 @@ class Llama:
         self._history = []
 
     def eval(self, tokens: Sequence[int]) -> None:
-        """Appends tokens to the context (ValueError past n_ctx)."""
+        """Appends tokens to the context (ValueError past n_ctx), n_batch at a time. An exception
+        (KeyboardInterrupt included) keeps the tokens of the batches already done: the context
+        then holds exactly n_tokens / input_ids, and a later prompt sharing them reuses them."""
         self._eval(list(tokens), logits_all=False)
 
-    def _eval(self, tokens: List[int], logits_all: bool) -> None:
+    def _eval(self, tokens: List[int], logits_all: bool) -> Optional[np.ndarray]:
+        """Evaluates tokens in n_batch chunks; returns the logits of every token when logits_all.
+        One C++ call per chunk, not per prompt, because Python raises KeyboardInterrupt only
+        between calls: Ctrl-C then stops a long prompt within one batch."""
         ctx = self._context()
         if len(self._history) + len(tokens) > ctx.n_ctx:
             raise ValueError(f"Requested tokens ({len(self._history) + len(tokens)}) exceed context "
                              f"window of {ctx.n_ctx}")
-        try:
-            ctx.eval(tokens, logits_all)
-        except BaseException:
-            ctx.truncate(len(self._history))   # a failed eval leaves the context as it was
-            raise
-        self._history.extend(tokens)
+        rows = []
+        for start in range(0, len(tokens), self._n_batch):
+            chunk = tokens[start:start + self._n_batch]
+            try:
+                ctx.eval(chunk, logits_all)
+                self._history.extend(chunk)
+            except BaseException:
+                ctx.truncate(len(self._history))   # a failed chunk leaves the context as it was before it
+                raise
+            if logits_all:
+                rows.append(ctx.all_logits())
+        return np.concatenate(rows) if logits_all else None
 
-    def _load_prompt(self, prompt_tokens: List[int], logits_all: bool) -> None:
+    def _load_prompt(self, prompt_tokens: List[int], logits_all: bool) -> Optional[np.ndarray]:
         """Makes the context hold exactly prompt_tokens, reusing the longest common prefix of
-        what it holds; the last prompt token is always evaluated, to get its logits."""
+        what it holds; the last prompt token is always evaluated, to get its logits. Returns
+        the logits of every prompt token when logits_all."""
         common = 0
         if not logits_all:
             limit = min(len(self._history), len(prompt_tokens) - 1)
@@ -223,7 +247,7 @@ class Llama:
                 common += 1
         self._context().truncate(common)
         del self._history[common:]
-        self._eval(prompt_tokens[common:], logits_all)
+        return self._eval(prompt_tokens[common:], logits_all)
 
     # ---- completion ------------------------------------------------------------------------
     @staticmethod
@@ -262,6 +286,10 @@ class Llama:
             raise ValueError(f"typical_p={typical_p} is not supported by ember (only 1.0)")
         if logprobs is not None and int(logprobs) < 0:
             raise ValueError(f"logprobs must be None or >= 0, got {logprobs}")
+        if isinstance(prompt, (bytes, bytearray, memoryview)):
+            # llama-cpp-python would read the bytes as token ids (one per byte): garbage, silently.
+            raise TypeError(f"prompt must be a str or a list of token ids, got {type(prompt).__name__}; "
+                            f"decode it first: prompt.decode('utf-8')")
         if isinstance(prompt, str):
             prompt_text = prompt
             prompt_tokens = self.tokenize(prompt.encode("utf-8"), add_bos=True, special=True)
@@ -274,7 +302,10 @@ class Llama:
             prompt_tokens = [self._tok.bos]
         n_ctx = ctx.n_ctx
         if len(prompt_tokens) + 1 > n_ctx:
-            raise ValueError(f"Requested tokens ({len(prompt_tokens)}) exceed context window of {n_ctx}")
+            n = len(prompt_tokens)
+            bos = " (BOS included)" if prompt_tokens[0] == self._tok.bos else ""
+            raise ValueError(f"the prompt is {n} token{'s' if n != 1 else ''}{bos} and n_ctx is {n_ctx}: a completion "
+                             f"needs room for the prompt plus one generated token, so n_ctx must be at least {n + 1}")
         room = n_ctx - len(prompt_tokens)
         max_tokens = room if max_tokens is None or max_tokens <= 0 else min(max_tokens, room)
         if stop is None:
@@ -313,11 +344,10 @@ class Llama:
     def _empty_logprobs() -> dict:
         return {"tokens": [], "text_offset": [], "token_logprobs": [], "top_logprobs": []}
 
-    def _prompt_logprobs(self, gen: _Generation) -> dict:
+    def _prompt_logprobs(self, gen: _Generation, all_logits: np.ndarray) -> dict:
         """Echo + logprobs: an entry per prompt token (a leading BOS left out); the first entry has
-        no logprob, as in the OpenAI API. Needs the logits of every prompt position."""
+        no logprob, as in the OpenAI API. all_logits: [n_prompt, n_vocab], every prompt position."""
         tokens = gen.prompt_tokens
-        all_logits = self._context().all_logits()   # [n_prompt, n_vocab]
         detok = _ember.IncrementalDetokenizer(self._tok, False)
         out = self._empty_logprobs()
         offset = 0
@@ -339,10 +369,10 @@ class Llama:
         """Generates; yields (text piece, logprobs dict or None) as text becomes safe to show
         (never part of a stop string, never a split UTF-8 character). Sets gen.finish_reason."""
         want_lp = gen.n_logprobs is not None
-        self._load_prompt(gen.prompt_tokens, logits_all=gen.echo and want_lp)
+        prompt_logits = self._load_prompt(gen.prompt_tokens, logits_all=gen.echo and want_lp)
         base = len(gen.prompt_text)
         if gen.echo:
-            yield gen.prompt_text, (self._prompt_logprobs(gen) if want_lp else None)
+            yield gen.prompt_text, (self._prompt_logprobs(gen, prompt_logits) if want_lp else None)
         ctx = self._context()
         detok = _ember.IncrementalDetokenizer(self._tok, False)
         longest_stop = max((len(s) for s in gen.stops), default=0)

@@ -12,6 +12,7 @@ import time
 import numpy as np
 
 from . import _ember
+from .cli import run_tool
 from .llama import add_kv_cache_args, kv_cache_type
 
 
@@ -67,15 +68,15 @@ def main(argv=None) -> int:
     ap.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, help="blocks on the GPU (-1: all)")
     add_kv_cache_args(ap)
     args = ap.parse_args(argv)
-    try:
-        kv_type = kv_cache_type(args.cache_type_k, args.cache_type_v)
-        with open(args.file, "rb") as f:
-            text = f.read()
-        model = _ember.Model(args.model, n_gpu_layers=args.n_gpu_layers)
-        perplexity(model, text, args.ctx_size, args.threads, args.batch_size, kv_type=kv_type)
-    except (OSError, ValueError, RuntimeError, MemoryError) as e:
-        print(f"ember-perplexity: error: {e}", file=sys.stderr)
-        return 1
+    return run_tool("ember-perplexity", lambda: _run(args))
+
+
+def _run(args) -> int:
+    kv_type = kv_cache_type(args.cache_type_k, args.cache_type_v)
+    with open(args.file, "rb") as f:
+        text = f.read()
+    model = _ember.Model(args.model, n_gpu_layers=args.n_gpu_layers)
+    perplexity(model, text, args.ctx_size, args.threads, args.batch_size, kv_type=kv_type)
     return 0
 
 

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from . import _ember
+from .cli import run_tool
 
 TYPES = "Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K Q4_K_M Q5_K_M F16 BF16 F32"
 
@@ -24,12 +25,11 @@ def main(argv=None) -> int:
         if not args.quiet:
             print(f"[{i + 1:4d}/{n}] {name:40s} -> {type_name}", file=sys.stderr, flush=True)
 
-    try:
+    def run():
         _ember.quantize_model(args.input, args.output, args.type, args.threads, args.allow_requantize, progress)
-    except (OSError, ValueError, RuntimeError, MemoryError) as e:
-        print(f"ember-quantize: error: {e}", file=sys.stderr)
-        return 1
-    return 0
+        return 0
+
+    return run_tool("ember-quantize", run)
 
 
 if __name__ == "__main__":

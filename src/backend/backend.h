@@ -36,9 +36,12 @@ struct BatchInfo {
 };
 
 // KV storage of one layer: n_blocks blocks of block_size tokens; K and V each n_blocks blocks
-// laid out as src/kv/kv_layout.h says for `type` (F16, F32: [block_size][n_head_kv * head_dim]).
+// laid out as src/backend/kv_layout.h says for their own type (F16, F32: [block_size][n_head_kv *
+// head_dim]). Each type is F16 or Q8_0 on any backend, or F32 on the CPU only (exact reference
+// runs); K and V may differ, as llama.cpp's -ctk / -ctv.
 struct KVLayer {
-    GGMLType type = GGMLType::F16;   // F16, Q8_0 on any backend; F32 on the CPU only (exact reference runs)
+    GGMLType k_type = GGMLType::F16;
+    GGMLType v_type = GGMLType::F16;
     void* k = nullptr;
     void* v = nullptr;
     int32_t n_blocks = 0, block_size = 0, n_head_kv = 0, head_dim = 0;

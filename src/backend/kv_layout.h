@@ -38,15 +38,16 @@ inline size_t kv_block_bytes(GGMLType t, int32_t block_size, int64_t width) {
 }
 
 // Throws InvalidInput unless `t` is a KV type for heads of head_dim: a Q8_0 scale group must
-// not straddle two heads, since attention reads one head's slice of a row.
-inline void check_kv_type(GGMLType t, int32_t head_dim) {
+// not straddle two heads, since attention reads one head's slice of a row. `which` names the
+// cache in the message (type_k, type_v).
+inline void check_kv_type(GGMLType t, int32_t head_dim, const char* which) {
     if (t != GGMLType::F16 && t != GGMLType::F32 && t != GGMLType::Q8_0) {
         const TypeTraits* tr = find_type_traits(uint32_t(t));
-        fail("KV cache type ", tr ? tr->name : "?", " (ggml type ", uint32_t(t),
+        fail(which, ": KV cache type ", tr ? tr->name : "?", " (ggml type ", uint32_t(t),
              ") is not supported; use F16, F32 or Q8_0");
     }
     if (t == GGMLType::Q8_0 && head_dim % 32 != 0)
-        fail("a Q8_0 KV cache needs head_dim to be a multiple of 32, got head_dim ", head_dim,
+        fail(which, ": a Q8_0 KV cache needs head_dim to be a multiple of 32, got head_dim ", head_dim,
              " (use the F16 cache)");
 }
 

@@ -14,10 +14,12 @@
 // flips 8-bit activation rounding downstream and costs agreement with llama.cpp. The dots and
 // sums run in attention_math.h, whose SIMD levels keep that order.
 // f32 KV keeps everything in f32 (exact comparisons with other implementations).
-// q8_0 KV (layout in src/kv/kv_layout.h): rows are stored as ggml's quantize_row_q8_0 would and
-// the gather dequantizes them (scale * int8); q and the probabilities stay f32, since the int8
-// rounding of K and V dominates the error (llama.cpp's CPU path quantizes q to q8_0 too, so
+// q8_0 KV (layout in src/backend/kv_layout.h): rows are stored as ggml's quantize_row_q8_0 would
+// and the gather dequantizes them (scale * int8); q and the probabilities stay f32, since the
+// int8 rounding of K and V dominates the error (llama.cpp's CPU path quantizes q to q8_0 too, so
 // outputs are close to it, not equal).
+// K and V may have different types: q is rounded as K's type asks (it meets the keys), the
+// probabilities as V's (they meet the values).
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -41,7 +43,8 @@ int64_t kv_width(const KVLayer& kv) { return (int64_t)kv.n_head_kv * kv.head_dim
 
 // A KV type: store() writes one token's row (width values) at (block, slot) of K or V (`base`),
 // load() reads kv head `head`'s head_dim values of a row as f32 into dst, and kF16Operands says
-// whether the attention operands (q, probabilities) are rounded to f16 for the dots.
+// whether the attention operand that meets this cache (q for K, probabilities for V) is rounded
+// to f16 for its dot.
 
 // F16 / F32: a row is width consecutive elements.
 template <class Elem>
@@ -73,7 +76,7 @@ struct F32Kv {
     static constexpr bool kF16Operands = false;
 };
 
-// Q8_0: head-major int8 values, then f16 scales (src/kv/kv_layout.h; head_dim % 32 == 0,
+// Q8_0: head-major int8 values, then f16 scales (src/backend/kv_layout.h; head_dim % 32 == 0,
 // checked at context creation).
 struct Q8Kv {
     struct Head {
@@ -106,14 +109,24 @@ struct Q8Kv {
     static constexpr bool kF16Operands = false;
 };
 
+// Calls f(Kv{}) with the KV type struct of t (check_kv_type admitted only these).
+template <class F>
+void with_kv_type(GGMLType t, F&& f) {
+    switch (t) {
+        case GGMLType::F32: f(F32Kv{}); break;
+        case GGMLType::Q8_0: f(Q8Kv{}); break;
+        default: f(F16Kv{}); break;
+    }
+}
+
+// Stores x [n_tok][width] into one cache (K or V at `base`).
 template <class Kv>
-void store_rows(const BatchInfo& batch, KVLayer& kv, const float* k, const float* v, int32_t n_tok) {
+void store_rows(const BatchInfo& batch, const KVLayer& kv, void* base, const float* x, int32_t n_tok) {
     const int64_t width = kv_width(kv);
     for (int32_t t = 0; t < n_tok; ++t) {
         const int32_t pos = batch.pos[t];
         const int32_t block = batch.block_table[(int64_t)batch.seq[t] * batch.max_blocks + pos / kv.block_size];
-        Kv::store(kv, kv.k, block, pos % kv.block_size, k + t * width);
-        Kv::store(kv, kv.v, block, pos % kv.block_size, v + t * width);
+        Kv::store(kv, base, block, pos % kv.block_size, x + t * width);
     }
 }
 
@@ -128,7 +141,7 @@ struct Scratch {
     std::vector<float> kt, vf, krow, q, prob, w;
 };
 
-template <class Kv>
+template <class K, class V>
 void attend_unit(const BatchInfo& batch, const KVLayer& kv, const float* q, const AttentionShape& s,
                  const Unit& u, Scratch& sc, float* out) {
     const int32_t D = s.head_dim, group = s.n_head / s.n_head_kv;
@@ -150,10 +163,10 @@ void attend_unit(const BatchInfo& batch, const KVLayer& kv, const float* q, cons
     for (int32_t i = 0; i < n_loc; ++i) {
         const int32_t p = lo + i;
         const int32_t blk = table[p / kv.block_size], slot = p % kv.block_size;
-        Kv::load(kv, kv.k, blk, slot, u.kv_head, sc.krow.data(), math);
+        K::load(kv, kv.k, blk, slot, u.kv_head, sc.krow.data(), math);
         float* kt = &sc.kt[(size_t)(i / kLanes) * D * kLanes + i % kLanes];
         for (int32_t d = 0; d < D; ++d) kt[d * kLanes] = sc.krow[d];
-        Kv::load(kv, kv.v, blk, slot, u.kv_head, &sc.vf[(size_t)i * D], math);
+        V::load(kv, kv.v, blk, slot, u.kv_head, &sc.vf[(size_t)i * D], math);
     }
     sc.q.resize(D);
     sc.prob.resize((size_t)n_groups * kLanes);
@@ -163,7 +176,7 @@ void attend_unit(const BatchInfo& batch, const KVLayer& kv, const float* q, cons
         const int32_t end = batch.pos[t] + 1 - lo, off = first_pos(t) - lo, len = end - off;
         float* prob = sc.prob.data() + off;
         for (int32_t h = u.kv_head * group; h < (u.kv_head + 1) * group; ++h) {
-            math.scale_round(q + t * q_width + (int64_t)h * D, D, 1.0f, Kv::kF16Operands, sc.q.data());
+            math.scale_round(q + t * q_width + (int64_t)h * D, D, 1.0f, K::kF16Operands, sc.q.data());
             math.scores(sc.q.data(), sc.kt.data(), D, (end + kLanes - 1) / kLanes, s.scale, sc.prob.data());
             const float m = math.max(prob, len);
             // exp in a loop of its own: with the double sum in the same loop the sum's chain
@@ -171,13 +184,13 @@ void attend_unit(const BatchInfo& batch, const KVLayer& kv, const float* q, cons
             for (int32_t p = 0; p < len; ++p) prob[p] = std::exp(prob[p] - m);
             double sum = 0.0;
             for (int32_t p = 0; p < len; ++p) sum += prob[p];
-            math.scale_round(prob, len, (float)(1.0 / sum), Kv::kF16Operands, sc.w.data());
+            math.scale_round(prob, len, (float)(1.0 / sum), V::kF16Operands, sc.w.data());
             math.weighted_sum(sc.w.data(), sc.vf.data() + (size_t)off * D, D, len, out + t * q_width + (int64_t)h * D);
         }
     }
 }
 
-template <class Kv>
+template <class K, class V>
 void attend(ThreadPool& pool, const BatchInfo& batch, const KVLayer& kv, const float* q, int32_t n_tok,
             const AttentionShape& s, float* out) {
     std::vector<std::vector<int32_t>> by_seq(batch.n_seq);
@@ -190,27 +203,24 @@ void attend(ThreadPool& pool, const BatchInfo& batch, const KVLayer& kv, const f
                                  (int32_t)std::min<size_t>(kTokensPerUnit, by_seq[sq].size() - j)});
     pool.parallel_for((int64_t)units.size(), 1, [&](int64_t b, int64_t e) {
         thread_local Scratch sc;
-        for (int64_t i = b; i < e; ++i) attend_unit<Kv>(batch, kv, q, s, units[i], sc, out);
+        for (int64_t i = b; i < e; ++i) attend_unit<K, V>(batch, kv, q, s, units[i], sc, out);
     });
 }
 
 }  // namespace
 
 void CpuBackend::kv_store(KVLayer& kv, const float* k, const float* v, int32_t n_tok) {
-    switch (kv.type) {
-        case GGMLType::F32: store_rows<F32Kv>(batch_, kv, k, v, n_tok); break;
-        case GGMLType::Q8_0: store_rows<Q8Kv>(batch_, kv, k, v, n_tok); break;
-        default: store_rows<F16Kv>(batch_, kv, k, v, n_tok); break;
-    }
+    with_kv_type(kv.k_type, [&](auto kt) { store_rows<decltype(kt)>(batch_, kv, kv.k, k, n_tok); });
+    with_kv_type(kv.v_type, [&](auto vt) { store_rows<decltype(vt)>(batch_, kv, kv.v, v, n_tok); });
 }
 
 void CpuBackend::attention(const KVLayer& kv, const float* q, int32_t n_tok, const AttentionShape& s,
                            float* out) {
-    switch (kv.type) {
-        case GGMLType::F32: attend<F32Kv>(pool_, batch_, kv, q, n_tok, s, out); break;
-        case GGMLType::Q8_0: attend<Q8Kv>(pool_, batch_, kv, q, n_tok, s, out); break;
-        default: attend<F16Kv>(pool_, batch_, kv, q, n_tok, s, out); break;
-    }
+    with_kv_type(kv.k_type, [&](auto kt) {
+        with_kv_type(kv.v_type, [&](auto vt) {
+            attend<decltype(kt), decltype(vt)>(pool_, batch_, kv, q, n_tok, s, out);
+        });
+    });
 }
 
 }  // namespace ember

@@ -2,9 +2,11 @@
 #include "cpu/cpu_backend.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <thread>
 
 #include "backend/registry.h"
 #include "ember/status.h"
@@ -114,7 +116,17 @@ HostParallelFor CpuBackend::host_parallel_for() {
 
 std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& opts) {
     if (opts.n_threads <= 0) fail("cpu backend: n_threads must be positive, got ", opts.n_threads);
-    return std::make_unique<CpuBackend>(opts.n_threads);
+    // Workers past the hardware threads only wait on each other at the pool's barriers while
+    // preempted (1000 threads on 2 cores: minutes per token). Capped here, the factory every
+    // front end's context goes through, so Llama, the tools and the C++ API all get it.
+    int n_threads = opts.n_threads;
+    const unsigned hw = std::thread::hardware_concurrency();
+    if (hw > 0 && (unsigned)n_threads > hw) {
+        std::fprintf(stderr, "ember: warning: n_threads %d is more than the %u hardware threads; using %u\n",
+                     n_threads, hw, hw);
+        n_threads = (int)hw;
+    }
+    return std::make_unique<CpuBackend>(n_threads);
 }
 
 }  // namespace ember

@@ -94,11 +94,11 @@ struct ContextImpl {
         for (auto& [be, ptr] : owned) be->free(ptr);
     }
 
-    // Bytes of K (or V) of one layer: all blocks of the sequence.
-    size_t kv_layer_bytes() const {
+    // Bytes of K or V (of element type t) of one layer: all blocks of the sequence.
+    size_t kv_layer_bytes(GGMLType t) const {
         const HParams& hp = model->hparams();
         const int64_t width = (int64_t)hp.n_head_kv * hp.head_dim;
-        return (size_t)alloc.n_blocks() * kv_block_bytes(params.kv_type, params.kv_block_size, width);
+        return (size_t)alloc.n_blocks() * kv_block_bytes(t, params.kv_block_size, width);
     }
 
     float* alloc_floats(Backend& be, int64_t n) {
@@ -136,9 +136,11 @@ Context::Context(std::shared_ptr<Model> model, const ContextParams& params) {
     if (params.kv_block_size <= 0) fail("kv_block_size must be positive, got ", params.kv_block_size);
     if (params.n_threads < 0) fail("n_threads must be >= 0, got ", params.n_threads);
     ModelImpl& m = model->impl();
-    check_kv_type(params.kv_type, m.hp.head_dim);
-    if (params.kv_type == GGMLType::F32 && m.any_gpu())
-        fail("an f32 KV cache is available for CPU blocks only; use the f16 or q8_0 cache with n_gpu_layers != 0");
+    check_kv_type(params.type_k, m.hp.head_dim, "type_k");
+    check_kv_type(params.type_v, m.hp.head_dim, "type_v");
+    if ((params.type_k == GGMLType::F32 || params.type_v == GGMLType::F32) && m.any_gpu())
+        fail("an f32 KV cache (type_k or type_v) is available for CPU blocks only; use f16 or q8_0 with "
+             "n_gpu_layers != 0");
     if (!params.offload_kqv && m.any_gpu())
         fail("offload_kqv=False (KV of GPU blocks in host memory) is not available in this build of ember; "
              "use offload_kqv=True or n_gpu_layers=0");
@@ -155,7 +157,8 @@ Context::Context(std::shared_ptr<Model> model, const ContextParams& params) {
         c.blocks[l] = m.plan.block[l] == Device::gpu ? m.gpu_blocks[l] : prepare_block(*c.cpu, m.blocks[l]);
     c.head = m.plan.head == Device::gpu ? m.gpu_head : prepare_head(*c.cpu, *m.output, *m.output_norm);
     KVLayer geometry;
-    geometry.type = params.kv_type;
+    geometry.k_type = params.type_k;
+    geometry.v_type = params.type_v;
     geometry.n_blocks = n_blocks;
     geometry.block_size = params.kv_block_size;
     geometry.n_head_kv = hp.n_head_kv;
@@ -168,8 +171,8 @@ Context::Context(std::shared_ptr<Model> model, const ContextParams& params) {
     for (int32_t l = 0; l < hp.n_layer; ++l) {
         KVLayer& kv = c.kv[l];
         Backend& be = *c.blocks[l].backend;
-        const size_t bytes = c.kv_layer_bytes();
-        for (void** p : {&kv.k, &kv.v}) {
+        for (auto [p, type] : {std::pair{&kv.k, kv.k_type}, std::pair{&kv.v, kv.v_type}}) {
+            const size_t bytes = c.kv_layer_bytes(type);
             // A streamed block's host KV is pinned, so its copies run asynchronously at full speed.
             *p = be.is_host() && c.stream ? c.stream->alloc_host(bytes) : nullptr;
             if (!*p) {

@@ -107,7 +107,11 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& p
         m.layers.push_back(m.arch->layer_config(hp, l, rope));
     }
 
-    m.plan = plan_placement(hp.n_layer, params.n_gpu_layers);
+    m.plan = plan_placement(hp.n_layer, params.n_gpu_layers, backend_built("cuda"));
+    if (!m.plan.warning.empty()) {
+        std::fprintf(stderr, "ember: warning: %s\n", m.plan.warning.c_str());
+        m.params.n_gpu_layers = m.plan.n_gpu_blocks;   // what runs, as Model.n_gpu_layers reports it
+    }
     m.gpu_blocks.resize(hp.n_layer);
     m.stream_blocks.resize(hp.n_layer);
     if (m.plan.any_gpu()) {

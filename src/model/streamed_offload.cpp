@@ -27,11 +27,13 @@ std::unique_ptr<StreamedOffload> StreamedOffload::open(ModelImpl& m, const std::
         if (!ws) return nullptr;
         std::unique_ptr<StreamedOffload> so(new StreamedOffload(m, std::move(ws)));
         so->roles_ = std::move(roles);
-        const size_t bytes = (size_t)kv.n_blocks * kv_block_bytes(kv.type, kv.block_size, (int64_t)kv.n_head_kv * kv.head_dim);
-        so->kv_mem_ = m.gpu->alloc(2 * bytes);
+        const int64_t width = (int64_t)kv.n_head_kv * kv.head_dim;
+        const size_t k_bytes = (size_t)kv.n_blocks * kv_block_bytes(kv.k_type, kv.block_size, width);
+        const size_t v_bytes = (size_t)kv.n_blocks * kv_block_bytes(kv.v_type, kv.block_size, width);
+        so->kv_mem_ = m.gpu->alloc(k_bytes + v_bytes);
         so->kv_ = kv;
         so->kv_.k = so->kv_mem_;
-        so->kv_.v = static_cast<uint8_t*>(so->kv_mem_) + bytes;
+        so->kv_.v = static_cast<uint8_t*>(so->kv_mem_) + k_bytes;
         return so;
     } catch (const std::exception& e) {
         if (m.params.verbose)
@@ -66,12 +68,13 @@ void StreamedOffload::end_block(int32_t l, KVLayer& host_kv, const std::vector<i
 
 void StreamedOffload::copy_blocks(const KVLayer& from, KVLayer& to, const std::vector<int32_t>& ids, int32_t b0,
                                   int32_t b1, bool to_gpu) {
-    const size_t block_bytes = kv_block_bytes(from.type, from.block_size, (int64_t)from.n_head_kv * from.head_dim);
+    const int64_t width = (int64_t)from.n_head_kv * from.head_dim;
     for (int32_t b = b0; b < b1;) {
         int32_t e = b + 1;
         while (e < b1 && ids[e] == ids[e - 1] + 1) ++e;
-        const size_t off = (size_t)ids[b] * block_bytes, bytes = (size_t)(e - b) * block_bytes;
         for (int kv = 0; kv < 2; ++kv) {
+            const size_t block_bytes = kv_block_bytes(kv ? from.v_type : from.k_type, from.block_size, width);
+            const size_t off = (size_t)ids[b] * block_bytes, bytes = (size_t)(e - b) * block_bytes;
             const uint8_t* src = static_cast<const uint8_t*>(kv ? from.v : from.k) + off;
             uint8_t* dst = static_cast<uint8_t*>(kv ? to.v : to.k) + off;
             if (to_gpu) m_.gpu->copy_from_host(dst, src, bytes);

@@ -33,7 +33,7 @@ public:
 protected:
     void encode_fragment(const std::string& text, bool, std::vector<int32_t>& out) const override {
         std::string encoded;
-        for (const std::string& word : pre_tokenize(pre_, text)) {
+        for (const std::string& word : pre_tokenize(pre_, replace_invalid_utf8(text))) {
             encoded.clear();
             for (unsigned char b : word) encoded += byte_to_unicode(b);
             {

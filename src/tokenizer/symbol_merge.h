@@ -17,11 +17,15 @@ struct MergeSymbol {
     int prev, next;      // -1 at the ends
 };
 
-// One symbol per UTF-8 character (a truncated sequence at the end is one symbol too).
+// One symbol per UTF-8 character (a truncated sequence at the end is one symbol too). The length
+// comes from the lead byte alone, 0xF8..0xFF counting as 4, as llama.cpp's unicode_len_utf8: on
+// malformed input SentencePiece then groups (and byte-falls-back) the same bytes llama.cpp does.
+// Byte-level BPE only splits valid UTF-8 here.
 inline std::vector<MergeSymbol> split_characters(const std::string& text) {
+    static constexpr uint8_t k_len_by_high_nibble[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
     std::vector<MergeSymbol> syms;
     for (size_t i = 0; i < text.size();) {
-        const size_t len = std::min(utf8_len(uint8_t(text[i])), text.size() - i);
+        const size_t len = std::min<size_t>(k_len_by_high_nibble[uint8_t(text[i]) >> 4], text.size() - i);
         syms.push_back({i, len, int(syms.size()) - 1, int(syms.size()) + 1});
         i += len;
     }

@@ -101,6 +101,19 @@ void utf8_append(std::string& out, uint32_t cp) {
     }
 }
 
+std::string replace_invalid_utf8(const std::string& text) {
+    std::vector<uint32_t> cpts;
+    std::vector<size_t> offsets;
+    utf8_decode(text, cpts, offsets);
+    std::string out;
+    out.reserve(text.size());
+    for (size_t i = 0; i < cpts.size(); ++i) {
+        if (cpts[i] >= k_invalid_cpt) out += "\xEF\xBF\xBD";
+        else out.append(text, offsets[i], offsets[i + 1] - offsets[i]);
+    }
+    return out;
+}
+
 const std::string& byte_to_unicode(uint8_t b) { return byte_tables().to_unicode[b]; }
 
 int unicode_to_byte(uint32_t cp) {

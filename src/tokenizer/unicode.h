@@ -40,6 +40,9 @@ inline size_t utf8_len(uint8_t lead) {
 // offsets[i] is the byte offset of codepoint i; offsets has one extra entry = text.size().
 void utf8_decode(const std::string& text, std::vector<uint32_t>& cpts, std::vector<size_t>& offsets);
 void utf8_append(std::string& out, uint32_t cp);
+// text with each malformed byte (as utf8_decode finds them) replaced by U+FFFD, as llama.cpp's
+// unicode_cpts_from_utf8 does before byte-level BPE splits the text.
+std::string replace_invalid_utf8(const std::string& text);
 
 // GPT-2 byte-level mapping: each byte maps to a printable codepoint (as UTF-8 text).
 const std::string& byte_to_unicode(uint8_t b);

@@ -96,10 +96,11 @@ struct PagedKV {
     KVLayer kv;
     std::vector<int32_t> table;
     std::unique_ptr<Buf> k, v;
-    PagedKV(Backend& be, int32_t len, int32_t block_size, int32_t n_head_kv, int32_t head_dim, GGMLType type,
+    PagedKV(Backend& be, int32_t len, int32_t block_size, int32_t n_head_kv, int32_t head_dim, KVTypes types,
             uint64_t seed) {
         if (block_size <= 0) fail("block_size must be positive, got ", block_size);
-        check_kv_type(type, head_dim);
+        check_kv_type(types.k, head_dim, "type_k");
+        check_kv_type(types.v, head_dim, "type_v");
         const int32_t n_used = (len + block_size - 1) / block_size;
         kv.n_blocks = n_used * 2;
         std::vector<int32_t> ids(kv.n_blocks);
@@ -109,11 +110,15 @@ struct PagedKV {
         kv.block_size = block_size;
         kv.n_head_kv = n_head_kv;
         kv.head_dim = head_dim;
-        kv.type = type;
-        const size_t bytes = (size_t)kv.n_blocks * kv_block_bytes(type, block_size, (int64_t)n_head_kv * head_dim);
-        const std::vector<uint8_t> nan_bytes(bytes, 0xff);
-        k = std::make_unique<Buf>(be, nan_bytes.data(), bytes);
-        v = std::make_unique<Buf>(be, nan_bytes.data(), bytes);
+        kv.k_type = types.k;
+        kv.v_type = types.v;
+        const auto cache = [&](GGMLType t) {
+            const size_t bytes = (size_t)kv.n_blocks * kv_block_bytes(t, block_size, (int64_t)n_head_kv * head_dim);
+            const std::vector<uint8_t> nan_bytes(bytes, 0xff);
+            return std::make_unique<Buf>(be, nan_bytes.data(), bytes);
+        };
+        k = cache(types.k);
+        v = cache(types.v);
         kv.k = k->p;
         kv.v = v->p;
     }
@@ -233,7 +238,7 @@ struct PyBackend {
         const AttnInWeights w{nbuf->f(), eps, &q, &k, &v, ptr(bqb), ptr(bkb), ptr(bvb), ptr(qn), ptr(kn),
                               (int32_t)(q.n_out / head_dim), (int32_t)(k.n_out / head_dim), head_dim, &rope};
         const int32_t len = *std::max_element(pos.begin(), pos.end()) + 1;
-        PagedKV paged(*be, len, block_size, w.n_head_kv, head_dim, GGMLType::F16, 7);
+        PagedKV paged(*be, len, block_size, w.n_head_kv, head_dim, {GGMLType::F16, GGMLType::F16}, 7);
         be->set_batch(one_sequence_batch(pos, paged.table));
         Buf xb(*be, x.data(), x.size() * 4), xn(*be, x.size() * 4), qb(*be, nt * q.n_out * 4), kb(*be, nt * k.n_out * 4),
             vb(*be, nt * v.n_out * 4);
@@ -288,12 +293,13 @@ struct PyBackend {
 
     // q [n_q, n_head*hd] at positions pos (each < len); k_all/v_all [len, n_head_kv*hd] are the
     // sequence's keys/values, scattered into blocks through a shuffled block table, stored as
-    // kv_type ("f16", "f32", "q8_0"); window > 0: a query at p sees p - window < j <= p only. With
+    // type_k / type_v ("f16", "f32", "q8_0"; kv_type: both; default f16); window > 0: a query at p sees p - window < j <= p only. With
     // o_weight (rows of n_head * hd in type o_type), the output projected through it by the fused
     // attn_out op.
     F32Out attention(F32In q, F32In k_all, F32In v_all, std::vector<int32_t> pos, int32_t n_head, int32_t n_head_kv,
-                     int32_t head_dim, int32_t block_size, uint64_t seed, const std::string& kv_type, int32_t window,
-                     uint32_t o_type, std::optional<U8In> o_weight) {
+                     int32_t head_dim, int32_t block_size, uint64_t seed, const std::optional<std::string>& kv_type,
+                     const std::optional<std::string>& type_k, const std::optional<std::string>& type_v,
+                     int32_t window, uint32_t o_type, std::optional<U8In> o_weight) {
         check_positions(pos, "attention");
         if (n_head <= 0 || n_head_kv <= 0 || head_dim <= 0 || n_head % n_head_kv)
             fail("attention: n_head must be a positive multiple of n_head_kv, head_dim positive");
@@ -306,7 +312,7 @@ struct PyBackend {
         const int32_t len = (int32_t)k_all.shape(0);
         for (int32_t p : pos)
             if (p >= len) fail("attention: position ", p, " outside [0, ", len, ")");
-        PagedKV paged(*be, len, block_size, n_head_kv, head_dim, kv_type_arg(kv_type), seed);
+        PagedKV paged(*be, len, block_size, n_head_kv, head_dim, kv_types_arg(kv_type, type_k, type_v), seed);
         std::vector<int32_t> all_pos(len);
         std::iota(all_pos.begin(), all_pos.end(), 0);
         be->set_batch(one_sequence_batch(all_pos, paged.table));
@@ -355,7 +361,8 @@ void bind_kernel_backend(nb::module_& m) {
         .def("gated_act", &PyBackend::gated_act, nb::arg("gate"), nb::arg("up"), nb::arg("act") = "silu")
         .def("attention", &PyBackend::attention, nb::arg("q"), nb::arg("k_all"), nb::arg("v_all"), nb::arg("pos"),
              nb::arg("n_head"), nb::arg("n_head_kv"), nb::arg("head_dim"), nb::arg("block_size"),
-             nb::arg("seed") = 0, nb::arg("kv_type") = "f16", nb::arg("window") = 0, nb::arg("o_type") = 0,
+             nb::arg("seed") = 0, nb::arg("kv_type") = nb::none(), nb::arg("type_k") = nb::none(),
+             nb::arg("type_v") = nb::none(), nb::arg("window") = 0, nb::arg("o_type") = 0,
              nb::arg("o_weight") = nb::none())
         .def("ffn", &PyBackend::ffn, nb::arg("type_id"), nb::arg("gate"), nb::arg("up"), nb::arg("down"),
              nb::arg("n_in"), nb::arg("x"), nb::arg("norm"), nb::arg("eps") = 1e-5f, nb::arg("residual") = nb::none(),
