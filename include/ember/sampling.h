@@ -9,7 +9,7 @@
 namespace ember {
 
 struct SamplingParams {
-    float temperature = 0.8f;      // <= 0: greedy
+    float temperature = 0.8f;      // finite; <= 0: greedy
     int32_t top_k = 40;            // <= 0: whole vocabulary
     float top_p = 0.95f;           // >= 1: off
     float min_p = 0.05f;           // <= 0: off
@@ -26,6 +26,8 @@ public:
     // Throws InvalidInput naming the parameter that is out of range.
     explicit Sampler(const SamplingParams& params);
     // history: tokens so far (prompt + generated), for penalties. logits is not modified.
+    // NaN logits (and those a -inf logit_bias bans) are never drawn; a +inf logit after bias and
+    // penalties is a certainty (the lowest such id). Throws InvalidInput when no token can be drawn.
     int32_t sample(const float* logits, int32_t n_vocab, const std::vector<int32_t>& history);
     const SamplingParams& params() const { return params_; }
 

@@ -27,8 +27,8 @@ double uniform01(std::mt19937_64& rng) {
 }
 
 void validate(const SamplingParams& p) {
-    if (std::isnan(p.temperature))
-        fail("sampling: temperature must be a number (<= 0 means greedy), got NaN");
+    if (!std::isfinite(p.temperature))
+        fail("sampling: temperature must be a finite number (<= 0 means greedy), got ", p.temperature);
     if (!(p.top_p > 0.0f && p.top_p <= 1.0f))
         fail("sampling: top_p must be in (0, 1], got ", p.top_p);
     if (!(p.min_p >= 0.0f && p.min_p <= 1.0f))
@@ -66,10 +66,11 @@ size_t top_p_unsorted(std::vector<std::pair<float, int32_t>>& cand, size_t n, fl
     float min_logit = max_logit;
     for (size_t i = 0; i < n; ++i)
         if (std::isfinite(cand[i].first)) min_logit = std::min(min_logit, cand[i].first);
-    const float span = max_logit - min_logit;
-    const float scale = span > 0.0f ? (kBuckets - 1) / span : 0.0f;
+    // In double: the span of two finite floats can overflow a float (and inf * 0 is NaN).
+    const double span = static_cast<double>(max_logit) - min_logit;
+    const double scale = span > 0.0 ? (kBuckets - 1) / span : 0.0;
     auto bucket_of = [&](float l) {
-        return l >= min_logit ? static_cast<int>((l - min_logit) * scale) : -1;   // -1: -inf, no mass
+        return l >= min_logit ? static_cast<int>((static_cast<double>(l) - min_logit) * scale) : -1;   // -1: -inf, no mass
     };
     double mass[kBuckets] = {};
     double total = 0.0;
@@ -122,9 +123,11 @@ int32_t Sampler::sample(const float* logits, int32_t n_vocab, const std::vector<
     for (int32_t i = 0; i < n_vocab; ++i)
         cand_[i] = {std::isnan(logits[i]) ? -std::numeric_limits<float>::infinity() : logits[i], i};
 
+    constexpr float kInf = std::numeric_limits<float>::infinity();
     for (const auto& [id, bias] : p.logit_bias) {
         if (id >= n_vocab) fail("sampling: logit_bias token id ", id, " is out of range (n_vocab ", n_vocab, ")");
-        cand_[id].first += bias;
+        // -inf bans the token whatever its logit (+inf + -inf would be NaN).
+        cand_[id].first = bias == -kInf ? -kInf : cand_[id].first + bias;
     }
 
     // Penalties look at the last penalty_last_n tokens of history (counts per distinct token).
@@ -145,15 +148,20 @@ int32_t Sampler::sample(const float* logits, int32_t n_vocab, const std::vector<
             float& l = cand_[id].first;
             l = l <= 0.0f ? l * p.repeat_penalty : l / p.repeat_penalty;
             l -= count * p.frequency_penalty + p.presence_penalty;
+            // An infinite logit minus a penalty that overflowed to the same infinity: never drawn.
+            if (std::isnan(l)) l = -kInf;
             i = j;
         }
     }
 
     auto best = std::min_element(cand_.begin(), cand_.end(), higher);
     const float max_logit = best->first;
-    if (!(max_logit > -std::numeric_limits<float>::infinity()))
+    if (!(max_logit > -kInf))
         fail("sampling: no token can be drawn: every logit is -inf or NaN after logit_bias/penalties");
-    if (p.temperature <= 0.0f) return best->second;
+    // A +inf logit is a certainty (and would make every weight below NaN); so is a temperature
+    // too small for 1/temperature to be finite.
+    const float inv_t = 1.0f / p.temperature;
+    if (p.temperature <= 0.0f || max_logit == kInf || !std::isfinite(inv_t)) return best->second;
 
     // Truncation. `sorted` tracks whether cand_[0..n) is in descending order.
     size_t n = cand_.size();
@@ -165,8 +173,7 @@ int32_t Sampler::sample(const float* logits, int32_t n_vocab, const std::vector<
     }
 
     // p_i >= min_p * p_max  <=>  logit_i >= max_logit + log(min_p); the best token always stays.
-    const float min_p_floor = p.min_p > 0.0f ? max_logit + std::log(p.min_p)
-                                             : -std::numeric_limits<float>::infinity();
+    const float min_p_floor = p.min_p > 0.0f ? max_logit + std::log(p.min_p) : -kInf;
     if (p.top_p < 1.0f) {
         // Smallest prefix (by probability at temperature 1) whose mass reaches top_p.
         if (sorted) {
@@ -191,7 +198,6 @@ int32_t Sampler::sample(const float* logits, int32_t n_vocab, const std::vector<
     }
 
     // Temperature, softmax and the draw, over cand_[0..n).
-    const float inv_t = 1.0f / p.temperature;
     double total = 0.0;
     for (size_t i = 0; i < n; ++i) total += weight(cand_[i].first, max_logit, inv_t);
     const double u = uniform01(rng_) * total;
