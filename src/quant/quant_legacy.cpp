@@ -171,13 +171,18 @@ void quantize_row_q5_1(const float* src, void* dst, int64_t n) {
     }
 }
 
+// round-half-away(v) as int8 for |v| <= 127.5, and 0 where v is not finite (inf * 0 or NaN in a
+// non-finite block, or a subnormal amax whose 1/d overflows): converting those to an integer is
+// undefined; 0 is what x86's conversion left in the int8 before.
+static inline int8_t round_q8(float v) { return std::isfinite(v) ? int8_t(std::roundf(v)) : int8_t(0); }
+
 // Q8_0: d = amax/127, q = round-half-away(x/d) in [-127, 127].
 uint16_t quantize_group_q8_0(const float* x, int8_t* q) {
     float amax = 0.0f;
     for (int j = 0; j < QK8_0; ++j) amax = std::fmax(amax, std::fabs(x[j]));
     const float d = amax / 127.0f;
     const float id = inverse_or_zero(d);
-    for (int j = 0; j < QK8_0; ++j) q[j] = int8_t(std::roundf(x[j] * id));
+    for (int j = 0; j < QK8_0; ++j) q[j] = round_q8(x[j] * id);
     return float_to_half(d);
 }
 
@@ -194,11 +199,10 @@ void quantize_row_q8_1(const float* src, void* dst, int64_t n) {
         for (int j = 0; j < QK8_1; ++j) amax = std::fmax(amax, std::fabs(src[j]));
         const float d = amax / 127.0f;
         const float id = inverse_or_zero(d);
-        int sum = 0;
+        int sum = 0;   // of the stored int8 values, as llama.cpp and the SIMD kernels: at most 32 * 127
         for (int j = 0; j < QK8_1; ++j) {
-            const int q = int(std::roundf(src[j] * id));
-            b[i].qs[j] = int8_t(q);
-            sum += q;
+            b[i].qs[j] = round_q8(src[j] * id);
+            sum += b[i].qs[j];
         }
         b[i].d = float_to_half(d);
         b[i].s = float_to_half(float(sum) * d);
