@@ -21,12 +21,14 @@ SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 def _test_module_candidates():
     """Where _ember_test may be: the dev build folder (EMBER_DEV_BUILD), else the build folders
-    pip's in-tree build leaves under build/ (pyproject.toml's build-dir), newest first."""
+    pip's in-tree build leaves under build/ (pyproject.toml's build-dir: build/<wheel tag>, e.g.
+    cp311-cp311-linux_x86_64), newest first. Other build folders (a sanitizer build, say) hold
+    modules built for another setup."""
     names = ["_ember_test" + suffix for suffix in importlib.machinery.EXTENSION_SUFFIXES]
     if os.environ.get("EMBER_DEV_BUILD"):
         folders = [pathlib.Path(os.environ["EMBER_DEV_BUILD"])]
     else:
-        folders = [d for d in (ROOT / "build").glob("*") if d.is_dir()]
+        folders = [d for d in (ROOT / "build").glob("cp*-*") if d.is_dir()]
     found = [f / n for f in folders for n in names if (f / n).is_file()]
     return sorted(found, key=lambda f: f.stat().st_mtime, reverse=True), folders
 
