@@ -239,7 +239,9 @@ void ContextImpl::forward(const int32_t* tokens, int32_t n, bool logits_all) {
     auto is_streamed = [&](int32_t l) { return streamed && m.plan.block[l] == Device::cpu; };
     for (int32_t l = 0; l < hp.n_layer; ++l) {
         const bool st = is_streamed(l);
-        const BlockWeights w = st ? stream->begin_block(l, kv[l], table.blocks(), n_past) : blocks[l];
+        BlockWeights staged;   // a streamed block's weights on the GPU for this step
+        if (st) staged = stream->begin_block(l, kv[l], table.blocks(), n_past);
+        const BlockWeights& w = st ? staged : blocks[l];
         Backend& be = *w.backend;
         if (!s || s->be != &be) {
             Scratch& next = scratch_for(be);
