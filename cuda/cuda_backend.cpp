@@ -184,6 +184,10 @@ public:
         EMBER_CUDA_CHECK(cudaStreamSynchronize(stream_));
         if (to != dst) std::memcpy(dst, to, bytes);
     }
+    void copy(void* dst, const void* src, size_t bytes) override {
+        issue_uploads();
+        EMBER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+    }
     void synchronize() override {
         issue_uploads();
         EMBER_CUDA_CHECK(cudaStreamSynchronize(stream_));

@@ -12,6 +12,7 @@ void bind_tokenizer(nb::module_& m);
 void bind_sampling(nb::module_& m);
 void bind_model(nb::module_& m);
 void bind_quantize(nb::module_& m);
+void bind_engine(nb::module_& m);
 
 NB_MODULE(_ember, m) {
     ember_python::register_exception_translator();
@@ -21,4 +22,5 @@ NB_MODULE(_ember, m) {
     bind_sampling(m);
     bind_model(m);
     bind_quantize(m);
+    bind_engine(m);
 }

@@ -31,6 +31,9 @@ struct BatchInfo {
     int32_t n_seq = 0;
     int32_t max_blocks = 0;             // columns of block_table
     std::vector<int32_t> block_table;   // [n_seq][max_blocks] physical KV block ids
+    // Each token's results must not depend on the rest of the batch (the engine's deterministic
+    // mode): backends then use kernels whose reductions are the same for every batch shape.
+    bool batch_invariant = false;
     // Token i attends to positions 0..pos[i] of its sequence (causal), or to the last
     // AttentionShape::window of them.
 };
@@ -127,6 +130,13 @@ public:
     virtual void copy_from_host(void* dst, const void* src, size_t bytes) = 0;
     virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
     virtual void synchronize() = 0;
+    // Copies within this backend's memory (both from alloc), ordered with its ops; a KV block's
+    // copy on write. By default through host memory.
+    virtual void copy(void* dst, const void* src, size_t bytes) {
+        std::vector<unsigned char> tmp(bytes);
+        copy_to_host(tmp.data(), src, bytes);
+        copy_from_host(dst, tmp.data(), bytes);
+    }
     // Host memory that copy_to_host / copy_from_host reach at full speed (CUDA: pinned, so a
     // decode step's logits land without a bounce copy); by default plain heap memory.
     virtual void* alloc_host(size_t bytes) { return ::operator new(bytes); }

@@ -1,6 +1,7 @@
 // The CPU backend: host memory, weights used in place from the mapping, ops on the thread pool.
 #pragma once
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "cpu/thread_pool.h"
@@ -18,6 +19,7 @@ public:
     void free(void* p) override;
     void copy_from_host(void* dst, const void* src, size_t bytes) override;
     void copy_to_host(void* dst, const void* src, size_t bytes) override;
+    void copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
     void synchronize() override {}
 
     Weight prepare_weight(const GGUFTensor& t) override;

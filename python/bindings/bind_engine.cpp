@@ -1,0 +1,131 @@
+// Python bindings for the continuous-batching engine: _ember.Engine (add_request / cancel / poll /
+// stats / close) and _ember.EngineOutput. poll waits with the GIL released, so the loop thread
+// and other Python threads run meanwhile; the GIL is never taken per token.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <optional>
+#include <string>
+
+#include "ember/engine.h"
+#include "ember/status.h"
+#include "kv_type_arg.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+using namespace ember;
+
+void bind_engine(nb::module_& m) {
+    nb::class_<EngineOutput>(m, "EngineOutput", "New tokens of one request since its previous output.")
+        .def_ro("request_id", &EngineOutput::request_id)
+        .def_ro("token_ids", &EngineOutput::token_ids)
+        .def_ro("logprobs", &EngineOutput::logprobs)
+        .def_ro("top_logprobs", &EngineOutput::top_logprobs)
+        .def_ro("prompt_logprobs", &EngineOutput::prompt_logprobs)
+        .def_ro("num_cached_tokens", &EngineOutput::num_cached_tokens)
+        .def_ro("finished", &EngineOutput::finished)
+        .def_ro("finish_reason", &EngineOutput::finish_reason)
+        .def_ro("error", &EngineOutput::error)
+        .def("__repr__", [](const EngineOutput& o) {
+            return cat("EngineOutput(request_id=", o.request_id, ", ", o.token_ids.size(), " tokens, finished=",
+                       o.finished ? "True" : "False", ", finish_reason='", o.finish_reason, "')");
+        });
+
+    nb::class_<Engine>(m, "Engine",
+        "Continuous batching over one model: requests share the paged KV pool (with prefix caching) "
+        "and every forward step; a loop thread of its own runs the steps.")
+        .def(nb::new_([](std::shared_ptr<Model> model, int n_ctx, int max_num_seqs, int max_num_batched_tokens,
+                         int n_threads, int kv_block_size, int kv_blocks, double kv_mb,
+                         const std::optional<std::string>& type_k, const std::optional<std::string>& type_v,
+                         bool enable_prefix_caching, bool deterministic, bool offload_kqv) {
+                 EngineParams p;
+                 p.n_ctx = n_ctx;
+                 p.max_num_seqs = max_num_seqs;
+                 p.max_num_batched_tokens = max_num_batched_tokens;
+                 p.n_threads = n_threads;
+                 p.kv_block_size = kv_block_size;
+                 p.kv_blocks = kv_blocks;
+                 p.kv_mb = kv_mb;
+                 const KVTypes t = kv_types_arg(std::nullopt, type_k, type_v);
+                 p.type_k = t.k;
+                 p.type_v = t.v;
+                 p.enable_prefix_caching = enable_prefix_caching;
+                 p.deterministic = deterministic;
+                 p.offload_kqv = offload_kqv;
+                 nb::gil_scoped_release release;
+                 return std::make_shared<Engine>(std::move(model), p);
+             }),
+             "model"_a, nb::kw_only(), "n_ctx"_a = 4096, "max_num_seqs"_a = 64, "max_num_batched_tokens"_a = 512,
+             "n_threads"_a = 0, "kv_block_size"_a = 16, "kv_blocks"_a = 0, "kv_mb"_a = 0.0, "type_k"_a = nb::none(),
+             "type_v"_a = nb::none(), "enable_prefix_caching"_a = true, "deterministic"_a = false,
+             "offload_kqv"_a = true)
+        .def("add_request",
+             [](Engine& e, const std::vector<int32_t>& prompt, float temperature, int32_t top_k, float top_p,
+                float min_p, float repeat_penalty, float frequency_penalty, float presence_penalty,
+                int32_t penalty_last_n, const std::vector<std::pair<int32_t, float>>& logit_bias, uint64_t seed,
+                int32_t max_tokens, int32_t min_tokens, const std::vector<int32_t>& stop_token_ids, bool ignore_eos,
+                int32_t logprobs, bool prompt_logprobs) {
+                 RequestParams r;
+                 r.prompt = prompt;
+                 r.sampling.temperature = temperature;
+                 r.sampling.top_k = top_k;
+                 r.sampling.top_p = top_p;
+                 r.sampling.min_p = min_p;
+                 r.sampling.repeat_penalty = repeat_penalty;
+                 r.sampling.frequency_penalty = frequency_penalty;
+                 r.sampling.presence_penalty = presence_penalty;
+                 r.sampling.penalty_last_n = penalty_last_n;
+                 r.sampling.logit_bias = logit_bias;
+                 r.sampling.seed = seed;
+                 r.max_tokens = max_tokens;
+                 r.min_tokens = min_tokens;
+                 r.stop_token_ids = stop_token_ids;
+                 r.ignore_eos = ignore_eos;
+                 r.logprobs = logprobs;
+                 r.prompt_logprobs = prompt_logprobs;
+                 return e.add_request(r);
+             },
+             "prompt"_a, nb::kw_only(), "temperature"_a = 0.8f, "top_k"_a = 40, "top_p"_a = 0.95f, "min_p"_a = 0.05f,
+             "repeat_penalty"_a = 1.0f, "frequency_penalty"_a = 0.0f, "presence_penalty"_a = 0.0f,
+             "penalty_last_n"_a = 64, "logit_bias"_a = std::vector<std::pair<int32_t, float>>{},
+             "seed"_a = 0xFFFFFFFFull, "max_tokens"_a = 16, "min_tokens"_a = 0,
+             "stop_token_ids"_a = std::vector<int32_t>{}, "ignore_eos"_a = false, "logprobs"_a = -1,
+             "prompt_logprobs"_a = false, "Queues a request; returns its id.")
+        .def("cancel", &Engine::cancel, "request_id"_a)
+        .def("poll",
+             [](Engine& e, double timeout) {
+                 nb::gil_scoped_release release;
+                 return e.poll(timeout);
+             },
+             "timeout"_a = 0.0, "Waits up to timeout seconds for outputs; returns all pending ones.")
+        .def("stats",
+             [](const Engine& e) {
+                 const EngineStats s = e.stats();
+                 nb::dict d;
+                 d["running"] = s.running;
+                 d["waiting"] = s.waiting;
+                 d["kv_blocks_total"] = s.kv_blocks_total;
+                 d["kv_blocks_used"] = s.kv_blocks_used;
+                 d["kv_blocks_cached"] = s.kv_blocks_cached;
+                 d["prefix_cache_queries"] = s.prefix_cache_queries;
+                 d["prefix_cache_hits"] = s.prefix_cache_hits;
+                 d["cached_prompt_tokens"] = s.cached_prompt_tokens;
+                 d["preemptions"] = s.preemptions;
+                 d["prompt_tokens"] = s.prompt_tokens;
+                 d["generation_tokens"] = s.generation_tokens;
+                 d["steps"] = s.steps;
+                 return d;
+             })
+        .def("close",
+             [](Engine& e) {
+                 nb::gil_scoped_release release;
+                 e.close();
+             })
+        .def_prop_ro("n_ctx", [](const Engine& e) { return e.params().n_ctx; })
+        .def_prop_ro("max_num_seqs", [](const Engine& e) { return e.params().max_num_seqs; })
+        .def_prop_ro("kv_block_size", [](const Engine& e) { return e.params().kv_block_size; });
+}

@@ -1,0 +1,391 @@
+// Engine: the loop thread (plan a step, run it, sample, hand out), the request queue it drains
+// and the output queue poll() empties. The loop holds the lock only to exchange requests and
+// outputs, never during a forward step.
+#include "ember/engine.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <limits>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "ember/status.h"
+#include "engine/scheduler.h"
+#include "kv/kv_cache.h"
+#include "model/runner.h"
+
+namespace ember {
+
+namespace {
+
+constexpr int32_t kMaxLogprobs = 20;
+
+// log softmax(row)[token] and, for k > 0, the k most likely tokens with theirs.
+float log_prob(const float* row, int32_t n_vocab, int32_t token, int32_t k,
+               std::vector<std::pair<int32_t, float>>* top) {
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int32_t i = 0; i < n_vocab; ++i) mx = std::max(mx, row[i]);
+    double sum = 0;
+    for (int32_t i = 0; i < n_vocab; ++i) sum += std::exp((double)row[i] - mx);
+    const double lse = mx + std::log(sum);
+    if (top && k > 0) {
+        std::vector<int32_t> ids(n_vocab);
+        for (int32_t i = 0; i < n_vocab; ++i) ids[i] = i;
+        const int32_t kk = std::min(k, n_vocab);
+        std::partial_sort(ids.begin(), ids.begin() + kk, ids.end(), [&](int32_t a, int32_t b) {
+            return row[a] > row[b] || (row[a] == row[b] && a < b);
+        });
+        top->clear();
+        for (int32_t i = 0; i < kk; ++i) top->push_back({ids[i], (float)(row[ids[i]] - lse)});
+    }
+    return (float)(row[token] - lse);
+}
+
+uint64_t kv_salt(GGMLType k, GGMLType v) { return (uint64_t(k) << 8 | uint64_t(v)) + 1; }
+
+}  // namespace
+
+struct EngineImpl {
+    EngineParams params;
+    Runner runner;
+    KVCache cache;
+    Scheduler sched;
+    std::vector<int32_t> stop_ids_eog;   // the vocabulary's end-of-generation tokens
+    int32_t n_vocab;
+
+    mutable std::mutex mu;
+    std::condition_variable work_cv, out_cv;
+    std::vector<std::unique_ptr<Sequence>> incoming;
+    std::unordered_set<int64_t> cancels;
+    std::vector<EngineOutput> outbox;
+    std::unordered_map<int64_t, size_t> outbox_index;   // request id -> its entry in outbox
+    EngineStats stats;
+    bool stopping = false;
+    int64_t next_id = 1;
+    uint64_t next_order = 0;
+    std::thread loop;
+
+    EngineImpl(std::shared_ptr<Model> m, const EngineParams& p, const RunnerParams& rp)
+        : params(p), runner(std::move(m), rp),
+          cache(rp.n_kv_blocks, rp.kv_block_size, kv_salt(rp.type_k, rp.type_v), p.enable_prefix_caching,
+                [this](int32_t src, int32_t dst) { runner.copy_block(src, dst); }),
+          sched(cache, p.max_num_seqs, p.max_num_batched_tokens, p.enable_prefix_caching) {
+        const Tokenizer& tok = runner.model().tokenizer();
+        n_vocab = runner.model().hparams().n_vocab;
+        for (int32_t i = 0; i < n_vocab; ++i)
+            if (tok.is_eog(i)) stop_ids_eog.push_back(i);
+    }
+
+    void run();
+    bool step();
+    void sample(const StepPlan& plan);
+    void finish(Sequence& s, const char* reason, const std::string& error = "");
+    void emit(Sequence& s);   // moves s.out into the outbox (lock held)
+    void update_stats();      // lock held
+};
+
+void EngineImpl::emit(Sequence& s) {
+    EngineOutput& o = s.out;
+    if (o.token_ids.empty() && !o.finished && o.prompt_logprobs.empty()) return;
+    o.request_id = s.id;
+    auto it = outbox_index.find(s.id);
+    if (it == outbox_index.end()) {
+        outbox_index[s.id] = outbox.size();
+        outbox.push_back(std::move(o));
+    } else {
+        // The consumer has not taken the last one yet: one output per request carries both.
+        EngineOutput& prev = outbox[it->second];
+        prev.token_ids.insert(prev.token_ids.end(), o.token_ids.begin(), o.token_ids.end());
+        prev.logprobs.insert(prev.logprobs.end(), o.logprobs.begin(), o.logprobs.end());
+        prev.top_logprobs.insert(prev.top_logprobs.end(), o.top_logprobs.begin(), o.top_logprobs.end());
+        if (!o.prompt_logprobs.empty()) prev.prompt_logprobs = std::move(o.prompt_logprobs);
+        prev.finished = o.finished;
+        prev.finish_reason = o.finish_reason;
+        prev.error = o.error;
+    }
+    const int32_t cached = s.out.num_cached_tokens;
+    s.out = EngineOutput{};
+    s.out.num_cached_tokens = cached;
+}
+
+void EngineImpl::finish(Sequence& s, const char* reason, const std::string& error) {
+    s.out.finished = true;
+    s.out.finish_reason = reason;
+    s.out.error = error;
+}
+
+void EngineImpl::update_stats() {
+    const BlockPoolStats ps = cache.pool().stats();
+    stats.running = (int32_t)sched.n_running();
+    stats.waiting = (int32_t)sched.n_waiting() + (int32_t)incoming.size();
+    stats.kv_blocks_total = ps.n_blocks;
+    stats.kv_blocks_used = ps.n_used;
+    stats.kv_blocks_cached = ps.n_cached;
+    stats.prefix_cache_queries = ps.lookups;
+    stats.prefix_cache_hits = ps.hits;
+    stats.preemptions = sched.preemptions();
+    stats.cached_prompt_tokens = sched.cached_prompt_tokens();
+}
+
+// Samples every sequence whose chunk ended its tokens, in parallel on the CPU backend's threads;
+// gathers prompt logprobs.
+void EngineImpl::sample(const StepPlan& plan) {
+    const float* logits = runner.logits();
+    std::vector<const StepSeq*> work;
+    for (const StepSeq& ss : plan.seqs)
+        if (ss.n_rows) work.push_back(&ss);
+    std::vector<std::string> errors(work.size());
+    auto one = [&](size_t w) {
+        const StepSeq& ss = *work[w];
+        Sequence& s = *ss.seq;
+        const float* rows = logits + (size_t)ss.first_row * n_vocab;
+        if (s.wants_prompt_logprobs())
+            for (int32_t r = 0; r < ss.n_rows; ++r) {
+                const int32_t p = ss.start + ss.len - ss.n_rows + r;   // position of this row
+                if (p + 1 < s.n_prompt && p == (int32_t)s.prompt_lp.size())
+                    s.prompt_lp.push_back(log_prob(rows + (size_t)r * n_vocab, n_vocab, s.tokens[p + 1], 0, nullptr));
+            }
+        if (!ss.samples || s.n_generated >= s.req.max_tokens) return;
+        const float* row = rows + (size_t)(ss.n_rows - 1) * n_vocab;
+        std::vector<float> banned;
+        if (s.n_generated < s.req.min_tokens) {
+            banned.assign(row, row + n_vocab);
+            for (int32_t id : stop_ids_eog) banned[id] = -std::numeric_limits<float>::infinity();
+            for (int32_t id : s.req.stop_token_ids) banned[id] = -std::numeric_limits<float>::infinity();
+            row = banned.data();
+        }
+        try {
+            const int32_t tok = s.sampler->sample(row, n_vocab, s.tokens);
+            s.out.token_ids.push_back(tok);
+            if (s.req.logprobs >= 0) {
+                std::vector<std::pair<int32_t, float>> top;
+                s.out.logprobs.push_back(log_prob(row, n_vocab, tok, s.req.logprobs, &top));
+                if (s.req.logprobs > 0) s.out.top_logprobs.push_back(std::move(top));
+            }
+        } catch (const std::exception& e) {
+            errors[w] = e.what();
+        }
+    };
+    if (HostParallelFor pf = runner.parallel_for(); pf && work.size() > 1)
+        pf((int64_t)work.size(), 1, [&](int64_t b, int64_t e) {
+            for (int64_t w = b; w < e; ++w) one((size_t)w);
+        });
+    else
+        for (size_t w = 0; w < work.size(); ++w) one(w);
+    for (size_t w = 0; w < work.size(); ++w)
+        if (!errors[w].empty()) finish(*work[w]->seq, "error", errors[w]);
+}
+
+// One step: plan, forward, sample, then under the lock hand out outputs and retire finished
+// sequences. Returns false when there was nothing to run.
+bool EngineImpl::step() {
+    StepPlan plan = sched.plan();
+    if (plan.seqs.empty()) return false;
+    plan.batch.batch_invariant = params.deterministic;
+    std::string failure;
+    try {
+        runner.clear_logits();
+        runner.forward(plan.tokens.data(), plan.batch, plan.rows);
+        sched.commit(plan);
+        sample(plan);
+    } catch (const std::exception& e) {
+        failure = e.what();
+    }
+    std::vector<int64_t> done;
+    int64_t generated = 0;
+    for (const StepSeq& ss : plan.seqs) {
+        Sequence& s = *ss.seq;
+        if (!failure.empty()) {
+            finish(s, "error", failure);
+        } else if (!s.out.finished && ss.samples) {
+            if (s.wants_prompt_logprobs()) {
+                s.out.prompt_logprobs = std::move(s.prompt_lp);
+                s.prompt_lp_sent = true;
+            }
+            if (!s.out.token_ids.empty() && s.n_generated < s.req.max_tokens) {
+                const int32_t tok = s.out.token_ids.back();
+                const bool eog = !s.req.ignore_eos &&
+                                 std::binary_search(stop_ids_eog.begin(), stop_ids_eog.end(), tok);
+                const bool stop_id = std::find(s.req.stop_token_ids.begin(), s.req.stop_token_ids.end(), tok) !=
+                                     s.req.stop_token_ids.end();
+                ++generated;
+                if (eog || stop_id) {
+                    // The stop token ends the text and is not part of it.
+                    s.out.token_ids.pop_back();
+                    if (!s.out.logprobs.empty()) s.out.logprobs.pop_back();
+                    if (!s.out.top_logprobs.empty()) s.out.top_logprobs.pop_back();
+                    finish(s, "stop");
+                } else {
+                    s.tokens.push_back(tok);
+                    ++s.n_generated;
+                }
+            }
+            if (!s.out.finished &&
+                (s.n_generated >= s.req.max_tokens || (int32_t)s.tokens.size() >= params.n_ctx))
+                finish(s, "length");
+        }
+        if (s.out.finished) done.push_back(s.id);
+    }
+    std::lock_guard<std::mutex> lk(mu);
+    for (const StepSeq& ss : plan.seqs) emit(*ss.seq);
+    for (int64_t id : done) sched.remove(id);
+    ++stats.steps;
+    for (const StepSeq& ss : plan.seqs)
+        if (ss.start < ss.seq->n_prompt) stats.prompt_tokens += std::min(ss.len, ss.seq->n_prompt - ss.start);
+    stats.generation_tokens += generated;
+    update_stats();
+    out_cv.notify_all();
+    return true;
+}
+
+void EngineImpl::run() {
+    for (;;) {
+        {
+            std::unique_lock<std::mutex> lk(mu);
+            work_cv.wait(lk, [&] { return stopping || !incoming.empty() || !cancels.empty() || !sched.idle(); });
+            if (stopping) break;
+            for (auto& s : incoming) sched.add(std::move(s));
+            incoming.clear();
+            for (int64_t id : cancels)
+                if (std::unique_ptr<Sequence> s = sched.remove(id)) {
+                    finish(*s, "abort");
+                    emit(*s);
+                }
+            cancels.clear();
+            update_stats();
+            out_cv.notify_all();
+        }
+        step();
+    }
+    std::lock_guard<std::mutex> lk(mu);
+    for (auto& s : incoming) sched.add(std::move(s));
+    incoming.clear();
+    for (int64_t id : sched.ids())
+        if (std::unique_ptr<Sequence> s = sched.remove(id)) {
+            finish(*s, "abort");
+            emit(*s);
+        }
+    update_stats();
+    out_cv.notify_all();
+}
+
+Engine::Engine(std::shared_ptr<Model> model, const EngineParams& p) {
+    if (p.n_ctx <= 0) fail("n_ctx must be positive, got ", p.n_ctx);
+    if (p.max_num_seqs <= 0) fail("max_num_seqs must be positive, got ", p.max_num_seqs);
+    if (p.max_num_batched_tokens <= 0) fail("max_num_batched_tokens must be positive, got ", p.max_num_batched_tokens);
+    if (p.kv_block_size <= 0) fail("kv_block_size must be positive, got ", p.kv_block_size);
+    if (p.kv_blocks < 0) fail("kv_blocks must be >= 0, got ", p.kv_blocks);
+    if (!(p.kv_mb >= 0) || !std::isfinite(p.kv_mb)) fail("kv_mb must be a finite number >= 0, got ", p.kv_mb);
+    const HParams& hp = model->hparams();
+    const size_t block_bytes = kv_block_bytes_model(hp, p.kv_block_size, p.type_k, p.type_v);
+    const int64_t per_seq = (p.n_ctx + p.kv_block_size - 1) / p.kv_block_size;
+    const double mib = 1024.0 * 1024.0;
+    int64_t n_blocks = p.kv_blocks;
+    if (n_blocks == 0 && p.kv_mb > 0) n_blocks = (int64_t)(p.kv_mb * mib / (double)block_bytes);
+    if (n_blocks == 0)
+        n_blocks = std::max<int64_t>(per_seq, std::min<int64_t>(per_seq * p.max_num_seqs,
+                                                                (int64_t)(EngineParams::kDefaultKvMiB * mib / block_bytes)));
+    if (n_blocks < per_seq)
+        fail("the KV pool (", n_blocks, " blocks of ", p.kv_block_size, " tokens, ", n_blocks * block_bytes / mib,
+             " MiB) cannot hold one sequence of n_ctx ", p.n_ctx, " tokens, which needs ", per_seq, " blocks (",
+             per_seq * block_bytes / mib, " MiB): raise kv_mb / kv_blocks or lower n_ctx");
+    if (n_blocks > std::numeric_limits<int32_t>::max()) fail("the KV pool of ", n_blocks, " blocks is too large");
+    RunnerParams rp;
+    rp.n_batch = p.max_num_batched_tokens;
+    rp.n_threads = p.n_threads;
+    rp.n_kv_blocks = (int32_t)n_blocks;
+    rp.kv_block_size = p.kv_block_size;
+    rp.type_k = p.type_k;
+    rp.type_v = p.type_v;
+    rp.offload_kqv = p.offload_kqv;
+    impl_ = std::make_unique<EngineImpl>(std::move(model), p, rp);
+    impl_->update_stats();
+    impl_->loop = std::thread([this] { impl_->run(); });
+}
+
+Engine::~Engine() { close(); }
+
+void Engine::close() {
+    EngineImpl& e = *impl_;
+    {
+        std::lock_guard<std::mutex> lk(e.mu);
+        e.stopping = true;
+    }
+    e.work_cv.notify_all();
+    if (e.loop.joinable()) e.loop.join();
+}
+
+int64_t Engine::add_request(const RequestParams& r) {
+    EngineImpl& e = *impl_;
+    const int32_t n = (int32_t)r.prompt.size();
+    if (n == 0) fail("the prompt is empty: a request needs at least one token");
+    for (int32_t i = 0; i < n; ++i)
+        if (r.prompt[i] < 0 || r.prompt[i] >= e.n_vocab)
+            fail("prompt token id ", r.prompt[i], " at index ", i, " is out of range [0, ", e.n_vocab, ")");
+    if (r.max_tokens < 0) fail("max_tokens must be >= 0, got ", r.max_tokens);
+    if (r.min_tokens < 0 || r.min_tokens > r.max_tokens)
+        fail("min_tokens must be in [0, max_tokens = ", r.max_tokens, "], got ", r.min_tokens);
+    if (n + (r.max_tokens > 0 ? 1 : 0) > e.params.n_ctx)
+        fail("the prompt has ", n, " tokens; with room for a generated one that exceeds n_ctx ", e.params.n_ctx);
+    if (r.logprobs < -1 || r.logprobs > kMaxLogprobs)
+        fail("logprobs must be in [-1, ", kMaxLogprobs, "] (-1: none), got ", r.logprobs);
+    for (int32_t id : r.stop_token_ids)
+        if (id < 0 || id >= e.n_vocab) fail("stop_token_ids: ", id, " is out of range [0, ", e.n_vocab, ")");
+    auto s = std::make_unique<Sequence>();
+    s->sampler = std::make_unique<Sampler>(r.sampling);   // throws naming a bad sampling parameter
+    s->req = r;
+    s->tokens = r.prompt;
+    s->n_prompt = n;
+    std::lock_guard<std::mutex> lk(e.mu);
+    if (e.stopping) fail("the engine is closed");
+    s->id = e.next_id++;
+    s->order = e.next_order++;
+    const int64_t id = s->id;
+    e.incoming.push_back(std::move(s));
+    e.work_cv.notify_all();
+    return id;
+}
+
+void Engine::cancel(int64_t id) {
+    EngineImpl& e = *impl_;
+    {
+        std::lock_guard<std::mutex> lk(e.mu);
+        // A request still in the incoming queue is dropped there.
+        for (auto it = e.incoming.begin(); it != e.incoming.end(); ++it)
+            if ((*it)->id == id) {
+                e.finish(**it, "abort");
+                e.emit(**it);
+                e.incoming.erase(it);
+                e.out_cv.notify_all();
+                return;
+            }
+        e.cancels.insert(id);
+    }
+    e.work_cv.notify_all();
+}
+
+std::vector<EngineOutput> Engine::poll(double timeout_s) {
+    EngineImpl& e = *impl_;
+    std::unique_lock<std::mutex> lk(e.mu);
+    if (e.outbox.empty() && timeout_s > 0)
+        e.out_cv.wait_for(lk, std::chrono::duration<double>(timeout_s), [&] { return !e.outbox.empty(); });
+    std::vector<EngineOutput> out;
+    out.swap(e.outbox);
+    e.outbox_index.clear();
+    return out;
+}
+
+EngineStats Engine::stats() const {
+    std::lock_guard<std::mutex> lk(impl_->mu);
+    return impl_->stats;
+}
+
+const EngineParams& Engine::params() const { return impl_->params; }
+const Model& Engine::model() const { return impl_->runner.model(); }
+
+}  // namespace ember

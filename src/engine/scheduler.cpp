@@ -1,0 +1,153 @@
+// Step planning: which tokens of which sequences one forward step computes, with the KV blocks
+// they need reserved, and preemption (free the newest, recompute it later) when blocks run out.
+#include "engine/scheduler.h"
+
+#include <algorithm>
+
+namespace ember {
+
+Scheduler::Scheduler(KVCache& cache, int32_t max_num_seqs, int32_t max_batched_tokens, bool prefix_caching)
+    : cache_(cache), max_num_seqs_(max_num_seqs), max_batched_tokens_(max_batched_tokens),
+      prefix_caching_(prefix_caching) {}
+
+void Scheduler::add(std::unique_ptr<Sequence> s) { waiting_.push_back(std::move(s)); }
+
+std::unique_ptr<Sequence> Scheduler::remove(int64_t id) {
+    std::unique_ptr<Sequence> out;
+    auto take = [&](auto& list) {
+        for (auto it = list.begin(); it != list.end(); ++it)
+            if ((*it)->id == id) {
+                out = std::move(*it);
+                list.erase(it);
+                return true;
+            }
+        return false;
+    };
+    if (take(running_) || take(waiting_)) cache_.remove(id);
+    return out;
+}
+
+std::vector<int64_t> Scheduler::ids() const {
+    std::vector<int64_t> v;
+    for (const auto& s : running_) v.push_back(s->id);
+    for (const auto& s : waiting_) v.push_back(s->id);
+    return v;
+}
+
+bool Scheduler::preempt(const std::vector<Sequence*>& taken) {
+    for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
+        Sequence* s = it->get();
+        if (std::find(taken.begin(), taken.end(), s) != taken.end()) continue;
+        // Its full blocks stay in the prefix cache, so the recompute may find them there.
+        cache_.remove(s->id);
+        s->n_computed = 0;
+        if (!s->prompt_lp_sent) s->prompt_lp.clear();
+        waiting_.push_front(std::move(*it));
+        running_.erase(std::next(it).base());
+        ++preemptions_;
+        return true;
+    }
+    return false;
+}
+
+bool Scheduler::admit(Sequence& s, int32_t budget) {
+    cache_.add(s.id);
+    // Prompt logprobs need the logits of every prompt token, so those prompts compute them all.
+    if (prefix_caching_ && !s.wants_prompt_logprobs())
+        s.n_computed = cache_.match_prefix(s.id, s.tokens.data(), (int32_t)s.tokens.size());
+    const int32_t chunk = std::min(s.need(), budget);
+    // Room left for every running sequence to grow by a block, so that admitting one does not
+    // force a preemption at the next decode.
+    const int32_t spare = (int32_t)running_.size();
+    if (cache_.blocks_needed(s.id, chunk) + spare > cache_.pool().n_available() || !cache_.reserve(s.id, chunk)) {
+        cache_.remove(s.id);
+        s.n_computed = 0;
+        return false;
+    }
+    if (!s.admitted) {
+        s.out.num_cached_tokens = s.n_computed;
+        cached_prompt_tokens_ += s.n_computed;
+        s.admitted = true;
+    }
+    return true;
+}
+
+StepPlan Scheduler::plan() {
+    StepPlan step;
+    std::vector<Sequence*> taken;
+    std::vector<int32_t> chunks;
+    int32_t budget = max_batched_tokens_;
+    auto is_running = [&](const Sequence* s) {
+        return std::any_of(running_.begin(), running_.end(), [&](const auto& p) { return p.get() == s; });
+    };
+    // Decodes (one token) first, then the running prompts' next chunks, oldest first.
+    for (int pass = 0; pass < 2; ++pass) {
+        std::vector<Sequence*> order;
+        for (const auto& p : running_) order.push_back(p.get());
+        for (Sequence* s : order) {
+            if (budget == 0) break;
+            if (!is_running(s) || (s->need() == 1) != (pass == 0)) continue;
+            const int32_t chunk = std::min(s->need(), budget);
+            // The newest sequence not yet in this step goes first, possibly s itself.
+            bool reserved;
+            while (!(reserved = cache_.reserve(s->id, chunk)) && preempt(taken) && is_running(s)) {}
+            if (!reserved) continue;
+            taken.push_back(s);
+            chunks.push_back(chunk);
+            budget -= chunk;
+        }
+    }
+    while (!waiting_.empty() && budget > 0 && (int32_t)running_.size() < max_num_seqs_) {
+        Sequence& s = *waiting_.front();
+        if (!admit(s, budget)) break;
+        const int32_t chunk = std::min(s.need(), budget);
+        running_.push_back(std::move(waiting_.front()));
+        waiting_.pop_front();
+        taken.push_back(&s);
+        chunks.push_back(chunk);
+        budget -= chunk;
+    }
+    if (taken.empty()) return step;
+
+    BatchInfo& b = step.batch;
+    b.n_seq = (int32_t)taken.size();
+    for (Sequence* s : taken) b.max_blocks = std::max(b.max_blocks, (int32_t)cache_.blocks(s->id).size());
+    b.block_table.assign((size_t)b.n_seq * b.max_blocks, 0);
+    int32_t n_rows = 0;
+    for (size_t i = 0; i < taken.size(); ++i) {
+        Sequence* s = taken[i];
+        const std::vector<int32_t>& blocks = cache_.blocks(s->id);
+        std::copy(blocks.begin(), blocks.end(), b.block_table.begin() + (int64_t)i * b.max_blocks);
+        StepSeq ss{s, s->n_computed, chunks[i], -1, 0, s->n_computed + chunks[i] == (int32_t)s->tokens.size()};
+        const int32_t row0 = (int32_t)step.tokens.size();
+        if (s->wants_prompt_logprobs()) ss.n_rows = ss.len;
+        else if (ss.samples) ss.n_rows = 1;
+        if (ss.n_rows) {
+            ss.first_row = n_rows;
+            const RowRange rr{row0 + ss.len - ss.n_rows, ss.n_rows};
+            // Adjacent ranges merge: a decode step's rows are one range.
+            if (!step.rows.empty() && step.rows.back().first + step.rows.back().count == rr.first)
+                step.rows.back().count += rr.count;
+            else
+                step.rows.push_back(rr);
+            n_rows += ss.n_rows;
+        }
+        for (int32_t j = 0; j < ss.len; ++j) {
+            step.tokens.push_back(s->tokens[ss.start + j]);
+            b.pos.push_back(ss.start + j);
+            b.seq.push_back((int32_t)i);
+        }
+        step.seqs.push_back(ss);
+    }
+    b.n_tok = (int32_t)step.tokens.size();
+    return step;
+}
+
+void Scheduler::commit(const StepPlan& step) {
+    for (const StepSeq& ss : step.seqs) {
+        cache_.commit(ss.seq->id, ss.seq->tokens.data() + ss.start, ss.len);
+        ss.seq->n_computed += ss.len;
+    }
+}
+
+}  // namespace ember

@@ -1,0 +1,65 @@
+// The scheduler's side of the engine: the waiting and running sequences over one KVCache, and
+// the plan of each step under the token budget (decodes first, then chunks of prompts; the
+// newest running sequence preempted when blocks run out, to be recomputed later).
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "engine/sequence.h"
+#include "kv/kv_cache.h"
+#include "model/runner.h"
+
+namespace ember {
+
+// One sequence's part of a step: positions [start, start + len) of its tokens.
+struct StepSeq {
+    Sequence* seq;
+    int32_t start, len;
+    int32_t first_row;   // its first logits row in the step's output, -1 for none
+    int32_t n_rows;      // rows of logits: the whole chunk (prompt logprobs), its last token, or none
+    bool samples;        // the chunk ends the sequence's tokens: its last row gives the next token
+};
+
+struct StepPlan {
+    std::vector<int32_t> tokens;
+    BatchInfo batch;
+    std::vector<RowRange> rows;
+    std::vector<StepSeq> seqs;
+};
+
+class Scheduler {
+public:
+    Scheduler(KVCache& cache, int32_t max_num_seqs, int32_t max_batched_tokens, bool prefix_caching);
+    void add(std::unique_ptr<Sequence> s);
+    // Takes the sequence out (waiting or running), its blocks released; null if unknown.
+    std::unique_ptr<Sequence> remove(int64_t id);
+    // The next step; empty (no seqs) when nothing can run.
+    StepPlan plan();
+    // After the step's forward: the chunks' KV committed to the cache.
+    void commit(const StepPlan& step);
+    size_t n_running() const { return running_.size(); }
+    size_t n_waiting() const { return waiting_.size(); }
+    int64_t preemptions() const { return preemptions_; }
+    int64_t cached_prompt_tokens() const { return cached_prompt_tokens_; }
+    bool idle() const { return running_.empty() && waiting_.empty(); }
+    // Every sequence, waiting and running (to finish them all at shutdown).
+    std::vector<int64_t> ids() const;
+
+private:
+    // Frees the newest running sequence not in `taken` and queues it first for recompute;
+    // false when there is none.
+    bool preempt(const std::vector<Sequence*>& taken);
+    bool admit(Sequence& s, int32_t budget);   // maps its cached prefix and reserves its first chunk
+
+    KVCache& cache_;
+    int32_t max_num_seqs_, max_batched_tokens_;
+    bool prefix_caching_;
+    std::deque<std::unique_ptr<Sequence>> waiting_;
+    std::vector<std::unique_ptr<Sequence>> running_;   // in admission order
+    int64_t preemptions_ = 0, cached_prompt_tokens_ = 0;
+};
+
+}  // namespace ember

@@ -1,0 +1,72 @@
+// The paged-KV block pool: refcounted blocks of a fixed token count, a free list, and the prefix
+// cache. A full block may be published under a content key (block_key: its parent's key and its
+// tokens); when its last reference goes it stays findable, in LRU order, until allocate() needs
+// it. Bookkeeping only: the bytes live in KVStorage.
+#pragma once
+#include <cstdint>
+#include <list>
+#include <unordered_map>
+#include <vector>
+
+namespace ember {
+
+// The content key of a full block: a hash of the parent block's key (0 for the first block of a
+// sequence), the block's token ids and a salt naming what else decides its bytes (KV types).
+uint64_t block_key(uint64_t parent, const int32_t* tokens, int32_t n, uint64_t salt);
+
+struct BlockPoolStats {
+    int32_t n_blocks = 0;
+    int32_t n_used = 0;        // refcount > 0
+    int32_t n_cached = 0;      // refcount 0 but published: findable until reused
+    int32_t n_free = 0;        // refcount 0 and not published
+    int64_t lookups = 0;       // lookup() calls
+    int64_t hits = 0;          // lookup() calls that found a block
+    int64_t evictions = 0;     // cached blocks reused by allocate()
+};
+
+class BlockPool {
+public:
+    explicit BlockPool(int32_t n_blocks);
+    // A block with refcount 1: an unpublished free one first, else the least recently released
+    // cached one (its key is dropped); -1 when every block is in use.
+    int32_t allocate();
+    void retain(int32_t block);
+    // At refcount 0 a published block joins the cached LRU list (most recent last), any other
+    // goes back to the free list.
+    void release(int32_t block);
+    // The block published under `key`, retained (taken off the LRU list if cached); -1 if none.
+    int32_t lookup(uint64_t key);
+    // Records that `block` (in use, full) holds the content `key`. If another block already
+    // holds `key`, nothing changes (the first stays the one found). A block has at most one key.
+    void publish(int32_t block, uint64_t key);
+    // Forgets the key of `block` (about to be overwritten in place).
+    void unpublish(int32_t block);
+    bool published(int32_t block) const;
+    int32_t refs(int32_t block) const;
+    // Blocks allocate() can hand out now: free + cached.
+    int32_t n_available() const;
+    int32_t n_blocks() const { return (int32_t)refs_.size(); }
+    BlockPoolStats stats() const;
+    // Drops every cached block's key (cached blocks become free).
+    void clear_cache();
+
+private:
+    void check_block(int32_t block, const char* fn) const;
+    void drop_key(int32_t block);
+    void take_off_lru(int32_t block);
+
+    // A block is in exactly one state: used (refs_ > 0), cached (refs_ 0, published, on lru_) or
+    // free (refs_ 0, unpublished, on free_).
+    std::vector<int32_t> refs_;
+    std::vector<uint64_t> key_;                      // valid where has_key_
+    std::vector<uint8_t> has_key_;
+    std::unordered_map<uint64_t, int32_t> by_key_;
+    std::vector<int32_t> free_;                      // a stack: allocate() pops the back
+    std::list<int32_t> lru_;                         // cached blocks, least recently released first
+    std::vector<std::list<int32_t>::iterator> lru_pos_;  // valid where cached
+    int64_t lookups_ = 0;
+    int64_t hits_ = 0;
+    int64_t evictions_ = 0;
+};
+
+}  // namespace ember

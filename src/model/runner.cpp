@@ -1,0 +1,336 @@
+// Runner: one forward step. Embedding rows (host) -> each block's forward (its architecture's, on
+// the device the placement plan gives it; the hidden state crosses a device boundary only where
+// placement changes) -> final norm + output head over the rows asked for -> logits (host). Large
+// one-sequence batches run CPU blocks on the GPU too, through the streamed offload.
+#include "model/runner.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <thread>
+
+#include "backend/kv_layout.h"
+#include "backend/registry.h"
+#include "ember/status.h"
+#include "model/model_impl.h"
+#include "model/streamed_offload.h"
+
+namespace ember {
+
+namespace {
+
+// Activation buffers of one backend, each [n_batch][width] floats: the hidden state x, the
+// fused ops' buffers, and the two block outputs (out_a, out_b).
+struct Scratch {
+    Backend* be = nullptr;
+    float *x = nullptr, *out_a = nullptr, *out_b = nullptr, *logits = nullptr;
+    BlockBuffers buf{};
+    int32_t logits_rows = 0;
+};
+
+// Logits rows [n][n_vocab] in host memory from the head's backend (CUDA: pinned, so the copy
+// lands there directly, with no bounce buffer and no zero-filling resize).
+class HostLogits {
+public:
+    HostLogits() = default;
+    HostLogits(const HostLogits&) = delete;
+    HostLogits& operator=(const HostLogits&) = delete;
+    ~HostLogits() { release(); }
+    void clear() { size_ = 0; }
+    const float* data() const { return p_; }
+    // Room for n more floats after the current ones (kept), from be's host memory.
+    float* append(Backend& be, size_t n) {
+        if (be_ != &be || size_ + n > cap_) {
+            const size_t cap = std::max(size_ + n, 2 * cap_);
+            float* p = static_cast<float*>(be.alloc_host(cap * sizeof(float)));
+            if (size_) std::memcpy(p, p_, size_ * sizeof(float));
+            release();
+            be_ = &be, p_ = p, cap_ = cap;
+        }
+        size_ += n;
+        return p_ + size_ - n;
+    }
+
+private:
+    void release() {
+        if (p_) be_->free_host(p_);
+        p_ = nullptr;
+        cap_ = 0;
+    }
+    Backend* be_ = nullptr;
+    float* p_ = nullptr;
+    size_t cap_ = 0, size_ = 0;
+};
+
+uint64_t mix(uint64_t h, uint64_t v) {
+    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    return h;
+}
+
+}  // namespace
+
+size_t kv_block_bytes_model(const HParams& hp, int32_t block_size, GGMLType type_k, GGMLType type_v) {
+    const int64_t width = (int64_t)hp.n_head_kv * hp.head_dim;
+    return (size_t)hp.n_layer * (kv_block_bytes(type_k, block_size, width) + kv_block_bytes(type_v, block_size, width));
+}
+
+struct RunnerImpl {
+    std::shared_ptr<Model> model;
+    RunnerParams params;
+    std::unique_ptr<Backend> cpu;
+    std::vector<BlockWeights> blocks;   // per block, on its device (the plan's)
+    HeadWeights head;
+    std::map<Backend*, Scratch> scratch;
+    std::vector<std::pair<Backend*, void*>> owned;   // every allocation, freed at the end
+    std::vector<KVLayer> kv;
+    // Null: CPU blocks always run on the CPU. Destroyed before `cpu` (whose pool it uses) and
+    // `model` (whose GPU backend it uses).
+    std::unique_ptr<StreamedOffload> stream;
+    HostLogits logits;   // [n_logits][n_vocab]; declared after `cpu` and `model`, whose host memory it holds
+    int32_t n_logits = 0;
+    std::vector<float> embd;   // [n_batch][n_embd] host staging for the embedding rows
+
+    RunnerImpl(std::shared_ptr<Model> m, const RunnerParams& p) : model(std::move(m)), params(p) {}
+    ~RunnerImpl() {
+        for (auto& [be, ptr] : owned) be->free(ptr);
+    }
+
+    float* alloc_floats(Backend& be, int64_t n) {
+        void* p = be.alloc((size_t)n * sizeof(float));
+        owned.emplace_back(&be, p);
+        return static_cast<float*>(p);
+    }
+
+    Scratch& scratch_for(Backend& be) {
+        Scratch& s = scratch[&be];
+        if (s.be) return s;
+        const HParams& hp = model->hparams();
+        const int64_t B = params.n_batch;
+        const int64_t QW = (int64_t)hp.n_head * hp.head_dim, KW = (int64_t)hp.n_head_kv * hp.head_dim;
+        s.be = &be;
+        s.x = alloc_floats(be, B * hp.n_embd);
+        s.out_a = alloc_floats(be, B * hp.n_embd);
+        s.out_b = alloc_floats(be, B * hp.n_embd);
+        s.buf.xn = alloc_floats(be, B * hp.n_embd);
+        s.buf.q = alloc_floats(be, B * QW);
+        s.buf.k = alloc_floats(be, B * KW);
+        s.buf.v = alloc_floats(be, B * KW);
+        s.buf.att = alloc_floats(be, B * QW);
+        s.buf.gate = alloc_floats(be, B * hp.n_ff);
+        s.buf.up = alloc_floats(be, B * hp.n_ff);
+        return s;
+    }
+
+    void forward(const int32_t* tokens, const BatchInfo& batch, const std::vector<RowRange>& rows);
+};
+
+Runner::Runner(std::shared_ptr<Model> model, const RunnerParams& params) {
+    if (params.n_batch <= 0) fail("n_batch must be positive, got ", params.n_batch);
+    if (params.kv_block_size <= 0) fail("kv_block_size must be positive, got ", params.kv_block_size);
+    if (params.n_kv_blocks <= 0) fail("the KV cache needs at least one block, got ", params.n_kv_blocks);
+    if (params.n_threads < 0) fail("n_threads must be >= 0, got ", params.n_threads);
+    ModelImpl& m = model->impl();
+    check_kv_type(params.type_k, m.hp.head_dim, "type_k");
+    check_kv_type(params.type_v, m.hp.head_dim, "type_v");
+    if ((params.type_k == GGMLType::F32 || params.type_v == GGMLType::F32) && m.any_gpu())
+        fail("an f32 KV cache (type_k or type_v) is available for CPU blocks only; use f16 or q8_0 with "
+             "n_gpu_layers != 0");
+    if (!params.offload_kqv && m.any_gpu())
+        fail("offload_kqv=False (KV of GPU blocks in host memory) is not available in this build of ember; "
+             "use offload_kqv=True or n_gpu_layers=0");
+    impl_ = std::make_unique<RunnerImpl>(std::move(model), params);
+    RunnerImpl& r = *impl_;
+    BackendOptions opts;
+    opts.n_threads = params.n_threads > 0 ? params.n_threads : (int)std::max(1u, std::thread::hardware_concurrency());
+    r.cpu = make_backend("cpu", opts);
+    const HParams& hp = m.hp;
+    r.blocks.resize(hp.n_layer);
+    for (int32_t l = 0; l < hp.n_layer; ++l)
+        r.blocks[l] = m.plan.block[l] == Device::gpu ? m.gpu_blocks[l] : prepare_block(*r.cpu, m.blocks[l]);
+    r.head = m.plan.head == Device::gpu ? m.gpu_head : prepare_head(*r.cpu, *m.output, *m.output_norm);
+    KVLayer geometry;
+    geometry.k_type = params.type_k;
+    geometry.v_type = params.type_v;
+    geometry.n_blocks = params.n_kv_blocks;
+    geometry.block_size = params.kv_block_size;
+    geometry.n_head_kv = hp.n_head_kv;
+    geometry.head_dim = hp.head_dim;
+    // EMBER_STREAM=0: CPU blocks stay on the CPU for every batch (diagnosis, comparisons).
+    const char* stream_env = std::getenv("EMBER_STREAM");
+    if (m.plan.any_gpu() && m.plan.any_cpu() && !(stream_env && std::string(stream_env) == "0"))
+        r.stream = StreamedOffload::open(m, r.blocks, *r.cpu, geometry);
+    r.kv.assign(hp.n_layer, geometry);
+    const int64_t width = (int64_t)hp.n_head_kv * hp.head_dim;
+    for (int32_t l = 0; l < hp.n_layer; ++l) {
+        KVLayer& kv = r.kv[l];
+        Backend& be = *r.blocks[l].backend;
+        for (auto [p, type] : {std::pair{&kv.k, kv.k_type}, std::pair{&kv.v, kv.v_type}}) {
+            const size_t bytes = (size_t)params.n_kv_blocks * kv_block_bytes(type, params.kv_block_size, width);
+            // A streamed block's host KV is pinned, so its copies run asynchronously at full speed.
+            *p = be.is_host() && r.stream ? r.stream->alloc_host(bytes) : nullptr;
+            if (!*p) {
+                *p = be.alloc(bytes);
+                r.owned.emplace_back(&be, *p);
+            }
+        }
+    }
+    r.embd.resize((size_t)params.n_batch * hp.n_embd);
+}
+
+Runner::~Runner() = default;
+
+void RunnerImpl::forward(const int32_t* tokens, const BatchInfo& batch, const std::vector<RowRange>& rows) {
+    ModelImpl& m = model->impl();
+    const HParams& hp = m.hp;
+    const int64_t E = hp.n_embd;
+    const int32_t n = batch.n_tok;
+
+    // Embedding rows stay in host memory (token_embd may be the largest tensor).
+    const TypeTraits& et = type_traits(m.tok_embd->type);
+    const size_t erow = row_bytes(m.tok_embd->type, E);
+    const float embd_scale = m.arch->embd_scale(hp);
+    for (int32_t i = 0; i < n; ++i) {
+        float* row = &embd[i * E];
+        et.dequantize_row(m.tok_embd->data + (size_t)tokens[i] * erow, row, E);
+        if (embd_scale != 1.0f)
+            for (int64_t j = 0; j < E; ++j) row[j] *= embd_scale;
+    }
+
+    // The step's shape for recorded graphs: its size and the rows whose logits it computes.
+    uint64_t shape_key = mix(reinterpret_cast<uintptr_t>(this), (uint64_t)n);
+    for (const RowRange& rr : rows) shape_key = mix(mix(shape_key, (uint64_t)rr.first), (uint64_t)rr.count);
+
+    Backend* cur = cpu.get();
+    bool replayed = false;   // the device ops ran as a recorded graph
+    Scratch* s = nullptr;
+    const float* pending = nullptr;   // the last block's output, still to be added to s->x
+    std::vector<Backend*> seen;
+    // Moves the hidden state to `be` (through host memory), the pending addition done first.
+    auto move_to = [&](Backend& be, Scratch& next) {
+        if (!s) {
+            be.copy_from_host(next.x, embd.data(), n * E * sizeof(float));
+            return;
+        }
+        if (pending) cur->add(s->x, pending, n * E);
+        pending = nullptr;
+        if (be.is_host()) {
+            cur->copy_to_host(next.x, s->x, n * E * sizeof(float));
+        } else {
+            std::vector<float> tmp(n * E);
+            cur->copy_to_host(tmp.data(), s->x, tmp.size() * sizeof(float));
+            be.copy_from_host(next.x, tmp.data(), tmp.size() * sizeof(float));
+        }
+    };
+    // The streamed offload stages one sequence's KV blocks.
+    const bool streamed = stream && n >= StreamedOffload::kMinTokens && batch.n_seq == 1;
+    std::vector<int32_t> ids;
+    if (streamed) ids.assign(batch.block_table.begin(), batch.block_table.begin() + batch.max_blocks);
+    const int32_t n_past = n > 0 ? batch.pos[0] : 0;
+    auto is_streamed = [&](int32_t l) { return streamed && m.plan.block[l] == Device::cpu; };
+    for (int32_t l = 0; l < hp.n_layer; ++l) {
+        const bool st = is_streamed(l);
+        BlockWeights staged;   // a streamed block's weights on the GPU for this step
+        if (st) staged = stream->begin_block(l, kv[l], ids, n_past);
+        const BlockWeights& w = st ? staged : blocks[l];
+        Backend& be = *w.backend;
+        if (!s || s->be != &be) {
+            Scratch& next = scratch_for(be);
+            if (std::find(seen.begin(), seen.end(), &be) == seen.end()) {
+                be.set_batch(batch);
+                seen.push_back(&be);
+            }
+            move_to(be, next);
+            s = &next;
+            cur = &be;
+            // When this device runs every remaining block and the head, the rest of the step is
+            // device ops only: the backend may replay it as a graph recorded for the same shapes.
+            const bool rest_here = !streamed && head.backend == &be &&
+                std::all_of(blocks.begin() + l, blocks.end(), [&](const BlockWeights& b) { return b.backend == &be; });
+            if (rest_here && be.step_begin(mix(shape_key, (uint64_t)l))) {
+                replayed = true;
+                break;
+            }
+        }
+        const BlockRun run{be, w, m.layers[l], hp, st ? stream->kv() : kv[l], s->buf, n, s->x, pending, s->out_a, s->out_b};
+        pending = m.arch->forward_block(run);
+        if (st) stream->end_block(l, kv[l], ids, n_past, n, l + 1 < hp.n_layer && is_streamed(l + 1));
+    }
+
+    // Head: the blocks' last device is the head's device whenever any block is on the GPU.
+    Backend& hb = *head.backend;
+    Scratch& hs = scratch_for(hb);
+    if (&hb != cur) {
+        move_to(hb, hs);
+        cur = &hb;
+    }
+    int32_t n_rows = 0;
+    for (const RowRange& rr : rows) n_rows += rr.count;
+    if (hs.logits_rows < n_rows) {
+        hs.logits = alloc_floats(hb, (int64_t)n_rows * hp.n_vocab);
+        hs.logits_rows = n_rows;
+    }
+    if (!replayed) {
+        int32_t out = 0;
+        for (const RowRange& rr : rows) {
+            hb.norm_matmul(hs.x + rr.first * E, pending ? pending + rr.first * E : nullptr, head.output_norm,
+                           hp.rms_eps, head.output, rr.count, hs.buf.xn + rr.first * E,
+                           hs.logits + (size_t)out * hp.n_vocab);
+            out += rr.count;
+        }
+    }
+    hb.step_end();
+    const size_t n_out = (size_t)n_rows * hp.n_vocab;
+    if (n_out) hb.copy_to_host(logits.append(hb, n_out), hs.logits, n_out * sizeof(float));
+    else hb.synchronize();
+    n_logits += n_rows;
+}
+
+void Runner::forward(const int32_t* tokens, const BatchInfo& batch, const std::vector<RowRange>& rows) {
+    RunnerImpl& r = *impl_;
+    if (batch.n_tok <= 0 || batch.n_tok > r.params.n_batch)
+        fail("a forward step takes 1..", r.params.n_batch, " tokens, got ", batch.n_tok);
+    int32_t end = 0;
+    for (const RowRange& rr : rows) {
+        if (rr.count <= 0 || rr.first < end || rr.first + rr.count > batch.n_tok)
+            fail("logit rows [", rr.first, ", ", rr.first + rr.count, ") are empty, overlap or exceed the step's ",
+                 batch.n_tok, " tokens");
+        end = rr.first + rr.count;
+    }
+    r.forward(tokens, batch, rows);
+}
+
+const float* Runner::logits() const { return impl_->logits.data(); }
+int32_t Runner::n_logits() const { return impl_->n_logits; }
+void Runner::clear_logits() {
+    impl_->logits.clear();
+    impl_->n_logits = 0;
+}
+
+void Runner::copy_block(int32_t src, int32_t dst) {
+    RunnerImpl& r = *impl_;
+    const HParams& hp = r.model->hparams();
+    const int64_t width = (int64_t)hp.n_head_kv * hp.head_dim;
+    for (int32_t l = 0; l < hp.n_layer; ++l) {
+        KVLayer& kv = r.kv[l];
+        Backend& be = *r.blocks[l].backend;
+        for (auto [p, type] : {std::pair{kv.k, kv.k_type}, std::pair{kv.v, kv.v_type}}) {
+            const size_t bytes = kv_block_bytes(type, kv.block_size, width);
+            auto* base = static_cast<uint8_t*>(p);
+            be.copy(base + (size_t)dst * bytes, base + (size_t)src * bytes, bytes);
+        }
+    }
+}
+
+HostParallelFor Runner::parallel_for() const { return impl_->cpu->host_parallel_for(); }
+
+size_t Runner::kv_block_bytes_all_layers() const {
+    const RunnerParams& p = impl_->params;
+    return kv_block_bytes_model(impl_->model->hparams(), p.kv_block_size, p.type_k, p.type_v);
+}
+const Model& Runner::model() const { return *impl_->model; }
+std::shared_ptr<Model> Runner::model_ptr() const { return impl_->model; }
+const RunnerParams& Runner::params() const { return impl_->params; }
+
+}  // namespace ember

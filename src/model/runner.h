@@ -1,0 +1,60 @@
+// The forward pass of one step over tokens that may belong to several sequences: the model's
+// weights on the devices the placement plan gives, every layer's paged KV storage, the activation
+// scratch, and the logits of the rows the caller asks for. Context (one sequence) and the engine
+// (many) both drive it; which KV blocks a sequence owns is the caller's business (src/kv).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "ember/model.h"
+
+namespace ember {
+
+struct RunnerParams {
+    int32_t n_batch = 512;         // most tokens of one step
+    int32_t n_threads = 0;         // 0: all hardware threads
+    int32_t n_kv_blocks = 0;       // KV blocks of every layer (the pool the block ids index)
+    int32_t kv_block_size = 16;
+    GGMLType type_k = GGMLType::F16, type_v = GGMLType::F16;
+    bool offload_kqv = true;
+};
+
+// Rows [first, first + count) of a step whose logits are computed.
+struct RowRange {
+    int32_t first = 0, count = 0;
+};
+
+struct RunnerImpl;
+
+class Runner {
+public:
+    // Throws InvalidInput for parameters the model cannot run with, OutOfMemory when the KV or
+    // the scratch does not fit.
+    Runner(std::shared_ptr<Model> model, const RunnerParams& params);
+    ~Runner();
+    // One step: tokens[0..batch.n_tok) at batch's positions and block tables (n_tok <= n_batch).
+    // The logits of `rows`, in their order, are appended to logits() (clear_logits() empties it).
+    void forward(const int32_t* tokens, const BatchInfo& batch, const std::vector<RowRange>& rows);
+    const float* logits() const;   // [n_logits][n_vocab], host memory
+    int32_t n_logits() const;
+    void clear_logits();
+    // Copies block src's K and V of every layer into block dst (copy on write of a shared block).
+    void copy_block(int32_t src, int32_t dst);
+    // Runs work on the CPU backend's threads (idle between steps): the engine's batch sampling.
+    HostParallelFor parallel_for() const;
+    // Bytes one KV block takes over all layers (K and V).
+    size_t kv_block_bytes_all_layers() const;
+    const Model& model() const;
+    std::shared_ptr<Model> model_ptr() const;
+    const RunnerParams& params() const;
+
+private:
+    std::unique_ptr<RunnerImpl> impl_;
+};
+
+// Bytes one KV block of `block_size` tokens takes over all of the model's layers (K and V).
+size_t kv_block_bytes_model(const HParams& hp, int32_t block_size, GGMLType type_k, GGMLType type_v);
+
+}  // namespace ember
