@@ -4,6 +4,7 @@ pp<P>: one forward over P prompt tokens. tg<N>: N tokens generated one at a time
 depth D with -d). For generation the table adds the effective weight bandwidth (bytes of weights and KV
 read per token x tokens/s) and its share of the memory-bandwidth roofline. -ctk/-ctv pick the KV cache type
 (f16, q8_0, f32; K and V alike); as in llama-bench, type_k/type_v columns appear when it is not f16.
+-npl and --prefix-cache run the engine modes instead (bench_batched.py: many sequences at once).
 """
 import argparse
 import statistics
@@ -12,7 +13,7 @@ import time
 
 import numpy as np
 
-from . import _ember
+from . import _ember, bench_batched
 from .cli import run_tool
 from .llama import add_kv_cache_args, kv_cache_type
 
@@ -81,6 +82,7 @@ def main(argv=None) -> int:
                     help="0: copy the CPU blocks' weights into huge-page host memory (llama-bench's -mmp)")
     ap.add_argument("--bandwidth", type=float, default=0.0, help="roofline GB/s (default: measured host / H100)")
     add_kv_cache_args(ap)
+    bench_batched.add_args(ap)
     args = ap.parse_args(argv)
     return run_tool("ember-bench", lambda: _bench(args))
 
@@ -88,6 +90,10 @@ def main(argv=None) -> int:
 def _bench(args) -> int:
     kv_type = kv_cache_type(args.cache_type_k, args.cache_type_v)
     model = _ember.Model(args.model, n_gpu_layers=args.n_gpu_layers, use_mmap=bool(args.mmap))
+    if args.npl:
+        return bench_batched.batched(model, args)
+    if args.prefix_cache:
+        return bench_batched.prefix_cache(model, args)
     n_ctx = args.depth + max(args.n_prompt, args.n_gen) + 1
     ctx = _ember.Context(model, n_ctx=n_ctx, n_batch=args.batch_size, n_threads=args.threads,
                          kv_type=kv_type)

@@ -58,6 +58,43 @@ def perplexity(model, text: bytes, n_ctx: int, n_threads: int, n_batch: int = 0,
     return ppl
 
 
+def perplexity_engine(model, text: bytes, n_ctx: int, n_threads: int, kv_type: str = "f16",
+                      parallel: int = 8, deterministic: bool = True) -> float:
+    """perplexity() through the continuous-batching engine: every chunk is a request of its own
+    (up to `parallel` at once) whose prompt logprobs score the same positions. Deterministic mode
+    (the default) gives each chunk the logits it gets alone, so the figure equals perplexity()'s."""
+    tok = model.tokenizer
+    tokens = tok.encode(text, True, False)
+    n_chunk = len(tokens) // n_ctx
+    if n_chunk == 0:
+        raise ValueError(f"the text has {len(tokens)} tokens, fewer than n_ctx {n_ctx}: need at least one chunk")
+    engine = _ember.Engine(model, n_ctx=n_ctx, max_num_seqs=parallel, max_num_batched_tokens=max(512, n_ctx),
+                           n_threads=n_threads, type_k=kv_type, type_v=kv_type, enable_prefix_caching=False,
+                           deterministic=deterministic)
+    try:
+        ids = []
+        for c in range(n_chunk):
+            chunk = list(tokens[c * n_ctx:(c + 1) * n_ctx])
+            if tok.add_bos:
+                chunk[0] = tok.bos
+            ids.append(engine.add_request(chunk, max_tokens=0, prompt_logprobs=True))
+        scores, left = {}, set(ids)
+        while left:
+            for o in engine.poll(1.0):
+                if o.prompt_logprobs:
+                    scores[o.request_id] = list(o.prompt_logprobs)
+                if o.finished:
+                    if o.finish_reason == "error":
+                        raise RuntimeError(f"chunk request {o.request_id} failed: {o.error}")
+                    left.discard(o.request_id)
+    finally:
+        engine.close()
+    # prompt_logprobs[p] scores token p + 1, as perplexity()'s logits row p does.
+    first = n_ctx // 2
+    nll = -np.concatenate([np.asarray(scores[i][first:n_ctx - 1], dtype=np.float64) for i in ids])
+    return math.exp(nll.mean())
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="ember-perplexity", description=__doc__.splitlines()[0])
     ap.add_argument("-m", "--model", required=True, help="GGUF model file")

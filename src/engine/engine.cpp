@@ -285,9 +285,10 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineParams& p) {
     const size_t block_bytes = kv_block_bytes_model(hp, p.kv_block_size, p.type_k, p.type_v);
     const int64_t per_seq = (p.n_ctx + p.kv_block_size - 1) / p.kv_block_size;
     const double mib = 1024.0 * 1024.0;
-    int64_t n_blocks = p.kv_blocks;
-    if (n_blocks == 0 && p.kv_mb > 0) n_blocks = (int64_t)(p.kv_mb * mib / (double)block_bytes);
-    if (n_blocks == 0)
+    int64_t n_blocks;
+    if (p.kv_blocks > 0) n_blocks = p.kv_blocks;
+    else if (p.kv_mb > 0) n_blocks = (int64_t)(p.kv_mb * mib / (double)block_bytes);
+    else
         n_blocks = std::max<int64_t>(per_seq, std::min<int64_t>(per_seq * p.max_num_seqs,
                                                                 (int64_t)(EngineParams::kDefaultKvMiB * mib / block_bytes)));
     if (n_blocks < per_seq)

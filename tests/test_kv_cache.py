@@ -1,0 +1,634 @@
+"""The paged-KV bookkeeping (src/kv): the block pool's refcounts, free list and LRU prefix cache,
+block_key, and KVCache's sequences (reserve/commit, prefix matching, truncate, fork with copy on
+write) over the simulated storage of _ember_test.KVCache (each block holds the token ids written
+into it, so a copy or a stray write shows up in the content)."""
+import pytest
+
+from conftest import kernel_module, rng_for
+
+K = kernel_module()
+
+
+def feed(kv, seq, tokens):
+    """Reserve room for `tokens` and commit them (the engine's write step)."""
+    assert kv.reserve(seq, len(tokens))
+    kv.commit(seq, list(tokens))
+
+
+def stored(kv, seq):
+    """The token ids the simulated storage holds for seq's positions, read through its table."""
+    bs, blocks = kv.block_size, kv.blocks(seq)
+    return [kv.content(blocks[p // bs])[p % bs] for p in range(kv.n_tokens(seq))]
+
+
+# --- BlockPool ---------------------------------------------------------------------------------
+
+def test_allocate_release_refcounts():
+    pool = K.BlockPool(4)
+    a, b = pool.allocate(), pool.allocate()
+    assert a != b and pool.refs(a) == 1 and pool.refs(b) == 1
+    pool.retain(a)
+    assert pool.refs(a) == 2
+    assert pool.stats() == dict(n_blocks=4, n_used=2, n_cached=0, n_free=2, lookups=0, hits=0, evictions=0)
+    pool.release(a)
+    assert pool.refs(a) == 1 and pool.stats()["n_used"] == 2
+    pool.release(a)
+    pool.release(b)
+    assert pool.refs(a) == 0 and pool.n_available == 4
+    assert pool.stats()["n_free"] == 4
+
+
+def test_allocate_returns_minus_one_when_exhausted():
+    pool = K.BlockPool(3)
+    got = [pool.allocate() for _ in range(3)]
+    assert sorted(got) == [0, 1, 2]
+    assert pool.allocate() == -1
+    assert pool.allocate() == -1
+    assert pool.n_available == 0
+    pool.release(got[1])
+    assert pool.allocate() == got[1]
+
+
+def test_publish_lookup_counts_hits():
+    pool = K.BlockPool(4)
+    b = pool.allocate()
+    key = K.block_key(0, [1, 2, 3, 4])
+    assert pool.lookup(key) == -1
+    pool.publish(b, key)
+    assert pool.published(b)
+    assert pool.lookup(key) == b and pool.refs(b) == 2
+    pool.release(b)
+    pool.release(b)
+    s = pool.stats()
+    assert (s["n_used"], s["n_cached"], s["n_free"]) == (0, 1, 3)
+    # A cached block comes back through its key, off the LRU list.
+    assert pool.lookup(key) == b and pool.refs(b) == 1
+    s = pool.stats()
+    assert (s["lookups"], s["hits"], s["n_cached"], s["n_used"]) == (3, 2, 0, 1)
+
+
+def test_cached_blocks_evicted_in_lru_order_after_free_ones():
+    pool = K.BlockPool(5)
+    blocks = [pool.allocate() for _ in range(4)]
+    keys = [K.block_key(0, [i]) for i in range(4)]
+    for b, k in zip(blocks, keys):
+        pool.publish(b, k)
+    # Released in the order 2, 0, 3, 1: that is the eviction order.
+    for i in (2, 0, 3, 1):
+        pool.release(blocks[i])
+    assert pool.stats()["n_cached"] == 4 and pool.n_available == 5
+    # The one never-published free block goes first, no eviction.
+    first = pool.allocate()
+    assert first not in blocks and pool.stats()["evictions"] == 0
+    # A lookup takes block 0 off the list: it is not evictable while in use.
+    assert pool.lookup(keys[0]) == blocks[0]
+    assert pool.allocate() == blocks[2]
+    assert pool.lookup(keys[2]) == -1, "an evicted block's key is dropped"
+    assert pool.allocate() == blocks[3]
+    assert pool.allocate() == blocks[1]
+    assert pool.allocate() == -1
+    s = pool.stats()
+    assert s["evictions"] == 3 and s["n_cached"] == 0 and s["n_used"] == 5
+    assert not any(pool.published(b) for b in (blocks[1], blocks[2], blocks[3]))
+    assert pool.published(blocks[0])
+
+
+def test_released_again_moves_to_lru_tail():
+    pool = K.BlockPool(2)
+    a, b = pool.allocate(), pool.allocate()
+    ka, kb = K.block_key(0, [1]), K.block_key(0, [2])
+    pool.publish(a, ka)
+    pool.publish(b, kb)
+    pool.release(a)
+    pool.release(b)
+    assert pool.lookup(ka) == a   # a is used again...
+    pool.release(a)               # ...and released after b: b is now the least recent
+    assert pool.allocate() == b
+    assert pool.lookup(ka) == a
+
+
+def test_duplicate_publish_keeps_first():
+    pool = K.BlockPool(3)
+    a, b = pool.allocate(), pool.allocate()
+    key = K.block_key(0, [7, 7])
+    pool.publish(a, key)
+    pool.publish(b, key)
+    assert pool.published(a) and not pool.published(b)
+    pool.publish(a, key)  # the same key again: no change
+    assert pool.lookup(key) == a
+    with pytest.raises(ValueError, match=f"block {a} is already published"):
+        pool.publish(a, K.block_key(0, [8, 8]))
+
+
+def test_unpublish_and_clear_cache():
+    pool = K.BlockPool(3)
+    a, b, c = pool.allocate(), pool.allocate(), pool.allocate()
+    for i, blk in enumerate((a, b, c)):
+        pool.publish(blk, K.block_key(0, [i]))
+    pool.unpublish(a)
+    assert not pool.published(a) and pool.lookup(K.block_key(0, [0])) == -1
+    pool.release(a)
+    pool.release(b)
+    pool.release(c)
+    assert pool.stats()["n_free"] == 1 and pool.stats()["n_cached"] == 2
+    pool.unpublish(b)  # a cached block unpublished becomes free
+    assert pool.stats()["n_free"] == 2 and pool.stats()["n_cached"] == 1
+    pool.clear_cache()
+    s = pool.stats()
+    assert (s["n_free"], s["n_cached"]) == (3, 0)
+    assert pool.lookup(K.block_key(0, [2])) == -1
+
+
+def test_pool_bad_inputs():
+    pool = K.BlockPool(2)
+    with pytest.raises(ValueError, match="block 0 is not in use"):
+        pool.release(0)
+    with pytest.raises(ValueError, match="block 1 is not in use"):
+        pool.retain(1)
+    with pytest.raises(ValueError, match="block 5 out of range"):
+        pool.refs(5)
+    with pytest.raises(ValueError, match="block -1 out of range"):
+        pool.publish(-1, 1)
+    with pytest.raises(ValueError, match="block 0 is not in use"):
+        pool.publish(0, 1)
+    with pytest.raises(ValueError, match="n_blocks must be > 0, got 0"):
+        K.BlockPool(0)
+
+
+def test_block_key_chaining_and_salt():
+    toks = [5, 6, 7, 8]
+    k = K.block_key(0, toks)
+    assert k == K.block_key(0, toks), "deterministic"
+    assert k != K.block_key(1, toks), "the parent matters"
+    assert K.block_key(k, toks) != K.block_key(K.block_key(0, [5, 6, 7, 9]), toks)
+    assert k != K.block_key(0, toks, salt=1), "the salt matters"
+    assert K.block_key(0, toks, salt=1) != K.block_key(0, toks, salt=2)
+    assert k != K.block_key(0, [8, 7, 6, 5]), "the order matters"
+    assert K.block_key(0, [1, 2, 3]) != K.block_key(0, [1, 2, 3, 0]), "the length matters"
+    assert K.block_key(0, [-1]) != K.block_key(0, [0xFFFF])
+    # No collisions among many near-identical blocks (single-token and single-bit changes).
+    keys = {K.block_key(p, [t, 0, t >> 3]) for p in range(8) for t in range(512)}
+    keys |= {K.block_key(0, [1 << b]) for b in range(31)}
+    assert len(keys) == 8 * 512 + 31
+
+
+# --- KVCache -----------------------------------------------------------------------------------
+
+def test_add_remove_has():
+    kv = K.KVCache(8, 4)
+    kv.add(1)
+    kv.add(-7)
+    assert kv.has(1) and kv.has(-7) and not kv.has(2) and kv.n_sequences == 2
+    assert kv.n_tokens(1) == 0 and kv.blocks(1) == [] and kv.tokens(1) == []
+    feed(kv, 1, [1, 2, 3, 4, 5])
+    assert kv.stats()["n_used"] == 2
+    kv.remove(1)
+    kv.remove(1)  # unknown: no-op
+    assert not kv.has(1) and kv.n_sequences == 1
+    assert kv.stats()["n_used"] == 0
+
+
+def test_reserve_across_block_boundaries():
+    kv = K.KVCache(8, 4)
+    kv.add(0)
+    assert kv.blocks_needed(0, 0) == 0
+    assert kv.blocks_needed(0, 1) == 1
+    assert kv.blocks_needed(0, 4) == 1
+    assert kv.blocks_needed(0, 5) == 2
+    assert kv.reserve(0, 3)
+    assert len(kv.blocks(0)) == 1 and kv.n_tokens(0) == 0
+    # Reserved but not committed: the room is still there.
+    assert kv.blocks_needed(0, 4) == 0 and kv.blocks_needed(0, 5) == 1
+    kv.commit(0, [1, 2, 3])
+    assert kv.blocks_needed(0, 1) == 0 and kv.blocks_needed(0, 2) == 1 and kv.blocks_needed(0, 10) == 3
+    assert kv.reserve(0, 10)
+    assert len(kv.blocks(0)) == 4 and kv.n_available == 4
+    kv.commit(0, list(range(10, 20)))
+    assert kv.n_tokens(0) == 13 and stored(kv, 0) == [1, 2, 3] + list(range(10, 20))
+    assert len(set(kv.blocks(0))) == 4
+
+
+def test_reserve_failure_leaves_nothing_allocated():
+    kv = K.KVCache(4, 4)
+    kv.add(0)
+    kv.add(1)
+    feed(kv, 0, list(range(6)))  # 2 blocks
+    before = kv.stats()
+    assert kv.blocks_needed(1, 9) == 3
+    assert not kv.reserve(1, 9)
+    assert kv.blocks(1) == [] and kv.stats() == before and kv.n_available == 2
+    # Exactly what is available succeeds.
+    assert kv.reserve(1, 8) and kv.n_available == 0
+
+
+def test_reserve_failure_with_copy_on_write_counts_the_copy():
+    kv = K.KVCache(3, 4)
+    kv.add(0)
+    feed(kv, 0, [1, 2, 3, 4, 5])
+    assert kv.fork(0, 1)  # shares block 0, copies the partial one: pool full
+    kv.truncate(1, 2)     # seq 1 now writes into the shared block 0
+    shared = kv.blocks(1)[0]
+    assert kv.n_available == 1 and kv.refs(shared) == 2
+    assert kv.blocks_needed(1, 2) == 1        # the copy
+    assert kv.blocks_needed(1, 3) == 2        # the copy + one new block
+    assert not kv.reserve(1, 3)
+    assert kv.blocks(1) == [shared] and kv.refs(shared) == 2 and len(kv.copies) == 1
+    assert kv.n_available == 1
+    assert kv.reserve(1, 2) and len(kv.copies) == 2 and kv.refs(shared) == 1 and kv.n_available == 0
+
+
+def test_commit_publishes_full_blocks_only():
+    kv = K.KVCache(8, 4)
+    kv.add(0)
+    assert kv.reserve(0, 10)
+    kv.commit(0, [1, 2, 3])
+    assert not any(kv.published(b) for b in kv.blocks(0))
+    kv.commit(0, [4, 5, 6, 7, 8, 9])
+    b = kv.blocks(0)
+    assert [kv.published(x) for x in b] == [True, True, False]
+    kv.commit(0, [10])
+    assert [kv.published(x) for x in b] == [True, True, False]
+    assert kv.tokens(0) == list(range(1, 11)) and stored(kv, 0) == list(range(1, 11))
+
+
+def test_commit_needs_reserve():
+    kv = K.KVCache(8, 4)
+    kv.add(3)
+    with pytest.raises(ValueError, match=r"sequence 3: 2 tokens at position 0 exceed the 0 reserved"):
+        kv.commit(3, [1, 2])
+    assert kv.reserve(3, 2)
+    with pytest.raises(ValueError, match=r"sequence 3: 5 tokens at position 0 exceed the 4 reserved"):
+        kv.commit(3, [1, 2, 3, 4, 5])
+    feed(kv, 3, [1, 2, 3, 4, 5])
+    assert kv.fork(3, 4)
+    kv.truncate(4, 2)  # into the shared first block, without reserving: the write is refused
+    with pytest.raises(ValueError, match=r"sequence 4: block \d+ at position 2 is shared or published"):
+        kv.commit(4, [9])
+
+
+def test_match_prefix_longest_cached_prefix():
+    bs = 4
+    kv = K.KVCache(16, bs)
+    prompt = list(range(100, 114))  # 14 tokens: 3 full blocks + 2
+    kv.add(0)
+    feed(kv, 0, prompt)
+    kv.add(1)
+    assert kv.match_prefix(1, prompt) == 12
+    assert kv.blocks(1) == kv.blocks(0)[:3] and kv.tokens(1) == prompt[:12]
+    assert all(kv.refs(b) == 2 for b in kv.blocks(0)[:3])
+    # A prompt of exactly k full blocks matches k-1: the last token must be computed.
+    kv.add(2)
+    assert kv.match_prefix(2, prompt[:12]) == 8
+    kv.add(3)
+    assert kv.match_prefix(3, prompt[:13]) == 12
+    # Stops at the first miss even if later blocks would match (keys chain their parents).
+    kv.add(4)
+    changed = prompt[:5] + [999] + prompt[6:]
+    assert kv.match_prefix(4, changed) == 4 and kv.blocks(4) == kv.blocks(0)[:1]
+    kv.add(5)
+    assert kv.match_prefix(5, [7] + prompt[1:]) == 0 and kv.blocks(5) == []
+    # Short prompts: nothing to match.
+    kv.add(6)
+    assert kv.match_prefix(6, prompt[:4]) == 0
+    assert kv.match_prefix(6, []) == 0
+
+
+def test_match_prefix_then_continue():
+    kv = K.KVCache(16, 4)
+    prompt = list(range(9))
+    kv.add(0)
+    feed(kv, 0, prompt)
+    kv.add(1)
+    m = kv.match_prefix(1, prompt)
+    assert m == 8
+    feed(kv, 1, prompt[m:] + [50, 51])
+    assert kv.tokens(1) == prompt + [50, 51] and stored(kv, 1) == kv.tokens(1)
+    assert kv.blocks(1)[:2] == kv.blocks(0)[:2] and kv.blocks(1)[2] != kv.blocks(0)[2]
+    assert stored(kv, 0) == prompt, "the first sequence's partial block is untouched"
+
+
+def test_same_prompt_after_remove_hits_cache():
+    kv = K.KVCache(8, 4)
+    prompt = list(range(30, 41))  # 11 tokens: 2 full blocks + 3
+    kv.add(0)
+    feed(kv, 0, prompt)
+    full = kv.blocks(0)[:2]
+    kv.remove(0)
+    s = kv.stats()
+    assert (s["n_used"], s["n_cached"], s["n_free"]) == (0, 2, 6)
+    kv.add(1)
+    assert kv.match_prefix(1, prompt) == 8
+    assert kv.blocks(1) == full and stored(kv, 1) == prompt[:8]
+    s = kv.stats()
+    assert s["hits"] == 2 and s["n_cached"] == 0 and s["n_used"] == 2
+
+
+def test_cache_survives_until_evicted_tail_first():
+    kv = K.KVCache(3, 2)
+    kv.add(0)
+    feed(kv, 0, [1, 2, 3, 4, 5, 6])
+    b = kv.blocks(0)
+    kv.remove(0)   # released last block first: it is evicted first
+    kv.add(1)
+    assert kv.reserve(1, 2)
+    assert kv.blocks(1) == [b[2]] and kv.stats()["evictions"] == 1
+    kv.add(2)
+    assert kv.match_prefix(2, [1, 2, 3, 4, 5, 6, 7]) == 4 and kv.blocks(2) == b[:2]
+
+
+def test_truncate_releases_blocks_and_copy_on_write():
+    bs = 4
+    kv = K.KVCache(8, bs)
+    prompt = list(range(1, 11))  # 10 tokens: 2 full + 2
+    kv.add(0)
+    feed(kv, 0, prompt)
+    kv.add(1)
+    assert kv.match_prefix(1, prompt) == 8
+    shared = kv.blocks(1)
+    assert all(kv.refs(b) == 2 for b in shared)
+    kv.truncate(1, 5)
+    assert kv.blocks(1) == shared[:2] and kv.tokens(1) == prompt[:5]
+    assert kv.refs(shared[1]) == 2, "the partial block is still shared"
+    kv.truncate(1, 4)
+    assert kv.blocks(1) == shared[:1] and kv.refs(shared[1]) == 1
+    feed(kv, 1, [5])            # position 4: a new block, no copy
+    assert kv.copies == []
+    kv.truncate(1, 2)           # back into the shared block 0
+    assert kv.blocks(1) == shared[:1] and kv.refs(shared[0]) == 2
+    assert kv.blocks_needed(1, 1) == 1
+    feed(kv, 1, [77, 78])       # copy on write
+    new = kv.blocks(1)[0]
+    assert new != shared[0] and kv.copies == [(shared[0], new)]
+    assert kv.refs(shared[0]) == 1 and kv.refs(new) == 1
+    assert stored(kv, 1) == [1, 2, 77, 78]
+    assert kv.content(shared[0]) == [1, 2, 3, 4] and stored(kv, 0) == prompt, "seq 0 untouched"
+    assert kv.published(shared[0]) and kv.published(new)  # new is full now: published under its own key
+    kv.add(2)
+    assert kv.match_prefix(2, [1, 2, 77, 78, 0]) == 4 and kv.blocks(2) == [new]
+
+
+def test_truncate_into_published_block_unpublishes_on_write():
+    kv = K.KVCache(8, 4)
+    kv.add(0)
+    feed(kv, 0, list(range(8)))
+    b0, b1 = kv.blocks(0)
+    assert kv.published(b1) and kv.refs(b1) == 1
+    kv.truncate(0, 6)
+    assert kv.blocks(0) == [b0, b1]
+    # Its bytes are still whole until written: still findable.
+    assert kv.published(b1)
+    feed(kv, 0, [60])
+    assert kv.blocks(0) == [b0, b1] and not kv.published(b1) and kv.copies == []
+    kv.add(1)
+    assert kv.match_prefix(1, list(range(8)) + [0]) == 4, "the old key of block 1 is gone"
+    feed(kv, 0, [70])
+    assert kv.published(b1) and stored(kv, 0) == [0, 1, 2, 3, 4, 5, 60, 70]
+    kv.add(2)
+    assert kv.match_prefix(2, [0, 1, 2, 3, 4, 5, 60, 70, 9]) == 8
+
+
+def test_truncate_drops_uncommitted_reservation():
+    kv = K.KVCache(8, 4)
+    kv.add(0)
+    assert kv.reserve(0, 20)
+    kv.commit(0, [1, 2, 3])
+    assert len(kv.blocks(0)) == 5
+    kv.truncate(0, 3)
+    assert len(kv.blocks(0)) == 1 and kv.n_available == 7
+    kv.truncate(0, 0)
+    assert kv.blocks(0) == [] and kv.n_available == 8
+
+
+def test_fork_shares_full_blocks_and_copies_partial():
+    kv = K.KVCache(8, 4)
+    kv.add(0)
+    feed(kv, 0, list(range(10)))
+    assert kv.reserve(0, 8)  # an uncommitted reservation is not forked
+    src = kv.blocks(0)
+    assert kv.fork(0, 1)
+    dst = kv.blocks(1)
+    assert len(dst) == 3 and dst[:2] == src[:2] and dst[2] not in src
+    assert [kv.refs(b) for b in src[:2]] == [2, 2] and kv.refs(dst[2]) == 1 and kv.refs(src[2]) == 1
+    assert kv.copies == [(src[2], dst[2])]
+    assert kv.tokens(1) == list(range(10)) and stored(kv, 1) == list(range(10))
+    # The two diverge without touching each other.
+    kv.commit(0, [100])
+    feed(kv, 1, [200, 201, 202])
+    assert stored(kv, 0) == list(range(10)) + [100]
+    assert stored(kv, 1) == list(range(10)) + [200, 201, 202]
+    # A fork at a block boundary copies nothing.
+    kv.add(5)
+    feed(kv, 5, [1, 2, 3, 4])
+    assert kv.fork(5, 6) and kv.blocks(6) == kv.blocks(5) and len(kv.copies) == 1
+    kv.add(7)
+    assert kv.fork(7, 8) and kv.blocks(8) == [] and kv.tokens(8) == []
+
+
+def test_fork_fails_when_pool_empty():
+    kv = K.KVCache(2, 4)
+    kv.add(0)
+    feed(kv, 0, [1, 2, 3, 4, 5])
+    before = kv.stats()
+    assert not kv.fork(0, 1)
+    assert not kv.has(1) and kv.stats() == before and kv.copies == []
+    assert [kv.refs(b) for b in kv.blocks(0)] == [1, 1]
+    kv.truncate(0, 4)
+    assert kv.fork(0, 1), "nothing to copy: no block needed"
+
+
+def test_prefix_caching_off_never_hits():
+    kv = K.KVCache(8, 4, prefix_caching=False)
+    prompt = list(range(13))
+    kv.add(0)
+    feed(kv, 0, prompt)
+    assert not any(kv.published(b) for b in kv.blocks(0))
+    kv.add(1)
+    assert kv.match_prefix(1, prompt) == 0
+    kv.remove(0)
+    s = kv.stats()
+    assert (s["n_cached"], s["n_free"], s["lookups"], s["hits"]) == (0, 8, 0, 0)
+    kv.add(2)
+    assert kv.match_prefix(2, prompt) == 0
+
+
+def test_salt_separates_caches():
+    # Same pool, different salt (e.g. KV types): the blocks of one are not the other's.
+    keys = [K.block_key(0, [1, 2], salt=s) for s in (0, 1, 2**63)]
+    assert len(set(keys)) == 3
+    kv = K.KVCache(8, 2, salt=5)
+    kv.add(0)
+    feed(kv, 0, [1, 2, 3])
+    kv.add(1)
+    assert kv.match_prefix(1, [1, 2, 3]) == 2
+
+
+def test_no_copy_callback():
+    kv = K.KVCache(8, 4, with_copy=False)
+    kv.add(0)
+    feed(kv, 0, [1, 2, 3, 4, 5])
+    with pytest.raises(ValueError, match="block 1 must be copied but no copy_block callback"):
+        kv.fork(0, 1)
+    assert not kv.has(1) and kv.stats()["n_used"] == 2
+    kv.truncate(0, 4)
+    assert kv.fork(0, 1), "a fork at a block boundary copies nothing"
+    kv.truncate(1, 2)
+    with pytest.raises(ValueError, match="no copy_block callback"):
+        kv.reserve(1, 1)
+    assert kv.blocks(1) == kv.blocks(0) and kv.stats()["n_used"] == 1
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda kv: kv.add(1), "sequence 1 already exists"),
+    (lambda kv: kv.reserve(9, 1), "reserve: unknown sequence 9"),
+    (lambda kv: kv.blocks_needed(9, 1), "blocks_needed: unknown sequence 9"),
+    (lambda kv: kv.commit(9, [1]), "commit: unknown sequence 9"),
+    (lambda kv: kv.truncate(9, 0), "truncate: unknown sequence 9"),
+    (lambda kv: kv.fork(9, 10), "fork: unknown sequence 9"),
+    (lambda kv: kv.fork(1, 2), "destination sequence 2 already exists"),
+    (lambda kv: kv.n_tokens(9), "n_tokens: unknown sequence 9"),
+    (lambda kv: kv.blocks(9), "blocks: unknown sequence 9"),
+    (lambda kv: kv.tokens(9), "tokens: unknown sequence 9"),
+    (lambda kv: kv.match_prefix(9, [1]), "match_prefix: unknown sequence 9"),
+    (lambda kv: kv.match_prefix(1, [1, 2, 3]), r"sequence 1 is not empty \(3 tokens"),
+    (lambda kv: kv.truncate(1, 4), r"sequence 1: n_tokens must be in \[0, 3\], got 4"),
+    (lambda kv: kv.truncate(1, -1), r"sequence 1: n_tokens must be in \[0, 3\], got -1"),
+    (lambda kv: kv.reserve(1, -2), "sequence 1: n must be >= 0, got -2"),
+    (lambda kv: kv.blocks_needed(1, -2), "sequence 1: n must be >= 0, got -2"),
+    (lambda kv: K.KVCache(8, 0), "block_size must be > 0, got 0"),
+    (lambda kv: K.KVCache(-1, 4), "n_blocks must be > 0, got -1"),
+])
+def test_bad_inputs_raise_value_error(call, message):
+    kv = K.KVCache(8, 4)
+    kv.add(1)
+    kv.add(2)
+    feed(kv, 1, [1, 2, 3])
+    before = (kv.stats(), kv.blocks(1), kv.tokens(1), kv.n_sequences)
+    with pytest.raises(ValueError, match=message):
+        call(kv)
+    assert (kv.stats(), kv.blocks(1), kv.tokens(1), kv.n_sequences) == before
+
+
+def test_match_prefix_on_reserved_sequence_raises():
+    kv = K.KVCache(8, 4)
+    kv.add(1)
+    assert kv.reserve(1, 2)
+    with pytest.raises(ValueError, match=r"sequence 1 is not empty \(0 tokens, 1 blocks\)"):
+        kv.match_prefix(1, [1, 2, 3, 4, 5])
+
+
+# --- randomized ----------------------------------------------------------------------------------
+
+class Model:
+    """What the cache must hold: each sequence's tokens. Refcounts follow from the block tables:
+    a block's count is the number of table entries naming it."""
+
+    def __init__(self, kv, n_blocks, bs):
+        self.kv, self.n_blocks, self.bs = kv, n_blocks, bs
+        self.seqs = {}
+
+    def check(self):
+        kv, bs = self.kv, self.bs
+        count = {}
+        assert kv.n_sequences == len(self.seqs)
+        for seq, toks in self.seqs.items():
+            blocks = kv.blocks(seq)
+            assert kv.tokens(seq) == toks and kv.n_tokens(seq) == len(toks)
+            assert len(blocks) >= -(-len(toks) // bs)
+            assert len(set(blocks)) == len(blocks), f"sequence {seq} names a block twice: {blocks}"
+            assert stored(kv, seq) == toks, f"sequence {seq}'s KV was overwritten"
+            for b in blocks:
+                count[b] = count.get(b, 0) + 1
+        s = kv.stats()
+        for b in range(self.n_blocks):
+            assert kv.refs(b) == count.get(b, 0), f"block {b}"
+        cached = sum(1 for b in range(self.n_blocks) if b not in count and kv.published(b))
+        assert (s["n_used"], s["n_cached"]) == (len(count), cached)
+        assert s["n_used"] + s["n_cached"] + s["n_free"] == self.n_blocks
+        assert kv.n_available == s["n_free"] + s["n_cached"]
+
+
+@pytest.mark.parametrize("bs, prefix_caching", [(1, True), (4, True), (16, True), (4, False)])
+def test_random_sequences_against_model(bs, prefix_caching):
+    rng = rng_for("kv_stress", bs, prefix_caching)
+    n_blocks = 48
+    kv = K.KVCache(n_blocks, bs, salt=3, prefix_caching=prefix_caching)
+    model = Model(kv, n_blocks, bs)
+    # Prompts share prefixes (a few bases plus random tails), so matches and shared blocks happen;
+    # a sequence feeds the rest of its prompt (pending) before random tokens.
+    bases = [rng.integers(0, 50, int(rng.integers(bs, 6 * bs + 2))).tolist() for _ in range(3)]
+    pending = {}
+    next_id = 0
+    ops = dict(add=0, feed=0, fork=0, truncate=0, remove=0, full=0)
+
+    def remove(seq):
+        kv.remove(seq)
+        del model.seqs[seq], pending[seq]
+        ops["remove"] += 1
+
+    for _ in range(1500):
+        op = rng.choice(["add", "feed", "fork", "truncate", "remove", "clear"], p=[.15, .5, .1, .1, .14, .01])
+        seqs = list(model.seqs)
+        pick = seqs[int(rng.integers(len(seqs)))] if seqs else None
+        if op == "add" or not seqs:
+            seq, next_id = next_id, next_id + 1
+            kv.add(seq)
+            base = bases[int(rng.integers(len(bases)))]
+            prompt = base[:int(rng.integers(0, len(base) + 1))] + rng.integers(0, 50, int(rng.integers(0, 2 * bs))).tolist()
+            m = kv.match_prefix(seq, prompt)
+            assert m % bs == 0 and m <= max(len(prompt) - 1, 0)
+            if not prefix_caching:
+                assert m == 0
+            model.seqs[seq], pending[seq] = prompt[:m], prompt[m:]
+            ops["add"] += 1
+        elif op == "feed":
+            n = int(rng.integers(1, 3 * bs + 2))
+            need, avail, blocks = kv.blocks_needed(pick, n), kv.n_available, kv.blocks(pick)
+            ok = kv.reserve(pick, n)
+            assert ok == (need <= avail)
+            if ok:
+                assert kv.n_available == avail - need
+                k = int(rng.integers(0, n + 1))  # may commit less than reserved
+                toks = (pending[pick] + rng.integers(0, 50, n).tolist())[:k]
+                pending[pick] = pending[pick][k:]
+                kv.commit(pick, toks)
+                model.seqs[pick] = model.seqs[pick] + toks
+                ops["feed"] += 1
+            else:
+                assert kv.blocks(pick) == blocks and kv.n_available == avail
+                ops["full"] += 1
+                remove(seqs[int(rng.integers(len(seqs)))])  # the scheduler's preemption
+        elif op == "fork":
+            dst, next_id = next_id, next_id + 1
+            partial = len(model.seqs[pick]) % bs != 0
+            avail = kv.n_available
+            ok = kv.fork(pick, dst)
+            assert ok == (not partial or avail >= 1)
+            if ok:
+                assert kv.n_available == avail - partial
+                model.seqs[dst], pending[dst] = list(model.seqs[pick]), list(pending[pick])
+                ops["fork"] += 1
+            else:
+                assert not kv.has(dst)
+        elif op == "truncate":
+            n = int(rng.integers(0, len(model.seqs[pick]) + 1))
+            kv.truncate(pick, n)
+            model.seqs[pick], pending[pick] = model.seqs[pick][:n], []
+            ops["truncate"] += 1
+        elif op == "remove":
+            remove(pick)
+        else:
+            kv.clear_cache()
+        model.check()
+    s = kv.stats()
+    print(ops, s, f"{len(kv.copies)} copies")
+    assert ops["feed"] > 300 and ops["fork"] > 50 and ops["full"] > 0
+    assert (len(kv.copies) > 0) == (bs > 1), "a block of one token is never partial: nothing to copy"
+    if prefix_caching:
+        assert s["hits"] > 0 and s["evictions"] > 0
+    else:
+        assert s["lookups"] == 0
+    for seq in list(model.seqs):
+        remove(seq)
+    model.check()
+    s = kv.stats()
+    assert s["n_used"] == 0 and s["n_free"] + s["n_cached"] == n_blocks
