@@ -343,3 +343,78 @@ def test_gpu_layers_fall_back_to_cpu_without_cuda(smollm2_path, llm, capfd):
     err = capfd.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "n_gpu_layers=-1 ignored" in err[0] and "CPU" in err[0], err
     assert got == greedy(llm, prompt, 8)["choices"][0]["text"]
+
+
+def _stream_text(chunks):
+    return "".join(c["choices"][0]["text"] for c in chunks)
+
+
+def _in_threads(*fns, timeout=300):
+    """Runs each fn in its own thread, all released at once; returns their results (re-raising
+    the first exception)."""
+    barrier = threading.Barrier(len(fns))
+    results, errors = [None] * len(fns), []
+
+    def run(i, fn):
+        try:
+            barrier.wait()
+            results[i] = fn()
+        except BaseException as e:   # reported by the test thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i, fn)) for i, fn in enumerate(fns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    if errors:
+        raise errors[0]
+    return results
+
+
+def test_two_threads_share_one_llama(llm):
+    # Calls from two threads take turns on the one context (a stream keeps it until exhausted)
+    # and each gets what it gets alone.
+    a, b = "The capital of France is", "def fibonacci(n):"
+    want_a = greedy(llm, a, 24)["choices"][0]["text"]
+    want_b = _stream_text(greedy(llm, b, 24, stream=True))
+    got_a, got_b = _in_threads(lambda: [greedy(llm, a, 24)["choices"][0]["text"] for _ in range(4)],
+                               lambda: [_stream_text(greedy(llm, b, 24, stream=True)) for _ in range(4)])
+    assert got_a == [want_a] * 4 and got_b == [want_b] * 4
+
+
+def test_a_started_stream_makes_other_threads_wait(llm):
+    a, b = "Water boils at", "The three primary colors are"
+    want_a = greedy(llm, a, 16)["choices"][0]["text"]
+    want_b = greedy(llm, b, 12)["choices"][0]["text"]
+    stream = greedy(llm, b, 12, stream=True)
+    first = next(stream)
+    other = threading.Thread(target=lambda: done.append(greedy(llm, a, 16)["choices"][0]["text"]))
+    done = []
+    other.start()
+    time.sleep(0.5)
+    assert not done   # waiting for the stream, not cutting into it
+    assert _stream_text([first, *stream]) == want_b
+    other.join(120)
+    assert done == [want_a]
+    # A stream closed early gives the context back at once.
+    stream = greedy(llm, b, 12, stream=True)
+    next(stream)
+    stream.close()
+    assert _in_threads(lambda: greedy(llm, a, 16)["choices"][0]["text"]) == [want_a]
+
+
+def test_a_stream_can_move_between_threads(llm):
+    # A server's thread pool may advance one stream from a different thread each chunk.
+    prompt = "Once upon a time"
+    want = greedy(llm, prompt, 12)["choices"][0]["text"]
+    stream = greedy(llm, prompt, 12, stream=True)
+    chunks = []
+    while True:
+        (chunk,) = _in_threads(lambda: next(stream, None))
+        if chunk is None:
+            break
+        chunks.append(chunk)
+    assert _stream_text(chunks) == want
+    assert _in_threads(lambda: greedy(llm, prompt, 12)["choices"][0]["text"]) == [want]

@@ -2,7 +2,9 @@
 logprobs, prefix reuse) over ember's Model / Context / Sampler / IncrementalDetokenizer."""
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
 import time
 import uuid
 from typing import Dict, Iterator, List, Optional, Sequence, Union
@@ -90,6 +92,71 @@ def _find_stop(text: str, stops: Sequence[str], start: int) -> int:
     return found
 
 
+def encode_prompt(tok, prompt) -> List[int]:
+    """A completion prompt's token ids: a str is tokenized with BOS (where the model adds one) and
+    special tokens, token ids pass as they are; an empty prompt is BOS alone."""
+    if isinstance(prompt, (bytes, bytearray, memoryview)):
+        # llama-cpp-python would read the bytes as token ids (one per byte): garbage, silently.
+        raise TypeError(f"prompt must be a str or a list of token ids, got {type(prompt).__name__}; "
+                        f"decode it first: prompt.decode('utf-8')")
+    if isinstance(prompt, str):
+        tokens = list(tok.encode(prompt.encode("utf-8"), True, True))
+    else:
+        tokens = [int(t) for t in prompt]
+    if not tokens:
+        if tok.bos < 0:
+            raise ValueError("prompt is empty and the model has no BOS token to start from")
+        tokens = [tok.bos]
+    return tokens
+
+
+def context_size(model, n_ctx: int) -> int:
+    """The context length n_ctx asks for (0: the model's training context), with a warning on
+    stderr past the training context."""
+    n_ctx_train = model.n_ctx_train
+    n_ctx = n_ctx or n_ctx_train
+    if n_ctx_train > 0 and n_ctx > n_ctx_train:
+        print(f"ember: warning: n_ctx {n_ctx} is larger than the model's training context "
+              f"(n_ctx_train {n_ctx_train}); output past {n_ctx_train} tokens may degrade", file=sys.stderr)
+    return n_ctx
+
+
+class _ContextLock:
+    """Serializes the use of one Llama's context between threads. A call holds it while it runs
+    (reentrant, as an RLock). A completion also claims the context until it ends, a stream from
+    its first chunk until it is exhausted or closed, so that another thread waits for it instead
+    of cutting in. The thread that last advanced the claiming completion may still call in, as
+    single-threaded code interleaving a stream with other calls does: a completion it starts then
+    abandons the stream (which raises when next advanced), as it always has.
+
+    A stream may be advanced from different threads (a server's thread pool does): the lock is
+    taken and released around each step, within one thread, and only the claim moves along."""
+
+    def __init__(self):
+        self._cond = threading.Condition(threading.RLock())
+        self._claim = None     # the _Generation holding the context between its steps
+        self._claimer = None   # the thread that last ran it
+
+    @contextlib.contextmanager
+    def hold(self, claim=None, start: bool = False):
+        """Holds the context for a call; with claim, for a step of that completion (start: its
+        first, which takes the claim over)."""
+        me = threading.get_ident()
+        with self._cond:
+            while self._claim is not None and self._claim is not claim and self._claimer != me:
+                self._cond.wait()
+            if start or (claim is not None and self._claim is claim):
+                self._claim, self._claimer = claim, me
+            yield
+
+    def end(self, claim) -> None:
+        """The completion `claim` has ended: another thread's call may go ahead."""
+        with self._cond:
+            if self._claim is claim:
+                self._claim = self._claimer = None
+                self._cond.notify_all()
+
+
 class _Generation:
     """State of one completion: settled by create_completion before any token is generated, so
     bad arguments raise at call time even when streaming."""
@@ -123,21 +190,18 @@ class Llama:
         self.verbose = verbose
         self._seed = self._check_seed(seed)
         self._last_n = last_n_tokens_size
+        self._lock = _ContextLock()
         t0 = time.perf_counter()
         self._model = _ember.Model(self.model_path, n_gpu_layers=n_gpu_layers, main_gpu=main_gpu,
                                    use_mmap=bool(use_mmap))
         self._tok = self._model.tokenizer
-        n_ctx_train = self._model.n_ctx_train
-        n_ctx = n_ctx or n_ctx_train
-        if n_ctx_train > 0 and n_ctx > n_ctx_train:
-            print(f"ember: warning: n_ctx {n_ctx} is larger than the model's training context "
-                  f"(n_ctx_train {n_ctx_train}); output past {n_ctx_train} tokens may degrade", file=sys.stderr)
+        n_ctx = context_size(self._model, n_ctx)
         self._n_batch = min(n_batch, n_ctx)
         self._ctx = _ember.Context(self._model, n_ctx=n_ctx, n_batch=self._n_batch,
                                    n_threads=n_threads or 0, kv_block_size=kv_block_size,
                                    offload_kqv=offload_kqv, type_k=type_k, type_v=type_v)
         self._history: List[int] = []   # the tokens whose KV the context holds, in order
-        self._generation = 0             # bumped by every completion, to retire stale streams
+        self._generation = 0             # bumped as each completion starts, to retire stale streams
         if verbose:
             m = self._model
             print(f"ember: loaded {self.model_path} (arch {m.arch}, {m.n_layer} layers, n_embd {m.n_embd}, "
@@ -147,10 +211,11 @@ class Llama:
     # ---- lifecycle -------------------------------------------------------------------------
     def close(self) -> None:
         """Frees the context and the model; the object is unusable afterwards."""
-        self._ctx = None
-        self._tok = None
-        self._model = None
-        self._history = []
+        with self._lock.hold():
+            self._ctx = None
+            self._tok = None
+            self._model = None
+            self._history = []
 
     def __enter__(self) -> "Llama":
         return self
@@ -206,14 +271,17 @@ class Llama:
     # ---- evaluation ------------------------------------------------------------------------
     def reset(self) -> None:
         """Forgets the context's tokens (the next prompt is evaluated from scratch)."""
-        self._context().truncate(0)
-        self._history = []
+        with self._lock.hold():
+            self._context().truncate(0)
+            self._history = []
 
     def eval(self, tokens: Sequence[int]) -> None:
         """Appends tokens to the context (ValueError past n_ctx), n_batch at a time. An exception
         (KeyboardInterrupt included) keeps the tokens of the batches already done: the context
         then holds exactly n_tokens / input_ids, and a later prompt sharing them reuses them."""
-        self._eval(list(tokens), logits_all=False)
+        tokens = list(tokens)
+        with self._lock.hold():
+            self._eval(tokens, logits_all=False)
 
     def _eval(self, tokens: List[int], logits_all: bool) -> Optional[np.ndarray]:
         """Evaluates tokens in n_batch chunks; returns the logits of every token when logits_all.
@@ -286,20 +354,9 @@ class Llama:
             raise ValueError(f"typical_p={typical_p} is not supported by ember (only 1.0)")
         if logprobs is not None and int(logprobs) < 0:
             raise ValueError(f"logprobs must be None or >= 0, got {logprobs}")
-        if isinstance(prompt, (bytes, bytearray, memoryview)):
-            # llama-cpp-python would read the bytes as token ids (one per byte): garbage, silently.
-            raise TypeError(f"prompt must be a str or a list of token ids, got {type(prompt).__name__}; "
-                            f"decode it first: prompt.decode('utf-8')")
-        if isinstance(prompt, str):
-            prompt_text = prompt
-            prompt_tokens = self.tokenize(prompt.encode("utf-8"), add_bos=True, special=True)
-        else:
-            prompt_tokens = [int(t) for t in prompt]
-            prompt_text = self.detokenize(prompt_tokens).decode("utf-8", errors="ignore")
-        if not prompt_tokens:
-            if self._tok.bos < 0:
-                raise ValueError("prompt is empty and the model has no BOS token to start from")
-            prompt_tokens = [self._tok.bos]
+        prompt_tokens = encode_prompt(self._tok, prompt)
+        prompt_text = prompt if isinstance(prompt, str) else \
+            self.detokenize(prompt_tokens).decode("utf-8", errors="ignore")
         n_ctx = ctx.n_ctx
         if len(prompt_tokens) + 1 > n_ctx:
             n = len(prompt_tokens)
@@ -320,22 +377,25 @@ class Llama:
                                  presence_penalty=presence_penalty, penalty_last_n=self._last_n,
                                  logit_bias={int(k): float(v) for k, v in (logit_bias or {}).items()},
                                  seed=seed)
-        self._generation += 1
         gen = _Generation(
             id=f"cmpl-{uuid.uuid4()}", created=int(time.time()), model=model or self.model_path,
             prompt_tokens=prompt_tokens, prompt_text=prompt_text, max_tokens=max_tokens, stops=stops,
             sampler=sampler, n_logprobs=None if logprobs is None else int(logprobs), echo=echo,
-            suffix=suffix, generation=self._generation)
+            suffix=suffix)
         if stream:
             return self._stream(gen)
         # The non-streamed result is the streamed pieces joined, so the two always agree.
         text_parts = []
         logprobs_all = self._empty_logprobs() if gen.n_logprobs is not None else None
-        for piece, lp in self._run(gen):
-            text_parts.append(piece)
-            if lp is not None:
-                for key, values in lp.items():
-                    logprobs_all[key].extend(values)
+        try:
+            with self._lock.hold(gen, start=True):
+                for piece, lp in self._run(gen):
+                    text_parts.append(piece)
+                    if lp is not None:
+                        for key, values in lp.items():
+                            logprobs_all[key].extend(values)
+        finally:
+            self._lock.end(gen)
         return self._completion_dict(gen, "".join(text_parts), logprobs_all)
 
     __call__ = create_completion
@@ -367,7 +427,10 @@ class Llama:
 
     def _run(self, gen: _Generation) -> Iterator[tuple]:
         """Generates; yields (text piece, logprobs dict or None) as text becomes safe to show
-        (never part of a stop string, never a split UTF-8 character). Sets gen.finish_reason."""
+        (never part of a stop string, never a split UTF-8 character). Sets gen.finish_reason.
+        Runs holding self._lock for gen."""
+        self._generation += 1
+        gen.generation = self._generation
         want_lp = gen.n_logprobs is not None
         prompt_logits = self._load_prompt(gen.prompt_tokens, logits_all=gen.echo and want_lp)
         base = len(gen.prompt_text)
@@ -436,9 +499,22 @@ class Llama:
             yield gen.suffix, None
 
     def _stream(self, gen: _Generation) -> Iterator[dict]:
-        for piece, lp in self._run(gen):
-            yield {"id": gen.id, "object": "text_completion", "created": gen.created, "model": gen.model,
-                   "choices": [{"text": piece, "index": 0, "logprobs": lp, "finish_reason": None}]}
+        """The chunks of _run; each step holds self._lock, and gen's claim on the context lasts
+        until _run ends or this generator is closed."""
+        run = self._run(gen)
+        start = True
+        try:
+            while True:
+                with self._lock.hold(gen, start=start):
+                    item = next(run, None)
+                start = False
+                if item is None:
+                    break
+                piece, lp = item
+                yield {"id": gen.id, "object": "text_completion", "created": gen.created, "model": gen.model,
+                       "choices": [{"text": piece, "index": 0, "logprobs": lp, "finish_reason": None}]}
+        finally:
+            self._lock.end(gen)
         yield {"id": gen.id, "object": "text_completion", "created": gen.created, "model": gen.model,
                "choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": gen.finish_reason}]}
 

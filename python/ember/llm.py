@@ -1,0 +1,123 @@
+"""`LLM`: vLLM's offline batch API over ember's continuous-batching engine (`_ember.Engine`):
+load a GGUF model once, generate for many prompts at a time, get RequestOutputs in prompt order."""
+from __future__ import annotations
+
+import itertools
+import numbers
+import sys
+import time
+from typing import List, Optional, Sequence, Union
+
+from . import _ember
+from .engine_client import EngineClient
+from .llama import context_size, kv_cache_types
+from .outputs import RequestOutput
+from .sampling_params import SamplingParams
+
+
+def _prompt_list(prompts) -> list:
+    """vLLM's prompt forms as a list: a str, a dict, or one list of token ids is one prompt."""
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and isinstance(prompts[0], numbers.Integral):
+        return [prompts]
+    return prompts
+
+
+class LLM:
+    """A GGUF model served by one continuous-batching engine. n_ctx is the longest sequence
+    (prompt + generated tokens); the KV pool is sized by kv_mb (MiB; 0: the engine's default);
+    type_k / type_v take what Llama takes (ggml type ids or "f16", "f32", "q8_0"); seed makes the
+    requests without a seed of their own reproducible."""
+
+    def __init__(self, model_path: str, *, n_ctx: int = 4096, n_gpu_layers: int = 0,
+                 n_threads: Optional[int] = None, max_num_seqs: int = 64, max_num_batched_tokens: int = 512,
+                 kv_block_size: int = 16, kv_mb: float = 0, type_k=None, type_v=None,
+                 enable_prefix_caching: bool = True, deterministic: bool = False, offload_kqv: bool = True,
+                 main_gpu: int = 0, use_mmap: bool = True, verbose: bool = False, seed: Optional[int] = None):
+        self._client = None   # set last: close() and __del__ run on a half-built LLM too
+        if n_threads is not None and n_threads < 0:
+            raise ValueError(f"LLM: n_threads must be >= 1 (None = all cores), got {n_threads}")
+        type_k, type_v = kv_cache_types(type_k, type_v)
+        self.model_path = str(model_path)
+        t0 = time.perf_counter()
+        model = _ember.Model(self.model_path, n_gpu_layers=n_gpu_layers, main_gpu=main_gpu, use_mmap=bool(use_mmap))
+        engine = _ember.Engine(model, n_ctx=context_size(model, n_ctx), max_num_seqs=max_num_seqs,
+                               max_num_batched_tokens=max_num_batched_tokens, n_threads=n_threads or 0,
+                               kv_block_size=kv_block_size, kv_mb=float(kv_mb), type_k=type_k, type_v=type_v,
+                               enable_prefix_caching=enable_prefix_caching, deterministic=deterministic,
+                               offload_kqv=offload_kqv)
+        self._ids = itertools.count()
+        self._client = EngineClient(engine, model.tokenizer, seed)
+        if verbose:
+            stats = engine.stats()
+            print(f"ember: loaded {self.model_path} (arch {model.arch}, {model.n_layer} layers, "
+                  f"{model.n_gpu_layers} GPU layers) with n_ctx {engine.n_ctx}, max_num_seqs {engine.max_num_seqs}, "
+                  f"{stats['kv_blocks_total']} KV blocks of {kv_block_size} tokens (K {type_k}, V {type_v}) "
+                  f"in {time.perf_counter() - t0:.2f} s", file=sys.stderr)
+
+    def _open_client(self) -> EngineClient:
+        if self._client is None or self._client.closed:
+            raise ValueError("LLM: this model was closed")
+        return self._client
+
+    def generate(self, prompts, sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+                 use_tqdm: bool = True) -> List[RequestOutput]:
+        """Generates for every prompt (a str, token ids, a vLLM prompt dict, or a list of those)
+        with sampling_params (one for all, or one per prompt; None: SamplingParams()). Returns
+        the finished RequestOutputs in prompt order. An engine error raises RuntimeError, and
+        KeyboardInterrupt passes through; either way every request is cancelled first."""
+        client = self._open_client()
+        prompts = _prompt_list(prompts)
+        if isinstance(sampling_params, (list, tuple)):
+            if len(sampling_params) != len(prompts):
+                raise ValueError(f"sampling_params: {len(sampling_params)} given for {len(prompts)} prompts")
+            params = list(sampling_params)
+        else:
+            params = [sampling_params or SamplingParams()] * len(prompts)
+        states = []
+        bar = None
+        try:
+            for prompt, p in zip(prompts, params):
+                states.append(client.submit(str(next(self._ids)), prompt, p))
+            if use_tqdm:
+                # Imported here: `import ember` does not need tqdm loaded.
+                from tqdm import tqdm
+                bar = tqdm(total=len(states), desc="Processed prompts", unit="prompt", file=sys.stderr)
+            pending = states
+            while pending:
+                client.pump(0.05)
+                still = [s for s in pending if not s.engine_done]
+                failed = next((s.error for s in pending if s.error), None)
+                if failed is not None:
+                    raise RuntimeError(f"ember engine: {failed}")
+                if bar is not None:
+                    bar.update(len(pending) - len(still))
+                pending = still
+        except BaseException:
+            for state in states:
+                client.cancel(state)
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        return [s.output() for s in states]
+
+    def stats(self) -> dict:
+        """The engine's counters (running, waiting, kv_blocks_used, prefix_cache_hits, ...)."""
+        return self._open_client().engine.stats()
+
+    def close(self) -> None:
+        """Stops the engine; requests still running end with "abort". Unusable afterwards."""
+        if self._client is not None:
+            self._client.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        self.close()

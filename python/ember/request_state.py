@@ -1,0 +1,147 @@
+"""`RequestState`: the Python side of one request, shared by LLM and AsyncLLMEngine. It holds the
+request's sequences (one engine request each), takes in their engine outputs (incremental
+detokenization, logprobs, and stop strings, which the C++ engine does not know) and builds the
+RequestOutput snapshots handed to callers."""
+from __future__ import annotations
+
+from typing import Callable, List, Optional
+
+from . import _ember
+from .llama import _find_stop, _stop_prefix_len
+from .outputs import CompletionOutput, RequestOutput
+from .sampling_params import SamplingParams
+
+
+def _text(piece) -> str:
+    # The detokenizer holds back split UTF-8 characters: only stray invalid bytes are dropped, as in Llama.
+    return bytes(piece).decode("utf-8", errors="ignore")
+
+
+class _Sequence:
+    """One of a request's n sequences: one engine request."""
+
+    def __init__(self, index: int, engine_id: int, detok, want_logprobs: bool):
+        self.index = index
+        self.engine_id = engine_id
+        self.detok = detok
+        self.token_ids: List[int] = []
+        self.text = ""
+        self.logprobs: Optional[list] = [] if want_logprobs else None
+        self.cumulative_logprob: Optional[float] = 0.0 if want_logprobs else None
+        self.finish_reason: Optional[str] = None
+        self.stop_reason = None
+        # The engine sent this request's last output. A stop string ends the sequence here first;
+        # the engine's "abort" follows within a step.
+        self.engine_done = False
+
+
+class RequestState:
+    """A request as its caller sees it. apply() runs in whichever thread polls the engine, one
+    output at a time; on_update (if set) is called there after each batch of outputs."""
+
+    def __init__(self, request_id: str, prompt: Optional[str], prompt_token_ids: List[int],
+                 params: SamplingParams, tokenizer):
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = prompt_token_ids
+        self.params = params
+        self._tok = tokenizer
+        self._longest_stop = max(map(len, params.stop), default=0)
+        self.sequences: List[_Sequence] = []
+        # The first prompt token has no logprob; the others come with sequence 0's first output.
+        self.prompt_logprobs: Optional[list] = None if params.prompt_logprobs is None else [None]
+        self.num_cached_tokens = 0
+        self.error: Optional[str] = None
+        self.on_update: Optional[Callable[["RequestState"], None]] = None
+
+    def add_sequence(self, engine_id: int) -> _Sequence:
+        detok = _ember.IncrementalDetokenizer(self._tok, not self.params.skip_special_tokens)
+        seq = _Sequence(len(self.sequences), engine_id, detok, self.params.logprobs is not None)
+        self.sequences.append(seq)
+        return seq
+
+    @property
+    def finished(self) -> bool:
+        return all(s.finish_reason is not None for s in self.sequences)
+
+    @property
+    def engine_done(self) -> bool:
+        return all(s.engine_done for s in self.sequences)
+
+    def apply(self, seq: _Sequence, out) -> bool:
+        """Takes in one _ember.EngineOutput of seq. Returns True when a stop string ended seq, so
+        the engine request must be cancelled."""
+        seq.engine_done = out.finished
+        if seq.finish_reason is not None:
+            return False   # ended here already: tokens the engine made meanwhile are dropped
+        if seq.index == 0:
+            self.num_cached_tokens = out.num_cached_tokens
+            if out.prompt_logprobs:
+                self.prompt_logprobs = [None] + [{t: lp} for t, lp in
+                                                 zip(self.prompt_token_ids[1:], out.prompt_logprobs)]
+        for i, token in enumerate(out.token_ids):
+            seq.token_ids.append(token)
+            if seq.logprobs is not None:
+                entry = {token: out.logprobs[i]}
+                for t, lp in (out.top_logprobs[i] if out.top_logprobs else ()):
+                    entry.setdefault(t, lp)
+                seq.logprobs.append(entry)
+                seq.cumulative_logprob += out.logprobs[i]
+            start = len(seq.text)
+            seq.text += _text(seq.detok.push(token))
+            if self._cut_at_stop_string(seq, start):
+                return not out.finished
+        if out.finished:
+            self._finish(seq, out)
+        return False
+
+    def _cut_at_stop_string(self, seq: _Sequence, start: int) -> bool:
+        """Ends seq at the first stop string in its text, searching from where text added at
+        `start` could complete one; as in vLLM, not before min_tokens tokens."""
+        stops = self.params.stop
+        if not stops or len(seq.token_ids) < self.params.min_tokens:
+            return False
+        cut = _find_stop(seq.text, stops, max(0, start - self._longest_stop + 1))
+        if cut < 0:
+            return False
+        seq.stop_reason = next(s for s in stops if seq.text.startswith(s, cut))
+        seq.text = seq.text[:cut]
+        seq.finish_reason = "stop"
+        return True
+
+    def _finish(self, seq: _Sequence, out) -> None:
+        if out.finish_reason == "error":
+            self.error = out.error or "the engine failed this request"
+            seq.finish_reason = "error"
+            return
+        # The detokenizer's held-back bytes may still complete a stop string.
+        start = len(seq.text)
+        seq.text += _text(seq.detok.flush())
+        if not self._cut_at_stop_string(seq, start):
+            seq.finish_reason = out.finish_reason
+
+    def abort_unfinished(self, engine_done: bool = False) -> None:
+        """Ends the unfinished sequences here with "abort" (engine_done: the engine will send
+        nothing more, as after it was closed)."""
+        for seq in self.sequences:
+            if seq.finish_reason is None:
+                seq.finish_reason = "abort"
+            seq.engine_done = seq.engine_done or engine_done
+
+    def output(self) -> RequestOutput:
+        """A snapshot: later outputs do not change it."""
+        return RequestOutput(
+            request_id=self.request_id, prompt=self.prompt, prompt_token_ids=list(self.prompt_token_ids),
+            prompt_logprobs=self.prompt_logprobs,
+            outputs=[CompletionOutput(index=s.index, text=self._visible_text(s), token_ids=list(s.token_ids),
+                                      cumulative_logprob=s.cumulative_logprob,
+                                      logprobs=None if s.logprobs is None else list(s.logprobs),
+                                      finish_reason=s.finish_reason, stop_reason=s.stop_reason)
+                     for s in self.sequences],
+            finished=self.finished, num_cached_tokens=self.num_cached_tokens)
+
+    def _visible_text(self, seq: _Sequence) -> str:
+        """While unfinished, the text less the end that may still grow into a stop string."""
+        if seq.finish_reason is not None or not self.params.stop:
+            return seq.text
+        return seq.text[:len(seq.text) - _stop_prefix_len(seq.text, self.params.stop)]

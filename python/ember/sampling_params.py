@@ -1,0 +1,80 @@
+"""`SamplingParams`: vLLM's per-request sampling settings, validated, and their translation into
+the keyword arguments of `_ember.Engine.add_request`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Union
+
+RANDOM_SEED = 0xFFFFFFFF   # the engine's "draw a random seed", as in llama.cpp
+
+
+@dataclass
+class SamplingParams:
+    """vLLM's SamplingParams (the subset ember implements). temperature 0 is greedy; top_k -1 or 0
+    is off; max_tokens None generates until the context is full; n > 1 runs n sequences, seeded
+    seed, seed+1, ... when seed is given. Penalties look at the last 64 tokens (llama.cpp's
+    window), not at the whole sequence as in vLLM. prompt_logprobs gives the logprob of each
+    prompt token only, whatever the number asked (ember has no top-k over prompt positions)."""
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    max_tokens: Optional[int] = 16
+    min_tokens: int = 0
+    stop: Optional[Union[str, List[str]]] = None
+    stop_token_ids: Optional[List[int]] = None
+    seed: Optional[int] = None
+    logprobs: Optional[int] = None
+    prompt_logprobs: Optional[int] = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    logit_bias: Optional[Dict[int, float]] = None
+
+    def __post_init__(self):
+        # vLLM's own bounds, so code written for vLLM fails here the way it fails there.
+        checks = [
+            ("n", self.n >= 1, "must be at least 1"),
+            ("temperature", self.temperature >= 0.0, "must be non-negative"),
+            ("top_p", 0.0 < self.top_p <= 1.0, "must be in (0, 1]"),
+            ("top_k", self.top_k >= -1, "must be -1 or 0 (off) or at least 1"),
+            ("min_p", 0.0 <= self.min_p <= 1.0, "must be in [0, 1]"),
+            ("max_tokens", self.max_tokens is None or self.max_tokens >= 1, "must be at least 1 (or None)"),
+            ("min_tokens", self.min_tokens >= 0, "must be non-negative"),
+            ("min_tokens", self.max_tokens is None or self.min_tokens <= self.max_tokens,
+             f"must not exceed max_tokens={self.max_tokens}"),
+            ("logprobs", self.logprobs is None or self.logprobs >= 0, "must be non-negative (or None)"),
+            ("prompt_logprobs", self.prompt_logprobs is None or self.prompt_logprobs >= 0,
+             "must be non-negative (or None)"),
+            ("presence_penalty", -2.0 <= self.presence_penalty <= 2.0, "must be in [-2, 2]"),
+            ("frequency_penalty", -2.0 <= self.frequency_penalty <= 2.0, "must be in [-2, 2]"),
+            ("repetition_penalty", self.repetition_penalty > 0.0, "must be greater than zero"),
+        ]
+        for name, ok, rule in checks:
+            if not ok:
+                raise ValueError(f"SamplingParams: {name} {rule}, got {getattr(self, name)!r}")
+        if self.seed is not None and not (0 <= self.seed and self.seed + self.n <= 1 << 64
+                                          and not self.seed <= RANDOM_SEED < self.seed + self.n):
+            # seed + i for the n sequences must stay a uint64 and never be the "random" value.
+            raise ValueError(f"SamplingParams: seed must be in [0, 2**64 - n] and seed..seed+n-1 must not "
+                             f"include {RANDOM_SEED:#x} (ember's 'random seed'), got {self.seed!r}")
+        self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        self.stop = [s for s in self.stop if s]
+        self.stop_token_ids = [int(t) for t in self.stop_token_ids or []]
+
+    def engine_kwargs(self, index: int, max_tokens: int) -> dict:
+        """add_request's keyword arguments for sequence `index` of the n, generating at most
+        max_tokens (this max_tokens, or the context's room where it is None). The prompt's
+        logprobs are asked of sequence 0 only: the n share the prompt."""
+        return dict(
+            temperature=self.temperature, top_k=max(self.top_k, 0), top_p=self.top_p, min_p=self.min_p,
+            repeat_penalty=self.repetition_penalty, frequency_penalty=self.frequency_penalty,
+            presence_penalty=self.presence_penalty,
+            logit_bias=[(int(t), float(b)) for t, b in (self.logit_bias or {}).items()],
+            seed=RANDOM_SEED if self.seed is None else self.seed + index,
+            max_tokens=max_tokens, min_tokens=self.min_tokens, stop_token_ids=self.stop_token_ids,
+            ignore_eos=self.ignore_eos, logprobs=-1 if self.logprobs is None else self.logprobs,
+            prompt_logprobs=self.prompt_logprobs is not None and index == 0)
