@@ -1,4 +1,4 @@
-// cp.async: 16-byte global -> shared copies that bypass the registers (and L1), committed in
+// cp.async: 16-byte (and 8-byte) global -> shared copies that bypass the registers, committed in
 // groups so a kernel can keep several tiles in flight and wait for the oldest (sm_80 and later).
 #pragma once
 #include <cstdint>
@@ -14,6 +14,18 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, bool valid) {
     const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0) : "memory");
+}
+// cp_async16_zfill for streamed weights: the L2 fetches the whole 256-byte line, whose other
+// parts the next pipeline stages read.
+__device__ __forceinline__ void cp_async16_zfill_l2_256(void* smem, const void* gmem, bool valid) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+// 8 bytes (through L1), or 8 zero bytes when not valid.
+__device__ __forceinline__ void cp_async8_zfill(void* smem, const void* gmem, bool valid) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(s), "l"(gmem), "r"(valid ? 8 : 0) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 // Waits until at most N of this thread's committed groups are still in flight.

@@ -56,6 +56,7 @@ constexpr double kMiB = 1024.0 * 1024.0;
 // text that follows them agree with it closely. Longer ones use the tensor cores.
 constexpr int kMaxIntPromptTokens = 64;
 constexpr int kKeysPerSplit = 64;      // flash-decoding: one split per this many keys
+constexpr int kMaxGraphDecodeTokens = 256;   // engine decode steps up to this many sequences are graphed
 constexpr int kTargetAttnCtas = 1024;  // split only while the grid is smaller than this
 // Decode attention over long contexts: CTAs per launch the key-range split aims at. The q8_0
 // kernel fits about 8 CTAs an SM; the f16 tensor-core kernel 2, and one wave of those beat 128
@@ -329,7 +330,8 @@ public:
         n_tok_ = n_tok;
         n_seq_ = b.n_seq;
         max_len_ = max_pos + 1;
-        uint64_t sig = uint64_t(n_tok);
+        invariant_ = b.batch_invariant;
+        uint64_t sig = mix(uint64_t(n_tok), uint64_t(invariant_));
         for (int k = 0; k < kNumTileLens; ++k) sig = mix(sig, uint64_t(n_tiles_[k]));
         sig = mix(sig, uint64_t(pow2_ceil((max_len_ + kKeysPerSplit - 1) / kKeysPerSplit)));
         batch_sig_ = sig;
@@ -433,7 +435,7 @@ public:
         const float2* table = rope_table(rp);
         const bool f16_cache = kv.k_type == GGMLType::F16 && kv.v_type == GGMLType::F16;
         const bool plain = !w.bq && !w.bk && !w.bv && !w.q_norm && !w.k_norm;
-        if (plain && f16_cache && !rp.neox && n_tok <= kMaxGemvTokens) {
+        if (plain && f16_cache && !rp.neox && n_tok <= kMaxGemvTokens && !invariant_) {
             const cuda::DeviceWeight dq = device_weight(*w.wq), dk = device_weight(*w.wk), dv = device_weight(*w.wv);
             if (cuda::gemv_takes_rope_store(dq, dk, dv, kv.head_dim)) {
                 const cuda::DeviceWeight* pw[3] = {&dq, &dk, &dv};
@@ -488,7 +490,7 @@ public:
         const Weight* gu[2] = {w.gate, w.up};
         const Weight* dn[1] = {w.down};
         if (w.act == Activation::SiLU && n_tok <= kMaxGemvTokens && w.gate->type == w.up->type &&
-            cuda::gemv_swiglu_supported(w.gate->type)) {
+            cuda::gemv_swiglu_supported(w.gate->type) && !invariant_) {
             norm(x, residual, w.norm, n_tok, dim, w.eps, b.xn, false);
             cuda::gemv_swiglu(device_weight(*w.gate), device_weight(*w.up), b.gate, b.xn, n_tok, stream_);
             project(dn, &out, 1, b.gate, n_tok, false);
@@ -520,7 +522,7 @@ public:
     // recorded step holds them as its first nodes, reading the same pinned staging each replay.
     bool step_begin(uint64_t key) override {
         if (capturing_) abort_capture();
-        if (!graphs_on_ || n_tok_ > kMaxGemvTokens || n_tok_ <= 0) return false;
+        if (!graphs_on_ || n_tok_ <= 0 || !(n_tok_ <= kMaxGemvTokens || decode_batch())) return false;
         uint64_t full = mix(mix(key, batch_sig_), graph_gen_);
         for (int i = 0; i < uploads_.n; ++i)
             full = mix(mix(mix(full, reinterpret_cast<uintptr_t>(uploads_.dst[i])), reinterpret_cast<uintptr_t>(uploads_.src[i])),
@@ -567,9 +569,15 @@ public:
 private:
     // Which attention kernel a batch takes, asked by attention() and by the kernel before it.
     // The reference-order short-context kernel (f16 K/V, every position < kExactMaxLen):
+    // Batch-invariant steps take it for any number of tokens (each token's result is its own).
     bool exact_attention(int32_t n_tok, int32_t head_dim) const {
-        return n_tok <= kMaxIntPromptTokens && max_len_ <= cuda::kExactMaxLen && exact_attn_on_ && head_dim % 8 == 0;
+        return (n_tok <= kMaxIntPromptTokens || invariant_) && max_len_ <= cuda::kExactMaxLen && exact_attn_on_ &&
+               head_dim % 8 == 0;
     }
+    // A decode step of the engine: one token from each of up to kMaxGraphDecodeTokens sequences.
+    // Such steps repeat with the same shape every token, so they are recorded as graphs, one per
+    // batch size (and length bucket); other steps larger than a single-sequence decode run eagerly.
+    bool decode_batch() const { return n_tok_ <= kMaxGraphDecodeTokens && n_seq_ == n_tok_ && n_tiles_[0] == n_tok_; }
     // The long-context decode kernels take power-of-two KV blocks of >= 4 tokens (the default is
     // 16): q heads per CTA for the q8_0 or the f16 one, 0 when they do not take the layer.
     int decode_heads(const KVLayer& kv, int32_t n_head, bool q8) const {
@@ -580,7 +588,7 @@ private:
     // the head count passed to decode_heads sets only how many heads a CTA takes, not whether the
     // kernel takes the layer, so the layer's kv heads stand in for the q heads it does not know).
     bool decode_mma_attention(const KVLayer& kv, int32_t n_tok) const {
-        return kv.k_type == GGMLType::F16 && kv.v_type == GGMLType::F16 && n_tok <= kMaxGemvTokens &&
+        return kv.k_type == GGMLType::F16 && kv.v_type == GGMLType::F16 && n_tok <= kMaxGemvTokens && !invariant_ &&
                !exact_attention(n_tok, kv.head_dim) && decode_heads(kv, kv.n_head_kv, false) > 0;
     }
 
@@ -593,7 +601,8 @@ private:
                 fail("cuda ", op, ": the GPU keeps KV in f16 or q8_0, not in GGML type ", int(t));
     }
     // Whether the input of a projection by these weights should come with its q8_1 blocks: the
-    // integer GEMV paths (batches up to kMaxIntPromptTokens) of the quantized types read them.
+    // integer GEMV paths and the quantized GEMM (batches up to kMaxIntPromptTokens) of the
+    // quantized types read them.
     bool feeds_q8(const Weight* const* ws, int count, int32_t n_tok, int64_t width) const {
         if (n_tok <= 0 || n_tok > kMaxIntPromptTokens || width % 32) return false;
         for (int i = 0; i < count; ++i)
@@ -606,11 +615,22 @@ private:
         const Q8 q = q8 ? q8_scratch(int64_t(n_tok) * dim) : Q8{};
         cuda::rmsnorm(x, residual, gamma, n_tok, dim, eps, y, q.q, q.ds, stream_);
     }
+    // The quantized GEMM (int8 tensor cores, each weight byte read from memory once a call) takes
+    // batches of kMaxGemvTokens < n_tok <= kMaxGemmQ8Tokens of its formats, except rows the GEMV
+    // sums in the CPU's order (those keep the CPU backend's bits). EMBER_CUDA_GEMM_Q8=0 keeps
+    // every batch on the older paths (A/B comparisons).
+    bool takes_gemm_q8(const Weight& w, int32_t n_tok) const {
+        static_assert(cuda::kMaxGemmQ8Tokens <= kMaxIntPromptTokens, "feeds_q8 makes the GEMM's q8_1 blocks");
+        static const bool on = env_flag("EMBER_CUDA_GEMM_Q8");
+        return on && n_tok > kMaxGemvTokens && n_tok <= cuda::kMaxGemmQ8Tokens && cuda::gemm_q8_supported(w.type) &&
+               !cuda::gemv_cpu_order(w.n_in);
+    }
     // ys[i] = x ws[i]^T; x_q8: the scratch already holds x as q8_1 blocks (the kernel before
-    // wrote them), else they are made here where a GEMV reads them. Decode batches: one GEMV
-    // launch per run of up to kMaxGemvBatch consecutive weights of one type; prompts up to
-    // kMaxIntPromptTokens: the integer GEMV in chunks of kMaxGemvTokens tokens (the CPU's
-    // rounding); longer ones and float weights of prompts: cuBLAS.
+    // wrote them), else they are made here where a GEMV or the quantized GEMM reads them. Decode
+    // batches: one GEMV launch per run of up to kMaxGemvBatch consecutive weights of one type;
+    // larger batches: the quantized GEMM where takes_gemm_q8, else up to kMaxIntPromptTokens the
+    // integer GEMV in chunks of kMaxGemvTokens tokens (the CPU's rounding); longer ones and float
+    // weights of prompts: cuBLAS.
     void project(const Weight* const* ws, float* const* ys, int count, const float* x, int32_t n_tok, bool x_q8) {
         if (n_tok <= 0 || count <= 0) return;
         const int64_t n_in = ws[0]->n_in;
@@ -640,6 +660,10 @@ private:
         }
         for (int i = 0; i < count; ++i) {
             const Weight& w = *ws[i];
+            if (takes_gemm_q8(w, n_tok)) {
+                cuda::gemm_q8(device_weight(w), ys[i], xq, xds, n_tok, stream_);
+                continue;
+            }
             if (n_tok > kMaxIntPromptTokens || !cuda::gemv_wants_q8(w.type)) {
                 gemm(w, x, n_tok, ys[i]);
                 continue;
@@ -712,7 +736,7 @@ private:
         if (kv.k_type == GGMLType::Q8_0 && kv.v_type == GGMLType::Q8_0) {
             // Decode reads the q8_0 blocks directly; other batches read an f16 copy of the blocks
             // they use (their work per KV byte is large, so the copy costs little).
-            a.kv_q8 = n_tok <= kMaxGemvTokens && decode_heads(kv, shape.n_head, true) > 0 &&
+            a.kv_q8 = !invariant_ && n_tok <= kMaxGemvTokens && decode_heads(kv, shape.n_head, true) > 0 &&
                       kv_block_bytes(GGMLType::Q8_0, kv.block_size, int64_t(kv.n_head_kv) * kv.head_dim) % 16 == 0;
             if (!a.kv_q8) expand_q8(kv, a);
         } else if (kv.k_type == GGMLType::Q8_0 || kv.v_type == GGMLType::Q8_0) {
@@ -744,6 +768,15 @@ private:
         };
         if (!a.kv_q8 && exact_attention(n_tok, shape.head_dim))
             return with_q8_out([&] { cuda::attention_exact(a, dbatch_, stream_); });
+        if (invariant_) {   // one query per tile, one split: nothing depends on the rest of the batch
+            a.tile_len = kTileLens[0];
+            a.n_tiles = n_tiles_[0];
+            a.tiles = tiles_for(0);
+            a.n_split = 1;
+            prepare_splits(a, size_t(a.n_tiles) * shape.n_head_kv * ((n_rep + a.heads_per_cta - 1) / a.heads_per_cta));
+            cuda::attention(a, dbatch_, stream_);
+            return false;
+        }
         if (n_tok > kMaxIntPromptTokens) {   // long prompts: tensor cores where the head dim allows
             a.tile_len = kMmaTileLen;
             a.n_tiles = n_tiles_[kNumTileLens - 1];
@@ -948,6 +981,10 @@ private:
     uint64_t graph_gen_ = 0, capture_key_ = 0, capture_gen_ = 0;
     bool capturing_ = false;
     bool graphs_on_ = true, fuse_on_ = true, exact_attn_on_ = true;
+    // The batch asks for kernels whose per-token results do not depend on the batch
+    // (BatchInfo::batch_invariant): no decode-only fusions, the integer GEMV for every size,
+    // attention one query per tile without key splits.
+    bool invariant_ = false;
 };
 
 }  // namespace

@@ -269,6 +269,8 @@ void gemv_swiglu(const DeviceWeight& gate, const DeviceWeight& up, float* out, c
     }
 }
 
+bool gemv_cpu_order(int64_t n_in) { return n_in <= kLegacyExactMaxWidth; }
+
 bool gemv_wants_q8(GGMLType type) {
     return !(type == GGMLType::F32 || type == GGMLType::F16 || type == GGMLType::BF16);
 }
@@ -290,7 +292,7 @@ void gemv_batch(const DeviceWeight* const* ws, float* const* ys, int count, cons
     b.wpr = warps_per_row(p.units);
     if (rope) b.rope = *rope;
     const int rows_per_cta = kRowsPerBlock / b.wpr;
-    const bool cpu_order = w0.n_in <= kLegacyExactMaxWidth;   // read by the legacy formats only
+    const bool cpu_order = gemv_cpu_order(w0.n_in);   // read by the legacy formats only
     unsigned n_ctas = 0;
     for (int i = 0; i < kMaxGemvBatch; ++i) {
         b.start[i] = int32_t(n_ctas);

@@ -37,6 +37,17 @@ bool gemv_wants_q8(GGMLType type);
 constexpr int kMaxGemvBatch = 3;
 void gemv(const DeviceWeight* const* w, float* const* y, int count, const float* x, const int8_t* xq,
           const float2* xds, int32_t n_tok, cudaStream_t s);
+// Whether the GEMV sums rows of this width in the CPU backend's order (the 32-element block
+// formats up to kLegacyExactMaxWidth wide, gemv_legacy.cuh).
+bool gemv_cpu_order(int64_t n_in);
+// Quantized GEMM on int8 tensor cores (gemm_q8.cu) for kMaxGemvTokens < n_tok <= kMaxGemmQ8Tokens:
+// y [n_tok][n_out] = x W^T from x's q8_1 blocks (quantize_q8_1), the weight read from memory once
+// per call. The 32-element block formats (gemm_q8_supported); the GEMV's per-block products, summed
+// in another order. Its cost grows with n_tok (each 32-block's int32 dot is scaled per token in
+// fp32): above 64 tokens dequantize + cuBLAS is the faster path on the H100.
+constexpr int kMaxGemmQ8Tokens = 64;
+bool gemm_q8_supported(GGMLType type);
+void gemm_q8(const DeviceWeight& w, float* y, const int8_t* xq, const float2* xds, int32_t n_tok, cudaStream_t s);
 // out [n_tok][n_out] = silu(x W_gate^T) * (x W_up^T) in one launch, for the float weight types
 // (gemv_swiglu_supported) whose down projection reads float activations.
 bool gemv_swiglu_supported(GGMLType type);

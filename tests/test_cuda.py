@@ -82,7 +82,8 @@ def rel_err(y, ref):
 
 
 # n_tok 1..8 run the decode GEMV (q8_1 activations for quantized types), up to 64 the same
-# GEMV in chunks of 8 tokens; larger batches dequantize to f16 and use cuBLAS (float weights:
+# GEMV in chunks of 8 tokens (rows wider than 2048 of the 32-element block formats: the quantized
+# GEMM, tests/test_cuda_gemm.py); larger batches dequantize to f16 and use cuBLAS (float weights:
 # cuBLAS from 9 tokens on).
 @pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("n_tok", [1, 3, 8, 37, 80])

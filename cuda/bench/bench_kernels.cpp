@@ -1,6 +1,6 @@
 // ember-cuda-bench: times the CUDA backend's ops in isolation on random data (decode GEMV per
-// weight type in GB/s of weight bytes, prompt GEMM in TFLOP/s, paged attention in GB/s of
-// K/V bytes) and prints a markdown table. Ratios are against the device's own copy bandwidth,
+// weight type in GB/s of weight bytes, prompt GEMM in TFLOP/s, Q4_0 matmuls of batched decode
+// steps in GB/s of weight bytes, paged attention in GB/s of K/V bytes) and prints markdown tables. Ratios are against the device's own copy bandwidth,
 // measured in the same run.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -16,6 +17,7 @@
 
 #include "backend/backend.h"
 #include "cuda_backend.h"
+#include "kernels.h"
 #include "weight_pack.h"
 
 using namespace ember;
@@ -83,6 +85,34 @@ double time_it(Backend& be, const std::function<void()>& fn, int inner = 20, int
 
 struct Named { GGMLType t; const char* name; };
 
+// kCopies device copies of one random weight (one pass over them does not fit in L2, so matmuls
+// on rotating copies stream from HBM), random activations of up to max_tok tokens and an output.
+struct MatmulBuffers {
+    static constexpr int kCopies = 8;
+    Backend& be;
+    std::vector<Weight> ws;
+    float* x = nullptr;
+    float* y = nullptr;
+    int rot = 0;
+    MatmulBuffers(Backend& b, GGMLType t, int64_t n_in, int64_t n_out, int max_tok) : be(b) {
+        std::vector<uint8_t> host = random_weight(t, n_out, n_in);
+        GGUFTensor gt{"w", t, {n_in, n_out}, 0, host.size(), host.data()};
+        for (int c = 0; c < kCopies; ++c) ws.push_back(be.prepare_weight(gt));
+        std::vector<float> xh(size_t(max_tok) * n_in);
+        std::normal_distribution<float> nd(0.f, 1.f);
+        for (auto& v : xh) v = nd(rng);
+        x = static_cast<float*>(be.alloc(xh.size() * 4));
+        y = static_cast<float*>(be.alloc(size_t(max_tok) * n_out * 4));
+        be.copy_from_host(x, xh.data(), xh.size() * 4);
+    }
+    ~MatmulBuffers() {
+        be.free(x);
+        be.free(y);
+        for (Weight& w : ws) be.free(const_cast<void*>(w.data));
+    }
+    const Weight& next() { return ws[rot = (rot + 1) % kCopies]; }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -101,7 +131,8 @@ int main(int argc, char** argv) {
         be->free(a);
         be->free(b);
         std::printf("device copy bandwidth: %.0f GB/s (read + write)\n\n", copy_bw / 1e9);
-        const std::string only = argc > 1 ? argv[1] : "";   // "gemv" or "attention": that table alone
+        const std::string only = argc > 1 ? argv[1] : "";   // "gemv", "gemm" or "attention": that table alone
+        auto wants = [&](const char* table) { return only.empty() || only == table; };
 
         const Named types[] = {{GGMLType::Q4_0, "Q4_0"}, {GGMLType::Q4_1, "Q4_1"}, {GGMLType::Q5_0, "Q5_0"},
                                {GGMLType::Q5_1, "Q5_1"}, {GGMLType::Q8_0, "Q8_0"}, {GGMLType::Q4_K, "Q4_K"},
@@ -109,43 +140,53 @@ int main(int argc, char** argv) {
                                {GGMLType::BF16, "BF16"}, {GGMLType::F32, "F32"}};
         // llama2-7b shapes: (n_in, n_out) of q/k/v/o, gate/up, down.
         const int64_t shapes[3][2] = {{4096, 4096}, {4096, 11008}, {11008, 4096}};
-        std::printf("| type | shape | tok | us (with q8 of x) | GB/s from HBM | %% of copy bw | pp512 TFLOP/s |\n|---|---|---|---|---|---|---|\n");
+        if (wants("gemv"))
+            std::printf("| type | shape | tok | us (with q8 of x) | GB/s from HBM | %% of copy bw | pp512 TFLOP/s |\n"
+                        "|---|---|---|---|---|---|---|\n");
         for (const Named& ty : types) {
-            if (only == "attention") break;
+            if (!wants("gemv")) break;
             for (auto& sh : shapes) {
                 int64_t n_in = sh[0], n_out = sh[1];
                 if ((ty.t == GGMLType::Q4_K || ty.t == GGMLType::Q5_K || ty.t == GGMLType::Q6_K) && n_in % 256) n_in = 11264;
-                std::vector<uint8_t> host = random_weight(ty.t, n_out, n_in);
-                GGUFTensor gt{"w", ty.t, {n_in, n_out}, 0, host.size(), host.data()};
-                // Enough copies that one pass over them does not fit in L2: GEMVs stream from HBM.
-                constexpr int kCopies = 8;
-                std::vector<Weight> ws;
-                for (int c = 0; c < kCopies; ++c) ws.push_back(be->prepare_weight(gt));
-                int rot = 0;
-                std::vector<float> xh(size_t(512) * n_in);
-                std::normal_distribution<float> nd(0.f, 1.f);
-                for (auto& v : xh) v = nd(rng);
-                float* x = static_cast<float*>(be->alloc(xh.size() * 4));
-                float* y = static_cast<float*>(be->alloc(size_t(512) * n_out * 4));
-                be->copy_from_host(x, xh.data(), xh.size() * 4);
+                MatmulBuffers m(*be, ty.t, n_in, n_out, 512);
                 const double wbytes = double(cuda::packed_layout(ty.t, n_in, n_out).total);
-                const double t1 = time_it(*be, [&] { be->matmul(ws[rot = (rot + 1) % kCopies], x, 1, y); }, 48);
-                const double tg = time_it(*be, [&] { be->matmul(ws[0], x, 512, y); }, 5);
+                const double t1 = time_it(*be, [&] { be->matmul(m.next(), m.x, 1, m.y); }, 48);
+                const double tg = time_it(*be, [&] { be->matmul(m.ws[0], m.x, 512, m.y); }, 5);
                 std::printf("| %s | %lldx%lld | 1 | %.1f | %.0f | %.0f%% | %.0f |\n", ty.name, (long long)n_out,
                             (long long)n_in, t1 * 1e6, wbytes / t1 / 1e9, 100.0 * wbytes / t1 / (copy_bw / 2),
                             2.0 * 512 * n_in * n_out / tg / 1e12);
-                be->free(x);
-                be->free(y);
-                for (Weight& w : ws) be->free(const_cast<void*>(w.data));
+            }
+        }
+
+        // Batched decode (continuous batching): Q4_0 matmuls of 16..256 tokens, the weight's bytes
+        // (one pass) over the time, against the H100's 3.35 TB/s HBM3 peak. The quantized GEMM up
+        // to kMaxGemmQ8Tokens, dequantize + cuBLAS above; EMBER_CUDA_GEMM_Q8=0 times the GEMV in
+        // chunks of 8 tokens in its place.
+        constexpr double kHbmPeak = 3.35e12;
+        const char* knob = std::getenv("EMBER_CUDA_GEMM_Q8");
+        const bool gemm_q8_on = !(knob && std::string(knob) == "0");
+        if (wants("gemm"))
+            std::printf("\n| Q4_0 path | shape | tok | us (with q8 of x) | weight GB/s | %% of 3.35 TB/s | TOPS |\n"
+                        "|---|---|---|---|---|---|---|\n");
+        for (int k = 0; k < 2 && wants("gemm"); ++k) {   // 4096x4096 and 11008x4096
+            const int64_t n_in = shapes[k][0], n_out = shapes[k][1];
+            MatmulBuffers m(*be, GGMLType::Q4_0, n_in, n_out, 256);
+            const double wbytes = double(cuda::packed_layout(GGMLType::Q4_0, n_in, n_out).total);
+            for (int n_tok : {16, 32, 64, 128, 256}) {
+                const double tm = time_it(*be, [&] { be->matmul(m.next(), m.x, n_tok, m.y); }, 20);
+                const char* path = n_tok > cuda::kMaxGemmQ8Tokens ? "cuBLAS" : gemm_q8_on ? "gemm_q8" : "GEMV";
+                std::printf("| %s | %lldx%lld | %d | %.1f | %.0f | %.0f%% | %.0f |\n", path, (long long)n_out,
+                            (long long)n_in, n_tok, tm * 1e6, wbytes / tm / 1e9, 100.0 * wbytes / tm / kHbmPeak,
+                            2.0 * n_tok * n_in * n_out / tm / 1e12);
             }
         }
 
         // Paged attention: llama2-7b heads (32 x 128, no GQA), one decode token at depth, and a
         // 512-token prompt.
-        std::printf("\n| attention | ctx | us | GB/s of K/V | TFLOP/s |\n|---|---|---|---|---|\n");
+        if (wants("attention")) std::printf("\n| attention | ctx | us | GB/s of K/V | TFLOP/s |\n|---|---|---|---|---|\n");
         const int n_head = 32, n_kv = 32, hd = 128, bs = 16;
         for (int ctx : {512, 4096, 16384}) {
-            if (only == "gemv") break;
+            if (!wants("attention")) break;
             const int n_blocks = ctx / bs;
             KVLayer kv;
             kv.n_blocks = n_blocks;

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Device call 2 of the engine runs (after engine_setup.sh on the same warm machine): the CUDA
+# engine tests on SmolLM2 (its second part carried now), then llama-batched-bench and
+# ember-bench -npl on the synthetic llama2-7b Q4_0, one after the other in this call.
+# Carry: build/carry build/parts/smol.partab. Env: NPL (default 1,8,32,64,128), TESTS=0 skips tests.
+cd "$(dirname "$0")/../.."
+LOG="${OUT:-/tmp}/bench.log"
+step() { echo "== $(date +%T) $*" | tee -a "$LOG"; }
+cp build/parts/* /tmp/em/parts/ 2>/dev/null
+[ -f /tmp/em/SmolLM2-135M-Instruct.Q4_1.gguf ] || cat /tmp/em/parts/smol.parta* > /tmp/em/SmolLM2-135M-Instruct.Q4_1.gguf
+source tools/device/cuda_build.sh >> "$LOG" 2>&1 || { echo "BUILD FAILED"; tail -60 "$LOG"; exit 1; }
+export EMBER_TEST_CACHE=/tmp/em
+NPL=${NPL:-1,8,32,64,128}
+M=/tmp/em/l7b-q4_0.gguf
+if [ "${TESTS:-1}" = 1 ]; then
+  timeout 300 python3 -m pytest tests/test_engine.py tests/test_cuda_gemm.py -q -rs -k "cuda or gemm" -p no:cacheprovider \
+      > "${OUT:-/tmp}/tests.log" 2>&1
+  step "tests rc=$? $(tail -1 "${OUT:-/tmp}/tests.log")"
+fi
+step "llama-batched-bench"
+timeout 200 /tmp/lcpp/llama.cpp/build/bin/llama-batched-bench -m $M -ngl 99 -npp 128 -ntg 128 -npl $NPL -c 33000 \
+    -b 2048 -ub 512 2>&1 | grep -E "^\|" | tee -a "$LOG"
+step "ember-bench -npl"
+timeout 240 python3 -m ember.bench -m $M -ngl -1 -npl $NPL -npp 128 -ntg 128 2>&1 | tee -a "$LOG"
+if [ -n "$DETERMINISTIC" ]; then
+  step "ember-bench -npl --deterministic"
+  timeout 200 python3 -m ember.bench -m $M -ngl -1 -npl $DETERMINISTIC -npp 128 -ntg 128 --deterministic 2>&1 | tee -a "$LOG"
+fi
+step "ember-bench tg128 (one sequence, Context)"
+timeout 120 python3 -m ember.bench -m $M -ngl -1 -p 0 -n 128 -r 2 2>&1 | tee -a "$LOG"
+step "done"
