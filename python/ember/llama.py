@@ -12,6 +12,8 @@ from typing import Dict, Iterator, List, Optional, Sequence, Union
 import numpy as np
 
 from . import _ember
+from .server.chat_dicts import chat_chunks, chat_completion
+from .server.chat_template import ChatTemplate
 
 DEFAULT_SEED = 0xFFFFFFFF   # "draw a random seed", as in llama.cpp
 
@@ -202,6 +204,7 @@ class Llama:
                                    offload_kqv=offload_kqv, type_k=type_k, type_v=type_v)
         self._history: List[int] = []   # the tokens whose KV the context holds, in order
         self._generation = 0             # bumped as each completion starts, to retire stale streams
+        self._chat_template: Optional[ChatTemplate] = None   # read from the GGUF at the first chat
         if verbose:
             m = self._model
             print(f"ember: loaded {self.model_path} (arch {m.arch}, {m.n_layer} layers, n_embd {m.n_embd}, "
@@ -399,6 +402,28 @@ class Llama:
         return self._completion_dict(gen, "".join(text_parts), logprobs_all)
 
     __call__ = create_completion
+
+    def create_chat_completion(self, messages: List[dict], tools: Optional[List[dict]] = None,
+                               temperature: float = 0.2, top_p: float = 0.95, top_k: int = 40,
+                               min_p: float = 0.05, typical_p: float = 1.0, stream: bool = False,
+                               stop: Optional[Union[str, List[str]]] = None, seed: Optional[int] = None,
+                               max_tokens: Optional[int] = None, presence_penalty: float = 0.0,
+                               frequency_penalty: float = 0.0, repeat_penalty: float = 1.0,
+                               model: Optional[str] = None, logit_bias: Optional[Dict[int, float]] = None,
+                               logprobs: Optional[bool] = None, top_logprobs: Optional[int] = None):
+        """llama-cpp-python's create_chat_completion: the messages rendered by the GGUF's chat
+        template (as ember-server renders them; tools are passed to it), then create_completion.
+        Returns a chat.completion dict, or an iterator of chat.completion.chunk dicts when
+        stream=True. max_tokens None: until the end of generation or a full context."""
+        if self._chat_template is None:   # two threads racing here build the same template
+            self._chat_template = ChatTemplate.for_model(self.model_path, self._tok)
+        prompt = self._chat_template.render(messages, tools=tools)
+        result = self.create_completion(
+            self.tokenize(prompt, add_bos=self._chat_template.add_bos(prompt), special=True), max_tokens=max_tokens, temperature=temperature,
+            top_p=top_p, min_p=min_p, typical_p=typical_p, stop=stop, frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty, repeat_penalty=repeat_penalty, top_k=top_k, stream=stream,
+            seed=seed, logprobs=(top_logprobs or 0) if logprobs else None, logit_bias=logit_bias, model=model)
+        return chat_chunks(result) if stream else chat_completion(result)
 
     @staticmethod
     def _empty_logprobs() -> dict:

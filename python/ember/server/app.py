@@ -1,0 +1,317 @@
+"""The FastAPI application: `create_app(engine_or_args)` and its routes. OpenAI's /v1/models,
+/v1/completions and /v1/chat/completions (JSON or server-sent events), llama-server's /health,
+/tokenize and /detokenize, Prometheus' /metrics and the chat page at /. Every request runs on
+one AsyncLLMEngine, so all connections share its batch.
+
+Given parsed command-line arguments, the app starts listening at once and loads the model in a
+thread (/health says 503 until it is ready); given an AsyncLLMEngine, it serves that one and
+leaves it open at shutdown."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import pathlib
+import threading
+import time
+from contextlib import asynccontextmanager
+from typing import Callable, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..async_engine import AsyncLLMEngine
+from ..llama import encode_prompt
+from . import args as server_args
+from .args import ServerSettings
+from .chat_template import ChatTemplate, ChatTemplateError
+from .metrics import Metrics, RequestTimer
+from .middleware import Gate
+from .openai_schema import APIError, GenerationRequest, get, parse_chat, parse_completion, read_json
+from .responses import SSE_DONE, ResponseBuilder, sse
+
+log = logging.getLogger("ember.server")
+
+STATIC = pathlib.Path(__file__).resolve().parent / "static"
+RETRY_AFTER_S = 1   # a full queue drains in about a request's time; clients back off from there
+
+
+class _Server:
+    """The app's state: the engine once loaded, and what is read from it once."""
+
+    def __init__(self, settings: ServerSettings):
+        self.settings = settings
+        self.metrics = Metrics()
+        self.engine: Optional[AsyncLLMEngine] = None
+        self.owns_engine = False
+        self.load_error: Optional[BaseException] = None
+
+    def attach(self, engine: AsyncLLMEngine, owns: bool) -> None:
+        # AsyncLLMEngine has no public accessors for the tokenizer and the engine's limits yet:
+        # they are read here, once, from the LLM it runs on.
+        llm = engine._llm
+        client = llm._open_client()
+        self.tok = client._tok
+        self.n_ctx = client.engine.n_ctx
+        self.max_num_seqs = client.engine.max_num_seqs
+        self.model_path = llm.model_path
+        self.model_id = self.settings.alias or os.path.basename(self.model_path)
+        self.template = ChatTemplate.for_model(self.model_path, self.tok, self.settings.chat_template)
+        self.owns_engine = owns
+        self.engine = engine   # last: a request sees the engine only once the rest is set
+
+    def load(self, args: argparse.Namespace, on_load_failed: Optional[Callable[[BaseException], None]]) -> None:
+        """Loads the model (in its own thread: the server answers /health meanwhile)."""
+        t0 = time.perf_counter()
+        log.info("loading %s ...", args.model)
+        try:
+            engine = AsyncLLMEngine(args.model, **server_args.engine_kwargs(args))
+            try:
+                self.attach(engine, owns=True)
+            except BaseException:
+                engine.shutdown()
+                raise
+        except Exception as e:
+            self.load_error = e
+            if on_load_failed is not None:
+                on_load_failed(e)
+            else:
+                log.error("loading %s failed: %s", args.model, e)
+            return
+        log.info("model %s ready in %.1f s (n_ctx %d, %d sequences at once, chat template: %s)",
+                 self.model_id, time.perf_counter() - t0, self.n_ctx, self.max_num_seqs, self.template.origin)
+
+    def ready(self) -> AsyncLLMEngine:
+        if self.engine is None:
+            message = f"loading the model failed: {self.load_error}" if self.load_error else "Loading model"
+            raise APIError(503, message, type="unavailable_error", code="model_loading",
+                           headers={"Retry-After": str(RETRY_AFTER_S)})
+        return self.engine
+
+    def close(self) -> None:
+        if self.engine is not None and self.owns_engine:
+            self.engine.shutdown()
+
+    # ---- requests ------------------------------------------------------------------------
+    async def body(self, request: Request) -> dict:
+        """The JSON body, read up to the size limit (413 past it, whatever Content-Length says)."""
+        limit = self.settings.max_body_bytes
+        raw = bytearray()
+        async for part in request.stream():
+            raw += part
+            if len(raw) > limit:
+                raise APIError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
+        return read_json(bytes(raw))
+
+    def check_model(self, model: Optional[str]) -> None:
+        if model is not None and model not in (self.model_id, self.model_path):
+            raise APIError(404, f"The model '{model}' does not exist; this server serves '{self.model_id}'",
+                           param="model", code="model_not_found")
+
+    def check_room(self, n_prompt: int, req: GenerationRequest) -> None:
+        wanted = n_prompt + (req.params.max_tokens or 1)
+        if wanted > self.n_ctx:
+            param = "max_tokens" if n_prompt < self.n_ctx else "messages" if req.messages is not None else "prompt"
+            raise APIError(400, f"This model's maximum context length is {self.n_ctx} tokens. However, you requested "
+                                f"{wanted} tokens ({n_prompt} in the prompt, {wanted - n_prompt} for the completion).",
+                           param=param, code="context_length_exceeded")
+
+    def check_queue(self, n: int) -> None:
+        """503 when the request's sequences would make more than max_queue wait for a slot."""
+        stats = self.engine.stats()
+        waiting = stats["waiting"] + max(0, stats["running"] + n - self.max_num_seqs)
+        if waiting > self.settings.max_queue:
+            self.metrics.count("rejected")
+            raise APIError(503, f"the server is busy: {stats['waiting']} requests are waiting already "
+                                f"(--max-queue {self.settings.max_queue}); retry later",
+                           type="server_error", code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
+
+    async def generate(self, request: Request, req: GenerationRequest, prompt_ids, prompt_text: str, chat: bool):
+        engine = self.ready()
+        self.check_model(req.model)
+        self.check_room(len(prompt_ids), req)
+        self.check_queue(req.params.n)
+        builder = ResponseBuilder(req, self.model_id, self.tok, prompt_text, chat)
+        timer = RequestTimer(self.metrics)
+        outputs = engine.generate(prompt_ids, req.params, request_id=builder.id)
+        if req.stream:
+            return StreamingResponse(self._events(request, outputs, builder, timer), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        task = asyncio.ensure_future(self._last_output(outputs, timer))
+        # Nothing is sent until the end, so a client that leaves is noticed by asking: its request
+        # is then cancelled (the generator, closed by the cancellation, cancels it in the engine).
+        while not task.done():
+            await asyncio.wait({task}, timeout=0.2)
+            if not task.done() and await request.is_disconnected():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                self._note(request, builder, timer, None, "disconnected")
+                return Response(status_code=499)
+        try:
+            final = task.result()
+        except (RuntimeError, ValueError) as e:   # the engine failed, or was closed under the request
+            self._note(request, builder, timer, None, "error")
+            raise APIError(500, str(e), type="server_error") from e
+        self._note(request, builder, timer, final, final.outputs[0].finish_reason)
+        return JSONResponse(builder.response(final))
+
+    @staticmethod
+    async def _last_output(outputs, timer: RequestTimer):
+        final = None
+        async for out in outputs:
+            timer.observe(out)
+            final = out
+        return final
+
+    async def _events(self, request: Request, outputs, builder: ResponseBuilder, timer: RequestTimer):
+        """The SSE stream. A client that disconnects ends it (Starlette cancels or closes this
+        generator), and closing `outputs` cancels the request in the engine."""
+        final, outcome = None, "disconnected"
+        try:
+            for chunk in builder.opening_chunks():
+                yield sse(chunk)
+            async for out in outputs:
+                timer.observe(out)
+                for chunk in builder.chunks(out):
+                    yield sse(chunk)
+                final = out
+            outcome = final.outputs[0].finish_reason
+            if builder.req.include_usage:
+                yield sse(builder.usage_chunk(final))
+            yield SSE_DONE
+        except (RuntimeError, ValueError) as e:   # as in generate(); the status has gone out, so an event says it
+            outcome = "error"
+            yield sse(APIError(500, str(e), type="server_error").body())
+            yield SSE_DONE
+        finally:
+            await outputs.aclose()
+            self._note(request, builder, timer, final, outcome)
+
+    def _note(self, request: Request, builder: ResponseBuilder, timer: RequestTimer, final, outcome: str) -> None:
+        """Counts the request in the metrics and gives the log line its details."""
+        elapsed = timer.finish(outcome)
+        usage = f" prompt={len(final.prompt_token_ids)} completion={builder.usage(final)['completion_tokens']}" \
+            if final is not None else ""
+        ttft = f" ttft={timer.first_token_s * 1e3:.0f}ms" if timer.first_token_s is not None else ""
+        request.state.log = f"{builder.id} {outcome}{usage}{ttft} total={elapsed * 1e3:.0f}ms"
+
+
+def create_app(engine_or_args, settings: Optional[ServerSettings] = None,
+               on_load_failed: Optional[Callable[[BaseException], None]] = None) -> FastAPI:
+    """The server on an AsyncLLMEngine (ready at once; settings: ServerSettings()), or on parsed
+    `ember-server` arguments (the model loads when the app starts; settings come from them).
+    on_load_failed(error) is called in the loading thread if the model cannot be loaded."""
+    if isinstance(engine_or_args, AsyncLLMEngine):
+        srv = _Server(settings or ServerSettings())
+        srv.attach(engine_or_args, owns=False)
+    else:
+        srv = _Server(settings or server_args.settings(engine_or_args))
+
+    @asynccontextmanager
+    async def lifespan(app):
+        if srv.engine is None:
+            threading.Thread(target=srv.load, args=(engine_or_args, on_load_failed), name="ember-server-load",
+                             daemon=True).start()
+        yield
+        srv.close()
+
+    app = FastAPI(title="ember-server", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = srv
+    app.add_middleware(Gate, api_key=srv.settings.api_key)
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, e: APIError):
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException):
+        kind = "not_found" if e.status_code == 404 else "method_not_allowed" if e.status_code == 405 else None
+        message = f"{request.method} {request.url.path}: {e.detail}"
+        return JSONResponse(APIError(e.status_code, message, code=kind).body(), status_code=e.status_code,
+                            headers=getattr(e, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, e: Exception):
+        log.exception("%s %s failed", request.method, request.url.path)
+        return JSONResponse(APIError(500, f"internal error: {type(e).__name__}: {e}", type="server_error").body(),
+                            status_code=500)
+
+    @app.get("/health")
+    async def health():
+        srv.ready()
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    @app.get("/models")
+    async def models():
+        srv.ready()
+        meta = {"n_ctx": srv.n_ctx, "n_vocab": srv.tok.n_vocab, "max_num_seqs": srv.max_num_seqs,
+                "path": srv.model_path}
+        return {"object": "list", "data": [{"id": srv.model_id, "object": "model", "created": 0,
+                                            "owned_by": "ember", "meta": meta}]}
+
+    @app.post("/v1/completions")
+    @app.post("/completions")
+    async def completions(request: Request):
+        srv.ready()
+        req = parse_completion(await srv.body(request), srv.tok.n_vocab)
+        try:
+            prompt_ids = encode_prompt(srv.tok, req.prompt)
+        except ValueError as e:
+            raise APIError(400, str(e), param="prompt") from None
+        prompt_text = req.prompt if isinstance(req.prompt, str) else \
+            bytes(srv.tok.decode(prompt_ids, False)).decode("utf-8", errors="ignore")
+        return await srv.generate(request, req, prompt_ids, prompt_text, chat=False)
+
+    @app.post("/v1/chat/completions")
+    @app.post("/chat/completions")
+    async def chat_completions(request: Request):
+        srv.ready()
+        req = parse_chat(await srv.body(request), srv.tok.n_vocab)
+        try:
+            text = srv.template.render(req.messages, tools=req.tools, **req.template_kwargs)
+        except ChatTemplateError as e:
+            raise APIError(400, str(e), param="messages") from None
+        prompt_ids = list(srv.tok.encode(text.encode("utf-8"), srv.template.add_bos(text), True))
+        return await srv.generate(request, req, prompt_ids, text, chat=True)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        srv.ready()
+        body = await srv.body(request)
+        content = get(body, "content", "str", "")
+        ids = list(srv.tok.encode(content.encode("utf-8"), get(body, "add_special", "bool", False),
+                                  get(body, "parse_special", "bool", True)))
+        if not get(body, "with_pieces", "bool", False):
+            return {"tokens": ids}
+        pieces = []
+        for t in ids:
+            piece = bytes(srv.tok.token_to_piece(t, True))
+            try:   # llama-server's: the text where it is valid UTF-8, else the bytes
+                pieces.append({"id": t, "piece": piece.decode("utf-8")})
+            except UnicodeDecodeError:
+                pieces.append({"id": t, "piece": list(piece)})
+        return {"tokens": pieces}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        srv.ready()
+        body = await srv.body(request)
+        tokens = get(body, "tokens", "list", [])
+        n_vocab = srv.tok.n_vocab
+        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < n_vocab for t in tokens):
+            raise APIError(400, f"'tokens' must be token ids in [0, {n_vocab})", param="tokens", code="invalid_value")
+        return {"content": bytes(srv.tok.decode(tokens, True)).decode("utf-8", errors="replace")}
+
+    @app.get("/metrics")
+    async def metrics():
+        stats = srv.engine.stats() if srv.engine is not None else None
+        return PlainTextResponse(srv.metrics.render(stats), media_type="text/plain; version=0.0.4")
+
+    @app.get("/")
+    async def chat_page():
+        return FileResponse(STATIC / "chat.html", media_type="text/html")
+
+    return app

@@ -1,0 +1,252 @@
+"""The OpenAI request bodies the server takes, checked field by field, and OpenAI's error body.
+parse_completion / parse_chat turn a JSON body into a GenerationRequest (SamplingParams and the
+rest) or raise APIError, which the app answers as `{"error": {"message", "type", "param", "code"}}`.
+Unknown fields are ignored, as OpenAI clients send fields a server may not know."""
+from __future__ import annotations
+
+import json
+import numbers
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Union
+
+from ..sampling_params import SamplingParams
+
+MAX_N = 128          # sequences of one request: n beyond this is a mistake or abuse
+MAX_TOP_LOGPROBS = 20   # OpenAI's bound
+
+
+class APIError(Exception):
+    """An answer with OpenAI's error body; headers go out with it (Retry-After on 503)."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
+                 param: Optional[str] = None, code: Optional[str] = None, headers: Optional[dict] = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad_param(param: str, message: str) -> APIError:
+    return APIError(400, message, param=param, code="invalid_value")
+
+
+@dataclass
+class GenerationRequest:
+    """A checked /v1/completions or /v1/chat/completions body. logprobs: None, or how many top
+    candidates each token reports (0: the sampled token's alone). prompt: completions' str or
+    token ids; messages / tools / template_kwargs: chat's."""
+    model: Optional[str]
+    params: SamplingParams
+    stream: bool = False
+    include_usage: bool = False
+    logprobs: Optional[int] = None
+    echo: bool = False
+    prompt: Union[str, List[int], None] = None
+    messages: Optional[list] = None
+    tools: Optional[list] = None
+    template_kwargs: dict = field(default_factory=dict)
+
+
+def read_json(raw: bytes) -> dict:
+    """The body as a JSON object, or a 400."""
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise APIError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from e
+    if not isinstance(body, dict):
+        raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}", code="invalid_json")
+    return body
+
+
+_KINDS = {
+    "int": ("an integer", lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool)),
+    "number": ("a number", lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool)),
+    "bool": ("a boolean", lambda v: isinstance(v, bool)),
+    "str": ("a string", lambda v: isinstance(v, str)),
+    "object": ("an object", lambda v: isinstance(v, dict)),
+    "list": ("an array", lambda v: isinstance(v, list)),
+}
+
+
+def get(body: dict, name: str, kind: str, default: Any = None, ok=None, rule: str = "") -> Any:
+    """body[name] if it is of kind (null or absent: default) and ok(value) holds, else a 400
+    naming the field and the rule."""
+    value = body.get(name)
+    if value is None:
+        return default
+    what, is_kind = _KINDS[kind]
+    if not is_kind(value):
+        raise bad_param(name, f"'{name}' must be {what}, got {json.dumps(value)[:100]}")
+    if ok is not None and not ok(value):
+        raise bad_param(name, f"'{name}' {rule}, got {value!r}")
+    return value
+
+
+def _is_token_list(v) -> bool:
+    return isinstance(v, list) and bool(v) and all(_KINDS["int"][1](t) for t in v)
+
+
+def _prompt(body: dict, n_vocab: int) -> Union[str, List[int]]:
+    prompt = body.get("prompt")
+    # OpenAI's batch forms holding one prompt are that prompt.
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt
+    if _is_token_list(prompt):
+        bad = next((t for t in prompt if not 0 <= t < n_vocab), None)
+        if bad is not None:
+            raise bad_param("prompt", f"'prompt' token id {bad} is outside the vocabulary (0..{n_vocab - 1})")
+        return [int(t) for t in prompt]
+    if prompt is None:
+        raise APIError(400, "'prompt' is required", param="prompt", code="missing_required_parameter")
+    if isinstance(prompt, list) and len(prompt) > 1:
+        raise bad_param("prompt", "ember-server takes one prompt per request; send several requests "
+                                  "(they share the batch)")
+    raise bad_param("prompt", "'prompt' must be a string or an array of token ids")
+
+
+def _stop(body: dict) -> List[str]:
+    stop = body.get("stop")
+    if stop is None or isinstance(stop, str):
+        return [stop] if stop else []
+    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        return stop
+    raise bad_param("stop", "'stop' must be a string or an array of strings")
+
+
+def _logit_bias(body: dict, n_vocab: int) -> Optional[dict]:
+    bias = get(body, "logit_bias", "object")
+    if not bias:
+        return None
+    out = {}
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise bad_param("logit_bias", f"'logit_bias' keys must be token ids, got {key!r}") from None
+        if not 0 <= token < n_vocab:
+            raise bad_param("logit_bias", f"'logit_bias' token id {token} is outside the vocabulary (0..{n_vocab - 1})")
+        if not _KINDS["number"][1](value) or not -100 <= value <= 100:
+            raise bad_param("logit_bias", f"'logit_bias' values must be numbers in [-100, 100], got {value!r}")
+        out[token] = float(value)
+    return out
+
+
+def _seed(body: dict) -> Optional[int]:
+    seed = get(body, "seed", "int")
+    if seed == -1:   # llama-server's "random"
+        return None
+    if seed is not None and not 0 <= seed < 1 << 63:
+        raise bad_param("seed", f"'seed' must be in [0, 2**63) (or -1: random), got {seed}")
+    return seed
+
+
+def _sampling(body: dict, n_vocab: int, max_tokens: Optional[int], logprobs: Optional[int],
+              prompt_logprobs: Optional[int]) -> SamplingParams:
+    """The SamplingParams of the fields completions and chat share."""
+    unit = (lambda v: 0 <= v <= 1, "must be in [0, 1]")
+    penalty = (lambda v: -2 <= v <= 2, "must be in [-2, 2]")
+    best_of = get(body, "best_of", "int")
+    n = get(body, "n", "int", 1, lambda v: 1 <= v <= MAX_N, f"must be in [1, {MAX_N}]")
+    if best_of is not None and best_of != n:
+        raise bad_param("best_of", "'best_of' other than n is not supported")
+    # llama-server's name, or vLLM's.
+    repetition = "repeat_penalty" if body.get("repeat_penalty") is not None else "repetition_penalty"
+    try:
+        return SamplingParams(
+            n=n,
+            temperature=get(body, "temperature", "number", 1.0, lambda v: v >= 0, "must be >= 0"),
+            top_p=get(body, "top_p", "number", 1.0, lambda v: 0 < v <= 1, "must be in (0, 1]"),
+            top_k=get(body, "top_k", "int", -1, lambda v: v >= -1, "must be >= -1 (-1 or 0: off)"),
+            min_p=get(body, "min_p", "number", 0.0, *unit),
+            presence_penalty=get(body, "presence_penalty", "number", 0.0, *penalty),
+            frequency_penalty=get(body, "frequency_penalty", "number", 0.0, *penalty),
+            repetition_penalty=get(body, repetition, "number", 1.0, lambda v: v > 0, "must be > 0"),
+            max_tokens=max_tokens,
+            min_tokens=get(body, "min_tokens", "int", 0, lambda v: v >= 0, "must be >= 0"),
+            stop=_stop(body), seed=_seed(body), logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+            ignore_eos=get(body, "ignore_eos", "bool", False), logit_bias=_logit_bias(body, n_vocab))
+    except ValueError as e:   # the rules that tie fields together (min_tokens <= max_tokens, seed + n)
+        raise bad_param(None, str(e)) from None
+
+
+def _max_tokens(body: dict, name: str, default: Optional[int]) -> Optional[int]:
+    return get(body, name, "int", default, lambda v: v >= 1, "must be at least 1")
+
+
+def _stream(body: dict) -> tuple:
+    stream = get(body, "stream", "bool", False)
+    options = get(body, "stream_options", "object", {})
+    return stream, bool(stream and get(options, "include_usage", "bool", False))
+
+
+def parse_completion(body: dict, n_vocab: int) -> GenerationRequest:
+    """A /v1/completions body. max_tokens defaults to 16, as OpenAI's."""
+    if body.get("suffix"):
+        raise bad_param("suffix", "'suffix' (insertion) is not supported")
+    logprobs = get(body, "logprobs", "int", None, lambda v: 0 <= v <= MAX_TOP_LOGPROBS,
+                   f"must be in [0, {MAX_TOP_LOGPROBS}]")
+    echo = get(body, "echo", "bool", False)
+    stream, include_usage = _stream(body)
+    prompt = _prompt(body, n_vocab)
+    params = _sampling(body, n_vocab, _max_tokens(body, "max_tokens", 16), logprobs,
+                       0 if echo and logprobs is not None else None)
+    return GenerationRequest(model=get(body, "model", "str"), params=params, stream=stream,
+                             include_usage=include_usage, logprobs=logprobs, echo=echo, prompt=prompt)
+
+
+def _content_text(content, i: int) -> Optional[str]:
+    """A message's content as the string templates expect: text parts joined."""
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise bad_param(f"messages[{i}].content", f"only text content parts are supported, got {kind!r}")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise bad_param(f"messages[{i}].content", "a message's 'content' must be a string or an array of text parts")
+
+
+def _messages(body: dict) -> list:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise APIError(400, "'messages' must be a non-empty array of messages", param="messages",
+                       code="missing_required_parameter" if messages is None else "invalid_value")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise bad_param(f"messages[{i}]", "each message must be an object with a string 'role'")
+        out.append(dict(m, content=_content_text(m.get("content"), i)))
+    return out
+
+
+def parse_chat(body: dict, n_vocab: int) -> GenerationRequest:
+    """A /v1/chat/completions body. Without max_tokens / max_completion_tokens a reply may run to
+    the end of the context, as OpenAI's."""
+    fmt = get(body, "response_format", "object")
+    if fmt and fmt.get("type", "text") != "text":
+        raise bad_param("response_format", f"response_format {fmt.get('type')!r} is not supported (only 'text')")
+    want = get(body, "logprobs", "bool", False)
+    top = get(body, "top_logprobs", "int", None, lambda v: 0 <= v <= MAX_TOP_LOGPROBS,
+              f"must be in [0, {MAX_TOP_LOGPROBS}]")
+    if top is not None and not want:
+        raise bad_param("top_logprobs", "'top_logprobs' needs 'logprobs': true")
+    logprobs = (top or 0) if want else None
+    max_tokens = _max_tokens(body, "max_completion_tokens", _max_tokens(body, "max_tokens", None))
+    stream, include_usage = _stream(body)
+    messages = _messages(body)
+    params = _sampling(body, n_vocab, max_tokens, logprobs, None)
+    return GenerationRequest(model=get(body, "model", "str"), params=params, stream=stream,
+                             include_usage=include_usage, logprobs=logprobs, messages=messages,
+                             tools=get(body, "tools", "list"),
+                             template_kwargs=get(body, "chat_template_kwargs", "object", {}))

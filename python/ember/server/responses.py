@@ -1,0 +1,172 @@
+"""OpenAI's response objects built from the engine's RequestOutputs: `text_completion` and
+`chat.completion` bodies, their streamed chunks (deltas computed from the cumulative outputs,
+the same id on every chunk, the role in the first chat delta, one choice per chunk), usage and
+logprobs in each endpoint's format."""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Dict, List, Optional
+
+from ..outputs import RequestOutput
+from .openai_schema import GenerationRequest
+
+
+def sse(obj) -> str:
+    """One server-sent event."""
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def _top(entry: Dict[int, float], k: int) -> list:
+    """The k most likely (token id, logprob) of an entry: it holds the sampled token and the top k."""
+    return sorted(entry.items(), key=lambda kv: -kv[1])[:k]
+
+
+class ResponseBuilder:
+    """One request's responses. chat: chat.completion objects, else text_completion. prompt_text
+    is what echo repeats."""
+
+    def __init__(self, req: GenerationRequest, model: str, tokenizer, prompt_text: str, chat: bool):
+        self.req = req
+        self.chat = chat
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.model = model
+        self._tok = tokenizer
+        self._prompt_text = prompt_text
+        n = req.params.n
+        self._sent_text = [0] * n      # chars of each choice's text already streamed
+        self._sent_tokens = [0] * n    # tokens whose logprobs were already streamed
+        self._offset = [len(prompt_text) if req.echo else 0] * n   # text_offset of the next token
+        self._started = [False] * n
+        self._finished = [False] * n
+
+    def _piece(self, token: int) -> bytes:
+        return bytes(self._tok.token_to_piece(token, False))
+
+    def _text(self, token: int) -> str:
+        # A piece holding part of a UTF-8 character shows as what decodes, as in Llama's logprobs.
+        return self._piece(token).decode("utf-8", errors="ignore")
+
+    # ---- logprobs ------------------------------------------------------------------------
+    def _chat_logprobs(self, out, start: int) -> dict:
+        k = self.req.logprobs
+
+        def item(t, lp):
+            return {"token": self._text(t), "logprob": lp, "bytes": list(self._piece(t))}
+        content = []
+        for t, entry in zip(out.token_ids[start:], out.logprobs[start:]):
+            content.append(dict(item(t, entry[t]), top_logprobs=[item(c, lp) for c, lp in _top(entry, k)]))
+        return {"content": content, "refusal": None}
+
+    def _completion_logprobs(self, index: int, out, start: int, prompt: Optional[RequestOutput]) -> dict:
+        """The legacy format: tokens, token_logprobs, top_logprobs ({text: logprob}, the sampled
+        token included) and text_offset; the echoed prompt first when prompt is given (its first
+        token has no logprob unless it follows a BOS, which is left out)."""
+        lp = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+
+        def add(text, logprob, top):
+            lp["tokens"].append(text)
+            lp["token_logprobs"].append(logprob)
+            lp["top_logprobs"].append(top)
+            lp["text_offset"].append(self._offset[index])
+            self._offset[index] += len(text)
+
+        if prompt is not None:
+            self._offset[index] = 0
+            ids, plps = prompt.prompt_token_ids, prompt.prompt_logprobs or [None] * len(prompt.prompt_token_ids)
+            for i in range(1 if ids[0] == self._tok.bos else 0, len(ids)):
+                logprob = plps[i][ids[i]] if i > 0 and plps[i] else None
+                text = self._text(ids[i])
+                add(text, logprob, None if logprob is None else {text: logprob})
+            self._offset[index] = len(self._prompt_text)
+        for t, entry in zip(out.token_ids[start:], out.logprobs[start:]):
+            top = {self._text(c): v for c, v in _top(entry, self.req.logprobs)}
+            text = self._text(t)
+            top.setdefault(text, entry[t])
+            add(text, entry[t], top)
+        return lp
+
+    def _logprobs(self, index: int, out, start: int, prompt: Optional[RequestOutput] = None):
+        if self.req.logprobs is None:
+            return None
+        return self._chat_logprobs(out, start) if self.chat else self._completion_logprobs(index, out, start, prompt)
+
+    # ---- whole responses -----------------------------------------------------------------
+    def usage(self, final: RequestOutput) -> dict:
+        """Exact counts: the prompt's tokens, every choice's generated tokens."""
+        n_prompt = len(final.prompt_token_ids)
+        n_completion = sum(len(o.token_ids) for o in final.outputs)
+        return {"prompt_tokens": n_prompt, "completion_tokens": n_completion,
+                "total_tokens": n_prompt + n_completion,
+                "prompt_tokens_details": {"cached_tokens": final.num_cached_tokens}}
+
+    def _head(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def response(self, final: RequestOutput) -> dict:
+        """The non-streamed body."""
+        choices = []
+        for o in final.outputs:
+            lp = self._logprobs(o.index, o, 0, final if self.req.echo else None)
+            if self.chat:
+                choices.append({"index": o.index, "message": {"role": "assistant", "content": o.text},
+                                "logprobs": lp, "finish_reason": o.finish_reason})
+            else:
+                text = self._prompt_text + o.text if self.req.echo else o.text
+                choices.append({"index": o.index, "text": text, "logprobs": lp, "finish_reason": o.finish_reason})
+        return dict(self._head("chat.completion" if self.chat else "text_completion"), choices=choices,
+                    usage=self.usage(final))
+
+    # ---- streaming -----------------------------------------------------------------------
+    def _chunk(self, choice: Optional[dict], usage: Optional[dict] = None) -> dict:
+        chunk = dict(self._head("chat.completion.chunk" if self.chat else "text_completion"),
+                     choices=[choice] if choice is not None else [])
+        if self.req.include_usage:
+            chunk["usage"] = usage
+        return chunk
+
+    def opening_chunks(self) -> List[dict]:
+        """Sent before any token: the role of each chat choice."""
+        if not self.chat:
+            return []
+        return [self._chunk({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                             "finish_reason": None}) for i in range(self.req.params.n)]
+
+    def chunks(self, out: RequestOutput) -> List[dict]:
+        """The chunks that bring a client from the previous output to out: new text (with its
+        tokens' logprobs), then a chunk with the finish_reason once a choice ends."""
+        chunks = []
+        for o in out.outputs:
+            i = o.index
+            text = o.text[self._sent_text[i]:]
+            first = not self._started[i]
+            echo = first and self.req.echo
+            new_tokens = len(o.token_ids) > self._sent_tokens[i]
+            if text or echo or (new_tokens and self.req.logprobs is not None):
+                lp = self._logprobs(i, o, self._sent_tokens[i], out if echo else None)
+                if self.chat:
+                    choice = {"index": i, "delta": {"content": text}, "logprobs": lp, "finish_reason": None}
+                else:
+                    choice = {"index": i, "text": (self._prompt_text if echo else "") + text, "logprobs": lp,
+                              "finish_reason": None}
+                chunks.append(self._chunk(choice))
+                self._started[i] = True
+                self._sent_text[i] = len(o.text)
+                self._sent_tokens[i] = len(o.token_ids)
+            if o.finish_reason is not None and not self._finished[i]:
+                self._finished[i] = True
+                if self.chat:
+                    choice = {"index": i, "delta": {}, "logprobs": None, "finish_reason": o.finish_reason}
+                else:
+                    choice = {"index": i, "text": "", "logprobs": None, "finish_reason": o.finish_reason}
+                chunks.append(self._chunk(choice))
+        return chunks
+
+    def usage_chunk(self, final: RequestOutput) -> dict:
+        """stream_options.include_usage's last chunk: no choices, the usage."""
+        return self._chunk(None, self.usage(final))
