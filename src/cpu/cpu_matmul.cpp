@@ -3,15 +3,82 @@
 // that matches vec_dot bit for bit where there is one (cpu/gemm.h); otherwise, and for a
 // single token, every token is dotted against each row (a row stays in cache meanwhile).
 // Each output row is one dot (or gemm) call however the rows are chunked or merged, so neither
-// ever changes a result.
+// ever changes a result. Batches of several sequences may instead take the fast kernels
+// (cpu/gemm_fast.h), which are not bit-identical to vec_dot (fast_batch below).
 #include <algorithm>
 #include <cmath>
 
 #include "cpu/cpu_backend.h"
 #include "cpu/cpu_kernels.h"
 #include "cpu/gemm.h"
+#include "cpu/gemm_fast.h"
 
 namespace ember {
+namespace {
+
+// Whether a batch of n_tok tokens may use the fast kernels, whose sums differ from vec_dot's in
+// the last bits (and, once the next matmul requantizes its input to int8, by a quantization step
+// here and there: greedy outputs drift from one-at-a-time ones as under any other kernel). One
+// sequence keeps the exact tiles: the Llama class is checked bit for bit against llama.cpp, and a
+// token's result must not depend on how its prompt was split into batches. The engine's
+// deterministic mode (batch_invariant) keeps them too: there a token's result must be the same
+// whatever else shares its step, a single token (vec_dot) included.
+bool fast_batch(const BatchInfo& batch, int32_t n_tok) {
+    return n_tok >= 2 && batch.n_seq > 1 && !batch.batch_invariant;
+}
+
+// Rows per hand-out of the fast kernel: whole row tiles, as few chunks as n_chunks allows (each
+// chunk transposes its rows' blocks once and quantizes nothing).
+int64_t fast_grain(int64_t n_out, int64_t n_chunks, int64_t tile) {
+    return std::max<int64_t>(tile, (n_out / n_chunks + tile - 1) / tile * tile);
+}
+
+// x quantized for the fast kernel k into buf (whole token tiles shared out among the threads: the
+// tokens of a tile share cache lines).
+const uint8_t* prepare_fast(ThreadPool& pool, std::vector<uint8_t>& buf, const FastGemm& k, const float* x,
+                            int64_t n_in, int32_t n_tok) {
+    const size_t bytes = fast_gemm_act_bytes(n_in, n_tok);
+    if (buf.size() < bytes) buf.resize(bytes);
+    uint8_t* act = buf.data();
+    // A decode batch quantizes in about a microsecond: on the calling thread, it saves a hand-out.
+    if (int64_t(n_tok) * n_in <= (int64_t(1) << 15)) fast_gemm_prepare(k, x, n_in, 0, n_tok, act);
+    else pool.parallel_for(n_tok, kFastTok, [&](int64_t b, int64_t e) { fast_gemm_prepare(k, x, n_in, int32_t(b), int32_t(e), act); });
+    return act;
+}
+
+// A batch through several weights of one input with the fast kernels: the input is prepared once
+// and the row tiles of all of them are handed out as one job. False (nothing done) unless every
+// weight has a fast kernel reading the same prepared activations.
+bool matmul_many_fast(ThreadPool& pool, std::vector<uint8_t>& buf, int64_t n_chunks, const Weight* const* ws,
+                      float* const* ys, int count, const float* x, int32_t n_tok) {
+    std::vector<const FastGemm*> ks(count);
+    for (int i = 0; i < count; ++i) {
+        ks[i] = fast_gemm_for(ws[i]->type);
+        if (!ks[i] || ks[i]->act_type != ks[0]->act_type || ks[i]->offset != ks[0]->offset ||
+            ks[i]->row_tile != ks[0]->row_tile || ws[i]->n_in != ws[0]->n_in)
+            return false;
+    }
+    const int64_t n_in = ws[0]->n_in, tile = ks[0]->row_tile;
+    const uint8_t* act = prepare_fast(pool, buf, *ks[0], x, n_in, n_tok);
+    std::vector<int64_t> first(count + 1, 0);   // row tiles of weight i: [first[i], first[i + 1])
+    for (int i = 0; i < count; ++i) first[i + 1] = first[i] + (ws[i]->n_out + tile - 1) / tile;
+    const int64_t total = first[count];
+    pool.parallel_for(total, fast_grain(total * tile, n_chunks, tile) / tile, [&](int64_t b, int64_t e) {
+        int i = 0;
+        while (first[i + 1] <= b) ++i;
+        for (int64_t g = b; g < e; ++i) {
+            const Weight& w = *ws[i];
+            const int64_t stop = std::min(e, first[i + 1]);
+            const int64_t o_begin = (g - first[i]) * tile, o_end = std::min(w.n_out, (stop - first[i]) * tile);
+            ks[i]->gemm(n_in, static_cast<const uint8_t*>(w.data), row_bytes(w.type, n_in), act, n_tok, o_begin, o_end,
+                        ys[i], w.n_out);
+            g = stop;
+        }
+    });
+    return true;
+}
+
+}  // namespace
 
 const uint8_t* CpuBackend::quantize_input(GGMLType type, const float* x, int64_t n_in, int32_t n_tok) {
     const size_t x_row = row_bytes(type, n_in);
@@ -24,6 +91,17 @@ const uint8_t* CpuBackend::quantize_input(GGMLType type, const float* x, int64_t
 }
 
 void CpuBackend::matmul(const Weight& w, const float* x, int32_t n_tok, float* y) {
+    if (fast_batch(batch_, n_tok)) {
+        if (const FastGemm* k = fast_gemm_for(w.type)) {
+            const uint8_t* act = prepare_fast(pool_, act_q_, *k, x, w.n_in, n_tok);
+            const auto* wdata = static_cast<const uint8_t*>(w.data);
+            const size_t w_row = row_bytes(w.type, w.n_in);
+            pool_.parallel_for(w.n_out, fast_grain(w.n_out, n_chunks(), k->row_tile), [&](int64_t b, int64_t e) {
+                k->gemm(w.n_in, wdata, w_row, act, n_tok, b, e, y, w.n_out);
+            });
+            return;
+        }
+    }
     const CpuKernels& kern = cpu_kernels(w.type);
     const size_t x_row = row_bytes(kern.vec_dot_type, w.n_in);
     const size_t w_row = row_bytes(w.type, w.n_in);
@@ -60,6 +138,7 @@ int64_t CpuBackend::row_grain(int64_t n_rows, size_t w_row) const {
 // One token (decode) through several weights of one input: the input is quantized once and the
 // rows of all of them are handed out as one job, so the threads meet once instead of per weight.
 void CpuBackend::matmul_many(const Weight* const* ws, float* const* ys, int count, const float* x, int32_t n_tok) {
+    if (fast_batch(batch_, n_tok) && matmul_many_fast(pool_, act_q_, n_chunks(), ws, ys, count, x, n_tok)) return;
     const GGMLType act = cpu_kernels(ws[0]->type).vec_dot_type;
     bool shared = n_tok == 1 && count > 1;
     for (int i = 1; i < count; ++i)

@@ -177,15 +177,61 @@ struct PyBackend {
             fail(what, " must be [", n_tok, ", ", width, "] float32");
     }
 
-    F32Out matmul(uint32_t type_id, U8In w, int64_t n_in, F32In x) {
+    // n_seq: run under a batch of that many sequences (token t in sequence t % n_seq), as the
+    // engine's steps do, so kernels that depend on the batch (the CPU's fast matmul) are chosen;
+    // a one-sequence batch is set again afterwards.
+    void multi_seq_batch(std::optional<int32_t> n_seq, bool batch_invariant, int32_t n_tok) {
+        if (!n_seq) return;
+        if (*n_seq < 1) fail("n_seq must be positive, got ", *n_seq);
+        BatchInfo b = one_sequence_batch(std::vector<int32_t>(n_tok, 0), {0});
+        b.n_seq = *n_seq;
+        b.block_table.assign(*n_seq, 0);
+        for (int32_t t = 0; t < n_tok; ++t) b.seq[t] = t % *n_seq;
+        b.batch_invariant = batch_invariant;
+        be->set_batch(b);
+    }
+    void end_multi_seq_batch(std::optional<int32_t> n_seq, int32_t n_tok) {
+        if (n_seq) be->set_batch(one_sequence_batch(std::vector<int32_t>(n_tok, 0), {0}));
+    }
+
+    F32Out matmul(uint32_t type_id, U8In w, int64_t n_in, F32In x, std::optional<int32_t> n_seq, bool batch_invariant) {
         Weight wt = weight(type_id, w, n_in, "weight");
         if (x.ndim() != 2) fail("x must be [n_tok, ", n_in, "] float32");
         check_rows(x, x.shape(0), n_in, "x");
         const int32_t n_tok = (int32_t)x.shape(0);
         const int64_t n_out = wt.n_out;
         Buf xb(*be, x.data(), x.size() * sizeof(float)), yb(*be, (size_t)n_tok * n_out * sizeof(float));
+        multi_seq_batch(n_seq, batch_invariant, n_tok);
         be->matmul(wt, xb.f(), n_tok, yb.f());
+        end_multi_seq_batch(n_seq, n_tok);
         return make_out(download(*be, yb, (size_t)n_tok * n_out), {(size_t)n_tok, (size_t)n_out});
+    }
+
+    // Backend::matmul_many: weights i of type type_ids[i], all reading x; one output per weight.
+    std::vector<F32Out> matmul_many(std::vector<uint32_t> type_ids, std::vector<U8In> ws, int64_t n_in, F32In x,
+                                    std::optional<int32_t> n_seq, bool batch_invariant) {
+        if (type_ids.size() != ws.size() || ws.empty()) fail("matmul_many: one type id per weight, at least one");
+        if (x.ndim() != 2) fail("x must be [n_tok, ", n_in, "] float32");
+        check_rows(x, x.shape(0), n_in, "x");
+        const int32_t n_tok = (int32_t)x.shape(0);
+        std::vector<Weight> wts;
+        std::vector<std::unique_ptr<Buf>> ybs;
+        std::vector<const Weight*> wp;
+        std::vector<float*> yp;
+        for (size_t i = 0; i < ws.size(); ++i) wts.push_back(weight(type_ids[i], ws[i], n_in, "weight"));
+        for (const Weight& wt : wts) {
+            ybs.push_back(std::make_unique<Buf>(*be, (size_t)n_tok * wt.n_out * sizeof(float)));
+            wp.push_back(&wt);
+            yp.push_back(ybs.back()->f());
+        }
+        Buf xb(*be, x.data(), x.size() * sizeof(float));
+        multi_seq_batch(n_seq, batch_invariant, n_tok);
+        be->matmul_many(wp.data(), yp.data(), (int)wp.size(), xb.f(), n_tok);
+        end_multi_seq_batch(n_seq, n_tok);
+        std::vector<F32Out> out;
+        for (size_t i = 0; i < wts.size(); ++i)
+            out.push_back(make_out(download(*be, *ybs[i], (size_t)n_tok * wts[i].n_out), {(size_t)n_tok, (size_t)wts[i].n_out}));
+        return out;
     }
 
     // The fused feed-forward op: x += residual; xn = rmsnorm(x) * norm; down(act(xn gate^T) * (xn up^T)).
@@ -345,7 +391,10 @@ void bind_kernel_backend(nb::module_& m) {
         .def(nb::init<const std::string&, int, int>(), nb::arg("kind") = "cpu", nb::arg("n_threads") = 2,
              nb::arg("device") = 0)
         .def_prop_ro("name", [](const PyBackend& b) { return std::string(b.be->name()); })
-        .def("matmul", &PyBackend::matmul, nb::arg("type_id"), nb::arg("weight"), nb::arg("n_in"), nb::arg("x"))
+        .def("matmul", &PyBackend::matmul, nb::arg("type_id"), nb::arg("weight"), nb::arg("n_in"), nb::arg("x"),
+             nb::arg("n_seq") = nb::none(), nb::arg("batch_invariant") = false)
+        .def("matmul_many", &PyBackend::matmul_many, nb::arg("type_ids"), nb::arg("weights"), nb::arg("n_in"),
+             nb::arg("x"), nb::arg("n_seq") = nb::none(), nb::arg("batch_invariant") = false)
         .def("attn_in", &PyBackend::attn_in, nb::arg("type_id"), nb::arg("wq"), nb::arg("wk"), nb::arg("wv"),
              nb::arg("n_in"), nb::arg("x"), nb::arg("pos"), nb::arg("head_dim"), nb::arg("base"), nb::arg("neox"),
              nb::arg("block_size"), nb::arg("norm"), nb::arg("eps") = 1e-5f, nb::arg("residual") = nb::none(),

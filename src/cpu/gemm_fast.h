@@ -1,0 +1,58 @@
+// Fast batched quantized matmul (n_tok >= 2) for batches of several sequences: weight rows sit in
+// the vector lanes, so one int8 dot instruction serves a vector of rows of one token (16 with
+// AVX-512) and the per-block scale is one vector FMA over them. Its float sums are not vec_dot's (results agree to float
+// rounding, not bit for bit), so only batches that allow it use it (cpu_matmul.cpp).
+//
+// Activations are quantized as vec_dot quantizes them for the weight type (Q8_0, Q8_1, Q8_K: the
+// same int8 values, scales and Q8_1 sums), so the results differ from the exact path's only by
+// float rounding, and are laid out in tiles of kFastTok tokens, block of 32 by block
+// (FastActBlock), so the kernel reads a block of every token of its tile from one place.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "ember/quant.h"
+
+namespace ember {
+
+constexpr int kFastTok = 8;   // tokens per activation tile
+
+// One 32-element block of the kFastTok tokens of a tile: the int8 values, their scale (Q8_K: the
+// super-block's), and the sum terms that weight offsets and mins fold in: s = d * sum(q) (Q8_1:
+// its fp16 s), for the mins of Q4_1, Q4_K, Q5_K; n = -offset * sum(q) and h = -offset *
+// sum(q[0..15]), for weights stored with an offset (Q4_0 8, Q8_0 taken as unsigned 128, Q6_K 32,
+// whose scales change after 16 elements).
+struct FastActBlock {
+    int8_t q[kFastTok][32];
+    float d[kFastTok];
+    float s[kFastTok];
+    int32_t n[kFastTok];
+    int32_t h[kFastTok];
+};
+static_assert(sizeof(FastActBlock) == 384, "FastActBlock layout");
+
+struct FastGemm {
+    // y[t * n_out + o] = dot(row o of w, token t) for o in [o_begin, o_end) and every t < n_tok,
+    // act prepared by fast_gemm_prepare for this FastGemm.
+    void (*gemm)(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* act, int32_t n_tok,
+                 int64_t o_begin, int64_t o_end, float* y, int64_t n_out);
+    int64_t row_tile;    // rows per kernel step: callers hand out whole multiples of it
+    GGMLType act_type;   // the activation quantizer (vec_dot's: Q8_0, Q8_1 or Q8_K)
+    int32_t offset;      // the weight offset of FastActBlock::n and h (0: none)
+};
+
+// The fast kernel of `type` at this CPU's SIMD level (cpu_simd_level(), EMBER_SIMD included),
+// or nullptr where there is none (the caller keeps the exact tiles).
+const FastGemm* fast_gemm_for(GGMLType type);
+const FastGemm* fast_gemm_avx512_for(GGMLType type);
+const FastGemm* fast_gemm_avx2_for(GGMLType type);
+
+// Bytes of the prepared activations of n_tok tokens of n_in elements (n_in a multiple of 32).
+size_t fast_gemm_act_bytes(int64_t n_in, int32_t n_tok);
+// Quantizes tokens [t_begin, t_end) of x (rows of n_in floats) into act for kernel k; tokens
+// write disjoint bytes, so threads may take token ranges (whole tiles keep them off each other's
+// cache lines).
+void fast_gemm_prepare(const FastGemm& k, const float* x, int64_t n_in, int32_t t_begin, int32_t t_end,
+                       uint8_t* act);
+
+}  // namespace ember
