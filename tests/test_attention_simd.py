@@ -13,10 +13,13 @@ from conftest import cpu_has, rng_for
 
 TESTS = pathlib.Path(__file__).resolve().parent
 
-# n_head, n_head_kv, head_dim, cache length, kv type, kv block size, q scale. Head dims: 64 and 128
-# (whole passes of 64 outputs), 80 (a pass plus a 16-wide tail), 32 (tail only), 40 (not a multiple
-# of 16: the scalar path at every level). q scale 1e-6 puts the f16-rounded q among f16 subnormals;
-# 6 spreads the scores so that probabilities underflow f16.
+# n_head, n_head_kv, head_dim, cache length, kv type, kv block size, q scale, and optionally a
+# sliding window and the query positions. Head dims: 64 and 128 (whole passes of 64 outputs), 80 (a
+# pass plus a 16-wide tail), 32 (tail only), 40 (not a multiple of 16: the scalar path at every
+# level). q scale 1e-6 puts the f16-rounded q among f16 subnormals; 6 spreads the scores so that
+# probabilities underflow f16. The windowed / single-position cases move the first gathered
+# position off the 16-position grid, so that f16 key groups mix the whole-group gather (16 slots of
+# one block) with the row-at-a-time one (groups across blocks, a partial last group).
 CASES = [
     (6, 2, 64, 75, "f16", 16, 1.0),
     (4, 4, 128, 130, "f16", 5, 1.0),
@@ -26,6 +29,14 @@ CASES = [
     (2, 1, 40, 21, "f16", 4, 1.0),
     (4, 4, 32, 33, "f32", 8, 1.0),
     (6, 2, 64, 75, "q8_0", 16, 1.0),
+    (6, 2, 64, 75, "f16", 16, 1.0, 37, [74]),
+    (6, 2, 64, 100, "f16", 32, 1.0, 50, [99]),
+    (6, 2, 64, 75, "f16", 32, 1.0, 0, [74]),
+    (3, 1, 80, 91, "f16", 32, 1.0, 0, [40, 90]),
+    (6, 2, 64, 75, "f16", 8, 1.0, 0, [74]),
+    (4, 2, 128, 130, "f16", 16, 1.0, 0, [129]),
+    (6, 2, 64, 91, "f16", 64, 1.0, 20, [70, 90]),
+    (6, 2, 64, 67, "f16", 48, 1.0, 33, [66]),
 ]
 
 RUN = """
@@ -36,12 +47,13 @@ cases, seed, out = eval(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 rng = np.random.default_rng(seed)
 cpu = kernel_module().Backend("cpu", 2)
 res = {}
-for i, (nh, nkv, hd, length, kv, bs, qs) in enumerate(cases):
+for i, (nh, nkv, hd, length, kv, bs, qs, *rest) in enumerate(cases):
+    window, pos = rest if rest else (0, sorted({0, 1, length // 2, length - 2, length - 1}))
     k = rng.standard_normal((length, nkv * hd)).astype(np.float32)
     v = rng.standard_normal((length, nkv * hd)).astype(np.float32)
-    pos = sorted({0, 1, length // 2, length - 2, length - 1})
     q = (rng.standard_normal((len(pos), nh * hd)) * qs).astype(np.float32)
-    res[f"c{i}"] = cpu.attention(q, k, v, pos, nh, nkv, hd, bs, int(rng.integers(1 << 30)), kv_type=kv)
+    res[f"c{i}"] = cpu.attention(q, k, v, pos, nh, nkv, hd, bs, int(rng.integers(1 << 30)), kv_type=kv,
+                                 window=window)
 np.savez(out, **res)
 """
 

@@ -42,9 +42,14 @@ float max(const float* x, int32_t n) {
     return m;
 }
 
+void gather_keys16_f16(const uint16_t* rows, int64_t row_stride, int32_t D, float* kt) {
+    for (int l = 0; l < kAttentionLanes; ++l)
+        for (int32_t i = 0; i < D; ++i) kt[i * kAttentionLanes + l] = half_to_float(rows[l * row_stride + i]);
+}
+
 }  // namespace
 
-const AttentionMath kAttentionMathScalar{scores, scale_round, weighted_sum, f16_to_f32, max};
+const AttentionMath kAttentionMathScalar{scores, scale_round, weighted_sum, f16_to_f32, max, gather_keys16_f16};
 
 const AttentionMath& attention_math(int32_t head_dim) {
     static const AttentionMath& best = cpu_simd_level() == SimdLevel::avx512 ? kAttentionMathAvx512

@@ -23,6 +23,10 @@ struct AttentionMath {
     // The largest of x[0..n), NaNs skipped (-inf when there is nothing else). Exact at any width:
     // only the sign of a zero result can depend on the order, and x - m does not.
     float (*max)(const float* x, int32_t n);
+    // One transposed key group from 16 f16 key rows (row l at rows + l * row_stride, D values):
+    // kt[i * 16 + l] = row l's value i as f32. Data movement only (what f16_to_f32 of each row
+    // and a scatter would give). The SIMD levels need D % 16 == 0, as scores does.
+    void (*gather_keys16_f16)(const uint16_t* rows, int64_t row_stride, int32_t D, float* kt);
 };
 
 extern const AttentionMath kAttentionMathScalar;

@@ -152,6 +152,87 @@ inline float max(const float* x, int32_t n) {
     return r;
 }
 
+// One transposed key group (attention_math.h): 16 f16 rows converted and transposed in
+// registers. D % 16 == 0.
+#if defined(__AVX512F__)
+// r[j] = column j of the 16x16 matrix whose rows were r[0..16).
+inline void transpose16(__m512 r[16]) {
+    __m512 t[16], u[16];
+#pragma GCC unroll 8
+    for (int a = 0; a < 16; a += 2) {
+        t[a] = _mm512_unpacklo_ps(r[a], r[a + 1]);       // per 128-bit lane: a0 b0 a1 b1
+        t[a + 1] = _mm512_unpackhi_ps(r[a], r[a + 1]);   // a2 b2 a3 b3
+    }
+#pragma GCC unroll 4
+    for (int a = 0; a < 16; a += 4) {   // u[a + j], 128-bit lane k: rows a..a+3 at column 4k + j
+        u[a] = _mm512_shuffle_ps(t[a], t[a + 2], 0x44);
+        u[a + 1] = _mm512_shuffle_ps(t[a], t[a + 2], 0xEE);
+        u[a + 2] = _mm512_shuffle_ps(t[a + 1], t[a + 3], 0x44);
+        u[a + 3] = _mm512_shuffle_ps(t[a + 1], t[a + 3], 0xEE);
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+        const __m512 v0 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0x88);   // u[j] lanes 0 2, u[4+j] lanes 0 2
+        const __m512 v1 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0xDD);   // lanes 1 3
+        const __m512 w0 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0x88);
+        const __m512 w1 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0xDD);
+        r[j] = _mm512_shuffle_f32x4(v0, w0, 0x88);
+        r[4 + j] = _mm512_shuffle_f32x4(v1, w1, 0x88);
+        r[8 + j] = _mm512_shuffle_f32x4(v0, w0, 0xDD);
+        r[12 + j] = _mm512_shuffle_f32x4(v1, w1, 0xDD);
+    }
+}
+
+inline void gather_keys16_f16(const uint16_t* rows, int64_t row_stride, int32_t D, float* kt) {
+    for (int32_t c = 0; c < D; c += 16) {
+        __m512 r[16];
+#pragma GCC unroll 16
+        for (int l = 0; l < 16; ++l)
+            r[l] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows + l * row_stride + c)));
+        transpose16(r);
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; ++j) _mm512_storeu_ps(kt + (int64_t)(c + j) * 16, r[j]);
+    }
+}
+#else
+// r[j] = column j of the 8x8 matrix whose rows were r[0..8).
+inline void transpose8(__m256 r[8]) {
+    __m256 t[8], u[8];
+#pragma GCC unroll 4
+    for (int a = 0; a < 8; a += 2) {
+        t[a] = _mm256_unpacklo_ps(r[a], r[a + 1]);
+        t[a + 1] = _mm256_unpackhi_ps(r[a], r[a + 1]);
+    }
+#pragma GCC unroll 2
+    for (int a = 0; a < 8; a += 4) {   // u[a + j], 128-bit lane k: rows a..a+3 at column 4k + j
+        u[a] = _mm256_shuffle_ps(t[a], t[a + 2], 0x44);
+        u[a + 1] = _mm256_shuffle_ps(t[a], t[a + 2], 0xEE);
+        u[a + 2] = _mm256_shuffle_ps(t[a + 1], t[a + 3], 0x44);
+        u[a + 3] = _mm256_shuffle_ps(t[a + 1], t[a + 3], 0xEE);
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+        r[j] = _mm256_permute2f128_ps(u[j], u[4 + j], 0x20);
+        r[4 + j] = _mm256_permute2f128_ps(u[j], u[4 + j], 0x31);
+    }
+}
+
+inline void gather_keys16_f16(const uint16_t* rows, int64_t row_stride, int32_t D, float* kt) {
+    for (int32_t c = 0; c < D; c += 8)
+#pragma GCC unroll 2
+        for (int h = 0; h < 16; h += 8) {   // rows h..h+7: lanes h..h+7 of each column
+            __m256 r[8];
+#pragma GCC unroll 8
+            for (int l = 0; l < 8; ++l)
+                r[l] = _mm256_cvtph_ps(
+                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows + (h + l) * row_stride + c)));
+            transpose8(r);
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; ++j) _mm256_storeu_ps(kt + (int64_t)(c + j) * 16 + h, r[j]);
+        }
+}
+#endif
+
 }  // namespace
 }  // namespace attention_simd
 }  // namespace ember

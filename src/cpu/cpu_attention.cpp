@@ -42,7 +42,8 @@ constexpr int kTokensPerUnit = 32;
 int64_t kv_width(const KVLayer& kv) { return (int64_t)kv.n_head_kv * kv.head_dim; }
 
 // A KV type: store() writes one token's row (width values) at (block, slot) of K or V (`base`),
-// load() reads kv head `head`'s head_dim values of a row as f32 into dst, and kF16Operands says
+// load() reads kv head `head`'s head_dim values of a row as f32 into dst, load_group() (where
+// kGroupLoad) reads 16 consecutive slots of a block as one transposed key group, and kF16Operands says
 // whether the attention operand that meets this cache (q for K, probabilities for V) is rounded
 // to f16 for its dot.
 
@@ -61,6 +62,13 @@ struct F16Kv {
                      const AttentionMath& math) {
         math.f16_to_f32(elem_row<uint16_t>(kv, base, block, slot) + (int64_t)head * kv.head_dim, kv.head_dim, dst);
     }
+    // Slots slot..slot+15 of `block` (one group of 16 keys) straight into the transposed layout.
+    static void load_group(const KVLayer& kv, void* base, int32_t block, int32_t slot, int32_t head, float* kt,
+                           const AttentionMath& math) {
+        math.gather_keys16_f16(elem_row<uint16_t>(kv, base, block, slot) + (int64_t)head * kv.head_dim, kv_width(kv),
+                               kv.head_dim, kt);
+    }
+    static constexpr bool kGroupLoad = true;
     static constexpr bool kF16Operands = true;   // rounded like the kv
 };
 
@@ -73,6 +81,7 @@ struct F32Kv {
         const float* r = elem_row<float>(kv, base, block, slot) + (int64_t)head * kv.head_dim;
         std::copy(r, r + kv.head_dim, dst);
     }
+    static constexpr bool kGroupLoad = false;   // no load_group: keys one row at a time
     static constexpr bool kF16Operands = false;
 };
 
@@ -106,6 +115,7 @@ struct Q8Kv {
             for (int32_t i = g * QK8_0; i < (g + 1) * QK8_0; ++i) dst[i] = float(r.q[i]) * scale;
         }
     }
+    static constexpr bool kGroupLoad = false;   // no load_group: keys one row at a time
     static constexpr bool kF16Operands = false;
 };
 
@@ -157,16 +167,33 @@ void attend_unit(const BatchInfo& batch, const KVLayer& kv, const float* q, cons
     }
     const int32_t n_loc = n_pos - lo;
     const int32_t n_groups = (n_loc + kLanes - 1) / kLanes;
-    sc.kt.assign((size_t)n_groups * D * kLanes, 0.f);
+    // No zero fill but for the lanes past n_loc of a partial last group (scores reads them; their
+    // results are never used): every other key slot is written below.
+    sc.kt.resize((size_t)n_groups * D * kLanes);
     sc.vf.resize((size_t)n_loc * D);
     sc.krow.resize(D);
+    for (int32_t g = 0; g < n_groups; ++g) {
+        const int32_t i0 = g * kLanes, n = std::min(kLanes, n_loc - i0);
+        float* ktg = &sc.kt[(size_t)g * D * kLanes];
+        if constexpr (K::kGroupLoad) {
+            // The group's 16 positions in one block: 16 consecutive slots, converted and
+            // transposed together.
+            const int32_t p0 = lo + i0, slot0 = p0 % kv.block_size;
+            if (n == kLanes && slot0 + kLanes <= kv.block_size) {
+                K::load_group(kv, kv.k, table[p0 / kv.block_size], slot0, u.kv_head, ktg, math);
+                continue;
+            }
+        }
+        if (n < kLanes) std::fill(ktg, ktg + (size_t)D * kLanes, 0.f);
+        for (int32_t l = 0; l < n; ++l) {
+            const int32_t p = lo + i0 + l;
+            K::load(kv, kv.k, table[p / kv.block_size], p % kv.block_size, u.kv_head, sc.krow.data(), math);
+            for (int32_t d = 0; d < D; ++d) ktg[d * kLanes + l] = sc.krow[d];
+        }
+    }
     for (int32_t i = 0; i < n_loc; ++i) {
         const int32_t p = lo + i;
-        const int32_t blk = table[p / kv.block_size], slot = p % kv.block_size;
-        K::load(kv, kv.k, blk, slot, u.kv_head, sc.krow.data(), math);
-        float* kt = &sc.kt[(size_t)(i / kLanes) * D * kLanes + i % kLanes];
-        for (int32_t d = 0; d < D; ++d) kt[d * kLanes] = sc.krow[d];
-        V::load(kv, kv.v, blk, slot, u.kv_head, &sc.vf[(size_t)i * D], math);
+        V::load(kv, kv.v, table[p / kv.block_size], p % kv.block_size, u.kv_head, &sc.vf[(size_t)i * D], math);
     }
     sc.q.resize(D);
     sc.prob.resize((size_t)n_groups * kLanes);
