@@ -2,7 +2,8 @@
 # Device call 2 of the engine runs (after engine_setup.sh on the same warm machine): the CUDA
 # engine tests on SmolLM2 (its second part carried now), then llama-batched-bench and
 # ember-bench -npl on the synthetic llama2-7b Q4_0, one after the other in this call.
-# Carry: build/carry build/parts/smol.partab. Env: NPL (default 1,8,32,64,128), TESTS=0 skips tests.
+# Carry: build/carry build/parts/smol.partab. Env: NPL (default 1,8,32,64,128), TESTS=0 skips tests,
+# DETERMINISTIC=B,... adds a deterministic-mode row set, EXTRA: a command run at the end.
 cd "$(dirname "$0")/../.."
 LOG="${OUT:-/tmp}/bench.log"
 step() { echo "== $(date +%T) $*" | tee -a "$LOG"; }
@@ -28,4 +29,5 @@ if [ -n "$DETERMINISTIC" ]; then
 fi
 step "ember-bench tg128 (one sequence, Context)"
 timeout 120 python3 -m ember.bench -m $M -ngl -1 -p 0 -n 128 -r 2 2>&1 | tee -a "$LOG"
+[ -n "$EXTRA" ] && { step "extra: $EXTRA"; eval "$EXTRA"; }
 step "done"
