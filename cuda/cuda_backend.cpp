@@ -578,6 +578,9 @@ private:
     // Such steps repeat with the same shape every token, so they are recorded as graphs, one per
     // batch size (and length bucket); other steps larger than a single-sequence decode run eagerly.
     bool decode_batch() const { return n_tok_ <= kMaxGraphDecodeTokens && n_seq_ == n_tok_ && n_tiles_[0] == n_tok_; }
+    // Batches whose attention the decode kernels take (one query per sequence, each over its own
+    // context): single-sequence decode sizes and the engine's decode steps.
+    bool decode_sized(int32_t n_tok) const { return n_tok <= kMaxGemvTokens || (n_tok == n_tok_ && decode_batch()); }
     // The long-context decode kernels take power-of-two KV blocks of >= 4 tokens (the default is
     // 16): q heads per CTA for the q8_0 or the f16 one, 0 when they do not take the layer.
     int decode_heads(const KVLayer& kv, int32_t n_head, bool q8) const {
@@ -588,7 +591,7 @@ private:
     // the head count passed to decode_heads sets only how many heads a CTA takes, not whether the
     // kernel takes the layer, so the layer's kv heads stand in for the q heads it does not know).
     bool decode_mma_attention(const KVLayer& kv, int32_t n_tok) const {
-        return kv.k_type == GGMLType::F16 && kv.v_type == GGMLType::F16 && n_tok <= kMaxGemvTokens && !invariant_ &&
+        return kv.k_type == GGMLType::F16 && kv.v_type == GGMLType::F16 && decode_sized(n_tok) && !invariant_ &&
                !exact_attention(n_tok, kv.head_dim) && decode_heads(kv, kv.n_head_kv, false) > 0;
     }
 
@@ -625,18 +628,34 @@ private:
         return on && n_tok > kMaxGemvTokens && n_tok <= cuda::kMaxGemmQ8Tokens && cuda::gemm_q8_supported(w.type) &&
                !cuda::gemv_cpu_order(w.n_in);
     }
+    // The f16 GEMM on weights dequantized in registers takes batches of kMaxGemvTokens < n_tok <=
+    // kMaxGemmDqTokens of its formats and widths (before gemm_q8 and cuBLAS), except the batches up
+    // to kMaxIntPromptTokens of rows the GEMV sums in the CPU's order. Batch-invariant steps never
+    // reach it (project). EMBER_CUDA_GEMM_DQ=0 keeps every batch on the older paths (A/B comparisons).
+    bool takes_gemm_dq(const Weight& w, int32_t n_tok) const {
+        static const bool on = env_flag("EMBER_CUDA_GEMM_DQ");
+        return on && n_tok > kMaxGemvTokens && n_tok <= cuda::kMaxGemmDqTokens && cuda::gemm_dq_supported(w.type, w.n_in) &&
+               !(cuda::gemv_cpu_order(w.n_in) && n_tok <= kMaxIntPromptTokens);
+    }
     // ys[i] = x ws[i]^T; x_q8: the scratch already holds x as q8_1 blocks (the kernel before
     // wrote them), else they are made here where a GEMV or the quantized GEMM reads them. Decode
     // batches: one GEMV launch per run of up to kMaxGemvBatch consecutive weights of one type;
-    // larger batches: the quantized GEMM where takes_gemm_q8, else up to kMaxIntPromptTokens the
-    // integer GEMV in chunks of kMaxGemvTokens tokens (the CPU's rounding); longer ones and float
-    // weights of prompts: cuBLAS.
+    // batch-invariant steps of any size: the GEMV in chunks of kMaxGemvTokens tokens (a token's sums
+    // do not depend on the rest of the batch); larger batches: gemm_dq where takes_gemm_dq (x
+    // converted to f16 once for all its weights), else the quantized GEMM where takes_gemm_q8, else
+    // up to kMaxIntPromptTokens the integer GEMV in chunks (the CPU's rounding); longer ones and
+    // float weights of prompts: cuBLAS.
     void project(const Weight* const* ws, float* const* ys, int count, const float* x, int32_t n_tok, bool x_q8) {
         if (n_tok <= 0 || count <= 0) return;
         const int64_t n_in = ws[0]->n_in;
         for (int i = 1; i < count; ++i)
             if (ws[i]->n_in != n_in) fail("cuda matmul: weights of one input read ", n_in, " and ", ws[i]->n_in, " values");
-        if (!x_q8 && feeds_q8(ws, count, n_tok, n_in)) {
+        const bool gemv_only = n_tok <= kMaxGemvTokens || invariant_;
+        bool reads_q8 = false;   // some weight takes the GEMV or the quantized GEMM
+        for (int i = 0; i < count; ++i)
+            reads_q8 |= cuda::gemv_wants_q8(ws[i]->type) &&
+                        (gemv_only || (n_tok <= kMaxIntPromptTokens && !takes_gemm_dq(*ws[i], n_tok)));
+        if (!x_q8 && reads_q8 && n_in % 32 == 0) {
             const Q8 q = q8_scratch(int64_t(n_tok) * n_in);
             quantize_q8_1(x, q.q, q.ds, n_tok, n_in, stream_);
         }
@@ -658,23 +677,41 @@ private:
             }
             return;
         }
+        auto gemv_chunks = [&](const Weight& w, float* y) {
+            const cuda::DeviceWeight dw = device_weight(w);
+            const cuda::DeviceWeight* pw[1] = {&dw};
+            for (int32_t t0 = 0; t0 < n_tok; t0 += kMaxGemvTokens) {
+                float* py[1] = {y + int64_t(t0) * w.n_out};
+                gemv(pw, py, 1, x + int64_t(t0) * n_in, xq + int64_t(t0) * n_in, xds + int64_t(t0) * (n_in / 32),
+                     std::min<int32_t>(kMaxGemvTokens, n_tok - t0), stream_);
+            }
+        };
+        bool xh_dq = false;   // xh_ holds x in gemm_dq's order
         for (int i = 0; i < count; ++i) {
             const Weight& w = *ws[i];
+            if (gemv_only) {
+                gemv_chunks(w, ys[i]);
+                continue;
+            }
+            if (takes_gemm_dq(w, n_tok)) {
+                if (!xh_dq) {
+                    ensure(xh_, size_t(n_tok) * size_t(n_in) * 2);
+                    cuda::gemm_dq_input(x, static_cast<__half*>(xh_.p), n_tok, n_in, stream_);
+                    xh_dq = true;
+                }
+                cuda::gemm_dq(device_weight(w), ys[i], static_cast<const __half*>(xh_.p), n_tok, stream_);
+                continue;
+            }
             if (takes_gemm_q8(w, n_tok)) {
                 cuda::gemm_q8(device_weight(w), ys[i], xq, xds, n_tok, stream_);
                 continue;
             }
             if (n_tok > kMaxIntPromptTokens || !cuda::gemv_wants_q8(w.type)) {
                 gemm(w, x, n_tok, ys[i]);
+                xh_dq = false;   // gemm() converts x into xh_ in the natural order
                 continue;
             }
-            const cuda::DeviceWeight dw = device_weight(w);
-            const cuda::DeviceWeight* pw[1] = {&dw};
-            for (int32_t t0 = 0; t0 < n_tok; t0 += kMaxGemvTokens) {
-                float* py[1] = {ys[i] + int64_t(t0) * w.n_out};
-                gemv(pw, py, 1, x + int64_t(t0) * n_in, xq + int64_t(t0) * n_in, xds + int64_t(t0) * (n_in / 32),
-                     std::min<int32_t>(kMaxGemvTokens, n_tok - t0), stream_);
-            }
+            gemv_chunks(w, ys[i]);
         }
     }
     // Prompt batches: tensor cores through cuBLAS, y^T [n_out x n_tok] = W [n_out x n_in] x^T
@@ -736,7 +773,7 @@ private:
         if (kv.k_type == GGMLType::Q8_0 && kv.v_type == GGMLType::Q8_0) {
             // Decode reads the q8_0 blocks directly; other batches read an f16 copy of the blocks
             // they use (their work per KV byte is large, so the copy costs little).
-            a.kv_q8 = !invariant_ && n_tok <= kMaxGemvTokens && decode_heads(kv, shape.n_head, true) > 0 &&
+            a.kv_q8 = !invariant_ && decode_sized(n_tok) && decode_heads(kv, shape.n_head, true) > 0 &&
                       kv_block_bytes(GGMLType::Q8_0, kv.block_size, int64_t(kv.n_head_kv) * kv.head_dim) % 16 == 0;
             if (!a.kv_q8) expand_q8(kv, a);
         } else if (kv.k_type == GGMLType::Q8_0 || kv.v_type == GGMLType::Q8_0) {
@@ -777,7 +814,7 @@ private:
             cuda::attention(a, dbatch_, stream_);
             return false;
         }
-        if (n_tok > kMaxIntPromptTokens) {   // long prompts: tensor cores where the head dim allows
+        if (n_tok > kMaxIntPromptTokens && !decode_sized(n_tok)) {   // long prompts: tensor cores where the head dim allows
             a.tile_len = kMmaTileLen;
             a.n_tiles = n_tiles_[kNumTileLens - 1];
             a.tiles = tiles_for(kNumTileLens - 1);
@@ -785,7 +822,7 @@ private:
             if (cuda::attention_prefill_mma(a, dbatch_, stream_)) return false;
         }
         const int n_dec = decode_heads(kv, shape.n_head, a.kv_q8);
-        if (n_tok <= kMaxGemvTokens && n_dec > 0) {   // decode over a long context: pipelined tiles
+        if (decode_sized(n_tok) && n_dec > 0) {   // decode over a long context: pipelined tiles
             const int n_groups = (n_rep + n_dec - 1) / n_dec;
             const int base = n_tok * shape.n_head_kv * n_groups;
             const int target = a.kv_q8 ? kDecodeTargetCtas : kDecodeMmaTargetCtas;

@@ -1,9 +1,20 @@
-"""The CUDA backend's quantized GEMM (cuda/gemm_q8.cu: int8 tensor cores on q8_1 activations) for
-batches of 9..64 tokens of the 32-element block formats with rows wider than 2048 (narrower rows
-keep the CPU-order GEMV), through Backend.matmul and the fused feed-forward op, on fresh random
-data: against the float64 product of the dequantized weights, against the CPU backend (the same
-per-block integer dots and products, summed in another order), and run to run (K splits summed
-in a fixed order). Skipped with the reason when ember has no CUDA backend or no GPU."""
+"""The CUDA backend's GEMMs of batched decode steps, through Backend.matmul, matmul_many and the
+fused feed-forward op, on fresh random data. Skipped with the reason when ember has no CUDA
+backend or no GPU.
+- gemm_dq (cuda/gemm_dq.cu: f16 tensor cores on weights dequantized in registers): Q4_0, Q4_1 and
+  Q8_0 rows whose width is a multiple of 256, 9..256 tokens (rows up to 2048 wide from 65 tokens
+  on): against the float64 product of f16-rounded weights and activations (what the kernel
+  multiplies), the exact product, the CPU backend (q8 activations) and itself run to run.
+- gemm_q8 (cuda/gemm_q8.cu: int8 tensor cores on q8_1 activations): the other 32-element block
+  formats and widths, 9..64 tokens, rows wider than 2048 (narrower rows keep the CPU-order GEMV):
+  against the float64 product, the CPU backend (the same per-block integer dots and products,
+  summed in another order) and itself run to run (K splits summed in a fixed order);
+  test_gemm_q8_without_dq runs it on gemm_dq's formats too (EMBER_CUDA_GEMM_DQ=0).
+- batch-invariant steps: the GEMV in chunks of 8 tokens at every batch size."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
@@ -19,27 +30,114 @@ N_TOK = [9, 16, 33, 64]   # each token tile: 16, 32, 64 (a partial one at 9 and 
 # cluster).
 SHAPES = [(300, 2080), (1000, 4096), (129, 11008)]
 
+DQ_OFF = os.environ.get("EMBER_CUDA_GEMM_DQ") == "0"
+DQ_TYPES = [T.Q4_0, T.Q4_1, T.Q8_0]
+MAX_DQ_TOKENS = 256   # kMaxGemmDqTokens (cuda/kernels.h)
+# Token tiles of 16, 32, 64 (partial at 9 and 33), several tiles of 64 (65: a last one of one token).
+DQ_N_TOK = [9, 16, 33, 64, 65, 128, 200, 256]
+# (n_out, n_in): rows not a multiple of the 256-row tile, K split over a cluster (16 stages of
+# 4096; 11008: 43 nibble stages, an uneven split); rows of 1792 (the CPU-order GEMV up to 64 tokens).
+DQ_SHAPES = [(600, 4096), (129, 11008), (520, 1792)]
+
+
+def takes_dq(t, n_in, n_tok):
+    """Whether the backend's project() gives this batch to gemm_dq (takes_gemm_dq)."""
+    return (not DQ_OFF and t in DQ_TYPES and n_in % 256 == 0 and 8 < n_tok <= MAX_DQ_TOKENS
+            and not (n_in <= 2048 and n_tok <= 64))
+
+
+def same_bits(a, b):
+    return np.array_equal(np.asarray(a).view(np.uint32), np.asarray(b).view(np.uint32))
+
+
+def f16_round(a):
+    return a.astype(np.float16).astype(np.float64)
+
+
+def gpu_matmul_case(gpu, key, t, n_tok, shape):
+    """Fresh random weights of type t and shape (n_out, n_in), activations, and the GPU's product."""
+    n_out, n_in = shape
+    rng = rng_for(key, t.name, n_tok, n_out, n_in)
+    w = random_weight(t, n_out, n_in, rng)
+    x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+    y = gpu.matmul(int(t), w, n_in, x)
+    assert y.shape == (n_tok, n_out)
+    return w, x, y
+
 
 @pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("n_tok", N_TOK)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_gemm_q8_matmul(gpu, cpu, t, n_tok, shape):
-    n_out, n_in = shape
-    rng = rng_for("gemm_q8", t.name, n_tok, n_out, n_in)
-    w = random_weight(t, n_out, n_in, rng)
-    x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
-    y = gpu.matmul(int(t), w, n_in, x)
-    assert y.shape == (n_tok, n_out)
+    n_in = shape[1]
+    if takes_dq(t, n_in, n_tok):
+        pytest.skip("gemm_dq takes this batch (test_gemm_dq_matmul; test_gemm_q8_without_dq runs it here)")
+    w, x, y = gpu_matmul_case(gpu, "gemm_q8", t, n_tok, shape)
     ref = x.astype(np.float64) @ dequant(t, w, n_in).T
     assert rel_err(y, ref) < 1.5e-2   # int8 activations (q8_1), as test_cuda.py's test_matmul
     assert rel_err(y, cpu.matmul(int(t), w, n_in, x)) < 1e-4   # the same products, another order
-    assert np.array_equal(y.view(np.uint32), gpu.matmul(int(t), w, n_in, x).view(np.uint32)), "not deterministic"
+    assert same_bits(y, gpu.matmul(int(t), w, n_in, x)), "not deterministic"
+
+
+def test_gemm_q8_without_dq(gpu):
+    """gemm_q8 on the formats and widths gemm_dq takes, in a fresh interpreter with gemm_dq off
+    (the switch is read once per process)."""
+    if DQ_OFF:
+        pytest.skip("gemm_dq is off here: test_gemm_q8_matmul covers every format")
+    k = "test_gemm_q8_matmul and not 300x2080 and (Q4_0 or Q4_1 or Q8_0)"
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", k],
+                       env=dict(os.environ, EMBER_CUDA_GEMM_DQ="0"), capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("t", DQ_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n_tok", DQ_N_TOK)
+@pytest.mark.parametrize("shape", DQ_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_gemm_dq_matmul(gpu, cpu, t, n_tok, shape):
+    n_in = shape[1]
+    if not takes_dq(t, n_in, n_tok):
+        pytest.skip("gemm_dq does not take this batch")
+    w, x, y = gpu_matmul_case(gpu, "gemm_dq", t, n_tok, shape)
+    wd = dequant(t, w, n_in)
+    # The kernel's products: each weight d * q (+ m) and each activation rounded to f16 (a wrong
+    # K order or fragment would be far off), summed in f32.
+    assert rel_err(y, f16_round(x) @ f16_round(wd).T) < 1e-4
+    assert rel_err(y, x.astype(np.float64) @ wd.T) < 2e-3   # f16 activations and weights
+    assert rel_err(y, cpu.matmul(int(t), w, n_in, x)) < 1.5e-2   # the CPU rounds activations to int8
+    assert same_bits(y, gpu.matmul(int(t), w, n_in, x)), "not deterministic"
+
+
+def test_gemm_dq_matmul_many(gpu):
+    """Weights of one input: x converted once for gemm_dq's weights, again after a weight that
+    cuBLAS takes (its f16 copy of x shares the scratch); each output has its own matmul's bits."""
+    rng = rng_for("gemm_dq_many")
+    n_in, n_tok = 4096, 40
+    types = [T.Q4_0, T.Q8_0, T.F16, T.Q4_0]
+    ws = [random_weight(t, n_out, n_in, rng) for t, n_out in zip(types, (300, 256, 200, 520))]
+    x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+    ys = gpu.matmul_many([int(t) for t in types], ws, n_in, x)
+    for t, w, y in zip(types, ws, ys):
+        assert same_bits(y, gpu.matmul(int(t), w, n_in, x)), t.name
+
+
+@pytest.mark.parametrize("t", [T.Q4_0, T.F16], ids=lambda t: t.name)
+def test_batch_invariant_any_size(gpu, t):
+    """Batch-invariant steps keep the GEMV (chunks of 8 tokens) at every size: a token's row has
+    the same bits in a batch of 200, of 16 and of 8 (the decode GEMV)."""
+    rng = rng_for("gemm_invariant", t.name)
+    n_out, n_in = 300, 4096
+    w = random_weight(t, n_out, n_in, rng)
+    x = rng.standard_normal((200, n_in)).astype(np.float32)
+    y200 = gpu.matmul(int(t), w, n_in, x, n_seq=200, batch_invariant=True)
+    y16 = gpu.matmul(int(t), w, n_in, x[:16], n_seq=16, batch_invariant=True)
+    assert same_bits(y200[:16], y16)
+    assert same_bits(y200[:8], gpu.matmul(int(t), w, n_in, x[:8]))
 
 
 @pytest.mark.parametrize("t", [T.Q4_0, T.Q5_1], ids=lambda t: t.name)
 def test_gemm_q8_ffn_same_bits(gpu, t, monkeypatch):
-    """The fused feed-forward op at 40 tokens: the norm and the gated activation write the q8_1
-    blocks the GEMMs read (no quantize launch); the same bits as the unfused kernels."""
+    """The fused feed-forward op at 40 tokens (Q4_0: gemm_dq; Q5_1: gemm_q8, whose q8_1 blocks the
+    norm and the gated activation write, no quantize launch): the same bits as the unfused kernels."""
     rng = rng_for("gemm_q8_ffn", t.name)
     n_in, n_ff, n_tok = 2560, 2304, 40
     gate, up = quantized_weight(t, n_ff, n_in, rng), quantized_weight(t, n_ff, n_in, rng)
@@ -52,4 +150,4 @@ def test_gemm_q8_ffn_same_bits(gpu, t, monkeypatch):
     assert np.array_equal(y.view(np.uint32), y_unfused.view(np.uint32))
     xn = ref_ops.rmsnorm(x.astype(np.float64) + res, norm, 1e-5)
     g, u = xn @ dequant(t, gate, n_in).T, xn @ dequant(t, up, n_in).T
-    assert rel_err(y, ref_ops.gated_act(g, u, "silu") @ dequant(t, down, n_ff).T) < 5e-2   # two int8 roundings
+    assert rel_err(y, ref_ops.gated_act(g, u, "silu") @ dequant(t, down, n_ff).T) < 5e-2   # two roundings of x

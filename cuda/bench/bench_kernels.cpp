@@ -1,6 +1,6 @@
 // ember-cuda-bench: times the CUDA backend's ops in isolation on random data (decode GEMV per
-// weight type in GB/s of weight bytes, prompt GEMM in TFLOP/s, Q4_0 matmuls of batched decode
-// steps in GB/s of weight bytes, paged attention in GB/s of K/V bytes) and prints markdown tables. Ratios are against the device's own copy bandwidth,
+// weight type in GB/s of weight bytes, prompt GEMM in TFLOP/s, matmuls of batched decode steps
+// and the gemm_dq kernel per format in GB/s of weight bytes, paged attention in GB/s of K/V bytes) and prints markdown tables. Ratios are against the device's own copy bandwidth,
 // measured in the same run.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -68,19 +68,22 @@ std::vector<uint8_t> random_weight(GGMLType t, int64_t n_out, int64_t n_in) {
     return w;
 }
 
-// Median of `reps` timings of `fn` run `inner` times, in seconds per run.
-double time_it(Backend& be, const std::function<void()>& fn, int inner = 20, int reps = 7) {
+// Median of `reps` timings of `fn` run `inner` times, in seconds per run; `sync` waits for its work.
+double time_it(const std::function<void()>& sync, const std::function<void()>& fn, int inner = 20, int reps = 7) {
     fn();
-    be.synchronize();
+    sync();
     std::vector<double> t;
     for (int r = 0; r < reps; ++r) {
         const auto a = std::chrono::steady_clock::now();
         for (int i = 0; i < inner; ++i) fn();
-        be.synchronize();
+        sync();
         t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count() / inner);
     }
     std::sort(t.begin(), t.end());
     return t[t.size() / 2];
+}
+double time_it(Backend& be, const std::function<void()>& fn, int inner = 20, int reps = 7) {
+    return time_it([&] { be.synchronize(); }, fn, inner, reps);
 }
 
 struct Named { GGMLType t; const char* name; };
@@ -131,7 +134,7 @@ int main(int argc, char** argv) {
         be->free(a);
         be->free(b);
         std::printf("device copy bandwidth: %.0f GB/s (read + write)\n\n", copy_bw / 1e9);
-        const std::string only = argc > 1 ? argv[1] : "";   // "gemv", "gemm" or "attention": that table alone
+        const std::string only = argc > 1 ? argv[1] : "";   // "gemv", "gemm", "gemm_dq" or "attention": that table alone
         auto wants = [&](const char* table) { return only.empty() || only == table; };
 
         const Named types[] = {{GGMLType::Q4_0, "Q4_0"}, {GGMLType::Q4_1, "Q4_1"}, {GGMLType::Q5_0, "Q5_0"},
@@ -158,28 +161,70 @@ int main(int argc, char** argv) {
             }
         }
 
-        // Batched decode (continuous batching): Q4_0 matmuls of 16..256 tokens, the weight's bytes
-        // (one pass) over the time, against the H100's 3.35 TB/s HBM3 peak. The quantized GEMM up
-        // to kMaxGemmQ8Tokens, dequantize + cuBLAS above; EMBER_CUDA_GEMM_Q8=0 times the GEMV in
-        // chunks of 8 tokens in its place.
+        // Batched decode (continuous batching): matmuls of 16..256 tokens through Backend::matmul for
+        // gemm_dq's formats, the weight's bytes (one pass) over the time, against the H100's
+        // 3.35 TB/s HBM3 peak: the path project() picks (gemm_dq, gemm_q8, dequantize + cuBLAS).
+        // EMBER_CUDA_GEMM_DQ=0 times the older paths, with EMBER_CUDA_GEMM_Q8=0 too the GEMV in
+        // chunks of 8 tokens. Then (table "gemm_dq") gemm_dq launched directly at every batch size
+        // (with the f16 conversion of x; "kernel us": the GEMM alone), to set its dispatch bounds.
         constexpr double kHbmPeak = 3.35e12;
-        const char* knob = std::getenv("EMBER_CUDA_GEMM_Q8");
-        const bool gemm_q8_on = !(knob && std::string(knob) == "0");
+        auto knob_on = [](const char* name) {
+            const char* v = std::getenv(name);
+            return !(v && std::string(v) == "0");
+        };
+        const bool gemm_q8_on = knob_on("EMBER_CUDA_GEMM_Q8"), gemm_dq_on = knob_on("EMBER_CUDA_GEMM_DQ");
+        const Named dq_types[] = {{GGMLType::Q4_0, "Q4_0"}, {GGMLType::Q8_0, "Q8_0"}, {GGMLType::Q4_1, "Q4_1"}};
         if (wants("gemm"))
-            std::printf("\n| Q4_0 path | shape | tok | us (with q8 of x) | weight GB/s | %% of 3.35 TB/s | TOPS |\n"
-                        "|---|---|---|---|---|---|---|\n");
-        for (int k = 0; k < 2 && wants("gemm"); ++k) {   // 4096x4096 and 11008x4096
-            const int64_t n_in = shapes[k][0], n_out = shapes[k][1];
-            MatmulBuffers m(*be, GGMLType::Q4_0, n_in, n_out, 256);
-            const double wbytes = double(cuda::packed_layout(GGMLType::Q4_0, n_in, n_out).total);
-            for (int n_tok : {16, 32, 64, 128, 256}) {
-                const double tm = time_it(*be, [&] { be->matmul(m.next(), m.x, n_tok, m.y); }, 20);
-                const char* path = n_tok > cuda::kMaxGemmQ8Tokens ? "cuBLAS" : gemm_q8_on ? "gemm_q8" : "GEMV";
-                std::printf("| %s | %lldx%lld | %d | %.1f | %.0f | %.0f%% | %.0f |\n", path, (long long)n_out,
-                            (long long)n_in, n_tok, tm * 1e6, wbytes / tm / 1e9, 100.0 * wbytes / tm / kHbmPeak,
-                            2.0 * n_tok * n_in * n_out / tm / 1e12);
+            std::printf("\n| path | type | shape | tok | us (with conversion of x) | weight GB/s | %% of 3.35 TB/s | TOPS |\n"
+                        "|---|---|---|---|---|---|---|---|\n");
+        for (const Named& ty : dq_types) {
+            if (!wants("gemm")) break;
+            for (auto& sh : shapes) {
+                const int64_t n_in = sh[0], n_out = sh[1];
+                MatmulBuffers m(*be, ty.t, n_in, n_out, 256);
+                const double wbytes = double(cuda::packed_layout(ty.t, n_in, n_out).total);
+                for (int n_tok : {16, 32, 64, 128, 192, 256}) {
+                    const double tm = time_it(*be, [&] { be->matmul(m.next(), m.x, n_tok, m.y); }, 20);
+                    const char* path = gemm_dq_on && n_tok <= cuda::kMaxGemmDqTokens ? "gemm_dq"
+                                       : n_tok > cuda::kMaxGemmQ8Tokens                 ? "cuBLAS"
+                                       : gemm_q8_on                                     ? "gemm_q8"
+                                                                                        : "GEMV";
+                    std::printf("| %s | %s | %lldx%lld | %d | %.1f | %.0f | %.0f%% | %.0f |\n", path, ty.name,
+                                (long long)n_out, (long long)n_in, n_tok, tm * 1e6, wbytes / tm / 1e9,
+                                100.0 * wbytes / tm / kHbmPeak, 2.0 * n_tok * n_in * n_out / tm / 1e12);
+                }
             }
         }
+        if (wants("gemm_dq"))
+            std::printf("\n| gemm_dq | shape | tok | us (with f16 of x) | kernel us | weight GB/s (kernel) | %% of 3.35 TB/s | TOPS |\n"
+                        "|---|---|---|---|---|---|---|---|\n");
+        cudaStream_t cs = nullptr;
+        if (wants("gemm_dq")) cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking);
+        auto sync_cs = [&] { cudaStreamSynchronize(cs); };
+        for (const Named& ty : dq_types) {
+            if (!wants("gemm_dq")) break;
+            for (auto& sh : shapes) {
+                const int64_t n_in = sh[0], n_out = sh[1];
+                MatmulBuffers m(*be, ty.t, n_in, n_out, 256);
+                auto* xh = static_cast<__half*>(be->alloc(size_t(256) * n_in * 2));
+                be->synchronize();   // x uploaded before the first launch on cs
+                const cuda::PackedLayout layout = cuda::packed_layout(ty.t, n_in, n_out);
+                const double wbytes = double(layout.total);
+                auto dw = [&](const Weight& w) { return cuda::DeviceWeight{ty.t, static_cast<const uint8_t*>(w.data), layout, n_in, n_out}; };
+                for (int n_tok : {9, 16, 32, 48, 64, 96, 128, 192, 256}) {
+                    const double tf = time_it(sync_cs, [&] {
+                        cuda::gemm_dq_input(m.x, xh, n_tok, n_in, cs);
+                        cuda::gemm_dq(dw(m.next()), m.y, xh, n_tok, cs);
+                    });
+                    const double tk = time_it(sync_cs, [&] { cuda::gemm_dq(dw(m.next()), m.y, xh, n_tok, cs); });
+                    std::printf("| %s | %lldx%lld | %d | %.1f | %.1f | %.0f | %.0f%% | %.0f |\n", ty.name, (long long)n_out,
+                                (long long)n_in, n_tok, tf * 1e6, tk * 1e6, wbytes / tk / 1e9, 100.0 * wbytes / tk / kHbmPeak,
+                                2.0 * n_tok * n_in * n_out / tk / 1e12);
+                }
+                be->free(xh);
+            }
+        }
+        if (cs) cudaStreamDestroy(cs);
 
         // Paged attention: llama2-7b heads (32 x 128, no GQA), one decode token at depth, and a
         // 512-token prompt.

@@ -1,0 +1,499 @@
+// f16 tensor-core GEMM on weights dequantized in registers (Marlin-style), for continuous-batching
+// decode steps of kMaxGemvTokens < n_tok <= kMaxGemmDqTokens: y [n_tok][n_out] = x W^T for Q4_0,
+// Q4_1 and Q8_0 weights in the packed layout (weight_pack.h) against f16 activations
+// (gemm_dq_input). Each weight element is turned into f16 once per CTA (magic-number conversion,
+// the block scale applied with one HMUL2 / HFMA2) and multiplied on tensor cores (mma.sync
+// m16n8k16, f32 accumulate) with every token of the tile, so the per-token cost is the mma alone.
+//
+// K order. An mma reads its 16 k positions in any order as long as A and B agree, so within each
+// 32-block the k order is the one that unpacks cheapest: lane t (= lane % 4) of a fragment takes
+// word t of the block's quants (elements 4t..4t+3 and, for the nibble formats, 4t+16..4t+19 in
+// the high nibbles; Q8_0: word t + 4), fragment pairs (4t, 4t+2), (4t+1, 4t+3) for k-step 0 and
+// the same 16 elements later for k-step 1. gemm_dq_input writes x in that order: per block and
+// token, 16-byte chunk t = halves x[4t], x[4t+2], x[4t+1], x[4t+3], x[4t+16], x[4t+18],
+// x[4t+17], x[4t+19], which is a lane's B fragments of both k-steps (b0, b1, b0', b1').
+//
+// CTA tile: kBM = 256 weight rows x BN = 8 * NJ tokens (16, 32 or 64); 8 warps along the rows, a
+// warp 32 rows (two m16 tiles) x all BN tokens, so each weight element is unpacked once per CTA
+// and each B fragment serves 32 rows. Larger batches run several token tiles (grid y) over the
+// same weight tile; a warp skips the n8 tiles past n_tok. K runs through a kStages-deep cp.async
+// pipeline of 128 quant bytes a row per stage (kKB = 8 nibble blocks or 4 Q8_0 blocks). A stage:
+//   weight quants [kBM][128]          16-byte chunk c of row r at c ^ (r & 7): the 8 rows of an
+//                                     ldmatrix land in distinct banks
+//   weight meta   [kBM][kKB * kMB]    the blocks' f16 d (and m)
+//   x             [BN][kKB * 64]      f16 in the K order above; odd tokens swap neighbouring blocks,
+//                                     so the two tokens of a quarter-warp's 16-byte loads do not
+//                                     share banks
+// Rows need n_in % kDqAlign == 0: every stage is whole and every meta row 16-byte aligned.
+// Within a step, the next step's quants and scales load while this one unpacks and multiplies, and
+// the mmas go out k-step by k-step over all n8 tiles, so consecutive mmas are independent.
+// Grid: x = K splits, y = token tiles, z = row tiles; one CTA an SM (the stages fill shared
+// memory), the split count picked from the clusters that fit at once. The splits of a tile form a
+// thread-block cluster that sums its partial tiles in rank order through distributed shared
+// memory, as gemm_q8 does (deterministic, no workspace). Small weights are latency-bound: a CTA
+// holds only a few stages, and its warps mostly wait for the first ones to land.
+#include <cooperative_groups.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "async_copy.cuh"
+#include "common.cuh"
+#include "kernels.h"
+#include "launch.h"
+#include "mma.cuh"
+
+namespace ember {
+namespace cuda {
+
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kBM = 32 * kWarps;       // a stage's copies give each thread one row's chunks (kBM == kThreads)
+constexpr int kRowBytes = 128;          // quant bytes of a row per stage
+constexpr int kMaxSplit = 8;            // the portable cluster size
+constexpr int kMaxStages = 4;
+constexpr int kSmemLimit = 227 * 1024;  // dynamic shared memory of one CTA (sm_90)
+constexpr int kDqAlign = 256;
+
+__device__ __forceinline__ __half2 as_h2(uint32_t u) {
+    __half2 h;
+    memcpy(&h, &u, 4);
+    return h;
+}
+__device__ __forceinline__ uint32_t as_u32(__half2 h) {
+    uint32_t u;
+    memcpy(&u, &h, 4);
+    return u;
+}
+
+// (a & kMask) | kOr in one LOP3 (written as C, the two immediates become two instructions).
+template <uint32_t kMask, uint32_t kOr>
+__device__ __forceinline__ uint32_t and_or(uint32_t a) {
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "n"(kMask), "n"(kOr));
+    return r;
+}
+
+// The formats. StepMeta: the metadata of one ldmatrix step's blocks (two nibble blocks, one Q8_0
+// block) of a row, one shared-memory load; scales(): block e's d (and m) of it, broadcast.
+// dequant(): from a row's words (w0 = word t; Q8_0 also w1 = word t + 4) and the block's scales,
+// the f16 A-fragment words of k-step 0 (k0) and k-step 1 (k1), each {pair (4t, 4t+2), pair (4t+1,
+// 4t+3)} of its 16 elements. The quants become halves by OR-ing them into the mantissa of 1024
+// (0x6400), exact; the offset goes before the scale, so each weight is d * q rounded once to f16,
+// as dequantize_f16 rounds it.
+struct DqQ4_0 {
+    static constexpr int kQB = 16, kMB = 2;
+    using StepMeta = uint32_t;   // f16 d of blocks kl, kl + 1
+    __device__ static void scales(StepMeta m, int e, __half2& d, __half2&) {
+        d = e ? __high2half2(as_h2(m)) : __low2half2(as_h2(m));
+    }
+    // Bits 0-3 and 16-19 of a word (shifted by 8 for the odd elements) are (4t, 4t+2), bits 4-7
+    // and 20-23 the elements 16 later, read as 1024 + 16 q: times 1/16, minus 72 gives q - 8.
+    __device__ static void dequant(uint32_t w, uint32_t, __half2 d, __half2, uint32_t (&k0)[2], uint32_t (&k1)[2]) {
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+            const uint32_t v = w >> (8 * s);
+            k0[s] = as_u32(__hmul2(__hsub2(as_h2(and_or<0x000F000Fu, 0x64006400u>(v)), as_h2(0x64086408u)), d));
+            k1[s] = as_u32(__hmul2(__hfma2(as_h2(and_or<0x00F000F0u, 0x64006400u>(v)), as_h2(0x2C002C00u), as_h2(0xD480D480u)), d));
+        }
+    }
+};
+
+struct DqQ4_1 {
+    static constexpr int kQB = 16, kMB = 4;
+    using StepMeta = uint2;   // f16 d | f16 m << 16 of blocks kl, kl + 1
+    __device__ static void scales(StepMeta m, int e, __half2& d, __half2& mn) {
+        const __half2 dm = as_h2(e ? m.y : m.x);
+        d = __low2half2(dm);
+        mn = __high2half2(dm);
+    }
+    __device__ static void dequant(uint32_t w, uint32_t, __half2 d, __half2 m, uint32_t (&k0)[2], uint32_t (&k1)[2]) {
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+            const uint32_t v = w >> (8 * s);
+            k0[s] = as_u32(__hfma2(__hsub2(as_h2(and_or<0x000F000Fu, 0x64006400u>(v)), as_h2(0x64006400u)), d, m));
+            k1[s] = as_u32(__hfma2(__hfma2(as_h2(and_or<0x00F000F0u, 0x64006400u>(v)), as_h2(0x2C002C00u), as_h2(0xD400D400u)), d, m));
+        }
+    }
+};
+
+// Q8_0: the sign bit flipped (q + 128) and the bytes permuted under 0x64: 1024 + 128 + q.
+struct DqQ8_0 {
+    static constexpr int kQB = 32, kMB = 2;
+    using StepMeta = __half;   // d of block kl
+    __device__ static void scales(StepMeta m, int, __half2& d, __half2&) { d = __half2half2(m); }
+    __device__ static void dequant(uint32_t w0, uint32_t w1, __half2 d, __half2, uint32_t (&k0)[2], uint32_t (&k1)[2]) {
+        const __half2 bias = as_h2(0x64806480u);
+        const uint32_t u0 = w0 ^ 0x80808080u, u1 = w1 ^ 0x80808080u;
+        k0[0] = as_u32(__hmul2(__hsub2(as_h2(__byte_perm(u0, 0x64646464u, 0x4240)), bias), d));
+        k0[1] = as_u32(__hmul2(__hsub2(as_h2(__byte_perm(u0, 0x64646464u, 0x4341)), bias), d));
+        k1[0] = as_u32(__hmul2(__hsub2(as_h2(__byte_perm(u1, 0x64646464u, 0x4240)), bias), d));
+        k1[1] = as_u32(__hmul2(__hsub2(as_h2(__byte_perm(u1, 0x64646464u, 0x4341)), bias), d));
+    }
+};
+
+// Shared-memory layout of one format and token tile (byte offsets within a stage).
+template <class F, int NJ>
+struct Layout {
+    static constexpr int kBN = 8 * NJ;
+    static constexpr int kKB = kRowBytes / F::kQB;   // blocks a stage
+    static constexpr int kMRow = kKB * F::kMB;       // meta bytes of a row per stage: 8, 16 or 32
+    static constexpr int kXRow = kKB * 64;           // f16 x bytes of a token per stage
+    static constexpr int kW = 0, kM = kW + kBM * kRowBytes, kX = kM + kBM * kMRow;
+    static constexpr int kStage = kX + kBN * kXRow;
+    static constexpr int kStages = std::min(kMaxStages, kSmemLimit / kStage);
+    static constexpr int kAccRow = kBM + 4;   // floats; +4: a warp's fragment stores hit 32 banks
+    static constexpr int kSmem = std::max(kStages * kStage, kBN * kAccRow * 4);
+    static_assert(kStages >= 2, "a stage does not fit twice in shared memory");
+    static_assert(kKB % 2 == 0 && 32 * kKB <= kDqAlign, "stages hold pairs of blocks and divide kDqAlign");
+};
+
+struct Params {
+    const uint8_t* wq;     // quants region
+    const uint8_t* meta;   // meta region
+    const __half* xh;      // [n_tok][n_blocks * 32], gemm_dq_input's order
+    float* y;              // [n_tok][n_out]
+    int32_t n_blocks, n_out, n_tok;
+    int32_t k_stages;      // stages of a whole row
+    int32_t split_stages;  // stages of one K split
+};
+
+template <class F, int NJ>
+__global__ void __launch_bounds__(kThreads, 1) gemm_dq_kernel(Params p) {
+    using L = Layout<F, NJ>;
+    constexpr int kBN = L::kBN, kKB = L::kKB, kStages = L::kStages;
+    extern __shared__ uint4 smem_raw[];
+    uint8_t* smem = reinterpret_cast<uint8_t*>(smem_raw);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int wrow = warp * 32;
+    const int tok0 = int(blockIdx.y) * kBN, row0 = int(blockIdx.z) * kBM;
+    const int64_t nb = p.n_blocks;
+    const int ks_begin = int(blockIdx.x) * p.split_stages;
+    const int n_st = max(0, min(p.k_stages, ks_begin + p.split_stages) - ks_begin);
+    pdl_trigger();
+
+    // The copies of a stage (slot k of a copy loop: thread tid's k-th 16-byte chunk), addressed
+    // from per-thread bases that advance by one stage's bytes: rows past n_out and tokens past
+    // n_tok read as zeros (a zero scale or activation adds 0 to every sum).
+    //   quants: row (tid >> 3) + 32 k, chunk tid & 7, at chunk ^ (row & 7)
+    //   meta:   kMRow bytes a row in chunks of up to 16, row tid / kMChunks + k * kThreads / kMChunks
+    //   x:      token tid / kXChunks + k * kThreads / kXChunks, chunk tid % kXChunks, odd tokens
+    //           at chunk ^ 4
+    constexpr int kMChunk = L::kMRow < 16 ? L::kMRow : 16, kMChunks = L::kMRow / kMChunk;
+    constexpr int kXChunks = L::kXRow / 16;
+    static_assert(kThreads % kMChunks == 0 && kThreads % kXChunks == 0, "copy slots keep their row");
+    const int64_t kb_begin = int64_t(ks_begin) * kKB;
+    const int w_r = tid >> 3, w_c = tid & 7;
+    const uint8_t* w_src = p.wq + ((row0 + w_r) * nb + kb_begin) * F::kQB + 16 * w_c;
+    const int64_t w_step = 32 * nb * F::kQB;   // 32 rows
+    const int w_dst = L::kW + w_r * kRowBytes + ((w_c ^ (w_r & 7)) << 4);
+    const int m_r = tid / kMChunks, m_c = tid % kMChunks;
+    const uint8_t* m_src = p.meta + ((row0 + m_r) * nb + kb_begin) * F::kMB + kMChunk * m_c;
+    const int m_dst = L::kM + m_r * L::kMRow + kMChunk * m_c;
+    const int x_t = tid / kXChunks, x_c = tid % kXChunks;
+    const __half* x_src = p.xh + (tok0 + x_t) * nb * 32 + kb_begin * 32 + 8 * x_c;
+    const int x_dst = L::kX + x_t * L::kXRow + ((x_c ^ ((x_t & 1) << 2)) << 4);
+    auto load_weights = [&](int s, int rel) {   // rel: the stage's index within the split
+        uint8_t* st = smem + s * L::kStage;
+#pragma unroll
+        for (int k = 0; k < kBM / 32; ++k) {
+            const bool ok = row0 + w_r + 32 * k < p.n_out;
+            cp_async16_zfill_l2_256(st + w_dst + 32 * k * kRowBytes, ok ? w_src + k * w_step + rel * kRowBytes : p.wq, ok);
+        }
+#pragma unroll
+        for (int k = 0; k < kMChunks; ++k) {
+            const int r = m_r + k * (kThreads / kMChunks);
+            const bool ok = row0 + r < p.n_out;
+            const uint8_t* src = ok ? m_src + k * (kThreads / kMChunks) * nb * F::kMB + rel * L::kMRow : p.meta;
+            uint8_t* dst = st + m_dst + k * (kThreads / kMChunks) * L::kMRow;
+            if constexpr (kMChunk == 16) cp_async16_zfill_l2_256(dst, src, ok);
+            else cp_async8_zfill(dst, src, ok);
+        }
+    };
+    auto load_x = [&](int s, int rel) {
+        uint8_t* st = smem + s * L::kStage;
+#pragma unroll
+        for (int k = 0; k < (kBN * kXChunks + kThreads - 1) / kThreads; ++k) {
+            const int tk = x_t + k * (kThreads / kXChunks);
+            if (kBN * kXChunks % kThreads != 0 && tk >= kBN) break;
+            const bool ok = tok0 + tk < p.n_tok;
+            const __half* src = ok ? x_src + k * (kThreads / kXChunks) * nb * 32 + rel * kKB * 32 : p.xh;
+            cp_async16_zfill(st + x_dst + k * (kThreads / kXChunks) * L::kXRow, src, ok);
+        }
+    };
+
+    // Weights do not depend on the previous kernel: their first stages go out before pdl_wait.
+    for (int s = 0; s < kStages - 1; ++s)
+        if (s < n_st) load_weights(s, s);
+    pdl_wait();
+    for (int s = 0; s < kStages - 1; ++s) {
+        if (s < n_st) load_x(s, s);
+        cp_async_commit();
+    }
+
+    float acc[2][NJ][4] = {};
+    const int nj_valid = min(NJ, (p.n_tok - tok0 + 7) / 8);
+    // ldmatrix.x4 of a m16 tile: lanes 8q..8q+7 address rows 8 * (q & 1) + (lane & 7), chunk
+    // q >> 1 of the step's quants: registers (row g, chunk 0), (g + 8, 0), (g, 1), (g + 8, 1),
+    // word t of each. A step is two nibble blocks (a chunk each) or one Q8_0 block (words t, t + 4).
+    constexpr int kStepBlocks = 32 / F::kQB;
+    using StepMeta = typename F::StepMeta;
+    int q_off[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int r = wrow + 16 * i + 8 * ((lane >> 3) & 1) + (lane & 7);
+        q_off[i] = L::kW + r * kRowBytes + (((lane >> 4) ^ (r & 7)) << 4);   // step 0; step kl: chunk ^ kl * kQB / 16
+    }
+    // Lane (g, t)'s B chunk of block kb, token 8 j + g: (4 kb + t) ^ (4 (g & 1)) = 4 (kb ^ (g & 1)) + t,
+    // i.e. 64 (g & 1) bytes after block kb's chunk t for even kb and as many before it for odd kb.
+    const int x_even = L::kX + g * L::kXRow + 16 * t + 64 * (g & 1), x_odd = x_even - 128 * (g & 1);
+    auto load_step = [&](const uint8_t* st, int kl, uint32_t (&q)[2][4], StepMeta (&m)[2][2]) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            ldmatrix_x4(q[i], st + (q_off[i] ^ ((kl * F::kQB / 16) << 4)));
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                m[i][h] = *reinterpret_cast<const StepMeta*>(st + L::kM + (wrow + 16 * i + 8 * h + g) * L::kMRow +
+                                                            kl * F::kMB);
+        }
+    };
+    int s_read = 0, s_write = kStages - 1;
+    for (int ks = 0; ks < n_st; ++ks) {
+        cp_async_wait<kStages - 2>();
+        __syncthreads();   // stage ks landed for every thread; stage ks - 1 is free for the prefetch
+        if (ks + kStages - 1 < n_st) {
+            load_weights(s_write, ks + kStages - 1);
+            load_x(s_write, ks + kStages - 1);
+        }
+        cp_async_commit();
+        s_write = s_write + 1 == kStages ? 0 : s_write + 1;
+        const uint8_t* st = smem + s_read * L::kStage;
+        s_read = s_read + 1 == kStages ? 0 : s_read + 1;
+        uint32_t q[2][4];
+        StepMeta meta[2][2];   // [m16 tile][row g, g + 8]
+        load_step(st, 0, q, meta);
+#pragma unroll
+        for (int kl = 0; kl < kKB; kl += kStepBlocks) {
+            uint32_t q_next[2][4];   // the next step's quants and scales load while this one computes
+            StepMeta meta_next[2][2];
+            if (kl + kStepBlocks < kKB) load_step(st, kl + kStepBlocks, q_next, meta_next);
+#pragma unroll
+            for (int e = 0; e < kStepBlocks; ++e) {
+                const int kb = kl + e;
+                uint32_t a[2][2][4];   // [m16 tile][k-step][fragment register]
+#pragma unroll
+                for (int i = 0; i < 2; ++i)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {   // rows g, g + 8
+                        __half2 d, m;
+                        F::scales(meta[i][h], e, d, m);
+                        uint32_t k0[2], k1[2];
+                        if constexpr (F::kQB == 16) F::dequant(q[i][2 * e + h], 0u, d, m, k0, k1);
+                        else F::dequant(q[i][h], q[i][2 + h], d, m, k0, k1);
+                        a[i][0][h] = k0[0];
+                        a[i][0][2 + h] = k0[1];
+                        a[i][1][h] = k1[0];
+                        a[i][1][2 + h] = k1[1];
+                    }
+                uint4 b[NJ];   // all n8 tiles (zeros past n_tok), so the loads need no branch
+#pragma unroll
+                for (int j = 0; j < NJ; ++j)
+                    b[j] = *reinterpret_cast<const uint4*>(st + (kb & 1 ? x_odd : x_even) + 64 * kb + 8 * j * L::kXRow);
+                // Issue order: the 2 * NJ mmas of a k-step are independent, so an accumulator's
+                // next mma comes 2 * nj_valid issues after its last (mma.sync keeps program order).
+#pragma unroll
+                for (int k = 0; k < 2; ++k)
+#pragma unroll
+                    for (int j = 0; j < NJ; ++j)
+                        if (j < nj_valid) {   // warp-uniform
+#pragma unroll
+                            for (int i = 0; i < 2; ++i)
+                                mma16816(acc[i][j], a[i][k], k ? b[j].z : b[j].x, k ? b[j].w : b[j].y);
+                        }
+            }
+            if (kl + kStepBlocks < kKB) {
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) q[i][r] = q_next[i][r];
+                    meta[i][0] = meta_next[i][0];
+                    meta[i][1] = meta_next[i][1];
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+
+    // The CTA's (partial) tile, [token][row], over the pipeline's shared memory; c0, c1: row g,
+    // tokens 2t, 2t + 1; c2, c3: row g + 8.
+    float* tile = reinterpret_cast<float*>(smem);
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) {
+            const int r = wrow + 16 * i + g, tk = 8 * j + 2 * t;
+            tile[tk * L::kAccRow + r] = acc[i][j][0];
+            tile[(tk + 1) * L::kAccRow + r] = acc[i][j][1];
+            tile[tk * L::kAccRow + r + 8] = acc[i][j][2];
+            tile[(tk + 1) * L::kAccRow + r + 8] = acc[i][j][3];
+        }
+    const int n_tk = min(kBN, p.n_tok - tok0), n_r = min(kBM, p.n_out - row0);
+    // Four consecutive rows of a token a thread, consecutive threads the next rows: coalesced
+    // stores of y. The sum over the splits runs in rank order whatever the timing.
+    auto store = [&](int e, const float4& v) {
+        const int tk = e / (kBM / 4), r = 4 * (e % (kBM / 4));
+        float* out = p.y + int64_t(tok0 + tk) * p.n_out + row0 + r;
+        const float vs[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+            if (r + c < n_r) out[c] = vs[c];
+    };
+    auto at = [&](const float* tl, int e) {
+        return *reinterpret_cast<const float4*>(tl + (e / (kBM / 4)) * L::kAccRow + 4 * (e % (kBM / 4)));
+    };
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const int n_split = int(gridDim.x);
+    if (n_split > 1) {
+        namespace cg = cooperative_groups;
+        cg::cluster_group cluster = cg::this_cluster();
+        cluster.sync();   // every partial tile written
+        for (int e = int(cluster.block_rank()) * kThreads + tid; e < n_tk * kBM / 4; e += n_split * kThreads) {
+            float4 parts[kMaxSplit];
+#pragma unroll
+            for (int q = 0; q < kMaxSplit; ++q)
+                if (q < n_split) parts[q] = at(cluster.map_shared_rank(tile, q), e);
+            float4 sum = parts[0];
+#pragma unroll
+            for (int q = 1; q < kMaxSplit; ++q)
+                if (q < n_split) {
+                    sum.x += parts[q].x;
+                    sum.y += parts[q].y;
+                    sum.z += parts[q].z;
+                    sum.w += parts[q].w;
+                }
+            store(e, sum);
+        }
+        cluster.sync();   // no CTA leaves while another reads its shared memory
+        return;
+    }
+#endif
+    __syncthreads();
+    for (int e = tid; e < n_tk * kBM / 4; e += kThreads) store(e, at(tile, e));
+}
+
+// Activations in the kernel's K order: thread i writes 16-byte chunk i (block i / 4, lane t = i % 4).
+__global__ void gemm_dq_input_kernel(const float4* __restrict__ x, uint4* __restrict__ xh, int64_t n_chunks) {
+    pdl_trigger();
+    pdl_wait();
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n_chunks) return;
+    const int64_t blk = i >> 2;
+    const int t = int(i & 3);
+    const float4 a = x[blk * 8 + t], b = x[blk * 8 + 4 + t];   // elements 4t..4t+3, 4t+16..4t+19
+    xh[i] = make_uint4(pack_half2(a.x, a.z), pack_half2(a.y, a.w), pack_half2(b.x, b.z), pack_half2(b.y, b.w));
+}
+
+// K splits for `tiles` CTAs a split, slots[s] CTAs resident at once in clusters of s, and
+// k_stages stages a row: the fewest splits that minimize waves x stages of the longest split.
+int pick_split(int64_t tiles, const int (&slots)[kMaxSplit + 1], int k_stages) {
+    int best = 1;
+    int64_t best_t = (tiles + slots[1] - 1) / slots[1] * k_stages;
+    for (int s = 2; s <= std::min(kMaxSplit, k_stages); ++s) {
+        if (slots[s] == 0) continue;
+        const int64_t t_s = (tiles * s + slots[s] - 1) / slots[s] * ((k_stages + s - 1) / s);
+        if (t_s < best_t) {
+            best = s;
+            best_t = t_s;
+        }
+    }
+    return best;
+}
+
+template <class F, int NJ>
+void launch(const DeviceWeight& w, float* y, const __half* xh, int32_t n_tok, cudaStream_t s) {
+    using L = Layout<F, NJ>;
+    auto* kernel = gemm_dq_kernel<F, NJ>;
+    // CTAs resident at once in clusters of each size (one CTA an SM, but a cluster's CTAs share a
+    // GPC, so large clusters leave SMs over); clusters need Hopper, else one split only.
+    struct Slots { int n[kMaxSplit + 1]; };
+    static const Slots slots = [kernel] {
+        // above 48 KB of dynamic shared memory needs the opt-in
+        EMBER_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmem));
+        int dev = 0, major = 0;
+        EMBER_CUDA_CHECK(cudaGetDevice(&dev));
+        EMBER_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        Slots r{};
+        int per_sm = 0, sms = 0;
+        EMBER_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, L::kSmem));
+        EMBER_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        r.n[0] = r.n[1] = std::max(1, per_sm * sms);
+        for (int c = 2; c <= kMaxSplit; ++c) {
+            int clusters = 0;
+            if (major >= 9) {
+                cudaLaunchConfig_t cfg = {};
+                cudaLaunchAttribute attr[1];
+                attr[0].id = cudaLaunchAttributeClusterDimension;
+                attr[0].val.clusterDim.x = unsigned(c);
+                attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
+                cfg.gridDim = dim3(unsigned(c));
+                cfg.blockDim = dim3(kThreads);
+                cfg.dynamicSmemBytes = L::kSmem;
+                cfg.attrs = attr;
+                cfg.numAttrs = 1;
+                EMBER_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
+            }
+            r.n[c] = clusters * c;   // 0: no clusters of this size (never picked)
+        }
+        return r;
+    }();
+    const int k_stages = int(w.layout.n_blocks / L::kKB);
+    Params p{w.base, w.base + w.layout.meta_off, xh, y, int32_t(w.layout.n_blocks), int32_t(w.n_out), n_tok, k_stages, 0};
+    const int64_t m_tiles = (w.n_out + kBM - 1) / kBM, n_tiles = (n_tok + L::kBN - 1) / L::kBN;
+    const int split = pick_split(m_tiles * n_tiles, slots.n, k_stages);
+    p.split_stages = (k_stages + split - 1) / split;
+    launch_pdl_cluster(kernel, dim3(unsigned(split), unsigned(n_tiles), unsigned(m_tiles)), dim3(kThreads),
+                       size_t(L::kSmem), unsigned(split), s, p);
+    EMBER_CUDA_LAUNCHED("gemm_dq");
+}
+
+template <class F>
+void launch_tokens(const DeviceWeight& w, float* y, const __half* xh, int32_t n_tok, cudaStream_t s) {
+    if (n_tok <= 16) launch<F, 2>(w, y, xh, n_tok, s);
+    else if (n_tok <= 32) launch<F, 4>(w, y, xh, n_tok, s);
+    else launch<F, 8>(w, y, xh, n_tok, s);
+}
+
+}  // namespace
+
+bool gemm_dq_supported(GGMLType type, int64_t n_in) {
+    const bool format = type == GGMLType::Q4_0 || type == GGMLType::Q4_1 || type == GGMLType::Q8_0;
+    return format && n_in % kDqAlign == 0;
+}
+
+void gemm_dq_input(const float* x, __half* xh, int32_t n_tok, int64_t n, cudaStream_t s) {
+    if (n % 32 || reinterpret_cast<uintptr_t>(x) % 16)
+        fail("cuda gemm_dq_input: width ", n, " is not a multiple of 32 or x is not 16-byte aligned");
+    const int64_t n_chunks = int64_t(n_tok) * n / 8;
+    if (n_chunks == 0) return;
+    launch_pdl(gemm_dq_input_kernel, unsigned((n_chunks + 255) / 256), 256, s, reinterpret_cast<const float4*>(x),
+               reinterpret_cast<uint4*>(xh), n_chunks);
+    EMBER_CUDA_LAUNCHED("gemm_dq_input");
+}
+
+void gemm_dq(const DeviceWeight& w, float* y, const __half* xh, int32_t n_tok, cudaStream_t s) {
+    if (n_tok <= 0) return;
+    if (!gemm_dq_supported(w.type, w.n_in))
+        fail("cuda gemm_dq: no kernel for ", block_info(w.type).name, " rows of ", w.n_in);
+    switch (w.type) {
+        case GGMLType::Q4_0: launch_tokens<DqQ4_0>(w, y, xh, n_tok, s); break;
+        case GGMLType::Q4_1: launch_tokens<DqQ4_1>(w, y, xh, n_tok, s); break;
+        default: launch_tokens<DqQ8_0>(w, y, xh, n_tok, s); break;
+    }
+}
+
+}  // namespace cuda
+}  // namespace ember

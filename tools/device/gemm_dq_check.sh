@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Device call for the dequantizing f16 GEMM (cuda/gemm_dq.cu): build, its tests (tests/test_cuda_gemm.py)
+# and the matmul tests of tests/test_cuda.py, then ember-cuda-bench's batched-decode table (the
+# dispatch of project(), and with EMBER_CUDA_GEMM_DQ=0 the older paths: gemm_q8, cuBLAS) and its
+# gemm_dq table (the kernel launched directly, every format and batch size). Carry: build/carry.
+# Logs under $OUT (dq_tests.log, dq_bench.log). PYTEST_K selects tests (default: all but smollm);
+# TESTS=0 skips them. NCU=1: also Nsight Compute sections and stall reasons of gemm_dq launches
+# (ncu_*.txt).
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/gemm_dq_out}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
+. tools/device/cuda_build.sh || { echo "build failed"; exit 1; }
+set -o pipefail
+tests_rc=0
+if [ "${TESTS:-1}" = 1 ]; then
+  timeout "${TEST_TIMEOUT:-200}" python3 -m pytest tests/test_cuda_gemm.py tests/test_cuda.py -q -x -rs \
+    -k "${PYTEST_K:-not smollm}" -p no:cacheprovider 2>&1 | tee "$OUT/dq_tests.log" | tail -6
+  tests_rc=$?
+fi
+{
+  build/dev/ember-cuda-bench gemm
+  echo "## EMBER_CUDA_GEMM_DQ=0"; EMBER_CUDA_GEMM_DQ=0 build/dev/ember-cuda-bench gemm | grep "^| "
+  build/dev/ember-cuda-bench gemm_dq | grep "^| "
+} 2>&1 | tee "$OUT/dq_bench.log"
+if [ "${NCU:-0}" = 1 ]; then
+  # The gemm_dq table launches each configuration 2 * 141 times (with and without the conversion
+  # of x): launch 282 * c + 150 is one of the c-th configuration's kernel-only runs (0-8: Q4_0
+  # 4096x4096 at 9, 16, 32, 48, 64, 96, 128, 192, 256 tokens; 9-17: 11008x4096).
+  for c in ${NCU_CONFIGS:-1 4}; do
+    timeout 120 ncu --clock-control none -k regex:gemm_dq_kernel --launch-skip $((282 * c + 150)) --launch-count 1 \
+      --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
+      --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
+      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+      build/dev/ember-cuda-bench gemm_dq > "$OUT/ncu_$c.txt" 2>&1
+    grep -E "Duration|DRAM Throughput|Elapsed Cycles|SM Active|Executed Ipc A|Eligible Warps|Grid Size|Cluster Size|Registers Per|issue_stalled" \
+      "$OUT/ncu_$c.txt" | awk '$NF != "0" && $NF !~ /^0\.0/' | head -40
+  done
+fi
+exit $tests_rc
