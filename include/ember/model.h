@@ -72,6 +72,9 @@ struct ContextParams {
     // f32 references).
     GGMLType type_k = GGMLType::F16;
     GGMLType type_v = GGMLType::F16;
+    // Embeddings instead of logits: eval keeps each token's hidden state after the final norm
+    // (embeddings(i)); logits(i) is then unavailable. Pooling is the caller's (ember.Llama's).
+    bool embeddings = false;
 };
 
 struct ContextImpl;
@@ -87,6 +90,9 @@ public:
     // Logits of token i of the last eval (i < 0 counts from the end); [n_vocab] floats.
     const float* logits(int32_t i = -1) const;
     int32_t n_logits() const;
+    // With ContextParams::embeddings: the normed hidden state of token i of the last eval (i < 0
+    // counts from the end; logits_all decides which tokens have one, as for logits); [n_embd] floats.
+    const float* embeddings(int32_t i = -1) const;
     int32_t n_past() const;
     void truncate(int32_t n_past);   // forget the KV of positions >= n_past
     int32_t n_ctx() const;

@@ -53,6 +53,11 @@ void bind_model(nb::module_& m) {
         .def_prop_ro("n_gpu_layers", [](const Model& mo) { return mo.params().n_gpu_layers; })
         .def_prop_ro("use_mmap", [](const Model& mo) { return mo.params().use_mmap; })
         .def_prop_ro("path", [](const Model& mo) { return mo.file().path(); })
+        // llama.cpp's: the file's {arch}.pooling_type (0 none, 1 mean, 2 cls, 3 last, 4 rank);
+        // none where the key is absent, as llama.cpp resolves an unspecified pooling type.
+        .def_prop_ro("pooling_type", [](const Model& mo) {
+            return (int)mo.file().get_uint(mo.hparams().arch + ".pooling_type", 0);
+        })
         .def_prop_ro("size_bytes", [](const Model& mo) {
             size_t total = 0;
             for (const auto& t : mo.file().tensors()) total += t.nbytes;
@@ -69,7 +74,8 @@ void bind_model(nb::module_& m) {
     nb::class_<Context>(m, "Context")
         .def(nb::new_([](std::shared_ptr<Model> model, int n_ctx, int n_batch, int n_threads, int kv_block_size,
                          bool offload_kqv, const std::optional<std::string>& kv_type,
-                         const std::optional<std::string>& type_k, const std::optional<std::string>& type_v) {
+                         const std::optional<std::string>& type_k, const std::optional<std::string>& type_v,
+                         bool embeddings) {
                  ContextParams p;
                  p.n_ctx = n_ctx;
                  p.n_batch = n_batch;
@@ -79,11 +85,12 @@ void bind_model(nb::module_& m) {
                  const KVTypes t = kv_types_arg(kv_type, type_k, type_v);
                  p.type_k = t.k;
                  p.type_v = t.v;
+                 p.embeddings = embeddings;
                  return std::make_shared<Context>(std::move(model), p);
              }),
              nb::arg("model"), nb::arg("n_ctx") = 512, nb::arg("n_batch") = 512, nb::arg("n_threads") = 0,
              nb::arg("kv_block_size") = 16, nb::arg("offload_kqv") = true, nb::arg("kv_type") = nb::none(),
-             nb::arg("type_k") = nb::none(), nb::arg("type_v") = nb::none())
+             nb::arg("type_k") = nb::none(), nb::arg("type_v") = nb::none(), nb::arg("embedding") = false)
         .def("eval",
              [](Context& c, const std::vector<int32_t>& tokens, bool logits_all) {
                  nb::gil_scoped_release release;
@@ -98,6 +105,15 @@ void bind_model(nb::module_& m) {
         .def("all_logits",
              [](const Context& c) {
                  return copy_rows(c.logits(0), c.n_logits(), c.model().hparams().n_vocab, true);
+             })
+        .def("embeddings",
+             [](const Context& c, int i) {
+                 return copy_rows(c.embeddings(i), 1, c.model().hparams().n_embd, false);
+             },
+             nb::arg("i") = -1)
+        .def("all_embeddings",
+             [](const Context& c) {
+                 return copy_rows(c.embeddings(0), c.n_logits(), c.model().hparams().n_embd, true);
              })
         .def_prop_ro("n_logits", &Context::n_logits)
         .def_prop_ro("n_past", &Context::n_past)

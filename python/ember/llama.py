@@ -1,5 +1,6 @@
 """The `Llama` class: llama-cpp-python's high-level API (create_completion, streaming, stop strings,
-logprobs, prefix reuse) over ember's Model / Context / Sampler / IncrementalDetokenizer."""
+logprobs, prefix reuse; embeddings with embedding=True) over ember's Model / Context / Sampler /
+IncrementalDetokenizer."""
 from __future__ import annotations
 
 import contextlib
@@ -12,6 +13,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Union
 import numpy as np
 
 from . import _ember
+from .embedding import POOLING_UNSPECIFIED, embed_tokens, resolve_pooling
 from .server.chat_dicts import chat_chunks, chat_completion
 from .server.chat_template import ChatTemplate
 
@@ -177,7 +179,8 @@ class Llama:
     def __init__(self, model_path: str, *, n_ctx: int = 512, n_batch: int = 512,
                  n_threads: Optional[int] = None, n_gpu_layers: int = 0, seed: int = DEFAULT_SEED,
                  verbose: bool = True, offload_kqv: bool = True, main_gpu: int = 0, use_mmap: bool = True,
-                 last_n_tokens_size: int = 64, kv_block_size: int = 16, type_k=None, type_v=None, **kwargs):
+                 last_n_tokens_size: int = 64, kv_block_size: int = 16, type_k=None, type_v=None,
+                 embedding: bool = False, pooling_type: int = POOLING_UNSPECIFIED, **kwargs):
         unknown = sorted(set(kwargs) - _HARMLESS_KWARGS)
         if unknown:
             raise TypeError(f"Llama() got unexpected keyword arguments: {', '.join(unknown)}")
@@ -197,11 +200,15 @@ class Llama:
         self._model = _ember.Model(self.model_path, n_gpu_layers=n_gpu_layers, main_gpu=main_gpu,
                                    use_mmap=bool(use_mmap))
         self._tok = self._model.tokenizer
+        # embedding=True: the context keeps hidden states instead of logits (no completions).
+        self._embedding = bool(embedding)
+        self._pooling = resolve_pooling(self._model, pooling_type) if embedding else POOLING_UNSPECIFIED
         n_ctx = context_size(self._model, n_ctx)
         self._n_batch = min(n_batch, n_ctx)
         self._ctx = _ember.Context(self._model, n_ctx=n_ctx, n_batch=self._n_batch,
                                    n_threads=n_threads or 0, kv_block_size=kv_block_size,
-                                   offload_kqv=offload_kqv, type_k=type_k, type_v=type_v)
+                                   offload_kqv=offload_kqv, type_k=type_k, type_v=type_v,
+                                   embedding=self._embedding)
         self._history: List[int] = []   # the tokens whose KV the context holds, in order
         self._generation = 0             # bumped as each completion starts, to retire stale streams
         self._chat_template: Optional[ChatTemplate] = None   # read from the GGUF at the first chat
@@ -242,6 +249,10 @@ class Llama:
     def n_embd(self) -> int:
         self._context()
         return self._model.n_embd
+
+    def pooling_type(self) -> int:
+        """The embeddings' pooling (0 none, 1 mean, 2 cls, 3 last); -1 without embedding=True."""
+        return self._pooling
 
     def token_bos(self) -> int:
         self._context()
@@ -320,6 +331,50 @@ class Llama:
         del self._history[common:]
         return self._eval(prompt_tokens[common:], logits_all)
 
+    # ---- embeddings ------------------------------------------------------------------------
+    def embed(self, input: Union[str, List[str]], normalize: bool = True, truncate: bool = True,
+              return_count: bool = False):
+        """llama-cpp-python's embed: a str gives one embedding (a list of floats), a list of str one
+        per string. With pooling none (a decoder GGUF without {arch}.pooling_type, or
+        pooling_type=0) an embedding is a list per token. normalize: L2, as llama.cpp's embedding
+        output. truncate: a text longer than n_ctx keeps its first n_ctx tokens (else
+        ValueError). return_count: also the number of tokens embedded."""
+        ctx = self._context()
+        if not self._embedding:
+            raise RuntimeError("Llama model must be created with embedding=True to call this method")
+        texts = [input] if isinstance(input, str) else list(input)
+        if not all(isinstance(t, str) for t in texts):
+            raise TypeError("embed: input must be a str or a list of str")
+        n_ctx = ctx.n_ctx
+        out, n_tokens = [], 0
+        with self._lock.hold():
+            # The context is the embedding's scratch: what it held is gone afterwards.
+            self._history = []
+            for text in texts:
+                tokens = self.tokenize(text.encode("utf-8"), add_bos=True, special=False)
+                if not tokens:
+                    raise ValueError("embed: the text is empty and the model has no BOS token to embed")
+                if truncate:
+                    tokens = tokens[:n_ctx]
+                elif len(tokens) > n_ctx:
+                    raise ValueError(f"Requested tokens ({len(tokens)}) exceed context window of {n_ctx}")
+                out.append(embed_tokens(ctx, tokens, self._pooling, normalize).tolist())
+                n_tokens += len(tokens)
+        data = out[0] if isinstance(input, str) else out
+        return (data, n_tokens) if return_count else data
+
+    def create_embedding(self, input: Union[str, List[str]], model: Optional[str] = None) -> dict:
+        """llama-cpp-python's create_embedding: OpenAI's embedding list for a str or a list of
+        str, normalized as embed's default."""
+        texts = [input] if isinstance(input, str) else list(input)
+        embeds, n_tokens = self.embed(texts, return_count=True)
+        return {
+            "object": "list",
+            "data": [{"object": "embedding", "embedding": e, "index": i} for i, e in enumerate(embeds)],
+            "model": model if model is not None else self.model_path,
+            "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+        }
+
     # ---- completion ------------------------------------------------------------------------
     @staticmethod
     def _check_seed(seed) -> int:
@@ -353,6 +408,9 @@ class Llama:
         """Generates text from a prompt (str or token ids). Returns llama-cpp-python's completion
         dict, or an iterator of its chunk dicts when stream=True."""
         ctx = self._context()
+        if self._embedding:
+            raise RuntimeError("Llama: this model was created with embedding=True, which computes embeddings "
+                               "instead of logits; create another Llama without it to generate text")
         if typical_p != 1.0:
             raise ValueError(f"typical_p={typical_p} is not supported by ember (only 1.0)")
         if logprobs is not None and int(logprobs) < 0:

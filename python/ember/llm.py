@@ -49,6 +49,7 @@ class LLM:
                                enable_prefix_caching=enable_prefix_caching, deterministic=deterministic,
                                offload_kqv=offload_kqv)
         self._ids = itertools.count()
+        self._model = model   # the loaded weights, which an embedding context may share (ember-server)
         self._client = EngineClient(engine, model.tokenizer, seed)
         if verbose:
             stats = engine.stats()

@@ -1,5 +1,6 @@
 // Context: one sequence over a Runner (the forward) and a KVCache (its block table), fed in
-// n_batch chunks. Llama drives it; the engine (src/engine) runs many sequences on the same parts.
+// n_batch chunks, keeping logits or (embeddings) final-normed hidden rows. Llama drives it; the
+// engine (src/engine) runs many sequences on the same parts.
 #include <algorithm>
 
 #include "ember/status.h"
@@ -53,6 +54,7 @@ Context::Context(std::shared_ptr<Model> model, const ContextParams& params) {
     rp.type_k = params.type_k;
     rp.type_v = params.type_v;
     rp.offload_kqv = params.offload_kqv;
+    rp.embeddings = params.embeddings;
     impl_ = std::make_unique<ContextImpl>(std::move(model), params, rp);
 }
 
@@ -80,12 +82,25 @@ void Context::eval(const int32_t* tokens, int32_t n, bool logits_all) {
     }
 }
 
-const float* Context::logits(int32_t i) const {
-    const ContextImpl& c = *impl_;
-    const int32_t n = c.runner.n_logits();
+namespace {
+// Row i (< 0: from the end) of the runner's output rows, named `what` in errors.
+const float* output_row(const Runner& r, int32_t i, const char* what) {
+    const int32_t n = r.n_logits();
     if (i < 0) i += n;
-    if (i < 0 || i >= n) fail("logits index out of range: ", i, " (have ", n, " rows)");
-    return c.runner.logits() + (size_t)i * c.runner.model().hparams().n_vocab;
+    if (i < 0 || i >= n) fail(what, " index out of range: ", i, " (have ", n, " rows)");
+    return r.logits() + (size_t)i * r.row_width();
+}
+}  // namespace
+
+const float* Context::logits(int32_t i) const {
+    if (impl_->params.embeddings)
+        fail("this context computes embeddings, not logits (it was created with embeddings=true)");
+    return output_row(impl_->runner, i, "logits");
+}
+
+const float* Context::embeddings(int32_t i) const {
+    if (!impl_->params.embeddings) fail("this context computes logits; create it with embeddings=true for embeddings");
+    return output_row(impl_->runner, i, "embeddings");
 }
 
 int32_t Context::n_logits() const { return impl_->runner.n_logits(); }

@@ -1,6 +1,7 @@
 // Runner: one forward step. Embedding rows (host) -> each block's forward (its architecture's, on
 // the device the placement plan gives it; the hidden state crosses a device boundary only where
-// placement changes) -> final norm + output head over the rows asked for -> logits (host). Large
+// placement changes) -> final norm + output head over the rows asked for -> logits (host; for
+// embeddings the head stops after the final norm and the normed hidden rows come back). Large
 // one-sequence batches run CPU blocks on the GPU too, through the streamed offload.
 #include "model/runner.h"
 
@@ -88,7 +89,7 @@ struct RunnerImpl {
     // Null: CPU blocks always run on the CPU. Destroyed before `cpu` (whose pool it uses) and
     // `model` (whose GPU backend it uses).
     std::unique_ptr<StreamedOffload> stream;
-    HostLogits logits;   // [n_logits][n_vocab]; declared after `cpu` and `model`, whose host memory it holds
+    HostLogits logits;   // [n_logits][row_width]; declared after `cpu` and `model`, whose host memory it holds
     int32_t n_logits = 0;
     std::vector<float> embd;   // [n_batch][n_embd] host staging for the embedding rows
 
@@ -124,6 +125,7 @@ struct RunnerImpl {
     }
 
     void forward(const int32_t* tokens, const BatchInfo& batch, const std::vector<RowRange>& rows);
+    int32_t row_width() const { return params.embeddings ? model->hparams().n_embd : model->hparams().n_vocab; }
 };
 
 Runner::Runner(std::shared_ptr<Model> model, const RunnerParams& params) {
@@ -267,21 +269,27 @@ void RunnerImpl::forward(const int32_t* tokens, const BatchInfo& batch, const st
     }
     int32_t n_rows = 0;
     for (const RowRange& rr : rows) n_rows += rr.count;
+    const int64_t W = row_width();
     if (hs.logits_rows < n_rows) {
-        hs.logits = alloc_floats(hb, (int64_t)n_rows * hp.n_vocab);
+        hs.logits = alloc_floats(hb, (int64_t)n_rows * W);
         hs.logits_rows = n_rows;
     }
     if (!replayed) {
         int32_t out = 0;
         for (const RowRange& rr : rows) {
-            hb.norm_matmul(hs.x + rr.first * E, pending ? pending + rr.first * E : nullptr, head.output_norm,
-                           hp.rms_eps, head.output, rr.count, hs.buf.xn + rr.first * E,
-                           hs.logits + (size_t)out * hp.n_vocab);
+            float* x = hs.x + rr.first * E;
+            const float* res = pending ? pending + rr.first * E : nullptr;
+            float* y = hs.logits + (size_t)out * W;
+            // Embeddings: the normed rows go straight to the output buffer, with no head matmul.
+            if (params.embeddings)
+                hb.add_rmsnorm(x, res, head.output_norm, rr.count, (int32_t)E, hp.rms_eps, y);
+            else
+                hb.norm_matmul(x, res, head.output_norm, hp.rms_eps, head.output, rr.count, hs.buf.xn + rr.first * E, y);
             out += rr.count;
         }
     }
     hb.step_end();
-    const size_t n_out = (size_t)n_rows * hp.n_vocab;
+    const size_t n_out = (size_t)n_rows * W;
     if (n_out) hb.copy_to_host(logits.append(hb, n_out), hs.logits, n_out * sizeof(float));
     else hb.synchronize();
     n_logits += n_rows;
@@ -303,6 +311,7 @@ void Runner::forward(const int32_t* tokens, const BatchInfo& batch, const std::v
 
 const float* Runner::logits() const { return impl_->logits.data(); }
 int32_t Runner::n_logits() const { return impl_->n_logits; }
+int32_t Runner::row_width() const { return impl_->row_width(); }
 void Runner::clear_logits() {
     impl_->logits.clear();
     impl_->n_logits = 0;

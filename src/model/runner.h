@@ -1,7 +1,8 @@
 // The forward pass of one step over tokens that may belong to several sequences: the model's
 // weights on the devices the placement plan gives, every layer's paged KV storage, the activation
-// scratch, and the logits of the rows the caller asks for. Context (one sequence) and the engine
-// (many) both drive it; which KV blocks a sequence owns is the caller's business (src/kv).
+// scratch, and the logits (or, for embeddings, the final-normed hidden states) of the rows the caller
+// asks for. Context (one sequence) and the engine (many) both drive it; which KV blocks a sequence
+// owns is the caller's business (src/kv).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -19,9 +20,12 @@ struct RunnerParams {
     int32_t kv_block_size = 16;
     GGMLType type_k = GGMLType::F16, type_v = GGMLType::F16;
     bool offload_kqv = true;
+    // The head stops at the final norm: each row asked for is the hidden state after output_norm
+    // ([n_embd] floats, what llama.cpp pools into embeddings) instead of logits.
+    bool embeddings = false;
 };
 
-// Rows [first, first + count) of a step whose logits are computed.
+// Rows [first, first + count) of a step whose logits (or hidden rows) are computed.
 struct RowRange {
     int32_t first = 0, count = 0;
 };
@@ -37,7 +41,9 @@ public:
     // One step: tokens[0..batch.n_tok) at batch's positions and block tables (n_tok <= n_batch).
     // The logits of `rows`, in their order, are appended to logits() (clear_logits() empties it).
     void forward(const int32_t* tokens, const BatchInfo& batch, const std::vector<RowRange>& rows);
-    const float* logits() const;   // [n_logits][n_vocab], host memory
+    // [n_logits][row_width()], host memory: logits, or the normed hidden rows with params.embeddings.
+    const float* logits() const;
+    int32_t row_width() const;   // n_vocab, or n_embd with params.embeddings
     int32_t n_logits() const;
     void clear_logits();
     // Copies block src's K and V of every layer into block dst (copy on write of a shared block).

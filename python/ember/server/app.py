@@ -1,7 +1,8 @@
 """The FastAPI application: `create_app(engine_or_args)` and its routes. OpenAI's /v1/models,
-/v1/completions and /v1/chat/completions (JSON or server-sent events), llama-server's /health,
-/tokenize and /detokenize, Prometheus' /metrics and the chat page at /. Every request runs on
-one AsyncLLMEngine, so all connections share its batch.
+/v1/completions and /v1/chat/completions (JSON or server-sent events), /v1/embeddings,
+llama-server's /health, /tokenize and /detokenize, Prometheus' /metrics and the chat page at /.
+Every generation runs on one AsyncLLMEngine, so all connections share its batch; embeddings run
+one sequence at a time on an embedding context that shares the engine's weights.
 
 Given parsed command-line arguments, the app starts listening at once and loads the model in a
 thread (/health says 503 until it is ready); given an AsyncLLMEngine, it serves that one and
@@ -23,14 +24,16 @@ from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Res
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..async_engine import AsyncLLMEngine
+from ..embedding import POOLING_NONE, Embedder, resolve_pooling
 from ..llama import encode_prompt
 from . import args as server_args
 from .args import ServerSettings
 from .chat_template import ChatTemplate, ChatTemplateError
 from .metrics import Metrics, RequestTimer
 from .middleware import Gate
-from .openai_schema import APIError, GenerationRequest, get, parse_chat, parse_completion, read_json
-from .responses import SSE_DONE, ResponseBuilder, sse
+from .openai_schema import (APIError, EmbeddingRequest, GenerationRequest, get, parse_chat, parse_completion,
+                            parse_embeddings, read_json)
+from .responses import SSE_DONE, ResponseBuilder, embedding_list, sse
 
 log = logging.getLogger("ember.server")
 
@@ -47,6 +50,8 @@ class _Server:
         self.engine: Optional[AsyncLLMEngine] = None
         self.owns_engine = False
         self.load_error: Optional[BaseException] = None
+        self._embedder: Optional[Embedder] = None   # made at the first /v1/embeddings (it takes KV memory)
+        self._embedder_lock = threading.Lock()
 
     def attach(self, engine: AsyncLLMEngine, owns: bool) -> None:
         # AsyncLLMEngine has no public accessors for the tokenizer and the engine's limits yet:
@@ -59,6 +64,8 @@ class _Server:
         self.model_path = llm.model_path
         self.model_id = self.settings.alias or os.path.basename(self.model_path)
         self.template = ChatTemplate.for_model(self.model_path, self.tok, self.settings.chat_template)
+        self.model = llm._model
+        self.pooling = resolve_pooling(self.model, self.settings.pooling)
         self.owns_engine = owns
         self.engine = engine   # last: a request sees the engine only once the rest is set
 
@@ -91,6 +98,7 @@ class _Server:
         return self.engine
 
     def close(self) -> None:
+        self._embedder = None
         if self.engine is not None and self.owns_engine:
             self.engine.shutdown()
 
@@ -156,6 +164,30 @@ class _Server:
             raise APIError(500, str(e), type="server_error") from e
         self._note(request, builder, timer, final, final.outputs[0].finish_reason)
         return JSONResponse(builder.response(final))
+
+    async def embed(self, request: Request, req: EmbeddingRequest) -> dict:
+        self.check_model(req.model)
+        if self.pooling == POOLING_NONE:   # llama-server's answer: OpenAI's format has one vector per input
+            raise APIError(400, "Pooling type 'none' is not OAI compatible. Please use a different pooling type "
+                                "(this model's GGUF names none: start ember-server with --pooling mean, cls or last)",
+                           code="pooling_not_supported")
+        seqs = [encode_prompt(self.tok, x) if isinstance(x, str) else x for x in req.inputs]
+        for i, seq in enumerate(seqs):
+            if len(seq) > self.n_ctx:
+                raise APIError(400, f"This model's maximum context length is {self.n_ctx} tokens. However, "
+                                    f"input[{i}] is {len(seq)} tokens.", param="input", code="context_length_exceeded")
+        t0 = time.perf_counter()
+        vectors = await asyncio.to_thread(lambda: [self.embedder().embed(seq) for seq in seqs])
+        n_tokens = sum(len(seq) for seq in seqs)
+        request.state.log = f"embeddings inputs={len(seqs)} prompt={n_tokens} " \
+                            f"total={(time.perf_counter() - t0) * 1e3:.0f}ms"
+        return embedding_list(vectors, self.model_id, n_tokens, req.encoding_format)
+
+    def embedder(self) -> Embedder:
+        with self._embedder_lock:
+            if self._embedder is None:
+                self._embedder = Embedder(self.model, self.n_ctx, self.pooling)
+            return self._embedder
 
     @staticmethod
     async def _last_output(outputs, timer: RequestTimer):
@@ -276,6 +308,13 @@ def create_app(engine_or_args, settings: Optional[ServerSettings] = None,
             raise APIError(400, str(e), param="messages") from None
         prompt_ids = list(srv.tok.encode(text.encode("utf-8"), srv.template.add_bos(text), True))
         return await srv.generate(request, req, prompt_ids, text, chat=True)
+
+    @app.post("/v1/embeddings")
+    @app.post("/embeddings")
+    async def embeddings(request: Request):
+        srv.ready()
+        req = parse_embeddings(await srv.body(request), srv.tok.n_vocab)
+        return await srv.embed(request, req)
 
     @app.post("/tokenize")
     async def tokenize(request: Request):

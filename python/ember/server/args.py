@@ -15,12 +15,14 @@ class ServerSettings:
     """What the HTTP side needs beyond the engine. alias: the model id clients see and send (None:
     the GGUF file's name); api_key: None lets every request in; chat_template: a Jinja file that
     replaces the GGUF's; max_queue: requests that may wait for a slot before new ones get 503;
-    max_body_bytes: the largest request body accepted."""
+    max_body_bytes: the largest request body accepted; pooling: /v1/embeddings' pooling ("mean",
+    "cls", "last", "none"; None: the GGUF's {arch}.pooling_type, as llama-server's --pooling)."""
     alias: Optional[str] = None
     api_key: Optional[str] = None
     chat_template: Optional[str] = None
     max_queue: int = 256
     max_body_bytes: int = 8 << 20
+    pooling: Optional[str] = None
 
 
 def parser() -> argparse.ArgumentParser:
@@ -44,6 +46,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--alias", default=None, help="the model id in the API (default: the file name)")
     p.add_argument("--max-queue", type=int, default=ServerSettings.max_queue,
                    help=f"requests that may wait for a slot; past that, 503 (default {ServerSettings.max_queue})")
+    p.add_argument("--pooling", choices=["none", "mean", "cls", "last"], default=None,
+                   help="pooling of /v1/embeddings (default: the model's {arch}.pooling_type, else none, "
+                        "which /v1/embeddings refuses as llama-server does)")
     p.add_argument("--deterministic", action="store_true",
                    help="a request's tokens do not depend on the rest of the batch (docs/engine.md)")
     return p
@@ -69,4 +74,4 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
 
 def settings(args: argparse.Namespace) -> ServerSettings:
     return ServerSettings(alias=args.alias, api_key=args.api_key or None, chat_template=args.chat_template,
-                          max_queue=args.max_queue)
+                          max_queue=args.max_queue, pooling=args.pooling)

@@ -1,6 +1,7 @@
 """The OpenAI request bodies the server takes, checked field by field, and OpenAI's error body.
 parse_completion / parse_chat turn a JSON body into a GenerationRequest (SamplingParams and the
-rest) or raise APIError, which the app answers as `{"error": {"message", "type", "param", "code"}}`.
+rest), parse_embeddings into an EmbeddingRequest, or raise APIError, which the app answers as
+`{"error": {"message", "type", "param", "code"}}`.
 Unknown fields are ignored, as OpenAI clients send fields a server may not know."""
 from __future__ import annotations
 
@@ -250,3 +251,40 @@ def parse_chat(body: dict, n_vocab: int) -> GenerationRequest:
                              include_usage=include_usage, logprobs=logprobs, messages=messages,
                              tools=get(body, "tools", "list"),
                              template_kwargs=get(body, "chat_template_kwargs", "object", {}))
+
+
+@dataclass
+class EmbeddingRequest:
+    """A checked /v1/embeddings body: each input as a str or token ids; encoding_format "float" or
+    "base64" (each vector's float32 bytes, little-endian)."""
+    model: Optional[str]
+    inputs: List[Union[str, List[int]]]
+    encoding_format: str = "float"
+
+
+def parse_embeddings(body: dict, n_vocab: int) -> EmbeddingRequest:
+    """A /v1/embeddings body. input: a string, an array of strings, an array of token ids, or an
+    array of those arrays (OpenAI's four forms); none of them may be empty."""
+    raw = body.get("input")
+    if raw is None:
+        raise APIError(400, "'input' is required", param="input", code="missing_required_parameter")
+    if isinstance(raw, str) or _is_token_list(raw):
+        raw = [raw]
+    if not isinstance(raw, list) or not raw:
+        raise bad_param("input", "'input' must be a non-empty string, array of strings, array of token ids "
+                                 "or array of token id arrays")
+    inputs: List[Union[str, List[int]]] = []
+    for i, item in enumerate(raw):
+        if isinstance(item, str) and item:
+            inputs.append(item)
+        elif _is_token_list(item):
+            bad = next((t for t in item if not 0 <= t < n_vocab), None)
+            if bad is not None:
+                raise bad_param("input", f"'input[{i}]' token id {bad} is outside the vocabulary (0..{n_vocab - 1})")
+            inputs.append([int(t) for t in item])
+        else:
+            raise bad_param("input", f"'input[{i}]' must be a non-empty string or a non-empty array of token ids, "
+                                     f"got {json.dumps(item)[:100]}")
+    fmt = get(body, "encoding_format", "str", "float", lambda v: v in ("float", "base64"),
+              "must be 'float' or 'base64'")
+    return EmbeddingRequest(model=get(body, "model", "str"), inputs=inputs, encoding_format=fmt)

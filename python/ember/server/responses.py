@@ -1,9 +1,10 @@
 """OpenAI's response objects built from the engine's RequestOutputs: `text_completion` and
 `chat.completion` bodies, their streamed chunks (deltas computed from the cumulative outputs,
 the same id on every chunk, the role in the first chat delta, one choice per chunk), usage and
-logprobs in each endpoint's format."""
+logprobs in each endpoint's format; the embeddings' list object."""
 from __future__ import annotations
 
+import base64
 import json
 import time
 import uuid
@@ -11,6 +12,17 @@ from typing import Dict, List, Optional
 
 from ..outputs import RequestOutput
 from .openai_schema import GenerationRequest
+
+
+def embedding_list(vectors, model: str, n_tokens: int, encoding_format: str) -> dict:
+    """OpenAI's embeddings response: vectors (float32 arrays) in input order; base64 carries each
+    vector's little-endian float32 bytes, as OpenAI's does."""
+    def encode(v):
+        return base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") if encoding_format == "base64" \
+            else v.tolist()
+    return {"object": "list",
+            "data": [{"object": "embedding", "index": i, "embedding": encode(v)} for i, v in enumerate(vectors)],
+            "model": model, "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
 
 
 def sse(obj) -> str:
