@@ -23,11 +23,15 @@ export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:suppressions=$PWD/tools
 export EMBER_DEV_BUILD="$BUILD" PYTHONPATH=python:tests
 # Covers: GGUF reader/writer, quant kernels (every SIMD level: test_lower_simd_levels and the
 # attention/gemm reruns start fresh interpreters under the same sanitizers), tokenizer, sampling,
-# CPU backend ops, batched matmul, and SmolLM2-135M forwards (f16, q8_0 and mixed KV caches).
+# CPU backend ops, batched matmul (exact and fast), the KV block pool and sequences, SmolLM2-135M
+# forwards (f16, q8_0 and mixed KV caches), and the engine's threads under preemption, cancels and
+# bad requests.
 # About 1.5 min here (2 cores; the two perplexity runs ~40 s each), plus ~3 min to build.
 # Left out: the RSS test. ASan's quarantine of freed memory (256 MiB) and its redzones grow VmRSS
 # by ~100 MiB while the reader parses the vocabulary, so it measures ASan, not the mmap.
 python -m pytest -q -rs -p no:cacheprovider --durations=10 -k "not resident_memory" "$@" \
   tests/test_gguf.py tests/test_quant.py tests/test_tokenizer.py tests/test_sampling.py \
-  tests/test_backend_cpu.py tests/test_gemm_cpu.py tests/test_attention_simd.py \
-  tests/test_model.py tests/test_kv_types.py
+  tests/test_backend_cpu.py tests/test_gemm_cpu.py tests/test_gemm_fast_cpu.py tests/test_attention_simd.py \
+  tests/test_model.py tests/test_kv_types.py tests/test_kv_cache.py
+python -m pytest -q -rs -p no:cacheprovider --durations=5 "$@" tests/test_engine.py \
+  -k "not cuda and (preemption or stress or cancel or close or bad or threads)"
