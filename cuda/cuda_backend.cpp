@@ -632,10 +632,13 @@ private:
     // kMaxGemmDqTokens of its formats and widths (before gemm_q8 and cuBLAS), except the batches up
     // to kMaxIntPromptTokens of rows the GEMV sums in the CPU's order. Batch-invariant steps never
     // reach it (project). EMBER_CUDA_GEMM_DQ=0 keeps every batch on the older paths (A/B comparisons).
+    // The engine's decode steps of 2..kMaxGemvTokens sequences take it too: one weight read for
+    // all of them instead of the GEMV's per-token work.
     bool takes_gemm_dq(const Weight& w, int32_t n_tok) const {
         static const bool on = env_flag("EMBER_CUDA_GEMM_DQ");
-        return on && n_tok > kMaxGemvTokens && n_tok <= cuda::kMaxGemmDqTokens && cuda::gemm_dq_supported(w.type, w.n_in) &&
-               !(cuda::gemv_cpu_order(w.n_in) && n_tok <= kMaxIntPromptTokens);
+        const bool sized = n_tok > kMaxGemvTokens || (n_tok >= 2 && n_tok == n_tok_ && decode_batch());
+        return on && !invariant_ && sized && n_tok <= cuda::kMaxGemmDqTokens &&
+               cuda::gemm_dq_supported(w.type, w.n_in) && !(cuda::gemv_cpu_order(w.n_in) && n_tok <= kMaxIntPromptTokens);
     }
     // ys[i] = x ws[i]^T; x_q8: the scratch already holds x as q8_1 blocks (the kernel before
     // wrote them), else they are made here where a GEMV or the quantized GEMM reads them. Decode
@@ -650,7 +653,9 @@ private:
         const int64_t n_in = ws[0]->n_in;
         for (int i = 1; i < count; ++i)
             if (ws[i]->n_in != n_in) fail("cuda matmul: weights of one input read ", n_in, " and ", ws[i]->n_in, " values");
-        const bool gemv_only = n_tok <= kMaxGemvTokens || invariant_;
+        bool any_dq = false;
+        for (int i = 0; i < count; ++i) any_dq |= takes_gemm_dq(*ws[i], n_tok);
+        const bool gemv_only = (n_tok <= kMaxGemvTokens && !any_dq) || invariant_;
         bool reads_q8 = false;   // some weight takes the GEMV or the quantized GEMM
         for (int i = 0; i < count; ++i)
             reads_q8 |= cuda::gemv_wants_q8(ws[i]->type) &&
@@ -661,7 +666,7 @@ private:
         }
         const auto* xq = static_cast<const int8_t*>(xq_.p);
         const auto* xds = static_cast<const float2*>(xds_.p);
-        if (n_tok <= kMaxGemvTokens) {
+        if (n_tok <= kMaxGemvTokens && gemv_only) {
             for (int i = 0; i < count;) {
                 cuda::DeviceWeight dw[kMaxGemvBatch];
                 const cuda::DeviceWeight* pw[kMaxGemvBatch];
@@ -706,7 +711,7 @@ private:
                 cuda::gemm_q8(device_weight(w), ys[i], xq, xds, n_tok, stream_);
                 continue;
             }
-            if (n_tok > kMaxIntPromptTokens || !cuda::gemv_wants_q8(w.type)) {
+            if (n_tok > kMaxIntPromptTokens || (!cuda::gemv_wants_q8(w.type) && n_tok > kMaxGemvTokens)) {
                 gemm(w, x, n_tok, ys[i]);
                 xh_dq = false;   // gemm() converts x into xh_ in the natural order
                 continue;

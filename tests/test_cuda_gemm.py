@@ -107,6 +107,23 @@ def test_gemm_dq_matmul(gpu, cpu, t, n_tok, shape):
     assert same_bits(y, gpu.matmul(int(t), w, n_in, x)), "not deterministic"
 
 
+@pytest.mark.parametrize("t", DQ_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n_tok", [2, 5, 8])
+def test_gemm_dq_engine_decode_step(gpu, cpu, t, n_tok):
+    """An engine decode step of 2..8 sequences (one token each) takes gemm_dq; a single sequence's
+    batch of the same size keeps the GEMV, and the two agree within the f16 rounding of x."""
+    n_out, n_in = 600, 4096
+    rng = rng_for("gemm_dq_decode", t.name, n_tok)
+    w = random_weight(t, n_out, n_in, rng)
+    x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+    y = gpu.matmul(int(t), w, n_in, x, n_seq=n_tok)
+    wd = dequant(t, w, n_in)
+    assert rel_err(y, f16_round(x) @ f16_round(wd).T) < 1e-4
+    assert rel_err(y, gpu.matmul(int(t), w, n_in, x)) < 1.5e-2
+    assert rel_err(y, cpu.matmul(int(t), w, n_in, x)) < 1.5e-2
+    assert same_bits(y, gpu.matmul(int(t), w, n_in, x, n_seq=n_tok)), "not deterministic"
+
+
 def test_gemm_dq_matmul_many(gpu):
     """Weights of one input: x converted once for gemm_dq's weights, again after a weight that
     cuBLAS takes (its f16 copy of x shares the scratch); each output has its own matmul's bits."""
