@@ -232,11 +232,13 @@ bool EngineImpl::step() {
         if (s.out.finished) done.push_back(s.id);
     }
     std::lock_guard<std::mutex> lk(mu);
-    for (const StepSeq& ss : plan.seqs) emit(*ss.seq);
-    for (int64_t id : done) sched.remove(id);
     ++stats.steps;
-    for (const StepSeq& ss : plan.seqs)
+    for (const StepSeq& ss : plan.seqs) {
         if (ss.start < ss.seq->n_prompt) stats.prompt_tokens += std::min(ss.len, ss.seq->n_prompt - ss.start);
+        emit(*ss.seq);
+    }
+    // Last: removing a finished sequence frees it, and the step's entries point at it.
+    for (int64_t id : done) sched.remove(id);
     stats.generation_tokens += generated;
     update_stats();
     out_cv.notify_all();

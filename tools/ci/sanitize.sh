@@ -16,6 +16,8 @@ cmake --build "$BUILD" -j "${JOBS:-2}" --target _ember _ember_test
 # preloaded too: python does not link it, and ASan resolves its __cxa_throw interceptor when it
 # starts, so without it the first C++ exception aborts with "CHECK failed: ... real___cxa_throw".
 export LD_PRELOAD="$(g++ -print-file-name=libasan.so) $(g++ -print-file-name=libstdc++.so)"
+# --capture=sys: a sanitizer report goes straight to fd 2; pytest's fd capture would swallow it
+# with the aborted process.
 # detect_leaks=0: LeakSanitizer would report CPython's (and numpy's) objects that live until exit,
 # which are not ember's; leaks of ember's own objects are not checked here.
 export ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:suppressions=$PWD/tools/ci/asan.supp"
@@ -29,9 +31,9 @@ export EMBER_DEV_BUILD="$BUILD" PYTHONPATH=python:tests
 # About 1.5 min here (2 cores; the two perplexity runs ~40 s each), plus ~3 min to build.
 # Left out: the RSS test. ASan's quarantine of freed memory (256 MiB) and its redzones grow VmRSS
 # by ~100 MiB while the reader parses the vocabulary, so it measures ASan, not the mmap.
-python -m pytest -q -rs -p no:cacheprovider --durations=10 -k "not resident_memory" "$@" \
+python -m pytest -q -rs -p no:cacheprovider --capture=sys --durations=10 -k "not resident_memory" "$@" \
   tests/test_gguf.py tests/test_quant.py tests/test_tokenizer.py tests/test_sampling.py \
   tests/test_backend_cpu.py tests/test_gemm_cpu.py tests/test_gemm_fast_cpu.py tests/test_attention_simd.py \
   tests/test_model.py tests/test_kv_types.py tests/test_kv_cache.py
-python -m pytest -q -rs -p no:cacheprovider --durations=5 "$@" tests/test_engine.py \
+python -m pytest -q -rs -p no:cacheprovider --capture=sys --durations=5 "$@" tests/test_engine.py \
   -k "not cuda and (preemption or stress or cancel or close or bad or threads)"
