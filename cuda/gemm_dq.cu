@@ -334,13 +334,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_dq_kernel(Params p) {
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
-        for (int j = 0; j < NJ; ++j) {
-            const int r = wrow + 16 * i + g, tk = 8 * j + 2 * t;
-            tile[tk * L::kAccRow + r] = acc[i][j][0];
-            tile[(tk + 1) * L::kAccRow + r] = acc[i][j][1];
-            tile[tk * L::kAccRow + r + 8] = acc[i][j][2];
-            tile[(tk + 1) * L::kAccRow + r + 8] = acc[i][j][3];
-        }
+        for (int j = 0; j < NJ; ++j)
+            store_acc_transposed(tile, L::kAccRow, wrow + 16 * i + g, 8 * j + 2 * t, acc[i][j]);
     const int n_tk = min(kBN, p.n_tok - tok0), n_r = min(kBM, p.n_out - row0);
     // Four consecutive rows of a token a thread, consecutive threads the next rows: coalesced
     // stores of y. The sum over the splits runs in rank order whatever the timing.

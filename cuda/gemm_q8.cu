@@ -295,13 +295,8 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_q8_kernel(Params p) {
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
-        for (int j = 0; j < NJ; ++j) {
-            const int r = wrow + 16 * i + g, tk = wtok + 8 * j + 2 * t;
-            tile[tk * L::kAccRow + r] = acc[i][j][0];
-            tile[(tk + 1) * L::kAccRow + r] = acc[i][j][1];
-            tile[tk * L::kAccRow + r + 8] = acc[i][j][2];
-            tile[(tk + 1) * L::kAccRow + r + 8] = acc[i][j][3];
-        }
+        for (int j = 0; j < NJ; ++j)
+            store_acc_transposed(tile, L::kAccRow, wrow + 16 * i + g, wtok + 8 * j + 2 * t, acc[i][j]);
     const int n_tk = min(kBN, p.n_tok - tok0), n_r = min(kBM, p.n_out - row0);
     const int n_split = int(gridDim.x);
     // Consecutive threads take consecutive rows of a token: coalesced stores of y.

@@ -28,6 +28,15 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// An m16n8 accumulator's four values (c0, c1: row r, columns k and k + 1; c2, c3: row r + 8)
+// into a [column][row] float tile whose columns are `stride` floats apart.
+__device__ __forceinline__ void store_acc_transposed(float* tile, int stride, int r, int k, const float (&c)[4]) {
+    tile[k * stride + r] = c[0];
+    tile[(k + 1) * stride + r] = c[1];
+    tile[k * stride + r + 8] = c[2];
+    tile[(k + 1) * stride + r + 8] = c[3];
+}
+
 // c += a . b with int8 operands; the int32 sums are exact.
 __device__ __forceinline__ void mma16832_s8(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile(
