@@ -14,6 +14,7 @@
 #include "ember/engine.h"
 #include "ember/status.h"
 #include "kv_type_arg.h"
+#include "sampling_arg.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -71,16 +72,8 @@ void bind_engine(nb::module_& m) {
                 int32_t logprobs, bool prompt_logprobs) {
                  RequestParams r;
                  r.prompt = prompt;
-                 r.sampling.temperature = temperature;
-                 r.sampling.top_k = top_k;
-                 r.sampling.top_p = top_p;
-                 r.sampling.min_p = min_p;
-                 r.sampling.repeat_penalty = repeat_penalty;
-                 r.sampling.frequency_penalty = frequency_penalty;
-                 r.sampling.presence_penalty = presence_penalty;
-                 r.sampling.penalty_last_n = penalty_last_n;
-                 r.sampling.logit_bias = logit_bias;
-                 r.sampling.seed = seed;
+                 r.sampling = sampling_params_arg(temperature, top_k, top_p, min_p, repeat_penalty, frequency_penalty,
+                                                  presence_penalty, penalty_last_n, logit_bias, seed);
                  r.max_tokens = max_tokens;
                  r.min_tokens = min_tokens;
                  r.stop_token_ids = stop_token_ids;

@@ -10,6 +10,7 @@
 
 #include "ember/sampling.h"
 #include "ember/status.h"
+#include "sampling_arg.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -24,17 +25,11 @@ using Logits = nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::c
 void init_sampler(ember::Sampler* self, float temperature, int32_t top_k, float top_p, float min_p,
                   float repeat_penalty, float frequency_penalty, float presence_penalty, int32_t penalty_last_n, const std::optional<std::map<int32_t, float>>& logit_bias,
                   uint64_t seed) {
-    ember::SamplingParams p;
-    p.temperature = temperature;
-    p.top_k = top_k;
-    p.top_p = top_p;
-    p.min_p = min_p;
-    p.repeat_penalty = repeat_penalty;
-    p.frequency_penalty = frequency_penalty;
-    p.presence_penalty = presence_penalty;
-    p.penalty_last_n = penalty_last_n;
-    if (logit_bias) p.logit_bias.assign(logit_bias->begin(), logit_bias->end());
-    p.seed = seed;
+    std::vector<std::pair<int32_t, float>> bias;
+    if (logit_bias) bias.assign(logit_bias->begin(), logit_bias->end());
+    const ember::SamplingParams p = sampling_params_arg(temperature, top_k, top_p, min_p, repeat_penalty,
+                                                        frequency_penalty, presence_penalty, penalty_last_n,
+                                                        std::move(bias), seed);
     new (self) ember::Sampler(p);
 }
 
