@@ -65,13 +65,16 @@ def gpu_matmul_case(gpu, key, t, n_tok, shape):
     return w, x, y
 
 
-@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("n_tok", N_TOK)
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def cases(types, n_toks, shapes, dq):
+    """(t, n_tok, shape) parameters whose batch gemm_dq takes (dq) or leaves to the other paths."""
+    return [pytest.param(t, n, s, id=f"{s[0]}x{s[1]}-{n}-{t.name}")
+            for t in types for n in n_toks for s in shapes if takes_dq(t, s[1], n) == dq]
+
+
+# Batches gemm_dq takes run in test_gemm_dq_matmul (and with gemm_dq off in test_gemm_q8_without_dq).
+@pytest.mark.parametrize("t,n_tok,shape", cases(TYPES, N_TOK, SHAPES, dq=False))
 def test_gemm_q8_matmul(gpu, cpu, t, n_tok, shape):
     n_in = shape[1]
-    if takes_dq(t, n_in, n_tok):
-        pytest.skip("gemm_dq takes this batch (test_gemm_dq_matmul; test_gemm_q8_without_dq runs it here)")
     w, x, y = gpu_matmul_case(gpu, "gemm_q8", t, n_tok, shape)
     ref = x.astype(np.float64) @ dequant(t, w, n_in).T
     assert rel_err(y, ref) < 1.5e-2   # int8 activations (q8_1), as test_cuda.py's test_matmul
@@ -79,24 +82,19 @@ def test_gemm_q8_matmul(gpu, cpu, t, n_tok, shape):
     assert same_bits(y, gpu.matmul(int(t), w, n_in, x)), "not deterministic"
 
 
+@pytest.mark.skipif(DQ_OFF, reason="gemm_dq is off in this run: test_gemm_q8_matmul covers every format")
 def test_gemm_q8_without_dq(gpu):
     """gemm_q8 on the formats and widths gemm_dq takes, in a fresh interpreter with gemm_dq off
     (the switch is read once per process)."""
-    if DQ_OFF:
-        pytest.skip("gemm_dq is off here: test_gemm_q8_matmul covers every format")
     k = "test_gemm_q8_matmul and not 300x2080 and (Q4_0 or Q4_1 or Q8_0)"
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", k],
                        env=dict(os.environ, EMBER_CUDA_GEMM_DQ="0"), capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
 
 
-@pytest.mark.parametrize("t", DQ_TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("n_tok", DQ_N_TOK)
-@pytest.mark.parametrize("shape", DQ_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("t,n_tok,shape", cases(DQ_TYPES, DQ_N_TOK, DQ_SHAPES, dq=True))
 def test_gemm_dq_matmul(gpu, cpu, t, n_tok, shape):
     n_in = shape[1]
-    if not takes_dq(t, n_in, n_tok):
-        pytest.skip("gemm_dq does not take this batch")
     w, x, y = gpu_matmul_case(gpu, "gemm_dq", t, n_tok, shape)
     wd = dequant(t, w, n_in)
     # The kernel's products: each weight d * q (+ m) and each activation rounded to f16 (a wrong

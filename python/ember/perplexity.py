@@ -24,22 +24,33 @@ def chunk_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return log_z - logits[np.arange(len(targets)), targets]
 
 
-def perplexity(model, text: bytes, n_ctx: int, n_threads: int, n_batch: int = 0, out=sys.stdout,
-               kv_type: str = "f16"):
+def text_chunks(model, text: bytes, n_ctx: int) -> tuple:
+    """The text's tokens cut into whole chunks of n_ctx, each starting with BOS where the model
+    adds BOS, as llama-perplexity scores them; and the text's token count."""
     tok = model.tokenizer
     tokens = tok.encode(text, True, False)
     n_chunk = len(tokens) // n_ctx
     if n_chunk == 0:
         raise ValueError(f"the text has {len(tokens)} tokens, fewer than n_ctx {n_ctx}: need at least one chunk")
-    ctx = _ember.Context(model, n_ctx=n_ctx, n_batch=n_batch or n_ctx, n_threads=n_threads, kv_type=kv_type)
-    first = n_ctx // 2
-    nlls = []
-    print(f"perplexity: {len(tokens)} tokens, {n_chunk} chunks of {n_ctx}", file=out)
-    start = time.perf_counter()
+    chunks = []
     for c in range(n_chunk):
         chunk = list(tokens[c * n_ctx:(c + 1) * n_ctx])
         if tok.add_bos:
             chunk[0] = tok.bos
+        chunks.append(chunk)
+    return chunks, len(tokens)
+
+
+def perplexity(model, text: bytes, n_ctx: int, n_threads: int, n_batch: int = 0, out=sys.stdout,
+               kv_type: str = "f16"):
+    chunks, n_tokens = text_chunks(model, text, n_ctx)
+    n_chunk = len(chunks)
+    ctx = _ember.Context(model, n_ctx=n_ctx, n_batch=n_batch or n_ctx, n_threads=n_threads, kv_type=kv_type)
+    first = n_ctx // 2
+    nlls = []
+    print(f"perplexity: {n_tokens} tokens, {n_chunk} chunks of {n_ctx}", file=out)
+    start = time.perf_counter()
+    for c, chunk in enumerate(chunks):
         ctx.truncate(0)
         ctx.eval(chunk, logits_all=True)
         logits = ctx.all_logits()
@@ -63,21 +74,12 @@ def perplexity_engine(model, text: bytes, n_ctx: int, n_threads: int, kv_type: s
     """perplexity() through the continuous-batching engine: every chunk is a request of its own
     (up to `parallel` at once) whose prompt logprobs score the same positions. Deterministic mode
     (the default) gives each chunk the logits it gets alone, so the figure equals perplexity()'s."""
-    tok = model.tokenizer
-    tokens = tok.encode(text, True, False)
-    n_chunk = len(tokens) // n_ctx
-    if n_chunk == 0:
-        raise ValueError(f"the text has {len(tokens)} tokens, fewer than n_ctx {n_ctx}: need at least one chunk")
+    chunks, _ = text_chunks(model, text, n_ctx)
     engine = _ember.Engine(model, n_ctx=n_ctx, max_num_seqs=parallel, max_num_batched_tokens=max(512, n_ctx),
                            n_threads=n_threads, type_k=kv_type, type_v=kv_type, enable_prefix_caching=False,
                            deterministic=deterministic)
     try:
-        ids = []
-        for c in range(n_chunk):
-            chunk = list(tokens[c * n_ctx:(c + 1) * n_ctx])
-            if tok.add_bos:
-                chunk[0] = tok.bos
-            ids.append(engine.add_request(chunk, max_tokens=0, prompt_logprobs=True))
+        ids = [engine.add_request(chunk, max_tokens=0, prompt_logprobs=True) for chunk in chunks]
         scores, left = {}, set(ids)
         while left:
             for o in engine.poll(1.0):

@@ -152,7 +152,8 @@ void EngineImpl::sample(const StepPlan& plan) {
             }
         if (!ss.samples || s.n_generated >= s.req.max_tokens) return;
         const float* row = rows + (size_t)(ss.n_rows - 1) * n_vocab;
-        std::vector<float> banned;
+        // Reused per thread: a decode step allocates nothing per sequence.
+        thread_local std::vector<float> banned;
         if (s.n_generated < s.req.min_tokens) {
             banned.assign(row, row + n_vocab);
             for (int32_t id : stop_ids_eog) banned[id] = -std::numeric_limits<float>::infinity();
@@ -251,16 +252,19 @@ void EngineImpl::run() {
             std::unique_lock<std::mutex> lk(mu);
             work_cv.wait(lk, [&] { return stopping || !incoming.empty() || !cancels.empty() || !sched.idle(); });
             if (stopping) break;
-            for (auto& s : incoming) sched.add(std::move(s));
-            incoming.clear();
-            for (int64_t id : cancels)
-                if (std::unique_ptr<Sequence> s = sched.remove(id)) {
-                    finish(*s, "abort");
-                    emit(*s);
-                }
-            cancels.clear();
-            update_stats();
-            out_cv.notify_all();
+            // The counts change here only when requests arrive or leave; a step updates its own.
+            if (!incoming.empty() || !cancels.empty()) {
+                for (auto& s : incoming) sched.add(std::move(s));
+                incoming.clear();
+                for (int64_t id : cancels)
+                    if (std::unique_ptr<Sequence> s = sched.remove(id)) {
+                        finish(*s, "abort");
+                        emit(*s);
+                    }
+                cancels.clear();
+                update_stats();
+                out_cv.notify_all();
+            }
         }
         step();
     }
