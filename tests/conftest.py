@@ -49,6 +49,11 @@ def kernel_module():
     return module
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "hf_live: compares with transformers itself (needs torch and transformers; "
+                                       "skipped, with the reason, where they do not import)")
+
+
 def pytest_report_header(config):
     found, _ = _test_module_candidates()
     return f"ember kernel-test module: {found[0] if found else 'not built'}"
@@ -75,6 +80,15 @@ def cpu_has(*flags):
     except OSError:
         return False
     return all(flag in words for flag in flags)
+
+
+# The weight types with fast CPU matmul kernels (src/cpu/gemm_fast*.cpp) at each SIMD level:
+# every batch of these takes them; the others keep vec_dot's results.
+FAST_GEMM_TYPES = {"avx512": {"Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}, "avx2": {"Q4_0", "Q4_1", "Q8_0"}}
+
+
+def has_fast_gemm(module, type_name):
+    return type_name in FAST_GEMM_TYPES.get(module.simd_level(), set())
 
 
 def rerun_at_simd_level(level, test_file, k, **env):

@@ -1,5 +1,5 @@
 """ember.Llama (llama-cpp-python's API) and the `ember` CLI on the real SmolLM2-135M model:
-greedy text vs llama.cpp's (tests/reference/smollm2/greedy.jsonl), result shapes, streaming,
+llama.cpp's greedy text, teacher-forced (tests/reference/smollm2/greedy.jsonl), result shapes, streaming,
 stop strings, seeds, logprobs, prefix reuse and context limits."""
 import _thread
 import math
@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import read_jsonl
+from conftest import read_jsonl, rerun_at_simd_level
 from ember.llama import Llama, _find_stop, _stop_prefix_len, kv_cache_type, kv_cache_types
 
 
@@ -33,25 +33,31 @@ def greedy(llm, prompt, n, **kw):
     return llm.create_completion(prompt, max_tokens=n, temperature=0.0, **kw)
 
 
-def common_prefix(a, b):
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
-
-
-def test_greedy_matches_llama_cpp(llm):
+def test_follows_llama_cpp_greedy_text(llm):
+    """Teacher-forced against llama.cpp's greedy completions: at each completion position, the token
+    llama.cpp chose must be ember's top token or a near tie with it. Comparing free-running greedy
+    text instead would only test float order: in this small model a last-bit difference in one
+    matmul (another SIMD level, another kernel's summation order) can turn a near tie the other way
+    within a few tokens, after which the texts part for good."""
     refs = read_jsonl("greedy.jsonl")
-    good = 0
+    top1 = total = 0
     for ref in refs:
-        out = greedy(llm, ref["prompt"], ref["n_predict"])
-        text = out["choices"][0]["text"]
-        ours = llm.tokenize(text.encode(), add_bos=False)
+        prompt = llm.tokenize(ref["prompt"].encode())
         theirs = llm.tokenize(ref["completion"].encode(), add_bos=False)
-        match = common_prefix(ours, theirs)
-        print(f"{ref['prompt']!r}: {match}/{len(theirs)} tokens match")
-        good += match >= min(16, len(theirs))
-    assert good >= len(refs) - 1
+        out = llm.create_completion(prompt + theirs, max_tokens=1, temperature=0.0, echo=True, logprobs=1)
+        lp = out["choices"][0]["logprobs"]
+        span = slice(len(prompt), len(prompt) + len(theirs))
+        gaps = [max(top.values()) - chosen for top, chosen in zip(lp["top_logprobs"][span], lp["token_logprobs"][span])]
+        print(f"{ref['prompt']!r}: llama.cpp's token is ours {sum(g == 0 for g in gaps)}/{len(gaps)} times, "
+              f"widest gap {max(gaps):.3f} nats")
+        assert max(gaps) < 0.3, f"{ref['prompt']!r}: llama.cpp's token is {max(gaps):.3f} nats below our top one"
+        top1 += sum(g == 0 for g in gaps)
+        total += len(gaps)
+    assert top1 >= 0.9 * total, f"llama.cpp's token is our top token at only {top1} of {total} positions"
+
+
+def test_follows_llama_cpp_at_the_scalar_level():
+    rerun_at_simd_level("scalar", __file__, "test_follows_llama_cpp_greedy_text")
 
 
 def test_completion_dict_shape(llm, smollm2_path):

@@ -122,7 +122,7 @@ def test_q8_0_kv_cache_keeps_confident_greedy_tokens(model, prompt):
     for c in ctxs:
         c.eval(list(model.tokenizer.encode(prompt, True, False)))
     n_confident = 0
-    for _ in range(24):
+    for _ in range(40):
         f16, q8 = (c.logits() for c in ctxs)
         top2 = np.sort(f16)[-2:]
         if top2[1] - top2[0] > 2.0:
