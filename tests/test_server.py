@@ -4,7 +4,9 @@ cancelling their requests (on a live uvicorn server), the official openai client
 `ember-server` command itself."""
 import asyncio
 import contextlib
+import http.client
 import json
+import logging
 import os
 import signal
 import socket
@@ -20,6 +22,7 @@ import uvicorn
 from fastapi.testclient import TestClient
 
 from ember import LLM, AsyncLLMEngine, SamplingParams
+from ember.server import app as server_app
 from ember.server.app import create_app
 from ember.server.args import ServerSettings, parse_args
 
@@ -206,6 +209,39 @@ def test_n_choices(client):
     assert all(len(c["choices"]) == 1 for c in chunks)
 
 
+def test_several_prompts(client):
+    """OpenAI's batch prompt: each prompt gets n choices, index = prompt * n + j, usage sums."""
+    second = "def fibonacci(n):"
+    base = {"max_tokens": 6, "temperature": 0, "n": 2}
+    alone = [client.post("/v1/completions", json=dict(base, prompt=p)).json() for p in (PROMPT, second)]
+    both = client.post("/v1/completions", json=dict(base, prompt=[PROMPT, second])).json()
+    assert [c["index"] for c in both["choices"]] == [0, 1, 2, 3]
+    assert [c["text"] for c in both["choices"]] == [c["text"] for r in alone for c in r["choices"]]
+    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        assert both["usage"][key] == sum(r["usage"][key] for r in alone)
+    ids = [client.post("/tokenize", json={"content": p, "add_special": True}).json()["tokens"]
+           for p in (PROMPT, second)]
+    as_ids = client.post("/v1/completions", json=dict(base, prompt=ids)).json()
+    assert [c["text"] for c in as_ids["choices"]] == [c["text"] for c in both["choices"]]
+    mixed = client.post("/v1/completions", json=dict(base, prompt=[PROMPT, ids[1]], echo=True, n=1)).json()
+    assert [c["text"] for c in mixed["choices"]] == [PROMPT + alone[0]["choices"][0]["text"],
+                                                     second + alone[1]["choices"][0]["text"]]
+
+
+def test_several_prompts_streamed(client):
+    body = {"prompt": [PROMPT, "Once upon a time", "1, 2, 3,"], "max_tokens": 5, "temperature": 0, "n": 2,
+            "ignore_eos": True, "stream_options": {"include_usage": True}}
+    whole = client.post("/v1/completions", json=body).json()
+    chunks = stream(client, "/v1/completions", body)
+    *parts, last = chunks
+    assert last["usage"] == whole["usage"] and whole["usage"]["completion_tokens"] == 30
+    assert len({c["id"] for c in chunks}) == 1 and all(len(c["choices"]) == 1 for c in parts)
+    for want in whole["choices"]:
+        mine = [c["choices"][0] for c in parts if c["choices"][0]["index"] == want["index"]]
+        assert "".join(c["text"] for c in mine) == want["text"]
+        assert [c["finish_reason"] for c in mine][-1] == "length"
+
+
 @pytest.mark.parametrize("stop", [".", ["\n", "."], "ris"])
 def test_stop_strings(client, stop):
     # Greedy, the prompt goes on " Paris.\n\nThe United States has ..."
@@ -304,6 +340,13 @@ def test_chat_page(client):
     ({"prompt": PROMPT, "presence_penalty": 3}, "presence_penalty"),
     ({"prompt": PROMPT, "stream": "yes"}, "stream"),
     ({"prompt": [10**9]}, "prompt"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": ["a", 5]}, "prompt"),
+    ({"prompt": ["a", []]}, "prompt"),
+    ({"prompt": [[1, 2], [10**9]]}, "prompt"),
+    ({"prompt": ["a"] * 257}, "prompt"),
+    ({"prompt": {"text": "a"}}, "prompt"),
+    ({"prompt": ["a", "b", "c"], "n": 128}, "n"),   # 384 sequences: more than 4 running + 256 waiting
     ({}, "prompt"),
 ])
 def test_bad_parameters(client, body, param):
@@ -343,9 +386,34 @@ def test_prompt_longer_than_the_context(client):
 
 
 def test_body_size_limit(engine):
-    with TestClient(create_app(engine, ServerSettings(max_body_bytes=1000))) as c:
+    app = create_app(engine, ServerSettings(max_body_bytes=1000))
+    with TestClient(app) as c:
         assert_error(c.post("/v1/completions", json={"prompt": "x" * 2000}), 413)
         assert c.post("/v1/completions", json={"prompt": "x", "max_tokens": 1}).status_code == 200
+    # A Content-Length past the limit is refused before the body comes (it may never come whole).
+    with live_server(app) as url:
+        conn = http.client.HTTPConnection(url.removeprefix("http://"), timeout=10)
+        conn.putrequest("POST", "/v1/completions")
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Content-Length", str(10**9))
+        conn.endheaders(b'{"prompt": "x"}')
+        r = conn.getresponse()
+        assert r.status == 413 and json.loads(r.read())["error"]["code"] == "request_too_large"
+        conn.close()
+
+
+def test_one_log_line_per_request(client, caplog):
+    with caplog.at_level(logging.INFO, logger="ember.server"):
+        client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 3, "ignore_eos": True})
+        client.post("/v1/completions", json={"prompt": PROMPT, "temperature": -1})
+        client.post("/v1/completions", json={"prompt": [PROMPT, PROMPT], "max_tokens": 2, "ignore_eos": True})
+        client.get("/v1/nothing")
+    lines = [r.getMessage() for r in caplog.records if r.name == "ember.server"]
+    assert len(lines) == 4, lines
+    assert '"POST /v1/completions" 200' in lines[0] and " length prompt=" in lines[0] and "completion=3" in lines[0]
+    assert '"POST /v1/completions" 400' in lines[1] and "'temperature' must be >= 0" in lines[1]
+    assert "completion=4" in lines[2] and "ttft=" in lines[2]
+    assert '"GET /v1/nothing" 404' in lines[3]
 
 
 def test_template_exception_is_a_400(engine, tmp_path):
@@ -365,14 +433,16 @@ def test_api_key(engine):
         assert_error(c.post("/v1/completions", json=body), 401, code="invalid_api_key")
         assert_error(c.post("/v1/completions", json=body, headers={"Authorization": "Bearer wrong"}), 401)
         assert_error(c.get("/v1/models", headers={"Authorization": "Basic sekret"}), 401)
+        assert c.get("/metrics").headers["www-authenticate"] == "Bearer"
         assert c.post("/v1/completions", json=body, headers={"Authorization": "Bearer sekret"}).status_code == 200
         assert c.get("/health").status_code == 200   # open, for load balancers
 
 
-def test_loading_from_arguments(smollm2_path):
+def test_loading_from_arguments(smollm2_path, monkeypatch, caplog):
+    monkeypatch.setattr(server_app, "LOAD_LOG_EVERY_S", 0.001)   # SmolLM2 loads in a blink
     args = parse_args(["-m", smollm2_path, "-c", "256", "-t", "2", "-np", "2", "--alias", "smol"])
     app = create_app(args)
-    with TestClient(app) as c:
+    with caplog.at_level(logging.INFO, logger="ember.server"), TestClient(app) as c:
         deadline = time.monotonic() + 60
         while (r := c.get("/health")).status_code == 503:
             assert_error(r, 503, code="model_loading")
@@ -383,6 +453,9 @@ def test_loading_from_arguments(smollm2_path):
         r = c.post("/v1/chat/completions", json={"model": "smol", "messages": CHAT, "max_tokens": 3}).json()
         assert r["model"] == "smol" and r["usage"]["completion_tokens"] <= 3
         engine = app.state.server.engine
+    log = [r.getMessage() for r in caplog.records if r.name == "ember.server"]
+    assert log[0].startswith("loading ") and any(line.startswith("still loading ") for line in log)
+    assert any(line.startswith("model smol ready in ") for line in log)
     with pytest.raises(RuntimeError, match="not running"):   # the app made this engine, so it shut it down
         asyncio.run(first_output(engine))
 
@@ -407,19 +480,22 @@ def test_a_model_that_fails_to_load(tmp_path):
 # ---- under load and abuse (live server) --------------------------------------------------
 def test_disconnect_cancels_the_request(engine):
     with live_server(create_app(engine)) as url, httpx.Client(base_url=url, timeout=30) as http:
-        for path, body in (("/v1/completions", {"prompt": PROMPT}), ("/v1/chat/completions", {"messages": CHAT})):
+        for path, body, running in (("/v1/completions", {"prompt": PROMPT}, 2),
+                                    ("/v1/chat/completions", {"messages": CHAT}, 2),
+                                    ("/v1/completions", {"prompt": [PROMPT, "Hello"]}, 4)):
             with http.stream("POST", path, json=dict(body, stream=True, n=2, **LONG)) as r:
                 lines = r.iter_lines()
                 for _ in range(6):
                     next(lines)
-                assert wait_for(lambda: engine.stats()["running"] == 2)
+                assert wait_for(lambda: engine.stats()["running"] == running)
             assert idle(engine), engine.stats()
         # Not streaming: the client gives up waiting.
-        with pytest.raises(httpx.ReadTimeout):
-            http.post("/v1/completions", json=dict(LONG, prompt=PROMPT), timeout=1.0)
-        assert idle(engine), engine.stats()
+        for prompt in (PROMPT, [PROMPT, "Hello", "Bye"]):
+            with pytest.raises(httpx.ReadTimeout):
+                http.post("/v1/completions", json=dict(LONG, prompt=prompt), timeout=1.0)
+            assert idle(engine), engine.stats()
         metrics = http.get("/metrics").text
-        assert 'ember:requests_total{outcome="disconnected"} 3' in metrics
+        assert 'ember:requests_total{outcome="disconnected"} 5' in metrics
 
 
 def test_full_queue_answers_503(engine):

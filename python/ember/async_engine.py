@@ -69,6 +69,30 @@ class AsyncLLMEngine:
         shutdown() leaves llm open."""
         return cls(_llm=llm)
 
+    @property
+    def model_path(self) -> str:
+        return self._llm.model_path
+
+    @property
+    def model(self):
+        """The loaded weights (`_ember.Model`), as LLM.model."""
+        return self._llm.model
+
+    @property
+    def tokenizer(self):
+        """The model's `_ember.Tokenizer`."""
+        return self._llm.tokenizer
+
+    @property
+    def n_ctx(self) -> int:
+        """The longest sequence, prompt + generated tokens."""
+        return self._llm.n_ctx
+
+    @property
+    def max_num_seqs(self) -> int:
+        """Sequences decoded at once; more requests wait."""
+        return self._llm.max_num_seqs
+
     def _pump_loop(self) -> None:
         try:
             while not self._stop.is_set() and not self._client.closed:

@@ -4,7 +4,8 @@ pp<P>: one forward over P prompt tokens. tg<N>: N tokens generated one at a time
 depth D with -d). For generation the table adds the effective weight bandwidth (bytes of weights and KV
 read per token x tokens/s) and its share of the memory-bandwidth roofline. -ctk/-ctv pick the KV cache type
 (f16, q8_0, f32; K and V alike); as in llama-bench, type_k/type_v columns appear when it is not f16.
--npl and --prefix-cache run the engine modes instead (bench_batched.py: many sequences at once).
+-npl and --prefix-cache run the engine modes instead (bench_batched.py: many sequences at once);
+--serving URL benchmarks an OpenAI-compatible server instead (bench_serving.py).
 """
 import argparse
 import statistics
@@ -69,6 +70,10 @@ def run_test(ctx, rng, n_vocab, n_prompt, n_gen, depth):
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a == "--serving" or a.startswith("--serving=") for a in argv):
+        from . import bench_serving   # a server's benchmark: no model of its own (bench_serving.py)
+        return bench_serving.main(argv)
     ap = argparse.ArgumentParser(prog="ember-bench", description=__doc__.splitlines()[0])
     ap.add_argument("-m", "--model", required=True)
     ap.add_argument("-ngl", "--n-gpu-layers", type=int, default=0)

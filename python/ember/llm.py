@@ -63,6 +63,26 @@ class LLM:
             raise ValueError("LLM: this model was closed")
         return self._client
 
+    @property
+    def model(self):
+        """The loaded weights (`_ember.Model`): an embedding context may share them."""
+        return self._model
+
+    @property
+    def tokenizer(self):
+        """The model's `_ember.Tokenizer`."""
+        return self._model.tokenizer
+
+    @property
+    def n_ctx(self) -> int:
+        """The longest sequence the engine takes, prompt + generated tokens."""
+        return self._open_client().engine.n_ctx
+
+    @property
+    def max_num_seqs(self) -> int:
+        """Sequences holding KV at once; more requests wait."""
+        return self._open_client().engine.max_num_seqs
+
     def generate(self, prompts, sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
                  use_tqdm: bool = True) -> List[RequestOutput]:
         """Generates for every prompt (a str, token ids, a vLLM prompt dict, or a list of those)

@@ -17,7 +17,7 @@ import pathlib
 import threading
 import time
 from contextlib import asynccontextmanager
-from typing import Callable, Optional
+from typing import Callable, List, Optional, Tuple
 
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -30,15 +30,17 @@ from . import args as server_args
 from .args import ServerSettings
 from .chat_template import ChatTemplate, ChatTemplateError
 from .metrics import Metrics, RequestTimer
+from .merge import newest_outputs
 from .middleware import Gate
-from .openai_schema import (APIError, EmbeddingRequest, GenerationRequest, get, parse_chat, parse_completion,
-                            parse_embeddings, read_json)
+from .openai_schema import (APIError, EmbeddingRequest, GenerationRequest, bad_param, get, parse_chat,
+                            parse_completion, parse_embeddings, read_json)
 from .responses import SSE_DONE, ResponseBuilder, embedding_list, sse
 
 log = logging.getLogger("ember.server")
 
 STATIC = pathlib.Path(__file__).resolve().parent / "static"
 RETRY_AFTER_S = 1   # a full queue drains in about a request's time; clients back off from there
+LOAD_LOG_EVERY_S = 10.0   # how often a model still loading says so in the log
 
 
 class _Server:
@@ -54,17 +56,13 @@ class _Server:
         self._embedder_lock = threading.Lock()
 
     def attach(self, engine: AsyncLLMEngine, owns: bool) -> None:
-        # AsyncLLMEngine has no public accessors for the tokenizer and the engine's limits yet:
-        # they are read here, once, from the LLM it runs on.
-        llm = engine._llm
-        client = llm._open_client()
-        self.tok = client._tok
-        self.n_ctx = client.engine.n_ctx
-        self.max_num_seqs = client.engine.max_num_seqs
-        self.model_path = llm.model_path
+        self.tok = engine.tokenizer
+        self.n_ctx = engine.n_ctx
+        self.max_num_seqs = engine.max_num_seqs
+        self.model_path = engine.model_path
         self.model_id = self.settings.alias or os.path.basename(self.model_path)
         self.template = ChatTemplate.for_model(self.model_path, self.tok, self.settings.chat_template)
-        self.model = llm._model
+        self.model = engine.model
         self.pooling = resolve_pooling(self.model, self.settings.pooling)
         self.owns_engine = owns
         self.engine = engine   # last: a request sees the engine only once the rest is set
@@ -73,6 +71,9 @@ class _Server:
         """Loads the model (in its own thread: the server answers /health meanwhile)."""
         t0 = time.perf_counter()
         log.info("loading %s ...", args.model)
+        loaded = threading.Event()
+        threading.Thread(target=self._still_loading, args=(args.model, t0, loaded), name="ember-server-load-log",
+                         daemon=True).start()
         try:
             engine = AsyncLLMEngine(args.model, **server_args.engine_kwargs(args))
             try:
@@ -87,8 +88,16 @@ class _Server:
             else:
                 log.error("loading %s failed: %s", args.model, e)
             return
+        finally:
+            loaded.set()
         log.info("model %s ready in %.1f s (n_ctx %d, %d sequences at once, chat template: %s)",
                  self.model_id, time.perf_counter() - t0, self.n_ctx, self.max_num_seqs, self.template.origin)
+
+    @staticmethod
+    def _still_loading(model: str, t0: float, loaded: threading.Event) -> None:
+        # A large model takes minutes to read (and to copy to the GPU): say that it is not stuck.
+        while not loaded.wait(LOAD_LOG_EVERY_S):
+            log.info("still loading %s (%.0f s)", model, time.perf_counter() - t0)
 
     def ready(self) -> AsyncLLMEngine:
         if self.engine is None:
@@ -104,8 +113,13 @@ class _Server:
 
     # ---- requests ------------------------------------------------------------------------
     async def body(self, request: Request) -> dict:
-        """The JSON body, read up to the size limit (413 past it, whatever Content-Length says)."""
+        """The JSON body, read up to the size limit: 413 past it, or at once where Content-Length
+        says it will be (a client that announces more sends more, or hangs waiting)."""
         limit = self.settings.max_body_bytes
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > limit:
+            raise APIError(413, f"the request body is larger than {limit} bytes (Content-Length: {length})",
+                           code="request_too_large")
         raw = bytearray()
         async for part in request.stream():
             raw += part
@@ -118,16 +132,23 @@ class _Server:
             raise APIError(404, f"The model '{model}' does not exist; this server serves '{self.model_id}'",
                            param="model", code="model_not_found")
 
-    def check_room(self, n_prompt: int, req: GenerationRequest) -> None:
+    def check_room(self, n_prompt: int, req: GenerationRequest, which: str = "the prompt") -> None:
         wanted = n_prompt + (req.params.max_tokens or 1)
         if wanted > self.n_ctx:
             param = "max_tokens" if n_prompt < self.n_ctx else "messages" if req.messages is not None else "prompt"
             raise APIError(400, f"This model's maximum context length is {self.n_ctx} tokens. However, you requested "
-                                f"{wanted} tokens ({n_prompt} in the prompt, {wanted - n_prompt} for the completion).",
+                                f"{wanted} tokens ({n_prompt} in {which}, {wanted - n_prompt} for the completion).",
                            param=param, code="context_length_exceeded")
 
-    def check_queue(self, n: int) -> None:
-        """503 when the request's sequences would make more than max_queue wait for a slot."""
+    def check_queue(self, n: int, n_prompts: int) -> None:
+        """400 when the request's n sequences could never all be let in, 503 when they would make
+        more than max_queue wait for a slot now."""
+        room = self.max_num_seqs + self.settings.max_queue
+        if n > room:
+            asked = f"{n_prompts} prompts x n={n // n_prompts}" if n_prompts > 1 else f"n={n}"
+            raise bad_param("n", f"this request runs {n} sequences ({asked}), more than this server ever holds: "
+                                 f"{self.max_num_seqs} running (--max-num-seqs) + {self.settings.max_queue} "
+                                 f"waiting (--max-queue)")
         stats = self.engine.stats()
         waiting = stats["waiting"] + max(0, stats["running"] + n - self.max_num_seqs)
         if waiting > self.settings.max_queue:
@@ -136,18 +157,24 @@ class _Server:
                                 f"(--max-queue {self.settings.max_queue}); retry later",
                            type="server_error", code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
 
-    async def generate(self, request: Request, req: GenerationRequest, prompt_ids, prompt_text: str, chat: bool):
+    async def generate(self, request: Request, req: GenerationRequest, prompts: List[Tuple[List[int], str]],
+                       chat: bool):
+        """Runs the request: prompts are (token ids, text) pairs, one engine request each."""
         engine = self.ready()
         self.check_model(req.model)
-        self.check_room(len(prompt_ids), req)
-        self.check_queue(req.params.n)
-        builder = ResponseBuilder(req, self.model_id, self.tok, prompt_text, chat)
+        for i, (ids, _) in enumerate(prompts):
+            self.check_room(len(ids), req, f"prompt[{i}]" if len(prompts) > 1 else "the prompt")
+        self.check_queue(req.params.n * len(prompts), len(prompts))
+        builder = ResponseBuilder(req, self.model_id, self.tok, [text for _, text in prompts], chat)
         timer = RequestTimer(self.metrics)
-        outputs = engine.generate(prompt_ids, req.params, request_id=builder.id)
+        # The engine's request ids: the response's id, numbered when there are several prompts.
+        request_ids = [builder.id] if len(prompts) == 1 else [f"{builder.id}-{i}" for i in range(len(prompts))]
+        outputs = newest_outputs([engine.generate(ids, req.params, request_id=request_id)
+                                  for (ids, _), request_id in zip(prompts, request_ids)])
         if req.stream:
             return StreamingResponse(self._events(request, outputs, builder, timer), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        task = asyncio.ensure_future(self._last_output(outputs, timer))
+        task = asyncio.ensure_future(self._last_outputs(outputs, req.params.n, timer))
         # Nothing is sent until the end, so a client that leaves is noticed by asking: its request
         # is then cancelled (the generator, closed by the cancellation, cancels it in the engine).
         while not task.done():
@@ -155,15 +182,15 @@ class _Server:
             if not task.done() and await request.is_disconnected():
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-                self._note(request, builder, timer, None, "disconnected")
+                self._note(request, builder, timer, [], "disconnected")
                 return Response(status_code=499)
         try:
-            final = task.result()
+            finals = task.result()
         except (RuntimeError, ValueError) as e:   # the engine failed, or was closed under the request
-            self._note(request, builder, timer, None, "error")
+            self._note(request, builder, timer, [], "error")
             raise APIError(500, str(e), type="server_error") from e
-        self._note(request, builder, timer, final, final.outputs[0].finish_reason)
-        return JSONResponse(builder.response(final))
+        self._note(request, builder, timer, finals, finals[0].outputs[0].finish_reason)
+        return JSONResponse(builder.response(finals))
 
     async def embed(self, request: Request, req: EmbeddingRequest) -> dict:
         self.check_model(req.model)
@@ -190,28 +217,32 @@ class _Server:
             return self._embedder
 
     @staticmethod
-    async def _last_output(outputs, timer: RequestTimer):
-        final = None
-        async for out in outputs:
-            timer.observe(out)
-            final = out
-        return final
+    async def _last_outputs(outputs, n: int, timer: RequestTimer) -> list:
+        """Each prompt's last output, in prompt order (n: choices per prompt)."""
+        last = {}
+        try:
+            async for p, out in outputs:
+                timer.observe(out, p * n)
+                last[p] = out
+        finally:
+            await outputs.aclose()
+        return [last[p] for p in sorted(last)]
 
     async def _events(self, request: Request, outputs, builder: ResponseBuilder, timer: RequestTimer):
         """The SSE stream. A client that disconnects ends it (Starlette cancels or closes this
-        generator), and closing `outputs` cancels the request in the engine."""
-        final, outcome = None, "disconnected"
+        generator), and closing `outputs` cancels the requests in the engine."""
+        last, outcome = {}, "disconnected"
         try:
             for chunk in builder.opening_chunks():
                 yield sse(chunk)
-            async for out in outputs:
-                timer.observe(out)
-                for chunk in builder.chunks(out):
+            async for p, out in outputs:
+                timer.observe(out, p * builder.req.params.n)
+                for chunk in builder.chunks(p, out):
                     yield sse(chunk)
-                final = out
-            outcome = final.outputs[0].finish_reason
+                last[p] = out
+            outcome = last[0].outputs[0].finish_reason
             if builder.req.include_usage:
-                yield sse(builder.usage_chunk(final))
+                yield sse(builder.usage_chunk([last[p] for p in sorted(last)]))
             yield SSE_DONE
         except (RuntimeError, ValueError) as e:   # as in generate(); the status has gone out, so an event says it
             outcome = "error"
@@ -219,13 +250,15 @@ class _Server:
             yield SSE_DONE
         finally:
             await outputs.aclose()
-            self._note(request, builder, timer, final, outcome)
+            self._note(request, builder, timer, [last[p] for p in sorted(last)], outcome)
 
-    def _note(self, request: Request, builder: ResponseBuilder, timer: RequestTimer, final, outcome: str) -> None:
-        """Counts the request in the metrics and gives the log line its details."""
+    def _note(self, request: Request, builder: ResponseBuilder, timer: RequestTimer, finals: list,
+              outcome: str) -> None:
+        """Counts the request in the metrics and gives the log line its details (finals: the last
+        outputs of the prompts that had one)."""
         elapsed = timer.finish(outcome)
-        usage = f" prompt={len(final.prompt_token_ids)} completion={builder.usage(final)['completion_tokens']}" \
-            if final is not None else ""
+        counts = builder.usage(finals) if finals else None
+        usage = f" prompt={counts['prompt_tokens']} completion={counts['completion_tokens']}" if counts else ""
         ttft = f" ttft={timer.first_token_s * 1e3:.0f}ms" if timer.first_token_s is not None else ""
         request.state.log = f"{builder.id} {outcome}{usage}{ttft} total={elapsed * 1e3:.0f}ms"
 
@@ -255,6 +288,8 @@ def create_app(engine_or_args, settings: Optional[ServerSettings] = None,
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError):
+        if getattr(request.state, "log", None) is None:   # the log line says what was wrong
+            request.state.log = f"{e.code or e.type}: {e.message}"
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
     @app.exception_handler(StarletteHTTPException)
@@ -289,13 +324,16 @@ def create_app(engine_or_args, settings: Optional[ServerSettings] = None,
     async def completions(request: Request):
         srv.ready()
         req = parse_completion(await srv.body(request), srv.tok.n_vocab)
-        try:
-            prompt_ids = encode_prompt(srv.tok, req.prompt)
-        except ValueError as e:
-            raise APIError(400, str(e), param="prompt") from None
-        prompt_text = req.prompt if isinstance(req.prompt, str) else \
-            bytes(srv.tok.decode(prompt_ids, False)).decode("utf-8", errors="ignore")
-        return await srv.generate(request, req, prompt_ids, prompt_text, chat=False)
+        prompts = []
+        for prompt in req.prompts:
+            try:
+                ids = encode_prompt(srv.tok, prompt)
+            except ValueError as e:
+                raise APIError(400, str(e), param="prompt") from None
+            text = prompt if isinstance(prompt, str) else \
+                bytes(srv.tok.decode(ids, False)).decode("utf-8", errors="ignore")
+            prompts.append((ids, text))
+        return await srv.generate(request, req, prompts, chat=False)
 
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")
@@ -307,7 +345,7 @@ def create_app(engine_or_args, settings: Optional[ServerSettings] = None,
         except ChatTemplateError as e:
             raise APIError(400, str(e), param="messages") from None
         prompt_ids = list(srv.tok.encode(text.encode("utf-8"), srv.template.add_bos(text), True))
-        return await srv.generate(request, req, prompt_ids, text, chat=True)
+        return await srv.generate(request, req, [(prompt_ids, text)], chat=True)
 
     @app.post("/v1/embeddings")
     @app.post("/embeddings")

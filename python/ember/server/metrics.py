@@ -90,12 +90,15 @@ class RequestTimer:
         self._m = metrics
         self.start = time.perf_counter()
         self.first_token_s: Optional[float] = None
-        self._seen: Dict[int, tuple] = {}   # sequence index -> (tokens seen, when the last came)
+        self._seen: Dict[int, tuple] = {}   # choice -> (tokens seen, when the last came)
 
-    def observe(self, out: RequestOutput) -> None:
+    def observe(self, out: RequestOutput, first_choice: int = 0) -> None:
+        """Takes in out, whose sequence j is the request's choice first_choice + j (several
+        prompts: each prompt's sequences follow the previous prompt's)."""
         now = time.perf_counter()
         for o in out.outputs:
-            seen, last = self._seen.get(o.index, (0, self.start))
+            choice = first_choice + o.index
+            seen, last = self._seen.get(choice, (0, self.start))
             new = len(o.token_ids) - seen
             if new <= 0:
                 continue
@@ -106,7 +109,7 @@ class RequestTimer:
                 new -= 1
             if new > 0:
                 self._m.itl.observe((now - last) / new, new)
-            self._seen[o.index] = (len(o.token_ids), now)
+            self._seen[choice] = (len(o.token_ids), now)
 
     def finish(self, outcome: str) -> float:
         """Counts the request; returns its duration in seconds."""

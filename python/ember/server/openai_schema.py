@@ -13,6 +13,7 @@ from typing import Any, List, Optional, Union
 from ..sampling_params import SamplingParams
 
 MAX_N = 128          # sequences of one request: n beyond this is a mistake or abuse
+MAX_PROMPTS = 256    # prompts of one /v1/completions request (each runs n sequences)
 MAX_TOP_LOGPROBS = 20   # OpenAI's bound
 
 
@@ -40,15 +41,15 @@ def bad_param(param: str, message: str) -> APIError:
 @dataclass
 class GenerationRequest:
     """A checked /v1/completions or /v1/chat/completions body. logprobs: None, or how many top
-    candidates each token reports (0: the sampled token's alone). prompt: completions' str or
-    token ids; messages / tools / template_kwargs: chat's."""
+    candidates each token reports (0: the sampled token's alone). prompts: completions' prompts,
+    each a str or token ids (each gets n choices); messages / tools / template_kwargs: chat's."""
     model: Optional[str]
     params: SamplingParams
     stream: bool = False
     include_usage: bool = False
     logprobs: Optional[int] = None
     echo: bool = False
-    prompt: Union[str, List[int], None] = None
+    prompts: Optional[List[Union[str, List[int]]]] = None
     messages: Optional[list] = None
     tools: Optional[list] = None
     template_kwargs: dict = field(default_factory=dict)
@@ -93,24 +94,38 @@ def _is_token_list(v) -> bool:
     return isinstance(v, list) and bool(v) and all(_KINDS["int"][1](t) for t in v)
 
 
-def _prompt(body: dict, n_vocab: int) -> Union[str, List[int]]:
+def _token_ids(tokens: list, name: str, n_vocab: int) -> List[int]:
+    bad = next((t for t in tokens if not 0 <= t < n_vocab), None)
+    if bad is not None:
+        raise bad_param("prompt", f"'{name}' token id {bad} is outside the vocabulary (0..{n_vocab - 1})")
+    return [int(t) for t in tokens]
+
+
+def _prompts(body: dict, n_vocab: int) -> List[Union[str, List[int]]]:
+    """OpenAI's four prompt forms (a string, token ids, an array of strings, an array of token id
+    arrays; the last two may mix) as a list of prompts, each a str or token ids."""
     prompt = body.get("prompt")
-    # OpenAI's batch forms holding one prompt are that prompt.
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        return prompt
-    if _is_token_list(prompt):
-        bad = next((t for t in prompt if not 0 <= t < n_vocab), None)
-        if bad is not None:
-            raise bad_param("prompt", f"'prompt' token id {bad} is outside the vocabulary (0..{n_vocab - 1})")
-        return [int(t) for t in prompt]
     if prompt is None:
         raise APIError(400, "'prompt' is required", param="prompt", code="missing_required_parameter")
-    if isinstance(prompt, list) and len(prompt) > 1:
-        raise bad_param("prompt", "ember-server takes one prompt per request; send several requests "
-                                  "(they share the batch)")
-    raise bad_param("prompt", "'prompt' must be a string or an array of token ids")
+    if isinstance(prompt, str):
+        return [prompt]
+    if _is_token_list(prompt):
+        return [_token_ids(prompt, "prompt", n_vocab)]
+    if not isinstance(prompt, list) or not prompt:
+        raise bad_param("prompt", "'prompt' must be a string, an array of token ids, or a non-empty array of "
+                                  "strings or token id arrays")
+    if len(prompt) > MAX_PROMPTS:
+        raise bad_param("prompt", f"'prompt' holds {len(prompt)} prompts; at most {MAX_PROMPTS} per request")
+    prompts: List[Union[str, List[int]]] = []
+    for i, item in enumerate(prompt):
+        if isinstance(item, str):
+            prompts.append(item)
+        elif _is_token_list(item):
+            prompts.append(_token_ids(item, f"prompt[{i}]", n_vocab))
+        else:
+            raise bad_param("prompt", f"'prompt[{i}]' must be a string or a non-empty array of token ids, "
+                                      f"got {json.dumps(item)[:100]}")
+    return prompts
 
 
 def _stop(body: dict) -> List[str]:
@@ -196,11 +211,11 @@ def parse_completion(body: dict, n_vocab: int) -> GenerationRequest:
                    f"must be in [0, {MAX_TOP_LOGPROBS}]")
     echo = get(body, "echo", "bool", False)
     stream, include_usage = _stream(body)
-    prompt = _prompt(body, n_vocab)
+    prompts = _prompts(body, n_vocab)
     params = _sampling(body, n_vocab, _max_tokens(body, "max_tokens", 16), logprobs,
                        0 if echo and logprobs is not None else None)
     return GenerationRequest(model=get(body, "model", "str"), params=params, stream=stream,
-                             include_usage=include_usage, logprobs=logprobs, echo=echo, prompt=prompt)
+                             include_usage=include_usage, logprobs=logprobs, echo=echo, prompts=prompts)
 
 
 def _content_text(content, i: int) -> Optional[str]:

@@ -1,7 +1,10 @@
 """OpenAI's response objects built from the engine's RequestOutputs: `text_completion` and
 `chat.completion` bodies, their streamed chunks (deltas computed from the cumulative outputs,
 the same id on every chunk, the role in the first chat delta, one choice per chunk), usage and
-logprobs in each endpoint's format; the embeddings' list object."""
+logprobs in each endpoint's format; the embeddings' list object.
+
+A completion request may hold several prompts, each one RequestOutput with n sequences: choice
+`index` runs over prompts x n (prompt p's sequence j is choice p * n + j), as OpenAI's does."""
 from __future__ import annotations
 
 import base64
@@ -39,23 +42,28 @@ def _top(entry: Dict[int, float], k: int) -> list:
 
 
 class ResponseBuilder:
-    """One request's responses. chat: chat.completion objects, else text_completion. prompt_text
-    is what echo repeats."""
+    """One request's responses. chat: chat.completion objects, else text_completion. prompt_texts:
+    the text of each prompt, which echo repeats (chat has one)."""
 
-    def __init__(self, req: GenerationRequest, model: str, tokenizer, prompt_text: str, chat: bool):
+    def __init__(self, req: GenerationRequest, model: str, tokenizer, prompt_texts: List[str], chat: bool):
         self.req = req
         self.chat = chat
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = model
         self._tok = tokenizer
-        self._prompt_text = prompt_text
-        n = req.params.n
-        self._sent_text = [0] * n      # chars of each choice's text already streamed
-        self._sent_tokens = [0] * n    # tokens whose logprobs were already streamed
-        self._offset = [len(prompt_text) if req.echo else 0] * n   # text_offset of the next token
-        self._started = [False] * n
-        self._finished = [False] * n
+        self._prompt_texts = prompt_texts
+        self._n = req.params.n
+        choices = len(prompt_texts) * self._n
+        self._sent_text = [0] * choices      # chars of each choice's text already streamed
+        self._sent_tokens = [0] * choices    # tokens whose logprobs were already streamed
+        # text_offset of each choice's next token
+        self._offset = [len(prompt_texts[i // self._n]) if req.echo else 0 for i in range(choices)]
+        self._started = [False] * choices
+        self._finished = [False] * choices
+
+    def _prompt_text(self, index: int) -> str:
+        return self._prompt_texts[index // self._n]
 
     def _piece(self, token: int) -> bytes:
         return bytes(self._tok.token_to_piece(token, False))
@@ -95,7 +103,7 @@ class ResponseBuilder:
                 logprob = plps[i][ids[i]] if i > 0 and plps[i] else None
                 text = self._text(ids[i])
                 add(text, logprob, None if logprob is None else {text: logprob})
-            self._offset[index] = len(self._prompt_text)
+            self._offset[index] = len(self._prompt_text(index))
         for t, entry in zip(out.token_ids[start:], out.logprobs[start:]):
             top = {self._text(c): v for c, v in _top(entry, self.req.logprobs)}
             text = self._text(t)
@@ -109,30 +117,33 @@ class ResponseBuilder:
         return self._chat_logprobs(out, start) if self.chat else self._completion_logprobs(index, out, start, prompt)
 
     # ---- whole responses -----------------------------------------------------------------
-    def usage(self, final: RequestOutput) -> dict:
-        """Exact counts: the prompt's tokens, every choice's generated tokens."""
-        n_prompt = len(final.prompt_token_ids)
-        n_completion = sum(len(o.token_ids) for o in final.outputs)
+    def usage(self, finals: List[RequestOutput]) -> dict:
+        """Exact counts, summed over the prompts: each prompt's tokens once, every choice's
+        generated tokens."""
+        n_prompt = sum(len(f.prompt_token_ids) for f in finals)
+        n_completion = sum(len(o.token_ids) for f in finals for o in f.outputs)
         return {"prompt_tokens": n_prompt, "completion_tokens": n_completion,
                 "total_tokens": n_prompt + n_completion,
-                "prompt_tokens_details": {"cached_tokens": final.num_cached_tokens}}
+                "prompt_tokens_details": {"cached_tokens": sum(f.num_cached_tokens for f in finals)}}
 
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def response(self, final: RequestOutput) -> dict:
-        """The non-streamed body."""
+    def response(self, finals: List[RequestOutput]) -> dict:
+        """The non-streamed body; finals: each prompt's last output, in prompt order."""
         choices = []
-        for o in final.outputs:
-            lp = self._logprobs(o.index, o, 0, final if self.req.echo else None)
-            if self.chat:
-                choices.append({"index": o.index, "message": {"role": "assistant", "content": o.text},
-                                "logprobs": lp, "finish_reason": o.finish_reason})
-            else:
-                text = self._prompt_text + o.text if self.req.echo else o.text
-                choices.append({"index": o.index, "text": text, "logprobs": lp, "finish_reason": o.finish_reason})
+        for p, final in enumerate(finals):
+            for o in final.outputs:
+                i = p * self._n + o.index
+                lp = self._logprobs(i, o, 0, final if self.req.echo else None)
+                if self.chat:
+                    choices.append({"index": i, "message": {"role": "assistant", "content": o.text},
+                                    "logprobs": lp, "finish_reason": o.finish_reason})
+                else:
+                    text = self._prompt_text(i) + o.text if self.req.echo else o.text
+                    choices.append({"index": i, "text": text, "logprobs": lp, "finish_reason": o.finish_reason})
         return dict(self._head("chat.completion" if self.chat else "text_completion"), choices=choices,
-                    usage=self.usage(final))
+                    usage=self.usage(finals))
 
     # ---- streaming -----------------------------------------------------------------------
     def _chunk(self, choice: Optional[dict], usage: Optional[dict] = None) -> dict:
@@ -147,14 +158,14 @@ class ResponseBuilder:
         if not self.chat:
             return []
         return [self._chunk({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                             "finish_reason": None}) for i in range(self.req.params.n)]
+                             "finish_reason": None}) for i in range(len(self._sent_text))]
 
-    def chunks(self, out: RequestOutput) -> List[dict]:
-        """The chunks that bring a client from the previous output to out: new text (with its
+    def chunks(self, prompt: int, out: RequestOutput) -> List[dict]:
+        """The chunks that bring a client from prompt's previous output to out: new text (with its
         tokens' logprobs), then a chunk with the finish_reason once a choice ends."""
         chunks = []
         for o in out.outputs:
-            i = o.index
+            i = prompt * self._n + o.index
             text = o.text[self._sent_text[i]:]
             first = not self._started[i]
             echo = first and self.req.echo
@@ -164,7 +175,7 @@ class ResponseBuilder:
                 if self.chat:
                     choice = {"index": i, "delta": {"content": text}, "logprobs": lp, "finish_reason": None}
                 else:
-                    choice = {"index": i, "text": (self._prompt_text if echo else "") + text, "logprobs": lp,
+                    choice = {"index": i, "text": (self._prompt_text(i) if echo else "") + text, "logprobs": lp,
                               "finish_reason": None}
                 chunks.append(self._chunk(choice))
                 self._started[i] = True
@@ -179,6 +190,6 @@ class ResponseBuilder:
                 chunks.append(self._chunk(choice))
         return chunks
 
-    def usage_chunk(self, final: RequestOutput) -> dict:
+    def usage_chunk(self, finals: List[RequestOutput]) -> dict:
         """stream_options.include_usage's last chunk: no choices, the usage."""
-        return self._chunk(None, self.usage(final))
+        return self._chunk(None, self.usage(finals))
