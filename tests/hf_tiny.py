@@ -1,8 +1,32 @@
-"""Builders of tiny random Hugging Face models and tokenizers for the converter tests, made
-offline: tokenizers trained on a local corpus, models from transformers' config classes."""
-import copy
+"""Tiny Hugging Face checkpoints for the converter and embedding tests, and transformers' outputs on
+them, without torch or transformers.
+
+tests/reference/hf holds what only transformers can say, written once by tools/gen_hf_references.py:
+each tiny model's layout as transformers saves it (config.json, tensor names and shapes, shards), the
+tokenizer files as transformers writes them, and transformers' logits, hidden states, token ids and
+chat prompts. The weights are not committed: build() draws them from a seeded numpy generator and
+writes the safetensors files, the same bytes on every run (models.json records their sha256).
+
+Tests get transformers' outputs from the `hf_reference` fixture: the committed ones, and, where torch
+and transformers import, the same outputs computed now (marker hf_live)."""
+import hashlib
+import importlib.util
+import json
 import os
+import pathlib
 import shutil
+import struct
+
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+REFERENCE = ROOT / "tests" / "reference" / "hf"
+GENERATOR = ROOT / "tools" / "gen_hf_references.py"
+LIVE_SKIP_REASON = ("hf_live: comparing with transformers itself needs torch and transformers "
+                    "(pip install '.[hf]' --extra-index-url https://download.pytorch.org/whl/cpu)")
+
+# ---- the inputs the references were computed on (the generator reads them from here)
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog. She said: \"it's fine, we'll see!\"",
@@ -27,137 +51,206 @@ TEST_TEXTS = CORPUS + [
     "a",
     "ŝ ǅ ẞ ﬀ Å",
 ]
+# Text with the byte-level BPE tokenizer's special tokens, parsed as specials.
+SPECIAL_TEXT = "<|im_start|>user\nHi there<|im_end|>\n"
 
-# The split regex of Llama 3's tokenizer.json (llama.cpp calls this pre-tokenizer "llama-bpe").
-LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+SHORT_PROMPT = [1, 7, 42, 99, 3, 250, 17, 5, 311, 64, 128, 9, 200, 33]
+# 40 tokens: past Gemma's window (8) and the rope-scaled models' original context (32).
+LONG_PROMPT = [1] + [(37 * i + 11) % 250 + 3 for i in range(39)]
 
+EMBED_TEXT = "The quick brown fox jumps over the lazy dog."
+EMBED_IDS = [int(t) for t in np.random.default_rng(0).integers(3, 300, size=37)]
 
-def _corpus_lines():
-    return [line for _ in range(20) for line in CORPUS]
+CHAT_MESSAGES = [{"role": "system", "content": "Be brief."},
+                 {"role": "user", "content": "Héllo, what is 2+2?"},
+                 {"role": "assistant", "content": "4."},
+                 {"role": "user", "content": "And 3+3?"}]
 
-
-def bpe_tokenizer(out_dir, vocab_size=400):
-    """Byte-level BPE with the llama-bpe split, saved as a PreTrainedTokenizerFast."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-    tok.decoder = decoders.ByteLevel()
-    specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|im_start|>", "<|im_end|>"]
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(_corpus_lines(), trainer)
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|begin_of_text|>",
-                                 eos_token="<|end_of_text|>")
-    hf.chat_template = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    hf.save_pretrained(out_dir)
-    return hf
+# ---- checkpoints
 
 
-def spm_tokenizer(out_dir, vocab_size=400, keep_model=True, add_dummy_prefix=True):
-    """A SentencePiece BPE model with byte fallback, saved with transformers' LlamaTokenizer
-    (tokenizer.json + tokenizer_config.json; keep_model=False drops tokenizer.model so only the
-    HF files describe it). Identity normalization: llama.cpp's SentencePiece tokenizer does not
-    collapse whitespace. Returns (LlamaTokenizer, transformers' SentencePiece-backed tokenizer).
-    The second is the reference: the tokenizers-based LlamaTokenizer skips the dummy prefix when
-    the text already starts with a space, unlike SentencePiece itself (and llama.cpp).
-    add_dummy_prefix=False trains a model like Gemma's, which adds no space before the text."""
-    import sentencepiece as spm
-    from transformers import LlamaTokenizer
-    from transformers.tokenization_utils_sentencepiece import SentencePieceBackend
+def models(root=REFERENCE):
+    """name -> what transformers saves for that tiny model (models.json, from the generator)."""
+    with open(pathlib.Path(root) / "models.json", encoding="utf-8") as f:
+        return json.load(f)
 
+
+def copy_tokenizer(kind, out_dir, root=REFERENCE):
+    """The committed tokenizer files of kind ("bpe", "spm", "spm-nodummy") into out_dir; "spm-json"
+    is "spm" without tokenizer.model, so that only the HF files describe it."""
+    src = pathlib.Path(root) / "tokenizers" / ("spm" if kind == "spm-json" else kind)
     os.makedirs(out_dir, exist_ok=True)
-    corpus = os.path.join(out_dir, "corpus.txt")
-    with open(corpus, "w", encoding="utf-8") as f:
-        f.write("\n".join(_corpus_lines()))
-    prefix = os.path.join(out_dir, "sp")
-    spm.SentencePieceTrainer.train(
-        input=corpus, model_prefix=prefix, vocab_size=vocab_size, model_type="bpe", byte_fallback=True,
-        character_coverage=1.0, normalization_rule_name="identity", remove_extra_whitespaces=False,
-        split_digits=True, add_dummy_prefix=add_dummy_prefix, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
-        minloglevel=2)
-    os.remove(corpus)
-    os.remove(prefix + ".vocab")
-    model_path = os.path.join(out_dir, "tokenizer.model")
-    shutil.move(prefix + ".model", model_path)
-    reference = SentencePieceBackend(vocab_file=model_path, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
-    hf = LlamaTokenizer.from_pretrained(out_dir)
-    hf.save_pretrained(out_dir)
-    if not keep_model:
-        os.remove(model_path)
-    return hf, reference
+    for f in src.iterdir():
+        if not (kind == "spm-json" and f.name == "tokenizer.model"):
+            shutil.copyfile(f, os.path.join(out_dir, f.name))
 
 
-def _randomize_(model, seed):
-    """transformers initialises norms to ones and biases to zeros; random values make the test
-    see a swapped or misplaced norm/bias."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
-            elif name.endswith(".bias"):
-                p.copy_(0.1 * torch.randn(p.shape, generator=g))
-            else:
-                p.copy_(0.08 * torch.randn(p.shape, generator=g))
+def _bf16(x):
+    """float32 -> bfloat16 bits, rounded to nearest even as torch rounds."""
+    u = x.view(np.uint32)
+    return ((u + np.uint32(0x7FFF) + ((u >> 16) & 1)) >> 16).astype(np.uint16)
 
 
-def tiny_model(out_dir, arch, vocab_size, tied=False, shard=False, dtype="float32", seed=0, **overrides):
-    """A small random model of arch ("llama", "mistral", "qwen2", "qwen3", "gemma3"; 2 layers of
-    hidden 64 unless overridden) saved as safetensors (sharded into several files when shard).
-    Returns the model in float32 with exactly the weights that were saved (rounded to dtype), as
-    the reference."""
-    import torch
-    from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, MistralConfig,
-                              MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
-
-    classes = {"llama": (LlamaConfig, LlamaForCausalLM), "mistral": (MistralConfig, MistralForCausalLM),
-               "qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM),
-               "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM)}
-    config_cls, model_cls = classes[arch]
-    kw = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-              rms_norm_eps=1e-5, tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2)
-    if arch in ("llama", "mistral") and "rope_parameters" not in overrides:
-        kw["rope_theta"] = 50000.0
-    if arch == "gemma3":
-        # query_pre_attn_scalar = head_dim: the attention scale llama.cpp's gemma3 assumes.
-        kw.update(head_dim=16, query_pre_attn_scalar=16, pad_token_id=0)
-    kw.update(overrides)
-    torch.manual_seed(seed)
-    model = model_cls(config_cls(**kw))
-    if arch == "gemma3":
-        model.config._attn_implementation = "eager"   # the implementation Gemma's authors recommend
-    model.eval()
-    _randomize_(model, seed)
-    torch_dtype = getattr(torch, dtype)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(p.to(torch_dtype).to(torch.float32))
-    # A copy is cast for saving: casting the reference would also round its rope buffers.
-    copy.deepcopy(model).to(torch_dtype).save_pretrained(out_dir, max_shard_size="40KB" if shard else "10GB")
-    return model
+def _draw(spec):
+    """Random weights in the stored dtype, held as float32. transformers initialises norms to ones and
+    biases to zeros; random values make the tests see a swapped or misplaced norm or bias."""
+    rng = np.random.default_rng(spec["seed"])
+    out = {}
+    for name in sorted(spec["tensors"]):
+        x = rng.standard_normal(spec["tensors"][name])
+        if name.endswith("norm.weight"):
+            x = 1.0 + 0.2 * x
+        elif name.endswith(".bias"):
+            x = 0.1 * x
+        else:
+            x = 0.08 * x
+        x = x.astype(np.float32)
+        if spec["dtype"] == "bfloat16":
+            x = (_bf16(x).astype(np.uint32) << 16).view(np.float32)
+        out[name] = x
+    return out
 
 
-def hf_logits(ref, ids):
-    """transformers' logits [len(ids), n_vocab] for one sequence."""
-    import torch
-    with torch.no_grad():
-        return ref(torch.tensor([ids])).logits[0].numpy()
+# Where a multimodal checkpoint keeps its language model's tensors.
+_LANGUAGE_MODEL_PREFIXES = ("language_model.model.", "model.language_model.")
+
+
+def _weights(spec, root):
+    """A multimodal model holds its text model's weights (under its prefix) and random others."""
+    weights = _draw(spec)
+    if spec.get("text_model"):
+        text = _draw(models(root)[spec["text_model"]])
+        for name in weights:
+            for prefix in _LANGUAGE_MODEL_PREFIXES:
+                if name.startswith(prefix):
+                    weights[name] = text["model." + name[len(prefix):]]
+    return weights
+
+
+def _write_safetensors(path, tensors, dtype):
+    """The safetensors layout (header length, JSON header, raw little-endian data), written here
+    because safetensors' numpy API has no bfloat16."""
+    header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
+    bf16 = dtype == "bfloat16"
+    for name in sorted(tensors):
+        x = tensors[name]
+        data = (_bf16(x).astype("<u2") if bf16 else x.astype("<f4")).tobytes()
+        header[name] = {"dtype": "BF16" if bf16 else "F32", "shape": list(x.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw + b"".join(blobs))
+
+
+def weights_sha256(model_dir):
+    digest = hashlib.sha256()
+    for name in sorted(n for n in os.listdir(model_dir) if n.endswith(".safetensors")):
+        with open(os.path.join(model_dir, name), "rb") as f:
+            digest.update(f.read())
+    return digest.hexdigest()
+
+
+def build(name, out_dir, tokenizer=None, root=REFERENCE):
+    """Writes the tiny model `name` (config.json, safetensors, its tokenizer or the one of kind
+    `tokenizer`) into out_dir. Returns its weights as float32 arrays holding exactly the stored values."""
+    spec = models(root)[name]
+    copy_tokenizer(tokenizer or spec["tokenizer"], out_dir, root)
+    with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(spec["config"], f, indent=2, sort_keys=True)
+    weights = _weights(spec, root)
+    if spec["index"] is None:
+        _write_safetensors(os.path.join(out_dir, "model.safetensors"), weights, spec["dtype"])
+    else:
+        for shard in sorted(set(spec["index"]["weight_map"].values())):
+            part = {n: w for n, w in weights.items() if spec["index"]["weight_map"][n] == shard}
+            _write_safetensors(os.path.join(out_dir, shard), part, spec["dtype"])
+        with open(os.path.join(out_dir, "model.safetensors.index.json"), "w", encoding="utf-8") as f:
+            json.dump(spec["index"], f, indent=2, sort_keys=True)
+    if "sha256" in spec and weights_sha256(out_dir) != spec["sha256"]:
+        raise AssertionError(f"the weights of tiny model {name} differ from those {root} was computed on "
+                             "(has numpy's random generator changed?): rerun tools/gen_hf_references.py")
+    return weights
+
+
+# ---- transformers' outputs
+
+
+class CommittedReference:
+    """transformers' outputs as tests/reference/hf holds them, looked up by their inputs."""
+
+    def __init__(self, root=REFERENCE):
+        with open(pathlib.Path(root) / "outputs.json", encoding="utf-8") as f:
+            self._tables = json.load(f)
+        with np.load(pathlib.Path(root) / "outputs.npz") as z:
+            self._arrays = dict(z)
+
+    def _find(self, table, **inputs):
+        for entry in self._tables[table]:
+            if all(entry[k] == v for k, v in inputs.items()):
+                return entry
+        raise LookupError(f"tests/reference/hf has no {table} for {inputs!r}: tools/gen_hf_references.py "
+                          "computes the cases the tests ask for (add this one there and rerun it)")
+
+    def logits(self, model, ids):
+        """[len(ids), n_vocab] for one sequence."""
+        return self._arrays[self._find("logits", model=model, ids=list(ids))["array"]]
+
+    def hidden(self, model, ids):
+        """Hidden states after the final norm, [len(ids), n_embd]."""
+        return self._arrays[self._find("hidden", model=model, ids=list(ids))["array"]]
+
+    def inv_freq(self, model):
+        """The rotary embedding's inverse frequencies (float32)."""
+        return self._arrays[self._find("inv_freq", model=model)["array"]]
+
+    def encode(self, tokenizer, text, add_special_tokens=True, backend="fast"):
+        """Token ids from transformers' fast tokenizer, or ("sentencepiece") from its
+        SentencePiece-backed one."""
+        return self._find("encode", tokenizer=tokenizer, backend=backend, text=text,
+                          add_special_tokens=add_special_tokens)["ids"]
+
+    def tokenizer(self, tokenizer):
+        """len(tok), bos/eos ids, chat template and vocab of transformers' fast tokenizer."""
+        return self._find("tokenizer", tokenizer=tokenizer)["info"]
+
+    def render(self, source, messages, **kwargs):
+        """apply_chat_template(messages, chat_template=source, tokenize=False, **kwargs)."""
+        sha = hashlib.sha256(source.encode()).hexdigest()
+        return self._find("render", template_sha256=sha, messages=messages, kwargs=kwargs)["text"]
+
+
+def live_generator():
+    """tools/gen_hf_references.py as a module (tools/ is not a package), or a skip, with its
+    reason, where torch or transformers does not import."""
+    pytest.importorskip("torch", reason=LIVE_SKIP_REASON)
+    pytest.importorskip("transformers", reason=LIVE_SKIP_REASON)
+    spec = importlib.util.spec_from_file_location("gen_hf_references", GENERATOR)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def hf_generator():
+    """tools/gen_hf_references.py, where torch and transformers import (else the test is skipped)."""
+    return live_generator()
+
+
+@pytest.fixture(scope="module", params=["committed", pytest.param("live", marks=pytest.mark.hf_live)])
+def hf_reference(request, tmp_path_factory):
+    """transformers' outputs: committed, or computed now on the same files (hf_live)."""
+    if request.param == "committed":
+        return CommittedReference()
+    return live_generator().LiveReference(REFERENCE, tmp_path_factory.mktemp("hf_live"))
 
 
 def ember_logits(path, ids, n_gpu_layers=0, kv_type="f32", chunk=64):
     """ember's logits [len(ids), n_vocab], the ids evaluated `chunk` at a time. By default on the
     CPU with an f32 KV cache: the comparison is with transformers' f32 attention, not llama.cpp's
     f16 cache."""
-    import numpy as np
     from ember import _ember
     m = _ember.Model(str(path), n_gpu_layers=n_gpu_layers)
     ctx = _ember.Context(m, n_ctx=64, n_batch=64, n_threads=2, kv_type=kv_type)

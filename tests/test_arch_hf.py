@@ -1,7 +1,7 @@
 """ember-convert for Qwen3, Gemma 3 and rope scaling: tiny random HF models are converted; the
 GGUF keys and tensors must be those llama.cpp's converter writes, ember's logits must match
-transformers' (prompts longer than the sliding window and than the pre-scaling context), and
-configs the converter cannot express give a clear error."""
+transformers' (tests/reference/hf, or live with hf_live; prompts longer than the sliding window and
+than the pre-scaling context), and configs the converter cannot express give a clear error."""
 import json
 import os
 import shutil
@@ -11,68 +11,35 @@ import numpy as np
 import pytest
 
 gguf = pytest.importorskip("gguf", reason="the gguf package is needed to read converted files")
-pytest.importorskip("torch", reason="torch is needed to run the transformers reference")
-pytest.importorskip("transformers", reason="transformers builds the reference models")
-pytest.importorskip("sentencepiece", reason="sentencepiece trains the SentencePiece tokenizer")
+pytest.importorskip("sentencepiece", reason="sentencepiece reads the SentencePiece tokenizer model")
 
 sys.path.insert(0, os.path.dirname(__file__))
 import hf_tiny  # noqa: E402
+from hf_tiny import hf_reference  # noqa: E402,F401 (a fixture)
 
 from ember import _ember  # noqa: E402
 from ember.convert import convert  # noqa: E402
 from ember.convert_error import ConvertError  # noqa: E402
 
-# 40 tokens: past Gemma's window (8) and the rope-scaled models' original context (32).
-PROMPT = [1] + [(37 * i + 11) % 250 + 3 for i in range(39)]
+PROMPT = hf_tiny.LONG_PROMPT
 
-_LLAMA3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0, "low_freq_factor": 1.0,
-           "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
-_GEMMA_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
-
-# name -> (arch, tokenizer kind, tied, config overrides)
-MODELS = {
-    "qwen3": ("qwen3", "bpe", False, dict(head_dim=24)),
-    "gemma3": ("gemma3", "spm", True, dict(num_hidden_layers=7, sliding_window=8)),
-    "gemma3-linear-period3": ("gemma3", "spm", True, dict(
-        num_hidden_layers=7, sliding_window=8, layer_types=["sliding_attention", "sliding_attention",
-                                                            "full_attention"] * 2 + ["sliding_attention"],
-        rope_parameters={"full_attention": {"rope_type": "linear", "rope_theta": 100000.0, "factor": 4.0},
-                         **_GEMMA_ROPE})),
-    "llama-llama3": ("llama", "bpe", False, dict(rope_parameters=_LLAMA3)),
-    "llama-linear": ("llama", "bpe", False, dict(rope_parameters={"rope_type": "linear", "rope_theta": 10000.0,
-                                                                  "factor": 2.0})),
-    "llama-yarn": ("llama", "bpe", False, dict(rope_parameters={
-        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32,
-        "beta_fast": 32.0, "beta_slow": 1.0})),
-}
+# The tiny models (tools/gen_hf_references.py says how each was made): Qwen3 with its own head
+# dimension; Gemma 3 with 7 layers and a window of 8, by default and with linear rope scaling
+# and a layer pattern of period 3; Llama with llama 3, linear and YaRN rope scaling.
+MODELS = ["qwen3", "gemma3", "gemma3-linear-period3", "llama-llama3", "llama-linear", "llama-yarn"]
 
 
 @pytest.fixture(scope="module")
-def tokenizers_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tok")
-    bpe = hf_tiny.bpe_tokenizer(str(root / "bpe"))
-    # Like Gemma's tokenizer: a SentencePiece model that adds no dummy prefix, and a
-    # tokenizer_config.json asking for BOS.
-    spm_dir = str(root / "spm")
-    _, reference = hf_tiny.spm_tokenizer(spm_dir, add_dummy_prefix=False)
-    os.remove(os.path.join(spm_dir, "tokenizer.json"))
-    with open(os.path.join(spm_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-        json.dump({"add_bos_token": True, "add_eos_token": False, "bos_token": "<s>", "eos_token": "</s>",
-                   "unk_token": "<unk>"}, f)
-    return {"bpe": (str(root / "bpe"), len(bpe), bpe), "spm": (str(root / "spm"), reference.vocab_size, reference)}
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory, tokenizers_dir):
-    """name -> (HF dir, float32 reference model, path of its f32 GGUF)."""
+def models(tmp_path_factory):
+    """name -> (HF dir, float32 weights exactly as stored, path of its f32 GGUF)."""
     root = tmp_path_factory.mktemp("models")
     out = {}
-    for seed, (name, (arch, tok, tied, overrides)) in enumerate(MODELS.items()):
-        d = shutil.copytree(tokenizers_dir[tok][0], str(root / name), dirs_exist_ok=True)
-        ref = hf_tiny.tiny_model(d, arch, tokenizers_dir[tok][1], tied=tied, seed=seed, **overrides)
+    for name in MODELS:
+        d = str(root / name)
+        weights = hf_tiny.build(name, d)
         path = str(root / f"{name}.gguf")
         convert(d, path, "f32", progress=False)
-        out[name] = (d, ref, path)
+        out[name] = (d, weights, path)
     return out
 
 
@@ -86,21 +53,21 @@ def _tensors(path):
             for t in gguf.GGUFReader(path).tensors}
 
 
-def _state(ref):
-    return {k: v.numpy() for k, v in ref.state_dict().items()}
+def _config(name):
+    return hf_tiny.models()[name]["config"]
 
 
 # ------------------------------------------------------------------------------------- metadata
 
 
 def test_qwen3_file(models):
-    hf_dir, ref, path = models["qwen3"]
-    kv, t, sd = _fields(path), _tensors(path), _state(ref)
+    hf_dir, sd, path = models["qwen3"]
+    kv, t = _fields(path), _tensors(path)
     assert kv["general.architecture"] == "qwen3"
     assert kv["qwen3.attention.key_length"] == 24 and kv["qwen3.attention.value_length"] == 24
     assert kv["qwen3.embedding_length"] == 64 and kv["qwen3.attention.head_count"] == 4
     assert kv["qwen3.attention.head_count_kv"] == 2 and kv["qwen3.block_count"] == 2
-    assert kv["qwen3.rope.freq_base"] == pytest.approx(ref.config.rope_parameters["rope_theta"])
+    assert kv["qwen3.rope.freq_base"] == pytest.approx(_config("qwen3")["rope_parameters"]["rope_theta"])
     assert not any(k.startswith("qwen3.rope.scaling") for k in kv)
     assert not any(n.endswith(".bias") for n in t)
     assert t["blk.0.attn_q.weight"].shape == (96, 64) and t["blk.0.attn_k.weight"].shape == (48, 64)
@@ -123,9 +90,9 @@ _GEMMA_HF = {"attn_norm": "input_layernorm", "attn_q_norm": "self_attn.q_norm", 
              "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
 
 
-def test_gemma3_file(models, tokenizers_dir):
-    hf_dir, ref, path = models["gemma3"]
-    kv, t, sd = _fields(path), _tensors(path), _state(ref)
+def test_gemma3_file(models):
+    hf_dir, sd, path = models["gemma3"]
+    kv, t = _fields(path), _tensors(path)
     assert kv["general.architecture"] == "gemma3"
     expect = {"context_length": 128, "embedding_length": 64, "block_count": 7, "feed_forward_length": 160,
               "attention.head_count": 4, "attention.head_count_kv": 2, "attention.key_length": 16,
@@ -151,14 +118,15 @@ def test_gemma3_file(models, tokenizers_dir):
     assert kv["tokenizer.ggml.model"] == "llama"
     assert kv["tokenizer.ggml.add_bos_token"] is True
     assert kv["tokenizer.ggml.add_space_prefix"] is False
-    assert len(kv["tokenizer.ggml.tokens"]) == ref.config.vocab_size
+    assert len(kv["tokenizer.ggml.tokens"]) == _config("gemma3")["vocab_size"]
 
 
-def test_gemma3_tokenizer(models, tokenizers_dir):
-    reference = tokenizers_dir["spm"][2]
+def test_gemma3_tokenizer(models, hf_reference):
+    """Against transformers' SentencePiece-backed tokenizer of a model like Gemma's: no dummy
+    prefix, and BOS asked for by tokenizer_config.json."""
     et = _ember.Tokenizer.from_gguf_file(models["gemma3"][2])
     for text in hf_tiny.TEST_TEXTS:
-        want = reference.encode(text, add_special_tokens=False)
+        want = hf_reference.encode("spm-nodummy", text, add_special_tokens=False, backend="sentencepiece")
         assert et.encode(text.encode("utf-8"), False, False) == want, repr(text)
         assert et.encode(text.encode("utf-8"), True, False) == [1] + want, repr(text)
 
@@ -200,20 +168,11 @@ def test_gemma3_irregular_layer_types_and_attention_scale(models, tmp_path):
 
 def test_gemma3_multimodal_checkpoint_gives_the_text_model(models, tmp_path):
     """A Gemma3ForConditionalGeneration checkpoint converts to the same file as its language
-    model alone (the vision tower and projector are left out)."""
-    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
-
-    hf_dir, ref, path = models["gemma3"]
-    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                  image_size=28, patch_size=14)
-    mm = Gemma3ForConditionalGeneration(Gemma3Config(text_config=ref.config.to_dict(), vision_config=vision,
-                                                     mm_tokens_per_image=4))
-    mm.model.language_model.load_state_dict(ref.model.state_dict())
-    d = shutil.copytree(hf_dir, str(tmp_path / "mm"))
-    for n in os.listdir(d):
-        if n.endswith(".safetensors") or n == "config.json":
-            os.remove(os.path.join(d, n))
-    mm.save_pretrained(d)
+    model alone (the vision tower and projector are left out): the "gemma3" model's weights in the
+    layout transformers saves for a Gemma3ForConditionalGeneration with a one-layer vision tower."""
+    path = models["gemma3"][2]
+    d = str(tmp_path / "mm")
+    hf_tiny.build("gemma3-multimodal", d)
     out = str(tmp_path / "mm.gguf")
     convert(d, out, "f32", progress=False)
     want, got = _tensors(path), _tensors(out)
@@ -225,16 +184,16 @@ def test_gemma3_multimodal_checkpoint_gives_the_text_model(models, tmp_path):
         {k: v for k, v in kv_want.items() if k.startswith("gemma3.")}
 
 
-def test_llama3_rope_freqs(models):
+def test_llama3_rope_freqs(models, hf_reference):
     """rope_freqs.weight[i] divides pair i's frequency: HF's unscaled / scaled inverse frequencies."""
-    _, ref, path = models["llama-llama3"]
+    path = models["llama-llama3"][2]
     kv, t = _fields(path), _tensors(path)
     assert not any(k.startswith("llama.rope.scaling") for k in kv)
     assert gguf.GGUFReader(path).tensors[0].name == "rope_freqs.weight"
     got = t["rope_freqs.weight"]
     assert got.dtype == np.float32 and got.shape == (8,)
     plain = 1.0 / (10000.0 ** (np.arange(0, 16, 2, dtype=np.float64) / 16))
-    scaled = ref.model.rotary_emb.inv_freq.double().numpy()
+    scaled = hf_reference.inv_freq("llama-llama3").astype(np.float64)
     np.testing.assert_allclose(got, plain / scaled, rtol=1e-5)
     # The test's rope covers all three bands: kept, blended, and divided by the factor.
     assert got[0] == 1.0 and 1.0 < got[1] < 4.0 and got[-1] == 4.0
@@ -257,10 +216,10 @@ def test_linear_and_yarn_keys(models):
 # --------------------------------------------------------------------------------------- logits
 
 
-@pytest.mark.parametrize("name", list(MODELS))
-def test_logits_match_transformers(models, name):
-    _, ref, path = models[name]
-    want = hf_tiny.hf_logits(ref, PROMPT)
+@pytest.mark.parametrize("name", MODELS)
+def test_logits_match_transformers(models, hf_reference, name):
+    path = models[name][2]
+    want = hf_reference.logits(name, PROMPT)
     got = hf_tiny.ember_logits(path, PROMPT)
     assert got.shape == want.shape
     rel = np.abs(got - want).max() / np.abs(want).max()
@@ -268,7 +227,7 @@ def test_logits_match_transformers(models, name):
 
 
 @pytest.mark.parametrize("chunk", [40, 1], ids=["prompt", "decode"])
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name", MODELS)
 def test_cuda_logits_match_cpu(models, name, chunk):
     """Every block on the GPU (q/k norms, windows, scaled ropes, GeLU in the CUDA kernels; one
     40-token batch, or token by token through the decode kernels and graphs) against the CPU,

@@ -1,5 +1,6 @@
 """ember.server.chat_template: GGUF chat templates rendered with Hugging Face's semantics. SmolLM2's
-own template against transformers' apply_chat_template, raise_exception, add_generation_prompt,
+own template against transformers' apply_chat_template (tests/reference/hf, or live with hf_live),
+raise_exception, add_generation_prompt,
 strftime_now, tojson, tools, the {% generation %} tag, the sandbox, the --chat-template override
 and the ChatML fallback of a model without a template."""
 import datetime
@@ -7,13 +8,12 @@ import logging
 
 import pytest
 
+import hf_tiny
+from hf_tiny import hf_reference  # noqa: F401 (a fixture)
 from ember import _ember
 from ember.server.chat_template import CHATML, ChatTemplate, ChatTemplateError
 
-MESSAGES = [{"role": "system", "content": "Be brief."},
-            {"role": "user", "content": "Héllo, what is 2+2?"},
-            {"role": "assistant", "content": "4."},
-            {"role": "user", "content": "And 3+3?"}]
+MESSAGES = hf_tiny.CHAT_MESSAGES
 
 
 @pytest.fixture(scope="module")
@@ -26,22 +26,12 @@ def smollm2(smollm2_path, tokenizer):
     return ChatTemplate.for_model(smollm2_path, tokenizer)
 
 
-def hf_render(source, messages, **kwargs):
-    """transformers' apply_chat_template on a tokenizer that is only its template and special tokens."""
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from transformers import PreTrainedTokenizerFast
-    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel({"<unk>": 0}, unk_token="<unk>")),
-                                  bos_token="<|im_start|>", eos_token="<|im_end|>")
-    return tok.apply_chat_template(messages, chat_template=source, tokenize=False, **kwargs)
-
-
 @pytest.mark.parametrize("add_generation_prompt", [True, False])
 @pytest.mark.parametrize("messages", [MESSAGES, MESSAGES[1:2]], ids=["with-system", "user-only"])
-def test_smollm2_template_matches_transformers(smollm2, messages, add_generation_prompt):
+def test_smollm2_template_matches_transformers(smollm2, hf_reference, messages, add_generation_prompt):
     assert smollm2.origin.endswith("tokenizer.chat_template")
     ours = smollm2.render(messages, add_generation_prompt=add_generation_prompt)
-    assert ours == hf_render(smollm2.source, messages, add_generation_prompt=add_generation_prompt)
+    assert ours == hf_reference.render(smollm2.source, messages, add_generation_prompt=add_generation_prompt)
     assert ours.endswith("<|im_start|>assistant\n") == add_generation_prompt
 
 
@@ -89,7 +79,7 @@ def test_override_file(tmp_path, smollm2_path, tokenizer):
     assert t.render(MESSAGES[1:3]) == "[user] Héllo, what is 2+2?\n[assistant] 4.\n"
 
 
-def test_model_without_template_falls_back_to_chatml(tmp_path, tokenizer, caplog):
+def test_model_without_template_falls_back_to_chatml(tmp_path, tokenizer, hf_reference, caplog):
     path = tmp_path / "no_template.gguf"
     w = _ember.GGUFWriter(str(path))
     w.set("general.architecture", "llama")
@@ -101,7 +91,7 @@ def test_model_without_template_falls_back_to_chatml(tmp_path, tokenizer, caplog
     msgs = MESSAGES[:2]
     assert t.render(msgs) == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHéllo, what is 2+2?"
                               "<|im_end|>\n<|im_start|>assistant\n")
-    assert t.render(msgs) == hf_render(CHATML, msgs, add_generation_prompt=True)
+    assert t.render(msgs) == hf_reference.render(CHATML, msgs, add_generation_prompt=True)
 
 
 # ---- Llama.create_chat_completion: the same renderer, llama-cpp-python's result shapes ------

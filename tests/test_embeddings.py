@@ -1,39 +1,34 @@
 """Embeddings: ember's hidden states after the final norm against transformers' on a tiny random
-Llama, pooled (none, mean, cls, last; the GGUF's {arch}.pooling_type or an override) and
-L2-normalized as llama.cpp does; Llama.embed / create_embedding on SmolLM2; ember-server's
-/v1/embeddings and its errors; embed on a Llama without embedding=True."""
+Llama (tests/reference/hf, or live with hf_live), pooled (none, mean, cls, last; the GGUF's
+{arch}.pooling_type or an override) and L2-normalized as llama.cpp does; Llama.embed /
+create_embedding on SmolLM2; ember-server's /v1/embeddings and its errors; embed on a Llama
+without embedding=True."""
 import base64
 
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="the transformers comparison needs torch")
 gguf = pytest.importorskip("gguf", reason="the gguf package is needed to add a pooling key to a file")
 
 import hf_tiny  # noqa: E402
+from hf_tiny import hf_reference  # noqa: E402,F401 (a fixture)
 
 from ember import Llama, _ember  # noqa: E402
 from ember.convert import convert  # noqa: E402
 
-TEXT = "The quick brown fox jumps over the lazy dog."
+TEXT = hf_tiny.EMBED_TEXT
+TINY = "embed-llama"   # a random 2-layer Llama with the byte-level BPE tokenizer
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """(transformers' float32 model, path of its f32 GGUF), a random 2-layer Llama."""
+def tiny_path(tmp_path_factory):
+    """Path of the tiny model's f32 GGUF."""
     root = tmp_path_factory.mktemp("emb")
     d = str(root / "hf")
-    tok = hf_tiny.bpe_tokenizer(d)
-    ref = hf_tiny.tiny_model(d, "llama", len(tok), seed=7)
+    hf_tiny.build(TINY, d)
     path = str(root / "tiny.gguf")
     convert(d, path, "f32", progress=False)
-    return ref, path
-
-
-def hf_hidden(ref, ids):
-    """transformers' hidden states after the final norm, [len(ids), n_embd]."""
-    with torch.no_grad():
-        return ref.model(torch.tensor([ids])).last_hidden_state[0].numpy()
+    return path
 
 
 def l2(v):
@@ -47,14 +42,13 @@ def close(got, want, rel=1e-4):
     assert err <= rel, f"max|diff|/max|ref| = {err:.2e}"
 
 
-def test_hidden_states_match_transformers(tiny):
-    ref, path = tiny
-    ids = [int(t) for t in np.random.default_rng(0).integers(3, 300, size=37)]
-    m = _ember.Model(path)
+def test_hidden_states_match_transformers(tiny_path, hf_reference):
+    ids = hf_tiny.EMBED_IDS
+    m = _ember.Model(tiny_path)
     # n_batch 16: the rows of three chunks, and the causal attention across them.
     ctx = _ember.Context(m, n_ctx=64, n_batch=16, n_threads=2, kv_type="f32", embedding=True)
     ctx.eval(ids, logits_all=True)
-    want = hf_hidden(ref, ids)
+    want = hf_reference.hidden(TINY, ids)
     close(ctx.all_embeddings(), want)
     close(ctx.embeddings(-1), want[-1])
     ctx.truncate(0)
@@ -70,14 +64,13 @@ def test_hidden_states_match_transformers(tiny):
 
 
 @pytest.mark.parametrize("pooling", ["none", "mean", "cls", "last"])
-def test_pooling_matches_transformers(tiny, pooling):
-    ref, path = tiny
+def test_pooling_matches_transformers(tiny_path, hf_reference, pooling):
     p = {"none": 0, "mean": 1, "cls": 2, "last": 3}[pooling]
-    with Llama(path, n_ctx=64, n_batch=16, n_threads=2, type_k=0, type_v=0, embedding=True, pooling_type=p,
+    with Llama(tiny_path, n_ctx=64, n_batch=16, n_threads=2, type_k=0, type_v=0, embedding=True, pooling_type=p,
                verbose=False) as llm:
         assert llm.pooling_type() == p
         ids = llm.tokenize(TEXT.encode())
-        h = hf_hidden(ref, ids)
+        h = hf_reference.hidden(TINY, ids)
         want = {"none": h, "mean": h.mean(axis=0), "cls": h[0], "last": h[-1]}[pooling]
         close(llm.embed(TEXT, normalize=False), want)
         got = llm.embed(TEXT)   # normalized by default
@@ -103,24 +96,23 @@ def _with_key(src, dst, key, value):
     writer.close()
 
 
-def test_pooling_from_the_file(tiny, tmp_path):
-    ref, path = tiny
+def test_pooling_from_the_file(tiny_path, hf_reference, tmp_path):
     # No {arch}.pooling_type: none, as llama.cpp resolves an unspecified pooling type.
-    with Llama(path, n_ctx=64, embedding=True, verbose=False) as llm:
+    with Llama(tiny_path, n_ctx=64, embedding=True, verbose=False) as llm:
         assert llm.pooling_type() == 0
         ids = llm.tokenize(TEXT.encode())
         per_token = llm.embed(TEXT)
         assert len(per_token) == len(ids) and len(per_token[0]) == llm.n_embd()
     meaned = str(tmp_path / "mean.gguf")
-    _with_key(path, meaned, "llama.pooling_type", 1)
+    _with_key(tiny_path, meaned, "llama.pooling_type", 1)
     assert _ember.Model(meaned).pooling_type == 1
     with Llama(meaned, n_ctx=64, type_k=0, type_v=0, embedding=True, verbose=False) as llm:
         assert llm.pooling_type() == 1
-        close(llm.embed(TEXT), l2(hf_hidden(ref, ids).mean(axis=0)))
+        close(llm.embed(TEXT), l2(hf_reference.hidden(TINY, ids).mean(axis=0)))
     with Llama(meaned, n_ctx=64, embedding=True, pooling_type=3, verbose=False) as llm:
         assert llm.pooling_type() == 3   # the constructor's override wins
     with pytest.raises(ValueError, match="pooling_type 4"):
-        Llama(path, embedding=True, pooling_type=4, verbose=False)
+        Llama(tiny_path, embedding=True, pooling_type=4, verbose=False)
 
 
 # ---- SmolLM2: llama-cpp-python's shapes ------------------------------------------------------
