@@ -82,15 +82,6 @@ def cpu_has(*flags):
     return all(flag in words for flag in flags)
 
 
-# The weight types with fast CPU matmul kernels (src/cpu/gemm_fast*.cpp) at each SIMD level:
-# every batch of these takes them; the others keep vec_dot's results.
-FAST_GEMM_TYPES = {"avx512": {"Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}, "avx2": {"Q4_0", "Q4_1", "Q8_0"}}
-
-
-def has_fast_gemm(module, type_name):
-    return type_name in FAST_GEMM_TYPES.get(module.simd_level(), set())
-
-
 def rerun_at_simd_level(level, test_file, k, **env):
     """EMBER_SIMD lowers the kernel level, chosen once per process: rerun the tests of test_file
     that match `k` in a fresh interpreter at that level."""

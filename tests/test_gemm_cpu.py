@@ -1,12 +1,11 @@
-"""CPU batched matmul against per-token matmuls: every output must be bit-identical, so a token's
-result never depends on the batch it ran in. Types with fast kernels (test_gemm_fast_cpu.py) take
-them for every batch; the others go through tiles (src/cpu/gemm_*.cpp) that reproduce vec_dot. The
+"""CPU batched matmul (tiled kernels, src/cpu/gemm_*.cpp) against per-token matmuls (vec_dot):
+every output must be bit-identical, since greedy outputs are checked against llama.cpp. The
 AVX-512 tiles run at this machine's level; test_avx2_tiles reruns the file under EMBER_SIMD=avx2."""
 import gguf
 import numpy as np
 import pytest
 
-from conftest import has_fast_gemm, kernel_module, rerun_at_simd_level
+from conftest import kernel_module, rerun_at_simd_level
 
 K = kernel_module()
 
@@ -48,9 +47,7 @@ def test_batched_matmul_is_bit_identical_to_per_token(cpu, name, n_in, rng):
                                       err_msg=f"{name} n_in={n_in} n_tok={n_tok}")
 
 
-# (types with a fast kernel at this level: test_gemm_fast_cpu.py compares them with vec_dot)
-@pytest.mark.parametrize("name,n_in", [(t, n) for n in N_IN for t in TYPES
-                                       if n % block_elems(t) == 0 and not has_fast_gemm(K, t)])
+@pytest.mark.parametrize("name,n_in", [(t, n) for n in N_IN for t in TYPES if n % block_elems(t) == 0])
 def test_single_token_matmul_is_vec_dot(cpu, name, n_in, rng):
     """One token (decode): each output is exactly the kernel's vec_dot of its row, however the
     rows are handed out or tiled."""

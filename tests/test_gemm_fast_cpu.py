@@ -1,20 +1,22 @@
-"""CPU fast quantized matmul (src/cpu/gemm_fast*.cpp): where this CPU has a fast kernel for a
-weight type, every batch takes it, one token included, trading vec_dot's float order for weight
-rows in the vector lanes. Its results must match float64 sums over the dequantized weights and
-the activations quantized as vec_dot takes them to float rounding, and each token's result must
-be the same whatever else shares its batch (the engine's default mode is batch-invariant on the
-CPU). The AVX-512 kernels run at this machine's level; test_avx2_kernels reruns the file under
+"""CPU fast batched matmul (src/cpu/gemm_fast*.cpp): batches of several sequences (n_seq > 1, not
+batch-invariant) trade vec_dot's bit-exactness for weight rows in the vector lanes. Its results
+must match float64 sums over the dequantized weights and the activations quantized as vec_dot
+takes them to float rounding; one sequence, or a batch-invariant batch, must keep the exact
+(vec_dot) results. The
+AVX-512 kernels run at this machine's level; test_avx2_kernels reruns the file under
 EMBER_SIMD=avx2."""
 import gguf
 import numpy as np
 import pytest
 
-from conftest import has_fast_gemm, kernel_module, rerun_at_simd_level
+from conftest import kernel_module, rerun_at_simd_level
 
 K = kernel_module()
 
 TYPES = ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
-N_TOK = [1, 2, 3, 8, 16, 33, 64]
+# The types with fast kernels at each SIMD level (the others keep the exact path).
+FAST = {"avx512": set(TYPES), "avx2": {"Q4_0", "Q4_1", "Q8_0"}}
+N_TOK = [2, 3, 8, 16, 33, 64]
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +25,7 @@ def cpu():
 
 
 def has_fast_kernel(name):
-    return has_fast_gemm(K, name)
+    return name in FAST.get(K.simd_level(), set())
 
 
 def block_elems(name):
@@ -87,41 +89,49 @@ def test_fast_matmul_matches_float64(cpu, rng, name, n_in, n_out):
     qtype, wq, wd = quantized_weight(rng, name, n_out, n_in)
     for n_tok in N_TOK:
         x = activations(rng, n_tok, n_in)
-        got = cpu.matmul(qtype, wq, n_in, x)
+        got = cpu.matmul(qtype, wq, n_in, x, n_seq=2)
         assert got.shape == (n_tok, n_out)
         assert_float_rounding(got, *reference(name, wq, wd, x), f"{name} n_in={n_in} n_tok={n_tok}")
 
 
 @pytest.mark.parametrize("name", TYPES)
-def test_fast_matmul_is_close_to_vec_dot_but_not_it(cpu, rng, name):
-    """The fast kernel is really taken, for a single token too: its sums differ from vec_dot's in
-    the last bits, and only there (both quantize the activations alike). Types without one keep
-    vec_dot's results exactly."""
+def test_fast_matmul_is_close_to_exact_but_not_it(cpu, rng, name):
+    """The fast path is really taken for several sequences: its sums differ from vec_dot's in the
+    last bits, and only there (both quantize the activations alike)."""
     n_in, n_out = 768, 53
     qtype, wq, wd = quantized_weight(rng, name, n_out, n_in)
-    for n_tok in [1, 2, 8, 33]:
+    for n_tok in N_TOK:
         x = activations(rng, n_tok, n_in)
-        got = cpu.matmul(qtype, wq, n_in, x)
-        dots = np.array([[K.vec_dot(qtype, wq[o], x[t], impl="best") for o in range(n_out)] for t in range(n_tok)],
-                        np.float32)
+        fast = cpu.matmul(qtype, wq, n_in, x, n_seq=3)
+        exact = cpu.matmul(qtype, wq, n_in, x)
+        assert_float_rounding(fast, exact, reference(name, wq, wd, x)[1], f"{name} n_tok={n_tok}")
         if has_fast_kernel(name):
-            assert_float_rounding(got, dots, reference(name, wq, wd, x)[1], f"{name} n_tok={n_tok}")
-            assert (got != dots).any(), f"{name} n_tok={n_tok}: the fast kernel was not taken"
-        else:
-            np.testing.assert_array_equal(got.view(np.uint32), dots.view(np.uint32), err_msg=f"{name} n_tok={n_tok}")
+            assert (fast != exact).any(), f"{name} n_tok={n_tok}: the fast path was not taken"
 
 
 @pytest.mark.parametrize("name", TYPES)
-def test_batch_shape_never_changes_a_result(cpu, rng, name):
-    """One sequence, several, or a batch-invariant step: the same bits."""
+def test_one_sequence_or_batch_invariant_stays_exact(cpu, rng, name):
     n_in, n_out = 768, 37
     qtype, wq, _ = quantized_weight(rng, name, n_out, n_in)
-    for n_tok in [1, 2, 8, 33]:
+    for n_tok in [2, 8, 33]:
         x = activations(rng, n_tok, n_in)
-        want = cpu.matmul(qtype, wq, n_in, x)
-        for kw in [dict(n_seq=3), dict(n_seq=4, batch_invariant=True)]:
+        exact = cpu.matmul(qtype, wq, n_in, x)
+        for kw in [dict(n_seq=1), dict(n_seq=4, batch_invariant=True)]:
             got = cpu.matmul(qtype, wq, n_in, x, **kw)
-            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=f"{name} {kw}")
+            np.testing.assert_array_equal(got.view(np.uint32), exact.view(np.uint32), err_msg=f"{name} {kw}")
+        # and a one-sequence batch after a multi-sequence one is exact again
+        cpu.matmul(qtype, wq, n_in, x, n_seq=2)
+        np.testing.assert_array_equal(cpu.matmul(qtype, wq, n_in, x, n_seq=1).view(np.uint32), exact.view(np.uint32))
+
+
+def test_single_token_stays_vec_dot(cpu, rng):
+    """n_tok = 1 never takes the fast path, whatever the batch says."""
+    n_in, n_out = 768, 37
+    for name in TYPES:
+        qtype, wq, _ = quantized_weight(rng, name, n_out, n_in)
+        x = activations(rng, 1, n_in)
+        np.testing.assert_array_equal(cpu.matmul(qtype, wq, n_in, x, n_seq=2).view(np.uint32),
+                                      cpu.matmul(qtype, wq, n_in, x).view(np.uint32))
 
 
 def test_fast_results_do_not_depend_on_the_batch(cpu, rng):
@@ -131,9 +141,9 @@ def test_fast_results_do_not_depend_on_the_batch(cpu, rng):
     for name in TYPES:
         qtype, wq, _ = quantized_weight(rng, name, n_out, n_in)
         x = activations(rng, 33, n_in)
-        full = cpu.matmul(qtype, wq, n_in, x)
-        for lo, hi in [(0, 1), (0, 2), (5, 13), (17, 18), (30, 33), (1, 33)]:
-            part = cpu.matmul(qtype, wq, n_in, x[lo:hi])
+        full = cpu.matmul(qtype, wq, n_in, x, n_seq=2)
+        for lo, hi in [(0, 2), (5, 13), (30, 33), (1, 33)]:
+            part = cpu.matmul(qtype, wq, n_in, x[lo:hi], n_seq=2)
             np.testing.assert_array_equal(part.view(np.uint32), full[lo:hi].view(np.uint32), err_msg=f"{name} {lo}:{hi}")
 
 
@@ -143,13 +153,16 @@ def test_matmul_many_hands_out_all_weights(cpu, rng):
     n_in = 768
     for names in [["Q4_1", "Q4_1", "Q4_1"], ["Q8_0", "Q8_0"], ["Q4_K", "Q4_K", "Q6_K"], ["Q4_0", "Q4_1", "Q8_0"]]:
         ws = [quantized_weight(rng, nm, n_out, n_in) for nm, n_out in zip(names, [37, 16, 80])]
-        for n_tok in [1, 2, 8, 17]:
+        for n_tok in [2, 8, 17]:
             x = activations(rng, n_tok, n_in)
-            outs = cpu.matmul_many([w[0] for w in ws], [w[1] for w in ws], n_in, x)
+            outs = cpu.matmul_many([w[0] for w in ws], [w[1] for w in ws], n_in, x, n_seq=2)
             for nm, (qtype, wq, wd), got in zip(names, ws, outs):
-                one = cpu.matmul(qtype, wq, n_in, x)
+                one = cpu.matmul(qtype, wq, n_in, x, n_seq=2)
                 np.testing.assert_array_equal(got.view(np.uint32), one.view(np.uint32), err_msg=f"{names} n_tok={n_tok}")
                 assert_float_rounding(got, *reference(nm, wq, wd, x), f"{names} n_tok={n_tok}")
+            exact = cpu.matmul_many([w[0] for w in ws], [w[1] for w in ws], n_in, x, n_seq=2, batch_invariant=True)
+            for (qtype, wq, _), got in zip(ws, exact):
+                np.testing.assert_array_equal(got.view(np.uint32), cpu.matmul(qtype, wq, n_in, x).view(np.uint32))
 
 
 def test_avx2_kernels():

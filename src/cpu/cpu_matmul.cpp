@@ -1,12 +1,10 @@
-// Quantized matmul on the CPU. Where this CPU has a fast kernel for the weight type
-// (cpu/gemm_fast.h: weight rows in the vector lanes), every batch goes through it, one token
-// included: it does the same operations for each token whatever else shares the batch, so a
-// token's result never depends on how the step was made up (prompt chunking, other sequences:
-// the engine's default mode is batch-invariant on the CPU), and it is faster than vec_dot even
-// for one token. Other types quantize the activations once to the weight type's vec_dot format;
-// a batch goes through the tiled kernel that matches vec_dot bit for bit where there is one
-// (cpu/gemm.h), otherwise every token is dotted against each row. Each output row is one kernel
-// call however the rows are chunked or merged, so neither ever changes a result.
+// Quantized matmul on the CPU: activations are quantized once to the weight type's vec_dot
+// format, then each thread takes chunks of weight rows. A batch goes through the tiled kernel
+// that matches vec_dot bit for bit where there is one (cpu/gemm.h); otherwise, and for a
+// single token, every token is dotted against each row (a row stays in cache meanwhile).
+// Each output row is one dot (or gemm) call however the rows are chunked or merged, so neither
+// ever changes a result. Batches of several sequences may instead take the fast kernels
+// (cpu/gemm_fast.h), which are not bit-identical to vec_dot (fast_batch below).
 #include <algorithm>
 #include <cmath>
 
@@ -17,6 +15,17 @@
 
 namespace ember {
 namespace {
+
+// Whether a batch of n_tok tokens may use the fast kernels, whose sums differ from vec_dot's in
+// the last bits (and, once the next matmul requantizes its input to int8, by a quantization step
+// here and there: greedy outputs drift from one-at-a-time ones as under any other kernel). One
+// sequence keeps the exact tiles: the Llama class is checked bit for bit against llama.cpp, and a
+// token's result must not depend on how its prompt was split into batches. The engine's
+// deterministic mode (batch_invariant) keeps them too: there a token's result must be the same
+// whatever else shares its step, a single token (vec_dot) included.
+bool fast_batch(const BatchInfo& batch, int32_t n_tok) {
+    return n_tok >= 2 && batch.n_seq > 1 && !batch.batch_invariant;
+}
 
 // Rows per hand-out of the fast kernel: whole row tiles, as few chunks as n_chunks allows (each
 // chunk transposes its rows' blocks once and quantizes nothing).
@@ -82,14 +91,16 @@ const uint8_t* CpuBackend::quantize_input(GGMLType type, const float* x, int64_t
 }
 
 void CpuBackend::matmul(const Weight& w, const float* x, int32_t n_tok, float* y) {
-    if (const FastGemm* k = fast_gemm_for(w.type)) {
-        const uint8_t* act = prepare_fast(pool_, act_q_, *k, x, w.n_in, n_tok);
-        const auto* wdata = static_cast<const uint8_t*>(w.data);
-        const size_t w_row = row_bytes(w.type, w.n_in);
-        pool_.parallel_for(w.n_out, fast_grain(w.n_out, n_chunks(), k->row_tile), [&](int64_t b, int64_t e) {
-            k->gemm(w.n_in, wdata, w_row, act, n_tok, b, e, y, w.n_out);
-        });
-        return;
+    if (fast_batch(batch_, n_tok)) {
+        if (const FastGemm* k = fast_gemm_for(w.type)) {
+            const uint8_t* act = prepare_fast(pool_, act_q_, *k, x, w.n_in, n_tok);
+            const auto* wdata = static_cast<const uint8_t*>(w.data);
+            const size_t w_row = row_bytes(w.type, w.n_in);
+            pool_.parallel_for(w.n_out, fast_grain(w.n_out, n_chunks(), k->row_tile), [&](int64_t b, int64_t e) {
+                k->gemm(w.n_in, wdata, w_row, act, n_tok, b, e, y, w.n_out);
+            });
+            return;
+        }
     }
     const CpuKernels& kern = cpu_kernels(w.type);
     const size_t x_row = row_bytes(kern.vec_dot_type, w.n_in);
@@ -124,17 +135,14 @@ int64_t CpuBackend::row_grain(int64_t n_rows, size_t w_row) const {
     return std::max<int64_t>(16, (int64_t)(n_rows / chunks));
 }
 
-// Several weights of one input (Q, K, V; gate, up): the input is prepared once and the rows of
-// all of them are handed out as one job, so the threads meet once instead of per weight (fast
-// kernels: any batch; vec_dot: one token).
+// One token (decode) through several weights of one input: the input is quantized once and the
+// rows of all of them are handed out as one job, so the threads meet once instead of per weight.
 void CpuBackend::matmul_many(const Weight* const* ws, float* const* ys, int count, const float* x, int32_t n_tok) {
-    if (matmul_many_fast(pool_, act_q_, n_chunks(), ws, ys, count, x, n_tok)) return;
+    if (fast_batch(batch_, n_tok) && matmul_many_fast(pool_, act_q_, n_chunks(), ws, ys, count, x, n_tok)) return;
     const GGMLType act = cpu_kernels(ws[0]->type).vec_dot_type;
-    // (a weight with a fast kernel takes it alone: its results must not depend on its neighbours)
     bool shared = n_tok == 1 && count > 1;
-    for (int i = 0; i < count; ++i)
-        shared = shared && !fast_gemm_for(ws[i]->type) && cpu_kernels(ws[i]->type).vec_dot_type == act &&
-                 ws[i]->n_in == ws[0]->n_in;
+    for (int i = 1; i < count; ++i)
+        shared = shared && cpu_kernels(ws[i]->type).vec_dot_type == act && ws[i]->n_in == ws[0]->n_in;
     if (!shared) {
         Backend::matmul_many(ws, ys, count, x, n_tok);
         return;

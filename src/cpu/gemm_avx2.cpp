@@ -1,5 +1,5 @@
-// AVX2 tiles of 1 weight row x 4 tokens for Q5_0, Q5_1 and the K-quants (Q4_K, Q5_K, Q6_K; Q4_0,
-// Q4_1 and Q8_0 have fast kernels, cpu/gemm_fast.h): each weight block is turned into bytes once for four
+// AVX2 tiles of 1 weight row x 4 tokens for the legacy 32-element types (Q4_0, Q4_1, Q5_0, Q5_1,
+// Q8_0) and the K-quants (Q4_K, Q5_K, Q6_K): each weight block is turned into bytes once for four
 // tokens. Every output keeps vec_dot_avx2.cpp's accumulators (legacy: even blocks, odd blocks,
 // the min term; K-quants: the scaled sums and the mins) and repeats their float operations in
 // their order, so it is bit-identical to it.
@@ -181,7 +181,9 @@ void gemm_k(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* x, size
 
 GemmFn gemm_avx2_for(VecDotFn dot) {
     static const GemmEntry kTiles[] = {
-        {GGMLType::Q5_0, gemm<Legacy::q5_0>}, {GGMLType::Q5_1, gemm<Legacy::q5_1>}, {GGMLType::Q4_K, gemm_k<GGMLType::Q4_K>},
+        {GGMLType::Q4_0, gemm<Legacy::q4_0>}, {GGMLType::Q4_1, gemm<Legacy::q4_1>},
+        {GGMLType::Q5_0, gemm<Legacy::q5_0>}, {GGMLType::Q5_1, gemm<Legacy::q5_1>},
+        {GGMLType::Q8_0, gemm<Legacy::q8_0>}, {GGMLType::Q4_K, gemm_k<GGMLType::Q4_K>},
         {GGMLType::Q5_K, gemm_k<GGMLType::Q5_K>}, {GGMLType::Q6_K, gemm_k<GGMLType::Q6_K>},
     };
     return gemm_lookup(dot, vec_dot_avx2, kTiles);

@@ -1,11 +1,12 @@
-// AVX-512 VNNI tiles of 2 weight rows x 4 tokens for Q5_0 and Q5_1 weights (the other quantized
-// types have fast kernels at this level, cpu/gemm_fast.h). Each output keeps its own accumulators and repeats vec_dot_avx512.cpp's float
+// AVX-512 VNNI tiles of 2 weight rows x 4 tokens for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K
+// weights. Each output keeps its own accumulators and repeats vec_dot_avx512.cpp's float
 // operations lane for lane (same products, FMAs, adds and reductions), so it is bit-identical
 // to it.
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/gemm.h"
@@ -18,6 +19,7 @@ namespace {
 
 constexpr int R = 2, C = 4;   // weight rows x tokens per tile: 16 zmm accumulators
 
+
 inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
 inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 inline __m128i load128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
@@ -25,11 +27,11 @@ inline __m512i join(__m256i lo, __m256i hi) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
-// Integer lane sums need only be exact, not computed as vec_dot does: the 5-bit weights are
-// unsigned and Q5_0's offset comes back through a per-token correction sum(off * x) that is
-// shared by all rows of the tile.
+// Integer lane sums need only be exact, not computed as vec_dot does: every operand here is
+// made unsigned (Q4 nibbles as they are, Q8_0 bytes + 128) and the offset comes back through
+// a per-token correction sum(off * x) that is shared by all rows of the tile.
 template <Legacy K> constexpr int offset() {
-    return K == Legacy::q5_0 ? 16 : 0;
+    return K == Legacy::q4_0 ? 8 : K == Legacy::q5_0 ? 16 : K == Legacy::q8_0 ? 128 : 0;
 }
 
 // Q5: bit 4 of element j comes from bit j of qh (a pair: bits 32..63 for the second block).
@@ -43,20 +45,30 @@ inline uint32_t qh_bits(const W& b) {
 // Weight bytes of blocks b and b + 1 in the activation pair layout (32 bytes per block).
 template <Legacy K, class W>
 inline __m512i weight_pair(const W* b) {
-    // 128-bit lanes: qs0, qs0 >> 4, qs1, qs1 >> 4, each masked to nibbles, bit 4 from qh
-    const __m512i q = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(load128(b[0].qs)), 0xFF00,
-                                                  load128(b[1].qs));
-    const __m512i nib = _mm512_and_si512(_mm512_mask_srli_epi16(q, 0xFF00FF00u, q, 4), _mm512_set1_epi8(0x0F));
-    const __mmask64 high = __mmask64(qh_bits(b[0])) | (__mmask64(qh_bits(b[1])) << 32);
-    return _mm512_mask_mov_epi8(nib, high, _mm512_or_si512(nib, _mm512_set1_epi8(0x10)));
+    if constexpr (K == Legacy::q8_0) {
+        return _mm512_xor_si512(join(load256(b[0].qs), load256(b[1].qs)), _mm512_set1_epi8(char(0x80)));
+    } else {
+        // 128-bit lanes: qs0, qs0 >> 4, qs1, qs1 >> 4, each masked to nibbles
+        const __m512i q = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(load128(b[0].qs)), 0xFF00,
+                                                      load128(b[1].qs));
+        const __m512i nib = _mm512_and_si512(_mm512_mask_srli_epi16(q, 0xFF00FF00u, q, 4), _mm512_set1_epi8(0x0F));
+        if constexpr (kQ5<K>) {
+            const __mmask64 high = __mmask64(qh_bits(b[0])) | (__mmask64(qh_bits(b[1])) << 32);
+            return _mm512_mask_mov_epi8(nib, high, _mm512_or_si512(nib, _mm512_set1_epi8(0x10)));
+        } else {
+            return nib;
+        }
+    }
 }
 
 template <Legacy K, class W>
 inline __m256i weight_one(const W& b) {
+    if constexpr (K == Legacy::q8_0) return _mm256_xor_si256(load256(b.qs), _mm256_set1_epi8(char(0x80)));
     const __m128i q = load128(b.qs);
     const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
     const __m256i nib = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
-    return _mm256_mask_mov_epi8(nib, qh_bits(b), _mm256_or_si256(nib, _mm256_set1_epi8(0x10)));
+    if constexpr (kQ5<K>) return _mm256_mask_mov_epi8(nib, qh_bits(b), _mm256_or_si256(nib, _mm256_set1_epi8(0x10)));
+    else return nib;
 }
 
 // The fp16 words of up to 4 consecutive block heads (bytes past n_blk blocks read as 0; the
@@ -232,12 +244,193 @@ void gemm(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* x, size_t
         });
 }
 
+// ---- K-quants x Q8_K ------------------------------------------------------------------------
+// Per super-block the tile decodes each row's weights and scale vectors once and runs the
+// vec_dot integer ops (maddubs, dpwssd: exact, no saturation) per token, so each token's
+// sumi lanes equal vec_dot's; the float steps per block and the reductions are vec_dot's.
+enum class KKind { q4_k, q5_k, q6_k };
+
+inline __m512i run_index(int first, int run) {
+    alignas(64) int16_t idx[32];
+    for (int l = 0; l < 32; ++l) idx[l] = int16_t(first + l / run);
+    return _mm512_load_si512(idx);
+}
+
+// sumi[r][c] += maddubs(wq[r], token c's 64 int8 at byte `off` of block i), pairs weighted by
+// sp[r] (vec_dot's integer step, one 64-value slice).
+__attribute__((always_inline)) inline void madd_slice(const __m512i (&wq)[R], const __m512i (&sp)[R],
+                                                      const BlockQ8_K* const* xb, int64_t i, int off,
+                                                      __m512i (&sumi)[R][C]) {
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) {
+        const __m512i xv = _mm512_loadu_si512(xb[c][i].qs + off);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) sumi[r][c] = _mm512_dpwssd_epi32(sumi[r][c], _mm512_maddubs_epi16(wq[r], xv), sp[r]);
+    }
+}
+
+// acc[r][c] += sumi[r][c] * d_w * d_x of block i (vec_dot's float step).
+template <class W>
+__attribute__((always_inline)) inline void scale_block(const W* const* w, const BlockQ8_K* const* xb, int64_t i,
+                                                       const __m512i (&sumi)[R][C], __m512 (&acc)[R][C]) {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+        const float dw = h2f(w[r][i].d);
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c)
+            acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[r][c]), _mm512_set1_ps(dw * xb[c][i].d), acc[r][c]);
+    }
+}
+
+// Q4_K/Q5_K: sumi of block i for the tile; the mins term goes separately (min_terms).
+template <bool Q5>
+__attribute__((always_inline)) inline void block_q45_k(const std::conditional_t<Q5, BlockQ5_K, BlockQ4_K>* const* w,
+                                                       const BlockQ8_K* const* xb, int64_t i, const __m512i (&idx)[4],
+                                                       __m512 (&acc)[R][C]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512i scales[R], qh2[R], sumi[R][C];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+        uint64_t sc, mn;
+        unpack_scales_k4(w[r][i].scales, sc, mn);
+        scales[r] = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(sc))));
+        if constexpr (Q5) {
+            const __m256i qh = load256(w[r][i].qh);
+            qh2[r] = join(qh, qh);
+        }
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) sumi[r][c] = _mm512_setzero_si512();
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) {
+        __m512i wq[R], sp[R];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+            const __m256i q = load256(w[r][i].qs + 32 * k);
+            wq[r] = _mm512_and_si512(join(q, _mm256_srli_epi16(q, 4)), m4);
+            if constexpr (Q5) {
+                const __m512i bits = join(_mm256_set1_epi8(char(1 << (2 * k))), _mm256_set1_epi8(char(2 << (2 * k))));
+                wq[r] = _mm512_mask_add_epi8(wq[r], _mm512_test_epi8_mask(qh2[r], bits), wq[r], _mm512_set1_epi8(16));
+            }
+            sp[r] = _mm512_permutexvar_epi16(idx[k], scales[r]);
+        }
+        madd_slice(wq, sp, xb, i, 64 * k, sumi);
+    }
+    scale_block(w, xb, i, sumi, acc);
+}
+
+// vec_dot's accm of one row for the C tokens (each its own FMA chain), then their horizontal
+// sums: out[c]. The row's scales are unpacked once for all tokens.
+template <class W>
+void min_terms(int64_t nb, const W* w, const BlockQ8_K* const* xb, float (&out)[C]) {
+    __m256 accm[C];
+    for (int c = 0; c < C; ++c) accm[c] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; ++i) {
+        uint64_t sc, mn;
+        unpack_scales_k4(w[i].scales, sc, mn);
+        const __m128i mn8 = _mm_cvtsi64_si128(int64_t(mn));
+        const __m256i mn16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));
+        const float dmin = h2f(w[i].dmin);
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) {
+            const __m256i prod_m = _mm256_madd_epi16(load256(xb[c][i].bsums), mn16);
+            accm[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(prod_m), _mm256_set1_ps(dmin * xb[c][i].d), accm[c]);
+        }
+    }
+    for (int c = 0; c < C; ++c) {
+        const __m128 m = _mm_add_ps(_mm256_castps256_ps128(accm[c]), _mm256_extractf128_ps(accm[c], 1));
+        const __m128 m2 = _mm_add_ps(m, _mm_movehl_ps(m, m));
+        out[c] = _mm_cvtss_f32(_mm_add_ss(m2, _mm_shuffle_ps(m2, m2, 1)));
+    }
+}
+
+__attribute__((always_inline)) inline void block_q6_k(const BlockQ6_K* const* w, const BlockQ8_K* const* xb, int64_t i,
+                                                      const __m512i (&idx)[4], __m512 (&acc)[R][C]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(0x03);
+    __m512i scales[R], sumi[R][C];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+        const __m256i sc16 = _mm256_cvtepi8_epi16(load128(w[r][i].scales));
+        scales[r] = _mm512_castsi256_si512(sc16);
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) {
+            const __m256i bias = _mm256_madd_epi16(sc16, load256(xb[c][i].bsums));
+            sumi[r][c] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(_mm512_zextsi256_si512(bias), 5));
+        }
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+        __m512i w01[R], w23[R];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+            const __m512i ql = _mm512_loadu_si512(w[r][i].ql + 64 * h);
+            const __m256i qh = load256(w[r][i].qh + 32 * h);
+            const __m512i qh01 = _mm512_and_si512(join(qh, _mm256_srli_epi16(qh, 2)), m2);
+            const __m512i qh23 = _mm512_and_si512(join(_mm256_srli_epi16(qh, 4), _mm256_srli_epi16(qh, 6)), m2);
+            w01[r] = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_slli_epi16(qh01, 4));
+            w23[r] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), _mm512_slli_epi16(qh23, 4));
+        }
+#pragma GCC unroll 2
+        for (int j = 0; j < 2; ++j) {
+            __m512i sp[R];
+#pragma GCC unroll 4
+            for (int r = 0; r < R; ++r) sp[r] = _mm512_permutexvar_epi16(idx[2 * h + j], scales[r]);
+            madd_slice(j ? w23 : w01, sp, xb, i, 128 * h + 64 * j, sumi);
+        }
+    }
+    scale_block(w, xb, i, sumi, acc);
+}
+
+template <KKind K> struct KBlock;
+template <> struct KBlock<KKind::q4_k> { using W = BlockQ4_K; static constexpr GGMLType type = GGMLType::Q4_K; };
+template <> struct KBlock<KKind::q5_k> { using W = BlockQ5_K; static constexpr GGMLType type = GGMLType::Q5_K; };
+template <> struct KBlock<KKind::q6_k> { using W = BlockQ6_K; static constexpr GGMLType type = GGMLType::Q6_K; };
+
+// y[c * n_out + r] for the tile's R rows and C tokens.
+template <KKind K>
+void tile_k(int64_t nb, const uint8_t* const* wrow, const uint8_t* const* x, float* y, int64_t n_out) {
+    using W = typename KBlock<K>::W;
+    const W* w[R];
+    const BlockQ8_K* xb[C];
+    for (int r = 0; r < R; ++r) w[r] = reinterpret_cast<const W*>(wrow[r]);
+    for (int c = 0; c < C; ++c) xb[c] = reinterpret_cast<const BlockQ8_K*>(x[c]);
+    __m512i idx[4];
+    for (int k = 0; k < 4; ++k) idx[k] = K == KKind::q6_k ? run_index(4 * k, 8) : run_index(2 * k, 16);
+    __m512 acc[R][C];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; ++i) {
+        if constexpr (K == KKind::q6_k) block_q6_k(w, xb, i, idx, acc);
+        else block_q45_k<K == KKind::q5_k>(w, xb, i, idx, acc);
+    }
+    for (int r = 0; r < R; ++r) {
+        float mins[C] = {};
+        if constexpr (K != KKind::q6_k) min_terms(nb, w[r], xb, mins);
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) y[c * n_out + r] = _mm512_reduce_add_ps(acc[r][c]) - mins[c];
+    }
+}
+
+template <KKind K>
+void gemm_k(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* x, size_t x_row, int32_t n_tok,
+            int64_t o_begin, int64_t o_end, float* y, int64_t n_out) {
+    const int64_t nb = n_in / QK_K;
+    run_tiles<R, C>(
+        n_in, w, w_row, x, x_row, n_tok, o_begin, o_end, y, n_out, vec_dot_avx512(KBlock<K>::type),
+        [](const uint8_t* const*) {},
+        [&](const uint8_t* const* wr, const uint8_t* const* xt, float* yt) { tile_k<K>(nb, wr, xt, yt, n_out); });
+}
+
 }  // namespace
 
 GemmFn gemm_avx512_for(VecDotFn dot) {
     static const GemmEntry kTiles[] = {
-        {GGMLType::Q5_0, gemm<Legacy::q5_0>},
-        {GGMLType::Q5_1, gemm<Legacy::q5_1>},
+        {GGMLType::Q4_0, gemm<Legacy::q4_0>}, {GGMLType::Q4_1, gemm<Legacy::q4_1>},
+        {GGMLType::Q5_0, gemm<Legacy::q5_0>}, {GGMLType::Q5_1, gemm<Legacy::q5_1>},
+        {GGMLType::Q8_0, gemm<Legacy::q8_0>}, {GGMLType::Q4_K, gemm_k<KKind::q4_k>},
+        {GGMLType::Q5_K, gemm_k<KKind::q5_k>}, {GGMLType::Q6_K, gemm_k<KKind::q6_k>},
     };
     return gemm_lookup(dot, vec_dot_avx512, kTiles);
 }
