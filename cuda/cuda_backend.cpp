@@ -163,9 +163,10 @@ public:
         issue_uploads();   // (a pending upload may write p)
         if (p) EMBER_CUDA_CHECK(cudaFree(p));
     }
-    // Small copies wait in pinned memory as pending uploads (see issue_uploads); larger ones go now.
+    // Small copies wait in pinned memory as pending uploads (see issue_uploads); larger ones, and
+    // any from memory already pinned (host KV blocks: no bounce copy, no wait for room), go now.
     void copy_from_host(void* dst, const void* src, size_t bytes) override {
-        if (void* p = pinned_input(bytes)) {
+        if (void* p = is_pinned(src, bytes) ? nullptr : pinned_input(bytes)) {
             std::memcpy(p, src, bytes);
             add_upload(dst, p, bytes);
             return;
@@ -184,6 +185,15 @@ public:
         EMBER_CUDA_CHECK(cudaMemcpyAsync(to, src, bytes, cudaMemcpyDeviceToHost, stream_));
         EMBER_CUDA_CHECK(cudaStreamSynchronize(stream_));
         if (to != dst) std::memcpy(dst, to, bytes);
+    }
+    // Into pinned memory the copy runs behind the ops; pageable memory takes the synchronous path.
+    void copy_to_host_async(void* dst, const void* src, size_t bytes) override {
+        if (!is_pinned(dst, bytes)) {
+            copy_to_host(dst, src, bytes);
+            return;
+        }
+        issue_uploads();
+        EMBER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
     }
     void copy(void* dst, const void* src, size_t bytes) override {
         issue_uploads();

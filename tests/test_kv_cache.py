@@ -1,7 +1,8 @@
 """The paged-KV bookkeeping (src/kv): the block pool's refcounts, free list and LRU prefix cache,
-block_key, and KVCache's sequences (reserve/commit, prefix matching, truncate, fork with copy on
-write) over the simulated storage of _ember_test.KVCache (each block holds the token ids written
-into it, so a copy or a stray write shows up in the content)."""
+block_key, the host tier's slots, and KVCache's sequences (reserve/commit, prefix matching,
+truncate, fork with copy on write, swapping out to the host tier and back, evicted blocks kept
+there) over the simulated storage of _ember_test.KVCache (each block and host slot holds the token
+ids written into it, so a copy or a stray write shows up in the content)."""
 import pytest
 
 from conftest import kernel_module, rng_for
@@ -10,8 +11,10 @@ K = kernel_module()
 
 
 def feed(kv, seq, tokens):
-    """Reserve room for `tokens` and commit them (the engine's write step)."""
+    """Reserve room for `tokens` and commit them (the engine's write step: the copies to and from
+    the host tier queued by then run before the forward writes the KV)."""
     assert kv.reserve(seq, len(tokens))
+    kv.flush_host_copies()
     kv.commit(seq, list(tokens))
 
 
@@ -516,6 +519,273 @@ def test_match_prefix_on_reserved_sequence_raises():
         kv.match_prefix(1, [1, 2, 3, 4, 5])
 
 
+# --- HostTier ----------------------------------------------------------------------------------
+
+def test_host_tier_take_prefers_free_slots_then_coldest_cached():
+    h = K.HostTier(4)
+    assert h.take(2) == [0, 1]
+    assert h.store(100) == 2 and h.store(101) == 3
+    assert h.stats() == dict(n_slots=4, n_used=2, n_cached=2, n_free=0, lookups=0, hits=0, stores=2)
+    assert h.store(102) == 2, "full of owned slots but for two cached ones: the coldest is replaced"
+    assert h.lookup(100) == -1 and h.lookup(101) == 3 and h.lookup(102) == 2
+    h.end_step()
+    # 101 was looked up before 102: it is now the colder of the two.
+    assert h.take(1) == [3] and h.lookup(101) == -1 and h.n_available == 1
+    assert h.take(2) == [], "fewer than asked for: nothing taken"
+    assert h.stats()["n_used"] == 3 and h.stats()["n_cached"] == 1
+    h.give_back(0)
+    assert h.n_available == 2 and h.take(2) == [0, 2]
+
+
+def test_host_tier_store_known_key_refreshes_it():
+    h = K.HostTier(2)
+    assert h.store(1) == 0 and h.store(2) == 1
+    assert h.store(1) == -1, "cached already: no copy needed"
+    assert h.store(3) == 1, "2 is now the coldest"
+    assert h.lookup(1) == 0 and h.lookup(2) == -1
+    s = h.stats()
+    assert (s["stores"], s["lookups"], s["hits"]) == (3, 2, 1)
+
+
+def test_host_tier_pins_last_until_end_of_step():
+    h = K.HostTier(3)
+    assert h.store(7) == 0 and h.store(8) == 1
+    owned = h.take(1)
+    assert owned == [2]
+    assert h.lookup(7) == 0   # pinned: its bytes are still to be copied out
+    assert h.n_available == 1
+    assert h.store(9) == 1, "the pinned slot is skipped"
+    assert h.store(10) == 1
+    h.pin(2)
+    h.give_back(2)
+    assert h.n_available == 1 and h.take(2) == [], "a given-back slot that is pinned is not free yet"
+    assert h.stats()["n_free"] == 1
+    h.end_step()
+    assert h.n_available == 3 and sorted(h.take(3)) == [0, 1, 2]
+
+
+def test_host_tier_clear_cache():
+    h = K.HostTier(3)
+    assert h.store(1) == 0 and h.store(2) == 1
+    assert h.lookup(1) == 0
+    h.clear_cache()
+    assert h.stats()["n_cached"] == 0 and h.lookup(2) == -1
+    assert h.take(3) == [], "slot 0 stays pinned until the step ends"
+    h.end_step()
+    assert len(h.take(3)) == 3
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda h: K.HostTier(-1), "n_slots must be >= 0, got -1"),
+    (lambda h: h.take(-1), "n must be >= 0, got -1"),
+    (lambda h: h.give_back(1), "slot 1 is not owned"),
+    (lambda h: h.give_back(4), r"slot 4 out of range \[0, 4\)"),
+    (lambda h: h.pin(3), "slot 3 is free"),
+    (lambda h: h.pin(-1), "out of range"),
+])
+def test_host_tier_bad_inputs(call, message):
+    h = K.HostTier(4)
+    h.take(1)
+    with pytest.raises(ValueError, match=message):
+        call(h)
+    assert h.stats()["n_used"] == 1
+
+
+# --- KVCache with a host tier ----------------------------------------------------------------------
+
+def host_state(kv):
+    s = kv.host_stats()
+    return s["n_used"], s["n_cached"], s["n_free"]
+
+
+def test_swap_out_and_back_keeps_the_bytes():
+    kv = K.KVCache(6, 4, host_slots=4)
+    tokens = list(range(10, 20))   # 2 full blocks + 2
+    kv.add(0)
+    feed(kv, 0, tokens)
+    old = kv.blocks(0)
+    assert kv.swap_out(0) and kv.swapped(0)
+    assert kv.blocks(0) == [] and kv.tokens(0) == tokens and kv.n_tokens(0) == 10
+    s = kv.stats()
+    assert (s["n_used"], s["n_cached"]) == (0, 2), "its full blocks stay in the prefix cache"
+    assert host_state(kv) == (3, 0, 1) and kv.host_copies_pending and kv.host_copies == []
+    kv.flush_host_copies()
+    assert kv.host_copies == [(True, list(zip(old, [0, 1, 2])))]
+    assert [kv.host_content(i) for i in range(3)] == [tokens[:4], tokens[4:8], tokens[8:] + [-1, -1]]
+    # Its cached full blocks count: mapping them back takes them off the pool's LRU list.
+    assert kv.blocks_needed(0, 0) == 3 and kv.blocks_needed(0, 3) == 4
+    kv.add(1)
+    feed(kv, 1, list(range(100, 120)))   # 5 of the 6 blocks: its second block is evicted to the host
+    assert kv.stats()["evictions"] == 1 and host_state(kv) == (3, 1, 0)
+    assert kv.host_copies[-1] == (True, [(old[1], 3)])
+    assert not kv.swap_in(0), "one block left"
+    kv.remove(1)
+    assert kv.swap_in(0) and not kv.swapped(0)
+    assert kv.blocks(0)[0] == old[0], "its first block, still cached, is mapped back"
+    # Its two new blocks evicted sequence 1's last two cached blocks to the host: into slot 0, given
+    # back, and slot 3, the coldest cached one (slot 1, given back too, is still to be read).
+    assert host_state(kv) == (0, 2, 2)
+    kv.flush_host_copies()
+    to_host, from_host = kv.host_copies[-2:]
+    assert to_host[0] and [slot for _, slot in to_host[1]] == [0, 3]
+    assert from_host == (False, [(1, kv.blocks(0)[1]), (2, kv.blocks(0)[2])])
+    assert kv.host_content(0) == list(range(116, 120)) and kv.host_content(3) == list(range(112, 116))
+    assert stored(kv, 0) == tokens
+    assert all(kv.published(b) for b in kv.blocks(0)[:2]) and not kv.published(kv.blocks(0)[2])
+    feed(kv, 0, [20, 21, 22])
+    assert stored(kv, 0) == tokens + [20, 21, 22]
+
+
+def test_swap_in_maps_blocks_still_cached_or_shared():
+    kv = K.KVCache(8, 4, host_slots=8)
+    prompt = list(range(12))
+    kv.add(0)
+    feed(kv, 0, prompt + [50])
+    kv.add(1)
+    assert kv.match_prefix(1, prompt + [60]) == 12
+    feed(kv, 1, [60])
+    shared = kv.blocks(1)[:3]
+    assert kv.swap_out(1)
+    kv.flush_host_copies()
+    assert kv.blocks_needed(1, 1) == 1, "three blocks held by sequence 0, one new"
+    assert kv.swap_in(1)
+    assert kv.blocks(1)[:3] == shared and all(kv.refs(b) == 2 for b in shared)
+    assert not kv.host_copies_pending or len(kv.host_copies) == 1
+    kv.flush_host_copies()
+    assert kv.host_copies[-1] == (False, [(3, kv.blocks(1)[3])]), "only the partial block is copied back"
+    assert stored(kv, 1) == prompt + [60]
+
+
+def test_swap_out_without_room_changes_nothing():
+    kv = K.KVCache(8, 4, host_slots=2)
+    kv.add(0)
+    feed(kv, 0, list(range(9)))   # 3 blocks
+    blocks = kv.blocks(0)
+    assert not kv.swap_out(0)
+    assert kv.blocks(0) == blocks and not kv.swapped(0) and host_state(kv) == (0, 0, 2)
+    assert not kv.host_copies_pending
+    plain = K.KVCache(8, 4)
+    plain.add(0)
+    feed(plain, 0, [1, 2])
+    assert not plain.swap_out(0) and plain.host_stats() is None, "no host tier: never swapped"
+
+
+def test_remove_of_a_swapped_sequence_frees_its_slots():
+    kv = K.KVCache(8, 4, host_slots=4)
+    kv.add(0)
+    feed(kv, 0, list(range(6)))
+    assert kv.swap_out(0)
+    assert host_state(kv) == (2, 0, 2)
+    kv.remove(0)
+    assert not kv.has(0) and host_state(kv) == (0, 0, 4)
+    kv.flush_host_copies()   # the queued copies into freed slots are harmless
+    assert kv.stats()["n_used"] == 0
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda kv: kv.reserve(1, 1), "reserve: sequence 1 is swapped out"),
+    (lambda kv: kv.commit(1, [5]), "commit: sequence 1 is swapped out"),
+    (lambda kv: kv.truncate(1, 1), "truncate: sequence 1 is swapped out"),
+    (lambda kv: kv.fork(1, 3), "fork: sequence 1 is swapped out"),
+    (lambda kv: kv.swap_out(1), "swap_out: sequence 1 is swapped out"),
+    (lambda kv: kv.swap_in(2), "swap_in: sequence 2 is not swapped out"),
+    (lambda kv: kv.swap_in(9), "swap_in: unknown sequence 9"),
+])
+def test_swapped_sequence_bad_inputs(call, message):
+    kv = K.KVCache(8, 4, host_slots=4)
+    kv.add(1)
+    kv.add(2)
+    feed(kv, 1, [1, 2, 3])
+    assert kv.swap_out(1)
+    before = (kv.stats(), kv.host_stats(), kv.tokens(1), kv.n_sequences)
+    with pytest.raises(ValueError, match=message):
+        call(kv)
+    assert (kv.stats(), kv.host_stats(), kv.tokens(1), kv.n_sequences) == before
+
+
+def test_evicted_prefix_blocks_come_back_from_the_host():
+    kv = K.KVCache(4, 4, host_slots=8)
+    prompt = list(range(8)) + [99]   # 2 full blocks + 1
+    kv.add(0)
+    feed(kv, 0, prompt)
+    kv.remove(0)
+    kv.add(1)
+    feed(kv, 1, list(range(100, 116)))   # takes every block: the two cached ones are evicted
+    assert kv.stats()["evictions"] == 2 and host_state(kv) == (0, 2, 6)
+    kv.flush_host_copies()
+    kv.remove(1)
+    kv.add(2)
+    assert kv.match_prefix(2, prompt) == 8
+    assert kv.host_stats()["hits"] == 2 and kv.stats()["hits"] == 0
+    assert all(kv.published(b) for b in kv.blocks(2)), "published again in the device cache"
+    kv.flush_host_copies()
+    assert stored(kv, 2) == prompt[:8]
+    # Kept on the host as well: evicting them again copies nothing.
+    hit_blocks = kv.blocks(2)
+    kv.remove(2)
+    kv.add(3)
+    feed(kv, 3, list(range(200, 216)))
+    assert kv.host_stats()["stores"] == 6, "only the two blocks of sequence 1 still on the device"
+    assert not set(hit_blocks) & {block for block, _ in kv.host_copies[-1][1]}
+
+
+def test_eviction_and_host_hit_in_one_flush_copy_in_order():
+    # The block a host hit is copied into is one the prefix cache evicts to the host in the same
+    # step: the copy out runs first.
+    kv = K.KVCache(2, 2, host_slots=4)
+    a, b = [1, 2, 3], [4, 5, 6, 7]
+    kv.add(0)
+    feed(kv, 0, a)
+    kv.remove(0)                # [1, 2] cached
+    kv.add(1)
+    feed(kv, 1, b)              # evicts [1, 2] to host slot 0
+    kv.remove(1)                # [6, 7] then [4, 5] cached
+    kv.add(2)
+    assert kv.match_prefix(2, a) == 2
+    into = kv.blocks(2)[0]
+    kv.flush_host_copies()
+    assert kv.host_copies[-2:] == [(True, [(into, 1)]), (False, [(0, into)])]
+    assert kv.host_content(1) == [6, 7] and stored(kv, 2) == [1, 2]
+    kv.remove(2)                # [1, 2] cached on the device and on the host
+    kv.add(3)
+    assert kv.match_prefix(3, b + [8]) == 4, "[4, 5] from the device, [6, 7] from the host"
+    assert kv.stats()["hits"] == 1 and kv.host_stats()["hits"] == 2
+    assert kv.host_stats()["stores"] == 2, "evicting [1, 2] again copies nothing"
+    kv.flush_host_copies()
+    assert stored(kv, 3) == b
+
+
+def test_block_filled_from_the_host_is_not_copied_out_before_it_lands():
+    kv = K.KVCache(2, 2, host_slots=1)
+    kv.add(0)
+    feed(kv, 0, [1, 2, 3])
+    kv.remove(0)
+    kv.add(1)
+    feed(kv, 1, [7, 8, 9])      # evicts [1, 2] to the host's only slot
+    kv.flush_host_copies()
+    kv.remove(1)                # [7, 8] cached
+    kv.add(2)
+    assert kv.match_prefix(2, [1, 2, 3]) == 2
+    kv.remove(2)                # the hit's block is cached again, its bytes not there yet
+    kv.add(3)
+    assert kv.reserve(3, 4)     # evicts both: [7, 8] finds no free slot, the hit's block is skipped
+    assert kv.host_stats()["stores"] == 1
+    kv.flush_host_copies()
+    assert kv.host_content(0) == [1, 2]
+
+
+def test_copy_on_write_runs_the_queued_copies_first():
+    kv = K.KVCache(3, 2, host_slots=2)
+    kv.add(0)
+    feed(kv, 0, [1, 2])
+    kv.remove(0)                # [1, 2] cached
+    kv.add(1)
+    feed(kv, 1, [5, 6, 7])      # 2 blocks
+    assert kv.fork(1, 2), "the copy of the partial block evicts [1, 2]: copied out first"
+    assert not kv.host_copies_pending
+    assert kv.host_content(0) == [1, 2] and stored(kv, 2) == [5, 6, 7]
+
+
 # --- randomized ----------------------------------------------------------------------------------
 
 class Model:
@@ -525,6 +795,7 @@ class Model:
     def __init__(self, kv, n_blocks, bs):
         self.kv, self.n_blocks, self.bs = kv, n_blocks, bs
         self.seqs = {}
+        self.swapped = set()   # sequences swapped out to the host tier: no blocks, a slot per block
 
     def check(self):
         kv, bs = self.kv, self.bs
@@ -533,6 +804,10 @@ class Model:
         for seq, toks in self.seqs.items():
             blocks = kv.blocks(seq)
             assert kv.tokens(seq) == toks and kv.n_tokens(seq) == len(toks)
+            assert kv.swapped(seq) == (seq in self.swapped)
+            if seq in self.swapped:
+                assert blocks == []
+                continue
             assert len(blocks) >= -(-len(toks) // bs)
             assert len(set(blocks)) == len(blocks), f"sequence {seq} names a block twice: {blocks}"
             assert stored(kv, seq) == toks, f"sequence {seq}'s KV was overwritten"
@@ -545,6 +820,10 @@ class Model:
         assert (s["n_used"], s["n_cached"]) == (len(count), cached)
         assert s["n_used"] + s["n_cached"] + s["n_free"] == self.n_blocks
         assert kv.n_available == s["n_free"] + s["n_cached"]
+        h = kv.host_stats()
+        if h is not None:
+            assert h["n_used"] == sum(-(-len(self.seqs[seq]) // bs) for seq in self.swapped)
+            assert h["n_used"] + h["n_cached"] + h["n_free"] == h["n_slots"]
 
 
 @pytest.mark.parametrize("bs, prefix_caching", [(1, True), (4, True), (16, True), (4, False)])
@@ -632,3 +911,82 @@ def test_random_sequences_against_model(bs, prefix_caching):
     model.check()
     s = kv.stats()
     assert s["n_used"] == 0 and s["n_free"] + s["n_cached"] == n_blocks
+
+
+@pytest.mark.parametrize("bs, host_slots", [(1, 24), (4, 12), (4, 40)])
+def test_random_sequences_with_host_tier(bs, host_slots):
+    """The engine's use of the cache: steps of sequences that grow, with prefix matches (device and
+    host tier), preemption by swapping out (or removal when the tier is full), swaps back in and
+    removals; the queued copies run once a step, before its writes."""
+    rng = rng_for("kv_host_stress", bs, host_slots)
+    n_blocks = 24
+    kv = K.KVCache(n_blocks, bs, salt=5, host_slots=host_slots)
+    model = Model(kv, n_blocks, bs)
+    bases = [rng.integers(0, 50, int(rng.integers(2 * bs, 6 * bs + 2))).tolist() for _ in range(3)]
+    pending = {}
+    next_id = 0
+    ops = dict(add=0, feed=0, swap_out=0, swap_in=0, recompute=0, remove=0)
+
+    def remove(seq):
+        kv.remove(seq)
+        del model.seqs[seq], pending[seq]
+        model.swapped.discard(seq)
+        ops["remove"] += 1
+
+    for _ in range(1500):
+        op = rng.choice(["add", "feed", "swap_in", "remove", "step"], p=[.15, .45, .15, .1, .15])
+        resident = [q for q in model.seqs if q not in model.swapped]
+        swapped = sorted(model.swapped)
+        if op == "add" or not model.seqs:
+            seq, next_id = next_id, next_id + 1
+            kv.add(seq)
+            base = bases[int(rng.integers(len(bases)))]
+            prompt = base[:int(rng.integers(0, len(base) + 1))] + rng.integers(0, 50, int(rng.integers(0, 2 * bs))).tolist()
+            m = kv.match_prefix(seq, prompt)
+            assert m % bs == 0 and m <= max(len(prompt) - 1, 0)
+            model.seqs[seq], pending[seq] = prompt[:m], prompt[m:]
+            ops["add"] += 1
+        elif op == "feed" and resident:
+            pick = resident[int(rng.integers(len(resident)))]
+            n = int(rng.integers(1, 2 * bs + 2))
+            need, avail = kv.blocks_needed(pick, n), kv.n_available
+            if kv.reserve(pick, n):
+                kv.flush_host_copies()
+                toks = (pending[pick] + rng.integers(0, 50, n).tolist())[:n]
+                pending[pick] = pending[pick][n:]
+                kv.commit(pick, toks)
+                model.seqs[pick] = model.seqs[pick] + toks
+                ops["feed"] += 1
+            else:
+                assert need > avail
+                victim = resident[int(rng.integers(len(resident)))]
+                if kv.swap_out(victim):
+                    model.swapped.add(victim)
+                    ops["swap_out"] += 1
+                else:
+                    remove(victim)
+                    ops["recompute"] += 1
+        elif op == "swap_in" and swapped:
+            pick = swapped[int(rng.integers(len(swapped)))]
+            need, avail = kv.blocks_needed(pick, 0), kv.n_available
+            ok = kv.swap_in(pick)
+            assert ok == (need <= avail)
+            if ok:
+                assert kv.n_available == avail - need
+                model.swapped.discard(pick)
+                ops["swap_in"] += 1
+        elif op == "remove":
+            seqs = list(model.seqs)
+            remove(seqs[int(rng.integers(len(seqs)))])
+        else:
+            kv.flush_host_copies()
+            model.check()
+    kv.flush_host_copies()
+    model.check()
+    print(ops, kv.stats(), kv.host_stats())
+    assert ops["swap_out"] > 20 and ops["swap_in"] > 10 and kv.host_stats()["hits"] > 0
+    for seq in list(model.seqs):
+        remove(seq)
+    model.check()
+    h = kv.host_stats()
+    assert kv.stats()["n_used"] == 0 and h["n_used"] == 0 and h["n_cached"] + h["n_free"] == host_slots

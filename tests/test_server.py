@@ -3,6 +3,7 @@ TestClient, the SSE format, OpenAI's error bodies, the API key, a full queue, cl
 cancelling their requests (on a live uvicorn server), the official openai client, and the
 `ember-server` command itself."""
 import asyncio
+import concurrent.futures
 import contextlib
 import http.client
 import json
@@ -308,7 +309,8 @@ def test_metrics(client, engine):
             name, value = line.rsplit(" ", 1)
             values[name] = float(value)
     for name in ("num_requests_running", "num_requests_waiting", "prompt_tokens_total", "generation_tokens_total",
-                 "kv_blocks_used", "kv_blocks_cached", "prefix_cache_hits_total",
+                 "kv_blocks_used", "kv_blocks_cached", "prefix_cache_hits_total", "kv_swaps_out_total",
+                 "kv_swaps_in_total", "kv_host_blocks_total", "kv_host_cache_hits_total",
                  "time_to_first_token_seconds_count", "inter_token_latency_seconds_count"):
         assert f"ember:{name}" in values, name
     assert values["ember:time_to_first_token_seconds_count"] >= 1
@@ -595,3 +597,23 @@ def test_command_fails_in_one_line(tmp_path):
                         "--port", str(free_port())], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1
     assert r.stderr.strip().splitlines()[-1].startswith("ember-server: error:") and "Traceback" not in r.stderr
+
+
+def test_metrics_count_host_tier_swaps(smollm2_path):
+    """A pool of 8 blocks for 4 sequences that each need 5: preempted sequences swap out to the
+    host tier and back, and /metrics counts it."""
+    with LLM(smollm2_path, n_ctx=128, n_threads=2, max_num_seqs=4, kv_mb=3, kv_host_mb=16) as small:
+        engine = AsyncLLMEngine.from_llm(small)
+        try:
+            with TestClient(create_app(engine)) as c:
+                body = {"prompt": PROMPT, "max_tokens": 60, "temperature": 0, "ignore_eos": True}
+                with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                    replies = list(pool.map(lambda _: c.post("/v1/completions", json=body), range(4)))
+                assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
+                values = dict(line.rsplit(" ", 1) for line in c.get("/metrics").text.splitlines()
+                              if line.startswith("ember:kv_"))
+        finally:
+            engine.shutdown()
+    assert float(values["ember:kv_swaps_out_total"]) > 0
+    assert values["ember:kv_swaps_in_total"] == values["ember:kv_swaps_out_total"]
+    assert float(values["ember:kv_host_blocks_used"]) == 0

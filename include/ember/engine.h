@@ -1,8 +1,8 @@
 // The continuous-batching engine: many requests share one model, one paged KV pool (with a
 // prefix cache) and every forward step. A loop thread of its own admits requests, builds each
 // step under a token budget (decodes first, then chunked prefill), samples every sequence in
-// C++, preempts the newest sequence when KV blocks run out (it is recomputed later), and hands
-// tokens out through a thread-safe queue.
+// C++, preempts the newest sequence when KV blocks run out (swapped out to a host tier and back,
+// or recomputed later), and hands tokens out through a thread-safe queue.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -25,6 +25,10 @@ struct EngineParams {
     // max_num_seqs full sequences, at most kDefaultKvMiB (but always one full sequence).
     int32_t kv_blocks = 0;
     double kv_mb = 0.0;
+    // The host tier, in MiB of host memory (pinned on CUDA); 0: none. A preempted sequence's
+    // blocks are swapped out to it instead of being recomputed, and blocks the prefix cache
+    // evicts are kept there and found again.
+    double kv_host_mb = 0.0;
     GGMLType type_k = GGMLType::F16, type_v = GGMLType::F16;
     bool enable_prefix_caching = true;
     // Same tokens for a request whether it runs alone or in any batch (batch-invariant kernels).
@@ -62,7 +66,11 @@ struct EngineStats {
     int32_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_cached = 0;
     int64_t prefix_cache_queries = 0, prefix_cache_hits = 0;   // full blocks looked up / found
     int64_t cached_prompt_tokens = 0;
-    int64_t preemptions = 0;
+    int64_t preemptions = 0;                            // swapped out or freed for recompute
+    int32_t swapped = 0;                                // of `waiting`: swapped out to the host tier
+    int64_t swaps_out = 0, swaps_in = 0;                // sequences
+    int32_t host_blocks_total = 0, host_blocks_used = 0, host_blocks_cached = 0;
+    int64_t host_cache_hits = 0;                        // prefix blocks copied back from the host tier
     int64_t prompt_tokens = 0, generation_tokens = 0;   // computed by forward steps / sampled
     int64_t steps = 0;
 };

@@ -37,10 +37,10 @@ void bind_engine(nb::module_& m) {
         });
 
     nb::class_<Engine>(m, "Engine",
-        "Continuous batching over one model: requests share the paged KV pool (with prefix caching) "
-        "and every forward step; a loop thread of its own runs the steps.")
+        "Continuous batching over one model: requests share the paged KV pool (with prefix caching and "
+        "an optional host tier, kv_host_mb) and every forward step; a loop thread of its own runs the steps.")
         .def(nb::new_([](std::shared_ptr<Model> model, int n_ctx, int max_num_seqs, int max_num_batched_tokens,
-                         int n_threads, int kv_block_size, int kv_blocks, double kv_mb,
+                         int n_threads, int kv_block_size, int kv_blocks, double kv_mb, double kv_host_mb,
                          const std::optional<std::string>& type_k, const std::optional<std::string>& type_v,
                          bool enable_prefix_caching, bool deterministic, bool offload_kqv) {
                  EngineParams p;
@@ -51,6 +51,7 @@ void bind_engine(nb::module_& m) {
                  p.kv_block_size = kv_block_size;
                  p.kv_blocks = kv_blocks;
                  p.kv_mb = kv_mb;
+                 p.kv_host_mb = kv_host_mb;
                  const KVTypes t = kv_types_arg(std::nullopt, type_k, type_v);
                  p.type_k = t.k;
                  p.type_v = t.v;
@@ -61,7 +62,8 @@ void bind_engine(nb::module_& m) {
                  return std::make_shared<Engine>(std::move(model), p);
              }),
              "model"_a, nb::kw_only(), "n_ctx"_a = 4096, "max_num_seqs"_a = 64, "max_num_batched_tokens"_a = 512,
-             "n_threads"_a = 0, "kv_block_size"_a = 16, "kv_blocks"_a = 0, "kv_mb"_a = 0.0, "type_k"_a = nb::none(),
+             "n_threads"_a = 0, "kv_block_size"_a = 16, "kv_blocks"_a = 0, "kv_mb"_a = 0.0, "kv_host_mb"_a = 0.0,
+             "type_k"_a = nb::none(),
              "type_v"_a = nb::none(), "enable_prefix_caching"_a = true, "deterministic"_a = false,
              "offload_kqv"_a = true)
         .def("add_request",
@@ -108,6 +110,13 @@ void bind_engine(nb::module_& m) {
                  d["prefix_cache_hits"] = s.prefix_cache_hits;
                  d["cached_prompt_tokens"] = s.cached_prompt_tokens;
                  d["preemptions"] = s.preemptions;
+                 d["swapped"] = s.swapped;
+                 d["swaps_out"] = s.swaps_out;
+                 d["swaps_in"] = s.swaps_in;
+                 d["host_blocks_total"] = s.host_blocks_total;
+                 d["host_blocks_used"] = s.host_blocks_used;
+                 d["host_blocks_cached"] = s.host_blocks_cached;
+                 d["host_cache_hits"] = s.host_cache_hits;
                  d["prompt_tokens"] = s.prompt_tokens;
                  d["generation_tokens"] = s.generation_tokens;
                  d["steps"] = s.steps;

@@ -101,13 +101,13 @@ def _bench(args) -> int:
         return bench_batched.prefix_cache(model, args)
     n_ctx = args.depth + max(args.n_prompt, args.n_gen) + 1
     ctx = _ember.Context(model, n_ctx=n_ctx, n_batch=args.batch_size, n_threads=args.threads,
-                         kv_type=kv_type)
+                         kv_type=kv_type, offload_kqv=not args.no_kv_offload)
     on_gpu = model.n_gpu_layers != 0   # 0 where a build without CUDA runs everything on the CPU
     bandwidth = args.bandwidth or (GPU_BANDWIDTH_GBS if on_gpu else host_bandwidth_gbs())
     rng = np.random.default_rng(1234)
     backend = "CUDA" if on_gpu else "CPU"
-    kv_names = "" if kv_type == "f16" else " type_k | type_v |"
-    kv_cells = "" if kv_type == "f16" else f" {kv_type} | {kv_type} |"
+    kv_names = ("" if kv_type == "f16" else " type_k | type_v |") + (" nkvo |" if args.no_kv_offload else "")
+    kv_cells = ("" if kv_type == "f16" else f" {kv_type} | {kv_type} |") + (" 1 |" if args.no_kv_offload else "")
     header = (f"| model | size | params | backend | ngl | threads |{kv_names} test | t/s | GB/s "
               f"| % roofline ({bandwidth:.0f} GB/s) |")
     print(header)

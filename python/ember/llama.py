@@ -45,11 +45,14 @@ def _kv_type_name(arg: str, value) -> str:
 
 def add_kv_cache_args(parser) -> None:
     """The tools' llama.cpp-style -ctk / -ctv options, each f16 unless given (-ctk q8_0 alone: K
-    q8_0, V f16, as in llama.cpp); read back with kv_cache_types(args.cache_type_k, args.cache_type_v)."""
+    q8_0, V f16, as in llama.cpp), read back with kv_cache_types(args.cache_type_k, args.cache_type_v);
+    and -nkvo (args.no_kv_offload)."""
     parser.add_argument("-ctk", "--cache-type-k", choices=KV_CACHE_TYPES, default="f16",
                         help="KV cache type of K (default f16)")
     parser.add_argument("-ctv", "--cache-type-v", choices=KV_CACHE_TYPES, default="f16",
                         help="KV cache type of V (default f16, whatever K's is)")
+    parser.add_argument("-nkvo", "--no-kv-offload", action="store_true",
+                        help="keep the KV of GPU blocks in host memory (offload_kqv=False; docs/cuda.md)")
 
 
 def kv_cache_types(type_k=None, type_v=None) -> tuple[str, str]:

@@ -28,12 +28,13 @@ def _prompt_list(prompts) -> list:
 class LLM:
     """A GGUF model served by one continuous-batching engine. n_ctx is the longest sequence
     (prompt + generated tokens); the KV pool is sized by kv_mb (MiB; 0: the engine's default);
-    type_k / type_v take what Llama takes (ggml type ids or "f16", "f32", "q8_0"); seed makes the
+    kv_host_mb (MiB of host memory; 0: none) adds a host tier that preempted sequences are swapped
+    out to and evicted prefix-cache blocks are kept in; type_k / type_v take what Llama takes (ggml type ids or "f16", "f32", "q8_0"); seed makes the
     requests without a seed of their own reproducible."""
 
     def __init__(self, model_path: str, *, n_ctx: int = 4096, n_gpu_layers: int = 0,
                  n_threads: Optional[int] = None, max_num_seqs: int = 64, max_num_batched_tokens: int = 512,
-                 kv_block_size: int = 16, kv_mb: float = 0, type_k=None, type_v=None,
+                 kv_block_size: int = 16, kv_mb: float = 0, kv_host_mb: float = 0, type_k=None, type_v=None,
                  enable_prefix_caching: bool = True, deterministic: bool = False, offload_kqv: bool = True,
                  main_gpu: int = 0, use_mmap: bool = True, verbose: bool = False, seed: Optional[int] = None):
         self._client = None   # set last: close() and __del__ run on a half-built LLM too
@@ -45,7 +46,8 @@ class LLM:
         model = _ember.Model(self.model_path, n_gpu_layers=n_gpu_layers, main_gpu=main_gpu, use_mmap=bool(use_mmap))
         engine = _ember.Engine(model, n_ctx=context_size(model, n_ctx), max_num_seqs=max_num_seqs,
                                max_num_batched_tokens=max_num_batched_tokens, n_threads=n_threads or 0,
-                               kv_block_size=kv_block_size, kv_mb=float(kv_mb), type_k=type_k, type_v=type_v,
+                               kv_block_size=kv_block_size, kv_mb=float(kv_mb), kv_host_mb=float(kv_host_mb),
+                               type_k=type_k, type_v=type_v,
                                enable_prefix_caching=enable_prefix_caching, deterministic=deterministic,
                                offload_kqv=offload_kqv)
         self._ids = itertools.count()

@@ -130,6 +130,10 @@ public:
     virtual void copy_from_host(void* dst, const void* src, size_t bytes) = 0;
     virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
     virtual void synchronize() = 0;
+    // Device -> host copy ordered after the ops issued so far, done by the time the next
+    // copy_to_host or synchronize returns (host KV written back while the GPU goes on). By
+    // default the synchronous copy.
+    virtual void copy_to_host_async(void* dst, const void* src, size_t bytes) { copy_to_host(dst, src, bytes); }
     // Copies within this backend's memory (both from alloc), ordered with its ops; a KV block's
     // copy on write. By default through host memory.
     virtual void copy(void* dst, const void* src, size_t bytes) {

@@ -75,6 +75,10 @@ struct EngineImpl {
           cache(rp.n_kv_blocks, rp.kv_block_size, kv_salt(rp.type_k, rp.type_v), p.enable_prefix_caching,
                 [this](int32_t src, int32_t dst) { runner.copy_block(src, dst); }),
           sched(cache, p.max_num_seqs, p.max_num_batched_tokens, p.enable_prefix_caching) {
+        if (rp.n_host_kv_blocks > 0)
+            cache.enable_host_tier(
+                rp.n_host_kv_blocks, [this](const KVCache::BlockPairs& pairs) { runner.copy_blocks_to_host(pairs); },
+                [this](const KVCache::BlockPairs& pairs) { runner.copy_blocks_from_host(pairs); });
         const Tokenizer& tok = runner.model().tokenizer();
         n_vocab = runner.model().hparams().n_vocab;
         for (int32_t i = 0; i < n_vocab; ++i)
@@ -122,13 +126,23 @@ void EngineImpl::finish(Sequence& s, const char* reason, const std::string& erro
 void EngineImpl::update_stats() {
     const BlockPoolStats ps = cache.pool().stats();
     stats.running = (int32_t)sched.n_running();
-    stats.waiting = (int32_t)sched.n_waiting() + (int32_t)incoming.size();
+    stats.waiting = (int32_t)(sched.n_waiting() + sched.n_swapped() + incoming.size());
+    stats.swapped = (int32_t)sched.n_swapped();
     stats.kv_blocks_total = ps.n_blocks;
     stats.kv_blocks_used = ps.n_used;
     stats.kv_blocks_cached = ps.n_cached;
     stats.prefix_cache_queries = ps.lookups;
     stats.prefix_cache_hits = ps.hits;
     stats.preemptions = sched.preemptions();
+    stats.swaps_out = sched.swaps_out();
+    stats.swaps_in = sched.swaps_in();
+    if (const HostTier* host = cache.host_tier()) {
+        const HostTierStats hs = host->stats();
+        stats.host_blocks_total = hs.n_slots;
+        stats.host_blocks_used = hs.n_used;
+        stats.host_blocks_cached = hs.n_cached;
+        stats.host_cache_hits = hs.hits;
+    }
     stats.cached_prompt_tokens = sched.cached_prompt_tokens();
 }
 
@@ -186,10 +200,13 @@ void EngineImpl::sample(const StepPlan& plan) {
 // sequences. Returns false when there was nothing to run.
 bool EngineImpl::step() {
     StepPlan plan = sched.plan();
-    if (plan.seqs.empty()) return false;
-    plan.batch.batch_invariant = params.deterministic;
     std::string failure;
     try {
+        // The plan's swaps and host-tier hits, copied before the forward writes any block; also
+        // for an empty plan, whose host slots stay pinned until their copies have run.
+        cache.flush_host_copies();
+        if (plan.seqs.empty()) return false;
+        plan.batch.batch_invariant = params.deterministic;
         runner.clear_logits();
         runner.forward(plan.tokens.data(), plan.batch, plan.rows);
         sched.commit(plan);
@@ -287,6 +304,8 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineParams& p) {
     if (p.kv_block_size <= 0) fail("kv_block_size must be positive, got ", p.kv_block_size);
     if (p.kv_blocks < 0) fail("kv_blocks must be >= 0, got ", p.kv_blocks);
     if (!(p.kv_mb >= 0) || !std::isfinite(p.kv_mb)) fail("kv_mb must be a finite number >= 0, got ", p.kv_mb);
+    if (!(p.kv_host_mb >= 0) || !std::isfinite(p.kv_host_mb))
+        fail("kv_host_mb must be a finite number >= 0 (0: no host tier), got ", p.kv_host_mb);
     const HParams& hp = model->hparams();
     const size_t block_bytes = kv_block_bytes_model(hp, p.kv_block_size, p.type_k, p.type_v);
     const int64_t per_seq = (p.n_ctx + p.kv_block_size - 1) / p.kv_block_size;
@@ -302,10 +321,17 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineParams& p) {
              " MiB) cannot hold one sequence of n_ctx ", p.n_ctx, " tokens, which needs ", per_seq, " blocks (",
              per_seq * block_bytes / mib, " MiB): raise kv_mb / kv_blocks or lower n_ctx");
     if (n_blocks > std::numeric_limits<int32_t>::max()) fail("the KV pool of ", n_blocks, " blocks is too large");
+    const double host_blocks = std::floor(p.kv_host_mb * mib / (double)block_bytes);
+    if (p.kv_host_mb > 0 && host_blocks < 1)
+        fail("kv_host_mb ", p.kv_host_mb, " MiB holds no KV block, which takes ", block_bytes / mib,
+             " MiB: raise kv_host_mb, or 0 for no host tier");
+    if (host_blocks > std::numeric_limits<int32_t>::max())
+        fail("kv_host_mb ", p.kv_host_mb, " MiB makes a host tier of ", host_blocks, " blocks, too many");
     RunnerParams rp;
     rp.n_batch = p.max_num_batched_tokens;
     rp.n_threads = p.n_threads;
     rp.n_kv_blocks = (int32_t)n_blocks;
+    rp.n_host_kv_blocks = (int32_t)host_blocks;
     rp.kv_block_size = p.kv_block_size;
     rp.type_k = p.type_k;
     rp.type_v = p.type_v;

@@ -1,8 +1,10 @@
 // Step planning: which tokens of which sequences one forward step computes, with the KV blocks
-// they need reserved, and preemption (free the newest, recompute it later) when blocks run out.
+// they need reserved, and preemption when blocks run out (swap the newest out to the host tier
+// and back in later, or free it and recompute it later).
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <cassert>
 
 namespace ember {
 
@@ -23,7 +25,7 @@ std::unique_ptr<Sequence> Scheduler::remove(int64_t id) {
             }
         return false;
     };
-    if (take(running_) || take(waiting_)) cache_.remove(id);
+    if (take(running_) || take(waiting_) || take(swapped_)) cache_.remove(id);
     return out;
 }
 
@@ -31,6 +33,7 @@ std::vector<int64_t> Scheduler::ids() const {
     std::vector<int64_t> v;
     for (const auto& s : running_) v.push_back(s->id);
     for (const auto& s : waiting_) v.push_back(s->id);
+    for (const auto& s : swapped_) v.push_back(s->id);
     return v;
 }
 
@@ -38,11 +41,17 @@ bool Scheduler::preempt(const std::vector<Sequence*>& taken) {
     for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
         Sequence* s = it->get();
         if (std::find(taken.begin(), taken.end(), s) != taken.end()) continue;
-        // Its full blocks stay in the prefix cache, so the recompute may find them there.
-        cache_.remove(s->id);
-        s->n_computed = 0;
-        if (!s->prompt_lp_sent) s->prompt_lp.clear();
-        waiting_.push_front(std::move(*it));
+        // Either way its full blocks stay in the prefix cache, for others and for its own return.
+        if (cache_.swap_out(s->id)) {
+            auto at = std::find_if(swapped_.begin(), swapped_.end(), [&](const auto& p) { return p->order > s->order; });
+            swapped_.insert(at, std::move(*it));
+            ++swaps_out_;
+        } else {
+            cache_.remove(s->id);
+            s->n_computed = 0;
+            if (!s->prompt_lp_sent) s->prompt_lp.clear();
+            waiting_.push_front(std::move(*it));
+        }
         running_.erase(std::next(it).base());
         ++preemptions_;
         return true;
@@ -72,8 +81,24 @@ bool Scheduler::admit(Sequence& s, int32_t budget) {
     return true;
 }
 
+bool Scheduler::resume(int32_t budget) {
+    Sequence& s = *swapped_.front();
+    const int32_t chunk = std::min(s.need(), budget);
+    const int32_t spare = (int32_t)running_.size();
+    if (cache_.blocks_needed(s.id, chunk) + spare > cache_.pool().n_available()) return false;
+    const bool ok = cache_.swap_in(s.id) && cache_.reserve(s.id, chunk);
+    assert(ok);  // both counted in blocks_needed
+    (void)ok;
+    auto at = std::find_if(running_.begin(), running_.end(), [&](const auto& p) { return p->order > s.order; });
+    running_.insert(at, std::move(swapped_.front()));
+    swapped_.pop_front();
+    ++swaps_in_;
+    return true;
+}
+
 StepPlan Scheduler::plan() {
     StepPlan step;
+    const int64_t preemptions_before = preemptions_;
     std::vector<Sequence*> taken;
     std::vector<int32_t> chunks;
     int32_t budget = max_batched_tokens_;
@@ -97,7 +122,19 @@ StepPlan Scheduler::plan() {
             budget -= chunk;
         }
     }
-    while (!waiting_.empty() && budget > 0 && (int32_t)running_.size() < max_num_seqs_) {
+    // Not in a step that had to preempt: the pool is short, and a sequence swapped in now would
+    // be the next one out.
+    const bool preempted = preemptions_ != preemptions_before;
+    while (!preempted && !swapped_.empty() && budget > 0 && (int32_t)running_.size() < max_num_seqs_) {
+        Sequence& s = *swapped_.front();
+        if (!resume(budget)) break;
+        const int32_t chunk = std::min(s.need(), budget);
+        taken.push_back(&s);
+        chunks.push_back(chunk);
+        budget -= chunk;
+    }
+    // Swapped-out sequences come back before new requests start.
+    while (swapped_.empty() && !waiting_.empty() && budget > 0 && (int32_t)running_.size() < max_num_seqs_) {
         Sequence& s = *waiting_.front();
         if (!admit(s, budget)) break;
         const int32_t chunk = std::min(s.need(), budget);

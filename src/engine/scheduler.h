@@ -1,6 +1,7 @@
-// The scheduler's side of the engine: the waiting and running sequences over one KVCache, and
-// the plan of each step under the token budget (decodes first, then chunks of prompts; the
-// newest running sequence preempted when blocks run out, to be recomputed later).
+// The scheduler's side of the engine: the waiting, running and swapped-out sequences over one
+// KVCache, and the plan of each step under the token budget (decodes first, then chunks of
+// prompts; the newest running sequence preempted when blocks run out: swapped out to the host
+// tier when it has room, else freed to be recomputed later).
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -34,7 +35,8 @@ class Scheduler {
 public:
     Scheduler(KVCache& cache, int32_t max_num_seqs, int32_t max_batched_tokens, bool prefix_caching);
     void add(std::unique_ptr<Sequence> s);
-    // Takes the sequence out (waiting or running), its blocks released; null if unknown.
+    // Takes the sequence out (waiting, running or swapped out), its blocks or host slots
+    // released; null if unknown.
     std::unique_ptr<Sequence> remove(int64_t id);
     // The next step; empty (no seqs) when nothing can run.
     StepPlan plan();
@@ -42,24 +44,32 @@ public:
     void commit(const StepPlan& step);
     size_t n_running() const { return running_.size(); }
     size_t n_waiting() const { return waiting_.size(); }
-    int64_t preemptions() const { return preemptions_; }
+    size_t n_swapped() const { return swapped_.size(); }
+    int64_t preemptions() const { return preemptions_; }   // swapped out or freed for recompute
+    int64_t swaps_out() const { return swaps_out_; }
+    int64_t swaps_in() const { return swaps_in_; }
     int64_t cached_prompt_tokens() const { return cached_prompt_tokens_; }
-    bool idle() const { return running_.empty() && waiting_.empty(); }
-    // Every sequence, waiting and running (to finish them all at shutdown).
+    bool idle() const { return running_.empty() && waiting_.empty() && swapped_.empty(); }
+    // Every sequence, waiting, running and swapped out (to finish them all at shutdown).
     std::vector<int64_t> ids() const;
 
 private:
-    // Frees the newest running sequence not in `taken` and queues it first for recompute;
-    // false when there is none.
+    // Takes the newest running sequence not in `taken` off the device: swapped out when the host
+    // tier has room, else freed and queued first for recompute. False when there is none.
     bool preempt(const std::vector<Sequence*>& taken);
     bool admit(Sequence& s, int32_t budget);   // maps its cached prefix and reserves its first chunk
+    // Swaps the oldest swapped-out sequence back in with its next chunk reserved, if the pool has
+    // room for it and a block of growth for every running sequence.
+    bool resume(int32_t budget);
 
     KVCache& cache_;
     int32_t max_num_seqs_, max_batched_tokens_;
     bool prefix_caching_;
     std::deque<std::unique_ptr<Sequence>> waiting_;
-    std::vector<std::unique_ptr<Sequence>> running_;   // in admission order
-    int64_t preemptions_ = 0, cached_prompt_tokens_ = 0;
+    // In admission order; a swapped-in sequence goes back to its place by arrival.
+    std::vector<std::unique_ptr<Sequence>> running_;
+    std::deque<std::unique_ptr<Sequence>> swapped_;     // in arrival order
+    int64_t preemptions_ = 0, swaps_out_ = 0, swaps_in_ = 0, cached_prompt_tokens_ = 0;
 };
 
 }  // namespace ember

@@ -78,9 +78,11 @@ int32_t BlockPool::allocate() {
         free_.pop_back();
     } else if (!lru_.empty()) {
         b = lru_.front();
+        const uint64_t key = key_[b];
         take_off_lru(b);
         drop_key(b);
         ++evictions_;
+        if (evict_hook_) evict_hook_(b, key);
     } else {
         return -1;
     }
@@ -110,13 +112,22 @@ void BlockPool::release(int32_t block) {
 
 int32_t BlockPool::lookup(uint64_t key) {
     ++lookups_;
-    auto it = by_key_.find(key);
-    if (it == by_key_.end()) return -1;
-    ++hits_;
-    int32_t b = it->second;
+    const int32_t b = acquire(key);
+    if (b >= 0) ++hits_;
+    return b;
+}
+
+int32_t BlockPool::acquire(uint64_t key) {
+    const int32_t b = find(key);
+    if (b < 0) return -1;
     if (refs_[b] == 0) take_off_lru(b);
     ++refs_[b];
     return b;
+}
+
+int32_t BlockPool::find(uint64_t key) const {
+    auto it = by_key_.find(key);
+    return it == by_key_.end() ? -1 : it->second;
 }
 
 void BlockPool::publish(int32_t block, uint64_t key) {

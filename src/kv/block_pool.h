@@ -4,6 +4,7 @@
 // it. Bookkeeping only: the bytes live in KVStorage.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <unordered_map>
 #include <vector>
@@ -26,16 +27,26 @@ struct BlockPoolStats {
 
 class BlockPool {
 public:
+    // Told of each cached block allocate() is about to reuse, with the key it held, while its
+    // bytes are still whole (the host tier keeps a copy).
+    using EvictHook = std::function<void(int32_t block, uint64_t key)>;
+
     explicit BlockPool(int32_t n_blocks);
     // A block with refcount 1: an unpublished free one first, else the least recently released
-    // cached one (its key is dropped); -1 when every block is in use.
+    // cached one (its key is dropped, the evict hook told); -1 when every block is in use.
     int32_t allocate();
+    void set_evict_hook(EvictHook hook) { evict_hook_ = std::move(hook); }
     void retain(int32_t block);
     // At refcount 0 a published block joins the cached LRU list (most recent last), any other
     // goes back to the free list.
     void release(int32_t block);
     // The block published under `key`, retained (taken off the LRU list if cached); -1 if none.
     int32_t lookup(uint64_t key);
+    // lookup() for the cache's own bookkeeping (a swapped-in sequence taking back its blocks),
+    // not counted as a prefix-cache query.
+    int32_t acquire(uint64_t key);
+    // The block published under `key`, or -1; changes nothing.
+    int32_t find(uint64_t key) const;
     // Records that `block` (in use, full) holds the content `key`. If another block already
     // holds `key`, nothing changes (the first stays the one found). A block has at most one key.
     void publish(int32_t block, uint64_t key);
@@ -67,6 +78,7 @@ private:
     int64_t lookups_ = 0;
     int64_t hits_ = 0;
     int64_t evictions_ = 0;
+    EvictHook evict_hook_;
 };
 
 }  // namespace ember

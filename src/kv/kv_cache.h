@@ -1,14 +1,19 @@
 // The sequences of a paged KV cache: one block table per sequence over a shared BlockPool, the
 // token ids whose KV each sequence holds (for the prefix cache), and the sequence operations
-// (add, remove, truncate, fork with copy on write, prefix matching). Bookkeeping only: copying a
-// block's bytes is the copy_block callback's job (KVStorage::copy_block).
+// (add, remove, truncate, fork with copy on write, prefix matching, swapping out to a host tier
+// and back). Bookkeeping only: copying a block's bytes is the callbacks' job (Runner::copy_block,
+// Runner::copy_blocks_to_host / copy_blocks_from_host).
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <unordered_map>
+#include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "kv/block_pool.h"
+#include "kv/host_tier.h"
 
 namespace ember {
 
@@ -16,27 +21,38 @@ class KVCache {
 public:
     // Copies every layer's bytes of block `src` to block `dst`.
     using CopyBlock = std::function<void(int32_t src, int32_t dst)>;
+    // Copies between the pool and the host tier, as (from, to) pairs: (device block, host slot)
+    // out to the host, (host slot, device block) back from it.
+    using BlockPairs = std::vector<std::pair<int32_t, int32_t>>;
+    using HostCopy = std::function<void(const BlockPairs& pairs)>;
 
     // salt: what besides the tokens decides a block's bytes (block_key's salt: the KV types).
     // prefix_caching false: no block is ever published or looked up.
     KVCache(int32_t n_blocks, int32_t block_size, uint64_t salt, bool prefix_caching, CopyBlock copy_block);
+    // Not copied or moved: its pool's evict hook points back at it.
+    KVCache(const KVCache&) = delete;
+    KVCache& operator=(const KVCache&) = delete;
 
     // A new empty sequence; throws InvalidInput if `seq` exists.
     void add(int64_t seq);
-    // Releases every block of `seq` (published full blocks stay cached); no-op if unknown.
+    // Releases every block of `seq` (published full blocks stay cached) or, swapped out, its host
+    // slots; no-op if unknown.
     void remove(int64_t seq);
     bool has(int64_t seq) const;
     // For an empty sequence: maps the cached full blocks that hold the longest prefix of
     // tokens[0..n) (block by block: key of block i chains block i-1's key), at most
-    // (n - 1) / block_size blocks so that at least one token is left to compute. Returns the
-    // number of tokens now in the cache for `seq` (a multiple of block_size).
+    // (n - 1) / block_size blocks so that at least one token is left to compute. A block missing
+    // from the pool but kept by the host tier gets a new block, published again, with its copy
+    // from the host queued. Returns the number of tokens now in the cache for `seq` (a multiple of
+    // block_size).
     int32_t match_prefix(int64_t seq, const int32_t* tokens, int32_t n);
     // Makes room to write positions n_tokens(seq) .. n_tokens(seq) + n - 1: allocates blocks, and
     // first copies (copy on write) the block the first write lands in if it is shared (refcount
     // > 1), or unpublishes it if it is published. Returns false, with nothing allocated, when the
     // pool has too few available blocks.
     bool reserve(int64_t seq, int32_t n);
-    // Blocks reserve(seq, n) would take from the pool (new blocks plus a copy on write).
+    // Blocks reserve(seq, n) would take from the pool (new blocks plus a copy on write); for a
+    // swapped-out sequence, swap_in and then reserve(seq, n) together.
     int32_t blocks_needed(int64_t seq, int32_t n) const;
     // The KV of tokens[0..n) is now written at positions n_tokens(seq)...: appends them to the
     // sequence and publishes every block this fills (prefix caching on).
@@ -47,6 +63,27 @@ public:
     // block copied into a new block. Returns false, with dst not created, if no block is left
     // for that copy.
     bool fork(int64_t src, int64_t dst);
+
+    // A host tier of n_slots block-sized slots (n_slots > 0): sequences may be swapped out to it,
+    // and the blocks the prefix cache evicts are kept there and found again by match_prefix.
+    // Copies are queued and run by flush_host_copies().
+    void enable_host_tier(int32_t n_slots, HostCopy to_host, HostCopy from_host);
+    // Copies the sequence's blocks out to host slots of its own and releases its device blocks
+    // (published full blocks stay cached); it keeps its tokens. False, with nothing changed,
+    // without a host tier or when the tier has too few slots left.
+    bool swap_out(int64_t seq);
+    // Brings a swapped-out sequence back: full blocks still in the prefix cache are mapped again,
+    // the others get new blocks copied back from its slots, which it gives up. False, with nothing
+    // changed, when the pool has too few available blocks (blocks_needed(seq, 0)).
+    bool swap_in(int64_t seq);
+    bool swapped(int64_t seq) const;
+    // Runs the queued copies, every one to the host before any from it (a block evicted to the
+    // host may be the one a host hit is copied into), then lets the slots they read be reused.
+    // Device writes must wait for it: the engine calls it after planning a step, before the
+    // forward; copy on write calls it first.
+    void flush_host_copies();
+    bool host_copies_pending() const { return !to_host_.empty() || !from_host_.empty(); }
+    const HostTier* host_tier() const { return host_.get(); }
 
     int32_t n_tokens(int64_t seq) const;
     const std::vector<int32_t>& blocks(int64_t seq) const;
@@ -61,9 +98,14 @@ private:
         std::vector<int32_t> blocks;
         std::vector<int32_t> tokens;
         std::vector<uint64_t> keys;   // content key of each full block (chained)
+        bool swapped = false;
+        std::vector<int32_t> host_slots;   // swapped out: block i's bytes are in host_slots[i]
     };
     Sequence& seq_of(int64_t seq, const char* fn);
     const Sequence& seq_of(int64_t seq, const char* fn) const;
+    Sequence& resident(int64_t seq, const char* fn);   // seq_of, failing for a swapped-out one
+    void on_evict(int32_t block, uint64_t key);
+    int32_t host_hit(uint64_t key);   // a new block that the host copy of `key` is queued into
     int64_t blocks_for(int64_t n_tok) const { return (n_tok + block_size_ - 1) / block_size_; }
     int32_t first_write_block(const Sequence& s) const;
     int32_t needed_for(const Sequence& s, int32_t n) const;
@@ -77,6 +119,10 @@ private:
     CopyBlock copy_block_;
     BlockPool pool_;
     std::unordered_map<int64_t, Sequence> seqs_;
+    std::unique_ptr<HostTier> host_;
+    HostCopy to_host_copy_, from_host_copy_;
+    BlockPairs to_host_, from_host_;          // queued until flush_host_copies()
+    std::unordered_set<int32_t> incoming_;    // device blocks a queued copy from the host writes
 };
 
 }  // namespace ember

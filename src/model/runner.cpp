@@ -6,15 +6,20 @@
 #include "model/runner.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <new>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <unordered_map>
 
 #include "backend/kv_layout.h"
 #include "backend/registry.h"
 #include "ember/status.h"
+#include "model/host_kv.h"
 #include "model/model_impl.h"
 #include "model/streamed_offload.h"
 
@@ -65,6 +70,95 @@ private:
     size_t cap_ = 0, size_ = 0;
 };
 
+// The host tier's bytes: per layer, K and V arrays of n slots laid out as the layer's KV pool.
+// One allocation per backend, from its alloc_host (CUDA: pinned, so the copies run at full speed),
+// or plain heap memory when that fails.
+class HostKV {
+public:
+    HostKV() = default;
+    HostKV(const HostKV&) = delete;
+    HostKV& operator=(const HostKV&) = delete;
+    ~HostKV() {
+        for (const Chunk& c : chunks_) c.pinned ? c.be->free_host(c.p) : ::operator delete(c.p);
+    }
+    // kv_bytes[l]: one slot's K and V bytes of layer l, on backend be[l].
+    void allocate(const std::vector<Backend*>& be, const std::vector<std::pair<size_t, size_t>>& kv_bytes,
+                  int32_t n_slots) {
+        n_slots_ = n_slots;
+        std::map<Backend*, size_t> total;
+        for (size_t l = 0; l < be.size(); ++l) total[be[l]] += (kv_bytes[l].first + kv_bytes[l].second) * n_slots;
+        std::map<Backend*, uint8_t*> next;
+        bool warned = false;
+        for (auto [b, bytes] : total) {
+            Chunk c{b, nullptr, true};
+            try {
+                c.p = b->alloc_host(bytes);
+            } catch (const std::exception&) {
+                c.p = nullptr;
+            }
+            if (!c.p) {
+                c.pinned = false;
+                try {
+                    c.p = ::operator new(bytes);
+                } catch (const std::bad_alloc&) {
+                    throw OutOfMemory(cat("the host KV tier needs ", bytes / (1024.0 * 1024.0), " MiB of host memory (",
+                                          n_slots, " blocks) that could not be allocated: lower kv_host_mb"));
+                }
+                if (!warned)
+                    std::fprintf(stderr, "ember: warning: the host KV tier (%.1f MiB) could not be pinned on %s; it uses "
+                                 "plain memory, whose copies are slower\n", bytes / (1024.0 * 1024.0), b->name());
+                warned = true;
+            }
+            chunks_.push_back(c);
+            next[b] = static_cast<uint8_t*>(c.p);
+        }
+        for (size_t l = 0; l < be.size(); ++l) {
+            uint8_t*& p = next[be[l]];
+            k_.push_back(p);
+            p += kv_bytes[l].first * n_slots;
+            v_.push_back(p);
+            p += kv_bytes[l].second * n_slots;
+        }
+    }
+    int32_t n_slots() const { return n_slots_; }
+    uint8_t* k(int32_t l) const { return k_[l]; }
+    uint8_t* v(int32_t l) const { return v_[l]; }
+
+private:
+    struct Chunk {
+        Backend* be;
+        void* p;
+        bool pinned;   // from be->alloc_host, else ::operator new
+    };
+    std::vector<Chunk> chunks_;
+    std::vector<uint8_t*> k_, v_;
+    int32_t n_slots_ = 0;
+};
+
+// One copy of n consecutive blocks, from ids src.. to ids dst...
+struct CopyRun {
+    int32_t src, dst, n;
+};
+
+// The (from, to) pairs as runs of ids consecutive on both sides, as if copied in order: when
+// several pairs write the same `to`, only the last one's copy is kept.
+std::vector<CopyRun> copy_runs(const std::vector<std::pair<int32_t, int32_t>>& pairs) {
+    std::unordered_map<int32_t, size_t> last;
+    for (size_t i = 0; i < pairs.size(); ++i) last[pairs[i].second] = i;
+    std::vector<std::pair<int32_t, int32_t>> live;
+    for (size_t i = 0; i < pairs.size(); ++i)
+        if (last[pairs[i].second] == i) live.push_back(pairs[i]);
+    std::sort(live.begin(), live.end());
+    std::vector<CopyRun> runs;
+    for (auto [from, to] : live) {
+        if (!runs.empty() && runs.back().src + runs.back().n == from && runs.back().dst + runs.back().n == to)
+            ++runs.back().n;
+        else
+            runs.push_back({from, to, 1});
+    }
+    return runs;
+}
+
 uint64_t mix(uint64_t h, uint64_t v) {
     h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
     return h;
@@ -89,7 +183,11 @@ struct RunnerImpl {
     // Null: CPU blocks always run on the CPU. Destroyed before `cpu` (whose pool it uses) and
     // `model` (whose GPU backend it uses).
     std::unique_ptr<StreamedOffload> stream;
+    // offload_kqv=False: the GPU blocks run on this wrapper of the GPU backend, their KV in host
+    // memory it owns. Null otherwise. After `cpu` and `model`, whose backends it uses.
+    std::unique_ptr<HostKVBackend> gpu_host_kv;
     HostLogits logits;   // [n_logits][row_width]; declared after `cpu` and `model`, whose host memory it holds
+    HostKV host_kv;      // the host tier's slots; after `cpu` and `model` too
     int32_t n_logits = 0;
     std::vector<float> embd;   // [n_batch][n_embd] host staging for the embedding rows
 
@@ -125,6 +223,8 @@ struct RunnerImpl {
     }
 
     void forward(const int32_t* tokens, const BatchInfo& batch, const std::vector<RowRange>& rows);
+    // Every layer's K and V bytes of the runs' blocks, between the pool and host_kv.
+    void copy_host(const std::vector<std::pair<int32_t, int32_t>>& pairs, bool to_host);
     int32_t row_width() const { return params.embeddings ? model->hparams().n_embd : model->hparams().n_vocab; }
 };
 
@@ -132,6 +232,7 @@ Runner::Runner(std::shared_ptr<Model> model, const RunnerParams& params) {
     if (params.n_batch <= 0) fail("n_batch must be positive, got ", params.n_batch);
     if (params.kv_block_size <= 0) fail("kv_block_size must be positive, got ", params.kv_block_size);
     if (params.n_kv_blocks <= 0) fail("the KV cache needs at least one block, got ", params.n_kv_blocks);
+    if (params.n_host_kv_blocks < 0) fail("n_host_kv_blocks must be >= 0, got ", params.n_host_kv_blocks);
     if (params.n_threads < 0) fail("n_threads must be >= 0, got ", params.n_threads);
     ModelImpl& m = model->impl();
     check_kv_type(params.type_k, m.hp.head_dim, "type_k");
@@ -139,9 +240,6 @@ Runner::Runner(std::shared_ptr<Model> model, const RunnerParams& params) {
     if ((params.type_k == GGMLType::F32 || params.type_v == GGMLType::F32) && m.any_gpu())
         fail("an f32 KV cache (type_k or type_v) is available for CPU blocks only; use f16 or q8_0 with "
              "n_gpu_layers != 0");
-    if (!params.offload_kqv && m.any_gpu())
-        fail("offload_kqv=False (KV of GPU blocks in host memory) is not available in this build of ember; "
-             "use offload_kqv=True or n_gpu_layers=0");
     impl_ = std::make_unique<RunnerImpl>(std::move(model), params);
     RunnerImpl& r = *impl_;
     BackendOptions opts;
@@ -163,6 +261,12 @@ Runner::Runner(std::shared_ptr<Model> model, const RunnerParams& params) {
     const char* stream_env = std::getenv("EMBER_STREAM");
     if (m.plan.any_gpu() && m.plan.any_cpu() && !(stream_env && std::string(stream_env) == "0"))
         r.stream = StreamedOffload::open(m, r.blocks, *r.cpu, geometry);
+    if (!params.offload_kqv && m.any_gpu()) {
+        r.gpu_host_kv = std::make_unique<HostKVBackend>(*m.gpu, geometry);
+        for (int32_t l = 0; l < hp.n_layer; ++l)
+            if (m.plan.block[l] == Device::gpu) r.blocks[l].backend = r.gpu_host_kv.get();
+        if (m.plan.head == Device::gpu) r.head.backend = r.gpu_host_kv.get();
+    }
     r.kv.assign(hp.n_layer, geometry);
     const int64_t width = (int64_t)hp.n_head_kv * hp.head_dim;
     for (int32_t l = 0; l < hp.n_layer; ++l) {
@@ -171,12 +275,23 @@ Runner::Runner(std::shared_ptr<Model> model, const RunnerParams& params) {
         for (auto [p, type] : {std::pair{&kv.k, kv.k_type}, std::pair{&kv.v, kv.v_type}}) {
             const size_t bytes = (size_t)params.n_kv_blocks * kv_block_bytes(type, params.kv_block_size, width);
             // A streamed block's host KV is pinned, so its copies run asynchronously at full speed.
-            *p = be.is_host() && r.stream ? r.stream->alloc_host(bytes) : nullptr;
+            *p = be.is_host() && r.stream ? r.stream->alloc_host(bytes)
+                 : &be == r.gpu_host_kv.get() ? r.gpu_host_kv->alloc_kv(bytes) : nullptr;
             if (!*p) {
                 *p = be.alloc(bytes);
                 r.owned.emplace_back(&be, *p);
             }
         }
+    }
+    if (params.n_host_kv_blocks > 0) {
+        std::vector<Backend*> be;
+        std::vector<std::pair<size_t, size_t>> bytes;
+        for (int32_t l = 0; l < hp.n_layer; ++l) {
+            be.push_back(r.blocks[l].backend);
+            bytes.emplace_back(kv_block_bytes(params.type_k, params.kv_block_size, width),
+                               kv_block_bytes(params.type_v, params.kv_block_size, width));
+        }
+        r.host_kv.allocate(be, bytes, params.n_host_kv_blocks);
     }
     r.embd.resize((size_t)params.n_batch * hp.n_embd);
 }
@@ -330,6 +445,42 @@ void Runner::copy_block(int32_t src, int32_t dst) {
             be.copy(base + (size_t)dst * bytes, base + (size_t)src * bytes, bytes);
         }
     }
+}
+
+void RunnerImpl::copy_host(const std::vector<std::pair<int32_t, int32_t>>& pairs, bool to_host) {
+    const char* fn = to_host ? "copy_blocks_to_host" : "copy_blocks_from_host";
+    if (host_kv.n_slots() == 0) fail("Runner.", fn, ": the runner has no host KV slots (n_host_kv_blocks = 0)");
+    for (auto [from, to] : pairs) {
+        const int32_t dev = to_host ? from : to, host = to_host ? to : from;
+        if (dev < 0 || dev >= params.n_kv_blocks)
+            fail("Runner.", fn, ": KV block ", dev, " out of range [0, ", params.n_kv_blocks, ")");
+        if (host < 0 || host >= host_kv.n_slots())
+            fail("Runner.", fn, ": host slot ", host, " out of range [0, ", host_kv.n_slots(), ")");
+    }
+    const std::vector<CopyRun> runs = copy_runs(pairs);
+    const HParams& hp = model->hparams();
+    const int64_t width = (int64_t)hp.n_head_kv * hp.head_dim;
+    for (int32_t l = 0; l < hp.n_layer; ++l) {
+        KVLayer& layer = kv[l];
+        Backend& be = *blocks[l].backend;
+        for (auto [dev, host, type] : {std::tuple{layer.k, host_kv.k(l), layer.k_type},
+                                       std::tuple{layer.v, host_kv.v(l), layer.v_type}}) {
+            const size_t bytes = kv_block_bytes(type, layer.block_size, width);
+            auto* d = static_cast<uint8_t*>(dev);
+            for (const CopyRun& run : runs) {
+                if (to_host) be.copy_to_host(host + (size_t)run.dst * bytes, d + (size_t)run.src * bytes, run.n * bytes);
+                else be.copy_from_host(d + (size_t)run.dst * bytes, host + (size_t)run.src * bytes, run.n * bytes);
+            }
+        }
+    }
+}
+
+void Runner::copy_blocks_to_host(const std::vector<std::pair<int32_t, int32_t>>& dev_to_host) {
+    impl_->copy_host(dev_to_host, true);
+}
+
+void Runner::copy_blocks_from_host(const std::vector<std::pair<int32_t, int32_t>>& host_to_dev) {
+    impl_->copy_host(host_to_dev, false);
 }
 
 HostParallelFor Runner::parallel_for() const { return impl_->cpu->host_parallel_for(); }

@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -17,6 +18,7 @@ struct RunnerParams {
     int32_t n_batch = 512;         // most tokens of one step
     int32_t n_threads = 0;         // 0: all hardware threads
     int32_t n_kv_blocks = 0;       // KV blocks of every layer (the pool the block ids index)
+    int32_t n_host_kv_blocks = 0;  // host-memory slots of the same size (the engine's host tier)
     int32_t kv_block_size = 16;
     GGMLType type_k = GGMLType::F16, type_v = GGMLType::F16;
     bool offload_kqv = true;
@@ -48,6 +50,10 @@ public:
     void clear_logits();
     // Copies block src's K and V of every layer into block dst (copy on write of a shared block).
     void copy_block(int32_t src, int32_t dst);
+    // Copies every layer's K and V of each (KV block, host slot) pair into the host slot, and of
+    // each (host slot, KV block) pair back. Runs of consecutive ids on both sides go as one copy.
+    void copy_blocks_to_host(const std::vector<std::pair<int32_t, int32_t>>& dev_to_host);
+    void copy_blocks_from_host(const std::vector<std::pair<int32_t, int32_t>>& host_to_dev);
     // Runs work on the CPU backend's threads (idle between steps): the engine's batch sampling.
     HostParallelFor parallel_for() const;
     // Bytes one KV block takes over all layers (K and V).

@@ -3,13 +3,14 @@
 # packed by llamacpp_on_gpu.sh pack) and this tree (build/dev) side by side, writes the synthetic
 # llama2-7b Q4_0 to /tmp/em, and stores the first part of the SmolLM2 file (build/parts).
 # Carry: build/carry build/lcpp build/parts/smol.partaa. The next call (engine_bench.sh) runs.
-# Env: LCPP=0 skips llama.cpp; EXTRA: a command run at the end (e.g. a profile).
+# Env: LCPP=0 skips llama.cpp; LCPP_TARGETS: its targets (default llama-batched-bench); EXTRA: a
+# command run at the end (e.g. a profile).
 cd "$(dirname "$0")/../.."
 LOG="${OUT:-/tmp}/setup.log"
 step() { echo "== $(date +%T) $*" | tee -a "$LOG"; }
 mkdir -p /tmp/em/parts && cp build/parts/* /tmp/em/parts/ 2>/dev/null
 step "$(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader); $(nproc) cpus"
-[ "${LCPP:-1}" = 1 ] && ( bash tools/device/llamacpp_build.sh build/lcpp/lcpp.tar.xz llama-batched-bench > /tmp/em/lcpp.log 2>&1; echo "rc=$?" >> /tmp/em/lcpp.log ) &
+[ "${LCPP:-1}" = 1 ] && ( bash tools/device/llamacpp_build.sh build/lcpp/lcpp.tar.xz "${LCPP_TARGETS:-llama-batched-bench}" > /tmp/em/lcpp.log 2>&1; echo "rc=$?" >> /tmp/em/lcpp.log ) &
 lcpp=$!
 python3 -m pip install -q --no-index --no-deps --target /tmp/site build/carry/wheels/*.whl
 [ -f /tmp/em/l7b-q4_0.gguf ] || ( PYTHONPATH=/tmp/site timeout 400 python3 build/carry/make_synthetic_gguf.py \

@@ -1,6 +1,7 @@
-// The paged-KV bookkeeping (_ember_test.BlockPool, KVCache, block_key) for tests/test_kv_cache.py.
-// KVCache's storage is simulated: each block holds the token ids written into its slots, so tests
-// can check that copy on write kept every sequence's bytes and never touched a shared block.
+// The paged-KV bookkeeping (_ember_test.BlockPool, HostTier, KVCache, block_key) for
+// tests/test_kv_cache.py. KVCache's storage is simulated: each block (and host slot) holds the token
+// ids written into its slots, so tests can check that copy on write and the copies to the host
+// tier and back kept every sequence's bytes and never touched a shared block.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/vector.h>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "kv/block_pool.h"
+#include "kv/host_tier.h"
 #include "kv/kv_cache.h"
 
 namespace nb = nanobind;
@@ -29,16 +31,45 @@ nb::dict stats_dict(const BlockPoolStats& s) {
     return d;
 }
 
+nb::dict host_stats_dict(const HostTierStats& s) {
+    nb::dict d;
+    d["n_slots"] = s.n_slots;
+    d["n_used"] = s.n_used;
+    d["n_cached"] = s.n_cached;
+    d["n_free"] = s.n_free;
+    d["lookups"] = s.lookups;
+    d["hits"] = s.hits;
+    d["stores"] = s.stores;
+    return d;
+}
+
 // A KVCache over simulated storage: content[block][slot] is the token whose KV sits there (-1:
-// never written).
+// never written); host_content[slot] the same for the host tier's slots.
 struct SimKVCache {
+    using Pairs = KVCache::BlockPairs;
     std::vector<std::vector<int32_t>> content;
     std::vector<std::pair<int32_t, int32_t>> copies;
+    std::vector<std::vector<int32_t>> host_content;
+    std::vector<std::pair<bool, Pairs>> host_copies;   // (to the host, pairs) of each callback call
     KVCache cache;
 
-    SimKVCache(int32_t n_blocks, int32_t block_size, uint64_t salt, bool prefix_caching, bool with_copy)
+    SimKVCache(int32_t n_blocks, int32_t block_size, uint64_t salt, bool prefix_caching, bool with_copy,
+               int32_t host_slots)
         : content(std::max(n_blocks, 0), std::vector<int32_t>(std::max(block_size, 0), -1)),
-          cache(n_blocks, block_size, salt, prefix_caching, with_copy ? KVCache::CopyBlock(copy_fn()) : nullptr) {}
+          host_content(std::max(host_slots, 0), std::vector<int32_t>(std::max(block_size, 0), -1)),
+          cache(n_blocks, block_size, salt, prefix_caching, with_copy ? KVCache::CopyBlock(copy_fn()) : nullptr) {
+        if (host_slots != 0)
+            cache.enable_host_tier(
+                host_slots,
+                [this](const Pairs& pairs) {
+                    host_copies.emplace_back(true, pairs);
+                    for (auto [block, slot] : pairs) host_content.at(slot) = content.at(block);
+                },
+                [this](const Pairs& pairs) {
+                    host_copies.emplace_back(false, pairs);
+                    for (auto [slot, block] : pairs) content.at(block) = host_content.at(slot);
+                });
+    }
 
     KVCache::CopyBlock copy_fn() {
         return [this](int32_t src, int32_t dst) {
@@ -87,9 +118,23 @@ void bind_kv(nb::module_& m) {
         .def("stats", [](const BlockPool& p) { return stats_dict(p.stats()); })
         .def("clear_cache", &BlockPool::clear_cache);
 
+    nb::class_<HostTier>(m, "HostTier")
+        .def(nb::init<int32_t>(), nb::arg("n_slots"))
+        .def("take", &HostTier::take, nb::arg("n"))
+        .def_prop_ro("n_available", &HostTier::n_available)
+        .def("give_back", &HostTier::give_back, nb::arg("slot"))
+        .def("store", &HostTier::store, nb::arg("key"))
+        .def("lookup", &HostTier::lookup, nb::arg("key"))
+        .def("pin", &HostTier::pin, nb::arg("slot"))
+        .def("end_step", &HostTier::end_step)
+        .def("clear_cache", &HostTier::clear_cache)
+        .def_prop_ro("n_slots", &HostTier::n_slots)
+        .def("stats", [](const HostTier& h) { return host_stats_dict(h.stats()); });
+
     nb::class_<SimKVCache>(m, "KVCache")
-        .def(nb::init<int32_t, int32_t, uint64_t, bool, bool>(), nb::arg("n_blocks"), nb::arg("block_size"),
-             nb::arg("salt") = 0, nb::arg("prefix_caching") = true, nb::arg("with_copy") = true)
+        .def(nb::init<int32_t, int32_t, uint64_t, bool, bool, int32_t>(), nb::arg("n_blocks"), nb::arg("block_size"),
+             nb::arg("salt") = 0, nb::arg("prefix_caching") = true, nb::arg("with_copy") = true,
+             nb::arg("host_slots") = 0)
         .def("add", [](SimKVCache& s, int64_t seq) { s.cache.add(seq); }, nb::arg("seq"))
         .def("remove", [](SimKVCache& s, int64_t seq) { s.cache.remove(seq); }, nb::arg("seq"))
         .def("has", [](const SimKVCache& s, int64_t seq) { return s.cache.has(seq); }, nb::arg("seq"))
@@ -122,5 +167,19 @@ void bind_kv(nb::module_& m) {
         .def("clear_cache", [](SimKVCache& s) { s.cache.pool().clear_cache(); })
         // Simulated storage: the token ids in `block`'s slots, and every copy_block(src, dst) call.
         .def("content", [](const SimKVCache& s, int32_t b) { return s.content.at(b); }, nb::arg("block"))
-        .def_prop_ro("copies", [](const SimKVCache& s) { return s.copies; });
+        .def_prop_ro("copies", [](const SimKVCache& s) { return s.copies; })
+        // The host tier: swaps, the queued copies, and the simulated host slots.
+        .def("swap_out", [](SimKVCache& s, int64_t seq) { return s.cache.swap_out(seq); }, nb::arg("seq"))
+        .def("swap_in", [](SimKVCache& s, int64_t seq) { return s.cache.swap_in(seq); }, nb::arg("seq"))
+        .def("swapped", [](const SimKVCache& s, int64_t seq) { return s.cache.swapped(seq); }, nb::arg("seq"))
+        .def("flush_host_copies", [](SimKVCache& s) { s.cache.flush_host_copies(); })
+        .def_prop_ro("host_copies_pending", [](const SimKVCache& s) { return s.cache.host_copies_pending(); })
+        .def("host_stats",
+             [](const SimKVCache& s) -> nb::object {
+                 const HostTier* h = s.cache.host_tier();
+                 return h ? nb::object(host_stats_dict(h->stats())) : nb::none();
+             })
+        .def("host_content", [](const SimKVCache& s, int32_t slot) { return s.host_content.at(slot); },
+             nb::arg("slot"))
+        .def_prop_ro("host_copies", [](const SimKVCache& s) { return s.host_copies; });
 }

@@ -39,6 +39,13 @@ def parser() -> argparse.ArgumentParser:
                    help="sequences decoded at once; more requests wait (default 64)")
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
     add_kv_cache_args(p)
+    p.add_argument("--kv-mb", type=float, default=0.0,
+                   help="MiB of KV cache shared by all sequences (default: room for -np full sequences, at most 4 GiB)")
+    p.add_argument("--kv-host-mb", type=float, default=0.0,
+                   help="MiB of host memory for the KV host tier: preempted sequences swap out to it and evicted "
+                        "prefix-cache blocks stay in it (default 0: none; docs/engine.md)")
+    p.add_argument("-b", "--batch-size", "--max-num-batched-tokens", dest="max_num_batched_tokens", type=int,
+                   default=512, help="tokens of one forward step, prompt chunks and decodes together (default 512)")
     p.add_argument("--api-key", default=os.environ.get("EMBER_API_KEY"),
                    help="require `Authorization: Bearer KEY` (default: $EMBER_API_KEY; none: open)")
     p.add_argument("--chat-template", metavar="FILE", default=None,
@@ -61,6 +68,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         p.error(f"--max-queue must be >= 0, got {args.max_queue}")
     if args.max_num_seqs < 1:
         p.error(f"-np/--max-num-seqs must be >= 1, got {args.max_num_seqs}")
+    if args.max_num_batched_tokens < 1:
+        p.error(f"-b/--batch-size must be >= 1, got {args.max_num_batched_tokens}")
+    for flag, value in (("--kv-mb", args.kv_mb), ("--kv-host-mb", args.kv_host_mb)):
+        if value < 0:
+            p.error(f"{flag} must be >= 0, got {value:g}")
     return args
 
 
@@ -68,8 +80,9 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     """AsyncLLMEngine's keyword arguments (as LLM takes them) for these flags."""
     type_k, type_v = kv_cache_types(args.cache_type_k, args.cache_type_v)
     return dict(n_ctx=args.ctx_size, n_gpu_layers=args.n_gpu_layers, n_threads=args.threads,
-                max_num_seqs=args.max_num_seqs, type_k=type_k, type_v=type_v,
-                deterministic=args.deterministic, verbose=True)
+                max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                kv_mb=args.kv_mb, kv_host_mb=args.kv_host_mb, type_k=type_k, type_v=type_v,
+                deterministic=args.deterministic, offload_kqv=not args.no_kv_offload, verbose=True)
 
 
 def settings(args: argparse.Namespace) -> ServerSettings:

@@ -28,6 +28,12 @@ _ENGINE_METRICS = (
     ("prefix_cache_hits", "prefix_cache_hits_total", "counter", "Prefix-cache lookups that found the block."),
     ("cached_prompt_tokens", "cached_prompt_tokens_total", "counter", "Prompt tokens served by the prefix cache."),
     ("preemptions", "preemptions_total", "counter", "Sequences preempted when KV blocks ran out."),
+    ("swaps_out", "kv_swaps_out_total", "counter", "Preempted sequences swapped out to the host tier."),
+    ("swaps_in", "kv_swaps_in_total", "counter", "Swapped-out sequences brought back from the host tier."),
+    ("host_blocks_total", "kv_host_blocks_total", "gauge", "Slots of the host tier (--kv-host-mb)."),
+    ("host_blocks_used", "kv_host_blocks_used", "gauge", "Host slots held by swapped-out sequences."),
+    ("host_blocks_cached", "kv_host_blocks_cached", "gauge", "Host slots holding evicted prefix-cache blocks."),
+    ("host_cache_hits", "kv_host_cache_hits_total", "counter", "Prefix blocks served from the host tier."),
     ("steps", "engine_steps_total", "counter", "Forward steps of the engine."),
 )
 
