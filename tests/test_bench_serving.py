@@ -2,7 +2,6 @@
 (requests, prompt and output tokens, as the server itself counts them); against a stub server
 that sends no usage it counts the text chunks, and it reports failed requests; bad URLs, keys and
 arguments end in one clear line and a nonzero status."""
-import contextlib
 import json
 import socket
 import subprocess
@@ -12,13 +11,13 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-import uvicorn
 
 from ember import LLM, AsyncLLMEngine
 from ember import bench_serving
 from ember.llama import encode_prompt
 from ember.server.app import create_app
 from ember.server.args import ServerSettings
+from test_server import live_server
 
 SMALL = ["-n", "6", "-c", "3", "--prompt-words", "5-30", "--output-tokens", "3-10", "--seed", "5"]
 
@@ -29,24 +28,6 @@ def engine(smollm2_path):
         engine = AsyncLLMEngine.from_llm(llm)
         yield engine
         engine.shutdown()
-
-
-@contextlib.contextmanager
-def live_server(app):
-    """The app on a uvicorn server on a free port, in a thread; yields its base URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
 
 
 def bench(argv, capsys):

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "backend/kv_copy.h"
 #include "backend/kv_layout.h"
 
 namespace ember {
@@ -104,20 +105,10 @@ void HostKVBackend::set_batch(const BatchInfo& batch) {
 }
 
 void HostKVBackend::copy_blocks(const KVLayer& from, KVLayer& to, const std::vector<int32_t>& ids, bool to_gpu) {
-    const int64_t width = (int64_t)from.n_head_kv * from.head_dim;
-    for (size_t b = 0; b < ids.size();) {
-        size_t e = b + 1;
-        while (e < ids.size() && ids[e] == ids[e - 1] + 1) ++e;
-        for (int kv = 0; kv < 2; ++kv) {
-            const size_t block_bytes = kv_block_bytes(kv ? from.v_type : from.k_type, from.block_size, width);
-            const size_t off = (size_t)ids[b] * block_bytes, bytes = (e - b) * block_bytes;
-            const uint8_t* src = static_cast<const uint8_t*>(kv ? from.v : from.k) + off;
-            uint8_t* dst = static_cast<uint8_t*>(kv ? to.v : to.k) + off;
-            if (to_gpu) gpu_.copy_from_host(dst, src, bytes);
-            else gpu_.copy_to_host_async(dst, src, bytes);
-        }
-        b = e;
-    }
+    copy_kv_block_runs(from, to, ids.data(), ids.size(), [&](void* dst, const void* src, size_t bytes) {
+        if (to_gpu) gpu_.copy_from_host(dst, src, bytes);
+        else gpu_.copy_to_host_async(dst, src, bytes);
+    });
 }
 
 // The blocks that take the new rows go up whole (their older rows with them), get the rows on

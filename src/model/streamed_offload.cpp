@@ -3,7 +3,7 @@
 
 #include <cstdio>
 
-#include "backend/kv_layout.h"
+#include "backend/kv_copy.h"
 
 namespace ember {
 
@@ -68,20 +68,11 @@ void StreamedOffload::end_block(int32_t l, KVLayer& host_kv, const std::vector<i
 
 void StreamedOffload::copy_blocks(const KVLayer& from, KVLayer& to, const std::vector<int32_t>& ids, int32_t b0,
                                   int32_t b1, bool to_gpu) {
-    const int64_t width = (int64_t)from.n_head_kv * from.head_dim;
-    for (int32_t b = b0; b < b1;) {
-        int32_t e = b + 1;
-        while (e < b1 && ids[e] == ids[e - 1] + 1) ++e;
-        for (int kv = 0; kv < 2; ++kv) {
-            const size_t block_bytes = kv_block_bytes(kv ? from.v_type : from.k_type, from.block_size, width);
-            const size_t off = (size_t)ids[b] * block_bytes, bytes = (size_t)(e - b) * block_bytes;
-            const uint8_t* src = static_cast<const uint8_t*>(kv ? from.v : from.k) + off;
-            uint8_t* dst = static_cast<uint8_t*>(kv ? to.v : to.k) + off;
-            if (to_gpu) m_.gpu->copy_from_host(dst, src, bytes);
-            else stream_->copy_to_host_async(dst, src, bytes);
-        }
-        b = e;
-    }
+    if (b1 <= b0) return;
+    copy_kv_block_runs(from, to, ids.data() + b0, size_t(b1 - b0), [&](void* dst, const void* src, size_t bytes) {
+        if (to_gpu) m_.gpu->copy_from_host(dst, src, bytes);
+        else stream_->copy_to_host_async(dst, src, bytes);
+    });
 }
 
 }  // namespace ember
