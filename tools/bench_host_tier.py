@@ -1,7 +1,8 @@
 """The engine's host KV tier at work: a workload whose KV is about 3x the pool, many requests
 sharing a few long prefixes, run three ways with the same requests: an unconstrained pool, the
 small pool with recompute-only preemption, and the small pool with a host tier. Prints each
-run's wall time, generated tokens/s and the engine's counters.
+run's wall time, generated tokens/s and the engine's counters. The engine runs in deterministic
+mode, so a request's tokens do not depend on what shares its steps and the runs must agree.
 
     python tools/bench_host_tier.py -m MODEL.gguf [-ngl -1] [-t 2] [--requests 24]
 
@@ -23,7 +24,7 @@ def workload(n_vocab, n_requests, prefix_len, suffix_len, seed=0):
 
 def run(model, prompts, args, **kw):
     with LLM(model, n_ctx=args.n_ctx, n_gpu_layers=args.n_gpu_layers, n_threads=args.threads,
-             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.batch, **kw) as llm:
+             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.batch, deterministic=True, **kw) as llm:
         params = SamplingParams(temperature=0, max_tokens=args.gen, ignore_eos=True)
         t = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
