@@ -22,6 +22,8 @@ SimdLevel detect_simd() {
         __builtin_cpu_supports("avx512vnni")) {
         level = SimdLevel::avx512;
     }
+#elif defined(__aarch64__)
+    level = SimdLevel::neon;
 #endif
     // EMBER_SIMD may only lower the level (tests compare the paths on one machine).
     if (const char* env = std::getenv("EMBER_SIMD")) {
@@ -29,7 +31,8 @@ SimdLevel detect_simd() {
         if (std::strcmp(env, "scalar") == 0) want = SimdLevel::scalar;
         else if (std::strcmp(env, "avx2") == 0) want = SimdLevel::avx2;
         else if (std::strcmp(env, "avx512") == 0) want = SimdLevel::avx512;
-        else fail("EMBER_SIMD must be 'scalar', 'avx2' or 'avx512', got '", env, "'");
+        else if (std::strcmp(env, "neon") == 0) want = SimdLevel::neon;
+        else fail("EMBER_SIMD must be 'scalar', 'avx2', 'avx512' or 'neon', got '", env, "'");
         if (int(want) < int(level)) level = want;
     }
     return level;
@@ -37,7 +40,8 @@ SimdLevel detect_simd() {
 
 VecDotFn best_vec_dot(GGMLType t) {
     VecDotFn f = nullptr;
-    if (cpu_simd_level() == SimdLevel::avx512) f = vec_dot_avx512(t);
+    if (cpu_simd_level() == SimdLevel::neon) f = vec_dot_neon(t);
+    if (!f && cpu_simd_level() == SimdLevel::avx512) f = vec_dot_avx512(t);
     if (!f && int(cpu_simd_level()) >= int(SimdLevel::avx2)) f = vec_dot_avx2(t);
     return f ? f : vec_dot_scalar(t);
 }

@@ -28,7 +28,9 @@ void quantize_activations(GGMLType vec_dot_type, const float* x, void* dst, int6
 
 // The SIMD level the kernels use: CPU features, lowered by EMBER_SIMD ("scalar", "avx2",
 // "avx512"), read once per process.
-enum class SimdLevel { scalar = 0, avx2 = 1, avx512 = 2 };
+// x86 levels are ordered (each has the one below); neon is ARM64's only level, ranked above them
+// so that EMBER_SIMD=scalar still lowers it.
+enum class SimdLevel { scalar = 0, avx2 = 1, avx512 = 2, neon = 3 };
 SimdLevel cpu_simd_level();
 
 }  // namespace ember

@@ -10,6 +10,7 @@ VecDotFn vec_dot_scalar(GGMLType type);
 // SIMD kernels; nullptr where that ISA has no kernel for the type (the caller falls back).
 VecDotFn vec_dot_avx2(GGMLType type);
 VecDotFn vec_dot_avx512(GGMLType type);
+VecDotFn vec_dot_neon(GGMLType type);   // ARM64 (nullptr on other targets)
 // Activation quantizers with the scalar quantize_row_* output, byte for byte.
 QuantizeRowFn quantize_row_avx2(GGMLType type);
 QuantizeRowFn quantize_row_avx512(GGMLType type);

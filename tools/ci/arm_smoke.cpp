@@ -1,9 +1,11 @@
 // Smoke test of a cross-built core on a non-x86 target (tools/ci/arm_cross_check.sh runs it under
 // qemu-user): for every quantized weight type, the CPU backend's matmul on random data must equal
 // the float dot products of the dequantized weights with the activations as vec_dot quantizes
-// them, to float rounding. Exits nonzero naming each mismatch.
+// them, to float rounding; and the NEON dot products (Q4_0, Q8_0) must equal the scalar
+// reference bit for bit. Exits nonzero naming each mismatch.
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -56,6 +58,29 @@ int check_matmul(Backend& cpu, GGMLType type, std::mt19937& rng) {
     return 0;
 }
 
+// The CPU's best dot product of `type` against its scalar reference, bit for bit.
+int check_vec_dot_bits(GGMLType type, std::mt19937& rng) {
+    const TypeTraits& tr = type_traits(type);
+    const CpuKernels& k = cpu_kernels(type);
+    const TypeTraits& at = type_traits(k.vec_dot_type);
+    const int64_t n = 1024;
+    std::normal_distribution<float> normal;
+    std::vector<float> w(n), x(n);
+    for (float& v : w) v = normal(rng);
+    for (float& v : x) v = normal(rng);
+    std::vector<uint8_t> wq(row_bytes(type, n)), xq(row_bytes(k.vec_dot_type, n));
+    tr.quantize_row(w.data(), wq.data(), n);
+    at.quantize_row(x.data(), xq.data(), n);
+    const float best = k.vec_dot(n, wq.data(), xq.data()), ref = k.vec_dot_ref(n, wq.data(), xq.data());
+    if (std::memcmp(&best, &ref, sizeof(float)) != 0) {
+        std::printf("FAIL vec_dot %s: %.9g, scalar reference %.9g\n", tr.name, best, ref);
+        return 1;
+    }
+    std::printf("ok   vec_dot %s equals the scalar reference (%s kernel)\n", tr.name,
+                k.vec_dot == k.vec_dot_ref ? "scalar" : "SIMD");
+    return 0;
+}
+
 }  // namespace
 
 int main() {
@@ -63,7 +88,9 @@ int main() {
     BackendOptions opts;
     opts.n_threads = 2;
     std::unique_ptr<Backend> cpu = make_backend("cpu", opts);
+    std::printf("SIMD level %d (0 scalar, 1 avx2, 2 avx512, 3 neon)\n", int(cpu_simd_level()));
     int bad = 0;
+    for (GGMLType t : {GGMLType::Q4_0, GGMLType::Q8_0}) bad += check_vec_dot_bits(t, rng);
     for (GGMLType t : {GGMLType::Q4_0, GGMLType::Q4_1, GGMLType::Q5_0, GGMLType::Q5_1, GGMLType::Q8_0,
                        GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::F16})
         bad += check_matmul(*cpu, t, rng);

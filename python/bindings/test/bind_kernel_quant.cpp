@@ -78,6 +78,7 @@ const char* simd_level_name() {
     switch (cpu_simd_level()) {
         case SimdLevel::avx512: return "avx512";
         case SimdLevel::avx2: return "avx2";
+        case SimdLevel::neon: return "neon";
         case SimdLevel::scalar: break;
     }
     return "scalar";
