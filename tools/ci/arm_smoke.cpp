@@ -1,7 +1,7 @@
 // Smoke test of a cross-built core on a non-x86 target (tools/ci/arm_cross_check.sh runs it under
 // qemu-user): for every quantized weight type, the CPU backend's matmul on random data must equal
 // the float dot products of the dequantized weights with the activations as vec_dot quantizes
-// them, to float rounding; and the NEON dot products (Q4_0, Q8_0) must equal the scalar
+// them, to float rounding; and the NEON dot products (Q4_0, Q4_1, Q8_0) must equal the scalar
 // reference bit for bit. Exits nonzero naming each mismatch.
 #include <cmath>
 #include <cstdio>
@@ -90,7 +90,7 @@ int main() {
     std::unique_ptr<Backend> cpu = make_backend("cpu", opts);
     std::printf("SIMD level %d (0 scalar, 1 avx2, 2 avx512, 3 neon)\n", int(cpu_simd_level()));
     int bad = 0;
-    for (GGMLType t : {GGMLType::Q4_0, GGMLType::Q8_0}) bad += check_vec_dot_bits(t, rng);
+    for (GGMLType t : {GGMLType::Q4_0, GGMLType::Q4_1, GGMLType::Q8_0}) bad += check_vec_dot_bits(t, rng);
     for (GGMLType t : {GGMLType::Q4_0, GGMLType::Q4_1, GGMLType::Q5_0, GGMLType::Q5_1, GGMLType::Q8_0,
                        GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::F16})
         bad += check_matmul(*cpu, t, rng);
