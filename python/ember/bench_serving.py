@@ -194,9 +194,9 @@ def run_one(endpoint: Endpoint, body: dict) -> Result:
 def run(endpoint: Endpoint, bodies: List[dict], concurrency: int,
         on_done: Callable[[int], None] = lambda n: None) -> Tuple[List[Result], float]:
     """Sends every body, `concurrency` at a time; returns the results in order and the wall time."""
-    todo: "queue.Queue[int]" = queue.Queue()
+    unsent: "queue.Queue[int]" = queue.Queue()   # indexes of the bodies no worker has taken yet
     for i in range(len(bodies)):
-        todo.put(i)
+        unsent.put(i)
     results: List[Optional[Result]] = [None] * len(bodies)
     lock = threading.Lock()
     finished = 0
@@ -205,7 +205,7 @@ def run(endpoint: Endpoint, bodies: List[dict], concurrency: int,
         nonlocal finished
         while True:
             try:
-                i = todo.get_nowait()
+                i = unsent.get_nowait()
             except queue.Empty:
                 return
             results[i] = run_one(endpoint, bodies[i])

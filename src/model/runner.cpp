@@ -468,11 +468,20 @@ void RunnerImpl::copy_host(const std::vector<std::pair<int32_t, int32_t>>& pairs
             const size_t bytes = kv_block_bytes(type, layer.block_size, width);
             auto* d = static_cast<uint8_t*>(dev);
             for (const CopyRun& run : runs) {
-                if (to_host) be.copy_to_host(host + (size_t)run.dst * bytes, d + (size_t)run.src * bytes, run.n * bytes);
+                if (to_host) be.copy_to_host_async(host + (size_t)run.dst * bytes, d + (size_t)run.src * bytes, run.n * bytes);
                 else be.copy_from_host(d + (size_t)run.dst * bytes, host + (size_t)run.src * bytes, run.n * bytes);
             }
         }
     }
+    // The copies to the host run behind each other (a synchronous copy would wait per run and
+    // layer); they are all done once each backend has caught up.
+    if (!to_host) return;
+    std::vector<Backend*> seen;
+    for (const BlockWeights& b : blocks)
+        if (std::find(seen.begin(), seen.end(), b.backend) == seen.end()) {
+            b.backend->synchronize();
+            seen.push_back(b.backend);
+        }
 }
 
 void Runner::copy_blocks_to_host(const std::vector<std::pair<int32_t, int32_t>>& dev_to_host) {
