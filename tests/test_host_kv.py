@@ -1,8 +1,10 @@
 """offload_kqv=False (-nkvo): the KV of GPU blocks in host memory (src/model/host_kv.h), staged on
-the GPU for the ops that touch it. Logits equal the GPU-KV ones bit for bit across chunked prefill
-and decode, for f16 and q8_0 KV; perplexity within 0.1%; Llama, the engine and partial offload run
-with it. The model tests need a
-GPU and are skipped with the reason without one; the flag's plumbing is checked everywhere."""
+the GPU for the ops that touch it, with a GPU cache of its blocks (kv_gpu_cache_mb). Logits equal
+the GPU-KV ones bit for bit across chunked prefill and decode, for f16 and q8_0 KV, with no cache,
+one that holds some of the blocks and one that holds all; perplexity within 0.1%; Llama, the engine
+(with preemption, swaps and shared prefixes under a small cache) and partial offload run with it.
+The model tests need a GPU and are skipped with the reason without one; the flags' plumbing is
+checked everywhere."""
 import io
 
 import numpy as np
@@ -31,9 +33,10 @@ def gpu_model(smollm2_path):
     return _ember.Model(smollm2_path, n_gpu_layers=-1)
 
 
-def run(model, tokens, offload_kqv, kv_type, n_decode=12):
+def run(model, tokens, offload_kqv, kv_type, n_decode=12, cache_mb=0):
     """Logits of a chunked prompt (every row) and then of n_decode single-token steps."""
-    ctx = _ember.Context(model, n_ctx=256, n_batch=24, n_threads=2, offload_kqv=offload_kqv, kv_type=kv_type)
+    ctx = _ember.Context(model, n_ctx=256, n_batch=24, n_threads=2, offload_kqv=offload_kqv, kv_type=kv_type,
+                         kv_gpu_cache_mb=cache_mb)
     ctx.eval(tokens, logits_all=True)
     rows = [ctx.all_logits()]
     for _ in range(n_decode):
@@ -43,10 +46,34 @@ def run(model, tokens, offload_kqv, kv_type, n_decode=12):
     return np.concatenate(rows)
 
 
+# SmolLM2's block of 16 tokens takes 360 KiB of f16 KV over its 30 layers: a 1 MiB cache holds 2
+# of the test's 7 blocks, 64 MiB all of them.
+@pytest.mark.parametrize("cache_mb", [0, 1, 64])
 @pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
-def test_host_kv_logits_equal_gpu_kv(gpu_model, kv_type, rng):
+def test_host_kv_logits_equal_gpu_kv(gpu_model, kv_type, cache_mb, rng):
     tokens = rng.integers(0, gpu_model.n_vocab, 90).tolist()
-    np.testing.assert_array_equal(run(gpu_model, tokens, False, kv_type), run(gpu_model, tokens, True, kv_type))
+    np.testing.assert_array_equal(run(gpu_model, tokens, False, kv_type, cache_mb=cache_mb),
+                                  run(gpu_model, tokens, True, kv_type))
+
+
+def test_engine_outputs_unchanged_by_host_kv_and_a_small_cache(smollm2_path):
+    """A pool too small for the batch (preemption, swaps to the host tier and back), prompts behind
+    one prefix (shared blocks, copy on write) and a cache of 2 blocks a layer: the cached copies
+    must follow every host-side write. Deterministic mode, so both runs schedule alike."""
+    need_gpu()
+    prefix = "A conversation between a student and a teacher who answers in plain words. "
+    prompts = [prefix + q for q in ("Why is the sky blue?", "What is DNA?", "Who wrote Hamlet?",
+                                    "How do magnets work?", "What is a black hole?", "What is recursion?")]
+    params = SamplingParams(temperature=0, max_tokens=40)
+    texts = {}
+    for offload in (True, False):
+        llm = LLM(smollm2_path, n_ctx=256, n_gpu_layers=-1, max_num_seqs=6, kv_mb=8, kv_host_mb=16,
+                  deterministic=True, offload_kqv=offload, kv_gpu_cache_mb=1)
+        try:
+            texts[offload] = [o.outputs[0].text for o in llm.generate(prompts, params, use_tqdm=False)]
+        finally:
+            llm.close()
+    assert texts[False] == texts[True]
 
 
 def test_host_kv_perplexity_within_a_tenth_of_a_percent(gpu_model):
@@ -85,6 +112,8 @@ def test_offload_kqv_false_on_cpu_blocks_changes_nothing(smollm2_path, rng):
     a.eval(tokens)
     b.eval(tokens)
     np.testing.assert_array_equal(a.logits(), b.logits())
+    with pytest.raises(ValueError, match="kv_gpu_cache_mb must be >= 0, got -1"):
+        _ember.Context(model, n_ctx=64, offload_kqv=False, kv_gpu_cache_mb=-1)
 
 
 def test_tools_take_nkvo():
@@ -98,5 +127,10 @@ def test_tools_take_nkvo():
         with pytest.raises(SystemExit):
             parse_args(["-m", "x.gguf", *bad])
     assert cli._parser().parse_args(["-m", "x", "-p", "y", "--no-kv-offload"]).no_kv_offload
+    assert engine_kwargs(parse_args(["-m", "x.gguf", "-nkvo", "--kv-gpu-cache-mb", "0"]))["kv_gpu_cache_mb"] == 0
+    assert engine_kwargs(parse_args(["-m", "x.gguf"]))["kv_gpu_cache_mb"] == _ember.DEFAULT_KV_GPU_CACHE_MB
     with pytest.raises(SystemExit):
         bench.main(["-m", "x.gguf", "-nkvo", "2"])
+    for bad in ("-1", "1.5", "lots"):
+        with pytest.raises(SystemExit):
+            parse_args(["-m", "x.gguf", "-nkvo", "--kv-gpu-cache-mb", bad])

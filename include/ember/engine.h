@@ -34,6 +34,7 @@ struct EngineParams {
     // Same tokens for a request whether it runs alone or in any batch (batch-invariant kernels).
     bool deterministic = false;
     bool offload_kqv = true;
+    int32_t kv_gpu_cache_mb = ContextParams::kDefaultKvGpuCacheMiB;   // as ContextParams'
     static constexpr double kDefaultKvMiB = 4096.0;
 };
 

@@ -67,6 +67,10 @@ struct ContextParams {
     int32_t n_threads = 0;        // 0: all hardware threads
     int32_t kv_block_size = 16;   // tokens per paged-KV block
     bool offload_kqv = true;      // false: KV of GPU layers stays in host memory
+    // With offload_kqv=false: MiB of GPU memory that keep copies of the host KV blocks each step
+    // reads, so they need not cross PCIe again (0: none).
+    int32_t kv_gpu_cache_mb = kDefaultKvGpuCacheMiB;
+    static constexpr int32_t kDefaultKvGpuCacheMiB = 1024;
     // KV cache element types of K and V, each on its own as llama.cpp's -ctk / -ctv: F16; Q8_0
     // (half the bytes, needs head_dim % 32 == 0); F32 (CPU blocks only: exact comparisons with
     // f32 references).

@@ -42,7 +42,7 @@ void bind_engine(nb::module_& m) {
         .def(nb::new_([](std::shared_ptr<Model> model, int n_ctx, int max_num_seqs, int max_num_batched_tokens,
                          int n_threads, int kv_block_size, int kv_blocks, double kv_mb, double kv_host_mb,
                          const std::optional<std::string>& type_k, const std::optional<std::string>& type_v,
-                         bool enable_prefix_caching, bool deterministic, bool offload_kqv) {
+                         bool enable_prefix_caching, bool deterministic, bool offload_kqv, int kv_gpu_cache_mb) {
                  EngineParams p;
                  p.n_ctx = n_ctx;
                  p.max_num_seqs = max_num_seqs;
@@ -58,6 +58,7 @@ void bind_engine(nb::module_& m) {
                  p.enable_prefix_caching = enable_prefix_caching;
                  p.deterministic = deterministic;
                  p.offload_kqv = offload_kqv;
+                 p.kv_gpu_cache_mb = kv_gpu_cache_mb;
                  nb::gil_scoped_release release;
                  return std::make_shared<Engine>(std::move(model), p);
              }),
@@ -65,7 +66,7 @@ void bind_engine(nb::module_& m) {
              "n_threads"_a = 0, "kv_block_size"_a = 16, "kv_blocks"_a = 0, "kv_mb"_a = 0.0, "kv_host_mb"_a = 0.0,
              "type_k"_a = nb::none(),
              "type_v"_a = nb::none(), "enable_prefix_caching"_a = true, "deterministic"_a = false,
-             "offload_kqv"_a = true)
+             "offload_kqv"_a = true, "kv_gpu_cache_mb"_a = ContextParams::kDefaultKvGpuCacheMiB)
         .def("add_request",
              [](Engine& e, const std::vector<int32_t>& prompt, float temperature, int32_t top_k, float top_p,
                 float min_p, float repeat_penalty, float frequency_penalty, float presence_penalty,

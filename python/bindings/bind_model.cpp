@@ -71,17 +71,20 @@ void bind_model(nb::module_& m) {
         .def_prop_ro("tokenizer", [](Model& mo) -> const Tokenizer& { return mo.tokenizer(); },
                      nb::rv_policy::reference_internal);
 
+    m.attr("DEFAULT_KV_GPU_CACHE_MB") = ContextParams::kDefaultKvGpuCacheMiB;
+
     nb::class_<Context>(m, "Context")
         .def(nb::new_([](std::shared_ptr<Model> model, int n_ctx, int n_batch, int n_threads, int kv_block_size,
                          bool offload_kqv, const std::optional<std::string>& kv_type,
                          const std::optional<std::string>& type_k, const std::optional<std::string>& type_v,
-                         bool embeddings) {
+                         bool embeddings, int kv_gpu_cache_mb) {
                  ContextParams p;
                  p.n_ctx = n_ctx;
                  p.n_batch = n_batch;
                  p.n_threads = n_threads;
                  p.kv_block_size = kv_block_size;
                  p.offload_kqv = offload_kqv;
+                 p.kv_gpu_cache_mb = kv_gpu_cache_mb;
                  const KVTypes t = kv_types_arg(kv_type, type_k, type_v);
                  p.type_k = t.k;
                  p.type_v = t.v;
@@ -90,7 +93,8 @@ void bind_model(nb::module_& m) {
              }),
              nb::arg("model"), nb::arg("n_ctx") = 512, nb::arg("n_batch") = 512, nb::arg("n_threads") = 0,
              nb::arg("kv_block_size") = 16, nb::arg("offload_kqv") = true, nb::arg("kv_type") = nb::none(),
-             nb::arg("type_k") = nb::none(), nb::arg("type_v") = nb::none(), nb::arg("embedding") = false)
+             nb::arg("type_k") = nb::none(), nb::arg("type_v") = nb::none(), nb::arg("embedding") = false,
+             nb::arg("kv_gpu_cache_mb") = ContextParams::kDefaultKvGpuCacheMiB)
         .def("eval",
              [](Context& c, const std::vector<int32_t>& tokens, bool logits_all) {
                  nb::gil_scoped_release release;

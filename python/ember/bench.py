@@ -101,7 +101,8 @@ def _bench(args) -> int:
         return bench_batched.prefix_cache(model, args)
     n_ctx = args.depth + max(args.n_prompt, args.n_gen) + 1
     ctx = _ember.Context(model, n_ctx=n_ctx, n_batch=args.batch_size, n_threads=args.threads,
-                         kv_type=kv_type, offload_kqv=not args.no_kv_offload)
+                         kv_type=kv_type, offload_kqv=not args.no_kv_offload,
+                         kv_gpu_cache_mb=args.kv_gpu_cache_mb)
     on_gpu = model.n_gpu_layers != 0   # 0 where a build without CUDA runs everything on the CPU
     bandwidth = args.bandwidth or (GPU_BANDWIDTH_GBS if on_gpu else host_bandwidth_gbs())
     rng = np.random.default_rng(1234)

@@ -20,7 +20,7 @@ def _engine(model, args, n_ctx, max_num_seqs, batched_tokens):
     return _ember.Engine(model, n_ctx=n_ctx, max_num_seqs=max_num_seqs, max_num_batched_tokens=batched_tokens,
                          n_threads=args.threads, kv_block_size=16, kv_blocks=max_num_seqs * blocks_per_seq,
                          type_k=args.cache_type_k, type_v=args.cache_type_v, deterministic=args.deterministic,
-                         offload_kqv=not args.no_kv_offload)
+                         offload_kqv=not args.no_kv_offload, kv_gpu_cache_mb=args.kv_gpu_cache_mb)
 
 
 def _drain(engine, ids, on_output=None):

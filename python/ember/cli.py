@@ -71,7 +71,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 def _complete(args) -> int:
     llm = Llama(args.model, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads,
                 n_gpu_layers=args.n_gpu_layers, seed=args.seed, verbose=args.verbose,
-                type_k=args.cache_type_k, type_v=args.cache_type_v, offload_kqv=not args.no_kv_offload)
+                type_k=args.cache_type_k, type_v=args.cache_type_v, offload_kqv=not args.no_kv_offload,
+                kv_gpu_cache_mb=args.kv_gpu_cache_mb)
     with llm:
         chunks = llm.create_completion(args.prompt, max_tokens=args.n_predict, temperature=args.temp,
                                        top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,

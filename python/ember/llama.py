@@ -3,6 +3,7 @@ logprobs, prefix reuse; embeddings with embedding=True) over ember's Model / Con
 IncrementalDetokenizer."""
 from __future__ import annotations
 
+import argparse
 import contextlib
 import sys
 import threading
@@ -43,16 +44,29 @@ def _kv_type_name(arg: str, value) -> str:
     raise ValueError(f"{arg} must be a KV cache type: 1 or 'f16', 0 or 'f32', 8 or 'q8_0'; got {value!r}")
 
 
+def _mebibytes(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number of MiB >= 0, got {text!r}")
+    return value
+
+
 def add_kv_cache_args(parser) -> None:
     """The tools' llama.cpp-style -ctk / -ctv options, each f16 unless given (-ctk q8_0 alone: K
     q8_0, V f16, as in llama.cpp), read back with kv_cache_types(args.cache_type_k, args.cache_type_v);
-    and -nkvo (args.no_kv_offload)."""
+    and -nkvo (args.no_kv_offload) with --kv-gpu-cache-mb (args.kv_gpu_cache_mb)."""
     parser.add_argument("-ctk", "--cache-type-k", choices=KV_CACHE_TYPES, default="f16",
                         help="KV cache type of K (default f16)")
     parser.add_argument("-ctv", "--cache-type-v", choices=KV_CACHE_TYPES, default="f16",
                         help="KV cache type of V (default f16, whatever K's is)")
     parser.add_argument("-nkvo", "--no-kv-offload", action="store_true",
                         help="keep the KV of GPU blocks in host memory (offload_kqv=False; docs/cuda.md)")
+    parser.add_argument("--kv-gpu-cache-mb", type=_mebibytes, default=_ember.DEFAULT_KV_GPU_CACHE_MB, metavar="MIB",
+                        help="with -nkvo: GPU memory that keeps copies of the host KV blocks each step reads "
+                             f"(default {_ember.DEFAULT_KV_GPU_CACHE_MB}; 0: none)")
 
 
 def kv_cache_types(type_k=None, type_v=None) -> tuple[str, str]:
@@ -183,7 +197,8 @@ class Llama:
                  n_threads: Optional[int] = None, n_gpu_layers: int = 0, seed: int = DEFAULT_SEED,
                  verbose: bool = True, offload_kqv: bool = True, main_gpu: int = 0, use_mmap: bool = True,
                  last_n_tokens_size: int = 64, kv_block_size: int = 16, type_k=None, type_v=None,
-                 embedding: bool = False, pooling_type: int = POOLING_UNSPECIFIED, **kwargs):
+                 embedding: bool = False, pooling_type: int = POOLING_UNSPECIFIED,
+                 kv_gpu_cache_mb: int = _ember.DEFAULT_KV_GPU_CACHE_MB, **kwargs):
         unknown = sorted(set(kwargs) - _HARMLESS_KWARGS)
         if unknown:
             raise TypeError(f"Llama() got unexpected keyword arguments: {', '.join(unknown)}")
@@ -211,7 +226,7 @@ class Llama:
         self._ctx = _ember.Context(self._model, n_ctx=n_ctx, n_batch=self._n_batch,
                                    n_threads=n_threads or 0, kv_block_size=kv_block_size,
                                    offload_kqv=offload_kqv, type_k=type_k, type_v=type_v,
-                                   embedding=self._embedding)
+                                   embedding=self._embedding, kv_gpu_cache_mb=kv_gpu_cache_mb)
         self._history: List[int] = []   # the tokens whose KV the context holds, in order
         self._generation = 0             # bumped as each completion starts, to retire stale streams
         self._chat_template: Optional[ChatTemplate] = None   # read from the GGUF at the first chat

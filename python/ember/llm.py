@@ -29,14 +29,16 @@ class LLM:
     """A GGUF model served by one continuous-batching engine. n_ctx is the longest sequence
     (prompt + generated tokens); the KV pool is sized by kv_mb (MiB; 0: the engine's default);
     kv_host_mb (MiB of host memory; 0: none) adds a host tier that preempted sequences are swapped
-    out to and evicted prefix-cache blocks are kept in; type_k / type_v take what Llama takes (ggml type ids or "f16", "f32", "q8_0"); seed makes the
+    out to and evicted prefix-cache blocks are kept in; offload_kqv=False keeps the KV in host memory, with
+    kv_gpu_cache_mb MiB of GPU memory caching its blocks; type_k / type_v take what Llama takes (ggml type ids or "f16", "f32", "q8_0"); seed makes the
     requests without a seed of their own reproducible."""
 
     def __init__(self, model_path: str, *, n_ctx: int = 4096, n_gpu_layers: int = 0,
                  n_threads: Optional[int] = None, max_num_seqs: int = 64, max_num_batched_tokens: int = 512,
                  kv_block_size: int = 16, kv_mb: float = 0, kv_host_mb: float = 0, type_k=None, type_v=None,
                  enable_prefix_caching: bool = True, deterministic: bool = False, offload_kqv: bool = True,
-                 main_gpu: int = 0, use_mmap: bool = True, verbose: bool = False, seed: Optional[int] = None):
+                 main_gpu: int = 0, use_mmap: bool = True, verbose: bool = False, seed: Optional[int] = None,
+                 kv_gpu_cache_mb: int = _ember.DEFAULT_KV_GPU_CACHE_MB):
         self._client = None   # set last: close() and __del__ run on a half-built LLM too
         if n_threads is not None and n_threads < 0:
             raise ValueError(f"LLM: n_threads must be >= 1 (None = all cores), got {n_threads}")
@@ -49,7 +51,7 @@ class LLM:
                                kv_block_size=kv_block_size, kv_mb=float(kv_mb), kv_host_mb=float(kv_host_mb),
                                type_k=type_k, type_v=type_v,
                                enable_prefix_caching=enable_prefix_caching, deterministic=deterministic,
-                               offload_kqv=offload_kqv)
+                               offload_kqv=offload_kqv, kv_gpu_cache_mb=kv_gpu_cache_mb)
         self._ids = itertools.count()
         self._model = model   # the loaded weights, which an embedding context may share (ember-server)
         self._client = EngineClient(engine, model.tokenizer, seed)

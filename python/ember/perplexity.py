@@ -42,11 +42,11 @@ def text_chunks(model, text: bytes, n_ctx: int) -> tuple:
 
 
 def perplexity(model, text: bytes, n_ctx: int, n_threads: int, n_batch: int = 0, out=sys.stdout,
-               kv_type: str = "f16", offload_kqv: bool = True):
+               kv_type: str = "f16", offload_kqv: bool = True, kv_gpu_cache_mb: int = _ember.DEFAULT_KV_GPU_CACHE_MB):
     chunks, n_tokens = text_chunks(model, text, n_ctx)
     n_chunk = len(chunks)
     ctx = _ember.Context(model, n_ctx=n_ctx, n_batch=n_batch or n_ctx, n_threads=n_threads, kv_type=kv_type,
-                         offload_kqv=offload_kqv)
+                         offload_kqv=offload_kqv, kv_gpu_cache_mb=kv_gpu_cache_mb)
     first = n_ctx // 2
     nlls = []
     print(f"perplexity: {n_tokens} tokens, {n_chunk} chunks of {n_ctx}", file=out)
@@ -117,7 +117,7 @@ def _run(args) -> int:
         text = f.read()
     model = _ember.Model(args.model, n_gpu_layers=args.n_gpu_layers)
     perplexity(model, text, args.ctx_size, args.threads, args.batch_size, kv_type=kv_type,
-               offload_kqv=not args.no_kv_offload)
+               offload_kqv=not args.no_kv_offload, kv_gpu_cache_mb=args.kv_gpu_cache_mb)
     return 0
 
 

@@ -1,5 +1,5 @@
 // Whole KV blocks moved between two KV layers of one geometry (host memory and a GPU staging
-// copy): the streamed partial offload and the host KV of GPU blocks stage blocks this way.
+// copy): the streamed partial offload stages blocks this way.
 #pragma once
 #include <cstddef>
 #include <cstdint>

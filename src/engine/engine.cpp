@@ -336,6 +336,7 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineParams& p) {
     rp.type_k = p.type_k;
     rp.type_v = p.type_v;
     rp.offload_kqv = p.offload_kqv;
+    rp.kv_gpu_cache_mb = p.kv_gpu_cache_mb;
     impl_ = std::make_unique<EngineImpl>(std::move(model), p, rp);
     impl_->update_stats();
     impl_->loop = std::thread([this] { impl_->run(); });

@@ -54,6 +54,7 @@ Context::Context(std::shared_ptr<Model> model, const ContextParams& params) {
     rp.type_k = params.type_k;
     rp.type_v = params.type_v;
     rp.offload_kqv = params.offload_kqv;
+    rp.kv_gpu_cache_mb = params.kv_gpu_cache_mb;
     rp.embeddings = params.embeddings;
     impl_ = std::make_unique<ContextImpl>(std::move(model), params, rp);
 }

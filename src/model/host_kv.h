@@ -7,6 +7,13 @@
 // and runs the GPU's kernels. So the results are the GPU-KV results bit for bit, and a step moves
 // its sequences' KV over PCIe once (docs/cuda.md has the measurements that chose this over
 // attention on the CPU next to the KV).
+// A GPU block cache (gpu_cache_bytes, over all layers) keeps copies of the blocks steps keep
+// reading, so those need not cross PCIe again: at depth the link, not the GPU, sets the speed. A
+// step whose blocks all have a slot runs on the cache itself (its block table renumbered to the
+// slots), with no staging copies; otherwise the cached blocks are copied into the staging on the
+// GPU. The host copy stays the one that counts (every new row is written back), so a cached block
+// can be dropped at any time; a host-side write into a block (copy on write, the engine's host
+// tier) drops its cached copies.
 #pragma once
 #include <memory>
 #include <utility>
@@ -18,14 +25,18 @@ namespace ember {
 
 class HostKVBackend final : public Backend {
 public:
-    // gpu: the device the blocks run on; geometry: one KV layer (the staging gets its size).
-    // Throws OutOfMemory when the staging does not fit.
-    HostKVBackend(Backend& gpu, const KVLayer& geometry);
+    // gpu: the device the blocks run on; geometry: one KV layer (the staging gets its size);
+    // n_layers: the layers whose KV this backend holds; gpu_cache_bytes: the block cache's device
+    // memory, shrunk (with a warning) where the GPU has less. Throws OutOfMemory when the staging
+    // does not fit.
+    HostKVBackend(Backend& gpu, const KVLayer& geometry, int32_t n_layers, size_t gpu_cache_bytes);
     ~HostKVBackend() override;
 
-    // Host memory for one layer's K or V: pinned where the GPU can pin it (full-speed copies),
-    // else plain memory with one warning on stderr. Freed with this backend.
-    void* alloc_kv(size_t bytes);
+    // Host memory for one layer's K and V (kv.k, kv.v; geometry as the constructor's): pinned where
+    // the GPU can pin it (full-speed copies), else plain memory with one warning on stderr. Freed
+    // with this backend. At most n_layers calls.
+    void alloc_layer(KVLayer& kv);
+    int32_t cache_blocks() const { return n_slots_; }   // blocks the GPU cache holds per layer
 
     const char* name() const override { return "host-kv"; }
     bool is_host() const override { return false; }
@@ -86,19 +97,41 @@ public:
     }
 
 private:
-    // Blocks `ids` (sorted, unique) of `from` into `to`, K and V, runs of consecutive ids as one copy.
-    void copy_blocks(const KVLayer& from, KVLayer& to, const std::vector<int32_t>& ids, bool to_gpu);
+    struct Layer {
+        uint8_t* host[2];            // K, V: every block, in host memory
+        uint8_t* cache[2];           // K, V: n_slots_ blocks on the GPU
+        std::vector<int32_t> holds;  // per slot: the block whose rows it holds, -1: none yet
+    };
+    void* alloc_host_kv(size_t bytes);
+    Layer& layer_of(const KVLayer& kv);
+    // Blocks `ids` of the layer into the staging: from the GPU cache where it holds them, else
+    // from host memory (then into the cache too where the step gave them a slot).
+    void stage(Layer& layer, const KVLayer& staged, const std::vector<int32_t>& ids);
+    // The step's new rows back: blocks `ids` of the staging to host memory, and to their slots.
+    void write_back(Layer& layer, const KVLayer& staged, const std::vector<int32_t>& ids);
+    // On a step run on the cache: the slots of blocks `ids` that do not hold them yet get them
+    // from host memory; with to_host, the other way (the step's new rows back to host memory).
+    void sync_slots(Layer& layer, const std::vector<int32_t>& ids, bool to_host);
     KVLayer staged(const KVLayer& host) const;
+    KVLayer cached(const Layer& layer, const KVLayer& host) const;
     bool in_host_kv(const void* p) const;
+    // A host-side write of [dst, dst + bytes): made after the GPU's copies in flight; the blocks
+    // it touches lose their cached copies.
     void host_copy(void* dst, const void* src, size_t bytes);
 
     Backend& gpu_;
     KVLayer geometry_;
+    size_t block_bytes_[2];                    // K, V bytes of one block of one layer
     void* staging_ = nullptr;                  // one layer's K then V, on the GPU
     std::vector<int32_t> written_;             // blocks the step's new rows land in
     std::vector<int32_t> read_;                // blocks the step's attention reads
-    std::vector<void*> pinned_, plain_;        // alloc_kv's allocations
-    std::vector<std::pair<const uint8_t*, size_t>> kv_ranges_;   // all of them, for in_host_kv
+    int32_t n_slots_ = 0;                      // the GPU cache's blocks per layer
+    void* cache_ = nullptr;                    // every layer's slots, K then V
+    std::vector<int32_t> slot_of_;             // per block: its slot this step, -1: not cached
+    std::vector<int32_t> block_in_slot_;       // per slot: the block assigned to it, -1: free
+    bool on_cache_ = false;                    // the step runs on the cache (every block has a slot)
+    std::vector<Layer> layers_;
+    std::vector<void*> pinned_, plain_;        // alloc_host_kv's allocations
 };
 
 }  // namespace ember

@@ -234,6 +234,7 @@ Runner::Runner(std::shared_ptr<Model> model, const RunnerParams& params) {
     if (params.n_kv_blocks <= 0) fail("the KV cache needs at least one block, got ", params.n_kv_blocks);
     if (params.n_host_kv_blocks < 0) fail("n_host_kv_blocks must be >= 0, got ", params.n_host_kv_blocks);
     if (params.n_threads < 0) fail("n_threads must be >= 0, got ", params.n_threads);
+    if (params.kv_gpu_cache_mb < 0) fail("kv_gpu_cache_mb must be >= 0, got ", params.kv_gpu_cache_mb);
     ModelImpl& m = model->impl();
     check_kv_type(params.type_k, m.hp.head_dim, "type_k");
     check_kv_type(params.type_v, m.hp.head_dim, "type_v");
@@ -262,7 +263,9 @@ Runner::Runner(std::shared_ptr<Model> model, const RunnerParams& params) {
     if (m.plan.any_gpu() && m.plan.any_cpu() && !(stream_env && std::string(stream_env) == "0"))
         r.stream = StreamedOffload::open(m, r.blocks, *r.cpu, geometry);
     if (!params.offload_kqv && m.any_gpu()) {
-        r.gpu_host_kv = std::make_unique<HostKVBackend>(*m.gpu, geometry);
+        const int32_t n_gpu_layers = (int32_t)std::count(m.plan.block.begin(), m.plan.block.end(), Device::gpu);
+        r.gpu_host_kv = std::make_unique<HostKVBackend>(*m.gpu, geometry, n_gpu_layers,
+                                                        (size_t)params.kv_gpu_cache_mb << 20);
         for (int32_t l = 0; l < hp.n_layer; ++l)
             if (m.plan.block[l] == Device::gpu) r.blocks[l].backend = r.gpu_host_kv.get();
         if (m.plan.head == Device::gpu) r.head.backend = r.gpu_host_kv.get();
@@ -272,11 +275,14 @@ Runner::Runner(std::shared_ptr<Model> model, const RunnerParams& params) {
     for (int32_t l = 0; l < hp.n_layer; ++l) {
         KVLayer& kv = r.kv[l];
         Backend& be = *r.blocks[l].backend;
+        if (&be == r.gpu_host_kv.get()) {
+            r.gpu_host_kv->alloc_layer(kv);
+            continue;
+        }
         for (auto [p, type] : {std::pair{&kv.k, kv.k_type}, std::pair{&kv.v, kv.v_type}}) {
             const size_t bytes = (size_t)params.n_kv_blocks * kv_block_bytes(type, params.kv_block_size, width);
             // A streamed block's host KV is pinned, so its copies run asynchronously at full speed.
-            *p = be.is_host() && r.stream ? r.stream->alloc_host(bytes)
-                 : &be == r.gpu_host_kv.get() ? r.gpu_host_kv->alloc_kv(bytes) : nullptr;
+            *p = be.is_host() && r.stream ? r.stream->alloc_host(bytes) : nullptr;
             if (!*p) {
                 *p = be.alloc(bytes);
                 r.owned.emplace_back(&be, *p);
@@ -439,6 +445,10 @@ void Runner::copy_block(int32_t src, int32_t dst) {
     for (int32_t l = 0; l < hp.n_layer; ++l) {
         KVLayer& kv = r.kv[l];
         Backend& be = *r.blocks[l].backend;
+        if (&be == r.gpu_host_kv.get()) {
+            r.gpu_host_kv->alloc_layer(kv);
+            continue;
+        }
         for (auto [p, type] : {std::pair{kv.k, kv.k_type}, std::pair{kv.v, kv.v_type}}) {
             const size_t bytes = kv_block_bytes(type, kv.block_size, width);
             auto* base = static_cast<uint8_t*>(p);

@@ -22,6 +22,8 @@ struct RunnerParams {
     int32_t kv_block_size = 16;
     GGMLType type_k = GGMLType::F16, type_v = GGMLType::F16;
     bool offload_kqv = true;
+    // offload_kqv=False: MiB of GPU memory that keep copies of host KV blocks (host_kv.h).
+    int32_t kv_gpu_cache_mb = 0;
     // The head stops at the final norm: each row asked for is the hidden state after output_norm
     // ([n_embd] floats, what llama.cpp pools into embeddings) instead of logits.
     bool embeddings = false;

@@ -4,30 +4,39 @@
 # Q4_0 side by side with llama.cpp: host KV (llama-bench -nkvo 1 against ember-bench -nkvo) and
 # serving (llama-server -np 64 -cb -cram 0 against ember-server -np 64, both driven by
 # ember-bench --serving with the same seed).
-# Carry: build/carry/srv build/carry/wheels build/parts/smol.partab.
+# Carry: build/carry/srv build/carry/wheels, and the SmolLM2 parts (build/parts/smol.parta*) the
+# tests need, one a call where the carry limit allows no more: the file is put together once both
+# parts have come.
 # Env: PARTS=nkvo,serving (default both), TESTS=0 skips tests, N / C (serving requests / concurrency,
 # default 128 / 64), EXTRA: a command run at the end.
 cd "$(dirname "$0")/../.."
 LOG="${OUT:-/tmp}/bench.log"
 step() { echo "== $(date +%T) $*" | tee -a "$LOG"; }
 cp build/parts/* /tmp/em/parts/ 2>/dev/null
-[ -f /tmp/em/SmolLM2-135M-Instruct.Q4_1.gguf ] || cat /tmp/em/parts/smol.parta* > /tmp/em/SmolLM2-135M-Instruct.Q4_1.gguf
+[ -f /tmp/em/SmolLM2-135M-Instruct.Q4_1.gguf ] || [ ! -f /tmp/em/parts/smol.partab ] || [ ! -f /tmp/em/parts/smol.partaa ] ||
+  cat /tmp/em/parts/smol.parta* > /tmp/em/SmolLM2-135M-Instruct.Q4_1.gguf
 source tools/device/cuda_build.sh >> "$LOG" 2>&1 || { echo "BUILD FAILED"; tail -60 "$LOG"; exit 1; }
 export EMBER_TEST_CACHE=/tmp/em
 M=/tmp/em/l7b-q4_0.gguf
 BIN=/tmp/lcpp/llama.cpp/build/bin
 PARTS=${PARTS:-nkvo,serving}
 if [ "${TESTS:-1}" = 1 ]; then
-  timeout 240 python3 -m pytest tests/test_host_kv.py -q -rs -p no:cacheprovider > "${OUT:-/tmp}/tests.log" 2>&1
+  timeout 300 python3 -m pytest tests/test_host_kv.py tests/test_engine_host_tier.py -q -rs -p no:cacheprovider > "${OUT:-/tmp}/tests.log" 2>&1
   step "tests rc=$? $(tail -1 "${OUT:-/tmp}/tests.log")"
 fi
 if [[ $PARTS == *nkvo* ]]; then
   step "llama-bench -nkvo 1"
   timeout 150 $BIN/llama-bench -m $M -ngl 99 -nkvo 1 -p 512 -n 128 -r 2 2>&1 | grep -E "^\|" | tee -a "$LOG"
   timeout 150 $BIN/llama-bench -m $M -ngl 99 -nkvo 1 -p 0 -n 64 -d 4096 -r 1 2>&1 | grep -E "^\|" | tee -a "$LOG"
-  step "ember-bench -nkvo"
+  step "ember-bench -nkvo (the default GPU cache of the host KV)"
   timeout 150 python3 -m ember.bench -m $M -ngl -1 -nkvo -p 512 -n 128 -r 2 2>&1 | tee -a "$LOG"
   timeout 150 python3 -m ember.bench -m $M -ngl -1 -nkvo -p 0 -n 64 -d 4096 -r 1 2>&1 | tee -a "$LOG"
+  step "ember-bench -nkvo --kv-gpu-cache-mb 0 (every block over PCIe) and 512"
+  timeout 150 python3 -m ember.bench -m $M -ngl -1 -nkvo --kv-gpu-cache-mb 0 -p 512 -n 128 -r 1 2>&1 | tee -a "$LOG"
+  timeout 150 python3 -m ember.bench -m $M -ngl -1 -nkvo --kv-gpu-cache-mb 0 -p 0 -n 64 -d 4096 -r 1 2>&1 | tee -a "$LOG"
+  timeout 150 python3 -m ember.bench -m $M -ngl -1 -nkvo --kv-gpu-cache-mb 512 -p 0 -n 64 -d 4096 -r 1 2>&1 | tee -a "$LOG"
+  step "ember-bench, KV on the GPU"
+  timeout 150 python3 -m ember.bench -m $M -ngl -1 -p 0 -n 64 -d 4096 -r 1 2>&1 | tee -a "$LOG"
   step "ember-bench -nkvo, q8_0 KV (half the bytes over PCIe)"
   timeout 120 python3 -m ember.bench -m $M -ngl -1 -nkvo -ctk q8_0 -ctv q8_0 -p 0 -n 64 -d 4096 -r 1 2>&1 | tee -a "$LOG"
 fi

@@ -82,7 +82,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     return dict(n_ctx=args.ctx_size, n_gpu_layers=args.n_gpu_layers, n_threads=args.threads,
                 max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                 kv_mb=args.kv_mb, kv_host_mb=args.kv_host_mb, type_k=type_k, type_v=type_v,
-                deterministic=args.deterministic, offload_kqv=not args.no_kv_offload, verbose=True)
+                deterministic=args.deterministic, offload_kqv=not args.no_kv_offload,
+                kv_gpu_cache_mb=args.kv_gpu_cache_mb, verbose=True)
 
 
 def settings(args: argparse.Namespace) -> ServerSettings:
