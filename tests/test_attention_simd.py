@@ -3,6 +3,7 @@ bits, since each keeps the scalar loop's order of products and sums. EMBER_SIMD 
 process, so each level runs in a fresh interpreter on the same random inputs."""
 import os
 import pathlib
+import platform
 import subprocess
 import sys
 
@@ -70,11 +71,15 @@ def run_at(level, seed, path):
 
 
 def test_simd_levels_match_scalar_bit_for_bit(tmp_path):
-    if not cpu_has("avx2"):
-        pytest.skip("this CPU has no AVX2: only the scalar attention can run here")
+    # x86: AVX2 and the best level (AVX-512 where there is one); ARM64: the best level, NEON
+    arm64 = platform.machine().lower() in ("aarch64", "arm64")
+    lower = ["avx2"] if not arm64 and cpu_has("avx2") else []
+    if not lower and not arm64:
+        pytest.skip("this CPU has neither AVX2 nor NEON: only the scalar attention can run here")
     seed = int(rng_for("attention simd").integers(1 << 31))
     scalar = run_at("scalar", seed, tmp_path / "scalar.npz")
-    levels = {"avx2": run_at("avx2", seed, tmp_path / "avx2.npz"), "best": run_at(None, seed, tmp_path / "best.npz")}
+    levels = {name: run_at(name, seed, tmp_path / f"{name}.npz") for name in lower}
+    levels["best"] = run_at(None, seed, tmp_path / "best.npz")
     for name, got in levels.items():
         for i, case in enumerate(CASES):
             np.testing.assert_array_equal(got[f"c{i}"].view(np.uint32), scalar[f"c{i}"].view(np.uint32),

@@ -54,6 +54,7 @@ const AttentionMath kAttentionMathScalar{scores, scale_round, weighted_sum, f16_
 const AttentionMath& attention_math(int32_t head_dim) {
     static const AttentionMath& best = cpu_simd_level() == SimdLevel::avx512 ? kAttentionMathAvx512
                                        : cpu_simd_level() == SimdLevel::avx2   ? kAttentionMathAvx2
+                                       : cpu_simd_level() == SimdLevel::neon   ? kAttentionMathNeon
                                                                                : kAttentionMathScalar;
     return head_dim % kAttentionLanes == 0 ? best : kAttentionMathScalar;
 }

@@ -32,6 +32,7 @@ struct AttentionMath {
 extern const AttentionMath kAttentionMathScalar;
 extern const AttentionMath kAttentionMathAvx2;
 extern const AttentionMath kAttentionMathAvx512;
+extern const AttentionMath kAttentionMathNeon;   // ARM64 (the scalar table on other targets)
 
 // The level vec_dot uses (CPU features, lowered by EMBER_SIMD); the scalar reference for head
 // dimensions that are not a multiple of 16.

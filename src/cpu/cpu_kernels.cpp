@@ -49,7 +49,8 @@ VecDotFn best_vec_dot(GGMLType t) {
 QuantizeRowFn best_quantize_row(GGMLType t) {
     const QuantizeRowFn scalar = type_traits(t).quantize_row;
     if (!scalar) return nullptr;
-    QuantizeRowFn f = cpu_simd_level() == SimdLevel::avx512 ? quantize_row_avx512(t) : nullptr;
+    QuantizeRowFn f = cpu_simd_level() == SimdLevel::neon ? quantize_row_neon(t) : nullptr;
+    if (!f && cpu_simd_level() == SimdLevel::avx512) f = quantize_row_avx512(t);
     if (!f && int(cpu_simd_level()) >= int(SimdLevel::avx2)) f = quantize_row_avx2(t);
     return f ? f : scalar;
 }

@@ -1,6 +1,6 @@
 // Targets without x86 SIMD (ARM and others): the *_avx2.cpp / *_avx512.cpp kernel files are not
-// built there (CMakeLists.txt), and their lookups answer "none", so the scalar kernels serve every
-// type. cpu_simd_level() is scalar on such targets, so nothing asks for an x86 table anyway.
+// built there (CMakeLists.txt), and their lookups answer "none", so each type gets the target's own
+// kernels (the *_neon.cpp files on ARM64) or the scalar ones.
 #if !(defined(__x86_64__) || defined(__i386__))
 #include "cpu/attention_math.h"
 #include "cpu/gemm.h"

@@ -14,5 +14,6 @@ VecDotFn vec_dot_neon(GGMLType type);   // ARM64 (nullptr on other targets)
 // Activation quantizers with the scalar quantize_row_* output, byte for byte.
 QuantizeRowFn quantize_row_avx2(GGMLType type);
 QuantizeRowFn quantize_row_avx512(GGMLType type);
+QuantizeRowFn quantize_row_neon(GGMLType type);   // ARM64 (nullptr on other targets)
 
 }  // namespace ember

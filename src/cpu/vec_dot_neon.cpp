@@ -1,71 +1,213 @@
-// ARM64 NEON dot products of Q4_0 and Q8_0 weights with Q8_0 activations, and of Q4_1 weights with
-// Q8_1 activations (Advanced SIMD is part of
-// every ARMv8-A core, so no flags or run-time check). The integer sum of a block is exact in any
-// order and the float step per block is the scalar reference's own expression, so each result is
-// vec_dot_scalar's bit for bit. Elsewhere the lookup answers "none".
+// ARM64 NEON dot products, the types vec_dot_avx2.cpp covers: Q4_0/Q5_0/Q8_0 x Q8_0,
+// Q4_1/Q5_1 x Q8_1, Q4_K/Q5_K/Q6_K x Q8_K, F32/F16/BF16 x F32 (Advanced SIMD is part of every
+// ARMv8-A core, so no flags or run-time check). Quantized types: the integer sums of a block are
+// exact in any order and the float step per block is the scalar reference's own expression (both
+// files build without FMA contraction off x86, CMakeLists.txt), so each result is vec_dot_scalar's
+// bit for bit. Float types sum in f32 lanes with FMA, as AVX2 does, where the reference sums
+// in double: equal to float rounding. Elsewhere the lookup answers "none".
 #include "cpu/isa_kernels.h"
 
 #if defined(__aarch64__)
 #include <arm_neon.h>
 
+#include <cstring>
+#include <type_traits>
+
+#include "cpu/legacy_blocks.h"
 #include "quant/blocks.h"
 #include "quant/half.h"
 
 namespace ember {
 namespace {
 
-// sum(a[i] * b[i]) of 16 + 16 int8 pairs: widening products, pairwise-added into int32 lanes.
-inline int32_t dot32_s8(int8x16_t a0, int8x16_t a1, int8x16_t b0, int8x16_t b1) {
-    int32x4_t acc = vpaddlq_s16(vmull_s8(vget_low_s8(a0), vget_low_s8(b0)));
-    acc = vpadalq_s16(acc, vmull_high_s8(a0, b0));
-    acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(a1), vget_low_s8(b1)));
-    acc = vpadalq_s16(acc, vmull_high_s8(a1, b1));
-    return vaddvq_s32(acc);
+// sum(a[i] * b[i]) of 16 int8 pairs in four int32 lanes: widening products (|a * b| <= 2^14
+// fits int16), pairwise-added.
+inline int32x4_t dot16(int8x16_t a, int8x16_t b) {
+    return vpadalq_s16(vpaddlq_s16(vmull_s8(vget_low_s8(a), vget_low_s8(b))), vmull_high_s8(a, b));
 }
 
-float dot_q8_0(int64_t n, const void* w, const void* x) {
-    const BlockQ8_0* a = static_cast<const BlockQ8_0*>(w);
-    const BlockQ8_0* b = static_cast<const BlockQ8_0*>(x);
-    float s = 0;
-    for (int64_t i = 0; i < n / QK8_0; ++i) {
-        const int32_t si = dot32_s8(vld1q_s8(a[i].qs), vld1q_s8(a[i].qs + 16), vld1q_s8(b[i].qs), vld1q_s8(b[i].qs + 16));
-        s += half_to_float(a[i].d) * half_to_float(b[i].d) * float(si);
-    }
-    return s;
+inline int32_t dot32(int8x16_t a0, int8x16_t a1, const int8_t* x) {
+    return vaddvq_s32(vaddq_s32(dot16(a0, vld1q_s8(x)), dot16(a1, vld1q_s8(x + 16))));
 }
 
-// The 32 4-bit values of a Q4 block as int8, `offset` subtracted: qs byte j holds element j in
-// its low nibble and element j + 16 in its high one.
-inline void q4_values(const uint8_t* qs, int8_t offset, int8x16_t& lo, int8x16_t& hi) {
+// ---- 32-element blocks ----
+
+// The 16 nibble bytes of a Q4/Q5 block: byte j holds element j in its low nibble and element
+// j + 16 in its high one.
+inline void nibbles(const uint8_t* qs, uint8x16_t& lo, uint8x16_t& hi) {
     const uint8x16_t q = vld1q_u8(qs);
-    lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(0x0F))), vdupq_n_s8(offset));
-    hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(q, 4)), vdupq_n_s8(offset));
+    lo = vandq_u8(q, vdupq_n_u8(0x0F));
+    hi = vshrq_n_u8(q, 4);
 }
 
-float dot_q4_0(int64_t n, const void* w, const void* x) {
-    const BlockQ4_0* a = static_cast<const BlockQ4_0*>(w);
-    const BlockQ8_0* b = static_cast<const BlockQ8_0*>(x);
+// Bit 4 of the Q5 quants: 0x10 in byte j where bit j of the little-endian u32 qh is set.
+inline void q5_high_bits(const uint8_t* qh, uint8x16_t& lo, uint8x16_t& hi) {
+    uint32_t h;
+    std::memcpy(&h, qh, 4);
+    const uint8x8_t b = vcreate_u8(h);
+    const uint8x16_t bit = vreinterpretq_u8_u64(vdupq_n_u64(0x8040201008040201ULL));
+    const uint8x16_t sixteen = vdupq_n_u8(0x10);
+    lo = vandq_u8(vtstq_u8(vcombine_u8(vdup_lane_u8(b, 0), vdup_lane_u8(b, 1)), bit), sixteen);
+    hi = vandq_u8(vtstq_u8(vcombine_u8(vdup_lane_u8(b, 2), vdup_lane_u8(b, 3)), bit), sixteen);
+}
+
+// A block's 32 weights as int8 in element order (lo: 0..15, hi: 16..31), offset removed for the
+// *_0 kinds as the scalar q4_values / q5_values do.
+template <Legacy K, class WB>
+inline void weight_values(const WB& w, int8x16_t& lo, int8x16_t& hi) {
+    if constexpr (K == Legacy::q8_0) {
+        lo = vld1q_s8(w.qs);
+        hi = vld1q_s8(w.qs + 16);
+    } else {
+        uint8x16_t l, h;
+        nibbles(w.qs, l, h);
+        if constexpr (kQ5<K>) {
+            uint8x16_t bl, bh;
+            q5_high_bits(w.qh, bl, bh);
+            l = vorrq_u8(l, bl);
+            h = vorrq_u8(h, bh);
+        }
+        const uint8x16_t offset = vdupq_n_u8(K == Legacy::q4_0 ? 8 : K == Legacy::q5_0 ? 16 : 0);
+        lo = vreinterpretq_s8_u8(vsubq_u8(l, offset));
+        hi = vreinterpretq_s8_u8(vsubq_u8(h, offset));
+    }
+}
+
+template <Legacy K>
+float dot_legacy(int64_t n, const void* w, const void* x) {
+    using WB = typename LegacyBlocks<K>::W;
+    using XB = typename LegacyBlocks<K>::X;
+    const WB* a = static_cast<const WB*>(w);
+    const XB* b = static_cast<const XB*>(x);
     float s = 0;
-    for (int64_t i = 0; i < n / QK4_0; ++i) {
+    for (int64_t i = 0; i < n / 32; ++i) {
         int8x16_t lo, hi;
-        q4_values(a[i].qs, 8, lo, hi);
-        const int32_t si = dot32_s8(lo, hi, vld1q_s8(b[i].qs), vld1q_s8(b[i].qs + 16));
-        s += half_to_float(a[i].d) * half_to_float(b[i].d) * float(si);
+        weight_values<K>(a[i], lo, hi);
+        const int32_t si = dot32(lo, hi, b[i].qs);
+        if constexpr (kHasMin<K>)
+            s += half_to_float(a[i].d) * half_to_float(b[i].d) * float(si) +
+                 half_to_float(a[i].m) * half_to_float(b[i].s);
+        else
+            s += half_to_float(a[i].d) * half_to_float(b[i].d) * float(si);
     }
     return s;
 }
 
-float dot_q4_1(int64_t n, const void* w, const void* x) {
-    const BlockQ4_1* a = static_cast<const BlockQ4_1*>(w);
-    const BlockQ8_1* b = static_cast<const BlockQ8_1*>(x);
+// ---- K-quants x Q8_K: value = d * sc * q - dmin * mn per sub-block, as vec_dot_scalar's
+// dot_k_decoded sums them ----
+
+// sum_j mn[j] * (bsums[2j] + bsums[2j + 1]): the min term of Q4_K / Q5_K, whose 8 mins (bytes
+// of mn8) each cover two 16-element bsums.
+inline int32_t min_term(uint64_t mn8, const int16_t* bsums) {
+    const uint16x8_t mn = vmovl_u8(vcreate_u8(mn8));
+    const int32x4_t m0 = vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(mn)));
+    const int32x4_t m1 = vreinterpretq_s32_u32(vmovl_high_u16(mn));
+    const int32x4_t pairs0 = vpaddlq_s16(vld1q_s16(bsums)), pairs1 = vpaddlq_s16(vld1q_s16(bsums + 8));
+    return vaddvq_s32(vmlaq_s32(vmulq_s32(pairs0, m0), pairs1, m1));
+}
+
+template <bool Q5>
+float dot_q45_k(int64_t n, const void* wv, const void* xv) {
+    using WB = std::conditional_t<Q5, BlockQ5_K, BlockQ4_K>;
+    const WB* w = static_cast<const WB*>(wv);
+    const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
+    const uint8x16_t m4 = vdupq_n_u8(0x0F), sixteen = vdupq_n_u8(0x10);
     float s = 0;
-    for (int64_t i = 0; i < n / QK4_1; ++i) {
-        int8x16_t lo, hi;
-        q4_values(a[i].qs, 0, lo, hi);
-        const int32_t si = dot32_s8(lo, hi, vld1q_s8(b[i].qs), vld1q_s8(b[i].qs + 16));
-        s += half_to_float(a[i].d) * half_to_float(b[i].d) * float(si) +
-             half_to_float(a[i].m) * half_to_float(b[i].s);
+    for (int64_t i = 0; i < n / QK_K; ++i) {
+        uint64_t sc8, mn8;
+        unpack_scales_k4(w[i].scales, sc8, mn8);
+        uint8_t sc[8];
+        std::memcpy(sc, &sc8, 8);
+        uint8x16_t qh0, qh1;
+        if constexpr (Q5) {
+            qh0 = vld1q_u8(w[i].qh);
+            qh1 = vld1q_u8(w[i].qh + 16);
+        }
+        // chunk c (32 bytes of qs): sub-block 2c in the low nibbles, 2c + 1 in the high ones
+        int32x4_t acc = vdupq_n_s32(0);
+        for (int c = 0; c < 4; ++c) {
+            const uint8x16_t q0 = vld1q_u8(w[i].qs + 32 * c), q1 = vld1q_u8(w[i].qs + 32 * c + 16);
+            uint8x16_t lo0 = vandq_u8(q0, m4), lo1 = vandq_u8(q1, m4);
+            uint8x16_t hi0 = vshrq_n_u8(q0, 4), hi1 = vshrq_n_u8(q1, 4);
+            if constexpr (Q5) {   // bit 4 of element l of sub-block j: bit j of qh[l]
+                const uint8x16_t b0 = vdupq_n_u8(uint8_t(1 << (2 * c))), b1 = vdupq_n_u8(uint8_t(2 << (2 * c)));
+                lo0 = vorrq_u8(lo0, vandq_u8(vtstq_u8(qh0, b0), sixteen));
+                lo1 = vorrq_u8(lo1, vandq_u8(vtstq_u8(qh1, b0), sixteen));
+                hi0 = vorrq_u8(hi0, vandq_u8(vtstq_u8(qh0, b1), sixteen));
+                hi1 = vorrq_u8(hi1, vandq_u8(vtstq_u8(qh1, b1), sixteen));
+            }
+            const int8_t* xq = x[i].qs + 64 * c;
+            const int32x4_t p0 = vaddq_s32(dot16(vreinterpretq_s8_u8(lo0), vld1q_s8(xq)),
+                                           dot16(vreinterpretq_s8_u8(lo1), vld1q_s8(xq + 16)));
+            const int32x4_t p1 = vaddq_s32(dot16(vreinterpretq_s8_u8(hi0), vld1q_s8(xq + 32)),
+                                           dot16(vreinterpretq_s8_u8(hi1), vld1q_s8(xq + 48)));
+            acc = vmlaq_n_s32(vmlaq_n_s32(acc, p0, sc[2 * c]), p1, sc[2 * c + 1]);
+        }
+        const int32_t sumi = vaddvq_s32(acc), summ = min_term(mn8, x[i].bsums);
+        s += x[i].d * (half_to_float(w[i].d) * float(sumi) - half_to_float(w[i].dmin) * float(summ));
     }
+    return s;
+}
+
+float dot_q6_k(int64_t n, const void* wv, const void* xv) {
+    const BlockQ6_K* w = static_cast<const BlockQ6_K*>(wv);
+    const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
+    const uint8x16_t m4 = vdupq_n_u8(0x0F), m2 = vdupq_n_u8(0x03);
+    const int8x16_t offset = vdupq_n_s8(32);
+    float s = 0;
+    for (int64_t i = 0; i < n / QK_K; ++i) {
+        int32x4_t acc = vdupq_n_s32(0);
+        // half h (128 weights): element 128h + 32k + l takes nibble k >> 1 of ql[64h + 32(k & 1) + l]
+        // and bits 2k, 2k + 1 of qh[32h + l]; its 16-element group is 8h + 2k + l / 16
+        for (int h = 0; h < 2; ++h) {
+            const uint8_t* ql = w[i].ql + 64 * h;
+            const uint8x16_t qh[2] = {vld1q_u8(w[i].qh + 32 * h), vld1q_u8(w[i].qh + 32 * h + 16)};
+            for (int k = 0; k < 4; ++k) {
+                const int8_t* xq = x[i].qs + 128 * h + 32 * k;
+                const int g = 8 * h + 2 * k;
+                for (int half = 0; half < 2; ++half) {
+                    const uint8x16_t l = vld1q_u8(ql + 32 * (k & 1) + 16 * half);
+                    const uint8x16_t lo = k < 2 ? vandq_u8(l, m4) : vshrq_n_u8(l, 4);
+                    const uint8x16_t hi = vandq_u8(vshlq_u8(qh[half], vdupq_n_s8(int8_t(-2 * k))), m2);
+                    const int8x16_t q = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(lo, vshlq_n_u8(hi, 4))), offset);
+                    acc = vmlaq_n_s32(acc, dot16(q, vld1q_s8(xq + 16 * half)), w[i].scales[g + half]);
+                }
+            }
+        }
+        // the scalar's min term is 0 * 0 for Q6_K, and subtracting +0 leaves every value as it is
+        s += x[i].d * (half_to_float(w[i].d) * float(vaddvq_s32(acc)));
+    }
+    return s;
+}
+
+// ---- F32 / F16 / BF16 weights x F32 ----
+
+template <int Kind>   // 0: F32, 1: F16, 2: BF16
+inline float32x4_t load_weights4(const void* w, int64_t i) {
+    if constexpr (Kind == 0) return vld1q_f32(static_cast<const float*>(w) + i);
+    const uint16x4_t h = vld1_u16(static_cast<const uint16_t*>(w) + i);
+    if constexpr (Kind == 1) return vcvt_f32_f16(vreinterpret_f16_u16(h));
+    else return vreinterpretq_f32_u32(vshll_n_u16(h, 16));
+}
+
+template <int Kind>
+inline float weight_at(const void* w, int64_t i) {
+    if constexpr (Kind == 0) return static_cast<const float*>(w)[i];
+    const uint16_t h = static_cast<const uint16_t*>(w)[i];
+    if constexpr (Kind == 1) return half_to_float(h);
+    else return bf16_to_float(h);
+}
+
+// Four independent accumulators of 4 lanes hide the FMA latency.
+template <int Kind>
+float dot_float(int64_t n, const void* w, const void* xv) {
+    const float* x = static_cast<const float*>(xv);
+    float32x4_t acc[4] = {vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0)};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 4; ++k) acc[k] = vfmaq_f32(acc[k], load_weights4<Kind>(w, i + 4 * k), vld1q_f32(x + i + 4 * k));
+    float s = vaddvq_f32(vaddq_f32(vaddq_f32(acc[0], acc[1]), vaddq_f32(acc[2], acc[3])));
+    for (; i < n; ++i) s += weight_at<Kind>(w, i) * x[i];
     return s;
 }
 
@@ -73,9 +215,17 @@ float dot_q4_1(int64_t n, const void* w, const void* x) {
 
 VecDotFn vec_dot_neon(GGMLType type) {
     switch (type) {
-        case GGMLType::Q4_0: return dot_q4_0;
-        case GGMLType::Q4_1: return dot_q4_1;
-        case GGMLType::Q8_0: return dot_q8_0;
+        case GGMLType::F32: return dot_float<0>;
+        case GGMLType::F16: return dot_float<1>;
+        case GGMLType::BF16: return dot_float<2>;
+        case GGMLType::Q4_0: return dot_legacy<Legacy::q4_0>;
+        case GGMLType::Q4_1: return dot_legacy<Legacy::q4_1>;
+        case GGMLType::Q5_0: return dot_legacy<Legacy::q5_0>;
+        case GGMLType::Q5_1: return dot_legacy<Legacy::q5_1>;
+        case GGMLType::Q8_0: return dot_legacy<Legacy::q8_0>;
+        case GGMLType::Q4_K: return dot_q45_k<false>;
+        case GGMLType::Q5_K: return dot_q45_k<true>;
+        case GGMLType::Q6_K: return dot_q6_k;
         default: return nullptr;
     }
 }
