@@ -650,6 +650,14 @@ private:
         return on && !invariant_ && sized && n_tok <= cuda::kMaxGemmDqTokens &&
                cuda::gemm_dq_supported(w.type, w.n_in) && !(cuda::gemv_cpu_order(w.n_in) && n_tok <= kMaxIntPromptTokens);
     }
+    // An engine decode step of more than three GEMV chunks, on weights of the 256-element
+    // super-block formats (the K-quants: the Q6_K output head of most models): their GEMV is
+    // compute-bound at 8 tokens (a Q6_K head chunk runs at ~0.4 TB/s), so one dequantized cuBLAS
+    // GEMM, which reads the weight once for all tokens, costs less than a launch per chunk.
+    bool many_chunks_of_superblocks(const Weight& w, int32_t n_tok) const {
+        return !invariant_ && n_tok > 3 * kMaxGemvTokens && n_tok == n_tok_ && decode_batch() &&
+               cuda::block_info(w.type).block_elems == 256;
+    }
     // ys[i] = x ws[i]^T; x_q8: the scratch already holds x as q8_1 blocks (the kernel before
     // wrote them), else they are made here where a GEMV or the quantized GEMM reads them. Decode
     // batches: one GEMV launch per run of up to kMaxGemvBatch consecutive weights of one type;
@@ -721,7 +729,8 @@ private:
                 cuda::gemm_q8(device_weight(w), ys[i], xq, xds, n_tok, stream_);
                 continue;
             }
-            if (n_tok > kMaxIntPromptTokens || (!cuda::gemv_wants_q8(w.type) && n_tok > kMaxGemvTokens)) {
+            if (n_tok > kMaxIntPromptTokens || (!cuda::gemv_wants_q8(w.type) && n_tok > kMaxGemvTokens) ||
+                many_chunks_of_superblocks(w, n_tok)) {
                 gemm(w, x, n_tok, ys[i]);
                 xh_dq = false;   // gemm() converts x into xh_ in the natural order
                 continue;

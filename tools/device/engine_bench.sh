@@ -2,13 +2,15 @@
 # Device call 2 of the engine runs (after engine_setup.sh on the same warm machine): the CUDA
 # engine tests on SmolLM2 (its second part carried now), then llama-batched-bench and
 # ember-bench -npl on the synthetic llama2-7b Q4_0, one after the other in this call.
-# Carry: build/carry build/parts/smol.partab. Env: NPL (default 1,8,32,64,128), TESTS=0 skips tests,
+# Carry: build/carry, and the SmolLM2 parts for the tests (both by now: the file is put together
+# once both have come). Env: NPL (default 1,8,32,64,128), TESTS=0 skips tests,
 # DETERMINISTIC=B,... adds a deterministic-mode row set, EXTRA: a command run at the end.
 cd "$(dirname "$0")/../.."
 LOG="${OUT:-/tmp}/bench.log"
 step() { echo "== $(date +%T) $*" | tee -a "$LOG"; }
 cp build/parts/* /tmp/em/parts/ 2>/dev/null
-[ -f /tmp/em/SmolLM2-135M-Instruct.Q4_1.gguf ] || cat /tmp/em/parts/smol.parta* > /tmp/em/SmolLM2-135M-Instruct.Q4_1.gguf
+[ -f /tmp/em/SmolLM2-135M-Instruct.Q4_1.gguf ] || [ ! -f /tmp/em/parts/smol.partab ] || [ ! -f /tmp/em/parts/smol.partaa ] ||
+  cat /tmp/em/parts/smol.parta* > /tmp/em/SmolLM2-135M-Instruct.Q4_1.gguf
 source tools/device/cuda_build.sh >> "$LOG" 2>&1 || { echo "BUILD FAILED"; tail -60 "$LOG"; exit 1; }
 export EMBER_TEST_CACHE=/tmp/em
 NPL=${NPL:-1,8,32,64,128}
