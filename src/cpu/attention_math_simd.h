@@ -1,9 +1,13 @@
 // The SIMD attention arithmetic (attention_math.h), written once on a 16-float type:
-// attention_math_avx2.cpp and attention_math_avx512.cpp include it under their ISA flags. Lane l
-// of a vector holds what iteration l of the scalar loop computes, with the same operations in
-// the same order.
+// attention_math_avx2.cpp and attention_math_avx512.cpp include it under their ISA flags,
+// attention_math_neon.cpp on ARM64. Lane l of a vector holds what iteration l of the scalar loop
+// computes, with the same operations in the same order.
 #pragma once
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#else
 #include <immintrin.h>
+#endif
 
 #include <cmath>
 #include <cstring>
@@ -14,9 +18,43 @@ namespace ember {
 namespace attention_simd {
 namespace {   // each including file gets its own copies, built for its ISA
 
-// 16 floats: one zmm, or two ymm under AVX2 (GCC's own 64-byte vectors went through the stack
-// there). Operators are single IEEE operations, so lane l computes what the scalar loop does.
-#if defined(__AVX512F__)
+// 16 floats: one zmm, two ymm under AVX2 (GCC's own 64-byte vectors went through the stack
+// there), or four q registers on NEON. Operators are single IEEE operations, so lane l computes
+// what the scalar loop does.
+#if defined(__aarch64__)
+struct v16 {
+    float32x4_t r[4];
+};
+inline v16 zero() { return {{vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0)}}; }
+inline v16 load(const float* p) { return {{vld1q_f32(p), vld1q_f32(p + 4), vld1q_f32(p + 8), vld1q_f32(p + 12)}}; }
+inline void store(float* p, v16 a) {
+    for (int k = 0; k < 4; ++k) vst1q_f32(p + 4 * k, a.r[k]);
+}
+inline v16 operator+(v16 a, v16 b) {
+    return {{vaddq_f32(a.r[0], b.r[0]), vaddq_f32(a.r[1], b.r[1]), vaddq_f32(a.r[2], b.r[2]), vaddq_f32(a.r[3], b.r[3])}};
+}
+inline v16 operator*(v16 a, float s) {
+    return {{vmulq_n_f32(a.r[0], s), vmulq_n_f32(a.r[1], s), vmulq_n_f32(a.r[2], s), vmulq_n_f32(a.r[3], s)}};
+}
+inline v16 load_fill(float s) { return {{vdupq_n_f32(s), vdupq_n_f32(s), vdupq_n_f32(s), vdupq_n_f32(s)}}; }
+// Lane-wise x > m ? x : m, as maxps does: FMAX (vmaxq_f32) would return a NaN operand.
+inline v16 vmax(v16 x, v16 m) {
+    v16 y;
+    for (int k = 0; k < 4; ++k) y.r[k] = vbslq_f32(vcgtq_f32(x.r[k], m.r[k]), x.r[k], m.r[k]);
+    return y;
+}
+// f16 <-> f32 by FCVTL / FCVTN: round to nearest even (the default FPCR mode), subnormals kept,
+// overflow to inf, as float_to_half / half_to_float.
+inline v16 from_f16(const uint16_t* p) {
+    v16 y;
+    for (int k = 0; k < 4; ++k) y.r[k] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p + 4 * k)));
+    return y;
+}
+inline v16 round_f16(v16 a) {
+    for (int k = 0; k < 4; ++k) a.r[k] = vcvt_f32_f16(vcvt_f16_f32(a.r[k]));
+    return a;
+}
+#elif defined(__AVX512F__)
 struct v16 {
     __m512 z;
 };
@@ -154,7 +192,39 @@ inline float max(const float* x, int32_t n) {
 
 // One transposed key group (attention_math.h): 16 f16 rows converted and transposed in
 // registers. D % 16 == 0.
-#if defined(__AVX512F__)
+#if defined(__aarch64__)
+// r[j] = column j of the 4x4 matrix whose rows were r[0..4).
+inline void transpose4(float32x4_t r[4]) {
+    const float32x4_t t0 = vtrn1q_f32(r[0], r[1]);   // a0 b0 a2 b2
+    const float32x4_t t1 = vtrn2q_f32(r[0], r[1]);   // a1 b1 a3 b3
+    const float32x4_t t2 = vtrn1q_f32(r[2], r[3]);   // c0 d0 c2 d2
+    const float32x4_t t3 = vtrn2q_f32(r[2], r[3]);   // c1 d1 c3 d3
+    auto pairs = [](float32x4_t a) { return vreinterpretq_f64_f32(a); };
+    r[0] = vreinterpretq_f32_f64(vtrn1q_f64(pairs(t0), pairs(t2)));
+    r[1] = vreinterpretq_f32_f64(vtrn1q_f64(pairs(t1), pairs(t3)));
+    r[2] = vreinterpretq_f32_f64(vtrn2q_f64(pairs(t0), pairs(t2)));
+    r[3] = vreinterpretq_f32_f64(vtrn2q_f64(pairs(t1), pairs(t3)));
+}
+
+// 8 columns of rows h..h+3 at a time, converted then transposed as two 4x4 blocks.
+inline void gather_keys16_f16(const uint16_t* rows, int64_t row_stride, int32_t D, float* kt) {
+    for (int32_t c = 0; c < D; c += 8)
+        for (int h = 0; h < 16; h += 4) {
+            float32x4_t lo[4], hi[4];
+            for (int l = 0; l < 4; ++l) {
+                const float16x8_t r = vreinterpretq_f16_u16(vld1q_u16(rows + (h + l) * row_stride + c));
+                lo[l] = vcvt_f32_f16(vget_low_f16(r));
+                hi[l] = vcvt_high_f32_f16(r);
+            }
+            transpose4(lo);
+            transpose4(hi);
+            for (int j = 0; j < 4; ++j) {
+                vst1q_f32(kt + (int64_t)(c + j) * 16 + h, lo[j]);
+                vst1q_f32(kt + (int64_t)(c + 4 + j) * 16 + h, hi[j]);
+            }
+        }
+}
+#elif defined(__AVX512F__)
 // r[j] = column j of the 16x16 matrix whose rows were r[0..16).
 inline void transpose16(__m512 r[16]) {
     __m512 t[16], u[16];
