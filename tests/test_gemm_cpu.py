@@ -1,6 +1,8 @@
-"""CPU batched matmul (tiled kernels, src/cpu/gemm_*.cpp) against per-token matmuls (vec_dot):
-every output must be bit-identical, since greedy outputs are checked against llama.cpp. The
-AVX-512 tiles run at this machine's level; test_avx2_tiles reruns the file under EMBER_SIMD=avx2."""
+"""CPU batched matmul against per-token matmuls: every output must be bit-identical, so a token's
+result never depends on how its prompt was split into batches. Types whose fast kernels have a
+single-token form take them for every batch (test_gemm_fast_cpu.py); the others go through tiles
+(src/cpu/gemm_*.cpp) that reproduce vec_dot. The AVX-512 tiles run at this machine's level;
+test_avx2_tiles reruns the file under EMBER_SIMD=avx2."""
 import gguf
 import numpy as np
 import pytest
@@ -11,6 +13,8 @@ K = kernel_module()
 
 # The tiled types first; F16 pins down that the fallback loop stays exact too.
 TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16"]
+# The types whose every batch takes the fast kernels at each SIMD level (test_gemm_fast_cpu.ALWAYS).
+ALWAYS_FAST = {"avx512": {"Q4_0", "Q4_1", "Q8_0"}, "avx2": set()}
 # Row lengths give every remainder of blocks of 32 modulo 4 (the legacy kernels step 4 blocks
 # at a time, then a pair, then a single block); the 256-multiples (1, 3 and 6 super-blocks)
 # run the K-quant tiles.
@@ -47,7 +51,9 @@ def test_batched_matmul_is_bit_identical_to_per_token(cpu, name, n_in, rng):
                                       err_msg=f"{name} n_in={n_in} n_tok={n_tok}")
 
 
-@pytest.mark.parametrize("name,n_in", [(t, n) for n in N_IN for t in TYPES if n % block_elems(t) == 0])
+# (the ALWAYS_FAST types: test_gemm_fast_cpu.py compares their single-token kernel with vec_dot)
+@pytest.mark.parametrize("name,n_in", [(t, n) for n in N_IN for t in TYPES
+                                       if n % block_elems(t) == 0 and t not in ALWAYS_FAST.get(K.simd_level(), set())])
 def test_single_token_matmul_is_vec_dot(cpu, name, n_in, rng):
     """One token (decode): each output is exactly the kernel's vec_dot of its row, however the
     rows are handed out or tiled."""

@@ -1,10 +1,12 @@
-"""CPU fast batched matmul (src/cpu/gemm_fast*.cpp): batches of several sequences (n_seq > 1, not
-batch-invariant) trade vec_dot's bit-exactness for weight rows in the vector lanes. Its results
-must match float64 sums over the dequantized weights and the activations quantized as vec_dot
-takes them to float rounding; one sequence, or a batch-invariant batch, must keep the exact
-(vec_dot) results. The
-AVX-512 kernels run at this machine's level; test_avx2_kernels reruns the file under
-EMBER_SIMD=avx2."""
+"""CPU fast quantized matmul (src/cpu/gemm_fast*.cpp): weight rows in the vector lanes instead of
+vec_dot's float order. Its results must match float64 sums over the dequantized weights and the
+activations quantized as vec_dot takes them to float rounding, and each token's result must be the
+same whatever else shares its batch. Types with a single-token fast kernel (ALWAYS) take the fast
+arithmetic for every batch, one token, one sequence and batch-invariant steps included (the
+engine's default mode is then batch-invariant too); the other fast types take it for batches of
+several sequences only (n_seq > 1, not batch-invariant), where one sequence, a batch-invariant
+batch and one token keep vec_dot's results. The AVX-512 kernels run at this machine's level;
+test_avx2_kernels reruns the file under EMBER_SIMD=avx2."""
 import gguf
 import numpy as np
 import pytest
@@ -16,7 +18,9 @@ K = kernel_module()
 TYPES = ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
 # The types with fast kernels at each SIMD level (the others keep the exact path).
 FAST = {"avx512": set(TYPES), "avx2": {"Q4_0", "Q4_1", "Q8_0"}}
-N_TOK = [2, 3, 8, 16, 33, 64]
+# The types whose fast kernels have a single-token form (FastGemm::gemv) at each SIMD level.
+ALWAYS = {"avx512": {"Q4_0", "Q4_1", "Q8_0"}, "avx2": set()}
+N_TOK = [1, 2, 3, 8, 16, 33, 64]
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +30,15 @@ def cpu():
 
 def has_fast_kernel(name):
     return name in FAST.get(K.simd_level(), set())
+
+
+def always_fast(name):
+    return name in ALWAYS.get(K.simd_level(), set())
+
+
+def vec_dots(qtype, wq, x):
+    return np.array([[K.vec_dot(qtype, wq[o], x[t], impl="best") for o in range(len(wq))] for t in range(len(x))],
+                    np.float32)
 
 
 def block_elems(name):
@@ -95,54 +108,66 @@ def test_fast_matmul_matches_float64(cpu, rng, name, n_in, n_out):
 
 
 @pytest.mark.parametrize("name", TYPES)
-def test_fast_matmul_is_close_to_exact_but_not_it(cpu, rng, name):
-    """The fast path is really taken for several sequences: its sums differ from vec_dot's in the
-    last bits, and only there (both quantize the activations alike)."""
+def test_fast_matmul_is_close_to_vec_dot_but_not_it(cpu, rng, name):
+    """The fast path is really taken for several sequences (and for one token where the type has
+    a single-token kernel): its sums differ from vec_dot's in the last bits, and only there (both
+    quantize the activations alike)."""
     n_in, n_out = 768, 53
     qtype, wq, wd = quantized_weight(rng, name, n_out, n_in)
-    for n_tok in N_TOK:
+    for n_tok in N_TOK[:5]:
         x = activations(rng, n_tok, n_in)
         fast = cpu.matmul(qtype, wq, n_in, x, n_seq=3)
-        exact = cpu.matmul(qtype, wq, n_in, x)
-        assert_float_rounding(fast, exact, reference(name, wq, wd, x)[1], f"{name} n_tok={n_tok}")
-        if has_fast_kernel(name):
-            assert (fast != exact).any(), f"{name} n_tok={n_tok}: the fast path was not taken"
+        dots = vec_dots(qtype, wq, x)
+        assert_float_rounding(fast, dots, reference(name, wq, wd, x)[1], f"{name} n_tok={n_tok}")
+        if has_fast_kernel(name) and (n_tok > 1 or always_fast(name)):
+            assert (fast != dots).any(), f"{name} n_tok={n_tok}: the fast path was not taken"
+        else:
+            np.testing.assert_array_equal(fast.view(np.uint32), dots.view(np.uint32), err_msg=f"{name} n_tok={n_tok}")
 
 
 @pytest.mark.parametrize("name", TYPES)
-def test_one_sequence_or_batch_invariant_stays_exact(cpu, rng, name):
+def test_batch_shape_never_changes_a_result_or_stays_exact(cpu, rng, name):
+    """One sequence, several, or a batch-invariant step: the same bits for a type with a
+    single-token kernel; for the others, one sequence or a batch-invariant batch keeps the exact
+    (vec_dot) results, also after a multi-sequence batch."""
     n_in, n_out = 768, 37
     qtype, wq, _ = quantized_weight(rng, name, n_out, n_in)
-    for n_tok in [2, 8, 33]:
+    for n_tok in [1, 2, 8, 33]:
         x = activations(rng, n_tok, n_in)
-        exact = cpu.matmul(qtype, wq, n_in, x)
-        for kw in [dict(n_seq=1), dict(n_seq=4, batch_invariant=True)]:
+        want = cpu.matmul(qtype, wq, n_in, x, n_seq=3) if always_fast(name) else vec_dots(qtype, wq, x)
+        for kw in [dict(n_seq=1), dict(n_seq=4, batch_invariant=True), dict(n_seq=1)]:
             got = cpu.matmul(qtype, wq, n_in, x, **kw)
-            np.testing.assert_array_equal(got.view(np.uint32), exact.view(np.uint32), err_msg=f"{name} {kw}")
-        # and a one-sequence batch after a multi-sequence one is exact again
-        cpu.matmul(qtype, wq, n_in, x, n_seq=2)
-        np.testing.assert_array_equal(cpu.matmul(qtype, wq, n_in, x, n_seq=1).view(np.uint32), exact.view(np.uint32))
+            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=f"{name} {kw}")
+            cpu.matmul(qtype, wq, n_in, x, n_seq=2)
 
 
-def test_single_token_stays_vec_dot(cpu, rng):
-    """n_tok = 1 never takes the fast path, whatever the batch says."""
-    n_in, n_out = 768, 37
-    for name in TYPES:
-        qtype, wq, _ = quantized_weight(rng, name, n_out, n_in)
-        x = activations(rng, 1, n_in)
-        np.testing.assert_array_equal(cpu.matmul(qtype, wq, n_in, x, n_seq=2).view(np.uint32),
-                                      cpu.matmul(qtype, wq, n_in, x).view(np.uint32))
+# Row counts over partial and whole groups of 16, row lengths of 1, 2, 3, 17, 18 (SmolLM2), 24
+# and 48 blocks: whole chunks of 16 blocks, leftover pairs and an odd last block.
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("n_in,n_out", [(32, 5), (64, 16), (96, 37), (544, 40), (576, 1536), (768, 21), (1536, 96)])
+def test_single_token_kernel_is_the_batched_kernel(cpu, rng, name, n_in, n_out):
+    """FastGemm::gemv (a row read as one run, block sums transposed into the lanes) gives each
+    token exactly what the batched kernel gives it in a batch of 9."""
+    if not always_fast(name):
+        pytest.skip(f"no single-token fast {name} kernel at SIMD level {K.simd_level()}")
+    qtype, wq, _ = quantized_weight(rng, name, n_out, n_in)
+    x = activations(rng, 9, n_in)
+    full = cpu.matmul(qtype, wq, n_in, x, n_seq=2)
+    for t in range(len(x)):
+        one = cpu.matmul(qtype, wq, n_in, x[t:t + 1])
+        np.testing.assert_array_equal(one.view(np.uint32), full[t:t + 1].view(np.uint32), err_msg=f"token {t}")
 
 
 def test_fast_results_do_not_depend_on_the_batch(cpu, rng):
     """Each token's fast result is the same whatever tokens share its batch (tile position, tail
-    tile size): the kernels do the same operations for every token."""
+    tile size, alone where the type has a single-token kernel): the kernels do the same
+    operations for every token."""
     n_in, n_out = 768, 37
     for name in TYPES:
         qtype, wq, _ = quantized_weight(rng, name, n_out, n_in)
         x = activations(rng, 33, n_in)
         full = cpu.matmul(qtype, wq, n_in, x, n_seq=2)
-        for lo, hi in [(0, 2), (5, 13), (30, 33), (1, 33)]:
+        for lo, hi in [(0, 2), (5, 13), (30, 33), (1, 33)] + ([(0, 1), (17, 18)] if always_fast(name) else []):
             part = cpu.matmul(qtype, wq, n_in, x[lo:hi], n_seq=2)
             np.testing.assert_array_equal(part.view(np.uint32), full[lo:hi].view(np.uint32), err_msg=f"{name} {lo}:{hi}")
 
@@ -153,16 +178,17 @@ def test_matmul_many_hands_out_all_weights(cpu, rng):
     n_in = 768
     for names in [["Q4_1", "Q4_1", "Q4_1"], ["Q8_0", "Q8_0"], ["Q4_K", "Q4_K", "Q6_K"], ["Q4_0", "Q4_1", "Q8_0"]]:
         ws = [quantized_weight(rng, nm, n_out, n_in) for nm, n_out in zip(names, [37, 16, 80])]
-        for n_tok in [2, 8, 17]:
+        for n_tok in [1, 2, 8, 17]:
             x = activations(rng, n_tok, n_in)
             outs = cpu.matmul_many([w[0] for w in ws], [w[1] for w in ws], n_in, x, n_seq=2)
             for nm, (qtype, wq, wd), got in zip(names, ws, outs):
                 one = cpu.matmul(qtype, wq, n_in, x, n_seq=2)
                 np.testing.assert_array_equal(got.view(np.uint32), one.view(np.uint32), err_msg=f"{names} n_tok={n_tok}")
                 assert_float_rounding(got, *reference(nm, wq, wd, x), f"{names} n_tok={n_tok}")
-            exact = cpu.matmul_many([w[0] for w in ws], [w[1] for w in ws], n_in, x, n_seq=2, batch_invariant=True)
-            for (qtype, wq, _), got in zip(ws, exact):
-                np.testing.assert_array_equal(got.view(np.uint32), cpu.matmul(qtype, wq, n_in, x).view(np.uint32))
+            invariant = cpu.matmul_many([w[0] for w in ws], [w[1] for w in ws], n_in, x, n_seq=2, batch_invariant=True)
+            for nm, (qtype, wq, _), got, fast in zip(names, ws, invariant, outs):
+                want = fast if always_fast(nm) else vec_dots(qtype, wq, x)
+                np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=f"{nm} n_tok={n_tok}")
 
 
 def test_avx2_kernels():

@@ -1,5 +1,7 @@
-"""CPU batched quantized matmul: exact tiles (bit-identical to vec_dot) vs the fast kernels
-(src/cpu/gemm_fast*.cpp, taken for batches of several sequences), in ms and GFLOP/s per n_tok.
+"""CPU batched quantized matmul: one sequence's path vs several sequences' (the fast kernels,
+src/cpu/gemm_fast*.cpp), in ms and GFLOP/s per n_tok. One sequence takes the exact tiles
+(bit-identical to vec_dot), or the fast kernels too where the type has a single-token one (Q4_0,
+Q4_1, Q8_0 under AVX-512: then both columns run the same kernels).
 
     EMBER_DEV_BUILD=build/dev PYTHONPATH=python:tests python tools/bench_cpu_gemm.py [--threads 2]
 
@@ -63,7 +65,7 @@ def main():
                 iters = max(1, int(args.min_ms / max(probe, 1e-3)))
                 exact = best_ms(lambda: cpu.matmul(qt, wq, n_in, x), iters, args.reps)
                 line = f"{name:5} {shape:17} {n_tok:5d} {exact:9.3f} {flop / exact / 1e6:8.1f}"
-                if n_tok == 1:   # (one token never takes the fast path)
+                if n_tok == 1:   # (one token: the same path for one sequence or several)
                     one = exact
                     print(line, flush=True)
                     continue

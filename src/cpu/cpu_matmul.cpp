@@ -1,10 +1,12 @@
-// Quantized matmul on the CPU: activations are quantized once to the weight type's vec_dot
-// format, then each thread takes chunks of weight rows. A batch goes through the tiled kernel
-// that matches vec_dot bit for bit where there is one (cpu/gemm.h); otherwise, and for a
-// single token, every token is dotted against each row (a row stays in cache meanwhile).
-// Each output row is one dot (or gemm) call however the rows are chunked or merged, so neither
-// ever changes a result. Batches of several sequences may instead take the fast kernels
-// (cpu/gemm_fast.h), which are not bit-identical to vec_dot (fast_batch below).
+// Quantized matmul on the CPU. Where the fast kernels (cpu/gemm_fast.h) of the weight type have a
+// single-token form, every batch takes them, one token included (fast_always below): a token's
+// result is then the same whatever shares its step and however its prompt was split. Otherwise
+// activations are quantized once to the weight type's vec_dot format, then each thread takes
+// chunks of weight rows: a batch goes through the tiled kernel that matches vec_dot bit for bit
+// where there is one (cpu/gemm.h); otherwise, and for a single token, every token is dotted
+// against each row (a row stays in cache meanwhile), and batches of several sequences may take
+// the fast kernels, which are not bit-identical to vec_dot (fast_batch below). Each output row is
+// one kernel call however the rows are chunked or merged, so neither ever changes a result.
 #include <algorithm>
 #include <cmath>
 
@@ -16,15 +18,23 @@
 namespace ember {
 namespace {
 
-// Whether a batch of n_tok tokens may use the fast kernels, whose sums differ from vec_dot's in
-// the last bits (and, once the next matmul requantizes its input to int8, by a quantization step
-// here and there: greedy outputs drift from one-at-a-time ones as under any other kernel). One
-// sequence keeps the exact tiles: the Llama class is checked bit for bit against llama.cpp, and a
-// token's result must not depend on how its prompt was split into batches. The engine's
-// deterministic mode (batch_invariant) keeps them too: there a token's result must be the same
-// whatever else shares its step, a single token (vec_dot) included.
+// Whether a batch of n_tok tokens of a type without a single-token fast kernel may use the fast
+// kernels, whose sums differ from vec_dot's in the last bits (and, once the next matmul
+// requantizes its input to int8, by a quantization step here and there: greedy outputs drift
+// from one-at-a-time ones). One sequence keeps the exact tiles, since a token's result must not
+// depend on how its prompt was split into batches, and so does the engine's deterministic mode
+// (batch_invariant), where it must not depend on what else shares its step, a single token
+// (vec_dot) included.
 bool fast_batch(const BatchInfo& batch, int32_t n_tok) {
     return n_tok >= 2 && batch.n_seq > 1 && !batch.batch_invariant;
+}
+
+// The fast kernel every batch of this weight type takes, one token included, or nullptr: where
+// the fast kernels have a single-token form, every token's result is the fast arithmetic's
+// whatever the batch (one sequence or several, deterministic or not, any prompt split).
+const FastGemm* fast_always(GGMLType type) {
+    const FastGemm* k = fast_gemm_for(type);
+    return k && k->gemv ? k : nullptr;
 }
 
 // Rows per hand-out of the fast kernel: whole row tiles, as few chunks as n_chunks allows (each
@@ -46,9 +56,18 @@ const uint8_t* prepare_fast(ThreadPool& pool, std::vector<uint8_t>& buf, const F
     return act;
 }
 
+// One token's x prepared for kernel k's gemv into buf.
+const uint8_t* prepare_one(std::vector<uint8_t>& buf, const FastGemm& k, const float* x, int64_t n_in) {
+    const size_t bytes = fast_gemv_act_bytes(n_in);
+    if (buf.size() < bytes) buf.resize(bytes);
+    fast_gemv_prepare(k, x, n_in, buf.data());
+    return buf.data();
+}
+
 // A batch through several weights of one input with the fast kernels: the input is prepared once
 // and the row tiles of all of them are handed out as one job. False (nothing done) unless every
-// weight has a fast kernel reading the same prepared activations.
+// weight has a fast kernel reading the same prepared activations (for one token: single-token
+// kernels, which the caller checked).
 bool matmul_many_fast(ThreadPool& pool, std::vector<uint8_t>& buf, int64_t n_chunks, const Weight* const* ws,
                       float* const* ys, int count, const float* x, int32_t n_tok) {
     std::vector<const FastGemm*> ks(count);
@@ -59,7 +78,7 @@ bool matmul_many_fast(ThreadPool& pool, std::vector<uint8_t>& buf, int64_t n_chu
             return false;
     }
     const int64_t n_in = ws[0]->n_in, tile = ks[0]->row_tile;
-    const uint8_t* act = prepare_fast(pool, buf, *ks[0], x, n_in, n_tok);
+    const uint8_t* act = n_tok == 1 ? prepare_one(buf, *ks[0], x, n_in) : prepare_fast(pool, buf, *ks[0], x, n_in, n_tok);
     std::vector<int64_t> first(count + 1, 0);   // row tiles of weight i: [first[i], first[i + 1])
     for (int i = 0; i < count; ++i) first[i + 1] = first[i] + (ws[i]->n_out + tile - 1) / tile;
     const int64_t total = first[count];
@@ -70,8 +89,11 @@ bool matmul_many_fast(ThreadPool& pool, std::vector<uint8_t>& buf, int64_t n_chu
             const Weight& w = *ws[i];
             const int64_t stop = std::min(e, first[i + 1]);
             const int64_t o_begin = (g - first[i]) * tile, o_end = std::min(w.n_out, (stop - first[i]) * tile);
-            ks[i]->gemm(n_in, static_cast<const uint8_t*>(w.data), row_bytes(w.type, n_in), act, n_tok, o_begin, o_end,
-                        ys[i], w.n_out);
+            if (n_tok == 1)
+                ks[i]->gemv(n_in, static_cast<const uint8_t*>(w.data), row_bytes(w.type, n_in), act, o_begin, o_end, ys[i]);
+            else
+                ks[i]->gemm(n_in, static_cast<const uint8_t*>(w.data), row_bytes(w.type, n_in), act, n_tok, o_begin,
+                            o_end, ys[i], w.n_out);
             g = stop;
         }
     });
@@ -91,7 +113,16 @@ const uint8_t* CpuBackend::quantize_input(GGMLType type, const float* x, int64_t
 }
 
 void CpuBackend::matmul(const Weight& w, const float* x, int32_t n_tok, float* y) {
-    if (fast_batch(batch_, n_tok)) {
+    if (const FastGemm* k = fast_always(w.type); k && n_tok == 1) {
+        const uint8_t* act = prepare_one(act_q_, *k, x, w.n_in);
+        const auto* wdata = static_cast<const uint8_t*>(w.data);
+        const size_t w_row = row_bytes(w.type, w.n_in);
+        const int64_t tile = k->row_tile;
+        const int64_t grain = (row_grain(w.n_out, w_row) + tile - 1) / tile * tile;
+        pool_.parallel_for(w.n_out, grain, [&](int64_t b, int64_t e) { k->gemv(w.n_in, wdata, w_row, act, b, e, y); });
+        return;
+    }
+    if (fast_batch(batch_, n_tok) || fast_always(w.type)) {
         if (const FastGemm* k = fast_gemm_for(w.type)) {
             const uint8_t* act = prepare_fast(pool_, act_q_, *k, x, w.n_in, n_tok);
             const auto* wdata = static_cast<const uint8_t*>(w.data);
@@ -135,14 +166,19 @@ int64_t CpuBackend::row_grain(int64_t n_rows, size_t w_row) const {
     return std::max<int64_t>(16, (int64_t)(n_rows / chunks));
 }
 
-// One token (decode) through several weights of one input: the input is quantized once and the
-// rows of all of them are handed out as one job, so the threads meet once instead of per weight.
+// Several weights of one input (Q, K, V; gate, up): the input is prepared once and the rows of all
+// of them are handed out as one job, so the threads meet once instead of per weight (fast kernels:
+// batches that take them for every weight; vec_dot: one token).
 void CpuBackend::matmul_many(const Weight* const* ws, float* const* ys, int count, const float* x, int32_t n_tok) {
-    if (fast_batch(batch_, n_tok) && matmul_many_fast(pool_, act_q_, n_chunks(), ws, ys, count, x, n_tok)) return;
+    bool always = true;
+    for (int i = 0; i < count; ++i) always = always && fast_always(ws[i]->type);
+    if ((fast_batch(batch_, n_tok) || always) && matmul_many_fast(pool_, act_q_, n_chunks(), ws, ys, count, x, n_tok))
+        return;
     const GGMLType act = cpu_kernels(ws[0]->type).vec_dot_type;
     bool shared = n_tok == 1 && count > 1;
-    for (int i = 1; i < count; ++i)
-        shared = shared && cpu_kernels(ws[i]->type).vec_dot_type == act && ws[i]->n_in == ws[0]->n_in;
+    for (int i = 0; i < count; ++i)   // (a type with a single-token fast kernel takes it, alone)
+        shared = shared && !fast_always(ws[i]->type) && cpu_kernels(ws[i]->type).vec_dot_type == act &&
+                 ws[i]->n_in == ws[0]->n_in;
     if (!shared) {
         Backend::matmul_many(ws, ys, count, x, n_tok);
         return;

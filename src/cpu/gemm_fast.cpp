@@ -50,6 +50,18 @@ SrcBlock src_block(GGMLType type, const uint8_t* row, int64_t b) {
     }
 }
 
+// The terms FastActBlock holds for one token's block b (src: its block in the quantized row).
+struct ActTerms {
+    float d, s;
+    int32_t n, h;
+};
+ActTerms act_terms(const FastGemm& k, const SrcBlock& src) {
+    int32_t lo = 0, hi = 0;
+    for (int i = 0; i < 16; ++i) lo += src.q[i];
+    for (int i = 16; i < 32; ++i) hi += src.q[i];
+    return {src.d, src.s ? half_to_float(*src.s) : src.d * float(lo + hi), -k.offset * (lo + hi), -k.offset * lo};
+}
+
 }  // namespace
 
 void fast_gemm_prepare(const FastGemm& k, const float* x, int64_t n_in, int32_t t_begin, int32_t t_end,
@@ -64,16 +76,40 @@ void fast_gemm_prepare(const FastGemm& k, const float* x, int64_t n_in, int32_t 
         const int slot = t % kFastTok;
         for (int64_t b = 0; b < nb; ++b) {
             const SrcBlock src = src_block(k.act_type, row.data(), b);
+            const ActTerms a = act_terms(k, src);
             FastActBlock& dst = tile[b];
             std::memcpy(dst.q[slot], src.q, 32);
-            int32_t lo = 0, hi = 0;
-            for (int i = 0; i < 16; ++i) lo += src.q[i];
-            for (int i = 16; i < 32; ++i) hi += src.q[i];
-            dst.d[slot] = src.d;
-            dst.s[slot] = src.s ? half_to_float(*src.s) : src.d * float(lo + hi);
-            dst.n[slot] = -k.offset * (lo + hi);
-            dst.h[slot] = -k.offset * lo;
+            dst.d[slot] = a.d;
+            dst.s[slot] = a.s;
+            dst.n[slot] = a.n;
+            dst.h[slot] = a.h;
         }
+    }
+}
+
+size_t fast_gemv_act_bytes(int64_t n_in) { return size_t(n_in + 64 + 3 * 4 * (n_in / 32)); }
+
+FastActOne fast_gemv_act(const uint8_t* act, int64_t n_in) {
+    const int64_t nb = n_in / 32;
+    const auto* f = reinterpret_cast<const float*>(act + n_in + 64);
+    return {reinterpret_cast<const int8_t*>(act), f, f + nb, reinterpret_cast<const int32_t*>(f + 2 * nb)};
+}
+
+void fast_gemv_prepare(const FastGemm& k, const float* x, int64_t n_in, uint8_t* act) {
+    const int64_t nb = n_in / 32;
+    thread_local std::vector<uint8_t> row;
+    row.resize(row_bytes(k.act_type, n_in));
+    quantize_activations(k.act_type, x, row.data(), n_in);
+    std::memset(act + n_in, 0, 64);
+    auto* f = reinterpret_cast<float*>(act + n_in + 64);
+    auto* n = reinterpret_cast<int32_t*>(f + 2 * nb);
+    for (int64_t b = 0; b < nb; ++b) {
+        const SrcBlock src = src_block(k.act_type, row.data(), b);
+        const ActTerms a = act_terms(k, src);
+        std::memcpy(act + 32 * b, src.q, 32);
+        f[b] = a.d;
+        f[nb + b] = a.s;
+        n[b] = a.n;
     }
 }
 

@@ -1,7 +1,8 @@
-// Fast batched quantized matmul (n_tok >= 2) for batches of several sequences: weight rows sit in
-// the vector lanes, so one int8 dot instruction serves a vector of rows of one token (16 with
-// AVX-512) and the per-block scale is one vector FMA over them. Its float sums are not vec_dot's (results agree to float
-// rounding, not bit for bit), so only batches that allow it use it (cpu_matmul.cpp).
+// Fast quantized matmul: weight rows sit in the vector lanes, so one int8 dot instruction serves a
+// vector of rows of one token (16 with AVX-512) and the per-block scale is one vector FMA over
+// them. Its float sums are not vec_dot's (results agree to float rounding, not bit for bit): types
+// with a single-token form (FastGemm::gemv) take it for every batch, the others only for batches
+// of several sequences (cpu_matmul.cpp).
 //
 // Activations are quantized as vec_dot quantizes them for the weight type (Q8_0, Q8_1, Q8_K: the
 // same int8 values, scales and Q8_1 sums), so the results differ from the exact path's only by
@@ -36,6 +37,12 @@ struct FastGemm {
     // act prepared by fast_gemm_prepare for this FastGemm.
     void (*gemm)(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* act, int32_t n_tok,
                  int64_t o_begin, int64_t o_end, float* y, int64_t n_out);
+    // One token: y[o] for o in [o_begin, o_end), act prepared by fast_gemv_prepare. Each output is
+    // the same float as gemm's for that token in any batch (the same integer block sums, the same
+    // float operations in the same order), while each weight row is read as one run of bytes
+    // (nullptr where there is no such kernel: one token then goes through vec_dot).
+    void (*gemv)(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* act, int64_t o_begin, int64_t o_end,
+                 float* y);
     int64_t row_tile;    // rows per kernel step: callers hand out whole multiples of it
     GGMLType act_type;   // the activation quantizer (vec_dot's: Q8_0, Q8_1 or Q8_K)
     int32_t offset;      // the weight offset of FastActBlock::n and h (0: none)
@@ -54,5 +61,19 @@ size_t fast_gemm_act_bytes(int64_t n_in, int32_t n_tok);
 // cache lines).
 void fast_gemm_prepare(const FastGemm& k, const float* x, int64_t n_in, int32_t t_begin, int32_t t_end,
                        uint8_t* act);
+
+// One token's activations for FastGemm::gemv: the int8 values of its nb = n_in / 32 blocks one
+// after the other (64 bytes of zeros after them, so a kernel may read a whole block pair past an
+// odd last block), then per block its d, s (floats) and n (int32), the values FastActBlock holds
+// for a token.
+struct FastActOne {
+    const int8_t* q;
+    const float* d;
+    const float* s;
+    const int32_t* n;
+};
+size_t fast_gemv_act_bytes(int64_t n_in);
+FastActOne fast_gemv_act(const uint8_t* act, int64_t n_in);
+void fast_gemv_prepare(const FastGemm& k, const float* x, int64_t n_in, uint8_t* act);
 
 }  // namespace ember

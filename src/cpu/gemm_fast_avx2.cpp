@@ -145,9 +145,9 @@ void gemm_fast(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* act,
 }
 
 // Q8_0 takes its weights' signs, not an offset: its activations need no sum term.
-const FastGemm kQ4_0{gemm_fast<Legacy::q4_0>, kRows, GGMLType::Q8_0, 8};
-const FastGemm kQ4_1{gemm_fast<Legacy::q4_1>, kRows, GGMLType::Q8_1, 0};
-const FastGemm kQ8_0{gemm_fast<Legacy::q8_0>, kRows, GGMLType::Q8_0, 0};
+const FastGemm kQ4_0{gemm_fast<Legacy::q4_0>, nullptr, kRows, GGMLType::Q8_0, 8};
+const FastGemm kQ4_1{gemm_fast<Legacy::q4_1>, nullptr, kRows, GGMLType::Q8_1, 0};
+const FastGemm kQ8_0{gemm_fast<Legacy::q8_0>, nullptr, kRows, GGMLType::Q8_0, 0};
 
 }  // namespace
 

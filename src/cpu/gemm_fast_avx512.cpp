@@ -17,13 +17,16 @@
 // start the integer sums at -offset * sum(q_x); mins add m_w * s_x per block.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "cpu/gemm_fast.h"
 #include "cpu/gemm_fast_rows.h"
 #include "cpu/legacy_blocks.h"
+#include "cpu/transpose16_avx512.h"
 #include "quant/blocks.h"
 
 namespace ember {
@@ -285,12 +288,150 @@ void gemm_fast(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* act,
                           });
 }
 
-const FastGemm kQ4_0{gemm_fast<LegacyKernel<Legacy::q4_0>>, kRows, GGMLType::Q8_0, 8};
-const FastGemm kQ4_1{gemm_fast<LegacyKernel<Legacy::q4_1>>, kRows, GGMLType::Q8_1, 0};
-const FastGemm kQ8_0{gemm_fast<LegacyKernel<Legacy::q8_0>>, kRows, GGMLType::Q8_0, 128};
-const FastGemm kQ4_K{gemm_fast<Q45KKernel<false>>, kRows, GGMLType::Q8_K, 0};
-const FastGemm kQ5_K{gemm_fast<Q45KKernel<true>>, kRows, GGMLType::Q8_K, 0};
-const FastGemm kQ6_K{gemm_fast<Q6KKernel>, kRows, GGMLType::Q8_K, 32};
+// ---- one token (FastGemm::gemv) for Q4_0, Q4_1, Q8_0 ------------------------------------------
+// gemm's arithmetic, laid out for a weight read once: each row is read as one run of bytes, a
+// block pair per vpdpbusd against the token's 64 activation bytes (vec_dot's pattern), and the
+// 16 lanes of 4-element sums of 8 pairs are added down to the row's 16 block sums; 16 rows' block
+// sums are then transposed into rows in the lanes, where every block takes gemm's float steps in
+// gemm's order. Integer sums are exact in any order, so each output is gemm's bit for bit.
+
+// Weight bytes of blocks b and b + 1 as unsigned values in the activation pair layout (Q8_0: + 128,
+// which n removes); `two` false: block b alone, the upper half zero (an odd last block).
+template <Legacy K>
+inline __m512i gemv_weights(const uint8_t* b, bool two) {
+    using W = typename LegacyBlocks<K>::W;
+    const W* w = reinterpret_cast<const W*>(b);
+    if constexpr (K == Legacy::q8_0) {
+        const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[0].qs));
+        const __m256i hi = two ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[1].qs)) : _mm256_set1_epi8(char(0x80));
+        return _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), _mm512_set1_epi8(char(0x80)));
+    } else {
+        // 128-bit lanes: qs0, qs0 >> 4, qs1, qs1 >> 4, each masked to nibbles
+        __m512i q = _mm512_broadcast_i32x4(load128(w[0].qs));
+        q = two ? _mm512_mask_broadcast_i32x4(q, 0xFF00, load128(w[1].qs)) : _mm512_maskz_mov_epi32(0x00FF, q);
+        return _mm512_and_si512(_mm512_mask_srli_epi16(q, 0xFF00FF00u, q, 4), _mm512_set1_epi8(0x0F));
+    }
+}
+
+// The 16 block sums of 8 pair vectors (q[p] lanes 0-7: 4-element sums of block 2p, 8-15: of block
+// 2p + 1), in the lanes gemv_lane gives.
+inline __m512i block_sums16(const __m512i (&q)[8]) {
+    __m512i t[4], u[2];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i)   // per 128-bit lane: q0 d0+d2, q1 d0+d2, q0 d1+d3, q1 d1+d3
+        t[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(q[2 * i], q[2 * i + 1]),
+                                _mm512_unpackhi_epi32(q[2 * i], q[2 * i + 1]));
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; ++i)   // 128-bit lane k: the lane-k sums of q[4i..4i+3]
+        u[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(t[2 * i], t[2 * i + 1]), _mm512_unpackhi_epi64(t[2 * i], t[2 * i + 1]));
+    // block 2p: 128-bit lanes 0 + 1 of its pair, block 2p + 1: lanes 2 + 3
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(u[0], u[1], 0x88), _mm512_shuffle_i32x4(u[0], u[1], 0xDD));
+}
+// Lane of block_sums16's result holding block j of the 16.
+constexpr int gemv_lane(int j) { return 4 * (2 * (j / 8) + j % 2) + (j / 2) % 4; }
+
+// The sums of one block pair for 16 rows (q[r]: row r's pair vector): lanes r of even (block 2p)
+// and odd (block 2p + 1).
+inline void pair_sums16(const __m512i (&q)[16], __m512i& even, __m512i& odd) {
+    __m512i t[8], u[4], e[2];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i)
+        t[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(q[2 * i], q[2 * i + 1]), _mm512_unpackhi_epi32(q[2 * i], q[2 * i + 1]));
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i)   // 128-bit lane k: lane-k sums of rows 4i .. 4i + 3
+        u[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(t[2 * i], t[2 * i + 1]), _mm512_unpackhi_epi64(t[2 * i], t[2 * i + 1]));
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; ++i)   // rows 8i .. 8i + 3 even, odd, rows 8i + 4 .. 8i + 7 even, odd
+        e[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(u[2 * i], u[2 * i + 1], 0x88),
+                                _mm512_shuffle_i32x4(u[2 * i], u[2 * i + 1], 0xDD));
+    even = _mm512_shuffle_i32x4(e[0], e[1], 0x88);
+    odd = _mm512_shuffle_i32x4(e[0], e[1], 0xDD);
+}
+
+// Row `row`'s pair vector of blocks b, b + 1 (b + 1 < nb) or of block b alone.
+template <Legacy K>
+__attribute__((always_inline)) inline __m512i pair_dot(const uint8_t* row, int64_t b, int64_t nb, const int8_t* xq) {
+    constexpr size_t bs = sizeof(typename LegacyBlocks<K>::W);
+    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), gemv_weights<K>(row + b * bs, b + 1 < nb),
+                               _mm512_loadu_si512(xq + 32 * b));
+}
+
+// One row's integer work: its whole chunks of 16 blocks as block_sums16 vectors (sums[16c ..]),
+// then the pair vectors of the blocks after them (tail[p * 16 * kRows ..], the row's slot of each).
+template <Legacy K>
+__attribute__((always_inline)) inline void gemv_row(const uint8_t* row, int64_t nb, const int8_t* xq, int32_t* sums,
+                                                    int32_t* tail) {
+    const int64_t full = nb / 16 * 16;
+    for (int64_t b0 = 0; b0 < full; b0 += 16) {
+        __m512i q[8];
+#pragma GCC unroll 8
+        for (int p = 0; p < 8; ++p) q[p] = pair_dot<K>(row, b0 + 2 * p, nb, xq);
+        _mm512_storeu_si512(sums + b0, block_sums16(q));
+    }
+    for (int64_t b = full; b < nb; b += 2, tail += 16 * kRows) _mm512_storeu_si512(tail, pair_dot<K>(row, b, nb, xq));
+}
+
+// acc += block b's float steps (gemm's, in gemm's order) for the 16 rows of row0 (lanes in mask).
+template <Legacy K>
+__attribute__((always_inline)) inline void gemv_block(__m512& acc, __m512i ai, const uint8_t* row0, __m512i row_off,
+                                                      __mmask16 mask, const FastActOne& x, int64_t b) {
+    constexpr size_t bs = sizeof(typename LegacyBlocks<K>::W);
+    // d (| m << 16) of the 16 rows (rows past the mask read as 0 and are not stored)
+    const __m512i head = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mask, row_off, row0 + b * bs, 1);
+    if constexpr (!kHasMin<K>) ai = _mm512_add_epi32(ai, _mm512_set1_epi32(x.n[b]));
+    acc = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(ai), half_lo(head)), _mm512_set1_ps(x.d[b]), acc);
+    if constexpr (kHasMin<K>) acc = _mm512_fmadd_ps(half_hi(head), _mm512_set1_ps(x.s[b]), acc);
+}
+
+template <Legacy K>
+void gemv(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* act, int64_t o_begin, int64_t o_end, float* y) {
+    const int64_t nb = n_in / 32, full = nb / 16 * 16, n_tail = (nb - full + 1) / 2;
+    const FastActOne x = fast_gemv_act(act, n_in);
+    alignas(64) int32_t off[kRows];
+    for (int r = 0; r < kRows; ++r) off[r] = int32_t(r * w_row);
+    const __m512i row_off = _mm512_load_si512(off);
+    // Per row group: [row][full blocks] chunk sums, then [tail pair][row][16] pair vectors.
+    thread_local std::vector<int32_t> buf;
+    buf.resize(size_t(kRows * full + n_tail * kRows * 16));
+    int32_t* const tail = buf.data() + kRows * full;
+    for (int64_t o = o_begin; o < o_end; o += kRows) {
+        const int n_rows = int(std::min<int64_t>(kRows, o_end - o));
+        const __mmask16 mask = __mmask16((1u << n_rows) - 1);
+        const uint8_t* row0 = w + o * w_row;
+        for (int r = 0; r < n_rows; ++r) gemv_row<K>(row0 + r * w_row, nb, x.q, buf.data() + r * full, tail + 16 * r);
+        if (n_rows < kRows) {   // rows past the last: zero sums (their lanes are not stored)
+            std::fill_n(buf.data() + n_rows * full, (kRows - n_rows) * full, 0);
+            for (int64_t p = 0; p < n_tail; ++p)
+                std::fill_n(tail + (p * kRows + n_rows) * 16, (kRows - n_rows) * 16, 0);
+        }
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t b0 = 0; b0 < full; b0 += 16) {
+            __m512i s[16];
+#pragma GCC unroll 16
+            for (int r = 0; r < kRows; ++r) s[r] = _mm512_loadu_si512(buf.data() + r * full + b0);
+            transpose16(s);   // s[l]: lane l of every row
+#pragma GCC unroll 16
+            for (int j = 0; j < 16; ++j) gemv_block<K>(acc, s[gemv_lane(j)], row0, row_off, mask, x, b0 + j);
+        }
+        for (int64_t p = 0; p < n_tail; ++p) {
+            __m512i q[16], even, odd;
+#pragma GCC unroll 16
+            for (int r = 0; r < kRows; ++r) q[r] = _mm512_loadu_si512(tail + (p * kRows + r) * 16);
+            pair_sums16(q, even, odd);
+            const int64_t b = full + 2 * p;
+            gemv_block<K>(acc, even, row0, row_off, mask, x, b);
+            if (b + 1 < nb) gemv_block<K>(acc, odd, row0, row_off, mask, x, b + 1);
+        }
+        _mm512_mask_storeu_ps(y + o, mask, acc);
+    }
+}
+
+const FastGemm kQ4_0{gemm_fast<LegacyKernel<Legacy::q4_0>>, gemv<Legacy::q4_0>, kRows, GGMLType::Q8_0, 8};
+const FastGemm kQ4_1{gemm_fast<LegacyKernel<Legacy::q4_1>>, gemv<Legacy::q4_1>, kRows, GGMLType::Q8_1, 0};
+const FastGemm kQ8_0{gemm_fast<LegacyKernel<Legacy::q8_0>>, gemv<Legacy::q8_0>, kRows, GGMLType::Q8_0, 128};
+const FastGemm kQ4_K{gemm_fast<Q45KKernel<false>>, nullptr, kRows, GGMLType::Q8_K, 0};
+const FastGemm kQ5_K{gemm_fast<Q45KKernel<true>>, nullptr, kRows, GGMLType::Q8_K, 0};
+const FastGemm kQ6_K{gemm_fast<Q6KKernel>, nullptr, kRows, GGMLType::Q8_K, 32};
 
 }  // namespace
 

@@ -117,6 +117,26 @@ int32_t Sampler::sample(const float* logits, int32_t n_vocab, const std::vector<
     const SamplingParams& p = params_;
     if (logits == nullptr || n_vocab <= 0) fail("sampling: logits must hold n_vocab > 0 floats, got ", n_vocab);
 
+    // Penalties look at the last penalty_last_n tokens of history (counts per distinct token).
+    const bool penalize = p.penalty_last_n != 0 &&
+        (p.repeat_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f);
+
+    // Greedy with nothing to adjust (the engine's usual decode): the first highest logit, read in
+    // place (NaN never wins a comparison, as it never wins as -inf below).
+    if ((p.temperature <= 0.0f || !std::isfinite(1.0f / p.temperature)) && p.logit_bias.empty() &&
+        !(penalize && !history.empty())) {
+        int32_t best = 0;
+        float best_logit = -std::numeric_limits<float>::infinity();
+        for (int32_t i = 0; i < n_vocab; ++i)
+            if (logits[i] > best_logit) {
+                best_logit = logits[i];
+                best = i;
+            }
+        if (!(best_logit > -std::numeric_limits<float>::infinity()))
+            fail("sampling: no token can be drawn: every logit is -inf or NaN after logit_bias/penalties");
+        return best;
+    }
+
     // cand_[i] = (logit, id); while unsorted, cand_[id] is token id's entry.
     cand_.resize(static_cast<size_t>(n_vocab));
     // NaN would break the sort's ordering; it can never be drawn, so it becomes -inf.
@@ -130,9 +150,6 @@ int32_t Sampler::sample(const float* logits, int32_t n_vocab, const std::vector<
         cand_[id].first = bias == -kInf ? -kInf : cand_[id].first + bias;
     }
 
-    // Penalties look at the last penalty_last_n tokens of history (counts per distinct token).
-    const bool penalize = p.penalty_last_n != 0 &&
-        (p.repeat_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f);
     if (penalize && !history.empty()) {
         size_t n = history.size();
         if (p.penalty_last_n > 0) n = std::min(n, static_cast<size_t>(p.penalty_last_n));
