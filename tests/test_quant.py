@@ -61,7 +61,7 @@ def test_type_info_and_simd_level():
     assert E.vec_dot_type(int(T.Q4_0)) == int(T.Q8_0)
     assert E.vec_dot_type(int(T.Q6_K)) == int(T.Q8_K)
     assert E.vec_dot_type(int(T.F16)) == int(T.F32)
-    assert E.simd_level() in ("avx512", "avx2", "scalar")
+    assert E.simd_level() in ("avx512", "avx2", "neon", "scalar")
     expected = os.environ.get("EMBER_QUANT_EXPECT_SIMD")
     if expected:
         assert E.simd_level() == expected
@@ -157,7 +157,13 @@ def test_quantize_float_types_vs_numpy_and_gguf():
 def test_fp16_all_patterns_round_trip():
     h = np.arange(2**16, dtype=np.uint32).astype(np.uint16)
     ours = E.dequantize(int(T.F16), h.view(np.uint8), h.size)
-    np.testing.assert_array_equal(ours.view(np.uint32), h.view(np.float16).astype(np.float32).view(np.uint32))
+    with np.errstate(invalid="ignore"):   # ARM64: a signaling NaN's conversion raises FE_INVALID
+        want = h.view(np.float16).astype(np.float32).view(np.uint32)
+    # ember keeps a signaling NaN signaling, as numpy's cast does on x86; ARM64's FCVT (numpy's cast
+    # there) sets the quiet bit
+    snan = ((h & 0x7C00) == 0x7C00) & ((h & 0x03FF) != 0) & ((h & 0x0200) == 0)
+    want[snan] &= ~np.uint32(0x00400000)
+    np.testing.assert_array_equal(ours.view(np.uint32), want)
     back = E.quantize(int(T.F16), ours).view(np.uint16)
     finite = ~np.isnan(ours)
     np.testing.assert_array_equal(back[finite], h[finite])

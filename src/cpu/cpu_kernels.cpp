@@ -25,7 +25,8 @@ SimdLevel detect_simd() {
 #elif defined(__aarch64__)
     level = SimdLevel::neon;
 #endif
-    // EMBER_SIMD may only lower the level (tests compare the paths on one machine).
+    // EMBER_SIMD may only lower the level (tests compare the paths on one machine): to scalar, or on
+    // x86 to a lower x86 level. The x86 levels are no lower than neon on ARM, nor neon on x86.
     if (const char* env = std::getenv("EMBER_SIMD")) {
         SimdLevel want = level;
         if (std::strcmp(env, "scalar") == 0) want = SimdLevel::scalar;
@@ -33,7 +34,8 @@ SimdLevel detect_simd() {
         else if (std::strcmp(env, "avx512") == 0) want = SimdLevel::avx512;
         else if (std::strcmp(env, "neon") == 0) want = SimdLevel::neon;
         else fail("EMBER_SIMD must be 'scalar', 'avx2', 'avx512' or 'neon', got '", env, "'");
-        if (int(want) < int(level)) level = want;
+        const bool x86_below = level != SimdLevel::neon && want != SimdLevel::neon && int(want) < int(level);
+        if (want == SimdLevel::scalar || x86_below) level = want;
     }
     return level;
 }
