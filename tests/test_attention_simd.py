@@ -20,7 +20,8 @@ TESTS = pathlib.Path(__file__).resolve().parent
 # level). q scale 1e-6 puts the f16-rounded q among f16 subnormals; 6 spreads the scores so that
 # probabilities underflow f16. The windowed / single-position cases move the first gathered
 # position off the 16-position grid, so that f16 key groups mix the whole-group gather (16 slots of
-# one block) with the row-at-a-time one (groups across blocks, a partial last group).
+# one block) with the row-at-a-time one (groups across blocks, a partial last group). GQA groups of
+# 1, 2, 3 and 6 query heads: the f16 values' weighted sum takes up to 4 heads a pass.
 CASES = [
     (6, 2, 64, 75, "f16", 16, 1.0),
     (4, 4, 128, 130, "f16", 5, 1.0),
@@ -38,6 +39,7 @@ CASES = [
     (4, 2, 128, 130, "f16", 16, 1.0, 0, [129]),
     (6, 2, 64, 91, "f16", 64, 1.0, 20, [70, 90]),
     (6, 2, 64, 67, "f16", 48, 1.0, 33, [66]),
+    (12, 2, 64, 75, "f16", 16, 1.0),
 ]
 
 RUN = """

@@ -32,6 +32,16 @@ void weighted_sum(const float* w, const float* v, int32_t D, int32_t len, float*
         for (int32_t i = 0; i < D; ++i) o[i] += w[p] * v[(int64_t)p * D + i];
 }
 
+void weighted_sum_f16(const float* w, int64_t w_stride, int32_t n_heads, const uint16_t* const* rows, int32_t D,
+                      int32_t len, float* o, int64_t o_stride) {
+    for (int32_t h = 0; h < n_heads; ++h) {
+        float* oh = o + h * o_stride;
+        for (int32_t i = 0; i < D; ++i) oh[i] = 0.f;
+        for (int32_t p = 0; p < len; ++p)
+            for (int32_t i = 0; i < D; ++i) oh[i] += w[h * w_stride + p] * half_to_float(rows[p][i]);
+    }
+}
+
 void f16_to_f32(const uint16_t* src, int32_t n, float* dst) {
     for (int32_t j = 0; j < n; ++j) dst[j] = half_to_float(src[j]);
 }
@@ -49,7 +59,8 @@ void gather_keys16_f16(const uint16_t* rows, int64_t row_stride, int32_t D, floa
 
 }  // namespace
 
-const AttentionMath kAttentionMathScalar{scores, scale_round, weighted_sum, f16_to_f32, max, gather_keys16_f16};
+const AttentionMath kAttentionMathScalar{scores,     scale_round, weighted_sum, weighted_sum_f16,
+                                         f16_to_f32, max,         gather_keys16_f16};
 
 const AttentionMath& attention_math(int32_t head_dim) {
     static const AttentionMath& best = cpu_simd_level() == SimdLevel::avx512 ? kAttentionMathAvx512

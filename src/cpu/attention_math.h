@@ -18,6 +18,11 @@ struct AttentionMath {
     void (*scale_round)(const float* x, int32_t n, float mul, bool to_f16, float* y);
     // o[i] = sum_p w[p] * v[p * D + i] for p < len.
     void (*weighted_sum)(const float* w, const float* v, int32_t D, int32_t len, float* o);
+    // weighted_sum for the n_heads heads of a GQA group over f16 rows read where they lie:
+    // o[h * o_stride + i] = sum_p w[h * w_stride + p] * rows[p][i] (as f32) for p < len. Each row is
+    // read and converted once for all the heads (D % 16 == 0 at the SIMD levels).
+    void (*weighted_sum_f16)(const float* w, int64_t w_stride, int32_t n_heads, const uint16_t* const* rows,
+                             int32_t D, int32_t len, float* o, int64_t o_stride);
     // dst[j] = the f16 value src[j] as f32.
     void (*f16_to_f32)(const uint16_t* src, int32_t n, float* dst);
     // The largest of x[0..n), NaNs skipped (-inf when there is nothing else). Exact at any width:

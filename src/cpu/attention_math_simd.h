@@ -168,6 +168,36 @@ inline void weighted_sum(const float* w, const float* v, int32_t D, int32_t len,
     }
 }
 
+// NH heads (at most 4: their sums and the converted row stay in registers at every level) over
+// 16 outputs at a time; each lane is one output element, summed over positions in order.
+template <int NH>
+inline void weighted_sum_f16_heads(const float* w, int64_t w_stride, const uint16_t* const* rows, int32_t D,
+                                   int32_t len, float* o, int64_t o_stride) {
+    for (int32_t c = 0; c < D; c += 16) {
+        v16 a[NH];
+        for (int j = 0; j < NH; ++j) a[j] = zero();
+        for (int32_t p = 0; p < len; ++p) {
+            const v16 x = from_f16(rows[p] + c);
+            for (int j = 0; j < NH; ++j) a[j] = a[j] + x * w[j * w_stride + p];
+        }
+        for (int j = 0; j < NH; ++j) store(o + j * o_stride + c, a[j]);
+    }
+}
+
+inline void weighted_sum_f16(const float* w, int64_t w_stride, int32_t n_heads, const uint16_t* const* rows, int32_t D,
+                             int32_t len, float* o, int64_t o_stride) {
+    for (int32_t h = 0; h < n_heads; h += 4) {
+        const float* wh = w + h * w_stride;
+        float* oh = o + h * o_stride;
+        switch (n_heads - h) {
+            case 1: weighted_sum_f16_heads<1>(wh, w_stride, rows, D, len, oh, o_stride); break;
+            case 2: weighted_sum_f16_heads<2>(wh, w_stride, rows, D, len, oh, o_stride); break;
+            case 3: weighted_sum_f16_heads<3>(wh, w_stride, rows, D, len, oh, o_stride); break;
+            default: weighted_sum_f16_heads<4>(wh, w_stride, rows, D, len, oh, o_stride); break;
+        }
+    }
+}
+
 inline void f16_to_f32(const uint16_t* src, int32_t n, float* dst) {
     int32_t j = 0;
     for (; j + 16 <= n; j += 16) store(dst + j, from_f16(src + j));

@@ -2,10 +2,11 @@
 // positions 0..pos of its sequence (causal), or the last `window` of them (sliding window),
 // walking the sequence's block table.
 //
-// Work unit: (sequence, kv head, run of up to 32 of its tokens). A unit first gathers the
-// positions it needs from the paged cache into f32 scratch -- keys transposed in groups of 16
-// positions so that 16 q.k dots advance side by side in SIMD lanes, values row-major -- and then
-// serves every query head that reads this kv head (GQA) for each of its tokens.
+// Work unit: (sequence, kv head, run of up to 32 of its tokens). A unit first gathers the keys it
+// needs from the paged cache into f32 scratch, transposed in groups of 16 positions so that 16 q.k
+// dots advance side by side in SIMD lanes, and then serves every query head that reads this kv head
+// (GQA) for each of its tokens. f16 values are read where they lie, each row once per token for all
+// of the group's heads (weighted_sum_f16); values of the other types are gathered as f32 rows.
 //
 // Precision: f16 KV follows llama.cpp's CPU attention (our outputs are checked against it token
 // by token): q rounded to f16 for the q.k dot, softmax in f32, probabilities rounded to f16 before
@@ -60,7 +61,10 @@ struct F16Kv {
     }
     static void load(const KVLayer& kv, void* base, int32_t block, int32_t slot, int32_t head, float* dst,
                      const AttentionMath& math) {
-        math.f16_to_f32(elem_row<uint16_t>(kv, base, block, slot) + (int64_t)head * kv.head_dim, kv.head_dim, dst);
+        math.f16_to_f32(head_row(kv, base, block, slot, head), kv.head_dim, dst);
+    }
+    static const uint16_t* head_row(const KVLayer& kv, void* base, int32_t block, int32_t slot, int32_t head) {
+        return elem_row<uint16_t>(kv, base, block, slot) + (int64_t)head * kv.head_dim;
     }
     // Slots slot..slot+15 of `block` (one group of 16 keys) straight into the transposed layout.
     static void load_group(const KVLayer& kv, void* base, int32_t block, int32_t slot, int32_t head, float* kt,
@@ -70,6 +74,7 @@ struct F16Kv {
     }
     static constexpr bool kGroupLoad = true;
     static constexpr bool kF16Operands = true;   // rounded like the kv
+    static constexpr bool kRowsF16 = true;       // values read in place by weighted_sum_f16
 };
 
 struct F32Kv {
@@ -83,6 +88,7 @@ struct F32Kv {
     }
     static constexpr bool kGroupLoad = false;   // no load_group: keys one row at a time
     static constexpr bool kF16Operands = false;
+    static constexpr bool kRowsF16 = false;
 };
 
 // Q8_0: head-major int8 values, then f16 scales (src/backend/kv_layout.h; head_dim % 32 == 0,
@@ -117,6 +123,7 @@ struct Q8Kv {
     }
     static constexpr bool kGroupLoad = false;   // no load_group: keys one row at a time
     static constexpr bool kF16Operands = false;
+    static constexpr bool kRowsF16 = false;
 };
 
 // Calls f(Kv{}) with the KV type struct of t (check_kv_type admitted only these).
@@ -146,9 +153,11 @@ struct Unit {
     int32_t n_tokens;
 };
 
-// Per-thread scratch: keys [n_pos/16][D][16], values [n_pos][D], a key row, q, scores, weights.
+// Per-thread scratch: keys [n_pos/16][D][16], values [n_pos][D] (or f16 value rows where they
+// lie), a key row, q, scores, weights [group][n_pos].
 struct Scratch {
     std::vector<float> kt, vf, krow, q, prob, w;
+    std::vector<const uint16_t*> vrows;
 };
 
 template <class K, class V>
@@ -170,7 +179,6 @@ void attend_unit(const BatchInfo& batch, const KVLayer& kv, const float* q, cons
     // No zero fill but for the lanes past n_loc of a partial last group (scores reads them; their
     // results are never used): every other key slot is written below.
     sc.kt.resize((size_t)n_groups * D * kLanes);
-    sc.vf.resize((size_t)n_loc * D);
     sc.krow.resize(D);
     for (int32_t g = 0; g < n_groups; ++g) {
         const int32_t i0 = g * kLanes, n = std::min(kLanes, n_loc - i0);
@@ -191,18 +199,30 @@ void attend_unit(const BatchInfo& batch, const KVLayer& kv, const float* q, cons
             for (int32_t d = 0; d < D; ++d) ktg[d * kLanes + l] = sc.krow[d];
         }
     }
-    for (int32_t i = 0; i < n_loc; ++i) {
-        const int32_t p = lo + i;
-        V::load(kv, kv.v, table[p / kv.block_size], p % kv.block_size, u.kv_head, &sc.vf[(size_t)i * D], math);
+    if constexpr (V::kRowsF16) {
+        sc.vrows.resize(n_loc);
+        for (int32_t i = 0; i < n_loc; ++i) {
+            const int32_t p = lo + i;
+            sc.vrows[i] = V::head_row(kv, kv.v, table[p / kv.block_size], p % kv.block_size, u.kv_head);
+        }
+    } else {
+        sc.vf.resize((size_t)n_loc * D);
+        for (int32_t i = 0; i < n_loc; ++i) {
+            const int32_t p = lo + i;
+            V::load(kv, kv.v, table[p / kv.block_size], p % kv.block_size, u.kv_head, &sc.vf[(size_t)i * D], math);
+        }
     }
     sc.q.resize(D);
     sc.prob.resize((size_t)n_groups * kLanes);
-    sc.w.resize((size_t)n_loc);
+    sc.w.resize((size_t)group * n_loc);
     for (int32_t j = 0; j < u.n_tokens; ++j) {
         const int32_t t = u.tokens[j];
         const int32_t end = batch.pos[t] + 1 - lo, off = first_pos(t) - lo, len = end - off;
         float* prob = sc.prob.data() + off;
-        for (int32_t h = u.kv_head * group; h < (u.kv_head + 1) * group; ++h) {
+        float* out_t = out + t * q_width + (int64_t)u.kv_head * group * D;
+        for (int32_t g = 0; g < group; ++g) {
+            const int32_t h = u.kv_head * group + g;
+            float* w = sc.w.data() + (size_t)g * n_loc;
             math.scale_round(q + t * q_width + (int64_t)h * D, D, 1.0f, K::kF16Operands, sc.q.data());
             math.scores(sc.q.data(), sc.kt.data(), D, (end + kLanes - 1) / kLanes, s.scale, sc.prob.data());
             const float m = math.max(prob, len);
@@ -211,9 +231,10 @@ void attend_unit(const BatchInfo& batch, const KVLayer& kv, const float* q, cons
             for (int32_t p = 0; p < len; ++p) prob[p] = std::exp(prob[p] - m);
             double sum = 0.0;
             for (int32_t p = 0; p < len; ++p) sum += prob[p];
-            math.scale_round(prob, len, (float)(1.0 / sum), V::kF16Operands, sc.w.data());
-            math.weighted_sum(sc.w.data(), sc.vf.data() + (size_t)off * D, D, len, out + t * q_width + (int64_t)h * D);
+            math.scale_round(prob, len, (float)(1.0 / sum), V::kF16Operands, w);
+            if constexpr (!V::kRowsF16) math.weighted_sum(w, sc.vf.data() + (size_t)off * D, D, len, out_t + g * D);
         }
+        if constexpr (V::kRowsF16) math.weighted_sum_f16(sc.w.data(), n_loc, group, sc.vrows.data() + off, D, len, out_t, D);
     }
 }
 

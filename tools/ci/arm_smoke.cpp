@@ -237,6 +237,16 @@ int check_attention(Rng& rng) {
             m.weighted_sum(w.data(), v.data(), D, len, a.data());
             ref.weighted_sum(w.data(), v.data(), D, len, b.data());
             if (!same_bits(a, b)) return fail("weighted_sum D, len", D, len);
+            for (int32_t heads : {1, 3, 4, 6}) {
+                const std::vector<float> wh = normals(rng, size_t(heads) * len);
+                const std::vector<uint16_t> vh = halves(rng, size_t(len) * (D + 8));
+                std::vector<const uint16_t*> rows(len);
+                for (int32_t p = 0; p < len; ++p) rows[p] = vh.data() + size_t(p) * (D + 8);
+                std::vector<float> c(size_t(heads) * D), d(size_t(heads) * D);
+                m.weighted_sum_f16(wh.data(), len, heads, rows.data(), D, len, c.data(), D);
+                ref.weighted_sum_f16(wh.data(), len, heads, rows.data(), D, len, d.data(), D);
+                if (!same_bits(c, d)) return fail("weighted_sum_f16 D, heads", D, heads);
+            }
         }
         const int64_t stride = 3 * D + 8;
         const std::vector<uint16_t> rows = halves(rng, size_t(L) * stride);
