@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "backend/kv_copy.h"
 #include "backend/kv_layout.h"
 
 namespace ember {
@@ -14,34 +15,6 @@ namespace {
 size_t layer_bytes(GGMLType type, const KVLayer& g) {
     return (size_t)g.n_blocks * kv_block_bytes(type, g.block_size, (int64_t)g.n_head_kv * g.head_dim);
 }
-
-// Copies added in order; one that continues the previous on both sides joins it, so a run of
-// blocks goes as one call.
-template <class Copy>
-class CopyRuns {
-public:
-    explicit CopyRuns(Copy copy) : copy_(std::move(copy)) {}
-    void add(uint8_t* dst, const uint8_t* src, size_t bytes) {
-        if (bytes_ && dst == dst_ + bytes_ && src == src_ + bytes_) {
-            bytes_ += bytes;
-            return;
-        }
-        flush();
-        dst_ = dst;
-        src_ = src;
-        bytes_ = bytes;
-    }
-    void flush() {
-        if (bytes_) copy_(dst_, src_, bytes_);
-        bytes_ = 0;
-    }
-
-private:
-    Copy copy_;
-    uint8_t* dst_ = nullptr;
-    const uint8_t* src_ = nullptr;
-    size_t bytes_ = 0;
-};
 
 }  // namespace
 

@@ -6,13 +6,7 @@
 # once both have come). Env: NPL (default 1,8,32,64,128), TESTS=0 skips tests,
 # DETERMINISTIC=B,... adds a deterministic-mode row set, EXTRA: a command run at the end.
 cd "$(dirname "$0")/../.."
-LOG="${OUT:-/tmp}/bench.log"
-step() { echo "== $(date +%T) $*" | tee -a "$LOG"; }
-cp build/parts/* /tmp/em/parts/ 2>/dev/null
-[ -f /tmp/em/SmolLM2-135M-Instruct.Q4_1.gguf ] || [ ! -f /tmp/em/parts/smol.partab ] || [ ! -f /tmp/em/parts/smol.partaa ] ||
-  cat /tmp/em/parts/smol.parta* > /tmp/em/SmolLM2-135M-Instruct.Q4_1.gguf
-source tools/device/cuda_build.sh >> "$LOG" 2>&1 || { echo "BUILD FAILED"; tail -60 "$LOG"; exit 1; }
-export EMBER_TEST_CACHE=/tmp/em
+source tools/device/run_prelude.sh
 NPL=${NPL:-1,8,32,64,128}
 M=/tmp/em/l7b-q4_0.gguf
 if [ "${TESTS:-1}" = 1 ]; then

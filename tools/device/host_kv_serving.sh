@@ -10,13 +10,7 @@
 # Env: PARTS=nkvo,serving (default both), TESTS=0 skips tests, N / C (serving requests / concurrency,
 # default 128 / 64), EXTRA: a command run at the end.
 cd "$(dirname "$0")/../.."
-LOG="${OUT:-/tmp}/bench.log"
-step() { echo "== $(date +%T) $*" | tee -a "$LOG"; }
-cp build/parts/* /tmp/em/parts/ 2>/dev/null
-[ -f /tmp/em/SmolLM2-135M-Instruct.Q4_1.gguf ] || [ ! -f /tmp/em/parts/smol.partab ] || [ ! -f /tmp/em/parts/smol.partaa ] ||
-  cat /tmp/em/parts/smol.parta* > /tmp/em/SmolLM2-135M-Instruct.Q4_1.gguf
-source tools/device/cuda_build.sh >> "$LOG" 2>&1 || { echo "BUILD FAILED"; tail -60 "$LOG"; exit 1; }
-export EMBER_TEST_CACHE=/tmp/em
+source tools/device/run_prelude.sh
 M=/tmp/em/l7b-q4_0.gguf
 BIN=/tmp/lcpp/llama.cpp/build/bin
 PARTS=${PARTS:-nkvo,serving}
