@@ -136,6 +136,10 @@ def test_preemption_under_a_small_pool_keeps_outputs(model):
     for p, r in zip(prompts, results):
         assert finish_ok(r) == greedy_alone(model, p, 40)
     assert stats["kv_blocks_used"] == 0 and stats["running"] == 0 and stats["waiting"] == 0
+    # The loop's time by phase: every step planned, ran a forward, sampled and handed out.
+    phases = [stats[k] for k in ("seconds_schedule", "seconds_forward", "seconds_sample", "seconds_output")]
+    assert all(t > 0 for t in phases), phases
+    assert phases[1] > phases[0] and phases[1] > phases[2], "the forward should dominate a step"
     engine.close()
 
 

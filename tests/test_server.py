@@ -311,6 +311,7 @@ def test_metrics(client, engine):
     for name in ("num_requests_running", "num_requests_waiting", "prompt_tokens_total", "generation_tokens_total",
                  "kv_blocks_used", "kv_blocks_cached", "prefix_cache_hits_total", "kv_swaps_out_total",
                  "kv_swaps_in_total", "kv_host_blocks_total", "kv_host_cache_hits_total",
+                 "engine_forward_seconds_total", "engine_sample_seconds_total",
                  "time_to_first_token_seconds_count", "inter_token_latency_seconds_count"):
         assert f"ember:{name}" in values, name
     assert values["ember:time_to_first_token_seconds_count"] >= 1

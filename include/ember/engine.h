@@ -74,6 +74,9 @@ struct EngineStats {
     int64_t host_cache_hits = 0;                        // prefix blocks copied back from the host tier
     int64_t prompt_tokens = 0, generation_tokens = 0;   // computed by forward steps / sampled
     int64_t steps = 0;
+    // Seconds the loop thread spent, over all steps, planning them (and copying swaps), in the
+    // forward (device time included), sampling, and handing out outputs (the lock's wait included).
+    double seconds_schedule = 0, seconds_forward = 0, seconds_sample = 0, seconds_output = 0;
 };
 
 struct EngineImpl;

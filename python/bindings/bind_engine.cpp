@@ -121,6 +121,10 @@ void bind_engine(nb::module_& m) {
                  d["prompt_tokens"] = s.prompt_tokens;
                  d["generation_tokens"] = s.generation_tokens;
                  d["steps"] = s.steps;
+                 d["seconds_schedule"] = s.seconds_schedule;
+                 d["seconds_forward"] = s.seconds_forward;
+                 d["seconds_sample"] = s.seconds_sample;
+                 d["seconds_output"] = s.seconds_output;
                  return d;
              })
         .def("close",

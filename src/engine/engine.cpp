@@ -199,6 +199,9 @@ void EngineImpl::sample(const StepPlan& plan) {
 // One step: plan, forward, sample, then under the lock hand out outputs and retire finished
 // sequences. Returns false when there was nothing to run.
 bool EngineImpl::step() {
+    using Clock = std::chrono::steady_clock;
+    const Clock::time_point t_plan = Clock::now();
+    Clock::time_point t_forward = t_plan, t_sample = t_plan, t_output = t_plan;
     StepPlan plan = sched.plan();
     std::string failure;
     try {
@@ -207,13 +210,16 @@ bool EngineImpl::step() {
         cache.flush_host_copies();
         if (plan.seqs.empty()) return false;
         plan.batch.batch_invariant = params.deterministic;
+        t_forward = Clock::now();
         runner.clear_logits();
         runner.forward(plan.tokens.data(), plan.batch, plan.rows);
         sched.commit(plan);
+        t_sample = Clock::now();
         sample(plan);
     } catch (const std::exception& e) {
         failure = e.what();
     }
+    t_output = Clock::now();
     std::vector<int64_t> done;
     int64_t generated = 0;
     for (const StepSeq& ss : plan.seqs) {
@@ -259,6 +265,11 @@ bool EngineImpl::step() {
     for (int64_t id : done) sched.remove(id);
     stats.generation_tokens += generated;
     update_stats();
+    auto seconds = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+    stats.seconds_schedule += seconds(t_plan, t_forward);
+    stats.seconds_forward += seconds(t_forward, t_sample);
+    stats.seconds_sample += seconds(t_sample, t_output);
+    stats.seconds_output += seconds(t_output, Clock::now());
     out_cv.notify_all();
     return true;
 }

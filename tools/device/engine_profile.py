@@ -36,16 +36,21 @@ def main():
                 left.discard(o.request_id)
         steps = engine.stats()["steps"]
         if t0 is None and seen >= batch:
-            t0, s0 = time.perf_counter(), steps
+            first = engine.stats()
+            t0, s0 = time.perf_counter(), first["steps"]
         if not wall and seen >= 6 * batch and not profiling:
             driver.cuProfilerStart()
             profiling = True
             s_prof = steps
         if profiling and steps > s_prof:
             driver.cuProfilerStop()
-    steps = engine.stats()["steps"] - s0
+    stats = engine.stats()
+    steps = stats["steps"] - s0
     dt = time.perf_counter() - t0
     print(f"engine B={batch}: {steps} steps, {1e3 * dt / max(steps, 1):.3f} ms/step, {batch * steps / dt:.1f} tok/s")
+    phases = ("schedule", "forward", "sample", "output")
+    print("  the loop's ms a decode step: " + ", ".join(
+        f"{p} {1e3 * (stats['seconds_' + p] - first['seconds_' + p]) / max(steps, 1):.3f}" for p in phases))
     engine.close()
     if wall and batch == 1:
         ctx = E.Context(model, n_ctx=300, n_batch=512)

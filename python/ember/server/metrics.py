@@ -35,6 +35,10 @@ _ENGINE_METRICS = (
     ("host_blocks_cached", "kv_host_blocks_cached", "gauge", "Host slots holding evicted prefix-cache blocks."),
     ("host_cache_hits", "kv_host_cache_hits_total", "counter", "Prefix blocks served from the host tier."),
     ("steps", "engine_steps_total", "counter", "Forward steps of the engine."),
+    ("seconds_schedule", "engine_schedule_seconds_total", "counter", "Time the engine loop spent planning steps."),
+    ("seconds_forward", "engine_forward_seconds_total", "counter", "Time the engine loop spent in forward steps."),
+    ("seconds_sample", "engine_sample_seconds_total", "counter", "Time the engine loop spent sampling."),
+    ("seconds_output", "engine_output_seconds_total", "counter", "Time the engine loop spent handing out outputs."),
 )
 
 PREFIX = "ember:"
