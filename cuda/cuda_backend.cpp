@@ -398,6 +398,10 @@ public:
         issue_uploads();
         cuda::add_bias(x, bias, n_tok, dim, stream_);
     }
+    void argmax_rows(const float* x, int32_t n_rows, int64_t width, int32_t* ids) override {
+        issue_uploads();
+        cuda::argmax_rows(x, n_rows, width, ids, stream_);
+    }
 
     // ---- fused ops. Where a GEMV of a decode-sized batch reads the result of the kernel before
     // it, that kernel also writes the result as q8_1 blocks into the scratch (xq_, xds_) and the
@@ -445,7 +449,9 @@ public:
         const float2* table = rope_table(rp);
         const bool f16_cache = kv.k_type == GGMLType::F16 && kv.v_type == GGMLType::F16;
         const bool plain = !w.bq && !w.bk && !w.bv && !w.q_norm && !w.k_norm;
-        if (plain && f16_cache && !rp.neox && n_tok <= kMaxGemvTokens && !invariant_) {
+        // (The engine's decode steps of several sequences take gemm_dq where it reads these weights:
+        // one weight read for all tokens beats the GEMV's per-token work.)
+        if (plain && f16_cache && !rp.neox && n_tok <= kMaxGemvTokens && !invariant_ && !takes_gemm_dq(*w.wq, n_tok)) {
             const cuda::DeviceWeight dq = device_weight(*w.wq), dk = device_weight(*w.wk), dv = device_weight(*w.wv);
             if (cuda::gemv_takes_rope_store(dq, dk, dv, kv.head_dim)) {
                 const cuda::DeviceWeight* pw[3] = {&dq, &dk, &dv};
@@ -710,10 +716,10 @@ private:
             }
         };
         bool xh_dq = false;   // xh_ holds x in gemm_dq's order
-        for (int i = 0; i < count; ++i) {
+        for (int i = 0; i < count;) {
             const Weight& w = *ws[i];
             if (gemv_only) {
-                gemv_chunks(w, ys[i]);
+                gemv_chunks(w, ys[i++]);
                 continue;
             }
             if (takes_gemm_dq(w, n_tok)) {
@@ -722,20 +728,31 @@ private:
                     cuda::gemm_dq_input(x, static_cast<__half*>(xh_.p), n_tok, n_in, stream_);
                     xh_dq = true;
                 }
-                cuda::gemm_dq(device_weight(w), ys[i], static_cast<const __half*>(xh_.p), n_tok, stream_);
+                // The run of weights of this format that take it goes as one launch.
+                cuda::DeviceWeight dw[cuda::kMaxGemmDqWeights];
+                const cuda::DeviceWeight* pw[cuda::kMaxGemmDqWeights];
+                float* py[cuda::kMaxGemmDqWeights];
+                int n = 0;
+                for (; i < count && n < cuda::kMaxGemmDqWeights && ws[i]->type == w.type && takes_gemm_dq(*ws[i], n_tok);
+                     ++i, ++n) {
+                    dw[n] = device_weight(*ws[i]);
+                    pw[n] = &dw[n];
+                    py[n] = ys[i];
+                }
+                cuda::gemm_dq(pw, py, n, static_cast<const __half*>(xh_.p), n_tok, stream_);
                 continue;
             }
             if (takes_gemm_q8(w, n_tok)) {
-                cuda::gemm_q8(device_weight(w), ys[i], xq, xds, n_tok, stream_);
+                cuda::gemm_q8(device_weight(w), ys[i++], xq, xds, n_tok, stream_);
                 continue;
             }
             if (n_tok > kMaxIntPromptTokens || (!cuda::gemv_wants_q8(w.type) && n_tok > kMaxGemvTokens) ||
                 many_chunks_of_superblocks(w, n_tok)) {
-                gemm(w, x, n_tok, ys[i]);
+                gemm(w, x, n_tok, ys[i++]);
                 xh_dq = false;   // gemm() converts x into xh_ in the natural order
                 continue;
             }
-            gemv_chunks(w, ys[i]);
+            gemv_chunks(w, ys[i++]);
         }
     }
     // Prompt batches: tensor cores through cuBLAS, y^T [n_out x n_tok] = W [n_out x n_in] x^T

@@ -56,6 +56,7 @@ constexpr int kMaxSplit = 8;            // the portable cluster size
 constexpr int kMaxStages = 4;
 constexpr int kSmemLimit = 227 * 1024;  // dynamic shared memory of one CTA (sm_90)
 constexpr int kDqAlign = 256;
+constexpr int kMaxWeights = kMaxGemmDqWeights;
 
 __device__ __forceinline__ __half2 as_h2(uint32_t u) {
     __half2 h;
@@ -150,15 +151,37 @@ struct Layout {
     static_assert(kKB % 2 == 0 && 32 * kKB <= kDqAlign, "stages hold pairs of blocks and divide kDqAlign");
 };
 
+// Up to kMaxWeights weights of one format and width that read the same x, in one launch: their
+// row tiles follow each other along grid z, so small projections (Q, K, V; gate, up) fill the
+// GPU together instead of each leaving most of it idle behind its own pipeline fill and tail.
 struct Params {
-    const uint8_t* wq;     // quants region
-    const uint8_t* meta;   // meta region
-    const __half* xh;      // [n_tok][n_blocks * 32], gemm_dq_input's order
-    float* y;              // [n_tok][n_out]
-    int32_t n_blocks, n_out, n_tok;
-    int32_t k_stages;      // stages of a whole row
-    int32_t split_stages;  // stages of one K split
+    const uint8_t* wq[kMaxWeights];     // quants regions
+    const uint8_t* meta[kMaxWeights];   // meta regions
+    float* y[kMaxWeights];              // [n_tok][n_out[i]]
+    int32_t n_out[kMaxWeights];
+    int32_t tile_end[kMaxWeights];      // weight i's row tiles end at grid z tile_end[i]
+    int32_t n_weights;
+    const __half* xh;                   // [n_tok][n_blocks * 32], gemm_dq_input's order
+    int32_t n_blocks, n_tok;
+    int32_t k_stages;                   // stages of a whole row
+    int32_t split_stages;               // stages of one K split
 };
+
+// This CTA's weight (picked with selects, so the parameter arrays are never indexed dynamically)
+// and its first row within it.
+struct CtaWeight {
+    const uint8_t *wq, *meta;
+    float* y;
+    int32_t n_out, row0;
+};
+__device__ __forceinline__ CtaWeight cta_weight(const Params& p) {
+    const int z = int(blockIdx.z);
+    CtaWeight c{p.wq[0], p.meta[0], p.y[0], p.n_out[0], z * kBM};
+#pragma unroll
+    for (int i = 1; i < kMaxWeights; ++i)
+        if (i < p.n_weights && z >= p.tile_end[i - 1]) c = {p.wq[i], p.meta[i], p.y[i], p.n_out[i], (z - p.tile_end[i - 1]) * kBM};
+    return c;
+}
 
 template <class F, int NJ>
 __global__ void __launch_bounds__(kThreads, 1) gemm_dq_kernel(Params p) {
@@ -169,7 +192,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_dq_kernel(Params p) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int wrow = warp * 32;
-    const int tok0 = int(blockIdx.y) * kBN, row0 = int(blockIdx.z) * kBM;
+    const CtaWeight cw = cta_weight(p);
+    const int tok0 = int(blockIdx.y) * kBN, row0 = cw.row0, n_out = cw.n_out;
     const int64_t nb = p.n_blocks;
     const int ks_begin = int(blockIdx.x) * p.split_stages;
     const int n_st = max(0, min(p.k_stages, ks_begin + p.split_stages) - ks_begin);
@@ -187,11 +211,11 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_dq_kernel(Params p) {
     static_assert(kThreads % kMChunks == 0 && kThreads % kXChunks == 0, "copy slots keep their row");
     const int64_t kb_begin = int64_t(ks_begin) * kKB;
     const int w_r = tid >> 3, w_c = tid & 7;
-    const uint8_t* w_src = p.wq + ((row0 + w_r) * nb + kb_begin) * F::kQB + 16 * w_c;
+    const uint8_t* w_src = cw.wq + ((row0 + w_r) * nb + kb_begin) * F::kQB + 16 * w_c;
     const int64_t w_step = 32 * nb * F::kQB;   // 32 rows
     const int w_dst = L::kW + w_r * kRowBytes + ((w_c ^ (w_r & 7)) << 4);
     const int m_r = tid / kMChunks, m_c = tid % kMChunks;
-    const uint8_t* m_src = p.meta + ((row0 + m_r) * nb + kb_begin) * F::kMB + kMChunk * m_c;
+    const uint8_t* m_src = cw.meta + ((row0 + m_r) * nb + kb_begin) * F::kMB + kMChunk * m_c;
     const int m_dst = L::kM + m_r * L::kMRow + kMChunk * m_c;
     const int x_t = tid / kXChunks, x_c = tid % kXChunks;
     const __half* x_src = p.xh + (tok0 + x_t) * nb * 32 + kb_begin * 32 + 8 * x_c;
@@ -200,14 +224,14 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_dq_kernel(Params p) {
         uint8_t* st = smem + s * L::kStage;
 #pragma unroll
         for (int k = 0; k < kBM / 32; ++k) {
-            const bool ok = row0 + w_r + 32 * k < p.n_out;
-            cp_async16_zfill_l2_256(st + w_dst + 32 * k * kRowBytes, ok ? w_src + k * w_step + rel * kRowBytes : p.wq, ok);
+            const bool ok = row0 + w_r + 32 * k < n_out;
+            cp_async16_zfill_l2_256(st + w_dst + 32 * k * kRowBytes, ok ? w_src + k * w_step + rel * kRowBytes : cw.wq, ok);
         }
 #pragma unroll
         for (int k = 0; k < kMChunks; ++k) {
             const int r = m_r + k * (kThreads / kMChunks);
-            const bool ok = row0 + r < p.n_out;
-            const uint8_t* src = ok ? m_src + k * (kThreads / kMChunks) * nb * F::kMB + rel * L::kMRow : p.meta;
+            const bool ok = row0 + r < n_out;
+            const uint8_t* src = ok ? m_src + k * (kThreads / kMChunks) * nb * F::kMB + rel * L::kMRow : cw.meta;
             uint8_t* dst = st + m_dst + k * (kThreads / kMChunks) * L::kMRow;
             if constexpr (kMChunk == 16) cp_async16_zfill_l2_256(dst, src, ok);
             else cp_async8_zfill(dst, src, ok);
@@ -336,12 +360,12 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_dq_kernel(Params p) {
 #pragma unroll
         for (int j = 0; j < NJ; ++j)
             store_acc_transposed(tile, L::kAccRow, wrow + 16 * i + g, 8 * j + 2 * t, acc[i][j]);
-    const int n_tk = min(kBN, p.n_tok - tok0), n_r = min(kBM, p.n_out - row0);
+    const int n_tk = min(kBN, p.n_tok - tok0), n_r = min(kBM, n_out - row0);
     // Four consecutive rows of a token a thread, consecutive threads the next rows: coalesced
     // stores of y. The sum over the splits runs in rank order whatever the timing.
     auto store = [&](int e, const float4& v) {
         const int tk = e / (kBM / 4), r = 4 * (e % (kBM / 4));
-        float* out = p.y + int64_t(tok0 + tk) * p.n_out + row0 + r;
+        float* out = cw.y + int64_t(tok0 + tk) * n_out + row0 + r;
         const float vs[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
         for (int c = 0; c < 4; ++c)
@@ -409,7 +433,7 @@ int pick_split(int64_t tiles, const int (&slots)[kMaxSplit + 1], int k_stages) {
 }
 
 template <class F, int NJ>
-void launch(const DeviceWeight& w, float* y, const __half* xh, int32_t n_tok, cudaStream_t s) {
+void launch(const DeviceWeight* const* ws, float* const* ys, int count, const __half* xh, int32_t n_tok, cudaStream_t s) {
     using L = Layout<F, NJ>;
     auto* kernel = gemm_dq_kernel<F, NJ>;
     // CTAs resident at once in clusters of each size (one CTA an SM, but a cluster's CTAs share a
@@ -445,9 +469,24 @@ void launch(const DeviceWeight& w, float* y, const __half* xh, int32_t n_tok, cu
         }
         return r;
     }();
-    const int k_stages = int(w.layout.n_blocks / L::kKB);
-    Params p{w.base, w.base + w.layout.meta_off, xh, y, int32_t(w.layout.n_blocks), int32_t(w.n_out), n_tok, k_stages, 0};
-    const int64_t m_tiles = (w.n_out + kBM - 1) / kBM, n_tiles = (n_tok + L::kBN - 1) / L::kBN;
+    const DeviceWeight& w0 = *ws[0];
+    const int k_stages = int(w0.layout.n_blocks / L::kKB);
+    Params p{};
+    int64_t m_tiles = 0;
+    for (int i = 0; i < count; ++i) {
+        p.wq[i] = ws[i]->base;
+        p.meta[i] = ws[i]->base + ws[i]->layout.meta_off;
+        p.y[i] = ys[i];
+        p.n_out[i] = int32_t(ws[i]->n_out);
+        m_tiles += (ws[i]->n_out + kBM - 1) / kBM;
+        p.tile_end[i] = int32_t(m_tiles);
+    }
+    p.n_weights = count;
+    p.xh = xh;
+    p.n_blocks = int32_t(w0.layout.n_blocks);
+    p.n_tok = n_tok;
+    p.k_stages = k_stages;
+    const int64_t n_tiles = (n_tok + L::kBN - 1) / L::kBN;
     const int split = pick_split(m_tiles * n_tiles, slots.n, k_stages);
     p.split_stages = (k_stages + split - 1) / split;
     launch_pdl_cluster(kernel, dim3(unsigned(split), unsigned(n_tiles), unsigned(m_tiles)), dim3(kThreads),
@@ -456,10 +495,11 @@ void launch(const DeviceWeight& w, float* y, const __half* xh, int32_t n_tok, cu
 }
 
 template <class F>
-void launch_tokens(const DeviceWeight& w, float* y, const __half* xh, int32_t n_tok, cudaStream_t s) {
-    if (n_tok <= 16) launch<F, 2>(w, y, xh, n_tok, s);
-    else if (n_tok <= 32) launch<F, 4>(w, y, xh, n_tok, s);
-    else launch<F, 8>(w, y, xh, n_tok, s);
+void launch_tokens(const DeviceWeight* const* ws, float* const* ys, int count, const __half* xh, int32_t n_tok,
+                   cudaStream_t s) {
+    if (n_tok <= 16) launch<F, 2>(ws, ys, count, xh, n_tok, s);
+    else if (n_tok <= 32) launch<F, 4>(ws, ys, count, xh, n_tok, s);
+    else launch<F, 8>(ws, ys, count, xh, n_tok, s);
 }
 
 }  // namespace
@@ -479,15 +519,26 @@ void gemm_dq_input(const float* x, __half* xh, int32_t n_tok, int64_t n, cudaStr
     EMBER_CUDA_LAUNCHED("gemm_dq_input");
 }
 
-void gemm_dq(const DeviceWeight& w, float* y, const __half* xh, int32_t n_tok, cudaStream_t s) {
-    if (n_tok <= 0) return;
+void gemm_dq(const DeviceWeight* const* ws, float* const* ys, int count, const __half* xh, int32_t n_tok, cudaStream_t s) {
+    if (n_tok <= 0 || count <= 0) return;
+    if (count > kMaxGemmDqWeights) fail("cuda gemm_dq: ", count, " weights in one launch, at most ", kMaxGemmDqWeights);
+    const DeviceWeight& w = *ws[0];
     if (!gemm_dq_supported(w.type, w.n_in))
         fail("cuda gemm_dq: no kernel for ", block_info(w.type).name, " rows of ", w.n_in);
+    for (int i = 1; i < count; ++i)
+        if (ws[i]->type != w.type || ws[i]->n_in != w.n_in)
+            fail("cuda gemm_dq: the weights of one launch must share their format and width");
     switch (w.type) {
-        case GGMLType::Q4_0: launch_tokens<DqQ4_0>(w, y, xh, n_tok, s); break;
-        case GGMLType::Q4_1: launch_tokens<DqQ4_1>(w, y, xh, n_tok, s); break;
-        default: launch_tokens<DqQ8_0>(w, y, xh, n_tok, s); break;
+        case GGMLType::Q4_0: launch_tokens<DqQ4_0>(ws, ys, count, xh, n_tok, s); break;
+        case GGMLType::Q4_1: launch_tokens<DqQ4_1>(ws, ys, count, xh, n_tok, s); break;
+        default: launch_tokens<DqQ8_0>(ws, ys, count, xh, n_tok, s); break;
     }
+}
+
+void gemm_dq(const DeviceWeight& w, float* y, const __half* xh, int32_t n_tok, cudaStream_t s) {
+    const DeviceWeight* ws[1] = {&w};
+    float* ys[1] = {y};
+    gemm_dq(ws, ys, 1, xh, n_tok, s);
 }
 
 }  // namespace cuda

@@ -61,6 +61,9 @@ bool gemm_dq_supported(GGMLType type, int64_t n_in);
 // x [n_tok][n] (16-byte aligned, n % 32 == 0) -> xh: f16 with each 32-block in gemm_dq's K order.
 void gemm_dq_input(const float* x, __half* xh, int32_t n_tok, int64_t n, cudaStream_t s);
 void gemm_dq(const DeviceWeight& w, float* y, const __half* xh, int32_t n_tok, cudaStream_t s);
+// ys[i] = x ws[i]^T for up to kMaxGemmDqWeights weights of one format and width, in one launch.
+constexpr int kMaxGemmDqWeights = 3;
+void gemm_dq(const DeviceWeight* const* ws, float* const* ys, int count, const __half* xh, int32_t n_tok, cudaStream_t s);
 // out [n_tok][n_out] = silu(x W_gate^T) * (x W_up^T) in one launch, for the float weight types
 // (gemv_swiglu_supported) whose down projection reads float activations.
 bool gemv_swiglu_supported(GGMLType type);
@@ -96,6 +99,8 @@ struct HostCopies {
 };
 void copy_from_pinned(const HostCopies& c, cudaStream_t s);
 void add_bias(float* x, const float* bias, int32_t n_tok, int32_t dim, cudaStream_t s);
+// ids[r] = the first highest value's index of row r of x [n_rows][width], -1 if none beats -inf.
+void argmax_rows(const float* x, int32_t n_rows, int64_t width, int32_t* ids, cudaStream_t s);
 
 // Batch addressing mirrored on the device (fixed buffers, rewritten by set_batch).
 struct DeviceBatch {

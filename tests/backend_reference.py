@@ -98,3 +98,29 @@ def attention(q, k_all, v_all, pos, n_head, n_head_kv, head_dim, window=0):
             w = np.exp(s - s.max())
             out[t, h * head_dim:(h + 1) * head_dim] = (w / w.sum()) @ v
     return out
+
+
+def greedy_ids(x):
+    """Each row's first highest value's index, ignoring NaN; -1 where nothing beats -inf."""
+    out = []
+    for row in np.asarray(x, dtype=np.float32):
+        vals = np.where(np.isnan(row), -np.inf, row)
+        best = int(np.argmax(vals))
+        out.append(best if vals[best] > -np.inf else -1)
+    return out
+
+
+def argmax_cases(rng, width):
+    """Rows for argmax_rows: random, ties (the first must win), NaN and +-inf, nothing above -inf."""
+    x = rng.standard_normal((9, width)).astype(np.float32)
+    x[1, [5, width // 2, width - 1]] = 50.0                      # a tie: index 5 wins
+    x[2, :] = 0.0                                                # all equal: index 0
+    x[3, [0, 7]] = np.nan                                        # NaN never wins
+    x[3, 9] = 40.0
+    x[4, :] = -np.inf                                            # nothing to draw: -1
+    x[5, :] = np.nan                                             # nothing to draw: -1
+    x[6, [11, 3]] = np.inf                                       # +inf: the first one
+    x[7, :] = -np.inf
+    x[7, width - 1] = -3.0e38                                    # only the last one is finite
+    x[8, :] = rng.standard_normal(width).astype(np.float32) * 1e-30
+    return x

@@ -56,6 +56,14 @@ def test_gated_act(cpu, act, rng):
     np.testing.assert_allclose(cpu.gated_act(g, u, act), ref.gated_act(g, u, act), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("width", [16, 257, 49152])
+def test_argmax_rows(cpu, width, rng):
+    x = ref.argmax_cases(rng, width)
+    assert cpu.argmax_rows(x) == ref.greedy_ids(x)
+    with pytest.raises(ValueError, match="argmax_rows"):
+        cpu.argmax_rows(np.zeros((0, 4), np.float32))
+
+
 def test_head_rmsnorm(cpu, rng):
     n_tok, n_heads, hd = 5, 6, 64
     x = rng.standard_normal((n_tok, n_heads * hd)).astype(np.float32) * rng.uniform(0.1, 5, (n_tok, n_heads * hd))

@@ -212,6 +212,14 @@ def test_gated_act(gpu, act):
     assert rel_err(gpu.gated_act(g, u, act), ref_ops.gated_act(g, u, act)) < 1e-6
 
 
+@pytest.mark.parametrize("width", [16, 1000, 32000, 151936])
+def test_argmax_rows(gpu, cpu, width):
+    x = ref_ops.argmax_cases(rng_for("argmax_rows", width), width)
+    want = ref_ops.greedy_ids(x)
+    assert gpu.argmax_rows(x) == want
+    assert cpu.argmax_rows(x) == want
+
+
 def test_head_rmsnorm(gpu, cpu):
     rng = rng_for("head_rmsnorm")
     n_tok, n_heads, hd = 5, 8, 128

@@ -135,6 +135,22 @@ def test_gemm_dq_matmul_many(gpu):
         assert same_bits(y, gpu.matmul(int(t), w, n_in, x)), t.name
 
 
+@pytest.mark.parametrize("n_tok,n_seq", [(40, None), (8, 8), (128, 128)])
+def test_gemm_dq_runs_of_weights(gpu, n_tok, n_seq):
+    """Consecutive weights of one format go to gemm_dq as one launch (up to three, their row tiles
+    one after another): each output is still its own product, whatever the run's split of K."""
+    rng = rng_for("gemm_dq_runs", n_tok)
+    n_in = 4096
+    types = [T.Q4_0, T.Q4_0, T.Q4_0, T.Q4_0, T.Q8_0, T.Q8_0]
+    ws = [random_weight(t, n_out, n_in, rng) for t, n_out in zip(types, (300, 520, 100, 256, 1000, 72))]
+    x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+    ys = gpu.matmul_many([int(t) for t in types], ws, n_in, x, n_seq=n_seq)
+    for t, w, y in zip(types, ws, ys):
+        assert rel_err(y, f16_round(x) @ f16_round(dequant(t, w, n_in)).T) < 1e-4, t.name
+    again = gpu.matmul_many([int(t) for t in types], ws, n_in, x, n_seq=n_seq)
+    assert all(same_bits(a, b) for a, b in zip(ys, again)), "not deterministic"
+
+
 @pytest.mark.parametrize("t", [T.Q4_0, T.F16], ids=lambda t: t.name)
 def test_batch_invariant_any_size(gpu, t):
     """Batch-invariant steps keep the GEMV (chunks of 8 tokens) at every size: a token's row has

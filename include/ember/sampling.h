@@ -29,9 +29,15 @@ public:
     // NaN logits (and those a -inf logit_bias bans) are never drawn; a +inf logit after bias and
     // penalties is a certainty (the lowest such id). Throws InvalidInput when no token can be drawn.
     int32_t sample(const float* logits, int32_t n_vocab, const std::vector<int32_t>& history);
+    // Whether sample() would return the greedy choice (the first highest logit) for this
+    // history: greedy with no logit_bias and no penalty that applies.
+    bool plain_greedy(const std::vector<int32_t>& history) const;
     const SamplingParams& params() const { return params_; }
 
 private:
+    // Whether a penalty changes any logit (it applies to the last penalty_last_n tokens of history).
+    bool penalizes() const;
+
     SamplingParams params_;
     std::mt19937_64 rng_;
     std::vector<std::pair<float, int32_t>> cand_;   // scratch: (logit, id)

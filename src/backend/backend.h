@@ -181,6 +181,9 @@ public:
     virtual void add(float* x, const float* y, int64_t n) = 0;
     // x[t][j] += bias[j]
     virtual void add_bias(float* x, const float* bias, int32_t n_tok, int32_t dim) = 0;
+    // ids[r] = greedy_token(x[r], width) (backend/greedy_token.h) for each of n_rows rows: the greedy
+    // choice where the logits lie, so only the ids need to reach the host.
+    virtual void argmax_rows(const float* x, int32_t n_rows, int64_t width, int32_t* ids) = 0;
 
     // ---- fused ops: each default composes the primitives; a backend overrides the ones it can
     // do in fewer passes. Callers always call the fused op, so a fusion never depends on the

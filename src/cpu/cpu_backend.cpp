@@ -8,6 +8,7 @@
 #include <new>
 #include <thread>
 
+#include "backend/greedy_token.h"
 #include "backend/registry.h"
 #include "ember/status.h"
 #include "backend/rope_angles.h"
@@ -106,6 +107,12 @@ void CpuBackend::add(float* x, const float* y, int64_t n) {
 void CpuBackend::add_bias(float* x, const float* bias, int32_t n_tok, int32_t dim) {
     for (int32_t t = 0; t < n_tok; ++t)
         for (int32_t j = 0; j < dim; ++j) x[(int64_t)t * dim + j] += bias[j];
+}
+
+void CpuBackend::argmax_rows(const float* x, int32_t n_rows, int64_t width, int32_t* ids) {
+    pool_.parallel_for(n_rows, 1, [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r) ids[r] = greedy_token(x + r * width, (int32_t)width);
+    });
 }
 
 HostParallelFor CpuBackend::host_parallel_for() {

@@ -87,7 +87,13 @@ struct EngineImpl {
 
     void run();
     bool step();
-    void sample(const StepPlan& plan);
+    // Token ids that s may not draw yet (min_tokens): its stop ids, and the end-of-generation ids
+    // unless ignore_eos (as vLLM's min_tokens bans them).
+    bool bans_tokens(const Sequence& s) const;
+    // Whether every row the step samples takes plain greedy (no logprobs, nothing banned or
+    // adjusted): the runner then returns each row's greedy id, not its logits.
+    bool greedy_step(const StepPlan& plan) const;
+    void sample(const StepPlan& plan, bool greedy);
     void finish(Sequence& s, const char* reason, const std::string& error = "");
     void emit(Sequence& s);   // moves s.out into the outbox (lock held)
     void update_stats();      // lock held
@@ -146,9 +152,38 @@ void EngineImpl::update_stats() {
     stats.cached_prompt_tokens = sched.cached_prompt_tokens();
 }
 
+bool EngineImpl::bans_tokens(const Sequence& s) const {
+    return s.n_generated < s.req.min_tokens &&
+           (!s.req.stop_token_ids.empty() || (!s.req.ignore_eos && !stop_ids_eog.empty()));
+}
+
+bool EngineImpl::greedy_step(const StepPlan& plan) const {
+    for (const StepSeq& ss : plan.seqs) {
+        if (!ss.n_rows) continue;
+        const Sequence& s = *ss.seq;
+        if (!ss.samples || ss.n_rows != 1 || s.wants_prompt_logprobs() || s.req.logprobs >= 0 || bans_tokens(s) ||
+            !s.sampler->plain_greedy(s.tokens))
+            return false;
+    }
+    return true;
+}
+
 // Samples every sequence whose chunk ended its tokens, in parallel on the CPU backend's threads;
-// gathers prompt logprobs.
-void EngineImpl::sample(const StepPlan& plan) {
+// gathers prompt logprobs. A greedy step takes the runner's ids.
+void EngineImpl::sample(const StepPlan& plan, bool greedy) {
+    if (greedy) {
+        const std::vector<int32_t>& ids = runner.greedy_ids();
+        for (const StepSeq& ss : plan.seqs) {
+            Sequence& s = *ss.seq;
+            if (!ss.samples || s.n_generated >= s.req.max_tokens) continue;
+            const int32_t tok = ids[(size_t)ss.first_row];
+            if (tok < 0)
+                finish(s, "error", "sampling: no token can be drawn: every logit is -inf or NaN");
+            else
+                s.out.token_ids.push_back(tok);
+        }
+        return;
+    }
     const float* logits = runner.logits();
     std::vector<const StepSeq*> work;
     for (const StepSeq& ss : plan.seqs)
@@ -168,9 +203,10 @@ void EngineImpl::sample(const StepPlan& plan) {
         const float* row = rows + (size_t)(ss.n_rows - 1) * n_vocab;
         // Reused per thread: a decode step allocates nothing per sequence.
         thread_local std::vector<float> banned;
-        if (s.n_generated < s.req.min_tokens) {
+        if (bans_tokens(s)) {
             banned.assign(row, row + n_vocab);
-            for (int32_t id : stop_ids_eog) banned[id] = -std::numeric_limits<float>::infinity();
+            if (!s.req.ignore_eos)
+                for (int32_t id : stop_ids_eog) banned[id] = -std::numeric_limits<float>::infinity();
             for (int32_t id : s.req.stop_token_ids) banned[id] = -std::numeric_limits<float>::infinity();
             row = banned.data();
         }
@@ -211,11 +247,12 @@ bool EngineImpl::step() {
         if (plan.seqs.empty()) return false;
         plan.batch.batch_invariant = params.deterministic;
         t_forward = Clock::now();
+        const bool greedy = greedy_step(plan);
         runner.clear_logits();
-        runner.forward(plan.tokens.data(), plan.batch, plan.rows);
+        runner.forward(plan.tokens.data(), plan.batch, plan.rows, greedy);
         sched.commit(plan);
         t_sample = Clock::now();
-        sample(plan);
+        sample(plan, greedy);
     } catch (const std::exception& e) {
         failure = e.what();
     }

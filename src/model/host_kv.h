@@ -79,6 +79,9 @@ public:
     void add_bias(float* x, const float* bias, int32_t n_tok, int32_t dim) override {
         gpu_.add_bias(x, bias, n_tok, dim);
     }
+    void argmax_rows(const float* x, int32_t n_rows, int64_t width, int32_t* ids) override {
+        gpu_.argmax_rows(x, n_rows, width, ids);
+    }
     void add_rmsnorm(float* x, const float* residual, const float* gamma, int32_t n_tok, int32_t dim, float eps,
                      float* y) override {
         gpu_.add_rmsnorm(x, residual, gamma, n_tok, dim, eps, y);

@@ -32,6 +32,7 @@ namespace {
 struct Scratch {
     Backend* be = nullptr;
     float *x = nullptr, *out_a = nullptr, *out_b = nullptr, *logits = nullptr;
+    int32_t* ids = nullptr;   // [logits_rows] greedy ids
     BlockBuffers buf{};
     int32_t logits_rows = 0;
 };
@@ -189,6 +190,7 @@ struct RunnerImpl {
     HostLogits logits;   // [n_logits][row_width]; declared after `cpu` and `model`, whose host memory it holds
     HostKV host_kv;      // the host tier's slots; after `cpu` and `model` too
     int32_t n_logits = 0;
+    std::vector<int32_t> greedy_ids;
     std::vector<float> embd;   // [n_batch][n_embd] host staging for the embedding rows
 
     RunnerImpl(std::shared_ptr<Model> m, const RunnerParams& p) : model(std::move(m)), params(p) {}
@@ -222,7 +224,7 @@ struct RunnerImpl {
         return s;
     }
 
-    void forward(const int32_t* tokens, const BatchInfo& batch, const std::vector<RowRange>& rows);
+    void forward(const int32_t* tokens, const BatchInfo& batch, const std::vector<RowRange>& rows, bool greedy);
     // Every layer's K and V bytes of the runs' blocks, between the pool and host_kv.
     void copy_host(const std::vector<std::pair<int32_t, int32_t>>& pairs, bool to_host);
     int32_t row_width() const { return params.embeddings ? model->hparams().n_embd : model->hparams().n_vocab; }
@@ -304,7 +306,8 @@ Runner::Runner(std::shared_ptr<Model> model, const RunnerParams& params) {
 
 Runner::~Runner() = default;
 
-void RunnerImpl::forward(const int32_t* tokens, const BatchInfo& batch, const std::vector<RowRange>& rows) {
+void RunnerImpl::forward(const int32_t* tokens, const BatchInfo& batch, const std::vector<RowRange>& rows,
+                         bool greedy) {
     ModelImpl& m = model->impl();
     const HParams& hp = m.hp;
     const int64_t E = hp.n_embd;
@@ -322,7 +325,7 @@ void RunnerImpl::forward(const int32_t* tokens, const BatchInfo& batch, const st
     }
 
     // The step's shape for recorded graphs: its size and the rows whose logits it computes.
-    uint64_t shape_key = mix(reinterpret_cast<uintptr_t>(this), (uint64_t)n);
+    uint64_t shape_key = mix(mix(reinterpret_cast<uintptr_t>(this), (uint64_t)n), (uint64_t)greedy);
     for (const RowRange& rr : rows) shape_key = mix(mix(shape_key, (uint64_t)rr.first), (uint64_t)rr.count);
 
     Backend* cur = cpu.get();
@@ -393,6 +396,7 @@ void RunnerImpl::forward(const int32_t* tokens, const BatchInfo& batch, const st
     const int64_t W = row_width();
     if (hs.logits_rows < n_rows) {
         hs.logits = alloc_floats(hb, (int64_t)n_rows * W);
+        hs.ids = reinterpret_cast<int32_t*>(alloc_floats(hb, n_rows));   // as many 4-byte ids
         hs.logits_rows = n_rows;
     }
     if (!replayed) {
@@ -408,16 +412,24 @@ void RunnerImpl::forward(const int32_t* tokens, const BatchInfo& batch, const st
                 hb.norm_matmul(x, res, head.output_norm, hp.rms_eps, head.output, rr.count, hs.buf.xn + rr.first * E, y);
             out += rr.count;
         }
+        if (greedy) hb.argmax_rows(hs.logits, n_rows, W, hs.ids);
     }
     hb.step_end();
+    if (greedy) {
+        greedy_ids.resize(n_rows);
+        if (n_rows) hb.copy_to_host(greedy_ids.data(), hs.ids, (size_t)n_rows * sizeof(int32_t));
+        else hb.synchronize();
+        return;
+    }
     const size_t n_out = (size_t)n_rows * W;
     if (n_out) hb.copy_to_host(logits.append(hb, n_out), hs.logits, n_out * sizeof(float));
     else hb.synchronize();
     n_logits += n_rows;
 }
 
-void Runner::forward(const int32_t* tokens, const BatchInfo& batch, const std::vector<RowRange>& rows) {
+void Runner::forward(const int32_t* tokens, const BatchInfo& batch, const std::vector<RowRange>& rows, bool greedy) {
     RunnerImpl& r = *impl_;
+    if (greedy && r.params.embeddings) fail("a forward step of an embeddings runner has no logits to take greedy ids from");
     if (batch.n_tok <= 0 || batch.n_tok > r.params.n_batch)
         fail("a forward step takes 1..", r.params.n_batch, " tokens, got ", batch.n_tok);
     int32_t end = 0;
@@ -427,8 +439,10 @@ void Runner::forward(const int32_t* tokens, const BatchInfo& batch, const std::v
                  batch.n_tok, " tokens");
         end = rr.first + rr.count;
     }
-    r.forward(tokens, batch, rows);
+    r.forward(tokens, batch, rows, greedy);
 }
+
+const std::vector<int32_t>& Runner::greedy_ids() const { return impl_->greedy_ids; }
 
 const float* Runner::logits() const { return impl_->logits.data(); }
 int32_t Runner::n_logits() const { return impl_->n_logits; }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "backend/greedy_token.h"
 #include "ember/status.h"
 
 namespace ember {
@@ -113,27 +114,28 @@ Sampler::Sampler(const SamplingParams& params) : params_(params) {
     }
 }
 
+bool Sampler::penalizes() const {
+    const SamplingParams& p = params_;
+    return p.penalty_last_n != 0 && (p.repeat_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f);
+}
+
+bool Sampler::plain_greedy(const std::vector<int32_t>& history) const {
+    const SamplingParams& p = params_;
+    return (p.temperature <= 0.0f || !std::isfinite(1.0f / p.temperature)) && p.logit_bias.empty() &&
+           !(penalizes() && !history.empty());
+}
+
 int32_t Sampler::sample(const float* logits, int32_t n_vocab, const std::vector<int32_t>& history) {
     const SamplingParams& p = params_;
     if (logits == nullptr || n_vocab <= 0) fail("sampling: logits must hold n_vocab > 0 floats, got ", n_vocab);
 
-    // Penalties look at the last penalty_last_n tokens of history (counts per distinct token).
-    const bool penalize = p.penalty_last_n != 0 &&
-        (p.repeat_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f);
+    // Penalties count each distinct token of the window (the last penalty_last_n of history).
+    const bool penalize = penalizes();
 
-    // Greedy with nothing to adjust (the engine's usual decode): the first highest logit, read in
-    // place (NaN never wins a comparison, as it never wins as -inf below).
-    if ((p.temperature <= 0.0f || !std::isfinite(1.0f / p.temperature)) && p.logit_bias.empty() &&
-        !(penalize && !history.empty())) {
-        int32_t best = 0;
-        float best_logit = -std::numeric_limits<float>::infinity();
-        for (int32_t i = 0; i < n_vocab; ++i)
-            if (logits[i] > best_logit) {
-                best_logit = logits[i];
-                best = i;
-            }
-        if (!(best_logit > -std::numeric_limits<float>::infinity()))
-            fail("sampling: no token can be drawn: every logit is -inf or NaN after logit_bias/penalties");
+    // Greedy with nothing to adjust (the engine's usual decode): read in place.
+    if (plain_greedy(history)) {
+        const int32_t best = greedy_token(logits, n_vocab);
+        if (best < 0) fail("sampling: no token can be drawn: every logit is -inf or NaN after logit_bias/penalties");
         return best;
     }
 

@@ -337,6 +337,18 @@ struct PyBackend {
         return make_out(download(*be, ob, g.size()), {g.size()});
     }
 
+    // x [n_rows, width] -> each row's greedy id (-1 where nothing beats -inf).
+    std::vector<int32_t> argmax_rows(F32In x) {
+        if (x.ndim() != 2 || x.shape(0) == 0 || x.shape(1) == 0) fail("argmax_rows: x must be [n_rows, width] float32");
+        const int32_t n_rows = (int32_t)x.shape(0);
+        Buf xb(*be, x.data(), x.size() * 4), ib(*be, (size_t)n_rows * 4);
+        be->argmax_rows(xb.f(), n_rows, (int64_t)x.shape(1), static_cast<int32_t*>(ib.p));
+        std::vector<int32_t> ids(n_rows);
+        be->synchronize();
+        be->copy_to_host(ids.data(), ib.p, ids.size() * sizeof(int32_t));
+        return ids;
+    }
+
     // q [n_q, n_head*hd] at positions pos (each < len); k_all/v_all [len, n_head_kv*hd] are the
     // sequence's keys/values, scattered into blocks through a shuffled block table, stored as
     // type_k / type_v ("f16", "f32", "q8_0"; kv_type: both; default f16); window > 0: a query at p sees p - window < j <= p only. With
@@ -408,6 +420,7 @@ void bind_kernel_backend(nb::module_& m) {
              nb::arg("attn_factor") = 1.0f, nb::arg("corr_lo") = 0.0f, nb::arg("corr_hi") = 0.0f,
              nb::arg("freq_factors") = nb::none())
         .def("gated_act", &PyBackend::gated_act, nb::arg("gate"), nb::arg("up"), nb::arg("act") = "silu")
+        .def("argmax_rows", &PyBackend::argmax_rows, nb::arg("x"))
         .def("attention", &PyBackend::attention, nb::arg("q"), nb::arg("k_all"), nb::arg("v_all"), nb::arg("pos"),
              nb::arg("n_head"), nb::arg("n_head_kv"), nb::arg("head_dim"), nb::arg("block_size"),
              nb::arg("seed") = 0, nb::arg("kv_type") = nb::none(), nb::arg("type_k") = nb::none(),

@@ -1,0 +1,63 @@
+// Greedy choice on the device: each row's first highest logit (backend/greedy_token.h's rule, so the engine
+// gets the ids the CPU sampler would pick), so a greedy decode step copies n_rows ids to the host
+// instead of n_rows x n_vocab logits.
+#include <climits>
+
+#include "common.cuh"
+#include "kernels.h"
+#include "launch.h"
+
+namespace ember {
+namespace cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// (v, i) beats (bv, bi): a higher logit, or the same one earlier. NaN never wins (v > bv is
+// false), and -inf never wins over the start value, so a row of only -inf / NaN keeps bi = INT_MAX.
+__device__ __forceinline__ void take_better(float v, int i, float& bv, int& bi) {
+    if (v > bv || (v == bv && i < bi)) {
+        bv = v;
+        bi = i;
+    }
+}
+
+// One CTA per row.
+__global__ void argmax_rows_kernel(const float* __restrict__ x, int64_t width, int32_t* __restrict__ ids) {
+    pdl_wait();
+    pdl_trigger();
+    const float* row = x + int64_t(blockIdx.x) * width;
+    float bv = -__int_as_float(0x7f800000);
+    int bi = INT_MAX;
+    for (int64_t i = threadIdx.x; i < width; i += kThreads)
+        if (row[i] > bv) {   // ascending i per thread: the first of equal values stays
+            bv = row[i];
+            bi = int(i);
+        }
+    for (int o = 16; o > 0; o >>= 1) take_better(__shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o), bv, bi);
+    __shared__ float sv[kThreads / 32];
+    __shared__ int si[kThreads / 32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) {
+        sv[warp] = bv;
+        si[warp] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < kThreads / 32; ++w) take_better(sv[w], si[w], bv, bi);
+        ids[blockIdx.x] = bi == INT_MAX ? -1 : bi;
+    }
+}
+
+}  // namespace
+
+void argmax_rows(const float* x, int32_t n_rows, int64_t width, int32_t* ids, cudaStream_t s) {
+    if (n_rows <= 0) return;
+    if (width <= 0 || width > INT_MAX) fail("cuda argmax_rows: row width ", width, " is out of range");
+    launch_pdl(argmax_rows_kernel, unsigned(n_rows), kThreads, s, x, width, ids);
+    EMBER_CUDA_LAUNCHED("argmax_rows");
+}
+
+}  // namespace cuda
+}  // namespace ember
