@@ -421,9 +421,9 @@ public:
         issue_uploads();
         const Weight* ws[1] = {&w};
         const int32_t dim = int32_t(w.n_in);
-        const bool q8 = feeds_q8(ws, 1, n_tok, dim);
-        norm(x, residual, gamma, n_tok, dim, eps, xn, q8);
-        project(ws, &y, 1, xn, n_tok, q8);
+        const bool dq = feeds_dq(ws, n_tok), q8 = !dq && feeds_q8(ws, 1, n_tok, dim);
+        norm(x, residual, gamma, n_tok, dim, eps, xn, q8, dq);
+        project(ws, &y, 1, xn, n_tok, q8, dq);
     }
     // Norm (+ residual add, + q8_1 output); Q, K, V in one GEMV launch. A plain block (no biases,
     // no q/k norms) with f16 caches and normal rope has the GEMV rotate q and k and store k and v
@@ -444,8 +444,8 @@ public:
         const int32_t dim = int32_t(w.wq->n_in);
         const Weight* ws[3] = {w.wq, w.wk, w.wv};
         float* ys[3] = {b.q, b.k, b.v};
-        const bool q8 = feeds_q8(ws, 3, n_tok, dim);
-        norm(x, residual, w.norm, n_tok, dim, w.eps, b.xn, q8);
+        const bool dq = feeds_dq(ws, n_tok), q8 = !dq && feeds_q8(ws, 3, n_tok, dim);
+        norm(x, residual, w.norm, n_tok, dim, w.eps, b.xn, q8, dq);
         const float2* table = rope_table(rp);
         const bool f16_cache = kv.k_type == GGMLType::F16 && kv.v_type == GGMLType::F16;
         const bool plain = !w.bq && !w.bk && !w.bv && !w.q_norm && !w.k_norm;
@@ -462,7 +462,7 @@ public:
                 return;
             }
         }
-        project(ws, ys, 3, b.xn, n_tok, q8);
+        project(ws, ys, 3, b.xn, n_tok, q8, dq);
         const int32_t qw = w.n_head * w.head_dim, kw = w.n_head_kv * w.head_dim;
         if (w.bq) cuda::add_bias(b.q, w.bq, n_tok, qw, stream_);
         if (w.bk) cuda::add_bias(b.k, w.bk, n_tok, kw, stream_);
@@ -512,10 +512,15 @@ public:
             project(dn, &out, 1, b.gate, n_tok, false);
             return;
         }
-        const bool q8_in = feeds_q8(gu, 2, n_tok, dim);
-        norm(x, residual, w.norm, n_tok, dim, w.eps, b.xn, q8_in);
+        const bool dq_in = feeds_dq(gu, n_tok), q8_in = !dq_in && feeds_q8(gu, 2, n_tok, dim);
+        norm(x, residual, w.norm, n_tok, dim, w.eps, b.xn, q8_in, dq_in);
         float* ys[2] = {b.gate, b.up};
-        project(gu, ys, 2, b.xn, n_tok, q8_in);
+        project(gu, ys, 2, b.xn, n_tok, q8_in, dq_in);
+        if (feeds_dq(dn, n_tok) && n % 32 == 0) {
+            cuda::gated_act_dq(w.act, b.gate, b.up, n, dq_scratch(n), stream_);
+            project(dn, &out, 1, b.gate, n_tok, false, true);   // (b.gate itself is not written)
+            return;
+        }
         const bool q8_mid = feeds_q8(dn, 1, n_tok, n_ff);
         if (q8_mid) {
             const Q8 q = q8_scratch(n);
@@ -628,11 +633,21 @@ private:
             if (cuda::gemv_wants_q8(ws[i]->type)) return true;
         return false;
     }
-    // y = rmsnorm(x += residual) * gamma; with q8, y also as q8_1 blocks in the scratch.
+    // Whether the input of a projection by these weights should come as f16 in gemm_dq's order:
+    // the first weight takes gemm_dq (its run of weights of one format goes as one launch).
+    bool feeds_dq(const Weight* const* ws, int32_t n_tok) const { return takes_gemm_dq(*ws[0], n_tok); }
+    // xh_ sized for n values: where a kernel writes gemm_dq's f16 input for project(x_dq).
+    __half* dq_scratch(int64_t n) {
+        ensure(xh_, size_t(n) * 2);
+        return static_cast<__half*>(xh_.p);
+    }
+    // y = rmsnorm(x += residual) * gamma; with q8, y also as q8_1 blocks in the scratch; with dq,
+    // also as gemm_dq's f16 input in xh_.
     void norm(float* x, const float* residual, const float* gamma, int32_t n_tok, int32_t dim, float eps, float* y,
-              bool q8) {
+              bool q8, bool dq = false) {
         const Q8 q = q8 ? q8_scratch(int64_t(n_tok) * dim) : Q8{};
-        cuda::rmsnorm(x, residual, gamma, n_tok, dim, eps, y, q.q, q.ds, stream_);
+        cuda::rmsnorm(x, residual, gamma, n_tok, dim, eps, y, q.q, q.ds, stream_,
+                      dq ? dq_scratch(int64_t(n_tok) * dim) : nullptr);
     }
     // The quantized GEMM (int8 tensor cores, each weight byte read from memory once a call) takes
     // batches of kMaxGemvTokens < n_tok <= kMaxGemmQ8Tokens of its formats, except rows the GEMV
@@ -665,14 +680,16 @@ private:
                cuda::block_info(w.type).block_elems == 256;
     }
     // ys[i] = x ws[i]^T; x_q8: the scratch already holds x as q8_1 blocks (the kernel before
-    // wrote them), else they are made here where a GEMV or the quantized GEMM reads them. Decode
+    // wrote them), else they are made here where a GEMV or the quantized GEMM reads them; x_dq:
+    // xh_ already holds x as gemm_dq's f16 input (ws[0] takes gemm_dq). Decode
     // batches: one GEMV launch per run of up to kMaxGemvBatch consecutive weights of one type;
     // batch-invariant steps of any size: the GEMV in chunks of kMaxGemvTokens tokens (a token's sums
     // do not depend on the rest of the batch); larger batches: gemm_dq where takes_gemm_dq (x
     // converted to f16 once for all its weights), else the quantized GEMM where takes_gemm_q8, else
     // up to kMaxIntPromptTokens the integer GEMV in chunks (the CPU's rounding); longer ones and
     // float weights of prompts: cuBLAS.
-    void project(const Weight* const* ws, float* const* ys, int count, const float* x, int32_t n_tok, bool x_q8) {
+    void project(const Weight* const* ws, float* const* ys, int count, const float* x, int32_t n_tok, bool x_q8,
+                 bool x_dq = false) {
         if (n_tok <= 0 || count <= 0) return;
         const int64_t n_in = ws[0]->n_in;
         for (int i = 1; i < count; ++i)
@@ -715,7 +732,7 @@ private:
                      std::min<int32_t>(kMaxGemvTokens, n_tok - t0), stream_);
             }
         };
-        bool xh_dq = false;   // xh_ holds x in gemm_dq's order
+        bool xh_dq = x_dq;   // xh_ holds x in gemm_dq's order
         for (int i = 0; i < count;) {
             const Weight& w = *ws[i];
             if (gemv_only) {

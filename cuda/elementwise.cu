@@ -1,6 +1,7 @@
 // Elementwise ops on float activations: gated activations (SiLU, GeLU), residual add, bias add,
 // and the KV store (float K/V rows -> f16 cache slots addressed through the block table).
 #include "common.cuh"
+#include "dq_order.cuh"
 #include "kernels.h"
 #include "launch.h"
 
@@ -49,6 +50,18 @@ __global__ void gated_act_q8_kernel(const float* g, const float* u, int64_t n_bl
     const float v = gate_act<A>(g[i]) * u[i];
     o[i] = v;
     q8_1_block(v, lane, q + blk * 32, ds + blk);
+}
+
+// gated_act into gemm_dq's f16 order, four elements a thread.
+template <Activation A>
+__global__ void gated_act_dq_kernel(const float4* __restrict__ g, const float4* __restrict__ u, int64_t n4, __half* xh) {
+    pdl_wait();
+    pdl_trigger();
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n4; i += int64_t(gridDim.x) * blockDim.x) {
+        const float4 a = g[i], b = u[i];
+        store_dq4(xh, 4 * i, make_float4(gate_act<A>(a.x) * b.x, gate_act<A>(a.y) * b.y, gate_act<A>(a.z) * b.z,
+                                         gate_act<A>(a.w) * b.w));
+    }
 }
 
 __global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, int64_t n) {
@@ -121,6 +134,19 @@ void gated_act_q8(Activation act, const float* gate, const float* up, int64_t n,
     else
         launch_pdl(gated_act_q8_kernel<Activation::GeLUTanh>, grid, 256, s, gate, up, nb, out, q, ds);
     EMBER_CUDA_LAUNCHED("gated_act_q8");
+}
+
+void gated_act_dq(Activation act, const float* gate, const float* up, int64_t n, __half* xh, cudaStream_t s) {
+    if (n % 32) fail("cuda gated_act_dq: ", n, " elements are not whole 32-element blocks");
+    if (n <= 0) return;
+    const int64_t n4 = n / 4;
+    const auto* g = reinterpret_cast<const float4*>(gate);
+    const auto* u = reinterpret_cast<const float4*>(up);
+    if (act == Activation::SiLU)
+        launch_pdl(gated_act_dq_kernel<Activation::SiLU>, grid_for(n4), 256, s, g, u, n4, xh);
+    else
+        launch_pdl(gated_act_dq_kernel<Activation::GeLUTanh>, grid_for(n4), 256, s, g, u, n4, xh);
+    EMBER_CUDA_LAUNCHED("gated_act_dq");
 }
 
 void add(float* x, const float* y, int64_t n, cudaStream_t s) {

@@ -73,9 +73,10 @@ void gemv_swiglu(const DeviceWeight& gate, const DeviceWeight& up, float* out, c
 void dequantize_f16(const DeviceWeight& w, __half* out, cudaStream_t s);
 
 // y = rmsnorm(x) * gamma per row [n_tok][dim] (y may be x). Optional fusions: res != null first
-// does x += res (written back); q != null also writes y as q8_1 blocks (q, ds) for a following GEMV.
+// does x += res (written back); q != null also writes y as q8_1 blocks (q, ds) for a following GEMV;
+// xh != null also writes y as f16 in gemm_dq's order (dim % 32 == 0) for a following gemm_dq.
 void rmsnorm(float* x, const float* res, const float* gamma, int32_t n_tok, int32_t dim, float eps, float* y,
-             int8_t* q, float2* ds, cudaStream_t s);
+             int8_t* q, float2* ds, cudaStream_t s, __half* xh = nullptr);
 // x [n_tok][n_heads][head_dim]: each head normed in place by gamma [head_dim], as rmsnorm rounds.
 void head_rmsnorm(float* x, const float* gamma, int32_t n_tok, int32_t n_heads, int32_t head_dim, float eps,
                   cudaStream_t s);
@@ -87,6 +88,9 @@ void gated_act(Activation act, const float* gate, const float* up, int64_t n, fl
 // gated_act that also writes its output as q8_1 blocks (n % 32 == 0) for the down projection.
 void gated_act_q8(Activation act, const float* gate, const float* up, int64_t n, float* out, int8_t* q, float2* ds,
                   cudaStream_t s);
+// gated_act written only as f16 in gemm_dq's order (rows of n_row % 32 == 0 values) for the down
+// projection's gemm_dq.
+void gated_act_dq(Activation act, const float* gate, const float* up, int64_t n, __half* xh, cudaStream_t s);
 void add(float* x, const float* y, int64_t n, cudaStream_t s);
 // Up to kMaxHostCopies host-to-device copies read straight from pinned host memory by one
 // kernel (a decode step's inputs: one graph node, no copy-engine transfer per buffer).

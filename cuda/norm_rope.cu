@@ -2,6 +2,7 @@
 // position embedding (one thread per rotated pair; normal mode rotates (2i, 2i+1), neox mode
 // (i, i + head_dim/2)).
 #include "common.cuh"
+#include "dq_order.cuh"
 #include "kernels.h"
 #include "launch.h"
 
@@ -79,7 +80,7 @@ template <int U>
 __global__ void __launch_bounds__(kVecNormThreads) rmsnorm_vec_kernel(float* x, const float* __restrict__ res,
                                                                      const float* __restrict__ gamma, int32_t dim, float eps,
                                                                      float* y, int8_t* __restrict__ q,
-                                                                     float2* __restrict__ ds) {
+                                                                     float2* __restrict__ ds, __half* __restrict__ xh) {
     const int n4 = dim / 4;
     float4* xr = reinterpret_cast<float4*>(x + int64_t(blockIdx.x) * dim);
     float4 v[U], g[U];
@@ -117,6 +118,7 @@ __global__ void __launch_bounds__(kVecNormThreads) rmsnorm_vec_kernel(float* x, 
         const int i = threadIdx.x + k * blockDim.x;
         const float4 o = make_float4(v[k].x * inv * g[k].x, v[k].y * inv * g[k].y, v[k].z * inv * g[k].z, v[k].w * inv * g[k].w);
         if (i < n4) reinterpret_cast<float4*>(y + int64_t(blockIdx.x) * dim)[i] = o;
+        if (xh && i < n4) store_dq4(xh, int64_t(blockIdx.x) * dim + 4 * int64_t(i), o);
         if (q) {   // dim % 32 == 0, so a group of 8 lanes is wholly inside or outside the row
             float amax = fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w)));
 #pragma unroll
@@ -231,21 +233,22 @@ __global__ void rope_kv_store_kernel(float* __restrict__ q, int32_t n_head_q, fl
 }  // namespace
 
 void rmsnorm(float* x, const float* res, const float* gamma, int32_t n_tok, int32_t dim, float eps, float* y,
-             int8_t* q, float2* ds, cudaStream_t s) {
+             int8_t* q, float2* ds, cudaStream_t s, __half* xh) {
     if (n_tok <= 0) return;
-    if (q && dim % 32) fail("cuda rmsnorm: q8 output needs a width that is a multiple of 32, got ", dim);
+    if ((q || xh) && dim % 32) fail("cuda rmsnorm: a q8 or f16 block output needs a width that is a multiple of 32, got ", dim);
     const int n4 = dim / 4;
     if (dim % 4 == 0 && n4 <= 4 * kVecNormThreads) {
         const int per = (n4 + kVecNormThreads - 1) / kVecNormThreads;   // float4 per thread
         const int threads = ((n4 + per - 1) / per + kWarp - 1) / kWarp * kWarp;
         if (per == 1)
-            launch_pdl(rmsnorm_vec_kernel<1>, unsigned(n_tok), threads, s, x, res, gamma, dim, eps, y, q, ds);
+            launch_pdl(rmsnorm_vec_kernel<1>, unsigned(n_tok), threads, s, x, res, gamma, dim, eps, y, q, ds, xh);
         else if (per == 2)
-            launch_pdl(rmsnorm_vec_kernel<2>, unsigned(n_tok), threads, s, x, res, gamma, dim, eps, y, q, ds);
+            launch_pdl(rmsnorm_vec_kernel<2>, unsigned(n_tok), threads, s, x, res, gamma, dim, eps, y, q, ds, xh);
         else
-            launch_pdl(rmsnorm_vec_kernel<4>, unsigned(n_tok), threads, s, x, res, gamma, dim, eps, y, q, ds);
+            launch_pdl(rmsnorm_vec_kernel<4>, unsigned(n_tok), threads, s, x, res, gamma, dim, eps, y, q, ds, xh);
     } else {
         launch_pdl(rmsnorm_kernel, unsigned(n_tok), kNormThreads, s, x, res, gamma, dim, eps, y, q, ds);
+        if (xh) gemm_dq_input(y, xh, n_tok, dim, s);   // wide rows: the conversion as a kernel of its own
     }
     EMBER_CUDA_LAUNCHED("rmsnorm");
 }
