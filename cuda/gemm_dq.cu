@@ -35,7 +35,6 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 
 #include "async_copy.cuh"
@@ -54,7 +53,10 @@ constexpr int kThreads = 32 * kWarps;
 constexpr int kBM = 32 * kWarps;       // a stage's copies give each thread one row's chunks (kBM == kThreads)
 constexpr int kRowBytes = 128;          // quant bytes of a row per stage
 constexpr int kMaxSplit = 8;            // the portable cluster size
-constexpr int kMaxStages = 4;
+// Pipeline depth: three stages in flight keep HBM busy; a fourth only lengthens every CTA's fill,
+// which the short K splits of decode-step matmuls pay in full.
+constexpr int kMaxStages = 3;
+constexpr int kCtaCostStages = 2;
 constexpr int kSmemLimit = 227 * 1024;  // dynamic shared memory of one CTA (sm_90)
 constexpr int kDqAlign = 256;
 constexpr int kMaxWeights = kMaxGemmDqWeights;
@@ -137,7 +139,7 @@ struct DqQ8_0 {
 };
 
 // Shared-memory layout of one format and token tile (byte offsets within a stage).
-template <class F, int NJ, int S>
+template <class F, int NJ>
 struct Layout {
     static constexpr int kBN = 8 * NJ;
     static constexpr int kKB = kRowBytes / F::kQB;   // blocks a stage
@@ -145,7 +147,7 @@ struct Layout {
     static constexpr int kXRow = kKB * 64;           // f16 x bytes of a token per stage
     static constexpr int kW = 0, kM = kW + kBM * kRowBytes, kX = kM + kBM * kMRow;
     static constexpr int kStage = kX + kBN * kXRow;
-    static constexpr int kStages = std::min(S, kSmemLimit / kStage);
+    static constexpr int kStages = std::min(kMaxStages, kSmemLimit / kStage);
     static constexpr int kAccRow = kBM + 4;   // floats; +4: a warp's fragment stores hit 32 banks
     static constexpr int kSmem = std::max(kStages * kStage, kBN * kAccRow * 4);
     static_assert(kStages >= 2, "a stage does not fit twice in shared memory");
@@ -184,9 +186,9 @@ __device__ __forceinline__ CtaWeight cta_weight(const Params& p) {
     return c;
 }
 
-template <class F, int NJ, int S>
+template <class F, int NJ>
 __global__ void __launch_bounds__(kThreads, 1) gemm_dq_kernel(Params p) {
-    using L = Layout<F, NJ, S>;
+    using L = Layout<F, NJ>;
     constexpr int kBN = L::kBN, kKB = L::kKB, kStages = L::kStages;
     extern __shared__ uint4 smem_raw[];
     uint8_t* smem = reinterpret_cast<uint8_t*>(smem_raw);
@@ -418,14 +420,15 @@ __global__ void gemm_dq_input_kernel(const float4* __restrict__ x, uint4* __rest
 }
 
 // K splits for `tiles` CTAs a split, slots[s] CTAs resident at once in clusters of s, and
-// k_stages stages a row: the fewest splits that minimize waves x stages of the longest split.
+// k_stages stages a row: the fewest splits that minimize waves x (stages of the longest split +
+// a CTA's fixed cost). That cost (the pipeline's fill, the cluster's sum of partial tiles) is about
+// kCtaCostStages stages' time: counting it picks fewer, longer splits than stages alone would.
 int pick_split(int64_t tiles, const int (&slots)[kMaxSplit + 1], int k_stages) {
-    static const int cost = [] { const char* v = std::getenv("EMBER_DQ_SPLIT_COST"); return v ? std::atoi(v) : 0; }();
     int best = 1;
-    int64_t best_t = (tiles + slots[1] - 1) / slots[1] * (k_stages + cost);
+    int64_t best_t = (tiles + slots[1] - 1) / slots[1] * (k_stages + kCtaCostStages);
     for (int s = 2; s <= std::min(kMaxSplit, k_stages); ++s) {
         if (slots[s] == 0) continue;
-        const int64_t t_s = (tiles * s + slots[s] - 1) / slots[s] * ((k_stages + s - 1) / s + cost);
+        const int64_t t_s = (tiles * s + slots[s] - 1) / slots[s] * ((k_stages + s - 1) / s + kCtaCostStages);
         if (t_s < best_t) {
             best = s;
             best_t = t_s;
@@ -434,10 +437,10 @@ int pick_split(int64_t tiles, const int (&slots)[kMaxSplit + 1], int k_stages) {
     return best;
 }
 
-template <class F, int NJ, int S>
+template <class F, int NJ>
 void launch(const DeviceWeight* const* ws, float* const* ys, int count, const __half* xh, int32_t n_tok, cudaStream_t s) {
-    using L = Layout<F, NJ, S>;
-    auto* kernel = gemm_dq_kernel<F, NJ, S>;
+    using L = Layout<F, NJ>;
+    auto* kernel = gemm_dq_kernel<F, NJ>;
     // CTAs resident at once in clusters of each size (one CTA an SM, but a cluster's CTAs share a
     // GPC, so large clusters leave SMs over); clusters need Hopper, else one split only.
     struct Slots { int n[kMaxSplit + 1]; };
@@ -499,20 +502,9 @@ void launch(const DeviceWeight* const* ws, float* const* ys, int count, const __
 template <class F>
 void launch_tokens(const DeviceWeight* const* ws, float* const* ys, int count, const __half* xh, int32_t n_tok,
                    cudaStream_t s) {
-    static const int stages = [] { const char* v = std::getenv("EMBER_DQ_STAGES"); return v ? std::atoi(v) : 4; }();
-    if (stages == 2) {
-        if (n_tok <= 16) launch<F, 2, 2>(ws, ys, count, xh, n_tok, s);
-        else if (n_tok <= 32) launch<F, 4, 2>(ws, ys, count, xh, n_tok, s);
-        else launch<F, 8, 2>(ws, ys, count, xh, n_tok, s);
-    } else if (stages == 3) {
-        if (n_tok <= 16) launch<F, 2, 3>(ws, ys, count, xh, n_tok, s);
-        else if (n_tok <= 32) launch<F, 4, 3>(ws, ys, count, xh, n_tok, s);
-        else launch<F, 8, 3>(ws, ys, count, xh, n_tok, s);
-    } else {
-        if (n_tok <= 16) launch<F, 2, 4>(ws, ys, count, xh, n_tok, s);
-        else if (n_tok <= 32) launch<F, 4, 4>(ws, ys, count, xh, n_tok, s);
-        else launch<F, 8, 4>(ws, ys, count, xh, n_tok, s);
-    }
+    if (n_tok <= 16) launch<F, 2>(ws, ys, count, xh, n_tok, s);
+    else if (n_tok <= 32) launch<F, 4>(ws, ys, count, xh, n_tok, s);
+    else launch<F, 8>(ws, ys, count, xh, n_tok, s);
 }
 
 }  // namespace
