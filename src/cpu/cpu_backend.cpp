@@ -10,6 +10,7 @@
 
 #include "backend/greedy_token.h"
 #include "backend/registry.h"
+#include "cpu/isa_kernels.h"
 #include "ember/status.h"
 #include "backend/rope_angles.h"
 
@@ -85,19 +86,22 @@ void CpuBackend::rope(float* x, int32_t n_tok, int32_t n_heads, const RopeParams
     }
 }
 
-void CpuBackend::gated_act(Activation act, const float* gate, const float* up, int64_t n, float* out) {
-    pool_.parallel_for(n, 1024, [&](int64_t b, int64_t e) {
-        if (act == Activation::SiLU) {
-            for (int64_t i = b; i < e; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
-        } else {
-            // 0.5 g (1 + tanh(y)) written as g / (1 + exp(-2y)), y = sqrt(2 / pi) (g + 0.044715 g^3):
-            // one expf, as the CUDA kernel computes it.
-            for (int64_t i = b; i < e; ++i) {
-                const float g = gate[i], cube = 0.044715f * g * g * g;
-                out[i] = g / (1.0f + std::exp(-1.5957691216057308f * (g + cube))) * up[i];
-            }
+void gated_act_scalar(Activation act, const float* gate, const float* up, int64_t n, float* out) {
+    if (act == Activation::SiLU) {
+        for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+    } else {
+        // 0.5 g (1 + tanh(y)) written as g / (1 + exp(-2y)), y = sqrt(2 / pi) (g + 0.044715 g^3):
+        // one expf, as the CUDA kernel computes it.
+        for (int64_t i = 0; i < n; ++i) {
+            const float g = gate[i], cube = 0.044715f * g * g * g;
+            out[i] = g / (1.0f + std::exp(-1.5957691216057308f * (g + cube))) * up[i];
         }
-    });
+    }
+}
+
+void CpuBackend::gated_act(Activation act, const float* gate, const float* up, int64_t n, float* out) {
+    static const auto kernel = cpu_simd_level() == SimdLevel::avx512 ? gated_act_avx512 : gated_act_scalar;
+    pool_.parallel_for(n, 1024, [&](int64_t b, int64_t e) { kernel(act, gate + b, up + b, e - b, out + b); });
 }
 
 void CpuBackend::add(float* x, const float* y, int64_t n) {

@@ -17,6 +17,9 @@ GemmFn gemm_avx2_for(VecDotFn) { return nullptr; }
 GemmFn gemm_avx512_for(VecDotFn) { return nullptr; }
 const FastGemm* fast_gemm_avx2_for(GGMLType) { return nullptr; }
 const FastGemm* fast_gemm_avx512_for(GGMLType) { return nullptr; }
+void gated_act_avx512(Activation act, const float* gate, const float* up, int64_t n, float* out) {
+    gated_act_scalar(act, gate, up, n, out);
+}
 const AttentionMath kAttentionMathAvx2 = kAttentionMathScalar;
 const AttentionMath kAttentionMathAvx512 = kAttentionMathScalar;
 

@@ -1,6 +1,7 @@
 // The per-ISA kernel lookups the CPU kernel table (cpu_kernels.cpp) is built from: dot products
 // (vec_dot_*.cpp) and activation quantizers (quantize_*.cpp), each nullptr where that ISA has none.
 #pragma once
+#include "backend/backend.h"
 #include "cpu/cpu_kernels.h"
 
 namespace ember {
@@ -15,5 +16,9 @@ VecDotFn vec_dot_neon(GGMLType type);   // ARM64 (nullptr on other targets)
 QuantizeRowFn quantize_row_avx2(GGMLType type);
 QuantizeRowFn quantize_row_avx512(GGMLType type);
 QuantizeRowFn quantize_row_neon(GGMLType type);   // ARM64 (nullptr on other targets)
+// out[i] = act(gate[i]) * up[i] (out may be gate or up): the scalar reference, and AVX-512 with its
+// bits (the scalar loop where the target has no AVX-512).
+void gated_act_scalar(Activation act, const float* gate, const float* up, int64_t n, float* out);
+void gated_act_avx512(Activation act, const float* gate, const float* up, int64_t n, float* out);
 
 }  // namespace ember
