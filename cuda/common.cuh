@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "backend/expf_table.h"
 #include "cuda_check.h"
 
 namespace ember {
@@ -42,28 +43,17 @@ __device__ __forceinline__ float2 rope_rotate(float x0, float x1, float2 cs) {
 // cubic in double. Over every float in [-110, 95] it differs from glibc 2.36's expf in 2 of
 // 2.26e9 inputs (the double exp rounded to float differs in 6.3e-4 of them, CUDA's expf more
 // often), and one ulp can flip a later f16 or int8 rounding away from the CPU's.
-__device__ const uint64_t kExp2Table[32] = {   // bits of 2^(i/32) minus i << 47
-    0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51,
-    0x3fef72b83c7d517b, 0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1,
-    0x3fef06fe0a31b715, 0x3feef1a7373aa9cb, 0x3feedea64c123422, 0x3feece086061892d,
-    0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429, 0x3feea47eb03a5585,
-    0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74, 0x3feea11473eb0187, 0x3feea589994cce13,
-    0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d,
-    0x3feee89f995ad3ad, 0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069,
-    0x3fef5818dcfba487, 0x3fef7c97337b9b5f, 0x3fefa4afa2a490da, 0x3fefd0765b6e4540};
+__device__ const uint64_t kExp2Table[32] = EMBER_EXPF_TABLE;   // bits of 2^(i/32) minus i << 47
 __device__ __forceinline__ float expf_glibc(float x) {
     if (x != x) return x + x;
-    if (x > 0x1.62e42ep6f) return INFINITY;
-    if (x < -0x1.9fe368p6f) return 0.f;
-    constexpr double kInvLn2N = 0x1.71547652b82fep+0 * 32, kShift = 0x1.8p+52;
-    constexpr double kC0 = 0x1.c6af84b912394p-5 / 32 / 32 / 32, kC1 = 0x1.ebfce50fac4f3p-3 / 32 / 32,
-                     kC2 = 0x1.62e42ff0c52d6p-1 / 32;
-    const double z = __dmul_rn(kInvLn2N, double(x));
-    const double kd_shifted = __dadd_rn(z, kShift);   // rounds z to an integer k in the low bits
+    if (x > kExpfOverflow) return INFINITY;
+    if (x < kExpfUnderflow) return 0.f;
+    const double z = __dmul_rn(kExpfInvLn2N, double(x));
+    const double kd_shifted = __dadd_rn(z, kExpfShift);   // rounds z to an integer k in the low bits
     const uint64_t ki = uint64_t(__double_as_longlong(kd_shifted));
-    const double r = __dsub_rn(z, __dsub_rn(kd_shifted, kShift));
+    const double r = __dsub_rn(z, __dsub_rn(kd_shifted, kExpfShift));
     const double s = __longlong_as_double((long long)(kExp2Table[ki % 32] + (ki << 47)));
-    const double p = __fma_rn(__fma_rn(kC0, r, kC1), __dmul_rn(r, r), __fma_rn(kC2, r, 1.0));
+    const double p = __fma_rn(__fma_rn(kExpfC0, r, kExpfC1), __dmul_rn(r, r), __fma_rn(kExpfC2, r, 1.0));
     return float(__dmul_rn(p, s));
 }
 
