@@ -19,6 +19,12 @@
 // Here warp lane L is CPU lane L: each lane runs its own fma chain over the groups, so the
 // float operations and their order are the CPU's. Each lane also loads the scales of some blocks
 // and passes d_w * d_x (and m_w * s_x) to the lanes that need them.
+//
+// Q4_0, Q4_1 and Q8_0 rows are summed as the CPU's fast kernel sums them instead (AVX-512 takes it
+// for every batch of those types, src/cpu/gemm_fast_avx512.cpp): one chain over the blocks in
+// order, acc = fma(isum_b * d_w, d_x, acc), then for Q4_1 acc = fma(m_w, s_x, acc). The 8 lanes
+// of a group add their integer dots into the block's (exact in any order), and every lane runs
+// the whole chain, so all hold the row's result.
 #pragma once
 #include "gemv_formats.cuh"
 #include "weight_pack.h"
@@ -49,6 +55,7 @@ struct LegacyScaleOnly {
 
 struct LegacyQ4_0 : LegacyScaleOnly {
     static constexpr int kQuantBytes = 16;
+    static constexpr bool kFastChain = true;
     __device__ static int values(uint32_t word, int k, uint32_t) {
         return int(__vsub4((k < 4 ? word : word >> 4) & 0x0F0F0F0Fu, 0x08080808u));
     }
@@ -56,7 +63,7 @@ struct LegacyQ4_0 : LegacyScaleOnly {
 
 struct LegacyQ4_1 {
     static constexpr int kQuantBytes = 16;
-    static constexpr bool kHasMin = true, kHighBits = false;
+    static constexpr bool kHasMin = true, kHighBits = false, kFastChain = true;
     using Meta = uint32_t;   // f16 d | f16 m << 16
     __device__ static float d(Meta m) { return h2f(uint16_t(m & 0xFFFF)); }
     __device__ static float m(Meta m) { return h2f(uint16_t(m >> 16)); }
@@ -69,7 +76,7 @@ struct LegacyQ4_1 {
 template <bool kMin>
 struct LegacyQ5 {
     static constexpr int kQuantBytes = 16;
-    static constexpr bool kHasMin = kMin, kHighBits = true;
+    static constexpr bool kHasMin = kMin, kHighBits = true, kFastChain = false;
     using Meta = uint2;   // MetaQ5_0 / MetaQ5_1: {f16 d | (f16 m or pad) << 16, qh}
     __device__ static float d(Meta m) { return h2f(uint16_t(m.x & 0xFFFF)); }
     __device__ static float m(Meta m) { return h2f(uint16_t(m.x >> 16)); }
@@ -82,6 +89,7 @@ struct LegacyQ5 {
 
 struct LegacyQ8_0 : LegacyScaleOnly {
     static constexpr int kQuantBytes = 32;
+    static constexpr bool kFastChain = true;
     __device__ static int values(uint32_t word, int, uint32_t) { return int(word); }
 };
 
@@ -133,17 +141,46 @@ __device__ __forceinline__ void legacy_row_dot(const GemvParams& p, int64_t row,
             for (int t = 0; t < NT; ++t)
                 if (b0 + 4 * g + j < n_even) xw[g][t] = *reinterpret_cast<const int*>(xlane + t * p.n_in + (b0 + 4 * g) * 32);
         float pd[R][NT], pm[R][NT];   // d_w * d_x and m_w * s_x of the lane's blocks
+        float2 xds[R][NT];            // the fast chain's d_x, s_x of the lane's blocks
 #pragma unroll
         for (int r = 0; r < R; ++r)
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
                 const int64_t b = b0 + 32 * r + lane;
                 const float2 ds = b < n_even ? p.xds[t * n_xb + b] : make_float2(0.f, 0.f);
+                xds[r][t] = ds;
                 pd[r][t] = __fmul_rn(F::d(own[r]), ds.x);
                 pm[r][t] = F::kHasMin ? __fmul_rn(F::m(own[r]), ds.y) : 0.f;
             }
+        if constexpr (F::kFastChain) {
 #pragma unroll
-        for (int g = 0; g < kGroups; ++g) {
+            for (int g = 0; g < kGroups; ++g) {
+                if (b0 + 4 * g >= n_even) break;   // warp-uniform
+                const int r = g / 8;
+                const int w = F::values(words[g], k, 0u);
+#pragma unroll
+                for (int t = 0; t < NT; ++t) {
+                    int isum = b0 + 4 * g + j < n_even ? dp4a(w, xw[g][t], 0) : 0;
+#pragma unroll
+                    for (int o = 4; o > 0; o >>= 1) isum += __shfl_xor_sync(0xffffffffu, isum, o);
+#pragma unroll
+                    for (int jj = 0; jj < 4; ++jj) {   // the group's blocks in order
+                        const int src = (4 * g + jj) & (kWarp - 1);
+                        const int bsum = __shfl_sync(0xffffffffu, isum, 8 * jj);
+                        const float dw = __shfl_sync(0xffffffffu, F::d(own[r]), src);
+                        const float dx = __shfl_sync(0xffffffffu, xds[r][t].x, src);
+                        const float mw = F::kHasMin ? __shfl_sync(0xffffffffu, F::m(own[r]), src) : 0.f;
+                        const float sx = F::kHasMin ? __shfl_sync(0xffffffffu, xds[r][t].y, src) : 0.f;
+                        if (b0 + 4 * g + jj < n_even) {
+                            acc[t] = __fmaf_rn(__fmul_rn(small_int_to_float(bsum), dw), dx, acc[t]);
+                            if (F::kHasMin) acc[t] = __fmaf_rn(mw, sx, acc[t]);
+                        }
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < kGroups && !F::kFastChain; ++g) {
             if (b0 + 4 * g >= n_even) break;   // warp-uniform
             const bool mine = b0 + 4 * g + j < n_even;
             const int src = (4 * g + j) & (kWarp - 1), r = g / 8;
@@ -170,6 +207,19 @@ __device__ __forceinline__ void legacy_row_dot(const GemvParams& p, int64_t row,
     }
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
+        if constexpr (F::kFastChain) {   // every lane holds the chain; the last odd block continues it
+            float s = acc[t];
+            if (odd) {
+                int isum = dp4a(tail_w, *reinterpret_cast<const int*>(p.xq + t * p.n_in + (nb - 1) * 32 + 4 * k), 0);
+#pragma unroll
+                for (int o = 4; o > 0; o >>= 1) isum += __shfl_xor_sync(0xffffffffu, isum, o);
+                const float2 ds = p.xds[t * n_xb + nb - 1];
+                s = __fmaf_rn(__fmul_rn(small_int_to_float(isum), F::d(tail_m)), ds.x, s);
+                if (F::kHasMin) s = __fmaf_rn(F::m(tail_m), ds.y, s);
+            }
+            out[t] = s;
+            continue;
+        }
         float s = acc[t];
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, o));
