@@ -312,3 +312,23 @@ def test_bad_requests_name_the_problem(smollm2_path, kwargs, match):
 def test_bad_engine_parameters(smollm2_path, kwargs, match):
     with pytest.raises(ValueError, match=match):
         _ember.Engine(_ember.Model(smollm2_path), **{"n_ctx": 256, **kwargs})
+
+
+def test_min_tokens_bans_end_of_generation_unless_ignore_eos(model):
+    """min_tokens keeps the end-of-generation token out of the first tokens (greedy with a bias
+    that makes it the top one: those steps sample on the host), but with ignore_eos there is
+    nothing to ban (vLLM's rule): the token is drawn and generation goes on (greedy steps take the
+    runner's argmax where the logits lie)."""
+    eos = model.tokenizer.eos
+    prompt = prompts32(model)[0]
+    engine = _ember.Engine(model, n_ctx=256, max_num_seqs=2, n_threads=2)
+    bias = [(eos, 100.0)]
+    (banned,) = run_all(engine, [prompt], temperature=0.0, max_tokens=8, min_tokens=3, logit_bias=bias)
+    assert banned["out"].finish_reason == "stop" and len(banned["tokens"]) == 3 and eos not in banned["tokens"]
+    (drawn,) = run_all(engine, [prompt], temperature=0.0, max_tokens=4, min_tokens=4, logit_bias=bias, ignore_eos=True)
+    assert drawn["out"].finish_reason == "length" and drawn["tokens"] == [eos] * 4
+    # Plain greedy with ignore_eos: every step takes argmax_rows; the same tokens as one at a time.
+    (plain,) = run_all(engine, [prompt], temperature=0.0, max_tokens=12, min_tokens=12, ignore_eos=True)
+    alone = greedy_alone(model, prompt, 12)
+    assert plain["tokens"][:len(alone)] == alone
+    engine.close()

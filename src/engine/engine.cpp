@@ -87,8 +87,8 @@ struct EngineImpl {
 
     void run();
     bool step();
-    // Token ids that s may not draw yet (min_tokens): its stop ids, and the end-of-generation ids
-    // unless ignore_eos (as vLLM's min_tokens bans them).
+    // Whether s may not draw some ids yet (min_tokens): its stop ids, and the end-of-generation
+    // ids unless ignore_eos (as vLLM's min_tokens bans them).
     bool bans_tokens(const Sequence& s) const;
     // Whether every row the step samples takes plain greedy (no logprobs, nothing banned or
     // adjusted): the runner then returns each row's greedy id, not its logits.
@@ -257,6 +257,7 @@ bool EngineImpl::step() {
         failure = e.what();
     }
     t_output = Clock::now();
+    if (t_sample < t_forward) t_sample = t_output;   // the forward failed: its time counts as forward
     std::vector<int64_t> done;
     int64_t generated = 0;
     for (const StepSeq& ss : plan.seqs) {
