@@ -616,6 +616,25 @@ private:
                !exact_attention(n_tok, kv.head_dim) && decode_heads(kv, kv.n_head_kv, false) > 0;
     }
 
+    // A run of consecutive weights of one type that one launch takes (a GEMV or a gemm_dq call).
+    struct WeightRun {
+        static constexpr int kMax = std::max(cuda::kMaxGemvBatch, cuda::kMaxGemmDqWeights);
+        cuda::DeviceWeight dw[kMax];
+        const cuda::DeviceWeight* pw[kMax];
+        float* py[kMax];
+        int n = 0;
+    };
+    // Fills r with ws[i], ws[i + 1], ... of ws[i]'s type while `takes` holds, up to `limit`;
+    // advances i past them.
+    template <class Takes>
+    void take_run(WeightRun& r, const Weight* const* ws, float* const* ys, int& i, int count, int limit, Takes takes) const {
+        const GGMLType type = ws[i]->type;
+        for (r.n = 0; i < count && r.n < limit && ws[i]->type == type && takes(*ws[i]); ++i, ++r.n) {
+            r.dw[r.n] = device_weight(*ws[i]);
+            r.pw[r.n] = &r.dw[r.n];
+            r.py[r.n] = ys[i];
+        }
+    }
     cuda::DeviceWeight device_weight(const Weight& w) const {
         return {w.type, static_cast<const uint8_t*>(w.data), packed_layout(w.type, w.n_in, w.n_out), w.n_in, w.n_out};
     }
@@ -709,17 +728,9 @@ private:
         const auto* xds = static_cast<const float2*>(xds_.p);
         if (n_tok <= kMaxGemvTokens && gemv_only) {
             for (int i = 0; i < count;) {
-                cuda::DeviceWeight dw[kMaxGemvBatch];
-                const cuda::DeviceWeight* pw[kMaxGemvBatch];
-                float* py[kMaxGemvBatch];
-                const GGMLType type = ws[i]->type;
-                int n = 0;
-                for (; i < count && n < kMaxGemvBatch && ws[i]->type == type; ++i, ++n) {
-                    dw[n] = device_weight(*ws[i]);
-                    pw[n] = &dw[n];
-                    py[n] = ys[i];
-                }
-                gemv(pw, py, n, x, xq, xds, n_tok, stream_);
+                WeightRun r;
+                take_run(r, ws, ys, i, count, kMaxGemvBatch, [](const Weight&) { return true; });
+                gemv(r.pw, r.py, r.n, x, xq, xds, n_tok, stream_);
             }
             return;
         }
@@ -746,17 +757,10 @@ private:
                     xh_dq = true;
                 }
                 // The run of weights of this format that take it goes as one launch.
-                cuda::DeviceWeight dw[cuda::kMaxGemmDqWeights];
-                const cuda::DeviceWeight* pw[cuda::kMaxGemmDqWeights];
-                float* py[cuda::kMaxGemmDqWeights];
-                int n = 0;
-                for (; i < count && n < cuda::kMaxGemmDqWeights && ws[i]->type == w.type && takes_gemm_dq(*ws[i], n_tok);
-                     ++i, ++n) {
-                    dw[n] = device_weight(*ws[i]);
-                    pw[n] = &dw[n];
-                    py[n] = ys[i];
-                }
-                cuda::gemm_dq(pw, py, n, static_cast<const __half*>(xh_.p), n_tok, stream_);
+                WeightRun r;
+                take_run(r, ws, ys, i, count, cuda::kMaxGemmDqWeights,
+                         [&](const Weight& v) { return takes_gemm_dq(v, n_tok); });
+                cuda::gemm_dq(r.pw, r.py, r.n, static_cast<const __half*>(xh_.p), n_tok, stream_);
                 continue;
             }
             if (takes_gemm_q8(w, n_tok)) {

@@ -140,17 +140,13 @@ __device__ __forceinline__ void legacy_row_dot(const GemvParams& p, int64_t row,
 #pragma unroll
             for (int t = 0; t < NT; ++t)
                 if (b0 + 4 * g + j < n_even) xw[g][t] = *reinterpret_cast<const int*>(xlane + t * p.n_in + (b0 + 4 * g) * 32);
-        float pd[R][NT], pm[R][NT];   // d_w * d_x and m_w * s_x of the lane's blocks
-        float2 xds[R][NT];            // the fast chain's d_x, s_x of the lane's blocks
+        float2 xds[R][NT];   // d_x, s_x of the lane's blocks
 #pragma unroll
         for (int r = 0; r < R; ++r)
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
                 const int64_t b = b0 + 32 * r + lane;
-                const float2 ds = b < n_even ? p.xds[t * n_xb + b] : make_float2(0.f, 0.f);
-                xds[r][t] = ds;
-                pd[r][t] = __fmul_rn(F::d(own[r]), ds.x);
-                pm[r][t] = F::kHasMin ? __fmul_rn(F::m(own[r]), ds.y) : 0.f;
+                xds[r][t] = b < n_even ? p.xds[t * n_xb + b] : make_float2(0.f, 0.f);
             }
         if constexpr (F::kFastChain) {
 #pragma unroll
@@ -178,21 +174,30 @@ __device__ __forceinline__ void legacy_row_dot(const GemvParams& p, int64_t row,
                     }
                 }
             }
-        }
+        } else {
+            float pd[R][NT], pm[R][NT];   // d_w * d_x and m_w * s_x of the lane's blocks
 #pragma unroll
-        for (int g = 0; g < kGroups && !F::kFastChain; ++g) {
-            if (b0 + 4 * g >= n_even) break;   // warp-uniform
-            const bool mine = b0 + 4 * g + j < n_even;
-            const int src = (4 * g + j) & (kWarp - 1), r = g / 8;
-            const uint32_t qh = F::kHighBits ? __shfl_sync(0xffffffffu, F::qh(own[r]), src) : 0u;
-            const int w = F::values(words[g], k, qh);
+            for (int r = 0; r < R; ++r)
 #pragma unroll
-            for (int t = 0; t < NT; ++t) {
-                const float d = __shfl_sync(0xffffffffu, pd[r][t], src);
-                const float m = F::kHasMin ? __shfl_sync(0xffffffffu, pm[r][t], src) : 0.f;
-                if (mine) {
-                    acc[t] = fmaf(small_int_to_float(dp4a(w, xw[g][t], 0)), d, acc[t]);
-                    if (F::kHasMin) accm[t] = __fadd_rn(accm[t], m);
+                for (int t = 0; t < NT; ++t) {
+                    pd[r][t] = __fmul_rn(F::d(own[r]), xds[r][t].x);
+                    pm[r][t] = F::kHasMin ? __fmul_rn(F::m(own[r]), xds[r][t].y) : 0.f;
+                }
+#pragma unroll
+            for (int g = 0; g < kGroups; ++g) {
+                if (b0 + 4 * g >= n_even) break;   // warp-uniform
+                const bool mine = b0 + 4 * g + j < n_even;
+                const int src = (4 * g + j) & (kWarp - 1), r = g / 8;
+                const uint32_t qh = F::kHighBits ? __shfl_sync(0xffffffffu, F::qh(own[r]), src) : 0u;
+                const int w = F::values(words[g], k, qh);
+#pragma unroll
+                for (int t = 0; t < NT; ++t) {
+                    const float d = __shfl_sync(0xffffffffu, pd[r][t], src);
+                    const float m = F::kHasMin ? __shfl_sync(0xffffffffu, pm[r][t], src) : 0.f;
+                    if (mine) {
+                        acc[t] = fmaf(small_int_to_float(dp4a(w, xw[g][t], 0)), d, acc[t]);
+                        if (F::kHasMin) accm[t] = __fadd_rn(accm[t], m);
+                    }
                 }
             }
         }

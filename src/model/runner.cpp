@@ -198,11 +198,13 @@ struct RunnerImpl {
         for (auto& [be, ptr] : owned) be->free(ptr);
     }
 
-    float* alloc_floats(Backend& be, int64_t n) {
-        void* p = be.alloc((size_t)n * sizeof(float));
+    template <class T = float>
+    T* alloc_array(Backend& be, int64_t n) {
+        void* p = be.alloc((size_t)n * sizeof(T));
         owned.emplace_back(&be, p);
-        return static_cast<float*>(p);
+        return static_cast<T*>(p);
     }
+    float* alloc_floats(Backend& be, int64_t n) { return alloc_array<float>(be, n); }
 
     Scratch& scratch_for(Backend& be) {
         Scratch& s = scratch[&be];
@@ -396,7 +398,7 @@ void RunnerImpl::forward(const int32_t* tokens, const BatchInfo& batch, const st
     const int64_t W = row_width();
     if (hs.logits_rows < n_rows) {
         hs.logits = alloc_floats(hb, (int64_t)n_rows * W);
-        hs.ids = reinterpret_cast<int32_t*>(alloc_floats(hb, n_rows));   // as many 4-byte ids
+        hs.ids = alloc_array<int32_t>(hb, n_rows);
         hs.logits_rows = n_rows;
     }
     if (!replayed) {
