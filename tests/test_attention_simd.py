@@ -21,7 +21,9 @@ TESTS = pathlib.Path(__file__).resolve().parent
 # probabilities underflow f16. The windowed / single-position cases move the first gathered
 # position off the 16-position grid, so that f16 key groups mix the whole-group gather (16 slots of
 # one block) with the row-at-a-time one (groups across blocks, a partial last group). GQA groups of
-# 1, 2, 3 and 6 query heads: the f16 values' weighted sum takes up to 4 heads a pass.
+# 1, 2, 3 and 6 query heads: the f16 values' weighted sum takes up to 4 heads a pass. The last
+# cases scale K and V: 1e-5 stores f16 subnormals, 3e4 values past f16's range (inf), so that the
+# SIMD store's rounding meets the scalar float_to_half's at its edges.
 CASES = [
     (6, 2, 64, 75, "f16", 16, 1.0),
     (4, 4, 128, 130, "f16", 5, 1.0),
@@ -40,6 +42,9 @@ CASES = [
     (6, 2, 64, 91, "f16", 64, 1.0, 20, [70, 90]),
     (6, 2, 64, 67, "f16", 48, 1.0, 33, [66]),
     (12, 2, 64, 75, "f16", 16, 1.0),
+    (6, 2, 64, 75, "f16", 16, 1.0, 0, [0, 37, 74], 1e-5, 1e-5),
+    (6, 2, 64, 75, "f16", 16, 1.0, 0, [0, 37, 74], 1.0, 3e4),
+    (3, 1, 80, 40, "f16", 16, 1.0, 0, [39], 1e-5, 3e4),
 ]
 
 RUN = """
@@ -51,9 +56,9 @@ rng = np.random.default_rng(seed)
 cpu = kernel_module().Backend("cpu", 2)
 res = {}
 for i, (nh, nkv, hd, length, kv, bs, qs, *rest) in enumerate(cases):
-    window, pos = rest if rest else (0, sorted({0, 1, length // 2, length - 2, length - 1}))
-    k = rng.standard_normal((length, nkv * hd)).astype(np.float32)
-    v = rng.standard_normal((length, nkv * hd)).astype(np.float32)
+    window, pos, ks, vs = (rest + [1.0, 1.0])[:4] if rest else (0, sorted({0, 1, length // 2, length - 2, length - 1}), 1.0, 1.0)
+    k = (rng.standard_normal((length, nkv * hd)) * ks).astype(np.float32)
+    v = (rng.standard_normal((length, nkv * hd)) * vs).astype(np.float32)
     q = (rng.standard_normal((len(pos), nh * hd)) * qs).astype(np.float32)
     res[f"c{i}"] = cpu.attention(q, k, v, pos, nh, nkv, hd, bs, int(rng.integers(1 << 30)), kv_type=kv,
                                  window=window)

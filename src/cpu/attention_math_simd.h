@@ -57,6 +57,9 @@ inline v16 round_f16(v16 a) {
     for (int k = 0; k < 4; ++k) a.r[k] = vcvt_f32_f16(vcvt_f16_f32(a.r[k]));
     return a;
 }
+inline void store_f16(uint16_t* p, v16 a) {
+    for (int k = 0; k < 4; ++k) vst1_u16(p + 4 * k, vreinterpret_u16_f16(vcvt_f16_f32(a.r[k])));
+}
 #elif defined(__AVX512F__)
 struct v16 {
     __m512 z;
@@ -74,6 +77,9 @@ inline v16 from_f16(const uint16_t* p) {
 }
 inline v16 round_f16(v16 a) {
     return {_mm512_cvtph_ps(_mm512_cvtps_ph(a.z, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))};
+}
+inline void store_f16(uint16_t* p, v16 a) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(a.z, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 #else
 struct v16 {
@@ -99,6 +105,10 @@ inline v16 from_f16(const uint16_t* p) {
 inline v16 round_f16(v16 a) {
     return {_mm256_cvtph_ps(_mm256_cvtps_ph(a.lo, _MM_FROUND_TO_NEAREST_INT)),
             _mm256_cvtph_ps(_mm256_cvtps_ph(a.hi, _MM_FROUND_TO_NEAREST_INT))};
+}
+inline void store_f16(uint16_t* p, v16 a) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(a.lo, _MM_FROUND_TO_NEAREST_INT));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p + 8), _mm256_cvtps_ph(a.hi, _MM_FROUND_TO_NEAREST_INT));
 }
 #endif
 
@@ -168,20 +178,60 @@ inline void weighted_sum(const float* w, const float* v, int32_t D, int32_t len,
     }
 }
 
-// NH heads (at most 4: their sums and the converted row stay in registers at every level) over
-// 16 outputs at a time; each lane is one output element, summed over positions in order.
+// Rows this far ahead of the one being summed are fetched into cache: a decode step reads each
+// sequence's values once, from a pool larger than the caches, and the loads would wait on memory.
+constexpr int32_t kPrefetchRows = 8;
+
+// Vectors of a row summed per pass over the positions: as many as keep the NH * C sums and the C
+// converted vectors in registers (32 zmm; AVX2's 16 ymm and NEON's 32 q registers hold one
+// two- or four-register v16 per head).
+#if defined(__AVX512F__)
+constexpr int kSumVectors = 4;
+#else
+constexpr int kSumVectors = 1;
+#endif
+
+// NH heads (at most 4) over C * 16 outputs: the row's C vectors are converted once and added into
+// the NH * C sums (independent chains, which also hide the add latency). Each lane is one output
+// element, summed over positions in order.
+template <int NH, int C>
+inline void weighted_sum_f16_chunk(const float* w, int64_t w_stride, const uint16_t* const* rows, int32_t c,
+                                   int32_t len, float* o, int64_t o_stride) {
+    // (fully unrolled, or the sums live on the stack)
+    v16 a[NH][C];
+#pragma GCC unroll 4
+    for (int j = 0; j < NH; ++j)
+#pragma GCC unroll 4
+        for (int k = 0; k < C; ++k) a[j][k] = zero();
+    for (int32_t p = 0; p < len; ++p) {
+        if (p + kPrefetchRows < len) {
+            const char* ahead = reinterpret_cast<const char*>(rows[p + kPrefetchRows] + c);
+#pragma GCC unroll 2
+            for (int k = 0; k < C; k += 2) __builtin_prefetch(ahead + 64 * (k / 2));   // 2 vectors a line
+        }
+        v16 x[C];
+#pragma GCC unroll 4
+        for (int k = 0; k < C; ++k) x[k] = from_f16(rows[p] + c + 16 * k);
+#pragma GCC unroll 4
+        for (int j = 0; j < NH; ++j) {
+            const float wp = w[j * w_stride + p];
+#pragma GCC unroll 4
+            for (int k = 0; k < C; ++k) a[j][k] = a[j][k] + x[k] * wp;
+        }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < NH; ++j)
+#pragma GCC unroll 4
+        for (int k = 0; k < C; ++k) store(o + j * o_stride + c + 16 * k, a[j][k]);
+}
+
 template <int NH>
 inline void weighted_sum_f16_heads(const float* w, int64_t w_stride, const uint16_t* const* rows, int32_t D,
                                    int32_t len, float* o, int64_t o_stride) {
-    for (int32_t c = 0; c < D; c += 16) {
-        v16 a[NH];
-        for (int j = 0; j < NH; ++j) a[j] = zero();
-        for (int32_t p = 0; p < len; ++p) {
-            const v16 x = from_f16(rows[p] + c);
-            for (int j = 0; j < NH; ++j) a[j] = a[j] + x * w[j * w_stride + p];
-        }
-        for (int j = 0; j < NH; ++j) store(o + j * o_stride + c, a[j]);
-    }
+    int32_t c = 0;
+    for (; c + 16 * kSumVectors <= D; c += 16 * kSumVectors)
+        weighted_sum_f16_chunk<NH, kSumVectors>(w, w_stride, rows, c, len, o, o_stride);
+    for (; c < D; c += 16) weighted_sum_f16_chunk<NH, 1>(w, w_stride, rows, c, len, o, o_stride);
 }
 
 inline void weighted_sum_f16(const float* w, int64_t w_stride, int32_t n_heads, const uint16_t* const* rows, int32_t D,
@@ -206,6 +256,16 @@ inline void f16_to_f32(const uint16_t* src, int32_t n, float* dst) {
     float out[16];
     store(out, from_f16(tail));
     std::memcpy(dst + j, out, sizeof(float) * (n - j));
+}
+
+inline void f32_to_f16(const float* src, int32_t n, uint16_t* dst) {
+    int32_t j = 0;
+    for (; j + 16 <= n; j += 16) store_f16(dst + j, load(src + j));
+    float tail[16] = {};
+    std::memcpy(tail, src + j, sizeof(float) * (n - j));
+    uint16_t out[16];
+    store_f16(out, load(tail));
+    std::memcpy(dst + j, out, sizeof(uint16_t) * (n - j));
 }
 
 // max(x, m) keeps m where x is NaN (the second operand wins), as the scalar comparison does.

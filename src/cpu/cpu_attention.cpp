@@ -42,8 +42,16 @@ constexpr int kTokensPerUnit = 32;
 
 int64_t kv_width(const KVLayer& kv) { return (int64_t)kv.n_head_kv * kv.head_dim; }
 
-// A KV type: store() writes one token's row (width values) at (block, slot) of K or V (`base`),
-// load() reads kv head `head`'s head_dim values of a row as f32 into dst, load_group() (where
+// Asks for the cache lines of [p, p + bytes) ahead of their use.
+void prefetch_bytes(const void* p, size_t bytes) {
+    const char* c = static_cast<const char*>(p);
+    for (size_t i = 0; i < bytes; i += 64) __builtin_prefetch(c + i);
+}
+
+// A KV type: store() writes one token's row (width values) at (block, slot) of K or V (`base`)
+// (f16 rows converted by the SIMD level's f32_to_f16),
+// load() reads kv head `head`'s head_dim values of a row as f32 into dst, prefetch() asks for
+// what load() will read, load_group() (where
 // kGroupLoad) reads 16 consecutive slots of a block as one transposed key group, and kF16Operands says
 // whether the attention operand that meets this cache (q for K, probabilities for V) is rounded
 // to f16 for its dot.
@@ -55,9 +63,9 @@ Elem* elem_row(const KVLayer& kv, void* base, int32_t block, int32_t slot) {
 }
 
 struct F16Kv {
-    static void store(const KVLayer& kv, void* base, int32_t block, int32_t slot, const float* x) {
-        uint16_t* r = elem_row<uint16_t>(kv, base, block, slot);
-        for (int64_t i = 0; i < kv_width(kv); ++i) r[i] = float_to_half(x[i]);
+    static void store(const KVLayer& kv, void* base, int32_t block, int32_t slot, const float* x,
+                      const AttentionMath& math) {
+        math.f32_to_f16(x, int32_t(kv_width(kv)), elem_row<uint16_t>(kv, base, block, slot));
     }
     static void load(const KVLayer& kv, void* base, int32_t block, int32_t slot, int32_t head, float* dst,
                      const AttentionMath& math) {
@@ -65,6 +73,9 @@ struct F16Kv {
     }
     static const uint16_t* head_row(const KVLayer& kv, void* base, int32_t block, int32_t slot, int32_t head) {
         return elem_row<uint16_t>(kv, base, block, slot) + (int64_t)head * kv.head_dim;
+    }
+    static void prefetch(const KVLayer& kv, void* base, int32_t block, int32_t slot, int32_t head) {
+        prefetch_bytes(head_row(kv, base, block, slot, head), (size_t)kv.head_dim * 2);
     }
     // Slots slot..slot+15 of `block` (one group of 16 keys) straight into the transposed layout.
     static void load_group(const KVLayer& kv, void* base, int32_t block, int32_t slot, int32_t head, float* kt,
@@ -78,13 +89,17 @@ struct F16Kv {
 };
 
 struct F32Kv {
-    static void store(const KVLayer& kv, void* base, int32_t block, int32_t slot, const float* x) {
+    static void store(const KVLayer& kv, void* base, int32_t block, int32_t slot, const float* x,
+                      const AttentionMath&) {
         std::copy(x, x + kv_width(kv), elem_row<float>(kv, base, block, slot));
     }
     static void load(const KVLayer& kv, void* base, int32_t block, int32_t slot, int32_t head, float* dst,
                      const AttentionMath&) {
         const float* r = elem_row<float>(kv, base, block, slot) + (int64_t)head * kv.head_dim;
         std::copy(r, r + kv.head_dim, dst);
+    }
+    static void prefetch(const KVLayer& kv, void* base, int32_t block, int32_t slot, int32_t head) {
+        prefetch_bytes(elem_row<float>(kv, base, block, slot) + (int64_t)head * kv.head_dim, (size_t)kv.head_dim * 4);
     }
     static constexpr bool kGroupLoad = false;   // no load_group: keys one row at a time
     static constexpr bool kF16Operands = false;
@@ -106,7 +121,8 @@ struct Q8Kv {
                 reinterpret_cast<uint16_t*>(b + (size_t)kv.block_size * width) +
                     kv_q8_scale(kv.block_size, kv.head_dim, head, slot)};
     }
-    static void store(const KVLayer& kv, void* base, int32_t block, int32_t slot, const float* x) {
+    static void store(const KVLayer& kv, void* base, int32_t block, int32_t slot, const float* x,
+                      const AttentionMath&) {
         for (int32_t h = 0; h < kv.n_head_kv; ++h) {
             const Head r = head_row(kv, base, block, slot, h);
             for (int32_t g = 0; g < kv.head_dim / QK8_0; ++g)
@@ -120,6 +136,11 @@ struct Q8Kv {
             const float scale = half_to_float(r.d[g]);
             for (int32_t i = g * QK8_0; i < (g + 1) * QK8_0; ++i) dst[i] = float(r.q[i]) * scale;
         }
+    }
+    static void prefetch(const KVLayer& kv, void* base, int32_t block, int32_t slot, int32_t head) {
+        const Head r = head_row(kv, base, block, slot, head);
+        prefetch_bytes(r.q, kv.head_dim);
+        __builtin_prefetch(r.d);
     }
     static constexpr bool kGroupLoad = false;   // no load_group: keys one row at a time
     static constexpr bool kF16Operands = false;
@@ -140,10 +161,11 @@ void with_kv_type(GGMLType t, F&& f) {
 template <class Kv>
 void store_rows(const BatchInfo& batch, const KVLayer& kv, void* base, const float* x, int32_t n_tok) {
     const int64_t width = kv_width(kv);
+    const AttentionMath& math = attention_math(kv.head_dim);
     for (int32_t t = 0; t < n_tok; ++t) {
         const int32_t pos = batch.pos[t];
         const int32_t block = batch.block_table[(int64_t)batch.seq[t] * batch.max_blocks + pos / kv.block_size];
-        Kv::store(kv, base, block, pos % kv.block_size, x + t * width);
+        Kv::store(kv, base, block, pos % kv.block_size, x + t * width, math);
     }
 }
 
@@ -180,9 +202,19 @@ void attend_unit(const BatchInfo& batch, const KVLayer& kv, const float* q, cons
     // results are never used): every other key slot is written below.
     sc.kt.resize((size_t)n_groups * D * kLanes);
     sc.krow.resize(D);
+    // A decode step reads each sequence's keys once, from a pool larger than the caches: the next
+    // group's rows are fetched while this one is converted.
+    auto prefetch_keys = [&](int32_t g) {
+        for (int32_t i = g * kLanes; i < std::min(n_loc, (g + 1) * kLanes); ++i) {
+            const int32_t p = lo + i;
+            K::prefetch(kv, kv.k, table[p / kv.block_size], p % kv.block_size, u.kv_head);
+        }
+    };
+    prefetch_keys(0);
     for (int32_t g = 0; g < n_groups; ++g) {
         const int32_t i0 = g * kLanes, n = std::min(kLanes, n_loc - i0);
         float* ktg = &sc.kt[(size_t)g * D * kLanes];
+        prefetch_keys(g + 1);
         if constexpr (K::kGroupLoad) {
             // The group's 16 positions in one block: 16 consecutive slots, converted and
             // transposed together.

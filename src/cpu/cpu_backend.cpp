@@ -8,6 +8,8 @@
 #include <new>
 #include <thread>
 
+#include <sys/mman.h>
+
 #include "backend/greedy_token.h"
 #include "backend/registry.h"
 #include "cpu/isa_kernels.h"
@@ -21,8 +23,18 @@ CpuBackend::CpuBackend(int n_threads) : pool_(n_threads) {
 }
 
 void* CpuBackend::alloc(size_t bytes) {
-    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    // Buffers of 2 MiB and more (the KV pool above all, whose blocks attention visits in the
+    // order of each sequence's block table) go on transparent huge pages where the kernel has
+    // them: with 4 KiB pages nearly every block a decode step reads is a TLB miss.
+    constexpr size_t kHugePage = size_t(2) << 20;
+    const bool huge = bytes >= kHugePage;
+    const size_t align = huge ? kHugePage : 64;
+    const size_t size = (bytes + align - 1) / align * align;
+    void* p = std::aligned_alloc(align, size);
     if (!p) throw OutOfMemory(cat("cannot allocate ", bytes / (1 << 20), " MiB of host memory"));
+#ifdef MADV_HUGEPAGE
+    if (huge) ::madvise(p, size, MADV_HUGEPAGE);   // a hint: kernels without THP ignore it
+#endif
     return p;
 }
 

@@ -65,17 +65,17 @@ ActTerms act_terms(const FastGemm& k, const SrcBlock& src) {
 }  // namespace
 
 void fast_gemm_prepare(const FastGemm& k, const float* x, int64_t n_in, int32_t t_begin, int32_t t_end,
-                       uint8_t* act) {
+                       int64_t b_begin, int64_t b_end, uint8_t* act) {
     const int64_t nb = n_in / 32;
     thread_local std::vector<uint8_t> row;
-    row.resize(row_bytes(k.act_type, n_in));
+    row.resize(row_bytes(k.act_type, (b_end - b_begin) * 32));
     auto* blocks = reinterpret_cast<FastActBlock*>(act);
     for (int32_t t = t_begin; t < t_end; ++t) {
-        quantize_activations(k.act_type, x + t * n_in, row.data(), n_in);
+        quantize_activations(k.act_type, x + t * n_in + b_begin * 32, row.data(), (b_end - b_begin) * 32);
         FastActBlock* tile = blocks + (t / kFastTok) * nb;
         const int slot = t % kFastTok;
-        for (int64_t b = 0; b < nb; ++b) {
-            const SrcBlock src = src_block(k.act_type, row.data(), b);
+        for (int64_t b = b_begin; b < b_end; ++b) {
+            const SrcBlock src = src_block(k.act_type, row.data(), b - b_begin);
             const ActTerms a = act_terms(k, src);
             FastActBlock& dst = tile[b];
             std::memcpy(dst.q[slot], src.q, 32);

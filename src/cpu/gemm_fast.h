@@ -56,11 +56,12 @@ const FastGemm* fast_gemm_avx2_for(GGMLType type);
 
 // Bytes of the prepared activations of n_tok tokens of n_in elements (n_in a multiple of 32).
 size_t fast_gemm_act_bytes(int64_t n_in, int32_t n_tok);
-// Quantizes tokens [t_begin, t_end) of x (rows of n_in floats) into act for kernel k; tokens
-// write disjoint bytes, so threads may take token ranges (whole tiles keep them off each other's
-// cache lines).
+// Quantizes blocks [b_begin, b_end) of tokens [t_begin, t_end) of x (rows of n_in floats) into act
+// for kernel k. Each block is quantized on its own (Q8_K: each run of 8), so threads may take
+// token ranges (whole tiles keep them off each other's cache lines) or block ranges (whole Q8_K
+// super-blocks: a block's FastActBlock holds all the tokens of its tile).
 void fast_gemm_prepare(const FastGemm& k, const float* x, int64_t n_in, int32_t t_begin, int32_t t_end,
-                       uint8_t* act);
+                       int64_t b_begin, int64_t b_end, uint8_t* act);
 
 // One token's activations for FastGemm::gemv: the int8 values of its nb = n_in / 32 blocks one
 // after the other (64 bytes of zeros after them, so a kernel may read a whole block pair past an
