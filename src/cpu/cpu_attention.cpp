@@ -202,8 +202,8 @@ void attend_unit(const BatchInfo& batch, const KVLayer& kv, const float* q, cons
     // results are never used): every other key slot is written below.
     sc.kt.resize((size_t)n_groups * D * kLanes);
     sc.krow.resize(D);
-    // A decode step reads each sequence's keys once, from a pool larger than the caches: the next
-    // group's rows are fetched while this one is converted.
+    // A decode step reads each sequence's keys once, from a pool larger than the caches: the rows
+    // two groups ahead are fetched while one is converted.
     auto prefetch_keys = [&](int32_t g) {
         for (int32_t i = g * kLanes; i < std::min(n_loc, (g + 1) * kLanes); ++i) {
             const int32_t p = lo + i;
@@ -211,10 +211,11 @@ void attend_unit(const BatchInfo& batch, const KVLayer& kv, const float* q, cons
         }
     };
     prefetch_keys(0);
+    prefetch_keys(1);
     for (int32_t g = 0; g < n_groups; ++g) {
         const int32_t i0 = g * kLanes, n = std::min(kLanes, n_loc - i0);
         float* ktg = &sc.kt[(size_t)g * D * kLanes];
-        prefetch_keys(g + 1);
+        prefetch_keys(g + 2);
         if constexpr (K::kGroupLoad) {
             // The group's 16 positions in one block: 16 consecutive slots, converted and
             // transposed together.
