@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -103,8 +104,10 @@ public:
         // (and matmul_many) take the Backend's default composition of primitives, one launch per
         // primitive; EMBER_CUDA_EXACT_ATTN=0 uses the flash-decoding kernel for short contexts
         // too; EMBER_CUDA_PDL=0 turns off programmatic dependent launch. For diagnosis and
-        // comparisons.
+        // comparisons. EMBER_CUDA_GRAPH_LOG=1 prints each step's graph outcome (replay, capture,
+        // eager) and each invalidation to stderr: why a step shape does not replay.
         graphs_on_ = env_flag("EMBER_CUDA_GRAPHS");
+        graph_log_ = std::getenv("EMBER_CUDA_GRAPH_LOG") && std::string(std::getenv("EMBER_CUDA_GRAPH_LOG")) == "1";
         exact_attn_on_ = env_flag("EMBER_CUDA_EXACT_ATTN");
         fuse_on_ = env_flag("EMBER_CUDA_FUSE");
         int n = 0;
@@ -549,6 +552,10 @@ public:
             full = mix(mix(mix(full, reinterpret_cast<uintptr_t>(uploads_.dst[i])), reinterpret_cast<uintptr_t>(uploads_.src[i])),
                        uploads_.bytes[i]);
         auto it = graphs_.find(full);
+        if (graph_log_)
+            std::fprintf(stderr, "ember cuda graph: key %016llx gen %llu n_tok %d: %s\n", (unsigned long long)full,
+                         (unsigned long long)graph_gen_, n_tok_,
+                         it != graphs_.end() ? "replay" : seen_.count(full) ? "capture" : "eager (first sight)");
         if (it != graphs_.end()) {
             uploads_.n = 0;
             launch_graph(it->second);
@@ -1026,6 +1033,7 @@ private:
         return true;
     }
     void invalidate_graphs() {
+        if (graph_log_) std::fprintf(stderr, "ember cuda graph: invalidated (gen %llu)\n", (unsigned long long)graph_gen_);
         ++graph_gen_;
         for (auto& g : graphs_) cudaGraphExecDestroy(g.second);
         graphs_.clear();
@@ -1079,7 +1087,7 @@ private:
     std::unordered_set<uint64_t> seen_;
     uint64_t graph_gen_ = 0, capture_key_ = 0, capture_gen_ = 0;
     bool capturing_ = false;
-    bool graphs_on_ = true, fuse_on_ = true, exact_attn_on_ = true;
+    bool graphs_on_ = true, fuse_on_ = true, exact_attn_on_ = true, graph_log_ = false;
     // The batch asks for kernels whose per-token results do not depend on the batch
     // (BatchInfo::batch_invariant): no decode-only fusions, the integer GEMV for every size,
     // attention one query per tile without key splits.

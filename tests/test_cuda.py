@@ -213,7 +213,7 @@ def test_gated_act(gpu, act):
     assert rel_err(gpu.gated_act(g, u, act), ref_ops.gated_act(g, u, act)) < 1e-6
 
 
-@pytest.mark.parametrize("width", [16, 1000, 32000, 151936])
+@pytest.mark.parametrize("width", [16, 1000, 1001, 32000, 151936])   # 1001: the scalar-load kernel
 def test_argmax_rows(gpu, cpu, width):
     x = ref_ops.argmax_cases(rng_for("argmax_rows", width), width)
     want = ref_ops.greedy_ids(x)
