@@ -219,10 +219,26 @@ constexpr int kExactStages = 4;
 __global__ void __launch_bounds__(kExactThreads) attention_exact_kernel(AttentionArgs a, DeviceBatch b) {
     extern __shared__ uint4 vbuf[];   // [kExactStages][kExactChunk][head_dim / 8]
     constexpr int kWarps = kExactThreads / kWarp;
-    pdl_wait();
-    pdl_trigger();
     const int t = blockIdx.x, h = blockIdx.y;
     const int hd = a.head_dim, n8 = hd / 8, kvh = h / (a.n_head / a.n_head_kv), kv_dim = a.n_head_kv * hd;
+    {
+        // Only the current position's K/V row comes from the kernels this one waits for: the
+        // earlier rows' lines are asked into L2 before the wait, so the loads after it skip a
+        // DRAM round trip. Position and block table are read past L1 (__ldcg); a prefetch only
+        // moves lines, so no value read here reaches the results.
+        const int len0 = __ldcg(b.pos + t);
+        const int32_t* bt0 = b.block_table + int64_t(__ldcg(b.seq + t)) * b.max_blocks;
+        for (int p = threadIdx.x; p < min(len0, kExactMaxLen); p += kExactThreads) {
+            const int64_t r = (int64_t(__ldcg(bt0 + p / a.block_size)) * a.block_size + p % a.block_size) * kv_dim +
+                              int64_t(kvh) * hd;
+            for (int off = 0; off < hd; off += 64) {   // 128-byte lines
+                prefetch_l2(a.k_cache + r + off);
+                prefetch_l2(a.v_cache + r + off);
+            }
+        }
+    }
+    pdl_wait();
+    pdl_trigger();
     // Keys first .. first + n_keys - 1 (all up to the token's position, or its window's), in
     // order from the first, as the CPU visits them.
     const int len = b.pos[t] + 1;
@@ -256,12 +272,12 @@ __global__ void __launch_bounds__(kExactThreads) attention_exact_kernel(Attentio
     for (int p = threadIdx.x; p < n_keys; p += kExactThreads) {   // (ps is indexed from first)
         const uint4* kp = reinterpret_cast<const uint4*>(a.k_cache + row(first + p));
         float acc = 0.f;
-        for (int c0 = 0; c0 < n8; c0 += 8) {
-            uint4 r[8];
+        for (int c0 = 0; c0 < n8; c0 += 16) {   // (a head_dim 128 row in one round of loads)
+            uint4 r[16];
 #pragma unroll
-            for (int u = 0; u < 8; ++u) r[u] = c0 + u < n8 ? kp[c0 + u] : make_uint4(0, 0, 0, 0);
+            for (int u = 0; u < 16; ++u) r[u] = c0 + u < n8 ? kp[c0 + u] : make_uint4(0, 0, 0, 0);
 #pragma unroll
-            for (int u = 0; u < 8; ++u) {
+            for (int u = 0; u < 16; ++u) {
                 if (c0 + u >= n8) break;
                 float kf[8];
                 unpack8(r[u], kf);

@@ -24,6 +24,11 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+// Asks for the 128-byte line holding p (a global address) in L2; nothing is written.
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
 // Lets the next kernel of the stream start its CTAs as this grid's last ones run (they stop at
 // pdl_wait until this grid has finished); every launch_pdl kernel calls it once it has started.
 __device__ __forceinline__ void pdl_trigger() {
