@@ -24,4 +24,5 @@ wait $synth; step "synthetic f16: $(ls -la /tmp/em/l7b-f16.gguf 2>&1 | awk '{pri
     >> /tmp/em/quant.log 2>&1 && mv /tmp/em/l7b-q4_0.gguf.tmp /tmp/em/l7b-q4_0.gguf && rm -f /tmp/em/l7b-f16.gguf; }
 step "models: $(ls /tmp/em)"
 if [ "${LCPP:-1}" = 1 ]; then wait $lcpp; step "llama.cpp: $(tail -2 /tmp/em/lcpp.log | tr '\n' ' ')"; fi
-[ -n "$EXTRA" ] && { step "extra: $EXTRA"; eval "$EXTRA"; }
+# (EXTRA is unset before it runs: engine_bench.sh, a usual EXTRA, runs its own EXTRA too)
+[ -n "$EXTRA" ] && { step "extra: $EXTRA"; extra=$EXTRA; unset EXTRA; eval "$extra"; }
