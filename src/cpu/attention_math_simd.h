@@ -248,24 +248,24 @@ inline void weighted_sum_f16(const float* w, int64_t w_stride, int32_t n_heads, 
     }
 }
 
-inline void f16_to_f32(const uint16_t* src, int32_t n, float* dst) {
+// dst[j] = st(ld(src)) 16 values at a time, the tail through zero-padded copies.
+template <class In, class Out, class Load, class Store>
+inline void convert_row(const In* src, int32_t n, Out* dst, Load ld, Store st) {
     int32_t j = 0;
-    for (; j + 16 <= n; j += 16) store(dst + j, from_f16(src + j));
-    uint16_t tail[16] = {};
-    std::memcpy(tail, src + j, sizeof(uint16_t) * (n - j));
-    float out[16];
-    store(out, from_f16(tail));
-    std::memcpy(dst + j, out, sizeof(float) * (n - j));
+    for (; j + 16 <= n; j += 16) st(dst + j, ld(src + j));
+    In tail[16] = {};
+    std::memcpy(tail, src + j, sizeof(In) * (n - j));
+    Out out[16];
+    st(out, ld(tail));
+    std::memcpy(dst + j, out, sizeof(Out) * (n - j));
+}
+
+inline void f16_to_f32(const uint16_t* src, int32_t n, float* dst) {
+    convert_row(src, n, dst, [](const uint16_t* p) { return from_f16(p); }, [](float* p, v16 a) { store(p, a); });
 }
 
 inline void f32_to_f16(const float* src, int32_t n, uint16_t* dst) {
-    int32_t j = 0;
-    for (; j + 16 <= n; j += 16) store_f16(dst + j, load(src + j));
-    float tail[16] = {};
-    std::memcpy(tail, src + j, sizeof(float) * (n - j));
-    uint16_t out[16];
-    store_f16(out, load(tail));
-    std::memcpy(dst + j, out, sizeof(uint16_t) * (n - j));
+    convert_row(src, n, dst, [](const float* p) { return load(p); }, [](uint16_t* p, v16 a) { store_f16(p, a); });
 }
 
 // max(x, m) keeps m where x is NaN (the second operand wins), as the scalar comparison does.
