@@ -4,14 +4,16 @@ and stop tokens, n > 1, seeds independent of batch composition, logprobs, prompt
 prefix caching, context limits and interrupts. The SamplingParams tests need no engine; the rest
 fail (never skip) while _ember.Engine is missing."""
 import _thread
+import json
 import math
+import pickle
 import threading
 import time
 
 import numpy as np
 import pytest
 
-from ember import LLM, CompletionOutput, Llama, RequestOutput, SamplingParams, _ember
+from ember import LLM, CompletionOutput, Llama, Logprob, RequestOutput, SamplingParams, _ember
 from ember.sampling_params import RANDOM_SEED
 from test_engine import greedy_alone   # Llama's path: one Context, argmax, stopping before EOS
 
@@ -58,6 +60,20 @@ def idle(llm):
 def test_sampling_params_validation(kwargs, name):
     with pytest.raises(ValueError, match=rf"\b{name}\b"):
         SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(temperature="0.5"), "temperature"), (dict(max_tokens=2.5), "max_tokens"), (dict(n=True), "n"),
+    (dict(top_k=None), "top_k"), (dict(stop=5), "stop"), (dict(stop=["ok", 5]), "stop"),
+    (dict(stop_token_ids=["2"]), "stop_token_ids"), (dict(stop_token_ids=7), "stop_token_ids"),
+    (dict(logit_bias={"7": 1.0}), "logit_bias"), (dict(logit_bias=[(7, 1.0)]), "logit_bias"),
+    (dict(seed="1"), "seed"), (dict(ignore_eos=1), "ignore_eos"),
+])
+def test_sampling_params_types(kwargs, name):
+    with pytest.raises(TypeError, match=rf"SamplingParams: {name} must be"):
+        SamplingParams(**kwargs)
+    # numpy's scalars are numbers too.
+    assert SamplingParams(max_tokens=np.int64(3), temperature=np.float32(0.5)).max_tokens == 3
 
 
 def test_sampling_params_to_engine_kwargs():
@@ -184,6 +200,30 @@ def test_logprobs(llm, llama):
     assert math.isclose(c.logprobs[0][c.token_ids[0]], top_logprob, abs_tol=1e-3)
     (only,) = llm.generate(PROMPTS[3], SamplingParams(temperature=0, max_tokens=6, logprobs=0), use_tqdm=False)
     assert [list(e) for e in only.outputs[0].logprobs] == [[t] for t in c.token_ids]
+
+
+def test_logprobs_are_vllm_logprob_objects(llm, llama):
+    """vLLM code reads entry[token].logprob / .rank / .decoded_token; older ember code read floats."""
+    params = SamplingParams(temperature=1.5, top_k=0, max_tokens=12, logprobs=5, prompt_logprobs=1, seed=11)
+    (out,) = llm.generate(PROMPTS[3], params, use_tqdm=False)
+    c = out.outputs[0]
+    for token, entry in zip(c.token_ids, c.logprobs):
+        for t, lp in entry.items():
+            assert isinstance(lp, Logprob) and lp.logprob == float(lp) and math.isclose(lp + 0.0, lp.logprob)
+            assert lp.decoded_token == bytes(llama._tok.token_to_piece(t)).decode("utf-8", "replace")
+            # The top 5 hold every token more likely than one of them; a sampled token outside
+            # them (a sixth entry) ranks below them.
+            if t != token or len(entry) <= 5:
+                assert lp.rank == 1 + sum(v > lp for v in entry.values())
+            else:
+                assert lp.rank > 5
+    # At temperature 1.5 over the whole vocabulary some draw is not the most likely token.
+    assert any(e[t].rank > 1 for t, e in zip(c.token_ids, c.logprobs))
+    assert all(isinstance(e[t], Logprob) and e[t].rank >= 1
+               for e, t in zip(out.prompt_logprobs[1:], out.prompt_token_ids[1:]))
+    lp = c.logprobs[0][c.token_ids[0]]
+    assert repr(lp).startswith("Logprob(logprob=") and pickle.loads(pickle.dumps(lp)).rank == lp.rank
+    assert json.loads(json.dumps({"lp": lp}))["lp"] == float(lp)
 
 
 def test_prompt_logprobs(llm, llama):

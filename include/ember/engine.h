@@ -54,8 +54,10 @@ struct EngineOutput {
     int64_t request_id = 0;
     std::vector<int32_t> token_ids;
     std::vector<float> logprobs;                                     // per token, when asked
+    std::vector<int32_t> ranks;   // per token, when asked: 1 + the tokens more likely than it
     std::vector<std::vector<std::pair<int32_t, float>>> top_logprobs;   // per token, when k > 0
     std::vector<float> prompt_logprobs;   // once, with the first output, when asked
+    std::vector<int32_t> prompt_ranks;    // and their ranks
     int32_t num_cached_tokens = 0;        // prompt tokens the prefix cache served
     bool finished = false;
     std::string finish_reason;            // "stop", "length", "abort" or "error" once finished

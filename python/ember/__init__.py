@@ -8,8 +8,9 @@ if _os.environ.get("EMBER_DEV_BUILD"):
 from . import _ember  # noqa: E402
 from .llama import Llama  # noqa: E402
 from .sampling_params import SamplingParams  # noqa: E402
-from .outputs import CompletionOutput, RequestOutput  # noqa: E402
+from .outputs import CompletionOutput, Logprob, RequestOutput  # noqa: E402
 from .llm import LLM  # noqa: E402
 from .async_engine import AsyncLLMEngine  # noqa: E402
 
-__all__ = ["Llama", "LLM", "AsyncLLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput", "_ember"]
+__all__ = ["Llama", "LLM", "AsyncLLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob",
+           "_ember"]

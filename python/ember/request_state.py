@@ -8,7 +8,7 @@ from typing import Callable, List, Optional
 
 from . import _ember
 from .llama import _find_stop, _stop_prefix_len
-from .outputs import CompletionOutput, RequestOutput
+from .outputs import CompletionOutput, Logprob, RequestOutput
 from .sampling_params import SamplingParams
 
 
@@ -77,14 +77,16 @@ class RequestState:
         if seq.index == 0:
             self.num_cached_tokens = out.num_cached_tokens
             if out.prompt_logprobs:
-                self.prompt_logprobs = [None] + [{t: lp} for t, lp in
-                                                 zip(self.prompt_token_ids[1:], out.prompt_logprobs)]
+                self.prompt_logprobs = [None] + [{t: self._logprob(t, lp, rank)} for t, lp, rank in
+                                                 zip(self.prompt_token_ids[1:], out.prompt_logprobs, out.prompt_ranks)]
         for i, token in enumerate(out.token_ids):
             seq.token_ids.append(token)
             if seq.logprobs is not None:
-                entry = {token: out.logprobs[i]}
-                for t, lp in (out.top_logprobs[i] if out.top_logprobs else ()):
-                    entry.setdefault(t, lp)
+                entry = {token: self._logprob(token, out.logprobs[i], out.ranks[i])}
+                top = out.top_logprobs[i] if out.top_logprobs else ()
+                for t, lp in top:
+                    # top is sorted, most likely first: ties share the rank of the first of them.
+                    entry.setdefault(t, self._logprob(t, lp, 1 + sum(other > lp for _, other in top)))
                 seq.logprobs.append(entry)
                 seq.cumulative_logprob += out.logprobs[i]
             start = len(seq.text)
@@ -94,6 +96,11 @@ class RequestState:
         if out.finished:
             self._finish(seq, out)
         return False
+
+    def _logprob(self, token: int, logprob: float, rank: int) -> Logprob:
+        # A piece holding part of a UTF-8 character shows U+FFFD where its bytes are cut, as in vLLM.
+        piece = bytes(self._tok.token_to_piece(token, not self.params.skip_special_tokens))
+        return Logprob(logprob, rank, piece.decode("utf-8", errors="replace"))
 
     def _cut_at_stop_string(self, seq: _Sequence, start: int) -> bool:
         """Ends seq at the first stop string in its text, searching from where text added at

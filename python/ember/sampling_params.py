@@ -2,10 +2,48 @@
 the keyword arguments of `_ember.Engine.add_request`."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import numbers
+from dataclasses import dataclass, fields
 from typing import Dict, List, Optional, Union
 
 RANDOM_SEED = 0xFFFFFFFF   # the engine's "draw a random seed", as in llama.cpp
+
+_INT_FIELDS = {"n", "top_k", "max_tokens", "min_tokens", "seed", "logprobs", "prompt_logprobs"}
+_OPTIONAL = {"max_tokens", "seed", "logprobs", "prompt_logprobs", "stop", "stop_token_ids", "logit_bias"}
+_BOOL_FIELDS = {"ignore_eos", "skip_special_tokens"}
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_real(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def _type_error(params: "SamplingParams") -> Optional[str]:
+    """What is of the wrong type, named, so a bad value fails here and not deep in the engine."""
+    for f in fields(params):
+        v = getattr(params, f.name)
+        if v is None and f.name in _OPTIONAL:
+            continue
+        if f.name in _BOOL_FIELDS:
+            ok, want = isinstance(v, bool), "a bool"
+        elif f.name in _INT_FIELDS:
+            ok, want = _is_int(v), "an integer"
+        elif f.name == "stop":
+            ok = isinstance(v, str) or (isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v))
+            want = "a string or a list of strings"
+        elif f.name == "stop_token_ids":
+            ok, want = isinstance(v, (list, tuple)) and all(map(_is_int, v)), "a list of token ids"
+        elif f.name == "logit_bias":
+            ok = isinstance(v, dict) and all(_is_int(k) and _is_real(b) for k, b in v.items())
+            want = "a dict of token id -> bias"
+        else:
+            ok, want = _is_real(v), "a number"
+        if not ok:
+            return f"SamplingParams: {f.name} must be {want}, got {v!r}"
+    return None
 
 
 @dataclass
@@ -35,6 +73,9 @@ class SamplingParams:
     logit_bias: Optional[Dict[int, float]] = None
 
     def __post_init__(self):
+        wrong_type = _type_error(self)
+        if wrong_type:
+            raise TypeError(wrong_type)
         # vLLM's own bounds, so code written for vLLM fails here the way it fails there.
         checks = [
             ("n", self.n >= 1, "must be at least 1"),

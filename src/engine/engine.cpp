@@ -25,11 +25,17 @@ namespace {
 
 constexpr int32_t kMaxLogprobs = 20;
 
-// log softmax(row)[token] and, for k > 0, the k most likely tokens with theirs.
-float log_prob(const float* row, int32_t n_vocab, int32_t token, int32_t k,
+// log softmax(row)[token], its rank (vLLM's: 1 + the tokens with a higher logit) and, for k > 0,
+// the k most likely tokens with theirs.
+float log_prob(const float* row, int32_t n_vocab, int32_t token, int32_t k, int32_t* rank,
                std::vector<std::pair<int32_t, float>>* top) {
     float mx = -std::numeric_limits<float>::infinity();
-    for (int32_t i = 0; i < n_vocab; ++i) mx = std::max(mx, row[i]);
+    int32_t higher = 0;
+    for (int32_t i = 0; i < n_vocab; ++i) {
+        mx = std::max(mx, row[i]);
+        higher += row[i] > row[token];
+    }
+    *rank = higher + 1;
     double sum = 0;
     for (int32_t i = 0; i < n_vocab; ++i) sum += std::exp((double)row[i] - mx);
     const double lse = mx + std::log(sum);
@@ -112,8 +118,12 @@ void EngineImpl::emit(Sequence& s) {
         EngineOutput& prev = outbox[it->second];
         prev.token_ids.insert(prev.token_ids.end(), o.token_ids.begin(), o.token_ids.end());
         prev.logprobs.insert(prev.logprobs.end(), o.logprobs.begin(), o.logprobs.end());
+        prev.ranks.insert(prev.ranks.end(), o.ranks.begin(), o.ranks.end());
         prev.top_logprobs.insert(prev.top_logprobs.end(), o.top_logprobs.begin(), o.top_logprobs.end());
-        if (!o.prompt_logprobs.empty()) prev.prompt_logprobs = std::move(o.prompt_logprobs);
+        if (!o.prompt_logprobs.empty()) {
+            prev.prompt_logprobs = std::move(o.prompt_logprobs);
+            prev.prompt_ranks = std::move(o.prompt_ranks);
+        }
         prev.finished = o.finished;
         prev.finish_reason = o.finish_reason;
         prev.error = o.error;
@@ -196,8 +206,11 @@ void EngineImpl::sample(const StepPlan& plan, bool greedy) {
         if (s.wants_prompt_logprobs())
             for (int32_t r = 0; r < ss.n_rows; ++r) {
                 const int32_t p = ss.start + ss.len - ss.n_rows + r;   // position of this row
-                if (p + 1 < s.n_prompt && p == (int32_t)s.prompt_lp.size())
-                    s.prompt_lp.push_back(log_prob(rows + (size_t)r * n_vocab, n_vocab, s.tokens[p + 1], 0, nullptr));
+                if (p + 1 < s.n_prompt && p == (int32_t)s.prompt_lp.size()) {
+                    int32_t rank = 0;
+                    s.prompt_lp.push_back(log_prob(rows + (size_t)r * n_vocab, n_vocab, s.tokens[p + 1], 0, &rank, nullptr));
+                    s.prompt_rank.push_back(rank);
+                }
             }
         if (!ss.samples || s.n_generated >= s.req.max_tokens) return;
         const float* row = rows + (size_t)(ss.n_rows - 1) * n_vocab;
@@ -215,7 +228,9 @@ void EngineImpl::sample(const StepPlan& plan, bool greedy) {
             s.out.token_ids.push_back(tok);
             if (s.req.logprobs >= 0) {
                 std::vector<std::pair<int32_t, float>> top;
-                s.out.logprobs.push_back(log_prob(row, n_vocab, tok, s.req.logprobs, &top));
+                int32_t rank = 0;
+                s.out.logprobs.push_back(log_prob(row, n_vocab, tok, s.req.logprobs, &rank, &top));
+                s.out.ranks.push_back(rank);
                 if (s.req.logprobs > 0) s.out.top_logprobs.push_back(std::move(top));
             }
         } catch (const std::exception& e) {
@@ -267,6 +282,7 @@ bool EngineImpl::step() {
         } else if (!s.out.finished && ss.samples) {
             if (s.wants_prompt_logprobs()) {
                 s.out.prompt_logprobs = std::move(s.prompt_lp);
+                s.out.prompt_ranks = std::move(s.prompt_rank);
                 s.prompt_lp_sent = true;
             }
             if (!s.out.token_ids.empty() && s.n_generated < s.req.max_tokens) {
@@ -280,6 +296,7 @@ bool EngineImpl::step() {
                     // The stop token ends the text and is not part of it.
                     s.out.token_ids.pop_back();
                     if (!s.out.logprobs.empty()) s.out.logprobs.pop_back();
+                    if (!s.out.ranks.empty()) s.out.ranks.pop_back();
                     if (!s.out.top_logprobs.empty()) s.out.top_logprobs.pop_back();
                     finish(s, "stop");
                 } else {

@@ -49,7 +49,10 @@ bool Scheduler::preempt(const std::vector<Sequence*>& taken) {
         } else {
             cache_.remove(s->id);
             s->n_computed = 0;
-            if (!s->prompt_lp_sent) s->prompt_lp.clear();
+            if (!s->prompt_lp_sent) {
+                s->prompt_lp.clear();
+                s->prompt_rank.clear();
+            }
             waiting_.push_front(std::move(*it));
         }
         running_.erase(std::next(it).base());

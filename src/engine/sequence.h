@@ -21,6 +21,7 @@ struct Sequence {
     bool admitted = false;           // admitted once (num_cached_tokens counts the first admission)
     std::unique_ptr<Sampler> sampler;
     std::vector<float> prompt_lp;    // prompt_lp[p]: logprob of tokens[p + 1], gathered as computed
+    std::vector<int32_t> prompt_rank;   // and its rank
     bool prompt_lp_sent = false;
     EngineOutput out;                // gathered since the last hand-out
 
