@@ -237,6 +237,37 @@ def test_prompt_logprobs(llm, llama):
     assert np.allclose([e[t] for e, t in zip(plp[1:], ids[1:])], ref_lp, atol=1e-3)
 
 
+def test_chat_renders_the_template_like_llama(llm, llama):
+    conversations = [[{"role": "user", "content": "What is the capital of France?"}],
+                     [{"role": "system", "content": "You answer in one word."},
+                      {"role": "user", "content": "Name a color."}]]
+    outs = llm.chat(conversations, SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)
+    assert len(outs) == 2
+    for conversation, out in zip(conversations, outs):
+        assert out.prompt.startswith("<|im_start|>") and out.prompt.endswith("<|im_start|>assistant\n")
+        # The template's markers are special tokens, not their spelled-out text.
+        assert out.prompt_token_ids == list(llama._tok.encode(out.prompt.encode(), False, True))
+        ref = llama.create_chat_completion(conversation, temperature=0, max_tokens=12)
+        assert out.outputs[0].text == ref["choices"][0]["message"]["content"]
+    # One conversation, a template of the caller's, and its kwargs.
+    (one,) = llm.chat(conversations[0], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False,
+                      chat_template="{{ greeting }}{% for m in messages %}{{ m['content'] }}{% endfor %}",
+                      chat_template_kwargs={"greeting": "Q: "})
+    assert one.prompt == "Q: What is the capital of France?"
+
+
+def test_chat_bad_input(llm):
+    with pytest.raises(ValueError, match="conversation is a list of message dicts"):
+        llm.chat([[{"role": "user", "content": "hi"}], "not a conversation"], use_tqdm=False)
+    with pytest.raises(ValueError, match="chat template"):
+        llm.chat([{"role": "user", "content": "hi"}], chat_template="{{ raise_exception('no users here') }}",
+                 use_tqdm=False)
+    with pytest.raises(ValueError, match="does not parse"):
+        llm.chat([{"role": "user", "content": "hi"}], chat_template="{% for %}", use_tqdm=False)
+    wait_until(lambda: idle(llm))
+    assert llm.chat([], use_tqdm=False) == []
+
+
 def test_prefix_cache_serves_a_repeated_prompt(llm):
     prompt = "The history of the printing press begins in the fifteenth century, when Gutenberg, " \
              "a goldsmith from Mainz, built a press with movable metal type. " * 2

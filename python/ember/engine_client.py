@@ -32,11 +32,14 @@ class EngineClient:
     def submit(self, request_id: str, prompt, params: SamplingParams,
                on_update: Optional[Callable[[RequestState], None]] = None) -> RequestState:
         """Adds a request: prompt is a str, token ids, or a vLLM prompt dict ({"prompt": str} or
-        {"prompt_token_ids": [...]}). ValueError where it does not fit the context."""
+        {"prompt_token_ids": [...]}; with both, the ids are generated from and the text is the
+        output's prompt). ValueError where it does not fit the context."""
+        text = prompt if isinstance(prompt, str) else None
         if isinstance(prompt, dict):
             if "prompt_token_ids" not in prompt and "prompt" not in prompt:
                 raise ValueError(f"a prompt dict needs 'prompt' or 'prompt_token_ids', got keys {sorted(prompt)}")
-            prompt = prompt.get("prompt_token_ids", prompt.get("prompt"))
+            text = prompt.get("prompt")
+            prompt = prompt.get("prompt_token_ids", text)
         token_ids = encode_prompt(self._tok, prompt)
         n_ctx = self.engine.n_ctx
         room = n_ctx - len(token_ids)
@@ -46,7 +49,7 @@ class EngineClient:
                              f"max_tokens={params.max_tokens} generated tokens")
         if params.seed is None and self._seeds is not None:
             params = dataclasses.replace(params, seed=self._seeds.randrange(1 << 31))
-        state = RequestState(request_id, prompt if isinstance(prompt, str) else None, token_ids, params, self._tok)
+        state = RequestState(request_id, text, token_ids, params, self._tok)
         state.on_update = on_update
         try:
             for index in range(params.n):

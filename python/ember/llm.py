@@ -13,6 +13,7 @@ from .engine_client import EngineClient
 from .llama import context_size, kv_cache_types
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
+from .server.chat_template import ChatTemplate
 
 
 def _prompt_list(prompts) -> list:
@@ -40,6 +41,7 @@ class LLM:
                  main_gpu: int = 0, use_mmap: bool = True, verbose: bool = False, seed: Optional[int] = None,
                  kv_gpu_cache_mb: int = _ember.DEFAULT_KV_GPU_CACHE_MB):
         self._client = None   # set last: close() and __del__ run on a half-built LLM too
+        self._chat_template: Optional[ChatTemplate] = None   # read from the GGUF at the first chat
         if n_threads is not None and n_threads < 0:
             raise ValueError(f"LLM: n_threads must be >= 1 (None = all cores), got {n_threads}")
         type_k, type_v = kv_cache_types(type_k, type_v)
@@ -128,6 +130,31 @@ class LLM:
             if bar is not None:
                 bar.close()
         return [s.output() for s in states]
+
+    def chat(self, messages, sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+             use_tqdm: bool = True, *, chat_template: Optional[str] = None, add_generation_prompt: bool = True,
+             chat_template_kwargs: Optional[dict] = None, tools=None) -> List[RequestOutput]:
+        """vLLM's LLM.chat: messages is one conversation (a list of {"role", "content"} dicts) or a
+        list of them. Each is rendered by the model's chat template (chat_template: Jinja text to
+        use instead), tokenized with its special tokens, and generated as by generate(). Returns one
+        RequestOutput per conversation, whose prompt is the rendered text. A template that refuses
+        the messages raises ValueError before anything is submitted."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        if chat_template is not None or self._chat_template is None:
+            template = ChatTemplate.for_model(self.model_path, self.tokenizer, source=chat_template)
+            if chat_template is None:
+                self._chat_template = template
+        else:
+            template = self._chat_template
+        prompts = []
+        for conversation in conversations:
+            if not isinstance(conversation, (list, tuple)) or not all(isinstance(m, dict) for m in conversation):
+                raise ValueError(f"LLM.chat: a conversation is a list of message dicts, got {conversation!r:.80}")
+            text = template.render(list(conversation), add_generation_prompt=add_generation_prompt, tools=tools,
+                                   **(chat_template_kwargs or {}))
+            ids = list(self.tokenizer.encode(text.encode("utf-8"), template.add_bos(text), True))
+            prompts.append({"prompt": text, "prompt_token_ids": ids})
+        return self.generate(prompts, sampling_params, use_tqdm)
 
     def stats(self) -> dict:
         """The engine's counters (running, waiting, kv_blocks_used, prefix_cache_hits, ...)."""

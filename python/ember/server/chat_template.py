@@ -81,12 +81,16 @@ class ChatTemplate:
             raise ValueError(f"the chat template ({origin}) does not parse: {e.message} (line {e.lineno})") from e
 
     @classmethod
-    def for_model(cls, model_path: str, tokenizer, override_file: Optional[str] = None) -> "ChatTemplate":
-        """The template of the GGUF at model_path, override_file's instead when given, ChatML when
-        the model has none. tokenizer (an _ember.Tokenizer) gives bos_token and eos_token."""
+    def for_model(cls, model_path: str, tokenizer, override_file: Optional[str] = None,
+                  source: Optional[str] = None) -> "ChatTemplate":
+        """The template of the GGUF at model_path, override_file's or the Jinja text source instead
+        when given, ChatML when the model has none. tokenizer (an _ember.Tokenizer) gives bos_token
+        and eos_token."""
         def token(tid: int) -> str:
             return bytes(tokenizer.token_text(tid)).decode("utf-8", errors="replace") if tid >= 0 else ""
         special = dict(bos_token=token(tokenizer.bos), eos_token=token(tokenizer.eos))
+        if source is not None:
+            return cls(source, origin="the chat_template argument", **special)
         if override_file:
             with open(override_file, encoding="utf-8") as f:
                 return cls(f.read(), origin=override_file, **special)
