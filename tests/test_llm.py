@@ -143,6 +143,9 @@ def test_stop_strings_truncate(llm):
     # The tokens up to the one that completed the stop string, as the full run made them.
     assert 0 < len(out.token_ids) < len(full.token_ids) and out.token_ids == full.token_ids[:len(out.token_ids)]
     wait_until(lambda: idle(llm))   # the engine request was cancelled
+    kept = llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=24, stop=[stop],
+                                                   include_stop_str_in_output=True), use_tqdm=False)[0].outputs[0]
+    assert kept.text == out.text + stop and kept.finish_reason == "stop" and kept.token_ids == out.token_ids
 
 
 def test_stop_token_ids(llm, llama):

@@ -112,7 +112,7 @@ class RequestState:
         if cut < 0:
             return False
         seq.stop_reason = next(s for s in stops if seq.text.startswith(s, cut))
-        seq.text = seq.text[:cut]
+        seq.text = seq.text[:cut + (len(seq.stop_reason) if self.params.include_stop_str_in_output else 0)]
         seq.finish_reason = "stop"
         return True
 
@@ -149,6 +149,6 @@ class RequestState:
 
     def _visible_text(self, seq: _Sequence) -> str:
         """While unfinished, the text less the end that may still grow into a stop string."""
-        if seq.finish_reason is not None or not self.params.stop:
+        if seq.finish_reason is not None or not self.params.stop or self.params.include_stop_str_in_output:
             return seq.text
         return seq.text[:len(seq.text) - _stop_prefix_len(seq.text, self.params.stop)]

@@ -10,7 +10,7 @@ RANDOM_SEED = 0xFFFFFFFF   # the engine's "draw a random seed", as in llama.cpp
 
 _INT_FIELDS = {"n", "top_k", "max_tokens", "min_tokens", "seed", "logprobs", "prompt_logprobs"}
 _OPTIONAL = {"max_tokens", "seed", "logprobs", "prompt_logprobs", "stop", "stop_token_ids", "logit_bias"}
-_BOOL_FIELDS = {"ignore_eos", "skip_special_tokens"}
+_BOOL_FIELDS = {"ignore_eos", "include_stop_str_in_output", "skip_special_tokens"}
 
 
 def _is_int(v) -> bool:
@@ -51,7 +51,9 @@ class SamplingParams:
     """vLLM's SamplingParams (the subset ember implements). temperature 0 is greedy; top_k -1 or 0
     is off; max_tokens None generates until the context is full; n > 1 runs n sequences, seeded
     seed, seed+1, ... when seed is given. Penalties look at the last 64 tokens (llama.cpp's
-    window), not at the whole sequence as in vLLM. prompt_logprobs gives the logprob of each
+    window), not at the whole sequence as in vLLM. include_stop_str_in_output keeps the stop
+    string that ended a sequence at the end of its text (and streams text without holding back
+    what may grow into one). prompt_logprobs gives the logprob of each
     prompt token only, whatever the number asked (ember has no top-k over prompt positions)."""
     n: int = 1
     temperature: float = 1.0
@@ -69,6 +71,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     logit_bias: Optional[Dict[int, float]] = None
 
