@@ -259,6 +259,25 @@ def test_chat_renders_the_template_like_llama(llm, llama):
     assert one.prompt == "Q: What is the capital of France?"
 
 
+def test_get_tokenizer_has_hf_api(llm, llama):
+    tok = llm.get_tokenizer()
+    text = "Hello, world! <|im_end|> ünïcode"
+    ids = tok.encode(text)
+    assert ids == llama.tokenize(text.encode(), add_bos=True, special=True)
+    assert tok.decode(ids) == text and tok.eos_token_id == llama.token_eos() and len(tok) == tok.vocab_size
+    assert tok.eos_token == "<|im_end|>" and tok.convert_ids_to_tokens(tok.eos_token_id) == "<|im_end|>"
+    assert tok.decode(ids, skip_special_tokens=True) == "Hello, world!  ünïcode"
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    (out,) = llm.chat(messages, SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+    assert prompt == out.prompt and "<|im_start|>" in tok.chat_template
+    assert tok.apply_chat_template(messages, add_generation_prompt=True) == out.prompt_token_ids
+    with pytest.raises(TypeError, match="must be a str"):
+        tok.encode(b"bytes")
+    with pytest.raises(ValueError, match="token id 999999 is outside the vocabulary"):
+        tok.decode([1, 999999])
+
+
 def test_chat_bad_input(llm):
     with pytest.raises(ValueError, match="conversation is a list of message dicts"):
         llm.chat([[{"role": "user", "content": "hi"}], "not a conversation"], use_tqdm=False)

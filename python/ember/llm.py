@@ -13,7 +13,7 @@ from .engine_client import EngineClient
 from .llama import context_size, kv_cache_types
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
-from .server.chat_template import ChatTemplate
+from .hf_tokenizer import HFTokenizer
 
 
 def _prompt_list(prompts) -> list:
@@ -41,7 +41,7 @@ class LLM:
                  main_gpu: int = 0, use_mmap: bool = True, verbose: bool = False, seed: Optional[int] = None,
                  kv_gpu_cache_mb: int = _ember.DEFAULT_KV_GPU_CACHE_MB):
         self._client = None   # set last: close() and __del__ run on a half-built LLM too
-        self._chat_template: Optional[ChatTemplate] = None   # read from the GGUF at the first chat
+        self._hf_tokenizer: Optional[HFTokenizer] = None
         if n_threads is not None and n_threads < 0:
             raise ValueError(f"LLM: n_threads must be >= 1 (None = all cores), got {n_threads}")
         type_k, type_v = kv_cache_types(type_k, type_v)
@@ -78,6 +78,13 @@ class LLM:
     def tokenizer(self):
         """The model's `_ember.Tokenizer`."""
         return self._model.tokenizer
+
+    def get_tokenizer(self) -> HFTokenizer:
+        """vLLM's: the tokenizer as Hugging Face's API has it (encode, decode, apply_chat_template,
+        eos_token_id, ...)."""
+        if self._hf_tokenizer is None:
+            self._hf_tokenizer = HFTokenizer(self.tokenizer, self.model_path)
+        return self._hf_tokenizer
 
     @property
     def n_ctx(self) -> int:
@@ -140,19 +147,11 @@ class LLM:
         RequestOutput per conversation, whose prompt is the rendered text. A template that refuses
         the messages raises ValueError before anything is submitted."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        if chat_template is not None or self._chat_template is None:
-            template = ChatTemplate.for_model(self.model_path, self.tokenizer, source=chat_template)
-            if chat_template is None:
-                self._chat_template = template
-        else:
-            template = self._chat_template
+        tok = self.get_tokenizer()
         prompts = []
         for conversation in conversations:
-            if not isinstance(conversation, (list, tuple)) or not all(isinstance(m, dict) for m in conversation):
-                raise ValueError(f"LLM.chat: a conversation is a list of message dicts, got {conversation!r:.80}")
-            text = template.render(list(conversation), add_generation_prompt=add_generation_prompt, tools=tools,
-                                   **(chat_template_kwargs or {}))
-            ids = list(self.tokenizer.encode(text.encode("utf-8"), template.add_bos(text), True))
+            text, ids = tok.render_chat(conversation, tools=tools, chat_template=chat_template,
+                                        add_generation_prompt=add_generation_prompt, **(chat_template_kwargs or {}))
             prompts.append({"prompt": text, "prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm)
 
