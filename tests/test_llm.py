@@ -338,3 +338,14 @@ def test_closed_llm_refuses(smollm2_path):
     model.close()
     with pytest.raises(ValueError, match="closed"):
         model.generate("hi", use_tqdm=False)
+
+
+def test_vllm_spellings_of_the_model_and_its_length(smollm2_path):
+    with LLM(model=smollm2_path, max_model_len=96, max_num_seqs=2) as model:
+        assert model.n_ctx == 96 and model.model_path == str(smollm2_path)
+    with pytest.raises(ValueError, match="model_path or as model="):
+        LLM(smollm2_path, model=smollm2_path)
+    with pytest.raises(ValueError, match="model_path or as model="):
+        LLM(n_ctx=64)
+    with pytest.raises(ValueError, match="n_ctx=64 and max_model_len=96"):
+        LLM(smollm2_path, n_ctx=64, max_model_len=96)

@@ -32,20 +32,27 @@ class LLM:
     kv_host_mb (MiB of host memory; 0: none) adds a host tier that preempted sequences are swapped
     out to and evicted prefix-cache blocks are kept in; offload_kqv=False keeps the KV in host memory, with
     kv_gpu_cache_mb MiB of GPU memory caching its blocks; type_k / type_v take what Llama takes (ggml type ids or "f16", "f32", "q8_0"); seed makes the
-    requests without a seed of their own reproducible."""
+    requests without a seed of their own reproducible. vLLM's spellings model= (for model_path)
+    and max_model_len= (for n_ctx) are taken too."""
 
-    def __init__(self, model_path: str, *, n_ctx: int = 4096, n_gpu_layers: int = 0,
+    def __init__(self, model_path: Optional[str] = None, *, n_ctx: Optional[int] = None, n_gpu_layers: int = 0,
                  n_threads: Optional[int] = None, max_num_seqs: int = 64, max_num_batched_tokens: int = 512,
                  kv_block_size: int = 16, kv_mb: float = 0, kv_host_mb: float = 0, type_k=None, type_v=None,
                  enable_prefix_caching: bool = True, deterministic: bool = False, offload_kqv: bool = True,
                  main_gpu: int = 0, use_mmap: bool = True, verbose: bool = False, seed: Optional[int] = None,
-                 kv_gpu_cache_mb: int = _ember.DEFAULT_KV_GPU_CACHE_MB):
+                 kv_gpu_cache_mb: int = _ember.DEFAULT_KV_GPU_CACHE_MB, model: Optional[str] = None,
+                 max_model_len: Optional[int] = None):
         self._client = None   # set last: close() and __del__ run on a half-built LLM too
         self._hf_tokenizer: Optional[HFTokenizer] = None
         if n_threads is not None and n_threads < 0:
             raise ValueError(f"LLM: n_threads must be >= 1 (None = all cores), got {n_threads}")
+        if (model_path is None) == (model is None):
+            raise ValueError("LLM: give the GGUF file once, as model_path or as model= (vLLM's name)")
+        if n_ctx is not None and max_model_len is not None and n_ctx != max_model_len:
+            raise ValueError(f"LLM: n_ctx={n_ctx} and max_model_len={max_model_len} name the same limit; give one")
+        n_ctx = next((v for v in (n_ctx, max_model_len) if v is not None), 4096)
         type_k, type_v = kv_cache_types(type_k, type_v)
-        self.model_path = str(model_path)
+        self.model_path = str(model_path if model is None else model)
         t0 = time.perf_counter()
         model = _ember.Model(self.model_path, n_gpu_layers=n_gpu_layers, main_gpu=main_gpu, use_mmap=bool(use_mmap))
         engine = _ember.Engine(model, n_ctx=context_size(model, n_ctx), max_num_seqs=max_num_seqs,
