@@ -301,6 +301,17 @@ def test_bytes_prompt_is_a_type_error(llm):
         llm(b"Hello")
 
 
+@pytest.mark.parametrize("prompt, match", [
+    (3.5, "str or a list of token ids, got float"), (None, "got NoneType"),
+    ([1.5, 2], r"token ids must be integers, got 1.5"), ([1, "2"], "got '2'"), ([True], "got True"),
+])
+def test_prompt_of_the_wrong_type_names_it(llm, prompt, match):
+    with pytest.raises(TypeError, match=match):
+        llm(prompt, max_tokens=1)
+    # numpy's integers are token ids too.
+    assert llm(np.array(llm.tokenize(b"Hi")), max_tokens=1, temperature=0)["usage"]["prompt_tokens"] >= 1
+
+
 def test_context_of_one_token_says_what_is_needed(smollm2_path):
     with Llama(smollm2_path, n_ctx=1, verbose=False) as tiny:
         with pytest.raises(ValueError, match=r"prompt is 1 token \(BOS included\) and n_ctx is 1.*at least 2"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import numbers
 import sys
 import threading
 import time
@@ -123,7 +124,14 @@ def encode_prompt(tok, prompt) -> List[int]:
     if isinstance(prompt, str):
         tokens = list(tok.encode(prompt.encode("utf-8"), True, True))
     else:
-        tokens = [int(t) for t in prompt]
+        try:
+            tokens = list(prompt)
+        except TypeError:
+            raise TypeError(f"prompt must be a str or a list of token ids, got {type(prompt).__name__}") from None
+        odd = next((t for t in tokens if not isinstance(t, numbers.Integral) or isinstance(t, bool)), None)
+        if odd is not None:
+            raise TypeError(f"prompt token ids must be integers, got {odd!r} ({type(odd).__name__})")
+        tokens = [int(t) for t in tokens]
     if not tokens:
         if tok.bos < 0:
             raise ValueError("prompt is empty and the model has no BOS token to start from")

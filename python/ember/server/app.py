@@ -328,7 +328,7 @@ def create_app(engine_or_args, settings: Optional[ServerSettings] = None,
         for prompt in req.prompts:
             try:
                 ids = encode_prompt(srv.tok, prompt)
-            except ValueError as e:
+            except (TypeError, ValueError) as e:
                 raise APIError(400, str(e), param="prompt") from None
             text = prompt if isinstance(prompt, str) else \
                 bytes(srv.tok.decode(ids, False)).decode("utf-8", errors="ignore")
