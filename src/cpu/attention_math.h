@@ -27,6 +27,8 @@ struct AttentionMath {
     void (*f16_to_f32)(const uint16_t* src, int32_t n, float* dst);
     // dst[j] = src[j] rounded to f16 (float_to_half's bits: nearest even, NaNs kept quiet).
     void (*f32_to_f16)(const float* src, int32_t n, uint16_t* dst);
+    // x[j] = expf(x[j] - m) (std::exp's bits at every level: the softmax numerators).
+    void (*exp_shifted)(float* x, int32_t n, float m);
     // The largest of x[0..n), NaNs skipped (-inf when there is nothing else). Exact at any width:
     // only the sign of a zero result can depend on the order, and x - m does not.
     float (*max)(const float* x, int32_t n);

@@ -9,6 +9,7 @@
 #include <immintrin.h>
 #endif
 #if defined(__AVX512F__)
+#include "cpu/expf_avx512.h"
 #include "cpu/transpose16_avx512.h"
 #endif
 
@@ -267,6 +268,21 @@ inline void f16_to_f32(const uint16_t* src, int32_t n, float* dst) {
 inline void f32_to_f16(const float* src, int32_t n, uint16_t* dst) {
     convert_row(src, n, dst, [](const float* p) { return load(p); }, [](uint16_t* p, v16 a) { store_f16(p, a); });
 }
+
+#if defined(__AVX512F__)
+inline void exp_shifted(float* x, int32_t n, float m) {
+    const __m512 mv = _mm512_set1_ps(m);
+    int32_t j = 0;
+    for (; j + 16 <= n; j += 16) _mm512_storeu_ps(x + j, exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), mv)));
+    const __mmask16 tail = __mmask16((1u << (n - j)) - 1);
+    _mm512_mask_storeu_ps(x + j, tail, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, x + j), mv)));
+}
+#else
+// No vector expf with std::exp's bits at this level.
+inline void exp_shifted(float* x, int32_t n, float m) {
+    for (int32_t j = 0; j < n; ++j) x[j] = std::exp(x[j] - m);
+}
+#endif
 
 // max(x, m) keeps m where x is NaN (the second operand wins), as the scalar comparison does.
 inline float max(const float* x, int32_t n) {

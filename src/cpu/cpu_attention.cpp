@@ -259,9 +259,7 @@ void attend_unit(const BatchInfo& batch, const KVLayer& kv, const float* q, cons
             math.scale_round(q + t * q_width + (int64_t)h * D, D, 1.0f, K::kF16Operands, sc.q.data());
             math.scores(sc.q.data(), sc.kt.data(), D, (end + kLanes - 1) / kLanes, s.scale, sc.prob.data());
             const float m = math.max(prob, len);
-            // exp in a loop of its own: with the double sum in the same loop the sum's chain
-            // went through the stack around every libm call
-            for (int32_t p = 0; p < len; ++p) prob[p] = std::exp(prob[p] - m);
+            math.exp_shifted(prob, len, m);
             double sum = 0.0;
             for (int32_t p = 0; p < len; ++p) sum += prob[p];
             math.scale_round(prob, len, (float)(1.0 / sum), V::kF16Operands, w);
