@@ -142,9 +142,12 @@ def test_batch_shape_never_changes_a_result_or_stays_exact(cpu, rng, name):
 
 
 # Row counts over partial and whole groups of 16, row lengths of 1, 2, 3, 17, 18 (SmolLM2), 24
-# and 48 blocks: whole chunks of 16 blocks, leftover pairs and an odd last block.
+# and 48 blocks: whole chunks of 16 blocks, leftover pairs and an odd last block; 129 and 344
+# (llama2-7b's down projection) blocks: long rows, whose block heads the float steps read back
+# after the whole row's integer pass.
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
-@pytest.mark.parametrize("n_in,n_out", [(32, 5), (64, 16), (96, 37), (544, 40), (576, 1536), (768, 21), (1536, 96)])
+@pytest.mark.parametrize("n_in,n_out", [(32, 5), (64, 16), (96, 37), (544, 40), (576, 1536), (768, 21), (1536, 96),
+                                        (4128, 19), (11008, 33)])
 def test_single_token_kernel_is_the_batched_kernel(cpu, rng, name, n_in, n_out):
     """FastGemm::gemv (a row read as one run, block sums transposed into the lanes) gives each
     token exactly what the batched kernel gives it in a batch of 9."""

@@ -19,7 +19,9 @@ import numpy as np
 from conftest import kernel_module
 
 SHAPES = {"q/o 576x576": (576, 576), "k/v 576x192": (576, 192), "gate/up 576x1536": (576, 1536),
-          "down 1536x576": (1536, 576), "head 576x49152": (576, 49152)}
+          "down 1536x576": (1536, 576), "head 576x49152": (576, 49152),
+          # llama2-7b's (K-quant rows need whole 256-element super-blocks)
+          "7b q/o 4096x4096": (4096, 4096), "7b down 11008x4096": (11008, 4096)}
 
 
 def best_ms(fn, iters, reps):
