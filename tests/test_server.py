@@ -250,6 +250,11 @@ def test_stop_strings(client, stop):
     c = client.post("/v1/completions", json=body).json()["choices"][0]
     assert c["finish_reason"] == "stop" and c["text"] == (" Pa" if stop == "ris" else " Paris")
     assert "".join(x["choices"][0]["text"] for x in stream(client, "/v1/completions", body)) == c["text"]
+    # vLLM's extra: the stop string stays at the end of the text.
+    kept = dict(body, include_stop_str_in_output=True)
+    k = client.post("/v1/completions", json=kept).json()["choices"][0]
+    assert k["finish_reason"] == "stop" and k["text"] == (" Paris" if stop == "ris" else " Paris.")
+    assert "".join(x["choices"][0]["text"] for x in stream(client, "/v1/completions", kept)) == k["text"]
 
 
 def test_completion_logprobs(client):
