@@ -933,7 +933,14 @@ def test_random_sequences_with_host_tier(bs, host_slots):
         model.swapped.discard(seq)
         ops["remove"] += 1
 
-    for _ in range(1500):
+    def covered():
+        return ops["swap_out"] > 20 and ops["swap_in"] > 10 and kv.host_stats()["hits"] > 0
+
+    # At least 1500 operations, and on until every path has run (a host-tier hit needs a prefix
+    # that was evicted from the device pool but not from the tier: some draws take a while).
+    for i in range(8000):
+        if i >= 1500 and covered():
+            break
         op = rng.choice(["add", "feed", "swap_in", "remove", "step"], p=[.15, .45, .15, .1, .15])
         resident = [q for q in model.seqs if q not in model.swapped]
         swapped = sorted(model.swapped)
@@ -984,7 +991,7 @@ def test_random_sequences_with_host_tier(bs, host_slots):
     kv.flush_host_copies()
     model.check()
     print(ops, kv.stats(), kv.host_stats())
-    assert ops["swap_out"] > 20 and ops["swap_in"] > 10 and kv.host_stats()["hits"] > 0
+    assert covered()
     for seq in list(model.seqs):
         remove(seq)
     model.check()
