@@ -5,7 +5,7 @@ both use it."""
 from __future__ import annotations
 
 import threading
-from typing import List, Optional, Union
+from typing import List, Union
 
 import numpy as np
 

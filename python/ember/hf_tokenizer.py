@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple, Union
 
-from .server.chat_template import ChatTemplate
+from .server.chat_template import ChatTemplate, token_text
 
 
 class HFTokenizer:
@@ -17,9 +17,6 @@ class HFTokenizer:
         self._model_path = model_path
         self._template: Optional[ChatTemplate] = None
 
-    def _token(self, tid: int) -> Optional[str]:
-        return bytes(self._tok.token_text(tid)).decode("utf-8", errors="replace") if tid >= 0 else None
-
     @property
     def bos_token_id(self) -> Optional[int]:
         return self._tok.bos if self._tok.bos >= 0 else None
@@ -30,11 +27,11 @@ class HFTokenizer:
 
     @property
     def bos_token(self) -> Optional[str]:
-        return self._token(self._tok.bos)
+        return token_text(self._tok, self._tok.bos)
 
     @property
     def eos_token(self) -> Optional[str]:
-        return self._token(self._tok.eos)
+        return token_text(self._tok, self._tok.eos)
 
     @property
     def vocab_size(self) -> int:
@@ -69,8 +66,8 @@ class HFTokenizer:
     def convert_ids_to_tokens(self, ids: Union[int, List[int]]):
         """The vocabulary's spelling of each id (a single id gives a single token)."""
         if isinstance(ids, int):
-            return self._token(ids)
-        return [self._token(int(t)) for t in ids]
+            return token_text(self._tok, ids)
+        return [token_text(self._tok, int(t)) for t in ids]
 
     def apply_chat_template(self, conversation: List[dict], tools=None, chat_template: Optional[str] = None,
                             add_generation_prompt: bool = False, tokenize: bool = True, **kwargs):

@@ -83,10 +83,12 @@ class RequestState:
             seq.token_ids.append(token)
             if seq.logprobs is not None:
                 entry = {token: self._logprob(token, out.logprobs[i], out.ranks[i])}
-                top = out.top_logprobs[i] if out.top_logprobs else ()
-                for t, lp in top:
-                    # top is sorted, most likely first: ties share the rank of the first of them.
-                    entry.setdefault(t, self._logprob(t, lp, 1 + sum(other > lp for _, other in top)))
+                rank, prev = 0, None
+                for j, (t, lp) in enumerate(out.top_logprobs[i] if out.top_logprobs else ()):
+                    # sorted, most likely first: ties share the rank of the first of them
+                    rank, prev = (rank if lp == prev else j + 1), lp
+                    if t not in entry:
+                        entry[t] = self._logprob(t, lp, rank)
                 seq.logprobs.append(entry)
                 seq.cumulative_logprob += out.logprobs[i]
             start = len(seq.text)

@@ -50,10 +50,6 @@ void f32_to_f16(const float* src, int32_t n, uint16_t* dst) {
     for (int32_t j = 0; j < n; ++j) dst[j] = float_to_half(src[j]);
 }
 
-void exp_shifted(float* x, int32_t n, float m) {
-    for (int32_t j = 0; j < n; ++j) x[j] = std::exp(x[j] - m);
-}
-
 float max(const float* x, int32_t n) {
     float m = -INFINITY;
     for (int32_t j = 0; j < n; ++j) m = x[j] > m ? x[j] : m;
@@ -68,7 +64,11 @@ void gather_keys16_f16(const uint16_t* rows, int64_t row_stride, int32_t D, floa
 }  // namespace
 
 const AttentionMath kAttentionMathScalar{scores,     scale_round, weighted_sum, weighted_sum_f16, f16_to_f32,
-                                         f32_to_f16, exp_shifted, max,          gather_keys16_f16};
+                                         f32_to_f16, exp_shifted_scalar, max,          gather_keys16_f16};
+
+void exp_shifted_scalar(float* x, int32_t n, float m) {
+    for (int32_t j = 0; j < n; ++j) x[j] = std::exp(x[j] - m);
+}
 
 const AttentionMath& attention_math(int32_t head_dim) {
     static const AttentionMath& best = cpu_simd_level() == SimdLevel::avx512 ? kAttentionMathAvx512

@@ -38,6 +38,9 @@ struct AttentionMath {
     void (*gather_keys16_f16)(const uint16_t* rows, int64_t row_stride, int32_t D, float* kt);
 };
 
+// exp_shifted's scalar loop, which the levels without a vector expf of std::exp's bits share.
+void exp_shifted_scalar(float* x, int32_t n, float m);
+
 extern const AttentionMath kAttentionMathScalar;
 extern const AttentionMath kAttentionMathAvx2;
 extern const AttentionMath kAttentionMathAvx512;

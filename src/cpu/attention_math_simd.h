@@ -279,9 +279,7 @@ inline void exp_shifted(float* x, int32_t n, float m) {
 }
 #else
 // No vector expf with std::exp's bits at this level.
-inline void exp_shifted(float* x, int32_t n, float m) {
-    for (int32_t j = 0; j < n; ++j) x[j] = std::exp(x[j] - m);
-}
+inline void exp_shifted(float* x, int32_t n, float m) { exp_shifted_scalar(x, n, m); }
 #endif
 
 // max(x, m) keeps m where x is NaN (the second operand wins), as the scalar comparison does.

@@ -67,6 +67,11 @@ def _environment() -> ImmutableSandboxedEnvironment:
     return env
 
 
+def token_text(tokenizer, tid: int) -> Optional[str]:
+    """The vocabulary's spelling of token tid (an _ember.Tokenizer's), None for no token (tid < 0)."""
+    return bytes(tokenizer.token_text(tid)).decode("utf-8", errors="replace") if tid >= 0 else None
+
+
 class ChatTemplate:
     """One compiled template. source: the Jinja text; origin: where it came from, for the log."""
 
@@ -86,9 +91,8 @@ class ChatTemplate:
         """The template of the GGUF at model_path, override_file's or the Jinja text source instead
         when given, ChatML when the model has none. tokenizer (an _ember.Tokenizer) gives bos_token
         and eos_token."""
-        def token(tid: int) -> str:
-            return bytes(tokenizer.token_text(tid)).decode("utf-8", errors="replace") if tid >= 0 else ""
-        special = dict(bos_token=token(tokenizer.bos), eos_token=token(tokenizer.eos))
+        special = dict(bos_token=token_text(tokenizer, tokenizer.bos) or "",
+                       eos_token=token_text(tokenizer, tokenizer.eos) or "")
         if source is not None:
             return cls(source, origin="the chat_template argument", **special)
         if override_file:

@@ -190,7 +190,8 @@ def _sampling(body: dict, n_vocab: int, max_tokens: Optional[int], logprobs: Opt
             stop=_stop(body), seed=_seed(body), logprobs=logprobs, prompt_logprobs=prompt_logprobs,
             ignore_eos=get(body, "ignore_eos", "bool", False), logit_bias=_logit_bias(body, n_vocab),
             include_stop_str_in_output=get(body, "include_stop_str_in_output", "bool", False))
-    except (TypeError, ValueError) as e:   # the rules that tie fields together (min_tokens <= max_tokens, seed + n)
+    # SamplingParams' own checks: the rules that tie fields together (min_tokens <= max_tokens, seed + n)
+    except (TypeError, ValueError) as e:
         raise bad_param(None, str(e)) from None
 
 
