@@ -103,12 +103,14 @@ public:
         // EMBER_CUDA_GRAPHS=0 runs every step eagerly; EMBER_CUDA_FUSE=0 makes every fused op
         // (and matmul_many) take the Backend's default composition of primitives, one launch per
         // primitive; EMBER_CUDA_EXACT_ATTN=0 uses the flash-decoding kernel for short contexts
-        // too; EMBER_CUDA_PDL=0 turns off programmatic dependent launch. For diagnosis and
+        // too; EMBER_CUDA_SHORT_ATTN=0 keeps the engine's default-mode decode steps off
+        // attention_short; EMBER_CUDA_PDL=0 turns off programmatic dependent launch. For diagnosis and
         // comparisons. EMBER_CUDA_GRAPH_LOG=1 prints each step's graph outcome (replay, capture,
         // eager) and each invalidation to stderr: why a step shape does not replay.
         graphs_on_ = env_flag("EMBER_CUDA_GRAPHS");
         graph_log_ = std::getenv("EMBER_CUDA_GRAPH_LOG") && std::string(std::getenv("EMBER_CUDA_GRAPH_LOG")) == "1";
         exact_attn_on_ = env_flag("EMBER_CUDA_EXACT_ATTN");
+        short_attn_on_ = env_flag("EMBER_CUDA_SHORT_ATTN");
         fuse_on_ = env_flag("EMBER_CUDA_FUSE");
         int n = 0;
         const cudaError_t e = cudaGetDeviceCount(&n);
@@ -344,7 +346,8 @@ public:
         n_seq_ = b.n_seq;
         max_len_ = max_pos + 1;
         invariant_ = b.batch_invariant;
-        uint64_t sig = mix(uint64_t(n_tok), uint64_t(invariant_));
+        fast_attn_ = b.fast_attention;
+        uint64_t sig = mix(mix(uint64_t(n_tok), uint64_t(invariant_)), uint64_t(fast_attn_));
         for (int k = 0; k < kNumTileLens; ++k) sig = mix(sig, uint64_t(n_tiles_[k]));
         sig = mix(sig, uint64_t(pow2_ceil((max_len_ + kKeysPerSplit - 1) / kKeysPerSplit)));
         batch_sig_ = sig;
@@ -474,7 +477,7 @@ public:
         if (w.k_norm) cuda::head_rmsnorm(b.k, w.k_norm, n_tok, w.n_head_kv, w.head_dim, w.eps, stream_);
         // An early start only for the f16 decode kernel, which streams the older keys while this
         // kernel runs (before the short-context kernel an early start costs time).
-        const bool early = decode_mma_attention(kv, n_tok);
+        const bool early = decode_mma_attention(kv, n_tok) || short_attention(kv, n_tok);
         cuda::rope_kv_store(b.q, w.n_head, b.k, b.v, kv.n_head_kv, kv.head_dim, table, rp.neox,
                             f16_cache ? static_cast<__half*>(kv.k) : nullptr, f16_cache ? static_cast<__half*>(kv.v) : nullptr,
                             kv.block_size, n_tok, dbatch_, early, stream_);
@@ -601,6 +604,16 @@ private:
     bool exact_attention(int32_t n_tok, int32_t head_dim) const {
         return (n_tok <= kMaxIntPromptTokens || invariant_) && max_len_ <= cuda::kExactMaxLen && exact_attn_on_ &&
                head_dim % 8 == 0;
+    }
+    // A decode step of up to kMaxIntPromptTokens sequences over a short f16 context that need not
+    // keep the CPU's order of sums: the latency-built kernel, which copies the older K/V rows
+    // before its PDL wait (so only batches whose tokens each are the only one of their sequence:
+    // every older row is an earlier step's). Larger steps are bound by their KV bytes, which
+    // attention_decode_mma streams faster.
+    bool short_attention(const KVLayer& kv, int32_t n_tok) const {
+        return fast_attn_ && short_attn_on_ && !invariant_ && kv.k_type == GGMLType::F16 && kv.v_type == GGMLType::F16 &&
+               (n_tok == 1 || (n_tok == n_tok_ && n_tok <= kMaxIntPromptTokens && decode_batch())) &&
+               max_len_ <= cuda::kShortMaxLen;
     }
     // A decode step of the engine: one token from each of up to kMaxGraphDecodeTokens sequences.
     // Such steps repeat with the same shape every token, so they are recorded as graphs, one per
@@ -872,6 +885,13 @@ private:
             launch();
             return want_q8;
         };
+        if (!a.kv_q8 && short_attention(kv, n_tok)) {
+            bool took = false;
+            const bool q8 = with_q8_out([&] { took = cuda::attention_short(a, dbatch_, max_len_, stream_); });
+            if (took) return q8;
+            a.out_q = nullptr;
+            a.out_ds = nullptr;
+        }
         if (!a.kv_q8 && exact_attention(n_tok, shape.head_dim))
             return with_q8_out([&] { cuda::attention_exact(a, dbatch_, stream_); });
         if (invariant_) {   // one query per tile, one split: nothing depends on the rest of the batch
@@ -1087,11 +1107,13 @@ private:
     std::unordered_set<uint64_t> seen_;
     uint64_t graph_gen_ = 0, capture_key_ = 0, capture_gen_ = 0;
     bool capturing_ = false;
-    bool graphs_on_ = true, fuse_on_ = true, exact_attn_on_ = true, graph_log_ = false;
+    bool graphs_on_ = true, fuse_on_ = true, exact_attn_on_ = true, short_attn_on_ = true, graph_log_ = false;
     // The batch asks for kernels whose per-token results do not depend on the batch
     // (BatchInfo::batch_invariant): no decode-only fusions, the integer GEMV for every size,
     // attention one query per tile without key splits.
     bool invariant_ = false;
+    // The batch lets short contexts take attention_short (BatchInfo::fast_attention).
+    bool fast_attn_ = false;
 };
 
 }  // namespace

@@ -72,10 +72,11 @@ __global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, i
 }
 
 // Copy blockIdx.y of c. The host rewrites the source between launches: __ldcv reads it again
-// rather than from a cache.
+// rather than from a cache. The step's inputs it writes (positions, block tables) are fenced
+// before the trigger, so every later kernel, which starts only after this one's CTAs have all
+// triggered, may read them before its own wait (attention_short does).
 __global__ void copy_from_pinned_kernel(HostCopies c) {
     pdl_wait();
-    pdl_trigger();
     const int i = blockIdx.y;
     char* d = static_cast<char*>(c.dst[i]);
     const char* src = static_cast<const char*>(c.src[i]);
@@ -87,6 +88,8 @@ __global__ void copy_from_pinned_kernel(HostCopies c) {
         tail = n / 16 * 16;
     }
     for (size_t k = tail + first; k < n; k += stride) d[k] = __ldcv(reinterpret_cast<const signed char*>(src) + k);
+    __threadfence();
+    pdl_trigger();
 }
 
 __global__ void add_bias_kernel(float* __restrict__ x, const float* __restrict__ b, int64_t n, int32_t dim) {

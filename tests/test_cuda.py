@@ -353,6 +353,56 @@ def test_attention_flash_kernel_short(case, monkeypatch):
     assert rel_err(y, ref) < 3e-3
 
 
+# The engine's default-mode decode steps over short f16 contexts (attention_short): each query
+# its own sequence over the same blocks. (n_head, n_head_kv, head_dim, kv length, query
+# positions, block_size, window)
+SHORT_CASES = {
+    "first_token": (8, 8, 128, 1, [0], 16, 0),
+    "decode": (8, 8, 128, 77, [76], 16, 0),
+    "gqa_9_3": (9, 3, 64, 200, [199], 16, 0),
+    "batch": (4, 2, 128, 300, [10, 299, 63, 128], 16, 0),   # short ones leave CTAs of the cluster empty
+    "longest": (4, 1, 128, 512, [511, 0], 16, 0),           # 8 CTAs of 64 keys
+    "hd256": (2, 1, 256, 130, [129, 64], 16, 0),
+    "window": (8, 2, 64, 300, [299, 100, 20], 16, 40),
+    "gqa_8": (32, 4, 128, 260, [259], 32, 0),
+    "head_dim_80": (4, 2, 80, 90, [89, 3], 16, 0),          # not a head dim it takes: another kernel
+    "past_short": (4, 2, 128, 600, [599, 300], 16, 0),      # a context past kShortMaxLen: another kernel
+    "many": (4, 2, 64, 100, list(range(30, 100)), 16, 0),   # more sequences than it takes: another kernel
+}
+
+
+def short_inputs(case):
+    n_head, n_kv, hd, length, pos, bs, window = SHORT_CASES[case]
+    rng = rng_for("attention_short", case)
+    q = rng.standard_normal((len(pos), n_head * hd)).astype(np.float32)
+    k, v = rng.standard_normal((2, length, n_kv * hd)).astype(np.float32)
+    return rng, q, k, v
+
+
+@pytest.mark.parametrize("case", list(SHORT_CASES))
+def test_attention_short(gpu, case):
+    """Each query's attention equals float64 over K/V as the f16 cache holds them (q and the
+    probabilities stay float), also where a cluster's key ranges are empty."""
+    n_head, n_kv, hd, length, pos, bs, window = SHORT_CASES[case]
+    rng, q, k, v = short_inputs(case)
+    y = gpu.attention(q, k, v, pos, n_head, n_kv, hd, bs, seed=int(rng.integers(1 << 30)), window=window, fast=True)
+    expect = ref_ops.attention(q, ref_ops.kv_round(k, "f16"), ref_ops.kv_round(v, "f16"), pos, n_head, n_kv, hd, window)
+    assert rel_err(y, expect) < (3e-3 if case in ("head_dim_80", "past_short", "many") else 1e-4)
+
+
+@pytest.mark.parametrize("case", ["decode", "batch", "gqa_9_3"])
+def test_attention_short_q8_output_same_bits(gpu, case, monkeypatch):
+    """attention_short also writes the q8_1 blocks the O projection's GEMV reads: attention + O
+    projection equals, bit for bit, the unfused backend's separate kernels."""
+    n_head, n_kv, hd, length, pos, bs, window = SHORT_CASES[case]
+    rng, q, k, v = short_inputs(case)
+    wo = random_weight(T.Q4_0, 96, n_head * hd, rng)
+    args = (q, k, v, pos, n_head, n_kv, hd, bs)
+    yf = gpu.attention(*args, seed=4, window=window, o_type=int(T.Q4_0), o_weight=wo, fast=True)
+    yu = unfused_backend(monkeypatch).attention(*args, seed=4, window=window, o_type=int(T.Q4_0), o_weight=wo, fast=True)
+    assert_same_bits(yf, yu, f"attention_short + O projection, {case}")
+
+
 Q8_KV_CASES = {**{c: ATTN_CASES[c] for c in ["decode", "decode_gqa_9_3", "decode_batch", "prompt_causal", "prompt_gqa",
                                             "long_split", "long_split_gqa", "long_split_hd256", "long_split_block_8", "long_gqa_17"]},
                "head_dim_96": (4, 2, 96, 90, [89, 3], 16),   # (q8_0 needs head dims of whole 32-groups)

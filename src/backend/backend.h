@@ -34,6 +34,10 @@ struct BatchInfo {
     // Each token's results must not depend on the rest of the batch (the engine's deterministic
     // mode): backends then use kernels whose reductions are the same for every batch shape.
     bool batch_invariant = false;
+    // Short contexts may take attention kernels that do not sum in the CPU's order (the engine's
+    // default mode). Otherwise they keep it: greedy text then follows the CPU's and llama.cpp's
+    // the longest.
+    bool fast_attention = false;
     // Token i attends to positions 0..pos[i] of its sequence (causal), or to the last
     // AttentionShape::window of them.
 };

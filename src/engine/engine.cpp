@@ -261,6 +261,7 @@ bool EngineImpl::step() {
         cache.flush_host_copies();
         if (plan.seqs.empty()) return false;
         plan.batch.batch_invariant = params.deterministic;
+        plan.batch.fast_attention = !params.deterministic;
         t_forward = Clock::now();
         const bool greedy = greedy_step(plan);
         runner.clear_logits();

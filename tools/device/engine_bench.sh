@@ -4,7 +4,8 @@
 # ember-bench -npl on the synthetic llama2-7b Q4_0, one after the other in this call.
 # Carry: build/carry, and the SmolLM2 parts for the tests (both by now: the file is put together
 # once both have come). Env: NPL (default 1,8,32,64,128), TESTS=0 skips tests,
-# DETERMINISTIC=B,... adds a deterministic-mode row set, EXTRA: a command run at the end.
+# DETERMINISTIC=B,... adds a deterministic-mode row set, BASELINE_ENV="VAR=value ..." a second
+# ember-bench -npl under those variables (an A/B in the same call), EXTRA: a command run at the end.
 cd "$(dirname "$0")/../.."
 source tools/device/run_prelude.sh
 NPL=${NPL:-1,8,32,64,128}
@@ -19,6 +20,10 @@ timeout 200 /tmp/lcpp/llama.cpp/build/bin/llama-batched-bench -m $M -ngl 99 -npp
     -b 2048 -ub 512 2>&1 | grep -E "^\|" | tee -a "$LOG"
 step "ember-bench -npl"
 timeout 240 python3 -m ember.bench -m $M -ngl -1 -npl $NPL -npp 128 -ntg 128 2>&1 | tee -a "$LOG"
+if [ -n "$BASELINE_ENV" ]; then
+  step "ember-bench -npl with $BASELINE_ENV"
+  env $BASELINE_ENV timeout 240 python3 -m ember.bench -m $M -ngl -1 -npl $NPL -npp 128 -ntg 128 2>&1 | tee -a "$LOG"
+fi
 if [ -n "$DETERMINISTIC" ]; then
   step "ember-bench -npl --deterministic"
   timeout 200 python3 -m ember.bench -m $M -ngl -1 -npl $DETERMINISTIC -npp 128 -ntg 128 --deterministic 2>&1 | tee -a "$LOG"

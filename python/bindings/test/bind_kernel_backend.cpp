@@ -353,11 +353,12 @@ struct PyBackend {
     // sequence's keys/values, scattered into blocks through a shuffled block table, stored as
     // type_k / type_v ("f16", "f32", "q8_0"; kv_type: both; default f16); window > 0: a query at p sees p - window < j <= p only. With
     // o_weight (rows of n_head * hd in type o_type), the output projected through it by the fused
-    // attn_out op.
+    // attn_out op. fast: the queries run as a decode step of the engine's default mode, each its own
+    // sequence over the same blocks (BatchInfo::fast_attention).
     F32Out attention(F32In q, F32In k_all, F32In v_all, std::vector<int32_t> pos, int32_t n_head, int32_t n_head_kv,
                      int32_t head_dim, int32_t block_size, uint64_t seed, const std::optional<std::string>& kv_type,
                      const std::optional<std::string>& type_k, const std::optional<std::string>& type_v,
-                     int32_t window, uint32_t o_type, std::optional<U8In> o_weight) {
+                     int32_t window, uint32_t o_type, std::optional<U8In> o_weight, bool fast) {
         check_positions(pos, "attention");
         if (n_head <= 0 || n_head_kv <= 0 || head_dim <= 0 || n_head % n_head_kv)
             fail("attention: n_head must be a positive multiple of n_head_kv, head_dim positive");
@@ -376,7 +377,17 @@ struct PyBackend {
         be->set_batch(one_sequence_batch(all_pos, paged.table));
         Buf ks(*be, k_all.data(), k_all.size() * 4), vs(*be, v_all.data(), v_all.size() * 4);
         be->kv_store(paged.kv, ks.f(), vs.f(), len);
-        be->set_batch(one_sequence_batch(pos, paged.table));
+        BatchInfo qbatch = one_sequence_batch(pos, paged.table);
+        if (fast) {
+            qbatch.n_seq = (int32_t)pos.size();
+            qbatch.block_table.clear();
+            for (int32_t t = 0; t < qbatch.n_seq; ++t) {
+                qbatch.seq[t] = t;
+                qbatch.block_table.insert(qbatch.block_table.end(), paged.table.begin(), paged.table.end());
+            }
+            qbatch.fast_attention = true;
+        }
+        be->set_batch(qbatch);
         Buf qb(*be, q.data(), q.size() * 4), ob(*be, q.size() * 4);
         AttentionShape shape{n_head, n_head_kv, head_dim, 1.0f / std::sqrt((float)head_dim)};
         shape.window = window;
@@ -425,7 +436,7 @@ void bind_kernel_backend(nb::module_& m) {
              nb::arg("n_head"), nb::arg("n_head_kv"), nb::arg("head_dim"), nb::arg("block_size"),
              nb::arg("seed") = 0, nb::arg("kv_type") = nb::none(), nb::arg("type_k") = nb::none(),
              nb::arg("type_v") = nb::none(), nb::arg("window") = 0, nb::arg("o_type") = 0,
-             nb::arg("o_weight") = nb::none())
+             nb::arg("o_weight") = nb::none(), nb::arg("fast") = false)
         .def("ffn", &PyBackend::ffn, nb::arg("type_id"), nb::arg("gate"), nb::arg("up"), nb::arg("down"),
              nb::arg("n_in"), nb::arg("x"), nb::arg("norm"), nb::arg("eps") = 1e-5f, nb::arg("residual") = nb::none(),
              nb::arg("act") = "silu");
