@@ -224,7 +224,7 @@ bool clusters_supported() {
 
 bool attention_short(const AttentionArgs& a, const DeviceBatch& b, int32_t max_len, cudaStream_t s) {
     if (a.kv_q8 || max_len > kShortMaxLen || a.n_head_kv <= 0 || a.n_head % a.n_head_kv) return false;
-    int n_split = 1;
+    int n_split = 1;   // the fewest CTAs that give each at most kShortKeys keys
     while (n_split * kShortKeys < max_len) n_split *= 2;
     if (n_split > 1 && !clusters_supported()) return false;
     if (a.n_tok == 0) return true;
