@@ -23,16 +23,6 @@ namespace {
 constexpr int kAttnWarps = 4;
 constexpr int kMaxHeadDim = 256;
 
-__device__ __forceinline__ void unpack8(uint4 r, float* f) {
-    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
-        f[2 * j] = v.x;
-        f[2 * j + 1] = v.y;
-    }
-}
-
 // Merge softmax state (mo, lo, ao) into (m, l, a); either may be empty (m = -inf).
 __device__ __forceinline__ void merge_state(float& m, float& l, float* a, float mo, float lo, const float* ao) {
     const float mn = fmaxf(m, mo);

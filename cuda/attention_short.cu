@@ -39,16 +39,6 @@ struct ShortSmem {
     static size_t bytes(int n_rep) { return kKV + sizeof(float) * size_t(n_rep) * (2 * HD + kShortKeys + 2); }
 };
 
-__device__ __forceinline__ void unpack8(uint4 r, float* f) {
-    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
-        f[2 * j] = v.x;
-        f[2 * j + 1] = v.y;
-    }
-}
-
 template <int HD>
 __global__ void __launch_bounds__(kShortThreads) attention_short_kernel(AttentionArgs a, DeviceBatch b) {
     using S = ShortSmem<HD>;

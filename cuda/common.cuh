@@ -111,6 +111,17 @@ __device__ __forceinline__ float2 q8_1_ds(float d, int sum) {
     return make_float2(__half2float(__float2half_rn(d)), __half2float(__float2half_rn(__fmul_rn(float(sum), d))));
 }
 
+// The 8 f16 values of a 16-byte word as floats.
+__device__ __forceinline__ void unpack8(uint4 r, float* f) {
+    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
+        f[2 * j] = v.x;
+        f[2 * j + 1] = v.y;
+    }
+}
+
 // Quantizes one 32-value block held one value per lane of a warp to q8_1 (q: the block's 32
 // int8, ds: its (d, d * sum q)).
 __device__ __forceinline__ void q8_1_block(float v, int lane, int8_t* q, float2* ds) {
