@@ -1,5 +1,6 @@
 // Decode attention over a short f16 context for steps that need not follow the CPU's order of
-// sums (the engine's default mode; a Context keeps attention_exact). What bounds such a step is
+// sums (the engine's default mode, where EMBER_CUDA_SHORT_ATTN=1 asks for it; a Context keeps
+// attention_exact). q and the probabilities stay float. What bounds such a step is
 // latency, not bytes: a few hundred keys a head are ~1 us of HBM traffic a layer, so the kernel
 // is built to have as little as possible left to do once the Q, K, V kernel before it finishes.
 // - One cluster of CTAs per (token, kv head); each CTA takes a contiguous range of <=

@@ -184,7 +184,7 @@ constexpr int kExactMaxLen = 512;
 void attention_exact(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s);
 // Decode batches (each token the only one of its sequence in the step) over short f16 contexts
 // (every position < kShortMaxLen), for steps that need not keep the CPU's order of sums (the
-// engine's default mode). Returns false, launching nothing, for shapes it does not take.
+// engine's default mode, opt-in). Returns false, launching nothing, for shapes it does not take.
 constexpr int kShortMaxLen = 512;
 bool attention_short(const AttentionArgs& a, const DeviceBatch& b, int32_t max_len, cudaStream_t s);
 // Prompt batches on tensor cores: tiles of kMmaTileLen tokens (a.tiles / a.n_tiles), one q head

@@ -353,8 +353,8 @@ def test_attention_flash_kernel_short(case, monkeypatch):
     assert rel_err(y, ref) < 3e-3
 
 
-# The engine's default-mode decode steps over short f16 contexts (attention_short): each query
-# its own sequence over the same blocks. (n_head, n_head_kv, head_dim, kv length, query
+# The engine's default-mode decode steps over short f16 contexts where EMBER_CUDA_SHORT_ATTN=1
+# asks for attention_short: each query its own sequence over the same blocks. (n_head, n_head_kv, head_dim, kv length, query
 # positions, block_size, window)
 SHORT_CASES = {
     "first_token": (8, 8, 128, 1, [0], 16, 0),
@@ -371,6 +371,13 @@ SHORT_CASES = {
 }
 
 
+@pytest.fixture
+def short_gpu(monkeypatch):
+    """A CUDA backend whose fast_attention batches take attention_short (EMBER_CUDA_SHORT_ATTN=1)."""
+    monkeypatch.setenv("EMBER_CUDA_SHORT_ATTN", "1")
+    return cuda_backend()
+
+
 def short_inputs(case):
     n_head, n_kv, hd, length, pos, bs, window = SHORT_CASES[case]
     rng = rng_for("attention_short", case)
@@ -380,25 +387,34 @@ def short_inputs(case):
 
 
 @pytest.mark.parametrize("case", list(SHORT_CASES))
-def test_attention_short(gpu, case):
+def test_attention_short(short_gpu, case):
     """Each query's attention equals float64 over K/V as the f16 cache holds them (q and the
     probabilities stay float), also where a cluster's key ranges are empty."""
-    n_head, n_kv, hd, length, pos, bs, window = SHORT_CASES[case]
+    n_head, n_kv, hd, _, pos, bs, window = SHORT_CASES[case]
     rng, q, k, v = short_inputs(case)
-    y = gpu.attention(q, k, v, pos, n_head, n_kv, hd, bs, seed=int(rng.integers(1 << 30)), window=window, fast=True)
+    y = short_gpu.attention(q, k, v, pos, n_head, n_kv, hd, bs, seed=int(rng.integers(1 << 30)), window=window, fast=True)
     expect = ref_ops.attention(q, ref_ops.kv_round(k, "f16"), ref_ops.kv_round(v, "f16"), pos, n_head, n_kv, hd, window)
     assert rel_err(y, expect) < (3e-3 if case in ("head_dim_80", "past_short", "many") else 1e-4)
 
 
+def test_attention_short_is_opt_in(gpu):
+    """Without EMBER_CUDA_SHORT_ATTN=1 the engine's default-mode decode steps keep the reference-order
+    kernel that Llama's take: the same bits as the queries run as one sequence."""
+    n_head, n_kv, hd, _, pos, bs, _ = SHORT_CASES["batch"]
+    _, q, k, v = short_inputs("batch")
+    args = (q, k, v, pos, n_head, n_kv, hd, bs)
+    assert_same_bits(gpu.attention(*args, seed=4, fast=True), gpu.attention(*args, seed=4), "fast_attention batch")
+
+
 @pytest.mark.parametrize("case", ["decode", "batch", "gqa_9_3"])
-def test_attention_short_q8_output_same_bits(gpu, case, monkeypatch):
+def test_attention_short_q8_output_same_bits(short_gpu, case, monkeypatch):
     """attention_short also writes the q8_1 blocks the O projection's GEMV reads: attention + O
     projection equals, bit for bit, the unfused backend's separate kernels."""
-    n_head, n_kv, hd, length, pos, bs, window = SHORT_CASES[case]
+    n_head, n_kv, hd, _, pos, bs, window = SHORT_CASES[case]
     rng, q, k, v = short_inputs(case)
     wo = random_weight(T.Q4_0, 96, n_head * hd, rng)
     args = (q, k, v, pos, n_head, n_kv, hd, bs)
-    yf = gpu.attention(*args, seed=4, window=window, o_type=int(T.Q4_0), o_weight=wo, fast=True)
+    yf = short_gpu.attention(*args, seed=4, window=window, o_type=int(T.Q4_0), o_weight=wo, fast=True)
     yu = unfused_backend(monkeypatch).attention(*args, seed=4, window=window, o_type=int(T.Q4_0), o_weight=wo, fast=True)
     assert_same_bits(yf, yu, f"attention_short + O projection, {case}")
 

@@ -9,7 +9,7 @@ source tools/device/run_prelude.sh
 M=/tmp/em/l7b-q4_0.gguf
 timeout 120 python3 -m pytest tests/test_cuda.py -q -rs -k "short" -p no:cacheprovider > "${OUT:-/tmp}/short_tests.log" 2>&1
 step "short tests rc=$? $(tail -1 "${OUT:-/tmp}/short_tests.log")"
-IFS=';' read -ra variants <<< "${VARIANTS:--;EMBER_CUDA_SHORT_ATTN=0}"
+IFS=';' read -ra variants <<< "${VARIANTS:--;EMBER_CUDA_SHORT_ATTN=1}"
 for round in $(seq "${ROUNDS:-2}"); do
   for v in "${variants[@]}"; do
     step "round $round: ember-bench -npl ${NPL:-1,8,32,64} with ${v}"
