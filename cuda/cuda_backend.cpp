@@ -103,10 +103,11 @@ public:
         // EMBER_CUDA_GRAPHS=0 runs every step eagerly; EMBER_CUDA_FUSE=0 makes every fused op
         // (and matmul_many) take the Backend's default composition of primitives, one launch per
         // primitive; EMBER_CUDA_EXACT_ATTN=0 uses the flash-decoding kernel for short contexts
-        // too; EMBER_CUDA_SHORT_ATTN=1 lets the engine's default-mode decode steps take
-        // attention_short (faster, but further from Llama's greedy text: opt-in); EMBER_CUDA_PDL=0 turns off programmatic dependent launch. For diagnosis and
-        // comparisons. EMBER_CUDA_GRAPH_LOG=1 prints each step's graph outcome (replay, capture,
-        // eager) and each invalidation to stderr: why a step shape does not replay.
+        // too; EMBER_CUDA_PDL=0 turns off programmatic dependent launch. For diagnosis and
+        // comparisons. EMBER_CUDA_SHORT_ATTN=1 lets the engine's default-mode decode steps take
+        // attention_short (faster, but further from Llama's greedy text). EMBER_CUDA_GRAPH_LOG=1
+        // prints each step's graph outcome (replay, capture, eager) and each invalidation to
+        // stderr: why a step shape does not replay.
         graphs_on_ = env_flag("EMBER_CUDA_GRAPHS");
         graph_log_ = std::getenv("EMBER_CUDA_GRAPH_LOG") && std::string(std::getenv("EMBER_CUDA_GRAPH_LOG")) == "1";
         exact_attn_on_ = env_flag("EMBER_CUDA_EXACT_ATTN");
