@@ -374,6 +374,45 @@ def test_bad_chat_requests(client):
     assert a["choices"][0]["message"] == b["choices"][0]["message"]
 
 
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+
+
+def test_chat_with_tools(client):
+    """A conversation that called a tool and got its result: the template takes the assistant's call
+    (its arguments string read into an object) and the tool message; the reply, whole or streamed,
+    is content or well-formed tool calls (tests/test_tool_calls.py covers the parsing)."""
+    messages = CHAT + [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}]
+    body = {"messages": messages, "tools": TOOLS, "max_tokens": 12, "temperature": 0}
+    choice = client.post("/v1/chat/completions", json=body).json()["choices"][0]
+    msg = choice["message"]
+    assert msg["role"] == "assistant"
+    if choice["finish_reason"] == "tool_calls":
+        assert all(c["type"] == "function" and json.loads(c["function"]["arguments"]) is not None
+                   for c in msg["tool_calls"])
+    else:
+        assert msg["content"] and "tool_calls" not in msg
+    chunks = stream(client, "/v1/chat/completions", body)
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert "".join(d.get("content", "") for d in deltas) == (msg["content"] or "")
+    assert chunks[-1]["choices"][0]["finish_reason"] == choice["finish_reason"]
+    none = client.post("/v1/chat/completions", json=dict(body, tool_choice="none")).json()["choices"][0]
+    assert "tool_calls" not in none["message"]
+
+
+def test_bad_tool_requests(client):
+    def post(**fields):
+        return client.post("/v1/chat/completions", json=dict({"messages": CHAT, "max_tokens": 2}, **fields))
+    err = assert_error(post(tools=TOOLS, tool_choice="required"), 400, "tool_choice")
+    assert "cannot force" in err["message"]
+    assert_error(post(tools=[{"type": "function", "function": {}}]), 400, "tools[0].function.name")
+    assert_error(post(tool_choice="auto"), 400, "tool_choice")
+    assert_error(post(tools=TOOLS, parallel_tool_calls=1), 400, "parallel_tool_calls")
+
+
 def test_malformed_json_unknown_model_and_route(client):
     assert_error(client.post("/v1/completions", content=b"{not json"), 400, code="invalid_json")
     assert_error(client.post("/v1/completions", content=b"[1, 2]"), 400, code="invalid_json")

@@ -35,6 +35,7 @@ from .middleware import Gate
 from .openai_schema import (APIError, EmbeddingRequest, GenerationRequest, bad_param, get, parse_chat,
                             parse_completion, parse_embeddings, read_json)
 from .responses import SSE_DONE, ResponseBuilder, embedding_list, sse
+from .tool_calls import ToolCallParser
 
 log = logging.getLogger("ember.server")
 
@@ -158,14 +159,15 @@ class _Server:
                            type="server_error", code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
 
     async def generate(self, request: Request, req: GenerationRequest, prompts: List[Tuple[List[int], str]],
-                       chat: bool):
-        """Runs the request: prompts are (token ids, text) pairs, one engine request each."""
+                       chat: bool, tool_parser: Optional[ToolCallParser] = None):
+        """Runs the request: prompts are (token ids, text) pairs, one engine request each;
+        tool_parser: the syntax that chat replies are parsed for tool calls in, or None."""
         engine = self.ready()
         self.check_model(req.model)
         for i, (ids, _) in enumerate(prompts):
             self.check_room(len(ids), req, f"prompt[{i}]" if len(prompts) > 1 else "the prompt")
         self.check_queue(req.params.n * len(prompts), len(prompts))
-        builder = ResponseBuilder(req, self.model_id, self.tok, [text for _, text in prompts], chat)
+        builder = ResponseBuilder(req, self.model_id, self.tok, [text for _, text in prompts], chat, tool_parser)
         timer = RequestTimer(self.metrics)
         # The engine's request ids: the response's id, numbered when there are several prompts.
         request_ids = [builder.id] if len(prompts) == 1 else [f"{builder.id}-{i}" for i in range(len(prompts))]
@@ -345,7 +347,8 @@ def create_app(engine_or_args, settings: Optional[ServerSettings] = None,
         except ChatTemplateError as e:
             raise APIError(400, str(e), param="messages") from None
         prompt_ids = list(srv.tok.encode(text.encode("utf-8"), srv.template.add_bos(text), True))
-        return await srv.generate(request, req, [(prompt_ids, text)], chat=True)
+        parser = ToolCallParser.for_template(srv.template.source) if req.tool_choice == "auto" else None
+        return await srv.generate(request, req, [(prompt_ids, text)], chat=True, tool_parser=parser)
 
     @app.post("/v1/embeddings")
     @app.post("/embeddings")

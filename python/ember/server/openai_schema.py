@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, List, Optional, Union
 
 from ..sampling_params import SamplingParams
+from .tool_calls import arguments_as_objects
 
 MAX_N = 128          # sequences of one request: n beyond this is a mistake or abuse
 MAX_PROMPTS = 256    # prompts of one /v1/completions request (each runs n sequences)
@@ -42,7 +43,9 @@ def bad_param(param: str, message: str) -> APIError:
 class GenerationRequest:
     """A checked /v1/completions or /v1/chat/completions body. logprobs: None, or how many top
     candidates each token reports (0: the sampled token's alone). prompts: completions' prompts,
-    each a str or token ids (each gets n choices); messages / tools / template_kwargs: chat's."""
+    each a str or token ids (each gets n choices); messages / tools / template_kwargs: chat's;
+    tool_choice: "auto" (replies are parsed for calls to the tools) or "none"; parallel_tool_calls:
+    False keeps a reply's first call only."""
     model: Optional[str]
     params: SamplingParams
     stream: bool = False
@@ -53,6 +56,8 @@ class GenerationRequest:
     messages: Optional[list] = None
     tools: Optional[list] = None
     template_kwargs: dict = field(default_factory=dict)
+    tool_choice: str = "none"
+    parallel_tool_calls: bool = True
 
 
 def read_json(raw: bytes) -> dict:
@@ -248,6 +253,34 @@ def _messages(body: dict) -> list:
     return out
 
 
+def _tools(body: dict) -> Optional[list]:
+    tools = get(body, "tools", "list")
+    for i, t in enumerate(tools or []):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or t.get("type", "function") != "function" or not isinstance(fn, dict):
+            raise bad_param(f"tools[{i}]", "each tool must be {'type': 'function', 'function': {'name': ...}}")
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise bad_param(f"tools[{i}].function.name", "a tool's function needs a non-empty string 'name'")
+        if "parameters" in fn and not isinstance(fn["parameters"], dict):
+            raise bad_param(f"tools[{i}].function.parameters", "a function's 'parameters' must be a JSON Schema object")
+    return tools
+
+
+def _tool_choice(body: dict, tools: Optional[list]) -> str:
+    """"auto" or "none". Forcing a call ("required", or a named function) needs decoding
+    constrained to the call's syntax, which ember does not have: a 400 says so."""
+    choice = body.get("tool_choice")
+    if choice is None:
+        return "auto" if tools else "none"
+    if choice not in ("none", "auto"):
+        shown = choice if isinstance(choice, str) else json.dumps(choice)
+        raise bad_param("tool_choice", f"tool_choice {shown} is not supported: ember cannot force a tool call "
+                                       "(no constrained decoding); use 'auto' or 'none'")
+    if choice == "auto" and not tools:
+        raise bad_param("tool_choice", "tool_choice 'auto' needs 'tools'")
+    return choice
+
+
 def parse_chat(body: dict, n_vocab: int) -> GenerationRequest:
     """A /v1/chat/completions body. Without max_tokens / max_completion_tokens a reply may run to
     the end of the context, as OpenAI's."""
@@ -262,12 +295,14 @@ def parse_chat(body: dict, n_vocab: int) -> GenerationRequest:
     logprobs = (top or 0) if want else None
     max_tokens = _max_tokens(body, "max_completion_tokens", _max_tokens(body, "max_tokens", None))
     stream, include_usage = _stream(body)
-    messages = _messages(body)
+    messages = arguments_as_objects(_messages(body))
     params = _sampling(body, n_vocab, max_tokens, logprobs, None)
+    tools = _tools(body)
     return GenerationRequest(model=get(body, "model", "str"), params=params, stream=stream,
-                             include_usage=include_usage, logprobs=logprobs, messages=messages,
-                             tools=get(body, "tools", "list"),
-                             template_kwargs=get(body, "chat_template_kwargs", "object", {}))
+                             include_usage=include_usage, logprobs=logprobs, messages=messages, tools=tools,
+                             template_kwargs=get(body, "chat_template_kwargs", "object", {}),
+                             tool_choice=_tool_choice(body, tools),
+                             parallel_tool_calls=get(body, "parallel_tool_calls", "bool", True))
 
 
 @dataclass

@@ -3,6 +3,11 @@
 the same id on every chunk, the role in the first chat delta, one choice per chunk), usage and
 logprobs in each endpoint's format; the embeddings' list object.
 
+A chat request with tools has each reply parsed for tool calls (tool_calls.py): a reply that
+calls them has `tool_calls`, its content is the text before the first call, and it finishes with
+"tool_calls"; streamed, the text that may be a call is held back until the reply ends, then the
+calls come in one delta.
+
 A completion request may hold several prompts, each one RequestOutput with n sequences: choice
 `index` runs over prompts x n (prompt p's sequence j is choice p * n + j), as OpenAI's does."""
 from __future__ import annotations
@@ -11,10 +16,11 @@ import base64
 import json
 import time
 import uuid
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from ..outputs import RequestOutput
 from .openai_schema import GenerationRequest
+from .tool_calls import ToolCallParser
 
 
 def embedding_list(vectors, model: str, n_tokens: int, encoding_format: str) -> dict:
@@ -43,11 +49,14 @@ def _top(entry: Dict[int, float], k: int) -> list:
 
 class ResponseBuilder:
     """One request's responses. chat: chat.completion objects, else text_completion. prompt_texts:
-    the text of each prompt, which echo repeats (chat has one)."""
+    the text of each prompt, which echo repeats (chat has one). tool_parser: the chat template's
+    tool call syntax where replies are parsed for calls, else None."""
 
-    def __init__(self, req: GenerationRequest, model: str, tokenizer, prompt_texts: List[str], chat: bool):
+    def __init__(self, req: GenerationRequest, model: str, tokenizer, prompt_texts: List[str], chat: bool,
+                 tool_parser: Optional[ToolCallParser] = None):
         self.req = req
         self.chat = chat
+        self._tools = tool_parser if chat else None
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = model
@@ -116,6 +125,27 @@ class ResponseBuilder:
             return None
         return self._chat_logprobs(out, start) if self.chat else self._completion_logprobs(index, out, start, prompt)
 
+    # ---- tool calls ----------------------------------------------------------------------
+    def _calls(self, o) -> Tuple[int, list]:
+        """A finished reply's (where its calls start, its calls); (len(text), []) without any."""
+        if self._tools is None:
+            return len(o.text), []
+        start, calls = self._tools.split(o.text)
+        return start, (calls if self.req.parallel_tool_calls else calls[:1])
+
+    @staticmethod
+    def _finish_reason(o, calls: list) -> Optional[str]:
+        return "tool_calls" if calls and o.finish_reason == "stop" else o.finish_reason
+
+    def _stream_end(self, i: int, o) -> Tuple[int, list]:
+        """How far choice i's text may stream now, and its calls once it has finished."""
+        if self._tools is None:
+            return len(o.text), []
+        if o.finish_reason is None:
+            return max(self._sent_text[i], self._tools.held_from(o.text)), []
+        start, calls = self._calls(o)
+        return max(self._sent_text[i], start), calls
+
     # ---- whole responses -----------------------------------------------------------------
     def usage(self, finals: List[RequestOutput]) -> dict:
         """Exact counts, summed over the prompts: each prompt's tokens once, every choice's
@@ -137,8 +167,13 @@ class ResponseBuilder:
                 i = p * self._n + o.index
                 lp = self._logprobs(i, o, 0, final if self.req.echo else None)
                 if self.chat:
-                    choices.append({"index": i, "message": {"role": "assistant", "content": o.text},
-                                    "logprobs": lp, "finish_reason": o.finish_reason})
+                    start, calls = self._calls(o)
+                    message = {"role": "assistant", "content": o.text}
+                    if calls:
+                        message = {"role": "assistant", "content": o.text[:start] if o.text[:start].strip() else None,
+                                   "tool_calls": calls}
+                    choices.append({"index": i, "message": message, "logprobs": lp,
+                                    "finish_reason": self._finish_reason(o, calls)})
                 else:
                     text = self._prompt_text(i) + o.text if self.req.echo else o.text
                     choices.append({"index": i, "text": text, "logprobs": lp, "finish_reason": o.finish_reason})
@@ -166,7 +201,8 @@ class ResponseBuilder:
         chunks = []
         for o in out.outputs:
             i = prompt * self._n + o.index
-            text = o.text[self._sent_text[i]:]
+            end, calls = self._stream_end(i, o) if self.chat else (len(o.text), [])
+            text = o.text[self._sent_text[i]:end]
             first = not self._started[i]
             echo = first and self.req.echo
             new_tokens = len(o.token_ids) > self._sent_tokens[i]
@@ -179,12 +215,15 @@ class ResponseBuilder:
                               "finish_reason": None}
                 chunks.append(self._chunk(choice))
                 self._started[i] = True
-                self._sent_text[i] = len(o.text)
+                self._sent_text[i] = end
                 self._sent_tokens[i] = len(o.token_ids)
             if o.finish_reason is not None and not self._finished[i]:
                 self._finished[i] = True
+                if calls:
+                    delta = {"tool_calls": [dict(c, index=k) for k, c in enumerate(calls)]}
+                    chunks.append(self._chunk({"index": i, "delta": delta, "logprobs": None, "finish_reason": None}))
                 if self.chat:
-                    choice = {"index": i, "delta": {}, "logprobs": None, "finish_reason": o.finish_reason}
+                    choice = {"index": i, "delta": {}, "logprobs": None, "finish_reason": self._finish_reason(o, calls)}
                 else:
                     choice = {"index": i, "text": "", "logprobs": None, "finish_reason": o.finish_reason}
                 chunks.append(self._chunk(choice))
