@@ -62,6 +62,17 @@ def test_named_variables_win_over_extra_ones():
                     messages=[], extra="e") == "1 False e"
 
 
+def test_tool_call_arguments_reach_the_template_as_objects():
+    """OpenAI clients send an assistant call's arguments as a JSON string; templates written for
+    Hugging Face read them as an object (Qwen's: `tool_call.arguments | tojson`)."""
+    t = ChatTemplate("{% for m in messages %}{% for c in m.tool_calls or [] %}"
+                     "{{ c.function.name }}({{ c.function.arguments.city }}){% endfor %}{% endfor %}")
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+    messages = [{"role": "assistant", "content": None, "tool_calls": [call]}]
+    assert t.render(messages, add_generation_prompt=False) == "get_weather(Oslo)"
+    assert call["function"]["arguments"] == '{"city": "Oslo"}'   # the caller's message is not changed
+
+
 def test_sandbox_and_failures_are_the_requests_fault():
     with pytest.raises(ChatTemplateError):
         ChatTemplate("{{ ''.__class__.__mro__[1].__subclasses__() }}").render([])

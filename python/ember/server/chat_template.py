@@ -17,6 +17,7 @@ from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .. import _ember
+from .tool_calls import arguments_as_objects
 
 log = logging.getLogger("ember.server")
 
@@ -112,9 +113,11 @@ class ChatTemplate:
     def render(self, messages, /, *, add_generation_prompt: bool = True, tools=None, documents=None, **kwargs) -> str:
         """The prompt for messages (a list of {"role", "content", ...} dicts). kwargs go to the
         template as further variables (vLLM's chat_template_kwargs); they cannot replace the
-        named ones. ChatTemplateError when the template raises or fails on these messages."""
+        named ones. An assistant message's tool call arguments, a JSON string from OpenAI clients,
+        reach the template as an object, as Hugging Face templates expect. ChatTemplateError when
+        the template raises or fails on these messages."""
         variables = {"bos_token": self.bos_token, "eos_token": self.eos_token, **kwargs}
-        variables.update(messages=messages, tools=tools, documents=documents,
+        variables.update(messages=arguments_as_objects(messages), tools=tools, documents=documents,
                          add_generation_prompt=add_generation_prompt)
         try:
             return self._template.render(**variables)

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from typing import Any, List, Optional, Union
 
 from ..sampling_params import SamplingParams
-from .tool_calls import arguments_as_objects
 
 MAX_N = 128          # sequences of one request: n beyond this is a mistake or abuse
 MAX_PROMPTS = 256    # prompts of one /v1/completions request (each runs n sequences)
@@ -295,7 +294,7 @@ def parse_chat(body: dict, n_vocab: int) -> GenerationRequest:
     logprobs = (top or 0) if want else None
     max_tokens = _max_tokens(body, "max_completion_tokens", _max_tokens(body, "max_tokens", None))
     stream, include_usage = _stream(body)
-    messages = arguments_as_objects(_messages(body))
+    messages = _messages(body)
     params = _sampling(body, n_vocab, max_tokens, logprobs, None)
     tools = _tools(body)
     return GenerationRequest(model=get(body, "model", "str"), params=params, stream=stream,
