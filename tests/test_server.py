@@ -487,7 +487,8 @@ def test_api_key(engine):
 
 def test_loading_from_arguments(smollm2_path, monkeypatch, caplog):
     monkeypatch.setattr(server_app, "LOAD_LOG_EVERY_S", 0.001)   # SmolLM2 loads in a blink
-    args = parse_args(["-m", smollm2_path, "-c", "256", "-t", "2", "-np", "2", "--alias", "smol"])
+    args = parse_args(["-m", smollm2_path, "-c", "256", "-t", "2", "-np", "2", "--alias", "smol",
+                       "--tool-call-parser", "mistral"])
     app = create_app(args)
     with caplog.at_level(logging.INFO, logger="ember.server"), TestClient(app) as c:
         deadline = time.monotonic() + 60
@@ -502,7 +503,7 @@ def test_loading_from_arguments(smollm2_path, monkeypatch, caplog):
         engine = app.state.server.engine
     log = [r.getMessage() for r in caplog.records if r.name == "ember.server"]
     assert log[0].startswith("loading ") and any(line.startswith("still loading ") for line in log)
-    assert any(line.startswith("model smol ready in ") for line in log)
+    assert any(line.startswith("model smol ready in ") and line.endswith("tool calls: mistral)") for line in log)
     with pytest.raises(RuntimeError, match="not running"):   # the app made this engine, so it shut it down
         asyncio.run(first_output(engine))
 
@@ -642,6 +643,12 @@ def test_command_fails_in_one_line(tmp_path):
                         "--port", str(free_port())], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1
     assert r.stderr.strip().splitlines()[-1].startswith("ember-server: error:") and "Traceback" not in r.stderr
+
+
+def test_bad_tool_call_parser_flag(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["-m", "x.gguf", "--tool-call-parser", "xml"])
+    assert "--tool-call-parser: invalid choice: 'xml'" in capsys.readouterr().err
 
 
 def test_metrics_count_host_tier_swaps(smollm2_path):

@@ -63,6 +63,8 @@ class _Server:
         self.model_path = engine.model_path
         self.model_id = self.settings.alias or os.path.basename(self.model_path)
         self.template = ChatTemplate.for_model(self.model_path, self.tok, self.settings.chat_template)
+        style = self.settings.tool_call_parser
+        self.tool_parser = ToolCallParser(style) if style else ToolCallParser.for_template(self.template.source)
         self.model = engine.model
         self.pooling = resolve_pooling(self.model, self.settings.pooling)
         self.owns_engine = owns
@@ -91,8 +93,9 @@ class _Server:
             return
         finally:
             loaded.set()
-        log.info("model %s ready in %.1f s (n_ctx %d, %d sequences at once, chat template: %s)",
-                 self.model_id, time.perf_counter() - t0, self.n_ctx, self.max_num_seqs, self.template.origin)
+        log.info("model %s ready in %.1f s (n_ctx %d, %d sequences at once, chat template: %s, tool calls: %s)",
+                 self.model_id, time.perf_counter() - t0, self.n_ctx, self.max_num_seqs, self.template.origin,
+                 self.tool_parser.style)
 
     @staticmethod
     def _still_loading(model: str, t0: float, loaded: threading.Event) -> None:
@@ -347,7 +350,7 @@ def create_app(engine_or_args, settings: Optional[ServerSettings] = None,
         except ChatTemplateError as e:
             raise APIError(400, str(e), param="messages") from None
         prompt_ids = list(srv.tok.encode(text.encode("utf-8"), srv.template.add_bos(text), True))
-        parser = ToolCallParser.for_template(srv.template.source) if req.tool_choice == "auto" else None
+        parser = srv.tool_parser if req.tool_choice == "auto" else None
         return await srv.generate(request, req, [(prompt_ids, text)], chat=True, tool_parser=parser)
 
     @app.post("/v1/embeddings")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from ..llama import add_kv_cache_args, kv_cache_types
+from .tool_calls import ToolCallParser
 
 
 @dataclass
@@ -16,13 +17,16 @@ class ServerSettings:
     the GGUF file's name); api_key: None lets every request in; chat_template: a Jinja file that
     replaces the GGUF's; max_queue: requests that may wait for a slot before new ones get 503;
     max_body_bytes: the largest request body accepted; pooling: /v1/embeddings' pooling ("mean",
-    "cls", "last", "none"; None: the GGUF's {arch}.pooling_type, as llama-server's --pooling)."""
+    "cls", "last", "none"; None: the GGUF's {arch}.pooling_type, as llama-server's --pooling);
+    tool_call_parser: the syntax chat replies are parsed for tool calls in (tool_calls.py's
+    styles; None: the one the chat template teaches, as vLLM's --tool-call-parser)."""
     alias: Optional[str] = None
     api_key: Optional[str] = None
     chat_template: Optional[str] = None
     max_queue: int = 256
     max_body_bytes: int = 8 << 20
     pooling: Optional[str] = None
+    tool_call_parser: Optional[str] = None
 
 
 def parser() -> argparse.ArgumentParser:
@@ -56,6 +60,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--pooling", choices=["none", "mean", "cls", "last"], default=None,
                    help="pooling of /v1/embeddings (default: the model's {arch}.pooling_type, else none, "
                         "which /v1/embeddings refuses as llama-server does)")
+    p.add_argument("--tool-call-parser", choices=list(ToolCallParser.STYLES), default=None,
+                   help="the syntax replies are parsed for tool calls in: hermes (<tool_call> blocks), mistral "
+                        "([TOOL_CALLS]), json (Llama 3's JSON replies); default: the one the chat template uses")
     p.add_argument("--deterministic", action="store_true",
                    help="a request's tokens do not depend on the rest of the batch (docs/engine.md)")
     return p
@@ -88,4 +95,4 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
 
 def settings(args: argparse.Namespace) -> ServerSettings:
     return ServerSettings(alias=args.alias, api_key=args.api_key or None, chat_template=args.chat_template,
-                          max_queue=args.max_queue, pooling=args.pooling)
+                          max_queue=args.max_queue, pooling=args.pooling, tool_call_parser=args.tool_call_parser)
