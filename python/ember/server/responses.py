@@ -126,12 +126,15 @@ class ResponseBuilder:
         return self._chat_logprobs(out, start) if self.chat else self._completion_logprobs(index, out, start, prompt)
 
     # ---- tool calls ----------------------------------------------------------------------
-    def _calls(self, o) -> Tuple[int, list]:
-        """A finished reply's (where its calls start, its calls); (len(text), []) without any."""
+    def _allowed(self, calls: list) -> list:
+        return calls if self.req.parallel_tool_calls else calls[:1]
+
+    def _reply(self, o) -> Tuple[Optional[str], list]:
+        """A finished chat reply's content and tool calls."""
         if self._tools is None:
-            return len(o.text), []
-        start, calls = self._tools.split(o.text)
-        return start, (calls if self.req.parallel_tool_calls else calls[:1])
+            return o.text, []
+        content, calls = self._tools.parse(o.text)
+        return content, self._allowed(calls)
 
     @staticmethod
     def _finish_reason(o, calls: list) -> Optional[str]:
@@ -143,8 +146,8 @@ class ResponseBuilder:
             return len(o.text), []
         if o.finish_reason is None:
             return max(self._sent_text[i], self._tools.held_from(o.text)), []
-        start, calls = self._calls(o)
-        return max(self._sent_text[i], start), calls
+        start, calls = self._tools.split(o.text)
+        return max(self._sent_text[i], start), self._allowed(calls)
 
     # ---- whole responses -----------------------------------------------------------------
     def usage(self, finals: List[RequestOutput]) -> dict:
@@ -167,11 +170,10 @@ class ResponseBuilder:
                 i = p * self._n + o.index
                 lp = self._logprobs(i, o, 0, final if self.req.echo else None)
                 if self.chat:
-                    start, calls = self._calls(o)
-                    message = {"role": "assistant", "content": o.text}
+                    content, calls = self._reply(o)
+                    message = {"role": "assistant", "content": content}
                     if calls:
-                        message = {"role": "assistant", "content": o.text[:start] if o.text[:start].strip() else None,
-                                   "tool_calls": calls}
+                        message["tool_calls"] = calls
                     choices.append({"index": i, "message": message, "logprobs": lp,
                                     "finish_reason": self._finish_reason(o, calls)})
                 else:
