@@ -329,10 +329,7 @@ bool encode_cache_map(CUtensorMap* map, const __half* cache, const AttentionArgs
 
 // Tensor copies need Hopper and tiles that never cross a block.
 bool tma_capable(const AttentionArgs& a) {
-    int dev = 0, major = 0;
-    EMBER_CUDA_CHECK(cudaGetDevice(&dev));
-    EMBER_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    return major >= 9 && a.block_size % kKeys == 0 && a.cache_rows > 0;
+    return device_is_sm90() && a.block_size % kKeys == 0 && a.cache_rows > 0;
 }
 
 template <int HD, bool kTma>

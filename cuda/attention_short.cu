@@ -201,23 +201,13 @@ bool launch_short(const AttentionArgs& a, const DeviceBatch& b, int n_split, cud
     return true;
 }
 
-bool clusters_supported() {
-    static const bool yes = [] {
-        int dev = 0, major = 0;
-        EMBER_CUDA_CHECK(cudaGetDevice(&dev));
-        EMBER_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-        return major >= 9;
-    }();
-    return yes;
-}
-
 }  // namespace
 
 bool attention_short(const AttentionArgs& a, const DeviceBatch& b, int32_t max_len, cudaStream_t s) {
     if (a.kv_q8 || max_len > kShortMaxLen || a.n_head_kv <= 0 || a.n_head % a.n_head_kv) return false;
     int n_split = 1;   // the fewest CTAs that give each at most kShortKeys keys
     while (n_split * kShortKeys < max_len) n_split *= 2;
-    if (n_split > 1 && !clusters_supported()) return false;
+    if (n_split > 1 && !device_is_sm90()) return false;
     if (a.n_tok == 0) return true;
     bool launched = false;
     switch (a.head_dim) {

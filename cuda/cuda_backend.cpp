@@ -34,6 +34,13 @@ bool& pdl_enabled() {
     return on;
 }
 
+bool device_is_sm90() {
+    int dev = 0, major = 0;
+    EMBER_CUDA_CHECK(cudaGetDevice(&dev));
+    EMBER_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    return major >= 9;
+}
+
 void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line) {
     cudaGetLastError();   // clear a sticky launch error so the next call starts clean
     const std::string msg = cat("CUDA error ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ") in ",
@@ -121,9 +128,7 @@ public:
         }
         if (device < 0 || device >= n) fail("cuda: device ", device, " does not exist (", n, " present)");
         EMBER_CUDA_CHECK(cudaSetDevice(device_));
-        int major = 0;
-        EMBER_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_));
-        pdl_enabled() = major >= 9 && env_flag("EMBER_CUDA_PDL");
+        pdl_enabled() = device_is_sm90() && env_flag("EMBER_CUDA_PDL");
         EMBER_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
         EMBER_CUDA_CHECK(cudaEventCreateWithFlags(&staging_done_, cudaEventDisableTiming));
         EMBER_CUBLAS_CHECK(cublasCreate(&cublas_));

@@ -447,9 +447,9 @@ void launch(const DeviceWeight* const* ws, float* const* ys, int count, const __
     static const Slots slots = [kernel] {
         // above 48 KB of dynamic shared memory needs the opt-in
         EMBER_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmem));
-        int dev = 0, major = 0;
+        int dev = 0;
         EMBER_CUDA_CHECK(cudaGetDevice(&dev));
-        EMBER_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        const bool hopper = device_is_sm90();
         Slots r{};
         int per_sm = 0, sms = 0;
         EMBER_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, L::kSmem));
@@ -457,7 +457,7 @@ void launch(const DeviceWeight* const* ws, float* const* ys, int count, const __
         r.n[0] = r.n[1] = std::max(1, per_sm * sms);
         for (int c = 2; c <= kMaxSplit; ++c) {
             int clusters = 0;
-            if (major >= 9) {
+            if (hopper) {
                 cudaLaunchConfig_t cfg = {};
                 cudaLaunchAttribute attr[1];
                 attr[0].id = cudaLaunchAttributeClusterDimension;

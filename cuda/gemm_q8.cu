@@ -349,15 +349,14 @@ void launch(const DeviceWeight& w, float* y, const int8_t* xq, const float2* xds
         EMBER_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, L::kSmem));
         return std::max(n, 1);
     }();
-    int dev = 0, sms = 0, major = 0;
+    int dev = 0, sms = 0;
     EMBER_CUDA_CHECK(cudaGetDevice(&dev));
     EMBER_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    EMBER_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     Params p{w.base, w.base + w.layout.meta_off, xq, xds, y, int32_t(w.layout.n_blocks), int32_t(w.n_out), n_tok, 0};
     const int64_t m_tiles = (w.n_out + kBM - 1) / kBM, n_tiles = (n_tok + L::kBN - 1) / L::kBN;
     const int k_stages = int((p.n_blocks + kKS - 1) / kKS);
     // Splits are summed through a cluster's distributed shared memory (Hopper); one split before.
-    const int split = major >= 9 ? pick_split(m_tiles * n_tiles, int64_t(sms) * per_sm, k_stages) : 1;
+    const int split = device_is_sm90() ? pick_split(m_tiles * n_tiles, int64_t(sms) * per_sm, k_stages) : 1;
     p.split_blocks = kKS * ((k_stages + split - 1) / split);
     launch_pdl_cluster(kernel, dim3(unsigned(split), unsigned(n_tiles), unsigned(m_tiles)), dim3(kThreads),
                        size_t(L::kSmem), unsigned(split), s, p);

@@ -14,6 +14,9 @@ namespace cuda {
 // Set once by the backend for devices that support it (compute capability >= 9.0).
 bool& pdl_enabled();
 
+// The current device is Hopper or newer: thread-block clusters, tensor copies, PDL.
+bool device_is_sm90();
+
 // cluster_x > 1: the grid's x dimension runs in thread-block clusters of that many CTAs (Hopper).
 template <class... KArgs, class... Args>
 void launch_pdl_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, unsigned cluster_x, cudaStream_t s,

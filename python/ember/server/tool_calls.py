@@ -57,6 +57,16 @@ def _json_values(text: str, sep: str = "") -> Optional[list]:
         values.append(value)
 
 
+_LEADING_SPACE = re.compile(r"\s*")
+
+
+def _after_space(text: str) -> str:
+    """The start of text past its leading whitespace (a few characters: enough to tell a call's
+    opening, without copying a long reply at every streamed token)."""
+    i = _LEADING_SPACE.match(text).end()
+    return text[i:i + len(PYTHON_TAG)]
+
+
 def _prefix_at_end(text: str, mark: str) -> int:
     """Where a proper prefix of mark ends text (it may grow into mark), else len(text)."""
     for n in range(min(len(mark) - 1, len(text)), 0, -1):
@@ -90,7 +100,7 @@ class ToolCallParser:
             return text.find(HERMES_OPEN)
         if self.style == "mistral":
             return text.find(MISTRAL_MARK)
-        return 0 if text.lstrip().startswith(("{", "[", PYTHON_TAG)) else -1
+        return 0 if _after_space(text).startswith(("{", "[", PYTHON_TAG)) else -1
 
     def held_from(self, text: str) -> int:
         """While a reply streams: the part of text from here on may belong to a call, so it is held
@@ -99,8 +109,8 @@ class ToolCallParser:
         if start >= 0:
             return start
         if self.style == "json":
-            body = text.lstrip()
-            return 0 if not body or PYTHON_TAG.startswith(body) else len(text)
+            head = _after_space(text)
+            return 0 if PYTHON_TAG.startswith(head) else len(text)
         return _prefix_at_end(text, HERMES_OPEN if self.style == "hermes" else MISTRAL_MARK)
 
     def split(self, text: str) -> Tuple[int, List[dict]]:
