@@ -616,8 +616,8 @@ private:
     // kernel, which copies the older K/V rows before its PDL wait (so only batches whose tokens
     // each are the only one of their sequence: every older row is an earlier step's). Larger steps
     // are bound by their KV bytes, which attention_decode_mma streams faster. Opt-in: its float q
-    // and probabilities (where Llama's kernel rounds them to f16) moved the engine's default-mode
-    // greedy text away from Llama's on 6 of 32 SmolLM2 prompts.
+    // and probabilities (where Llama's kernel rounds them to f16) move the engine's default-mode
+    // greedy text further from Llama's (docs/performance.md).
     bool short_attention(const KVLayer& kv, int32_t n_tok) const {
         return fast_attn_ && short_attn_on_ && !invariant_ && kv.k_type == GGMLType::F16 && kv.v_type == GGMLType::F16 &&
                (n_tok == 1 || (n_tok == n_tok_ && n_tok <= kMaxIntPromptTokens && decode_batch())) &&
