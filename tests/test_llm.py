@@ -153,8 +153,9 @@ def test_stop_token_ids(llm, llama):
     k = next(i for i in range(3, len(full)) if full[i] not in full[:i])
     out = llm.generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=24, stop_token_ids=[full[k]]),
                        use_tqdm=False)[0].outputs[0]
-    # The stop token is neither in the text nor (unlike vLLM) in token_ids, as in Llama.
-    assert out.finish_reason == "stop" and out.stop_reason is None and out.token_ids == full[:k]
+    # The stop token is neither in the text nor (unlike vLLM) in token_ids, as in Llama; stop_reason
+    # names it, as vLLM's does.
+    assert out.finish_reason == "stop" and out.stop_reason == full[k] and out.token_ids == full[:k]
     assert out.text == llama.create_completion(PROMPTS[1], temperature=0, max_tokens=k)["choices"][0]["text"]
 
 

@@ -257,6 +257,37 @@ def test_stop_strings(client, stop):
     assert "".join(x["choices"][0]["text"] for x in stream(client, "/v1/completions", kept)) == k["text"]
 
 
+def _greedy_tokens(client, route, req):
+    """The greedy reply's tokens, as text pieces (completions' or chat's logprobs)."""
+    c = client.post(route, json=dict(req, logprobs=0 if "messages" not in req else True)).json()["choices"][0]
+    assert c["finish_reason"] == "length" and c["stop_reason"] is None
+    lp = c["logprobs"]
+    return lp["tokens"] if "tokens" in lp else [t["token"] for t in lp["content"]]
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_stop_token_ids_and_stop_reason(client, route):
+    """vLLM's stop_token_ids end the text before the token; each choice's stop_reason names what
+    ended it (the token id, the stop string; null for length), whole and in the last chunk."""
+    req = {"max_tokens": 12, "temperature": 0}
+    req.update({"prompt": PROMPT} if "chat" not in route else {"messages": [{"role": "user", "content": PROMPT}]})
+    tokens = _greedy_tokens(client, route, req)
+    ids = {}
+    for k in range(2, len(tokens)):   # a token not seen before, one id on its own, its text first there
+        ids = client.post("/tokenize", json={"content": tokens[k], "add_special": False}).json()["tokens"]
+        if (tokens[k] not in tokens[:k] and len(ids) == 1 and
+                "".join(tokens[:k + 1]).find(tokens[k]) == len("".join(tokens[:k]))):
+            break
+    assert len(ids) == 1, tokens
+    for stop, want in (({"stop_token_ids": [ids[0]]}, ids[0]), ({"stop": tokens[k]}, tokens[k])):
+        whole = client.post(route, json=dict(req, **stop)).json()["choices"][0]
+        last = stream(client, route, dict(req, **stop))[-1]["choices"][0]
+        assert whole["finish_reason"] == last["finish_reason"] == "stop", stop
+        assert whole["stop_reason"] == last["stop_reason"] == want, stop
+        text = whole["text"] if "chat" not in route else whole["message"]["content"]
+        assert text == "".join(tokens[:k]), stop
+
+
 def test_completion_logprobs(client):
     r = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": 3}).json()
     lp = r["choices"][0]["logprobs"]
@@ -342,6 +373,9 @@ def test_chat_page(client):
     ({"prompt": PROMPT, "top_p": 1.5}, "top_p"),
     ({"prompt": PROMPT, "max_tokens": 0}, "max_tokens"),
     ({"prompt": PROMPT, "stop": 5}, "stop"),
+    ({"prompt": PROMPT, "stop_token_ids": 5}, "stop_token_ids"),
+    ({"prompt": PROMPT, "stop_token_ids": ["x"]}, "stop_token_ids"),
+    ({"prompt": PROMPT, "stop_token_ids": [10**9]}, "stop_token_ids"),
     ({"prompt": PROMPT, "logit_bias": {"x": 1}}, "logit_bias"),
     ({"prompt": PROMPT, "logit_bias": {"10": 500}}, "logit_bias"),
     ({"prompt": PROMPT, "logprobs": 50}, "logprobs"),

@@ -61,6 +61,7 @@ struct EngineOutput {
     int32_t num_cached_tokens = 0;        // prompt tokens the prefix cache served
     bool finished = false;
     std::string finish_reason;            // "stop", "length", "abort" or "error" once finished
+    int32_t stop_token_id = -1;           // the request's stop_token_ids entry that ended it, else -1
     std::string error;
 };
 

@@ -32,6 +32,7 @@ void bind_engine(nb::module_& m) {
         .def_ro("num_cached_tokens", &EngineOutput::num_cached_tokens)
         .def_ro("finished", &EngineOutput::finished)
         .def_ro("finish_reason", &EngineOutput::finish_reason)
+        .def_ro("stop_token_id", &EngineOutput::stop_token_id, "the stop_token_ids entry that ended the request, else -1")
         .def_ro("error", &EngineOutput::error)
         .def("__repr__", [](const EngineOutput& o) {
             return cat("EngineOutput(request_id=", o.request_id, ", ", o.token_ids.size(), " tokens, finished=",

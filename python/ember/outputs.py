@@ -3,7 +3,7 @@ them and AsyncLLMEngine.generate streams them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Union
 
 
 class Logprob(float):
@@ -38,15 +38,15 @@ class CompletionOutput:
     logprobs: None unless asked for, else one dict per generated token mapping token id -> Logprob,
     holding the sampled token and the top `logprobs` candidates. cumulative_logprob: the sampled tokens' logprobs summed, None
     unless logprobs were asked for. finish_reason: None until finished, then "stop", "length" or
-    "abort". stop_reason: the stop string that ended it, else None (the engine does not say which
-    stop token ended a sequence, so vLLM's stop token id is not known here)."""
+    "abort". stop_reason: the stop string or the stop_token_ids entry that ended it, else None (also
+    where an end-of-generation token ended it, as in vLLM)."""
     index: int
     text: str
     token_ids: List[int]
     cumulative_logprob: Optional[float]
     logprobs: Optional[List[Dict[int, Logprob]]]
     finish_reason: Optional[str] = None
-    stop_reason: Optional[str] = None
+    stop_reason: Optional[Union[str, int]] = None
 
     def finished(self) -> bool:
         return self.finish_reason is not None

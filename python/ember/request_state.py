@@ -128,6 +128,8 @@ class RequestState:
         seq.text += _text(seq.detok.flush())
         if not self._cut_at_stop_string(seq, start):
             seq.finish_reason = out.finish_reason
+            if out.stop_token_id >= 0:
+                seq.stop_reason = out.stop_token_id
 
     def abort_unfinished(self, engine_done: bool = False) -> None:
         """Ends the unfinished sequences here with "abort" (engine_done: the engine will send

@@ -126,6 +126,7 @@ void EngineImpl::emit(Sequence& s) {
         }
         prev.finished = o.finished;
         prev.finish_reason = o.finish_reason;
+        prev.stop_token_id = o.stop_token_id;
         prev.error = o.error;
     }
     const int32_t cached = s.out.num_cached_tokens;
@@ -294,6 +295,7 @@ bool EngineImpl::step() {
                                      s.req.stop_token_ids.end();
                 ++generated;
                 if (eog || stop_id) {
+                    if (stop_id) s.out.stop_token_id = tok;
                     // The stop token ends the text and is not part of it.
                     s.out.token_ids.pop_back();
                     if (!s.out.logprobs.empty()) s.out.logprobs.pop_back();

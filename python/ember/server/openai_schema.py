@@ -98,10 +98,10 @@ def _is_token_list(v) -> bool:
     return isinstance(v, list) and bool(v) and all(_KINDS["int"][1](t) for t in v)
 
 
-def _token_ids(tokens: list, name: str, n_vocab: int) -> List[int]:
+def _token_ids(tokens: list, name: str, n_vocab: int, param: str = "prompt") -> List[int]:
     bad = next((t for t in tokens if not 0 <= t < n_vocab), None)
     if bad is not None:
-        raise bad_param("prompt", f"'{name}' token id {bad} is outside the vocabulary (0..{n_vocab - 1})")
+        raise bad_param(param, f"'{name}' token id {bad} is outside the vocabulary (0..{n_vocab - 1})")
     return [int(t) for t in tokens]
 
 
@@ -159,6 +159,16 @@ def _logit_bias(body: dict, n_vocab: int) -> Optional[dict]:
     return out
 
 
+def _stop_token_ids(body: dict, n_vocab: int) -> Optional[List[int]]:
+    """vLLM's stop_token_ids: generation ends at any of them (not part of the text)."""
+    ids = get(body, "stop_token_ids", "list")
+    if ids is None:
+        return None
+    if not all(_KINDS["int"][1](t) for t in ids):
+        raise bad_param("stop_token_ids", f"'stop_token_ids' must be an array of token ids, got {json.dumps(ids)[:100]}")
+    return _token_ids(ids, "stop_token_ids", n_vocab, "stop_token_ids")
+
+
 def _seed(body: dict) -> Optional[int]:
     seed = get(body, "seed", "int")
     if seed == -1:   # llama-server's "random"
@@ -191,7 +201,8 @@ def _sampling(body: dict, n_vocab: int, max_tokens: Optional[int], logprobs: Opt
             repetition_penalty=get(body, repetition, "number", 1.0, lambda v: v > 0, "must be > 0"),
             max_tokens=max_tokens,
             min_tokens=get(body, "min_tokens", "int", 0, lambda v: v >= 0, "must be >= 0"),
-            stop=_stop(body), seed=_seed(body), logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+            stop=_stop(body), stop_token_ids=_stop_token_ids(body, n_vocab), seed=_seed(body), logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             ignore_eos=get(body, "ignore_eos", "bool", False), logit_bias=_logit_bias(body, n_vocab),
             include_stop_str_in_output=get(body, "include_stop_str_in_output", "bool", False))
     # SamplingParams' own checks: the rules that tie fields together (min_tokens <= max_tokens, seed + n)

@@ -175,10 +175,11 @@ class ResponseBuilder:
                     if calls:
                         message["tool_calls"] = calls
                     choices.append({"index": i, "message": message, "logprobs": lp,
-                                    "finish_reason": self._finish_reason(o, calls)})
+                                    "finish_reason": self._finish_reason(o, calls), "stop_reason": o.stop_reason})
                 else:
                     text = self._prompt_text(i) + o.text if self.req.echo else o.text
-                    choices.append({"index": i, "text": text, "logprobs": lp, "finish_reason": o.finish_reason})
+                    choices.append({"index": i, "text": text, "logprobs": lp, "finish_reason": o.finish_reason,
+                                    "stop_reason": o.stop_reason})
         return dict(self._head("chat.completion" if self.chat else "text_completion"), choices=choices,
                     usage=self.usage(finals))
 
@@ -228,6 +229,7 @@ class ResponseBuilder:
                     choice = {"index": i, "delta": {}, "logprobs": None, "finish_reason": self._finish_reason(o, calls)}
                 else:
                     choice = {"index": i, "text": "", "logprobs": None, "finish_reason": o.finish_reason}
+                choice["stop_reason"] = o.stop_reason
                 chunks.append(self._chunk(choice))
         return chunks
 
