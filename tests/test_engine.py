@@ -314,6 +314,22 @@ def test_bad_engine_parameters(smollm2_path, kwargs, match):
         _ember.Engine(_ember.Model(smollm2_path), **{"n_ctx": 256, **kwargs})
 
 
+def test_stop_token_ids_end_the_text_and_are_named(model):
+    """A stop_token_ids entry ends the sequence before it (not among the tokens) and the final
+    output names it; a sequence that ends otherwise names none."""
+    prompt = prompts32(model)[1]
+    engine = _ember.Engine(model, n_ctx=256, max_num_seqs=2, n_threads=2)
+    (full,) = run_all(engine, [prompt], temperature=0.0, max_tokens=16, ignore_eos=True)
+    tokens = finish_ok(full)
+    k = next(i for i in range(2, len(tokens)) if tokens[i] not in tokens[:i])
+    (cut,) = run_all(engine, [prompt], temperature=0.0, max_tokens=16, ignore_eos=True,
+                     stop_token_ids=[tokens[k]])
+    assert cut["out"].finish_reason == "stop" and cut["tokens"] == tokens[:k] and cut["out"].stop_token_id == tokens[k]
+    (length,) = run_all(engine, [prompt], temperature=0.0, max_tokens=2, ignore_eos=True)
+    assert length["out"].finish_reason == "length" and length["out"].stop_token_id == -1
+    engine.close()
+
+
 def test_min_tokens_bans_end_of_generation_unless_ignore_eos(model):
     """min_tokens keeps the end-of-generation token out of the first tokens (greedy with a bias
     that makes it the top one: those steps sample on the host), but with ignore_eos there is
@@ -325,6 +341,7 @@ def test_min_tokens_bans_end_of_generation_unless_ignore_eos(model):
     bias = [(eos, 100.0)]
     (banned,) = run_all(engine, [prompt], temperature=0.0, max_tokens=8, min_tokens=3, logit_bias=bias)
     assert banned["out"].finish_reason == "stop" and len(banned["tokens"]) == 3 and eos not in banned["tokens"]
+    assert banned["out"].stop_token_id == -1   # an end-of-generation token, not a stop_token_ids entry
     (drawn,) = run_all(engine, [prompt], temperature=0.0, max_tokens=4, min_tokens=4, logit_bias=bias, ignore_eos=True)
     assert drawn["out"].finish_reason == "length" and drawn["tokens"] == [eos] * 4
     # Plain greedy with ignore_eos: every step takes argmax_rows; the same tokens as one at a time.
