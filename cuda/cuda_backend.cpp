@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -35,9 +36,15 @@ bool& pdl_enabled() {
 }
 
 bool device_is_sm90() {
-    int dev = 0, major = 0;
+    // Launch paths ask at every launch: the attribute is read once per device (0: not yet known).
+    static std::atomic<int> known[64];
+    int dev = 0;
     EMBER_CUDA_CHECK(cudaGetDevice(&dev));
+    std::atomic<int>* slot = dev < 64 ? &known[dev] : nullptr;
+    if (const int k = slot ? slot->load(std::memory_order_relaxed) : 0) return k == 2;
+    int major = 0;
     EMBER_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    if (slot) slot->store(major >= 9 ? 2 : 1, std::memory_order_relaxed);
     return major >= 9;
 }
 
@@ -92,9 +99,13 @@ uint64_t mix(uint64_t h, uint64_t v) {
 }
 
 // Unset or anything but "0": on.
-bool env_flag(const char* name) {
+bool env_flag(const char* name) {   // on unless set to 0
     const char* v = std::getenv(name);
     return !(v && std::string(v) == "0");
+}
+bool env_opt_in(const char* name) {   // off unless set to 1
+    const char* v = std::getenv(name);
+    return v && std::string(v) == "1";
 }
 
 float bf16_bits_to_float(uint16_t b) {
@@ -116,9 +127,9 @@ public:
         // prints each step's graph outcome (replay, capture, eager) and each invalidation to
         // stderr: why a step shape does not replay.
         graphs_on_ = env_flag("EMBER_CUDA_GRAPHS");
-        graph_log_ = std::getenv("EMBER_CUDA_GRAPH_LOG") && std::string(std::getenv("EMBER_CUDA_GRAPH_LOG")) == "1";
+        graph_log_ = env_opt_in("EMBER_CUDA_GRAPH_LOG");
         exact_attn_on_ = env_flag("EMBER_CUDA_EXACT_ATTN");
-        short_attn_on_ = std::getenv("EMBER_CUDA_SHORT_ATTN") && std::string(std::getenv("EMBER_CUDA_SHORT_ATTN")) == "1";
+        short_attn_on_ = env_opt_in("EMBER_CUDA_SHORT_ATTN");
         fuse_on_ = env_flag("EMBER_CUDA_FUSE");
         int n = 0;
         const cudaError_t e = cudaGetDeviceCount(&n);
