@@ -5,10 +5,17 @@
 # gemm_dq table (the kernel launched directly, every format and batch size). Carry: build/carry.
 # Logs under $OUT (dq_tests.log, dq_bench.log). PYTEST_K selects tests (default: all but smollm);
 # TESTS=0 skips them. NCU=1: also Nsight Compute sections and stall reasons of gemm_dq launches
-# (ncu_*.txt).
+# (ncu_*.txt). A baseline tree in build/base_src (`git archive BASE | tar -x -C build/base_src`,
+# carried too) is built beside this one in /tmp/base, and its gemm_dq table runs before and after
+# this tree's (dq_base.log), so the comparison is within one call.
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gemm_dq_out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
+if [ -d build/base_src ]; then
+  rm -rf /tmp/base && cp -r build/base_src /tmp/base && mkdir -p /tmp/base/build && cp -r build/carry /tmp/base/build/carry
+  ( source /tmp/base/tools/device/cuda_build.sh > /tmp/base_build.log 2>&1 && echo ok > /tmp/base_built ) &
+  base=$!
+fi
 . tools/device/cuda_build.sh || { echo "build failed"; exit 1; }
 set -o pipefail
 tests_rc=0
@@ -17,11 +24,15 @@ if [ "${TESTS:-1}" = 1 ]; then
     -k "${PYTEST_K:-not smollm}" -p no:cacheprovider 2>&1 | tee "$OUT/dq_tests.log" | tail -6
   tests_rc=$?
 fi
+base_table() { [ -f /tmp/base_built ] && { echo "## baseline ($1)"; /tmp/base/build/dev/ember-cuda-bench gemm_dq | grep "^| "; } }
+[ -n "$base" ] && { wait $base; [ -f /tmp/base_built ] || tail -20 /tmp/base_build.log; }
+base_table before 2>&1 | tee "$OUT/dq_base.log"
 {
   build/dev/ember-cuda-bench gemm
   echo "## EMBER_CUDA_GEMM_DQ=0"; EMBER_CUDA_GEMM_DQ=0 build/dev/ember-cuda-bench gemm | grep "^| "
   build/dev/ember-cuda-bench gemm_dq | grep "^| "
 } 2>&1 | tee "$OUT/dq_bench.log"
+base_table after 2>&1 | tee -a "$OUT/dq_base.log"
 if [ "${NCU:-0}" = 1 ]; then
   # The gemm_dq table launches each configuration 2 * 141 times (with and without the conversion
   # of x): launch 282 * c + 150 is one of the c-th configuration's kernel-only runs (0-8: Q4_0
