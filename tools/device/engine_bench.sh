@@ -5,7 +5,9 @@
 # Carry: build/carry, and the SmolLM2 parts for the tests (both by now: the file is put together
 # once both have come). Env: NPL (default 1,8,32,64,128), TESTS=0 skips tests,
 # DETERMINISTIC=B,... adds a deterministic-mode row set, BASELINE_ENV="VAR=value ..." a second
-# ember-bench -npl under those variables (an A/B in the same call), EXTRA: a command run at the end.
+# ember-bench -npl under those variables (an A/B in the same call), BASE=1 the baseline tree's
+# ember-bench -npl (built by engine_setup.sh from build/base_src) and this tree's again, TG=0
+# skips the one-sequence run, EXTRA: a command run at the end.
 cd "$(dirname "$0")/../.."
 source tools/device/run_prelude.sh
 NPL=${NPL:-1,8,32,64,128}
@@ -20,6 +22,13 @@ timeout 200 /tmp/lcpp/llama.cpp/build/bin/llama-batched-bench -m $M -ngl 99 -npp
     -b 2048 -ub 512 2>&1 | grep -E "^\|" | tee -a "$LOG"
 step "ember-bench -npl"
 timeout 240 python3 -m ember.bench -m $M -ngl -1 -npl $NPL -npp 128 -ntg 128 2>&1 | tee -a "$LOG"
+if [ "${BASE:-0}" = 1 ] && [ -f /tmp/base_built ]; then
+  step "ember-bench -npl, the baseline tree (/tmp/base)"
+  PYTHONPATH=/tmp/site:/tmp/base/python EMBER_DEV_BUILD=/tmp/base/build/dev timeout 240 python3 -m ember.bench -m $M \
+      -ngl -1 -npl $NPL -npp 128 -ntg 128 2>&1 | tee -a "$LOG"
+  step "ember-bench -npl, this tree again"
+  timeout 240 python3 -m ember.bench -m $M -ngl -1 -npl $NPL -npp 128 -ntg 128 2>&1 | tee -a "$LOG"
+fi
 if [ -n "$BASELINE_ENV" ]; then
   step "ember-bench -npl with $BASELINE_ENV"
   env $BASELINE_ENV timeout 240 python3 -m ember.bench -m $M -ngl -1 -npl $NPL -npp 128 -ntg 128 2>&1 | tee -a "$LOG"
@@ -28,7 +37,9 @@ if [ -n "$DETERMINISTIC" ]; then
   step "ember-bench -npl --deterministic"
   timeout 200 python3 -m ember.bench -m $M -ngl -1 -npl $DETERMINISTIC -npp 128 -ntg 128 --deterministic 2>&1 | tee -a "$LOG"
 fi
-step "ember-bench tg128 (one sequence, Context)"
-timeout 120 python3 -m ember.bench -m $M -ngl -1 -p 0 -n 128 -r 2 2>&1 | tee -a "$LOG"
+if [ "${TG:-1}" = 1 ]; then
+  step "ember-bench tg128 (one sequence, Context)"
+  timeout 120 python3 -m ember.bench -m $M -ngl -1 -p 0 -n 128 -r 2 2>&1 | tee -a "$LOG"
+fi
 [ -n "$EXTRA" ] && { step "extra: $EXTRA"; eval "$EXTRA"; }
 step "done"

@@ -11,11 +11,7 @@
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gemm_dq_out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
-if [ -d build/base_src ]; then
-  rm -rf /tmp/base && cp -r build/base_src /tmp/base && mkdir -p /tmp/base/build && cp -r build/carry /tmp/base/build/carry
-  ( source /tmp/base/tools/device/cuda_build.sh > /tmp/base_build.log 2>&1 && echo ok > /tmp/base_built ) &
-  base=$!
-fi
+. tools/device/base_build.sh
 . tools/device/cuda_build.sh || { echo "build failed"; exit 1; }
 set -o pipefail
 tests_rc=0
@@ -25,7 +21,7 @@ if [ "${TESTS:-1}" = 1 ]; then
   tests_rc=$?
 fi
 base_table() { [ -f /tmp/base_built ] && { echo "## baseline ($1)"; /tmp/base/build/dev/ember-cuda-bench gemm_dq | grep "^| "; } }
-[ -n "$base" ] && { wait $base; [ -f /tmp/base_built ] || tail -20 /tmp/base_build.log; }
+base_wait
 base_table before 2>&1 | tee "$OUT/dq_base.log"
 {
   build/dev/ember-cuda-bench gemm
