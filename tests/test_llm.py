@@ -300,18 +300,20 @@ def test_prefix_cache_serves_a_repeated_prompt(llm):
 
 
 def test_prompt_too_long_for_n_ctx(llm):
-    with pytest.raises(ValueError, match="n_ctx"):
+    with pytest.raises(ValueError, match="prompt is 600 tokens and n_ctx is 512.*at least 601"):
         llm.generate([list(range(100, 700))], GREEDY, use_tqdm=False)
-    with pytest.raises(ValueError, match="max_tokens"):
-        llm.generate([list(range(100, 500))], SamplingParams(max_tokens=200), use_tqdm=False)
+    with pytest.raises(ValueError, match="prompt is 512 tokens and n_ctx is 512"):
+        llm.generate([list(range(100, 612))], GREEDY, use_tqdm=False)
     # A bad prompt after good ones: nothing stays submitted.
     with pytest.raises(ValueError, match="n_ctx"):
         llm.generate([PROMPTS[0], list(range(100, 700))], GREEDY, use_tqdm=False)
     wait_until(lambda: idle(llm))
-    # max_tokens None: up to the end of the context.
-    (out,) = llm.generate(list(range(100, 500)), SamplingParams(temperature=0, max_tokens=None, ignore_eos=True),
-                          use_tqdm=False)
-    assert len(out.outputs[0].token_ids) == 112 and out.outputs[0].finish_reason == "length"
+    # max_tokens None, or more than the context holds (capped, as vLLM's LLM and Llama do; min_tokens
+    # with it): up to the end of the context.
+    for params in (SamplingParams(temperature=0, max_tokens=None, ignore_eos=True),
+                   SamplingParams(temperature=0, max_tokens=200, min_tokens=150)):
+        (out,) = llm.generate(list(range(100, 500)), params, use_tqdm=False)
+        assert len(out.outputs[0].token_ids) == 112 and out.outputs[0].finish_reason == "length"
 
 
 def test_progress_bar_and_empty_input(llm, capfd):

@@ -33,7 +33,9 @@ class EngineClient:
                on_update: Optional[Callable[[RequestState], None]] = None) -> RequestState:
         """Adds a request: prompt is a str, token ids, or a vLLM prompt dict ({"prompt": str} or
         {"prompt_token_ids": [...]}; with both, the ids are generated from and the text is the
-        output's prompt). ValueError where it does not fit the context."""
+        output's prompt). ValueError where the prompt leaves no room in the context for a
+        generated token; max_tokens beyond the room is capped at it (the sequence then ends with
+        finish_reason "length" at the end of the context), as vLLM's LLM and llama-cpp-python do."""
         text = prompt if isinstance(prompt, str) else None
         if isinstance(prompt, dict):
             if "prompt_token_ids" not in prompt and "prompt" not in prompt:
@@ -43,10 +45,11 @@ class EngineClient:
         token_ids = encode_prompt(self._tok, prompt)
         n_ctx = self.engine.n_ctx
         room = n_ctx - len(token_ids)
-        max_tokens = room if params.max_tokens is None else params.max_tokens
-        if max_tokens > room or room < 1:
-            raise ValueError(f"the prompt is {len(token_ids)} tokens and n_ctx is {n_ctx}: no room for "
-                             f"max_tokens={params.max_tokens} generated tokens")
+        if room < 1:
+            n = len(token_ids)
+            raise ValueError(f"the prompt is {n} token{'s' if n != 1 else ''} and n_ctx is {n_ctx}: "
+                             f"no room for a generated token (n_ctx must be at least {n + 1})")
+        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         if params.seed is None and self._seeds is not None:
             params = dataclasses.replace(params, seed=self._seeds.randrange(1 << 31))
         state = RequestState(request_id, text, token_ids, params, self._tok)

@@ -111,14 +111,15 @@ class SamplingParams:
 
     def engine_kwargs(self, index: int, max_tokens: int) -> dict:
         """add_request's keyword arguments for sequence `index` of the n, generating at most
-        max_tokens (this max_tokens, or the context's room where it is None). The prompt's
-        logprobs are asked of sequence 0 only: the n share the prompt."""
+        max_tokens (this max_tokens capped at the context's room, or the room where it is None;
+        min_tokens is capped alike). The prompt's logprobs are asked of sequence 0 only: the n
+        share the prompt."""
         return dict(
             temperature=self.temperature, top_k=max(self.top_k, 0), top_p=self.top_p, min_p=self.min_p,
             repeat_penalty=self.repetition_penalty, frequency_penalty=self.frequency_penalty,
             presence_penalty=self.presence_penalty,
             logit_bias=[(int(t), float(b)) for t, b in (self.logit_bias or {}).items()],
             seed=RANDOM_SEED if self.seed is None else self.seed + index,
-            max_tokens=max_tokens, min_tokens=self.min_tokens, stop_token_ids=self.stop_token_ids,
+            max_tokens=max_tokens, min_tokens=min(self.min_tokens, max_tokens), stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos, logprobs=-1 if self.logprobs is None else self.logprobs,
             prompt_logprobs=self.prompt_logprobs is not None and index == 0)
