@@ -289,6 +289,8 @@ def test_close_aborts_pending_requests(model):
     (dict(prompt=[1, 2], max_tokens=-1), "max_tokens"),
     (dict(prompt=[1, 2], max_tokens=2, min_tokens=3), "min_tokens"),
     (dict(prompt=[1, 2], stop_token_ids=[-5]), "stop_token_ids"),
+    (dict(prompt=[1, 2], logit_bias=[(10 ** 7, 1.0)]), r"logit_bias: token id 10000000 is out of range"),
+    (dict(prompt=[1, 2], logit_bias=[(-1, 1.0)]), "logit_bias"),
 ])
 def test_bad_requests_name_the_problem(smollm2_path, kwargs, match):
     engine = _ember.Engine(_ember.Model(smollm2_path), n_ctx=256, n_threads=2)

@@ -439,6 +439,9 @@ int64_t Engine::add_request(const RequestParams& r) {
         fail("logprobs must be in [-1, ", kMaxLogprobs, "] (-1: none), got ", r.logprobs);
     for (int32_t id : r.stop_token_ids)
         if (id < 0 || id >= e.n_vocab) fail("stop_token_ids: ", id, " is out of range [0, ", e.n_vocab, ")");
+    // (the sampler knows no vocabulary until it samples: checked here, the request is refused whole)
+    for (const auto& [id, bias] : r.sampling.logit_bias)
+        if (id >= e.n_vocab) fail("logit_bias: token id ", id, " is out of range [0, ", e.n_vocab, ")");
     auto s = std::make_unique<Sequence>();
     s->sampler = std::make_unique<Sampler>(r.sampling);   // throws naming a bad sampling parameter
     s->req = r;
