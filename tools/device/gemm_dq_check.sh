@@ -37,9 +37,9 @@ if [ "${NCU:-0}" = 1 ]; then
     timeout 120 ncu --clock-control none -k regex:gemm_dq_kernel --launch-skip $((282 * c + 150)) --launch-count 1 \
       --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
       --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
-      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active" \
       build/dev/ember-cuda-bench gemm_dq > "$OUT/ncu_$c.txt" 2>&1
-    grep -E "Duration|DRAM Throughput|Elapsed Cycles|SM Active|Executed Ipc A|Eligible Warps|Grid Size|Cluster Size|Registers Per|issue_stalled" \
+    grep -E "Duration|DRAM Throughput|Elapsed Cycles|SM Active|Executed Ipc A|Eligible Warps|Grid Size|Cluster Size|Registers Per|issue_stalled|hmma" \
       "$OUT/ncu_$c.txt" | awk '$NF != "0" && $NF !~ /^0\.0/' | head -40
   done
 fi
