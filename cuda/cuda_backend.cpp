@@ -98,12 +98,13 @@ uint64_t mix(uint64_t h, uint64_t v) {
     return h;
 }
 
-// Unset or anything but "0": on.
-bool env_flag(const char* name) {   // on unless set to 0
+// Switches read from the environment: env_flag is on unless set to "0", env_opt_in off unless
+// set to "1".
+bool env_flag(const char* name) {
     const char* v = std::getenv(name);
     return !(v && std::string(v) == "0");
 }
-bool env_opt_in(const char* name) {   // off unless set to 1
+bool env_opt_in(const char* name) {
     const char* v = std::getenv(name);
     return v && std::string(v) == "1";
 }
