@@ -168,6 +168,8 @@ struct AttentionArgs {
     int32_t* split_counter;       // [n_tiles][grid.y] zeros: CTAs done per (tile, head chunk)
     int8_t* out_q;                // attention_exact: out also as q8_1 blocks (or null)
     float2* out_ds;
+    bool old_rows_ready;          // each token the only one of its sequence in the step: the K/V
+                                  // rows before its position were written by earlier steps
 };
 void attention(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s);
 // Decode batches (one CTA per token) over long contexts: K/V tiles pipelined through shared
@@ -180,8 +182,9 @@ int attention_decode_heads(int n_head, int n_head_kv, int head_dim, bool kv_q8);
 void attention_decode(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s);
 void attention_decode_mma(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s);
 // Short contexts (every position < kExactMaxLen): the reference CPU arithmetic, in order.
+// clusters: on Hopper, spread each head over a thread-block cluster (else one CTA a head).
 constexpr int kExactMaxLen = 512;
-void attention_exact(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s);
+void attention_exact(const AttentionArgs& a, const DeviceBatch& b, bool clusters, cudaStream_t s);
 // Decode batches (each token the only one of its sequence in the step) over short f16 contexts
 // (every position < kShortMaxLen), for steps that need not keep the CPU's order of sums (the
 // engine's default mode, opt-in). Returns false, launching nothing, for shapes it does not take.

@@ -527,20 +527,37 @@ def test_attn_in_same_bits(gpu, cpu, t, n_in, n_head, n_kv, hd, n_tok, neox, mon
         assert rel_err(a, ref) < 1.5e-2, name   # int8 activations (q8_1) in the GEMV, f16 cache
 
 
-def test_attention_matches_cpu(gpu, cpu):
-    rng = rng_for("attention_cpu")
-    n_head, n_kv, hd, length = 9, 3, 64, 150
-    pos = list(range(140, 150))
+# Short contexts on the GPU take the reference-order kernel: the CPU's sums in the CPU's order,
+# with glibc's expf. (n_head, n_head_kv, head_dim, kv length, query positions, block_size, window,
+# each query its own sequence over the same blocks: a decode step, whose older K/V rows the kernel
+# copies before its PDL wait)
+EXACT_CASES = {
+    "prompt_gqa_9_3": (9, 3, 64, 150, list(range(140, 150)), 16, 0, False),
+    "decode_gqa_9_3": (9, 3, 64, 150, [149], 16, 0, False),
+    "first_token": (8, 8, 128, 1, [0], 16, 0, False),                 # one key: three CTAs of the cluster empty
+    "longest": (8, 8, 128, 512, [511, 300], 16, 0, False),            # four CTAs of 128 keys
+    "decode_steps": (4, 2, 128, 300, [299, 10, 63, 128], 16, 0, True),
+    "head_dim_80": (4, 2, 80, 90, [89, 3], 16, 0, False),             # three CTAs, the last of 16 dims
+    "head_dim_256": (2, 1, 256, 130, [129, 64], 16, 0, True),         # eight CTAs
+    "window": (8, 2, 64, 300, [299, 100, 20], 16, 40, True),
+    "block_8": (4, 4, 128, 200, [199, 7, 8], 8, 0, False),
+}
+
+
+@pytest.mark.parametrize("clusters", [True, False], ids=["cluster", "one_cta"])
+@pytest.mark.parametrize("case", list(EXACT_CASES))
+def test_attention_matches_cpu(cpu, case, clusters, monkeypatch):
+    """Both forms of the kernel (a cluster of CTAs a head on Hopper; one CTA a head before it, or
+    with EMBER_CUDA_EXACT_CLUSTER=0) give the CPU backend's bits."""
+    monkeypatch.setenv("EMBER_CUDA_EXACT_CLUSTER", "1" if clusters else "0")
+    gpu = cuda_backend()
+    n_head, n_kv, hd, length, pos, bs, window, steps = EXACT_CASES[case]
+    rng = rng_for("attention_cpu", case)
     q = rng.standard_normal((len(pos), n_head * hd)).astype(np.float32)
-    k = rng.standard_normal((length, n_kv * hd)).astype(np.float32)
-    v = rng.standard_normal((length, n_kv * hd)).astype(np.float32)
-    yc = cpu.attention(q, k, v, pos, n_head, n_kv, hd, 16, seed=3)
-    yg = gpu.attention(q, k, v, pos, n_head, n_kv, hd, 16, seed=5)
-    yc1 = cpu.attention(q[-1:], k, v, pos[-1:], n_head, n_kv, hd, 16, seed=3)
-    yg1 = gpu.attention(q[-1:], k, v, pos[-1:], n_head, n_kv, hd, 16, seed=5)
-    # the short-context kernel sums in the CPU's order, with glibc's expf
-    assert_same_bits(yg, yc, "attention, prompt")
-    assert_same_bits(yg1, yc1, "attention, decode")
+    k, v = rng.standard_normal((2, length, n_kv * hd)).astype(np.float32)
+    args = (q, k, v, pos, n_head, n_kv, hd, bs)
+    yc = cpu.attention(*args, seed=3, window=window)
+    assert_same_bits(gpu.attention(*args, seed=5, window=window, fast=steps), yc, case)
 
 
 # End-to-end on the real SmolLM2-135M (Q4_1, GQA 9/3, tied Q8_0 head): every block on the GPU,
