@@ -56,6 +56,7 @@ def idle(llm):
     (dict(n=0), "n"), (dict(top_k=-2), "top_k"), (dict(min_p=1.5), "min_p"), (dict(logprobs=-1), "logprobs"),
     (dict(repetition_penalty=0.0), "repetition_penalty"), (dict(presence_penalty=3.0), "presence_penalty"),
     (dict(seed=-1), "seed"), (dict(seed=RANDOM_SEED - 1, n=2), "seed"),
+    (dict(stop=""), "stop"), (dict(stop=["ok", ""]), "stop"),
 ])
 def test_sampling_params_validation(kwargs, name):
     with pytest.raises(ValueError, match=rf"\b{name}\b"):

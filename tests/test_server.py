@@ -243,7 +243,7 @@ def test_several_prompts_streamed(client):
         assert [c["finish_reason"] for c in mine][-1] == "length"
 
 
-@pytest.mark.parametrize("stop", [".", ["\n", "."], "ris"])
+@pytest.mark.parametrize("stop", [".", ["\n", "."], "ris", ["", "."]])   # (empty strings are ignored)
 def test_stop_strings(client, stop):
     # Greedy, the prompt goes on " Paris.\n\nThe United States has ..."
     body = {"prompt": PROMPT, "max_tokens": 20, "temperature": 0, "stop": stop}

@@ -106,7 +106,8 @@ class SamplingParams:
             raise ValueError(f"SamplingParams: seed must be in [0, 2**64 - n] and seed..seed+n-1 must not "
                              f"include {RANDOM_SEED:#x} (ember's 'random seed'), got {self.seed!r}")
         self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        self.stop = [s for s in self.stop if s]
+        if not all(self.stop):   # as vLLM: an empty string would match before the first token
+            raise ValueError(f"SamplingParams: stop cannot contain an empty string, got {self.stop!r}")
         self.stop_token_ids = [int(t) for t in self.stop_token_ids or []]
 
     def engine_kwargs(self, index: int, max_tokens: int) -> dict:

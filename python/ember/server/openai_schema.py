@@ -137,7 +137,7 @@ def _stop(body: dict) -> List[str]:
     if stop is None or isinstance(stop, str):
         return [stop] if stop else []
     if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-        return stop
+        return [s for s in stop if s]   # empty strings ignored, as a lone "" is
     raise bad_param("stop", "'stop' must be a string or an array of strings")
 
 
