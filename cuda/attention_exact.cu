@@ -16,6 +16,7 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "async_copy.cuh"
 #include "attention_splits.cuh"
@@ -173,13 +174,17 @@ int exact_cluster_ctas(int head_dim) { return (head_dim + kExactDims - 1) / kExa
 // quarter warp read at once on different banks), then V's kExactDims columns of every key.
 size_t exact_cluster_smem(int head_dim) {
     const int n_cta = exact_cluster_ctas(head_dim);
-    return sizeof(__half) * (size_t((kExactMaxLen + n_cta - 1) / n_cta) * (head_dim + 8) + size_t(kExactMaxLen) * kExactDims);
+    const size_t k_rows = size_t((kExactMaxLen + n_cta - 1) / n_cta) * (head_dim + 8);
+    return sizeof(__half) * (k_rows + size_t(kExactMaxLen) * kExactDims);
 }
 
 __global__ void __launch_bounds__(kExactThreads) attention_exact_cluster_kernel(AttentionArgs a, DeviceBatch b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
+    // The scores are written into the other CTAs' shared memory, which needs them all started:
+    // this arrival and the wait before the first such write say so.
+    auto started = cluster.barrier_arrive();
     const int n_cta = int(cluster.num_blocks()), rank = int(cluster.block_rank());
     const int t = blockIdx.x / n_cta, h = blockIdx.y;
     const int hd = a.head_dim, n8 = hd / 8, kvh = h / (a.n_head / a.n_head_kv), k_row = hd + 8;
@@ -249,6 +254,7 @@ __global__ void __launch_bounds__(kExactThreads) attention_exact_cluster_kernel(
     cp_async_wait<1>();   // every group but the last (V after the wait)
     __syncthreads();
 
+    cluster.barrier_wait(std::move(started));
     for (int j = threadIdx.x; j < nk; j += kExactThreads) {
         const uint4* kr = reinterpret_cast<const uint4*>(ks + j * k_row);
         float acc = 0.f;
@@ -263,8 +269,10 @@ __global__ void __launch_bounds__(kExactThreads) attention_exact_cluster_kernel(
     softmax_in_order(ps, n_keys, mx);
     cp_async_wait<0>();
     __syncthreads();
-    if (threadIdx.x < nd)
-        store_out(a, (int64_t(t) * a.n_head + h) * hd + d0 + threadIdx.x, pv_in_order(0.f, ps, vs + threadIdx.x, kExactDims, n_keys));
+    if (threadIdx.x < nd) {
+        const float o = pv_in_order(0.f, ps, vs + threadIdx.x, kExactDims, n_keys);
+        store_out(a, (int64_t(t) * a.n_head + h) * hd + d0 + threadIdx.x, o);
+    }
 #endif
 }
 
@@ -276,11 +284,13 @@ int64_t exact_cluster_ctas_at_once() {
     static const int64_t n = [] {
         size_t smem = 0;
         for (int hd = 8; hd <= kExactMaxHeadDim; hd += 8) smem = std::max(smem, exact_cluster_smem(hd));
-        EMBER_CUDA_CHECK(cudaFuncSetAttribute(attention_exact_cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        EMBER_CUDA_CHECK(
+            cudaFuncSetAttribute(attention_exact_cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
         int dev = 0, sms = 0, per_sm = 0;
         EMBER_CUDA_CHECK(cudaGetDevice(&dev));
         EMBER_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        EMBER_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_exact_cluster_kernel, kExactThreads, smem));
+        EMBER_CUDA_CHECK(
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_exact_cluster_kernel, kExactThreads, smem));
         return int64_t(sms) * per_sm;
     }();
     return n;

@@ -122,9 +122,9 @@ public:
         // EMBER_CUDA_GRAPHS=0 runs every step eagerly; EMBER_CUDA_FUSE=0 makes every fused op
         // (and matmul_many) take the Backend's default composition of primitives, one launch per
         // primitive; EMBER_CUDA_EXACT_ATTN=0 uses the flash-decoding kernel for short contexts
-        // too; EMBER_CUDA_EXACT_CLUSTER=0 runs the short contexts' reference-order kernel one CTA a
-        // head, as on GPUs before Hopper; EMBER_CUDA_PDL=0 turns off programmatic dependent launch. For diagnosis and
-        // comparisons. EMBER_CUDA_SHORT_ATTN=1 lets the engine's default-mode decode steps take
+        // too; EMBER_CUDA_EXACT_CLUSTER=0 runs the short contexts' reference-order kernel one CTA
+        // a head, as on GPUs before Hopper; EMBER_CUDA_PDL=0 turns off programmatic dependent
+        // launch. For diagnosis and comparisons. EMBER_CUDA_SHORT_ATTN=1 lets the engine's default-mode decode steps take
         // attention_short (faster, but further from Llama's greedy text). EMBER_CUDA_GRAPH_LOG=1
         // prints each step's graph outcome (replay, capture, eager) and each invalidation to
         // stderr: why a step shape does not replay.
@@ -1132,7 +1132,8 @@ private:
     std::unordered_set<uint64_t> seen_;
     uint64_t graph_gen_ = 0, capture_key_ = 0, capture_gen_ = 0;
     bool capturing_ = false;
-    bool graphs_on_ = true, fuse_on_ = true, exact_attn_on_ = true, exact_cluster_on_ = true, short_attn_on_ = false, graph_log_ = false;
+    bool graphs_on_ = true, fuse_on_ = true, exact_attn_on_ = true, exact_cluster_on_ = true, short_attn_on_ = false;
+    bool graph_log_ = false;
     // The batch asks for kernels whose per-token results do not depend on the batch
     // (BatchInfo::batch_invariant): no decode-only fusions, the integer GEMV for every size,
     // attention one query per tile without key splits.
