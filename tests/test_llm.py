@@ -280,6 +280,20 @@ def test_get_tokenizer_has_hf_api(llm, llama):
         tok.decode([1, 999999])
 
 
+@pytest.mark.parametrize("prompts, params, error", [
+    (None, None, "prompts must be a str, token ids, a prompt dict or a list of those, got NoneType"),
+    (5, None, "prompts must be a str, token ids, a prompt dict or a list of those, got int"),
+    ("hi", {"temperature": 0}, "sampling_params must be a SamplingParams, got dict"),
+    (["hi", "there"], [SamplingParams(), "greedy"], "sampling_params must be a SamplingParams, got str"),
+])
+def test_generate_bad_argument_types(llm, prompts, params, error):
+    """A wrong type is a TypeError naming the argument, not an AttributeError from inside; a batch
+    with one bad entry leaves nothing behind."""
+    with pytest.raises(TypeError, match=error):
+        llm.generate(prompts, params, use_tqdm=False)
+    wait_until(lambda: idle(llm))
+
+
 def test_chat_bad_input(llm):
     with pytest.raises(ValueError, match="conversation is a list of message dicts"):
         llm.chat([[{"role": "user", "content": "hi"}], "not a conversation"], use_tqdm=False)

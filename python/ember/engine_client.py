@@ -36,6 +36,8 @@ class EngineClient:
         output's prompt). ValueError where the prompt leaves no room in the context for a
         generated token; max_tokens beyond the room is capped at it (the sequence then ends with
         finish_reason "length" at the end of the context), as vLLM's LLM and llama-cpp-python do."""
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         text = prompt if isinstance(prompt, str) else None
         if isinstance(prompt, dict):
             if "prompt_token_ids" not in prompt and "prompt" not in prompt:

@@ -20,7 +20,11 @@ def _prompt_list(prompts) -> list:
     """vLLM's prompt forms as a list: a str, a dict, or one list of token ids is one prompt."""
     if isinstance(prompts, (str, dict)):
         return [prompts]
-    prompts = list(prompts)
+    try:
+        prompts = list(prompts)
+    except TypeError:
+        raise TypeError(f"LLM.generate: prompts must be a str, token ids, a prompt dict or a list of those, "
+                        f"got {type(prompts).__name__}") from None
     if prompts and isinstance(prompts[0], numbers.Integral):
         return [prompts]
     return prompts
