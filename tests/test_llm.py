@@ -53,7 +53,7 @@ def idle(llm):
     (dict(max_tokens=0), "max_tokens"), (dict(max_tokens=-3), "max_tokens"),
     (dict(temperature=-0.1), "temperature"), (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"),
     (dict(min_tokens=5, max_tokens=2), "min_tokens"), (dict(min_tokens=-1), "min_tokens"),
-    (dict(n=0), "n"), (dict(top_k=-2), "top_k"), (dict(min_p=1.5), "min_p"), (dict(logprobs=-1), "logprobs"),
+    (dict(n=0), "n"), (dict(top_k=-2), "top_k"), (dict(min_p=1.5), "min_p"), (dict(logprobs=-1), "logprobs"), (dict(logprobs=21), "logprobs"),
     (dict(repetition_penalty=0.0), "repetition_penalty"), (dict(presence_penalty=3.0), "presence_penalty"),
     (dict(seed=-1), "seed"), (dict(seed=RANDOM_SEED - 1, n=2), "seed"),
     (dict(stop=""), "stop"), (dict(stop=["ok", ""]), "stop"),

@@ -47,6 +47,7 @@ struct RequestParams {
     bool ignore_eos = false;
     int32_t logprobs = -1;                  // -1: none; 0: the sampled token's; k > 0: and the top k
     bool prompt_logprobs = false;           // logprob of every prompt token after the first
+    static constexpr int32_t kMaxLogprobs = 20;   // vLLM's default max_logprobs
 };
 
 // New tokens of one request since its previous output.

@@ -21,6 +21,7 @@ using namespace nb::literals;
 using namespace ember;
 
 void bind_engine(nb::module_& m) {
+    m.attr("MAX_LOGPROBS") = RequestParams::kMaxLogprobs;
     nb::class_<EngineOutput>(m, "EngineOutput", "New tokens of one request since its previous output.")
         .def_ro("request_id", &EngineOutput::request_id)
         .def_ro("token_ids", &EngineOutput::token_ids)

@@ -6,6 +6,8 @@ import numbers
 from dataclasses import dataclass, fields
 from typing import Dict, List, Optional, Union
 
+from . import _ember
+
 RANDOM_SEED = 0xFFFFFFFF   # the engine's "draw a random seed", as in llama.cpp
 
 _INT_FIELDS = {"n", "top_k", "max_tokens", "min_tokens", "seed", "logprobs", "prompt_logprobs"}
@@ -90,7 +92,8 @@ class SamplingParams:
             ("min_tokens", self.min_tokens >= 0, "must be non-negative"),
             ("min_tokens", self.max_tokens is None or self.min_tokens <= self.max_tokens,
              f"must not exceed max_tokens={self.max_tokens}"),
-            ("logprobs", self.logprobs is None or self.logprobs >= 0, "must be non-negative (or None)"),
+            ("logprobs", self.logprobs is None or 0 <= self.logprobs <= _ember.MAX_LOGPROBS,
+             f"must be in [0, {_ember.MAX_LOGPROBS}] (or None)"),
             ("prompt_logprobs", self.prompt_logprobs is None or self.prompt_logprobs >= 0,
              "must be non-negative (or None)"),
             ("presence_penalty", -2.0 <= self.presence_penalty <= 2.0, "must be in [-2, 2]"),

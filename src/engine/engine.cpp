@@ -23,8 +23,6 @@ namespace ember {
 
 namespace {
 
-constexpr int32_t kMaxLogprobs = 20;
-
 // log softmax(row)[token], its rank (vLLM's: 1 + the tokens with a higher logit) and, for k > 0,
 // the k most likely tokens with theirs.
 float log_prob(const float* row, int32_t n_vocab, int32_t token, int32_t k, int32_t* rank,
@@ -435,8 +433,8 @@ int64_t Engine::add_request(const RequestParams& r) {
         fail("min_tokens must be in [0, max_tokens = ", r.max_tokens, "], got ", r.min_tokens);
     if (n + (r.max_tokens > 0 ? 1 : 0) > e.params.n_ctx)
         fail("the prompt has ", n, " tokens; with room for a generated one that exceeds n_ctx ", e.params.n_ctx);
-    if (r.logprobs < -1 || r.logprobs > kMaxLogprobs)
-        fail("logprobs must be in [-1, ", kMaxLogprobs, "] (-1: none), got ", r.logprobs);
+    if (r.logprobs < -1 || r.logprobs > RequestParams::kMaxLogprobs)
+        fail("logprobs must be in [-1, ", RequestParams::kMaxLogprobs, "] (-1: none), got ", r.logprobs);
     for (int32_t id : r.stop_token_ids)
         if (id < 0 || id >= e.n_vocab) fail("stop_token_ids: ", id, " is out of range [0, ", e.n_vocab, ")");
     // (the sampler knows no vocabulary until it samples: checked here, the request is refused whole)
