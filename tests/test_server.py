@@ -401,6 +401,8 @@ def test_bad_chat_requests(client):
     assert_error(client.post("/v1/chat/completions", json={"messages": CHAT, "top_logprobs": 2}), 400, "top_logprobs")
     image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
     assert_error(client.post("/v1/chat/completions", json={"messages": image}), 400, "messages[0].content")
+    for missing in ({"role": "user"}, {"role": "system", "content": None}):   # not a template's TypeError
+        assert_error(client.post("/v1/chat/completions", json={"messages": [missing]}), 400, "messages[0].content")
     parts = [{"role": "user", "content": [{"type": "text", "text": "Name three "},
                                           {"type": "text", "text": "colors."}]}]
     a = client.post("/v1/chat/completions", json={"messages": parts, "max_tokens": 4, "temperature": 0}).json()

@@ -259,6 +259,8 @@ def _messages(body: dict) -> list:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise bad_param(f"messages[{i}]", "each message must be an object with a string 'role'")
+        if m.get("content") is None and m["role"] != "assistant":   # (an assistant's tool calls may stand alone)
+            raise bad_param(f"messages[{i}].content", f"a {m['role']!r} message needs a 'content'")
         out.append(dict(m, content=_content_text(m.get("content"), i)))
     return out
 
