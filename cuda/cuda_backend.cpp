@@ -124,10 +124,10 @@ public:
         // primitive; EMBER_CUDA_EXACT_ATTN=0 uses the flash-decoding kernel for short contexts
         // too; EMBER_CUDA_EXACT_CLUSTER=0 runs the short contexts' reference-order kernel one CTA
         // a head, as on GPUs before Hopper; EMBER_CUDA_PDL=0 turns off programmatic dependent
-        // launch. For diagnosis and comparisons. EMBER_CUDA_SHORT_ATTN=1 lets the engine's default-mode decode steps take
-        // attention_short (faster, but further from Llama's greedy text). EMBER_CUDA_GRAPH_LOG=1
-        // prints each step's graph outcome (replay, capture, eager) and each invalidation to
-        // stderr: why a step shape does not replay.
+        // launch. For diagnosis and comparisons. EMBER_CUDA_SHORT_ATTN=1 lets the engine's
+        // default-mode decode steps take attention_short (faster, but further from Llama's greedy
+        // text). EMBER_CUDA_GRAPH_LOG=1 prints each step's graph outcome (replay, capture, eager)
+        // and each invalidation to stderr: why a step shape does not replay.
         graphs_on_ = env_flag("EMBER_CUDA_GRAPHS");
         graph_log_ = env_opt_in("EMBER_CUDA_GRAPH_LOG");
         exact_attn_on_ = env_flag("EMBER_CUDA_EXACT_ATTN");
@@ -634,16 +634,18 @@ private:
     // greedy text further from Llama's (docs/performance.md).
     bool short_attention(const KVLayer& kv, int32_t n_tok) const {
         return fast_attn_ && short_attn_on_ && !invariant_ && kv.k_type == GGMLType::F16 && kv.v_type == GGMLType::F16 &&
-               (n_tok == 1 || (n_tok == n_tok_ && n_tok <= kMaxIntPromptTokens && decode_batch())) &&
+               (n_tok == 1 || (decode_step(n_tok) && n_tok <= kMaxIntPromptTokens)) &&
                max_len_ <= cuda::kShortMaxLen;
     }
     // A decode step of the engine: one token from each of up to kMaxGraphDecodeTokens sequences.
     // Such steps repeat with the same shape every token, so they are recorded as graphs, one per
     // batch size (and length bucket); other steps larger than a single-sequence decode run eagerly.
     bool decode_batch() const { return n_tok_ <= kMaxGraphDecodeTokens && n_seq_ == n_tok_ && n_tiles_[0] == n_tok_; }
+    // An op over n_tok tokens that are the whole of such a step: each the only one of its sequence.
+    bool decode_step(int32_t n_tok) const { return n_tok == n_tok_ && decode_batch(); }
     // Batches whose attention the decode kernels take (one query per sequence, each over its own
     // context): single-sequence decode sizes and the engine's decode steps.
-    bool decode_sized(int32_t n_tok) const { return n_tok <= kMaxGemvTokens || (n_tok == n_tok_ && decode_batch()); }
+    bool decode_sized(int32_t n_tok) const { return n_tok <= kMaxGemvTokens || decode_step(n_tok); }
     // The long-context decode kernels take power-of-two KV blocks of >= 4 tokens (the default is
     // 16): q heads per CTA for the q8_0 or the f16 one, 0 when they do not take the layer.
     int decode_heads(const KVLayer& kv, int32_t n_head, bool q8) const {
@@ -728,7 +730,7 @@ private:
     // all of them instead of the GEMV's per-token work.
     bool takes_gemm_dq(const Weight& w, int32_t n_tok) const {
         static const bool on = env_flag("EMBER_CUDA_GEMM_DQ");
-        const bool sized = n_tok > kMaxGemvTokens || (n_tok >= 2 && n_tok == n_tok_ && decode_batch());
+        const bool sized = n_tok > kMaxGemvTokens || (n_tok >= 2 && decode_step(n_tok));
         return on && !invariant_ && sized && n_tok <= cuda::kMaxGemmDqTokens &&
                cuda::gemm_dq_supported(w.type, w.n_in) && !(cuda::gemv_cpu_order(w.n_in) && n_tok <= kMaxIntPromptTokens);
     }
@@ -737,7 +739,7 @@ private:
     // compute-bound at 8 tokens (a Q6_K head chunk runs at ~0.4 TB/s), so one dequantized cuBLAS
     // GEMM, which reads the weight once for all tokens, costs less than a launch per chunk.
     bool many_chunks_of_superblocks(const Weight& w, int32_t n_tok) const {
-        return !invariant_ && n_tok > 3 * kMaxGemvTokens && n_tok == n_tok_ && decode_batch() &&
+        return !invariant_ && n_tok > 3 * kMaxGemvTokens && decode_step(n_tok) &&
                cuda::block_info(w.type).block_elems == 256;
     }
     // ys[i] = x ws[i]^T; x_q8: the scratch already holds x as q8_1 blocks (the kernel before
@@ -916,7 +918,7 @@ private:
         }
         if (!a.kv_q8 && exact_attention(n_tok, shape.head_dim))
             return with_q8_out([&] {
-                a.old_rows_ready = n_tok == n_tok_ && decode_batch();
+                a.old_rows_ready = decode_step(n_tok);
                 cuda::attention_exact(a, dbatch_, exact_cluster_on_, stream_);
             });
         if (invariant_) {   // one query per tile, one split: nothing depends on the rest of the batch

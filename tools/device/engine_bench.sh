@@ -12,6 +12,8 @@ cd "$(dirname "$0")/../.."
 source tools/device/run_prelude.sh
 NPL=${NPL:-1,8,32,64,128}
 M=/tmp/em/l7b-q4_0.gguf
+# ember-bench -npl on the synthetic model; "$@": variables for it (env NAME=value ...).
+ember_npl() { env "$@" timeout 240 python3 -m ember.bench -m $M -ngl -1 -npl $NPL -npp 128 -ntg 128 2>&1 | tee -a "$LOG"; }
 if [ "${TESTS:-1}" = 1 ]; then
   timeout 300 python3 -m pytest tests/test_engine.py tests/test_cuda_gemm.py -q -rs -k "cuda or gemm" -p no:cacheprovider \
       > "${OUT:-/tmp}/tests.log" 2>&1
@@ -21,17 +23,16 @@ step "llama-batched-bench"
 timeout 200 /tmp/lcpp/llama.cpp/build/bin/llama-batched-bench -m $M -ngl 99 -npp 128 -ntg 128 -npl $NPL -c 33000 \
     -b 2048 -ub 512 2>&1 | grep -E "^\|" | tee -a "$LOG"
 step "ember-bench -npl"
-timeout 240 python3 -m ember.bench -m $M -ngl -1 -npl $NPL -npp 128 -ntg 128 2>&1 | tee -a "$LOG"
+ember_npl
 if [ "${BASE:-0}" = 1 ] && [ -f /tmp/base_built ]; then
   step "ember-bench -npl, the baseline tree (/tmp/base)"
-  PYTHONPATH=/tmp/site:/tmp/base/python EMBER_DEV_BUILD=/tmp/base/build/dev timeout 240 python3 -m ember.bench -m $M \
-      -ngl -1 -npl $NPL -npp 128 -ntg 128 2>&1 | tee -a "$LOG"
+  ember_npl PYTHONPATH=/tmp/site:/tmp/base/python EMBER_DEV_BUILD=/tmp/base/build/dev
   step "ember-bench -npl, this tree again"
-  timeout 240 python3 -m ember.bench -m $M -ngl -1 -npl $NPL -npp 128 -ntg 128 2>&1 | tee -a "$LOG"
+  ember_npl
 fi
 if [ -n "$BASELINE_ENV" ]; then
   step "ember-bench -npl with $BASELINE_ENV"
-  env $BASELINE_ENV timeout 240 python3 -m ember.bench -m $M -ngl -1 -npl $NPL -npp 128 -ntg 128 2>&1 | tee -a "$LOG"
+  ember_npl $BASELINE_ENV
 fi
 if [ -n "$DETERMINISTIC" ]; then
   step "ember-bench -npl --deterministic"
