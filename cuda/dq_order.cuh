@@ -1,7 +1,8 @@
-// gemm_dq's K order of f16 activations (gemm_dq.cu explains it): within each 32-element block,
-// 16-byte chunk t holds elements 4t, 4t+2, 4t+1, 4t+3, 4t+16, 4t+18, 4t+17, 4t+19. Kernels that
-// produce a matmul's input (rmsnorm, the gated activation, gemm_dq_input) write it in that order
-// with store_dq4, so gemm_dq reads its B fragments as whole chunks.
+// gemm_dq's K order of f16 activations (gemm_dq.cu explains it): each 16 elements of a 32-element
+// block go as their evens, then their odds, so a block's four 16-byte chunks hold elements
+// 0, 2, ..., 14 | 1, 3, ..., 15 | 16, 18, ..., 30 | 17, 19, ..., 31. Kernels that produce a
+// matmul's input (rmsnorm, the gated activation, gemm_dq_input) write it in that order with
+// store_dq4.
 #pragma once
 #include <cuda_fp16.h>
 
@@ -13,11 +14,12 @@ namespace ember {
 namespace cuda {
 
 // Elements e..e+3 (e % 4 == 0, index into a row-major array whose rows are whole 32-element
-// blocks) as f16 into xh in gemm_dq's order: one 8-byte store.
+// blocks) as f16 into xh in gemm_dq's order: e and e + 2 are neighbours among the evens, e + 1
+// and e + 3 among the odds 8 halves later.
 __device__ __forceinline__ void store_dq4(__half* xh, int64_t e, float4 v) {
-    const int j = int(e & 31) >> 2;   // which group of 4 in the block: chunk j & 3, half j >> 2
-    __half* at = xh + (e & ~int64_t(31)) + 8 * (j & 3) + 4 * (j >> 2);
-    *reinterpret_cast<uint2*>(at) = make_uint2(pack_half2(v.x, v.z), pack_half2(v.y, v.w));
+    __half* at = xh + (e & ~int64_t(15)) + (int(e & 15) >> 1);
+    *reinterpret_cast<uint32_t*>(at) = pack_half2(v.x, v.z);
+    *reinterpret_cast<uint32_t*>(at + 8) = pack_half2(v.y, v.w);
 }
 
 }  // namespace cuda

@@ -9,21 +9,29 @@
 // 32-block the k order is the one that unpacks cheapest: lane t (= lane % 4) of a fragment takes
 // word t of the block's quants (elements 4t..4t+3 and, for the nibble formats, 4t+16..4t+19 in
 // the high nibbles; Q8_0: word t + 4), fragment pairs (4t, 4t+2), (4t+1, 4t+3) for k-step 0 and
-// the same 16 elements later for k-step 1. gemm_dq_input writes x in that order: per block and
-// token, 16-byte chunk t = halves x[4t], x[4t+2], x[4t+1], x[4t+3], x[4t+16], x[4t+18],
-// x[4t+17], x[4t+19], which is a lane's B fragments of both k-steps (b0, b1, b0', b1').
+// the same 16 elements later for k-step 1. So k-step 0 reads elements 0, 2, ..., 14 as its k
+// 0..7 and 1, 3, ..., 15 as its k 8..15, and gemm_dq_input writes x in that order (dq_order.cuh):
+// a block's four 16-byte chunks are the evens and odds of its first 16 elements, then of the
+// next 16. A chunk is then 8 consecutive k of one token, the row of a tensor-core B tile.
 //
-// CTA tile: kBM = 256 weight rows x BN = 8 * NJ tokens (16, 32 or 64); 8 warps along the rows, a
-// warp 32 rows (two m16 tiles) x all BN tokens, so each weight element is unpacked once per CTA
-// and each B fragment serves 32 rows. Larger batches run several token tiles (grid y) over the
-// same weight tile; a warp skips the n8 tiles past n_tok. K runs through a kStages-deep cp.async
-// pipeline of 128 quant bytes a row per stage (kKB = 8 nibble blocks or 4 Q8_0 blocks). A stage:
+// CTA tile: kBM = 256 weight rows x BN = 8 * NJ tokens; each weight element is unpacked once per
+// CTA and multiplied with every token of the tile. Two forms of the multiply:
+//   mma.sync (any GPU): 8 warps along the rows, a warp 32 rows (two m16 tiles) x all BN (16, 32
+//     or 64) tokens, B fragments from shared memory with ldmatrix;
+//   wgmma (Hopper, built for sm_90a): 2 warpgroups, each two m64 tiles x BN (16..128) tokens, the
+//     A tiles from the same per-warp registers and B read by the tensor cores from shared memory,
+//     so a warp issues one instruction per 64 x BN x 16 product instead of BN / 8 (and B = 128
+//     takes one token tile: every weight unpacked once).
+// Larger batches run several token tiles (grid y) over the same weight tile; the mma.sync form
+// skips the n8 tiles past n_tok. K runs through a kStages-deep cp.async pipeline of 128 quant
+// bytes a row per stage (kKB = 8 nibble blocks or 4 Q8_0 blocks). A stage:
 //   weight quants [kBM][128]          16-byte chunk c of row r at c ^ (r & 7): the 8 rows of an
 //                                     ldmatrix land in distinct banks
 //   weight meta   [kBM][kKB * kMB]    the blocks' f16 d (and m)
-//   x             [BN][kKB * 64]      f16 in the K order above; odd tokens swap neighbouring blocks,
-//                                     so the two tokens of a quarter-warp's 16-byte loads do not
-//                                     share banks
+//   x             [kKB / 2][BN][128]  panels of 64 k (4 chunks of two blocks) a token, chunk c
+//                                     of token n at c ^ (n & 7): wgmma's K-major B tile in its
+//                                     128-byte swizzle; the 8 rows of an ldmatrix and the 8
+//                                     chunks of a token's 128-byte copy land in distinct banks
 // Rows need n_in % kDqAlign == 0: every stage is whole and every meta row 16-byte aligned.
 // Within a step, the next step's quants and scales load while this one unpacks and multiplies, and
 // the mmas go out k-step by k-step over all n8 tiles, so consecutive mmas are independent.
@@ -35,13 +43,16 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "async_copy.cuh"
 #include "common.cuh"
 #include "kernels.h"
 #include "launch.h"
 #include "mma.cuh"
+#include "wgmma.cuh"
 
 namespace ember {
 namespace cuda {
@@ -144,14 +155,16 @@ struct Layout {
     static constexpr int kBN = 8 * NJ;
     static constexpr int kKB = kRowBytes / F::kQB;   // blocks a stage
     static constexpr int kMRow = kKB * F::kMB;       // meta bytes of a row per stage: 8, 16 or 32
-    static constexpr int kXRow = kKB * 64;           // f16 x bytes of a token per stage
+    static constexpr int kXChunks = kKB * 4;         // 16-byte chunks of f16 x of a token per stage
     static constexpr int kW = 0, kM = kW + kBM * kRowBytes, kX = kM + kBM * kMRow;
-    static constexpr int kStage = kX + kBN * kXRow;
+    static constexpr int kStage = kX + kBN * kXChunks * 16;
     static constexpr int kStages = std::min(kMaxStages, kSmemLimit / kStage);
     static constexpr int kAccRow = kBM + 4;   // floats; +4: a warp's fragment stores hit 32 banks
     static constexpr int kSmem = std::max(kStages * kStage, kBN * kAccRow * 4);
     static_assert(kStages >= 2, "a stage does not fit twice in shared memory");
     static_assert(kKB % 2 == 0 && 32 * kKB <= kDqAlign, "stages hold pairs of blocks and divide kDqAlign");
+    static_assert(kBN % 16 == 0 && kBN * kXChunks % kThreads == 0, "x copies: whole slots of 32 rows of 8 chunks");
+    static_assert(kX % 1024 == 0 && kStage % 1024 == 0, "x panels start at the swizzle's 1024-byte period");
 };
 
 // Up to kMaxWeights weights of one format and width that read the same x, in one launch: their
@@ -186,15 +199,28 @@ __device__ __forceinline__ CtaWeight cta_weight(const Params& p) {
     return c;
 }
 
-template <class F, int NJ>
+// Row of lane group g of m16 tile i (of two) of this warp: mma.sync gives a warp 32 consecutive
+// rows; wgmma gives warpgroup G rows G * 128 + 64 i + 16 (warp % 4), where its warp's A fragment
+// sits in the m64 tile.
+template <bool kWg>
+__device__ __forceinline__ int tile_row(int warp, int i) {
+    return kWg ? (warp >> 2) * 128 + 64 * i + 16 * (warp & 3) : warp * 32 + 16 * i;
+}
+
+template <class F, int NJ, bool kWg>
 __global__ void __launch_bounds__(kThreads, 1) gemm_dq_kernel(Params p) {
+#if !defined(EMBER_WGMMA)
+    if constexpr (kWg) {   // the host launches this form only where the sm_90a code was built
+        __trap();
+        return;
+    }
+#endif
     using L = Layout<F, NJ>;
     constexpr int kBN = L::kBN, kKB = L::kKB, kStages = L::kStages;
-    extern __shared__ uint4 smem_raw[];
+    extern __shared__ __align__(1024) uint4 smem_raw[];
     uint8_t* smem = reinterpret_cast<uint8_t*>(smem_raw);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int wrow = warp * 32;
     const CtaWeight cw = cta_weight(p);
     const int tok0 = int(blockIdx.y) * kBN, row0 = cw.row0, n_out = cw.n_out;
     const int64_t nb = p.n_blocks;
@@ -207,11 +233,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_dq_kernel(Params p) {
     // n_tok read as zeros (a zero scale or activation adds 0 to every sum).
     //   quants: row (tid >> 3) + 32 k, chunk tid & 7, at chunk ^ (row & 7)
     //   meta:   kMRow bytes a row in chunks of up to 16, row tid / kMChunks + k * kThreads / kMChunks
-    //   x:      token tid / kXChunks + k * kThreads / kXChunks, chunk tid % kXChunks, odd tokens
-    //           at chunk ^ 4
+    //   x:      token row (tid >> 3) + 32 k of the (panel, token) rows, chunk tid & 7: a
+    //           quarter-warp copies one token's 128 bytes of a panel
     constexpr int kMChunk = L::kMRow < 16 ? L::kMRow : 16, kMChunks = L::kMRow / kMChunk;
-    constexpr int kXChunks = L::kXRow / 16;
-    static_assert(kThreads % kMChunks == 0 && kThreads % kXChunks == 0, "copy slots keep their row");
+    static_assert(kThreads % kMChunks == 0, "copy slots keep their row");
     const int64_t kb_begin = int64_t(ks_begin) * kKB;
     const int w_r = tid >> 3, w_c = tid & 7;
     const uint8_t* w_src = cw.wq + ((row0 + w_r) * nb + kb_begin) * F::kQB + 16 * w_c;
@@ -220,9 +245,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_dq_kernel(Params p) {
     const int m_r = tid / kMChunks, m_c = tid % kMChunks;
     const uint8_t* m_src = cw.meta + ((row0 + m_r) * nb + kb_begin) * F::kMB + kMChunk * m_c;
     const int m_dst = L::kM + m_r * L::kMRow + kMChunk * m_c;
-    const int x_t = tid / kXChunks, x_c = tid % kXChunks;
-    const __half* x_src = p.xh + (tok0 + x_t) * nb * 32 + kb_begin * 32 + 8 * x_c;
-    const int x_dst = L::kX + x_t * L::kXRow + ((x_c ^ ((x_t & 1) << 2)) << 4);
+    const int x_row = tid >> 3, x_c = tid & 7;
+    const __half* x_src = p.xh + kb_begin * 32 + 8 * x_c;
+    const int x_dst = L::kX + ((x_c ^ (x_row & 7)) << 4);   // (row & 7 is the token's: kBN % 8 == 0)
     auto load_weights = [&](int s, int rel) {   // rel: the stage's index within the split
         uint8_t* st = smem + s * L::kStage;
 #pragma unroll
@@ -242,13 +267,12 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_dq_kernel(Params p) {
     };
     auto load_x = [&](int s, int rel) {
         uint8_t* st = smem + s * L::kStage;
-#pragma unroll
-        for (int k = 0; k < (kBN * kXChunks + kThreads - 1) / kThreads; ++k) {
-            const int tk = x_t + k * (kThreads / kXChunks);
-            if (kBN * kXChunks % kThreads != 0 && tk >= kBN) break;
-            const bool ok = tok0 + tk < p.n_tok;
-            const __half* src = ok ? x_src + k * (kThreads / kXChunks) * nb * 32 + rel * kKB * 32 : p.xh;
-            cp_async16_zfill(st + x_dst + k * (kThreads / kXChunks) * L::kXRow, src, ok);
+#pragma unroll 1   // (unrolled, the slots' token pointers stay live through the stage: spills at kBN 128)
+        for (int k = 0; k < kBN * L::kXChunks / kThreads; ++k) {
+            const int r = x_row + 32 * k, n = r % kBN, panel = r / kBN;
+            const bool ok = tok0 + n < p.n_tok;
+            const __half* src = ok ? x_src + (tok0 + n) * nb * 32 + rel * kKB * 32 + 64 * panel : p.xh;
+            cp_async16_zfill(st + x_dst + (panel * kBN + n) * 128, src, ok);
         }
     };
 
@@ -268,28 +292,37 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_dq_kernel(Params p) {
     // word t of each. A step is two nibble blocks (a chunk each) or one Q8_0 block (words t, t + 4).
     constexpr int kStepBlocks = 32 / F::kQB;
     using StepMeta = typename F::StepMeta;
-    int q_off[2];
+    int q_off[2], m_off[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-        const int r = wrow + 16 * i + 8 * ((lane >> 3) & 1) + (lane & 7);
+        const int r = tile_row<kWg>(warp, i) + 8 * ((lane >> 3) & 1) + (lane & 7);
         q_off[i] = L::kW + r * kRowBytes + (((lane >> 4) ^ (r & 7)) << 4);   // step 0; step kl: chunk ^ kl * kQB / 16
+        m_off[i] = L::kM + (tile_row<kWg>(warp, i) + g) * L::kMRow;
     }
-    // Lane (g, t)'s B chunk of block kb, token 8 j + g: (4 kb + t) ^ (4 (g & 1)) = 4 (kb ^ (g & 1)) + t,
-    // i.e. 64 (g & 1) bytes after block kb's chunk t for even kb and as many before it for odd kb.
-    const int x_even = L::kX + g * L::kXRow + 16 * t + 64 * (g & 1), x_odd = x_even - 128 * (g & 1);
+    // The B fragments of the mma.sync form: ldmatrix.x4 of block kb's four chunks for tokens
+    // 8 j .. 8 j + 7 gives lane (g, t) word t of each, b0 b1 of k-step 0 and of k-step 1. Lanes
+    // 8 m .. 8 m + 7 address chunk m of the block for token lane & 7 (even blocks: chunks 0-3 of
+    // the panel, odd: 4-7).
+    const int x_lane = L::kX + (lane & 7) * 128;
+    const int x_even = ((lane >> 3) ^ (lane & 7)) << 4, x_odd = ((4 + (lane >> 3)) ^ (lane & 7)) << 4;
     auto load_step = [&](const uint8_t* st, int kl, uint32_t (&q)[2][4], StepMeta (&m)[2][2]) {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             ldmatrix_x4(q[i], st + (q_off[i] ^ ((kl * F::kQB / 16) << 4)));
 #pragma unroll
             for (int h = 0; h < 2; ++h)
-                m[i][h] = *reinterpret_cast<const StepMeta*>(st + L::kM + (wrow + 16 * i + 8 * h + g) * L::kMRow +
-                                                            kl * F::kMB);
+                m[i][h] = *reinterpret_cast<const StepMeta*>(st + m_off[i] + 8 * h * L::kMRow + kl * F::kMB);
         }
     };
+#if defined(EMBER_WGMMA)
+    const uint64_t x_desc = wgmma_desc_sw128(smem + L::kX);   // B tiles of the wgmma form
+#endif
     int s_read = 0, s_write = kStages - 1;
     for (int ks = 0; ks < n_st; ++ks) {
         cp_async_wait<kStages - 2>();
+#if defined(EMBER_WGMMA)
+        if constexpr (kWg) fence_proxy_async();   // the copies become visible to the tensor cores' reads
+#endif
         __syncthreads();   // stage ks landed for every thread; stage ks - 1 is free for the prefetch
         if (ks + kStages - 1 < n_st) {
             load_weights(s_write, ks + kStages - 1);
@@ -298,6 +331,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_dq_kernel(Params p) {
         cp_async_commit();
         s_write = s_write + 1 == kStages ? 0 : s_write + 1;
         const uint8_t* st = smem + s_read * L::kStage;
+#if defined(EMBER_WGMMA)
+        const uint64_t st_desc = x_desc + uint64_t((s_read * L::kStage) >> 4);
+#endif
         s_read = s_read + 1 == kStages ? 0 : s_read + 1;
         uint32_t q[2][4];
         StepMeta meta[2][2];   // [m16 tile][row g, g + 8]
@@ -325,21 +361,38 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_dq_kernel(Params p) {
                         a[i][1][h] = k1[0];
                         a[i][1][2 + h] = k1[1];
                     }
-                uint4 b[NJ];   // all n8 tiles (zeros past n_tok), so the loads need no branch
+                if constexpr (kWg) {
+#if defined(EMBER_WGMMA)
+                    // One group a k-step; the wait lets the previous group finish before the next
+                    // block's A fragments are written.
 #pragma unroll
-                for (int j = 0; j < NJ; ++j)
-                    b[j] = *reinterpret_cast<const uint4*>(st + (kb & 1 ? x_odd : x_even) + 64 * kb + 8 * j * L::kXRow);
-                // Issue order: the 2 * NJ mmas of a k-step are independent, so an accumulator's
-                // next mma comes 2 * nj_valid issues after its last (mma.sync keeps program order).
+                    for (int k = 0; k < 2; ++k) {
+                        // panel kb / 2, 64 bytes into it for odd blocks, 32 more for k-step 1 (16-byte units)
+                        const uint64_t desc = st_desc + uint64_t((kb >> 1) * kBN * 8 + (kb & 1) * 4 + 2 * k);
+                        wgmma_fence();
 #pragma unroll
-                for (int k = 0; k < 2; ++k)
+                        for (int i = 0; i < 2; ++i) wgmma_f16<kBN>(&acc[i][0][0], a[i][k], desc);
+                        wgmma_commit();
+                        wgmma_wait<1>();
+                    }
+#endif
+                } else {
+                    uint32_t b[NJ][4];
 #pragma unroll
                     for (int j = 0; j < NJ; ++j)
-                        if (j < nj_valid) {   // warp-uniform
+                        if (j < nj_valid)
+                            ldmatrix_x4(b[j], st + x_lane + (kb >> 1) * kBN * 128 + j * 1024 + (kb & 1 ? x_odd : x_even));
+                    // Issue order: the 2 * NJ mmas of a k-step are independent, so an accumulator's
+                    // next mma comes 2 * nj_valid issues after its last (mma.sync keeps program order).
 #pragma unroll
-                            for (int i = 0; i < 2; ++i)
-                                mma16816(acc[i][j], a[i][k], k ? b[j].z : b[j].x, k ? b[j].w : b[j].y);
-                        }
+                    for (int k = 0; k < 2; ++k)
+#pragma unroll
+                        for (int j = 0; j < NJ; ++j)
+                            if (j < nj_valid) {   // warp-uniform
+#pragma unroll
+                                for (int i = 0; i < 2; ++i) mma16816(acc[i][j], a[i][k], b[j][2 * k], b[j][2 * k + 1]);
+                            }
+                }
             }
             if (kl + kStepBlocks < kKB) {
 #pragma unroll
@@ -351,7 +404,20 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_dq_kernel(Params p) {
                 }
             }
         }
+#if defined(EMBER_WGMMA)
+        if constexpr (kWg) wgmma_wait<0>();   // the stage's reads are done before it is refilled
+#endif
     }
+#if defined(EMBER_WGMMA)
+    if constexpr (kWg) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int j = 0; j < NJ; ++j)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) reg_fence(acc[i][j][c]);
+    }
+#endif
     cp_async_wait<0>();
     __syncthreads();
 
@@ -362,7 +428,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_dq_kernel(Params p) {
     for (int i = 0; i < 2; ++i)
 #pragma unroll
         for (int j = 0; j < NJ; ++j)
-            store_acc_transposed(tile, L::kAccRow, wrow + 16 * i + g, 8 * j + 2 * t, acc[i][j]);
+            store_acc_transposed(tile, L::kAccRow, tile_row<kWg>(warp, i) + g, 8 * j + 2 * t, acc[i][j]);
     const int n_tk = min(kBN, p.n_tok - tok0), n_r = min(kBM, n_out - row0);
     // Four consecutive rows of a token a thread, consecutive threads the next rows: coalesced
     // stores of y. The sum over the splits runs in rank order whatever the timing.
@@ -407,16 +473,16 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_dq_kernel(Params p) {
     for (int e = tid; e < n_tk * kBM / 4; e += kThreads) store(e, at(tile, e));
 }
 
-// Activations in the kernel's K order: thread i writes 16-byte chunk i (block i / 4, lane t = i % 4).
-__global__ void gemm_dq_input_kernel(const float4* __restrict__ x, uint4* __restrict__ xh, int64_t n_chunks) {
+// Activations in the kernel's K order (dq_order.cuh): thread i reads elements 16 i .. 16 i + 15
+// and writes their evens, then their odds, as two 16-byte chunks.
+__global__ void gemm_dq_input_kernel(const float4* __restrict__ x, uint4* __restrict__ xh, int64_t n_halves) {
     pdl_trigger();
     pdl_wait();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i >= n_chunks) return;
-    const int64_t blk = i >> 2;
-    const int t = int(i & 3);
-    const float4 a = x[blk * 8 + t], b = x[blk * 8 + 4 + t];   // elements 4t..4t+3, 4t+16..4t+19
-    xh[i] = make_uint4(pack_half2(a.x, a.z), pack_half2(a.y, a.w), pack_half2(b.x, b.z), pack_half2(b.y, b.w));
+    if (i >= n_halves) return;
+    const float4 a = x[4 * i], b = x[4 * i + 1], c = x[4 * i + 2], d = x[4 * i + 3];
+    xh[2 * i] = make_uint4(pack_half2(a.x, a.z), pack_half2(b.x, b.z), pack_half2(c.x, c.z), pack_half2(d.x, d.z));
+    xh[2 * i + 1] = make_uint4(pack_half2(a.y, a.w), pack_half2(b.y, b.w), pack_half2(c.y, c.w), pack_half2(d.y, d.w));
 }
 
 // K splits for `tiles` CTAs a split, slots[s] CTAs resident at once in clusters of s, and
@@ -437,10 +503,10 @@ int pick_split(int64_t tiles, const int (&slots)[kMaxSplit + 1], int k_stages) {
     return best;
 }
 
-template <class F, int NJ>
+template <class F, int NJ, bool kWg>
 void launch(const DeviceWeight* const* ws, float* const* ys, int count, const __half* xh, int32_t n_tok, cudaStream_t s) {
     using L = Layout<F, NJ>;
-    auto* kernel = gemm_dq_kernel<F, NJ>;
+    auto* kernel = gemm_dq_kernel<F, NJ, kWg>;
     // CTAs resident at once in clusters of each size (one CTA an SM, but a cluster's CTAs share a
     // GPC, so large clusters leave SMs over); clusters need Hopper, else one split only.
     struct Slots { int n[kMaxSplit + 1]; };
@@ -499,12 +565,34 @@ void launch(const DeviceWeight* const* ws, float* const* ys, int count, const __
     EMBER_CUDA_LAUNCHED("gemm_dq");
 }
 
+// Whether this process multiplies on wgmma: a Hopper GPU, a build with its sm_90a code, and
+// EMBER_CUDA_GEMM_DQ_WGMMA not 0 (the mma.sync form, for A/B comparisons and its tests).
+bool use_wgmma() {
+#if defined(EMBER_CUDA_SM90A)
+    static const bool on = [] {
+        const char* v = std::getenv("EMBER_CUDA_GEMM_DQ_WGMMA");
+        return !(v && std::string(v) == "0");
+    }();
+    return on && device_is_sm90();
+#else
+    return false;
+#endif
+}
+
 template <class F>
 void launch_tokens(const DeviceWeight* const* ws, float* const* ys, int count, const __half* xh, int32_t n_tok,
                    cudaStream_t s) {
-    if (n_tok <= 16) launch<F, 2>(ws, ys, count, xh, n_tok, s);
-    else if (n_tok <= 32) launch<F, 4>(ws, ys, count, xh, n_tok, s);
-    else launch<F, 8>(ws, ys, count, xh, n_tok, s);
+    if (use_wgmma()) {
+        if (n_tok <= 16) launch<F, 2, true>(ws, ys, count, xh, n_tok, s);
+        else if (n_tok <= 32) launch<F, 4, true>(ws, ys, count, xh, n_tok, s);
+        // 129..192 tokens: three tiles of 64 (two of 128 would multiply a third of zeros)
+        else if (n_tok <= 64 || (n_tok > 128 && n_tok <= 192)) launch<F, 8, true>(ws, ys, count, xh, n_tok, s);
+        else launch<F, 16, true>(ws, ys, count, xh, n_tok, s);
+        return;
+    }
+    if (n_tok <= 16) launch<F, 2, false>(ws, ys, count, xh, n_tok, s);
+    else if (n_tok <= 32) launch<F, 4, false>(ws, ys, count, xh, n_tok, s);
+    else launch<F, 8, false>(ws, ys, count, xh, n_tok, s);
 }
 
 }  // namespace
@@ -517,10 +605,10 @@ bool gemm_dq_supported(GGMLType type, int64_t n_in) {
 void gemm_dq_input(const float* x, __half* xh, int32_t n_tok, int64_t n, cudaStream_t s) {
     if (n % 32 || reinterpret_cast<uintptr_t>(x) % 16)
         fail("cuda gemm_dq_input: width ", n, " is not a multiple of 32 or x is not 16-byte aligned");
-    const int64_t n_chunks = int64_t(n_tok) * n / 8;
-    if (n_chunks == 0) return;
-    launch_pdl(gemm_dq_input_kernel, unsigned((n_chunks + 255) / 256), 256, s, reinterpret_cast<const float4*>(x),
-               reinterpret_cast<uint4*>(xh), n_chunks);
+    const int64_t n_halves = int64_t(n_tok) * n / 16;
+    if (n_halves == 0) return;
+    launch_pdl(gemm_dq_input_kernel, unsigned((n_halves + 255) / 256), 256, s, reinterpret_cast<const float4*>(x),
+               reinterpret_cast<uint4*>(xh), n_halves);
     EMBER_CUDA_LAUNCHED("gemm_dq_input");
 }
 

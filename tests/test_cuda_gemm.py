@@ -5,6 +5,8 @@ backend or no GPU.
   Q8_0 rows whose width is a multiple of 256, 9..256 tokens (rows up to 2048 wide from 65 tokens
   on): against the float64 product of f16-rounded weights and activations (what the kernel
   multiplies), the exact product, the CPU backend (q8 activations) and itself run to run.
+  On Hopper it multiplies with wgmma; test_gemm_dq_mma_sync_form runs these tests again with its
+  mma.sync form (EMBER_CUDA_GEMM_DQ_WGMMA=0).
 - gemm_q8 (cuda/gemm_q8.cu: int8 tensor cores on q8_1 activations): the other 32-element block
   formats and widths, 9..64 tokens, rows wider than 2048 (narrower rows keep the CPU-order GEMV):
   against the float64 product, the CPU backend (the same per-block integer dots and products,
@@ -31,10 +33,11 @@ N_TOK = [9, 16, 33, 64]   # each token tile: 16, 32, 64 (a partial one at 9 and 
 SHAPES = [(300, 2080), (1000, 4096), (129, 11008)]
 
 DQ_OFF = os.environ.get("EMBER_CUDA_GEMM_DQ") == "0"
+MMA_SYNC_RUN = os.environ.get("EMBER_CUDA_GEMM_DQ_WGMMA") == "0"
 DQ_TYPES = [T.Q4_0, T.Q4_1, T.Q8_0]
 MAX_DQ_TOKENS = 256   # kMaxGemmDqTokens (cuda/kernels.h)
 # Token tiles of 16, 32, 64 (partial at 9 and 33), several tiles of 64 (65: a last one of one token).
-DQ_N_TOK = [9, 16, 33, 64, 65, 128, 200, 256]
+DQ_N_TOK = [9, 16, 33, 64, 65, 128, 200, 256]   # wgmma: tiles of 16, 32, 64, 128
 # (n_out, n_in): rows not a multiple of the 256-row tile, K split over a cluster (16 stages of
 # 4096; 11008: 43 nibble stages, an uneven split); rows of 1792 (the CPU-order GEMV up to 64 tokens).
 DQ_SHAPES = [(600, 4096), (129, 11008), (520, 1792)]
@@ -89,6 +92,16 @@ def test_gemm_q8_without_dq(gpu):
     k = "test_gemm_q8_matmul and not 300x2080 and (Q4_0 or Q4_1 or Q8_0)"
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", k],
                        env=dict(os.environ, EMBER_CUDA_GEMM_DQ="0"), capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+
+
+@pytest.mark.skipif(DQ_OFF, reason="gemm_dq is off in this run")
+@pytest.mark.skipif(MMA_SYNC_RUN, reason="this run is the one with gemm_dq's mma.sync form")
+def test_gemm_dq_mma_sync_form(gpu):
+    """gemm_dq's mma.sync form (GPUs before Hopper, builds without sm_90a) in a fresh interpreter
+    with the wgmma form off: on Hopper the default runs only the wgmma one."""
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "gemm_dq"],
+                       env=dict(os.environ, EMBER_CUDA_GEMM_DQ_WGMMA="0"), capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
 
 

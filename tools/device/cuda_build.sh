@@ -13,7 +13,7 @@ grep -q "CMAKE_CXX_COMPILER:FILEPATH=/usr/bin/g++" build/dev/CMakeCache.txt 2>/d
 # shared objects; its locale is then never initialized (ostream number formatting segfaults).
 # Build with the system compiler, whose libstdc++ is shared.
 cxx=$(command -v /usr/bin/g++ || command -v g++); cc=$(command -v /usr/bin/gcc || command -v gcc)
-cmake -S . -B build/dev -G Ninja -DEMBER_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+cmake -S . -B build/dev -G Ninja -DEMBER_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
       -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_C_COMPILER="$cc" -DCMAKE_CUDA_HOST_COMPILER="$cxx" \
       -DPython_EXECUTABLE="$(command -v python3)" >/dev/null || return 1
 ninja -C build/dev _ember _ember_test ember_cuda_bench > /tmp/ninja.log 2>&1 || { grep -v '^\[' /tmp/ninja.log | head -60; return 1; }

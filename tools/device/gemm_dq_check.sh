@@ -27,6 +27,7 @@ base_table before 2>&1 | tee "$OUT/dq_base.log"
   build/dev/ember-cuda-bench gemm
   echo "## EMBER_CUDA_GEMM_DQ=0"; EMBER_CUDA_GEMM_DQ=0 build/dev/ember-cuda-bench gemm | grep "^| "
   build/dev/ember-cuda-bench gemm_dq | grep "^| "
+  echo "## EMBER_CUDA_GEMM_DQ_WGMMA=0 (the mma.sync form)"; EMBER_CUDA_GEMM_DQ_WGMMA=0 build/dev/ember-cuda-bench gemm_dq | grep "^| "
 } 2>&1 | tee "$OUT/dq_bench.log"
 base_table after 2>&1 | tee -a "$OUT/dq_base.log"
 if [ "${NCU:-0}" = 1 ]; then
