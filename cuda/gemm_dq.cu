@@ -246,7 +246,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_dq_kernel(Params p) {
     const uint8_t* m_src = cw.meta + ((row0 + m_r) * nb + kb_begin) * F::kMB + kMChunk * m_c;
     const int m_dst = L::kM + m_r * L::kMRow + kMChunk * m_c;
     const int x_row = tid >> 3, x_c = tid & 7;
-    const __half* x_src = p.xh + kb_begin * 32 + 8 * x_c;
+    const __half* x_src = p.xh + (tok0 * nb + kb_begin) * 32 + 8 * x_c;   // token tok0's row of the split
+    const int32_t x_row_halves = int32_t(nb * 32), x_tokens = p.n_tok - tok0;
     const int x_dst = L::kX + ((x_c ^ (x_row & 7)) << 4);   // (row & 7 is the token's: kBN % 8 == 0)
     auto load_weights = [&](int s, int rel) {   // rel: the stage's index within the split
         uint8_t* st = smem + s * L::kStage;
@@ -267,11 +268,11 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_dq_kernel(Params p) {
     };
     auto load_x = [&](int s, int rel) {
         uint8_t* st = smem + s * L::kStage;
-#pragma unroll 1   // (unrolled, the slots' token pointers stay live through the stage: spills at kBN 128)
+#pragma unroll
         for (int k = 0; k < kBN * L::kXChunks / kThreads; ++k) {
             const int r = x_row + 32 * k, n = r % kBN, panel = r / kBN;
-            const bool ok = tok0 + n < p.n_tok;
-            const __half* src = ok ? x_src + (tok0 + n) * nb * 32 + rel * kKB * 32 + 64 * panel : p.xh;
+            const bool ok = n < x_tokens;
+            const __half* src = ok ? x_src + (n * x_row_halves + rel * kKB * 32 + 64 * panel) : p.xh;
             cp_async16_zfill(st + x_dst + (panel * kBN + n) * 128, src, ok);
         }
     };
