@@ -28,7 +28,7 @@
 //   weight quants [kBM][128]          16-byte chunk c of row r at c ^ (r & 7): the 8 rows of an
 //                                     ldmatrix land in distinct banks
 //   weight meta   [kBM][kKB * kMB]    the blocks' f16 d (and m)
-//   x             [kKB / 2][BN][128]  panels of 64 k (4 chunks of two blocks) a token, chunk c
+//   x             [kKB / 2][BN][128]  panels of 64 k (two blocks, 8 chunks) a token, chunk c
 //                                     of token n at c ^ (n & 7): wgmma's K-major B tile in its
 //                                     128-byte swizzle; the 8 rows of an ldmatrix and the 8
 //                                     chunks of a token's 128-byte copy land in distinct banks
