@@ -35,18 +35,22 @@ bool& pdl_enabled() {
     return on;
 }
 
-bool device_is_sm90() {
-    // Launch paths ask at every launch: the attribute is read once per device (0: not yet known).
+int device_cc() {
+    // Launch paths ask at every launch: the attributes are read once per device (0: not yet known).
     static std::atomic<int> known[64];
     int dev = 0;
     EMBER_CUDA_CHECK(cudaGetDevice(&dev));
     std::atomic<int>* slot = dev < 64 ? &known[dev] : nullptr;
-    if (const int k = slot ? slot->load(std::memory_order_relaxed) : 0) return k == 2;
-    int major = 0;
+    if (const int k = slot ? slot->load(std::memory_order_relaxed) : 0) return k;
+    int major = 0, minor = 0;
     EMBER_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    if (slot) slot->store(major >= 9 ? 2 : 1, std::memory_order_relaxed);
-    return major >= 9;
+    EMBER_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    const int cc = 10 * major + minor;
+    if (slot) slot->store(cc, std::memory_order_relaxed);
+    return cc;
 }
+
+bool device_is_sm90() { return device_cc() >= 90; }
 
 void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line) {
     cudaGetLastError();   // clear a sticky launch error so the next call starts clean

@@ -566,7 +566,8 @@ void launch(const DeviceWeight* const* ws, float* const* ys, int count, const __
     EMBER_CUDA_LAUNCHED("gemm_dq");
 }
 
-// Whether this process multiplies on wgmma: a Hopper GPU, a build with its sm_90a code, and
+// Whether this process multiplies on wgmma: a build with sm_90a code, a GPU that runs it (compute
+// capability 9.0 exactly: newer GPUs JIT the sm_90 PTX, which has no wgmma), and
 // EMBER_CUDA_GEMM_DQ_WGMMA not 0 (the mma.sync form, for A/B comparisons and its tests).
 bool use_wgmma() {
 #if defined(EMBER_CUDA_SM90A)
@@ -574,7 +575,7 @@ bool use_wgmma() {
         const char* v = std::getenv("EMBER_CUDA_GEMM_DQ_WGMMA");
         return !(v && std::string(v) == "0");
     }();
-    return on && device_is_sm90();
+    return on && device_cc() == 90;
 #else
     return false;
 #endif

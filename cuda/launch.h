@@ -14,6 +14,9 @@ namespace cuda {
 // Set once by the backend for devices that support it (compute capability >= 9.0).
 bool& pdl_enabled();
 
+// The current device's compute capability, major * 10 + minor (90: Hopper, the only one that runs
+// sm_90a code).
+int device_cc();
 // The current device is Hopper or newer: thread-block clusters, tensor copies, PDL.
 bool device_is_sm90();
 
