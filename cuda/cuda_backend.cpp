@@ -52,6 +52,11 @@ int device_cc() {
 
 bool device_is_sm90() { return device_cc() >= 90; }
 
+bool env_flag(const char* name) {
+    const char* v = std::getenv(name);
+    return !(v && std::string(v) == "0");
+}
+
 void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line) {
     cudaGetLastError();   // clear a sticky launch error so the next call starts clean
     const std::string msg = cat("CUDA error ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ") in ",
@@ -102,12 +107,7 @@ uint64_t mix(uint64_t h, uint64_t v) {
     return h;
 }
 
-// Switches read from the environment: env_flag is on unless set to "0", env_opt_in off unless
-// set to "1".
-bool env_flag(const char* name) {
-    const char* v = std::getenv(name);
-    return !(v && std::string(v) == "0");
-}
+// env_opt_in: a switch read from the environment, off unless set to "1".
 bool env_opt_in(const char* name) {
     const char* v = std::getenv(name);
     return v && std::string(v) == "1";

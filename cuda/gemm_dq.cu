@@ -43,9 +43,7 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
-#include <string>
 
 #include "async_copy.cuh"
 #include "common.cuh"
@@ -571,10 +569,7 @@ void launch(const DeviceWeight* const* ws, float* const* ys, int count, const __
 // EMBER_CUDA_GEMM_DQ_WGMMA not 0 (the mma.sync form, for A/B comparisons and its tests).
 bool use_wgmma() {
 #if defined(EMBER_CUDA_SM90A)
-    static const bool on = [] {
-        const char* v = std::getenv("EMBER_CUDA_GEMM_DQ_WGMMA");
-        return !(v && std::string(v) == "0");
-    }();
+    static const bool on = env_flag("EMBER_CUDA_GEMM_DQ_WGMMA");
     return on && device_cc() == 90;
 #else
     return false;

@@ -20,6 +20,9 @@ int device_cc();
 // The current device is Hopper or newer: thread-block clusters, tensor copies, PDL.
 bool device_is_sm90();
 
+// A switch read from the environment: on unless set to "0".
+bool env_flag(const char* name);
+
 // cluster_x > 1: the grid's x dimension runs in thread-block clusters of that many CTAs (Hopper).
 template <class... KArgs, class... Args>
 void launch_pdl_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, unsigned cluster_x, cudaStream_t s,

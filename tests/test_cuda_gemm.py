@@ -33,7 +33,6 @@ N_TOK = [9, 16, 33, 64]   # each token tile: 16, 32, 64 (a partial one at 9 and 
 SHAPES = [(300, 2080), (1000, 4096), (129, 11008)]
 
 DQ_OFF = os.environ.get("EMBER_CUDA_GEMM_DQ") == "0"
-MMA_SYNC_RUN = os.environ.get("EMBER_CUDA_GEMM_DQ_WGMMA") == "0"
 DQ_TYPES = [T.Q4_0, T.Q4_1, T.Q8_0]
 MAX_DQ_TOKENS = 256   # kMaxGemmDqTokens (cuda/kernels.h)
 # Token tiles of 16, 32, 64 (partial at 9 and 33), several tiles of 64 (65: a last one of one token).
@@ -95,12 +94,12 @@ def test_gemm_q8_without_dq(gpu):
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
 
 
-@pytest.mark.skipif(DQ_OFF, reason="gemm_dq is off in this run")
-@pytest.mark.skipif(MMA_SYNC_RUN, reason="this run is the one with gemm_dq's mma.sync form")
+@pytest.mark.skipif(DQ_OFF, reason="gemm_dq is off in this run: no gemm_dq test to run in either form")
 def test_gemm_dq_mma_sync_form(gpu):
     """gemm_dq's mma.sync form (GPUs before Hopper, builds without sm_90a) in a fresh interpreter
     with the wgmma form off: on Hopper the default runs only the wgmma one."""
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "gemm_dq"],
+    k = "gemm_dq and not mma_sync_form"
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", k],
                        env=dict(os.environ, EMBER_CUDA_GEMM_DQ_WGMMA="0"), capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
 
