@@ -43,7 +43,10 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <string>
+#include <type_traits>
 
 #include "async_copy.cuh"
 #include "common.cuh"
@@ -57,9 +60,6 @@ namespace cuda {
 
 namespace {
 
-constexpr int kWarps = 8;
-constexpr int kThreads = 32 * kWarps;
-constexpr int kBM = 32 * kWarps;       // a stage's copies give each thread one row's chunks (kBM == kThreads)
 constexpr int kRowBytes = 128;          // quant bytes of a row per stage
 constexpr int kMaxSplit = 8;            // the portable cluster size
 // Pipeline depth: three stages in flight keep HBM busy; a fourth only lengthens every CTA's fill,
@@ -69,6 +69,22 @@ constexpr int kCtaCostStages = 2;
 constexpr int kSmemLimit = 227 * 1024;  // dynamic shared memory of one CTA (sm_90)
 constexpr int kDqAlign = 256;
 constexpr int kMaxWeights = kMaxGemmDqWeights;
+
+// The CTA shapes, by kWG: 0 is the mma.sync form (8 warps of 32 rows: two m16 tiles a warp), 2
+// and 3 the wgmma form with that many warpgroups. Two warpgroups of two m64 tiles make 256-row
+// tiles; three of one m64 tile make 192-row tiles, a third more tiles a weight, each stage a
+// quarter fewer rows over twelve warps: an 11008-row weight's 58 tiles (116 for gate and up
+// together) nearly fill 132 SMs where 43 (86) left a third of them idle. Which one a launch takes
+// is the host's choice (pick_rows).
+template <int kWG>
+struct Cta {
+    static constexpr bool kWg = kWG != 0;
+    static constexpr int kWarps = kWg ? 4 * kWG : 8;
+    static constexpr int kThreads = 32 * kWarps;
+    static constexpr int kMT = kWG == 3 ? 1 : 2;     // m16 row groups a warp
+    static constexpr int kBM = 16 * kMT * kWarps;
+    static constexpr int kCopyRows = kThreads / 8;   // rows of 8 16-byte chunks a copy slot covers
+};
 
 __device__ __forceinline__ __half2 as_h2(uint32_t u) {
     __half2 h;
@@ -148,21 +164,22 @@ struct DqQ8_0 {
 };
 
 // Shared-memory layout of one format and token tile (byte offsets within a stage).
-template <class F, int NJ>
+template <class F, int NJ, int kWG>
 struct Layout {
+    static constexpr int kBM = Cta<kWG>::kBM;
     static constexpr int kBN = 8 * NJ;
     static constexpr int kKB = kRowBytes / F::kQB;   // blocks a stage
     static constexpr int kMRow = kKB * F::kMB;       // meta bytes of a row per stage: 8, 16 or 32
     static constexpr int kXChunks = kKB * 4;         // 16-byte chunks of f16 x of a token per stage
-    static constexpr int kW = 0, kM = kW + kBM * kRowBytes, kX = kM + kBM * kMRow;
+    static constexpr int kW = 0, kM = kW + kBM * kRowBytes, kX = (kM + kBM * kMRow + 1023) / 1024 * 1024;
     static constexpr int kStage = kX + kBN * kXChunks * 16;
     static constexpr int kStages = std::min(kMaxStages, kSmemLimit / kStage);
     static constexpr int kAccRow = kBM + 4;   // floats; +4: a warp's fragment stores hit 32 banks
     static constexpr int kSmem = std::max(kStages * kStage, kBN * kAccRow * 4);
     static_assert(kStages >= 2, "a stage does not fit twice in shared memory");
     static_assert(kKB % 2 == 0 && 32 * kKB <= kDqAlign, "stages hold pairs of blocks and divide kDqAlign");
-    static_assert(kBN % 16 == 0 && kBN * kXChunks % kThreads == 0, "x copies: whole slots of 32 rows of 8 chunks");
-    static_assert(kX % 1024 == 0 && kStage % 1024 == 0, "x panels start at the swizzle's 1024-byte period");
+    static_assert(kBN % 16 == 0, "x copies: whole swizzle periods of 8 tokens");
+    static_assert(kStage % 1024 == 0, "x panels start at the swizzle's 1024-byte period");
 };
 
 // Up to kMaxWeights weights of one format and width that read the same x, in one launch: their
@@ -188,6 +205,7 @@ struct CtaWeight {
     float* y;
     int32_t n_out, row0;
 };
+template <int kBM>
 __device__ __forceinline__ CtaWeight cta_weight(const Params& p) {
     const int z = int(blockIdx.z);
     CtaWeight c{p.wq[0], p.meta[0], p.y[0], p.n_out[0], z * kBM};
@@ -197,29 +215,33 @@ __device__ __forceinline__ CtaWeight cta_weight(const Params& p) {
     return c;
 }
 
-// Row of lane group g of m16 tile i (of two) of this warp: mma.sync gives a warp 32 consecutive
-// rows; wgmma gives warpgroup G rows G * 128 + 64 i + 16 (warp % 4), where its warp's A fragment
-// sits in the m64 tile.
-template <bool kWg>
+// Row of lane group g of m16 tile i of this warp: mma.sync gives a warp 32 consecutive rows (two
+// m16 tiles); wgmma gives warpgroup G its kMT m64 tiles from row 64 kMT G, in each of which warp
+// w's A fragment is the rows from 16 (w % 4).
+template <int kWG>
 __device__ __forceinline__ int tile_row(int warp, int i) {
-    return kWg ? (warp >> 2) * 128 + 64 * i + 16 * (warp & 3) : warp * 32 + 16 * i;
+    constexpr int kMT = Cta<kWG>::kMT;
+    return kWG ? (warp >> 2) * 64 * kMT + 64 * i + 16 * (warp & 3) : warp * 32 + 16 * i;
 }
 
-template <class F, int NJ, bool kWg>
-__global__ void __launch_bounds__(kThreads, 1) gemm_dq_kernel(Params p) {
+template <class F, int NJ, int kWG>
+__global__ void __launch_bounds__(Cta<kWG>::kThreads, 1) gemm_dq_kernel(Params p) {
+    constexpr bool kWg = Cta<kWG>::kWg;
 #if !defined(EMBER_WGMMA)
     if constexpr (kWg) {   // the host launches this form only where the sm_90a code was built
         __trap();
         return;
     }
 #endif
-    using L = Layout<F, NJ>;
+    using L = Layout<F, NJ, kWG>;
+    using C = Cta<kWG>;
     constexpr int kBN = L::kBN, kKB = L::kKB, kStages = L::kStages;
+    constexpr int kBM = C::kBM, kThreads = C::kThreads, kMT = C::kMT, kCopyRows = C::kCopyRows;
     extern __shared__ __align__(1024) uint4 smem_raw[];
     uint8_t* smem = reinterpret_cast<uint8_t*>(smem_raw);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const CtaWeight cw = cta_weight(p);
+    const CtaWeight cw = cta_weight<kBM>(p);
     const int tok0 = int(blockIdx.y) * kBN, row0 = cw.row0, n_out = cw.n_out;
     const int64_t nb = p.n_blocks;
     const int ks_begin = int(blockIdx.x) * p.split_stages;
@@ -229,16 +251,18 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_dq_kernel(Params p) {
     // The copies of a stage (slot k of a copy loop: thread tid's k-th 16-byte chunk), addressed
     // from per-thread bases that advance by one stage's bytes: rows past n_out and tokens past
     // n_tok read as zeros (a zero scale or activation adds 0 to every sum).
-    //   quants: row (tid >> 3) + 32 k, chunk tid & 7, at chunk ^ (row & 7)
-    //   meta:   kMRow bytes a row in chunks of up to 16, row tid / kMChunks + k * kThreads / kMChunks
-    //   x:      token row (tid >> 3) + 32 k of the (panel, token) rows, chunk tid & 7: a
+    //   quants: row (tid >> 3) + kCopyRows k, chunk tid & 7, at chunk ^ (row & 7)
+    //   meta:   kMRow bytes a row in chunks of up to 16, row tid / kMChunks + k * kMRows
+    //   x:      token row (tid >> 3) + kCopyRows k of the (panel, token) rows, chunk tid & 7: a
     //           quarter-warp copies one token's 128 bytes of a panel
+    // (kCopyRows is a multiple of 8, so a slot's rows and tokens keep their swizzle, row & 7.)
     constexpr int kMChunk = L::kMRow < 16 ? L::kMRow : 16, kMChunks = L::kMRow / kMChunk;
-    static_assert(kThreads % kMChunks == 0, "copy slots keep their row");
+    constexpr int kMRows = kThreads / kMChunks, kXRows = kBN * kKB / 2;
+    static_assert(kThreads % kMChunks == 0 && kBM % kCopyRows == 0, "copy slots keep their row");
     const int64_t kb_begin = int64_t(ks_begin) * kKB;
     const int w_r = tid >> 3, w_c = tid & 7;
     const uint8_t* w_src = cw.wq + ((row0 + w_r) * nb + kb_begin) * F::kQB + 16 * w_c;
-    const int64_t w_step = 32 * nb * F::kQB;   // 32 rows
+    const int64_t w_step = kCopyRows * nb * F::kQB;
     const int w_dst = L::kW + w_r * kRowBytes + ((w_c ^ (w_r & 7)) << 4);
     const int m_r = tid / kMChunks, m_c = tid % kMChunks;
     const uint8_t* m_src = cw.meta + ((row0 + m_r) * nb + kb_begin) * F::kMB + kMChunk * m_c;
@@ -250,16 +274,17 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_dq_kernel(Params p) {
     auto load_weights = [&](int s, int rel) {   // rel: the stage's index within the split
         uint8_t* st = smem + s * L::kStage;
 #pragma unroll
-        for (int k = 0; k < kBM / 32; ++k) {
-            const bool ok = row0 + w_r + 32 * k < n_out;
-            cp_async16_zfill_l2_256(st + w_dst + 32 * k * kRowBytes, ok ? w_src + k * w_step + rel * kRowBytes : cw.wq, ok);
+        for (int k = 0; k < kBM / kCopyRows; ++k) {
+            const bool ok = row0 + w_r + kCopyRows * k < n_out;
+            cp_async16_zfill_l2_256(st + w_dst + kCopyRows * k * kRowBytes, ok ? w_src + k * w_step + rel * kRowBytes : cw.wq, ok);
         }
 #pragma unroll
-        for (int k = 0; k < kMChunks; ++k) {
-            const int r = m_r + k * (kThreads / kMChunks);
+        for (int k = 0; k < (kBM + kMRows - 1) / kMRows; ++k) {
+            const int r = m_r + k * kMRows;
+            if (kBM % kMRows != 0 && r >= kBM) break;   // slots past the tile's rows (wgmma form)
             const bool ok = row0 + r < n_out;
-            const uint8_t* src = ok ? m_src + k * (kThreads / kMChunks) * nb * F::kMB + rel * L::kMRow : cw.meta;
-            uint8_t* dst = st + m_dst + k * (kThreads / kMChunks) * L::kMRow;
+            const uint8_t* src = ok ? m_src + k * kMRows * nb * F::kMB + rel * L::kMRow : cw.meta;
+            uint8_t* dst = st + m_dst + k * kMRows * L::kMRow;
             if constexpr (kMChunk == 16) cp_async16_zfill_l2_256(dst, src, ok);
             else cp_async8_zfill(dst, src, ok);
         }
@@ -267,8 +292,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_dq_kernel(Params p) {
     auto load_x = [&](int s, int rel) {
         uint8_t* st = smem + s * L::kStage;
 #pragma unroll
-        for (int k = 0; k < kBN * L::kXChunks / kThreads; ++k) {
-            const int r = x_row + 32 * k, n = r % kBN, panel = r / kBN;
+        for (int k = 0; k < (kXRows + kCopyRows - 1) / kCopyRows; ++k) {
+            const int r = x_row + kCopyRows * k, n = r % kBN, panel = r / kBN;
+            if (kXRows % kCopyRows != 0 && r >= kXRows) break;   // slots past the stage's rows (wgmma form)
             const bool ok = n < x_tokens;
             const __half* src = ok ? x_src + (n * x_row_halves + rel * kKB * 32 + 64 * panel) : p.xh;
             cp_async16_zfill(st + x_dst + (panel * kBN + n) * 128, src, ok);
@@ -284,19 +310,19 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_dq_kernel(Params p) {
         cp_async_commit();
     }
 
-    float acc[2][NJ][4] = {};
+    float acc[kMT][NJ][4] = {};
     const int nj_valid = min(NJ, (p.n_tok - tok0 + 7) / 8);
     // ldmatrix.x4 of a m16 tile: lanes 8q..8q+7 address rows 8 * (q & 1) + (lane & 7), chunk
     // q >> 1 of the step's quants: registers (row g, chunk 0), (g + 8, 0), (g, 1), (g + 8, 1),
     // word t of each. A step is two nibble blocks (a chunk each) or one Q8_0 block (words t, t + 4).
     constexpr int kStepBlocks = 32 / F::kQB;
     using StepMeta = typename F::StepMeta;
-    int q_off[2], m_off[2];
+    int q_off[kMT], m_off[kMT];
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const int r = tile_row<kWg>(warp, i) + 8 * ((lane >> 3) & 1) + (lane & 7);
+    for (int i = 0; i < kMT; ++i) {
+        const int r = tile_row<kWG>(warp, i) + 8 * ((lane >> 3) & 1) + (lane & 7);
         q_off[i] = L::kW + r * kRowBytes + (((lane >> 4) ^ (r & 7)) << 4);   // step 0; step kl: chunk ^ kl * kQB / 16
-        m_off[i] = L::kM + (tile_row<kWg>(warp, i) + g) * L::kMRow;
+        m_off[i] = L::kM + (tile_row<kWG>(warp, i) + g) * L::kMRow;
     }
     // The B fragments of the mma.sync form: ldmatrix.x4 of block kb's four chunks for tokens
     // 8 j .. 8 j + 7 gives lane (g, t) word t of each, b0 b1 of k-step 0 and of k-step 1. Lanes
@@ -304,9 +330,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_dq_kernel(Params p) {
     // the panel, odd: 4-7).
     const int x_lane = L::kX + (lane & 7) * 128;
     const int x_even = ((lane >> 3) ^ (lane & 7)) << 4, x_odd = ((4 + (lane >> 3)) ^ (lane & 7)) << 4;
-    auto load_step = [&](const uint8_t* st, int kl, uint32_t (&q)[2][4], StepMeta (&m)[2][2]) {
+    auto load_step = [&](const uint8_t* st, int kl, uint32_t (&q)[kMT][4], StepMeta (&m)[kMT][2]) {
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
+        for (int i = 0; i < kMT; ++i) {
             ldmatrix_x4(q[i], st + (q_off[i] ^ ((kl * F::kQB / 16) << 4)));
 #pragma unroll
             for (int h = 0; h < 2; ++h)
@@ -334,20 +360,20 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_dq_kernel(Params p) {
         const uint64_t st_desc = x_desc + uint64_t((s_read * L::kStage) >> 4);
 #endif
         s_read = s_read + 1 == kStages ? 0 : s_read + 1;
-        uint32_t q[2][4];
-        StepMeta meta[2][2];   // [m16 tile][row g, g + 8]
+        uint32_t q[kMT][4];
+        StepMeta meta[kMT][2];   // [m16 tile][row g, g + 8]
         load_step(st, 0, q, meta);
 #pragma unroll
         for (int kl = 0; kl < kKB; kl += kStepBlocks) {
-            uint32_t q_next[2][4];   // the next step's quants and scales load while this one computes
-            StepMeta meta_next[2][2];
+            uint32_t q_next[kMT][4];   // the next step's quants and scales load while this one computes
+            StepMeta meta_next[kMT][2];
             if (kl + kStepBlocks < kKB) load_step(st, kl + kStepBlocks, q_next, meta_next);
 #pragma unroll
             for (int e = 0; e < kStepBlocks; ++e) {
                 const int kb = kl + e;
-                uint32_t a[2][2][4];   // [m16 tile][k-step][fragment register]
+                uint32_t a[kMT][2][4];   // [m16 tile][k-step][fragment register]
 #pragma unroll
-                for (int i = 0; i < 2; ++i)
+                for (int i = 0; i < kMT; ++i)
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {   // rows g, g + 8
                         __half2 d, m;
@@ -370,7 +396,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_dq_kernel(Params p) {
                         const uint64_t desc = st_desc + uint64_t((kb >> 1) * kBN * 8 + (kb & 1) * 4 + 2 * k);
                         wgmma_fence();
 #pragma unroll
-                        for (int i = 0; i < 2; ++i) wgmma_f16<kBN>(&acc[i][0][0], a[i][k], desc);
+                        for (int i = 0; i < kMT; ++i) wgmma_f16<kBN>(&acc[i][0][0], a[i][k], desc);
                         wgmma_commit();
                         wgmma_wait<1>();
                     }
@@ -389,13 +415,13 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_dq_kernel(Params p) {
                         for (int j = 0; j < NJ; ++j)
                             if (j < nj_valid) {   // warp-uniform
 #pragma unroll
-                                for (int i = 0; i < 2; ++i) mma16816(acc[i][j], a[i][k], b[j][2 * k], b[j][2 * k + 1]);
+                                for (int i = 0; i < kMT; ++i) mma16816(acc[i][j], a[i][k], b[j][2 * k], b[j][2 * k + 1]);
                             }
                 }
             }
             if (kl + kStepBlocks < kKB) {
 #pragma unroll
-                for (int i = 0; i < 2; ++i) {
+                for (int i = 0; i < kMT; ++i) {
 #pragma unroll
                     for (int r = 0; r < 4; ++r) q[i][r] = q_next[i][r];
                     meta[i][0] = meta_next[i][0];
@@ -410,7 +436,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_dq_kernel(Params p) {
 #if defined(EMBER_WGMMA)
     if constexpr (kWg) {
 #pragma unroll
-        for (int i = 0; i < 2; ++i)
+        for (int i = 0; i < kMT; ++i)
 #pragma unroll
             for (int j = 0; j < NJ; ++j)
 #pragma unroll
@@ -424,10 +450,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_dq_kernel(Params p) {
     // tokens 2t, 2t + 1; c2, c3: row g + 8.
     float* tile = reinterpret_cast<float*>(smem);
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < kMT; ++i)
 #pragma unroll
         for (int j = 0; j < NJ; ++j)
-            store_acc_transposed(tile, L::kAccRow, tile_row<kWg>(warp, i) + g, 8 * j + 2 * t, acc[i][j]);
+            store_acc_transposed(tile, L::kAccRow, tile_row<kWG>(warp, i) + g, 8 * j + 2 * t, acc[i][j]);
     const int n_tk = min(kBN, p.n_tok - tok0), n_r = min(kBM, n_out - row0);
     // Four consecutive rows of a token a thread, consecutive threads the next rows: coalesced
     // stores of y. The sum over the splits runs in rank order whatever the timing.
@@ -484,63 +510,94 @@ __global__ void gemm_dq_input_kernel(const float4* __restrict__ x, uint4* __rest
     xh[2 * i + 1] = make_uint4(pack_half2(a.y, a.w), pack_half2(b.y, b.w), pack_half2(c.y, c.w), pack_half2(d.y, d.w));
 }
 
-// K splits for `tiles` CTAs a split, slots[s] CTAs resident at once in clusters of s, and
-// k_stages stages a row: the fewest splits that minimize waves x (stages of the longest split +
-// a CTA's fixed cost). That cost (the pipeline's fill, the cluster's sum of partial tiles) is about
+// A launch's grid: the row tiles of all its weights (grid z), token tiles (y), K splits (x), and
+// its cost: waves x (stages of the longest split + a CTA's fixed cost), in stages of its tile,
+// with waves of the CTAs resident at once (cost) or of one CTA an SM (sm_cost: where two CTAs
+// share an SM, each runs at about half speed).
+struct Grid {
+    int64_t m_tiles = 0, n_tiles = 0;
+    int k_stages = 0, split = 1;
+    int64_t cost = 0, sm_cost = 0;
+};
+
+// The fewest K splits that minimize the cost, for slots[s] CTAs resident at once in clusters of s.
+// The fixed cost (the pipeline's fill, the cluster's sum of partial tiles) is about
 // kCtaCostStages stages' time: counting it picks fewer, longer splits than stages alone would.
-int pick_split(int64_t tiles, const int (&slots)[kMaxSplit + 1], int k_stages) {
-    int best = 1;
-    int64_t best_t = (tiles + slots[1] - 1) / slots[1] * (k_stages + kCtaCostStages);
-    for (int s = 2; s <= std::min(kMaxSplit, k_stages); ++s) {
+void pick_split(Grid& g, const int (&slots)[kMaxSplit + 1]) {
+    const int64_t tiles = g.m_tiles * g.n_tiles;
+    g.split = 1;
+    g.cost = (tiles + slots[1] - 1) / slots[1] * (g.k_stages + kCtaCostStages);
+    for (int s = 2; s <= std::min(kMaxSplit, g.k_stages); ++s) {
         if (slots[s] == 0) continue;
-        const int64_t t_s = (tiles * s + slots[s] - 1) / slots[s] * ((k_stages + s - 1) / s + kCtaCostStages);
-        if (t_s < best_t) {
-            best = s;
-            best_t = t_s;
+        const int64_t t_s = (tiles * s + slots[s] - 1) / slots[s] * ((g.k_stages + s - 1) / s + kCtaCostStages);
+        if (t_s < g.cost) {
+            g.split = s;
+            g.cost = t_s;
         }
     }
-    return best;
 }
 
-template <class F, int NJ, bool kWg>
-void launch(const DeviceWeight* const* ws, float* const* ys, int count, const __half* xh, int32_t n_tok, cudaStream_t s) {
-    using L = Layout<F, NJ>;
-    auto* kernel = gemm_dq_kernel<F, NJ, kWg>;
-    // CTAs resident at once in clusters of each size (one CTA an SM, but a cluster's CTAs share a
-    // GPC, so large clusters leave SMs over); clusters need Hopper, else one split only.
-    struct Slots { int n[kMaxSplit + 1]; };
-    static const Slots slots = [kernel] {
+// CTAs of one kernel resident at once in clusters of each size (one CTA an SM, but a cluster's
+// CTAs share a GPC, so large clusters leave SMs over); clusters need Hopper, else one split only.
+struct Slots {
+    int n[kMaxSplit + 1];
+    int sms;
+};
+template <class F, int NJ, int kWG>
+const Slots& slots() {
+    using L = Layout<F, NJ, kWG>;
+    static const Slots r = [] {
+        auto* kernel = gemm_dq_kernel<F, NJ, kWG>;
         // above 48 KB of dynamic shared memory needs the opt-in
         EMBER_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmem));
         int dev = 0;
         EMBER_CUDA_CHECK(cudaGetDevice(&dev));
-        const bool hopper = device_is_sm90();
-        Slots r{};
+        Slots out{};
         int per_sm = 0, sms = 0;
-        EMBER_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, L::kSmem));
+        EMBER_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Cta<kWG>::kThreads, L::kSmem));
         EMBER_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        r.n[0] = r.n[1] = std::max(1, per_sm * sms);
+        out.n[0] = out.n[1] = std::max(1, per_sm * sms);
+        out.sms = std::max(1, sms);
         for (int c = 2; c <= kMaxSplit; ++c) {
             int clusters = 0;
-            if (hopper) {
+            if (device_is_sm90()) {
                 cudaLaunchConfig_t cfg = {};
                 cudaLaunchAttribute attr[1];
                 attr[0].id = cudaLaunchAttributeClusterDimension;
                 attr[0].val.clusterDim.x = unsigned(c);
                 attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
                 cfg.gridDim = dim3(unsigned(c));
-                cfg.blockDim = dim3(kThreads);
+                cfg.blockDim = dim3(Cta<kWG>::kThreads);
                 cfg.dynamicSmemBytes = L::kSmem;
                 cfg.attrs = attr;
                 cfg.numAttrs = 1;
                 EMBER_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
             }
-            r.n[c] = clusters * c;   // 0: no clusters of this size (never picked)
+            out.n[c] = clusters * c;   // 0: no clusters of this size (never picked)
         }
-        return r;
+        return out;
     }();
-    const DeviceWeight& w0 = *ws[0];
-    const int k_stages = int(w0.layout.n_blocks / L::kKB);
+    return r;
+}
+
+template <class F, int NJ, int kWG>
+Grid plan(const DeviceWeight* const* ws, int count, int32_t n_tok) {
+    using L = Layout<F, NJ, kWG>;
+    Grid g;
+    for (int i = 0; i < count; ++i) g.m_tiles += (ws[i]->n_out + L::kBM - 1) / L::kBM;
+    g.n_tiles = (n_tok + L::kBN - 1) / L::kBN;
+    g.k_stages = int(ws[0]->layout.n_blocks / L::kKB);
+    const Slots& sl = slots<F, NJ, kWG>();
+    pick_split(g, sl.n);
+    g.sm_cost = (g.m_tiles * g.n_tiles * g.split + sl.sms - 1) / sl.sms *
+                ((g.k_stages + g.split - 1) / g.split + kCtaCostStages);
+    return g;
+}
+
+template <class F, int NJ, int kWG>
+void launch(const DeviceWeight* const* ws, float* const* ys, int count, const __half* xh, int32_t n_tok, const Grid& g,
+            cudaStream_t s) {
+    using L = Layout<F, NJ, kWG>;
     Params p{};
     int64_t m_tiles = 0;
     for (int i = 0; i < count; ++i) {
@@ -548,19 +605,17 @@ void launch(const DeviceWeight* const* ws, float* const* ys, int count, const __
         p.meta[i] = ws[i]->base + ws[i]->layout.meta_off;
         p.y[i] = ys[i];
         p.n_out[i] = int32_t(ws[i]->n_out);
-        m_tiles += (ws[i]->n_out + kBM - 1) / kBM;
+        m_tiles += (ws[i]->n_out + L::kBM - 1) / L::kBM;
         p.tile_end[i] = int32_t(m_tiles);
     }
     p.n_weights = count;
     p.xh = xh;
-    p.n_blocks = int32_t(w0.layout.n_blocks);
+    p.n_blocks = int32_t(ws[0]->layout.n_blocks);
     p.n_tok = n_tok;
-    p.k_stages = k_stages;
-    const int64_t n_tiles = (n_tok + L::kBN - 1) / L::kBN;
-    const int split = pick_split(m_tiles * n_tiles, slots.n, k_stages);
-    p.split_stages = (k_stages + split - 1) / split;
-    launch_pdl_cluster(kernel, dim3(unsigned(split), unsigned(n_tiles), unsigned(m_tiles)), dim3(kThreads),
-                       size_t(L::kSmem), unsigned(split), s, p);
+    p.k_stages = g.k_stages;
+    p.split_stages = (g.k_stages + g.split - 1) / g.split;
+    launch_pdl_cluster(gemm_dq_kernel<F, NJ, kWG>, dim3(unsigned(g.split), unsigned(g.n_tiles), unsigned(g.m_tiles)),
+                       dim3(Cta<kWG>::kThreads), size_t(L::kSmem), unsigned(g.split), s, p);
     EMBER_CUDA_LAUNCHED("gemm_dq");
 }
 
@@ -576,20 +631,51 @@ bool use_wgmma() {
 #endif
 }
 
+// EMBER_CUDA_GEMM_DQ_ROWS=192 or 256 fixes the wgmma form's row tile (A/B comparisons and tests);
+// unset (0), each launch takes the cheaper grid. Checked at every launch, on any GPU.
+int rows_override() {
+    static const int rows = [] {
+        const char* v = std::getenv("EMBER_CUDA_GEMM_DQ_ROWS");
+        if (!v || !*v) return 0;
+        const std::string s(v);
+        if (s != "192" && s != "256") fail("EMBER_CUDA_GEMM_DQ_ROWS=", s, ": the row tile is 192 or 256");
+        return std::stoi(s);
+    }();
+    return rows;
+}
+
+// The wgmma form's row tile for one launch: the grid of the lower sm_cost, a 192-row stage counted
+// as kStage192 / kStage256 of a 256-row one (each stage's time on the H100 and H200 at 32-128
+// tokens, where the 192-row CTA's twelve warps also hide more of its latency).
+constexpr int kStage192 = 4, kStage256 = 5;
+template <class F, int NJ>
+void launch_wgmma(const DeviceWeight* const* ws, float* const* ys, int count, const __half* xh, int32_t n_tok,
+                  int rows, cudaStream_t s) {
+    const Grid g2 = plan<F, NJ, 2>(ws, count, n_tok), g3 = plan<F, NJ, 3>(ws, count, n_tok);
+    const bool tall = rows ? rows == 256 : g2.sm_cost * kStage256 <= g3.sm_cost * kStage192;
+    if (tall) launch<F, NJ, 2>(ws, ys, count, xh, n_tok, g2, s);
+    else launch<F, NJ, 3>(ws, ys, count, xh, n_tok, g3, s);
+}
+
 template <class F>
 void launch_tokens(const DeviceWeight* const* ws, float* const* ys, int count, const __half* xh, int32_t n_tok,
                    cudaStream_t s) {
+    const int rows = rows_override();
     if (use_wgmma()) {
-        if (n_tok <= 16) launch<F, 2, true>(ws, ys, count, xh, n_tok, s);
-        else if (n_tok <= 32) launch<F, 4, true>(ws, ys, count, xh, n_tok, s);
+        if (n_tok <= 16) launch_wgmma<F, 2>(ws, ys, count, xh, n_tok, rows, s);
+        else if (n_tok <= 32) launch_wgmma<F, 4>(ws, ys, count, xh, n_tok, rows, s);
         // 129..192 tokens: three tiles of 64 (two of 128 would multiply a third of zeros)
-        else if (n_tok <= 64 || (n_tok > 128 && n_tok <= 192)) launch<F, 8, true>(ws, ys, count, xh, n_tok, s);
-        else launch<F, 16, true>(ws, ys, count, xh, n_tok, s);
+        else if (n_tok <= 64 || (n_tok > 128 && n_tok <= 192)) launch_wgmma<F, 8>(ws, ys, count, xh, n_tok, rows, s);
+        else launch_wgmma<F, 16>(ws, ys, count, xh, n_tok, rows, s);
         return;
     }
-    if (n_tok <= 16) launch<F, 2, false>(ws, ys, count, xh, n_tok, s);
-    else if (n_tok <= 32) launch<F, 4, false>(ws, ys, count, xh, n_tok, s);
-    else launch<F, 8, false>(ws, ys, count, xh, n_tok, s);
+    auto mma = [&](auto nj) {
+        constexpr int NJ = decltype(nj)::value;
+        launch<F, NJ, 0>(ws, ys, count, xh, n_tok, plan<F, NJ, 0>(ws, count, n_tok), s);
+    };
+    if (n_tok <= 16) mma(std::integral_constant<int, 2>{});
+    else if (n_tok <= 32) mma(std::integral_constant<int, 4>{});
+    else mma(std::integral_constant<int, 8>{});
 }
 
 }  // namespace

@@ -5,8 +5,9 @@ backend or no GPU.
   Q8_0 rows whose width is a multiple of 256, 9..256 tokens (rows up to 2048 wide from 65 tokens
   on): against the float64 product of f16-rounded weights and activations (what the kernel
   multiplies), the exact product, the CPU backend (q8 activations) and itself run to run.
-  On Hopper it multiplies with wgmma; test_gemm_dq_mma_sync_form runs these tests again with its
-  mma.sync form (EMBER_CUDA_GEMM_DQ_WGMMA=0).
+  On Hopper it multiplies with wgmma in 256- or 192-row tiles; test_gemm_dq_form runs these tests
+  again with each form forced (the mma.sync one: EMBER_CUDA_GEMM_DQ_WGMMA=0; a row tile:
+  EMBER_CUDA_GEMM_DQ_ROWS).
 - gemm_q8 (cuda/gemm_q8.cu: int8 tensor cores on q8_1 activations): the other 32-element block
   formats and widths, 9..64 tokens, rows wider than 2048 (narrower rows keep the CPU-order GEMV):
   against the float64 product, the CPU backend (the same per-block integer dots and products,
@@ -37,7 +38,7 @@ DQ_TYPES = [T.Q4_0, T.Q4_1, T.Q8_0]
 MAX_DQ_TOKENS = 256   # kMaxGemmDqTokens (cuda/kernels.h)
 # Token tiles of 16, 32, 64 (partial at 9 and 33), several tiles of 64 (65: a last one of one token).
 DQ_N_TOK = [9, 16, 33, 64, 65, 128, 200, 256]   # wgmma: tiles of 16, 32, 64, 128
-# (n_out, n_in): rows not a multiple of the 256-row tile, K split over a cluster (16 stages of
+# (n_out, n_in): rows not a multiple of the row tiles (256, wgmma 192), K split over a cluster (16 stages of
 # 4096; 11008: 43 nibble stages, an uneven split); rows of 1792 (the CPU-order GEMV up to 64 tokens).
 DQ_SHAPES = [(600, 4096), (129, 11008), (520, 1792)]
 
@@ -94,14 +95,36 @@ def test_gemm_q8_without_dq(gpu):
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
 
 
-@pytest.mark.skipif(DQ_OFF, reason="gemm_dq is off in this run: no gemm_dq test to run in either form")
-def test_gemm_dq_mma_sync_form(gpu):
-    """gemm_dq's mma.sync form (GPUs before Hopper, builds without sm_90a) in a fresh interpreter
-    with the wgmma form off: on Hopper the default runs only the wgmma one."""
-    k = "gemm_dq and not mma_sync_form"
+# gemm_dq's kernel forms, each forced through its switch: the mma.sync form (GPUs before Hopper,
+# builds without sm_90a) and the wgmma form's two row tiles (on Hopper each launch picks one; on
+# other GPUs the row tile switch leaves the mma.sync form, so those runs repeat it).
+DQ_FORMS = {
+    "mma_sync": {"EMBER_CUDA_GEMM_DQ_WGMMA": "0"},
+    "wgmma_rows_256": {"EMBER_CUDA_GEMM_DQ_ROWS": "256"},
+    "wgmma_rows_192": {"EMBER_CUDA_GEMM_DQ_ROWS": "192"},
+}
+
+
+@pytest.mark.skipif(DQ_OFF, reason="gemm_dq is off in this run: no gemm_dq test to run in any form")
+@pytest.mark.parametrize("form", list(DQ_FORMS))
+def test_gemm_dq_form(gpu, form):
+    """Every gemm_dq test again in a fresh interpreter (the switches are read once per process)
+    with one form of the kernel forced."""
+    k = "gemm_dq and not test_gemm_dq_form and not rows_switch"
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", k],
-                       env=dict(os.environ, EMBER_CUDA_GEMM_DQ_WGMMA="0"), capture_output=True, text=True)
+                       env=dict(os.environ, **DQ_FORMS[form]), capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+
+
+@pytest.mark.skipif(DQ_OFF, reason="gemm_dq is off in this run: the switch is read by gemm_dq")
+def test_gemm_dq_bad_rows_switch(gpu):
+    """A row tile gemm_dq has no kernel for is an error naming the switch, on any GPU."""
+    code = ("import numpy as np, sys; sys.path.insert(0, %r); from test_cuda import cuda_backend, random_weight; "
+            "from gguf import GGMLQuantizationType as T; w = random_weight(T.Q4_0, 256, 4096, np.random.default_rng(0)); "
+            "cuda_backend().matmul(int(T.Q4_0), w, 4096, np.ones((40, 4096), np.float32))") % os.path.dirname(__file__)
+    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, EMBER_CUDA_GEMM_DQ_ROWS="128"),
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "EMBER_CUDA_GEMM_DQ_ROWS=128" in r.stderr, r.stderr[-2000:]
 
 
 @pytest.mark.parametrize("t,n_tok,shape", cases(DQ_TYPES, DQ_N_TOK, DQ_SHAPES, dq=True))

@@ -4,7 +4,7 @@
 # dispatch of project(), and with EMBER_CUDA_GEMM_DQ=0 the older paths: gemm_q8, cuBLAS) and its
 # gemm_dq table (the kernel launched directly, every format and batch size). Carry: build/carry.
 # Logs under $OUT (dq_tests.log, dq_bench.log). PYTEST_K selects tests (default: all but smollm);
-# TESTS=0 skips them. NCU=1: also Nsight Compute sections and stall reasons of gemm_dq launches
+# TESTS=0 skips them. ROWS="192 256" adds the gemm_dq table with each wgmma row tile forced. NCU=1: also Nsight Compute sections and stall reasons of gemm_dq launches
 # (ncu_*.txt). A baseline tree in build/base_src (`git archive BASE | tar -x -C build/base_src`,
 # carried too) is built beside this one in /tmp/base, and its gemm_dq table runs before and after
 # this tree's (dq_base.log), so the comparison is within one call.
@@ -28,20 +28,32 @@ base_table before 2>&1 | tee "$OUT/dq_base.log"
   echo "## EMBER_CUDA_GEMM_DQ=0"; EMBER_CUDA_GEMM_DQ=0 build/dev/ember-cuda-bench gemm | grep "^| "
   build/dev/ember-cuda-bench gemm_dq | grep "^| "
   echo "## EMBER_CUDA_GEMM_DQ_WGMMA=0 (the mma.sync form)"; EMBER_CUDA_GEMM_DQ_WGMMA=0 build/dev/ember-cuda-bench gemm_dq | grep "^| "
+  for rows in ${ROWS:-}; do   # ROWS="192 256": the wgmma form's row tile forced
+    echo "## EMBER_CUDA_GEMM_DQ_ROWS=$rows"; EMBER_CUDA_GEMM_DQ_ROWS=$rows build/dev/ember-cuda-bench gemm_dq | grep "^| "
+  done
 } 2>&1 | tee "$OUT/dq_bench.log"
 base_table after 2>&1 | tee -a "$OUT/dq_base.log"
 if [ "${NCU:-0}" = 1 ]; then
   # The gemm_dq table launches each configuration 2 * 141 times (with and without the conversion
   # of x): launch 282 * c + 150 is one of the c-th configuration's kernel-only runs (0-8: Q4_0
-  # 4096x4096 at 9, 16, 32, 48, 64, 96, 128, 192, 256 tokens; 9-17: 11008x4096).
+  # 4096x4096 at 9, 16, 32, 48, 64, 96, 128, 192, 256 tokens; 9-17: 11008x4096). NCU_FORMS picks
+  # the kernels: cur (this tree's default), mma (this tree's mma.sync form), base (the baseline's).
   for c in ${NCU_CONFIGS:-1 4}; do
-    timeout 120 ncu --clock-control none -k regex:gemm_dq_kernel --launch-skip $((282 * c + 150)) --launch-count 1 \
-      --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
-      --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
-      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active" \
-      build/dev/ember-cuda-bench gemm_dq > "$OUT/ncu_$c.txt" 2>&1
-    grep -E "Duration|DRAM Throughput|Elapsed Cycles|SM Active|Executed Ipc A|Eligible Warps|Grid Size|Cluster Size|Registers Per|issue_stalled|hmma" \
-      "$OUT/ncu_$c.txt" | awk '$NF != "0" && $NF !~ /^0\.0/' | head -40
+    for form in ${NCU_FORMS:-cur}; do
+      case $form in
+        cur) bench=(build/dev/ember-cuda-bench) ;;
+        mma) bench=(env EMBER_CUDA_GEMM_DQ_WGMMA=0 build/dev/ember-cuda-bench) ;;
+        base) [ -f /tmp/base_built ] || continue; bench=(/tmp/base/build/dev/ember-cuda-bench) ;;
+      esac
+      echo "## ncu config $c, $form"
+      timeout 120 ncu --clock-control none -k regex:gemm_dq_kernel --launch-skip $((282 * c + 150)) --launch-count 1 \
+        --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
+        --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
+        --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,smsp__inst_executed_op_ldsm.sum,smsp__inst_executed_op_shared_ld.sum" \
+        "${bench[@]}" gemm_dq > "$OUT/ncu_${c}_$form.txt" 2>&1
+      grep -E "Duration|DRAM Throughput|Elapsed Cycles|SM Active|Executed Ipc A|Eligible Warps|Grid Size|Cluster Size|Registers Per|issue_stalled|hmma|inst_executed" \
+        "$OUT/ncu_${c}_$form.txt" | awk '$NF != "0" && $NF !~ /^0\.0/' | head -40
+    done
   done
 fi
 exit $tests_rc
