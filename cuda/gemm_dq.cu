@@ -14,14 +14,15 @@
 // a block's four 16-byte chunks are the evens and odds of its first 16 elements, then of the
 // next 16. A chunk is then 8 consecutive k of one token, the row of a tensor-core B tile.
 //
-// CTA tile: kBM = 256 weight rows x BN = 8 * NJ tokens; each weight element is unpacked once per
-// CTA and multiplied with every token of the tile. Two forms of the multiply:
+// CTA tile: kBM weight rows x BN = 8 * NJ tokens; each weight element is unpacked once per CTA
+// and multiplied with every token of the tile. Two forms of the multiply:
 //   mma.sync (any GPU): 8 warps along the rows, a warp 32 rows (two m16 tiles) x all BN (16, 32
-//     or 64) tokens, B fragments from shared memory with ldmatrix;
-//   wgmma (Hopper, built for sm_90a): 2 warpgroups, each two m64 tiles x BN (16..128) tokens, the
-//     A tiles from the same per-warp registers and B read by the tensor cores from shared memory,
-//     so a warp issues one instruction per 64 x BN x 16 product instead of BN / 8 (and B = 128
-//     takes one token tile: every weight unpacked once).
+//     or 64) tokens, B fragments from shared memory with ldmatrix; kBM = 256;
+//   wgmma (Hopper, built for sm_90a): warpgroups of m64 tiles x BN (16..128) tokens, the A tiles
+//     from the same per-warp registers and B read by the tensor cores from shared memory, so a
+//     warp issues one instruction per 64 x BN x 16 product instead of BN / 8 (and B = 128 takes
+//     one token tile: every weight unpacked once); two warpgroups of two tiles (kBM = 256) or
+//     three of one (kBM = 192), per launch (Cta, launch_wgmma).
 // Larger batches run several token tiles (grid y) over the same weight tile; the mma.sync form
 // skips the n8 tiles past n_tok. K runs through a kStages-deep cp.async pipeline of 128 quant
 // bytes a row per stage (kKB = 8 nibble blocks or 4 Q8_0 blocks). A stage:
@@ -171,7 +172,7 @@ struct Layout {
     static constexpr int kKB = kRowBytes / F::kQB;   // blocks a stage
     static constexpr int kMRow = kKB * F::kMB;       // meta bytes of a row per stage: 8, 16 or 32
     static constexpr int kXChunks = kKB * 4;         // 16-byte chunks of f16 x of a token per stage
-    static constexpr int kW = 0, kM = kW + kBM * kRowBytes, kX = (kM + kBM * kMRow + 1023) / 1024 * 1024;
+    static constexpr int kW = 0, kM = kW + kBM * kRowBytes, kX = (kM + kBM * kMRow + 1023) / 1024 * 1024;   // x at the swizzle's 1024-byte period
     static constexpr int kStage = kX + kBN * kXChunks * 16;
     static constexpr int kStages = std::min(kMaxStages, kSmemLimit / kStage);
     static constexpr int kAccRow = kBM + 4;   // floats; +4: a warp's fragment stores hit 32 banks
