@@ -4,8 +4,8 @@
 # dispatch of project(), and with EMBER_CUDA_GEMM_DQ=0 the older paths: gemm_q8, cuBLAS) and its
 # gemm_dq table (the kernel launched directly, every format and batch size). Carry: build/carry.
 # Logs under $OUT (dq_tests.log, dq_bench.log). PYTEST_K selects tests (default: all but smollm);
-# TESTS=0 skips them. ROWS="192 256" adds the gemm_dq table with each wgmma row tile forced. NCU=1: also Nsight Compute sections and stall reasons of gemm_dq launches
-# (ncu_*.txt). A baseline tree in build/base_src (`git archive BASE | tar -x -C build/base_src`,
+# TESTS=0 skips them. ROWS="192 256" adds the gemm_dq table with each wgmma row tile forced.
+# NCU=1: also Nsight Compute sections and stall reasons of gemm_dq launches (ncu_*.txt). A baseline tree in build/base_src (`git archive BASE | tar -x -C build/base_src`,
 # carried too) is built beside this one in /tmp/base, and its gemm_dq table runs before and after
 # this tree's (dq_base.log), so the comparison is within one call.
 cd "$(dirname "$0")/../.."
@@ -26,7 +26,7 @@ base_table before 2>&1 | tee "$OUT/dq_base.log"
 {
   build/dev/ember-cuda-bench gemm
   echo "## EMBER_CUDA_GEMM_DQ=0"; EMBER_CUDA_GEMM_DQ=0 build/dev/ember-cuda-bench gemm | grep "^| "
-  build/dev/ember-cuda-bench gemm_dq | grep "^| "
+  echo "## gemm_dq (the default form)"; build/dev/ember-cuda-bench gemm_dq | grep "^| "
   echo "## EMBER_CUDA_GEMM_DQ_WGMMA=0 (the mma.sync form)"; EMBER_CUDA_GEMM_DQ_WGMMA=0 build/dev/ember-cuda-bench gemm_dq | grep "^| "
   for rows in ${ROWS:-}; do   # ROWS="192 256": the wgmma form's row tile forced
     echo "## EMBER_CUDA_GEMM_DQ_ROWS=$rows"; EMBER_CUDA_GEMM_DQ_ROWS=$rows build/dev/ember-cuda-bench gemm_dq | grep "^| "
