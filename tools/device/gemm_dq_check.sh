@@ -5,9 +5,10 @@
 # gemm_dq table (the kernel launched directly, every format and batch size). Carry: build/carry.
 # Logs under $OUT (dq_tests.log, dq_bench.log). PYTEST_K selects tests (default: all but smollm);
 # TESTS=0 skips them. ROWS="192 256" adds the gemm_dq table with each wgmma row tile forced.
-# NCU=1: also Nsight Compute sections and stall reasons of gemm_dq launches (ncu_*.txt). A baseline tree in build/base_src (`git archive BASE | tar -x -C build/base_src`,
-# carried too) is built beside this one in /tmp/base, and its gemm_dq table runs before and after
-# this tree's (dq_base.log), so the comparison is within one call.
+# NCU=1: also Nsight Compute sections and stall reasons of gemm_dq launches (ncu_*.txt; NCU_FORMS
+# below). A baseline tree in build/base_src (`git archive BASE | tar -x -C build/base_src`, carried
+# too) is built beside this one in /tmp/base, and its gemm_dq table runs before and after this
+# tree's (dq_base.log), so the comparison is within one call.
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gemm_dq_out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
