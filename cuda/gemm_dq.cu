@@ -511,31 +511,37 @@ __global__ void gemm_dq_input_kernel(const float4* __restrict__ x, uint4* __rest
     xh[2 * i + 1] = make_uint4(pack_half2(a.y, a.w), pack_half2(b.y, b.w), pack_half2(c.y, c.w), pack_half2(d.y, d.w));
 }
 
-// A launch's grid: the row tiles of all its weights (grid z), token tiles (y), K splits (x), and
-// its cost: waves x (stages of the longest split + a CTA's fixed cost), in stages of its tile,
-// with waves of the CTAs resident at once (cost) or of one CTA an SM (sm_cost: where two CTAs
-// share an SM, each runs at about half speed).
+// A launch's grid: the row tiles of its weights one after another (grid z; weight i's end at
+// tile_end[i]), token tiles (y), K splits (x), and its cost in stages of its tile: waves of one CTA
+// an SM (where two CTAs share an SM, each runs at about half speed) x (stages of the longest split
+// + a CTA's fixed cost).
 struct Grid {
+    int32_t tile_end[kMaxWeights] = {};
     int64_t m_tiles = 0, n_tiles = 0;
     int k_stages = 0, split = 1;
-    int64_t cost = 0, sm_cost = 0;
+    int64_t cost = 0;
 };
 
+// Cost of `ctas` CTAs, `slots` of them at once, each stages_per_cta stages long. The fixed cost (the
+// pipeline's fill, the cluster's sum of partial tiles) is about kCtaCostStages stages' time:
+// counting it picks fewer, longer splits than stages alone would.
+int64_t waves_cost(int64_t ctas, int slots, int stages_per_cta) {
+    return (ctas + slots - 1) / slots * (stages_per_cta + kCtaCostStages);
+}
+
 // The fewest K splits that minimize the cost, for slots[s] CTAs resident at once in clusters of s.
-// The fixed cost (the pipeline's fill, the cluster's sum of partial tiles) is about
-// kCtaCostStages stages' time: counting it picks fewer, longer splits than stages alone would.
-void pick_split(Grid& g, const int (&slots)[kMaxSplit + 1]) {
-    const int64_t tiles = g.m_tiles * g.n_tiles;
-    g.split = 1;
-    g.cost = (tiles + slots[1] - 1) / slots[1] * (g.k_stages + kCtaCostStages);
-    for (int s = 2; s <= std::min(kMaxSplit, g.k_stages); ++s) {
+int pick_split(int64_t tiles, int k_stages, const int (&slots)[kMaxSplit + 1]) {
+    int best = 1;
+    int64_t best_t = waves_cost(tiles, slots[1], k_stages);
+    for (int s = 2; s <= std::min(kMaxSplit, k_stages); ++s) {
         if (slots[s] == 0) continue;
-        const int64_t t_s = (tiles * s + slots[s] - 1) / slots[s] * ((g.k_stages + s - 1) / s + kCtaCostStages);
-        if (t_s < g.cost) {
-            g.split = s;
-            g.cost = t_s;
+        const int64_t t_s = waves_cost(tiles * s, slots[s], (k_stages + s - 1) / s);
+        if (t_s < best_t) {
+            best = s;
+            best_t = t_s;
         }
     }
+    return best;
 }
 
 // CTAs of one kernel resident at once in clusters of each size (one CTA an SM, but a cluster's
@@ -585,13 +591,15 @@ template <class F, int NJ, int kWG>
 Grid plan(const DeviceWeight* const* ws, int count, int32_t n_tok) {
     using L = Layout<F, NJ, kWG>;
     Grid g;
-    for (int i = 0; i < count; ++i) g.m_tiles += (ws[i]->n_out + L::kBM - 1) / L::kBM;
+    for (int i = 0; i < count; ++i) {
+        g.m_tiles += (ws[i]->n_out + L::kBM - 1) / L::kBM;
+        g.tile_end[i] = int32_t(g.m_tiles);
+    }
     g.n_tiles = (n_tok + L::kBN - 1) / L::kBN;
     g.k_stages = int(ws[0]->layout.n_blocks / L::kKB);
     const Slots& sl = slots<F, NJ, kWG>();
-    pick_split(g, sl.n);
-    g.sm_cost = (g.m_tiles * g.n_tiles * g.split + sl.sms - 1) / sl.sms *
-                ((g.k_stages + g.split - 1) / g.split + kCtaCostStages);
+    g.split = pick_split(g.m_tiles * g.n_tiles, g.k_stages, sl.n);
+    g.cost = waves_cost(g.m_tiles * g.n_tiles * g.split, sl.sms, (g.k_stages + g.split - 1) / g.split);
     return g;
 }
 
@@ -600,14 +608,12 @@ void launch(const DeviceWeight* const* ws, float* const* ys, int count, const __
             cudaStream_t s) {
     using L = Layout<F, NJ, kWG>;
     Params p{};
-    int64_t m_tiles = 0;
     for (int i = 0; i < count; ++i) {
         p.wq[i] = ws[i]->base;
         p.meta[i] = ws[i]->base + ws[i]->layout.meta_off;
         p.y[i] = ys[i];
         p.n_out[i] = int32_t(ws[i]->n_out);
-        m_tiles += (ws[i]->n_out + L::kBM - 1) / L::kBM;
-        p.tile_end[i] = int32_t(m_tiles);
+        p.tile_end[i] = g.tile_end[i];
     }
     p.n_weights = count;
     p.xh = xh;
@@ -645,7 +651,7 @@ int rows_override() {
     return rows;
 }
 
-// The wgmma form's row tile for one launch: the grid of the lower sm_cost, a 192-row stage counted
+// The wgmma form's row tile for one launch: the grid of the lower cost, a 192-row stage counted
 // as kStage192 / kStage256 of a 256-row one (each stage's time on the H100 and H200 at 32-128
 // tokens, where the 192-row CTA's twelve warps also hide more of its latency).
 constexpr int kStage192 = 4, kStage256 = 5;
@@ -653,7 +659,7 @@ template <class F, int NJ>
 void launch_wgmma(const DeviceWeight* const* ws, float* const* ys, int count, const __half* xh, int32_t n_tok,
                   int rows, cudaStream_t s) {
     const Grid g2 = plan<F, NJ, 2>(ws, count, n_tok), g3 = plan<F, NJ, 3>(ws, count, n_tok);
-    const bool tall = rows ? rows == 256 : g2.sm_cost * kStage256 <= g3.sm_cost * kStage192;
+    const bool tall = rows ? rows == 256 : g2.cost * kStage256 <= g3.cost * kStage192;
     if (tall) launch<F, NJ, 2>(ws, ys, count, xh, n_tok, g2, s);
     else launch<F, NJ, 3>(ws, ys, count, xh, n_tok, g3, s);
 }

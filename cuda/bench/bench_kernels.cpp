@@ -201,63 +201,45 @@ int main(int argc, char** argv) {
         cudaStream_t cs = nullptr;
         if (wants("gemm_dq")) cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking);
         auto sync_cs = [&] { cudaStreamSynchronize(cs); };
+        // Each llama2-7b weight alone, then the engine's fused launches of a layer (Q, K, V: 3 x
+        // 4096x4096; gate and up: 2 x 11008x4096), whose row tiles share one grid. (n_in, n_out,
+        // weights a launch); the single weights come first, in `shapes` order (gemm_dq_check.sh's
+        // Nsight Compute launch numbers count on it).
+        const int64_t dq_launches[5][3] = {{4096, 4096, 1}, {4096, 11008, 1}, {11008, 4096, 1}, {4096, 4096, 3}, {4096, 11008, 2}};
         for (const Named& ty : dq_types) {
             if (!wants("gemm_dq")) break;
-            for (auto& sh : shapes) {
-                const int64_t n_in = sh[0], n_out = sh[1];
+            for (auto& dl : dq_launches) {
+                const int64_t n_in = dl[0], n_out = dl[1];
+                const int count = int(dl[2]);
                 MatmulBuffers m(*be, ty.t, n_in, n_out, 256);
                 auto* xh = static_cast<__half*>(be->alloc(size_t(256) * n_in * 2));
+                std::vector<float*> ys{m.y};
+                while (int(ys.size()) < count) ys.push_back(static_cast<float*>(be->alloc(size_t(256) * n_out * 4)));
                 be->synchronize();   // x uploaded before the first launch on cs
                 const cuda::PackedLayout layout = cuda::packed_layout(ty.t, n_in, n_out);
-                const double wbytes = double(layout.total);
-                auto dw = [&](const Weight& w) { return cuda::DeviceWeight{ty.t, static_cast<const uint8_t*>(w.data), layout, n_in, n_out}; };
-                for (int n_tok : {9, 16, 32, 48, 64, 96, 128, 192, 256}) {
-                    const double tf = time_it(sync_cs, [&] {
-                        cuda::gemm_dq_input(m.x, xh, n_tok, n_in, cs);
-                        cuda::gemm_dq(dw(m.next()), m.y, xh, n_tok, cs);
-                    });
-                    const double tk = time_it(sync_cs, [&] { cuda::gemm_dq(dw(m.next()), m.y, xh, n_tok, cs); });
-                    std::printf("| %s | %lldx%lld | %d | %.1f | %.1f | %.0f | %.0f%% | %.0f |\n", ty.name, (long long)n_out,
-                                (long long)n_in, n_tok, tf * 1e6, tk * 1e6, wbytes / tk / 1e9, 100.0 * wbytes / tk / kHbmPeak,
-                                2.0 * n_tok * n_in * n_out / tk / 1e12);
-                }
-                be->free(xh);
-            }
-        }
-        // The engine's fused launches of a llama2-7b layer (Q, K, V: 3 x 4096x4096; gate and up:
-        // 2 x 11008x4096), whose row tiles share one grid: what the decode step runs.
-        const int64_t fused[2][3] = {{4096, 4096, 3}, {4096, 11008, 2}};
-        for (const Named& ty : dq_types) {
-            if (!wants("gemm_dq")) break;
-            for (auto& fs : fused) {
-                const int64_t n_in = fs[0], n_out = fs[1];
-                const int count = int(fs[2]);
-                MatmulBuffers m(*be, ty.t, n_in, n_out, 256);
-                auto* xh = static_cast<__half*>(be->alloc(size_t(256) * n_in * 2));
-                std::vector<float*> ys(count);
-                for (auto& y : ys) y = static_cast<float*>(be->alloc(size_t(256) * n_out * 4));
-                be->synchronize();
-                const cuda::PackedLayout layout = cuda::packed_layout(ty.t, n_in, n_out);
                 const double wbytes = double(layout.total) * count;
-                std::vector<cuda::DeviceWeight> dws;
-                auto launch = [&](int n_tok) {
-                    dws.clear();
-                    for (int i = 0; i < count; ++i)
-                        dws.push_back({ty.t, static_cast<const uint8_t*>(m.next().data), layout, n_in, n_out});
-                    const cuda::DeviceWeight* wp[3] = {&dws[0], &dws[1], count > 2 ? &dws[2] : &dws[0]};
+                cuda::DeviceWeight dws[cuda::kMaxGemmDqWeights];
+                const cuda::DeviceWeight* wp[cuda::kMaxGemmDqWeights];
+                auto launch = [&](int n_tok) {   // the next copies of the weight (not in L2)
+                    for (int i = 0; i < count; ++i) {
+                        dws[i] = {ty.t, static_cast<const uint8_t*>(m.next().data), layout, n_in, n_out};
+                        wp[i] = &dws[i];
+                    }
                     cuda::gemm_dq(wp, ys.data(), count, xh, n_tok, cs);
                 };
-                for (int n_tok : {16, 32, 64, 128, 192, 256}) {
+                const std::string shape = (count > 1 ? std::to_string(count) + "x " : std::string()) +
+                                          std::to_string(n_out) + "x" + std::to_string(n_in);
+                for (int n_tok : {9, 16, 32, 48, 64, 96, 128, 192, 256}) {
                     const double tf = time_it(sync_cs, [&] {
                         cuda::gemm_dq_input(m.x, xh, n_tok, n_in, cs);
                         launch(n_tok);
                     });
                     const double tk = time_it(sync_cs, [&] { launch(n_tok); });
-                    std::printf("| %s | %dx %lldx%lld | %d | %.1f | %.1f | %.0f | %.0f%% | %.0f |\n", ty.name, count,
-                                (long long)n_out, (long long)n_in, n_tok, tf * 1e6, tk * 1e6, wbytes / tk / 1e9,
-                                100.0 * wbytes / tk / kHbmPeak, 2.0 * count * n_tok * n_in * n_out / tk / 1e12);
+                    std::printf("| %s | %s | %d | %.1f | %.1f | %.0f | %.0f%% | %.0f |\n", ty.name, shape.c_str(), n_tok,
+                                tf * 1e6, tk * 1e6, wbytes / tk / 1e9, 100.0 * wbytes / tk / kHbmPeak,
+                                2.0 * count * n_tok * n_in * n_out / tk / 1e12);
                 }
-                for (float* y : ys) be->free(y);
+                for (size_t i = 1; i < ys.size(); ++i) be->free(ys[i]);
                 be->free(xh);
             }
         }
