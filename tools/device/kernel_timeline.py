@@ -60,12 +60,13 @@ def main():
             steps.append(cur)
         if cur is not None:
             cur.append((start, end, n))
+    engine_step = [any(k[2].startswith("argmax_rows") for k in s) for s in steps]
     for kind, pick in (("engine", True), ("context", False)):
-        mine = [s for s in steps if any(k[2].startswith("argmax_rows") for k in s) == pick]
+        mine = [i for i in range(len(steps)) if engine_step[i] == pick]
         if not mine:
             continue
-        common = collections.Counter(len(s) for s in mine).most_common(1)[0][0]
-        idx = [i for i, s in enumerate(steps) if s in mine and len(s) == common][-n_last - 1:-1]
+        common = collections.Counter(len(steps[i]) for i in mine).most_common(1)[0][0]
+        idx = [i for i in mine if len(steps[i]) == common][-n_last - 1:-1]
         if not idx:
             continue
         spans, gaps = [], []
