@@ -95,6 +95,8 @@ def test_gemm_q8_without_dq(gpu):
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
 
 
+# The runs in a fresh interpreter below turn gemm_dq on, whatever this run's EMBER_CUDA_GEMM_DQ.
+DQ_ON = {"EMBER_CUDA_GEMM_DQ": "1"}
 # gemm_dq's kernel forms, each forced through its switch: the mma.sync form (GPUs before Hopper,
 # builds without sm_90a) and the wgmma form's two row tiles (on Hopper each launch picks one; on
 # other GPUs the row tile switch leaves the mma.sync form, so those runs repeat it).
@@ -105,24 +107,23 @@ DQ_FORMS = {
 }
 
 
-@pytest.mark.skipif(DQ_OFF, reason="gemm_dq is off in this run: no gemm_dq test to run in any form")
 @pytest.mark.parametrize("form", list(DQ_FORMS))
 def test_gemm_dq_form(gpu, form):
     """Every gemm_dq test again in a fresh interpreter (the switches are read once per process)
-    with one form of the kernel forced."""
+    with one form of the kernel forced, and gemm_dq itself on whatever this run's switch says."""
     k = "gemm_dq and not test_gemm_dq_form and not rows_switch"
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", k],
-                       env=dict(os.environ, **DQ_FORMS[form]), capture_output=True, text=True)
+                       env=dict(os.environ, **DQ_ON, **DQ_FORMS[form]), capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
 
 
-@pytest.mark.skipif(DQ_OFF, reason="gemm_dq is off in this run: the switch is read by gemm_dq")
 def test_gemm_dq_bad_rows_switch(gpu):
-    """A row tile gemm_dq has no kernel for is an error naming the switch, on any GPU."""
+    """A row tile gemm_dq has no kernel for is an error naming the switch, on any GPU (gemm_dq on:
+    it reads the switch)."""
     code = ("import numpy as np, sys; sys.path.insert(0, %r); from test_cuda import cuda_backend, random_weight; "
             "from gguf import GGMLQuantizationType as T; w = random_weight(T.Q4_0, 256, 4096, np.random.default_rng(0)); "
             "cuda_backend().matmul(int(T.Q4_0), w, 4096, np.ones((40, 4096), np.float32))") % os.path.dirname(__file__)
-    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, EMBER_CUDA_GEMM_DQ_ROWS="128"),
+    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, **DQ_ON, EMBER_CUDA_GEMM_DQ_ROWS="128"),
                        capture_output=True, text=True)
     assert r.returncode != 0 and "EMBER_CUDA_GEMM_DQ_ROWS=128" in r.stderr, r.stderr[-2000:]
 
