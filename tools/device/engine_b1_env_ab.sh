@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The engine's one-sequence decode step against a Context's under backend switches (run as
 # engine_setup.sh's EXTRA with LCPP=0): engine_profile.py MODEL 1 --wall under each setting of
-# $ENVS (';'-separated; an empty item is the default), $REPS times each, interleaved. A setting
-# that narrows the engine's extra time over the Context names the mechanism behind it.
+# $ENVS (';'-separated; an empty item is the default), $REPS times each, interleaved: what each
+# switch costs or saves the two paths, measured side by side.
 M=${MODEL:-/tmp/em/l7b-q4_0.gguf}
 L="${OUT:-/tmp}/b1_env.log"
 IFS=';' read -r -a settings <<< "${ENVS:-;EMBER_CUDA_PDL=0;EMBER_CUDA_GRAPHS=0}"
