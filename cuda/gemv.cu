@@ -33,8 +33,8 @@ struct GemvBatch {
 };
 
 // Long rows are split over four warps (a 4096-wide f16 row is 512 units: one round of four loads
-// per lane; an 11008-wide one 1376). Four rather than two warps for 512-1023 units: F16 tg128
-// 184.8 / 183.8 -> 185.9 / 186.2 tok/s on the H100 (2026-11-22, interleaved); one warp: 173.
+// per lane; an 11008-wide one 1376). Four rather than two or one for 512-1023 units: measured in
+// docs/performance.md.
 constexpr int warps_per_row(int32_t units) { return units >= 512 ? 4 : 1; }
 // Rows summed in the CPU's order take one warp each.
 static_assert(warps_per_row(kLegacyExactMaxWidth / 32) == 1, "CPU-order rows must get one warp per row");
@@ -130,8 +130,22 @@ __device__ __forceinline__ void rope_store_row(const QkvRopeStore& e, int wi, in
     }
 }
 
+// Given only the block size, ptxas holds these kernels to fewer registers than the code wants,
+// for more resident CTAs. Asked for one CTA an SM at least, it gives them what they want, and a
+// one-token row's loads after the PDL wait go out sooner: on the formats listed that is worth
+// more than the resident warps lost (docs/performance.md). The others keep ptxas's choice (0).
 template <class F, int NT>
-__global__ void __launch_bounds__(kRowsPerBlock * kWarp) gemv_kernel(GemvBatch b) {
+constexpr int gemv_min_ctas() {
+    constexpr bool more_registers = std::is_same<F, FmtQ4_0>::value || std::is_same<F, FmtQ4_1>::value ||
+                                    std::is_same<F, FmtQ5<false>>::value || std::is_same<F, FmtQ5<true>>::value ||
+                                    std::is_same<F, FmtQ6_K>::value || std::is_same<F, FmtFloat<float>>::value ||
+                                    std::is_same<F, FmtFloat<__half>>::value ||
+                                    std::is_same<F, FmtFloat<__nv_bfloat16>>::value;
+    return NT == 1 && more_registers ? 1 : 0;
+}
+
+template <class F, int NT, int kMinCtas = gemv_min_ctas<F, NT>()>
+__global__ void __launch_bounds__(kRowsPerBlock * kWarp, kMinCtas) gemv_kernel(GemvBatch b) {
     const int lane = threadIdx.x & (kWarp - 1), warp = threadIdx.x >> 5;
     const int bx = blockIdx.x;
     const int wi = bx >= b.start[2] ? 2 : (bx >= b.start[1] ? 1 : 0);
