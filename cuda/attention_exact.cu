@@ -178,7 +178,9 @@ size_t exact_cluster_smem(int head_dim) {
     return sizeof(__half) * (k_rows + size_t(kExactMaxLen) * kExactDims);
 }
 
-__global__ void __launch_bounds__(kExactThreads) attention_exact_cluster_kernel(AttentionArgs a, DeviceBatch b) {
+// One CTA an SM at least: ptxas then gives the kernel the registers it wants (a decode step runs a
+// cluster a head, far fewer CTAs than the SMs hold, so occupancy costs nothing here).
+__global__ void __launch_bounds__(kExactThreads, 1) attention_exact_cluster_kernel(AttentionArgs a, DeviceBatch b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
