@@ -7,19 +7,12 @@
 // ldmatrix.trans). The warps' states merge in shared memory at the end; splits > 1 merge as in
 // attention_splits.cuh. Q and the probabilities are rounded to f16, as in the other kernels.
 // The CUDA-core kernel this replaced (now q8_0 only, attention.cu) spent its issue slots on
-// per-key arithmetic and block-wide barriers: one depth-16384 launch of llama2-7b took 111 us
-// (72% of DRAM peak); this one with cp.async 106 us (76%), with bulk copies and the early start
-// below 102.5 us (78%; Nsight Compute, tools/device/ncu_decode_depth.sh). Tensor copies (4 per
-// tile, 128-byte swizzle) instead of one 256-byte bulk copy per key row: tg128 at depth 16384
-// 196.1-196.4 -> 199.7-200.6 tok/s, at depth 4096 335.5 -> 342 (H100, 2026-11-22, one call); a
-// tile's completion waits on 4 copies instead of 32, and rows need no padding.
-// Warps and stages: what limits it is how many warps an SM runs, more than how many bytes each
-// has in flight. At depth 16384 (tg128, H100, 2026-11-22) 6 warps x 2 stages at two CTAs an SM
-// gave 196.2-197.8 tok/s against 192.4-194.8 for 4 x 3; 5 x 2: 194.6; 8 x 3 or 12 x 2 at one CTA
-// an SM: 194.1-195.9; 13 x 2: 188.3; 4 x 6 or 4 x 4 at one CTA: 171-173; 2 x 6: 178; 3 x 2 at
-// four CTAs (16 splits): 193.5. Head dim 256 has rows twice as long: half the warps.
-// Also measured (2026-11-22, row copies): rows without the 16-byte padding lost 9% to ldmatrix bank
-// conflicts (the swizzle avoids them); reading the cache head-major (a tile one 4 KB run) changed nothing.
+// per-key arithmetic and block-wide barriers. Tensor copies (4 per tile, 128-byte swizzle) rather
+// than one bulk copy per key row: a tile's completion waits on 4 copies instead of 32, and rows
+// need no padding (unpadded rows read through ldmatrix would conflict on banks; the swizzle
+// avoids that). Warps and stages: what limits it is how many warps an SM runs, more than how many
+// bytes each has in flight, so 6 warps x 2 stages at two CTAs an SM; head dim 256 has rows twice
+// as long: half the warps. The shapes and copy forms measured are in docs/performance.md.
 #include <cuda.h>   // CUtensorMap (the encoder comes from the runtime's driver entry point)
 #include <cudaTypedefs.h>
 

@@ -83,8 +83,8 @@ constexpr int kKeysPerSplit = 64;      // flash-decoding: one split per this man
 constexpr int kMaxGraphDecodeTokens = 256;   // engine decode steps up to this many sequences are graphed
 constexpr int kTargetAttnCtas = 1024;  // split only while the grid is smaller than this
 // Decode attention over long contexts: CTAs per launch the key-range split aims at. The q8_0
-// kernel fits about 8 CTAs an SM; the f16 tensor-core kernel 2, and one wave of those beat 128
-// (1 an SM, 162 tok/s at depth 16384) and 512 (two waves, 190): 193.
+// kernel fits about 8 CTAs an SM; the f16 tensor-core kernel 2, and one wave of those beat both
+// one CTA an SM and two waves (docs/performance.md).
 constexpr int kDecodeTargetCtas = 1024;
 constexpr int kDecodeMmaTargetCtas = 256;
 constexpr int kNumTileLens = 5;

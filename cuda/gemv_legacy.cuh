@@ -11,8 +11,8 @@
 // m_w * s_x per block into four running sums (one per j), joined as (j0 + j1) + (j2 + j3). A last
 // odd block adds fma(d_w * d_x, isum, s), then fma(m_w, s_x, s).
 //
-// The price is instructions: the 4096-wide rows of a 7B Q4_0 model decode at 223 tok/s this way
-// against 427 in the lane-strided order of gemv_formats.cuh (H100, 2026-11-22), so rows up to
+// The price is instructions, about twice those of the lane-strided order of gemv_formats.cuh (a
+// 7B Q4_0 model decodes at about half the rate this way: docs/performance.md), so rows up to
 // kLegacyExactMaxWidth (SmolLM2's 576 and 1536, any model up to 2048 wide) take this order and
 // wider rows the fast one.
 //

@@ -54,9 +54,9 @@ private:
     // out the last chunk (~T/2 chunk times lost), while each thread pays a cache-line round trip
     // per hand-out it takes (chunks / T of them); the sum is least near T * sqrt(bytes / k)
     // chunks, k ~ hand-out cost x a thread's streaming rate x 2. k = 256 KiB: ~160 chunks for a
-    // 7B gate/up on 16 threads (what sqrt(bytes * T / 16 KiB) gave there, measured best in
-    // session 4), and n_chunks() on 2 threads up to 1B models, where more chunks cost 10%
-    // (llama-1b Q4_0 decode 43.7-49.8 tok/s at the 16-row-per-KiB rule vs 48.9 at n_chunks()).
+    // 7B gate/up on 16 threads (what sqrt(bytes * T / 16 KiB) gave there, measured best), and
+    // n_chunks() on 2 threads up to 1B models, where more chunks cost more than they save
+    // (docs/performance.md).
     // EMBER_CPU_HANDOUT_KB (diagnosis) sets k; 0 = n_chunks() only.
     size_t handout_bytes_ = size_t(256) << 10;
     int64_t row_grain(int64_t n_rows, size_t w_row) const;
