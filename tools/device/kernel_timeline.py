@@ -2,7 +2,7 @@
 """Where a decode step's wall time goes, from a kernel_trace.c CSV (kernels as they ran, graphs
 and programmatic dependent launch included).
 
-    kernel_timeline.py TRACE.csv [STEPS]
+    kernel_timeline.py TRACE.csv[.gz] [STEPS]
 
 A step starts at each copy_from_pinned_kernel (the step's uploads, its first node); steps with an
 argmax_rows kernel are the engine's, the others a Context's. For each kind, over its last STEPS
@@ -13,6 +13,7 @@ with PDL a kernel starts early and waits, so durations overlap), and one middle 
 """
 import collections
 import csv
+import gzip
 import re
 import shutil
 import statistics
@@ -49,7 +50,8 @@ def median(xs):
 def main():
     path = sys.argv[1]
     n_last = int(sys.argv[2]) if len(sys.argv) > 2 else 16
-    rows = [(int(r["start_ns"]), int(r["end_ns"]), r["name"]) for r in csv.DictReader(open(path))]
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:   # kernel_trace.sh keeps it gzipped
+        rows = [(int(r["start_ns"]), int(r["end_ns"]), r["name"]) for r in csv.DictReader(f)]
     rows.sort()
     short = short_names(r[2] for r in rows)
     steps, cur = [], None
@@ -72,7 +74,7 @@ def main():
         spans, gaps = [], []
         add = collections.defaultdict(list)
         dur = collections.defaultdict(list)
-        per_pos = [([], []) for _ in range(common)]
+        per_pos = [([], [], []) for _ in range(common)]
         for i in idx:
             s = steps[i]
             spans.append(s[-1][1] - s[0][0])
@@ -88,6 +90,7 @@ def main():
                 step_dur[n] += b - a
                 per_pos[p][0].append(inc)
                 per_pos[p][1].append(b - a)
+                per_pos[p][2].append(a - s[p - 1][1] if p else 0)
             for n in step_add:
                 add[n].append(step_add[n])
                 dur[n].append(step_dur[n])
@@ -105,9 +108,8 @@ def main():
             lo, hi = layer_starts[mid], layer_starts[mid + 1]
             print(f"one layer (kernels {lo}..{hi - 1}): adds / duration / gap after the previous end, us")
             for p in range(lo, hi):
-                gap = s[p][0] - s[p - 1][1]
-                print(f"  {s[p][2]:60s} {median(per_pos[p][0]) / 1e3:6.2f} {median(per_pos[p][1]) / 1e3:6.2f} "
-                      f"{gap / 1e3:7.2f}")
+                adds, durs, gaps_p = (median(v) / 1e3 for v in per_pos[p])
+                print(f"  {s[p][2]:60s} {adds:6.2f} {durs:6.2f} {gaps_p:7.2f}")
 
 
 if __name__ == "__main__":

@@ -1,16 +1,21 @@
 // The floor of one kernel boundary in a decode step: a CUDA graph of N tiny dependent kernels
 // (each reads the previous kernel's value and writes its own), replayed, timed per kernel. With
 // programmatic dependent launch (as the decode kernels run) and without, for a few grid sizes.
-// Build and run on the device: nvcc -O3 -arch=sm_90a -o /tmp/pdl_chain tools/device/pdl_chain.cu && /tmp/pdl_chain
+// Build and run on the device (from the repository root):
+//   nvcc -O3 -arch=sm_90a -Icuda -Isrc -Iinclude -o /tmp/pdl_chain tools/device/pdl_chain.cu && /tmp/pdl_chain
 #include <cuda_runtime.h>
 
 #include <cstdio>
 
+#include "common.cuh"
+
 #define CHECK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { std::printf("%s: %s\n", #x, cudaGetErrorString(e)); return 1; } } while (0)
 
-__global__ void step_kernel(const int* in, int* out, bool pdl) {
-    if (pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
+// As the decode kernels: trigger the next kernel, wait for the previous one (both return at once
+// in a launch without the PDL attribute).
+__global__ void step_kernel(const int* in, int* out) {
+    ember::cuda::pdl_trigger();
+    ember::cuda::pdl_wait();
     if (threadIdx.x == 0) out[blockIdx.x] = in[blockIdx.x] + 1;
 }
 
@@ -38,7 +43,7 @@ int main() {
                 cfg.numAttrs = pdl ? 1 : 0;
                 const int* in = buf + (i % 2) * 4096;
                 int* out = buf + ((i + 1) % 2) * 4096;
-                CHECK(cudaLaunchKernelEx(&cfg, step_kernel, in, out, bool(pdl)));
+                CHECK(cudaLaunchKernelEx(&cfg, step_kernel, in, out));
             }
             CHECK(cudaStreamEndCapture(s, &g));
             cudaGraphExec_t ge;
