@@ -1,4 +1,4 @@
-"""ember.server.chat_template: GGUF chat templates rendered with Hugging Face's semantics. SmolLM2's
+"""ember.chat.template: GGUF chat templates rendered with Hugging Face's semantics. SmolLM2's
 own template against transformers' apply_chat_template (tests/reference/hf, or live with hf_live),
 raise_exception, add_generation_prompt,
 strftime_now, tojson, tools, the {% generation %} tag, the sandbox, the --chat-template override
@@ -11,7 +11,7 @@ import pytest
 import hf_tiny
 from hf_tiny import hf_reference  # noqa: F401 (a fixture)
 from ember import _ember
-from ember.server.chat_template import CHATML, ChatTemplate, ChatTemplateError
+from ember.chat import CHATML, ChatTemplate, ChatTemplateError
 
 MESSAGES = hf_tiny.CHAT_MESSAGES
 
@@ -96,7 +96,7 @@ def test_model_without_template_falls_back_to_chatml(tmp_path, tokenizer, hf_ref
     w.set("general.architecture", "llama")
     w.write_header()
     w.finish()
-    with caplog.at_level(logging.WARNING, logger="ember.server"):
+    with caplog.at_level(logging.WARNING, logger="ember.chat"):
         t = ChatTemplate.for_model(str(path), tokenizer)
     assert t.source == CHATML and "ChatML" in caplog.text and str(path) in caplog.text
     msgs = MESSAGES[:2]

@@ -1,4 +1,4 @@
-"""Tool calls in chat replies (ember/server/tool_calls.py): each model family's call syntax parsed
+"""Tool calls in chat replies (ember/chat/tool_calls.py): each model family's call syntax parsed
 into OpenAI's tool_calls, replies that only look like calls left as content, the request fields
 (tools, tool_choice, parallel_tool_calls) checked, and the chat responses built from them, whole
 and streamed (ember/server/responses.py). No model is needed: replies are given as text."""
@@ -9,7 +9,7 @@ import pytest
 from ember.outputs import CompletionOutput, RequestOutput
 from ember.server.openai_schema import APIError, parse_chat
 from ember.server.responses import ResponseBuilder
-from ember.server.tool_calls import ToolCallParser, arguments_as_objects
+from ember.chat import ToolCallParser, arguments_as_objects
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
                                              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}

@@ -306,7 +306,7 @@ def _smollm2_template(smollm2_path):
 
 def outputs(live, smollm2_path):
     """(tables, arrays) of outputs.json and outputs.npz: every output the tests look up."""
-    from ember.server.chat_template import CHATML
+    from ember.chat import CHATML
 
     tables = {k: [] for k in ("logits", "hidden", "inv_freq", "encode", "tokenizer", "render")}
     arrays = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple, Union
 
-from .server.chat_template import ChatTemplate, token_text
+from .chat import ChatTemplate, token_text
 
 
 class HFTokenizer:

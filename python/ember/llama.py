@@ -16,8 +16,7 @@ import numpy as np
 
 from . import _ember
 from .embedding import POOLING_UNSPECIFIED, embed_tokens, resolve_pooling
-from .server.chat_dicts import chat_chunks, chat_completion
-from .server.chat_template import ChatTemplate
+from .chat import ChatTemplate, chat_chunks, chat_completion
 
 DEFAULT_SEED = 0xFFFFFFFF   # "draw a random seed", as in llama.cpp
 

@@ -24,18 +24,17 @@ from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Res
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..async_engine import AsyncLLMEngine
+from ..chat import ChatTemplate, ChatTemplateError, ToolCallParser
 from ..embedding import POOLING_NONE, Embedder, resolve_pooling
 from ..llama import encode_prompt
 from . import args as server_args
 from .args import ServerSettings
-from .chat_template import ChatTemplate, ChatTemplateError
 from .metrics import Metrics, RequestTimer
 from .merge import newest_outputs
 from .middleware import Gate
 from .openai_schema import (APIError, EmbeddingRequest, GenerationRequest, bad_param, get, parse_chat,
                             parse_completion, parse_embeddings, read_json)
 from .responses import SSE_DONE, ResponseBuilder, embedding_list, sse
-from .tool_calls import ToolCallParser
 
 log = logging.getLogger("ember.server")
 

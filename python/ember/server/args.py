@@ -7,8 +7,8 @@ import os
 from dataclasses import dataclass
 from typing import List, Optional
 
+from ..chat import ToolCallParser
 from ..llama import add_kv_cache_args, kv_cache_types
-from .tool_calls import ToolCallParser
 
 
 @dataclass
@@ -18,7 +18,7 @@ class ServerSettings:
     replaces the GGUF's; max_queue: requests that may wait for a slot before new ones get 503;
     max_body_bytes: the largest request body accepted; pooling: /v1/embeddings' pooling ("mean",
     "cls", "last", "none"; None: the GGUF's {arch}.pooling_type, as llama-server's --pooling);
-    tool_call_parser: the syntax chat replies are parsed for tool calls in (tool_calls.py's
+    tool_call_parser: the syntax chat replies are parsed for tool calls in (ember.chat.tool_calls'
     styles; None: the one the chat template teaches, as vLLM's --tool-call-parser)."""
     alias: Optional[str] = None
     api_key: Optional[str] = None

@@ -3,7 +3,7 @@
 the same id on every chunk, the role in the first chat delta, one choice per chunk), usage and
 logprobs in each endpoint's format; the embeddings' list object.
 
-A chat request with tools has each reply parsed for tool calls (tool_calls.py): a reply that
+A chat request with tools has each reply parsed for tool calls (ember.chat.tool_calls): a reply that
 calls them has `tool_calls`, its content is the text before the first call, and it finishes with
 "tool_calls"; streamed, the text that may be a call is held back until the reply ends, then the
 calls come in one delta.
@@ -18,9 +18,9 @@ import time
 import uuid
 from typing import Dict, List, Optional, Tuple
 
+from ..chat import ToolCallParser
 from ..outputs import RequestOutput
 from .openai_schema import GenerationRequest
-from .tool_calls import ToolCallParser
 
 
 def embedding_list(vectors, model: str, n_tokens: int, encoding_format: str) -> dict:

@@ -1,5 +1,5 @@
 """Chat templates: turning OpenAI chat messages into one prompt string, as Hugging Face's
-`apply_chat_template` does. The GGUF's `tokenizer.chat_template` (or a --chat-template file)
+`apply_chat_template` does. The GGUF's `tokenizer.chat_template` (or a template file)
 runs in Jinja2's immutable sandbox with HF's environment: `raise_exception`, `strftime_now`, a
 `tojson` that keeps non-ASCII text, the `{% generation %}` tag, trim_blocks/lstrip_blocks, and
 the variables messages, tools, documents, add_generation_prompt, bos_token and eos_token. A model
@@ -19,7 +19,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from .. import _ember
 from .tool_calls import arguments_as_objects
 
-log = logging.getLogger("ember.server")
+log = logging.getLogger(__name__)
 
 CHATML = ("{%- for message in messages %}"
           "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
