@@ -6,12 +6,16 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/switches.h"
 
 namespace ember {
 
 struct BackendOptions {
     int n_threads = 1;   // host threads (the CPU backend's pool)
     int device = 0;      // device index (GPU backends)
+    // The EMBER_* switch values the backend reads, once, when it is made (its kernels' choices
+    // included): a later set_switch or environment change does not reach a live backend.
+    Switches switches = Switches::current();
 };
 
 // Throws InvalidInput naming the backend when it is not built in or cannot start (no device).
