@@ -2,7 +2,7 @@
 """Write the fuzzers' inputs: the seed corpus (tests/fuzz/corpus/<target>/) and the tokenizer
 fuzzer's vocabularies (tests/fuzz/vocab/), vocab-only GGUFs:
 
-    smollm2.gguf.gz  byte-level BPE: SmolLM2's tokenizer.* keys (tools/device/make_vocab_gguf.py),
+    smollm2.gguf.gz  byte-level BPE: SmolLM2's tokenizer.* keys (tools/synthetic_gguf.py --vocab-only),
                      gzipped (1.7 MB -> 0.5 MB); the fuzz build unpacks it
     spm.gguf         SentencePiece BPE with byte fallback, 700 tokens, trained on the Apache-2.0
                      text of tests/reference/smollm2, with one user-defined token
@@ -31,8 +31,8 @@ CORPUS = ROOT / "tests" / "fuzz" / "corpus"
 def write_smollm2(model: pathlib.Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         raw = pathlib.Path(tmp) / "vocab.gguf"
-        subprocess.run([sys.executable, str(ROOT / "tools" / "device" / "make_vocab_gguf.py"), str(model), str(raw)],
-                       check=True)
+        subprocess.run([sys.executable, str(ROOT / "tools" / "synthetic_gguf.py"), "--vocab-only", "--vocab", str(model),
+                        "-o", str(raw)], check=True)
         # mtime=0: the same input gives the same bytes.
         (OUT / "smollm2.gguf.gz").write_bytes(gzip.compress(raw.read_bytes(), compresslevel=9, mtime=0))
 

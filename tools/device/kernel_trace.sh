@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Kernel timeline of a command on the device (no nsys there): builds kernel_trace.c against the
 # machine's CUPTI, runs "$@" with it injected, and prints kernel_timeline.py's summary. Trace and
-# summary under $OUT. Usage (e.g. as engine_setup.sh's EXTRA):
+# summary under $OUT. Usage (after `ember_device.sh build models --`, which puts the build and models in place):
 #   bash tools/device/kernel_trace.sh python3 tools/device/engine_profile.py /tmp/em/l7b-q4_0.gguf 1 --wall
 cd "$(dirname "$0")/../.."
 O=${OUT:-/tmp}

@@ -1,0 +1,268 @@
+#!/usr/bin/env python3
+"""Full-size GGUF models with random weights, for speed and memory work without downloads.
+
+The shapes, tensor names, metadata and tokenizer are those of a real model of the family, so a
+GGUF runtime does the work the real model would; the text it writes is noise. Tensors are F16
+(norms F32); `ember-quantize` turns the file into Q4_0, Q8_0, Q4_K_M, ...
+
+    synthetic_gguf.py --shape llama2-7b --vocab vocab.gguf -o l7b-f16.gguf
+    synthetic_gguf.py --vocab-only --vocab SmolLM2-135M-Instruct.Q4_1.gguf -o vocab.gguf
+    synthetic_gguf.py --list
+
+--vocab is any GGUF with tokenizer.* metadata (tests/fuzz/vocab/smollm2.gguf.gz unpacked is one);
+its vocabulary sets the embedding and output sizes. --vocab-only writes just those keys: a file
+small enough to carry where the model itself cannot go.
+"""
+import argparse
+import dataclasses
+import functools
+import sys
+from typing import Dict, Iterator, List, Optional, Tuple
+
+import numpy as np
+from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    arch: str            # general.architecture
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    ffn: int             # feed_forward_length (dense layers)
+    head_dim: int = 0    # 0: dim / n_heads; else written as attention.key_length / value_length
+    n_experts: int = 0   # MoE: experts per layer, how many a token takes, each one's ffn width
+    n_experts_used: int = 0
+    expert_ffn: int = 0
+    attn_layers: Tuple[int, ...] = ()   # hybrid: the layers that attend; the others are recurrent
+    conv_cache: int = 0  # hybrid short-conv layers: the convolution's length (LFM2's l_cache)
+    rope_base: float = 10000.0
+    rms_eps: float = 1e-5
+
+    @property
+    def head(self) -> int:
+        return self.head_dim or self.dim // self.n_heads
+
+
+# The real models' hyperparameters; the tiny rows are the same families at test size.
+SHAPES: Dict[str, Shape] = {
+    "llama-tiny": Shape("llama", 256, 4, 8, 4, 768),
+    "smol-135m": Shape("llama", 576, 30, 9, 3, 1536),
+    "llama-1b": Shape("llama", 2048, 16, 32, 8, 8192, rope_base=500000.0),
+    "llama2-7b": Shape("llama", 4096, 32, 32, 32, 11008),
+    "llama3-8b": Shape("llama", 4096, 32, 32, 8, 14336, rope_base=500000.0),
+    "llama2-13b": Shape("llama", 5120, 40, 40, 40, 13824),
+    "qwen3-tiny": Shape("qwen3", 256, 4, 8, 4, 768, head_dim=64, rope_base=1e6, rms_eps=1e-6),
+    "qwen3-0.6b": Shape("qwen3", 1024, 28, 16, 8, 3072, head_dim=128, rope_base=1e6, rms_eps=1e-6),
+    "qwen3-8b": Shape("qwen3", 4096, 36, 32, 8, 12288, head_dim=128, rope_base=1e6, rms_eps=1e-6),
+    "qwen3moe-tiny": Shape("qwen3moe", 256, 4, 8, 4, 768, head_dim=64, n_experts=8, n_experts_used=2,
+                           expert_ffn=128, rope_base=1e6, rms_eps=1e-6),
+    "qwen3-30b-a3b": Shape("qwen3moe", 2048, 48, 32, 4, 6144, head_dim=128, n_experts=128, n_experts_used=8,
+                           expert_ffn=768, rope_base=1e6, rms_eps=1e-6),
+    "lfm2-tiny": Shape("lfm2", 256, 4, 8, 4, 768, attn_layers=(1, 3), conv_cache=3, rope_base=1e6),
+    "lfm2-1.2b": Shape("lfm2", 2048, 16, 32, 8, 8192, attn_layers=(2, 5, 8, 10, 12, 14), conv_cache=3,
+                       rope_base=1e6),
+}
+
+# (name, numpy shape, is a norm): norms are F32 and drawn near 1, everything else F16 near 0.
+Tensor = Tuple[str, Tuple[int, ...], bool]
+
+
+def _attention(p: str, s: Shape, qk_norm: bool) -> List[Tensor]:
+    out = [(p + "attn_q.weight", (s.n_heads * s.head, s.dim), False),
+           (p + "attn_k.weight", (s.n_kv_heads * s.head, s.dim), False),
+           (p + "attn_v.weight", (s.n_kv_heads * s.head, s.dim), False),
+           (p + "attn_output.weight", (s.dim, s.n_heads * s.head), False)]
+    if qk_norm:
+        out += [(p + "attn_q_norm.weight", (s.head,), True), (p + "attn_k_norm.weight", (s.head,), True)]
+    return out
+
+
+def _dense_ffn(p: str, s: Shape) -> List[Tensor]:
+    return [(p + "ffn_norm.weight", (s.dim,), True),
+            (p + "ffn_gate.weight", (s.ffn, s.dim), False),
+            (p + "ffn_up.weight", (s.ffn, s.dim), False),
+            (p + "ffn_down.weight", (s.dim, s.ffn), False)]
+
+
+def _moe_ffn(p: str, s: Shape) -> List[Tensor]:
+    # Experts stacked in one tensor each: ggml's [n_embd, n_ff, n_expert] is numpy's reverse.
+    return [(p + "ffn_norm.weight", (s.dim,), True),
+            (p + "ffn_gate_inp.weight", (s.n_experts, s.dim), False),
+            (p + "ffn_gate_exps.weight", (s.n_experts, s.expert_ffn, s.dim), False),
+            (p + "ffn_up_exps.weight", (s.n_experts, s.expert_ffn, s.dim), False),
+            (p + "ffn_down_exps.weight", (s.n_experts, s.dim, s.expert_ffn), False)]
+
+
+def _short_conv(p: str, s: Shape) -> List[Tensor]:
+    # LFM2's gated short convolution: in_proj gives B, C and x; a depthwise conv over conv_cache steps.
+    return [(p + "shortconv.in_proj.weight", (3 * s.dim, s.dim), False),
+            (p + "shortconv.conv.weight", (s.dim, s.conv_cache), False),
+            (p + "shortconv.out_proj.weight", (s.dim, s.dim), False)]
+
+
+def tensors(s: Shape, n_vocab: int) -> Iterator[Tensor]:
+    """Every tensor of the model in file order."""
+    yield "token_embd.weight", (n_vocab, s.dim), False
+    for i in range(s.n_layers):
+        p = f"blk.{i}."
+        yield p + "attn_norm.weight", (s.dim,), True
+        if s.arch == "lfm2":
+            yield from (_attention(p, s, True) if i in s.attn_layers else _short_conv(p, s))
+        else:
+            yield from _attention(p, s, s.arch in ("qwen3", "qwen3moe"))
+        yield from (_moe_ffn(p, s) if s.n_experts else _dense_ffn(p, s))
+    # LFM2 names its final norm token_embd_norm and ties the output to the embedding.
+    if s.arch == "lfm2":
+        yield "token_embd_norm.weight", (s.dim,), True
+    else:
+        yield "output_norm.weight", (s.dim,), True
+        yield "output.weight", (n_vocab, s.dim), False
+
+
+def _field_value(field):
+    vtype = field.types[0]
+    if vtype == GGUFValueType.ARRAY:
+        sub = field.types[1]
+        if sub == GGUFValueType.STRING:
+            return [bytes(field.parts[i]).decode("utf-8", errors="surrogateescape") for i in field.data], sub
+        return [field.parts[i].tolist()[0] for i in field.data], sub
+    if vtype == GGUFValueType.STRING:
+        return bytes(field.parts[field.data[0]]).decode("utf-8"), None
+    return field.parts[field.data[0]].tolist()[0], None
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer_keys(path: str) -> Tuple[Tuple[str, object, GGUFValueType, Optional[GGUFValueType]], ...]:
+    # Cached: gguf's reader takes seconds over a 49k-token vocabulary, and callers write several models.
+    keys = []
+    for key, field in GGUFReader(path).fields.items():
+        if key.startswith("tokenizer."):
+            value, sub = _field_value(field)
+            keys.append((key, value, field.types[0], sub))
+    return tuple(keys)
+
+
+def copy_tokenizer(path: str, w: GGUFWriter) -> int:
+    """Copies path's tokenizer.* keys into w; returns the vocabulary size."""
+    n_vocab = 0
+    for key, value, vtype, sub in _tokenizer_keys(path):
+        if key == "tokenizer.ggml.tokens":
+            n_vocab = len(value)
+        w.add_key_value(key, value, vtype, sub_type=sub)
+    if not n_vocab:
+        raise ValueError(f"{path}: no tokenizer.ggml.tokens, so it gives no vocabulary")
+    return n_vocab
+
+
+def _write_hparams(w: GGUFWriter, name: str, s: Shape, ctx: int, n_vocab: int) -> None:
+    w.add_name(f"synthetic-{name}")
+    w.add_context_length(ctx)
+    w.add_embedding_length(s.dim)
+    w.add_block_count(s.n_layers)
+    w.add_feed_forward_length(s.ffn)
+    w.add_head_count(s.n_heads)
+    if s.attn_layers:   # recurrent layers keep no K/V: head_count_kv 0 marks them
+        w.add_head_count_kv([s.n_kv_heads if i in s.attn_layers else 0 for i in range(s.n_layers)])
+    else:
+        w.add_head_count_kv(s.n_kv_heads)
+    if s.head_dim:
+        w.add_key_length(s.head_dim)
+        w.add_value_length(s.head_dim)
+    w.add_rope_dimension_count(s.head)
+    w.add_rope_freq_base(s.rope_base)
+    w.add_layer_norm_rms_eps(s.rms_eps)
+    if s.n_experts:
+        w.add_expert_count(s.n_experts)
+        w.add_expert_used_count(s.n_experts_used)
+        w.add_expert_feed_forward_length(s.expert_ffn)
+    if s.conv_cache:
+        w.add_shortconv_l_cache(s.conv_cache)
+    w.add_file_type(1)   # mostly F16
+    w.add_vocab_size(n_vocab)
+
+
+def write_model(out: str, name: str, vocab: str, ctx: int = 8192, seed: Optional[int] = None,
+                progress: bool = False) -> None:
+    """Writes shape `name` with the tokenizer of `vocab` to `out`, one tensor at a time (a 7B model
+    never sits in memory whole)."""
+    if name not in SHAPES:
+        raise ValueError(f"unknown shape {name!r}; one of {', '.join(sorted(SHAPES))}")
+    if ctx <= 0:
+        raise ValueError(f"context length must be positive, got {ctx}")
+    s = SHAPES[name]
+    w = GGUFWriter(out, s.arch)
+    n_vocab = copy_tokenizer(vocab, w)
+    _write_hparams(w, name, s, ctx, n_vocab)
+    plan = list(tensors(s, n_vocab))
+    for tname, shape, norm in plan:
+        dtype = np.float32 if norm else np.float16
+        w.add_tensor_info(tname, shape, np.dtype(dtype), int(np.prod(shape)) * np.dtype(dtype).itemsize)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+
+    # Slices of one random pool at random offsets: every tensor holds non-trivial values without
+    # billions of fresh draws (a 7B model would take minutes more).
+    rng = np.random.default_rng(seed)
+    pool = (rng.standard_normal(1 << 24, dtype=np.float32) * 0.02).astype(np.float16)
+    for k, (tname, shape, norm) in enumerate(plan):
+        n = int(np.prod(shape))
+        if norm:
+            w.write_tensor_data((1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32).reshape(shape))
+            continue
+        data = np.empty(n, dtype=np.float16)
+        filled = 0
+        while filled < n:
+            start = int(rng.integers(0, pool.size // 2))
+            take = min(n - filled, pool.size - start)
+            data[filled:filled + take] = pool[start:start + take]
+            filled += take
+        w.write_tensor_data(data.reshape(shape))
+        if progress and k % 20 == 0:
+            print(f"  {k + 1}/{len(plan)} {tname}", file=sys.stderr)
+    w.close()
+
+
+def write_vocab(out: str, vocab: str) -> int:
+    """Writes only vocab's tokenizer.* keys to out (no tensors); returns the vocabulary size."""
+    w = GGUFWriter(out, "llama")
+    n_vocab = copy_tokenizer(vocab, w)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return n_vocab
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", help="the model shape (--list names them)")
+    ap.add_argument("--vocab", help="GGUF file to take the tokenizer.* metadata from")
+    ap.add_argument("--vocab-only", action="store_true", help="write only --vocab's tokenizer keys")
+    ap.add_argument("--ctx", type=int, default=8192, help="context_length metadata")
+    ap.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
+    ap.add_argument("--list", action="store_true", help="print the shapes and exit")
+    ap.add_argument("-o", "--out")
+    args = ap.parse_args(argv)
+    if args.list:
+        for name, s in SHAPES.items():
+            print(f"{name:15} {s}")
+        return
+    if not args.vocab or not args.out:
+        ap.error("--vocab and -o are required")
+    if args.vocab_only:
+        print(f"wrote {args.out}: vocabulary of {write_vocab(args.out, args.vocab)} tokens")
+        return
+    if not args.shape:
+        ap.error("--shape is required (or --vocab-only / --list)")
+    try:
+        write_model(args.out, args.shape, args.vocab, args.ctx, args.seed, progress=True)
+    except ValueError as e:
+        ap.error(str(e))
+    print(f"wrote {args.out}: {args.shape}")
+
+
+if __name__ == "__main__":
+    main()
