@@ -21,7 +21,7 @@ WHEELS=(gguf==0.19.0 fastapi==0.165.0 starlette==1.10.0 pydantic==2.13.4 pydanti
 LLAMA_CPP_PYTHON=0.3.36    # its sdist vendors the llama.cpp the figures compare with
 
 log() { echo "== $(date -u +%T) $*" | tee -a "$OUT/driver.log"; }
-die() { log "FAILED: $*"; exit 1; }
+die() { echo "== $(date -u +%T) FAILED: $*" | tee -a "$OUT/driver.log" >&2; exit 1; }
 
 usage() {
   sed -n '/^# Commands/,/^$/p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
@@ -201,6 +201,7 @@ cmd_ab() {
   [ -f "$BASE/build/dev/CMakeCache.txt" ] || die "ab: no baseline build in $BASE (carry build/carry with base.tar and run build first)"
   local rows=${ROWS:-$AB_ROWS} r k=0 args first second
   local md=$OUT/ab.md
+  for r in $rows; do row_args "$r" > /dev/null || exit 1; done
   {
     echo "baseline $(cat "$BASE/.rev"), this tree $(git rev-parse --short HEAD 2>/dev/null), $(nvidia-smi --query-gpu=name --format=csv,noheader)"
     echo
