@@ -14,7 +14,7 @@ import pytest
 
 from ember import LLM, AsyncLLMEngine
 from ember import bench_serving
-from ember.llama import encode_prompt
+from ember.prompt import encode_prompt
 from ember.server.app import create_app
 from ember.server.args import ServerSettings
 from test_server import live_server

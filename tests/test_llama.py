@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import assert_follows_llama_cpp_greedy, rerun_at_simd_level
-from ember.llama import Llama, _find_stop, _stop_prefix_len, kv_cache_type, kv_cache_types
+from ember.llama import Llama, kv_cache_type, kv_cache_types
 
 
 @pytest.fixture(scope="module")
@@ -93,15 +93,6 @@ def test_stop_string_split_across_tokens(llm):
     # The earliest of several stop strings wins.
     out = greedy(llm, prompt, 24, stop=[full[b + 1:b + 3], stop])
     assert out["choices"][0]["text"] == full[:min(full.index(stop), full.index(full[b + 1:b + 3]))]
-
-
-def test_stop_helpers():
-    assert _stop_prefix_len("abc Par", ["Paris", "xyz"]) == 3
-    assert _stop_prefix_len("abc Paris", ["Paris"]) == 0      # a whole stop string is not a prefix
-    assert _stop_prefix_len("ab", ["bcd", "abx"]) == 2
-    assert _find_stop("one two three two", ["two", "three"], 0) == 4
-    assert _find_stop("one two three two", ["three", "two"], 5) == 8
-    assert _find_stop("abc", ["zz"], 0) == -1
 
 
 def test_end_of_generation_stops(llm):

@@ -12,7 +12,7 @@ import random
 import threading
 from typing import Callable, Dict, Optional, Tuple
 
-from .llama import encode_prompt
+from .prompt import encode_prompt
 from .request_state import RequestState, _Sequence
 from .sampling_params import SamplingParams
 

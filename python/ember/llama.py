@@ -1,11 +1,10 @@
 """The `Llama` class: llama-cpp-python's high-level API (create_completion, streaming, stop strings,
-logprobs, prefix reuse; embeddings with embedding=True) over ember's Model / Context / Sampler /
-IncrementalDetokenizer."""
+logprobs, prefix reuse; embeddings with embedding=True) over ember's Model / Context / Sampler,
+with detokenize.py's text, stop strings and logprobs."""
 from __future__ import annotations
 
 import argparse
 import contextlib
-import numbers
 import sys
 import threading
 import time
@@ -15,8 +14,10 @@ from typing import Dict, Iterator, List, Optional, Sequence, Union
 import numpy as np
 
 from . import _ember
-from .embedding import POOLING_UNSPECIFIED, embed_tokens, resolve_pooling
 from .chat import ChatTemplate, chat_chunks, chat_completion
+from .detokenize import Detokenizer, completion_logprob_entry, empty_completion_logprobs, log_softmax, piece_text
+from .embedding import POOLING_UNSPECIFIED, embed_tokens, resolve_pooling
+from .prompt import encode_prompt
 
 DEFAULT_SEED = 0xFFFFFFFF   # "draw a random seed", as in llama.cpp
 
@@ -84,60 +85,6 @@ def kv_cache_type(type_k=None, type_v=None) -> str:
     return k
 
 
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    """Numerically stable log-softmax over the last axis, in float64."""
-    x = logits.astype(np.float64)
-    m = np.max(x, axis=-1, keepdims=True)
-    return x - (m + np.log(np.sum(np.exp(x - m), axis=-1, keepdims=True)))
-
-
-def _stop_prefix_len(text: str, stops: Sequence[str]) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of some stop string: text
-    that may still turn into a stop string and so must not be streamed yet."""
-    best = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:k]):
-                best = k
-                break
-    return best
-
-
-def _find_stop(text: str, stops: Sequence[str], start: int) -> int:
-    """Index of the earliest stop string occurrence in text[start:...], or -1."""
-    found = -1
-    for s in stops:
-        i = text.find(s, start)
-        if i >= 0 and (found < 0 or i < found):
-            found = i
-    return found
-
-
-def encode_prompt(tok, prompt) -> List[int]:
-    """A completion prompt's token ids: a str is tokenized with BOS (where the model adds one) and
-    special tokens, token ids pass as they are; an empty prompt is BOS alone."""
-    if isinstance(prompt, (bytes, bytearray, memoryview)):
-        # llama-cpp-python would read the bytes as token ids (one per byte): garbage, silently.
-        raise TypeError(f"prompt must be a str or a list of token ids, got {type(prompt).__name__}; "
-                        f"decode it first: prompt.decode('utf-8')")
-    if isinstance(prompt, str):
-        tokens = list(tok.encode(prompt.encode("utf-8"), True, True))
-    else:
-        try:
-            tokens = list(prompt)
-        except TypeError:
-            raise TypeError(f"prompt must be a str or a list of token ids, got {type(prompt).__name__}") from None
-        odd = next((t for t in tokens if not isinstance(t, numbers.Integral) or isinstance(t, bool)), None)
-        if odd is not None:
-            raise TypeError(f"prompt token ids must be integers, got {odd!r} ({type(odd).__name__})")
-        tokens = [int(t) for t in tokens]
-    if not tokens:
-        if tok.bos < 0:
-            raise ValueError("prompt is empty and the model has no BOS token to start from")
-        tokens = [tok.bos]
-    return tokens
-
-
 def context_size(model, n_ctx: int) -> int:
     """The context length n_ctx asks for (0: the model's training context), with a warning on
     stderr past the training context."""
@@ -192,8 +139,7 @@ class _Generation:
     def __init__(self, **kw):
         self.__dict__.update(kw)
         self.completion_tokens: List[int] = []
-        self.text = ""                 # completion text so far (a stop string included, if one came)
-        self.records: list = []        # per completion token: (start offset in text, logprob entry)
+        self.records: list = []        # per completion token: (start offset in its text, logprob entry)
         self.finish_reason = "length"
 
 
@@ -409,20 +355,6 @@ class Llama:
             raise ValueError(f"seed must be an integer in [0, 2**64) or -1 for random, got {seed!r}")
         return int(seed)
 
-    def _piece(self, token: int) -> str:
-        return bytes(self._tok.token_to_piece(token, False)).decode("utf-8", errors="ignore")
-
-    def _logprob_entry(self, logprobs_row: np.ndarray, token: int, n_top: int) -> dict:
-        top: Dict[str, float] = {}
-        if n_top > 0:
-            k = min(n_top, logprobs_row.shape[0])
-            idx = np.argpartition(-logprobs_row, k - 1)[:k]
-            for i in idx[np.argsort(-logprobs_row[idx], kind="stable")]:
-                top.setdefault(self._piece(int(i)), float(logprobs_row[i]))
-        lp = float(logprobs_row[token])
-        top[self._piece(token)] = lp
-        return {"token": self._piece(token), "logprob": lp, "top": top}
-
     def create_completion(self, prompt: Union[str, List[int]], suffix: Optional[str] = None,
                           max_tokens: Optional[int] = 16, temperature: float = 0.8, top_p: float = 0.95,
                           min_p: float = 0.05, typical_p: float = 1.0, echo: bool = False,
@@ -472,7 +404,7 @@ class Llama:
             return self._stream(gen)
         # The non-streamed result is the streamed pieces joined, so the two always agree.
         text_parts = []
-        logprobs_all = self._empty_logprobs() if gen.n_logprobs is not None else None
+        logprobs_all = empty_completion_logprobs() if gen.n_logprobs is not None else None
         try:
             with self._lock.hold(gen, start=True):
                 for piece, lp in self._run(gen):
@@ -508,29 +440,24 @@ class Llama:
             seed=seed, logprobs=(top_logprobs or 0) if logprobs else None, logit_bias=logit_bias, model=model)
         return chat_chunks(result) if stream else chat_completion(result)
 
-    @staticmethod
-    def _empty_logprobs() -> dict:
-        return {"tokens": [], "text_offset": [], "token_logprobs": [], "top_logprobs": []}
-
     def _prompt_logprobs(self, gen: _Generation, all_logits: np.ndarray) -> dict:
         """Echo + logprobs: an entry per prompt token (a leading BOS left out); the first entry has
         no logprob, as in the OpenAI API. all_logits: [n_prompt, n_vocab], every prompt position."""
         tokens = gen.prompt_tokens
-        detok = _ember.IncrementalDetokenizer(self._tok, False)
-        out = self._empty_logprobs()
-        offset = 0
+        detok = Detokenizer(self._tok)
+        out = empty_completion_logprobs()
         for i, t in enumerate(tokens):
+            offset = detok.push(t)
             if not (i == 0 and t == self._tok.bos):
-                out["tokens"].append(self._piece(t))
+                out["tokens"].append(piece_text(self._tok, t))
                 out["text_offset"].append(offset)
                 if not out["token_logprobs"]:
                     out["token_logprobs"].append(None)
                     out["top_logprobs"].append(None)
                 else:
-                    e = self._logprob_entry(_log_softmax(all_logits[i - 1]), t, gen.n_logprobs)
+                    e = completion_logprob_entry(self._tok, log_softmax(all_logits[i - 1]), t, gen.n_logprobs)
                     out["token_logprobs"].append(e["logprob"])
                     out["top_logprobs"].append(e["top"])
-            offset += len(bytes(detok.push(t)).decode("utf-8", errors="ignore"))
         return out
 
     def _run(self, gen: _Generation) -> Iterator[tuple]:
@@ -545,18 +472,16 @@ class Llama:
         if gen.echo:
             yield gen.prompt_text, (self._prompt_logprobs(gen, prompt_logits) if want_lp else None)
         ctx = self._context()
-        detok = _ember.IncrementalDetokenizer(self._tok, False)
-        longest_stop = max((len(s) for s in gen.stops), default=0)
-        emitted = 0       # chars of gen.text already yielded
+        detok = Detokenizer(self._tok, gen.stops)
+        emitted = 0       # chars of detok.text already yielded
         reported = 0      # completion tokens whose logprobs were already yielded
-        cut = -1          # where a stop string begins, once found
 
         def take(end: int, everything: bool = False):
             # A token's logprobs go out with the piece that holds the start of its text.
             nonlocal emitted, reported
             lp = None
             if want_lp:
-                lp = self._empty_logprobs()
+                lp = empty_completion_logprobs()
                 while reported < len(gen.records) and (everything or gen.records[reported][0] < end):
                     start, e = gen.records[reported]
                     lp["tokens"].append(e["token"])
@@ -564,7 +489,7 @@ class Llama:
                     lp["token_logprobs"].append(e["logprob"])
                     lp["top_logprobs"].append(e["top"])
                     reported += 1
-            piece = gen.text[emitted:end]
+            piece = detok.text[emitted:end]
             emitted = end
             return piece, lp
 
@@ -577,32 +502,25 @@ class Llama:
                 gen.finish_reason = "stop"
                 break
             gen.completion_tokens.append(token)
-            start = len(gen.text)
-            gen.text += bytes(detok.push(token)).decode("utf-8", errors="ignore")
+            start = detok.push(token)
             if want_lp:
-                gen.records.append((start, self._logprob_entry(_log_softmax(logits), token, gen.n_logprobs)))
-            if gen.stops:
-                cut = _find_stop(gen.text, gen.stops, max(0, start - longest_stop + 1))
-                if cut >= 0:
-                    gen.finish_reason = "stop"
-                    break
-            end = len(gen.text) - _stop_prefix_len(gen.text[emitted:], gen.stops)
+                gen.records.append((start, completion_logprob_entry(self._tok, log_softmax(logits), token,
+                                                                    gen.n_logprobs)))
+            if detok.stopped:
+                break
+            end = detok.visible_end()
             if end > emitted:
                 yield take(end)
             if len(gen.completion_tokens) >= gen.max_tokens:
                 break
             self._eval([token], logits_all=False)
-        if cut < 0:
-            # Finished by length or end of generation: release what the detokenizer held back;
-            # a stop string may still complete inside it.
-            gen.text += bytes(detok.flush()).decode("utf-8", errors="ignore")
-            if gen.stops:
-                cut = _find_stop(gen.text, gen.stops, max(0, emitted - longest_stop + 1))
-                if cut >= 0:
-                    gen.finish_reason = "stop"
-        final = cut if cut >= 0 else len(gen.text)
-        if final > emitted or (want_lp and reported < len(gen.records)):
-            yield take(final, everything=cut < 0)
+        # Finished by length or end of generation: what the detokenizer held back may still
+        # complete a stop string.
+        detok.flush()
+        if detok.stopped:
+            gen.finish_reason = "stop"
+        if len(detok.text) > emitted or (want_lp and reported < len(gen.records)):
+            yield take(len(detok.text), everything=not detok.stopped)
         if gen.suffix:
             yield gen.suffix, None
 

@@ -1,31 +1,24 @@
 """`RequestState`: the Python side of one request, shared by LLM and AsyncLLMEngine. It holds the
 request's sequences (one engine request each), takes in their engine outputs (incremental
-detokenization, logprobs, and stop strings, which the C++ engine does not know) and builds the
-RequestOutput snapshots handed to callers."""
+detokenization, logprobs, and stop strings, which the C++ engine does not know: detokenize.py does
+them) and builds the RequestOutput snapshots handed to callers."""
 from __future__ import annotations
 
 from typing import Callable, List, Optional
 
-from . import _ember
-from .llama import _find_stop, _stop_prefix_len
-from .outputs import CompletionOutput, Logprob, RequestOutput
+from .detokenize import Detokenizer, engine_logprob, engine_logprob_entry
+from .outputs import CompletionOutput, RequestOutput
 from .sampling_params import SamplingParams
-
-
-def _text(piece) -> str:
-    # The detokenizer holds back split UTF-8 characters: only stray invalid bytes are dropped, as in Llama.
-    return bytes(piece).decode("utf-8", errors="ignore")
 
 
 class _Sequence:
     """One of a request's n sequences: one engine request."""
 
-    def __init__(self, index: int, engine_id: int, detok, want_logprobs: bool):
+    def __init__(self, index: int, engine_id: int, detok: Detokenizer, want_logprobs: bool):
         self.index = index
         self.engine_id = engine_id
         self.detok = detok
         self.token_ids: List[int] = []
-        self.text = ""
         self.logprobs: Optional[list] = [] if want_logprobs else None
         self.cumulative_logprob: Optional[float] = 0.0 if want_logprobs else None
         self.finish_reason: Optional[str] = None
@@ -46,7 +39,7 @@ class RequestState:
         self.prompt_token_ids = prompt_token_ids
         self.params = params
         self._tok = tokenizer
-        self._longest_stop = max(map(len, params.stop), default=0)
+        self._special = not params.skip_special_tokens
         self.sequences: List[_Sequence] = []
         # The first prompt token has no logprob; the others come with sequence 0's first output.
         self.prompt_logprobs: Optional[list] = None if params.prompt_logprobs is None else [None]
@@ -55,7 +48,7 @@ class RequestState:
         self.on_update: Optional[Callable[["RequestState"], None]] = None
 
     def add_sequence(self, engine_id: int) -> _Sequence:
-        detok = _ember.IncrementalDetokenizer(self._tok, not self.params.skip_special_tokens)
+        detok = Detokenizer(self._tok, self.params.stop, self._special)
         seq = _Sequence(len(self.sequences), engine_id, detok, self.params.logprobs is not None)
         self.sequences.append(seq)
         return seq
@@ -77,44 +70,31 @@ class RequestState:
         if seq.index == 0:
             self.num_cached_tokens = out.num_cached_tokens
             if out.prompt_logprobs:
-                self.prompt_logprobs = [None] + [{t: self._logprob(t, lp, rank)} for t, lp, rank in
-                                                 zip(self.prompt_token_ids[1:], out.prompt_logprobs, out.prompt_ranks)]
+                self.prompt_logprobs = [None] + [
+                    {t: engine_logprob(self._tok, t, lp, rank, self._special)}
+                    for t, lp, rank in zip(self.prompt_token_ids[1:], out.prompt_logprobs, out.prompt_ranks)]
         for i, token in enumerate(out.token_ids):
             seq.token_ids.append(token)
             if seq.logprobs is not None:
-                entry = {token: self._logprob(token, out.logprobs[i], out.ranks[i])}
-                rank, prev = 0, None
-                for j, (t, lp) in enumerate(out.top_logprobs[i] if out.top_logprobs else ()):
-                    # sorted, most likely first: ties share the rank of the first of them
-                    rank, prev = (rank if lp == prev else j + 1), lp
-                    if t not in entry:
-                        entry[t] = self._logprob(t, lp, rank)
-                seq.logprobs.append(entry)
+                top = out.top_logprobs[i] if out.top_logprobs else ()
+                seq.logprobs.append(engine_logprob_entry(self._tok, token, out.logprobs[i], out.ranks[i], top,
+                                                         self._special))
                 seq.cumulative_logprob += out.logprobs[i]
-            start = len(seq.text)
-            seq.text += _text(seq.detok.push(token))
-            if self._cut_at_stop_string(seq, start):
+            seq.detok.push(token, find_stops=self._finds_stops(seq))
+            if self._ended_by_stop_string(seq):
                 return not out.finished
         if out.finished:
             self._finish(seq, out)
         return False
 
-    def _logprob(self, token: int, logprob: float, rank: int) -> Logprob:
-        # A piece holding part of a UTF-8 character shows U+FFFD where its bytes are cut, as in vLLM.
-        piece = bytes(self._tok.token_to_piece(token, not self.params.skip_special_tokens))
-        return Logprob(logprob, rank, piece.decode("utf-8", errors="replace"))
+    def _finds_stops(self, seq: _Sequence) -> bool:
+        # As in vLLM, no stop string ends a sequence before min_tokens tokens.
+        return len(seq.token_ids) >= self.params.min_tokens
 
-    def _cut_at_stop_string(self, seq: _Sequence, start: int) -> bool:
-        """Ends seq at the first stop string in its text, searching from where text added at
-        `start` could complete one; as in vLLM, not before min_tokens tokens."""
-        stops = self.params.stop
-        if not stops or len(seq.token_ids) < self.params.min_tokens:
+    def _ended_by_stop_string(self, seq: _Sequence) -> bool:
+        if not seq.detok.stopped:
             return False
-        cut = _find_stop(seq.text, stops, max(0, start - self._longest_stop + 1))
-        if cut < 0:
-            return False
-        seq.stop_reason = next(s for s in stops if seq.text.startswith(s, cut))
-        seq.text = seq.text[:cut + (len(seq.stop_reason) if self.params.include_stop_str_in_output else 0)]
+        seq.stop_reason = seq.detok.stop_string
         seq.finish_reason = "stop"
         return True
 
@@ -123,10 +103,8 @@ class RequestState:
             self.error = out.error or "the engine failed this request"
             seq.finish_reason = "error"
             return
-        # The detokenizer's held-back bytes may still complete a stop string.
-        start = len(seq.text)
-        seq.text += _text(seq.detok.flush())
-        if not self._cut_at_stop_string(seq, start):
+        seq.detok.flush(find_stops=self._finds_stops(seq))
+        if not self._ended_by_stop_string(seq):
             seq.finish_reason = out.finish_reason
             if out.stop_token_id >= 0:
                 seq.stop_reason = out.stop_token_id
@@ -152,7 +130,11 @@ class RequestState:
             finished=self.finished, num_cached_tokens=self.num_cached_tokens)
 
     def _visible_text(self, seq: _Sequence) -> str:
-        """While unfinished, the text less the end that may still grow into a stop string."""
-        if seq.finish_reason is not None or not self.params.stop or self.params.include_stop_str_in_output:
-            return seq.text
-        return seq.text[:len(seq.text) - _stop_prefix_len(seq.text, self.params.stop)]
+        """While unfinished, the text less the end that may still grow into a stop string (which
+        include_stop_str_in_output would show anyway)."""
+        text = seq.detok.text
+        if seq.detok.stopped and self.params.include_stop_str_in_output:
+            return text + seq.detok.stop_string
+        if seq.finish_reason is not None or self.params.include_stop_str_in_output:
+            return text
+        return text[:seq.detok.visible_end()]

@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..async_engine import AsyncLLMEngine
 from ..chat import ChatTemplate, ChatTemplateError, ToolCallParser
 from ..embedding import POOLING_NONE, Embedder, resolve_pooling
-from ..llama import encode_prompt
+from ..prompt import encode_prompt
 from . import args as server_args
 from .args import ServerSettings
 from .metrics import Metrics, RequestTimer

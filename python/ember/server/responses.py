@@ -19,6 +19,7 @@ import uuid
 from typing import Dict, List, Optional, Tuple
 
 from ..chat import ToolCallParser
+from ..detokenize import piece_text
 from ..outputs import RequestOutput
 from .openai_schema import GenerationRequest
 
@@ -78,8 +79,8 @@ class ResponseBuilder:
         return bytes(self._tok.token_to_piece(token, False))
 
     def _text(self, token: int) -> str:
-        # A piece holding part of a UTF-8 character shows as what decodes, as in Llama's logprobs.
-        return self._piece(token).decode("utf-8", errors="ignore")
+        # As in Llama's logprobs.
+        return piece_text(self._tok, token)
 
     # ---- logprobs ------------------------------------------------------------------------
     def _chat_logprobs(self, out, start: int) -> dict:
