@@ -58,7 +58,8 @@ const uint8_t* prepare_fast(ThreadPool& pool, std::vector<uint8_t>& buf, const F
         return act;
     }
     // One tile (a decode batch): the threads take runs of blocks of every token (whole Q8_K
-    // super-blocks). Quantizing 8 tokens takes ~10 us, several hand-outs' worth.
+    // super-blocks): quantizing a decode batch costs several hand-outs' worth of time, so one thread
+    // doing it alone would hold the others up.
     const int64_t unit = k.act_type == GGMLType::Q8_K ? 8 : 1, n_units = (nb + unit - 1) / unit;
     pool.parallel_for(n_units, (n_units + pool.size() - 1) / pool.size(), [&](int64_t b, int64_t e) {
         fast_gemm_prepare(k, x, n_in, 0, n_tok, b * unit, std::min(nb, e * unit), act);

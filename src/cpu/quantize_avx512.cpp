@@ -1,7 +1,7 @@
 // AVX-512 activation quantizers (Q8_0, Q8_1, Q8_K): the same bytes as the scalar quantize_row_q8_0
 // / _q8_1 (quant_legacy.cpp) and quantize_row_q8_k (quant_kquants.cpp) for every finite input,
 // 16 values per instruction instead of a libm call or a scalar loop each. A prompt's activations
-// are quantized once per matmul: ~13% of SmolLM2's prefill (Q8_1), ~5% of a Q4_K_M one (Q8_K).
+// are quantized once per matmul, a visible share of prefill on small models (docs/performance.md).
 #include <immintrin.h>
 
 #include <cmath>

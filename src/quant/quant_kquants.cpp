@@ -10,8 +10,8 @@
 
 // Dequantize is bit-exact with gguf.quants only when products and sums round separately
 // (fp-contract=off: no fused multiply-add even with -march=native).
-// The scale searches are the hot loops of model quantization; measured, GCC 12's -O3
-// (Release) vectorisation of them runs ~1.5x slower than -O2, so this file stays at -O2.
+// The scale searches are the hot loops of model quantization, and GCC 12's -O3 (Release)
+// vectorisation makes them slower than -O2 does, so this file stays at -O2.
 #pragma GCC optimize("O2", "fp-contract=off")
 
 namespace ember {
