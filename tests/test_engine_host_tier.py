@@ -1,4 +1,4 @@
-"""The engine's host KV tier (kv_host_mb): sequences preempted under a small KV pool are swapped out
+"""The engine's host tier (kv_host_mb): sequences preempted under a small KV pool are swapped out
 to host memory and back with the same greedy tokens as a run that never preempts; prefix blocks
 the device cache evicts come back from the host; a workload of three times the pool completes
 with every block and host slot free or cached afterwards; a swapped request can be cancelled;

@@ -1,8 +1,9 @@
 """The paged-KV bookkeeping (src/kv): the block pool's refcounts, free list and LRU prefix cache,
 block_key, the host tier's slots, and KVCache's sequences (reserve/commit, prefix matching,
-truncate, fork with copy on write, swapping out to the host tier and back, evicted blocks kept
-there) over the simulated storage of _ember_test.KVCache (each block and host slot holds the token
-ids written into it, so a copy or a stray write shows up in the content)."""
+truncate, swapping out to the host tier and back, evicted blocks kept there) over the simulated
+storage of _ember_test.KVCache (each block and host slot holds the token ids written into it, so a
+copy or a stray write shows up in the content). Sequences share full blocks only: no block is
+ever copied on the device, and truncate refuses to cut inside a shared block."""
 import pytest
 
 from conftest import kernel_module, rng_for
@@ -224,22 +225,6 @@ def test_reserve_failure_leaves_nothing_allocated():
     assert kv.reserve(1, 8) and kv.n_available == 0
 
 
-def test_reserve_failure_with_copy_on_write_counts_the_copy():
-    kv = K.KVCache(3, 4)
-    kv.add(0)
-    feed(kv, 0, [1, 2, 3, 4, 5])
-    assert kv.fork(0, 1)  # shares block 0, copies the partial one: pool full
-    kv.truncate(1, 2)     # seq 1 now writes into the shared block 0
-    shared = kv.blocks(1)[0]
-    assert kv.n_available == 1 and kv.refs(shared) == 2
-    assert kv.blocks_needed(1, 2) == 1        # the copy
-    assert kv.blocks_needed(1, 3) == 2        # the copy + one new block
-    assert not kv.reserve(1, 3)
-    assert kv.blocks(1) == [shared] and kv.refs(shared) == 2 and len(kv.copies) == 1
-    assert kv.n_available == 1
-    assert kv.reserve(1, 2) and len(kv.copies) == 2 and kv.refs(shared) == 1 and kv.n_available == 0
-
-
 def test_commit_publishes_full_blocks_only():
     kv = K.KVCache(8, 4)
     kv.add(0)
@@ -263,10 +248,7 @@ def test_commit_needs_reserve():
     with pytest.raises(ValueError, match=r"sequence 3: 5 tokens at position 0 exceed the 4 reserved"):
         kv.commit(3, [1, 2, 3, 4, 5])
     feed(kv, 3, [1, 2, 3, 4, 5])
-    assert kv.fork(3, 4)
-    kv.truncate(4, 2)  # into the shared first block, without reserving: the write is refused
-    with pytest.raises(ValueError, match=r"sequence 4: block \d+ at position 2 is shared or published"):
-        kv.commit(4, [9])
+    assert stored(kv, 3) == [1, 2, 3, 4, 5]
 
 
 def test_match_prefix_longest_cached_prefix():
@@ -339,7 +321,7 @@ def test_cache_survives_until_evicted_tail_first():
     assert kv.match_prefix(2, [1, 2, 3, 4, 5, 6, 7]) == 4 and kv.blocks(2) == b[:2]
 
 
-def test_truncate_releases_blocks_and_copy_on_write():
+def test_truncate_releases_blocks_and_refuses_a_cut_inside_a_shared_block():
     bs = 4
     kv = K.KVCache(8, bs)
     prompt = list(range(1, 11))  # 10 tokens: 2 full + 2
@@ -349,43 +331,44 @@ def test_truncate_releases_blocks_and_copy_on_write():
     assert kv.match_prefix(1, prompt) == 8
     shared = kv.blocks(1)
     assert all(kv.refs(b) == 2 for b in shared)
-    kv.truncate(1, 5)
-    assert kv.blocks(1) == shared[:2] and kv.tokens(1) == prompt[:5]
-    assert kv.refs(shared[1]) == 2, "the partial block is still shared"
-    kv.truncate(1, 4)
-    assert kv.blocks(1) == shared[:1] and kv.refs(shared[1]) == 1
-    feed(kv, 1, [5])            # position 4: a new block, no copy
-    assert kv.copies == []
-    kv.truncate(1, 2)           # back into the shared block 0
-    assert kv.blocks(1) == shared[:1] and kv.refs(shared[0]) == 2
-    assert kv.blocks_needed(1, 1) == 1
-    feed(kv, 1, [77, 78])       # copy on write
-    new = kv.blocks(1)[0]
-    assert new != shared[0] and kv.copies == [(shared[0], new)]
-    assert kv.refs(shared[0]) == 1 and kv.refs(new) == 1
-    assert stored(kv, 1) == [1, 2, 77, 78]
-    assert kv.content(shared[0]) == [1, 2, 3, 4] and stored(kv, 0) == prompt, "seq 0 untouched"
-    assert kv.published(shared[0]) and kv.published(new)  # new is full now: published under its own key
+    before = (kv.stats(), kv.blocks(1), kv.tokens(1))
+    with pytest.raises(ValueError, match=rf"sequence 1: position 5 falls inside block {shared[1]}, which 1 other "
+                                         r"sequence\(s\) share; blocks are never copied, so truncate to a multiple "
+                                         r"of block_size 4"):
+        kv.truncate(1, 5)
+    assert (kv.stats(), kv.blocks(1), kv.tokens(1)) == before and kv.published(shared[1])
+    kv.truncate(1, 4)           # at a block boundary: the shared block 0 is only read
+    assert kv.blocks(1) == shared[:1] and kv.refs(shared[1]) == 1 and kv.tokens(1) == prompt[:4]
+    feed(kv, 1, [5])            # position 4: a new block
+    assert kv.blocks(1)[1] not in shared and stored(kv, 1) == [1, 2, 3, 4, 5]
+    with pytest.raises(ValueError, match="position 2 falls inside block"):
+        kv.truncate(1, 2)
+    kv.remove(0)                # block 0 is sequence 1's alone now: the cut goes in place
+    kv.truncate(1, 2)
+    assert kv.blocks(1) == shared[:1] and not kv.published(shared[0])
+    feed(kv, 1, [77, 78])
+    assert kv.blocks(1) == shared[:1] and stored(kv, 1) == [1, 2, 77, 78]
+    assert kv.published(shared[0]), "full again: published under its new key"
     kv.add(2)
-    assert kv.match_prefix(2, [1, 2, 77, 78, 0]) == 4 and kv.blocks(2) == [new]
+    assert kv.match_prefix(2, prompt) == 0, "the old key of block 0 is gone"
+    kv.add(3)
+    assert kv.match_prefix(3, [1, 2, 77, 78, 0]) == 4 and kv.blocks(3) == shared[:1]
 
 
-def test_truncate_into_published_block_unpublishes_on_write():
+def test_truncate_into_published_block_unpublishes_it():
     kv = K.KVCache(8, 4)
     kv.add(0)
     feed(kv, 0, list(range(8)))
     b0, b1 = kv.blocks(0)
     assert kv.published(b1) and kv.refs(b1) == 1
     kv.truncate(0, 6)
-    assert kv.blocks(0) == [b0, b1]
-    # Its bytes are still whole until written: still findable.
-    assert kv.published(b1)
-    feed(kv, 0, [60])
-    assert kv.blocks(0) == [b0, b1] and not kv.published(b1) and kv.copies == []
+    # Its rows past the cut will be overwritten: nobody may map it by its old key meanwhile.
+    assert kv.blocks(0) == [b0, b1] and not kv.published(b1) and kv.published(b0)
     kv.add(1)
-    assert kv.match_prefix(1, list(range(8)) + [0]) == 4, "the old key of block 1 is gone"
-    feed(kv, 0, [70])
-    assert kv.published(b1) and stored(kv, 0) == [0, 1, 2, 3, 4, 5, 60, 70]
+    assert kv.match_prefix(1, list(range(8)) + [0]) == 4 and kv.blocks(1) == [b0]
+    assert kv.refs(b1) == 1
+    feed(kv, 0, [60, 70])
+    assert kv.blocks(0) == [b0, b1] and kv.published(b1) and stored(kv, 0) == [0, 1, 2, 3, 4, 5, 60, 70]
     kv.add(2)
     assert kv.match_prefix(2, [0, 1, 2, 3, 4, 5, 60, 70, 9]) == 8
 
@@ -400,43 +383,6 @@ def test_truncate_drops_uncommitted_reservation():
     assert len(kv.blocks(0)) == 1 and kv.n_available == 7
     kv.truncate(0, 0)
     assert kv.blocks(0) == [] and kv.n_available == 8
-
-
-def test_fork_shares_full_blocks_and_copies_partial():
-    kv = K.KVCache(8, 4)
-    kv.add(0)
-    feed(kv, 0, list(range(10)))
-    assert kv.reserve(0, 8)  # an uncommitted reservation is not forked
-    src = kv.blocks(0)
-    assert kv.fork(0, 1)
-    dst = kv.blocks(1)
-    assert len(dst) == 3 and dst[:2] == src[:2] and dst[2] not in src
-    assert [kv.refs(b) for b in src[:2]] == [2, 2] and kv.refs(dst[2]) == 1 and kv.refs(src[2]) == 1
-    assert kv.copies == [(src[2], dst[2])]
-    assert kv.tokens(1) == list(range(10)) and stored(kv, 1) == list(range(10))
-    # The two diverge without touching each other.
-    kv.commit(0, [100])
-    feed(kv, 1, [200, 201, 202])
-    assert stored(kv, 0) == list(range(10)) + [100]
-    assert stored(kv, 1) == list(range(10)) + [200, 201, 202]
-    # A fork at a block boundary copies nothing.
-    kv.add(5)
-    feed(kv, 5, [1, 2, 3, 4])
-    assert kv.fork(5, 6) and kv.blocks(6) == kv.blocks(5) and len(kv.copies) == 1
-    kv.add(7)
-    assert kv.fork(7, 8) and kv.blocks(8) == [] and kv.tokens(8) == []
-
-
-def test_fork_fails_when_pool_empty():
-    kv = K.KVCache(2, 4)
-    kv.add(0)
-    feed(kv, 0, [1, 2, 3, 4, 5])
-    before = kv.stats()
-    assert not kv.fork(0, 1)
-    assert not kv.has(1) and kv.stats() == before and kv.copies == []
-    assert [kv.refs(b) for b in kv.blocks(0)] == [1, 1]
-    kv.truncate(0, 4)
-    assert kv.fork(0, 1), "nothing to copy: no block needed"
 
 
 def test_prefix_caching_off_never_hits():
@@ -465,29 +411,12 @@ def test_salt_separates_caches():
     assert kv.match_prefix(1, [1, 2, 3]) == 2
 
 
-def test_no_copy_callback():
-    kv = K.KVCache(8, 4, with_copy=False)
-    kv.add(0)
-    feed(kv, 0, [1, 2, 3, 4, 5])
-    with pytest.raises(ValueError, match="block 1 must be copied but no copy_block callback"):
-        kv.fork(0, 1)
-    assert not kv.has(1) and kv.stats()["n_used"] == 2
-    kv.truncate(0, 4)
-    assert kv.fork(0, 1), "a fork at a block boundary copies nothing"
-    kv.truncate(1, 2)
-    with pytest.raises(ValueError, match="no copy_block callback"):
-        kv.reserve(1, 1)
-    assert kv.blocks(1) == kv.blocks(0) and kv.stats()["n_used"] == 1
-
-
 @pytest.mark.parametrize("call, message", [
     (lambda kv: kv.add(1), "sequence 1 already exists"),
     (lambda kv: kv.reserve(9, 1), "reserve: unknown sequence 9"),
     (lambda kv: kv.blocks_needed(9, 1), "blocks_needed: unknown sequence 9"),
     (lambda kv: kv.commit(9, [1]), "commit: unknown sequence 9"),
     (lambda kv: kv.truncate(9, 0), "truncate: unknown sequence 9"),
-    (lambda kv: kv.fork(9, 10), "fork: unknown sequence 9"),
-    (lambda kv: kv.fork(1, 2), "destination sequence 2 already exists"),
     (lambda kv: kv.n_tokens(9), "n_tokens: unknown sequence 9"),
     (lambda kv: kv.blocks(9), "blocks: unknown sequence 9"),
     (lambda kv: kv.tokens(9), "tokens: unknown sequence 9"),
@@ -686,7 +615,6 @@ def test_remove_of_a_swapped_sequence_frees_its_slots():
     (lambda kv: kv.reserve(1, 1), "reserve: sequence 1 is swapped out"),
     (lambda kv: kv.commit(1, [5]), "commit: sequence 1 is swapped out"),
     (lambda kv: kv.truncate(1, 1), "truncate: sequence 1 is swapped out"),
-    (lambda kv: kv.fork(1, 3), "fork: sequence 1 is swapped out"),
     (lambda kv: kv.swap_out(1), "swap_out: sequence 1 is swapped out"),
     (lambda kv: kv.swap_in(2), "swap_in: sequence 2 is not swapped out"),
     (lambda kv: kv.swap_in(9), "swap_in: unknown sequence 9"),
@@ -774,18 +702,6 @@ def test_block_filled_from_the_host_is_not_copied_out_before_it_lands():
     assert kv.host_content(0) == [1, 2]
 
 
-def test_copy_on_write_runs_the_queued_copies_first():
-    kv = K.KVCache(3, 2, host_slots=2)
-    kv.add(0)
-    feed(kv, 0, [1, 2])
-    kv.remove(0)                # [1, 2] cached
-    kv.add(1)
-    feed(kv, 1, [5, 6, 7])      # 2 blocks
-    assert kv.fork(1, 2), "the copy of the partial block evicts [1, 2]: copied out first"
-    assert not kv.host_copies_pending
-    assert kv.host_content(0) == [1, 2] and stored(kv, 2) == [5, 6, 7]
-
-
 # --- randomized ----------------------------------------------------------------------------------
 
 class Model:
@@ -837,7 +753,7 @@ def test_random_sequences_against_model(bs, prefix_caching):
     bases = [rng.integers(0, 50, int(rng.integers(bs, 6 * bs + 2))).tolist() for _ in range(3)]
     pending = {}
     next_id = 0
-    ops = dict(add=0, feed=0, fork=0, truncate=0, remove=0, full=0)
+    ops = dict(add=0, feed=0, truncate=0, refused=0, remove=0, full=0)
 
     def remove(seq):
         kv.remove(seq)
@@ -845,7 +761,7 @@ def test_random_sequences_against_model(bs, prefix_caching):
         ops["remove"] += 1
 
     for _ in range(1500):
-        op = rng.choice(["add", "feed", "fork", "truncate", "remove", "clear"], p=[.15, .5, .1, .1, .14, .01])
+        op = rng.choice(["add", "feed", "truncate", "remove", "clear"], p=[.17, .53, .15, .14, .01])
         seqs = list(model.seqs)
         pick = seqs[int(rng.integers(len(seqs)))] if seqs else None
         if op == "add" or not seqs:
@@ -876,32 +792,25 @@ def test_random_sequences_against_model(bs, prefix_caching):
                 assert kv.blocks(pick) == blocks and kv.n_available == avail
                 ops["full"] += 1
                 remove(seqs[int(rng.integers(len(seqs)))])  # the scheduler's preemption
-        elif op == "fork":
-            dst, next_id = next_id, next_id + 1
-            partial = len(model.seqs[pick]) % bs != 0
-            avail = kv.n_available
-            ok = kv.fork(pick, dst)
-            assert ok == (not partial or avail >= 1)
-            if ok:
-                assert kv.n_available == avail - partial
-                model.seqs[dst], pending[dst] = list(model.seqs[pick]), list(pending[pick])
-                ops["fork"] += 1
-            else:
-                assert not kv.has(dst)
         elif op == "truncate":
             n = int(rng.integers(0, len(model.seqs[pick]) + 1))
-            kv.truncate(pick, n)
-            model.seqs[pick], pending[pick] = model.seqs[pick][:n], []
-            ops["truncate"] += 1
+            if n % bs and kv.refs(kv.blocks(pick)[n // bs]) > 1:
+                with pytest.raises(ValueError, match="falls inside block"):
+                    kv.truncate(pick, n)
+                ops["refused"] += 1
+            else:
+                kv.truncate(pick, n)
+                model.seqs[pick], pending[pick] = model.seqs[pick][:n], []
+                ops["truncate"] += 1
         elif op == "remove":
             remove(pick)
         else:
             kv.clear_cache()
         model.check()
     s = kv.stats()
-    print(ops, s, f"{len(kv.copies)} copies")
-    assert ops["feed"] > 300 and ops["fork"] > 50 and ops["full"] > 0
-    assert (len(kv.copies) > 0) == (bs > 1), "a block of one token is never partial: nothing to copy"
+    print(ops, s)
+    assert ops["feed"] > 300 and ops["truncate"] > 100 and ops["full"] > 0
+    assert (ops["refused"] > 0) == (bs > 1 and prefix_caching), "only matched prefixes share blocks"
     if prefix_caching:
         assert s["hits"] > 0 and s["evictions"] > 0
     else:

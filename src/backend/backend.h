@@ -135,11 +135,11 @@ public:
     virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
     virtual void synchronize() = 0;
     // Device -> host copy ordered after the ops issued so far, done by the time the next
-    // copy_to_host or synchronize returns (host KV written back while the GPU goes on). By
+    // copy_to_host or synchronize returns (KV rows written back to host memory while the GPU goes on). By
     // default the synchronous copy.
     virtual void copy_to_host_async(void* dst, const void* src, size_t bytes) { copy_to_host(dst, src, bytes); }
-    // Copies within this backend's memory (both from alloc), ordered with its ops; a KV block's
-    // copy on write. By default through host memory.
+    // Copies within this backend's memory (both from alloc), ordered with its ops (KV blocks
+    // between the staging and the GPU cache of the KV in host memory). By default through host memory.
     virtual void copy(void* dst, const void* src, size_t bytes) {
         std::vector<unsigned char> tmp(bytes);
         copy_to_host(tmp.data(), src, bytes);

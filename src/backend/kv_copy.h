@@ -1,6 +1,6 @@
-// Whole KV blocks moved between KV memories (host memory, a GPU staging copy, the host KV's GPU
-// cache) in as few copy calls as the layout allows: the streamed partial offload and the host KV
-// (host_kv.cpp) stage blocks this way.
+// Whole KV blocks moved between KV memories (host memory, a GPU staging copy, the GPU cache of the
+// KV in host memory) in as few copy calls as the layout allows: the streamed weights
+// (streamed_weights.cpp) and the KV in host memory (kv_in_host_memory.cpp) stage blocks this way.
 #pragma once
 #include <cstddef>
 #include <cstdint>

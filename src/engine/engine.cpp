@@ -76,12 +76,11 @@ struct EngineImpl {
 
     EngineImpl(std::shared_ptr<Model> m, const EngineParams& p, const RunnerParams& rp)
         : params(p), runner(std::move(m), rp),
-          cache(rp.n_kv_blocks, rp.kv_block_size, kv_salt(rp.type_k, rp.type_v), p.enable_prefix_caching,
-                [this](int32_t src, int32_t dst) { runner.copy_block(src, dst); }),
+          cache(rp.n_kv_blocks, rp.kv_block_size, kv_salt(rp.type_k, rp.type_v), p.enable_prefix_caching),
           sched(cache, p.max_num_seqs, p.max_num_batched_tokens, p.enable_prefix_caching) {
-        if (rp.n_host_kv_blocks > 0)
+        if (rp.n_host_tier_slots > 0)
             cache.enable_host_tier(
-                rp.n_host_kv_blocks, [this](const KVCache::BlockPairs& pairs) { runner.copy_blocks_to_host(pairs); },
+                rp.n_host_tier_slots, [this](const KVCache::BlockPairs& pairs) { runner.copy_blocks_to_host(pairs); },
                 [this](const KVCache::BlockPairs& pairs) { runner.copy_blocks_from_host(pairs); });
         const Tokenizer& tok = runner.model().tokenizer();
         n_vocab = runner.model().hparams().n_vocab;
@@ -398,7 +397,7 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineParams& p) {
     rp.n_batch = p.max_num_batched_tokens;
     rp.n_threads = p.n_threads;
     rp.n_kv_blocks = (int32_t)n_blocks;
-    rp.n_host_kv_blocks = (int32_t)host_blocks;
+    rp.n_host_tier_slots = (int32_t)host_blocks;
     rp.kv_block_size = p.kv_block_size;
     rp.type_k = p.type_k;
     rp.type_v = p.type_v;

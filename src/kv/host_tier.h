@@ -1,8 +1,10 @@
-// The host tier of the paged KV cache: a second pool of block-sized slots in host memory. A slot
-// is free, owned (it holds a block of a sequence swapped out of the device pool) or cached (it
-// holds a block the device prefix cache evicted, findable by the same content key, in LRU order).
-// Owned slots take priority: taking slots for a swap drops the coldest cached ones. Bookkeeping
-// only: the bytes live in the Runner's host KV storage.
+// The host tier of the paged KV cache (kv_host_mb; vLLM's swap space): a second pool of
+// block-sized slots in host memory. A slot is free, owned (it holds a block of a sequence swapped
+// out of the device pool) or cached (it holds a block the device prefix cache evicted, findable by
+// the same content key, in LRU order). Owned slots take priority: taking slots for a swap drops
+// the coldest cached ones. Bookkeeping only: the bytes live in src/model/host_tier_memory.h. Not
+// the KV in host memory (-nkvo, src/model/kv_in_host_memory.h: the GPU layers' whole pool kept in
+// host memory) nor the streamed weights (src/model/streamed_weights.h).
 #pragma once
 #include <cstdint>
 #include <list>

@@ -1,6 +1,6 @@
-// The sequence operations of the paged KV cache over one BlockPool: block tables, copy on write of
-// shared blocks, publishing full blocks, matching cached prefixes (device, then host tier), and
-// swapping sequences out to the host tier and back with their copies queued per step.
+// The sequence operations of the paged KV cache over one BlockPool: block tables, publishing full
+// blocks, matching cached prefixes (device, then host tier), and swapping sequences out to the
+// host tier and back with their copies queued per step.
 #include "kv/kv_cache.h"
 
 #include <algorithm>
@@ -10,12 +10,8 @@
 
 namespace ember {
 
-KVCache::KVCache(int32_t n_blocks, int32_t block_size, uint64_t salt, bool prefix_caching, CopyBlock copy_block)
-    : block_size_(block_size),
-      salt_(salt),
-      prefix_caching_(prefix_caching),
-      copy_block_(std::move(copy_block)),
-      pool_(n_blocks) {
+KVCache::KVCache(int32_t n_blocks, int32_t block_size, uint64_t salt, bool prefix_caching)
+    : block_size_(block_size), salt_(salt), prefix_caching_(prefix_caching), pool_(n_blocks) {
     if (block_size <= 0) fail("KVCache: block_size must be > 0, got ", block_size);
 }
 
@@ -33,29 +29,6 @@ KVCache::Sequence& KVCache::resident(int64_t seq, const char* fn) {
     Sequence& s = seq_of(seq, fn);
     if (s.swapped) fail("KVCache.", fn, ": sequence ", seq, " is swapped out (swap_in first)");
     return s;
-}
-
-// The next write lands in this table entry if it exists already; only that block can be shared
-// or published, the ones after it are private reservations never committed.
-int32_t KVCache::first_write_block(const Sequence& s) const {
-    size_t i = s.tokens.size() / (size_t)block_size_;
-    return i < s.blocks.size() ? (int32_t)i : -1;
-}
-
-// A new block holding a copy of `block`'s bytes, or -1 if the pool is exhausted.
-int32_t KVCache::copy_of(int32_t block) {
-    if (!copy_block_) fail("KVCache: block ", block, " must be copied but no copy_block callback was given");
-    int32_t copy = pool_.allocate();
-    if (copy < 0) return -1;
-    // copy_block writes now: queued copies that read `copy` or write `block` go first.
-    flush_host_copies();
-    try {
-        copy_block_(block, copy);
-    } catch (...) {
-        pool_.release(copy);
-        throw;
-    }
-    return copy;
 }
 
 void KVCache::publish_full_blocks(Sequence& s) {
@@ -124,11 +97,7 @@ int32_t KVCache::needed_for(const Sequence& s, int32_t n) const {
         }
         return (int32_t)(blocks_for((int64_t)s.tokens.size() + n) - held);
     }
-    if (n == 0) return 0;
-    int64_t fresh = std::max<int64_t>(0, blocks_for((int64_t)s.tokens.size() + n) - (int64_t)s.blocks.size());
-    int32_t i = first_write_block(s);
-    bool copy = i >= 0 && pool_.refs(s.blocks[i]) > 1;
-    return (int32_t)fresh + (copy ? 1 : 0);
+    return (int32_t)std::max<int64_t>(0, blocks_for((int64_t)s.tokens.size() + n) - (int64_t)s.blocks.size());
 }
 
 int32_t KVCache::blocks_needed(int64_t seq, int32_t n) const {
@@ -141,20 +110,6 @@ bool KVCache::reserve(int64_t seq, int32_t n) {
     Sequence& s = resident(seq, "reserve");
     if (n < 0) fail("KVCache.reserve: sequence ", seq, ": n must be >= 0, got ", n);
     if (needed_for(s, n) > pool_.n_available()) return false;
-    if (n == 0) return true;
-    int32_t i = first_write_block(s);
-    if (i >= 0) {
-        int32_t b = s.blocks[i];
-        if (pool_.refs(b) > 1) {
-            int32_t copy = copy_of(b);
-            assert(copy >= 0);  // counted in needed_for
-            s.blocks[i] = copy;
-            pool_.release(b);
-        } else if (pool_.published(b)) {
-            // Its bytes past n_tokens are about to change: nobody may find it by its old key.
-            pool_.unpublish(b);
-        }
-    }
     int64_t total = blocks_for((int64_t)s.tokens.size() + n);
     while ((int64_t)s.blocks.size() < total) {
         int32_t b = pool_.allocate();
@@ -172,12 +127,10 @@ void KVCache::commit(int64_t seq, const int32_t* tokens, int32_t n) {
     if (s.tokens.size() + (size_t)n > capacity)
         fail("KVCache.commit: sequence ", seq, ": ", n, " tokens at position ", s.tokens.size(), " exceed the ",
              capacity, " reserved positions (call reserve first)");
-    int32_t first = s.blocks[s.tokens.size() / (size_t)block_size_];
-    // The KV was written into `first`: had reserve not made it private, another sequence's (or
-    // the cache's) bytes were just overwritten.
-    if (pool_.refs(first) != 1 || pool_.published(first))
-        fail("KVCache.commit: sequence ", seq, ": block ", first, " at position ", s.tokens.size(),
-             " is shared or published (call reserve before writing)");
+    // The write landed in this sequence's own blocks: full blocks are the only shared or published
+    // ones, and truncate unpublishes the block it cuts into and refuses to cut into a shared one.
+    assert(pool_.refs(s.blocks[s.tokens.size() / (size_t)block_size_]) == 1);
+    assert(!pool_.published(s.blocks[s.tokens.size() / (size_t)block_size_]));
     s.tokens.insert(s.tokens.end(), tokens, tokens + n);
     if (prefix_caching_) publish_full_blocks(s);
 }
@@ -186,28 +139,17 @@ void KVCache::truncate(int64_t seq, int32_t n_tokens) {
     Sequence& s = resident(seq, "truncate");
     if (n_tokens < 0 || (size_t)n_tokens > s.tokens.size())
         fail("KVCache.truncate: sequence ", seq, ": n_tokens must be in [0, ", s.tokens.size(), "], got ", n_tokens);
-    // A partial last block stays published: its bytes are still whole until reserve() writes.
+    const size_t cut = (size_t)n_tokens / block_size_;   // the block the next write lands in
+    const bool inside = n_tokens % block_size_ != 0;
+    if (inside && pool_.refs(s.blocks[cut]) > 1)
+        fail("KVCache.truncate: sequence ", seq, ": position ", n_tokens, " falls inside block ", s.blocks[cut],
+             ", which ", pool_.refs(s.blocks[cut]) - 1, " other sequence(s) share; blocks are never copied, so "
+             "truncate to a multiple of block_size ", block_size_, " there");
     release_tail(s, (size_t)blocks_for(n_tokens));
     s.tokens.resize(n_tokens);
-    s.keys.resize(std::min(s.keys.size(), (size_t)n_tokens / block_size_));
-}
-
-bool KVCache::fork(int64_t src, int64_t dst) {
-    const Sequence& s = resident(src, "fork");
-    if (seqs_.count(dst)) fail("KVCache.fork: destination sequence ", dst, " already exists");
-    size_t n_full = s.tokens.size() / (size_t)block_size_;
-    Sequence d;
-    d.tokens = s.tokens;
-    d.keys = s.keys;
-    d.blocks.assign(s.blocks.begin(), s.blocks.begin() + n_full);
-    if (s.tokens.size() % block_size_) {
-        int32_t copy = copy_of(s.blocks[n_full]);
-        if (copy < 0) return false;
-        d.blocks.push_back(copy);
-    }
-    for (size_t i = 0; i < n_full; ++i) pool_.retain(d.blocks[i]);
-    seqs_.emplace(dst, std::move(d));
-    return true;
+    s.keys.resize(std::min(s.keys.size(), cut));
+    // Its rows past the cut will be overwritten: nobody may find it by its old key.
+    if (inside && pool_.published(s.blocks[cut])) pool_.unpublish(s.blocks[cut]);
 }
 
 void KVCache::enable_host_tier(int32_t n_slots, HostCopy to_host, HostCopy from_host) {

@@ -1,8 +1,9 @@
 // The sequences of a paged KV cache: one block table per sequence over a shared BlockPool, the
 // token ids whose KV each sequence holds (for the prefix cache), and the sequence operations
-// (add, remove, truncate, fork with copy on write, prefix matching, swapping out to a host tier
-// and back). Bookkeeping only: copying a block's bytes is the callbacks' job (Runner::copy_block,
-// Runner::copy_blocks_to_host / copy_blocks_from_host).
+// (add, remove, truncate, prefix matching, swapping out to the host tier and back). Sequences
+// share full blocks only (prefix matching), as vLLM's v1 cache does: the block a sequence writes
+// next is always its own, so no block is ever copied on the device. Bookkeeping only: the host
+// tier's copies are the callbacks' job (Runner::copy_blocks_to_host / copy_blocks_from_host).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -19,8 +20,6 @@ namespace ember {
 
 class KVCache {
 public:
-    // Copies every layer's bytes of block `src` to block `dst`.
-    using CopyBlock = std::function<void(int32_t src, int32_t dst)>;
     // Copies between the pool and the host tier, as (from, to) pairs: (device block, host slot)
     // out to the host, (host slot, device block) back from it.
     using BlockPairs = std::vector<std::pair<int32_t, int32_t>>;
@@ -28,7 +27,7 @@ public:
 
     // salt: what besides the tokens decides a block's bytes (block_key's salt: the KV types).
     // prefix_caching false: no block is ever published or looked up.
-    KVCache(int32_t n_blocks, int32_t block_size, uint64_t salt, bool prefix_caching, CopyBlock copy_block);
+    KVCache(int32_t n_blocks, int32_t block_size, uint64_t salt, bool prefix_caching);
     // Not copied or moved: its pool's evict hook points back at it.
     KVCache(const KVCache&) = delete;
     KVCache& operator=(const KVCache&) = delete;
@@ -46,23 +45,19 @@ public:
     // from the host queued. Returns the number of tokens now in the cache for `seq` (a multiple of
     // block_size).
     int32_t match_prefix(int64_t seq, const int32_t* tokens, int32_t n);
-    // Makes room to write positions n_tokens(seq) .. n_tokens(seq) + n - 1: allocates blocks, and
-    // first copies (copy on write) the block the first write lands in if it is shared (refcount
-    // > 1), or unpublishes it if it is published. Returns false, with nothing allocated, when the
-    // pool has too few available blocks.
+    // Makes room to write positions n_tokens(seq) .. n_tokens(seq) + n - 1: allocates blocks.
+    // Returns false, with nothing allocated, when the pool has too few available blocks.
     bool reserve(int64_t seq, int32_t n);
-    // Blocks reserve(seq, n) would take from the pool (new blocks plus a copy on write); for a
-    // swapped-out sequence, swap_in and then reserve(seq, n) together.
+    // Blocks reserve(seq, n) would take from the pool; for a swapped-out sequence, swap_in and
+    // then reserve(seq, n) together.
     int32_t blocks_needed(int64_t seq, int32_t n) const;
     // The KV of tokens[0..n) is now written at positions n_tokens(seq)...: appends them to the
     // sequence and publishes every block this fills (prefix caching on).
     void commit(int64_t seq, const int32_t* tokens, int32_t n);
-    // Forgets positions >= n_tokens (blocks wholly past it released).
+    // Forgets positions >= n_tokens (blocks wholly past it released). A cut inside a block
+    // unpublishes it (its rows past the cut will be overwritten); a cut inside a block other
+    // sequences share throws InvalidInput, nothing changed, since the cache never copies a block.
     void truncate(int64_t seq, int32_t n_tokens);
-    // dst (new) gets src's tokens: src's full blocks shared (refcount + 1), its partial last
-    // block copied into a new block. Returns false, with dst not created, if no block is left
-    // for that copy.
-    bool fork(int64_t src, int64_t dst);
 
     // A host tier of n_slots block-sized slots (n_slots > 0): sequences may be swapped out to it,
     // and the blocks the prefix cache evicts are kept there and found again by match_prefix.
@@ -80,7 +75,7 @@ public:
     // Runs the queued copies, every one to the host before any from it (a block evicted to the
     // host may be the one a host hit is copied into), then lets the slots they read be reused.
     // Device writes must wait for it: the engine calls it after planning a step, before the
-    // forward; copy on write calls it first.
+    // forward.
     void flush_host_copies();
     bool host_copies_pending() const { return !to_host_.empty() || !from_host_.empty(); }
     const HostTier* host_tier() const { return host_.get(); }
@@ -107,16 +102,13 @@ private:
     void on_evict(int32_t block, uint64_t key);
     int32_t host_hit(uint64_t key);   // a new block that the host copy of `key` is queued into
     int64_t blocks_for(int64_t n_tok) const { return (n_tok + block_size_ - 1) / block_size_; }
-    int32_t first_write_block(const Sequence& s) const;
     int32_t needed_for(const Sequence& s, int32_t n) const;
-    int32_t copy_of(int32_t block);
     void publish_full_blocks(Sequence& s);
     void release_tail(Sequence& s, size_t keep);
 
     int32_t block_size_;
     uint64_t salt_;
     bool prefix_caching_;
-    CopyBlock copy_block_;
     BlockPool pool_;
     std::unordered_map<int64_t, Sequence> seqs_;
     std::unique_ptr<HostTier> host_;

@@ -20,8 +20,7 @@ struct ContextImpl {
 
     ContextImpl(std::shared_ptr<Model> m, const ContextParams& p, const RunnerParams& rp)
         : params(p), runner(std::move(m), rp),
-          cache(rp.n_kv_blocks, rp.kv_block_size, 0, false,
-                [this](int32_t src, int32_t dst) { runner.copy_block(src, dst); }) {
+          cache(rp.n_kv_blocks, rp.kv_block_size, 0, false) {
         cache.add(kSeq);
     }
 

@@ -40,7 +40,7 @@ struct ModelImpl {
     std::unique_ptr<Backend> gpu;         // null when every block is on the CPU
     std::vector<BlockWeights> gpu_blocks; // indexed by block; backend null for CPU blocks
     // CPU blocks' vectors on the GPU, where large batches run them on streamed weights
-    // (streamed_offload.h); backend null for GPU blocks.
+    // (streamed_weights.h); backend null for GPU blocks.
     std::vector<BlockWeights> stream_blocks;
     HeadWeights gpu_head;                 // set whenever the plan puts the head on the GPU
     std::unique_ptr<HostWeights> host_weights;   // use_mmap = false: the CPU matrices' copies

@@ -1,6 +1,6 @@
 // One plan for where everything runs: the device of each block and of the output head, decided
-// from n_gpu_layers once at load. The context follows it; the streamed offload (CPU blocks run on
-// the GPU for large batches) is its own unit (streamed_offload.h).
+// from n_gpu_layers once at load. The context follows it; the streamed weights (CPU blocks run on
+// the GPU for large batches) are their own unit (streamed_weights.h).
 #pragma once
 #include <cstdint>
 #include <string>

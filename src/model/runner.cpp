@@ -2,15 +2,15 @@
 // the device the placement plan gives it; the hidden state crosses a device boundary only where
 // placement changes) -> final norm + output head over the rows asked for -> logits (host; for
 // embeddings the head stops after the final norm and the normed hidden rows come back). Large
-// one-sequence batches run CPU blocks on the GPU too, through the streamed offload.
+// one-sequence batches run CPU blocks on the GPU too, on streamed weights (streamed_weights.h).
+// With offload_kqv=False the GPU blocks run on KVInHostMemory (kv_in_host_memory.h); the engine's
+// host tier keeps its slots in HostTierMemory (host_tier_memory.h).
 #include "model/runner.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <new>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -19,9 +19,10 @@
 #include "backend/kv_layout.h"
 #include "backend/registry.h"
 #include "ember/status.h"
-#include "model/host_kv.h"
+#include "model/host_tier_memory.h"
+#include "model/kv_in_host_memory.h"
 #include "model/model_impl.h"
-#include "model/streamed_offload.h"
+#include "model/streamed_weights.h"
 
 namespace ember {
 
@@ -71,71 +72,6 @@ private:
     size_t cap_ = 0, size_ = 0;
 };
 
-// The host tier's bytes: per layer, K and V arrays of n slots laid out as the layer's KV pool.
-// One allocation per backend, from its alloc_host (CUDA: pinned, so the copies run at full speed),
-// or plain heap memory when that fails.
-class HostKV {
-public:
-    HostKV() = default;
-    HostKV(const HostKV&) = delete;
-    HostKV& operator=(const HostKV&) = delete;
-    ~HostKV() {
-        for (const Chunk& c : chunks_) c.pinned ? c.be->free_host(c.p) : ::operator delete(c.p);
-    }
-    // kv_bytes[l]: one slot's K and V bytes of layer l, on backend be[l].
-    void allocate(const std::vector<Backend*>& be, const std::vector<std::pair<size_t, size_t>>& kv_bytes,
-                  int32_t n_slots) {
-        n_slots_ = n_slots;
-        std::map<Backend*, size_t> total;
-        for (size_t l = 0; l < be.size(); ++l) total[be[l]] += (kv_bytes[l].first + kv_bytes[l].second) * n_slots;
-        std::map<Backend*, uint8_t*> next;
-        bool warned = false;
-        for (auto [b, bytes] : total) {
-            Chunk c{b, nullptr, true};
-            try {
-                c.p = b->alloc_host(bytes);
-            } catch (const std::exception&) {
-                c.p = nullptr;
-            }
-            if (!c.p) {
-                c.pinned = false;
-                try {
-                    c.p = ::operator new(bytes);
-                } catch (const std::bad_alloc&) {
-                    throw OutOfMemory(cat("the host KV tier needs ", bytes / (1024.0 * 1024.0), " MiB of host memory (",
-                                          n_slots, " blocks) that could not be allocated: lower kv_host_mb"));
-                }
-                if (!warned)
-                    std::fprintf(stderr, "ember: warning: the host KV tier (%.1f MiB) could not be pinned on %s; it uses "
-                                 "plain memory, whose copies are slower\n", bytes / (1024.0 * 1024.0), b->name());
-                warned = true;
-            }
-            chunks_.push_back(c);
-            next[b] = static_cast<uint8_t*>(c.p);
-        }
-        for (size_t l = 0; l < be.size(); ++l) {
-            uint8_t*& p = next[be[l]];
-            k_.push_back(p);
-            p += kv_bytes[l].first * n_slots;
-            v_.push_back(p);
-            p += kv_bytes[l].second * n_slots;
-        }
-    }
-    int32_t n_slots() const { return n_slots_; }
-    uint8_t* k(int32_t l) const { return k_[l]; }
-    uint8_t* v(int32_t l) const { return v_[l]; }
-
-private:
-    struct Chunk {
-        Backend* be;
-        void* p;
-        bool pinned;   // from be->alloc_host, else ::operator new
-    };
-    std::vector<Chunk> chunks_;
-    std::vector<uint8_t*> k_, v_;
-    int32_t n_slots_ = 0;
-};
-
 // One copy of n consecutive blocks, from ids src.. to ids dst...
 struct CopyRun {
     int32_t src, dst, n;
@@ -183,12 +119,12 @@ struct RunnerImpl {
     std::vector<KVLayer> kv;
     // Null: CPU blocks always run on the CPU. Destroyed before `cpu` (whose pool it uses) and
     // `model` (whose GPU backend it uses).
-    std::unique_ptr<StreamedOffload> stream;
+    std::unique_ptr<StreamedWeights> stream;
     // offload_kqv=False: the GPU blocks run on this wrapper of the GPU backend, their KV in host
     // memory it owns. Null otherwise. After `cpu` and `model`, whose backends it uses.
-    std::unique_ptr<HostKVBackend> gpu_host_kv;
+    std::unique_ptr<KVInHostMemory> kv_in_host;
     HostLogits logits;   // [n_logits][row_width]; declared after `cpu` and `model`, whose host memory it holds
-    HostKV host_kv;      // the host tier's slots; after `cpu` and `model` too
+    HostTierMemory host_tier;   // the host tier's slots; after `cpu` and `model` too
     int32_t n_logits = 0;
     std::vector<int32_t> greedy_ids;
     std::vector<float> embd;   // [n_batch][n_embd] host staging for the embedding rows
@@ -227,7 +163,7 @@ struct RunnerImpl {
     }
 
     void forward(const int32_t* tokens, const BatchInfo& batch, const std::vector<RowRange>& rows, bool greedy);
-    // Every layer's K and V bytes of the runs' blocks, between the pool and host_kv.
+    // Every layer's K and V bytes of the runs' blocks, between the pool and host_tier.
     void copy_host(const std::vector<std::pair<int32_t, int32_t>>& pairs, bool to_host);
     int32_t row_width() const { return params.embeddings ? model->hparams().n_embd : model->hparams().n_vocab; }
 };
@@ -236,7 +172,7 @@ Runner::Runner(std::shared_ptr<Model> model, const RunnerParams& params) {
     if (params.n_batch <= 0) fail("n_batch must be positive, got ", params.n_batch);
     if (params.kv_block_size <= 0) fail("kv_block_size must be positive, got ", params.kv_block_size);
     if (params.n_kv_blocks <= 0) fail("the KV cache needs at least one block, got ", params.n_kv_blocks);
-    if (params.n_host_kv_blocks < 0) fail("n_host_kv_blocks must be >= 0, got ", params.n_host_kv_blocks);
+    if (params.n_host_tier_slots < 0) fail("n_host_tier_slots must be >= 0, got ", params.n_host_tier_slots);
     if (params.n_threads < 0) fail("n_threads must be >= 0, got ", params.n_threads);
     if (params.kv_gpu_cache_mb < 0) fail("kv_gpu_cache_mb must be >= 0, got ", params.kv_gpu_cache_mb);
     ModelImpl& m = model->impl();
@@ -262,30 +198,30 @@ Runner::Runner(std::shared_ptr<Model> model, const RunnerParams& params) {
     geometry.block_size = params.kv_block_size;
     geometry.n_head_kv = hp.n_head_kv;
     geometry.head_dim = hp.head_dim;
-    // EMBER_STREAM=0: CPU blocks stay on the CPU for every batch (diagnosis, comparisons).
-    const char* stream_env = std::getenv("EMBER_STREAM");
-    if (m.plan.any_gpu() && m.plan.any_cpu() && !(stream_env && std::string(stream_env) == "0"))
-        r.stream = StreamedOffload::open(m, r.blocks, *r.cpu, geometry);
+    // EMBER_STREAM=0: CPU blocks stay on the CPU for every batch (diagnosis, comparisons). Read from
+    // the snapshot the context's CPU backend was made with.
+    if (m.plan.any_gpu() && m.plan.any_cpu() && opts.switches.on("EMBER_STREAM"))
+        r.stream = StreamedWeights::open(m, r.blocks, *r.cpu, geometry);
     if (!params.offload_kqv && m.any_gpu()) {
         const int32_t n_gpu_layers = (int32_t)std::count(m.plan.block.begin(), m.plan.block.end(), Device::gpu);
-        r.gpu_host_kv = std::make_unique<HostKVBackend>(*m.gpu, geometry, n_gpu_layers,
+        r.kv_in_host = std::make_unique<KVInHostMemory>(*m.gpu, geometry, n_gpu_layers,
                                                         (size_t)params.kv_gpu_cache_mb << 20);
         for (int32_t l = 0; l < hp.n_layer; ++l)
-            if (m.plan.block[l] == Device::gpu) r.blocks[l].backend = r.gpu_host_kv.get();
-        if (m.plan.head == Device::gpu) r.head.backend = r.gpu_host_kv.get();
+            if (m.plan.block[l] == Device::gpu) r.blocks[l].backend = r.kv_in_host.get();
+        if (m.plan.head == Device::gpu) r.head.backend = r.kv_in_host.get();
     }
     r.kv.assign(hp.n_layer, geometry);
     const int64_t width = (int64_t)hp.n_head_kv * hp.head_dim;
     for (int32_t l = 0; l < hp.n_layer; ++l) {
         KVLayer& kv = r.kv[l];
         Backend& be = *r.blocks[l].backend;
-        if (&be == r.gpu_host_kv.get()) {
-            r.gpu_host_kv->alloc_layer(kv);
+        if (&be == r.kv_in_host.get()) {
+            r.kv_in_host->alloc_layer(kv);
             continue;
         }
         for (auto [p, type] : {std::pair{&kv.k, kv.k_type}, std::pair{&kv.v, kv.v_type}}) {
             const size_t bytes = (size_t)params.n_kv_blocks * kv_block_bytes(type, params.kv_block_size, width);
-            // A streamed block's host KV is pinned, so its copies run asynchronously at full speed.
+            // A streamed block's KV (a CPU layer's) is pinned, so its copies run asynchronously at full speed.
             *p = be.is_host() && r.stream ? r.stream->alloc_host(bytes) : nullptr;
             if (!*p) {
                 *p = be.alloc(bytes);
@@ -293,7 +229,7 @@ Runner::Runner(std::shared_ptr<Model> model, const RunnerParams& params) {
             }
         }
     }
-    if (params.n_host_kv_blocks > 0) {
+    if (params.n_host_tier_slots > 0) {
         std::vector<Backend*> be;
         std::vector<std::pair<size_t, size_t>> bytes;
         for (int32_t l = 0; l < hp.n_layer; ++l) {
@@ -301,7 +237,7 @@ Runner::Runner(std::shared_ptr<Model> model, const RunnerParams& params) {
             bytes.emplace_back(kv_block_bytes(params.type_k, params.kv_block_size, width),
                                kv_block_bytes(params.type_v, params.kv_block_size, width));
         }
-        r.host_kv.allocate(be, bytes, params.n_host_kv_blocks);
+        r.host_tier.allocate(be, bytes, params.n_host_tier_slots);
     }
     r.embd.resize((size_t)params.n_batch * hp.n_embd);
 }
@@ -351,8 +287,8 @@ void RunnerImpl::forward(const int32_t* tokens, const BatchInfo& batch, const st
             be.copy_from_host(next.x, tmp.data(), tmp.size() * sizeof(float));
         }
     };
-    // The streamed offload stages one sequence's KV blocks.
-    const bool streamed = stream && n >= StreamedOffload::kMinTokens && batch.n_seq == 1;
+    // Streamed weights stage one sequence's KV blocks.
+    const bool streamed = stream && n >= StreamedWeights::kMinTokens && batch.n_seq == 1;
     std::vector<int32_t> ids;
     if (streamed) ids.assign(batch.block_table.begin(), batch.block_table.begin() + batch.max_blocks);
     const int32_t n_past = n > 0 ? batch.pos[0] : 0;
@@ -454,34 +390,15 @@ void Runner::clear_logits() {
     impl_->n_logits = 0;
 }
 
-void Runner::copy_block(int32_t src, int32_t dst) {
-    RunnerImpl& r = *impl_;
-    const HParams& hp = r.model->hparams();
-    const int64_t width = (int64_t)hp.n_head_kv * hp.head_dim;
-    for (int32_t l = 0; l < hp.n_layer; ++l) {
-        KVLayer& kv = r.kv[l];
-        Backend& be = *r.blocks[l].backend;
-        if (&be == r.gpu_host_kv.get()) {
-            r.gpu_host_kv->alloc_layer(kv);
-            continue;
-        }
-        for (auto [p, type] : {std::pair{kv.k, kv.k_type}, std::pair{kv.v, kv.v_type}}) {
-            const size_t bytes = kv_block_bytes(type, kv.block_size, width);
-            auto* base = static_cast<uint8_t*>(p);
-            be.copy(base + (size_t)dst * bytes, base + (size_t)src * bytes, bytes);
-        }
-    }
-}
-
 void RunnerImpl::copy_host(const std::vector<std::pair<int32_t, int32_t>>& pairs, bool to_host) {
     const char* fn = to_host ? "copy_blocks_to_host" : "copy_blocks_from_host";
-    if (host_kv.n_slots() == 0) fail("Runner.", fn, ": the runner has no host KV slots (n_host_kv_blocks = 0)");
+    if (host_tier.n_slots() == 0) fail("Runner.", fn, ": the runner has no host tier (n_host_tier_slots = 0)");
     for (auto [from, to] : pairs) {
         const int32_t dev = to_host ? from : to, host = to_host ? to : from;
         if (dev < 0 || dev >= params.n_kv_blocks)
             fail("Runner.", fn, ": KV block ", dev, " out of range [0, ", params.n_kv_blocks, ")");
-        if (host < 0 || host >= host_kv.n_slots())
-            fail("Runner.", fn, ": host slot ", host, " out of range [0, ", host_kv.n_slots(), ")");
+        if (host < 0 || host >= host_tier.n_slots())
+            fail("Runner.", fn, ": host slot ", host, " out of range [0, ", host_tier.n_slots(), ")");
     }
     const std::vector<CopyRun> runs = copy_runs(pairs);
     const HParams& hp = model->hparams();
@@ -489,8 +406,8 @@ void RunnerImpl::copy_host(const std::vector<std::pair<int32_t, int32_t>>& pairs
     for (int32_t l = 0; l < hp.n_layer; ++l) {
         KVLayer& layer = kv[l];
         Backend& be = *blocks[l].backend;
-        for (auto [dev, host, type] : {std::tuple{layer.k, host_kv.k(l), layer.k_type},
-                                       std::tuple{layer.v, host_kv.v(l), layer.v_type}}) {
+        for (auto [dev, host, type] : {std::tuple{layer.k, host_tier.k(l), layer.k_type},
+                                       std::tuple{layer.v, host_tier.v(l), layer.v_type}}) {
             const size_t bytes = kv_block_bytes(type, layer.block_size, width);
             auto* d = static_cast<uint8_t*>(dev);
             for (const CopyRun& run : runs) {

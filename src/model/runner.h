@@ -18,11 +18,12 @@ struct RunnerParams {
     int32_t n_batch = 512;         // most tokens of one step
     int32_t n_threads = 0;         // 0: all hardware threads
     int32_t n_kv_blocks = 0;       // KV blocks of every layer (the pool the block ids index)
-    int32_t n_host_kv_blocks = 0;  // host-memory slots of the same size (the engine's host tier)
+    int32_t n_host_tier_slots = 0; // host-memory slots of a block's size: the engine's host tier
     int32_t kv_block_size = 16;
     GGMLType type_k = GGMLType::F16, type_v = GGMLType::F16;
     bool offload_kqv = true;
-    // offload_kqv=False: MiB of GPU memory that keep copies of host KV blocks (host_kv.h).
+    // offload_kqv=False (KV in host memory, kv_in_host_memory.h): MiB of GPU memory that keep
+    // copies of its blocks.
     int32_t kv_gpu_cache_mb = 0;
     // The head stops at the final norm: each row asked for is the hidden state after output_norm
     // ([n_embd] floats, what llama.cpp pools into embeddings) instead of logits.
@@ -55,8 +56,6 @@ public:
     int32_t row_width() const;   // n_vocab, or n_embd with params.embeddings
     int32_t n_logits() const;
     void clear_logits();
-    // Copies block src's K and V of every layer into block dst (copy on write of a shared block).
-    void copy_block(int32_t src, int32_t dst);
     // Copies every layer's K and V of each (KV block, host slot) pair into the host slot, and of
     // each (host slot, KV block) pair back. Runs of consecutive ids on both sides go as one copy.
     void copy_blocks_to_host(const std::vector<std::pair<int32_t, int32_t>>& dev_to_host);

@@ -1,7 +1,7 @@
 // The paged-KV bookkeeping (_ember_test.BlockPool, HostTier, KVCache, block_key) for
 // tests/test_kv_cache.py. KVCache's storage is simulated: each block (and host slot) holds the token
-// ids written into its slots, so tests can check that copy on write and the copies to the host
-// tier and back kept every sequence's bytes and never touched a shared block.
+// ids written into its slots, so tests can check that writes and the copies to the host tier and
+// back kept every sequence's bytes and never touched a shared block.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/vector.h>
@@ -48,16 +48,14 @@ nb::dict host_stats_dict(const HostTierStats& s) {
 struct SimKVCache {
     using Pairs = KVCache::BlockPairs;
     std::vector<std::vector<int32_t>> content;
-    std::vector<std::pair<int32_t, int32_t>> copies;
     std::vector<std::vector<int32_t>> host_content;
     std::vector<std::pair<bool, Pairs>> host_copies;   // (to the host, pairs) of each callback call
     KVCache cache;
 
-    SimKVCache(int32_t n_blocks, int32_t block_size, uint64_t salt, bool prefix_caching, bool with_copy,
-               int32_t host_slots)
+    SimKVCache(int32_t n_blocks, int32_t block_size, uint64_t salt, bool prefix_caching, int32_t host_slots)
         : content(std::max(n_blocks, 0), std::vector<int32_t>(std::max(block_size, 0), -1)),
           host_content(std::max(host_slots, 0), std::vector<int32_t>(std::max(block_size, 0), -1)),
-          cache(n_blocks, block_size, salt, prefix_caching, with_copy ? KVCache::CopyBlock(copy_fn()) : nullptr) {
+          cache(n_blocks, block_size, salt, prefix_caching) {
         if (host_slots != 0)
             cache.enable_host_tier(
                 host_slots,
@@ -71,15 +69,8 @@ struct SimKVCache {
                 });
     }
 
-    KVCache::CopyBlock copy_fn() {
-        return [this](int32_t src, int32_t dst) {
-            copies.emplace_back(src, dst);
-            content[dst] = content[src];
-        };
-    }
-
-    // The engine writes KV between reserve and commit; here the write happens once commit has
-    // checked the blocks are this sequence's own.
+    // The engine writes KV between reserve and commit; here at commit, into the sequence's table:
+    // a write into a block another sequence holds shows up in that sequence's content.
     void commit(int64_t seq, const std::vector<int32_t>& tokens) {
         // An unknown seq: let commit name the error.
         int32_t start = cache.has(seq) ? cache.n_tokens(seq) : 0;
@@ -132,9 +123,8 @@ void bind_kv(nb::module_& m) {
         .def("stats", [](const HostTier& h) { return host_stats_dict(h.stats()); });
 
     nb::class_<SimKVCache>(m, "KVCache")
-        .def(nb::init<int32_t, int32_t, uint64_t, bool, bool, int32_t>(), nb::arg("n_blocks"), nb::arg("block_size"),
-             nb::arg("salt") = 0, nb::arg("prefix_caching") = true, nb::arg("with_copy") = true,
-             nb::arg("host_slots") = 0)
+        .def(nb::init<int32_t, int32_t, uint64_t, bool, int32_t>(), nb::arg("n_blocks"), nb::arg("block_size"),
+             nb::arg("salt") = 0, nb::arg("prefix_caching") = true, nb::arg("host_slots") = 0)
         .def("add", [](SimKVCache& s, int64_t seq) { s.cache.add(seq); }, nb::arg("seq"))
         .def("remove", [](SimKVCache& s, int64_t seq) { s.cache.remove(seq); }, nb::arg("seq"))
         .def("has", [](const SimKVCache& s, int64_t seq) { return s.cache.has(seq); }, nb::arg("seq"))
@@ -152,8 +142,6 @@ void bind_kv(nb::module_& m) {
         .def("commit", &SimKVCache::commit, nb::arg("seq"), nb::arg("tokens"))
         .def("truncate", [](SimKVCache& s, int64_t seq, int32_t n) { s.cache.truncate(seq, n); }, nb::arg("seq"),
              nb::arg("n_tokens"))
-        .def("fork", [](SimKVCache& s, int64_t src, int64_t dst) { return s.cache.fork(src, dst); }, nb::arg("src"),
-             nb::arg("dst"))
         .def("n_tokens", [](const SimKVCache& s, int64_t seq) { return s.cache.n_tokens(seq); }, nb::arg("seq"))
         .def("blocks", [](const SimKVCache& s, int64_t seq) { return s.cache.blocks(seq); }, nb::arg("seq"))
         .def("tokens", [](const SimKVCache& s, int64_t seq) { return s.cache.tokens(seq); }, nb::arg("seq"))
@@ -165,9 +153,8 @@ void bind_kv(nb::module_& m) {
              nb::arg("block"))
         .def("stats", [](const SimKVCache& s) { return stats_dict(s.cache.pool().stats()); })
         .def("clear_cache", [](SimKVCache& s) { s.cache.pool().clear_cache(); })
-        // Simulated storage: the token ids in `block`'s slots, and every copy_block(src, dst) call.
+        // Simulated storage: the token ids in `block`'s slots.
         .def("content", [](const SimKVCache& s, int32_t b) { return s.content.at(b); }, nb::arg("block"))
-        .def_prop_ro("copies", [](const SimKVCache& s) { return s.copies; })
         // The host tier: swaps, the queued copies, and the simulated host slots.
         .def("swap_out", [](SimKVCache& s, int64_t seq) { return s.cache.swap_out(seq); }, nb::arg("seq"))
         .def("swap_in", [](SimKVCache& s, int64_t seq) { return s.cache.swap_in(seq); }, nb::arg("seq"))

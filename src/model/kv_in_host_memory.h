@@ -1,19 +1,23 @@
-// KV of GPU blocks in host memory (offload_kqv=False, llama.cpp's -nkvo): the KV stays where the
-// GPU's memory is not spent on it, and each block's ops run on the GPU around it. This backend
-// wraps the GPU's: every op goes to the GPU except the ones that touch the KV, which run on a
-// staging copy of the blocks they need (one layer's worth of device memory, shared by all
-// layers): attn_in stages the blocks that receive the step's new rows, the GPU writes the rows
-// there and the blocks go back to host memory; attention stages the rest of its sequences' blocks
-// and runs the GPU's kernels. So the results are the GPU-KV results bit for bit, and a step moves
-// its sequences' KV over PCIe once (docs/cuda.md has the measurements that chose this over
-// attention on the CPU next to the KV).
+// KV in host memory (offload_kqv=False, llama.cpp's -nkvo / --no-kv-offload): the KV of the
+// GPU's layers lives in host memory and the GPU's ops run around it. Not to be confused with the
+// engine's host tier (src/kv/host_tier.h: a second pool that preempted sequences are swapped to
+// and evicted prefix blocks are kept in, kv_host_mb) or the streamed weights
+// (src/model/streamed_weights.h: CPU layers run on the GPU for large batches).
+//
+// The KV stays where the GPU's memory is not spent on it. This backend wraps the GPU's: every op
+// goes to the GPU except the ones that touch the KV, which run on a staging copy of the blocks they
+// need (one layer's worth of device memory, shared by all layers): attn_in stages the blocks that
+// receive the step's new rows, the GPU writes the rows there and the blocks go back to host memory;
+// attention stages the rest of its sequences' blocks and runs the GPU's kernels. So the results are
+// the GPU-KV results bit for bit, and a step moves its sequences' KV over PCIe once (docs/cuda.md
+// has the measurements that chose this over attention on the CPU next to the KV).
 // A GPU block cache (gpu_cache_bytes, over all layers) keeps copies of the blocks steps keep
 // reading, so those need not cross PCIe again: at depth the link, not the GPU, sets the speed. A
 // step whose blocks all have a slot runs on the cache itself (its block table renumbered to the
 // slots), with no staging copies; otherwise the cached blocks are copied into the staging on the
 // GPU. The host copy stays the one that counts (every new row is written back), so a cached block
-// can be dropped at any time; a host-side write into a block (copy on write, the engine's host
-// tier) drops its cached copies.
+// can be dropped at any time; a host-side write into a block (the host tier's copies) drops its
+// cached copies.
 #pragma once
 #include <memory>
 #include <utility>
@@ -23,14 +27,14 @@
 
 namespace ember {
 
-class HostKVBackend final : public Backend {
+class KVInHostMemory final : public Backend {
 public:
     // gpu: the device the blocks run on; geometry: one KV layer (the staging gets its size);
     // n_layers: the layers whose KV this backend holds; gpu_cache_bytes: the block cache's device
     // memory, shrunk (with a warning) where the GPU has less. Throws OutOfMemory when the staging
     // does not fit.
-    HostKVBackend(Backend& gpu, const KVLayer& geometry, int32_t n_layers, size_t gpu_cache_bytes);
-    ~HostKVBackend() override;
+    KVInHostMemory(Backend& gpu, const KVLayer& geometry, int32_t n_layers, size_t gpu_cache_bytes);
+    ~KVInHostMemory() override;
 
     // Host memory for one layer's K and V (kv.k, kv.v; geometry as the constructor's): pinned where
     // the GPU can pin it (full-speed copies), else plain memory with one warning on stderr. Freed
@@ -38,16 +42,15 @@ public:
     void alloc_layer(KVLayer& kv);
     int32_t cache_blocks() const { return n_slots_; }   // blocks the GPU cache holds per layer
 
-    const char* name() const override { return "host-kv"; }
+    const char* name() const override { return "kv-in-host-memory"; }
     bool is_host() const override { return false; }
     void* alloc(size_t bytes) override { return gpu_.alloc(bytes); }
     void free(void* p) override { gpu_.free(p); }
-    // Copies whose "device" side is this backend's host KV (a block's copy on write, the engine's
-    // host tier) are host copies, made after the GPU's copies in flight.
+    // Copies whose "device" side is this backend's host memory (the host tier's swaps and
+    // evictions) are host copies, made after the GPU's copies in flight.
     void copy_from_host(void* dst, const void* src, size_t bytes) override;
     void copy_to_host(void* dst, const void* src, size_t bytes) override;
     void synchronize() override { gpu_.synchronize(); }
-    void copy(void* dst, const void* src, size_t bytes) override;
     void* alloc_host(size_t bytes) override { return gpu_.alloc_host(bytes); }
     void free_host(void* p) override { gpu_.free_host(p); }
     Weight prepare_weight(const GGUFTensor& t) override { return gpu_.prepare_weight(t); }
@@ -105,7 +108,7 @@ private:
         uint8_t* cache[2];           // K, V: n_slots_ blocks on the GPU
         std::vector<int32_t> holds;  // per slot: the block whose rows it holds, -1: none yet
     };
-    void* alloc_host_kv(size_t bytes);
+    void* alloc_host_memory(size_t bytes);
     Layer& layer_of(const KVLayer& kv);
     // Blocks `ids` of the layer into the staging: from the GPU cache where it holds them, else
     // from host memory (then into the cache too where the step gave them a slot).
@@ -117,7 +120,7 @@ private:
     void sync_slots(Layer& layer, const std::vector<int32_t>& ids, bool to_host);
     KVLayer staged(const KVLayer& host) const;
     KVLayer cached(const Layer& layer, const KVLayer& host) const;
-    bool in_host_kv(const void* p) const;
+    bool in_host_memory(const void* p) const;
     // A host-side write of [dst, dst + bytes): made after the GPU's copies in flight; the blocks
     // it touches lose their cached copies.
     void host_copy(void* dst, const void* src, size_t bytes);
@@ -134,7 +137,7 @@ private:
     std::vector<int32_t> block_in_slot_;       // per slot: the block assigned to it, -1: free
     bool on_cache_ = false;                    // the step runs on the cache (every block has a slot)
     std::vector<Layer> layers_;
-    std::vector<void*> pinned_, plain_;        // alloc_host_kv's allocations
+    std::vector<void*> pinned_, plain_;        // alloc_host_memory's allocations
 };
 
 }  // namespace ember

@@ -1,5 +1,5 @@
-// HostKVBackend: the GPU's ops around host-resident KV (host_kv.h).
-#include "model/host_kv.h"
+// KVInHostMemory: the GPU's ops around KV kept in host memory (-nkvo; kv_in_host_memory.h).
+#include "model/kv_in_host_memory.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -18,7 +18,7 @@ size_t layer_bytes(GGMLType type, const KVLayer& g) {
 
 }  // namespace
 
-HostKVBackend::HostKVBackend(Backend& gpu, const KVLayer& geometry, int32_t n_layers, size_t gpu_cache_bytes)
+KVInHostMemory::KVInHostMemory(Backend& gpu, const KVLayer& geometry, int32_t n_layers, size_t gpu_cache_bytes)
     : gpu_(gpu), geometry_(geometry) {
     const int64_t width = (int64_t)geometry.n_head_kv * geometry.head_dim;
     block_bytes_[0] = kv_block_bytes(geometry.k_type, geometry.block_size, width);
@@ -35,21 +35,21 @@ HostKVBackend::HostKVBackend(Backend& gpu, const KVLayer& geometry, int32_t n_la
         }
     }
     if (n_slots_ < want)
-        std::fprintf(stderr, "ember: warning: the GPU cache of the host KV holds %d of %d blocks (%zu of %zu MiB): "
+        std::fprintf(stderr, "ember: warning: the GPU cache of the KV in host memory (-nkvo) holds %d of %d blocks (%zu of %zu MiB): "
                      "the GPU has no room for more\n", n_slots_, want, (size_t)n_slots_ * slot_bytes >> 20,
                      (size_t)want * slot_bytes >> 20);
     slot_of_.assign(geometry.n_blocks, -1);
     block_in_slot_.assign(n_slots_, -1);
 }
 
-HostKVBackend::~HostKVBackend() {
+KVInHostMemory::~KVInHostMemory() {
     gpu_.free(staging_);
     gpu_.free(cache_);
     for (void* p : pinned_) gpu_.free_host(p);
     for (void* p : plain_) std::free(p);
 }
 
-void* HostKVBackend::alloc_host_kv(size_t bytes) {
+void* KVInHostMemory::alloc_host_memory(size_t bytes) {
     try {
         void* p = gpu_.alloc_host(bytes);
         pinned_.push_back(p);
@@ -57,21 +57,21 @@ void* HostKVBackend::alloc_host_kv(size_t bytes) {
     } catch (const OutOfMemory& e) {
         static bool warned = false;
         if (!warned) {
-            std::fprintf(stderr, "ember: warning: %s; the host KV uses pageable memory (slower copies)\n", e.what());
+            std::fprintf(stderr, "ember: warning: %s; the KV in host memory (-nkvo) uses pageable memory (slower copies)\n", e.what());
             warned = true;
         }
     }
     void* p = std::malloc(bytes);
-    if (!p) throw OutOfMemory(cat("host KV: could not allocate ", bytes >> 20, " MiB of host memory"));
+    if (!p) throw OutOfMemory(cat("KV in host memory (-nkvo): could not allocate ", bytes >> 20, " MiB of host memory"));
     plain_.push_back(p);
     return p;
 }
 
-void HostKVBackend::alloc_layer(KVLayer& kv) {
-    if (layers_.size() == layers_.capacity()) fail("host KV: more layers than the ", layers_.size(), " it was sized for");
+void KVInHostMemory::alloc_layer(KVLayer& kv) {
+    if (layers_.size() == layers_.capacity()) fail("KV in host memory (-nkvo): more layers than the ", layers_.size(), " it was sized for");
     Layer layer;
     for (int i = 0; i < 2; ++i) {
-        layer.host[i] = static_cast<uint8_t*>(alloc_host_kv((size_t)geometry_.n_blocks * block_bytes_[i]));
+        layer.host[i] = static_cast<uint8_t*>(alloc_host_memory((size_t)geometry_.n_blocks * block_bytes_[i]));
         layer.cache[i] = static_cast<uint8_t*>(cache_) +
                          (size_t)n_slots_ * (layers_.size() * (block_bytes_[0] + block_bytes_[1]) + i * block_bytes_[0]);
     }
@@ -81,13 +81,13 @@ void HostKVBackend::alloc_layer(KVLayer& kv) {
     layers_.push_back(std::move(layer));
 }
 
-HostKVBackend::Layer& HostKVBackend::layer_of(const KVLayer& kv) {
+KVInHostMemory::Layer& KVInHostMemory::layer_of(const KVLayer& kv) {
     for (Layer& l : layers_)
         if (l.host[0] == kv.k) return l;
-    fail("host KV: a KV layer this backend does not hold");
+    fail("KV in host memory (-nkvo): a KV layer this backend does not hold");
 }
 
-bool HostKVBackend::in_host_kv(const void* p) const {
+bool KVInHostMemory::in_host_memory(const void* p) const {
     const auto* c = static_cast<const uint8_t*>(p);
     for (const Layer& l : layers_)
         for (int i = 0; i < 2; ++i)
@@ -95,7 +95,7 @@ bool HostKVBackend::in_host_kv(const void* p) const {
     return false;
 }
 
-void HostKVBackend::host_copy(void* dst, const void* src, size_t bytes) {
+void KVInHostMemory::host_copy(void* dst, const void* src, size_t bytes) {
     gpu_.synchronize();
     std::memcpy(dst, src, bytes);
     const auto* c = static_cast<const uint8_t*>(dst);
@@ -109,13 +109,13 @@ void HostKVBackend::host_copy(void* dst, const void* src, size_t bytes) {
         }
 }
 
-void HostKVBackend::copy_from_host(void* dst, const void* src, size_t bytes) {
-    if (in_host_kv(dst)) host_copy(dst, src, bytes);
+void KVInHostMemory::copy_from_host(void* dst, const void* src, size_t bytes) {
+    if (in_host_memory(dst)) host_copy(dst, src, bytes);
     else gpu_.copy_from_host(dst, src, bytes);
 }
 
-void HostKVBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
-    if (in_host_kv(src)) {
+void KVInHostMemory::copy_to_host(void* dst, const void* src, size_t bytes) {
+    if (in_host_memory(src)) {
         gpu_.synchronize();
         std::memcpy(dst, src, bytes);
     } else {
@@ -123,19 +123,14 @@ void HostKVBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
     }
 }
 
-void HostKVBackend::copy(void* dst, const void* src, size_t bytes) {
-    if (in_host_kv(dst)) host_copy(dst, src, bytes);
-    else gpu_.copy(dst, src, bytes);
-}
-
-KVLayer HostKVBackend::staged(const KVLayer& host) const {
+KVLayer KVInHostMemory::staged(const KVLayer& host) const {
     KVLayer s = host;
     s.k = staging_;
     s.v = static_cast<uint8_t*>(staging_) + layer_bytes(host.k_type, host);
     return s;
 }
 
-void HostKVBackend::set_batch(const BatchInfo& batch) {
+void KVInHostMemory::set_batch(const BatchInfo& batch) {
     const int32_t bs = geometry_.block_size;
     written_.clear();
     read_.clear();
@@ -189,7 +184,7 @@ void HostKVBackend::set_batch(const BatchInfo& batch) {
     gpu_.set_batch(on_slots);
 }
 
-KVLayer HostKVBackend::cached(const Layer& layer, const KVLayer& host) const {
+KVLayer KVInHostMemory::cached(const Layer& layer, const KVLayer& host) const {
     KVLayer c = host;
     c.k = layer.cache[0];
     c.v = layer.cache[1];
@@ -197,7 +192,7 @@ KVLayer HostKVBackend::cached(const Layer& layer, const KVLayer& host) const {
     return c;
 }
 
-void HostKVBackend::sync_slots(Layer& layer, const std::vector<int32_t>& ids, bool to_host) {
+void KVInHostMemory::sync_slots(Layer& layer, const std::vector<int32_t>& ids, bool to_host) {
     auto up = [&](void* dst, const void* src, size_t n) { gpu_.copy_from_host(dst, src, n); };
     auto down = [&](void* dst, const void* src, size_t n) { gpu_.copy_to_host_async(dst, src, n); };
     for (int i = 0; i < 2; ++i) {
@@ -215,7 +210,7 @@ void HostKVBackend::sync_slots(Layer& layer, const std::vector<int32_t>& ids, bo
     for (int32_t id : ids) layer.holds[slot_of_[id]] = id;
 }
 
-void HostKVBackend::stage(Layer& layer, const KVLayer& s, const std::vector<int32_t>& ids) {
+void KVInHostMemory::stage(Layer& layer, const KVLayer& s, const std::vector<int32_t>& ids) {
     auto up = [&](void* dst, const void* src, size_t n) { gpu_.copy_from_host(dst, src, n); };
     auto on_gpu = [&](void* dst, const void* src, size_t n) { gpu_.copy(dst, src, n); };
     for (int i = 0; i < 2; ++i) {
@@ -242,7 +237,7 @@ void HostKVBackend::stage(Layer& layer, const KVLayer& s, const std::vector<int3
         if (slot_of_[id] >= 0) layer.holds[slot_of_[id]] = id;
 }
 
-void HostKVBackend::write_back(Layer& layer, const KVLayer& s, const std::vector<int32_t>& ids) {
+void KVInHostMemory::write_back(Layer& layer, const KVLayer& s, const std::vector<int32_t>& ids) {
     auto down = [&](void* dst, const void* src, size_t n) { gpu_.copy_to_host_async(dst, src, n); };
     auto on_gpu = [&](void* dst, const void* src, size_t n) { gpu_.copy(dst, src, n); };
     for (int i = 0; i < 2; ++i) {
@@ -263,7 +258,7 @@ void HostKVBackend::write_back(Layer& layer, const KVLayer& s, const std::vector
 
 // The blocks that take the new rows go up whole (their older rows with them), get the rows on
 // the GPU, and come back; attention reads them from the staging, where they still are.
-void HostKVBackend::kv_store(KVLayer& kv, const float* k, const float* v, int32_t n_tok) {
+void KVInHostMemory::kv_store(KVLayer& kv, const float* k, const float* v, int32_t n_tok) {
     Layer& layer = layer_of(kv);
     if (on_cache_) {
         KVLayer c = cached(layer, kv);
@@ -278,7 +273,7 @@ void HostKVBackend::kv_store(KVLayer& kv, const float* k, const float* v, int32_
     write_back(layer, s, written_);
 }
 
-void HostKVBackend::attn_in(const AttnInWeights& w, float* x, const float* residual, int32_t n_tok, KVLayer& kv,
+void KVInHostMemory::attn_in(const AttnInWeights& w, float* x, const float* residual, int32_t n_tok, KVLayer& kv,
                             const BlockBuffers& b) {
     Layer& layer = layer_of(kv);
     if (on_cache_) {
@@ -294,7 +289,7 @@ void HostKVBackend::attn_in(const AttnInWeights& w, float* x, const float* resid
     write_back(layer, s, written_);
 }
 
-void HostKVBackend::attention(const KVLayer& kv, const float* q, int32_t n_tok, const AttentionShape& shape,
+void KVInHostMemory::attention(const KVLayer& kv, const float* q, int32_t n_tok, const AttentionShape& shape,
                               float* out) {
     Layer& layer = layer_of(kv);
     if (on_cache_) {
@@ -307,7 +302,7 @@ void HostKVBackend::attention(const KVLayer& kv, const float* q, int32_t n_tok, 
     gpu_.attention(s, q, n_tok, shape, out);
 }
 
-void HostKVBackend::attn_out(const KVLayer& kv, const AttentionShape& shape, const Weight& wo, int32_t n_tok,
+void KVInHostMemory::attn_out(const KVLayer& kv, const AttentionShape& shape, const Weight& wo, int32_t n_tok,
                              const BlockBuffers& b, float* out) {
     Layer& layer = layer_of(kv);
     if (on_cache_) {
