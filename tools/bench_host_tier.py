@@ -1,4 +1,4 @@
-"""The engine's host KV tier at work: a workload whose KV is about 3x the pool, many requests
+"""The engine's host tier at work: a workload whose KV is about 3x the pool, many requests
 sharing a few long prefixes, run three ways with the same requests: an unconstrained pool, the
 small pool with recompute-only preemption, and the small pool with a host tier. Prints each
 run's wall time, generated tokens/s and the engine's counters. The engine runs in deterministic
