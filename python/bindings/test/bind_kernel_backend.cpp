@@ -1,14 +1,19 @@
-// Single backend ops on numpy arrays (_ember_test.Backend), so every kernel (CPU SIMD, CUDA) can be
-// tested against a reference on fresh random data. Backends come from the registry by name; each
-// call copies inputs in and results out.
+// Every op of the backend contract (src/backend/backend.h) on numpy arrays (_ember_test.Backend),
+// so each backend in the registry can be checked against a reference on fresh random data
+// (tests/test_backend_ops.py). Each call copies inputs in and results out; fused ops can also run
+// as the contract's default composition of the backend's own primitives (composed=True).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -89,51 +94,88 @@ Activation activation_arg(const std::string& name) {
     fail("act must be 'silu' or 'gelu_tanh', got '", name, "'");
 }
 
-// One sequence's KV layer of len positions, in blocks taken from a shuffled list with spares (so
-// block ids are not simply 0..n-1). Every byte starts as 0xff (f16 NaN): a kernel that lets a
-// row it was not given into its result shows as NaN.
+// A KV layer holding n_seq sequences of len positions, in blocks taken from a shuffled list with
+// spares (so block ids are not simply 0..n-1). Every byte starts as 0xff (NaN in each KV type): a
+// kernel that lets a row it was not given into its result shows as NaN.
 struct PagedKV {
     KVLayer kv;
-    std::vector<int32_t> table;
+    int32_t n_seq = 1, n_used = 0;
+    std::vector<int32_t> table;   // [n_seq][n_used] physical block ids
     std::unique_ptr<Buf> k, v;
     PagedKV(Backend& be, int32_t len, int32_t block_size, int32_t n_head_kv, int32_t head_dim, KVTypes types,
-            uint64_t seed) {
+            uint64_t seed, int32_t n_seqs = 1) {
         if (block_size <= 0) fail("block_size must be positive, got ", block_size);
+        if (n_seqs <= 0) fail("n_seq must be positive, got ", n_seqs);
+        if (len <= 0) fail("the KV layer needs at least one position, got ", len);
         check_kv_type(types.k, head_dim, "type_k");
         check_kv_type(types.v, head_dim, "type_v");
-        const int32_t n_used = (len + block_size - 1) / block_size;
-        kv.n_blocks = n_used * 2;
+        n_seq = n_seqs;
+        n_used = (len + block_size - 1) / block_size;
+        kv.n_blocks = n_used * n_seq * 2;
         std::vector<int32_t> ids(kv.n_blocks);
         std::iota(ids.begin(), ids.end(), 0);
         std::shuffle(ids.begin(), ids.end(), std::mt19937_64(seed));
-        table.assign(ids.begin(), ids.begin() + n_used);
+        table.assign(ids.begin(), ids.begin() + (size_t)n_used * n_seq);
         kv.block_size = block_size;
         kv.n_head_kv = n_head_kv;
         kv.head_dim = head_dim;
         kv.k_type = types.k;
         kv.v_type = types.v;
         const auto cache = [&](GGMLType t) {
-            const size_t bytes = (size_t)kv.n_blocks * kv_block_bytes(t, block_size, (int64_t)n_head_kv * head_dim);
-            const std::vector<uint8_t> nan_bytes(bytes, 0xff);
-            return std::make_unique<Buf>(be, nan_bytes.data(), bytes);
+            const std::vector<uint8_t> nan_bytes(bytes(t), 0xff);
+            return std::make_unique<Buf>(be, nan_bytes.data(), nan_bytes.size());
         };
         k = cache(types.k);
         v = cache(types.v);
         kv.k = k->p;
         kv.v = v->p;
     }
-    // The f16 rows of positions pos in cache c, as float [len(pos)][n_head_kv * head_dim].
-    std::vector<float> rows(Backend& be, const Buf& c, const std::vector<int32_t>& pos) const {
-        const size_t width = (size_t)kv.n_head_kv * kv.head_dim;
-        std::vector<uint16_t> all((size_t)kv.n_blocks * kv.block_size * width);
+    size_t width() const { return (size_t)kv.n_head_kv * kv.head_dim; }
+    size_t block_bytes(GGMLType t) const { return kv_block_bytes(t, kv.block_size, (int64_t)width()); }
+    size_t bytes(GGMLType t) const { return (size_t)kv.n_blocks * block_bytes(t); }
+    // The rows of positions pos of sequence seq in the K (v_cache false) or V cache, as float
+    // [len(pos)][width], decoded from the bytes by kv_layout.h's layout of the cache's type.
+    std::vector<float> rows(Backend& be, bool v_cache, int32_t seq, const std::vector<int32_t>& pos) const {
+        const GGMLType t = v_cache ? kv.v_type : kv.k_type;
+        std::vector<uint8_t> all(bytes(t));
         be.synchronize();
-        be.copy_to_host(all.data(), c.p, all.size() * 2);
+        be.copy_to_host(all.data(), (v_cache ? v : k)->p, all.size());
+        const size_t w = width(), bb = block_bytes(t);
+        const int32_t bs = kv.block_size, hd = kv.head_dim;
         std::vector<float> out;
         for (int32_t p : pos) {
-            const size_t row = (size_t)table[p / kv.block_size] * kv.block_size + p % kv.block_size;
-            for (size_t i = 0; i < width; ++i) out.push_back(fp16_to_fp32(all[row * width + i]));
+            const uint8_t* block = all.data() + (size_t)table[(size_t)seq * n_used + p / bs] * bb;
+            const int32_t slot = p % bs;
+            for (size_t i = 0; i < w; ++i) {
+                if (t == GGMLType::F32) {
+                    float f;
+                    std::memcpy(&f, block + ((size_t)slot * w + i) * 4, 4);
+                    out.push_back(f);
+                } else if (t == GGMLType::F16) {
+                    uint16_t h;
+                    std::memcpy(&h, block + ((size_t)slot * w + i) * 2, 2);
+                    out.push_back(fp16_to_fp32(h));
+                } else {
+                    const int32_t head = (int32_t)(i / hd), d = (int32_t)(i % hd);
+                    uint16_t scale;
+                    std::memcpy(&scale, block + (size_t)bs * w + (kv_q8_scale(bs, hd, head, slot) + d / 32) * 2, 2);
+                    const int8_t q = (int8_t)block[kv_q8_value(bs, hd, head, slot) + d];
+                    out.push_back(fp16_to_fp32(scale) * q);
+                }
+            }
         }
         return out;
+    }
+    // A batch of tokens at (seq[t], pos[t]) over this layer's block table.
+    BatchInfo batch(const std::vector<int32_t>& pos, const std::vector<int32_t>& seq) const {
+        BatchInfo b;
+        b.n_tok = (int32_t)pos.size();
+        b.pos = pos;
+        b.seq = seq.empty() ? std::vector<int32_t>(pos.size(), 0) : seq;
+        b.n_seq = n_seq;
+        b.max_blocks = n_used;
+        b.block_table = table;
+        return b;
     }
 };
 
@@ -152,10 +194,13 @@ RopeParams rope_params(int32_t head_dim, float base, bool neox, float freq_scale
 
 struct PyBackend {
     std::unique_ptr<Backend> be;
-    PyBackend(const std::string& kind, int n_threads, int device) {
+    // switches: EMBER_* name -> value for this backend only (over the environment), so a test
+    // can run an op under each kernel choice in one process.
+    PyBackend(const std::string& kind, int n_threads, int device, const std::map<std::string, std::string>& switches) {
         BackendOptions opts;
         opts.n_threads = n_threads;
         opts.device = device;
+        for (const auto& [name, value] : switches) opts.switches = opts.switches.with(name, value);
         be = make_backend(kind, opts);
     }
 
@@ -209,7 +254,7 @@ struct PyBackend {
 
     // Backend::matmul_many: weights i of type type_ids[i], all reading x; one output per weight.
     std::vector<F32Out> matmul_many(std::vector<uint32_t> type_ids, std::vector<U8In> ws, int64_t n_in, F32In x,
-                                    std::optional<int32_t> n_seq, bool batch_invariant) {
+                                    std::optional<int32_t> n_seq, bool batch_invariant, bool composed) {
         if (type_ids.size() != ws.size() || ws.empty()) fail("matmul_many: one type id per weight, at least one");
         if (x.ndim() != 2) fail("x must be [n_tok, ", n_in, "] float32");
         check_rows(x, x.shape(0), n_in, "x");
@@ -226,7 +271,10 @@ struct PyBackend {
         }
         Buf xb(*be, x.data(), x.size() * sizeof(float));
         multi_seq_batch(n_seq, batch_invariant, n_tok);
-        be->matmul_many(wp.data(), yp.data(), (int)wp.size(), xb.f(), n_tok);
+        if (composed)
+            be->Backend::matmul_many(wp.data(), yp.data(), (int)wp.size(), xb.f(), n_tok);
+        else
+            be->matmul_many(wp.data(), yp.data(), (int)wp.size(), xb.f(), n_tok);
         end_multi_seq_batch(n_seq, n_tok);
         std::vector<F32Out> out;
         for (size_t i = 0; i < wts.size(); ++i)
@@ -237,7 +285,7 @@ struct PyBackend {
     // The fused feed-forward op: x += residual; xn = rmsnorm(x) * norm; down(act(xn gate^T) * (xn up^T)).
     // gate and up [n_ff] rows of n_in, down [n_in] rows of n_ff. Returns (out, x after the residual add).
     std::vector<F32Out> ffn(uint32_t type_id, U8In gate, U8In up, U8In down, int64_t n_in, F32In x, F32In norm,
-                            float eps, std::optional<F32In> residual, const std::string& act) {
+                            float eps, std::optional<F32In> residual, const std::string& act, bool composed) {
         Weight wg = weight(type_id, gate, n_in, "gate"), wu = weight(type_id, up, n_in, "up");
         const int64_t n_ff = wg.n_out;
         Weight wd = weight(type_id, down, n_ff, "down");
@@ -252,20 +300,25 @@ struct PyBackend {
             yb(*be, x.size() * 4);
         std::unique_ptr<Buf> rb = residual ? std::make_unique<Buf>(*be, residual->data(), residual->size() * 4) : nullptr;
         const BlockBuffers b{xn.f(), nullptr, nullptr, nullptr, nullptr, gb.f(), ub.f()};
-        be->ffn(fw, xb.f(), ptr(rb), (int32_t)n_tok, b, yb.f());
+        if (composed)
+            be->Backend::ffn(fw, xb.f(), ptr(rb), (int32_t)n_tok, b, yb.f());
+        else
+            be->ffn(fw, xb.f(), ptr(rb), (int32_t)n_tok, b, yb.f());
         return {make_out(download(*be, yb, x.size()), {n_tok, (size_t)n_in}),
                 make_out(download(*be, xb, x.size()), {n_tok, (size_t)n_in})};
     }
 
     // The fused attention input op: x += residual; xn = rmsnorm(x) * norm; q, k, v = projections
-    // (+ biases, + per-head norms); rope of q and k at pos; k and v stored in an f16 cache
-    // (block_size, shuffled blocks). Returns the rotated q, the cached rows of k and v at pos as
-    // float, and x after the residual add.
+    // (+ biases, + per-head norms); rope of q and k at pos; k and v stored in a cache of type_k /
+    // type_v (block_size, shuffled blocks). Returns the rotated q, the cached rows of k and v at
+    // pos as float, and x after the residual add.
     std::vector<F32Out> attn_in(uint32_t type_id, U8In wq, U8In wk, U8In wv, int64_t n_in, F32In x,
                                 std::vector<int32_t> pos, int32_t head_dim, float base, bool neox, int32_t block_size,
                                 F32In norm, float eps, std::optional<F32In> residual, std::optional<F32In> bq,
                                 std::optional<F32In> bk, std::optional<F32In> bv, std::optional<F32In> q_norm,
-                                std::optional<F32In> k_norm) {
+                                std::optional<F32In> k_norm, const std::optional<std::string>& kv_type,
+                                const std::optional<std::string>& type_k, const std::optional<std::string>& type_v,
+                                bool composed) {
         check_positions(pos, "attn_in");
         Weight q = weight(type_id, wq, n_in, "wq"), k = weight(type_id, wk, n_in, "wk"), v = weight(type_id, wv, n_in, "wv");
         if (head_dim <= 0 || k.n_out != v.n_out || q.n_out % head_dim || k.n_out % head_dim)
@@ -284,16 +337,19 @@ struct PyBackend {
         const AttnInWeights w{nbuf->f(), eps, &q, &k, &v, ptr(bqb), ptr(bkb), ptr(bvb), ptr(qn), ptr(kn),
                               (int32_t)(q.n_out / head_dim), (int32_t)(k.n_out / head_dim), head_dim, &rope};
         const int32_t len = *std::max_element(pos.begin(), pos.end()) + 1;
-        PagedKV paged(*be, len, block_size, w.n_head_kv, head_dim, {GGMLType::F16, GGMLType::F16}, 7);
-        be->set_batch(one_sequence_batch(pos, paged.table));
+        PagedKV paged(*be, len, block_size, w.n_head_kv, head_dim, kv_types_arg(kv_type, type_k, type_v), 7);
+        be->set_batch(paged.batch(pos, {}));
         Buf xb(*be, x.data(), x.size() * 4), xn(*be, x.size() * 4), qb(*be, nt * q.n_out * 4), kb(*be, nt * k.n_out * 4),
             vb(*be, nt * v.n_out * 4);
         std::unique_ptr<Buf> rb = residual ? std::make_unique<Buf>(*be, residual->data(), residual->size() * 4) : nullptr;
         const BlockBuffers b{xn.f(), qb.f(), kb.f(), vb.f(), nullptr, nullptr, nullptr};
-        be->attn_in(w, xb.f(), ptr(rb), n_tok, paged.kv, b);
+        if (composed)
+            be->Backend::attn_in(w, xb.f(), ptr(rb), n_tok, paged.kv, b);
+        else
+            be->attn_in(w, xb.f(), ptr(rb), n_tok, paged.kv, b);
         const size_t kw = (size_t)k.n_out;
         return {make_out(download(*be, qb, nt * q.n_out), {nt, (size_t)q.n_out}),
-                make_out(paged.rows(*be, *paged.k, pos), {nt, kw}), make_out(paged.rows(*be, *paged.v, pos), {nt, kw}),
+                make_out(paged.rows(*be, false, 0, pos), {nt, kw}), make_out(paged.rows(*be, true, 0, pos), {nt, kw}),
                 make_out(download(*be, xb, x.size()), {nt, (size_t)n_in})};
     }
 
@@ -304,6 +360,42 @@ struct PyBackend {
         Buf xb(*be, x.data(), x.size() * 4), gb(*be, gamma.data(), gamma.size() * 4), yb(*be, x.size() * 4);
         be->rmsnorm(xb.f(), gb.f(), n_tok, dim, eps, yb.f());
         return make_out(download(*be, yb, x.size()), {(size_t)n_tok, (size_t)dim});
+    }
+
+    // The fused residual add and norm: x += residual (when given), y = rmsnorm(x) * gamma.
+    // Returns (y, x after the add).
+    std::vector<F32Out> add_rmsnorm(F32In x, std::optional<F32In> residual, F32In gamma, float eps, bool composed) {
+        if (x.ndim() != 2 || gamma.ndim() != 1 || gamma.size() != x.shape(1))
+            fail("add_rmsnorm: x must be [n_tok, dim] and gamma [dim] float32");
+        const size_t n_tok = x.shape(0), dim = x.shape(1);
+        if (residual) check_rows(*residual, n_tok, (int64_t)dim, "add_rmsnorm: residual");
+        Buf xb(*be, x.data(), x.size() * 4), gb(*be, gamma.data(), gamma.size() * 4), yb(*be, x.size() * 4);
+        std::unique_ptr<Buf> rb = residual ? std::make_unique<Buf>(*be, residual->data(), residual->size() * 4) : nullptr;
+        if (composed)
+            be->Backend::add_rmsnorm(xb.f(), ptr(rb), gb.f(), (int32_t)n_tok, (int32_t)dim, eps, yb.f());
+        else
+            be->add_rmsnorm(xb.f(), ptr(rb), gb.f(), (int32_t)n_tok, (int32_t)dim, eps, yb.f());
+        return {make_out(download(*be, yb, x.size()), {n_tok, dim}), make_out(download(*be, xb, x.size()), {n_tok, dim})};
+    }
+
+    // The fused output head: x += residual; xn = rmsnorm(x) * gamma; y = xn W^T. Returns (y, xn, x).
+    std::vector<F32Out> norm_matmul(uint32_t type_id, U8In w, F32In x, std::optional<F32In> residual, F32In gamma,
+                                    float eps, bool composed) {
+        if (x.ndim() != 2 || gamma.ndim() != 1 || gamma.size() != x.shape(1))
+            fail("norm_matmul: x must be [n_tok, n_in] and gamma [n_in] float32");
+        const size_t n_tok = x.shape(0), n_in = x.shape(1);
+        Weight wt = weight(type_id, w, (int64_t)n_in, "weight");
+        if (residual) check_rows(*residual, n_tok, (int64_t)n_in, "norm_matmul: residual");
+        const size_t n_out = (size_t)wt.n_out;
+        Buf xb(*be, x.data(), x.size() * 4), gb(*be, gamma.data(), gamma.size() * 4), xn(*be, x.size() * 4),
+            yb(*be, n_tok * n_out * 4);
+        std::unique_ptr<Buf> rb = residual ? std::make_unique<Buf>(*be, residual->data(), residual->size() * 4) : nullptr;
+        if (composed)
+            be->Backend::norm_matmul(xb.f(), ptr(rb), gb.f(), eps, wt, (int32_t)n_tok, xn.f(), yb.f());
+        else
+            be->norm_matmul(xb.f(), ptr(rb), gb.f(), eps, wt, (int32_t)n_tok, xn.f(), yb.f());
+        return {make_out(download(*be, yb, n_tok * n_out), {n_tok, n_out}),
+                make_out(download(*be, xn, x.size()), {n_tok, n_in}), make_out(download(*be, xb, x.size()), {n_tok, n_in})};
     }
 
     F32Out head_rmsnorm(F32In x, F32In gamma, int32_t n_heads, int32_t head_dim, float eps) {
@@ -337,6 +429,23 @@ struct PyBackend {
         return make_out(download(*be, ob, g.size()), {g.size()});
     }
 
+    // x, y [n] -> x + y (Backend::add, in place on the backend's copy of x).
+    F32Out add(F32In x, F32In y) {
+        if (x.ndim() != 1 || y.ndim() != 1 || x.size() != y.size()) fail("add: x and y must be [n] float32 of one n");
+        Buf xb(*be, x.data(), x.size() * 4), yb(*be, y.data(), y.size() * 4);
+        be->add(xb.f(), yb.f(), (int64_t)x.size());
+        return make_out(download(*be, xb, x.size()), {x.size()});
+    }
+
+    // x [n_tok, dim] + bias [dim] on every row.
+    F32Out add_bias(F32In x, F32In bias) {
+        if (x.ndim() != 2 || bias.ndim() != 1 || bias.size() != x.shape(1))
+            fail("add_bias: x must be [n_tok, dim] and bias [dim] float32");
+        Buf xb(*be, x.data(), x.size() * 4), bb(*be, bias.data(), bias.size() * 4);
+        be->add_bias(xb.f(), bb.f(), (int32_t)x.shape(0), (int32_t)x.shape(1));
+        return make_out(download(*be, xb, x.size()), {x.shape(0), x.shape(1)});
+    }
+
     // x [n_rows, width] -> each row's greedy id (-1 where nothing beats -inf).
     std::vector<int32_t> argmax_rows(F32In x) {
         if (x.ndim() != 2 || x.shape(0) == 0 || x.shape(1) == 0) fail("argmax_rows: x must be [n_rows, width] float32");
@@ -349,16 +458,86 @@ struct PyBackend {
         return ids;
     }
 
+    // A small vector of n elements of type type_id (F32, F16, BF16: norm weights, biases) made
+    // usable by Backend::prepare_vector, read back as float32.
+    F32Out prepare_vector(uint32_t type_id, U8In data, int64_t n) {
+        const TypeTraits* tr = find_type_traits(type_id);
+        if (!tr) fail("prepare_vector: unknown type id ", type_id);
+        if (n <= 0 || data.ndim() != 1 || data.size() != row_bytes(tr->type, n))
+            fail("prepare_vector: ", n, " ", tr->name, " elements need ", row_bytes(tr->type, n), " bytes, got ",
+                 data.size());
+        GGUFTensor t{"vector", tr->type, {n}, 0, data.size(), data.data()};
+        const float* v = be->prepare_vector(t);
+        std::vector<float> out((size_t)n);
+        be->synchronize();
+        be->copy_to_host(out.data(), v, out.size() * 4);
+        return make_out(std::move(out), {(size_t)n});
+    }
+
+    // The memory ops a KV block's copy on write and an overlapped output copy use: data goes into
+    // one buffer, count bytes from src_offset are copied (Backend::copy) to dst_offset of a second
+    // buffer that starts as fill, and the second buffer comes back through copy_to_host_async into
+    // alloc_host memory.
+    nb::ndarray<nb::numpy, uint8_t> copy(U8In data, size_t src_offset, size_t dst_offset, size_t count, uint8_t fill) {
+        const size_t n = data.size();
+        if (data.ndim() != 1 || src_offset + count > n || dst_offset + count > n)
+            fail("copy: ", count, " bytes from ", src_offset, " to ", dst_offset, " do not fit in ", n, " bytes");
+        const std::vector<uint8_t> filled(n, fill);
+        Buf src(*be, data.data(), n), dst(*be, filled.data(), n);
+        be->copy(static_cast<uint8_t*>(dst.p) + dst_offset, static_cast<const uint8_t*>(src.p) + src_offset, count);
+        auto* host = static_cast<uint8_t*>(be->alloc_host(std::max<size_t>(n, 1)));
+        be->copy_to_host_async(host, dst.p, n);
+        be->synchronize();
+        auto* out = new std::vector<uint8_t>(host, host + n);
+        be->free_host(host);
+        nb::capsule owner(out, [](void* p) noexcept { delete static_cast<std::vector<uint8_t>*>(p); });
+        return nb::ndarray<nb::numpy, uint8_t>(out->data(), {n}, owner);
+    }
+
+    // Backend::kv_store of k, v [n_tok, n_head_kv * head_dim] at (seq[t], pos[t]) into a KV layer
+    // of n_seq sequences of len positions, types as attention's. Returns the K and V caches as
+    // they hold every position, [n_seq, len, n_head_kv * head_dim] (NaN where nothing was stored).
+    std::vector<F32Out> kv_store(F32In k, F32In v, std::vector<int32_t> pos, std::vector<int32_t> seq, int32_t n_seq,
+                                 int32_t len, int32_t n_head_kv, int32_t head_dim, int32_t block_size, uint64_t seed,
+                                 const std::optional<std::string>& kv_type, const std::optional<std::string>& type_k,
+                                 const std::optional<std::string>& type_v) {
+        check_positions(pos, "kv_store");
+        if (n_head_kv <= 0 || head_dim <= 0) fail("kv_store: n_head_kv and head_dim must be positive");
+        if (seq.size() != pos.size()) fail("kv_store: one sequence index per position, got ", seq.size(), " for ", pos.size());
+        for (size_t t = 0; t < pos.size(); ++t) {
+            if (pos[t] >= len) fail("kv_store: position ", pos[t], " outside [0, ", len, ")");
+            if (seq[t] < 0 || seq[t] >= n_seq) fail("kv_store: sequence ", seq[t], " outside [0, ", n_seq, ")");
+        }
+        const size_t width = (size_t)n_head_kv * head_dim;
+        check_rows(k, pos.size(), (int64_t)width, "kv_store: k");
+        check_rows(v, pos.size(), (int64_t)width, "kv_store: v");
+        PagedKV paged(*be, len, block_size, n_head_kv, head_dim, kv_types_arg(kv_type, type_k, type_v), seed, n_seq);
+        be->set_batch(paged.batch(pos, seq));
+        Buf kb(*be, k.data(), k.size() * 4), vb(*be, v.data(), v.size() * 4);
+        be->kv_store(paged.kv, kb.f(), vb.f(), (int32_t)pos.size());
+        std::vector<int32_t> all(len);
+        std::iota(all.begin(), all.end(), 0);
+        std::vector<float> ks, vs;
+        for (int32_t s = 0; s < n_seq; ++s) {
+            const std::vector<float> kr = paged.rows(*be, false, s, all), vr = paged.rows(*be, true, s, all);
+            ks.insert(ks.end(), kr.begin(), kr.end());
+            vs.insert(vs.end(), vr.begin(), vr.end());
+        }
+        return {make_out(std::move(ks), {(size_t)n_seq, (size_t)len, width}),
+                make_out(std::move(vs), {(size_t)n_seq, (size_t)len, width})};
+    }
+
     // q [n_q, n_head*hd] at positions pos (each < len); k_all/v_all [len, n_head_kv*hd] are the
     // sequence's keys/values, scattered into blocks through a shuffled block table, stored as
-    // type_k / type_v ("f16", "f32", "q8_0"; kv_type: both; default f16); window > 0: a query at p sees p - window < j <= p only. With
-    // o_weight (rows of n_head * hd in type o_type), the output projected through it by the fused
-    // attn_out op. fast: the queries run as a decode step of the engine's default mode, each its own
-    // sequence over the same blocks (BatchInfo::fast_attention).
+    // type_k / type_v ("f16", "f32", "q8_0"; kv_type: both; default f16); window > 0: a query at p
+    // sees p - window < j <= p only. With o_weight (rows of n_head * hd in type o_type), the output
+    // projected through it by the fused attn_out op (composed: its default composition). fast: the
+    // queries run as a decode step of the engine's default mode, each its own sequence over the
+    // same blocks (BatchInfo::fast_attention).
     F32Out attention(F32In q, F32In k_all, F32In v_all, std::vector<int32_t> pos, int32_t n_head, int32_t n_head_kv,
                      int32_t head_dim, int32_t block_size, uint64_t seed, const std::optional<std::string>& kv_type,
                      const std::optional<std::string>& type_k, const std::optional<std::string>& type_v,
-                     int32_t window, uint32_t o_type, std::optional<U8In> o_weight, bool fast) {
+                     int32_t window, uint32_t o_type, std::optional<U8In> o_weight, bool fast, bool composed) {
         check_positions(pos, "attention");
         if (n_head <= 0 || n_head_kv <= 0 || head_dim <= 0 || n_head % n_head_kv)
             fail("attention: n_head must be a positive multiple of n_head_kv, head_dim positive");
@@ -374,10 +553,10 @@ struct PyBackend {
         PagedKV paged(*be, len, block_size, n_head_kv, head_dim, kv_types_arg(kv_type, type_k, type_v), seed);
         std::vector<int32_t> all_pos(len);
         std::iota(all_pos.begin(), all_pos.end(), 0);
-        be->set_batch(one_sequence_batch(all_pos, paged.table));
+        be->set_batch(paged.batch(all_pos, {}));
         Buf ks(*be, k_all.data(), k_all.size() * 4), vs(*be, v_all.data(), v_all.size() * 4);
         be->kv_store(paged.kv, ks.f(), vs.f(), len);
-        BatchInfo qbatch = one_sequence_batch(pos, paged.table);
+        BatchInfo qbatch = paged.batch(pos, {});
         if (fast) {
             qbatch.n_seq = (int32_t)pos.size();
             qbatch.block_table.clear();
@@ -401,29 +580,64 @@ struct PyBackend {
         BlockBuffers b{};
         b.q = qb.f();
         b.att = ob.f();
-        be->attn_out(paged.kv, shape, wo, n_tok, b, yb.f());
+        if (composed)
+            be->Backend::attn_out(paged.kv, shape, wo, n_tok, b, yb.f());
+        else
+            be->attn_out(paged.kv, shape, wo, n_tok, b, yb.f());
         return make_out(download(*be, yb, pos.size() * wo.n_out), {pos.size(), (size_t)wo.n_out});
     }
 };
+
+// The contract's ops (backend.h's Backend members that compute or move data for a forward pass),
+// each with the method of Backend below that runs it. tests/test_backend_ops.py compares this
+// with backend.h and with the ops it checks, so an op cannot join the contract unchecked.
+std::vector<std::pair<std::string, std::string>> contract_ops() {
+    return {{"matmul", "matmul"},           {"matmul_many", "matmul_many"}, {"rmsnorm", "rmsnorm"},
+            {"head_rmsnorm", "head_rmsnorm"}, {"rope", "rope"},             {"kv_store", "kv_store"},
+            {"attention", "attention"},     {"gated_act", "gated_act"},     {"add", "add"},
+            {"add_bias", "add_bias"},       {"argmax_rows", "argmax_rows"}, {"add_rmsnorm", "add_rmsnorm"},
+            {"norm_matmul", "norm_matmul"}, {"attn_in", "attn_in"},         {"attn_out", "attention"},
+            {"ffn", "ffn"},                 {"prepare_weight", "matmul"},   {"prepare_vector", "prepare_vector"},
+            {"copy", "copy"},               {"copy_to_host_async", "copy"}, {"alloc_host", "copy"},
+            {"free_host", "copy"}};
+}
+
+// Every type the quant tables know, name -> ggml type id.
+std::vector<std::pair<std::string, uint32_t>> known_types() {
+    std::vector<std::pair<std::string, uint32_t>> out;
+    for (uint32_t id = 0; id < 256; ++id)
+        if (const TypeTraits* t = find_type_traits(id)) out.emplace_back(t->name, id);
+    return out;
+}
 
 }  // namespace
 
 void bind_kernel_backend(nb::module_& m) {
     m.def("backend_names", &backend_names, "The backends built into this ember, by registry name.");
+    m.def("contract_ops", &contract_ops, "(contract op, Backend method that runs it) for every op of backend.h.");
+    m.def("known_types", &known_types, "(name, ggml type id) of every type the quant tables know.");
     nb::class_<PyBackend>(m, "Backend")
-        .def(nb::init<const std::string&, int, int>(), nb::arg("kind") = "cpu", nb::arg("n_threads") = 2,
-             nb::arg("device") = 0)
+        .def(nb::init<const std::string&, int, int, const std::map<std::string, std::string>&>(),
+             nb::arg("kind") = "cpu", nb::arg("n_threads") = 2, nb::arg("device") = 0,
+             nb::arg("switches") = std::map<std::string, std::string>{})
         .def_prop_ro("name", [](const PyBackend& b) { return std::string(b.be->name()); })
+        .def_prop_ro("is_host", [](const PyBackend& b) { return b.be->is_host(); })
         .def("matmul", &PyBackend::matmul, nb::arg("type_id"), nb::arg("weight"), nb::arg("n_in"), nb::arg("x"),
              nb::arg("n_seq") = nb::none(), nb::arg("batch_invariant") = false)
         .def("matmul_many", &PyBackend::matmul_many, nb::arg("type_ids"), nb::arg("weights"), nb::arg("n_in"),
-             nb::arg("x"), nb::arg("n_seq") = nb::none(), nb::arg("batch_invariant") = false)
+             nb::arg("x"), nb::arg("n_seq") = nb::none(), nb::arg("batch_invariant") = false,
+             nb::arg("composed") = false)
         .def("attn_in", &PyBackend::attn_in, nb::arg("type_id"), nb::arg("wq"), nb::arg("wk"), nb::arg("wv"),
              nb::arg("n_in"), nb::arg("x"), nb::arg("pos"), nb::arg("head_dim"), nb::arg("base"), nb::arg("neox"),
              nb::arg("block_size"), nb::arg("norm"), nb::arg("eps") = 1e-5f, nb::arg("residual") = nb::none(),
              nb::arg("bq") = nb::none(), nb::arg("bk") = nb::none(), nb::arg("bv") = nb::none(),
-             nb::arg("q_norm") = nb::none(), nb::arg("k_norm") = nb::none())
+             nb::arg("q_norm") = nb::none(), nb::arg("k_norm") = nb::none(), nb::arg("kv_type") = nb::none(),
+             nb::arg("type_k") = nb::none(), nb::arg("type_v") = nb::none(), nb::arg("composed") = false)
         .def("rmsnorm", &PyBackend::rmsnorm, nb::arg("x"), nb::arg("gamma"), nb::arg("eps"))
+        .def("add_rmsnorm", &PyBackend::add_rmsnorm, nb::arg("x"), nb::arg("residual"), nb::arg("gamma"),
+             nb::arg("eps"), nb::arg("composed") = false)
+        .def("norm_matmul", &PyBackend::norm_matmul, nb::arg("type_id"), nb::arg("weight"), nb::arg("x"),
+             nb::arg("residual"), nb::arg("gamma"), nb::arg("eps"), nb::arg("composed") = false)
         .def("head_rmsnorm", &PyBackend::head_rmsnorm, nb::arg("x"), nb::arg("gamma"), nb::arg("n_heads"),
              nb::arg("head_dim"), nb::arg("eps"))
         .def("rope", &PyBackend::rope, nb::arg("x"), nb::arg("pos"), nb::arg("n_heads"), nb::arg("head_dim"),
@@ -431,13 +645,22 @@ void bind_kernel_backend(nb::module_& m) {
              nb::arg("attn_factor") = 1.0f, nb::arg("corr_lo") = 0.0f, nb::arg("corr_hi") = 0.0f,
              nb::arg("freq_factors") = nb::none())
         .def("gated_act", &PyBackend::gated_act, nb::arg("gate"), nb::arg("up"), nb::arg("act") = "silu")
+        .def("add", &PyBackend::add, nb::arg("x"), nb::arg("y"))
+        .def("add_bias", &PyBackend::add_bias, nb::arg("x"), nb::arg("bias"))
         .def("argmax_rows", &PyBackend::argmax_rows, nb::arg("x"))
+        .def("prepare_vector", &PyBackend::prepare_vector, nb::arg("type_id"), nb::arg("data"), nb::arg("n"))
+        .def("copy", &PyBackend::copy, nb::arg("data"), nb::arg("src_offset"), nb::arg("dst_offset"),
+             nb::arg("count"), nb::arg("fill") = 0xff)
+        .def("kv_store", &PyBackend::kv_store, nb::arg("k"), nb::arg("v"), nb::arg("pos"), nb::arg("seq"),
+             nb::arg("n_seq"), nb::arg("len"), nb::arg("n_head_kv"), nb::arg("head_dim"), nb::arg("block_size"),
+             nb::arg("seed") = 0, nb::arg("kv_type") = nb::none(), nb::arg("type_k") = nb::none(),
+             nb::arg("type_v") = nb::none())
         .def("attention", &PyBackend::attention, nb::arg("q"), nb::arg("k_all"), nb::arg("v_all"), nb::arg("pos"),
              nb::arg("n_head"), nb::arg("n_head_kv"), nb::arg("head_dim"), nb::arg("block_size"),
              nb::arg("seed") = 0, nb::arg("kv_type") = nb::none(), nb::arg("type_k") = nb::none(),
              nb::arg("type_v") = nb::none(), nb::arg("window") = 0, nb::arg("o_type") = 0,
-             nb::arg("o_weight") = nb::none(), nb::arg("fast") = false)
+             nb::arg("o_weight") = nb::none(), nb::arg("fast") = false, nb::arg("composed") = false)
         .def("ffn", &PyBackend::ffn, nb::arg("type_id"), nb::arg("gate"), nb::arg("up"), nb::arg("down"),
              nb::arg("n_in"), nb::arg("x"), nb::arg("norm"), nb::arg("eps") = 1e-5f, nb::arg("residual") = nb::none(),
-             nb::arg("act") = "silu");
+             nb::arg("act") = "silu", nb::arg("composed") = false);
 }

@@ -1,0 +1,773 @@
+"""The backend conformance suite: every op and tensor type of the backend contract
+(src/backend/backend.h) on every backend in the registry, and under each kernel choice its switches
+make, against float64 numpy references on fresh random data. New types and ops land here:
+test_every_contract_op_is_covered and test_every_type_is_covered fail until they do."""
+import functools
+import re
+
+import gguf.quants
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+
+import backend_reference as ref
+from conftest import ROOT, kernel_module
+
+K = kernel_module()
+
+WEIGHT_TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K,
+                T.Q6_K]
+# Block formats the kernels quantize activations to; never the type of a weight in a model.
+ACTIVATION_TYPES = {"Q8_1", "Q8_K"}
+KV_TYPES = ["f16", "q8_0", "f32"]
+FLOAT_TYPES = (T.F32, T.F16, T.BF16)
+
+# What each backend in the registry takes. Every other combination must fail with the error
+# matched here (the suite checks it instead of skipping the combination).
+SUPPORT = {
+    "cpu": {"weights": WEIGHT_TYPES, "kv": KV_TYPES},
+    "cuda": {"weights": [t for t in WEIGHT_TYPES if t not in (T.Q2_K, T.Q3_K)], "kv": ["f16", "q8_0"]},
+}
+UNSUPPORTED = {
+    "cuda": {"weights": r"weight type .* not supported by the CUDA backend", "kv": r"keeps KV in f16 or q8_0"},
+}
+
+# Bounds on the relative L2 error ||got - want|| / ||want|| against the float64 reference (weights
+# as gguf dequantizes them, K and V as their cache type rounds them). "*": any backend, the loosest
+# rounding the contract allows there; a backend's own entry is tighter where it rounds less.
+# add, add_bias, argmax_rows, copy, prepare_vector, kv_store of given rows and the fused ops'
+# residual sums are exact: the suite compares their bits.
+TOLERANCE = {
+    # f32 products summed in f32; GPU batches past the GEMV sum in other tile orders.
+    ("matmul", "F32"): {"*": 1e-4, "cpu": 1e-5},
+    # GPU tensor-core paths round activations to f16 (2^-11 relative each); the CPU keeps them f32.
+    ("matmul", "F16"): {"*": 2e-3, "cpu": 1e-5},
+    ("matmul", "BF16"): {"*": 2e-3, "cpu": 1e-5},
+    # Activations rounded to 8-bit blocks (q8_0, q8_1, q8_K: up to half a step of amax / 127 per
+    # value, about 0.5% of the norm), or to f16 on the GPU's dequantizing GEMM.
+    ("matmul", "quant"): {"*": 1.5e-2},
+    # Two matmuls in a row, the second on the gated activation's output.
+    ("ffn", "F32"): {"*": 2e-4, "cpu": 2e-5},
+    ("ffn", "F16"): {"*": 4e-3, "cpu": 2e-5},
+    ("ffn", "BF16"): {"*": 4e-3, "cpu": 2e-5},
+    ("ffn", "quant"): {"*": 5e-2},
+    # Sums of squares in f32 or wider over rows of up to a few thousand.
+    ("rmsnorm", None): {"*": 1e-5},
+    # Angles of positions up to 8000 in f32 (a few ulps of the angle), cos and sin tables.
+    ("rope", None): {"*": 1e-4},
+    # expf and tanhf to an ulp or two.
+    ("gated_act", None): {"*": 1e-6},
+    # q rounded to f16 for an f16 K and the probabilities for an f16 V (as llama.cpp).
+    ("attention", "f16"): {"*": 3e-3},
+    # GPU decode over a q8_0 cache rounds q to int8 per 32 dims (about 0.5%), prompts an f16 copy;
+    # the CPU keeps q and the probabilities in f32.
+    ("attention", "q8_0"): {"*": 1e-2, "cpu": 1e-5},
+    ("attention", "f32"): {"*": 1e-5},
+    # A computed k or v a last bit off its reference may round to the neighbouring value of the
+    # cache type: 2^-11 relative for f16, one step of 1/127 of its 32-group's amax for q8_0.
+    ("kv", "f16"): {"*": 1e-3},
+    ("kv", "q8_0"): {"*": 1e-2},
+    ("kv", "f32"): {"*": 0.0},
+}
+
+# Kernel choices a backend makes through its switches (src/backend/switches.cpp): each op a switch
+# reroutes runs again under that value. name: (switch overrides, ops it reroutes)
+MATMUL_OPS = {"matmul", "matmul_many", "norm_matmul", "ffn", "attn_in", "attn_out"}
+FUSED_OPS = {"matmul_many", "add_rmsnorm", "norm_matmul", "attn_in", "attn_out", "ffn"}
+SIMD_OPS = {"matmul", "matmul_many", "attention", "gated_act", "kv_store"}
+VARIANTS = {
+    "cpu": {   # the SIMD levels below the CPU's best (EMBER_SIMD only lowers it)
+        "avx2": ({"EMBER_SIMD": "avx2"}, SIMD_OPS),
+        "scalar": ({"EMBER_SIMD": "scalar"}, SIMD_OPS),
+    },
+    "cuda": {
+        "gemm_dq_off": ({"EMBER_CUDA_GEMM_DQ": "0"}, MATMUL_OPS),
+        "gemm_q8_off": ({"EMBER_CUDA_GEMM_Q8": "0"}, MATMUL_OPS),
+        "gemm_dq_mma_sync": ({"EMBER_CUDA_GEMM_DQ_WGMMA": "0"}, {"matmul", "matmul_many"}),
+        "gemm_dq_rows_192": ({"EMBER_CUDA_GEMM_DQ_ROWS": "192"}, {"matmul", "matmul_many"}),
+        "gemm_dq_rows_256": ({"EMBER_CUDA_GEMM_DQ_ROWS": "256"}, {"matmul", "matmul_many"}),
+        "unfused": ({"EMBER_CUDA_FUSE": "0"}, FUSED_OPS),
+        "flash_attention": ({"EMBER_CUDA_EXACT_ATTN": "0"}, {"attention", "attn_out"}),
+        "exact_one_cta": ({"EMBER_CUDA_EXACT_CLUSTER": "0"}, {"attention"}),
+        "short_attention": ({"EMBER_CUDA_SHORT_ATTN": "1"}, {"attention", "attn_out"}),
+        "no_pdl": ({"EMBER_CUDA_PDL": "0"}, {"matmul", "attention"}),
+    },
+}
+
+# The Backend members that are not ops of a forward pass, and where they are exercised.
+NOT_OPS = {
+    "name": "test_backends_come_from_the_registry",
+    "is_host": "test_backends_come_from_the_registry",
+    "alloc": "every op test: inputs and outputs live in the backend's memory",
+    "free": "every op test",
+    "copy_from_host": "every op test",
+    "copy_to_host": "every op test",
+    "synchronize": "every op test",
+    "set_batch": "every op test sets the batch it runs under",
+    "step_begin": "step graphs (whole forward steps): tests/test_cuda.py and the model tests",
+    "step_end": "step graphs (whole forward steps): tests/test_cuda.py and the model tests",
+    "host_parallel_for": "the CPU backend's pool, under every CPU op; streamed offload: tests/test_cuda.py",
+    "open_stream": "streamed partial offload: tests/test_cuda.py::test_streamed_partial_offload",
+}
+# Each op of the contract and the test that checks it on every backend.
+COVERAGE = {
+    "matmul": "test_matmul", "matmul_many": "test_matmul_many", "rmsnorm": "test_rmsnorm",
+    "head_rmsnorm": "test_head_rmsnorm", "rope": "test_rope", "kv_store": "test_kv_store",
+    "attention": "test_attention", "gated_act": "test_gated_act", "add": "test_add", "add_bias": "test_add_bias",
+    "argmax_rows": "test_argmax_rows", "add_rmsnorm": "test_add_rmsnorm", "norm_matmul": "test_norm_matmul",
+    "attn_in": "test_attn_in", "attn_out": "test_attn_out", "ffn": "test_ffn", "prepare_weight": "test_matmul",
+    "prepare_vector": "test_prepare_vector", "copy": "test_copy", "copy_to_host_async": "test_copy",
+    "alloc_host": "test_copy", "free_host": "test_copy",
+}
+
+BACKENDS = list(dict.fromkeys(["cpu", "cuda"] + list(K.backend_names())))
+
+
+@functools.lru_cache(maxsize=None)
+def make_backend(name, variant):
+    """The backend (under the variant's switches), or the reason there is none on this machine."""
+    if name not in K.backend_names():
+        return f"this ember was built without the {name} backend (built in: {', '.join(K.backend_names())})"
+    switches = VARIANTS[name][variant][0] if variant else {}
+    level = switches.get("EMBER_SIMD")
+    if level and level not in simd_levels_below(K.simd_level()):
+        return f"this CPU's kernels run at {K.simd_level()}: EMBER_SIMD={level} is no lower level"
+    try:
+        return K.Backend(name, 2, switches=switches)
+    except ValueError as e:
+        return f"the {name} backend cannot start here: {e}"
+
+
+def simd_levels_below(top):
+    x86 = ["scalar", "avx2", "avx512"]
+    return ["scalar"] if top not in x86 else x86[:x86.index(top)]
+
+
+def backends(op):
+    """Parameters of every backend, and of each kernel variant that reroutes op."""
+    out = []
+    for name in BACKENDS:
+        out.append(pytest.param((name, None), id=name))
+        out += [pytest.param((name, v), id=f"{name}-{v}") for v, (_, ops) in VARIANTS.get(name, {}).items() if op in ops]
+    return out
+
+
+@pytest.fixture
+def be(request):
+    name, variant = request.param
+    backend = make_backend(name, variant)
+    if isinstance(backend, str):
+        pytest.skip(backend)
+    return backend
+
+
+def on(op):
+    return pytest.mark.parametrize("be", backends(op), indirect=True)
+
+
+def tolerance(op, kind, backend):
+    bounds = TOLERANCE[(op, kind)]
+    return bounds.get(backend.name, bounds["*"])
+
+
+def kind_of(t):
+    return t.name if t in FLOAT_TYPES else "quant"
+
+
+def rel_err(got, want):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert np.all(np.isfinite(got)), "non-finite output"
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+def check(got, want, bound, what):
+    err = rel_err(got, want)
+    assert err <= bound, f"{what}: relative error {err:.3g} over the bound {bound:g}"
+
+
+def same_bits(got, want, what):
+    got, want = np.ascontiguousarray(got, np.float32), np.ascontiguousarray(want, np.float32)
+    diff = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
+    assert diff.size == 0, (f"{what}: {diff.size} of {got.size} values differ, first at {diff[0]}: "
+                            f"{got.flat[diff[0]]!r} vs {want.flat[diff[0]]!r}")
+
+
+def supports(backend, what, item):
+    """Whether the backend takes item (a weight type or KV type name); its support row must exist."""
+    assert backend.name in SUPPORT, f"backend '{backend.name}' has no row in SUPPORT: add the types it takes"
+    return item in SUPPORT[backend.name][what]
+
+
+def expect_unsupported(backend, what, run):
+    """An unsupported combination fails with the backend's error naming what it lacks."""
+    with pytest.raises(ValueError, match=UNSUPPORTED[backend.name][what]):
+        run()
+
+
+# ---- inputs ----
+
+# Byte offsets of the fp16 scale (and min) fields of one block: random bytes there could be inf or NaN.
+F16_FIELDS = {T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: [0], T.Q2_K: [80, 82],
+              T.Q3_K: [108], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208]}
+
+
+def random_weight(t, n_out, n_in, rng, rms=None):
+    """[n_out, row bytes] uint8. Float types: normal values. Block types: random quants (every bit
+    pattern) with finite random scales. rms: the weights scaled to that root mean square (a
+    product of several matrices needs realistic magnitudes; block types scale their fp16 fields,
+    on which every value depends linearly)."""
+    scale = 1.0 if rms is None else rms
+    if t == T.F32:
+        return (rng.standard_normal((n_out, n_in)) * scale).astype(np.float32).view(np.uint8)
+    if t == T.F16:
+        return (rng.standard_normal((n_out, n_in)) * scale).astype(np.float16).view(np.uint8)
+    if t == T.BF16:
+        f = (rng.standard_normal((n_out, n_in)) * scale).astype(np.float32)
+        return (f.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    per_block, block_bytes = GGML_QUANT_SIZES[t]
+    n_blocks = n_out * (n_in // per_block)
+    blocks = rng.integers(0, 256, size=(n_blocks, block_bytes), dtype=np.uint8)
+
+    def set_fields(factor):
+        for i, off in enumerate(F16_FIELDS[t]):
+            d = fields[i] * factor
+            blocks[:, off:off + 2] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
+
+    fields = [rng.uniform(0.002, 0.05, n_blocks) * rng.choice([-1, 1], n_blocks) for _ in F16_FIELDS[t]]
+    set_fields(1.0)
+    if rms is not None:
+        now = np.sqrt(np.mean(dequant(t, blocks.reshape(n_out, -1), n_in) ** 2))
+        set_fields(rms / now)
+    return blocks.reshape(n_out, -1)
+
+
+def dequant(t, w, n_in):
+    """float64 [n_out, n_in] of a weight as gguf's dequantizers read it."""
+    if t == T.F32:
+        return w.view(np.float32).reshape(w.shape[0], n_in).astype(np.float64)
+    return gguf.quants.dequantize(w, t).reshape(w.shape[0], n_in).astype(np.float64)
+
+
+def row_width(t, n_in_32, n_in_256):
+    return n_in_256 if GGML_QUANT_SIZES[t][0] == 256 else n_in_32
+
+
+def normal(rng, *shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+# ---- the contract ----
+
+def contract_members():
+    """The virtual members of class Backend in backend.h."""
+    text = (ROOT / "src" / "backend" / "backend.h").read_text()
+    body = text[text.index("class Backend {"):]
+    body = body[:body.index("\n};")]
+    return set(re.findall(r"virtual\s+[^;{(]*?\b(\w+)\s*\(", body)) - {"Backend"}
+
+
+def test_every_contract_op_is_covered():
+    """A member joining the Backend contract fails here until the binding runs it (contract_ops)
+    and a test of this suite checks it on every backend (COVERAGE), or NOT_OPS says why it is no op."""
+    members, bound = contract_members(), dict(K.contract_ops())
+    assert "matmul" in members and "ffn" in members, "backend.h's Backend members were not found"
+    assert not set(COVERAGE) & set(NOT_OPS)
+    assert members == set(COVERAGE) | set(NOT_OPS), (
+        f"not in the suite: {sorted(members - set(COVERAGE) - set(NOT_OPS))}; "
+        f"no longer in the contract: {sorted((set(COVERAGE) | set(NOT_OPS)) - members)}")
+    assert set(bound) == set(COVERAGE), f"binding vs suite: {sorted(set(bound) ^ set(COVERAGE))}"
+    for op, method in bound.items():
+        assert hasattr(K.Backend, method), f"{op}: _ember_test.Backend has no {method}"
+    for op, test in COVERAGE.items():
+        assert callable(globals().get(test)), f"{op}: no {test} in this suite"
+
+
+def test_every_type_is_covered():
+    """A type joining the quant tables fails here until the suite runs it on every backend and each
+    backend's SUPPORT row says whether it takes it."""
+    known = {name for name, _ in K.known_types()}
+    assert known == {t.name for t in WEIGHT_TYPES} | ACTIVATION_TYPES, sorted(known ^ ({t.name for t in WEIGHT_TYPES} | ACTIVATION_TYPES))
+    for name in K.backend_names():
+        assert name in SUPPORT, f"backend '{name}' has no row in SUPPORT"
+        assert set(SUPPORT[name]["weights"]) <= set(WEIGHT_TYPES) and set(SUPPORT[name]["kv"]) <= set(KV_TYPES)
+        if set(SUPPORT[name]["weights"]) != set(WEIGHT_TYPES) or set(SUPPORT[name]["kv"]) != set(KV_TYPES):
+            assert name in UNSUPPORTED, f"backend '{name}' lacks types but UNSUPPORTED has no error for them"
+
+
+@pytest.mark.parametrize("t", WEIGHT_TYPES, ids=lambda t: t.name)
+def test_reference_dequantizers_agree(t, rng):
+    """The references agree: ember's scalar dequantizer gives gguf's values bit for bit."""
+    n_in = GGML_QUANT_SIZES[t][0] * 8 if t not in FLOAT_TYPES else 256
+    w = random_weight(t, 3, n_in, rng)
+    ours = np.stack([K.dequantize(int(t), row, n_in) for row in w])
+    same_bits(ours, dequant(t, w, n_in).astype(np.float32), t.name)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_backends_come_from_the_registry(name):
+    backend = make_backend(name, None)
+    if isinstance(backend, str):
+        pytest.skip(backend)
+    assert backend.name == name
+    assert backend.is_host == (name == "cpu")
+    assert name in SUPPORT, f"backend '{name}' has no row in SUPPORT"
+
+
+# ---- matmul ----
+
+# name: (n_tok, sequences (None: one), n_out, n_in for 32-element blocks and float types, n_in for
+# 256-element super-blocks)
+MATMUL_SHAPES = {
+    "one": (1, None, 256, 512, 512),         # a decode step
+    "few": (3, None, 256, 512, 512),
+    "eight": (8, None, 256, 512, 512),       # the GPU's GEMV takes up to 8
+    "steps": (8, 8, 256, 512, 512),          # an engine step: 8 sequences, a token each
+    "prompt": (80, None, 256, 512, 512),
+    "ragged": (37, None, 203, 544, 768),     # 17 blocks / 3 super-blocks, 203 rows: no tile divides them
+    "wide_decode": (2, None, 64, 4096, 4096),   # several units a GPU lane
+    "wide": (40, None, 300, 4096, 4096),     # rows the GPU's GEMM kernels take
+    "long_rows": (2, None, 64, 11008, 11264),   # a ragged last stride of the GEMV
+}
+
+
+@on("matmul")
+@pytest.mark.parametrize("shape", list(MATMUL_SHAPES))
+@pytest.mark.parametrize("t", WEIGHT_TYPES, ids=lambda t: t.name)
+def test_matmul(be, t, shape, rng):
+    n_tok, n_seq, n_out, n_in_32, n_in_256 = MATMUL_SHAPES[shape]
+    n_in = row_width(t, n_in_32, n_in_256)
+    w = random_weight(t, n_out, n_in, rng)
+    x = normal(rng, n_tok, n_in)
+    if not supports(be, "weights", t):
+        return expect_unsupported(be, "weights", lambda: be.matmul(int(t), w, n_in, x))
+    y = be.matmul(int(t), w, n_in, x, n_seq=n_seq)
+    assert y.shape == (n_tok, n_out)
+    check(y, x.astype(np.float64) @ dequant(t, w, n_in).T, tolerance("matmul", kind_of(t), be), f"{t.name} {shape}")
+
+
+@on("matmul")
+@pytest.mark.parametrize("t", [T.F16, T.Q4_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_matmul_batch_invariant(be, t, rng):
+    """Under BatchInfo::batch_invariant a token's row has the same bits in a batch of 200, of 16
+    and of 1, whatever kernels the sizes would otherwise take."""
+    n_out, n_in = 96, 4096
+    w, x = random_weight(t, n_out, n_in, rng), normal(rng, 200, n_in)
+    y200 = be.matmul(int(t), w, n_in, x, n_seq=200, batch_invariant=True)
+    same_bits(y200[:16], be.matmul(int(t), w, n_in, x[:16], n_seq=16, batch_invariant=True), "16 of 200")
+    same_bits(y200[:1], be.matmul(int(t), w, n_in, x[:1], n_seq=1, batch_invariant=True), "1 of 200")
+
+
+@on("matmul_many")
+@pytest.mark.parametrize("composed", [False, True], ids=["fused", "composed"])
+@pytest.mark.parametrize("shape", ["one", "steps", "prompt", "wide"])
+def test_matmul_many(be, shape, composed, rng):
+    """Weights of several types reading one input (Q, K, V; gate, up), each output its own product."""
+    n_tok, n_seq, _, _, n_in = MATMUL_SHAPES[shape]
+    types = [t for t in (T.Q4_0, T.Q4_0, T.Q8_0, T.F16, T.Q4_K, T.Q6_K, T.Q5_1) if supports(be, "weights", t)]
+    ws = [random_weight(t, int(n), n_in, rng) for t, n in zip(types, rng.integers(40, 300, len(types)))]
+    x = normal(rng, n_tok, n_in)
+    ys = be.matmul_many([int(t) for t in types], ws, n_in, x, n_seq=n_seq, composed=composed)
+    for t, w, y in zip(types, ws, ys):
+        check(y, x.astype(np.float64) @ dequant(t, w, n_in).T, tolerance("matmul", kind_of(t), be), t.name)
+
+
+@on("norm_matmul")
+@pytest.mark.parametrize("composed", [False, True], ids=["fused", "composed"])
+@pytest.mark.parametrize("n_tok", [1, 5])
+@pytest.mark.parametrize("t", WEIGHT_TYPES, ids=lambda t: t.name)
+def test_norm_matmul(be, t, n_tok, composed, rng):
+    """The output head: x += residual, the normed rows, their product with W."""
+    n_in, n_out = 512, 203
+    w = random_weight(t, n_out, n_in, rng)
+    x, res = normal(rng, n_tok, n_in), (normal(rng, n_tok, n_in) if n_tok > 1 else None)
+    gamma = rng.uniform(0.5, 1.5, n_in).astype(np.float32)
+    run = lambda: be.norm_matmul(int(t), w, x, res, gamma, 1e-5, composed=composed)
+    if not supports(be, "weights", t):
+        return expect_unsupported(be, "weights", run)
+    y, xn, x_sum = run()
+    want_x = x if res is None else x + res
+    same_bits(x_sum, want_x, "x after the residual add")
+    want_xn = ref.rmsnorm(want_x, gamma, 1e-5)
+    check(xn, want_xn, tolerance("rmsnorm", None, be), "normed rows")
+    check(y, want_xn @ dequant(t, w, n_in).T, tolerance("matmul", kind_of(t), be) + 1e-5, "product")
+
+
+# ---- norms, rope, elementwise ----
+
+NORM_SHAPES = {"one": (1, 576), "few": (5, 4096), "prompt": (70, 2048), "ragged": (37, 1001)}
+
+
+@on("rmsnorm")
+@pytest.mark.parametrize("shape", list(NORM_SHAPES))
+def test_rmsnorm(be, shape, rng):
+    n_tok, dim = NORM_SHAPES[shape]
+    x = normal(rng, n_tok, dim) * rng.uniform(0.1, 5, (n_tok, 1)).astype(np.float32)
+    g = normal(rng, dim)
+    check(be.rmsnorm(x, g, 1e-5), ref.rmsnorm(x, g, 1e-5), tolerance("rmsnorm", None, be), shape)
+
+
+@on("add_rmsnorm")
+@pytest.mark.parametrize("composed", [False, True], ids=["fused", "composed"])
+@pytest.mark.parametrize("residual", [False, True], ids=["no_residual", "residual"])
+@pytest.mark.parametrize("shape", list(NORM_SHAPES))
+def test_add_rmsnorm(be, shape, residual, composed, rng):
+    n_tok, dim = NORM_SHAPES[shape]
+    x, g = normal(rng, n_tok, dim, scale=3), normal(rng, dim)
+    res = normal(rng, n_tok, dim) if residual else None
+    y, x_sum = be.add_rmsnorm(x, res, g, 1e-6, composed=composed)
+    want_x = x + res if residual else x
+    same_bits(x_sum, want_x, "x after the residual add")
+    check(y, ref.rmsnorm(want_x, g, 1e-6), tolerance("rmsnorm", None, be), shape)
+
+
+@on("head_rmsnorm")
+@pytest.mark.parametrize("n_tok,n_heads,head_dim", [(1, 8, 128), (5, 6, 64), (37, 3, 80), (70, 2, 256)])
+def test_head_rmsnorm(be, n_tok, n_heads, head_dim, rng):
+    x = normal(rng, n_tok, n_heads * head_dim) * rng.uniform(0.1, 5, (n_tok, n_heads * head_dim)).astype(np.float32)
+    g = normal(rng, head_dim)
+    got = be.head_rmsnorm(x, g, n_heads, head_dim, 1e-6)
+    check(got, ref.head_rmsnorm(x, g, n_heads, head_dim, 1e-6), tolerance("rmsnorm", None, be), "head_rmsnorm")
+
+
+# name: (n_tok, n_heads, head_dim)
+ROPE_SHAPES = {"one": (1, 4, 64), "few": (7, 6, 128), "prompt": (64, 2, 64), "ragged": (37, 3, 80)}
+
+
+@on("rope")
+@pytest.mark.parametrize("scaling", ["none", "freq_factors", "linear", "yarn"])
+@pytest.mark.parametrize("neox", [False, True], ids=["normal", "neox"])
+@pytest.mark.parametrize("shape", list(ROPE_SHAPES))
+def test_rope(be, shape, neox, scaling, rng):
+    n_tok, n_heads, hd = ROPE_SHAPES[shape]
+    pos = [int(p) for p in rng.integers(0, 8000, n_tok)]
+    x = normal(rng, n_tok, n_heads * hd)
+    params = {} if scaling == "none" else ref.rope_scalings(hd, rng)[scaling]
+    base = float(rng.choice([10000.0, 500000.0]))
+    got = be.rope(x, pos, n_heads, hd, base, neox, **params)
+    check(got, ref.rope(x, pos, n_heads, hd, base, neox, **params), tolerance("rope", None, be), f"{shape} {scaling}")
+
+
+@on("gated_act")
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("n", [1, 10007, 40000])
+def test_gated_act(be, act, n, rng):
+    """Normal values, and (n 40000) the range where exp overflows and underflows."""
+    g = normal(rng, n, scale=4) if n != 40000 else rng.uniform(-120, 120, n).astype(np.float32)
+    u = normal(rng, n)
+    check(be.gated_act(g, u, act), ref.gated_act(g, u, act), tolerance("gated_act", None, be), act)
+
+
+@on("add")
+@pytest.mark.parametrize("n", [1, 1000, 100003])
+def test_add(be, n, rng):
+    x, y = normal(rng, n, scale=3), normal(rng, n)
+    same_bits(be.add(x, y), x + y, "add")
+
+
+@on("add_bias")
+@pytest.mark.parametrize("n_tok,dim", [(1, 64), (5, 1001), (70, 2048)])
+def test_add_bias(be, n_tok, dim, rng):
+    x, bias = normal(rng, n_tok, dim), normal(rng, dim)
+    same_bits(be.add_bias(x, bias), x + bias, "add_bias")
+
+
+@on("argmax_rows")
+@pytest.mark.parametrize("width", [16, 257, 1000, 1001, 32000, 49152, 151936])   # 1001: the GPU's scalar loads
+def test_argmax_rows(be, width, rng):
+    x = ref.argmax_cases(rng, width)
+    assert be.argmax_rows(x) == ref.greedy_ids(x)
+
+
+@on("prepare_vector")
+@pytest.mark.parametrize("t", FLOAT_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n", [1, 576, 4099])
+def test_prepare_vector(be, t, n, rng):
+    """Norm weights and biases of a float type come back as exactly their f32 values."""
+    w = random_weight(t, 1, n, rng).ravel()
+    same_bits(be.prepare_vector(int(t), w, n), dequant(t, w.reshape(1, -1), n).ravel(), t.name)
+
+
+@on("copy")
+@pytest.mark.parametrize("n", [1, 4096, 1 << 20])
+def test_copy(be, n, rng):
+    """Backend::copy of a byte range to another offset (a KV block's copy on write), read back
+    through copy_to_host_async into alloc_host memory: those bytes moved, none other touched."""
+    data = rng.integers(0, 256, n, dtype=np.uint8)
+    src, dst = int(rng.integers(0, n)), int(rng.integers(0, n))
+    count = int(rng.integers(0, n - max(src, dst) + 1))
+    fill = int(rng.integers(0, 256))
+    got = be.copy(data, src, dst, count, fill)
+    want = np.full(n, fill, np.uint8)
+    want[dst:dst + count] = data[src:src + count]
+    assert np.array_equal(got, want)
+
+
+# ---- KV cache and attention ----
+
+def kv_rounded(x, kv_type):
+    """Rows as a cache of kv_type holds them: f16 to nearest even, q8_0 through ember's scalar
+    quantizer (ggml's quantize_row_q8_0)."""
+    if kv_type != "q8_0":
+        return ref.kv_round(x, kv_type)
+    q8 = int(T.Q8_0)
+    return np.stack([K.dequantize(q8, K.quantize(q8, np.ascontiguousarray(r)), r.size) for r in x])
+
+
+def assert_kv_rows(got, want, kv_type, what):
+    """f32 and f16 rows exact; q8_0 rows exact but for a value at a rounding tie the GPU's x / d
+    and the CPU's x * (1 / d) may send to the neighbouring step."""
+    if kv_type != "q8_0":
+        return same_bits(got, want, what)
+    step = np.repeat(np.abs(want).reshape(-1, 32).max(axis=1) / 127, 32).reshape(want.shape)
+    off = np.abs(got - want)
+    assert np.all(off <= step * 1.001 + 1e-30), f"{what}: a value off by more than one q8_0 step"
+    assert np.count_nonzero(off) <= max(1, want.size // 1000), f"{what}: {np.count_nonzero(off)} values off"
+
+
+# name: (sequences, positions each, tokens stored, n_head_kv, head_dim, block_size)
+KV_STORE_SHAPES = {
+    "one": (1, 40, 1, 2, 64, 16),
+    "steps": (4, 50, 4, 2, 128, 16),      # an engine step: several sequences
+    "prompt": (1, 100, 70, 4, 64, 16),
+    "ragged": (3, 45, 20, 3, 96, 5),      # blocks of 5 positions, heads of three 32-groups
+}
+
+
+@on("kv_store")
+@pytest.mark.parametrize("type_v", KV_TYPES)
+@pytest.mark.parametrize("type_k", KV_TYPES)
+@pytest.mark.parametrize("shape", list(KV_STORE_SHAPES))
+def test_kv_store(be, shape, type_k, type_v, rng):
+    """Each token's k and v land at its (sequence, position) of a shuffled block table, rounded as
+    the cache type holds them; every other position keeps its NaN bytes."""
+    n_seq, length, n_tok, n_kv, hd, bs = KV_STORE_SHAPES[shape]
+    slots = rng.choice(n_seq * length, n_tok, replace=False)
+    seq, pos = [int(s) for s in slots // length], [int(p) for p in slots % length]
+    k, v = normal(rng, n_tok, n_kv * hd, scale=2), normal(rng, n_tok, n_kv * hd)
+    run = lambda: be.kv_store(k, v, pos, seq, n_seq, length, n_kv, hd, bs, seed=int(rng.integers(1 << 30)),
+                              type_k=type_k, type_v=type_v)
+    if not (supports(be, "kv", type_k) and supports(be, "kv", type_v)):
+        return expect_unsupported(be, "kv", run)
+    k_cache, v_cache = run()
+    for name, cache, rows, kv_type in (("K", k_cache, k, type_k), ("V", v_cache, v, type_v)):
+        stored = np.zeros((n_seq, length), bool)
+        stored[seq, pos] = True
+        assert np.all(np.isnan(cache[~stored])), f"{name}: a position no token was stored at changed"
+        assert_kv_rows(cache[seq, pos], kv_rounded(rows, kv_type), kv_type, f"{name} ({kv_type})")
+
+
+# name: (n_head, n_head_kv, head_dim, kv length, query positions, block_size, window, each query
+# its own sequence over the same blocks: an engine decode step in its default mode)
+ATTENTION_SHAPES = {
+    "first_token": (8, 8, 128, 1, [0], 16, 0, False),
+    "decode": (8, 8, 128, 77, [76], 16, 0, False),
+    "decode_gqa_9_3": (9, 3, 64, 200, [199], 16, 0, False),
+    "decode_batch": (4, 2, 128, 64, [10, 63, 40], 16, 0, False),
+    "steps": (4, 2, 128, 300, [10, 299, 63, 128], 16, 0, True),
+    "prompt": (4, 4, 128, 100, list(range(100)), 16, 0, False),
+    "prompt_gqa": (9, 3, 64, 70, list(range(20, 70)), 32, 0, False),
+    "block_5": (6, 2, 64, 75, [0, 1, 17, 40, 74], 5, 0, False),       # blocks not a power of two
+    "block_8": (8, 4, 128, 200, [199, 7, 8], 8, 0, False),
+    "block_12": (4, 2, 64, 100, [99, 50], 12, 0, False),
+    "window_decode": (8, 2, 64, 96, [90], 16, 27, False),
+    "window_prompt": (8, 2, 64, 96, [0, 5, 31, 32, 60, 95], 16, 40, False),
+    "window_steps": (8, 2, 64, 300, [299, 100, 20], 16, 40, True),
+    "head_dim_32": (4, 4, 32, 33, [3, 32], 8, 0, False),
+    "head_dim_80": (4, 2, 80, 90, [89, 3], 16, 0, False),            # no whole 32-groups: no q8_0
+    "head_dim_96": (4, 2, 96, 90, [89, 3], 16, 0, False),
+    "head_dim_256": (2, 1, 256, 130, [129, 64], 16, 0, False),
+    "head_dim_256_prompt": (2, 1, 256, 40, list(range(40)), 16, 0, False),
+    "long_decode": (8, 2, 128, 1100, [1099], 16, 0, False),            # GPU: split over the keys
+    "long_prompt": (8, 2, 128, 1100, list(range(1000, 1100)), 16, 0, False),
+    "prompt_long_gqa": (8, 2, 128, 700, list(range(300, 700)), 16, 0, False),
+    "long_split": (8, 8, 128, 3000, [2999], 16, 0, False),
+    "long_split_gqa": (32, 8, 128, 2500, [1000, 2499], 64, 0, False),
+    "long_split_gqa_9_3": (9, 3, 64, 1200, [1199, 800], 16, 0, False),
+    "long_gqa_17": (34, 2, 64, 900, [899], 16, 0, False),              # 17 q heads a kv head
+    "long_split_hd256": (4, 2, 256, 1500, [1499], 16, 0, False),
+    "long_split_block_8": (8, 4, 128, 1500, [1499, 700], 8, 0, False),
+}
+# K and V types: the same type for every shape, each mix on a few.
+KV_PAIRS = [(t, t) for t in KV_TYPES]
+MIXED_KV_PAIRS = [(k, v) for k in KV_TYPES for v in KV_TYPES if k != v]
+MIXED_KV_SHAPES = ["decode_gqa_9_3", "steps", "prompt_gqa", "window_prompt", "long_decode", "long_prompt"]
+
+
+def attention_bound(backend, type_k, type_v):
+    return max(tolerance("attention", t, backend) for t in (type_k, type_v))
+
+
+@on("attention")
+@pytest.mark.parametrize("shape,type_k,type_v", [(s, k, v) for s in ATTENTION_SHAPES for k, v in KV_PAIRS]
+                         + [(s, k, v) for s in MIXED_KV_SHAPES for k, v in MIXED_KV_PAIRS])
+def test_attention(be, shape, type_k, type_v, rng):
+    """Causal attention over a paged cache (shuffled blocks, GQA, windows): the float64 softmax over
+    K and V as their caches hold them."""
+    n_head, n_kv, hd, length, pos, bs, window, steps = ATTENTION_SHAPES[shape]
+    q, k, v = normal(rng, len(pos), n_head * hd), normal(rng, length, n_kv * hd), normal(rng, length, n_kv * hd)
+    run = lambda: be.attention(q, k, v, pos, n_head, n_kv, hd, bs, seed=int(rng.integers(1 << 30)), type_k=type_k,
+                               type_v=type_v, window=window, fast=steps)
+    if hd % 32 and "q8_0" in (type_k, type_v):
+        with pytest.raises(ValueError, match="Q8_0 KV cache needs head_dim to be a multiple of 32"):
+            run()
+        return
+    if not (supports(be, "kv", type_k) and supports(be, "kv", type_v)):
+        return expect_unsupported(be, "kv", run)
+    want = ref.attention(q, ref.kv_round(k, type_k), ref.kv_round(v, type_v), pos, n_head, n_kv, hd, window)
+    got = run()
+    check(got, want, attention_bound(be, type_k, type_v), f"{shape} K {type_k} V {type_v}")
+    if type_k != type_v:   # each cache's type takes effect: neither single-type cache gives this
+        for same in (type_k, type_v):
+            alone = be.attention(q, k, v, pos, n_head, n_kv, hd, bs, seed=1, kv_type=same, window=window, fast=steps)
+            assert not np.array_equal(got, alone), f"K {type_k} V {type_v} gives the {same} cache's result"
+
+
+@on("attn_out")
+@pytest.mark.parametrize("composed", [False, True], ids=["fused", "composed"])
+@pytest.mark.parametrize("shape", ["decode", "steps", "prompt"])   # widths of whole super-blocks
+@pytest.mark.parametrize("t", WEIGHT_TYPES, ids=lambda t: t.name)
+def test_attn_out(be, t, shape, composed, rng):
+    """Attention over an f16 cache, then the O projection of its output."""
+    n_head, n_kv, hd, length, pos, bs, window, steps = ATTENTION_SHAPES[shape]
+    width = n_head * hd
+    q, k, v = normal(rng, len(pos), width), normal(rng, length, n_kv * hd), normal(rng, length, n_kv * hd)
+    wo = random_weight(t, 96, width, rng)
+    run = lambda: be.attention(q, k, v, pos, n_head, n_kv, hd, bs, seed=int(rng.integers(1 << 30)), window=window,
+                               o_type=int(t), o_weight=wo, fast=steps, composed=composed)
+    if not supports(be, "weights", t):
+        return expect_unsupported(be, "weights", run)
+    att = ref.attention(q, ref.kv_round(k, "f16"), ref.kv_round(v, "f16"), pos, n_head, n_kv, hd, window)
+    bound = tolerance("attention", "f16", be) + tolerance("matmul", kind_of(t), be)
+    check(run(), att @ dequant(t, wo, width).T, bound, f"{t.name} {shape}")
+
+
+# name: (tokens, rope style, biases and per-head q/k norms (Qwen), residual)
+ATTN_IN_SHAPES = {"decode": (1, False, False, False), "prompt": (5, True, True, True)}
+
+
+@on("attn_in")
+@pytest.mark.parametrize("composed", [False, True], ids=["fused", "composed"])
+@pytest.mark.parametrize("kv_type", KV_TYPES)
+@pytest.mark.parametrize("shape", list(ATTN_IN_SHAPES))
+@pytest.mark.parametrize("t", WEIGHT_TYPES, ids=lambda t: t.name)
+def test_attn_in(be, t, shape, kv_type, composed, rng):
+    """A block's attention input: the residual add, the norm, Q, K, V (+ biases, + q/k norms), rope
+    of q and k, and k, v stored in the cache at each token's position."""
+    n_tok, neox, qwen, residual = ATTN_IN_SHAPES[shape]
+    n_in, n_head, n_kv, hd = 512, 4, 2, 64
+    wq, wk, wv = (random_weight(t, n * hd, n_in, rng, rms=1 / np.sqrt(n_in)) for n in (n_head, n_kv, n_kv))
+    bq, bk, bv = ((normal(rng, n * hd) if qwen else None) for n in (n_head, n_kv, n_kv))
+    q_norm, k_norm = (rng.uniform(0.5, 1.5, hd).astype(np.float32) if qwen else None for _ in range(2))
+    norm = rng.uniform(0.5, 1.5, n_in).astype(np.float32)
+    pos = sorted(int(p) for p in rng.choice(300, n_tok, replace=False))
+    x, res = normal(rng, n_tok, n_in), (normal(rng, n_tok, n_in) if residual else None)
+    run = lambda: be.attn_in(int(t), wq, wk, wv, n_in, x, pos, hd, 10000.0, neox, 16, norm, 1e-6, res, bq, bk, bv,
+                             q_norm, k_norm, kv_type=kv_type, composed=composed)
+    if not supports(be, "weights", t):
+        return expect_unsupported(be, "weights", run)
+    if not supports(be, "kv", kv_type):
+        return expect_unsupported(be, "kv", run)
+    q, k_cache, v_cache, x_sum = run()
+    want_x = x if res is None else x + res
+    same_bits(x_sum, want_x, "x after the residual add")
+    xn = ref.rmsnorm(want_x, norm, 1e-6)
+
+    def projected(w, b, n, head_norm, rotate):
+        y = xn @ dequant(t, w, n_in).T + (0 if b is None else b)
+        y = y if head_norm is None else ref.head_rmsnorm(y, head_norm, n, hd, 1e-6)
+        return ref.rope(y, pos, n, hd, 10000.0, neox) if rotate else y
+
+    bound = tolerance("matmul", kind_of(t), be) + tolerance("rope", None, be)
+    check(q, projected(wq, bq, n_head, q_norm, True), bound, "q")
+    cache_bound = bound + tolerance("kv", kv_type, be)
+    check(k_cache, projected(wk, bk, n_kv, k_norm, True), cache_bound, f"k in the {kv_type} cache")
+    check(v_cache, projected(wv, bv, n_kv, None, False), cache_bound, f"v in the {kv_type} cache")
+
+
+# ---- the feed-forward ----
+
+FFN_SHAPES = {"one": (1, False), "few": (5, True), "prompt": (40, True)}   # name: (tokens, residual)
+
+
+@on("ffn")
+@pytest.mark.parametrize("composed", [False, True], ids=["fused", "composed"])
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("shape", list(FFN_SHAPES))
+@pytest.mark.parametrize("t", WEIGHT_TYPES, ids=lambda t: t.name)
+def test_ffn(be, t, shape, act, composed, rng):
+    """A gated feed-forward: the residual add, the norm, gate and up, the gated activation, down."""
+    n_tok, residual = FFN_SHAPES[shape]
+    n_in, n_ff = 512, 768
+    gate, up = (random_weight(t, n_ff, n_in, rng, rms=1 / np.sqrt(n_in)) for _ in range(2))
+    down = random_weight(t, n_in, n_ff, rng, rms=1 / np.sqrt(n_ff))
+    x, res = normal(rng, n_tok, n_in), (normal(rng, n_tok, n_in) if residual else None)
+    norm = rng.uniform(0.5, 1.5, n_in).astype(np.float32)
+    run = lambda: be.ffn(int(t), gate, up, down, n_in, x, norm, 1e-5, res, act, composed=composed)
+    if not supports(be, "weights", t):
+        return expect_unsupported(be, "weights", run)
+    y, x_sum = run()
+    want_x = x if res is None else x + res
+    same_bits(x_sum, want_x, "x after the residual add")
+    xn = ref.rmsnorm(want_x, norm, 1e-5)
+    h = ref.gated_act(xn @ dequant(t, gate, n_in).T, xn @ dequant(t, up, n_in).T, act)
+    check(y, h @ dequant(t, down, n_ff).T, tolerance("ffn", kind_of(t), be), f"{t.name} {shape} {act}")
+
+
+# ---- bad input ----
+
+@pytest.mark.parametrize("be", [pytest.param((n, None), id=n) for n in BACKENDS], indirect=True)
+def test_bad_arguments(be):
+    """Bad input raises ValueError naming what was wrong, on every backend."""
+    x = np.ones((2, 48), np.float32)
+    with pytest.raises(ValueError, match="backend 'tpu' is not built"):
+        K.Backend("tpu", 1)
+    with pytest.raises(ValueError, match="EMBER_NO_SUCH_SWITCH"):
+        K.Backend(be.name, 1, switches={"EMBER_NO_SUCH_SWITCH": "1"})
+    with pytest.raises(ValueError, match="act must be"):
+        be.gated_act(np.ones(4, np.float32), np.ones(4, np.float32), "relu")
+    with pytest.raises(ValueError, match="freq_factors must be"):
+        be.rope(np.ones((1, 64), np.float32), [0], 1, 64, 10000.0, False, freq_factors=np.ones(5, np.float32))
+    with pytest.raises(ValueError, match="window must be"):
+        be.attention(np.ones((1, 32), np.float32), np.ones((2, 32), np.float32), np.ones((2, 32), np.float32), [1],
+                     1, 1, 32, 16, window=-1)
+    with pytest.raises(ValueError, match="weight must be"):
+        be.matmul(int(T.Q4_0), np.zeros((4, 10), np.uint8), 32, np.ones((1, 32), np.float32))
+    with pytest.raises(ValueError, match="argmax_rows"):
+        be.argmax_rows(np.zeros((0, 4), np.float32))
+    with pytest.raises(ValueError, match="add: x and y"):
+        be.add(np.ones(3, np.float32), np.ones(4, np.float32))
+    with pytest.raises(ValueError, match="do not fit"):
+        be.copy(np.zeros(8, np.uint8), 4, 0, 5)
+    with pytest.raises(ValueError, match="prepare_vector: 4 F16 elements need 8 bytes"):
+        be.prepare_vector(int(T.F16), np.zeros(6, np.uint8), 4)
+    with pytest.raises(ValueError, match="position 9 outside"):
+        be.kv_store(x[:1], x[:1], [9], [0], 1, 9, 1, 48, 16)
+    with pytest.raises(ValueError, match="sequence 2 outside"):
+        be.kv_store(x[:1], x[:1], [0], [2], 2, 9, 1, 48, 16)
+    # KV types: a q8_0 group must not straddle two heads
+    with pytest.raises(ValueError, match="head_dim 48"):
+        be.attention(x, x, x, [0, 1], 1, 1, 48, 16, 0, kv_type="q8_0")
+    with pytest.raises(ValueError, match="type_v: a Q8_0 KV cache needs .*head_dim 48"):
+        be.attention(x, x, x, [0, 1], 1, 1, 48, 16, 0, type_v="q8_0")
+    with pytest.raises(ValueError, match="kv_type.*'q4_0'"):
+        be.attention(x, x, x, [0, 1], 1, 1, 48, 16, 0, kv_type="q4_0")
+    with pytest.raises(ValueError, match="type_k.*'q4_0'"):
+        be.kv_store(x, x, [0, 1], [0, 0], 1, 2, 1, 48, 16, type_k="q4_0")
+    with pytest.raises(ValueError, match="kv_type .*or type_k / type_v, not both"):
+        be.attention(x, x, x, [0, 1], 1, 1, 48, 16, 0, kv_type="f16", type_v="f32")
+
+
+# ---- the CPU's SIMD levels ----
+
+def test_cpu_gated_act_simd_matches_scalar_bit_for_bit(rng):
+    """AVX-512's gated activations (src/cpu/activation_avx512.cpp: expf in double as glibc's FMA
+    build) give the scalar loop's bits, across expf's whole range and its special cases."""
+    if K.simd_level() != "avx512":
+        pytest.skip(f"this CPU's kernels run at {K.simd_level()}: the scalar activation is the only one here")
+    edges = np.array([0.0, -0.0, 1e-45, -1e-45, 88.72, 88.73, -87.3, -103.9, -104.0, -150.0, 1e30, -1e30,
+                      np.inf, -np.inf, np.nan, 0.5, -0.5], np.float32)
+    g = np.concatenate([edges, rng.uniform(-120, 100, 40000).astype(np.float32), normal(rng, 3001, scale=4)])
+    u = normal(rng, g.size)
+    scalar, best = K.Backend("cpu", 2, switches={"EMBER_SIMD": "scalar"}), K.Backend("cpu", 2)
+    for act in ("silu", "gelu_tanh"):
+        same_bits(best.gated_act(g, u, act), scalar.gated_act(g, u, act), act)
