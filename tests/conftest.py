@@ -1,5 +1,6 @@
 """Shared fixtures: the real test model (fetched once with pip, cached), reference data, and the
 kernel-test module _ember_test (found in the CMake build folder: it is never installed)."""
+import contextlib
 import functools
 import importlib.machinery
 import importlib.util
@@ -86,16 +87,38 @@ def cpu_has(*flags):
     return all(flag in words for flag in flags)
 
 
-def rerun_at_simd_level(level, test_file, k, **env):
-    """EMBER_SIMD lowers the kernel level, chosen once per process: rerun the tests of test_file
-    that match `k` in a fresh interpreter at that level."""
-    if os.environ.get("EMBER_SIMD"):
-        pytest.skip("already running under a forced EMBER_SIMD level")
-    if level == "avx2" and not cpu_has("avx2", "fma", "f16c"):
-        pytest.skip("this CPU has no AVX2+FMA+F16C, so the avx2 level cannot be selected")
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test_file), "-k", k],
-                       env=dict(os.environ, EMBER_SIMD=level, **env), capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+def simd_levels(*lower):
+    """This run's SIMD level (the CPU's best, or the one EMBER_SIMD set), then each level of `lower`
+    below it that the CPU runs: the levels a test compares in one process, each selected with
+    at_simd_level (EMBER_SIMD can only lower the level)."""
+    top = kernel_module().simd_level()
+    x86 = ["scalar", "avx2", "avx512"]
+    have = ["scalar", "neon"] if top == "neon" else x86[:x86.index(top) + 1]
+    return [top] + [level for level in lower if level in have and level != top]
+
+
+@contextlib.contextmanager
+def switches_overridden(**values):
+    """ember.switches.overridden for _ember_test too: each extension module links its own copy of
+    the core, so each holds its own overrides. Backends, models and contexts made inside (by either
+    module) read these values and keep them."""
+    from ember.switches import overridden
+    k = kernel_module()
+    with overridden(**values):
+        before = {name: k.switch_override(name) for name in values}
+        try:
+            for name, value in values.items():
+                k.set_switch(name, str(value))
+            yield
+        finally:
+            for name, value in before.items():
+                k.set_switch(name, value)
+
+
+def at_simd_level(level):
+    """Backends (and contexts) made inside run the CPU kernels of this level; so do the kernel-test
+    module's quantize / vec_dot / simd_level."""
+    return switches_overridden(EMBER_SIMD=level)
 
 
 def _fetch_smollm2() -> pathlib.Path:

@@ -1,18 +1,10 @@
 """The CPU attention's SIMD levels (src/cpu/attention_math*) against its scalar reference: the same
-bits, since each keeps the scalar loop's order of products and sums. EMBER_SIMD is read once per
-process, so each level runs in a fresh interpreter on the same random inputs."""
-import os
-import pathlib
-import platform
-import subprocess
-import sys
-
+bits, since each keeps the scalar loop's order of products and sums. Each level is a backend made
+under its EMBER_SIMD value, in this process, on the same random inputs."""
 import numpy as np
 import pytest
 
-from conftest import cpu_has, rng_for
-
-TESTS = pathlib.Path(__file__).resolve().parent
+from conftest import at_simd_level, kernel_module, rng_for, simd_levels
 
 # n_head, n_head_kv, head_dim, cache length, kv type, kv block size, q scale, and optionally a
 # sliding window and the query positions. Head dims: 64 and 128 (whole passes of 64 outputs), 80 (a
@@ -47,47 +39,30 @@ CASES = [
     (3, 1, 80, 40, "f16", 16, 1.0, 0, [39], 1e-5, 3e4),
 ]
 
-RUN = """
-import sys, numpy as np
-sys.path.insert(0, sys.argv[4])
-from conftest import kernel_module
-cases, seed, out = eval(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-rng = np.random.default_rng(seed)
-cpu = kernel_module().Backend("cpu", 2)
-res = {}
-for i, (nh, nkv, hd, length, kv, bs, qs, *rest) in enumerate(cases):
-    window, pos, ks, vs = (rest + [1.0, 1.0])[:4] if rest else (0, sorted({0, 1, length // 2, length - 2, length - 1}), 1.0, 1.0)
-    k = (rng.standard_normal((length, nkv * hd)) * ks).astype(np.float32)
-    v = (rng.standard_normal((length, nkv * hd)) * vs).astype(np.float32)
-    q = (rng.standard_normal((len(pos), nh * hd)) * qs).astype(np.float32)
-    res[f"c{i}"] = cpu.attention(q, k, v, pos, nh, nkv, hd, bs, int(rng.integers(1 << 30)), kv_type=kv,
-                                 window=window)
-np.savez(out, **res)
-"""
+def run_at(level, seed):
+    rng = np.random.default_rng(seed)
+    with at_simd_level(level):
+        cpu = kernel_module().Backend("cpu", 2)
+    res = {}
+    for i, (nh, nkv, hd, length, kv, bs, qs, *rest) in enumerate(CASES):
+        window, pos, ks, vs = ((rest + [1.0, 1.0])[:4] if rest
+                               else (0, sorted({0, 1, length // 2, length - 2, length - 1}), 1.0, 1.0))
+        k = (rng.standard_normal((length, nkv * hd)) * ks).astype(np.float32)
+        v = (rng.standard_normal((length, nkv * hd)) * vs).astype(np.float32)
+        q = (rng.standard_normal((len(pos), nh * hd)) * qs).astype(np.float32)
+        res[i] = cpu.attention(q, k, v, pos, nh, nkv, hd, bs, int(rng.integers(1 << 30)), kv_type=kv, window=window)
+    return res
 
 
-def run_at(level, seed, path):
-    env = dict(os.environ)
-    env.pop("EMBER_SIMD", None)
-    if level:
-        env["EMBER_SIMD"] = level
-    r = subprocess.run([sys.executable, "-c", RUN, repr(CASES), str(seed), str(path), str(TESTS)], env=env,
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return np.load(path)
-
-
-def test_simd_levels_match_scalar_bit_for_bit(tmp_path):
-    # x86: AVX2 and the best level (AVX-512 where there is one); ARM64: the best level, NEON
-    arm64 = platform.machine().lower() in ("aarch64", "arm64")
-    lower = ["avx2"] if not arm64 and cpu_has("avx2") else []
-    if not lower and not arm64:
+def test_simd_levels_match_scalar_bit_for_bit():
+    # x86: the best level (AVX-512 where there is one) and AVX2; ARM64: the best level, NEON
+    levels = [level for level in simd_levels("avx2") if level != "scalar"]
+    if not levels:
         pytest.skip("this CPU has neither AVX2 nor NEON: only the scalar attention can run here")
     seed = int(rng_for("attention simd").integers(1 << 31))
-    scalar = run_at("scalar", seed, tmp_path / "scalar.npz")
-    levels = {name: run_at(name, seed, tmp_path / f"{name}.npz") for name in lower}
-    levels["best"] = run_at(None, seed, tmp_path / "best.npz")
-    for name, got in levels.items():
+    scalar = run_at("scalar", seed)
+    for level in levels:
+        got = run_at(level, seed)
         for i, case in enumerate(CASES):
-            np.testing.assert_array_equal(got[f"c{i}"].view(np.uint32), scalar[f"c{i}"].view(np.uint32),
-                                          err_msg=f"{name} vs scalar, case {case}")
+            np.testing.assert_array_equal(got[i].view(np.uint32), scalar[i].view(np.uint32),
+                                          err_msg=f"{level} vs scalar, case {case}")

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import backend_reference as ref
-from conftest import kernel_module
+from conftest import at_simd_level, kernel_module, simd_levels
 
 K = kernel_module()
 
@@ -231,43 +231,20 @@ def test_q8_0_cache_needs_head_dim_multiple_of_32(cpu):
         cpu.attention(x, x, x, [0, 1], 1, 1, 48, 16, 0, kv_type="f16", type_v="f32")
 
 
-GATED_RUN = """
-import sys, numpy as np
-sys.path.insert(0, sys.argv[2])
-from conftest import kernel_module
-g, u = np.load(sys.argv[1])["g"], np.load(sys.argv[1])["u"]
-cpu = kernel_module().Backend("cpu", 2)
-np.savez(sys.argv[1] + ".out.npz", silu=cpu.gated_act(g, u, "silu"), gelu=cpu.gated_act(g, u, "gelu_tanh"))
-"""
-
-
-def test_gated_act_simd_matches_scalar_bit_for_bit(rng, tmp_path):
+def test_gated_act_simd_matches_scalar_bit_for_bit(rng):
     """AVX-512's gated activations (src/cpu/activation_avx512.cpp: expf in double as glibc's FMA
-    build) give the scalar loop's bits, across expf's whole range and its special cases. EMBER_SIMD
-    is read once per process, so each level runs in a fresh interpreter."""
-    import os
-    import pathlib
-    import subprocess
-    import sys
-    from conftest import cpu_has
-    if not cpu_has("avx512f"):
-        pytest.skip("this CPU has no AVX-512: the scalar activation is the only one here")
+    build) give the scalar loop's bits, across expf's whole range and its special cases. Each level
+    is a backend made under its EMBER_SIMD value."""
+    if simd_levels()[0] != "avx512":
+        pytest.skip("this CPU runs no AVX-512 kernels: the scalar activation is the only one here")
     edges = np.array([0.0, -0.0, 1e-45, -1e-45, 88.72, 88.73, -87.3, -103.9, -104.0, -150.0, 1e30, -1e30,
                       np.inf, -np.inf, np.nan, 0.5, -0.5], np.float32)
     g = np.concatenate([edges, rng.uniform(-120, 100, 40000).astype(np.float32),
                         rng.standard_normal(3001).astype(np.float32) * 4])
     u = rng.standard_normal(g.size).astype(np.float32)
-    path = tmp_path / "gated.npz"
-    np.savez(path, g=g, u=u)
-    outs = {}
-    for level in ("scalar", None):
-        env = dict(os.environ)
-        env.pop("EMBER_SIMD", None)
-        if level:
-            env["EMBER_SIMD"] = level
-        r = subprocess.run([sys.executable, "-c", GATED_RUN, str(path), str(pathlib.Path(__file__).parent)], env=env,
-                           capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr[-3000:]
-        outs[level] = np.load(str(path) + ".out.npz")
-    for act in ("silu", "gelu"):
-        assert np.array_equal(outs["scalar"][act].view(np.uint32), outs[None][act].view(np.uint32)), act
+    with at_simd_level("scalar"):
+        scalar = K.Backend("cpu", 2)
+    best = K.Backend("cpu", 2)
+    for act in ("silu", "gelu_tanh"):
+        want, got = scalar.gated_act(g, u, act), best.gated_act(g, u, act)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), act

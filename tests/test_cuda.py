@@ -10,10 +10,11 @@ import gguf.quants
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 import backend_reference as ref_ops
-from conftest import kernel_module, rng_for
+from conftest import kernel_module, rng_for, switches_overridden
 
 E = kernel_module()
 from ember import _ember
+from ember.switches import overridden
 
 TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
 # Byte offsets of fp16 scale fields in one block: random bytes there could be inf / NaN.
@@ -21,13 +22,17 @@ F16_FIELDS = {T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: 
               T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208]}
 
 
-def cuda_backend():
-    """A CUDA backend, or a skip naming why there is none (built without CUDA, or no device)."""
+def cuda_backend(**switches):
+    """A CUDA backend made with these EMBER_* switches (over the environment; it keeps them), or a
+    skip naming why there is none (built without CUDA, or no device)."""
     if "cuda" not in E.backend_names():
         pytest.skip(f"this ember was built without the CUDA backend (built in: {E.backend_names()})")
     try:
-        return E.Backend("cuda")
+        with switches_overridden(**switches):
+            return E.Backend("cuda")
     except ValueError as e:
+        if "EMBER_" in str(e):
+            raise
         pytest.skip(f"no CUDA device: {e}")
 
 
@@ -345,10 +350,9 @@ def test_attention(gpu, case):
 
 
 @pytest.mark.parametrize("case", ["decode", "decode_gqa_9_3", "decode_batch", "head_dim_80", "prompt_gqa"])
-def test_attention_flash_kernel_short(case, monkeypatch):
+def test_attention_flash_kernel_short(case):
     """Short contexts normally take the reference-order kernel; force the flash-decoding one."""
-    monkeypatch.setenv("EMBER_CUDA_EXACT_ATTN", "0")
-    fast = cuda_backend()
+    fast = cuda_backend(EMBER_CUDA_EXACT_ATTN="0")
     y, ref = attention_vs_ref(fast, case, rng_for("attention_flash", case))
     assert rel_err(y, ref) < 3e-3
 
@@ -372,10 +376,9 @@ SHORT_CASES = {
 
 
 @pytest.fixture
-def short_gpu(monkeypatch):
+def short_gpu():
     """A CUDA backend whose fast_attention batches take attention_short (EMBER_CUDA_SHORT_ATTN=1)."""
-    monkeypatch.setenv("EMBER_CUDA_SHORT_ATTN", "1")
-    return cuda_backend()
+    return cuda_backend(EMBER_CUDA_SHORT_ATTN="1")
 
 
 def short_inputs(case):
@@ -407,7 +410,7 @@ def test_attention_short_is_opt_in(gpu):
 
 
 @pytest.mark.parametrize("case", ["decode", "batch", "gqa_9_3"])
-def test_attention_short_q8_output_same_bits(short_gpu, case, monkeypatch):
+def test_attention_short_q8_output_same_bits(short_gpu, case):
     """attention_short also writes the q8_1 blocks the O projection's GEMV reads: attention + O
     projection equals, bit for bit, the unfused backend's separate kernels."""
     n_head, n_kv, hd, _, pos, bs, window = SHORT_CASES[case]
@@ -415,7 +418,7 @@ def test_attention_short_q8_output_same_bits(short_gpu, case, monkeypatch):
     wo = random_weight(T.Q4_0, 96, n_head * hd, rng)
     args = (q, k, v, pos, n_head, n_kv, hd, bs)
     yf = short_gpu.attention(*args, seed=4, window=window, o_type=int(T.Q4_0), o_weight=wo, fast=True)
-    yu = unfused_backend(monkeypatch).attention(*args, seed=4, window=window, o_type=int(T.Q4_0), o_weight=wo, fast=True)
+    yu = unfused_backend().attention(*args, seed=4, window=window, o_type=int(T.Q4_0), o_weight=wo, fast=True)
     assert_same_bits(yf, yu, f"attention_short + O projection, {case}")
 
 
@@ -441,18 +444,14 @@ def test_attention_q8_kv(gpu, cpu, case):
     assert rel_err(yg, attention_ref(q, k, v, pos, n_head, n_kv, hd)) < 3e-2
 
 
-def unfused_backend(monkeypatch):
+def unfused_backend(**switches):
     """A CUDA backend that launches each op as called (EMBER_CUDA_FUSE=0)."""
-    monkeypatch.setenv("EMBER_CUDA_FUSE", "0")
-    try:
-        return cuda_backend()
-    finally:
-        monkeypatch.delenv("EMBER_CUDA_FUSE")
+    return cuda_backend(EMBER_CUDA_FUSE="0", **switches)
 
 
 @pytest.mark.parametrize("case", ["decode", "decode_batch", "long_split", "long_split_gqa", "long_split_hd256"])
 @pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
-def test_attention_q8_output_same_bits(gpu, case, kv_type, monkeypatch):
+def test_attention_q8_output_same_bits(gpu, case, kv_type):
     """The decode attention kernels write their output also as the q8_1 blocks the O projection's
     GEMV reads (no quantize launch between them): attention + O projection equals, bit for bit,
     the unfused backend's separate kernels. Short contexts through the flash kernels too."""
@@ -460,9 +459,8 @@ def test_attention_q8_output_same_bits(gpu, case, kv_type, monkeypatch):
     rng = rng_for("attention_o", case, kv_type)
     q, k, v = attention_inputs(ATTN_CASES[case], rng)
     wo = random_weight(T.Q4_0, 96, n_head * hd, rng)
-    monkeypatch.setenv("EMBER_CUDA_EXACT_ATTN", "0")
-    fused = cuda_backend()
-    unfused = unfused_backend(monkeypatch)
+    fused = cuda_backend(EMBER_CUDA_EXACT_ATTN="0")
+    unfused = unfused_backend(EMBER_CUDA_EXACT_ATTN="0")
     args = (q, k, v, pos, n_head, n_kv, hd, bs)
     yf = fused.attention(*args, seed=4, kv_type=kv_type, o_type=int(T.Q4_0), o_weight=wo)
     yu = unfused.attention(*args, seed=4, kv_type=kv_type, o_type=int(T.Q4_0), o_weight=wo)
@@ -477,7 +475,7 @@ FFN_CASES = [(T.Q4_0, 256, 512, 1), (T.Q4_0, 4096, 256, 1), (T.Q4_0, 4096, 256, 
 
 @pytest.mark.parametrize("t,n_in,n_ff,n_tok", FFN_CASES, ids=lambda v: getattr(v, "name", str(v)))
 @pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
-def test_ffn_fused_same_bits(gpu, t, n_in, n_ff, n_tok, act, monkeypatch):
+def test_ffn_fused_same_bits(gpu, t, n_in, n_ff, n_tok, act):
     """The fused feed-forward op as the fused backend runs it (gate and up in one GEMV launch; float
     weights write act(gate) * up from it, the q8_1 formats get it with the q8_1 blocks the down
     projection reads): the same bits as the unfused kernels, and near the float64 reference."""
@@ -488,7 +486,7 @@ def test_ffn_fused_same_bits(gpu, t, n_in, n_ff, n_tok, act, monkeypatch):
     norm = rng.uniform(0.5, 1.5, n_in).astype(np.float32)
     args = (int(t), gate, up, down, n_in, x, norm, 1e-5, res, act)
     y, x_sum = gpu.ffn(*args)
-    y_unfused, x_sum_unfused = unfused_backend(monkeypatch).ffn(*args)
+    y_unfused, x_sum_unfused = unfused_backend().ffn(*args)
     assert_same_bits(y, y_unfused, "ffn")
     assert_same_bits(x_sum, x_sum_unfused, "ffn residual sum")
     xn = ref_ops.rmsnorm(x.astype(np.float64) + res, norm, 1e-5)
@@ -505,7 +503,7 @@ QKV_CASES = [(T.Q4_1, 576, 9, 3, 64, 1), (T.Q4_0, 4096, 8, 8, 128, 1), (T.Q4_0, 
 
 @pytest.mark.parametrize("t,n_in,n_head,n_kv,hd,n_tok", QKV_CASES, ids=lambda v: getattr(v, "name", str(v)))
 @pytest.mark.parametrize("neox", [False, True])
-def test_attn_in_same_bits(gpu, cpu, t, n_in, n_head, n_kv, hd, n_tok, neox, monkeypatch):
+def test_attn_in_same_bits(gpu, cpu, t, n_in, n_head, n_kv, hd, n_tok, neox):
     """The fused attention input op (norm, Q, K, V projections, rope of q and k, the f16 KV store):
     where the fused backend's Q, K, V GEMV rotates and stores in its epilogue (normal rope), the
     same bits as the unfused kernels; near the CPU backend and the float64 reference."""
@@ -517,7 +515,7 @@ def test_attn_in_same_bits(gpu, cpu, t, n_in, n_head, n_kv, hd, n_tok, neox, mon
     args = (int(t), wq, wk, wv, n_in, x, pos, hd, 10000.0, neox, 16, norm)
     names = ("q", "k cache", "v cache")
     fused = gpu.attn_in(*args)[:3]
-    for name, a, b in zip(names, fused, unfused_backend(monkeypatch).attn_in(*args)[:3]):
+    for name, a, b in zip(names, fused, unfused_backend().attn_in(*args)[:3]):
         assert_same_bits(a, b, name)
     xn = ref_ops.rmsnorm(x, norm, 1e-5)
     refs = (rope_ref(xn @ dequant(t, wq, n_in).T, pos, n_head, hd, 10000.0, neox),
@@ -546,11 +544,10 @@ EXACT_CASES = {
 
 @pytest.mark.parametrize("clusters", [True, False], ids=["cluster", "one_cta"])
 @pytest.mark.parametrize("case", list(EXACT_CASES))
-def test_attention_matches_cpu(cpu, case, clusters, monkeypatch):
+def test_attention_matches_cpu(cpu, case, clusters):
     """Both forms of the kernel (a cluster of CTAs a head on Hopper; one CTA a head before it, or
     with EMBER_CUDA_EXACT_CLUSTER=0) give the CPU backend's bits."""
-    monkeypatch.setenv("EMBER_CUDA_EXACT_CLUSTER", "1" if clusters else "0")
-    gpu = cuda_backend()
+    gpu = cuda_backend(EMBER_CUDA_EXACT_CLUSTER="1" if clusters else "0")
     n_head, n_kv, hd, length, pos, bs, window, steps = EXACT_CASES[case]
     rng = rng_for("attention_cpu", case)
     q = rng.standard_normal((len(pos), n_head * hd)).astype(np.float32)
@@ -675,7 +672,7 @@ def run_sequence(path, ngl, n_batch, tokens, kv_type="f16", type_v=None):
     return np.stack(out)
 
 
-def test_streamed_partial_offload(gpu, tmp_path, monkeypatch, capfd):
+def test_streamed_partial_offload(gpu, tmp_path, capfd):
     """A 40-token prompt (streamed: integer GEMV path), 4 decode steps (the CPU blocks on the CPU read
     the KV the streamed blocks wrote), a 70-token batch (streamed: cuBLAS path, uploading KV written
     by CPU decode steps), 3 decode steps; against all-CPU, all-GPU and the unstreamed split."""
@@ -684,7 +681,7 @@ def test_streamed_partial_offload(gpu, tmp_path, monkeypatch, capfd):
     write_synthetic_model(path, rng)
     tok = lambda n: [int(t) for t in rng.integers(3, 512, n)]
     seq = [tok(40)] + [tok(1) for _ in range(4)] + [tok(70)] + [tok(1) for _ in range(3)]
-    configs = {   # name: (n_gpu_layers, n_batch, environment)
+    configs = {   # name: (n_gpu_layers, n_batch, switches)
         "cpu": (0, 128, {}),
         "gpu": (-1, 128, {}),
         "split": (2, 128, {"EMBER_STREAM": "0"}),
@@ -693,16 +690,13 @@ def test_streamed_partial_offload(gpu, tmp_path, monkeypatch, capfd):
         "streamed_b32": (2, 32, {}),   # 40 = 32 streamed + 8 on the CPU blocks, reading the streamed KV
     }
     rows, log = {}, []
-    for name, (ngl, n_batch, env) in configs.items():
-        for k in ("EMBER_STREAM", "EMBER_STREAM_PIN"):
-            monkeypatch.delenv(k, raising=False)
-        for k, v in env.items():
-            monkeypatch.setenv(k, v)
+    for name, (ngl, n_batch, switches) in configs.items():
         capfd.readouterr()
-        rows[name] = run_sequence(path, ngl, n_batch, seq)
+        with overridden(**{"EMBER_STREAM": "1", "EMBER_STREAM_PIN": "1", **switches}):
+            rows[name] = run_sequence(path, ngl, n_batch, seq)
         err = capfd.readouterr().err
         log.append(f"{name}: {err.strip()}")
-        assert ("stream to GPU" in err) == (ngl == 2 and env.get("EMBER_STREAM") != "0"), err
+        assert ("stream to GPU" in err) == (ngl == 2 and switches.get("EMBER_STREAM") != "0"), err
     per_step = lambda a, b: [rel_err(x, y) for x, y in zip(rows[a], rows[b])]
     errs = {f"{a} vs {b}": per_step(a, b) for a, b in [
         ("streamed", "gpu"), ("bounce", "streamed"), ("gpu", "cpu"), ("split", "cpu"), ("streamed", "cpu"),
@@ -721,7 +715,7 @@ def test_streamed_partial_offload(gpu, tmp_path, monkeypatch, capfd):
     assert max(errs["streamed_b32 vs split"]) < 1e-2
 
 
-def test_float_model_matches_cpu(gpu, tmp_path, monkeypatch):
+def test_float_model_matches_cpu(gpu, tmp_path):
     """All-F16 matrices and head. Decode batches (<= 8 tokens) run gate and up as one GEMV that
     writes silu(gate) * up; unfused (EMBER_CUDA_FUSE=0) the same values come out of separate
     kernels."""
@@ -730,8 +724,8 @@ def test_float_model_matches_cpu(gpu, tmp_path, monkeypatch):
     write_synthetic_model(path, rng, types=[T.F16], output_type=T.F16)
     seq = [[int(t) for t in rng.integers(3, 512, n)] for n in (20, 1, 3, 1, 8, 1, 1)]
     cpu_rows, gpu_rows = run_sequence(path, 0, 128, seq), run_sequence(path, -1, 128, seq)
-    monkeypatch.setenv("EMBER_CUDA_FUSE", "0")
-    unfused_rows = run_sequence(path, -1, 128, seq)
+    with overridden(EMBER_CUDA_FUSE="0"):
+        unfused_rows = run_sequence(path, -1, 128, seq)
     errs = [rel_err(g, c) for g, c in zip(gpu_rows, cpu_rows)]
     fusion = [rel_err(g, u) for g, u in zip(gpu_rows, unfused_rows)]
     print("f16 model gpu vs cpu per step: " + " ".join(f"{e:.1e}" for e in errs))

@@ -5,26 +5,25 @@ backend or no GPU.
   Q8_0 rows whose width is a multiple of 256, 9..256 tokens (rows up to 2048 wide from 65 tokens
   on): against the float64 product of f16-rounded weights and activations (what the kernel
   multiplies), the exact product, the CPU backend (q8 activations) and itself run to run.
-  On Hopper it multiplies with wgmma in 256- or 192-row tiles; test_gemm_dq_form runs these tests
-  again with each form forced (the mma.sync one: EMBER_CUDA_GEMM_DQ_WGMMA=0; a row tile:
-  EMBER_CUDA_GEMM_DQ_ROWS).
+  On Hopper it multiplies with wgmma in 256- or 192-row tiles; the gemm_dq tests run on a backend
+  of each form (dq_gpu): as the kernel choice picks it, the mma.sync one (EMBER_CUDA_GEMM_DQ_WGMMA=0)
+  and each row tile (EMBER_CUDA_GEMM_DQ_ROWS), the switches set in-process for that backend.
 - gemm_q8 (cuda/gemm_q8.cu: int8 tensor cores on q8_1 activations): the other 32-element block
   formats and widths, 9..64 tokens, rows wider than 2048 (narrower rows keep the CPU-order GEMV):
   against the float64 product, the CPU backend (the same per-block integer dots and products,
   summed in another order) and itself run to run (K splits summed in a fixed order);
-  test_gemm_q8_without_dq runs it on gemm_dq's formats too (EMBER_CUDA_GEMM_DQ=0).
+  test_gemm_q8_without_dq runs it on gemm_dq's formats too, on a backend made with EMBER_CUDA_GEMM_DQ=0.
 - batch-invariant steps: the GEMV in chunks of 8 tokens at every batch size."""
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
 import backend_reference as ref_ops
-from conftest import rng_for
-from test_cuda import cpu, dequant, gpu, quantized_weight, random_weight, rel_err, unfused_backend   # noqa: F401
+from conftest import kernel_module, rng_for
+from ember import switches
+from ember.switches import overridden
+from test_cuda import (cpu, cuda_backend, dequant, gpu, quantized_weight, random_weight, rel_err,   # noqa: F401
+                       unfused_backend)
 
 TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
 N_TOK = [9, 16, 33, 64]   # each token tile: 16, 32, 64 (a partial one at 9 and 33)
@@ -33,7 +32,8 @@ N_TOK = [9, 16, 33, 64]   # each token tile: 16, 32, 64 (a partial one at 9 and 
 # cluster).
 SHAPES = [(300, 2080), (1000, 4096), (129, 11008)]
 
-DQ_OFF = os.environ.get("EMBER_CUDA_GEMM_DQ") == "0"
+# The `gpu` fixture's backend has gemm_dq off where this run's switches say so.
+DQ_OFF = next(r["value"] for r in switches.table() if r["name"] == "EMBER_CUDA_GEMM_DQ") == "0"
 DQ_TYPES = [T.Q4_0, T.Q4_1, T.Q8_0]
 MAX_DQ_TOKENS = 256   # kMaxGemmDqTokens (cuda/kernels.h)
 # Token tiles of 16, 32, 64 (partial at 9 and 33), several tiles of 64 (65: a last one of one token).
@@ -43,10 +43,15 @@ DQ_N_TOK = [9, 16, 33, 64, 65, 128, 200, 256]   # wgmma: tiles of 16, 32, 64, 12
 DQ_SHAPES = [(600, 4096), (129, 11008), (520, 1792)]
 
 
-def takes_dq(t, n_in, n_tok):
-    """Whether the backend's project() gives this batch to gemm_dq (takes_gemm_dq)."""
-    return (not DQ_OFF and t in DQ_TYPES and n_in % 256 == 0 and 8 < n_tok <= MAX_DQ_TOKENS
+def dq_batch(t, n_in, n_tok):
+    """Whether the kernel choice gives this batch to gemm_dq where it is on (takes_gemm_dq)."""
+    return (t in DQ_TYPES and n_in % 256 == 0 and 8 < n_tok <= MAX_DQ_TOKENS
             and not (n_in <= 2048 and n_tok <= 64))
+
+
+def takes_dq(t, n_in, n_tok):
+    """Whether the `gpu` fixture's backend gives this batch to gemm_dq."""
+    return not DQ_OFF and dq_batch(t, n_in, n_tok)
 
 
 def same_bits(a, b):
@@ -68,15 +73,13 @@ def gpu_matmul_case(gpu, key, t, n_tok, shape):
     return w, x, y
 
 
-def cases(types, n_toks, shapes, dq):
+def cases(types, n_toks, shapes, dq, taken=takes_dq):
     """(t, n_tok, shape) parameters whose batch gemm_dq takes (dq) or leaves to the other paths."""
     return [pytest.param(t, n, s, id=f"{s[0]}x{s[1]}-{n}-{t.name}")
-            for t in types for n in n_toks for s in shapes if takes_dq(t, s[1], n) == dq]
+            for t in types for n in n_toks for s in shapes if taken(t, s[1], n) == dq]
 
 
-# Batches gemm_dq takes run in test_gemm_dq_matmul (and with gemm_dq off in test_gemm_q8_without_dq).
-@pytest.mark.parametrize("t,n_tok,shape", cases(TYPES, N_TOK, SHAPES, dq=False))
-def test_gemm_q8_matmul(gpu, cpu, t, n_tok, shape):
+def check_gemm_q8(gpu, cpu, t, n_tok, shape):
     n_in = shape[1]
     w, x, y = gpu_matmul_case(gpu, "gemm_q8", t, n_tok, shape)
     ref = x.astype(np.float64) @ dequant(t, w, n_in).T
@@ -85,51 +88,54 @@ def test_gemm_q8_matmul(gpu, cpu, t, n_tok, shape):
     assert same_bits(y, gpu.matmul(int(t), w, n_in, x)), "not deterministic"
 
 
-@pytest.mark.skipif(DQ_OFF, reason="gemm_dq is off in this run: test_gemm_q8_matmul covers every format")
-def test_gemm_q8_without_dq(gpu):
-    """gemm_q8 on the formats and widths gemm_dq takes, in a fresh interpreter with gemm_dq off
-    (the switch is read once per process)."""
-    k = "test_gemm_q8_matmul and not 300x2080 and (Q4_0 or Q4_1 or Q8_0)"
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", k],
-                       env=dict(os.environ, EMBER_CUDA_GEMM_DQ="0"), capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+# Batches gemm_dq takes run in test_gemm_dq_matmul (and with gemm_dq off in test_gemm_q8_without_dq).
+@pytest.mark.parametrize("t,n_tok,shape", cases(TYPES, N_TOK, SHAPES, dq=False))
+def test_gemm_q8_matmul(gpu, cpu, t, n_tok, shape):
+    check_gemm_q8(gpu, cpu, t, n_tok, shape)
 
 
-# The runs in a fresh interpreter below turn gemm_dq on, whatever this run's EMBER_CUDA_GEMM_DQ.
-DQ_ON = {"EMBER_CUDA_GEMM_DQ": "1"}
-# gemm_dq's kernel forms, each forced through its switch: the mma.sync form (GPUs before Hopper,
-# builds without sm_90a) and the wgmma form's two row tiles (on Hopper each launch picks one; on
-# other GPUs the row tile switch leaves the mma.sync form, so those runs repeat it).
+@pytest.fixture(scope="module")
+def gpu_without_dq():
+    return cuda_backend(EMBER_CUDA_GEMM_DQ="0")
+
+
+@pytest.mark.parametrize("t,n_tok,shape", cases(DQ_TYPES, N_TOK, SHAPES, dq=True, taken=dq_batch))
+def test_gemm_q8_without_dq(gpu_without_dq, cpu, t, n_tok, shape):
+    """gemm_q8 on the formats and widths gemm_dq takes, on a backend made with gemm_dq off."""
+    check_gemm_q8(gpu_without_dq, cpu, t, n_tok, shape)
+
+
+# gemm_dq's kernel forms, each a backend made with gemm_dq on and its switch: as the kernel choice
+# picks it (wgmma on Hopper, each launch picking its row tile), the mma.sync form (GPUs before
+# Hopper, builds without sm_90a) and the wgmma form's two row tiles (on other GPUs the row tile
+# switch leaves the mma.sync form, so those repeat it).
 DQ_FORMS = {
+    "chosen": {},
     "mma_sync": {"EMBER_CUDA_GEMM_DQ_WGMMA": "0"},
     "wgmma_rows_256": {"EMBER_CUDA_GEMM_DQ_ROWS": "256"},
     "wgmma_rows_192": {"EMBER_CUDA_GEMM_DQ_ROWS": "192"},
 }
 
 
-@pytest.mark.parametrize("form", list(DQ_FORMS))
-def test_gemm_dq_form(gpu, form):
-    """Every gemm_dq test again in a fresh interpreter (the switches are read once per process)
-    with one form of the kernel forced, and gemm_dq itself on whatever this run's switch says."""
-    k = "gemm_dq and not test_gemm_dq_form and not rows_switch"
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", k],
-                       env=dict(os.environ, **DQ_ON, **DQ_FORMS[form]), capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+@pytest.fixture(scope="module", params=list(DQ_FORMS))
+def dq_gpu(request):
+    return cuda_backend(EMBER_CUDA_GEMM_DQ="1", **DQ_FORMS[request.param])
 
 
-def test_gemm_dq_bad_rows_switch(gpu):
-    """A row tile gemm_dq has no kernel for is an error naming the switch, on any GPU (gemm_dq on:
-    it reads the switch)."""
-    code = ("import numpy as np, sys; sys.path.insert(0, %r); from test_cuda import cuda_backend, random_weight; "
-            "from gguf import GGMLQuantizationType as T; w = random_weight(T.Q4_0, 256, 4096, np.random.default_rng(0)); "
-            "cuda_backend().matmul(int(T.Q4_0), w, 4096, np.ones((40, 4096), np.float32))") % os.path.dirname(__file__)
-    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, **DQ_ON, EMBER_CUDA_GEMM_DQ_ROWS="128"),
-                       capture_output=True, text=True)
-    assert r.returncode != 0 and "EMBER_CUDA_GEMM_DQ_ROWS=128" in r.stderr, r.stderr[-2000:]
+def test_gemm_dq_bad_rows_switch(monkeypatch):
+    """A row tile gemm_dq has no kernel for is refused naming the switch: as an override at once,
+    from the environment when a backend is made."""
+    with pytest.raises(ValueError, match=r"EMBER_CUDA_GEMM_DQ_ROWS must be 0, 192 or 256 \(got '128'\)"):
+        with overridden(EMBER_CUDA_GEMM_DQ_ROWS="128"):
+            pass
+    monkeypatch.setenv("EMBER_CUDA_GEMM_DQ_ROWS", "128")
+    with pytest.raises(ValueError, match=r"EMBER_CUDA_GEMM_DQ_ROWS must be .*'128' from the environment"):
+        kernel_module().Backend("cuda")
 
 
-@pytest.mark.parametrize("t,n_tok,shape", cases(DQ_TYPES, DQ_N_TOK, DQ_SHAPES, dq=True))
-def test_gemm_dq_matmul(gpu, cpu, t, n_tok, shape):
+@pytest.mark.parametrize("t,n_tok,shape", cases(DQ_TYPES, DQ_N_TOK, DQ_SHAPES, dq=True, taken=dq_batch))
+def test_gemm_dq_matmul(dq_gpu, cpu, t, n_tok, shape):
+    gpu = dq_gpu
     n_in = shape[1]
     w, x, y = gpu_matmul_case(gpu, "gemm_dq", t, n_tok, shape)
     wd = dequant(t, w, n_in)
@@ -143,9 +149,10 @@ def test_gemm_dq_matmul(gpu, cpu, t, n_tok, shape):
 
 @pytest.mark.parametrize("t", DQ_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("n_tok", [2, 5, 8])
-def test_gemm_dq_engine_decode_step(gpu, cpu, t, n_tok):
+def test_gemm_dq_engine_decode_step(dq_gpu, cpu, t, n_tok):
     """An engine decode step of 2..8 sequences (one token each) takes gemm_dq; a single sequence's
     batch of the same size keeps the GEMV, and the two agree within the f16 rounding of x."""
+    gpu = dq_gpu
     n_out, n_in = 600, 4096
     rng = rng_for("gemm_dq_decode", t.name, n_tok)
     w = random_weight(t, n_out, n_in, rng)
@@ -158,9 +165,10 @@ def test_gemm_dq_engine_decode_step(gpu, cpu, t, n_tok):
     assert same_bits(y, gpu.matmul(int(t), w, n_in, x, n_seq=n_tok)), "not deterministic"
 
 
-def test_gemm_dq_matmul_many(gpu):
+def test_gemm_dq_matmul_many(dq_gpu):
     """Weights of one input: x converted once for gemm_dq's weights, again after a weight that
     cuBLAS takes (its f16 copy of x shares the scratch); each output has its own matmul's bits."""
+    gpu = dq_gpu
     rng = rng_for("gemm_dq_many")
     n_in, n_tok = 4096, 40
     types = [T.Q4_0, T.Q8_0, T.F16, T.Q4_0]
@@ -172,9 +180,10 @@ def test_gemm_dq_matmul_many(gpu):
 
 
 @pytest.mark.parametrize("n_tok,n_seq", [(40, None), (8, 8), (128, 128)])
-def test_gemm_dq_runs_of_weights(gpu, n_tok, n_seq):
+def test_gemm_dq_runs_of_weights(dq_gpu, n_tok, n_seq):
     """Consecutive weights of one format go to gemm_dq as one launch (up to three, their row tiles
     one after another): each output is still its own product, whatever the run's split of K."""
+    gpu = dq_gpu
     rng = rng_for("gemm_dq_runs", n_tok)
     n_in = 4096
     types = [T.Q4_0, T.Q4_0, T.Q4_0, T.Q4_0, T.Q8_0, T.Q8_0]
@@ -202,7 +211,7 @@ def test_batch_invariant_any_size(gpu, t):
 
 
 @pytest.mark.parametrize("t", [T.Q4_0, T.Q5_1], ids=lambda t: t.name)
-def test_gemm_q8_ffn_same_bits(gpu, t, monkeypatch):
+def test_gemm_q8_ffn_same_bits(gpu, t):
     """The fused feed-forward op at 40 tokens (Q4_0: gemm_dq; Q5_1: gemm_q8, whose q8_1 blocks the
     norm and the gated activation write, no quantize launch): the same bits as the unfused kernels."""
     rng = rng_for("gemm_q8_ffn", t.name)
@@ -213,7 +222,7 @@ def test_gemm_q8_ffn_same_bits(gpu, t, monkeypatch):
     norm = rng.uniform(0.5, 1.5, n_in).astype(np.float32)
     args = (int(t), gate, up, down, n_in, x, norm, 1e-5, res, "silu")
     y, _ = gpu.ffn(*args)
-    y_unfused, _ = unfused_backend(monkeypatch).ffn(*args)
+    y_unfused, _ = unfused_backend().ffn(*args)
     assert np.array_equal(y.view(np.uint32), y_unfused.view(np.uint32))
     xn = ref_ops.rmsnorm(x.astype(np.float64) + res, norm, 1e-5)
     g, u = xn @ dequant(t, gate, n_in).T, xn @ dequant(t, up, n_in).T

@@ -1,13 +1,13 @@
 """CPU batched matmul against per-token matmuls: every output must be bit-identical, so a token's
 result never depends on how its prompt was split into batches. Types whose fast kernels have a
 single-token form take them for every batch (test_gemm_fast_cpu.py); the others go through tiles
-(src/cpu/gemm_*.cpp) that reproduce vec_dot. The AVX-512 tiles run at this machine's level;
-test_avx2_tiles reruns the file under EMBER_SIMD=avx2."""
+(src/cpu/gemm_*.cpp) that reproduce vec_dot. Every test runs at this machine's level (the AVX-512
+tiles where it has them) and again at the avx2 level (EMBER_SIMD, set in-process)."""
 import gguf
 import numpy as np
 import pytest
 
-from conftest import kernel_module, rerun_at_simd_level
+from conftest import at_simd_level, kernel_module, simd_levels
 
 K = kernel_module()
 
@@ -21,8 +21,14 @@ ALWAYS_FAST = {"avx512": {"Q4_0", "Q4_1", "Q8_0"}, "avx2": set()}
 N_IN = [1536, 768, 576, 256, 96, 160, 32]
 
 
+@pytest.fixture(scope="module", params=simd_levels("avx2"), autouse=True)
+def level(request):
+    with at_simd_level(request.param):
+        yield request.param
+
+
 @pytest.fixture(scope="module")
-def cpu():
+def cpu(level):
     return K.Backend("cpu", 2)
 
 
@@ -52,11 +58,12 @@ def test_batched_matmul_is_bit_identical_to_per_token(cpu, name, n_in, rng):
 
 
 # (the ALWAYS_FAST types: test_gemm_fast_cpu.py compares their single-token kernel with vec_dot)
-@pytest.mark.parametrize("name,n_in", [(t, n) for n in N_IN for t in TYPES
-                                       if n % block_elems(t) == 0 and t not in ALWAYS_FAST.get(K.simd_level(), set())])
-def test_single_token_matmul_is_vec_dot(cpu, name, n_in, rng):
+@pytest.mark.parametrize("name,n_in", [(t, n) for n in N_IN for t in TYPES if n % block_elems(t) == 0])
+def test_single_token_matmul_is_vec_dot(cpu, level, name, n_in, rng):
     """One token (decode): each output is exactly the kernel's vec_dot of its row, however the
     rows are handed out or tiled."""
+    if name in ALWAYS_FAST.get(level, set()):
+        pytest.skip(f"{name} takes its single-token fast kernel at the {level} level")
     qtype = gguf.GGMLQuantizationType[name]
     n_out = 37
     wq = K.quantize(int(qtype), rng.standard_normal(n_out * n_in).astype(np.float32)).reshape(n_out, -1)
@@ -76,6 +83,3 @@ def test_large_batch_spans_thread_chunks(cpu, rng):
     want = per_token(cpu, int(qtype), wq, n_in, x)
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
-
-def test_avx2_tiles():
-    rerun_at_simd_level("avx2", __file__, "bit_identical or single_token or spans_thread_chunks")

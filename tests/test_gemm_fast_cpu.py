@@ -5,13 +5,13 @@ same whatever else shares its batch. Types with a single-token fast kernel (ALWA
 arithmetic for every batch, one token, one sequence and batch-invariant steps included (the
 engine's default mode is then batch-invariant too); the other fast types take it for batches of
 several sequences only (n_seq > 1, not batch-invariant), where one sequence, a batch-invariant
-batch and one token keep vec_dot's results. The AVX-512 kernels run at this machine's level;
-test_avx2_kernels reruns the file under EMBER_SIMD=avx2."""
+batch and one token keep vec_dot's results. Every test runs at this machine's level (the AVX-512
+kernels where it has them) and again at the avx2 level (EMBER_SIMD, set in-process)."""
 import gguf
 import numpy as np
 import pytest
 
-from conftest import kernel_module, rerun_at_simd_level
+from conftest import at_simd_level, kernel_module, simd_levels
 
 K = kernel_module()
 
@@ -23,8 +23,14 @@ ALWAYS = {"avx512": {"Q4_0", "Q4_1", "Q8_0"}, "avx2": set()}
 N_TOK = [1, 2, 3, 8, 16, 33, 64]
 
 
+@pytest.fixture(scope="module", params=simd_levels("avx2"), autouse=True)
+def level(request):
+    with at_simd_level(request.param):
+        yield request.param
+
+
 @pytest.fixture(scope="module")
-def cpu():
+def cpu(level):
     return K.Backend("cpu", 2)
 
 
@@ -192,7 +198,3 @@ def test_matmul_many_hands_out_all_weights(cpu, rng):
             for nm, (qtype, wq, _), got, fast in zip(names, ws, invariant, outs):
                 want = fast if always_fast(nm) else vec_dots(qtype, wq, x)
                 np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=f"{nm} n_tok={n_tok}")
-
-
-def test_avx2_kernels():
-    rerun_at_simd_level("avx2", __file__, "not avx2")

@@ -1,7 +1,5 @@
 """Quant block formats and CPU dot products (_ember_test's quant kernels, _ember.type_info)
 against the gguf package's numpy reference (gguf.quants) and against each other (SIMD kernel vs scalar reference)."""
-import os
-
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
@@ -9,7 +7,7 @@ import gguf
 import gguf.quants
 
 from ember import _ember
-from conftest import kernel_module, rerun_at_simd_level, rng_for
+from conftest import at_simd_level, kernel_module, rng_for, simd_levels
 
 E = kernel_module()
 
@@ -17,6 +15,13 @@ ALL_TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q8_
              T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_K]
 LEGACY_QUANTIZED = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
 K_QUANTIZED = [T.Q4_K, T.Q5_K, T.Q6_K]
+
+
+@pytest.fixture(params=simd_levels("avx2", "scalar"))
+def level(request):
+    """The SIMD level the kernels run at: this machine's, then each lower one (EMBER_SIMD, set in-process)."""
+    with at_simd_level(request.param):
+        yield request.param
 
 # Byte offsets of the fp16 scale fields inside one block (Q8_K: an fp32 scale at 0).
 F16_FIELDS = {
@@ -62,9 +67,10 @@ def test_type_info_and_simd_level():
     assert E.vec_dot_type(int(T.Q6_K)) == int(T.Q8_K)
     assert E.vec_dot_type(int(T.F16)) == int(T.F32)
     assert E.simd_level() in ("avx512", "avx2", "neon", "scalar")
-    expected = os.environ.get("EMBER_QUANT_EXPECT_SIMD")
-    if expected:
-        assert E.simd_level() == expected
+
+
+def test_simd_level_follows_the_switch(level):
+    assert E.simd_level() == level
 
 
 @pytest.mark.parametrize("t", [t for t in ALL_TYPES if t not in (T.Q8_1, T.Q8_K)], ids=lambda t: t.name)
@@ -169,7 +175,7 @@ def test_fp16_all_patterns_round_trip():
     np.testing.assert_array_equal(back[finite], h[finite])
 
 
-def test_q8_activation_quantizers():
+def test_q8_activation_quantizers(level):
     rng = rng_for("quantize", "Q8_1/Q8_K")
     for name, x in float_rows(rng, 1024).items():
         # Q8_1 = Q8_0's d and quants plus s = f16(d * sum(q))
@@ -247,7 +253,7 @@ def sizes_for(t):
 
 
 @pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
-def test_vec_dot_best_matches_ref(t):
+def test_vec_dot_best_matches_ref(t, level):
     """Both kernels sum exact integer products per block and differ only in the order in which
     the fp32 per-block terms are added (and FMA rounding), so |best - ref| is bounded by
     (number of terms) * eps32 * sum(|terms|); the tolerance uses that bound."""
@@ -283,7 +289,7 @@ def test_vec_dot_best_matches_ref(t):
 
 
 @pytest.mark.parametrize("t", [T.Q8_0, T.Q8_1], ids=lambda t: t.name)
-def test_activation_quantizer_matches_ref(t):
+def test_activation_quantizer_matches_ref(t, level):
     """The matmul's activation quantizer (SIMD where there is one) writes the scalar reference's
     bytes: random magnitudes, zero blocks, exact halfway quotients of both signs, non-finite blocks."""
     rng = rng_for("activation quantizer", t.name)
@@ -302,7 +308,7 @@ def test_activation_quantizer_matches_ref(t):
         np.testing.assert_array_equal(best, ref)
 
 
-def test_q8_k_activation_quantizer_matches_ref():
+def test_q8_k_activation_quantizer_matches_ref(level):
     """As above for Q8_K (super-blocks of 256): the first value of largest magnitude sets the
     scale, quotients round to nearest even, +128 is capped at 127."""
     rng = rng_for("activation quantizer", "Q8_K")
@@ -319,12 +325,6 @@ def test_q8_k_activation_quantizer_matches_ref():
     for x in rows + [special.reshape(-1), np.zeros(256, dtype=np.float32)]:
         best, ref = E.quantize(int(T.Q8_K), x, impl="best"), E.quantize(int(T.Q8_K), x, impl="ref")
         np.testing.assert_array_equal(best, ref)
-
-
-@pytest.mark.parametrize("level", ["avx2", "scalar"])
-def test_lower_simd_levels(level):
-    rerun_at_simd_level(level, __file__, "vec_dot_best_matches_ref or type_info_and_simd_level or activation_quantizer",
-                        EMBER_QUANT_EXPECT_SIMD=level)
 
 
 def test_bad_input_raises_value_error():

@@ -33,6 +33,8 @@ void bind_switches(nb::module_& m) {
           "Override an EMBER_* runtime switch for every backend made after this call (a live model keeps "
           "the values it was made with); '' clears the override. ValueError for an unknown name or a value "
           "the switch does not take.");
+    m.def("switch_override", &switch_override, nb::arg("name"),
+          "The override set_switch holds for a switch ('' where none). ValueError for an unknown name.");
     m.def("switches", &switches,
           "Every EMBER_* runtime switch: a list of {name, fallback, values, meaning, value, override}, value "
           "being what a backend made now would read (override > environment > fallback).");

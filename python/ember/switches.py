@@ -14,8 +14,8 @@ OTHER_VARIABLES = [
     ("EMBER_TEST_CACHE", "Where the tests keep downloaded models (default `~/.cache/ember-tests`)."),
     ("EMBER_TEST_SEED", "Replays the random inputs of a test run (each test prints its seed)."),
     ("EMBER_TEST_MODULE", "CMake option: build the `_ember_test` kernel-test module next to `_ember`."),
-    ("EMBER_QUANT_EXPECT_SIMD", "tests/test_quant.py: the SIMD level the run must report."),
     ("EMBER_SCREENSHOT_DIR", "tests/test_chat_page.py: where the chat page's screenshots go."),
+    ("EMBER_FUZZ_VOCAB_DIR", "tests/fuzz: the folder of vocabularies the tokenizer fuzzer reads."),
 ]
 
 
@@ -36,11 +36,11 @@ def overridden(**values):
     """`with overridden(EMBER_SIMD="scalar"): ...`: backends (and contexts) made inside see these
     values; the overrides held before are restored on exit. A model made inside keeps its values
     after the block."""
-    before = {row["name"]: row["override"] for row in table()}
+    before = {name: _ember.switch_override(name) for name in values}   # an unknown name raises here
     changed = []
     try:
         for name, value in values.items():
-            set_switch(name, value)   # an unknown name raises, listing the known ones
+            set_switch(name, value)
             changed.append(name)
         yield
     finally:

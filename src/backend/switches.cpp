@@ -28,7 +28,8 @@ const std::vector<SwitchInfo>& switch_table() {
          "0: streamed weights are copied through pinned bounce buffers even where the mapped file could be "
          "pinned for direct copies (tests the bounce buffers)."},
         // CUDA backend
-        {"EMBER_CUDA_GRAPHS", "1", "0|1", "0: every step runs eagerly, never captured into or replayed from a CUDA graph."},
+        {"EMBER_CUDA_GRAPHS", "1", "0|1",
+         "0: every step runs eagerly, never captured into or replayed from a CUDA graph."},
         {"EMBER_CUDA_GRAPH_LOG", "0", "0|1",
          "1: each step's graph outcome (replay, capture, eager) and each invalidation go to stderr: why a step "
          "shape does not replay."},

@@ -70,12 +70,15 @@ void exp_shifted_scalar(float* x, int32_t n, float m) {
     for (int32_t j = 0; j < n; ++j) x[j] = std::exp(x[j] - m);
 }
 
-const AttentionMath& attention_math(int32_t head_dim) {
-    static const AttentionMath& best = cpu_simd_level() == SimdLevel::avx512 ? kAttentionMathAvx512
-                                       : cpu_simd_level() == SimdLevel::avx2   ? kAttentionMathAvx2
-                                       : cpu_simd_level() == SimdLevel::neon   ? kAttentionMathNeon
-                                                                               : kAttentionMathScalar;
-    return head_dim % kAttentionLanes == 0 ? best : kAttentionMathScalar;
+const AttentionMath& attention_math(int32_t head_dim, SimdLevel level) {
+    if (head_dim % kAttentionLanes != 0) return kAttentionMathScalar;
+    switch (level) {
+        case SimdLevel::avx512: return kAttentionMathAvx512;
+        case SimdLevel::avx2: return kAttentionMathAvx2;
+        case SimdLevel::neon: return kAttentionMathNeon;
+        case SimdLevel::scalar: break;
+    }
+    return kAttentionMathScalar;
 }
 
 }  // namespace ember

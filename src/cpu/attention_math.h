@@ -6,6 +6,8 @@
 #pragma once
 #include <cstdint>
 
+#include "cpu/cpu_kernels.h"
+
 namespace ember {
 
 constexpr int kAttentionLanes = 16;   // positions per transposed key group
@@ -46,8 +48,8 @@ extern const AttentionMath kAttentionMathAvx2;
 extern const AttentionMath kAttentionMathAvx512;
 extern const AttentionMath kAttentionMathNeon;   // ARM64 (the scalar table on other targets)
 
-// The level vec_dot uses (CPU features, lowered by EMBER_SIMD); the scalar reference for head
-// dimensions that are not a multiple of 16.
-const AttentionMath& attention_math(int32_t head_dim);
+// The table of a SIMD level (the backend's, the one its vec_dot uses); the scalar reference for
+// head dimensions that are not a multiple of 16.
+const AttentionMath& attention_math(int32_t head_dim, SimdLevel level);
 
 }  // namespace ember

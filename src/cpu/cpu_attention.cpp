@@ -159,9 +159,9 @@ void with_kv_type(GGMLType t, F&& f) {
 
 // Stores x [n_tok][width] into one cache (K or V at `base`).
 template <class Kv>
-void store_rows(const BatchInfo& batch, const KVLayer& kv, void* base, const float* x, int32_t n_tok) {
+void store_rows(const BatchInfo& batch, const KVLayer& kv, void* base, const float* x, int32_t n_tok,
+                const AttentionMath& math) {
     const int64_t width = kv_width(kv);
-    const AttentionMath& math = attention_math(kv.head_dim);
     for (int32_t t = 0; t < n_tok; ++t) {
         const int32_t pos = batch.pos[t];
         const int32_t block = batch.block_table[(int64_t)batch.seq[t] * batch.max_blocks + pos / kv.block_size];
@@ -184,9 +184,8 @@ struct Scratch {
 
 template <class K, class V>
 void attend_unit(const BatchInfo& batch, const KVLayer& kv, const float* q, const AttentionShape& s,
-                 const Unit& u, Scratch& sc, float* out) {
+                 const Unit& u, Scratch& sc, const AttentionMath& math, float* out) {
     const int32_t D = s.head_dim, group = s.n_head / s.n_head_kv;
-    const AttentionMath& math = attention_math(D);
     const int64_t q_width = (int64_t)s.n_head * D;
     const int32_t* table = &batch.block_table[(int64_t)u.seq * batch.max_blocks];
     // First position token t sees; the unit gathers [lo, n_pos) (scratch index p - lo).
@@ -271,7 +270,7 @@ void attend_unit(const BatchInfo& batch, const KVLayer& kv, const float* q, cons
 
 template <class K, class V>
 void attend(ThreadPool& pool, const BatchInfo& batch, const KVLayer& kv, const float* q, int32_t n_tok,
-            const AttentionShape& s, float* out) {
+            const AttentionShape& s, const AttentionMath& math, float* out) {
     std::vector<std::vector<int32_t>> by_seq(batch.n_seq);
     for (int32_t t = 0; t < n_tok; ++t) by_seq[batch.seq[t]].push_back(t);
     std::vector<Unit> units;
@@ -282,22 +281,24 @@ void attend(ThreadPool& pool, const BatchInfo& batch, const KVLayer& kv, const f
                                  (int32_t)std::min<size_t>(kTokensPerUnit, by_seq[sq].size() - j)});
     pool.parallel_for((int64_t)units.size(), 1, [&](int64_t b, int64_t e) {
         thread_local Scratch sc;
-        for (int64_t i = b; i < e; ++i) attend_unit<K, V>(batch, kv, q, s, units[i], sc, out);
+        for (int64_t i = b; i < e; ++i) attend_unit<K, V>(batch, kv, q, s, units[i], sc, math, out);
     });
 }
 
 }  // namespace
 
 void CpuBackend::kv_store(KVLayer& kv, const float* k, const float* v, int32_t n_tok) {
-    with_kv_type(kv.k_type, [&](auto kt) { store_rows<decltype(kt)>(batch_, kv, kv.k, k, n_tok); });
-    with_kv_type(kv.v_type, [&](auto vt) { store_rows<decltype(vt)>(batch_, kv, kv.v, v, n_tok); });
+    const AttentionMath& math = attention_math(kv.head_dim, simd_);
+    with_kv_type(kv.k_type, [&](auto kt) { store_rows<decltype(kt)>(batch_, kv, kv.k, k, n_tok, math); });
+    with_kv_type(kv.v_type, [&](auto vt) { store_rows<decltype(vt)>(batch_, kv, kv.v, v, n_tok, math); });
 }
 
 void CpuBackend::attention(const KVLayer& kv, const float* q, int32_t n_tok, const AttentionShape& s,
                            float* out) {
+    const AttentionMath& math = attention_math(s.head_dim, simd_);
     with_kv_type(kv.k_type, [&](auto kt) {
         with_kv_type(kv.v_type, [&](auto vt) {
-            attend<decltype(kt), decltype(vt)>(pool_, batch_, kv, q, n_tok, s, out);
+            attend<decltype(kt), decltype(vt)>(pool_, batch_, kv, q, n_tok, s, math, out);
         });
     });
 }

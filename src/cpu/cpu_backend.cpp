@@ -18,9 +18,10 @@
 
 namespace ember {
 
-CpuBackend::CpuBackend(int n_threads) : pool_(n_threads) {
-    if (const char* kb = std::getenv("EMBER_CPU_HANDOUT_KB")) handout_bytes_ = size_t(std::atol(kb)) << 10;
-}
+CpuBackend::CpuBackend(int n_threads, const Switches& switches)
+    : handout_bytes_(size_t(switches.integer("EMBER_CPU_HANDOUT_KB")) << 10),
+      simd_(simd_level(switches)),
+      pool_(n_threads) {}
 
 void* CpuBackend::alloc(size_t bytes) {
     // Buffers of 2 MiB and more (the KV pool above all, whose blocks attention visits in the
@@ -112,7 +113,7 @@ void gated_act_scalar(Activation act, const float* gate, const float* up, int64_
 }
 
 void CpuBackend::gated_act(Activation act, const float* gate, const float* up, int64_t n, float* out) {
-    static const auto kernel = cpu_simd_level() == SimdLevel::avx512 ? gated_act_avx512 : gated_act_scalar;
+    const auto kernel = simd_ == SimdLevel::avx512 ? gated_act_avx512 : gated_act_scalar;
     pool_.parallel_for(n, 1024, [&](int64_t b, int64_t e) { kernel(act, gate + b, up + b, e - b, out + b); });
 }
 
@@ -149,7 +150,7 @@ std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& opts) {
                      n_threads, hw, hw);
         n_threads = (int)hw;
     }
-    return std::make_unique<CpuBackend>(n_threads);
+    return std::make_unique<CpuBackend>(n_threads, opts.switches);
 }
 
 }  // namespace ember

@@ -4,14 +4,17 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu/cpu_kernels.h"
 #include "cpu/thread_pool.h"
 #include "backend/backend.h"
+#include "backend/switches.h"
 
 namespace ember {
 
 class CpuBackend final : public Backend {
 public:
-    explicit CpuBackend(int n_threads);
+    // Reads EMBER_SIMD and EMBER_CPU_HANDOUT_KB from `switches`, here and nowhere else.
+    CpuBackend(int n_threads, const Switches& switches);
     const char* name() const override { return "cpu"; }
     bool is_host() const override { return true; }
 
@@ -57,10 +60,11 @@ private:
     // 7B gate/up on 16 threads (what sqrt(bytes * T / 16 KiB) gave there, measured best), and
     // n_chunks() on 2 threads up to 1B models, where more chunks cost more than they save
     // (docs/performance.md).
-    // EMBER_CPU_HANDOUT_KB (diagnosis) sets k; 0 = n_chunks() only.
-    size_t handout_bytes_ = size_t(256) << 10;
+    // k is EMBER_CPU_HANDOUT_KB (switch_table's fallback; set for diagnosis); 0 = n_chunks() only.
+    size_t handout_bytes_;
     int64_t row_grain(int64_t n_rows, size_t w_row) const;
 
+    SimdLevel simd_;   // every kernel this backend calls is this level's (EMBER_SIMD lowers it)
     ThreadPool pool_;
     BatchInfo batch_;
     std::vector<uint8_t> act_q_;                   // activations quantized for vec_dot

@@ -32,8 +32,8 @@ bool fast_batch(const BatchInfo& batch, int32_t n_tok) {
 // The fast kernel every batch of this weight type takes, one token included, or nullptr: where
 // the fast kernels have a single-token form, every token's result is the fast arithmetic's
 // whatever the batch (one sequence or several, deterministic or not, any prompt split).
-const FastGemm* fast_always(GGMLType type) {
-    const FastGemm* k = fast_gemm_for(type);
+const FastGemm* fast_always(GGMLType type, SimdLevel level) {
+    const FastGemm* k = fast_gemm_for(type, level);
     return k && k->gemv ? k : nullptr;
 }
 
@@ -46,14 +46,14 @@ int64_t fast_grain(int64_t n_out, int64_t n_chunks, int64_t tile) {
 // x quantized for the fast kernel k into buf (whole token tiles shared out among the threads: the
 // tokens of a tile share cache lines).
 const uint8_t* prepare_fast(ThreadPool& pool, std::vector<uint8_t>& buf, const FastGemm& k, const float* x,
-                            int64_t n_in, int32_t n_tok) {
+                            int64_t n_in, int32_t n_tok, SimdLevel level) {
     const size_t bytes = fast_gemm_act_bytes(n_in, n_tok);
     if (buf.size() < bytes) buf.resize(bytes);
     uint8_t* act = buf.data();
     const int64_t nb = n_in / 32;
     if (n_tok > kFastTok) {
         pool.parallel_for(n_tok, kFastTok, [&](int64_t b, int64_t e) {
-            fast_gemm_prepare(k, x, n_in, int32_t(b), int32_t(e), 0, nb, act);
+            fast_gemm_prepare(k, x, n_in, int32_t(b), int32_t(e), 0, nb, act, level);
         });
         return act;
     }
@@ -62,16 +62,17 @@ const uint8_t* prepare_fast(ThreadPool& pool, std::vector<uint8_t>& buf, const F
     // doing it alone would hold the others up.
     const int64_t unit = k.act_type == GGMLType::Q8_K ? 8 : 1, n_units = (nb + unit - 1) / unit;
     pool.parallel_for(n_units, (n_units + pool.size() - 1) / pool.size(), [&](int64_t b, int64_t e) {
-        fast_gemm_prepare(k, x, n_in, 0, n_tok, b * unit, std::min(nb, e * unit), act);
+        fast_gemm_prepare(k, x, n_in, 0, n_tok, b * unit, std::min(nb, e * unit), act, level);
     });
     return act;
 }
 
 // One token's x prepared for kernel k's gemv into buf.
-const uint8_t* prepare_one(std::vector<uint8_t>& buf, const FastGemm& k, const float* x, int64_t n_in) {
+const uint8_t* prepare_one(std::vector<uint8_t>& buf, const FastGemm& k, const float* x, int64_t n_in,
+                           SimdLevel level) {
     const size_t bytes = fast_gemv_act_bytes(n_in);
     if (buf.size() < bytes) buf.resize(bytes);
-    fast_gemv_prepare(k, x, n_in, buf.data());
+    fast_gemv_prepare(k, x, n_in, buf.data(), level);
     return buf.data();
 }
 
@@ -80,16 +81,17 @@ const uint8_t* prepare_one(std::vector<uint8_t>& buf, const FastGemm& k, const f
 // weight has a fast kernel reading the same prepared activations (for one token: single-token
 // kernels, which the caller checked).
 bool matmul_many_fast(ThreadPool& pool, std::vector<uint8_t>& buf, int64_t n_chunks, const Weight* const* ws,
-                      float* const* ys, int count, const float* x, int32_t n_tok) {
+                      float* const* ys, int count, const float* x, int32_t n_tok, SimdLevel level) {
     std::vector<const FastGemm*> ks(count);
     for (int i = 0; i < count; ++i) {
-        ks[i] = fast_gemm_for(ws[i]->type);
+        ks[i] = fast_gemm_for(ws[i]->type, level);
         if (!ks[i] || ks[i]->act_type != ks[0]->act_type || ks[i]->offset != ks[0]->offset ||
             ks[i]->row_tile != ks[0]->row_tile || ws[i]->n_in != ws[0]->n_in)
             return false;
     }
     const int64_t n_in = ws[0]->n_in, tile = ks[0]->row_tile;
-    const uint8_t* act = n_tok == 1 ? prepare_one(buf, *ks[0], x, n_in) : prepare_fast(pool, buf, *ks[0], x, n_in, n_tok);
+    const uint8_t* act = n_tok == 1 ? prepare_one(buf, *ks[0], x, n_in, level)
+                                    : prepare_fast(pool, buf, *ks[0], x, n_in, n_tok, level);
     std::vector<int64_t> first(count + 1, 0);   // row tiles of weight i: [first[i], first[i + 1])
     for (int i = 0; i < count; ++i) first[i + 1] = first[i] + (ws[i]->n_out + tile - 1) / tile;
     const int64_t total = first[count];
@@ -118,14 +120,14 @@ const uint8_t* CpuBackend::quantize_input(GGMLType type, const float* x, int64_t
     if (act_q_.size() < x_row * n_tok) act_q_.resize(x_row * n_tok);
     uint8_t* xq = act_q_.data();
     pool_.parallel_for(n_tok, 1, [&](int64_t b, int64_t e) {
-        for (int64_t t = b; t < e; ++t) quantize_activations(type, x + t * n_in, xq + t * x_row, n_in);
+        for (int64_t t = b; t < e; ++t) quantize_activations(type, x + t * n_in, xq + t * x_row, n_in, simd_);
     });
     return xq;
 }
 
 void CpuBackend::matmul(const Weight& w, const float* x, int32_t n_tok, float* y) {
-    if (const FastGemm* k = fast_always(w.type); k && n_tok == 1) {
-        const uint8_t* act = prepare_one(act_q_, *k, x, w.n_in);
+    if (const FastGemm* k = fast_always(w.type, simd_); k && n_tok == 1) {
+        const uint8_t* act = prepare_one(act_q_, *k, x, w.n_in, simd_);
         const auto* wdata = static_cast<const uint8_t*>(w.data);
         const size_t w_row = row_bytes(w.type, w.n_in);
         const int64_t tile = k->row_tile;
@@ -133,9 +135,9 @@ void CpuBackend::matmul(const Weight& w, const float* x, int32_t n_tok, float* y
         pool_.parallel_for(w.n_out, grain, [&](int64_t b, int64_t e) { k->gemv(w.n_in, wdata, w_row, act, b, e, y); });
         return;
     }
-    if (fast_batch(batch_, n_tok) || fast_always(w.type)) {
-        if (const FastGemm* k = fast_gemm_for(w.type)) {
-            const uint8_t* act = prepare_fast(pool_, act_q_, *k, x, w.n_in, n_tok);
+    if (fast_batch(batch_, n_tok) || fast_always(w.type, simd_)) {
+        if (const FastGemm* k = fast_gemm_for(w.type, simd_)) {
+            const uint8_t* act = prepare_fast(pool_, act_q_, *k, x, w.n_in, n_tok, simd_);
             const auto* wdata = static_cast<const uint8_t*>(w.data);
             const size_t w_row = row_bytes(w.type, w.n_in);
             pool_.parallel_for(w.n_out, fast_grain(w.n_out, n_chunks(), k->row_tile), [&](int64_t b, int64_t e) {
@@ -144,7 +146,7 @@ void CpuBackend::matmul(const Weight& w, const float* x, int32_t n_tok, float* y
             return;
         }
     }
-    const CpuKernels& kern = cpu_kernels(w.type);
+    const CpuKernels& kern = cpu_kernels(w.type, simd_);
     const size_t x_row = row_bytes(kern.vec_dot_type, w.n_in);
     const size_t w_row = row_bytes(w.type, w.n_in);
     const uint8_t* xq = quantize_input(kern.vec_dot_type, x, w.n_in, n_tok);
@@ -182,13 +184,14 @@ int64_t CpuBackend::row_grain(int64_t n_rows, size_t w_row) const {
 // batches that take them for every weight; vec_dot: one token).
 void CpuBackend::matmul_many(const Weight* const* ws, float* const* ys, int count, const float* x, int32_t n_tok) {
     bool always = true;
-    for (int i = 0; i < count; ++i) always = always && fast_always(ws[i]->type);
-    if ((fast_batch(batch_, n_tok) || always) && matmul_many_fast(pool_, act_q_, n_chunks(), ws, ys, count, x, n_tok))
+    for (int i = 0; i < count; ++i) always = always && fast_always(ws[i]->type, simd_);
+    if ((fast_batch(batch_, n_tok) || always) &&
+        matmul_many_fast(pool_, act_q_, n_chunks(), ws, ys, count, x, n_tok, simd_))
         return;
-    const GGMLType act = cpu_kernels(ws[0]->type).vec_dot_type;
+    const GGMLType act = cpu_kernels(ws[0]->type, simd_).vec_dot_type;
     bool shared = n_tok == 1 && count > 1;
     for (int i = 0; i < count; ++i)   // (a type with a single-token fast kernel takes it, alone)
-        shared = shared && !fast_always(ws[i]->type) && cpu_kernels(ws[i]->type).vec_dot_type == act &&
+        shared = shared && !fast_always(ws[i]->type, simd_) && cpu_kernels(ws[i]->type, simd_).vec_dot_type == act &&
                  ws[i]->n_in == ws[0]->n_in;
     if (!shared) {
         Backend::matmul_many(ws, ys, count, x, n_tok);
@@ -204,7 +207,7 @@ void CpuBackend::matmul_many(const Weight* const* ws, float* const* ys, int coun
         while (first[i + 1] <= b) ++i;
         for (int64_t g = b; g < e; ++i) {
             const Weight& w = *ws[i];
-            const VecDotFn dot = cpu_kernels(w.type).vec_dot;
+            const VecDotFn dot = cpu_kernels(w.type, simd_).vec_dot;
             const size_t w_row = row_bytes(w.type, n_in);
             const auto* wdata = static_cast<const uint8_t*>(w.data);
             const int64_t stop = std::min(e, first[i + 1]);

@@ -13,8 +13,7 @@
 
 namespace ember {
 
-const FastGemm* fast_gemm_for(GGMLType type) {
-    const SimdLevel level = cpu_simd_level();
+const FastGemm* fast_gemm_for(GGMLType type, SimdLevel level) {
     const FastGemm* k = level == SimdLevel::avx512 ? fast_gemm_avx512_for(type) : nullptr;
     if (!k && int(level) >= int(SimdLevel::avx2)) k = fast_gemm_avx2_for(type);
     return k;
@@ -65,13 +64,13 @@ ActTerms act_terms(const FastGemm& k, const SrcBlock& src) {
 }  // namespace
 
 void fast_gemm_prepare(const FastGemm& k, const float* x, int64_t n_in, int32_t t_begin, int32_t t_end,
-                       int64_t b_begin, int64_t b_end, uint8_t* act) {
+                       int64_t b_begin, int64_t b_end, uint8_t* act, SimdLevel level) {
     const int64_t nb = n_in / 32;
     thread_local std::vector<uint8_t> row;
     row.resize(row_bytes(k.act_type, (b_end - b_begin) * 32));
     auto* blocks = reinterpret_cast<FastActBlock*>(act);
     for (int32_t t = t_begin; t < t_end; ++t) {
-        quantize_activations(k.act_type, x + t * n_in + b_begin * 32, row.data(), (b_end - b_begin) * 32);
+        quantize_activations(k.act_type, x + t * n_in + b_begin * 32, row.data(), (b_end - b_begin) * 32, level);
         FastActBlock* tile = blocks + (t / kFastTok) * nb;
         const int slot = t % kFastTok;
         for (int64_t b = b_begin; b < b_end; ++b) {
@@ -95,11 +94,11 @@ FastActOne fast_gemv_act(const uint8_t* act, int64_t n_in) {
     return {reinterpret_cast<const int8_t*>(act), f, f + nb, reinterpret_cast<const int32_t*>(f + 2 * nb)};
 }
 
-void fast_gemv_prepare(const FastGemm& k, const float* x, int64_t n_in, uint8_t* act) {
+void fast_gemv_prepare(const FastGemm& k, const float* x, int64_t n_in, uint8_t* act, SimdLevel level) {
     const int64_t nb = n_in / 32;
     thread_local std::vector<uint8_t> row;
     row.resize(row_bytes(k.act_type, n_in));
-    quantize_activations(k.act_type, x, row.data(), n_in);
+    quantize_activations(k.act_type, x, row.data(), n_in, level);
     std::memset(act + n_in, 0, 64);
     auto* f = reinterpret_cast<float*>(act + n_in + 64);
     auto* n = reinterpret_cast<int32_t*>(f + 2 * nb);

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cpu/cpu_kernels.h"
 #include "ember/quant.h"
 
 namespace ember {
@@ -48,9 +49,9 @@ struct FastGemm {
     int32_t offset;      // the weight offset of FastActBlock::n and h (0: none)
 };
 
-// The fast kernel of `type` at this CPU's SIMD level (cpu_simd_level(), EMBER_SIMD included),
-// or nullptr where there is none (the caller keeps the exact tiles).
-const FastGemm* fast_gemm_for(GGMLType type);
+// The fast kernel of `type` at a SIMD level (the backend's, EMBER_SIMD included), or nullptr
+// where there is none (the caller keeps the exact tiles).
+const FastGemm* fast_gemm_for(GGMLType type, SimdLevel level);
 const FastGemm* fast_gemm_avx512_for(GGMLType type);
 const FastGemm* fast_gemm_avx2_for(GGMLType type);
 
@@ -61,7 +62,7 @@ size_t fast_gemm_act_bytes(int64_t n_in, int32_t n_tok);
 // token ranges (whole tiles keep them off each other's cache lines) or block ranges (whole Q8_K
 // super-blocks: a block's FastActBlock holds all the tokens of its tile).
 void fast_gemm_prepare(const FastGemm& k, const float* x, int64_t n_in, int32_t t_begin, int32_t t_end,
-                       int64_t b_begin, int64_t b_end, uint8_t* act);
+                       int64_t b_begin, int64_t b_end, uint8_t* act, SimdLevel level);
 
 // One token's activations for FastGemm::gemv: the int8 values of its nb = n_in / 32 blocks one
 // after the other (64 bytes of zeros after them, so a kernel may read a whole block pair past an
@@ -75,6 +76,6 @@ struct FastActOne {
 };
 size_t fast_gemv_act_bytes(int64_t n_in);
 FastActOne fast_gemv_act(const uint8_t* act, int64_t n_in);
-void fast_gemv_prepare(const FastGemm& k, const float* x, int64_t n_in, uint8_t* act);
+void fast_gemv_prepare(const FastGemm& k, const float* x, int64_t n_in, uint8_t* act, SimdLevel level);
 
 }  // namespace ember

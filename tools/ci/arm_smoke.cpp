@@ -27,7 +27,9 @@ namespace {
 
 using Rng = std::mt19937;
 
-bool neon_level() { return cpu_simd_level() == SimdLevel::neon; }
+// The level the CPU backend made here uses (EMBER_SIMD lowers it).
+SimdLevel level() { return simd_level(Switches::current()); }
+bool neon_level() { return level() == SimdLevel::neon; }
 
 std::vector<float> normals(Rng& rng, size_t n, float scale = 1.0f) {
     std::normal_distribution<float> normal;
@@ -51,7 +53,7 @@ int check_matmul(Backend& cpu, GGMLType type, Rng& rng) {
     const Weight weight = cpu.prepare_weight(t);
     cpu.matmul(weight, x.data(), n_tok, y.data());
     // Reference: dequantized weights x activations quantized to the vec_dot type, in double.
-    const GGMLType act = cpu_kernels(type).vec_dot_type;
+    const GGMLType act = cpu_kernels(type, level()).vec_dot_type;
     const TypeTraits& at = type_traits(act);
     std::vector<float> wd(n_in), xd(n_in);
     std::vector<uint8_t> xq(row_bytes(act, n_in));
@@ -115,7 +117,7 @@ std::vector<uint8_t> weight_row(GGMLType type, int64_t n, bool raw, Rng& rng) {
 // (n + 16) * 2^-23 * sum|w x| (test_quant.py uses the same).
 int check_vec_dot(GGMLType type, Rng& rng) {
     const TypeTraits& tr = type_traits(type);
-    const CpuKernels& k = cpu_kernels(type);
+    const CpuKernels& k = cpu_kernels(type, level());
     const TypeTraits& at = type_traits(k.vec_dot_type);
     const bool exact = tr.block_elems > 1;
     if (neon_level() && k.vec_dot == k.vec_dot_ref) {
@@ -159,7 +161,7 @@ int check_vec_dot(GGMLType type, Rng& rng) {
 // overflows), blocks with an infinity or a NaN.
 int check_quantizer(GGMLType type, Rng& rng) {
     const TypeTraits& tr = type_traits(type);
-    const QuantizeRowFn best = cpu_kernels(type).quantize_row_best;
+    const QuantizeRowFn best = cpu_kernels(type, level()).quantize_row_best;
     if (neon_level() && best == tr.quantize_row) {
         std::printf("FAIL quantize %s: no NEON quantizer at the neon level\n", tr.name);
         return 1;
@@ -212,7 +214,7 @@ std::vector<uint16_t> halves(Rng& rng, size_t n) {
 // The dispatched attention arithmetic (attention_math(D)) against the scalar table.
 int check_attention(Rng& rng) {
     const AttentionMath& ref = kAttentionMathScalar;
-    const AttentionMath& best = attention_math(64);
+    const AttentionMath& best = attention_math(64, level());
     if (neon_level() && best.scores == ref.scores) {
         std::printf("FAIL attention: the scalar arithmetic at the neon level\n");
         return 1;
@@ -223,7 +225,7 @@ int check_attention(Rng& rng) {
     };
     constexpr int L = kAttentionLanes;
     for (int32_t D : {16, 32, 48, 64, 80, 128}) {
-        const AttentionMath& m = attention_math(D);
+        const AttentionMath& m = attention_math(D, level());
         for (int32_t groups : {1, 3, 4, 7}) {
             const std::vector<float> q = normals(rng, D), kt = normals(rng, size_t(groups) * D * L);
             std::vector<float> a(groups * L), b(groups * L);
@@ -310,7 +312,7 @@ int main(int argc, char** argv) {
     BackendOptions opts;
     opts.n_threads = 2;
     std::unique_ptr<Backend> cpu = make_backend("cpu", opts);
-    std::printf("SIMD level %d (0 scalar, 1 avx2, 2 avx512, 3 neon)\n", int(cpu_simd_level()));
+    std::printf("SIMD level %d (0 scalar, 1 avx2, 2 avx512, 3 neon)\n", int(level()));
     int bad = 0;
     for (GGMLType t : {GGMLType::Q4_0, GGMLType::Q4_1, GGMLType::Q5_0, GGMLType::Q5_1, GGMLType::Q8_0, GGMLType::Q4_K,
                        GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::F32, GGMLType::F16, GGMLType::BF16})

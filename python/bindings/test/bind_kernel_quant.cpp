@@ -17,6 +17,10 @@ using namespace ember;
 
 namespace {
 
+// The level a backend made now would use (EMBER_SIMD through ember.switches or the environment),
+// so a test picks a level in-process.
+SimdLevel level_now() { return simd_level(Switches::current()); }
+
 using Bytes = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using Floats = nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
@@ -58,30 +62,21 @@ nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>> quantize(uint32_t type_id, Floats x
     const size_t bytes = row_bytes(t.type, n);
     uint8_t* out;
     auto arr = owned_array<uint8_t>(bytes, out);
-    (ref ? t.quantize_row : cpu_kernels(t.type).quantize_row_best)(x.data(), out, n);
+    (ref ? t.quantize_row : cpu_kernels(t.type, level_now()).quantize_row_best)(x.data(), out, n);
     return arr;
 }
 
 float vec_dot(uint32_t type_id, Bytes w, Floats x, const std::string& impl) {
     const TypeTraits& t = traits_of(type_id);
     const bool ref = use_ref("quant.vec_dot", impl);
-    const CpuKernels& k = cpu_kernels(t.type);
+    const SimdLevel level = level_now();
+    const CpuKernels& k = cpu_kernels(t.type, level);
     const int64_t n = int64_t(x.size());
     const size_t need = row_bytes(t.type, n);
     if (w.size() != need) fail("quant.vec_dot: ", n, " ", t.name, " weights need ", need, " bytes, w has ", w.size());
     std::vector<uint8_t> xq(row_bytes(k.vec_dot_type, n));
-    quantize_activations(k.vec_dot_type, x.data(), xq.data(), n);
+    quantize_activations(k.vec_dot_type, x.data(), xq.data(), n, level);
     return (ref ? k.vec_dot_ref : k.vec_dot)(n, w.data(), xq.data());
-}
-
-const char* simd_level_name() {
-    switch (cpu_simd_level()) {
-        case SimdLevel::avx512: return "avx512";
-        case SimdLevel::avx2: return "avx2";
-        case SimdLevel::neon: return "neon";
-        case SimdLevel::scalar: break;
-    }
-    return "scalar";
 }
 
 }  // namespace
@@ -95,8 +90,9 @@ void bind_kernel_quant(nb::module_& m) {
     m.def("vec_dot", &vec_dot, nb::arg("type_id"), nb::arg("w"), nb::arg("x"), nb::arg("impl") = "best",
           "Dot product of a weight row (type bytes) with float32 x, which is first quantized to "
           "the type's vec_dot_type; impl 'best' (SIMD) or 'ref' (scalar).");
-    m.def("vec_dot_type", [](uint32_t type_id) { return uint32_t(cpu_kernels(traits_of(type_id).type).vec_dot_type); },
+    m.def("vec_dot_type", [](uint32_t type_id) { return uint32_t(cpu_kernels(traits_of(type_id).type, level_now()).vec_dot_type); },
           nb::arg("type_id"), "The type id the CPU quantizes activations to for a dot with this weight type.");
-    m.def("simd_level", []() { return std::string(simd_level_name()); },
-          "The CPU kernels' SIMD level: 'avx512', 'avx2' or 'scalar' (EMBER_SIMD lowers it).");
+    m.def("simd_level", []() { return std::string(simd_level_name(level_now())); },
+          "The SIMD level of the CPU kernels a backend made now would use: 'avx512', 'avx2', 'neon' or "
+          "'scalar' (EMBER_SIMD lowers it).");
 }

@@ -10,10 +10,12 @@ namespace nb = nanobind;
 void bind_kernel_quant(nb::module_& m);
 void bind_kernel_backend(nb::module_& m);
 void bind_kv(nb::module_& m);
+void bind_kernel_switches(nb::module_& m);
 
 NB_MODULE(_ember_test, m) {
     ember_python::register_exception_translator();
     bind_kernel_quant(m);
     bind_kernel_backend(m);
     bind_kv(m);
+    bind_kernel_switches(m);
 }
