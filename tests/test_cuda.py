@@ -1,9 +1,9 @@
-"""CUDA backend kernels (_ember_test.Backend("cuda")) against references on fresh random data:
-matmul of every weight type (decode GEMV and prompt GEMM paths) vs the gguf package's
-dequantization in float64, rmsnorm / head_rmsnorm / rope (and its scalings) / gated activations
-vs numpy, paged attention (decode, sliding window,
-prompt, GQA, flash-decoding splits) vs a numpy softmax over f16-rounded K/V, and each op
-vs the CPU backend. Skipped with the reason when ember has no CUDA backend or no GPU."""
+"""What only the CUDA backend promises, on fresh random data: the CPU backend's bits where its
+kernels keep the CPU's order of sums (legacy-format GEMV, rope, gated activations, rmsnorm, the
+reference-order attention), fused kernels bit for bit as the unfused ones, attention_short, and
+whole models on the GPU (CUDA graphs, streamed partial offload, KV types) against the CPU. Every op
+against its float64 reference, on every backend and kernel choice: tests/test_backend_ops.py.
+Skipped with the reason when ember has no CUDA backend or no GPU."""
 import numpy as np
 import pytest
 import gguf.quants
@@ -16,7 +16,6 @@ E = kernel_module()
 from ember import _ember
 from ember.switches import overridden
 
-TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
 # Byte offsets of fp16 scale fields in one block: random bytes there could be inf / NaN.
 F16_FIELDS = {T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: [0],
               T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208]}
@@ -86,51 +85,6 @@ def rel_err(y, ref):
     return float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
 
 
-# n_tok 1..8 run the decode GEMV (q8_1 activations for quantized types), up to 64 the same
-# GEMV in chunks of 8 tokens (rows wider than 2048 of the 32-element block formats: the quantized
-# GEMM, tests/test_cuda_gemm.py); larger batches dequantize to f16 and use cuBLAS (float weights:
-# cuBLAS from 9 tokens on).
-@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("n_tok", [1, 3, 8, 37, 80])
-def test_matmul(gpu, t, n_tok):
-    rng = rng_for("matmul", t.name, n_tok)
-    n_in = 768 if t in (T.Q4_K, T.Q5_K, T.Q6_K) else 544   # 544: 17 blocks, not a multiple of 64
-    n_out = 203                                           # not a multiple of the rows per CTA
-    w = random_weight(t, n_out, n_in, rng)
-    x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
-    y = gpu.matmul(int(t), w, n_in, x)
-    assert y.shape == (n_tok, n_out)
-    ref = x.astype(np.float64) @ dequant(t, w, n_in).T
-    if t == T.F32:
-        tol = 1e-5 if n_tok <= 8 else 1e-4
-    elif t in (T.F16, T.BF16) or n_tok > 64:
-        tol = 2e-3            # f16 / bf16 activations on the tensor-core path
-    else:
-        tol = 1.5e-2          # int8 activations (q8_1) in the GEMV
-    assert rel_err(y, ref) < tol
-
-
-@pytest.mark.parametrize("t", [T.Q4_0, T.Q8_0, T.Q4_K, T.Q6_K, T.F16])
-def test_matmul_large_rows(gpu, t):
-    """Rows of 4096 (several units per lane) and 11008 (a ragged last stride)."""
-    rng = rng_for("matmul_large", t.name)
-    for n_in in (4096, 11008 if t not in (T.Q4_K, T.Q6_K) else 11264):
-        w = random_weight(t, 64, n_in, rng)
-        x = rng.standard_normal((2, n_in)).astype(np.float32)
-        ref = x.astype(np.float64) @ dequant(t, w, n_in).T
-        assert rel_err(gpu.matmul(int(t), w, n_in, x), ref) < (2e-3 if t == T.F16 else 1.5e-2)
-
-
-@pytest.mark.parametrize("t", [T.Q4_0, T.Q5_1, T.Q4_K, T.Q6_K])
-def test_matmul_matches_cpu(gpu, cpu, t):
-    rng = rng_for("matmul_cpu", t.name)
-    n_in = 512
-    w = random_weight(t, 80, n_in, rng)
-    x = rng.standard_normal((2, n_in)).astype(np.float32)
-    yc, yg = cpu.matmul(int(t), w, n_in, x), gpu.matmul(int(t), w, n_in, x)
-    assert rel_err(yg, yc) < 2e-2
-
-
 # The GPU's legacy-format GEMV sums in the order of the CPU's AVX-512 kernels (cuda/gemv_legacy.cuh:
 # Q5_0 and Q5_1 as the dot products, Q4_0, Q4_1 and Q8_0 as the fast kernel that takes every batch
 # of them), and both quantize activations alike, so on an AVX-512 host the results are bit for bit
@@ -175,15 +129,11 @@ def test_rope_gated_act_match_cpu(gpu, cpu):
         assert_same_bits(gpu.gated_act(g, u, act), cpu.gated_act(g, u, act), act)
 
 
-def test_rmsnorm(gpu, cpu):
+def test_rmsnorm_same_bits_as_cpu(gpu, cpu):
     rng = rng_for("rmsnorm")
     x = rng.standard_normal((5, 4096)).astype(np.float32) * 3
     g = rng.standard_normal(4096).astype(np.float32)
-    xd = x.astype(np.float64)
-    ref = xd / np.sqrt((xd * xd).mean(axis=1, keepdims=True) + 1e-5) * g
-    y = gpu.rmsnorm(x, g, 1e-5)
-    assert rel_err(y, ref) < 1e-5
-    assert_same_bits(y, cpu.rmsnorm(x, g, 1e-5), "rmsnorm")
+    assert_same_bits(gpu.rmsnorm(x, g, 1e-5), cpu.rmsnorm(x, g, 1e-5), "rmsnorm")
 
 
 def rope_ref(x, pos, n_heads, hd, base, neox):
@@ -200,126 +150,36 @@ def rope_ref(x, pos, n_heads, hd, base, neox):
     return x.reshape(len(pos), -1)
 
 
-@pytest.mark.parametrize("neox", [False, True])
-def test_rope(gpu, neox):
-    rng = rng_for("rope", neox)
-    n_heads, hd = 6, 64
-    pos = [int(p) for p in rng.integers(0, 2000, 7)]
-    x = rng.standard_normal((7, n_heads * hd)).astype(np.float32)
-    y = gpu.rope(x, pos, n_heads, hd, 10000.0, neox)
-    assert rel_err(y, rope_ref(x, pos, n_heads, hd, 10000.0, neox)) < 1e-4
-
-
-@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
-def test_gated_act(gpu, act):
-    rng = rng_for("gated_act", act)
-    g = rng.standard_normal(10007).astype(np.float32) * 4
-    u = rng.standard_normal(10007).astype(np.float32)
-    assert rel_err(gpu.gated_act(g, u, act), ref_ops.gated_act(g, u, act)) < 1e-6
-
-
-@pytest.mark.parametrize("width", [16, 1000, 1001, 32000, 151936])   # 1001: the scalar-load kernel
-def test_argmax_rows(gpu, cpu, width):
-    x = ref_ops.argmax_cases(rng_for("argmax_rows", width), width)
-    want = ref_ops.greedy_ids(x)
-    assert gpu.argmax_rows(x) == want
-    assert cpu.argmax_rows(x) == want
-
-
-def test_head_rmsnorm(gpu, cpu):
+def test_head_rmsnorm_matches_cpu(gpu, cpu):
     rng = rng_for("head_rmsnorm")
     n_tok, n_heads, hd = 5, 8, 128
     x = (rng.standard_normal((n_tok, n_heads * hd)) * rng.uniform(0.1, 5, (n_tok, n_heads * hd))).astype(np.float32)
     g = rng.standard_normal(hd).astype(np.float32)
-    y = gpu.head_rmsnorm(x, g, n_heads, hd, 1e-6)
-    assert rel_err(y, ref_ops.head_rmsnorm(x, g, n_heads, hd, 1e-6)) < 1e-5
-    assert rel_err(y, cpu.head_rmsnorm(x, g, n_heads, hd, 1e-6)) < 1e-6
+    assert rel_err(gpu.head_rmsnorm(x, g, n_heads, hd, 1e-6), cpu.head_rmsnorm(x, g, n_heads, hd, 1e-6)) < 1e-6
 
 
 @pytest.mark.parametrize("scaling", ["freq_factors", "linear", "yarn"])
 @pytest.mark.parametrize("neox", [False, True])
-def test_rope_scaling(gpu, cpu, scaling, neox):
+def test_rope_scaling_same_bits_as_cpu(gpu, cpu, scaling, neox):
     rng = rng_for("rope_scaling", scaling, neox)
     n_heads, hd = 4, 128
     pos = [int(p) for p in rng.integers(0, 8000, 7)]
     x = rng.standard_normal((7, n_heads * hd)).astype(np.float32)
     params = ref_ops.rope_scalings(hd, rng)[scaling]
     y = gpu.rope(x, pos, n_heads, hd, 500000.0, neox, **params)
-    assert rel_err(y, ref_ops.rope(x, pos, n_heads, hd, 500000.0, neox, **params)) < 1e-4
     # the GPU rotates by the CPU's cos and sin (cuda/rope_table.h)
     assert_same_bits(y, cpu.rope(x, pos, n_heads, hd, 500000.0, neox, **params), f"rope {scaling}")
 
 
-@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
-@pytest.mark.parametrize("pos", [[90], [0, 5, 31, 32, 60, 95]], ids=["decode", "prompt"])
-def test_sliding_window_attention(gpu, cpu, kv_type, pos):
-    """A window shorter than the sequence: each query sees only its last `window` positions."""
-    rng = rng_for("attention_window", kv_type, len(pos))
-    n_head, n_kv, hd, length, window = 8, 2, 64, 96, int(rng.integers(4, 40))
-    q = rng.standard_normal((len(pos), n_head * hd)).astype(np.float32)
-    k, v = rng.standard_normal((2, length, n_kv * hd)).astype(np.float32)
-    yg = gpu.attention(q, k, v, pos, n_head, n_kv, hd, 16, seed=5, kv_type=kv_type, window=window)
-    yc = cpu.attention(q, k, v, pos, n_head, n_kv, hd, 16, seed=3, kv_type=kv_type, window=window)
-    assert rel_err(yg, ref_ops.attention(q, k, v, pos, n_head, n_kv, hd, window)) < (3e-2 if kv_type == "q8_0" else 3e-3)
-    assert rel_err(yg, yc) < 1e-2
-
-
-@pytest.mark.parametrize("type_k, type_v", [("q8_0", "f16"), ("f16", "q8_0")])
-@pytest.mark.parametrize("length, pos, window", [
-    (96, [90], 0),                            # decode, short context: the exact kernel
-    (96, [0, 5, 31, 32, 60, 95], 40),         # a short prompt in a sliding window
-    (1100, [1099], 0),                        # decode over a long context: attention_decode_mma
-    (1100, list(range(1000, 1100)), 0),       # a long prompt: the tensor-core prefill
-], ids=["decode", "prompt_window", "decode_long", "prefill_long"])
-def test_attention_mixed_kv_types(gpu, cpu, type_k, type_v, length, pos, window):
-    """One q8_0 and one f16 cache: the GPU expands the q8_0 one to f16 and runs the f16 kernels; the
-    reference is over K and V rounded as their caches hold them."""
-    rng = rng_for("attention_mixed", type_k, length, len(pos))
-    n_head, n_kv, hd = 8, 2, 128
-    q = rng.standard_normal((len(pos), n_head * hd)).astype(np.float32)
-    k, v = rng.standard_normal((2, length, n_kv * hd)).astype(np.float32)
-    args = (q, k, v, pos, n_head, n_kv, hd, 16)
-    yg = gpu.attention(*args, seed=5, type_k=type_k, type_v=type_v, window=window)
-    yc = cpu.attention(*args, seed=3, type_k=type_k, type_v=type_v, window=window)
-    expect = ref_ops.attention(q, ref_ops.kv_round(k, type_k), ref_ops.kv_round(v, type_v), pos, n_head, n_kv, hd,
-                               window)
-    assert rel_err(yg, expect) < 3e-3
-    assert rel_err(yg, yc) < 3e-3
-    # each cache's type takes effect: neither single-type cache gives this result
-    for same in (type_k, type_v):
-        assert rel_err(gpu.attention(*args, seed=5, kv_type=same, window=window), yg) > 0
-
-
-def attention_ref(q, k, v, pos, n_head, n_kv, hd):
-    k = k.astype(np.float16).astype(np.float64).reshape(len(k), n_kv, hd)
-    v = v.astype(np.float16).astype(np.float64).reshape(len(v), n_kv, hd)
-    q = q.astype(np.float64).reshape(len(pos), n_head, hd)
-    out = np.zeros_like(q)
-    rep = n_head // n_kv
-    for i, p in enumerate(pos):
-        for h in range(n_head):
-            s = k[: p + 1, h // rep] @ q[i, h] / np.sqrt(hd)
-            e = np.exp(s - s.max())
-            out[i, h] = (e / e.sum()) @ v[: p + 1, h // rep]
-    return out.reshape(len(pos), -1)
-
-
-# (n_head, n_head_kv, head_dim, kv length, query positions, block_size)
+# (n_head, n_head_kv, head_dim, kv length, query positions, block_size): decode shapes of each
+# attention kernel that writes the O projection's q8_1 input (every shape's attention against the
+# reference: tests/test_backend_ops.py)
 ATTN_CASES = {
     "decode": (8, 8, 128, 77, [76], 16),
-    "decode_gqa_9_3": (9, 3, 64, 200, [199], 16),
     "decode_batch": (4, 2, 128, 64, [10, 63, 40], 16),
-    "prompt_causal": (4, 4, 128, 100, list(range(100)), 16),
-    "prompt_gqa": (9, 3, 64, 70, list(range(20, 70)), 32),
     "long_split": (8, 8, 128, 3000, [2999], 16),
     "long_split_gqa": (32, 8, 128, 2500, [1000, 2499], 64),
-    "head_dim_80": (4, 2, 80, 90, [89, 3], 16),
-    "head_dim_256": (2, 1, 256, 40, list(range(40)), 16),
-    "prompt_long_gqa": (8, 2, 128, 700, list(range(300, 700)), 16),
     "long_split_hd256": (4, 2, 256, 1500, [1499], 16),
-    "long_split_gqa_9_3": (9, 3, 64, 1200, [1199, 800], 16),
-    "long_split_block_8": (8, 4, 128, 1500, [1499, 700], 8),   # KV blocks smaller than a decode tile
-    "long_gqa_17": (34, 2, 64, 900, [899], 16),   # 17 q heads a kv head: two head groups
 }
 
 
@@ -330,31 +190,6 @@ def attention_inputs(shape, rng):
     k = rng.standard_normal((length, n_kv * hd)).astype(np.float32)
     v = rng.standard_normal((length, n_kv * hd)).astype(np.float32)
     return q, k, v
-
-
-def attention_vs_ref(backend, case, rng):
-    """The backend's attention on fresh random q, k, v of an ATTN_CASES shape, and the reference."""
-    n_head, n_kv, hd, length, pos, bs = ATTN_CASES[case]
-    q, k, v = attention_inputs(ATTN_CASES[case], rng)
-    y = backend.attention(q, k, v, pos, n_head, n_kv, hd, bs, seed=int(rng.integers(1 << 30)))
-    return y, attention_ref(q, k, v, pos, n_head, n_kv, hd)
-
-
-@pytest.mark.parametrize("case", list(ATTN_CASES))
-def test_attention(gpu, case):
-    y, ref = attention_vs_ref(gpu, case, rng_for("attention", case))
-    # Q and the probabilities are rounded to f16 (as llama.cpp does; tensor cores for prompts and
-    # for decode over a long f16 cache).
-    tol = 3e-3
-    assert rel_err(y, ref) < tol
-
-
-@pytest.mark.parametrize("case", ["decode", "decode_gqa_9_3", "decode_batch", "head_dim_80", "prompt_gqa"])
-def test_attention_flash_kernel_short(case):
-    """Short contexts normally take the reference-order kernel; force the flash-decoding one."""
-    fast = cuda_backend(EMBER_CUDA_EXACT_ATTN="0")
-    y, ref = attention_vs_ref(fast, case, rng_for("attention_flash", case))
-    assert rel_err(y, ref) < 3e-3
 
 
 # The engine's default-mode decode steps over short f16 contexts where EMBER_CUDA_SHORT_ATTN=1
@@ -420,28 +255,6 @@ def test_attention_short_q8_output_same_bits(short_gpu, case):
     yf = short_gpu.attention(*args, seed=4, window=window, o_type=int(T.Q4_0), o_weight=wo, fast=True)
     yu = unfused_backend().attention(*args, seed=4, window=window, o_type=int(T.Q4_0), o_weight=wo, fast=True)
     assert_same_bits(yf, yu, f"attention_short + O projection, {case}")
-
-
-Q8_KV_CASES = {**{c: ATTN_CASES[c] for c in ["decode", "decode_gqa_9_3", "decode_batch", "prompt_causal", "prompt_gqa",
-                                            "long_split", "long_split_gqa", "long_split_hd256", "long_split_block_8", "long_gqa_17"]},
-               "head_dim_96": (4, 2, 96, 90, [89, 3], 16),   # (q8_0 needs head dims of whole 32-groups)
-               "decode_block_12": (4, 2, 64, 100, [99, 50], 12)}   # not a power of two: the f16 copy
-
-
-@pytest.mark.parametrize("case", list(Q8_KV_CASES))
-def test_attention_q8_kv(gpu, cpu, case):
-    """q8_0 KV: decode reads the blocks directly (q quantized per 32 dims for int8 dot products),
-    other batches (and head dims the decode kernel does not take) an f16 copy. Both backends store
-    the same bytes, so the CPU (f32 q) is the reference; the f32 reference shows the q8_0 rounding
-    itself (about 1% on unit-normal K/V)."""
-    n_head, n_kv, hd, length, pos, bs = Q8_KV_CASES[case]
-    q, k, v = attention_inputs(Q8_KV_CASES[case], rng_for("attention_q8", case))
-    yg = gpu.attention(q, k, v, pos, n_head, n_kv, hd, bs, seed=11, kv_type="q8_0")
-    yc = cpu.attention(q, k, v, pos, n_head, n_kv, hd, bs, seed=12, kv_type="q8_0")
-    # Direct decode rounds q to int8 per 32 dims (as llama.cpp's CUDA attention does for a q8_0
-    # cache: 0.5% here); the f16 copy rounds K/V, q and p to f16.
-    assert rel_err(yg, yc) < 1e-2
-    assert rel_err(yg, attention_ref(q, k, v, pos, n_head, n_kv, hd)) < 3e-2
 
 
 def unfused_backend(**switches):
