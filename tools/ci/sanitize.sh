@@ -33,7 +33,7 @@ export EMBER_DEV_BUILD="$BUILD" PYTHONPATH=python:tests
 # by ~100 MiB while the reader parses the vocabulary, so it measures ASan, not the mmap.
 python -m pytest -q -rs -p no:cacheprovider --capture=sys --durations=10 -k "not resident_memory" "$@" \
   tests/test_gguf.py tests/test_quant.py tests/test_tokenizer.py tests/test_sampling.py \
-  tests/test_backend_cpu.py tests/test_gemm_cpu.py tests/test_gemm_fast_cpu.py tests/test_attention_simd.py \
+  tests/test_backend_ops.py tests/test_gemm_cpu.py tests/test_gemm_fast_cpu.py tests/test_attention_simd.py \
   tests/test_model.py tests/test_kv_types.py tests/test_kv_cache.py
 python -m pytest -q -rs -p no:cacheprovider --capture=sys --durations=5 "$@" tests/test_engine.py \
   -k "not cuda and (preemption or stress or cancel or close or bad or threads)"
