@@ -11,7 +11,7 @@ import gguf
 import numpy as np
 import pytest
 
-from conftest import at_simd_level, kernel_module, simd_levels
+from conftest import at_simd_level, kernel_module, simd_levels, switches_overridden
 
 K = kernel_module()
 
@@ -198,3 +198,21 @@ def test_matmul_many_hands_out_all_weights(cpu, rng):
             for nm, (qtype, wq, _), got, fast in zip(names, ws, invariant, outs):
                 want = fast if always_fast(nm) else vec_dots(qtype, wq, x)
                 np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=f"{nm} n_tok={n_tok}")
+
+
+def test_fast_kernels_switched_off(rng):
+    """A backend made with EMBER_CPU_FAST_GEMM=0 keeps vec_dot's bits for every batch: several
+    sequences, and one token of a type with a single-token fast kernel, included."""
+    with switches_overridden(EMBER_CPU_FAST_GEMM="0"):
+        exact = K.Backend("cpu", 2)
+    n_in = 768
+    for name in TYPES:
+        qtype, wq, _ = quantized_weight(rng, name, 37, n_in)
+        for n_tok, n_seq in [(1, 1), (8, 2), (33, 3)]:
+            x = activations(rng, n_tok, n_in)
+            want = vec_dots(qtype, wq, x)
+            got = exact.matmul(qtype, wq, n_in, x, n_seq=n_seq)
+            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=f"{name} n_tok={n_tok}")
+            many = exact.matmul_many([qtype, qtype], [wq, wq], n_in, x, n_seq=n_seq)
+            for y in many:
+                np.testing.assert_array_equal(y.view(np.uint32), want.view(np.uint32), err_msg=f"{name} many")

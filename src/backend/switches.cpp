@@ -16,6 +16,9 @@ const std::vector<SwitchInfo>& switch_table() {
          "Lowers the CPU kernels' SIMD level below the best the CPU supports: to scalar, or on x86 to a lower "
          "x86 level (a level the CPU lacks is ignored). Unset: the CPU's best. For comparing the kernel "
          "paths on one machine."},
+        {"EMBER_CPU_FAST_GEMM", "1", "0|1",
+         "0: the CPU matmuls never take the fast batched kernels (whose sums differ from vec_dot's in the "
+         "last bits): every batch keeps vec_dot's exact tiles. A/B comparisons and diagnosis."},
         {"EMBER_CPU_HANDOUT_KB", "256", "integer",
          "The constant k (KiB) that sizes a CPU decode matmul's hand-outs of rows to threads (about "
          "threads x sqrt(weight bytes / k) chunks); 0 hands out the fixed chunk count only. Diagnosis."},

@@ -21,6 +21,7 @@ namespace ember {
 CpuBackend::CpuBackend(int n_threads, const Switches& switches)
     : handout_bytes_(size_t(switches.integer("EMBER_CPU_HANDOUT_KB")) << 10),
       simd_(simd_level(switches)),
+      fast_level_(switches.on("EMBER_CPU_FAST_GEMM") ? simd_ : SimdLevel::scalar),
       pool_(n_threads) {}
 
 void* CpuBackend::alloc(size_t bytes) {

@@ -13,7 +13,7 @@ namespace ember {
 
 class CpuBackend final : public Backend {
 public:
-    // Reads EMBER_SIMD and EMBER_CPU_HANDOUT_KB from `switches`, here and nowhere else.
+    // Reads its switches (EMBER_SIMD, EMBER_CPU_FAST_GEMM, EMBER_CPU_HANDOUT_KB) here and nowhere else.
     CpuBackend(int n_threads, const Switches& switches);
     const char* name() const override { return "cpu"; }
     bool is_host() const override { return true; }
@@ -65,6 +65,9 @@ private:
     int64_t row_grain(int64_t n_rows, size_t w_row) const;
 
     SimdLevel simd_;   // every kernel this backend calls is this level's (EMBER_SIMD lowers it)
+    // The level whose fast batched kernels (gemm_fast.h) the matmuls take: simd_, or scalar (which
+    // has none) where EMBER_CPU_FAST_GEMM=0 keeps every batch on vec_dot's exact tiles.
+    SimdLevel fast_level_;
     ThreadPool pool_;
     BatchInfo batch_;
     std::vector<uint8_t> act_q_;                   // activations quantized for vec_dot

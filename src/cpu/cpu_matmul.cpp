@@ -126,7 +126,7 @@ const uint8_t* CpuBackend::quantize_input(GGMLType type, const float* x, int64_t
 }
 
 void CpuBackend::matmul(const Weight& w, const float* x, int32_t n_tok, float* y) {
-    if (const FastGemm* k = fast_always(w.type, simd_); k && n_tok == 1) {
+    if (const FastGemm* k = fast_always(w.type, fast_level_); k && n_tok == 1) {
         const uint8_t* act = prepare_one(act_q_, *k, x, w.n_in, simd_);
         const auto* wdata = static_cast<const uint8_t*>(w.data);
         const size_t w_row = row_bytes(w.type, w.n_in);
@@ -135,8 +135,8 @@ void CpuBackend::matmul(const Weight& w, const float* x, int32_t n_tok, float* y
         pool_.parallel_for(w.n_out, grain, [&](int64_t b, int64_t e) { k->gemv(w.n_in, wdata, w_row, act, b, e, y); });
         return;
     }
-    if (fast_batch(batch_, n_tok) || fast_always(w.type, simd_)) {
-        if (const FastGemm* k = fast_gemm_for(w.type, simd_)) {
+    if (fast_batch(batch_, n_tok) || fast_always(w.type, fast_level_)) {
+        if (const FastGemm* k = fast_gemm_for(w.type, fast_level_)) {
             const uint8_t* act = prepare_fast(pool_, act_q_, *k, x, w.n_in, n_tok, simd_);
             const auto* wdata = static_cast<const uint8_t*>(w.data);
             const size_t w_row = row_bytes(w.type, w.n_in);
@@ -184,14 +184,14 @@ int64_t CpuBackend::row_grain(int64_t n_rows, size_t w_row) const {
 // batches that take them for every weight; vec_dot: one token).
 void CpuBackend::matmul_many(const Weight* const* ws, float* const* ys, int count, const float* x, int32_t n_tok) {
     bool always = true;
-    for (int i = 0; i < count; ++i) always = always && fast_always(ws[i]->type, simd_);
+    for (int i = 0; i < count; ++i) always = always && fast_always(ws[i]->type, fast_level_);
     if ((fast_batch(batch_, n_tok) || always) &&
-        matmul_many_fast(pool_, act_q_, n_chunks(), ws, ys, count, x, n_tok, simd_))
+        matmul_many_fast(pool_, act_q_, n_chunks(), ws, ys, count, x, n_tok, fast_level_))
         return;
     const GGMLType act = cpu_kernels(ws[0]->type, simd_).vec_dot_type;
     bool shared = n_tok == 1 && count > 1;
     for (int i = 0; i < count; ++i)   // (a type with a single-token fast kernel takes it, alone)
-        shared = shared && !fast_always(ws[i]->type, simd_) && cpu_kernels(ws[i]->type, simd_).vec_dot_type == act &&
+        shared = shared && !fast_always(ws[i]->type, fast_level_) && cpu_kernels(ws[i]->type, simd_).vec_dot_type == act &&
                  ws[i]->n_in == ws[0]->n_in;
     if (!shared) {
         Backend::matmul_many(ws, ys, count, x, n_tok);
