@@ -253,7 +253,7 @@ def ember_logits(path, ids, n_gpu_layers=0, kv_type="f32", chunk=64):
     f16 cache."""
     from ember import _ember
     m = _ember.Model(str(path), n_gpu_layers=n_gpu_layers)
-    ctx = _ember.Context(m, n_ctx=64, n_batch=64, n_threads=2, kv_type=kv_type)
+    ctx = _ember.Context(m, n_ctx=64, n_batch=64, n_threads=2, type_k=kv_type, type_v=kv_type)
     rows = []
     for start in range(0, len(ids), chunk):
         piece = ids[start:start + chunk]

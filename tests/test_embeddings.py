@@ -46,7 +46,7 @@ def test_hidden_states_match_transformers(tiny_path, hf_reference):
     ids = hf_tiny.EMBED_IDS
     m = _ember.Model(tiny_path)
     # n_batch 16: the rows of three chunks, and the causal attention across them.
-    ctx = _ember.Context(m, n_ctx=64, n_batch=16, n_threads=2, kv_type="f32", embedding=True)
+    ctx = _ember.Context(m, n_ctx=64, n_batch=16, n_threads=2, type_k="f32", type_v="f32", embeddings=True)
     ctx.eval(ids, logits_all=True)
     want = hf_reference.hidden(TINY, ids)
     close(ctx.all_embeddings(), want)

@@ -38,8 +38,8 @@ def gpu_model(smollm2_path):
 
 def run(model, tokens, offload_kqv, kv_type, n_decode=12, cache_mb=0):
     """Logits of a chunked prompt (every row) and then of n_decode single-token steps."""
-    ctx = _ember.Context(model, n_ctx=256, n_batch=24, n_threads=2, offload_kqv=offload_kqv, kv_type=kv_type,
-                         kv_gpu_cache_mb=cache_mb)
+    ctx = _ember.Context(model, n_ctx=256, n_batch=24, n_threads=2, offload_kqv=offload_kqv, type_k=kv_type,
+                         type_v=kv_type, kv_gpu_cache_mb=cache_mb)
     ctx.eval(tokens, logits_all=True)
     rows = [ctx.all_logits()]
     for _ in range(n_decode):
@@ -162,9 +162,9 @@ def test_tools_take_nkvo():
     for bad in (["--kv-mb", "-1"], ["--kv-host-mb", "-5"], ["-b", "0"]):
         with pytest.raises(SystemExit):
             parse_args(["-m", "x.gguf", *bad])
-    assert cli._parser().parse_args(["-m", "x", "-p", "y", "--no-kv-offload"]).no_kv_offload
+    assert cli._parser().parse_args(["-m", "x", "-p", "y", "--no-kv-offload"]).offload_kqv is False
     assert engine_kwargs(parse_args(["-m", "x.gguf", "-nkvo", "--kv-gpu-cache-mb", "0"]))["kv_gpu_cache_mb"] == 0
-    assert engine_kwargs(parse_args(["-m", "x.gguf"]))["kv_gpu_cache_mb"] == _ember.DEFAULT_KV_GPU_CACHE_MB
+    assert engine_kwargs(parse_args(["-m", "x.gguf"]))["kv_gpu_cache_mb"] == _ember.ContextParams().kv_gpu_cache_mb
     with pytest.raises(SystemExit):
         bench.main(["-m", "x.gguf", "-nkvo", "2"])
     for bad in ("-1", "1.5", "lots"):

@@ -7,7 +7,9 @@ import pytest
 
 from conftest import REFERENCE
 from ember import _ember
-from ember.llama import Llama, add_kv_cache_args, kv_cache_type, kv_cache_types
+from ember import options
+from ember.llama import Llama
+from ember.options import kv_cache_type, kv_cache_types
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +44,7 @@ def test_mixed_cache_matches_its_parts(model):
                                          True, False))
     f32 = _logits(model, tokens, "f32", "f32")
     k8, v8 = _logits(model, tokens, "q8_0", "f32"), _logits(model, tokens, "f32", "q8_0")
-    both = _ember.Context(model, n_ctx=64, n_threads=2, kv_type="q8_0")
+    both = _ember.Context(model, _ember.ContextParams(n_ctx=64, n_threads=2, type_k="q8_0", type_v="q8_0"))
     both.eval(tokens, logits_all=True)
     np.testing.assert_array_equal(both.all_logits(), _logits(model, tokens, "q8_0", "q8_0"))
     assert not np.array_equal(k8, v8)
@@ -53,8 +55,8 @@ def test_mixed_cache_matches_its_parts(model):
 def test_context_kv_type_errors(model):
     with pytest.raises(ValueError, match="type_v must be 'f16', 'f32' or 'q8_0', got 'q4_0'"):
         _ember.Context(model, n_ctx=16, type_v="q4_0")
-    with pytest.raises(ValueError, match="kv_type .*or type_k / type_v, not both"):
-        _ember.Context(model, n_ctx=16, kv_type="q8_0", type_k="f16")
+    with pytest.raises(ValueError, match="ContextParams has no field 'kv_type'; its fields: n_ctx, .*type_k"):
+        _ember.Context(model, n_ctx=16, kv_type="q8_0")
 
 
 def test_llama_and_tool_arguments(smollm2_path, model):
@@ -69,9 +71,9 @@ def test_llama_and_tool_arguments(smollm2_path, model):
         kv_cache_type(8, None)
     # -ctk alone: V keeps llama.cpp's default f16.
     ap = argparse.ArgumentParser()
-    add_kv_cache_args(ap)
+    options.add_arguments(ap, options.EMBER, ["type_k", "type_v"])
     args = ap.parse_args(["-ctk", "q8_0"])
-    assert kv_cache_types(args.cache_type_k, args.cache_type_v) == ("q8_0", "f16")
+    assert kv_cache_types(args.type_k, args.type_v) == ("q8_0", "f16")
     # Llama(type_k=q8_0) runs K q8_0, V f16: the logits of a Context with those caches.
     llm = Llama(smollm2_path, n_ctx=64, n_threads=2, type_k=8, verbose=False)
     tokens = list(model.tokenizer.encode(b"Hello there, general", True, False))

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from conftest import assert_follows_llama_cpp_greedy, at_simd_level, simd_levels
-from ember.llama import Llama, kv_cache_type, kv_cache_types
+from ember.llama import Llama
+from ember.options import kv_cache_type, kv_cache_types
 
 
 @pytest.fixture(scope="module")

@@ -91,7 +91,7 @@ def test_bad_input_is_a_clear_error(model):
 
 
 def _kv_logits(model, tokens, kv_type):
-    ctx = _ember.Context(model, n_ctx=64, n_threads=2, kv_type=kv_type)
+    ctx = _ember.Context(model, n_ctx=64, n_threads=2, type_k=kv_type, type_v=kv_type)
     ctx.eval(tokens, logits_all=True)
     return ctx.all_logits()
 
@@ -118,7 +118,7 @@ def test_q8_0_kv_cache_keeps_confident_greedy_tokens(model, prompt):
     """Greedy decode with both caches fed the f16 cache's choices: wherever the f16 cache's top two
     logits are more than 2 apart, the q8_0 cache picks the same token (the caches' logits differ by
     up to ~1.7 at any one step, the top two far less)."""
-    ctxs = [_ember.Context(model, n_ctx=64, n_threads=2, kv_type=t) for t in ("f16", "q8_0")]
+    ctxs = [_ember.Context(model, n_ctx=64, n_threads=2, type_k=t, type_v=t) for t in ("f16", "q8_0")]
     for c in ctxs:
         c.eval(list(model.tokenizer.encode(prompt, True, False)))
     n_confident = 0
@@ -134,16 +134,16 @@ def test_q8_0_kv_cache_keeps_confident_greedy_tokens(model, prompt):
 
 
 def test_kv_type_errors(model, smollm2_path, tmp_path):
-    with pytest.raises(ValueError, match="kv_type.*'q4_0'"):
-        _ember.Context(model, n_ctx=16, kv_type="q4_0")
+    with pytest.raises(ValueError, match="type_k.*'q4_0'"):
+        _ember.Context(model, n_ctx=16, type_k="q4_0")
     # 36 heads of 16 (12 kv heads) instead of 9 of 64: the same tensor shapes, a head_dim q8_0 cannot take.
     narrow = tmp_path / "head-dim-16.gguf"
     _rewrite(smollm2_path, narrow, fields={"llama.attention.head_count": 36, "llama.attention.head_count_kv": 12,
                                            "llama.rope.dimension_count": 16})
     m = _ember.Model(str(narrow))
     with pytest.raises(ValueError, match="head_dim 16"):
-        _ember.Context(m, n_ctx=16, kv_type="q8_0")
-    _ember.Context(m, n_ctx=16, kv_type="f16").eval([1, 2, 3])   # f16 takes any head_dim
+        _ember.Context(m, n_ctx=16, type_k="q8_0", type_v="q8_0")
+    _ember.Context(m, n_ctx=16).eval([1, 2, 3])   # f16 takes any head_dim
 
 
 def _rewrite(src, dst, drop=None, reshape=None, fields=None):

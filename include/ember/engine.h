@@ -18,9 +18,9 @@ namespace ember {
 struct EngineParams {
     int32_t n_ctx = 4096;                   // most tokens (prompt + generated) of one sequence
     int32_t max_num_seqs = 64;              // sequences with KV at once
-    int32_t max_num_batched_tokens = 512;   // tokens of one forward step
+    int32_t max_num_batched_tokens = kDefaultBatchTokens;   // tokens of one forward step
     int32_t n_threads = 0;                  // 0: all hardware threads
-    int32_t kv_block_size = 16;
+    int32_t kv_block_size = kDefaultKvBlockSize;
     // The KV pool: kv_blocks blocks if > 0, else as many as kv_mb MiB hold if > 0, else room for
     // max_num_seqs full sequences, at most kDefaultKvMiB (but always one full sequence).
     int32_t kv_blocks = 0;
@@ -34,7 +34,7 @@ struct EngineParams {
     // Same tokens for a request whether it runs alone or in any batch (batch-invariant kernels).
     bool deterministic = false;
     bool offload_kqv = true;
-    int32_t kv_gpu_cache_mb = ContextParams::kDefaultKvGpuCacheMiB;   // as ContextParams'
+    int32_t kv_gpu_cache_mb = kDefaultKvGpuCacheMiB;   // as ContextParams'
     static constexpr double kDefaultKvMiB = 4096.0;
 };
 

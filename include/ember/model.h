@@ -11,6 +11,12 @@
 
 namespace ember {
 
+// Defaults that more than one parameter struct (and the runner under them) share. ember's Python
+// option table (python/ember/options.py) is tested against the structs, so the two cannot drift.
+constexpr int32_t kDefaultKvBlockSize = 16;       // tokens per paged-KV block
+constexpr int32_t kDefaultBatchTokens = 512;      // tokens of one forward
+constexpr int32_t kDefaultKvGpuCacheMiB = 1024;   // GPU copies of host KV blocks (offload_kqv=false)
+
 struct ModelParams {
     int32_t n_gpu_layers = 0;   // the last N blocks go on the GPU; -1 = all
     int32_t main_gpu = 0;
@@ -63,14 +69,13 @@ private:
 
 struct ContextParams {
     int32_t n_ctx = 512;          // tokens of KV per sequence
-    int32_t n_batch = 512;        // prompt tokens per forward
-    int32_t n_threads = 0;        // 0: all hardware threads
-    int32_t kv_block_size = 16;   // tokens per paged-KV block
+    int32_t n_batch = kDefaultBatchTokens;        // prompt tokens per forward
+    int32_t n_threads = 0;                        // 0: all hardware threads
+    int32_t kv_block_size = kDefaultKvBlockSize;
     bool offload_kqv = true;      // false: KV of GPU layers stays in host memory
     // With offload_kqv=false: MiB of GPU memory that keep copies of the host KV blocks each step
     // reads, so they need not cross PCIe again (0: none).
     int32_t kv_gpu_cache_mb = kDefaultKvGpuCacheMiB;
-    static constexpr int32_t kDefaultKvGpuCacheMiB = 1024;
     // KV cache element types of K and V, each on its own as llama.cpp's -ctk / -ctv: F16; Q8_0
     // (half the bytes, needs head_dim % 32 == 0); F32 (CPU blocks only: exact comparisons with
     // f32 references).

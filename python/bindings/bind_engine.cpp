@@ -1,5 +1,5 @@
-// Python bindings for the continuous-batching engine: _ember.Engine (add_request / cancel / poll /
-// stats / close) and _ember.EngineOutput. poll waits with the GIL released, so the loop thread
+// Python bindings for the continuous-batching engine: _ember.EngineParams, _ember.Engine (add_request /
+// cancel / poll / stats / close) and _ember.EngineOutput. poll waits with the GIL released, so the loop thread
 // and other Python threads run meanwhile; the GIL is never taken per token.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
@@ -14,6 +14,7 @@
 #include "ember/engine.h"
 #include "ember/status.h"
 #include "kv_type_arg.h"
+#include "params_arg.h"
 #include "sampling_arg.h"
 
 namespace nb = nanobind;
@@ -40,37 +41,35 @@ void bind_engine(nb::module_& m) {
                        o.finished ? "True" : "False", ", finish_reason='", o.finish_reason, "')");
         });
 
+    bind_params<EngineParams>(m, "EngineParams", "The engine's settings (include/ember/engine.h); keywords set fields.")
+        .def_rw("n_ctx", &EngineParams::n_ctx)
+        .def_rw("max_num_seqs", &EngineParams::max_num_seqs)
+        .def_rw("max_num_batched_tokens", &EngineParams::max_num_batched_tokens)
+        .def_rw("n_threads", &EngineParams::n_threads)
+        .def_rw("kv_block_size", &EngineParams::kv_block_size)
+        .def_rw("kv_blocks", &EngineParams::kv_blocks)
+        .def_rw("kv_mb", &EngineParams::kv_mb)
+        .def_rw("kv_host_mb", &EngineParams::kv_host_mb)
+        .def_prop_rw("type_k", [](const EngineParams& p) { return kv_type_name(p.type_k); },
+                     [](EngineParams& p, const std::string& t) { p.type_k = kv_type_arg("type_k", t); })
+        .def_prop_rw("type_v", [](const EngineParams& p) { return kv_type_name(p.type_v); },
+                     [](EngineParams& p, const std::string& t) { p.type_v = kv_type_arg("type_v", t); })
+        .def_rw("enable_prefix_caching", &EngineParams::enable_prefix_caching)
+        .def_rw("deterministic", &EngineParams::deterministic)
+        .def_rw("offload_kqv", &EngineParams::offload_kqv)
+        .def_rw("kv_gpu_cache_mb", &EngineParams::kv_gpu_cache_mb);
+
     nb::class_<Engine>(m, "Engine",
         "Continuous batching over one model: requests share the paged KV pool (with prefix caching and "
-        "an optional host tier, kv_host_mb) and every forward step; a loop thread of its own runs the steps.")
-        .def(nb::new_([](std::shared_ptr<Model> model, int n_ctx, int max_num_seqs, int max_num_batched_tokens,
-                         int n_threads, int kv_block_size, int kv_blocks, double kv_mb, double kv_host_mb,
-                         const std::optional<std::string>& type_k, const std::optional<std::string>& type_v,
-                         bool enable_prefix_caching, bool deterministic, bool offload_kqv, int kv_gpu_cache_mb) {
-                 EngineParams p;
-                 p.n_ctx = n_ctx;
-                 p.max_num_seqs = max_num_seqs;
-                 p.max_num_batched_tokens = max_num_batched_tokens;
-                 p.n_threads = n_threads;
-                 p.kv_block_size = kv_block_size;
-                 p.kv_blocks = kv_blocks;
-                 p.kv_mb = kv_mb;
-                 p.kv_host_mb = kv_host_mb;
-                 const KVTypes t = kv_types_arg(std::nullopt, type_k, type_v);
-                 p.type_k = t.k;
-                 p.type_v = t.v;
-                 p.enable_prefix_caching = enable_prefix_caching;
-                 p.deterministic = deterministic;
-                 p.offload_kqv = offload_kqv;
-                 p.kv_gpu_cache_mb = kv_gpu_cache_mb;
+        "an optional host tier, kv_host_mb) and every forward step; a loop thread of its own runs the steps. "
+        "Made from an EngineParams, or its fields as keywords (Engine(model, n_ctx=256)).")
+        .def(nb::new_([](std::shared_ptr<Model> model, const std::optional<EngineParams>& params,
+                         const nb::kwargs& fields) {
+                 const EngineParams p = params_arg(params, fields);
                  nb::gil_scoped_release release;
                  return std::make_shared<Engine>(std::move(model), p);
              }),
-             "model"_a, nb::kw_only(), "n_ctx"_a = 4096, "max_num_seqs"_a = 64, "max_num_batched_tokens"_a = 512,
-             "n_threads"_a = 0, "kv_block_size"_a = 16, "kv_blocks"_a = 0, "kv_mb"_a = 0.0, "kv_host_mb"_a = 0.0,
-             "type_k"_a = nb::none(),
-             "type_v"_a = nb::none(), "enable_prefix_caching"_a = true, "deterministic"_a = false,
-             "offload_kqv"_a = true, "kv_gpu_cache_mb"_a = ContextParams::kDefaultKvGpuCacheMiB)
+             "model"_a, "params"_a = nb::none(), "fields"_a)
         .def("add_request",
              [](Engine& e, const std::vector<int32_t>& prompt, float temperature, int32_t top_k, float top_p,
                 float min_p, float repeat_penalty, float frequency_penalty, float presence_penalty,

@@ -1,4 +1,5 @@
-// Python bindings for Model (load + placement) and Context (paged KV + forward).
+// Python bindings for Model (load + placement) and Context (paged KV + forward), each made from
+// its parameter struct (ModelParams, ContextParams).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -12,6 +13,7 @@
 #include "ember/model.h"
 #include "ember/status.h"
 #include "kv_type_arg.h"
+#include "params_arg.h"
 
 namespace nb = nanobind;
 using namespace ember;
@@ -30,18 +32,20 @@ nb::ndarray<nb::numpy, float> copy_rows(const float* src, size_t rows, size_t co
 
 void bind_model(nb::module_& m) {
     m.def("backends", &backend_names, "Names of the backends built into this ember (\"cpu\", \"cuda\").");
+    bind_params<ModelParams>(m, "ModelParams", "How Model loads a file (include/ember/model.h); keywords set fields.")
+        .def_rw("n_gpu_layers", &ModelParams::n_gpu_layers)
+        .def_rw("main_gpu", &ModelParams::main_gpu)
+        .def_rw("use_mmap", &ModelParams::use_mmap)
+        .def_rw("verbose", &ModelParams::verbose);
+
     nb::class_<Model>(m, "Model")
-        .def(nb::new_([](const std::string& path, int n_gpu_layers, int main_gpu, bool use_mmap, bool verbose) {
-                 ModelParams p;
-                 p.n_gpu_layers = n_gpu_layers;
-                 p.main_gpu = main_gpu;
-                 p.use_mmap = use_mmap;
-                 p.verbose = verbose;
+        .def(nb::new_([](const std::string& path, const std::optional<ModelParams>& params, const nb::kwargs& fields) {
+                 const ModelParams p = params_arg(params, fields);
                  nb::gil_scoped_release release;
                  return Model::load(path, p);
              }),
-             nb::arg("path"), nb::arg("n_gpu_layers") = 0, nb::arg("main_gpu") = 0, nb::arg("use_mmap") = true,
-             nb::arg("verbose") = false)
+             nb::arg("path"), nb::arg("params") = nb::none(), nb::arg("fields"),
+             "Loads a GGUF file with a ModelParams, or its fields as keywords (Model(path, n_gpu_layers=-1)).")
         .def_prop_ro("arch", [](const Model& mo) { return mo.hparams().arch; })
         .def_prop_ro("n_vocab", [](const Model& mo) { return mo.hparams().n_vocab; })
         .def_prop_ro("n_ctx_train", [](const Model& mo) { return mo.hparams().n_ctx_train; })
@@ -71,30 +75,27 @@ void bind_model(nb::module_& m) {
         .def_prop_ro("tokenizer", [](Model& mo) -> const Tokenizer& { return mo.tokenizer(); },
                      nb::rv_policy::reference_internal);
 
-    m.attr("DEFAULT_KV_GPU_CACHE_MB") = ContextParams::kDefaultKvGpuCacheMiB;
+    bind_params<ContextParams>(m, "ContextParams",
+                               "An inference context's settings (include/ember/model.h); keywords set fields.")
+        .def_rw("n_ctx", &ContextParams::n_ctx)
+        .def_rw("n_batch", &ContextParams::n_batch)
+        .def_rw("n_threads", &ContextParams::n_threads)
+        .def_rw("kv_block_size", &ContextParams::kv_block_size)
+        .def_rw("offload_kqv", &ContextParams::offload_kqv)
+        .def_rw("kv_gpu_cache_mb", &ContextParams::kv_gpu_cache_mb)
+        .def_prop_rw("type_k", [](const ContextParams& p) { return kv_type_name(p.type_k); },
+                     [](ContextParams& p, const std::string& t) { p.type_k = kv_type_arg("type_k", t); })
+        .def_prop_rw("type_v", [](const ContextParams& p) { return kv_type_name(p.type_v); },
+                     [](ContextParams& p, const std::string& t) { p.type_v = kv_type_arg("type_v", t); })
+        .def_rw("embeddings", &ContextParams::embeddings);
 
     nb::class_<Context>(m, "Context")
-        .def(nb::new_([](std::shared_ptr<Model> model, int n_ctx, int n_batch, int n_threads, int kv_block_size,
-                         bool offload_kqv, const std::optional<std::string>& kv_type,
-                         const std::optional<std::string>& type_k, const std::optional<std::string>& type_v,
-                         bool embeddings, int kv_gpu_cache_mb) {
-                 ContextParams p;
-                 p.n_ctx = n_ctx;
-                 p.n_batch = n_batch;
-                 p.n_threads = n_threads;
-                 p.kv_block_size = kv_block_size;
-                 p.offload_kqv = offload_kqv;
-                 p.kv_gpu_cache_mb = kv_gpu_cache_mb;
-                 const KVTypes t = kv_types_arg(kv_type, type_k, type_v);
-                 p.type_k = t.k;
-                 p.type_v = t.v;
-                 p.embeddings = embeddings;
-                 return std::make_shared<Context>(std::move(model), p);
+        .def(nb::new_([](std::shared_ptr<Model> model, const std::optional<ContextParams>& params,
+                         const nb::kwargs& fields) {
+                 return std::make_shared<Context>(std::move(model), params_arg(params, fields));
              }),
-             nb::arg("model"), nb::arg("n_ctx") = 512, nb::arg("n_batch") = 512, nb::arg("n_threads") = 0,
-             nb::arg("kv_block_size") = 16, nb::arg("offload_kqv") = true, nb::arg("kv_type") = nb::none(),
-             nb::arg("type_k") = nb::none(), nb::arg("type_v") = nb::none(), nb::arg("embedding") = false,
-             nb::arg("kv_gpu_cache_mb") = ContextParams::kDefaultKvGpuCacheMiB)
+             nb::arg("model"), nb::arg("params") = nb::none(), nb::arg("fields"),
+             "A context over model with a ContextParams, or its fields as keywords (Context(model, n_ctx=64)).")
         .def("eval",
              [](Context& c, const std::vector<int32_t>& tokens, bool logits_all) {
                  nb::gil_scoped_release release;

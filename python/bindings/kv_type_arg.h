@@ -1,4 +1,5 @@
-// The KV cache type arguments of Context and Backend.attention, named as llama.cpp's cache types.
+// The KV cache type arguments of the params structs' type_k / type_v and of the test backend's
+// attention, named as llama.cpp's cache types.
 #pragma once
 #include <optional>
 #include <string>
@@ -12,6 +13,15 @@ inline ember::GGMLType kv_type_arg(const char* arg, const std::string& name) {
     if (name == "f32") return ember::GGMLType::F32;
     if (name == "q8_0") return ember::GGMLType::Q8_0;
     ember::fail(arg, " must be 'f16', 'f32' or 'q8_0', got '", name, "'");
+}
+
+inline const char* kv_type_name(ember::GGMLType t) {
+    switch (t) {
+    case ember::GGMLType::F16: return "f16";
+    case ember::GGMLType::F32: return "f32";
+    case ember::GGMLType::Q8_0: return "q8_0";
+    default: ember::fail("not a KV cache type: ggml type ", (int)t);
+    }
 }
 
 struct KVTypes {

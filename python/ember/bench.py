@@ -14,9 +14,8 @@ import time
 
 import numpy as np
 
-from . import _ember, bench_batched
+from . import _ember, bench_batched, options
 from .cli import run_tool
-from .llama import add_kv_cache_args, kv_cache_type
 
 # Measured copy bandwidth of the H100 the anchors ran on (see docs/performance.md).
 GPU_BANDWIDTH_GBS = 3000.0
@@ -74,41 +73,37 @@ def main(argv=None) -> int:
     if any(a == "--serving" or a.startswith("--serving=") for a in argv):
         from . import bench_serving   # a server's benchmark: no model of its own (bench_serving.py)
         return bench_serving.main(argv)
+    args = parser().parse_args(argv)
+    return run_tool("ember-bench", lambda: _bench(args))
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="ember-bench", description=__doc__.splitlines()[0])
-    ap.add_argument("-m", "--model", required=True)
-    ap.add_argument("-ngl", "--n-gpu-layers", type=int, default=0)
     ap.add_argument("-p", "--n-prompt", type=int, default=512)
     ap.add_argument("-n", "--n-gen", type=int, default=128)
     ap.add_argument("-d", "--depth", type=int, default=0, help="tokens already in the cache before each test")
     ap.add_argument("-r", "--repetitions", type=int, default=3)
-    ap.add_argument("-t", "--threads", type=int, default=0)
-    ap.add_argument("-b", "--batch-size", type=int, default=512)
-    ap.add_argument("-mmp", "--mmap", type=int, choices=(0, 1), default=1,
-                    help="0: copy the CPU blocks' weights into huge-page host memory (llama-bench's -mmp)")
     ap.add_argument("--bandwidth", type=float, default=0.0, help="roofline GB/s (default: measured host / H100)")
-    add_kv_cache_args(ap)
+    options.add_arguments(ap, options.BENCH)
     bench_batched.add_args(ap)
-    args = ap.parse_args(argv)
-    return run_tool("ember-bench", lambda: _bench(args))
+    return ap
 
 
 def _bench(args) -> int:
-    kv_type = kv_cache_type(args.cache_type_k, args.cache_type_v)
-    model = _ember.Model(args.model, n_gpu_layers=args.n_gpu_layers, use_mmap=bool(args.mmap))
+    kv_type = options.kv_cache_type(args.type_k, args.type_v)
+    model = _ember.Model(args.model, options.fill(_ember.ModelParams(), vars(args)))
     if args.npl:
         return bench_batched.batched(model, args)
     if args.prefix_cache:
         return bench_batched.prefix_cache(model, args)
     n_ctx = args.depth + max(args.n_prompt, args.n_gen) + 1
-    ctx = _ember.Context(model, n_ctx=n_ctx, n_batch=args.batch_size, n_threads=args.threads,
-                         kv_type=kv_type, offload_kqv=not args.no_kv_offload,
-                         kv_gpu_cache_mb=args.kv_gpu_cache_mb)
+    ctx = _ember.Context(model, options.fill(_ember.ContextParams(), vars(args), n_ctx=n_ctx))
     on_gpu = model.n_gpu_layers != 0   # 0 where a build without CUDA runs everything on the CPU
     bandwidth = args.bandwidth or (GPU_BANDWIDTH_GBS if on_gpu else host_bandwidth_gbs())
     rng = np.random.default_rng(1234)
     backend = "CUDA" if on_gpu else "CPU"
-    kv_names = ("" if kv_type == "f16" else " type_k | type_v |") + (" nkvo |" if args.no_kv_offload else "")
-    kv_cells = ("" if kv_type == "f16" else f" {kv_type} | {kv_type} |") + (" 1 |" if args.no_kv_offload else "")
+    kv_names = ("" if kv_type == "f16" else " type_k | type_v |") + ("" if args.offload_kqv else " nkvo |")
+    kv_cells = ("" if kv_type == "f16" else f" {kv_type} | {kv_type} |") + ("" if args.offload_kqv else " 1 |")
     header = (f"| model | size | params | backend | ngl | threads |{kv_names} test | t/s | GB/s "
               f"| % roofline ({bandwidth:.0f} GB/s) |")
     print(header)
@@ -132,7 +127,7 @@ def _bench(args) -> int:
             rate = decode_bytes_per_token(model, kv_type, args.depth + n_gen // 2) * mean / 1e9
             gbs, roof = f"{rate:.1f}", f"{100 * rate / bandwidth:.1f}%"
         print(f"| {model.path.rsplit('/', 1)[-1]} | {model.size_bytes / 2**30:.2f} GiB | {model.n_params / 1e9:.2f} B "
-              f"| {backend} | {model.n_gpu_layers} | {args.threads or 'all'} |{kv_cells} {name} "
+              f"| {backend} | {model.n_gpu_layers} | {args.n_threads or 'all'} |{kv_cells} {name} "
               f"| {mean:.2f} ± {std:.2f} "
               f"| {gbs} | {roof} |", flush=True)
     return 0

@@ -11,16 +11,15 @@ import time
 
 import numpy as np
 
-from . import _ember
+from . import _ember, options
 
 
 def _engine(model, args, n_ctx, max_num_seqs, batched_tokens):
     """An engine whose KV pool holds max_num_seqs full sequences (no preemption in the timing)."""
-    blocks_per_seq = -(-n_ctx // 16)
-    return _ember.Engine(model, n_ctx=n_ctx, max_num_seqs=max_num_seqs, max_num_batched_tokens=batched_tokens,
-                         n_threads=args.threads, kv_block_size=16, kv_blocks=max_num_seqs * blocks_per_seq,
-                         type_k=args.cache_type_k, type_v=args.cache_type_v, deterministic=args.deterministic,
-                         offload_kqv=not args.no_kv_offload, kv_gpu_cache_mb=args.kv_gpu_cache_mb)
+    params = options.fill(_ember.EngineParams(), vars(args), n_ctx=n_ctx, max_num_seqs=max_num_seqs,
+                          max_num_batched_tokens=batched_tokens)
+    params.kv_blocks = max_num_seqs * -(-n_ctx // params.kv_block_size)
+    return _ember.Engine(model, params)
 
 
 def _drain(engine, ids, on_output=None):
@@ -65,7 +64,7 @@ def batched(model, args) -> int:
     engine = _engine(model, args, n_ctx, max_b, budget)
     rng = np.random.default_rng(1234)
     print(f"engine: max_num_batched_tokens {budget}, n_ctx {n_ctx}, deterministic {args.deterministic}, "
-          f"KV {args.cache_type_k}/{args.cache_type_v}")
+          f"KV {args.type_k}/{args.type_v}")
     header = "|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |"
     print(header)
     print("|" + "|".join("-" * (len(c)) for c in header.strip("|").split("|")) + "|")
@@ -117,4 +116,3 @@ def add_args(ap) -> None:
                    help="engine step token budget (default: every prompt of a batch in one step)")
     g.add_argument("--prefix-cache", type=int, default=0, metavar="P",
                    help="time to first token of a request sharing a P-token prefix with the one before")
-    g.add_argument("--deterministic", action="store_true", help="engine in deterministic (batch-invariant) mode")

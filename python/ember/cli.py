@@ -1,5 +1,6 @@
 """The `ember` command: load a GGUF model and stream a completion of a prompt to stdout
-(ember -m MODEL -p PROMPT -n N [--temp T] [--seed S] [-c N_CTX] [-t THREADS] [-ngl N] [-ctk/-ctv TYPE])."""
+(ember -m MODEL -p PROMPT -n N [--temp T] [--seed S] [-c N_CTX] [-t THREADS] [-ngl N] [-ctk/-ctv TYPE]);
+the options shared with the other tools are docs/options.md's."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +8,8 @@ import signal
 import sys
 from typing import Callable, List, Optional
 
-from .llama import Llama, add_kv_cache_args
+from . import options
+from .llama import Llama
 
 
 def _describe(e: BaseException) -> str:
@@ -43,23 +45,11 @@ def run_tool(prog: str, body: Callable[[], int]) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ember", description="Complete a prompt with a GGUF model.")
-    p.add_argument("-m", "--model", required=True, help="path of the GGUF model file")
     p.add_argument("-p", "--prompt", required=True, help="the prompt text")
     p.add_argument("-n", "--n-predict", type=int, default=128,
                    help="tokens to generate (<= 0: until end of generation or a full context)")
-    p.add_argument("--temp", type=float, default=0.8, help="temperature (<= 0: greedy)")
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--min-p", type=float, default=0.05)
-    p.add_argument("--repeat-penalty", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=-1, help="RNG seed (-1: random)")
-    p.add_argument("-c", "--ctx-size", type=int, default=512, help="context size (0: the model's)")
-    p.add_argument("-b", "--batch-size", type=int, default=512, help="prompt tokens per forward")
-    p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, help="blocks on the GPU (-1: all)")
-    add_kv_cache_args(p)
     p.add_argument("--echo", action="store_true", help="print the prompt before the completion")
-    p.add_argument("-v", "--verbose", action="store_true", help="print a load summary to stderr")
+    options.add_arguments(p, options.EMBER)
     return p
 
 
@@ -69,12 +59,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _complete(args) -> int:
-    llm = Llama(args.model, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads,
-                n_gpu_layers=args.n_gpu_layers, seed=args.seed, verbose=args.verbose,
-                type_k=args.cache_type_k, type_v=args.cache_type_v, offload_kqv=not args.no_kv_offload,
-                kv_gpu_cache_mb=args.kv_gpu_cache_mb)
-    with llm:
-        chunks = llm.create_completion(args.prompt, max_tokens=args.n_predict, temperature=args.temp,
+    with Llama(args.model, **options.values(args, options.LLAMA)) as llm:
+        chunks = llm.create_completion(args.prompt, max_tokens=args.n_predict, temperature=args.temperature,
                                        top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                                        repeat_penalty=args.repeat_penalty, echo=args.echo, stream=True)
         for chunk in chunks:

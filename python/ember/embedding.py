@@ -74,7 +74,7 @@ class Embedder:
         self.pooling = resolve_pooling(model, pooling)
         self.n_ctx = n_ctx
         self._ctx = _ember.Context(model, n_ctx=n_ctx, n_batch=min(n_batch, n_ctx), n_threads=n_threads,
-                                   embedding=True)
+                                   embeddings=True)
         self._lock = threading.Lock()
 
     def embed(self, tokens: List[int], normalized: bool = True) -> np.ndarray:

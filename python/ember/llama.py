@@ -3,7 +3,6 @@ logprobs, prefix reuse; embeddings with embedding=True) over ember's Model / Con
 with detokenize.py's text, stop strings and logprobs."""
 from __future__ import annotations
 
-import argparse
 import contextlib
 import sys
 import threading
@@ -17,84 +16,10 @@ from . import _ember
 from .chat import ChatTemplate, chat_chunks, chat_completion
 from .detokenize import Detokenizer, completion_logprob_entry, empty_completion_logprobs, log_softmax, piece_text
 from .embedding import POOLING_UNSPECIFIED, embed_tokens, resolve_pooling
+from .options import LLAMA, context_size, fill, resolve
 from .prompt import encode_prompt
 
 DEFAULT_SEED = 0xFFFFFFFF   # "draw a random seed", as in llama.cpp
-
-# llama-cpp-python constructor arguments that change nothing in ember (flash attention and NUMA
-# are not separate modes here, chat formatting is not applied by create_completion); accepted so
-# existing code ports unchanged.
-_HARMLESS_KWARGS = frozenset({
-    "use_mlock", "logits_all", "n_threads_batch", "n_ubatch", "numa", "flash_attn",
-    "chat_format",
-})
-
-
-# KV cache types by ggml type id, as llama-cpp-python's type_k / type_v take them.
-_KV_TYPE_IDS = {1: "f16", 0: "f32", 8: "q8_0"}
-KV_CACHE_TYPES = tuple(_KV_TYPE_IDS.values())   # names, as the tools' -ctk / -ctv take them
-
-
-def _kv_type_name(arg: str, value) -> str:
-    if value is None:
-        return "f16"
-    if isinstance(value, str) and value in KV_CACHE_TYPES:
-        return value
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and int(value) in _KV_TYPE_IDS:
-        return _KV_TYPE_IDS[int(value)]
-    raise ValueError(f"{arg} must be a KV cache type: 1 or 'f16', 0 or 'f32', 8 or 'q8_0'; got {value!r}")
-
-
-def _mebibytes(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number of MiB >= 0, got {text!r}")
-    return value
-
-
-def add_kv_cache_args(parser) -> None:
-    """The tools' llama.cpp-style -ctk / -ctv options, each f16 unless given (-ctk q8_0 alone: K
-    q8_0, V f16, as in llama.cpp), read back with kv_cache_types(args.cache_type_k, args.cache_type_v);
-    and -nkvo (args.no_kv_offload) with --kv-gpu-cache-mb (args.kv_gpu_cache_mb)."""
-    parser.add_argument("-ctk", "--cache-type-k", choices=KV_CACHE_TYPES, default="f16",
-                        help="KV cache type of K (default f16)")
-    parser.add_argument("-ctv", "--cache-type-v", choices=KV_CACHE_TYPES, default="f16",
-                        help="KV cache type of V (default f16, whatever K's is)")
-    parser.add_argument("-nkvo", "--no-kv-offload", action="store_true",
-                        help="keep the KV of GPU blocks in host memory (offload_kqv=False; docs/cuda.md)")
-    parser.add_argument("--kv-gpu-cache-mb", type=_mebibytes, default=_ember.DEFAULT_KV_GPU_CACHE_MB, metavar="MIB",
-                        help="with -nkvo: GPU memory that keeps copies of the host KV blocks each step reads "
-                             f"(default {_ember.DEFAULT_KV_GPU_CACHE_MB}; 0: none)")
-
-
-def kv_cache_types(type_k=None, type_v=None) -> tuple[str, str]:
-    """The K and V cache types ("f16", "f32" or "q8_0") that llama-cpp-python's type_k / type_v
-    name (ggml type ids or those names; None: f16), each on its own."""
-    return _kv_type_name("type_k", type_k), _kv_type_name("type_v", type_v)
-
-
-def kv_cache_type(type_k=None, type_v=None) -> str:
-    """The one KV cache type of tools that size or report K and V as one type (ember-bench,
-    ember-perplexity): type_k and type_v as kv_cache_types reads them, which must agree there."""
-    k, v = kv_cache_types(type_k, type_v)
-    if k != v:
-        raise ValueError(f"type_k ({k}) and type_v ({v}) must be the same KV cache type for this tool")
-    return k
-
-
-def context_size(model, n_ctx: int) -> int:
-    """The context length n_ctx asks for (0: the model's training context), with a warning on
-    stderr past the training context."""
-    n_ctx_train = model.n_ctx_train
-    n_ctx = n_ctx or n_ctx_train
-    if n_ctx_train > 0 and n_ctx > n_ctx_train:
-        print(f"ember: warning: n_ctx {n_ctx} is larger than the model's training context "
-              f"(n_ctx_train {n_ctx_train}); output past {n_ctx_train} tokens may degrade", file=sys.stderr)
-    return n_ctx
-
 
 class _ContextLock:
     """Serializes the use of one Llama's context between threads. A call holds it while it runs
@@ -146,44 +71,29 @@ class _Generation:
 class Llama:
     """A GGUF model plus one inference context, with llama-cpp-python's `Llama` API."""
 
-    def __init__(self, model_path: str, *, n_ctx: int = 512, n_batch: int = 512,
-                 n_threads: Optional[int] = None, n_gpu_layers: int = 0, seed: int = DEFAULT_SEED,
-                 verbose: bool = True, offload_kqv: bool = True, main_gpu: int = 0, use_mmap: bool = True,
-                 last_n_tokens_size: int = 64, kv_block_size: int = 16, type_k=None, type_v=None,
-                 embedding: bool = False, pooling_type: int = POOLING_UNSPECIFIED,
-                 kv_gpu_cache_mb: int = _ember.DEFAULT_KV_GPU_CACHE_MB, **kwargs):
-        unknown = sorted(set(kwargs) - _HARMLESS_KWARGS)
-        if unknown:
-            raise TypeError(f"Llama() got unexpected keyword arguments: {', '.join(unknown)}")
-        if n_ctx < 0:
-            raise ValueError(f"Llama: n_ctx must be >= 0 (0 = the model's training context), got {n_ctx}")
-        if n_batch <= 0:
-            raise ValueError(f"Llama: n_batch must be > 0, got {n_batch}")
-        if n_threads is not None and n_threads < 0:
-            raise ValueError(f"Llama: n_threads must be >= 1 (None = all cores), got {n_threads}")
-        type_k, type_v = kv_cache_types(type_k, type_v)
+    def __init__(self, model_path: str, **kwargs):
+        """kwargs: the options docs/options.md lists for Llama (llama-cpp-python's names and
+        defaults: n_ctx=512, n_gpu_layers=0, type_k / type_v as ggml type ids or names, ...)."""
+        o = resolve(LLAMA, kwargs)
+        n_ctx, type_k, type_v = o["n_ctx"], o["type_k"], o["type_v"]
         self.model_path = str(model_path)
-        self.verbose = verbose
-        self._seed = self._check_seed(seed)
-        self._last_n = last_n_tokens_size
+        self.verbose = o["verbose"]
+        self._seed = self._check_seed(o["seed"])
+        self._last_n = o["last_n_tokens_size"]
         self._lock = _ContextLock()
         t0 = time.perf_counter()
-        self._model = _ember.Model(self.model_path, n_gpu_layers=n_gpu_layers, main_gpu=main_gpu,
-                                   use_mmap=bool(use_mmap))
+        self._model = _ember.Model(self.model_path, fill(_ember.ModelParams(), o))
         self._tok = self._model.tokenizer
         # embedding=True: the context keeps hidden states instead of logits (no completions).
-        self._embedding = bool(embedding)
-        self._pooling = resolve_pooling(self._model, pooling_type) if embedding else POOLING_UNSPECIFIED
+        self._embedding = o["embedding"]
+        self._pooling = resolve_pooling(self._model, o["pooling_type"]) if self._embedding else POOLING_UNSPECIFIED
         n_ctx = context_size(self._model, n_ctx)
-        self._n_batch = min(n_batch, n_ctx)
-        self._ctx = _ember.Context(self._model, n_ctx=n_ctx, n_batch=self._n_batch,
-                                   n_threads=n_threads or 0, kv_block_size=kv_block_size,
-                                   offload_kqv=offload_kqv, type_k=type_k, type_v=type_v,
-                                   embedding=self._embedding, kv_gpu_cache_mb=kv_gpu_cache_mb)
+        self._n_batch = min(o["n_batch"], n_ctx)
+        self._ctx = _ember.Context(self._model, fill(_ember.ContextParams(), o, n_ctx=n_ctx, n_batch=self._n_batch))
         self._history: List[int] = []   # the tokens whose KV the context holds, in order
         self._generation = 0             # bumped as each completion starts, to retire stale streams
         self._chat_template: Optional[ChatTemplate] = None   # read from the GGUF at the first chat
-        if verbose:
+        if self.verbose:
             m = self._model
             print(f"ember: loaded {self.model_path} (arch {m.arch}, {m.n_layer} layers, n_embd {m.n_embd}, "
                   f"n_vocab {m.n_vocab}, {m.n_gpu_layers} GPU layers) with n_ctx {self._ctx.n_ctx} "

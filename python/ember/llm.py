@@ -10,10 +10,10 @@ from typing import List, Optional, Sequence, Union
 
 from . import _ember
 from .engine_client import EngineClient
-from .llama import context_size, kv_cache_types
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 from .hf_tokenizer import HFTokenizer
+from .options import LLM as _FRONT_END, context_size, fill, resolve
 
 
 def _prompt_list(prompts) -> list:
@@ -31,49 +31,40 @@ def _prompt_list(prompts) -> list:
 
 
 class LLM:
-    """A GGUF model served by one continuous-batching engine. n_ctx is the longest sequence
-    (prompt + generated tokens); the KV pool is sized by kv_mb (MiB; 0: the engine's default);
-    kv_host_mb (MiB of host memory; 0: none) adds a host tier that preempted sequences are swapped
-    out to and evicted prefix-cache blocks are kept in; offload_kqv=False keeps the KV in host memory, with
-    kv_gpu_cache_mb MiB of GPU memory caching its blocks; type_k / type_v take what Llama takes (ggml type ids or "f16", "f32", "q8_0"); seed makes the
-    requests without a seed of their own reproducible. vLLM's spellings model= (for model_path)
-    and max_model_len= (for n_ctx) are taken too."""
+    """A GGUF model served by one continuous-batching engine. Its options (docs/options.md) are
+    vLLM's names where vLLM has one: n_ctx is the longest sequence (prompt + generated tokens); the
+    KV pool is sized by kv_mb (MiB; 0: the engine's default); kv_host_mb (MiB of host memory; 0:
+    none) adds a host tier that preempted sequences are swapped out to and evicted prefix-cache
+    blocks are kept in; offload_kqv=False keeps the KV in host memory, with kv_gpu_cache_mb MiB of
+    GPU memory caching its blocks; type_k / type_v take what Llama takes (ggml type ids or "f16",
+    "f32", "q8_0"); seed makes the requests without a seed of their own reproducible. vLLM's
+    spellings model= (for model_path) and max_model_len= (for n_ctx) are taken too."""
 
-    def __init__(self, model_path: Optional[str] = None, *, n_ctx: Optional[int] = None, n_gpu_layers: int = 0,
-                 n_threads: Optional[int] = None, max_num_seqs: int = 64, max_num_batched_tokens: int = 512,
-                 kv_block_size: int = 16, kv_mb: float = 0, kv_host_mb: float = 0, type_k=None, type_v=None,
-                 enable_prefix_caching: bool = True, deterministic: bool = False, offload_kqv: bool = True,
-                 main_gpu: int = 0, use_mmap: bool = True, verbose: bool = False, seed: Optional[int] = None,
-                 kv_gpu_cache_mb: int = _ember.DEFAULT_KV_GPU_CACHE_MB, model: Optional[str] = None,
-                 max_model_len: Optional[int] = None):
+    def __init__(self, model_path: Optional[str] = None, *, model: Optional[str] = None,
+                 max_model_len: Optional[int] = None, **kwargs):
         self._client = None   # set last: close() and __del__ run on a half-built LLM too
         self._hf_tokenizer: Optional[HFTokenizer] = None
-        if n_threads is not None and n_threads < 0:
-            raise ValueError(f"LLM: n_threads must be >= 1 (None = all cores), got {n_threads}")
         if (model_path is None) == (model is None):
             raise ValueError("LLM: give the GGUF file once, as model_path or as model= (vLLM's name)")
+        n_ctx = kwargs.get("n_ctx")
         if n_ctx is not None and max_model_len is not None and n_ctx != max_model_len:
             raise ValueError(f"LLM: n_ctx={n_ctx} and max_model_len={max_model_len} name the same limit; give one")
-        n_ctx = next((v for v in (n_ctx, max_model_len) if v is not None), 4096)
-        type_k, type_v = kv_cache_types(type_k, type_v)
+        if max_model_len is not None:
+            kwargs["n_ctx"] = max_model_len
+        o = resolve(_FRONT_END, kwargs)
         self.model_path = str(model_path if model is None else model)
         t0 = time.perf_counter()
-        model = _ember.Model(self.model_path, n_gpu_layers=n_gpu_layers, main_gpu=main_gpu, use_mmap=bool(use_mmap))
-        engine = _ember.Engine(model, n_ctx=context_size(model, n_ctx), max_num_seqs=max_num_seqs,
-                               max_num_batched_tokens=max_num_batched_tokens, n_threads=n_threads or 0,
-                               kv_block_size=kv_block_size, kv_mb=float(kv_mb), kv_host_mb=float(kv_host_mb),
-                               type_k=type_k, type_v=type_v,
-                               enable_prefix_caching=enable_prefix_caching, deterministic=deterministic,
-                               offload_kqv=offload_kqv, kv_gpu_cache_mb=kv_gpu_cache_mb)
+        loaded = _ember.Model(self.model_path, fill(_ember.ModelParams(), o))
+        engine = _ember.Engine(loaded, fill(_ember.EngineParams(), o, n_ctx=context_size(loaded, o["n_ctx"])))
         self._ids = itertools.count()
-        self._model = model   # the loaded weights, which an embedding context may share (ember-server)
-        self._client = EngineClient(engine, model.tokenizer, seed)
-        if verbose:
+        self._model = loaded   # the loaded weights, which an embedding context may share (ember-server)
+        self._client = EngineClient(engine, loaded.tokenizer, o["seed"])
+        if o["verbose"]:
             stats = engine.stats()
-            print(f"ember: loaded {self.model_path} (arch {model.arch}, {model.n_layer} layers, "
-                  f"{model.n_gpu_layers} GPU layers) with n_ctx {engine.n_ctx}, max_num_seqs {engine.max_num_seqs}, "
-                  f"{stats['kv_blocks_total']} KV blocks of {kv_block_size} tokens (K {type_k}, V {type_v}) "
-                  f"in {time.perf_counter() - t0:.2f} s", file=sys.stderr)
+            print(f"ember: loaded {self.model_path} (arch {loaded.arch}, {loaded.n_layer} layers, "
+                  f"{loaded.n_gpu_layers} GPU layers) with n_ctx {engine.n_ctx}, max_num_seqs {engine.max_num_seqs}, "
+                  f"{stats['kv_blocks_total']} KV blocks of {engine.kv_block_size} tokens (K {o['type_k']}, "
+                  f"V {o['type_v']}) in {time.perf_counter() - t0:.2f} s", file=sys.stderr)
 
     def _open_client(self) -> EngineClient:
         if self._client is None or self._client.closed:

@@ -8,12 +8,12 @@ import argparse
 import math
 import sys
 import time
+from typing import Optional
 
 import numpy as np
 
-from . import _ember
+from . import _ember, options
 from .cli import run_tool
-from .llama import add_kv_cache_args, kv_cache_type
 
 
 def chunk_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
@@ -41,12 +41,19 @@ def text_chunks(model, text: bytes, n_ctx: int) -> tuple:
     return chunks, len(tokens)
 
 
+def _kv_fields(kv_type) -> dict:
+    """type_k and type_v, both kv_type; nothing (the structs' default) without one."""
+    return {} if kv_type is None else {"type_k": kv_type, "type_v": kv_type}
+
+
 def perplexity(model, text: bytes, n_ctx: int, n_threads: int, n_batch: int = 0, out=sys.stdout,
-               kv_type: str = "f16", offload_kqv: bool = True, kv_gpu_cache_mb: int = _ember.DEFAULT_KV_GPU_CACHE_MB):
+               kv_type: Optional[str] = None, **context_fields):
+    """The text's perplexity (printed to out as llama-perplexity prints it); context_fields are
+    ContextParams fields (offload_kqv, kv_gpu_cache_mb, ...)."""
     chunks, n_tokens = text_chunks(model, text, n_ctx)
     n_chunk = len(chunks)
-    ctx = _ember.Context(model, n_ctx=n_ctx, n_batch=n_batch or n_ctx, n_threads=n_threads, kv_type=kv_type,
-                         offload_kqv=offload_kqv, kv_gpu_cache_mb=kv_gpu_cache_mb)
+    ctx = _ember.Context(model, n_ctx=n_ctx, n_batch=n_batch or n_ctx, n_threads=n_threads,
+                         **_kv_fields(kv_type), **context_fields)
     first = n_ctx // 2
     nlls = []
     print(f"perplexity: {n_tokens} tokens, {n_chunk} chunks of {n_ctx}", file=out)
@@ -70,15 +77,15 @@ def perplexity(model, text: bytes, n_ctx: int, n_threads: int, n_batch: int = 0,
     return ppl
 
 
-def perplexity_engine(model, text: bytes, n_ctx: int, n_threads: int, kv_type: str = "f16",
+def perplexity_engine(model, text: bytes, n_ctx: int, n_threads: int, kv_type: Optional[str] = None,
                       parallel: int = 8, deterministic: bool = True) -> float:
     """perplexity() through the continuous-batching engine: every chunk is a request of its own
     (up to `parallel` at once) whose prompt logprobs score the same positions. Deterministic mode
     (the default) gives each chunk the logits it gets alone, so the figure equals perplexity()'s."""
     chunks, _ = text_chunks(model, text, n_ctx)
     engine = _ember.Engine(model, n_ctx=n_ctx, max_num_seqs=parallel, max_num_batched_tokens=max(512, n_ctx),
-                           n_threads=n_threads, type_k=kv_type, type_v=kv_type, enable_prefix_caching=False,
-                           deterministic=deterministic)
+                           n_threads=n_threads, enable_prefix_caching=False, deterministic=deterministic,
+                           **_kv_fields(kv_type))
     try:
         ids = [engine.add_request(chunk, max_tokens=0, prompt_logprobs=True) for chunk in chunks]
         scores, left = {}, set(ids)
@@ -98,26 +105,26 @@ def perplexity_engine(model, text: bytes, n_ctx: int, n_threads: int, kv_type: s
     return math.exp(nll.mean())
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="ember-perplexity", description=__doc__.splitlines()[0])
-    ap.add_argument("-m", "--model", required=True, help="GGUF model file")
     ap.add_argument("-f", "--file", required=True, help="text file to score")
-    ap.add_argument("-c", "--ctx-size", type=int, default=512, help="tokens per chunk (n_ctx)")
-    ap.add_argument("-b", "--batch-size", type=int, default=0, help="tokens per forward (default n_ctx)")
-    ap.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (0: all)")
-    ap.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, help="blocks on the GPU (-1: all)")
-    add_kv_cache_args(ap)
-    args = ap.parse_args(argv)
+    options.add_arguments(ap, options.PERPLEXITY)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     return run_tool("ember-perplexity", lambda: _run(args))
 
 
 def _run(args) -> int:
-    kv_type = kv_cache_type(args.cache_type_k, args.cache_type_v)
+    kv_type = options.kv_cache_type(args.type_k, args.type_v)
     with open(args.file, "rb") as f:
         text = f.read()
-    model = _ember.Model(args.model, n_gpu_layers=args.n_gpu_layers)
-    perplexity(model, text, args.ctx_size, args.threads, args.batch_size, kv_type=kv_type,
-               offload_kqv=not args.no_kv_offload, kv_gpu_cache_mb=args.kv_gpu_cache_mb)
+    model = _ember.Model(args.model, options.fill(_ember.ModelParams(), vars(args)))
+    n_ctx = options.context_size(model, args.n_ctx)
+    perplexity(model, text, n_ctx, args.n_threads or 0, args.n_batch or 0, kv_type=kv_type,
+               offload_kqv=args.offload_kqv, kv_gpu_cache_mb=args.kv_gpu_cache_mb)
     return 0
 
 

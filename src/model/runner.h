@@ -14,12 +14,14 @@
 
 namespace ember {
 
+// Filled by Context and Engine from their ContextParams / EngineParams, whose defaults are the
+// ones that count (include/ember/model.h); these only make a default-constructed one usable.
 struct RunnerParams {
-    int32_t n_batch = 512;         // most tokens of one step
+    int32_t n_batch = kDefaultBatchTokens;   // most tokens of one step
     int32_t n_threads = 0;         // 0: all hardware threads
     int32_t n_kv_blocks = 0;       // KV blocks of every layer (the pool the block ids index)
     int32_t n_host_tier_slots = 0; // host-memory slots of a block's size: the engine's host tier
-    int32_t kv_block_size = 16;
+    int32_t kv_block_size = kDefaultKvBlockSize;
     GGMLType type_k = GGMLType::F16, type_v = GGMLType::F16;
     bool offload_kqv = true;
     // offload_kqv=False (KV in host memory, kv_in_host_memory.h): MiB of GPU memory that keep

@@ -20,7 +20,8 @@ def main():
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 24
     depth = int(sys.argv[3]) if len(sys.argv) > 3 else 4
     kv_type = sys.argv[4] if len(sys.argv) > 4 else "f16"
-    ctx = E.Context(E.Model(path, n_gpu_layers=-1), n_ctx=depth + steps + 2, n_batch=512, kv_type=kv_type)
+    ctx = E.Context(E.Model(path, n_gpu_layers=-1), n_ctx=depth + steps + 2, n_batch=512, type_k=kv_type,
+                    type_v=kv_type)
     ctx.eval([1 + i % 1000 for i in range(depth)])
     ctx.eval([3])   # the first decode step sizes its scratch buffers
     driver = ctypes.CDLL("libcuda.so.1")

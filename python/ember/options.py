@@ -1,0 +1,434 @@
+"""ember's user-facing options, each declared once: its Python keyword, its command-line flags (as
+llama.cpp spells them, with vLLM's where ember-server takes them), environment variable, type,
+default, help, section and checks. Every CLI, `Llama`, `LLM` and docs/options.md take them from here."""
+from __future__ import annotations
+
+import argparse
+import math
+import numbers
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple
+
+from .chat.tool_calls import ToolCallParser
+from .embedding import POOLING_NAMES, POOLING_UNSPECIFIED
+
+# The front ends, by the name a user knows them by.
+LLAMA, LLM, EMBER, BENCH, PERPLEXITY, SERVER = "Llama", "LLM", "ember", "ember-bench", "ember-perplexity", "ember-server"
+PYTHON_APIS = (LLAMA, LLM)
+CLIS = (EMBER, BENCH, PERPLEXITY, SERVER)
+
+# KV cache types by ggml type id, as llama-cpp-python's type_k / type_v take them.
+_KV_TYPE_IDS = {1: "f16", 0: "f32", 8: "q8_0"}
+KV_CACHE_TYPES = tuple(_KV_TYPE_IDS.values())   # names, as the tools' -ctk / -ctv take them
+
+
+def kv_type(value) -> str:
+    """A KV cache type's name from a name or a ggml type id (None: f16)."""
+    if value is None:
+        return "f16"
+    if isinstance(value, str) and value in KV_CACHE_TYPES:
+        return value
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) in _KV_TYPE_IDS:
+        return _KV_TYPE_IDS[int(value)]
+    raise ValueError("must be a KV cache type: 1 or 'f16', 0 or 'f32', 8 or 'q8_0'")
+
+
+def _boolean(value) -> bool:
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in ("1", "true", "on", "yes"):
+            return True
+        if word in ("0", "false", "off", "no"):
+            return False
+        raise ValueError("must be 0 or 1 (true / false)")
+    if isinstance(value, (bool, numbers.Integral)) and int(value) in (0, 1):
+        return bool(value)
+    raise ValueError("must be True or False")
+
+
+def _integer(value) -> int:
+    if isinstance(value, str):
+        value = value.strip()
+        try:
+            return int(value)
+        except ValueError:
+            raise ValueError("must be a whole number") from None
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    raise ValueError("must be a whole number")
+
+
+def _number(value) -> float:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise ValueError("must be a number") from None
+    if isinstance(value, bool) or not math.isfinite(out):
+        raise ValueError("must be a finite number")
+    return out
+
+
+def _text(value) -> str:
+    if not isinstance(value, str):
+        raise ValueError("must be a str")
+    return value
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option. `default` holds for every front end but those `defaults` names; None means the
+    help says what (all cores, random, the GGUF's ...). `minimum` bounds numbers; `choices` lists
+    the values allowed. `fields` names the C++ params structs ("ModelParams", "ContextParams",
+    "EngineParams") whose field `field` (the option's name unless given) it sets. A bool with
+    `negative` flags sets False through them; its own flags take an optional 0/1."""
+    name: str
+    section: str
+    help: str
+    type: Callable[[Any], Any] = _text
+    default: Any = None
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    flags: Tuple[str, ...] = ()
+    negative: Tuple[str, ...] = ()
+    env: Optional[str] = None
+    choices: Optional[Tuple[Any, ...]] = None
+    minimum: Optional[float] = None
+    fields: Tuple[str, ...] = ()
+    field: Optional[str] = None
+    metavar: Optional[str] = None
+    required: bool = False   # on the command line
+
+    def default_for(self, front_end: str):
+        return self.defaults.get(front_end, self.default)
+
+    def check(self, value):
+        """value as this option holds it; ValueError saying what is wrong (without the name)."""
+        if value is None:
+            return None
+        value = self.type(value)
+        if self.choices is not None and value not in self.choices:
+            raise ValueError(f"must be one of {', '.join(map(str, self.choices))}")
+        if self.minimum is not None and value < self.minimum:
+            raise ValueError(f"must be >= {self.minimum:g}")
+        return value
+
+
+_CTX, _ENG, _MOD = "ContextParams", "EngineParams", "ModelParams"
+_ENGINE_FRONT_ENDS = {LLM: 4096, SERVER: 4096}
+
+_OPTIONS = (
+    # ---- model ----
+    Option("model", "model", "path of the GGUF model file", flags=("-m", "--model"), metavar="FILE", required=True),
+    Option("n_gpu_layers", "model", "blocks on the GPU, the last ones first (-1: all)", _integer, 0,
+           flags=("-ngl", "--gpu-layers", "--n-gpu-layers"), minimum=-1, fields=(_MOD,), metavar="N"),
+    Option("main_gpu", "model", "the GPU that holds the offloaded blocks", _integer, 0, flags=("-mg", "--main-gpu"),
+           minimum=0, fields=(_MOD,), metavar="INDEX"),
+    Option("use_mmap", "model", "read CPU-resident weights from the file mapping (0: copy them into huge-page "
+           "host memory at load)", _boolean, True, flags=("-mmp", "--mmap"), negative=("--no-mmap",),
+           fields=(_MOD,)),
+    Option("verbose", "model", "print a load summary to stderr", _boolean, False, {LLAMA: True},
+           flags=("-v", "--verbose")),
+    # ---- context ----
+    Option("n_ctx", "context", "tokens of context per sequence, prompt + generated (0: the model's training "
+           "context)", _integer, 512, _ENGINE_FRONT_ENDS, flags=("-c", "--ctx-size"), minimum=0,
+           fields=(_CTX, _ENG), metavar="N"),
+    Option("n_batch", "context", "prompt tokens per forward (ember-perplexity: default n_ctx)", _integer, 512,
+           {PERPLEXITY: None}, flags=("-b", "--batch-size"), minimum=1, fields=(_CTX,), metavar="N"),
+    Option("n_threads", "context", "CPU threads (none or 0: all cores)", _integer, None, flags=("-t", "--threads"),
+           minimum=0, fields=(_CTX, _ENG), metavar="N"),
+    Option("kv_block_size", "context", "tokens per paged-KV block", _integer, 16, minimum=1, fields=(_CTX, _ENG)),
+    Option("embedding", "context", "keep hidden states for embeddings instead of logits (no completions)",
+           _boolean, False, fields=(_CTX,), field="embeddings"),
+    Option("pooling_type", "context", "pooling of embeddings: 0 none, 1 mean, 2 cls, 3 last (-1: the GGUF's "
+           "{arch}.pooling_type)", _integer, POOLING_UNSPECIFIED, minimum=-1),
+    Option("last_n_tokens_size", "context", "recent tokens the repeat penalty looks at", _integer, 64, minimum=0),
+    # ---- KV cache ----
+    Option("type_k", "KV cache", "KV cache type of K", kv_type, "f16", flags=("-ctk", "--cache-type-k"),
+           choices=KV_CACHE_TYPES, fields=(_CTX, _ENG)),
+    Option("type_v", "KV cache", "KV cache type of V (whatever K's is)", kv_type, "f16",
+           flags=("-ctv", "--cache-type-v"), choices=KV_CACHE_TYPES, fields=(_CTX, _ENG)),
+    Option("offload_kqv", "KV cache", "keep the KV of GPU blocks on the GPU (-nkvo: in host memory; docs/cuda.md)",
+           _boolean, True, flags=("-kvo", "--kv-offload"), negative=("-nkvo", "--no-kv-offload"),
+           fields=(_CTX, _ENG)),
+    Option("kv_gpu_cache_mb", "KV cache", "with -nkvo: MiB of GPU memory that keep copies of the host KV blocks "
+           "each step reads (0: none)", _integer, 1024, flags=("--kv-gpu-cache-mb",), minimum=0,
+           fields=(_CTX, _ENG), metavar="MIB"),
+    Option("kv_mb", "KV cache", "MiB of KV cache shared by all sequences (0: room for max_num_seqs full "
+           "sequences, at most 4 GiB)", _number, 0.0, flags=("--kv-mb",), minimum=0, fields=(_ENG,), metavar="MIB"),
+    Option("kv_host_mb", "KV cache", "MiB of host memory for the KV host tier: preempted sequences swap out to it "
+           "and evicted prefix-cache blocks stay in it (0: none; docs/engine.md)", _number, 0.0,
+           flags=("--kv-host-mb",), minimum=0, fields=(_ENG,), metavar="MIB"),
+    # ---- engine ----
+    Option("max_num_seqs", "engine", "sequences decoded at once; more requests wait", _integer, 64,
+           flags=("-np", "--max-num-seqs", "--parallel"), minimum=1, fields=(_ENG,), metavar="N"),
+    Option("max_num_batched_tokens", "engine", "tokens of one forward step, prompt chunks and decodes together",
+           _integer, 512, flags=("-b", "--batch-size", "--max-num-batched-tokens"), minimum=1, fields=(_ENG,),
+           metavar="N"),
+    Option("enable_prefix_caching", "engine", "reuse the KV of prompt prefixes that earlier requests computed",
+           _boolean, True, flags=("--enable-prefix-caching",), negative=("--no-enable-prefix-caching",),
+           fields=(_ENG,)),
+    Option("deterministic", "engine", "a request's tokens do not depend on the rest of the batch "
+           "(batch-invariant kernels; docs/engine.md)", _boolean, False, flags=("--deterministic",), fields=(_ENG,)),
+    # ---- sampling ----
+    Option("seed", "sampling", "RNG seed (none or -1: random)", _integer, None, flags=("-s", "--seed"), minimum=-1),
+    Option("temperature", "sampling", "temperature (<= 0: greedy)", _number, 0.8, flags=("--temp",)),
+    Option("top_k", "sampling", "keep the k most likely tokens (0: all)", _integer, 40, flags=("--top-k",),
+           minimum=0),
+    Option("top_p", "sampling", "keep the most likely tokens up to this probability mass", _number, 0.95,
+           flags=("--top-p",), minimum=0),
+    Option("min_p", "sampling", "drop tokens less likely than min_p times the most likely one", _number, 0.05,
+           flags=("--min-p",), minimum=0),
+    Option("repeat_penalty", "sampling", "penalty of recently seen tokens (1: none)", _number, 1.0,
+           flags=("--repeat-penalty",), minimum=0),
+    # ---- server ----
+    Option("host", "server", "address to listen on", default="127.0.0.1", flags=("--host",)),
+    Option("port", "server", "port to listen on", _integer, 8080, flags=("--port",), minimum=0),
+    Option("api_key", "server", "require `Authorization: Bearer KEY` (none: open)", flags=("--api-key",),
+           env="EMBER_API_KEY", metavar="KEY"),
+    Option("chat_template", "server", "a Jinja chat template file, used instead of the GGUF's "
+           "tokenizer.chat_template", flags=("--chat-template",), metavar="FILE"),
+    Option("alias", "server", "the model id in the API (none: the file name)", flags=("--alias",)),
+    Option("max_queue", "server", "requests that may wait for a slot; past that, 503", _integer, 256,
+           flags=("--max-queue",), minimum=0),
+    Option("pooling", "server", "pooling of /v1/embeddings (none: the model's {arch}.pooling_type, else none, "
+           "which /v1/embeddings refuses as llama-server does)", flags=("--pooling",),
+           choices=tuple(POOLING_NAMES)),
+    Option("tool_call_parser", "server", "the syntax replies are parsed for tool calls in: hermes (<tool_call> "
+           "blocks), mistral ([TOOL_CALLS]), json (Llama 3's JSON replies); none: the one the chat template uses",
+           flags=("--tool-call-parser",), choices=ToolCallParser.STYLES),
+)
+
+OPTIONS: Dict[str, Option] = {o.name: o for o in _OPTIONS}
+
+# The options each front end takes. A CLI takes other flags of its own too (ember's -p, ember-bench's
+# test sizes), which no other front end shares.
+_LOAD = ("n_gpu_layers", "main_gpu", "use_mmap")
+_KV = ("type_k", "type_v", "offload_kqv", "kv_gpu_cache_mb")
+FRONT_ENDS: Dict[str, Tuple[str, ...]] = {
+    LLAMA: (*_LOAD, "verbose", "n_ctx", "n_batch", "n_threads", "kv_block_size", "embedding", "pooling_type",
+            "last_n_tokens_size", *_KV, "seed"),
+    LLM: (*_LOAD, "verbose", "n_ctx", "n_threads", "kv_block_size", *_KV, "kv_mb", "kv_host_mb", "max_num_seqs",
+          "max_num_batched_tokens", "enable_prefix_caching", "deterministic", "seed"),
+    EMBER: ("model", *_LOAD, "verbose", "n_ctx", "n_batch", "n_threads", *_KV, "seed", "temperature", "top_k",
+            "top_p", "min_p", "repeat_penalty"),
+    BENCH: ("model", *_LOAD, "n_batch", "n_threads", *_KV, "deterministic"),
+    PERPLEXITY: ("model", *_LOAD, "n_ctx", "n_batch", "n_threads", *_KV),
+    SERVER: ("model", *_LOAD, "n_ctx", "n_threads", *_KV, "kv_mb", "kv_host_mb", "max_num_seqs",
+             "max_num_batched_tokens", "enable_prefix_caching", "deterministic", "host", "port", "api_key",
+             "chat_template", "alias", "max_queue", "pooling", "tool_call_parser"),
+}
+
+# llama-cpp-python's Llama arguments that change nothing in ember (flash attention and NUMA are not
+# separate modes here, chat formatting is not applied by create_completion): taken so that
+# existing code ports unchanged.
+IGNORED = {LLAMA: frozenset({"use_mlock", "logits_all", "n_threads_batch", "n_ubatch", "numa", "flash_attn",
+                             "chat_format"})}
+
+
+def kv_cache_types(type_k=None, type_v=None) -> Tuple[str, str]:
+    """The K and V cache types ("f16", "f32" or "q8_0") that llama-cpp-python's type_k / type_v
+    name (ggml type ids or those names; None: f16), each on its own."""
+    return check("KV cache", "type_k", type_k) or "f16", check("KV cache", "type_v", type_v) or "f16"
+
+
+def kv_cache_type(type_k=None, type_v=None) -> str:
+    """The one KV cache type of tools that size or report K and V as one type (ember-bench,
+    ember-perplexity): type_k and type_v as kv_cache_types reads them, which must agree there."""
+    k, v = kv_cache_types(type_k, type_v)
+    if k != v:
+        raise ValueError(f"type_k ({k}) and type_v ({v}) must be the same KV cache type for this tool")
+    return k
+
+
+def context_size(model, n_ctx: int) -> int:
+    """The context length n_ctx asks for (0: the model's training context), with a warning on
+    stderr past the training context."""
+    n_ctx_train = model.n_ctx_train
+    n_ctx = n_ctx or n_ctx_train
+    if n_ctx_train > 0 and n_ctx > n_ctx_train:
+        print(f"ember: warning: n_ctx {n_ctx} is larger than the model's training context "
+              f"(n_ctx_train {n_ctx_train}); output past {n_ctx_train} tokens may degrade", file=sys.stderr)
+    return n_ctx
+
+
+def default(name: str, front_end: str):
+    """The option's default for that front end."""
+    return OPTIONS[name].default_for(front_end)
+
+
+def check(front_end: str, name: str, value):
+    """value as the option holds it; ValueError naming the front end, the option and the value."""
+    try:
+        return OPTIONS[name].check(value)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{front_end}: {name} {e}, got {value!r}") from None
+
+
+def resolve(front_end: str, given: Mapping[str, Any]) -> Dict[str, Any]:
+    """Every option of a Python front end: given values checked, the rest at their defaults. An
+    unknown keyword raises TypeError naming it; a bad value ValueError naming the option."""
+    names = FRONT_ENDS[front_end]
+    unknown = sorted(set(given) - set(names) - IGNORED.get(front_end, frozenset()))
+    if unknown:
+        raise TypeError(f"{front_end}() got unexpected keyword arguments: {', '.join(unknown)} "
+                        f"(it takes {', '.join(names)}; docs/options.md)")
+    # None stands for the default, as llama-cpp-python's callers pass n_threads=None or type_k=None.
+    return {n: default(n, front_end) if given.get(n) is None else check(front_end, n, given[n]) for n in names}
+
+
+def fill(params, values: Mapping[str, Any], **overrides):
+    """params (an _ember.ModelParams / ContextParams / EngineParams) with the fields of every option
+    in values that maps to its struct; overrides are field values set last. Returns params."""
+    struct = type(params).__name__
+    for name, value in values.items():
+        option = OPTIONS.get(name)
+        if option is None or struct not in option.fields:
+            continue
+        if value is None:   # n_threads: all cores, which the structs spell 0
+            value = 0
+        setattr(params, option.field or name, value)
+    for name, value in overrides.items():
+        setattr(params, name, value)
+    return params
+
+
+def struct_defaults(params_classes: Iterable) -> Dict[Tuple[str, str], Any]:
+    """{(struct, field): default} of default-constructed params classes, for the fields options set."""
+    out = {}
+    for cls in params_classes:
+        made = cls()
+        for option in _OPTIONS:
+            if cls.__name__ in option.fields:
+                out[cls.__name__, option.field or option.name] = getattr(made, option.field or option.name)
+    return out
+
+
+# ---- command lines ------------------------------------------------------------------------------
+class _Switch(argparse.Action):
+    """A bool option's flag: alone it sets True (a negative flag False); its own flags take an
+    optional 0/1 too (`-mmp 0`, as llama-bench spells it)."""
+
+    def __init__(self, option_strings, dest, value=True, **kw):
+        self.value = value
+        super().__init__(option_strings, dest, nargs="?" if value else 0, **kw)
+
+    def __call__(self, parser, namespace, given, option_string=None):
+        setattr(namespace, self.dest, given if self.value and given is not None else self.value)
+
+
+def _cli_type(option: Option, front_end: str):
+    def parse(text: str):
+        try:
+            return option.check(text)
+        except (TypeError, ValueError) as e:
+            raise argparse.ArgumentTypeError(f"{e}, got {text!r}") from None
+    parse.__name__ = option.type.__name__.lstrip("_")   # argparse names it in "invalid ... value"
+    return parse
+
+
+def _cli_default(option: Option, front_end: str):
+    if option.env and os.environ.get(option.env):
+        return option.check(os.environ[option.env])
+    return option.default_for(front_end)
+
+
+def _help(option: Option, front_end: str) -> str:
+    text = option.help
+    value = option.default_for(front_end)
+    if option.env:
+        text += f" (default: ${option.env})"
+    elif value is not None and not option.required:
+        shown = {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+        text += f" (default: {shown})"
+    return text.replace("%", "%%")
+
+
+def add_arguments(parser: argparse.ArgumentParser, front_end: str, names: Optional[Iterable[str]] = None) -> None:
+    """Adds the front end's options (or those of names) that have flags to parser, grouped by
+    section; each lands in args.<option name>."""
+    groups: Dict[str, Any] = {}
+    for name in names or FRONT_ENDS[front_end]:
+        option = OPTIONS[name]
+        if not option.flags:
+            continue
+        group = groups.get(option.section)
+        if group is None:
+            group = groups[option.section] = parser.add_argument_group(option.section)
+        default_value = _cli_default(option, front_end)
+        if option.type is _boolean:
+            group.add_argument(*option.flags, dest=name, action=_Switch, type=_cli_type(option, front_end),
+                               default=default_value, metavar="0|1", help=_help(option, front_end))
+            if option.negative:
+                group.add_argument(*option.negative, dest=name, action=_Switch, value=False,
+                                   default=default_value, help=f"the same as {option.flags[-1]} 0")
+            continue
+        extra = {"choices": option.choices} if option.choices else {}
+        group.add_argument(*option.flags, dest=name, type=_cli_type(option, front_end), default=default_value,
+                           required=option.required, metavar=option.metavar or (None if extra else name.upper()),
+                           help=_help(option, front_end), **extra)
+
+
+def values(args: argparse.Namespace, front_end: str) -> Dict[str, Any]:
+    """The options of a front end (LLAMA or LLM) that args holds, as keyword arguments for it."""
+    return {n: getattr(args, n) for n in FRONT_ENDS[front_end] if hasattr(args, n)}
+
+
+# ---- docs/options.md ----------------------------------------------------------------------------
+def _cell(value) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return f"`{value}`"
+
+
+def markdown() -> str:
+    """docs/options.md: every option, by section, with its flags and the front ends taking it."""
+    lines = ["# Options", "",
+             "Generated from `python/ember/options.py` by `python -m ember.options --markdown > docs/options.md`;",
+             "edit the table there, not here. Front ends: the Python classes `Llama` and `LLM`, and the commands",
+             f"{', '.join(f'`{c}`' for c in CLIS)}. A bool option's flag takes an optional `0`/`1`",
+             "(`-mmp 0`); its negative flag (`--no-...`) turns it off.", ""]
+    sections: Dict[str, list] = {}
+    for option in _OPTIONS:
+        sections.setdefault(option.section, []).append(option)
+    for section, options in sections.items():
+        lines += [f"## {section[0].upper()}{section[1:]}", "",
+                  "| Option | Flags | Default | Taken by | Sets | Meaning |", "|---|---|---|---|---|---|"]
+        for o in options:
+            users = [f for f in FRONT_ENDS if o.name in FRONT_ENDS[f]]
+            flags = ", ".join(f"`{f}`" for f in o.flags + o.negative) or "(Python only)"
+            if o.env:
+                flags += f", env `{o.env}`"
+            shown = _cell(o.default) + "".join(f"; {f}: {_cell(v)}" for f, v in o.defaults.items())
+            sets = ", ".join(f"`{s}::{o.field or o.name}`" for s in o.fields)
+            choices = f" One of {', '.join(f'`{c}`' for c in o.choices)}." if o.choices else ""
+            lines.append(f"| `{o.name}` | {flags} | {shown} | {', '.join(users)} | {sets} | "
+                         f"{o.help.replace('|', '/')}.{choices} |")
+        lines.append("")
+    lines += ["## Adding an option", "",
+              "1. Declare it in `python/ember/options.py`'s `_OPTIONS` (name, section, help, type, default,",
+              "   flags, checks, and the C++ params struct fields it sets), and list it in `FRONT_ENDS` under",
+              "   the front ends that take it. Their parsers, keyword checks and this page follow.",
+              "2. Where it sets a C++ field: the field in `include/ember/model.h` or `engine.h` (default",
+              "   there; `tests/test_options.py` checks the table agrees), and its `def_rw` line in",
+              "   `python/bindings/bind_model.cpp` or `bind_engine.cpp`. `options.fill` then carries it.",
+              "3. The code that uses it (the C++ that reads the field, or the Python front end).",
+              "", "Then regenerate this page.", ""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m ember.options", description="ember's option table.")
+    ap.add_argument("--markdown", action="store_true", help="print docs/options.md")
+    args = ap.parse_args(argv)
+    if not args.markdown:
+        ap.print_help()
+        return 0
+    sys.stdout.write(markdown())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
