@@ -130,6 +130,30 @@ def test_a_snapshot_is_fixed_when_the_backend_is_made(rng):
     np.testing.assert_array_equal(scalar.matmul(F32, wb, n_in, x).view(np.uint32), y_scalar.view(np.uint32))
 
 
+def test_a_live_context_keeps_the_switches_it_was_made_with(smollm2_path, rng):
+    """A context's CPU backend is made with the context: a context made under EMBER_SIMD=scalar keeps
+    the scalar kernels after the override is gone, one made before an override keeps its level."""
+    if len(simd_levels("scalar")) < 2:
+        pytest.skip("this CPU runs the scalar kernels only")
+    model = _ember.Model(smollm2_path)
+    tokens = rng.integers(0, model.n_vocab, 12).tolist()
+
+    def logits(ctx):
+        ctx.eval(tokens, logits_all=True)
+        out = np.array(ctx.all_logits(), np.float32)
+        ctx.truncate(0)
+        return out
+
+    best = _ember.Context(model, n_ctx=64, n_threads=2)
+    with switches.overridden(EMBER_SIMD="scalar"):
+        scalar = _ember.Context(model, n_ctx=64, n_threads=2)
+        scalar_inside, best_inside = logits(scalar), logits(best)
+    np.testing.assert_array_equal(logits(scalar).view(np.uint32), scalar_inside.view(np.uint32))
+    np.testing.assert_array_equal(logits(best).view(np.uint32), best_inside.view(np.uint32))
+    if simd_levels()[0] == "avx512":   # Q4_1 and Q8_0 take the AVX-512 single-token kernels: other sums
+        assert (scalar_inside != best_inside).any(), "the context made under EMBER_SIMD=scalar kept the SIMD kernels"
+
+
 def test_the_doc_is_the_table(capsys):
     switches.main(["--markdown"])
     doc = capsys.readouterr().out
