@@ -42,7 +42,7 @@ def test_no_switch_is_read_outside_the_table():
         for name in re.findall(r'"(EMBER_[A-Z0-9_]+)"', text):
             assert name in declared, f"{path.relative_to(ROOT)} reads {name}, which switch_table() does not declare"
     for path in [*ROOT.glob("python/ember/**/*.py"), *ROOT.glob("tests/*.py")]:
-        for name in re.findall(r'environ(?:\.get\(|\[)\s*"(EMBER_[A-Z0-9_]+)"', path.read_text()):
+        for name in re.findall(r'(?:environ(?:\.get\(|\[)\s*|env=)"(EMBER_[A-Z0-9_]+)"', path.read_text()):
             assert name in other, f"{path.relative_to(ROOT)} reads {name}: a switch belongs in switch_table()"
 
 
