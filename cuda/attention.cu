@@ -203,7 +203,7 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(Attention
 constexpr int kDecThreads = 128;
 constexpr int kDecTile = 32;
 constexpr int kDecStages = 3;
-constexpr int kDecMaxHeads = 4;   // one warp per head for the softmax step
+constexpr int kDecMaxHeads = kDecodeQ8Heads;   // one warp per head for the softmax step
 
 // Shared-memory tile geometry of one pipeline stage (K and V of kDecTile keys, src/backend/kv_layout.h):
 // [K, V][kDecTile][hd] int8 then [K, V][kDecTile][hd / 32] f16 scales. The int8 rows are
@@ -468,11 +468,6 @@ void attention(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s) {
     else
         fail("cuda attention: ", pairs, " query heads per CTA exceeds 8");
     EMBER_CUDA_LAUNCHED("attention");
-}
-
-int attention_decode_heads(int n_head, int n_head_kv, int head_dim, bool kv_q8) {
-    if (head_dim != 64 && head_dim != 128 && head_dim != 256) return 0;
-    return std::min(n_head / n_head_kv, kv_q8 ? kDecMaxHeads : kDecodeMmaHeads);
 }
 
 void attention_decode(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s) {

@@ -1,7 +1,7 @@
 // Decode attention over a short f16 context for steps that need not follow the CPU's order of
 // sums (the engine's default mode, where EMBER_CUDA_SHORT_ATTN=1 asks for it; a Context keeps
 // attention_exact). q and the probabilities stay float. What bounds such a step is
-// latency, not bytes: a few hundred keys a head are ~1 us of HBM traffic a layer, so the kernel
+// latency, not bytes (a few hundred keys a head are little HBM traffic a layer), so the kernel
 // is built to have as little as possible left to do once the Q, K, V kernel before it finishes.
 // - One cluster of CTAs per (token, kv head); each CTA takes a contiguous range of <=
 //   kShortKeys keys and all q heads of the kv head (GQA: K/V read once).
@@ -26,7 +26,7 @@ namespace {
 
 constexpr int kShortThreads = 128;
 constexpr int kShortWarps = kShortThreads / kWarp;
-constexpr int kShortKeys = 64;      // keys a CTA takes at most
+constexpr int kShortKeys = kShortKeysPerCta;   // keys a CTA takes at most
 constexpr int kShortMaxSplit = 8;   // CTAs a cluster (the portable cluster size)
 static_assert(kShortKeys * kShortMaxSplit == kShortMaxLen, "a cluster covers every short context");
 

@@ -68,7 +68,7 @@ constexpr int kMaxSplit = 8;            // the portable cluster size
 constexpr int kMaxStages = 3;
 constexpr int kCtaCostStages = 2;
 constexpr int kSmemLimit = 227 * 1024;  // dynamic shared memory of one CTA (sm_90)
-constexpr int kDqAlign = 256;
+constexpr int kDqAlign = kGemmDqAlign;
 constexpr int kMaxWeights = kMaxGemmDqWeights;
 
 // The CTA shapes, by kWG: 0 is the mma.sync form (8 warps of 32 rows: two m16 tiles a warp), 2
@@ -686,11 +686,6 @@ void launch_tokens(const DeviceWeight* const* ws, float* const* ys, int count, c
 }
 
 }  // namespace
-
-bool gemm_dq_supported(GGMLType type, int64_t n_in) {
-    const bool format = type == GGMLType::Q4_0 || type == GGMLType::Q4_1 || type == GGMLType::Q8_0;
-    return format && n_in % kDqAlign == 0;
-}
 
 void gemm_dq_input(const float* x, __half* xh, int32_t n_tok, int64_t n, cudaStream_t s) {
     if (n % 32 || reinterpret_cast<uintptr_t>(x) % 16)

@@ -9,6 +9,7 @@
 
 #include "backend/backend.h"
 #include "ember/quant.h"
+#include "kernel_choice.h"
 #include "weight_pack.h"
 
 namespace ember {
@@ -28,37 +29,23 @@ void quantize_q8_1(const float* x, int8_t* q, float2* ds, int32_t n_tok, int64_t
 void convert_to_f16(const float* x, __half* y, int64_t n, cudaStream_t s);
 void convert_to_bf16(const float* x, __nv_bfloat16* y, int64_t n, cudaStream_t s);
 
-// Most tokens one GEMV launch takes; larger batches go through dequantize + cuBLAS.
-constexpr int kMaxGemvTokens = 8;
-// Whether this type's GEMV reads activations quantized by quantize_q8_1 (else float x).
-bool gemv_wants_q8(GGMLType type);
+// Which of the kernels below take which types and sizes: kernel_choice.h.
 // y_i [n_tok][n_out_i] = x [n_tok][n_in] * W_i^T for up to kMaxGemvBatch weights of one type
 // and width (Q, K, V or gate, up) in one launch; n_tok <= kMaxGemvTokens.
 constexpr int kMaxGemvBatch = 3;
 void gemv(const DeviceWeight* const* w, float* const* y, int count, const float* x, const int8_t* xq,
           const float2* xds, int32_t n_tok, cudaStream_t s);
-// Whether the GEMV sums rows of this width in the CPU backend's order (the 32-element block
-// formats up to kLegacyExactMaxWidth wide, gemv_legacy.cuh).
-bool gemv_cpu_order(int64_t n_in);
 // Quantized GEMM on int8 tensor cores (gemm_q8.cu) for kMaxGemvTokens < n_tok <= kMaxGemmQ8Tokens:
 // y [n_tok][n_out] = x W^T from x's q8_1 blocks (quantize_q8_1), the weight read from memory once
 // per call. The 32-element block formats (gemm_q8_supported); the GEMV's per-block products, summed
-// in another order. Its cost grows with n_tok (each 32-block's int32 dot is scaled per token in
-// fp32): above 64 tokens dequantize + cuBLAS is the faster path on the H100.
-constexpr int kMaxGemmQ8Tokens = 64;
-bool gemm_q8_supported(GGMLType type);
+// in another order.
 void gemm_q8(const DeviceWeight& w, float* y, const int8_t* xq, const float2* xds, int32_t n_tok, cudaStream_t s);
 // f16 GEMM on weights dequantized in registers (gemm_dq.cu) for kMaxGemvTokens < n_tok <=
 // kMaxGemmDqTokens: y [n_tok][n_out] = x W^T, the weight read from memory once per token tile (64
 // tokens; 128 on Hopper's wgmma form) and each element unpacked once per tile, x as f16
 // (gemm_dq_input). Q4_0, Q4_1, Q8_0 rows whose width is a multiple of 256 (gemm_dq_supported).
 // The products are f16 weights (d * q rounded, as dequantize_f16) times f16 activations, summed in
-// f32 in a fixed order (deterministic). On the H100 it is faster than gemm_q8 at every size, and
-// faster than dequantize + cuBLAS (at par where a wide weight's token tiles need a second wave) up
-// to the largest graphed decode step (ember-cuda-bench gemm); larger batches are prompts, left to
-// cuBLAS.
-constexpr int kMaxGemmDqTokens = 256;
-bool gemm_dq_supported(GGMLType type, int64_t n_in);
+// f32 in a fixed order (deterministic).
 // x [n_tok][n] (16-byte aligned, n % 32 == 0) -> xh: f16 with each 32-block in gemm_dq's K order.
 void gemm_dq_input(const float* x, __half* xh, int32_t n_tok, int64_t n, cudaStream_t s);
 void gemm_dq(const DeviceWeight& w, float* y, const __half* xh, int32_t n_tok, cudaStream_t s);
@@ -67,7 +54,6 @@ constexpr int kMaxGemmDqWeights = 3;
 void gemm_dq(const DeviceWeight* const* ws, float* const* ys, int count, const __half* xh, int32_t n_tok, cudaStream_t s);
 // out [n_tok][n_out] = silu(x W_gate^T) * (x W_up^T) in one launch, for the float weight types
 // (gemv_swiglu_supported) whose down projection reads float activations.
-bool gemv_swiglu_supported(GGMLType type);
 void gemv_swiglu(const DeviceWeight& gate, const DeviceWeight& up, float* out, const float* x, int32_t n_tok,
                  cudaStream_t s);
 // W -> out [n_out][n_in] f16 (quantized types only) for the tensor-core path.
@@ -176,24 +162,18 @@ void attention(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s);
 // Decode batches (one CTA per token) over long contexts: K/V tiles pipelined through shared
 // memory, the q8_0 cache on CUDA cores (attention_decode), the f16 cache on tensor cores
 // (attention_decode_mma, up to kDecodeMmaHeads q heads of a kv head per CTA).
-// attention_decode_heads: q heads per CTA for this shape and cache, 0 when neither kernel takes
-// it (head_dim other than 64, 128, 256). Grid: n_tok x (kv heads x head groups) x n_split.
-constexpr int kDecodeMmaHeads = 16;
-int attention_decode_heads(int n_head, int n_head_kv, int head_dim, bool kv_q8);
+// attention_decode_heads: q heads per CTA. Grid: n_tok x (kv heads x head groups) x n_split.
 void attention_decode(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s);
 void attention_decode_mma(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s);
 // Short contexts (every position < kExactMaxLen): the reference CPU arithmetic, in order.
 // clusters: on Hopper, spread each head over a thread-block cluster (else one CTA a head).
-constexpr int kExactMaxLen = 512;
 void attention_exact(const AttentionArgs& a, const DeviceBatch& b, bool clusters, cudaStream_t s);
 // Decode batches (each token the only one of its sequence in the step) over short f16 contexts
 // (every position < kShortMaxLen), for steps that need not keep the CPU's order of sums (the
 // engine's default mode, opt-in). Returns false, launching nothing, for shapes it does not take.
-constexpr int kShortMaxLen = 512;
 bool attention_short(const AttentionArgs& a, const DeviceBatch& b, int32_t max_len, cudaStream_t s);
 // Prompt batches on tensor cores: tiles of kMmaTileLen tokens (a.tiles / a.n_tiles), one q head
 // per CTA, no split. Returns false (nothing launched) for head dims it does not handle.
-constexpr int kMmaTileLen = 64;
 bool attention_prefill_mma(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s);
 
 }  // namespace cuda

@@ -11,7 +11,8 @@
 namespace ember {
 namespace cuda {
 
-// Set once by the backend for devices that support it (compute capability >= 9.0).
+// Set by the backend when it is made, for devices that support it (compute capability >= 9.0)
+// unless EMBER_CUDA_PDL=0.
 bool& pdl_enabled();
 
 // The current device's compute capability, major * 10 + minor (90: Hopper, the only one that runs
@@ -19,9 +20,6 @@ bool& pdl_enabled();
 int device_cc();
 // The current device is Hopper or newer: thread-block clusters, tensor copies, PDL.
 bool device_is_sm90();
-
-// A switch read from the environment: on unless set to "0".
-bool env_flag(const char* name);
 
 // cluster_x > 1: the grid's x dimension runs in thread-block clusters of that many CTAs (Hopper).
 template <class... KArgs, class... Args>

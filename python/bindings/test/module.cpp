@@ -10,6 +10,7 @@ namespace nb = nanobind;
 void bind_kernel_quant(nb::module_& m);
 void bind_kernel_backend(nb::module_& m);
 void bind_kv(nb::module_& m);
+void bind_kernel_choice(nb::module_& m);
 void bind_kernel_switches(nb::module_& m);
 
 NB_MODULE(_ember_test, m) {
@@ -18,4 +19,5 @@ NB_MODULE(_ember_test, m) {
     bind_kernel_backend(m);
     bind_kv(m);
     bind_kernel_switches(m);
+    bind_kernel_choice(m);
 }

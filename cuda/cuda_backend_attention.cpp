@@ -1,0 +1,196 @@
+// The CUDA backend's attention dispatch and KV stores: the kernel comes from choose_attention
+// (kernel_choice.h); here its arguments are filled in (tiles, splits and their scratch, the f16
+// copy of q8_0 blocks for kernels that read f16) and it is launched.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "backend/kv_layout.h"
+#include "cuda_backend_impl.h"
+#include "cuda_check.h"
+
+namespace ember {
+namespace cuda {
+
+AttentionQuery CudaBackend::attention_query(const KVLayer& kv, const AttentionShape& shape, int32_t n_tok) const {
+    AttentionQuery q;
+    q.k_type = kv.k_type;
+    q.v_type = kv.v_type;
+    q.head_dim = shape.head_dim;
+    q.n_head = shape.n_head;
+    q.n_head_kv = shape.n_head_kv;
+    q.block_size = kv.block_size;
+    q.max_len = max_len_;
+    q.window = shape.window;
+    q.batch = batch_facts(n_tok);
+    q.fast_attention = fast_attn_;
+    q.sw = sw_;
+    q.dev = dev_;
+    return q;
+}
+
+void CudaBackend::kv_store(KVLayer& kv, const float* k, const float* v, int32_t n_tok) {
+    issue_uploads();
+    check_batch(n_tok, "kv_store");
+    check_kv(kv, "kv_store");
+    if (kv.k_type != kv.v_type) return store_mixed(kv, k, v, n_tok);
+    if (kv.k_type == GGMLType::Q8_0) return store_q8(kv, k, v, n_tok);
+    cuda::kv_store(static_cast<__half*>(kv.k), static_cast<__half*>(kv.v), kv.block_size, kv.n_head_kv * kv.head_dim, k, v,
+                   n_tok, dbatch_, stream_);
+}
+
+void CudaBackend::attention(const KVLayer& kv, const float* q, int32_t n_tok, const AttentionShape& shape, float* out) {
+    issue_uploads();
+    attend(kv, q, n_tok, shape, out, false);
+}
+
+void CudaBackend::check_kv(const KVLayer& kv, const char* op) const {
+    for (GGMLType t : {kv.k_type, kv.v_type})
+        if (t != GGMLType::F16 && t != GGMLType::Q8_0)
+            fail("cuda ", op, ": the GPU keeps KV in f16 or q8_0, not in GGML type ", int(t));
+}
+
+// The attention of q over kv into out. want_q8: the kernels that can also write out as q8_1 blocks
+// into the scratch do; returns whether they did.
+bool CudaBackend::attend(const KVLayer& kv, const float* q, int32_t n_tok, const AttentionShape& shape, float* out,
+                         bool want_q8) {
+    check_batch(n_tok, "attention");
+    check_kv(kv, "attention");
+    if (shape.n_head_kv != kv.n_head_kv || shape.head_dim != kv.head_dim)
+        fail("cuda attention: shape (", shape.n_head_kv, " kv heads of ", shape.head_dim, ") does not match the KV layer (",
+             kv.n_head_kv, " of ", kv.head_dim, ")");
+    if (shape.window < 0) fail("cuda attention: negative window ", shape.window);
+    if (n_tok == 0) return false;
+    const AttentionQuery query = attention_query(kv, shape, n_tok);
+    AttentionChoice c = choose_attention(query);
+    AttentionArgs a{};
+    a.k_cache = static_cast<const __half*>(kv.k);
+    a.v_cache = static_cast<const __half*>(kv.v);
+    a.kv_q8 = c.kernel == AttentionKernel::decode_q8;
+    if (c.expand_q8) expand_q8(kv, a);
+    a.block_size = kv.block_size;
+    a.cache_rows = int64_t(kv.n_blocks) * kv.block_size;
+    a.n_head = shape.n_head;
+    a.n_head_kv = shape.n_head_kv;
+    a.head_dim = shape.head_dim;
+    a.scale = shape.scale;
+    a.window = shape.window;
+    a.q = q;
+    a.out = out;
+    a.n_tok = n_tok;
+    a.heads_per_cta = c.heads_per_cta;
+    // The exact, short and decode kernels write q8_1 blocks along with their output.
+    auto with_q8_out = [&](auto&& launch) {
+        if (want_q8) {
+            const Q8 q8 = q8_scratch(int64_t(n_tok) * shape.n_head * shape.head_dim);
+            a.out_q = q8.q;
+            a.out_ds = q8.ds;
+        }
+        launch();
+        return want_q8;
+    };
+    if (c.kernel == AttentionKernel::short_decode) {
+        bool took = false;
+        const bool q8 = with_q8_out([&] { took = attention_short(a, dbatch_, max_len_, stream_); });
+        if (took) return q8;
+        a.out_q = nullptr;
+        a.out_ds = nullptr;
+        c = choose_attention_without_short(query);
+    }
+    const int n_rep = shape.n_head / shape.n_head_kv;
+    const int n_hchunks = (n_rep + a.heads_per_cta - 1) / a.heads_per_cta;
+    switch (c.kernel) {
+        case AttentionKernel::exact:
+        case AttentionKernel::exact_cluster:
+            return with_q8_out([&] {
+                a.old_rows_ready = decode_step(n_tok);
+                attention_exact(a, dbatch_, sw_.exact_cluster, stream_);
+            });
+        case AttentionKernel::decode_q8:
+        case AttentionKernel::decode_mma: {
+            const int n_dec = attention_decode_heads(shape.n_head, shape.n_head_kv, shape.head_dim, a.kv_q8);
+            a.n_split = c.n_split;
+            prepare_splits(a, size_t(n_tok) * shape.n_head_kv * ((n_rep + n_dec - 1) / n_dec));
+            return with_q8_out([&] {
+                if (a.kv_q8) attention_decode(a, dbatch_, stream_);
+                else attention_decode_mma(a, dbatch_, stream_);
+            });
+        }
+        case AttentionKernel::prefill_mma:
+            a.tile_len = kTileLens[c.tile_index];
+            a.n_tiles = n_tiles_[c.tile_index];
+            a.tiles = tiles_for(c.tile_index);
+            a.n_split = 1;
+            if (!attention_prefill_mma(a, dbatch_, stream_)) fail("cuda attention: prefill_mma declined head_dim ", a.head_dim);
+            return false;
+        case AttentionKernel::tiled_invariant:   // one query per tile, one split: nothing depends on the rest of the batch
+        case AttentionKernel::tiled: {
+            a.tile_len = kTileLens[c.tile_index];
+            a.n_tiles = n_tiles_[c.tile_index];
+            a.tiles = tiles_for(c.tile_index);
+            const int base = a.n_tiles * shape.n_head_kv * n_hchunks;
+            a.n_split = c.kernel == AttentionKernel::tiled_invariant
+                            ? 1
+                            : attention_splits(attention_want_splits(max_len_, shape.window), base, kTargetAttnCtas);
+            prepare_splits(a, size_t(base));
+            cuda::attention(a, dbatch_, stream_);
+            return false;
+        }
+        case AttentionKernel::short_decode: break;
+    }
+    fail("cuda attention: no kernel after attention_short declined");
+}
+
+void CudaBackend::store_q8(KVLayer& kv, const float* k, const float* v, int32_t n_tok) {
+    kv_store_q8(static_cast<uint8_t*>(kv.k), static_cast<uint8_t*>(kv.v), kv.block_size, kv.n_head_kv * kv.head_dim,
+                kv.head_dim, k, v, n_tok, dbatch_, stream_);
+}
+
+// A layer with one f16 and one q8_0 cache: each stored by the kernel of its type.
+void CudaBackend::store_mixed(KVLayer& kv, const float* k, const float* v, int32_t n_tok) {
+    const bool k_q8 = kv.k_type == GGMLType::Q8_0;
+    const int32_t width = kv.n_head_kv * kv.head_dim;
+    kv_store_q8(k_q8 ? static_cast<uint8_t*>(kv.k) : nullptr, k_q8 ? nullptr : static_cast<uint8_t*>(kv.v), kv.block_size,
+                width, kv.head_dim, k, v, n_tok, dbatch_, stream_);
+    cuda::kv_store(k_q8 ? nullptr : static_cast<__half*>(kv.k), k_q8 ? static_cast<__half*>(kv.v) : nullptr, kv.block_size,
+                   width, k, v, n_tok, dbatch_, stream_);
+}
+
+// The batch's blocks of the layer's q8_0 caches as f16 in kv_f16_ (one layer's worth, reused by
+// all); a.k_cache / a.v_cache point at the copies.
+void CudaBackend::expand_q8(const KVLayer& kv, AttentionArgs& a) {
+    const int64_t width = int64_t(kv.n_head_kv) * kv.head_dim, n = int64_t(kv.n_blocks) * kv.block_size * width;
+    ensure(kv_f16_, size_t(n) * 2 * sizeof(__half));
+    __half* kh = static_cast<__half*>(kv_f16_.p);
+    const int32_t n_blk = std::min<int32_t>(bt_stride_, (max_len_ + kv.block_size - 1) / kv.block_size);
+    const bool k_q8 = kv.k_type == GGMLType::Q8_0, v_q8 = kv.v_type == GGMLType::Q8_0;
+    kv_expand_q8(k_q8 ? static_cast<const uint8_t*>(kv.k) : nullptr, v_q8 ? static_cast<const uint8_t*>(kv.v) : nullptr, kh,
+                 kh + n, kv.block_size, int32_t(width), kv.head_dim, kv.n_blocks, n_seq_, n_blk, dbatch_, stream_);
+    if (k_q8) a.k_cache = kh;
+    if (v_q8) a.v_cache = kh + n;
+}
+
+// Partial-result buffers and per-CTA-group counters of a split (flash-decoding) attention.
+void CudaBackend::prepare_splits(AttentionArgs& a, size_t n_groups) {
+    if (a.n_split <= 1) return;
+    const size_t slots = size_t(a.n_split) * a.n_tok * a.n_head;
+    ensure(part_acc_, slots * a.head_dim * 4);
+    ensure(part_ml_, slots * sizeof(float2));
+    a.part_acc = static_cast<float*>(part_acc_.p);
+    a.part_ml = static_cast<float2*>(part_ml_.p);
+    if (ensure(split_ctr_, n_groups * sizeof(int32_t)))   // counters start at zero, kernels reset them
+        EMBER_CUDA_CHECK(cudaMemsetAsync(split_ctr_.p, 0, split_ctr_.cap, stream_));
+    a.split_counter = static_cast<int32_t*>(split_ctr_.p);
+}
+
+// The rotations of `params` for the batch's positions. A first use allocates the table (set_batch
+// grows it later), which moves a buffer as growing does.
+const float2* CudaBackend::rope_table(const RopeParams& params) {
+    bool moved = false;
+    const float2* t = ropes_.get(params, max_len_, stream_, moved);
+    if (moved) invalidate_graphs();
+    return t;
+}
+
+}  // namespace cuda
+}  // namespace ember
