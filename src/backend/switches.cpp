@@ -120,6 +120,10 @@ const SwitchInfo& switch_info(const std::string& name) {
     fail("unknown switch '", name, "' (known: ", known_names(), ")");
 }
 
+Switches::Switches() {
+    for (const SwitchInfo& r : switch_table()) values_[r.name] = r.fallback;
+}
+
 Switches Switches::current() {
     Overrides& o = overrides();
     std::lock_guard<std::mutex> lock(o.mu);
@@ -132,8 +136,6 @@ Switches Switches::current() {
         } else if (env && *env) {
             check_value(r, env, " from the environment");
             s.values_[r.name] = env;
-        } else {
-            s.values_[r.name] = r.fallback;
         }
     }
     return s;
@@ -141,7 +143,7 @@ Switches Switches::current() {
 
 const std::string& Switches::get(const std::string& name) const {
     const auto it = values_.find(name);
-    if (it == values_.end()) switch_info(name);   // throws, listing the known names
+    if (it == values_.end()) switch_info(name);   // throws for an unknown name: every known one is in values_
     return it->second;
 }
 

@@ -25,6 +25,7 @@ const SwitchInfo& switch_info(const std::string& name);
 // snapshot is taken, so a bad one fails when the backend is made, naming the switch.
 class Switches {
 public:
+    Switches();                  // every switch at its fallback (no environment, no override)
     static Switches current();   // snapshot taken when a backend is made
     const std::string& get(const std::string& name) const;   // InvalidInput for an unknown name
     bool on(const std::string& name) const;       // for 0/1 switches; InvalidInput naming the switch otherwise
