@@ -1,7 +1,6 @@
 """The llama forward on the real model: perplexity against llama.cpp's, paging/batching invariance,
 and clear errors for bad input."""
 import io
-import shutil
 
 import gguf
 import numpy as np

@@ -3,7 +3,6 @@ other pre-tokenizers against HF `tokenizers`, SentencePiece-style against the `s
 package on a model trained here, and UTF-8 safe incremental detokenization."""
 import io
 import os
-import pathlib
 import random
 import subprocess
 import sys

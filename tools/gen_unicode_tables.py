@@ -39,7 +39,7 @@ def main() -> None:
               f"(Unicode {unicodedata.unidata_version}); do not edit.\n")
     out.write("// Runs of codepoints sharing the same category flags (see unicode.h), sorted by start.\n")
     out.write('#include "tokenizer/unicode.h"\n\nnamespace ember {\n\n')
-    out.write(f"const CodepointRun k_codepoint_runs[] = {{\n")
+    out.write("const CodepointRun k_codepoint_runs[] = {\n")
     for i in range(0, len(runs), 6):
         out.write("    " + " ".join(f"{{0x{cp:06X}, {f}}}," for cp, f in runs[i:i + 6]) + "\n")
     out.write("};\n")

@@ -30,7 +30,8 @@ def main():
                                   check=True).stdout
             ours = llm.tokenize(text.encode(), add_bos=False)
             theirs = llm.tokenize(ref["completion"].encode(), add_bos=False)
-            matches.append(next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs))))
+            first_diff = (i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b)
+            matches.append(next(first_diff, min(len(ours), len(theirs))))
         print(f"-fa {fa}: {matches}  {sum(m >= 16 for m in matches)}/{len(refs)} prompts over >= 16 tokens")
 
 

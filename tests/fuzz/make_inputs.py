@@ -31,8 +31,8 @@ CORPUS = ROOT / "tests" / "fuzz" / "corpus"
 def write_smollm2(model: pathlib.Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         raw = pathlib.Path(tmp) / "vocab.gguf"
-        subprocess.run([sys.executable, str(ROOT / "tools" / "synthetic_gguf.py"), "--vocab-only", "--vocab", str(model),
-                        "-o", str(raw)], check=True)
+        subprocess.run([sys.executable, str(ROOT / "tools" / "synthetic_gguf.py"), "--vocab-only",
+                        "--vocab", str(model), "-o", str(raw)], check=True)
         # mtime=0: the same input gives the same bytes.
         (OUT / "smollm2.gguf.gz").write_bytes(gzip.compress(raw.read_bytes(), compresslevel=9, mtime=0))
 

@@ -9,7 +9,14 @@
 
 #include "common.cuh"
 
-#define CHECK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { std::printf("%s: %s\n", #x, cudaGetErrorString(e)); return 1; } } while (0)
+#define CHECK(x)                                                \
+    do {                                                        \
+        cudaError_t e = (x);                                    \
+        if (e != cudaSuccess) {                                 \
+            std::printf("%s: %s\n", #x, cudaGetErrorString(e)); \
+            return 1;                                           \
+        }                                                       \
+    } while (0)
 
 // As the decode kernels: trigger the next kernel, wait for the previous one (both return at once
 // in a launch without the PDL attribute).

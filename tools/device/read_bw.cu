@@ -16,9 +16,10 @@ __global__ void read_kernel(const uint4* __restrict__ p, size_t n, unsigned* out
         uint4 v[D];
 #pragma unroll
         for (int k = 0; k < D; ++k)
-            if (i + k * stride < n) asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                                                 : "=r"(v[k].x), "=r"(v[k].y), "=r"(v[k].z), "=r"(v[k].w)
-                                                 : "l"(p + i + k * stride));
+            if (i + k * stride < n)
+                asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                             : "=r"(v[k].x), "=r"(v[k].y), "=r"(v[k].z), "=r"(v[k].w)
+                             : "l"(p + i + k * stride));
             else v[k] = make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int k = 0; k < D; ++k) acc += v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
@@ -59,8 +60,9 @@ int main(int argc, char** argv) {
             if (per_sm * threads > 2048) continue;
             const float t2 = run<2>(p, n, out, sms * per_sm, threads), t4 = run<4>(p, n, out, sms * per_sm, threads),
                         t8 = run<8>(p, n, out, sms * per_sm, threads);
-            std::printf("%zu MiB, %d CTAs x %d threads: %.1f us (%.2f TB/s) D=2; %.2f D=4; %.2f D=8\n", mib, sms * per_sm, threads,
-                        t2 * 1e3, bytes / (t2 * 1e-3) / 1e12, bytes / (t4 * 1e-3) / 1e12, bytes / (t8 * 1e-3) / 1e12);
+            std::printf("%zu MiB, %d CTAs x %d threads: %.1f us (%.2f TB/s) D=2; %.2f D=4; %.2f D=8\n", mib,
+                        sms * per_sm, threads, t2 * 1e3, bytes / (t2 * 1e-3) / 1e12, bytes / (t4 * 1e-3) / 1e12,
+                        bytes / (t8 * 1e-3) / 1e12);
         }
     return 0;
 }
