@@ -11,8 +11,9 @@ from ember.server.openai_schema import APIError, parse_chat
 from ember.server.responses import ResponseBuilder
 from ember.chat import ToolCallParser, arguments_as_objects
 
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
-                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
 CHAT = [{"role": "user", "content": "Weather in Paris and Oslo?"}]
 
 

@@ -343,9 +343,10 @@ class Llama:
         if self._chat_template is None:   # two threads racing here build the same template
             self._chat_template = ChatTemplate.for_model(self.model_path, self._tok)
         prompt = self._chat_template.render(messages, tools=tools)
+        tokens = self.tokenize(prompt, add_bos=self._chat_template.add_bos(prompt), special=True)
         result = self.create_completion(
-            self.tokenize(prompt, add_bos=self._chat_template.add_bos(prompt), special=True), max_tokens=max_tokens, temperature=temperature,
-            top_p=top_p, min_p=min_p, typical_p=typical_p, stop=stop, frequency_penalty=frequency_penalty,
+            tokens, max_tokens=max_tokens, temperature=temperature, top_p=top_p, min_p=min_p,
+            typical_p=typical_p, stop=stop, frequency_penalty=frequency_penalty,
             presence_penalty=presence_penalty, repeat_penalty=repeat_penalty, top_k=top_k, stream=stream,
             seed=seed, logprobs=(top_logprobs or 0) if logprobs else None, logit_bias=logit_bias, model=model)
         return chat_chunks(result) if stream else chat_completion(result)

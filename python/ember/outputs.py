@@ -36,10 +36,10 @@ class CompletionOutput:
     into a stop string is held back). token_ids: the generated tokens; unlike vLLM's, they leave
     out the EOS or stop_token_ids token that ended the sequence, as the engine (and Llama) do.
     logprobs: None unless asked for, else one dict per generated token mapping token id -> Logprob,
-    holding the sampled token and the top `logprobs` candidates. cumulative_logprob: the sampled tokens' logprobs summed, None
-    unless logprobs were asked for. finish_reason: None until finished, then "stop", "length" or
-    "abort". stop_reason: the stop string or the stop_token_ids entry that ended it, else None (also
-    where an end-of-generation token ended it, as in vLLM)."""
+    holding the sampled token and the top `logprobs` candidates. cumulative_logprob: the sampled
+    tokens' logprobs summed, None unless logprobs were asked for. finish_reason: None until
+    finished, then "stop", "length" or "abort". stop_reason: the stop string or the stop_token_ids
+    entry that ended it, else None (also where an end-of-generation token ended it, as in vLLM)."""
     index: int
     text: str
     token_ids: List[int]

@@ -130,7 +130,8 @@ class ToolCallParser:
 
     def _calls(self, text: str) -> List[dict]:
         if self.style == "hermes":
-            bodies = re.findall(re.escape(HERMES_OPEN) + r"(.*?)(?:" + re.escape(HERMES_CLOSE) + r"|$)", text, re.DOTALL)
+            body = re.escape(HERMES_OPEN) + r"(.*?)(?:" + re.escape(HERMES_CLOSE) + r"|$)"
+            bodies = re.findall(body, text, re.DOTALL)
             values = [_json_values(b) for b in bodies]
             if not values or any(v is None or len(v) != 1 for v in values):
                 return []
