@@ -48,10 +48,19 @@ void gemm_q8(const DeviceWeight& w, float* y, const int8_t* xq, const float2* xd
 // f32 in a fixed order (deterministic).
 // x [n_tok][n] (16-byte aligned, n % 32 == 0) -> xh: f16 with each 32-block in gemm_dq's K order.
 void gemm_dq_input(const float* x, __half* xh, int32_t n_tok, int64_t n, cudaStream_t s);
-void gemm_dq(const DeviceWeight& w, float* y, const __half* xh, int32_t n_tok, cudaStream_t s);
+// gemm_dq's form for a launch: the kernel choice's (wgmma, or mma.sync) and the wgmma row tile
+// (EMBER_CUDA_GEMM_DQ_ROWS: 192 or 256 fixed, 0 the cheaper grid per launch).
+struct GemmDqForm {
+    bool wgmma = false;
+    int rows = 0;
+};
+// Whether this build holds the wgmma form (sm_90a code; it runs on compute capability 9.0 only).
+bool gemm_dq_wgmma_built();
+void gemm_dq(const DeviceWeight& w, float* y, const __half* xh, int32_t n_tok, const GemmDqForm& form, cudaStream_t s);
 // ys[i] = x ws[i]^T for up to kMaxGemmDqWeights weights of one format and width, in one launch.
 constexpr int kMaxGemmDqWeights = 3;
-void gemm_dq(const DeviceWeight* const* ws, float* const* ys, int count, const __half* xh, int32_t n_tok, cudaStream_t s);
+void gemm_dq(const DeviceWeight* const* ws, float* const* ys, int count, const __half* xh, int32_t n_tok,
+             const GemmDqForm& form, cudaStream_t s);
 // out [n_tok][n_out] = silu(x W_gate^T) * (x W_up^T) in one launch, for the float weight types
 // (gemv_swiglu_supported) whose down projection reads float activations.
 void gemv_swiglu(const DeviceWeight& gate, const DeviceWeight& up, float* out, const float* x, int32_t n_tok,

@@ -34,11 +34,11 @@ size_t raw_bytes(const Weight& w) {
 
 class CudaWeightStream final : public WeightStream {
 public:
-    CudaWeightStream(int device, cudaStream_t compute, std::function<void()> flush, const StreamSetup& su)
+    CudaWeightStream(int device, cudaStream_t compute, std::function<void()> flush, const StreamSetup& su, bool pin)
         : device_(device), compute_(compute), flush_(std::move(flush)), blocks_(su.blocks),
           parallel_for_(su.parallel_for) {
         try {
-            open(su.verbose);
+            open(su.verbose, pin);
         } catch (...) {
             close();
             throw;
@@ -93,7 +93,7 @@ public:
     }
 
 private:
-    void open(bool verbose) {
+    void open(bool verbose, bool pin_mapping) {
         EMBER_CUDA_CHECK(cudaSetDevice(device_));
         size_t set_bytes = 0, raw_max = 0;
         const uint8_t *lo = nullptr, *hi = nullptr;
@@ -122,7 +122,8 @@ private:
             EMBER_CUDA_CHECK(cudaEventCreateWithFlags(&ready_[i], cudaEventDisableTiming));
             EMBER_CUDA_CHECK(cudaEventCreateWithFlags(&free_[i], cudaEventDisableTiming));
         }
-        const std::string how = pin(lo, hi);
+        const std::string how =
+            pin_mapping ? pin(lo, hi) : "copies through pinned bounce buffers (EMBER_STREAM_PIN=0)";
         if (!pinned_) {
             for (int i = 0; i < kBounceBufs; ++i) {
                 EMBER_CUDA_CHECK(cudaMallocHost(&bounce_[i], kBounceBytes));
@@ -147,10 +148,7 @@ private:
     }
 
     // Pins the mapped range [lo, hi) (whole pages) for direct copies; says how copies will go.
-    // EMBER_STREAM_PIN=0 skips it (tests the bounce buffers).
     std::string pin(const uint8_t* lo, const uint8_t* hi) {
-        const char* env = std::getenv("EMBER_STREAM_PIN");
-        if (env && std::string(env) == "0") return "copies through pinned bounce buffers (EMBER_STREAM_PIN=0)";
         const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
         const uintptr_t a = uintptr_t(lo) / page * page, b = (uintptr_t(hi) + page - 1) / page * page;
         int read_only = 0;
@@ -228,8 +226,8 @@ private:
 }  // namespace
 
 std::unique_ptr<WeightStream> open_weight_stream(int device, cudaStream_t compute, std::function<void()> flush,
-                                                 const StreamSetup& setup) {
-    return std::make_unique<CudaWeightStream>(device, compute, std::move(flush), setup);
+                                                 const StreamSetup& setup, bool pin) {
+    return std::make_unique<CudaWeightStream>(device, compute, std::move(flush), setup, pin);
 }
 
 }  // namespace cuda

@@ -13,9 +13,10 @@ namespace ember {
 namespace cuda {
 
 // compute: the backend's stream; flush: issues the backend's pending input uploads, so anything
-// ordered on `compute` comes after every op and copy issued before it.
+// ordered on `compute` comes after every op and copy issued before it. pin: the backend's
+// EMBER_STREAM_PIN (false: copies go through the bounce buffers even where the mapping could be pinned).
 std::unique_ptr<WeightStream> open_weight_stream(int device, cudaStream_t compute, std::function<void()> flush,
-                                                 const StreamSetup& setup);
+                                                 const StreamSetup& setup, bool pin);
 
 // raw: n_out rows of ggml blocks in device memory -> dst in the packed layout (types with
 // PackedLayout::qs_bytes > 0); the same bytes as pack_weight on the host.

@@ -17,7 +17,9 @@
 
 #include "backend/backend.h"
 #include "cuda_backend.h"
+#include "kernel_choice.h"
 #include "kernels.h"
+#include "launch.h"
 #include "weight_pack.h"
 
 using namespace ember;
@@ -120,7 +122,9 @@ struct MatmulBuffers {
 
 int main(int argc, char** argv) {
     try {
-        auto be = make_cuda_backend(BackendOptions{});
+        const BackendOptions opts;   // its switches: the backend's, and the paths the tables below name
+        const Switches& sw = opts.switches;
+        auto be = make_cuda_backend(opts);
         // Copy bandwidth (bytes read + written) of a 1 GiB device-to-device copy.
         const size_t cb = size_t(1) << 30;
         void* a = be->alloc(cb);
@@ -168,11 +172,23 @@ int main(int argc, char** argv) {
         // chunks of 8 tokens. Then (table "gemm_dq") gemm_dq launched directly at every batch size
         // (with the f16 conversion of x; "kernel us": the GEMM alone), to set its dispatch bounds.
         constexpr double kHbmPeak = 3.35e12;
-        auto knob_on = [](const char* name) {
-            const char* v = std::getenv(name);
-            return !(v && std::string(v) == "0");
+        // The path each batch takes and the form of the direct gemm_dq launches: the backend's kernel
+        // choice on this GPU and build, under the same switches (EMBER_CUDA_GEMM_DQ / _GEMM_Q8 /
+        // _GEMM_DQ_WGMMA), the row tile EMBER_CUDA_GEMM_DQ_ROWS's.
+        const cuda::KernelSwitches ksw = cuda::kernel_switches(sw);
+        const cuda::DeviceCaps dev{cuda::device_cc(), cuda::gemm_dq_wgmma_built()};
+        auto choice = [&](GGMLType type, int64_t n_in, int32_t n_tok, bool force_dq) {
+            cuda::MatmulQuery q;
+            q.type = type;
+            q.n_in = n_in;
+            q.batch.n_tok = n_tok;
+            q.sw = ksw;
+            q.sw.gemm_dq = q.sw.gemm_dq || force_dq;
+            q.dev = dev;
+            return cuda::choose_matmul(q);
         };
-        const bool gemm_q8_on = knob_on("EMBER_CUDA_GEMM_Q8"), gemm_dq_on = knob_on("EMBER_CUDA_GEMM_DQ");
+        const cuda::GemmDqForm dq_form{choice(GGMLType::Q4_0, 4096, 64, true) == cuda::MatmulKernel::gemm_dq_wgmma,
+                                       int(sw.integer("EMBER_CUDA_GEMM_DQ_ROWS"))};
         const Named dq_types[] = {{GGMLType::Q4_0, "Q4_0"}, {GGMLType::Q8_0, "Q8_0"}, {GGMLType::Q4_1, "Q4_1"}};
         if (wants("gemm"))
             std::printf("\n| path | type | shape | tok | us (with conversion of x) | weight GB/s | %% of 3.35 TB/s | TOPS |\n"
@@ -185,10 +201,7 @@ int main(int argc, char** argv) {
                 const double wbytes = double(cuda::packed_layout(ty.t, n_in, n_out).total);
                 for (int n_tok : {16, 32, 64, 128, 192, 256}) {
                     const double tm = time_it(*be, [&] { be->matmul(m.next(), m.x, n_tok, m.y); }, 20);
-                    const char* path = gemm_dq_on && n_tok <= cuda::kMaxGemmDqTokens ? "gemm_dq"
-                                       : n_tok > cuda::kMaxGemmQ8Tokens                 ? "cuBLAS"
-                                       : gemm_q8_on                                     ? "gemm_q8"
-                                                                                        : "GEMV";
+                    const char* path = cuda::matmul_kernel_name(choice(ty.t, n_in, n_tok, false));
                     std::printf("| %s | %s | %lldx%lld | %d | %.1f | %.0f | %.0f%% | %.0f |\n", path, ty.name,
                                 (long long)n_out, (long long)n_in, n_tok, tm * 1e6, wbytes / tm / 1e9,
                                 100.0 * wbytes / tm / kHbmPeak, 2.0 * n_tok * n_in * n_out / tm / 1e12);
@@ -225,7 +238,7 @@ int main(int argc, char** argv) {
                         dws[i] = {ty.t, static_cast<const uint8_t*>(m.next().data), layout, n_in, n_out};
                         wp[i] = &dws[i];
                     }
-                    cuda::gemm_dq(wp, ys.data(), count, xh, n_tok, cs);
+                    cuda::gemm_dq(wp, ys.data(), count, xh, n_tok, dq_form, cs);
                 };
                 const std::string shape = (count > 1 ? std::to_string(count) + "x " : std::string()) +
                                           std::to_string(n_out) + "x" + std::to_string(n_in);
