@@ -62,11 +62,7 @@ CudaBackend::CudaBackend(const BackendOptions& opts)
     if (device_ < 0 || device_ >= n) fail("cuda: device ", device_, " does not exist (", n, " present)");
     EMBER_CUDA_CHECK(cudaSetDevice(device_));
     dev_.cc = device_cc();
-#if defined(EMBER_CUDA_SM90A)
-    dev_.sm90a_build = true;
-#else
-    dev_.sm90a_build = false;
-#endif
+    dev_.sm90a_build = gemm_dq_wgmma_built();
     pdl_enabled() = device_is_sm90() && sw_.pdl;
     EMBER_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     EMBER_CUDA_CHECK(cudaEventCreateWithFlags(&staging_done_, cudaEventDisableTiming));
