@@ -218,11 +218,12 @@ cmd_ab() {
     else
       second=$(bench_tree "$ROOT" $args); first=$(bench_tree "$BASE" $args)
       paste -d'|' <(echo "$first") <(echo "$second")
-    fi | awk -F'|' -v row="$r" 'NF < 4 || $2 == "" || $4 == "" { printf "| %s | ember-bench failed (ab_raw.log) | | | |\n", row; next } 1' | awk -F'|' -v row="$r" '{
-      split($2, b, " "); split($4, n, " ");
-      ch = (b[1] > 0) ? sprintf("%+.1f%%", 100 * (n[1] / b[1] - 1)) : "?";
-      gsub(/^ +| +$/, "", $1); gsub(/^ +| +$/, "", $2); gsub(/^ +| +$/, "", $4);
-      printf "| %s | %s | %s | %s | %s |\n", row, $1, $2, $4, ch }' | tee -a "$md"
+    fi | awk -F'|' -v row="$r" '
+      NF < 4 || $2 == "" || $4 == "" { printf "| %s | ember-bench failed (ab_raw.log) | | | |\n", row; next }
+      { split($2, b, " "); split($4, n, " ");
+        ch = (b[1] > 0) ? sprintf("%+.1f%%", 100 * (n[1] / b[1] - 1)) : "?";
+        gsub(/^ +| +$/, "", $1); gsub(/^ +| +$/, "", $2); gsub(/^ +| +$/, "", $4);
+        printf "| %s | %s | %s | %s | %s |\n", row, $1, $2, $4, ch }' | tee -a "$md"
   done
 }
 
