@@ -31,7 +31,7 @@ usage() {
 #   prepare [--base REV] [--llamacpp] [--smollm2]    (here) fill build/carry, and build/parts for --smollm2
 #   build      this tree with CUDA (sm_90a) into build/dev; the carried baseline into /tmp/base/build/dev
 #   models     synthetic llama2-7b F16 and its $QUANTS (default Q4_0 Q8_0 Q4_K_M) in /tmp/em
-#   test       the CUDA tests ($TESTS, -k "$PYTEST_K", default "not smollm")
+#   test       the CUDA tests and test_backend_ops.py's CUDA cases (or $TESTS with -k "$PYTEST_K")
 #   ab         the speed table's rows ($ROWS) for the baseline and this tree, row by row
 #   llamacpp   build llama.cpp's $LCPP_TARGETS (default llama-bench llama-batched-bench) in /tmp/lcpp
 #   engine     ember's engine beside llama-batched-bench (-npl $NPL) on the Q4_0 model
@@ -162,15 +162,30 @@ cmd_models() {
 }
 
 cmd_test() {
-  local tests=${TESTS:-}
-  if [ -z "$tests" ]; then
-    tests="tests/test_cuda.py tests/test_cuda_gemm.py"
-    for f in tests/test_backend_ops.py tests/test_kernel_choice.py; do [ -f "$f" ] && tests="$tests $f"; done
+  local rc
+  if [ -n "${TESTS:-}" ]; then
+    # shellcheck disable=SC2086
+    timeout "${TEST_TIMEOUT:-300}" python3 -m pytest $TESTS -q -rs -k "${PYTEST_K:-not smollm}" -p no:cacheprovider \
+      > "$OUT/tests.log" 2>&1
+    rc=$?; log "tests ($TESTS) rc=$rc: $(tail -1 "$OUT/tests.log")"
+    return
   fi
+  # The CUDA kernel, GEMM and kernel-choice tests, then the conformance suite's CUDA cases (its CPU
+  # cases run in CI), within one budget of $TEST_TIMEOUT seconds.
+  local budget=${TEST_TIMEOUT:-300} start=$SECONDS cuda_files="tests/test_cuda.py tests/test_cuda_gemm.py" f
+  for f in tests/test_kernel_choice.py; do [ -f "$f" ] && cuda_files="$cuda_files $f"; done
   # shellcheck disable=SC2086
-  timeout "${TEST_TIMEOUT:-240}" python3 -m pytest $tests -q -rs -k "${PYTEST_K:-not smollm}" -p no:cacheprovider \
+  timeout "$budget" python3 -m pytest $cuda_files -q -rs -k "${PYTEST_K:-not smollm}" -p no:cacheprovider \
     > "$OUT/tests.log" 2>&1
-  log "tests ($tests) rc=$?: $(tail -1 "$OUT/tests.log")"
+  rc=$?; log "tests ($cuda_files) rc=$rc: $(tail -1 "$OUT/tests.log")"
+  local left=$((budget - (SECONDS - start)))
+  if [ -f tests/test_backend_ops.py ] && [ "$left" -gt 10 ]; then
+    timeout "$left" python3 -m pytest tests/test_backend_ops.py -q -rs -k cuda -p no:cacheprovider \
+      > "$OUT/tests_backend_ops.log" 2>&1
+    rc=$?; log "tests (test_backend_ops.py -k cuda) rc=$rc: $(tail -1 "$OUT/tests_backend_ops.log")"
+  elif [ -f tests/test_backend_ops.py ]; then
+    log "tests: no time left for test_backend_ops.py (TEST_TIMEOUT=$budget); run 'test' again with TESTS=tests/test_backend_ops.py PYTEST_K=cuda"
+  fi
 }
 
 # One ember-bench of a tree's build: its result rows only, as "test t/s ± sd" lines.
@@ -227,13 +242,23 @@ cmd_ab() {
   done
 }
 
-cmd_llamacpp() {
+LCPP_PID=""
+lcpp_start() {  # llama.cpp's build shares nothing with ember's: it runs beside it
+  [ -n "$LCPP_PID" ] && return
   [ -f "$CARRY/lcpp.tar.xz" ] || die "llamacpp: no $CARRY/lcpp.tar.xz (ember_device.sh prepare --llamacpp)"
   [ -d "$LCPP" ] || { mkdir -p /tmp/lcpp && tar xJf "$CARRY/lcpp.tar.xz" -C /tmp/lcpp; }
-  cmake -S "$LCPP" -B "$LCPP/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF > "$OUT/llamacpp.log" 2>&1 &&
-    cmake --build "$LCPP/build" -j "$(nproc)" --target ${LCPP_TARGETS:-llama-bench llama-batched-bench} >> "$OUT/llamacpp.log" 2>&1 ||
-    { tail -30 "$OUT/llamacpp.log"; die "llama.cpp build (llamacpp.log)"; }
+  # shellcheck disable=SC2086
+  { cmake -S "$LCPP" -B "$LCPP/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
+      -DLLAMA_BUILD_EXAMPLES=OFF &&
+    cmake --build "$LCPP/build" -j "$(nproc)" --target ${LCPP_TARGETS:-llama-bench llama-batched-bench}; } \
+    > "$OUT/llamacpp.log" 2>&1 &
+  LCPP_PID=$!
+}
+
+cmd_llamacpp() {
+  lcpp_start
+  wait "$LCPP_PID" || { tail -30 "$OUT/llamacpp.log"; die "llama.cpp build (llamacpp.log)"; }
   log "llama.cpp built: $(ls "$LCPP/build/bin" | tr '\n' ' ')"
 }
 
@@ -302,7 +327,9 @@ while [ $# -gt 0 ] && [ "$1" != -- ]; do
 done
 [ "${1:-}" = -- ] && shift   # what follows runs last, in the same environment (a diagnostic tool, say)
 setup_env
-for c in "${cmds[@]}"; do [ "$c" = models ] && synth_start; done
+for c in "${cmds[@]}"; do
+  case $c in models) synth_start ;; llamacpp) lcpp_start ;; esac
+done
 for c in "${cmds[@]}"; do
   log "$c"
   "cmd_$c"
