@@ -1,12 +1,13 @@
 """The option table (ember/options.py): its defaults against the C++ params structs, every CLI's
 parser and the Python front ends taking it alike, bad values named, and docs/options.md current."""
 import argparse
+import inspect
 import pathlib
 
 import numpy as np
 import pytest
 
-from ember import LLM, Llama, _ember, bench, cli, options, perplexity
+from ember import LLM, Llama, _ember, bench, cli, options, options_doc, perplexity
 from ember.server import args as server_args
 
 DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "options.md"
@@ -166,6 +167,14 @@ def test_unknown_keywords_are_refused(tmp_path):
         Llama(path, flash_attn=True, use_mlock=False)
 
 
+def test_signatures_show_the_table():
+    llama = inspect.signature(Llama).parameters
+    assert list(llama)[0] == "model_path" and llama["n_ctx"].default == 512 and llama["type_k"].default == "f16"
+    llm = inspect.signature(LLM).parameters
+    assert llm["n_ctx"].default == 4096 and llm["max_num_seqs"].default == 64 and "max_model_len" in llm
+    assert all(p.kind is not p.VAR_KEYWORD for p in list(llama.values()) + list(llm.values()))
+
+
 def test_none_is_the_default():
     values = options.resolve(options.LLAMA, {"n_threads": None, "type_k": None, "n_ctx": None})
     assert values["type_k"] == "f16" and values["n_ctx"] == 512 and values["n_threads"] is None
@@ -232,11 +241,11 @@ def test_llm_prefix_caching_switch(smollm2_path):
 
 
 def test_markdown_is_current():
-    assert DOC.read_text() == options.markdown(), "regenerate: python -m ember.options --markdown > docs/options.md"
+    assert DOC.read_text() == options_doc.markdown(), "regenerate: python -m ember.options_doc > docs/options.md"
 
 
 def test_markdown_lists_every_option_and_flag():
-    text = options.markdown()
+    text = options_doc.markdown()
     for option in options.OPTIONS.values():
         assert f"| `{option.name}` |" in text
         for flag in option.flags + option.negative:

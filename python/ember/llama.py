@@ -16,7 +16,7 @@ from . import _ember
 from .chat import ChatTemplate, chat_chunks, chat_completion
 from .detokenize import Detokenizer, completion_logprob_entry, empty_completion_logprobs, log_softmax, piece_text
 from .embedding import POOLING_UNSPECIFIED, embed_tokens, resolve_pooling
-from .options import LLAMA, context_size, fill, resolve
+from .options import LLAMA, context_size, fill, resolve, signature
 from .prompt import encode_prompt
 
 DEFAULT_SEED = 0xFFFFFFFF   # "draw a random seed", as in llama.cpp
@@ -98,6 +98,8 @@ class Llama:
             print(f"ember: loaded {self.model_path} (arch {m.arch}, {m.n_layer} layers, n_embd {m.n_embd}, "
                   f"n_vocab {m.n_vocab}, {m.n_gpu_layers} GPU layers) with n_ctx {self._ctx.n_ctx} "
                   f"(KV cache K {type_k}, V {type_v}) in {time.perf_counter() - t0:.2f} s", file=sys.stderr)
+
+    __init__.__signature__ = signature(LLAMA, __init__)
 
     # ---- lifecycle -------------------------------------------------------------------------
     def close(self) -> None:

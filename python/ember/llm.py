@@ -13,7 +13,7 @@ from .engine_client import EngineClient
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 from .hf_tokenizer import HFTokenizer
-from .options import LLM as _FRONT_END, context_size, fill, resolve
+from .options import LLM as _FRONT_END, context_size, fill, resolve, signature
 
 
 def _prompt_list(prompts) -> list:
@@ -65,6 +65,8 @@ class LLM:
                   f"{loaded.n_gpu_layers} GPU layers) with n_ctx {engine.n_ctx}, max_num_seqs {engine.max_num_seqs}, "
                   f"{stats['kv_blocks_total']} KV blocks of {engine.kv_block_size} tokens (K {o['type_k']}, "
                   f"V {o['type_v']}) in {time.perf_counter() - t0:.2f} s", file=sys.stderr)
+
+    __init__.__signature__ = signature(_FRONT_END, __init__)
 
     def _open_client(self) -> EngineClient:
         if self._client is None or self._client.closed:

@@ -4,6 +4,7 @@ default, help, section and checks. Every CLI, `Llama`, `LLM` and docs/options.md
 from __future__ import annotations
 
 import argparse
+import inspect
 import math
 import numbers
 import os
@@ -194,8 +195,8 @@ _OPTIONS = (
     Option("pooling", "server", "pooling of /v1/embeddings (none: the model's {arch}.pooling_type, else none, "
            "which /v1/embeddings refuses as llama-server does)", flags=("--pooling",),
            choices=tuple(POOLING_NAMES)),
-    Option("tool_call_parser", "server", "the syntax replies are parsed for tool calls in: hermes (<tool_call> "
-           "blocks), mistral ([TOOL_CALLS]), json (Llama 3's JSON replies); none: the one the chat template uses",
+    Option("tool_call_parser", "server", "the syntax replies are parsed for tool calls in: hermes (`<tool_call>` "
+           "blocks), mistral (`[TOOL_CALLS]`), json (Llama 3's JSON replies); none: the one the chat template uses",
            flags=("--tool-call-parser",), choices=ToolCallParser.STYLES),
 )
 
@@ -277,6 +278,16 @@ def resolve(front_end: str, given: Mapping[str, Any]) -> Dict[str, Any]:
     return {n: default(n, front_end) if given.get(n) is None else check(front_end, n, given[n]) for n in names}
 
 
+def signature(front_end: str, init) -> inspect.Signature:
+    """What help() and editors show for a Python front end's __init__(..., **kwargs): its own
+    parameters, then every option of the table keyword-only with its default."""
+    own = inspect.signature(init)
+    kept = [p for p in own.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    return own.replace(parameters=kept + [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY,
+                                                            default=default(n, front_end))
+                                          for n in FRONT_ENDS[front_end]])
+
+
 def fill(params, values: Mapping[str, Any], **overrides):
     """params (an _ember.ModelParams / ContextParams / EngineParams) with the fields of every option
     in values that maps to its struct; overrides are field values set last. Returns params."""
@@ -319,6 +330,8 @@ class _Switch(argparse.Action):
 
 def _cli_type(option: Option, front_end: str):
     def parse(text: str):
+        if option.choices is not None and text not in map(str, option.choices):
+            return text   # argparse's "invalid choice" message lists them
         try:
             return option.check(text)
         except (TypeError, ValueError) as e:
@@ -372,63 +385,3 @@ def add_arguments(parser: argparse.ArgumentParser, front_end: str, names: Option
 def values(args: argparse.Namespace, front_end: str) -> Dict[str, Any]:
     """The options of a front end (LLAMA or LLM) that args holds, as keyword arguments for it."""
     return {n: getattr(args, n) for n in FRONT_ENDS[front_end] if hasattr(args, n)}
-
-
-# ---- docs/options.md ----------------------------------------------------------------------------
-def _cell(value) -> str:
-    if value is None:
-        return "none"
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    return f"`{value}`"
-
-
-def markdown() -> str:
-    """docs/options.md: every option, by section, with its flags and the front ends taking it."""
-    lines = ["# Options", "",
-             "Generated from `python/ember/options.py` by `python -m ember.options --markdown > docs/options.md`;",
-             "edit the table there, not here. Front ends: the Python classes `Llama` and `LLM`, and the commands",
-             f"{', '.join(f'`{c}`' for c in CLIS)}. A bool option's flag takes an optional `0`/`1`",
-             "(`-mmp 0`); its negative flag (`--no-...`) turns it off.", ""]
-    sections: Dict[str, list] = {}
-    for option in _OPTIONS:
-        sections.setdefault(option.section, []).append(option)
-    for section, options in sections.items():
-        lines += [f"## {section[0].upper()}{section[1:]}", "",
-                  "| Option | Flags | Default | Taken by | Sets | Meaning |", "|---|---|---|---|---|---|"]
-        for o in options:
-            users = [f for f in FRONT_ENDS if o.name in FRONT_ENDS[f]]
-            flags = ", ".join(f"`{f}`" for f in o.flags + o.negative) or "(Python only)"
-            if o.env:
-                flags += f", env `{o.env}`"
-            shown = _cell(o.default) + "".join(f"; {f}: {_cell(v)}" for f, v in o.defaults.items())
-            sets = ", ".join(f"`{s}::{o.field or o.name}`" for s in o.fields)
-            choices = f" One of {', '.join(f'`{c}`' for c in o.choices)}." if o.choices else ""
-            lines.append(f"| `{o.name}` | {flags} | {shown} | {', '.join(users)} | {sets} | "
-                         f"{o.help.replace('|', '/')}.{choices} |")
-        lines.append("")
-    lines += ["## Adding an option", "",
-              "1. Declare it in `python/ember/options.py`'s `_OPTIONS` (name, section, help, type, default,",
-              "   flags, checks, and the C++ params struct fields it sets), and list it in `FRONT_ENDS` under",
-              "   the front ends that take it. Their parsers, keyword checks and this page follow.",
-              "2. Where it sets a C++ field: the field in `include/ember/model.h` or `engine.h` (default",
-              "   there; `tests/test_options.py` checks the table agrees), and its `def_rw` line in",
-              "   `python/bindings/bind_model.cpp` or `bind_engine.cpp`. `options.fill` then carries it.",
-              "3. The code that uses it (the C++ that reads the field, or the Python front end).",
-              "", "Then regenerate this page.", ""]
-    return "\n".join(lines)
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ember.options", description="ember's option table.")
-    ap.add_argument("--markdown", action="store_true", help="print docs/options.md")
-    args = ap.parse_args(argv)
-    if not args.markdown:
-        ap.print_help()
-        return 0
-    sys.stdout.write(markdown())
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
