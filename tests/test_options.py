@@ -7,15 +7,18 @@ import pathlib
 import numpy as np
 import pytest
 
-from ember import LLM, Llama, _ember, bench, cli, options, options_doc, perplexity
+from ember import LLM, Llama, _ember, bench, cli, options, options_doc, perplexity, quantize
 from ember.server import args as server_args
 
 DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "options.md"
 STRUCTS = {"ModelParams": (options.LLAMA, options.LLM), "ContextParams": (options.LLAMA,),
            "EngineParams": (options.LLM,)}
-# Each CLI's parser, and the arguments it needs besides the model.
-PARSERS = {options.EMBER: (cli._parser, ["-p", "hi"]), options.BENCH: (bench.parser, []),
-           options.PERPLEXITY: (perplexity.parser, ["-f", "t.txt"]), options.SERVER: (server_args.parser, [])}
+# Each CLI's parser, and the arguments it needs.
+PARSERS = {options.EMBER: (cli._parser, ["-m", "x.gguf", "-p", "hi"]),
+           options.BENCH: (bench.parser, ["-m", "x.gguf"]),
+           options.PERPLEXITY: (perplexity.parser, ["-m", "x.gguf", "-f", "t.txt"]),
+           options.SERVER: (server_args.parser, ["-m", "x.gguf"]),
+           options.QUANTIZE: (quantize.parser, ["in.gguf", "out.gguf", "Q4_K"])}
 
 
 def _struct_value(value):
@@ -53,7 +56,7 @@ def test_front_ends_name_declared_options_and_no_flag_twice():
 @pytest.mark.parametrize("front_end", options.CLIS)
 def test_cli_defaults_are_the_table(front_end):
     make, needed = PARSERS[front_end]
-    args = make().parse_args(["-m", "x.gguf", *needed])
+    args = make().parse_args(needed)
     for name in options.FRONT_ENDS[front_end]:
         if options.OPTIONS[name].flags and not options.OPTIONS[name].env:
             assert getattr(args, name) == ("x.gguf" if name == "model" else options.default(name, front_end)), name
@@ -84,12 +87,12 @@ def test_cli_takes_every_flag_of_its_options(front_end):
         option = options.OPTIONS[name]
         for flag in option.flags:
             value, text = _draw(option, rng)
-            args = make().parse_args(["-m", "x.gguf", *needed, flag, text])
+            args = make().parse_args([*needed, flag, text])
             assert getattr(args, name) == value, (flag, text)
         for flag in option.negative:
-            assert getattr(make().parse_args(["-m", "x.gguf", *needed, flag]), name) is False, flag
+            assert getattr(make().parse_args([*needed, flag]), name) is False, flag
         if option.type is options._boolean and option.flags:
-            assert getattr(make().parse_args(["-m", "x.gguf", *needed, option.flags[0]]), name) is True
+            assert getattr(make().parse_args([*needed, option.flags[0]]), name) is True
 
 
 def test_shared_flags_are_shared():
@@ -99,21 +102,27 @@ def test_shared_flags_are_shared():
         got = set()
         for front_end, (make, needed) in PARSERS.items():
             parser = make()
+            if front_end == options.QUANTIZE and name != "n_threads":
+                continue   # it loads no model: only -t
             assert flag in parser._option_string_actions, (front_end, flag)
-            got.add(getattr(parser.parse_args(["-m", "x.gguf", *needed]), name))
+            got.add(getattr(parser.parse_args(needed), name))
         assert len(got) == 1, (flag, got)
 
 
-@pytest.mark.parametrize("front_end", options.CLIS)
-@pytest.mark.parametrize("argv,named", [
-    (["-t", "-3"], "-t/--threads"), (["-ngl", "-2"], "-ngl/--gpu-layers/--n-gpu-layers"),
-    (["-ctk", "q4_0"], "-ctk/--cache-type-k"), (["--kv-gpu-cache-mb", "-1"], "--kv-gpu-cache-mb"),
-    (["--kv-gpu-cache-mb", "1.5"], "--kv-gpu-cache-mb"), (["-mmp", "2"], "-mmp/--mmap"),
-])
+BAD_FLAGS = [("n_threads", ["-t", "-3"], "-t/--threads"), ("n_threads", ["--threads", "many"], "-t/--threads"),
+             ("n_gpu_layers", ["-ngl", "-2"], "-ngl/--gpu-layers/--n-gpu-layers"),
+             ("type_k", ["-ctk", "q4_0"], "-ctk/--cache-type-k"),
+             ("kv_gpu_cache_mb", ["--kv-gpu-cache-mb", "-1"], "--kv-gpu-cache-mb"),
+             ("kv_gpu_cache_mb", ["--kv-gpu-cache-mb", "1.5"], "--kv-gpu-cache-mb"),
+             ("use_mmap", ["-mmp", "2"], "-mmp/--mmap")]
+
+
+@pytest.mark.parametrize("front_end,argv,named", [(f, argv, named) for f in options.CLIS
+                                                  for name, argv, named in BAD_FLAGS if name in options.FRONT_ENDS[f]])
 def test_cli_bad_values_name_the_flag(front_end, argv, named, capsys):
     make, needed = PARSERS[front_end]
     with pytest.raises(SystemExit):
-        make().parse_args(["-m", "x.gguf", *needed, *argv])
+        make().parse_args([*needed, *argv])
     err = capsys.readouterr().err
     assert named in err and argv[1] in err, err
 

@@ -70,6 +70,7 @@ inline std::string params_repr(nanobind::handle self) {
 template <class T>
 nanobind::class_<T> bind_params(nanobind::module_& m, const char* name, const char* doc) {
     return nanobind::class_<T>(m, name, doc)
-        .def("__init__", [](T* self, const nanobind::kwargs& fields) { new (self) T(params_arg<T>(std::nullopt, fields)); })
+        .def("__init__",
+             [](T* self, const nanobind::kwargs& fields) { new (self) T(params_arg<T>(std::nullopt, fields)); })
         .def("__repr__", [](nanobind::handle self) { return params_repr(self); });
 }

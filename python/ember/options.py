@@ -16,9 +16,10 @@ from .chat.tool_calls import ToolCallParser
 from .embedding import POOLING_NAMES, POOLING_UNSPECIFIED
 
 # The front ends, by the name a user knows them by.
-LLAMA, LLM, EMBER, BENCH, PERPLEXITY, SERVER = "Llama", "LLM", "ember", "ember-bench", "ember-perplexity", "ember-server"
-PYTHON_APIS = (LLAMA, LLM)
-CLIS = (EMBER, BENCH, PERPLEXITY, SERVER)
+LLAMA, LLM = "Llama", "LLM"
+EMBER, BENCH, PERPLEXITY = "ember", "ember-bench", "ember-perplexity"
+SERVER, QUANTIZE = "ember-server", "ember-quantize"
+CLIS = (EMBER, BENCH, PERPLEXITY, SERVER, QUANTIZE)
 
 # KV cache types by ggml type id, as llama-cpp-python's type_k / type_v take them.
 _KV_TYPE_IDS = {1: "f16", 0: "f32", 8: "q8_0"}
@@ -218,6 +219,7 @@ FRONT_ENDS: Dict[str, Tuple[str, ...]] = {
     SERVER: ("model", *_LOAD, "n_ctx", "n_threads", *_KV, "kv_mb", "kv_host_mb", "max_num_seqs",
              "max_num_batched_tokens", "enable_prefix_caching", "deterministic", "host", "port", "api_key",
              "chat_template", "alias", "max_queue", "pooling", "tool_call_parser"),
+    QUANTIZE: ("n_threads",),
 }
 
 # llama-cpp-python's Llama arguments that change nothing in ember (flash attention and NUMA are not
