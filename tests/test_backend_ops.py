@@ -618,6 +618,7 @@ ATTENTION_SHAPES = {
     "head_dim_96": (4, 2, 96, 90, [89, 3], 16, 0, False),
     "head_dim_256": (2, 1, 256, 130, [129, 64], 16, 0, False),
     "head_dim_256_prompt": (2, 1, 256, 40, list(range(40)), 16, 0, False),
+    "short_and_long": (4, 2, 128, 701, [10, 700, 300], 16, 0, True),   # contexts either side of 512
     "long_decode": (8, 2, 128, 1100, [1099], 16, 0, False),            # GPU: split over the keys
     "long_prompt": (8, 2, 128, 1100, list(range(1000, 1100)), 16, 0, False),
     "prompt_long_gqa": (8, 2, 128, 700, list(range(300, 700)), 16, 0, False),
@@ -661,6 +662,22 @@ def test_attention(be, shape, type_k, type_v, rng):
         for same in (type_k, type_v):
             alone = be.attention(q, k, v, pos, n_head, n_kv, hd, bs, seed=1, kv_type=same, window=window, fast=steps)
             assert not np.array_equal(got, alone), f"K {type_k} V {type_v} gives the {same} cache's result"
+
+
+@on("attention")
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+@pytest.mark.parametrize("shape", ["decode_batch", "steps", "short_and_long", "prompt_gqa", "window_prompt",
+                                   "long_prompt"])
+def test_attention_batch_invariant(be, shape, kv_type, rng):
+    """Under BatchInfo::batch_invariant (the engine's deterministic mode) each query's output has
+    the same bits alone as in its batch, whatever kernels the batch would otherwise take."""
+    n_head, n_kv, hd, length, pos, bs, window, steps = ATTENTION_SHAPES[shape]
+    q, k, v = normal(rng, len(pos), n_head * hd), normal(rng, length, n_kv * hd), normal(rng, length, n_kv * hd)
+    run = lambda rows: be.attention(q[rows], k, v, [pos[i] for i in rows], n_head, n_kv, hd, bs, seed=3,
+                                    kv_type=kv_type, window=window, fast=steps, batch_invariant=True)
+    every = run(list(range(len(pos))))
+    for i in sorted({0, len(pos) // 2, len(pos) - 1}):
+        same_bits(every[i], run([i])[0], f"query {i} of {len(pos)}")
 
 
 @on("attn_out")

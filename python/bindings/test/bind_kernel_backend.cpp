@@ -533,11 +533,12 @@ struct PyBackend {
     // sees p - window < j <= p only. With o_weight (rows of n_head * hd in type o_type), the output
     // projected through it by the fused attn_out op (composed: its default composition). fast: the
     // queries run as a decode step of the engine's default mode, each its own sequence over the
-    // same blocks (BatchInfo::fast_attention).
+    // same blocks (BatchInfo::fast_attention). batch_invariant: the engine's deterministic mode.
     F32Out attention(F32In q, F32In k_all, F32In v_all, std::vector<int32_t> pos, int32_t n_head, int32_t n_head_kv,
                      int32_t head_dim, int32_t block_size, uint64_t seed, const std::optional<std::string>& kv_type,
                      const std::optional<std::string>& type_k, const std::optional<std::string>& type_v,
-                     int32_t window, uint32_t o_type, std::optional<U8In> o_weight, bool fast, bool composed) {
+                     int32_t window, uint32_t o_type, std::optional<U8In> o_weight, bool fast, bool composed,
+                     bool batch_invariant) {
         check_positions(pos, "attention");
         if (n_head <= 0 || n_head_kv <= 0 || head_dim <= 0 || n_head % n_head_kv)
             fail("attention: n_head must be a positive multiple of n_head_kv, head_dim positive");
@@ -566,6 +567,7 @@ struct PyBackend {
             }
             qbatch.fast_attention = true;
         }
+        qbatch.batch_invariant = batch_invariant;
         be->set_batch(qbatch);
         Buf qb(*be, q.data(), q.size() * 4), ob(*be, q.size() * 4);
         AttentionShape shape{n_head, n_head_kv, head_dim, 1.0f / std::sqrt((float)head_dim)};
@@ -659,7 +661,8 @@ void bind_kernel_backend(nb::module_& m) {
              nb::arg("n_head"), nb::arg("n_head_kv"), nb::arg("head_dim"), nb::arg("block_size"),
              nb::arg("seed") = 0, nb::arg("kv_type") = nb::none(), nb::arg("type_k") = nb::none(),
              nb::arg("type_v") = nb::none(), nb::arg("window") = 0, nb::arg("o_type") = 0,
-             nb::arg("o_weight") = nb::none(), nb::arg("fast") = false, nb::arg("composed") = false)
+             nb::arg("o_weight") = nb::none(), nb::arg("fast") = false, nb::arg("composed") = false,
+             nb::arg("batch_invariant") = false)
         .def("ffn", &PyBackend::ffn, nb::arg("type_id"), nb::arg("gate"), nb::arg("up"), nb::arg("down"),
              nb::arg("n_in"), nb::arg("x"), nb::arg("norm"), nb::arg("eps") = 1e-5f, nb::arg("residual") = nb::none(),
              nb::arg("act") = "silu", nb::arg("composed") = false);
