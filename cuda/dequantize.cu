@@ -1,7 +1,7 @@
 // Dequantization of packed weights to f16 [n_out][n_in] for the prompt (tensor-core) path:
 // each thread writes 8 consecutive elements of one row as one 16-byte store.
+#include "block_decode.cuh"
 #include "common.cuh"
-#include "gemv_formats.cuh"
 #include "kernels.h"
 
 namespace ember {
@@ -17,73 +17,56 @@ struct DqParams {
     int64_t n_in, n_out, n_blocks;
 };
 
-// Value j (0..7) of the 8 elements starting at e (multiple of 8) of a row, for each format.
+// The 8 elements starting at e (a multiple of 8) of a row, through the type's block decoder
+// (block_decode.cuh): two words of quants, four elements each.
 template <GGMLType T>
 __device__ __forceinline__ void dequant8(const DqParams& p, int64_t row, int64_t e, float* out) {
+    using D = typename BlockDecoder<T>::type;
     if constexpr (T == GGMLType::Q4_0 || T == GGMLType::Q4_1 || T == GGMLType::Q5_0 ||
                   T == GGMLType::Q5_1 || T == GGMLType::Q8_0) {
         const int64_t b = row * p.n_blocks + e / 32;
-        const int i0 = int(e % 32);
-        if constexpr (T == GGMLType::Q8_0) {
-            const int8_t* q = reinterpret_cast<const int8_t*>(p.w + b * 32) + i0;
-            const float d = h2f(reinterpret_cast<const uint16_t*>(p.meta)[b]);
-            for (int j = 0; j < 8; ++j) out[j] = d * float(q[j]);
-        } else {
-            const uint8_t* q = p.w + b * 16 + (i0 & 15);
-            const int shift = i0 >= 16 ? 4 : 0;
-            float d, m = 0.f;
-            uint32_t qh = 0;
-            if constexpr (T == GGMLType::Q4_0) {
-                d = h2f(reinterpret_cast<const uint16_t*>(p.meta)[b]);
-            } else if constexpr (T == GGMLType::Q4_1) {
-                const uint32_t dm = reinterpret_cast<const uint32_t*>(p.meta)[b];
-                d = h2f(uint16_t(dm & 0xFFFF));
-                m = h2f(uint16_t(dm >> 16));
-            } else {
-                const uint2 mt = reinterpret_cast<const uint2*>(p.meta)[b];
-                d = h2f(uint16_t(mt.x & 0xFFFF));
-                m = h2f(uint16_t(mt.x >> 16));
-                qh = mt.y;
-            }
-            for (int j = 0; j < 8; ++j) {
-                int v = (q[j] >> shift) & 0xF;
-                if constexpr (T == GGMLType::Q4_0) {
-                    out[j] = d * float(v - 8);
-                } else if constexpr (T == GGMLType::Q4_1) {
-                    out[j] = d * float(v) + m;
-                } else {
-                    v |= int((qh >> (i0 + j)) & 1) << 4;
-                    out[j] = T == GGMLType::Q5_0 ? d * float(v - 16) : d * float(v) + m;
-                }
-            }
+        const int g = int(e % 32) / 4;   // groups g and g + 1, whose words are neighbours
+        const uint2 q = *reinterpret_cast<const uint2*>(p.w + b * D::kQuantBytes + 4 * D::word(g));
+        const typename D::Meta mt = reinterpret_cast<const typename D::Meta*>(p.meta)[b];
+        const float d = D::d(mt), m = D::m(mt);
+        const uint32_t qh = D::qh(mt), w[2] = {q.x, q.y};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const uint32_t v = uint32_t(D::values(w[h], g + h, qh));
+#pragma unroll
+            for (int j = 0; j < 4; ++j) out[4 * h + j] = D::dequant(d, m, sbyte(v, j));
         }
     } else if constexpr (T == GGMLType::Q4_K || T == GGMLType::Q5_K) {
-        constexpr int kBB = T == GGMLType::Q5_K ? 176 : 144;
-        const uint8_t* base = p.w + (row * p.n_blocks + e / 256) * kBB;
-        const int i = int(e % 256), jp = i / 64, within = i % 64, sub = 2 * jp + (within >= 32 ? 1 : 0);
-        const uint32_t* hdr = reinterpret_cast<const uint32_t*>(base);
-        const uint32_t dd = hdr[0];
+        const uint8_t* base = p.w + (row * p.n_blocks + e / 256) * D::kBlockBytes;
+        const int i = int(e % 256), sub = i / 32, l = i % 32;
+        const uint4 hdr = *reinterpret_cast<const uint4*>(base);
         float sc, mn;
-        kq_scale_min(hdr[1], hdr[2], hdr[3], sub, sc, mn);
-        const float d = h2f(uint16_t(dd & 0xFFFF)) * sc, dm = h2f(uint16_t(dd >> 16)) * mn;
-        const uint8_t* qs = base + (T == GGMLType::Q5_K ? 48 : 16) + 32 * jp + (within % 32);
-        const int shift = within >= 32 ? 4 : 0;
-        for (int j = 0; j < 8; ++j) {
-            int v = (qs[j] >> shift) & 0xF;
-            if constexpr (T == GGMLType::Q5_K) v |= ((base[16 + (within % 32) + j] >> sub) & 1) << 4;
-            out[j] = d * float(v) - dm;
+        D::scale_min(hdr.y, hdr.z, hdr.w, sub, sc, mn);
+        const float d = D::d(hdr.x) * sc, dm = D::dmin(hdr.x) * mn;
+        const uint2 q = *reinterpret_cast<const uint2*>(base + D::kQsOffset + 32 * (sub / 2) + l);
+        const uint2 qh =
+            T == GGMLType::Q5_K ? *reinterpret_cast<const uint2*>(base + D::kQhOffset + l) : make_uint2(0u, 0u);
+        const uint32_t qw[2] = {q.x, q.y}, hw[2] = {qh.x, qh.y};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const uint32_t v = D::quants(qw[h], hw[h], sub);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) out[4 * h + j] = d * float((v >> (8 * j)) & 0xFF) - dm;
         }
     } else if constexpr (T == GGMLType::Q6_K) {
         const int64_t b = row * p.n_blocks + e / 256;
-        const int i = int(e % 256), h = i / 128, r = i % 128, k = r / 32, l = r % 32;
-        const uint8_t* ql = p.w + b * 192 + h * 64 + l + (k & 1) * 32;
-        const uint8_t* qh = p.w + b * 192 + 128 + h * 32 + l;
-        const int shift = k >= 2 ? 4 : 0;
+        const int i = int(e % 256), h = i / 128, k = (i % 128) / 32, l = i % 32;
+        const uint8_t* qs = p.w + b * D::kQuantBytes;
+        const uint2 ql = *reinterpret_cast<const uint2*>(qs + h * D::kQlHalf + (k & 1) * D::kQlOdd + l);
+        const uint2 qh = *reinterpret_cast<const uint2*>(qs + D::kQh + h * D::kQhHalf + l);
         const float d = h2f(reinterpret_cast<const uint16_t*>(p.meta2)[b]) *
-                        float(reinterpret_cast<const int8_t*>(p.meta)[b * 16 + h * 8 + l / 16 + 2 * k]);
-        for (int j = 0; j < 8; ++j) {
-            const int v = (((ql[j] >> shift) & 0xF) | (((qh[j] >> (2 * k)) & 3) << 4)) - 32;
-            out[j] = d * float(v);
+                        float(reinterpret_cast<const int8_t*>(p.meta)[b * 16 + D::scale_index(h, k, l)]);
+        const uint32_t lw[2] = {ql.x, ql.y}, hw[2] = {qh.x, qh.y};
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+            const uint32_t v = uint32_t(D::values(lw[s], hw[s], k));
+#pragma unroll
+            for (int j = 0; j < 4; ++j) out[4 * s + j] = d * float(sbyte(v, j));
         }
     }
 }

@@ -50,6 +50,7 @@
 #include <type_traits>
 
 #include "async_copy.cuh"
+#include "block_decode.cuh"
 #include "common.cuh"
 #include "kernels.h"
 #include "launch.h"
@@ -68,7 +69,7 @@ constexpr int kMaxSplit = 8;            // the portable cluster size
 constexpr int kMaxStages = 3;
 constexpr int kCtaCostStages = 2;
 constexpr int kSmemLimit = 227 * 1024;  // dynamic shared memory of one CTA (sm_90)
-constexpr int kDqAlign = kGemmDqAlign;
+constexpr int kDqAlign = 256;
 constexpr int kMaxWeights = kMaxGemmDqWeights;
 
 // The CTA shapes, by kWG: 0 is the mma.sync form (8 warps of 32 rows: two m16 tiles a warp), 2
@@ -106,7 +107,10 @@ __device__ __forceinline__ uint32_t and_or(uint32_t a) {
     return r;
 }
 
-// The formats. StepMeta: the metadata of one ldmatrix step's blocks (two nibble blocks, one Q8_0
+// The formats: their quants and metadata are laid out as their block decoders say (block_decode.cuh);
+// the unpacking is this kernel's own, straight to f16 pairs in its K order (the decoders unpack to
+// bytes, for integer dots: going through them would cost a conversion per element).
+// StepMeta: the metadata of one ldmatrix step's blocks (two nibble blocks, one Q8_0
 // block) of a row, one shared-memory load; scales(): block e's d (and m) of it, broadcast.
 // dequant(): from a row's words (w0 = word t; Q8_0 also w1 = word t + 4) and the block's scales,
 // the f16 A-fragment words of k-step 0 (k0) and k-step 1 (k1), each {pair (4t, 4t+2), pair (4t+1,
@@ -114,7 +118,7 @@ __device__ __forceinline__ uint32_t and_or(uint32_t a) {
 // (0x6400), exact; the offset goes before the scale, so each weight is d * q rounded once to f16,
 // as dequantize_f16 rounds it.
 struct DqQ4_0 {
-    static constexpr int kQB = 16, kMB = 2;
+    static constexpr int kQB = DecodeQ4_0::kQuantBytes, kMB = int(sizeof(DecodeQ4_0::Meta));
     using StepMeta = uint32_t;   // f16 d of blocks kl, kl + 1
     __device__ static void scales(StepMeta m, int e, __half2& d, __half2&) {
         d = e ? __high2half2(as_h2(m)) : __low2half2(as_h2(m));
@@ -132,7 +136,7 @@ struct DqQ4_0 {
 };
 
 struct DqQ4_1 {
-    static constexpr int kQB = 16, kMB = 4;
+    static constexpr int kQB = DecodeQ4_1::kQuantBytes, kMB = int(sizeof(DecodeQ4_1::Meta));
     using StepMeta = uint2;   // f16 d | f16 m << 16 of blocks kl, kl + 1
     __device__ static void scales(StepMeta m, int e, __half2& d, __half2& mn) {
         const __half2 dm = as_h2(e ? m.y : m.x);
@@ -151,7 +155,7 @@ struct DqQ4_1 {
 
 // Q8_0: the sign bit flipped (q + 128) and the bytes permuted under 0x64: 1024 + 128 + q.
 struct DqQ8_0 {
-    static constexpr int kQB = 32, kMB = 2;
+    static constexpr int kQB = DecodeQ8_0::kQuantBytes, kMB = int(sizeof(DecodeQ8_0::Meta));
     using StepMeta = __half;   // d of block kl
     __device__ static void scales(StepMeta m, int, __half2& d, __half2&) { d = __half2half2(m); }
     __device__ static void dequant(uint32_t w0, uint32_t w1, __half2 d, __half2, uint32_t (&k0)[2], uint32_t (&k1)[2]) {
@@ -626,6 +630,31 @@ void launch(const DeviceWeight* const* ws, float* const* ys, int count, const __
     EMBER_CUDA_LAUNCHED("gemm_dq");
 }
 
+// Whether this process multiplies on wgmma: a build with sm_90a code, a GPU that runs it (compute
+// capability 9.0 exactly: newer GPUs JIT the sm_90 PTX, which has no wgmma), and
+// EMBER_CUDA_GEMM_DQ_WGMMA not 0 (the mma.sync form, for A/B comparisons and its tests).
+bool use_wgmma() {
+#if defined(EMBER_CUDA_SM90A)
+    static const bool on = env_flag("EMBER_CUDA_GEMM_DQ_WGMMA");
+    return on && device_cc() == 90;
+#else
+    return false;
+#endif
+}
+
+// EMBER_CUDA_GEMM_DQ_ROWS=192 or 256 fixes the wgmma form's row tile (A/B comparisons and tests);
+// unset (0), each launch takes the cheaper grid. Checked at every launch, on any GPU.
+int rows_override() {
+    static const int rows = [] {
+        const char* v = std::getenv("EMBER_CUDA_GEMM_DQ_ROWS");
+        if (!v || !*v) return 0;
+        const std::string s(v);
+        if (s != "192" && s != "256") fail("EMBER_CUDA_GEMM_DQ_ROWS=", s, ": the row tile is 192 or 256");
+        return std::stoi(s);
+    }();
+    return rows;
+}
+
 // The wgmma form's row tile for one launch: the grid of the lower cost, a 192-row stage counted
 // as kStage192 / kStage256 of a 256-row one (each stage's time on the H100 and H200 at 32-128
 // tokens, where the 192-row CTA's twelve warps also hide more of its latency).
@@ -641,9 +670,9 @@ void launch_wgmma(const DeviceWeight* const* ws, float* const* ys, int count, co
 
 template <class F>
 void launch_tokens(const DeviceWeight* const* ws, float* const* ys, int count, const __half* xh, int32_t n_tok,
-                   const GemmDqForm& form, cudaStream_t s) {
-    const int rows = form.rows;
-    if (form.wgmma) {
+                   cudaStream_t s) {
+    const int rows = rows_override();
+    if (use_wgmma()) {
         if (n_tok <= 16) launch_wgmma<F, 2>(ws, ys, count, xh, n_tok, rows, s);
         else if (n_tok <= 32) launch_wgmma<F, 4>(ws, ys, count, xh, n_tok, rows, s);
         // 129..192 tokens: three tiles of 64 (two of 128 would multiply a third of zeros)
@@ -662,12 +691,9 @@ void launch_tokens(const DeviceWeight* const* ws, float* const* ys, int count, c
 
 }  // namespace
 
-bool gemm_dq_wgmma_built() {
-#if defined(EMBER_CUDA_SM90A)
-    return true;
-#else
-    return false;
-#endif
+bool gemm_dq_supported(GGMLType type, int64_t n_in) {
+    const bool format = type == GGMLType::Q4_0 || type == GGMLType::Q4_1 || type == GGMLType::Q8_0;
+    return format && n_in % kDqAlign == 0;
 }
 
 void gemm_dq_input(const float* x, __half* xh, int32_t n_tok, int64_t n, cudaStream_t s) {
@@ -680,11 +706,7 @@ void gemm_dq_input(const float* x, __half* xh, int32_t n_tok, int64_t n, cudaStr
     EMBER_CUDA_LAUNCHED("gemm_dq_input");
 }
 
-void gemm_dq(const DeviceWeight* const* ws, float* const* ys, int count, const __half* xh, int32_t n_tok,
-             const GemmDqForm& form, cudaStream_t s) {
-    if (form.rows != 0 && form.rows != 192 && form.rows != 256)
-        fail("cuda gemm_dq: the wgmma row tile is 192 or 256 (0: per launch), got ", form.rows);
-    if (form.wgmma && !gemm_dq_wgmma_built()) fail("cuda gemm_dq: the wgmma form needs a build with sm_90a code");
+void gemm_dq(const DeviceWeight* const* ws, float* const* ys, int count, const __half* xh, int32_t n_tok, cudaStream_t s) {
     if (n_tok <= 0 || count <= 0) return;
     if (count > kMaxGemmDqWeights) fail("cuda gemm_dq: ", count, " weights in one launch, at most ", kMaxGemmDqWeights);
     const DeviceWeight& w = *ws[0];
@@ -694,17 +716,16 @@ void gemm_dq(const DeviceWeight* const* ws, float* const* ys, int count, const _
         if (ws[i]->type != w.type || ws[i]->n_in != w.n_in)
             fail("cuda gemm_dq: the weights of one launch must share their format and width");
     switch (w.type) {
-        case GGMLType::Q4_0: launch_tokens<DqQ4_0>(ws, ys, count, xh, n_tok, form, s); break;
-        case GGMLType::Q4_1: launch_tokens<DqQ4_1>(ws, ys, count, xh, n_tok, form, s); break;
-        default: launch_tokens<DqQ8_0>(ws, ys, count, xh, n_tok, form, s); break;
+        case GGMLType::Q4_0: launch_tokens<DqQ4_0>(ws, ys, count, xh, n_tok, s); break;
+        case GGMLType::Q4_1: launch_tokens<DqQ4_1>(ws, ys, count, xh, n_tok, s); break;
+        default: launch_tokens<DqQ8_0>(ws, ys, count, xh, n_tok, s); break;
     }
 }
 
-void gemm_dq(const DeviceWeight& w, float* y, const __half* xh, int32_t n_tok, const GemmDqForm& form,
-             cudaStream_t s) {
+void gemm_dq(const DeviceWeight& w, float* y, const __half* xh, int32_t n_tok, cudaStream_t s) {
     const DeviceWeight* ws[1] = {&w};
     float* ys[1] = {y};
-    gemm_dq(ws, ys, 1, xh, n_tok, form, s);
+    gemm_dq(ws, ys, 1, xh, n_tok, s);
 }
 
 }  // namespace cuda

@@ -26,6 +26,7 @@
 #include <algorithm>
 
 #include "async_copy.cuh"
+#include "block_decode.cuh"
 #include "common.cuh"
 #include "gemv_legacy.cuh"
 #include "kernels.h"
@@ -43,71 +44,60 @@ constexpr int kStages = 4;
 constexpr int kThreads = 256;   // 8 warps: 4 along the rows x 2 along the tokens
 constexpr int kMaxSplit = 8;    // K splits of a tile: the portable cluster size
 
-// The formats. operands(): from word t of a block's 16 nibble bytes (byte j holds element j low,
-// element j + 16 high) and the block's high bits (Q5), the int8 A-operand words of elements
-// 4t..4t+3 (lo) and 4t+16..4t+19 (hi), as kScale^-1 times the quants (the scale folds the
-// factor back: a power of two, so each block's product d_w * d_x * sum has the GEMV's bits).
-// meta(): the block's d, m and qh from its metadata entry.
-struct GemmQ4_0 {
-    static constexpr int kQB = 16, kMB = 2;
-    static constexpr bool kMin = false;
+// The formats, over their block decoders (block_decode.cuh). operands(): from word t of a
+// block's 16 nibble bytes and the block's high bits (Q5), the int8 A-operand words of groups t
+// (elements 4t..4t+3, lo) and t + 4 (4t+16..4t+19, hi), as kScale^-1 times the quants (the scale
+// folds the factor back: a power of two, so each block's product d_w * d_x * sum has the GEMV's
+// bits). meta(): the block's d, m and qh from its metadata entry.
+template <class D>
+struct GemmFormat {
+    static constexpr int kQB = D::kQuantBytes, kMB = int(sizeof(typename D::Meta));
+    static constexpr bool kMin = D::kHasMin;
+    __device__ __forceinline__ static void meta(const uint8_t* p, float& d, float& m, uint32_t& qh) {
+        const typename D::Meta v = *reinterpret_cast<const typename D::Meta*>(p);
+        d = D::d(v);
+        m = D::m(v);
+        qh = D::qh(v);
+    }
+};
+
+struct GemmQ4_0 : GemmFormat<DecodeQ4_0> {
     static constexpr float kScale = 1.f / 16;
-    // 16 * (q - 8): the nibble in the byte's high half with the sign bit flipped (fewer ops than
-    // q - 8; |16 * (q - 8)| <= 128 keeps the int32 sums below 2^22, see small_int_to_float).
+    // 16 * (q - 8): the nibble in the byte's high half with the sign bit flipped (fewer operations
+    // than the decoder's q - 8 shifted; |16 * (q - 8)| <= 128 keeps the int32 sums below 2^22, see
+    // small_int_to_float).
     __device__ static void operands(uint32_t w, uint32_t, int, uint32_t& lo, uint32_t& hi) {
         lo = ((w << 4) & 0xF0F0F0F0u) ^ 0x80808080u;
         hi = (w & 0xF0F0F0F0u) ^ 0x80808080u;
     }
-    __device__ static void meta(const uint8_t* p, float& d, float&, uint32_t&) {
-        d = h2f(*reinterpret_cast<const uint16_t*>(p));
-    }
 };
 
-struct GemmQ4_1 {
-    static constexpr int kQB = 16, kMB = 4;
-    static constexpr bool kMin = true;
+struct GemmQ4_1 : GemmFormat<DecodeQ4_1> {
     static constexpr float kScale = 1.f;
-    __device__ static void operands(uint32_t w, uint32_t, int, uint32_t& lo, uint32_t& hi) {
-        lo = w & 0x0F0F0F0Fu;
-        hi = (w >> 4) & 0x0F0F0F0Fu;
-    }
-    __device__ static void meta(const uint8_t* p, float& d, float& m, uint32_t&) {
-        const uint32_t dm = *reinterpret_cast<const uint32_t*>(p);
-        d = h2f(uint16_t(dm & 0xFFFF));
-        m = h2f(uint16_t(dm >> 16));
+    __device__ static void operands(uint32_t w, uint32_t qh, int t, uint32_t& lo, uint32_t& hi) {
+        lo = DecodeQ4_1::quants(w, t, qh);
+        hi = DecodeQ4_1::quants(w, t + 4, qh);
     }
 };
 
-// Q5_0: 8 * (q - 16) by the same trick (q <= 31, so q << 3 stays inside its byte); Q5_1: q.
+// Q5_0: 8 * (q - 16) by the same trick as Q4_0 (q <= 31, so q << 3 stays inside its byte); Q5_1: q.
 template <bool kHasMin>
-struct GemmQ5 {
-    static constexpr int kQB = 16, kMB = 8;
-    static constexpr bool kMin = kHasMin;
+struct GemmQ5 : GemmFormat<DecodeQ5<kHasMin>> {
+    using D = DecodeQ5<kHasMin>;
     static constexpr float kScale = kHasMin ? 1.f : 1.f / 8;
     __device__ static void operands(uint32_t w, uint32_t qh, int t, uint32_t& lo, uint32_t& hi) {
-        lo = (w & 0x0F0F0F0Fu) | uint32_t(spread4_bit4(qh >> (4 * t)));
-        hi = ((w >> 4) & 0x0F0F0F0Fu) | uint32_t(spread4_bit4(qh >> (4 * t + 16)));
+        lo = D::quants(w, t, qh);
+        hi = D::quants(w, t + 4, qh);
         if (!kHasMin) {
             lo = (lo << 3) ^ 0x80808080u;
             hi = (hi << 3) ^ 0x80808080u;
         }
     }
-    __device__ static void meta(const uint8_t* p, float& d, float& m, uint32_t& qh) {   // MetaQ5_0 / MetaQ5_1
-        const uint2 v = *reinterpret_cast<const uint2*>(p);
-        d = h2f(uint16_t(v.x & 0xFFFF));
-        m = h2f(uint16_t(v.x >> 16));
-        qh = v.y;
-    }
 };
 
-// Q8_0: the quants are the A operand as they are.
-struct GemmQ8_0 {
-    static constexpr int kQB = 32, kMB = 2;
-    static constexpr bool kMin = false;
+// Q8_0: the quants are the A operand as they are (read with ldmatrix, no operands()).
+struct GemmQ8_0 : GemmFormat<DecodeQ8_0> {
     static constexpr float kScale = 1.f;
-    __device__ static void meta(const uint8_t* p, float& d, float&, uint32_t&) {
-        d = h2f(*reinterpret_cast<const uint16_t*>(p));
-    }
 };
 
 // Shared-memory layout of one format and token tile (byte offsets within a stage).
@@ -371,6 +361,15 @@ void launch_tokens(const DeviceWeight& w, float* y, const int8_t* xq, const floa
 }
 
 }  // namespace
+
+bool gemm_q8_supported(GGMLType type) {
+    switch (type) {
+        case GGMLType::Q4_0: case GGMLType::Q4_1: case GGMLType::Q5_0: case GGMLType::Q5_1: case GGMLType::Q8_0:
+            return true;
+        default:
+            return false;
+    }
+}
 
 void gemm_q8(const DeviceWeight& w, float* y, const int8_t* xq, const float2* xds, int32_t n_tok, cudaStream_t s) {
     if (n_tok <= 0) return;

@@ -136,8 +136,10 @@ __device__ __forceinline__ void rope_store_row(const QkvRopeStore& e, int wi, in
 // more than the resident warps lost (docs/performance.md). The others keep ptxas's choice (0).
 template <class F, int NT>
 constexpr int gemv_min_ctas() {
-    constexpr bool more_registers = std::is_same<F, FmtQ4_0>::value || std::is_same<F, FmtQ4_1>::value ||
-                                    std::is_same<F, FmtQ5<false>>::value || std::is_same<F, FmtQ5<true>>::value ||
+    constexpr bool more_registers = std::is_same<F, FmtBlock32<DecodeQ4_0>>::value ||
+                                    std::is_same<F, FmtBlock32<DecodeQ4_1>>::value ||
+                                    std::is_same<F, FmtBlock32<DecodeQ5_0>>::value ||
+                                    std::is_same<F, FmtBlock32<DecodeQ5_1>>::value ||
                                     std::is_same<F, FmtQ6_K>::value || std::is_same<F, FmtFloat<float>>::value ||
                                     std::is_same<F, FmtFloat<__half>>::value ||
                                     std::is_same<F, FmtFloat<__nv_bfloat16>>::value;
@@ -222,12 +224,13 @@ void launch(const GemvBatch& b, unsigned n_ctas, int32_t n_tok, cudaStream_t s) 
     EMBER_CUDA_LAUNCHED("gemv");
 }
 
-template <class Exact, class Fast>
+// A 32-element block type: rows in the CPU's order (gemv_legacy.cuh) or the lane-strided one.
+template <class D>
 void launch_legacy(bool cpu_order, const GemvBatch& b, unsigned n_ctas, int32_t n_tok, cudaStream_t s) {
     if (cpu_order)
-        launch<LegacyRows<Exact>>(b, n_ctas, n_tok, s);
+        launch<LegacyRows<D>>(b, n_ctas, n_tok, s);
     else
-        launch<Fast>(b, n_ctas, n_tok, s);
+        launch<FmtBlock32<D>>(b, n_ctas, n_tok, s);
 }
 
 template <class F>
@@ -250,6 +253,10 @@ int32_t row_units(const DeviceWeight& w) {
 }
 
 }  // namespace
+
+bool gemv_swiglu_supported(GGMLType type) {
+    return type == GGMLType::F32 || type == GGMLType::F16 || type == GGMLType::BF16;
+}
 
 void gemv_swiglu(const DeviceWeight& gate, const DeviceWeight& up, float* out, const float* x, int32_t n_tok,
                  cudaStream_t s) {
@@ -277,6 +284,12 @@ void gemv_swiglu(const DeviceWeight& gate, const DeviceWeight& up, float* out, c
         case GGMLType::BF16: launch_swiglu<FmtFloat<__nv_bfloat16>>(b, out, n_ctas, n_tok, s); break;
         default: fail("cuda gemv_swiglu: unsupported weight type ", block_info(gate.type).name);
     }
+}
+
+bool gemv_cpu_order(int64_t n_in) { return n_in <= kLegacyExactMaxWidth; }
+
+bool gemv_wants_q8(GGMLType type) {
+    return !(type == GGMLType::F32 || type == GGMLType::F16 || type == GGMLType::BF16);
 }
 
 namespace {
@@ -314,11 +327,11 @@ void gemv_batch(const DeviceWeight* const* ws, float* const* ys, int count, cons
         n_ctas += unsigned((w.n_out + rows_per_cta - 1) / rows_per_cta);
     }
     switch (w0.type) {
-        case GGMLType::Q4_0: launch_legacy<LegacyQ4_0, FmtQ4_0>(cpu_order, b, n_ctas, n_tok, s); break;
-        case GGMLType::Q4_1: launch_legacy<LegacyQ4_1, FmtQ4_1>(cpu_order, b, n_ctas, n_tok, s); break;
-        case GGMLType::Q5_0: launch_legacy<LegacyQ5<false>, FmtQ5<false>>(cpu_order, b, n_ctas, n_tok, s); break;
-        case GGMLType::Q5_1: launch_legacy<LegacyQ5<true>, FmtQ5<true>>(cpu_order, b, n_ctas, n_tok, s); break;
-        case GGMLType::Q8_0: launch_legacy<LegacyQ8_0, FmtQ8_0>(cpu_order, b, n_ctas, n_tok, s); break;
+        case GGMLType::Q4_0: launch_legacy<DecodeQ4_0>(cpu_order, b, n_ctas, n_tok, s); break;
+        case GGMLType::Q4_1: launch_legacy<DecodeQ4_1>(cpu_order, b, n_ctas, n_tok, s); break;
+        case GGMLType::Q5_0: launch_legacy<DecodeQ5_0>(cpu_order, b, n_ctas, n_tok, s); break;
+        case GGMLType::Q5_1: launch_legacy<DecodeQ5_1>(cpu_order, b, n_ctas, n_tok, s); break;
+        case GGMLType::Q8_0: launch_legacy<DecodeQ8_0>(cpu_order, b, n_ctas, n_tok, s); break;
         case GGMLType::Q4_K: launch<FmtQK<false>>(b, n_ctas, n_tok, s); break;
         case GGMLType::Q5_K: launch<FmtQK<true>>(b, n_ctas, n_tok, s); break;
         case GGMLType::Q6_K: launch<FmtQ6_K>(b, n_ctas, n_tok, s); break;

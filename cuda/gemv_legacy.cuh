@@ -32,71 +32,26 @@
 namespace ember {
 namespace cuda {
 
+constexpr int64_t kLegacyExactMaxWidth = 2048;
+
 __device__ __forceinline__ uint32_t ld_stream32(const void* p) {
     uint32_t r;
     asm volatile("ld.global.nc.L1::no_allocate.L2::256B.u32 %0, [%1];" : "=r"(r) : "l"(p));
     return r;
 }
 
-// One format: kQuantBytes per block in the quants region, Meta per block in the meta region,
-// and values(): the four weight bytes of lane k's elements 4k..4k+3 as the CPU's integer dot
-// sees them (offsets of the *_0 formats already subtracted: the integer sums are equal).
+// The types summed in the CPU fast kernel's single chain (see the top of this file); the others
+// take the per-lane chains. Each type is read through its decoder (block_decode.cuh): Meta,
+// d(), m(), qh() and values() of group k for lane k.
+template <class D>
+constexpr bool kFastChain = D::kType == GGMLType::Q4_0 || D::kType == GGMLType::Q4_1 || D::kType == GGMLType::Q8_0;
 
-// The formats whose only scale is an f16 d per block (Q4_0, Q8_0).
-struct LegacyScaleOnly {
-    static constexpr bool kHasMin = false, kHighBits = false;
-    using Meta = uint16_t;
-    __device__ static float d(Meta m) { return h2f(m); }
-    __device__ static float m(Meta) { return 0.f; }
-    __device__ static uint32_t qh(Meta) { return 0; }
-};
-
-struct LegacyQ4_0 : LegacyScaleOnly {
-    static constexpr int kQuantBytes = 16;
-    static constexpr bool kFastChain = true;
-    __device__ static int values(uint32_t word, int k, uint32_t) {
-        return int(__vsub4((k < 4 ? word : word >> 4) & 0x0F0F0F0Fu, 0x08080808u));
-    }
-};
-
-struct LegacyQ4_1 {
-    static constexpr int kQuantBytes = 16;
-    static constexpr bool kHasMin = true, kHighBits = false, kFastChain = true;
-    using Meta = uint32_t;   // f16 d | f16 m << 16
-    __device__ static float d(Meta m) { return h2f(uint16_t(m & 0xFFFF)); }
-    __device__ static float m(Meta m) { return h2f(uint16_t(m >> 16)); }
-    __device__ static uint32_t qh(Meta) { return 0; }
-    __device__ static int values(uint32_t word, int k, uint32_t) {
-        return int((k < 4 ? word : word >> 4) & 0x0F0F0F0Fu);
-    }
-};
-
-template <bool kMin>
-struct LegacyQ5 {
-    static constexpr int kQuantBytes = 16;
-    static constexpr bool kHasMin = kMin, kHighBits = true, kFastChain = false;
-    using Meta = uint2;   // MetaQ5_0 / MetaQ5_1: {f16 d | (f16 m or pad) << 16, qh}
-    __device__ static float d(Meta m) { return h2f(uint16_t(m.x & 0xFFFF)); }
-    __device__ static float m(Meta m) { return h2f(uint16_t(m.x >> 16)); }
-    __device__ static uint32_t qh(Meta m) { return m.y; }
-    __device__ static int values(uint32_t word, int k, uint32_t qh) {
-        const uint32_t v = ((k < 4 ? word : word >> 4) & 0x0F0F0F0Fu) | uint32_t(spread4_bit4(qh >> (4 * k)));
-        return kMin ? int(v) : int(__vsub4(v, 0x10101010u));
-    }
-};
-
-struct LegacyQ8_0 : LegacyScaleOnly {
-    static constexpr int kQuantBytes = 32;
-    static constexpr bool kFastChain = true;
-    __device__ static int values(uint32_t word, int, uint32_t) { return int(word); }
-};
-
-// Offset of lane k's word in a block's quants: nibble formats keep elements j and j + 16 in
-// byte j, so lanes k and k + 4 read the same word (low and high nibbles); Q8_0 has one word per
-// lane.
-template <class F>
+// Offset of lane k's word in a block's quants: lane k takes group k (elements 4k..4k+3) as the
+// block's decoder places it (block_decode.cuh), so for the nibble types lanes k and k + 4 read
+// the same word (low and high nibbles) and for Q8_0 each lane its own.
+template <class D>
 __device__ __forceinline__ int word_offset(int k) {
-    return 4 * (F::kQuantBytes == 16 ? (k & 3) : k);
+    return 4 * D::word(k);
 }
 
 // An integer below 2^22 in magnitude as a float, exactly, without the quarter-rate I2F:
@@ -146,7 +101,7 @@ __device__ __forceinline__ void legacy_row_dot(const GemvParams& p, int64_t row,
                 const int64_t b = b0 + 32 * r + lane;
                 xds[r][t] = b < n_even ? p.xds[t * n_xb + b] : make_float2(0.f, 0.f);
             }
-        if constexpr (F::kFastChain) {
+        if constexpr (kFastChain<F>) {
 #pragma unroll
             for (int g = 0; g < kGroups; ++g) {
                 if (b0 + 4 * g >= n_even) break;   // warp-uniform
@@ -210,7 +165,7 @@ __device__ __forceinline__ void legacy_row_dot(const GemvParams& p, int64_t row,
     }
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
-        if constexpr (F::kFastChain) {   // every lane holds the chain; the last odd block continues it
+        if constexpr (kFastChain<F>) {   // every lane holds the chain; the last odd block continues it
             float s = acc[t];
             if (odd) {
                 int isum = dp4a(tail_w, *reinterpret_cast<const int*>(p.xq + t * p.n_in + (nb - 1) * 32 + 4 * k), 0);
@@ -242,7 +197,7 @@ __device__ __forceinline__ void legacy_row_dot(const GemvParams& p, int64_t row,
     }
 }
 
-// The GEMV format of one of the structs above (gemv.cu: one warp per row).
+// The GEMV format of a 32-element block type's decoder (gemv.cu: one warp per row).
 template <class F>
 struct LegacyRows {
     static constexpr bool kWholeRow = true;

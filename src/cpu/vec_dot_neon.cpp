@@ -52,7 +52,7 @@ inline void q5_high_bits(const uint8_t* qh, uint8x16_t& lo, uint8x16_t& hi) {
 }
 
 // A block's 32 weights as int8 in element order (lo: 0..15, hi: 16..31), offset removed for the
-// *_0 kinds as the scalar q4_values / q5_values do.
+// *_0 kinds as the scalar decode_q4 / decode_q5 (quant/decode.h) do.
 template <Legacy K, class WB>
 inline void weight_values(const WB& w, int8x16_t& lo, int8x16_t& hi) {
     if constexpr (K == Legacy::q8_0) {

@@ -1,10 +1,10 @@
 // Scalar reference dot products, weights x activations in the weight type's vec_dot_type:
 // Q4_0/Q5_0/Q8_0 x Q8_0, Q4_1/Q5_1/Q8_1 x Q8_1, Q2_K..Q6_K/Q8_K x Q8_K, F32/F16/BF16 x F32.
 // Integer sums are exact per block; one float multiply-add per block, as ggml does.
-#include <cstring>
 
 #include "cpu/isa_kernels.h"
 #include "quant/blocks.h"
+#include "quant/decode.h"
 #include "quant/half.h"
 
 namespace ember {
@@ -34,23 +34,6 @@ float dot_bf16(int64_t n, const void* w, const void* x) {
     return float(s);
 }
 
-// Weight quants of one 32-block as signed ints (offset already removed for *_0 types).
-void q4_values(const uint8_t* qs, int offset, int* q) {
-    for (int j = 0; j < 16; ++j) {
-        q[j] = (qs[j] & 0x0F) - offset;
-        q[j + 16] = (qs[j] >> 4) - offset;
-    }
-}
-
-void q5_values(const uint8_t* qs, const uint8_t* qh, int offset, int* q) {
-    uint32_t h;
-    std::memcpy(&h, qh, 4);
-    for (int j = 0; j < 16; ++j) {
-        q[j] = ((qs[j] & 0x0F) | int(((h >> j) & 1) << 4)) - offset;
-        q[j + 16] = ((qs[j] >> 4) | int(((h >> (j + 16)) & 1) << 4)) - offset;
-    }
-}
-
 int dot32(const int* q, const int8_t* x) {
     int s = 0;
     for (int j = 0; j < 32; ++j) s += q[j] * x[j];
@@ -63,7 +46,7 @@ float dot_q4_0(int64_t n, const void* w, const void* x) {
     float s = 0;
     int q[32];
     for (int64_t i = 0; i < n / QK4_0; ++i) {
-        q4_values(a[i].qs, 8, q);
+        decode_q4(a[i].qs, 8, q);
         s += half_to_float(a[i].d) * half_to_float(b[i].d) * float(dot32(q, b[i].qs));
     }
     return s;
@@ -75,7 +58,7 @@ float dot_q4_1(int64_t n, const void* w, const void* x) {
     float s = 0;
     int q[32];
     for (int64_t i = 0; i < n / QK4_1; ++i) {
-        q4_values(a[i].qs, 0, q);
+        decode_q4(a[i].qs, 0, q);
         s += half_to_float(a[i].d) * half_to_float(b[i].d) * float(dot32(q, b[i].qs)) +
              half_to_float(a[i].m) * half_to_float(b[i].s);
     }
@@ -88,7 +71,7 @@ float dot_q5_0(int64_t n, const void* w, const void* x) {
     float s = 0;
     int q[32];
     for (int64_t i = 0; i < n / QK5_0; ++i) {
-        q5_values(a[i].qs, a[i].qh, 16, q);
+        decode_q5(a[i].qs, a[i].qh, 16, q);
         s += half_to_float(a[i].d) * half_to_float(b[i].d) * float(dot32(q, b[i].qs));
     }
     return s;
@@ -100,7 +83,7 @@ float dot_q5_1(int64_t n, const void* w, const void* x) {
     float s = 0;
     int q[32];
     for (int64_t i = 0; i < n / QK5_1; ++i) {
-        q5_values(a[i].qs, a[i].qh, 0, q);
+        decode_q5(a[i].qs, a[i].qh, 0, q);
         s += half_to_float(a[i].d) * half_to_float(b[i].d) * float(dot32(q, b[i].qs)) +
              half_to_float(a[i].m) * half_to_float(b[i].s);
     }
@@ -131,17 +114,8 @@ float dot_q8_1(int64_t n, const void* w, const void* x) {
     return s;
 }
 
-// K-quants: each super-block is decoded to q[256] and an integer scale per 16 elements
-// (plus an integer min per 16 for the types with mins), so that
-// value[e] = d * sc[e/16] * q[e] - dmin * mn[e/16] and the dot with Q8_K is
-// x.d * (d * sum sc*q*x - dmin * sum mn*bsum).
-struct KDecoded {
-    int q[QK_K];
-    int sc[16];
-    int mn[16];
-    float d, dmin;
-};
-
+// K-quants: x.d * (d * sum sc*q*x - dmin * sum mn*bsum) over the decoded super-block
+// (quant/decode.h).
 float dot_k_decoded(const KDecoded& k, const BlockQ8_K& b) {
     int sumi = 0, summ = 0;
     for (int g = 0; g < 16; ++g) {
@@ -151,67 +125,6 @@ float dot_k_decoded(const KDecoded& k, const BlockQ8_K& b) {
         summ += k.mn[g] * b.bsums[g];
     }
     return b.d * (k.d * float(sumi) - k.dmin * float(summ));
-}
-
-void decode_q2_k(const BlockQ2_K& a, KDecoded& k) {
-    for (int e = 0; e < QK_K; ++e) {
-        const int c = e / 128, s = (e % 128) / 32, l = e % 32;
-        k.q[e] = (a.qs[32 * c + l] >> (2 * s)) & 3;
-    }
-    for (int g = 0; g < 16; ++g) {
-        k.sc[g] = a.scales[g] & 0x0F;
-        k.mn[g] = a.scales[g] >> 4;
-    }
-    k.d = half_to_float(a.d);
-    k.dmin = half_to_float(a.dmin);
-}
-
-void decode_q3_k(const BlockQ3_K& a, KDecoded& k) {
-    for (int e = 0; e < QK_K; ++e) {
-        const int c = e / 128, s = (e % 128) / 32, l = e % 32;
-        const int ql = (a.qs[32 * c + l] >> (2 * s)) & 3;
-        k.q[e] = ql - (((a.hmask[l] >> (e / 32)) & 1) ? 0 : 4);
-    }
-    for (int g = 0; g < 16; ++g) {
-        const int lo = (a.scales[g % 8] >> (4 * (g / 8))) & 0x0F;
-        const int hi = (a.scales[8 + g % 4] >> (2 * (g / 4))) & 3;
-        k.sc[g] = (lo | (hi << 4)) - 32;
-        k.mn[g] = 0;
-    }
-    k.d = half_to_float(a.d);
-    k.dmin = 0;
-}
-
-template <class Block>
-void decode_q45_k(const Block& a, const uint8_t* qh, KDecoded& k) {
-    for (int j = 0; j < 8; ++j) {
-        uint8_t sc, m;
-        get_scale_min_k4(j, a.scales, sc, m);
-        k.sc[2 * j] = k.sc[2 * j + 1] = sc;
-        k.mn[2 * j] = k.mn[2 * j + 1] = m;
-        for (int l = 0; l < 32; ++l) {
-            int v = (a.qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F;
-            if (qh) v |= ((qh[l] >> j) & 1) << 4;
-            k.q[32 * j + l] = v;
-        }
-    }
-    k.d = half_to_float(a.d);
-    k.dmin = half_to_float(a.dmin);
-}
-
-void decode_q6_k(const BlockQ6_K& a, KDecoded& k) {
-    for (int e = 0; e < QK_K; ++e) {
-        const int h = e / 128, kk = (e % 128) / 32, l = e % 32;
-        const int lo = (a.ql[64 * h + l + 32 * (kk & 1)] >> (4 * (kk >> 1))) & 0x0F;
-        const int hi = (a.qh[32 * h + l] >> (2 * kk)) & 3;
-        k.q[e] = (lo | (hi << 4)) - 32;
-    }
-    for (int g = 0; g < 16; ++g) {
-        k.sc[g] = a.scales[g];
-        k.mn[g] = 0;
-    }
-    k.d = half_to_float(a.d);
-    k.dmin = 0;
 }
 
 template <class Block, void (*Decode)(const Block&, KDecoded&)>
@@ -226,9 +139,6 @@ float dot_k(int64_t n, const void* w, const void* x) {
     }
     return s;
 }
-
-void decode_q4_k(const BlockQ4_K& a, KDecoded& k) { decode_q45_k(a, nullptr, k); }
-void decode_q5_k(const BlockQ5_K& a, KDecoded& k) { decode_q45_k(a, a.qh, k); }
 
 float dot_q8_k(int64_t n, const void* w, const void* x) {
     const BlockQ8_K* a = static_cast<const BlockQ8_K*>(w);

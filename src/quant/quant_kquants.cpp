@@ -1,10 +1,11 @@
-// The 256-element super-block K-quants: scalar dequantize for Q2_K..Q8_K and error-minimising
+// The 256-element super-block K-quants: scalar dequantize for Q2_K..Q8_K (through quant/decode.h) and error-minimising
 // quantizers for Q4_K, Q5_K, Q6_K (the search llama.cpp's reference quantizer does: several
 // candidate scales, each refined by weighted least squares) plus Q8_K for activations.
 #include <cmath>
 #include <cstring>
 
 #include "quant/blocks.h"
+#include "quant/decode.h"
 #include "quant/half.h"
 #include "quant/kernels.h"
 
@@ -184,83 +185,39 @@ void quantize_superblock_k(const float* x, int nmax, float rmin, float rdelta, i
     }
 }
 
-}  // namespace
-
-void dequantize_row_q2_k(const void* src, float* dst, int64_t n) {
-    const BlockQ2_K* b = static_cast<const BlockQ2_K*>(src);
-    for (int64_t i = 0; i < n / QK_K; ++i, dst += QK_K) {
-        const float d = half_to_float(b[i].d), dmin = half_to_float(b[i].dmin);
-        // element 128c + 32s + l = bits 2s..2s+1 of qs[32c + l]
-        for (int e = 0; e < QK_K; ++e) {
-            const int c = e / 128, s = (e % 128) / 32, l = e % 32;
-            const int q = (b[i].qs[32 * c + l] >> (2 * s)) & 3;
-            const uint8_t sc = b[i].scales[e / 16];
-            const float dl = d * float(sc & 0x0F), ml = dmin * float(sc >> 4);
-            dst[e] = dl * float(q) - ml;
-        }
-    }
-}
-
-void dequantize_row_q3_k(const void* src, float* dst, int64_t n) {
-    const BlockQ3_K* b = static_cast<const BlockQ3_K*>(src);
-    for (int64_t i = 0; i < n / QK_K; ++i, dst += QK_K) {
-        const float d = half_to_float(b[i].d);
-        // 16 six-bit scales: low 4 bits in bytes 0-7 (nibble g/8), high 2 bits in bytes 8-11.
-        float dl[16];
-        for (int g = 0; g < 16; ++g) {
-            const int lo = (b[i].scales[g % 8] >> (4 * (g / 8))) & 0x0F;
-            const int hi = (b[i].scales[8 + g % 4] >> (2 * (g / 4))) & 3;
-            dl[g] = d * float((lo | (hi << 4)) - 32);
-        }
-        for (int e = 0; e < QK_K; ++e) {
-            const int c = e / 128, s = (e % 128) / 32, l = e % 32;
-            const int ql = (b[i].qs[32 * c + l] >> (2 * s)) & 3;
-            const int hbit = (b[i].hmask[l] >> (e / 32)) & 1;
-            dst[e] = dl[e / 16] * float(ql - (hbit ? 0 : 4));
-        }
-    }
-}
-
-namespace {
-// Q4_K and Q5_K share the super-block layout (8 sub-blocks of 32, 6-bit scales and mins);
-// Q5_K adds a fifth bit per element from qh.
-template <class Block, bool kHighBit>
-void dequantize_row_k4(const void* src, float* dst, int64_t n) {
+// value = d * sc * q - dmin * mn per 16 elements, from the type's decoder (quant/decode.h); the
+// types without mins (Q3_K, Q6_K) skip the min term.
+template <class Block, void (*Decode)(const Block&, KDecoded&), bool kHasMin>
+void dequantize_row_k(const void* src, float* dst, int64_t n) {
     const Block* b = static_cast<const Block*>(src);
+    KDecoded k;
     for (int64_t i = 0; i < n / QK_K; ++i, dst += QK_K) {
-        const float d = half_to_float(b[i].d), dmin = half_to_float(b[i].dmin);
-        for (int j = 0; j < 8; ++j) {
-            uint8_t sc, m;
-            get_scale_min_k4(j, b[i].scales, sc, m);
-            const float dj = d * float(sc), mj = dmin * float(m);
-            const uint8_t* q = b[i].qs + 32 * (j / 2);
-            const int shift = 4 * (j % 2);
-            for (int l = 0; l < 32; ++l) {
-                int v = (q[l] >> shift) & 0x0F;
-                if constexpr (kHighBit) v |= ((b[i].qh[l] >> j) & 1) << 4;
-                dst[32 * j + l] = dj * float(v) - mj;
+        Decode(b[i], k);
+        for (int g = 0; g < 16; ++g) {
+            const float dl = k.d * float(k.sc[g]), ml = kHasMin ? k.dmin * float(k.mn[g]) : 0.0f;
+            for (int l = 0; l < 16; ++l) {
+                const float v = dl * float(k.q[16 * g + l]);
+                dst[16 * g + l] = kHasMin ? v - ml : v;
             }
         }
     }
 }
 }  // namespace
 
-void dequantize_row_q4_k(const void* src, float* dst, int64_t n) { dequantize_row_k4<BlockQ4_K, false>(src, dst, n); }
-void dequantize_row_q5_k(const void* src, float* dst, int64_t n) { dequantize_row_k4<BlockQ5_K, true>(src, dst, n); }
-
+void dequantize_row_q2_k(const void* src, float* dst, int64_t n) {
+    dequantize_row_k<BlockQ2_K, decode_q2_k, true>(src, dst, n);
+}
+void dequantize_row_q3_k(const void* src, float* dst, int64_t n) {
+    dequantize_row_k<BlockQ3_K, decode_q3_k, false>(src, dst, n);
+}
+void dequantize_row_q4_k(const void* src, float* dst, int64_t n) {
+    dequantize_row_k<BlockQ4_K, decode_q4_k, true>(src, dst, n);
+}
+void dequantize_row_q5_k(const void* src, float* dst, int64_t n) {
+    dequantize_row_k<BlockQ5_K, decode_q5_k, true>(src, dst, n);
+}
 void dequantize_row_q6_k(const void* src, float* dst, int64_t n) {
-    const BlockQ6_K* b = static_cast<const BlockQ6_K*>(src);
-    for (int64_t i = 0; i < n / QK_K; ++i, dst += QK_K) {
-        const float d = half_to_float(b[i].d);
-        // half h (128 elements): element 128h + 32k + l from ql[64h + l + 32*(k&1)] nibble k/2
-        // and bits 2k..2k+1 of qh[32h + l].
-        for (int e = 0; e < QK_K; ++e) {
-            const int h = e / 128, k = (e % 128) / 32, l = e % 32;
-            const int lo = (b[i].ql[64 * h + l + 32 * (k & 1)] >> (4 * (k >> 1))) & 0x0F;
-            const int hi = (b[i].qh[32 * h + l] >> (2 * k)) & 3;
-            dst[e] = (d * float(b[i].scales[e / 16])) * float((lo | (hi << 4)) - 32);
-        }
-    }
+    dequantize_row_k<BlockQ6_K, decode_q6_k, false>(src, dst, n);
 }
 
 void dequantize_row_q8_k(const void* src, float* dst, int64_t n) {

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "quant/blocks.h"
+#include "quant/decode.h"
 #include "quant/half.h"
 #include "quant/kernels.h"
 
@@ -42,50 +43,45 @@ void pack_q5(const uint8_t* q, uint8_t* qs, uint8_t* qh) {
     std::memcpy(qh, &h, 4);
 }
 
-int q5_value(const uint8_t* qs, const uint8_t* qh, int j) {
-    uint32_t h;
-    std::memcpy(&h, qh, 4);
-    const int lo = j < 16 ? (qs[j] & 0x0F) : (qs[j - 16] >> 4);
-    return lo | int(((h >> j) & 1) << 4);
-}
-
 }  // namespace
 
 void dequantize_row_q4_0(const void* src, float* dst, int64_t n) {
     const BlockQ4_0* b = static_cast<const BlockQ4_0*>(src);
+    int q[32];
     for (int64_t i = 0; i < n / QK4_0; ++i, dst += QK4_0) {
         const float d = half_to_float(b[i].d);
-        for (int j = 0; j < 16; ++j) {
-            dst[j] = d * float((b[i].qs[j] & 0x0F) - 8);
-            dst[j + 16] = d * float((b[i].qs[j] >> 4) - 8);
-        }
+        decode_q4(b[i].qs, 8, q);
+        for (int j = 0; j < 32; ++j) dst[j] = d * float(q[j]);
     }
 }
 
 void dequantize_row_q4_1(const void* src, float* dst, int64_t n) {
     const BlockQ4_1* b = static_cast<const BlockQ4_1*>(src);
+    int q[32];
     for (int64_t i = 0; i < n / QK4_1; ++i, dst += QK4_1) {
         const float d = half_to_float(b[i].d), m = half_to_float(b[i].m);
-        for (int j = 0; j < 16; ++j) {
-            dst[j] = d * float(b[i].qs[j] & 0x0F) + m;
-            dst[j + 16] = d * float(b[i].qs[j] >> 4) + m;
-        }
+        decode_q4(b[i].qs, 0, q);
+        for (int j = 0; j < 32; ++j) dst[j] = d * float(q[j]) + m;
     }
 }
 
 void dequantize_row_q5_0(const void* src, float* dst, int64_t n) {
     const BlockQ5_0* b = static_cast<const BlockQ5_0*>(src);
+    int q[32];
     for (int64_t i = 0; i < n / QK5_0; ++i, dst += QK5_0) {
         const float d = half_to_float(b[i].d);
-        for (int j = 0; j < 32; ++j) dst[j] = d * float(q5_value(b[i].qs, b[i].qh, j) - 16);
+        decode_q5(b[i].qs, b[i].qh, 16, q);
+        for (int j = 0; j < 32; ++j) dst[j] = d * float(q[j]);
     }
 }
 
 void dequantize_row_q5_1(const void* src, float* dst, int64_t n) {
     const BlockQ5_1* b = static_cast<const BlockQ5_1*>(src);
+    int q[32];
     for (int64_t i = 0; i < n / QK5_1; ++i, dst += QK5_1) {
         const float d = half_to_float(b[i].d), m = half_to_float(b[i].m);
-        for (int j = 0; j < 32; ++j) dst[j] = d * float(q5_value(b[i].qs, b[i].qh, j)) + m;
+        decode_q5(b[i].qs, b[i].qh, 0, q);
+        for (int j = 0; j < 32; ++j) dst[j] = d * float(q[j]) + m;
     }
 }
 

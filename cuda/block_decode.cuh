@@ -1,0 +1,206 @@
+// The CUDA backend's block decoders: one per tensor type, over its device layout (weight_pack.h).
+// Each says where a block's scales, mins and quants lie and how 32-bit words of them unpack to
+// four quants at a time; the GEMV, the GEMMs and dequantize read every type through these.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "common.cuh"
+#include "ember/quant.h"
+
+namespace ember {
+namespace cuda {
+
+__device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+
+// Byte i (runtime, 0..15) of four words.
+__device__ __forceinline__ uint32_t byte_of(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3, int i) {
+    const uint32_t w = i < 8 ? (i < 4 ? w0 : w1) : (i < 12 ? w2 : w3);
+    return (w >> (8 * (i & 3))) & 0xFF;
+}
+
+// Byte j (0..3) of a word of four signed quants, as an int.
+__device__ __forceinline__ int sbyte(uint32_t w, int j) { return int(int8_t(uint8_t(w >> (8 * j)))); }
+
+// ---- The 32-element block types, packed: kQuantBytes of quants a block in the quants region, one
+// Meta a block in the meta region. Group g (0..7) of a block is its elements 4g..4g+3: the four
+// bytes of quants word word(g) (nibble types: byte j holds element j low and j + 16 high, so the
+// low nibbles of word g for g < 4 and the high nibbles of word g - 4 after; Q8_0: word g).
+// quants(): group g's stored quants, one a byte (nibble types 0..15, Q5 0..31 with qh's bit 4);
+// values(): the same minus the type's offset (signed bytes), so that a block's integer dot
+// needs no offset term; dequant(): one element's value from its values() byte and d, m.
+
+// The low (g < 4) or high nibbles of a quants word, one a byte.
+__device__ __forceinline__ uint32_t nibbles_of(uint32_t w, int g) { return (g < 4 ? w : w >> 4) & 0x0F0F0F0Fu; }
+
+struct DecodeQ4_0 {
+    static constexpr GGMLType kType = GGMLType::Q4_0;
+    static constexpr int kQuantBytes = 16;
+    static constexpr bool kHasMin = false, kHighBits = false;
+    using Meta = uint16_t;   // f16 d
+    __device__ __forceinline__ static float d(Meta m) { return h2f(m); }
+    __device__ __forceinline__ static float m(Meta) { return 0.f; }
+    __device__ __forceinline__ static uint32_t qh(Meta) { return 0u; }
+    __host__ __device__ static constexpr int word(int g) { return g & 3; }
+    __device__ __forceinline__ static uint32_t quants(uint32_t w, int g, uint32_t) { return nibbles_of(w, g); }
+    // q - 8: the integer dot is exact, as in ggml's q4_0 x q8_0
+    __device__ __forceinline__ static int values(uint32_t w, int g, uint32_t qh) {
+        return int(__vsub4(quants(w, g, qh), 0x08080808u));
+    }
+    __device__ __forceinline__ static float dequant(float d, float, int v) { return d * float(v); }
+};
+
+struct DecodeQ4_1 {
+    static constexpr GGMLType kType = GGMLType::Q4_1;
+    static constexpr int kQuantBytes = 16;
+    static constexpr bool kHasMin = true, kHighBits = false;
+    using Meta = uint32_t;   // f16 d | f16 m << 16
+    __device__ __forceinline__ static float d(Meta m) { return h2f(uint16_t(m & 0xFFFF)); }
+    __device__ __forceinline__ static float m(Meta m) { return h2f(uint16_t(m >> 16)); }
+    __device__ __forceinline__ static uint32_t qh(Meta) { return 0u; }
+    __host__ __device__ static constexpr int word(int g) { return g & 3; }
+    __device__ __forceinline__ static uint32_t quants(uint32_t w, int g, uint32_t) { return nibbles_of(w, g); }
+    __device__ __forceinline__ static int values(uint32_t w, int g, uint32_t qh) { return int(quants(w, g, qh)); }
+    __device__ __forceinline__ static float dequant(float d, float m, int v) { return d * float(v) + m; }
+};
+
+// Q5_0 (kMin false) and Q5_1: the Q4 nibbles plus bit 4 of element j from bit j of qh.
+template <bool kMin>
+struct DecodeQ5 {
+    static constexpr GGMLType kType = kMin ? GGMLType::Q5_1 : GGMLType::Q5_0;
+    static constexpr int kQuantBytes = 16;
+    static constexpr bool kHasMin = kMin, kHighBits = true;
+    using Meta = uint2;   // MetaQ5_0 / MetaQ5_1: {f16 d | (f16 m or pad) << 16, qh}
+    __device__ __forceinline__ static float d(Meta m) { return h2f(uint16_t(m.x & 0xFFFF)); }
+    __device__ __forceinline__ static float m(Meta m) { return h2f(uint16_t(m.x >> 16)); }
+    __device__ __forceinline__ static uint32_t qh(Meta m) { return m.y; }
+    __host__ __device__ static constexpr int word(int g) { return g & 3; }
+    __device__ __forceinline__ static uint32_t quants(uint32_t w, int g, uint32_t qh) {
+        return nibbles_of(w, g) | uint32_t(spread4_bit4(qh >> (4 * g)));
+    }
+    // Q5_0: q - 16, exact as in ggml
+    __device__ __forceinline__ static int values(uint32_t w, int g, uint32_t qh) {
+        const uint32_t v = quants(w, g, qh);
+        return kMin ? int(v) : int(__vsub4(v, 0x10101010u));
+    }
+    __device__ __forceinline__ static float dequant(float d, float m, int v) {
+        return kMin ? d * float(v) + m : d * float(v);
+    }
+};
+using DecodeQ5_0 = DecodeQ5<false>;
+using DecodeQ5_1 = DecodeQ5<true>;
+
+struct DecodeQ8_0 {
+    static constexpr GGMLType kType = GGMLType::Q8_0;
+    static constexpr int kQuantBytes = 32;
+    static constexpr bool kHasMin = false, kHighBits = false;
+    using Meta = uint16_t;   // f16 d
+    __device__ __forceinline__ static float d(Meta m) { return h2f(m); }
+    __device__ __forceinline__ static float m(Meta) { return 0.f; }
+    __device__ __forceinline__ static uint32_t qh(Meta) { return 0u; }
+    __host__ __device__ static constexpr int word(int g) { return g; }
+    __device__ __forceinline__ static uint32_t quants(uint32_t w, int, uint32_t) { return w; }
+    __device__ __forceinline__ static int values(uint32_t w, int, uint32_t) { return int(w); }
+    __device__ __forceinline__ static float dequant(float d, float, int v) { return d * float(v); }
+};
+
+// ---- Q4_K / Q5_K (raw 144 / 176-byte blocks of 256): a 16-byte header (f16 d | f16 dmin << 16,
+// then 12 bytes of 6-bit scales and mins of the 8 sub-blocks of 32), for Q5_K 32 bytes of qh, then
+// 4 chunks of 32 quant bytes, chunk c holding sub-block 2c in its low nibbles and 2c + 1 in its
+// high ones. Bit 4 of element l of sub-block j (Q5_K) is bit j of qh[l].
+template <bool kQ5>
+struct DecodeQK {
+    static constexpr GGMLType kType = kQ5 ? GGMLType::Q5_K : GGMLType::Q4_K;
+    static constexpr int kBlockBytes = kQ5 ? 176 : 144;
+    static constexpr int kQhOffset = 16, kQsOffset = kQ5 ? 48 : 16;   // bytes into the block
+    __device__ __forceinline__ static float d(uint32_t h0) { return h2f(uint16_t(h0 & 0xFFFF)); }
+    __device__ __forceinline__ static float dmin(uint32_t h0) { return h2f(uint16_t(h0 >> 16)); }
+    // The 6-bit scale and min of sub-block j (0..7) from header words 1..3.
+    __device__ __forceinline__ static void scale_min(uint32_t s0, uint32_t s1, uint32_t s2, int j, float& sc,
+                                                     float& mn) {
+        if (j < 4) {
+            sc = float(byte_of(s0, s1, s2, 0, j) & 63);
+            mn = float(byte_of(s0, s1, s2, 0, j + 4) & 63);
+        } else {
+            const uint32_t a = byte_of(s0, s1, s2, 0, j + 4), lo = byte_of(s0, s1, s2, 0, j - 4),
+                           hi = byte_of(s0, s1, s2, 0, j);
+            sc = float((a & 0xF) | ((lo >> 6) << 4));
+            mn = float((a >> 4) | ((hi >> 6) << 4));
+        }
+    }
+    // Four quants of sub-block j: word k of chunk j / 2 (q) and word k of qh (h, Q5_K only) give
+    // elements 4k..4k+3 of the sub-block.
+    __device__ __forceinline__ static uint32_t quants(uint32_t q, uint32_t h, int j) {
+        const uint32_t lo = (j & 1 ? q >> 4 : q) & 0x0F0F0F0Fu;
+        return kQ5 ? lo | (((h >> j) & 0x01010101u) << 4) : lo;
+    }
+};
+
+// ---- Q6_K, packed: 192 quant bytes a block (ql[128], qh[64]) in the quants region, the 16 int8
+// sub-block scales in meta, f16 d in meta2. Element 128 h + 32 k + l (quarter k of half h) has its
+// low 4 bits in nibble k / 2 of ql[64 h + 32 (k & 1) + l], its high 2 in bits 2k, 2k + 1 of
+// qh[32 h + l], and scale 8 h + 2 k + l / 16.
+struct DecodeQ6_K {
+    static constexpr GGMLType kType = GGMLType::Q6_K;
+    static constexpr int kQuantBytes = 192;
+    // Element l of quarter k of half h has its ql byte at qs + h * kQlHalf + (k & 1) * kQlOdd + l
+    // and its qh byte at qs + kQh + h * kQhHalf + l (qs: the block's quants). Constants, not
+    // functions: the kernels' address arithmetic then folds as if written out.
+    static constexpr int kQlHalf = 64, kQlOdd = 32, kQh = 128, kQhHalf = 32;
+    // The scale of element l (0..31) of quarter k of half h.
+    __host__ __device__ static constexpr int scale_index(int h, int k, int l) { return h * 8 + (l >> 4) + 2 * k; }
+    // Four consecutive l of quarter k from their ql and qh words: the 6-bit quants (bits 2k, 2k + 1
+    // of each qh byte go to bits 4, 5).
+    __device__ __forceinline__ static uint32_t quants(uint32_t ql, uint32_t qh, int k) {
+        const uint32_t hi = (k == 0 ? qh << 4 : k == 1 ? qh << 2 : k == 2 ? qh : qh >> 2) & 0x30303030u;
+        return ((k >= 2 ? ql >> 4 : ql) & 0x0F0F0F0Fu) | hi;
+    }
+    // q - 32 as signed bytes
+    __device__ __forceinline__ static int values(uint32_t ql, uint32_t qh, int k) {
+        return int(__vsub4(quants(ql, qh, k), 0x20202020u));
+    }
+};
+
+// ---- F32 / F16 / BF16: 16 bytes of a row as floats (4 or 8).
+template <class T>
+struct DecodeFloat {
+    static constexpr int kPer = 16 / sizeof(T);
+    __device__ __forceinline__ static void to_float(uint4 v, float (&f)[8]) {
+        if constexpr (sizeof(T) == 4) {
+            f[0] = __uint_as_float(v.x); f[1] = __uint_as_float(v.y);
+            f[2] = __uint_as_float(v.z); f[3] = __uint_as_float(v.w);
+        } else {
+            const uint32_t qq[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                float2 h;
+                if constexpr (std::is_same<T, __half>::value)
+                    h = __half22float2(*reinterpret_cast<const __half2*>(&qq[k]));
+                else
+                    h = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&qq[k]));
+                f[2 * k] = h.x;
+                f[2 * k + 1] = h.y;
+            }
+        }
+    }
+};
+
+// The decoder of a type, for kernels templated on GGMLType.
+template <GGMLType T> struct BlockDecoder;
+template <> struct BlockDecoder<GGMLType::Q4_0> { using type = DecodeQ4_0; };
+template <> struct BlockDecoder<GGMLType::Q4_1> { using type = DecodeQ4_1; };
+template <> struct BlockDecoder<GGMLType::Q5_0> { using type = DecodeQ5_0; };
+template <> struct BlockDecoder<GGMLType::Q5_1> { using type = DecodeQ5_1; };
+template <> struct BlockDecoder<GGMLType::Q8_0> { using type = DecodeQ8_0; };
+template <> struct BlockDecoder<GGMLType::Q4_K> { using type = DecodeQK<false>; };
+template <> struct BlockDecoder<GGMLType::Q5_K> { using type = DecodeQK<true>; };
+template <> struct BlockDecoder<GGMLType::Q6_K> { using type = DecodeQ6_K; };
+template <> struct BlockDecoder<GGMLType::F32> { using type = DecodeFloat<float>; };
+template <> struct BlockDecoder<GGMLType::F16> { using type = DecodeFloat<__half>; };
+template <> struct BlockDecoder<GGMLType::BF16> { using type = DecodeFloat<__nv_bfloat16>; };
+
+}  // namespace cuda
+}  // namespace ember
