@@ -69,7 +69,7 @@ constexpr int kMaxSplit = 8;            // the portable cluster size
 constexpr int kMaxStages = 3;
 constexpr int kCtaCostStages = 2;
 constexpr int kSmemLimit = 227 * 1024;  // dynamic shared memory of one CTA (sm_90)
-constexpr int kDqAlign = 256;
+constexpr int kDqAlign = kGemmDqAlign;
 constexpr int kMaxWeights = kMaxGemmDqWeights;
 
 // The CTA shapes, by kWG: 0 is the mma.sync form (8 warps of 32 rows: two m16 tiles a warp), 2
@@ -630,31 +630,6 @@ void launch(const DeviceWeight* const* ws, float* const* ys, int count, const __
     EMBER_CUDA_LAUNCHED("gemm_dq");
 }
 
-// Whether this process multiplies on wgmma: a build with sm_90a code, a GPU that runs it (compute
-// capability 9.0 exactly: newer GPUs JIT the sm_90 PTX, which has no wgmma), and
-// EMBER_CUDA_GEMM_DQ_WGMMA not 0 (the mma.sync form, for A/B comparisons and its tests).
-bool use_wgmma() {
-#if defined(EMBER_CUDA_SM90A)
-    static const bool on = env_flag("EMBER_CUDA_GEMM_DQ_WGMMA");
-    return on && device_cc() == 90;
-#else
-    return false;
-#endif
-}
-
-// EMBER_CUDA_GEMM_DQ_ROWS=192 or 256 fixes the wgmma form's row tile (A/B comparisons and tests);
-// unset (0), each launch takes the cheaper grid. Checked at every launch, on any GPU.
-int rows_override() {
-    static const int rows = [] {
-        const char* v = std::getenv("EMBER_CUDA_GEMM_DQ_ROWS");
-        if (!v || !*v) return 0;
-        const std::string s(v);
-        if (s != "192" && s != "256") fail("EMBER_CUDA_GEMM_DQ_ROWS=", s, ": the row tile is 192 or 256");
-        return std::stoi(s);
-    }();
-    return rows;
-}
-
 // The wgmma form's row tile for one launch: the grid of the lower cost, a 192-row stage counted
 // as kStage192 / kStage256 of a 256-row one (each stage's time on the H100 and H200 at 32-128
 // tokens, where the 192-row CTA's twelve warps also hide more of its latency).
@@ -670,9 +645,9 @@ void launch_wgmma(const DeviceWeight* const* ws, float* const* ys, int count, co
 
 template <class F>
 void launch_tokens(const DeviceWeight* const* ws, float* const* ys, int count, const __half* xh, int32_t n_tok,
-                   cudaStream_t s) {
-    const int rows = rows_override();
-    if (use_wgmma()) {
+                   const GemmDqForm& form, cudaStream_t s) {
+    const int rows = form.rows;
+    if (form.wgmma) {
         if (n_tok <= 16) launch_wgmma<F, 2>(ws, ys, count, xh, n_tok, rows, s);
         else if (n_tok <= 32) launch_wgmma<F, 4>(ws, ys, count, xh, n_tok, rows, s);
         // 129..192 tokens: three tiles of 64 (two of 128 would multiply a third of zeros)
@@ -691,9 +666,12 @@ void launch_tokens(const DeviceWeight* const* ws, float* const* ys, int count, c
 
 }  // namespace
 
-bool gemm_dq_supported(GGMLType type, int64_t n_in) {
-    const bool format = type == GGMLType::Q4_0 || type == GGMLType::Q4_1 || type == GGMLType::Q8_0;
-    return format && n_in % kDqAlign == 0;
+bool gemm_dq_wgmma_built() {
+#if defined(EMBER_CUDA_SM90A)
+    return true;
+#else
+    return false;
+#endif
 }
 
 void gemm_dq_input(const float* x, __half* xh, int32_t n_tok, int64_t n, cudaStream_t s) {
@@ -706,7 +684,11 @@ void gemm_dq_input(const float* x, __half* xh, int32_t n_tok, int64_t n, cudaStr
     EMBER_CUDA_LAUNCHED("gemm_dq_input");
 }
 
-void gemm_dq(const DeviceWeight* const* ws, float* const* ys, int count, const __half* xh, int32_t n_tok, cudaStream_t s) {
+void gemm_dq(const DeviceWeight* const* ws, float* const* ys, int count, const __half* xh, int32_t n_tok,
+             const GemmDqForm& form, cudaStream_t s) {
+    if (form.rows != 0 && form.rows != 192 && form.rows != 256)
+        fail("cuda gemm_dq: the wgmma row tile is 192 or 256 (0: per launch), got ", form.rows);
+    if (form.wgmma && !gemm_dq_wgmma_built()) fail("cuda gemm_dq: the wgmma form needs a build with sm_90a code");
     if (n_tok <= 0 || count <= 0) return;
     if (count > kMaxGemmDqWeights) fail("cuda gemm_dq: ", count, " weights in one launch, at most ", kMaxGemmDqWeights);
     const DeviceWeight& w = *ws[0];
@@ -716,16 +698,17 @@ void gemm_dq(const DeviceWeight* const* ws, float* const* ys, int count, const _
         if (ws[i]->type != w.type || ws[i]->n_in != w.n_in)
             fail("cuda gemm_dq: the weights of one launch must share their format and width");
     switch (w.type) {
-        case GGMLType::Q4_0: launch_tokens<DqQ4_0>(ws, ys, count, xh, n_tok, s); break;
-        case GGMLType::Q4_1: launch_tokens<DqQ4_1>(ws, ys, count, xh, n_tok, s); break;
-        default: launch_tokens<DqQ8_0>(ws, ys, count, xh, n_tok, s); break;
+        case GGMLType::Q4_0: launch_tokens<DqQ4_0>(ws, ys, count, xh, n_tok, form, s); break;
+        case GGMLType::Q4_1: launch_tokens<DqQ4_1>(ws, ys, count, xh, n_tok, form, s); break;
+        default: launch_tokens<DqQ8_0>(ws, ys, count, xh, n_tok, form, s); break;
     }
 }
 
-void gemm_dq(const DeviceWeight& w, float* y, const __half* xh, int32_t n_tok, cudaStream_t s) {
+void gemm_dq(const DeviceWeight& w, float* y, const __half* xh, int32_t n_tok, const GemmDqForm& form,
+             cudaStream_t s) {
     const DeviceWeight* ws[1] = {&w};
     float* ys[1] = {y};
-    gemm_dq(ws, ys, 1, xh, n_tok, s);
+    gemm_dq(ws, ys, 1, xh, n_tok, form, s);
 }
 
 }  // namespace cuda

@@ -362,15 +362,6 @@ void launch_tokens(const DeviceWeight& w, float* y, const int8_t* xq, const floa
 
 }  // namespace
 
-bool gemm_q8_supported(GGMLType type) {
-    switch (type) {
-        case GGMLType::Q4_0: case GGMLType::Q4_1: case GGMLType::Q5_0: case GGMLType::Q5_1: case GGMLType::Q8_0:
-            return true;
-        default:
-            return false;
-    }
-}
-
 void gemm_q8(const DeviceWeight& w, float* y, const int8_t* xq, const float2* xds, int32_t n_tok, cudaStream_t s) {
     if (n_tok <= 0) return;
     if (n_tok > kMaxGemmQ8Tokens) fail("cuda gemm_q8: n_tok ", n_tok, " is above ", kMaxGemmQ8Tokens);

@@ -254,10 +254,6 @@ int32_t row_units(const DeviceWeight& w) {
 
 }  // namespace
 
-bool gemv_swiglu_supported(GGMLType type) {
-    return type == GGMLType::F32 || type == GGMLType::F16 || type == GGMLType::BF16;
-}
-
 void gemv_swiglu(const DeviceWeight& gate, const DeviceWeight& up, float* out, const float* x, int32_t n_tok,
                  cudaStream_t s) {
     if (gate.type != up.type || gate.n_in != up.n_in || gate.n_out != up.n_out)
@@ -284,12 +280,6 @@ void gemv_swiglu(const DeviceWeight& gate, const DeviceWeight& up, float* out, c
         case GGMLType::BF16: launch_swiglu<FmtFloat<__nv_bfloat16>>(b, out, n_ctas, n_tok, s); break;
         default: fail("cuda gemv_swiglu: unsupported weight type ", block_info(gate.type).name);
     }
-}
-
-bool gemv_cpu_order(int64_t n_in) { return n_in <= kLegacyExactMaxWidth; }
-
-bool gemv_wants_q8(GGMLType type) {
-    return !(type == GGMLType::F32 || type == GGMLType::F16 || type == GGMLType::BF16);
 }
 
 namespace {

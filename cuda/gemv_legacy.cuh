@@ -32,8 +32,6 @@
 namespace ember {
 namespace cuda {
 
-constexpr int64_t kLegacyExactMaxWidth = 2048;
-
 __device__ __forceinline__ uint32_t ld_stream32(const void* p) {
     uint32_t r;
     asm volatile("ld.global.nc.L1::no_allocate.L2::256B.u32 %0, [%1];" : "=r"(r) : "l"(p));
