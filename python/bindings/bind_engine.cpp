@@ -41,7 +41,8 @@ void bind_engine(nb::module_& m) {
                        o.finished ? "True" : "False", ", finish_reason='", o.finish_reason, "')");
         });
 
-    bind_params<EngineParams>(m, "EngineParams", "The engine's settings (include/ember/engine.h); keywords set fields.")
+    auto engine_params =
+        bind_params<EngineParams>(m, "EngineParams", "The engine's settings (engine.h); keywords set fields.")
         .def_rw("n_ctx", &EngineParams::n_ctx)
         .def_rw("max_num_seqs", &EngineParams::max_num_seqs)
         .def_rw("max_num_batched_tokens", &EngineParams::max_num_batched_tokens)
@@ -50,14 +51,11 @@ void bind_engine(nb::module_& m) {
         .def_rw("kv_blocks", &EngineParams::kv_blocks)
         .def_rw("kv_mb", &EngineParams::kv_mb)
         .def_rw("kv_host_mb", &EngineParams::kv_host_mb)
-        .def_prop_rw("type_k", [](const EngineParams& p) { return kv_type_name(p.type_k); },
-                     [](EngineParams& p, const std::string& t) { p.type_k = kv_type_arg("type_k", t); })
-        .def_prop_rw("type_v", [](const EngineParams& p) { return kv_type_name(p.type_v); },
-                     [](EngineParams& p, const std::string& t) { p.type_v = kv_type_arg("type_v", t); })
         .def_rw("enable_prefix_caching", &EngineParams::enable_prefix_caching)
         .def_rw("deterministic", &EngineParams::deterministic)
         .def_rw("offload_kqv", &EngineParams::offload_kqv)
         .def_rw("kv_gpu_cache_mb", &EngineParams::kv_gpu_cache_mb);
+    def_kv_type_fields(engine_params);
 
     nb::class_<Engine>(m, "Engine",
         "Continuous batching over one model: requests share the paged KV pool (with prefix caching and "

@@ -75,7 +75,7 @@ void bind_model(nb::module_& m) {
         .def_prop_ro("tokenizer", [](Model& mo) -> const Tokenizer& { return mo.tokenizer(); },
                      nb::rv_policy::reference_internal);
 
-    bind_params<ContextParams>(m, "ContextParams",
+    auto context_params = bind_params<ContextParams>(m, "ContextParams",
                                "An inference context's settings (include/ember/model.h); keywords set fields.")
         .def_rw("n_ctx", &ContextParams::n_ctx)
         .def_rw("n_batch", &ContextParams::n_batch)
@@ -83,11 +83,8 @@ void bind_model(nb::module_& m) {
         .def_rw("kv_block_size", &ContextParams::kv_block_size)
         .def_rw("offload_kqv", &ContextParams::offload_kqv)
         .def_rw("kv_gpu_cache_mb", &ContextParams::kv_gpu_cache_mb)
-        .def_prop_rw("type_k", [](const ContextParams& p) { return kv_type_name(p.type_k); },
-                     [](ContextParams& p, const std::string& t) { p.type_k = kv_type_arg("type_k", t); })
-        .def_prop_rw("type_v", [](const ContextParams& p) { return kv_type_name(p.type_v); },
-                     [](ContextParams& p, const std::string& t) { p.type_v = kv_type_arg("type_v", t); })
         .def_rw("embeddings", &ContextParams::embeddings);
+    def_kv_type_fields(context_params);
 
     nb::class_<Context>(m, "Context")
         .def(nb::new_([](std::shared_ptr<Model> model, const std::optional<ContextParams>& params,

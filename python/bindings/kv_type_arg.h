@@ -1,6 +1,9 @@
 // The KV cache type arguments of the params structs' type_k / type_v and of the test backend's
 // attention, named as llama.cpp's cache types.
 #pragma once
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
 #include <optional>
 #include <string>
 
@@ -17,10 +20,10 @@ inline ember::GGMLType kv_type_arg(const char* arg, const std::string& name) {
 
 inline const char* kv_type_name(ember::GGMLType t) {
     switch (t) {
-    case ember::GGMLType::F16: return "f16";
-    case ember::GGMLType::F32: return "f32";
-    case ember::GGMLType::Q8_0: return "q8_0";
-    default: ember::fail("not a KV cache type: ggml type ", (int)t);
+        case ember::GGMLType::F16: return "f16";
+        case ember::GGMLType::F32: return "f32";
+        case ember::GGMLType::Q8_0: return "q8_0";
+        default: ember::fail("not a KV cache type: ggml type ", (int)t);
     }
 }
 
@@ -36,4 +39,15 @@ inline KVTypes kv_types_arg(const std::optional<std::string>& kv_type, const std
         ember::fail("give kv_type (K and V alike) or type_k / type_v, not both; got kv_type='", *kv_type, "'");
     const ember::GGMLType both = kv_type ? kv_type_arg("kv_type", *kv_type) : ember::GGMLType::F16;
     return {type_k ? kv_type_arg("type_k", *type_k) : both, type_v ? kv_type_arg("type_v", *type_v) : both};
+}
+
+// A params struct's type_k / type_v (GGMLType fields) as properties that read and take the names.
+template <class T>
+void def_kv_type_fields(nanobind::class_<T>& cls) {
+    cls.def_prop_rw(
+           "type_k", [](const T& p) { return kv_type_name(p.type_k); },
+           [](T& p, const std::string& t) { p.type_k = kv_type_arg("type_k", t); })
+        .def_prop_rw(
+            "type_v", [](const T& p) { return kv_type_name(p.type_v); },
+            [](T& p, const std::string& t) { p.type_v = kv_type_arg("type_v", t); });
 }
