@@ -51,6 +51,8 @@ def test_front_ends_name_declared_options_and_no_flag_twice():
     for option in options.OPTIONS.values():
         assert set(option.defaults) <= set(options.FRONT_ENDS), option.name
         assert option.negative == () or option.type is options._boolean, option.name
+        unset_somewhere = option.default is None or None in option.defaults.values()
+        assert option.required or not unset_somewhere or option.unset, f"{option.name}: say what unset means"
 
 
 @pytest.mark.parametrize("front_end", options.CLIS)

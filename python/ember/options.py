@@ -80,11 +80,12 @@ def _text(value) -> str:
 
 @dataclass(frozen=True)
 class Option:
-    """One option. `default` holds for every front end but those `defaults` names; None means the
-    help says what (all cores, random, the GGUF's ...). `minimum` bounds numbers; `choices` lists
-    the values allowed. `fields` names the C++ params structs ("ModelParams", "ContextParams",
-    "EngineParams") whose field `field` (the option's name unless given) it sets. A bool with
-    `negative` flags sets False through them; its own flags take an optional 0/1."""
+    """One option. `default` holds for every front end but those `defaults` names; None leaves it
+    unset, and `unset` says what that means (all cores, random, the GGUF's ...). `minimum` bounds
+    numbers; `choices` lists the values allowed. `fields` names the C++ params structs
+    ("ModelParams", "ContextParams", "EngineParams") whose field `field` (the option's name unless
+    given) it sets. A bool with `negative` flags sets False through them; its own flags take an
+    optional 0/1."""
     name: str
     section: str
     help: str
@@ -100,6 +101,7 @@ class Option:
     field: Optional[str] = None
     metavar: Optional[str] = None
     required: bool = False   # on the command line
+    unset: Optional[str] = None
 
     def default_for(self, front_end: str):
         return self.defaults.get(front_end, self.default)
@@ -135,10 +137,10 @@ _OPTIONS = (
     Option("n_ctx", "context", "tokens of context per sequence, prompt + generated (0: the model's training "
            "context)", _integer, 512, _ENGINE_FRONT_ENDS, flags=("-c", "--ctx-size"), minimum=0,
            fields=(_CTX, _ENG), metavar="N"),
-    Option("n_batch", "context", "prompt tokens per forward (ember-perplexity: default n_ctx)", _integer, 512,
-           {PERPLEXITY: None}, flags=("-b", "--batch-size"), minimum=1, fields=(_CTX,), metavar="N"),
-    Option("n_threads", "context", "CPU threads (none or 0: all cores)", _integer, None, flags=("-t", "--threads"),
-           minimum=0, fields=(_CTX, _ENG), metavar="N"),
+    Option("n_batch", "context", "prompt tokens per forward", _integer, 512, {PERPLEXITY: None},
+           flags=("-b", "--batch-size"), minimum=1, fields=(_CTX,), metavar="N", unset="n_ctx"),
+    Option("n_threads", "context", "CPU threads (0: all cores)", _integer, None, flags=("-t", "--threads"),
+           minimum=0, unset="all cores", fields=(_CTX, _ENG), metavar="N"),
     Option("kv_block_size", "context", "tokens per paged-KV block", _integer, 16, minimum=1, fields=(_CTX, _ENG)),
     Option("embedding", "context", "keep hidden states for embeddings instead of logits (no completions)",
            _boolean, False, fields=(_CTX,), field="embeddings"),
@@ -173,7 +175,8 @@ _OPTIONS = (
     Option("deterministic", "engine", "a request's tokens do not depend on the rest of the batch "
            "(batch-invariant kernels; docs/engine.md)", _boolean, False, flags=("--deterministic",), fields=(_ENG,)),
     # ---- sampling ----
-    Option("seed", "sampling", "RNG seed (none or -1: random)", _integer, None, flags=("-s", "--seed"), minimum=-1),
+    Option("seed", "sampling", "RNG seed (-1: random)", _integer, None, flags=("-s", "--seed"), minimum=-1,
+           unset="random"),
     Option("temperature", "sampling", "temperature (<= 0: greedy)", _number, 0.8, flags=("--temp",)),
     Option("top_k", "sampling", "keep the k most likely tokens (0: all)", _integer, 40, flags=("--top-k",),
            minimum=0),
@@ -186,19 +189,18 @@ _OPTIONS = (
     # ---- server ----
     Option("host", "server", "address to listen on", default="127.0.0.1", flags=("--host",)),
     Option("port", "server", "port to listen on", _integer, 8080, flags=("--port",), minimum=0),
-    Option("api_key", "server", "require `Authorization: Bearer KEY` (none: open)", flags=("--api-key",),
-           env="EMBER_API_KEY", metavar="KEY"),
-    Option("chat_template", "server", "a Jinja chat template file, used instead of the GGUF's "
-           "tokenizer.chat_template", flags=("--chat-template",), metavar="FILE"),
-    Option("alias", "server", "the model id in the API (none: the file name)", flags=("--alias",)),
+    Option("api_key", "server", "require `Authorization: Bearer KEY`", flags=("--api-key",), env="EMBER_API_KEY",
+           metavar="KEY", unset="open"),
+    Option("chat_template", "server", "a Jinja chat template file, used instead of the GGUF's",
+           flags=("--chat-template",), metavar="FILE", unset="the GGUF's tokenizer.chat_template"),
+    Option("alias", "server", "the model id in the API", flags=("--alias",), unset="the file name"),
     Option("max_queue", "server", "requests that may wait for a slot; past that, 503", _integer, 256,
            flags=("--max-queue",), minimum=0),
-    Option("pooling", "server", "pooling of /v1/embeddings (none: the model's {arch}.pooling_type, else none, "
-           "which /v1/embeddings refuses as llama-server does)", flags=("--pooling",),
-           choices=tuple(POOLING_NAMES)),
+    Option("pooling", "server", "pooling of /v1/embeddings", flags=("--pooling",), choices=tuple(POOLING_NAMES),
+           unset="the GGUF's {arch}.pooling_type, else none, which /v1/embeddings refuses as llama-server does"),
     Option("tool_call_parser", "server", "the syntax replies are parsed for tool calls in: hermes (`<tool_call>` "
-           "blocks), mistral (`[TOOL_CALLS]`), json (Llama 3's JSON replies); none: the one the chat template uses",
-           flags=("--tool-call-parser",), choices=ToolCallParser.STYLES),
+           "blocks), mistral (`[TOOL_CALLS]`), json (Llama 3's JSON replies)", flags=("--tool-call-parser",),
+           choices=ToolCallParser.STYLES, unset="the one the chat template uses"),
 )
 
 OPTIONS: Dict[str, Option] = {o.name: o for o in _OPTIONS}
@@ -352,7 +354,9 @@ def _help(option: Option, front_end: str) -> str:
     text = option.help
     value = option.default_for(front_end)
     if option.env:
-        text += f" (default: ${option.env})"
+        text += f" (default: ${option.env}, else {option.unset})"
+    elif value is None and option.unset:
+        text += f" (default: {option.unset})"
     elif value is not None and not option.required:
         shown = {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
         text += f" (default: {shown})"

@@ -6,9 +6,9 @@ from typing import Dict
 from .options import CLIS, FRONT_ENDS, OPTIONS
 
 
-def _cell(value) -> str:
+def _cell(value, unset) -> str:
     if value is None:
-        return "none"
+        return unset or "none"
     if isinstance(value, bool):
         return "on" if value else "off"
     return f"`{value}`"
@@ -32,7 +32,7 @@ def markdown() -> str:
             flags = ", ".join(f"`{f}`" for f in o.flags + o.negative) or "(Python only)"
             if o.env:
                 flags += f", env `{o.env}`"
-            shown = _cell(o.default) + "".join(f"; {f}: {_cell(v)}" for f, v in o.defaults.items())
+            shown = _cell(o.default, o.unset) + "".join(f"; {f}: {_cell(v, o.unset)}" for f, v in o.defaults.items())
             sets = ", ".join(f"`{s}::{o.field or o.name}`" for s in o.fields)
             choices = f" One of {', '.join(f'`{c}`' for c in o.choices)}." if o.choices else ""
             lines.append(f"| `{o.name}` | {flags} | {shown} | {', '.join(users)} | {sets} | "
