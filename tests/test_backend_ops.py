@@ -62,8 +62,7 @@ TOLERANCE = {
     # Angles of positions up to 8000: an f32 angle of the fastest pair is up to 8000 * 2^-24 rad
     # off, one pair of head_dim / 2 (1e-4 of a head's norm).
     ("rope", None): {"*": 3e-4},
-    # expf and tanhf to an ulp or two (over many values: gelu's 1 + tanh cancels for large
-    # negative inputs, where the values themselves are tiny).
+    # expf and tanhf to an ulp or two, relative to |g u| (test_gated_act says why).
     ("gated_act", None): {"*": 1e-6},
     # q rounded to f16 for an f16 K and the probabilities for an f16 V (as llama.cpp).
     ("attention", "f16"): {"*": 3e-3},
@@ -495,7 +494,14 @@ def test_gated_act(be, act, n, rng):
     """Normal values, and (n 40000) the range where exp overflows and underflows."""
     g = normal(rng, n, scale=4) if n != 40000 else rng.uniform(-120, 120, n).astype(np.float32)
     u = normal(rng, n)
-    check(be.gated_act(g, u, act), ref.gated_act(g, u, act), tolerance("gated_act", None, be), act)
+    # Measured against |g u|, the size of the op's inputs: gelu's 1 + tanh cancels for negative g,
+    # so a few elements' outputs are far smaller than the rounding of that sum (one element alone
+    # made the output-relative error 4.5e-5 on one seed).
+    got = np.asarray(be.gated_act(g, u, act), np.float64)
+    want = np.asarray(ref.gated_act(g, u, act), np.float64)
+    assert np.all(np.isfinite(got)), "non-finite output"
+    err = float(np.linalg.norm(got - want) / np.linalg.norm(np.asarray(g, np.float64) * u))
+    assert err <= tolerance("gated_act", None, be), f"{act}: error {err:.3g} relative to |g u|"
 
 
 @on("add")
