@@ -28,8 +28,8 @@ __device__ __forceinline__ void take_better(float v, int i, float& bv, int& bi) 
 // values stays), four at a time where rows are 16-byte aligned (kVec4): the row is read in a few
 // wide loads per thread instead of a long chain of scalar ones.
 template <bool kVec4>
-__global__ void __launch_bounds__(kThreads) argmax_rows_kernel(const float* __restrict__ x, int64_t width,
-                                                               int32_t* __restrict__ ids) {
+__global__ void __launch_bounds__(kThreads)
+    argmax_rows_kernel(const float* __restrict__ x, int64_t width, int32_t* __restrict__ ids) {
     pdl_wait();
     pdl_trigger();
     const float* row = x + int64_t(blockIdx.x) * width;
@@ -54,7 +54,8 @@ __global__ void __launch_bounds__(kThreads) argmax_rows_kernel(const float* __re
                 bi = int(i);
             }
     }
-    for (int o = 16; o > 0; o >>= 1) take_better(__shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o), bv, bi);
+    for (int o = 16; o > 0; o >>= 1)
+        take_better(__shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o), bv, bi);
     __shared__ float sv[kThreads / 32];
     __shared__ int si[kThreads / 32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -76,8 +77,7 @@ void argmax_rows(const float* x, int32_t n_rows, int64_t width, int32_t* ids, cu
     if (width <= 0 || width > INT_MAX) fail("cuda argmax_rows: row width ", width, " is out of range");
     if (width % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0)
         launch_pdl(argmax_rows_kernel<true>, unsigned(n_rows), kThreads, s, x, width, ids);
-    else
-        launch_pdl(argmax_rows_kernel<false>, unsigned(n_rows), kThreads, s, x, width, ids);
+    else launch_pdl(argmax_rows_kernel<false>, unsigned(n_rows), kThreads, s, x, width, ids);
     EMBER_CUDA_LAUNCHED("argmax_rows");
 }
 

@@ -30,7 +30,9 @@ __device__ __forceinline__ void cp_async8_zfill(void* smem, const void* gmem, bo
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 // Waits until at most N of this thread's committed groups are still in flight.
 template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // Hopper bulk copies (the TMA engine): one instruction moves a whole contiguous run of bytes into
@@ -50,7 +52,9 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
     unsigned done;
     do {
         asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                     : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
+                     : "=r"(done)
+                     : "r"(smem_addr(bar)), "r"(parity)
+                     : "memory");
     } while (!done);
 }
 // Orders this thread's earlier ordinary shared-memory accesses before later bulk copies into it.
@@ -58,8 +62,11 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 // The box at element (x, y) of a 2-d tensor map (a CUtensorMap kernel parameter) into shared
 // memory, completing on bar.
 __device__ __forceinline__ void tensor_copy_2d_g2s(void* dst, const void* map, int x, int y, uint64_t* bar) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
-                 ::"r"(smem_addr(dst)), "l"(map), "r"(x), "r"(y), "r"(smem_addr(bar)) : "memory");
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+            smem_addr(dst)),
+        "l"(map), "r"(x), "r"(y), "r"(smem_addr(bar))
+        : "memory");
 }
 #endif
 

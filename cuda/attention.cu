@@ -82,7 +82,8 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(Attention
             acc[i][j] = 0.f;
             // q rounded to f16 first, as llama.cpp's f16 K.Q dot does: keeps greedy decoding in step.
             q[i][j] = (lim[i] >= 0 && dim_ok)
-                          ? __half2float(__float2half_rn(a.q[int64_t(tok[i]) * q_dim + head[i] * hd + 8 * c + j])) * qscale
+                          ? __half2float(__float2half_rn(a.q[int64_t(tok[i]) * q_dim + head[i] * hd + 8 * c + j])) *
+                                qscale
                           : 0.f;
         }
     }
@@ -220,9 +221,7 @@ struct DecTile {
 
 // An int8 (as its byte u) to float without the quarter-rate I2F: 2^23 + (int8 + 128) built from
 // the bits, minus 2^23 + 128 (exact).
-__device__ __forceinline__ float i8_to_float(uint32_t u) {
-    return __int_as_float(0x4B000000 | (u ^ 0x80)) - 8388736.f;
-}
+__device__ __forceinline__ float i8_to_float(uint32_t u) { return __int_as_float(0x4B000000 | (u ^ 0x80)) - 8388736.f; }
 
 // M q heads per CTA, NC chunks of 8 dims of a key per lane (hd = 64 * NC); kWindow: the layer has
 // a sliding window (the window's masks are compiled out of the other instantiation, whose copy
@@ -238,7 +237,8 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(Attention
     pdl_wait();
     pdl_trigger();
     const DecodeCta c = decode_cta(a, b, M, kDecTile);
-    const int t = c.t, split = c.split, kvh = c.kvh, h0 = c.h0, n_heads_here = c.n_rows, lo = c.lo, k0 = c.k0, k1 = c.k1;
+    const int t = c.t, split = c.split, kvh = c.kvh, h0 = c.h0, n_heads_here = c.n_rows, lo = c.lo, k0 = c.k0,
+              k1 = c.k1;
     const int n_tiles = c.n_tiles;
     const int kv_dim = a.n_head_kv * hd, q_dim = a.n_head * hd;
     const int32_t* bt = b.block_table + int64_t(b.seq[t]) * b.max_blocks;
@@ -262,7 +262,8 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(Attention
                 for (int e = tid; e < 2 * (kChunks + kScaleChunks); e += kDecThreads) {
                     const bool scale = e >= 2 * kChunks;
                     const int ee = scale ? e - 2 * kChunks : e;
-                    const int kv = scale ? ee / kScaleChunks : ee / kChunks, r = scale ? ee % kScaleChunks : ee % kChunks;
+                    const int kv = scale ? ee / kScaleChunks : ee / kChunks,
+                              r = scale ? ee % kScaleChunks : ee % kChunks;
                     // Keys outside [lo, k1) are zero-filled from a visible key's address (a key
                     // below the window may lie in a block the cache no longer holds); a scale chunk
                     // is copied when any of its keys is visible.
@@ -338,7 +339,8 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(Attention
 #pragma unroll
             for (int c = 0; c < NC; ++c) {
                 const int d0 = 8 * (part + 8 * c);
-                const float dk = __half2float(reinterpret_cast<const __half*>(st + Tile::kData)[key * (hd / 32) + d0 / 32]);
+                const float dk = __half2float(
+                    reinterpret_cast<const __half*>(st + Tile::kData)[key * (hd / 32) + d0 / 32]);
                 const uint2 kw = *reinterpret_cast<const uint2*>(st + key * Tile::kRow + (d0 ^ Tile::swizzle(key)));
 #pragma unroll
                 for (int i = 0; i < M; ++i)
@@ -361,7 +363,8 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(Attention
             const float p = sc == -INFINITY ? 0.f : exp2f(sc - m_new);
             const float corr = m_old == -INFINITY ? 0.f : exp2f(m_old - m_new);
             const float sum = warp_sum(p);
-            const __half* vsc = reinterpret_cast<const __half*>(st + Tile::kData) + kDecTile * (hd / 32) + lane * (hd / 32);
+            const __half* vsc = reinterpret_cast<const __half*>(st + Tile::kData) + kDecTile * (hd / 32) +
+                                lane * (hd / 32);
 #pragma unroll   // (a masked key's scale may be any bits: keep its product 0)
             for (int g = 0; g < hd / 32; ++g) pv[warp][g][lane] = sc == -INFINITY ? 0.f : p * __half2float(vsc[g]);
             if (lane == 0) {
@@ -457,16 +460,11 @@ void attention(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s) {
     const int n_hchunks = (n_rep + a.heads_per_cta - 1) / a.heads_per_cta;
     const dim3 grid(unsigned(a.n_tiles), unsigned(a.n_head_kv * n_hchunks), unsigned(a.n_split));
     const dim3 block(kAttnWarps * kWarp);
-    if (pairs <= 1)
-        launch_pdl(attention_kernel<1>, grid, block, s, a, b);
-    else if (pairs <= 2)
-        launch_pdl(attention_kernel<2>, grid, block, s, a, b);
-    else if (pairs <= 4)
-        launch_pdl(attention_kernel<4>, grid, block, s, a, b);
-    else if (pairs <= 8)
-        launch_pdl(attention_kernel<8>, grid, block, s, a, b);
-    else
-        fail("cuda attention: ", pairs, " query heads per CTA exceeds 8");
+    if (pairs <= 1) launch_pdl(attention_kernel<1>, grid, block, s, a, b);
+    else if (pairs <= 2) launch_pdl(attention_kernel<2>, grid, block, s, a, b);
+    else if (pairs <= 4) launch_pdl(attention_kernel<4>, grid, block, s, a, b);
+    else if (pairs <= 8) launch_pdl(attention_kernel<8>, grid, block, s, a, b);
+    else fail("cuda attention: ", pairs, " query heads per CTA exceeds 8");
     EMBER_CUDA_LAUNCHED("attention");
 }
 

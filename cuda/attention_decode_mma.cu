@@ -59,13 +59,15 @@ struct DecodeMmaSmem {
 // lanes copy 16-byte chunks with cp.async.
 template <int HD, bool kTma>
 __global__ void __launch_bounds__(DecodeMmaSmem<HD>::kWarps * kWarp)
-    attention_decode_mma_kernel(AttentionArgs a, DeviceBatch b, const __grid_constant__ CUtensorMap tm_k,
-                                const __grid_constant__ CUtensorMap tm_v) {
+                                      attention_decode_mma_kernel(AttentionArgs a, DeviceBatch b,
+                                                                  const __grid_constant__ CUtensorMap tm_k,
+                                                                  const __grid_constant__ CUtensorMap tm_v) {
     using Smem = DecodeMmaSmem<HD>;
     constexpr int kWarps = Smem::kWarps;
     constexpr int kSteps = HD / 16, kDimTiles = HD / 8, kRows = kDecodeMmaHeads;
     extern __shared__ uint4 smem_raw[];
-    uint8_t* smem = reinterpret_cast<uint8_t*>(smem_raw) + ((Smem::kAlign - smem_addr(smem_raw) % Smem::kAlign) % Smem::kAlign);
+    uint8_t* smem = reinterpret_cast<uint8_t*>(smem_raw) +
+                    ((Smem::kAlign - smem_addr(smem_raw) % Smem::kAlign) % Smem::kAlign);
     __shared__ float2 ml_s[kWarps][kRows];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     __shared__ uint64_t full[kWarps][Smem::kStages];   // a stage's bulk copies have landed
@@ -77,9 +79,9 @@ __global__ void __launch_bounds__(DecodeMmaSmem<HD>::kWarps * kWarp)
     const int n_tiles = c.n_tiles;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     const int kv_dim = a.n_head_kv * HD, q_dim = a.n_head * HD;
-    const int n_mine = n_tiles > warp ? (n_tiles - warp + kWarps - 1) / kWarps : 0;   // tiles warp, warp + kWarps, ...
+    const int n_mine = n_tiles > warp ? (n_tiles - warp + kWarps - 1) / kWarps : 0; // tiles warp, warp + kWarps, ...
     const int32_t* bt = b.block_table + int64_t(b.seq[t]) * b.max_blocks;
-    const int bs = a.block_size, bs_shift = __ffs(bs) - 1;   // power-of-two blocks (the backend checks)
+    const int bs = a.block_size, bs_shift = __ffs(bs) - 1; // power-of-two blocks (the backend checks)
     uint8_t* wsm = smem + warp * Smem::kWarpBytes;
     auto tile_key0 = [&](int i) { return k0 + (warp + kWarps * i) * kKeys; };
 
@@ -102,7 +104,7 @@ __global__ void __launch_bounds__(DecodeMmaSmem<HD>::kWarps * kWarp)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
                 uint64_t* bar = &full[warp][i % Smem::kStages];
                 if (lane == 0) mbar_arrive_expect_tx(bar, Smem::kStageBytes);
-                fence_proxy_async();   // every lane's last reads (and zeroes) of this stage come before the copies
+                fence_proxy_async(); // every lane's last reads (and zeroes) of this stage come before the copies
                 __syncwarp();
                 if (lane < 2 * Smem::kBoxes) {
                     const int key = tile_key0(i), box = lane % Smem::kBoxes, is_v = lane / Smem::kBoxes;
@@ -119,7 +121,8 @@ __global__ void __launch_bounds__(DecodeMmaSmem<HD>::kWarps * kWarp)
                 for (int p = 0; p < kKeys / kKeysPerPass; ++p) {
                     const int r = p * kKeysPerPass + lane / kLanesPerKey, key = tile_key0(i) + r;
                     const int kk = key < k1 && key >= lo ? key : max(k0, lo);
-                    const int64_t off = (int64_t(bt[kk >> bs_shift]) * bs + (kk & (bs - 1))) * kv_dim + kvh * HD + 8 * c;
+                    const int64_t off = (int64_t(bt[kk >> bs_shift]) * bs + (kk & (bs - 1))) * kv_dim + kvh * HD +
+                                        8 * c;
                     cp_async16(st + Smem::at(r, c), a.k_cache + off);
                     cp_async16(st + Smem::kTileBytes + Smem::at(r, c), a.v_cache + off);
                 }
@@ -134,10 +137,10 @@ __global__ void __launch_bounds__(DecodeMmaSmem<HD>::kWarps * kWarp)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
             mbar_wait(&full[warp][i % Smem::kStages], (i / Smem::kStages) & 1);
 #endif
-            const int v_lo = lo - tile_key0(i), v_hi = k1 - tile_key0(i);   // visible rows [v_lo, v_hi)
+            const int v_lo = lo - tile_key0(i), v_hi = k1 - tile_key0(i); // visible rows [v_lo, v_hi)
             if (v_lo > 0 || v_hi < kKeys) {
                 uint8_t* vs = wsm + (i % Smem::kStages) * Smem::kStageBytes + Smem::kTileBytes;
-                for (int e = lane; e < kKeys * HD / 8; e += kWarp) {   // 16-byte chunks, row-major
+                for (int e = lane; e < kKeys * HD / 8; e += kWarp) { // 16-byte chunks, row-major
                     const int r = e / (HD / 8);
                     if (r < v_lo || r >= v_hi)
                         *reinterpret_cast<uint4*>(vs + Smem::at(r, e % (HD / 8))) = make_uint4(0, 0, 0, 0);
@@ -146,13 +149,14 @@ __global__ void __launch_bounds__(DecodeMmaSmem<HD>::kWarps * kWarp)
         } else {
             cp_async_wait<Smem::kStages - 1>();
         }
-        __syncwarp();   // every lane's copies (and zeroes) of tile i are visible to the whole warp
+        __syncwarp(); // every lane's copies (and zeroes) of tile i are visible to the whole warp
     };
     // The first stages go out before waiting for the previous kernel, except tiles that may hold
     // keys this batch's tokens wrote (the last n_tok positions): the rest of the cache is old.
     const int old_end = len - a.n_tok;
     int n_early = 0;
-    while (n_early < Smem::kStages - 1 && (n_early >= n_mine || tile_key0(n_early) + kKeys <= old_end)) issue(n_early++);
+    while (n_early < Smem::kStages - 1 && (n_early >= n_mine || tile_key0(n_early) + kKeys <= old_end))
+        issue(n_early++);
     pdl_wait();
     for (int i = n_early; i < Smem::kStages - 1; ++i) issue(i);
 
@@ -175,12 +179,12 @@ __global__ void __launch_bounds__(DecodeMmaSmem<HD>::kWarps * kWarp)
             qa[s][3] = pack_half2(x11.x, x11.y);
         }
     }
-    const float qscale = a.scale * kLog2e;   // applied to the f16 q.k in f32, as the other kernels do
+    const float qscale = a.scale * kLog2e; // applied to the f16 q.k in f32, as the other kernels do
 
     float o[kDimTiles][4];
 #pragma unroll
     for (int j = 0; j < kDimTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;   // rows g, g + 8 (l: this lane's part)
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f; // rows g, g + 8 (l: this lane's part)
 
     for (int i = 0; i < n_mine; ++i) {
         issue(i + Smem::kStages - 1);
@@ -188,13 +192,13 @@ __global__ void __launch_bounds__(DecodeMmaSmem<HD>::kWarps * kWarp)
         const uint8_t* ks = wsm + (i % Smem::kStages) * Smem::kStageBytes;
         const uint8_t* vs = ks + Smem::kTileBytes;
 
-        float sc[2][4];   // S: n-tile j holds keys 8j .. 8j + 7
+        float sc[2][4]; // S: n-tile j holds keys 8j .. 8j + 7
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
             sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
 #pragma unroll
             for (int s = 0; s < kSteps; s += 2) {
-                uint32_t kb[4];   // B fragments of k-steps s and s + 1
+                uint32_t kb[4]; // B fragments of k-steps s and s + 1
                 const int r = 8 * j + (lane & 7);
                 ldmatrix_x4(kb, ks + Smem::at(r, 2 * s + (lane >> 3)));
                 mma16816(sc[j], qa[s], kb[0], kb[1]);
@@ -216,7 +220,7 @@ __global__ void __launch_bounds__(DecodeMmaSmem<HD>::kWarps * kWarp)
                 mx1 = fmaxf(mx1, sc[j][2 + e]);
             }
         const float2 base = softmax_step(make_float2(mx0, mx1), m0, m1, l0, l1, o);
-        uint32_t pa[4];   // P as the A fragment of 16 keys
+        uint32_t pa[4]; // P as the A fragment of 16 keys
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
             const float p0 = exp2f(sc[j][0] - base.x), p1 = exp2f(sc[j][1] - base.x);
@@ -235,9 +239,9 @@ __global__ void __launch_bounds__(DecodeMmaSmem<HD>::kWarps * kWarp)
             mma16816(o[j], pa, vb[0], vb[1]);
             mma16816(o[j + 1], pa, vb[2], vb[3]);
         }
-        __syncwarp();   // the stage is refilled by the next issue
+        __syncwarp(); // the stage is refilled by the next issue
     }
-    if constexpr (!kTma) cp_async_wait<0>();   // (only empty groups remain)
+    if constexpr (!kTma) cp_async_wait<0>(); // (only empty groups remain)
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
@@ -245,7 +249,7 @@ __global__ void __launch_bounds__(DecodeMmaSmem<HD>::kWarps * kWarp)
 
     // Merge the warps: their stages become [warp][row][dim] floats.
     __syncthreads();
-    float* ob = reinterpret_cast<float*>(smem);   // (the stages, all read)
+    float* ob = reinterpret_cast<float*>(smem); // (the stages, all read)
     float* mine = ob + warp * kRows * HD;
 #pragma unroll
     for (int j = 0; j < kDimTiles; ++j) {
@@ -292,7 +296,8 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
         void* p = nullptr;
         cudaDriverEntryPointQueryResult q{};
 #if CUDART_VERSION >= 12050
-        const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q);
+        const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                                               &q);
 #else
         const cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &p, cudaEnableDefault, &q);
 #endif
@@ -321,15 +326,13 @@ bool encode_cache_map(CUtensorMap* map, const __half* cache, const AttentionArgs
 }
 
 // Tensor copies need Hopper and tiles that never cross a block.
-bool tma_capable(const AttentionArgs& a) {
-    return device_is_sm90() && a.block_size % kKeys == 0 && a.cache_rows > 0;
-}
+bool tma_capable(const AttentionArgs& a) { return device_is_sm90() && a.block_size % kKeys == 0 && a.cache_rows > 0; }
 
 template <int HD, bool kTma>
-void launch_kernel(const AttentionArgs& a, const DeviceBatch& b, dim3 grid, const CUtensorMap& tm_k, const CUtensorMap& tm_v,
-                   cudaStream_t s) {
+void launch_kernel(const AttentionArgs& a, const DeviceBatch& b, dim3 grid, const CUtensorMap& tm_k,
+                   const CUtensorMap& tm_v, cudaStream_t s) {
     const size_t smem = DecodeMmaSmem<HD>::kBytes;
-    static bool opted_in = false;   // above 48 KB of dynamic shared memory needs the opt-in
+    static bool opted_in = false; // above 48 KB of dynamic shared memory needs the opt-in
     if (!opted_in) {
         EMBER_CUDA_CHECK(cudaFuncSetAttribute(attention_decode_mma_kernel<HD, kTma>,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
@@ -344,11 +347,10 @@ void launch(const AttentionArgs& a, const DeviceBatch& b, dim3 grid, cudaStream_
     CUtensorMap tm_k{}, tm_v{};
     if (tma_capable(a) && encode_cache_map(&tm_k, a.k_cache, a) && encode_cache_map(&tm_v, a.v_cache, a))
         launch_kernel<HD, true>(a, b, grid, tm_k, tm_v, s);
-    else
-        launch_kernel<HD, false>(a, b, grid, tm_k, tm_v, s);
+    else launch_kernel<HD, false>(a, b, grid, tm_k, tm_v, s);
 }
 
-}  // namespace
+} // namespace
 
 void attention_decode_mma(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s) {
     if (a.n_tok == 0) return;
@@ -363,5 +365,5 @@ void attention_decode_mma(const AttentionArgs& a, const DeviceBatch& b, cudaStre
     EMBER_CUDA_LAUNCHED("attention_decode_mma");
 }
 
-}  // namespace cuda
-}  // namespace ember
+} // namespace cuda
+} // namespace ember

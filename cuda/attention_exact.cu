@@ -125,7 +125,8 @@ __global__ void __launch_bounds__(kExactThreads) attention_exact_kernel(Attentio
         if (c < n_chunks) {
             uint4* dst = vbuf + (c % kExactStages) * kExactChunk * n8;
             const int p0 = first + c * kExactChunk, n = min(kExactChunk, len - p0) * n8;
-            for (int e = threadIdx.x; e < n; e += kExactThreads) cp_async16(dst + e, a.v_cache + row(p0 + e / n8) + 8 * (e % n8));
+            for (int e = threadIdx.x; e < n; e += kExactThreads)
+                cp_async16(dst + e, a.v_cache + row(p0 + e / n8) + 8 * (e % n8));
         }
         cp_async_commit();
     };
@@ -158,7 +159,8 @@ __global__ void __launch_bounds__(kExactThreads) attention_exact_kernel(Attentio
         cp_async_wait<kExactStages - 1>();
         __syncthreads();
         if (threadIdx.x < hd) {
-            const __half* vs = reinterpret_cast<const __half*>(vbuf + (c % kExactStages) * kExactChunk * n8) + threadIdx.x;
+            const __half* vs = reinterpret_cast<const __half*>(vbuf + (c % kExactStages) * kExactChunk * n8) +
+                               threadIdx.x;
             o = pv_in_order(o, ps + c * kExactChunk, vs, hd, min(kExactChunk, n_keys - c * kExactChunk));
         }
         __syncthreads();
@@ -286,13 +288,13 @@ int64_t exact_cluster_ctas_at_once() {
     static const int64_t n = [] {
         size_t smem = 0;
         for (int hd = 8; hd <= kExactMaxHeadDim; hd += 8) smem = std::max(smem, exact_cluster_smem(hd));
-        EMBER_CUDA_CHECK(
-            cudaFuncSetAttribute(attention_exact_cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        EMBER_CUDA_CHECK(cudaFuncSetAttribute(attention_exact_cluster_kernel,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
         int dev = 0, sms = 0, per_sm = 0;
         EMBER_CUDA_CHECK(cudaGetDevice(&dev));
         EMBER_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        EMBER_CUDA_CHECK(
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_exact_cluster_kernel, kExactThreads, smem));
+        EMBER_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_exact_cluster_kernel,
+                                                                       kExactThreads, smem));
         return int64_t(sms) * per_sm;
     }();
     return n;
@@ -314,10 +316,12 @@ void attention_exact(const AttentionArgs& a, const DeviceBatch& b, bool clusters
     static size_t smem_set = 0;   // the opt-in above 48 KB, once per size
     const size_t smem = size_t(kExactStages) * kExactChunk * a.head_dim * sizeof(__half);
     if (smem > smem_set) {
-        EMBER_CUDA_CHECK(cudaFuncSetAttribute(attention_exact_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        EMBER_CUDA_CHECK(
+            cudaFuncSetAttribute(attention_exact_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
         smem_set = smem;
     }
-    launch_pdl_smem(attention_exact_kernel, dim3(unsigned(a.n_tok), unsigned(a.n_head)), dim3(kExactThreads), smem, s, a, b);
+    launch_pdl_smem(attention_exact_kernel, dim3(unsigned(a.n_tok), unsigned(a.n_head)), dim3(kExactThreads), smem, s,
+                    a, b);
     EMBER_CUDA_LAUNCHED("attention_exact");
 }
 

@@ -48,7 +48,8 @@ __global__ void __launch_bounds__(kWarps * kWarp) attention_mma_kernel(Attention
     const int key_lo = w > 0 ? max(0, min_pos - w + 1) : 0;
     // The warp's last and first visible keys: warp-uniform, so the .aligned mma / ldmatrix never diverge.
     const int warp_pos = __reduce_max_sync(0xffffffffu, max(pos0, pos1));
-    const int warp_low = __reduce_min_sync(0xffffffffu, min(pos0 >= 0 ? low0 : 0x7fffffff, pos1 >= 0 ? low1 : 0x7fffffff));
+    const int warp_low = __reduce_min_sync(0xffffffffu,
+                                           min(pos0 >= 0 ? low0 : 0x7fffffff, pos1 >= 0 ? low1 : 0x7fffffff));
 
     uint32_t qa[kSteps][4];
     {
@@ -169,10 +170,8 @@ bool attention_prefill_mma(const AttentionArgs& a, const DeviceBatch& b, cudaStr
     if (a.head_dim != 64 && a.head_dim != 128) return false;
     if (a.n_tiles == 0) return true;
     const dim3 grid(unsigned(a.n_tiles), unsigned(a.n_head));
-    if (a.head_dim == 64)
-        attention_mma_kernel<64><<<grid, kWarps * kWarp, 0, s>>>(a, b);
-    else
-        attention_mma_kernel<128><<<grid, kWarps * kWarp, 0, s>>>(a, b);
+    if (a.head_dim == 64) attention_mma_kernel<64><<<grid, kWarps * kWarp, 0, s>>>(a, b);
+    else attention_mma_kernel<128><<<grid, kWarps * kWarp, 0, s>>>(a, b);
     EMBER_CUDA_LAUNCHED("attention_mma");
     return true;
 }

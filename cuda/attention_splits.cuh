@@ -43,7 +43,8 @@ __device__ __forceinline__ DecodeCta decode_cta(const AttentionArgs& a, const De
 // the bases to exponentiate the new scores against. A row with no visible key yet keeps
 // m = -inf; its base is 0 so exp2 gives 0, not NaN.
 template <int N>
-__device__ __forceinline__ float2 softmax_step(float2 mx, float& m0, float& m1, float& l0, float& l1, float (&o)[N][4]) {
+__device__ __forceinline__ float2 softmax_step(float2 mx, float& m0, float& m1, float& l0, float& l1,
+                                               float (&o)[N][4]) {
     mx.x = fmaxf(mx.x, __shfl_xor_sync(0xffffffffu, mx.x, 1));
     mx.x = fmaxf(mx.x, __shfl_xor_sync(0xffffffffu, mx.x, 2));
     mx.y = fmaxf(mx.y, __shfl_xor_sync(0xffffffffu, mx.y, 1));

@@ -170,8 +170,10 @@ struct DecodeFloat {
     static constexpr int kPer = 16 / sizeof(T);
     __device__ __forceinline__ static void to_float(uint4 v, float (&f)[8]) {
         if constexpr (sizeof(T) == 4) {
-            f[0] = __uint_as_float(v.x); f[1] = __uint_as_float(v.y);
-            f[2] = __uint_as_float(v.z); f[3] = __uint_as_float(v.w);
+            f[0] = __uint_as_float(v.x);
+            f[1] = __uint_as_float(v.y);
+            f[2] = __uint_as_float(v.z);
+            f[3] = __uint_as_float(v.w);
         } else {
             const uint32_t qq[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -179,8 +181,7 @@ struct DecodeFloat {
                 float2 h;
                 if constexpr (std::is_same<T, __half>::value)
                     h = __half22float2(*reinterpret_cast<const __half2*>(&qq[k]));
-                else
-                    h = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&qq[k]));
+                else h = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&qq[k]));
                 f[2 * k] = h.x;
                 f[2 * k + 1] = h.y;
             }
@@ -189,18 +190,52 @@ struct DecodeFloat {
 };
 
 // The decoder of a type, for kernels templated on GGMLType.
-template <GGMLType T> struct BlockDecoder;
-template <> struct BlockDecoder<GGMLType::Q4_0> { using type = DecodeQ4_0; };
-template <> struct BlockDecoder<GGMLType::Q4_1> { using type = DecodeQ4_1; };
-template <> struct BlockDecoder<GGMLType::Q5_0> { using type = DecodeQ5_0; };
-template <> struct BlockDecoder<GGMLType::Q5_1> { using type = DecodeQ5_1; };
-template <> struct BlockDecoder<GGMLType::Q8_0> { using type = DecodeQ8_0; };
-template <> struct BlockDecoder<GGMLType::Q4_K> { using type = DecodeQK<false>; };
-template <> struct BlockDecoder<GGMLType::Q5_K> { using type = DecodeQK<true>; };
-template <> struct BlockDecoder<GGMLType::Q6_K> { using type = DecodeQ6_K; };
-template <> struct BlockDecoder<GGMLType::F32> { using type = DecodeFloat<float>; };
-template <> struct BlockDecoder<GGMLType::F16> { using type = DecodeFloat<__half>; };
-template <> struct BlockDecoder<GGMLType::BF16> { using type = DecodeFloat<__nv_bfloat16>; };
+template <GGMLType T>
+struct BlockDecoder;
+template <>
+struct BlockDecoder<GGMLType::Q4_0> {
+    using type = DecodeQ4_0;
+};
+template <>
+struct BlockDecoder<GGMLType::Q4_1> {
+    using type = DecodeQ4_1;
+};
+template <>
+struct BlockDecoder<GGMLType::Q5_0> {
+    using type = DecodeQ5_0;
+};
+template <>
+struct BlockDecoder<GGMLType::Q5_1> {
+    using type = DecodeQ5_1;
+};
+template <>
+struct BlockDecoder<GGMLType::Q8_0> {
+    using type = DecodeQ8_0;
+};
+template <>
+struct BlockDecoder<GGMLType::Q4_K> {
+    using type = DecodeQK<false>;
+};
+template <>
+struct BlockDecoder<GGMLType::Q5_K> {
+    using type = DecodeQK<true>;
+};
+template <>
+struct BlockDecoder<GGMLType::Q6_K> {
+    using type = DecodeQ6_K;
+};
+template <>
+struct BlockDecoder<GGMLType::F32> {
+    using type = DecodeFloat<float>;
+};
+template <>
+struct BlockDecoder<GGMLType::F16> {
+    using type = DecodeFloat<__half>;
+};
+template <>
+struct BlockDecoder<GGMLType::BF16> {
+    using type = DecodeFloat<__nv_bfloat16>;
+};
 
 }  // namespace cuda
 }  // namespace ember

@@ -25,9 +25,7 @@ __device__ __forceinline__ void pdl_wait() {
 }
 
 // Asks for the 128-byte line holding p (a global address) in L2; nothing is written.
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 // Lets the next kernel of the stream start its CTAs as this grid's last ones run (they stop at
 // pdl_wait until this grid has finished); every launch_pdl kernel calls it once it has started.
@@ -40,7 +38,8 @@ __device__ __forceinline__ void pdl_trigger() {
 // A rope pair (x0, x1) rotated by (cos, sin) = cs with the CPU backend's arithmetic: products
 // rounded before the sum (no FMA contraction).
 __device__ __forceinline__ float2 rope_rotate(float x0, float x1, float2 cs) {
-    return make_float2(__fsub_rn(__fmul_rn(x0, cs.x), __fmul_rn(x1, cs.y)), __fadd_rn(__fmul_rn(x0, cs.y), __fmul_rn(x1, cs.x)));
+    return make_float2(__fsub_rn(__fmul_rn(x0, cs.x), __fmul_rn(x1, cs.y)),
+                       __fadd_rn(__fmul_rn(x0, cs.y), __fmul_rn(x1, cs.x)));
 }
 
 // expf as glibc (2.28 and later) computes it on x86-64 with FMA, which the CPU backend's softmax

@@ -41,8 +41,8 @@ bool device_is_sm90() { return device_cc() >= 90; }
 
 void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line) {
     cudaGetLastError();   // clear a sticky launch error so the next call starts clean
-    const std::string msg = cat("CUDA error ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ") in ",
-                                what, " at ", file, ":", line);
+    const std::string msg = cat("CUDA error ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ") in ", what,
+                                " at ", file, ":", line);
     if (err == cudaErrorMemoryAllocation) throw OutOfMemory(msg);
     throw std::runtime_error(msg);
 }
@@ -79,7 +79,8 @@ CudaBackend::~CudaBackend() {
     for (auto& g : graphs_) cudaGraphExecDestroy(g.second);
     if (cublas_) cublasDestroy(cublas_);
     for (void* p : owned_) cudaFree(p);
-    for (Scratch* s : {&xq_, &xds_, &xh_, &wh_, &batch_dev_, &part_acc_, &part_ml_, &split_ctr_, &kv_f16_}) cudaFree(s->p);
+    for (Scratch* s : {&xq_, &xds_, &xh_, &wh_, &batch_dev_, &part_acc_, &part_ml_, &split_ctr_, &kv_f16_})
+        cudaFree(s->p);
     cudaFree(cublas_ws_);
     if (staging_) cudaFreeHost(staging_);
     for (const HostBlock& h : host_blocks_) cudaFreeHost(h.p);   // (pinned_in_ and pinned_out_ among them)

@@ -35,8 +35,8 @@ void CudaBackend::kv_store(KVLayer& kv, const float* k, const float* v, int32_t 
     check_kv(kv, "kv_store");
     if (kv.k_type != kv.v_type) return store_mixed(kv, k, v, n_tok);
     if (kv.k_type == GGMLType::Q8_0) return store_q8(kv, k, v, n_tok);
-    cuda::kv_store(static_cast<__half*>(kv.k), static_cast<__half*>(kv.v), kv.block_size, kv.n_head_kv * kv.head_dim, k, v,
-                   n_tok, dbatch_, stream_);
+    cuda::kv_store(static_cast<__half*>(kv.k), static_cast<__half*>(kv.v), kv.block_size, kv.n_head_kv * kv.head_dim, k,
+                   v, n_tok, dbatch_, stream_);
 }
 
 void CudaBackend::attention(const KVLayer& kv, const float* q, int32_t n_tok, const AttentionShape& shape, float* out) {
@@ -57,8 +57,8 @@ bool CudaBackend::attend(const KVLayer& kv, const float* q, int32_t n_tok, const
     check_batch(n_tok, "attention");
     check_kv(kv, "attention");
     if (shape.n_head_kv != kv.n_head_kv || shape.head_dim != kv.head_dim)
-        fail("cuda attention: shape (", shape.n_head_kv, " kv heads of ", shape.head_dim, ") does not match the KV layer (",
-             kv.n_head_kv, " of ", kv.head_dim, ")");
+        fail("cuda attention: shape (", shape.n_head_kv, " kv heads of ", shape.head_dim,
+             ") does not match the KV layer (", kv.n_head_kv, " of ", kv.head_dim, ")");
     if (shape.window < 0) fail("cuda attention: negative window ", shape.window);
     if (n_tok == 0) return false;
     const AttentionQuery query = attention_query(kv, shape, n_tok);
@@ -121,9 +121,11 @@ bool CudaBackend::attend(const KVLayer& kv, const float* q, int32_t n_tok, const
             a.n_tiles = n_tiles_[c.tile_index];
             a.tiles = tiles_for(c.tile_index);
             a.n_split = 1;
-            if (!attention_prefill_mma(a, dbatch_, stream_)) fail("cuda attention: prefill_mma declined head_dim ", a.head_dim);
+            if (!attention_prefill_mma(a, dbatch_, stream_))
+                fail("cuda attention: prefill_mma declined head_dim ", a.head_dim);
             return false;
-        case AttentionKernel::tiled_invariant:   // one query per tile, one split: nothing depends on the rest of the batch
+        case AttentionKernel::
+            tiled_invariant:   // one query per tile, one split: nothing depends on the rest of the batch
         case AttentionKernel::tiled: {
             a.tile_len = kTileLens[c.tile_index];
             a.n_tiles = n_tiles_[c.tile_index];
@@ -150,10 +152,10 @@ void CudaBackend::store_q8(KVLayer& kv, const float* k, const float* v, int32_t 
 void CudaBackend::store_mixed(KVLayer& kv, const float* k, const float* v, int32_t n_tok) {
     const bool k_q8 = kv.k_type == GGMLType::Q8_0;
     const int32_t width = kv.n_head_kv * kv.head_dim;
-    kv_store_q8(k_q8 ? static_cast<uint8_t*>(kv.k) : nullptr, k_q8 ? nullptr : static_cast<uint8_t*>(kv.v), kv.block_size,
-                width, kv.head_dim, k, v, n_tok, dbatch_, stream_);
-    cuda::kv_store(k_q8 ? nullptr : static_cast<__half*>(kv.k), k_q8 ? static_cast<__half*>(kv.v) : nullptr, kv.block_size,
-                   width, k, v, n_tok, dbatch_, stream_);
+    kv_store_q8(k_q8 ? static_cast<uint8_t*>(kv.k) : nullptr, k_q8 ? nullptr : static_cast<uint8_t*>(kv.v),
+                kv.block_size, width, kv.head_dim, k, v, n_tok, dbatch_, stream_);
+    cuda::kv_store(k_q8 ? nullptr : static_cast<__half*>(kv.k), k_q8 ? static_cast<__half*>(kv.v) : nullptr,
+                   kv.block_size, width, k, v, n_tok, dbatch_, stream_);
 }
 
 // The batch's blocks of the layer's q8_0 caches as f16 in kv_f16_ (one layer's worth, reused by
@@ -164,8 +166,8 @@ void CudaBackend::expand_q8(const KVLayer& kv, AttentionArgs& a) {
     __half* kh = static_cast<__half*>(kv_f16_.p);
     const int32_t n_blk = std::min<int32_t>(bt_stride_, (max_len_ + kv.block_size - 1) / kv.block_size);
     const bool k_q8 = kv.k_type == GGMLType::Q8_0, v_q8 = kv.v_type == GGMLType::Q8_0;
-    kv_expand_q8(k_q8 ? static_cast<const uint8_t*>(kv.k) : nullptr, v_q8 ? static_cast<const uint8_t*>(kv.v) : nullptr, kh,
-                 kh + n, kv.block_size, int32_t(width), kv.head_dim, kv.n_blocks, n_seq_, n_blk, dbatch_, stream_);
+    kv_expand_q8(k_q8 ? static_cast<const uint8_t*>(kv.k) : nullptr, v_q8 ? static_cast<const uint8_t*>(kv.v) : nullptr,
+                 kh, kh + n, kv.block_size, int32_t(width), kv.head_dim, kv.n_blocks, n_seq_, n_blk, dbatch_, stream_);
     if (k_q8) a.k_cache = kh;
     if (v_q8) a.v_cache = kh + n;
 }

@@ -19,13 +19,16 @@ bool CudaBackend::step_begin(uint64_t key) {
     if (!step_is_graphed(BatchFacts{n_tok_, decode_batch(), invariant_}, sw_)) return false;
     uint64_t full = mix(mix(key, batch_sig_), graph_gen_);
     for (int i = 0; i < uploads_.n; ++i)
-        full = mix(mix(mix(full, reinterpret_cast<uintptr_t>(uploads_.dst[i])), reinterpret_cast<uintptr_t>(uploads_.src[i])),
-                   uploads_.bytes[i]);
+        full = mix(
+            mix(mix(full, reinterpret_cast<uintptr_t>(uploads_.dst[i])), reinterpret_cast<uintptr_t>(uploads_.src[i])),
+            uploads_.bytes[i]);
     auto it = graphs_.find(full);
     if (sw_.graph_log)
         std::fprintf(stderr, "ember cuda graph: key %016llx gen %llu n_tok %d: %s\n", (unsigned long long)full,
                      (unsigned long long)graph_gen_, n_tok_,
-                     it != graphs_.end() ? "replay" : seen_.count(full) ? "capture" : "eager (first sight)");
+                     it != graphs_.end() ? "replay"
+                     : seen_.count(full) ? "capture"
+                                         : "eager (first sight)");
     if (it != graphs_.end()) {
         uploads_.n = 0;
         launch_graph(it->second);
@@ -71,7 +74,8 @@ void CudaBackend::launch_graph(cudaGraphExec_t g) {
 }
 
 void CudaBackend::invalidate_graphs() {
-    if (sw_.graph_log) std::fprintf(stderr, "ember cuda graph: invalidated (gen %llu)\n", (unsigned long long)graph_gen_);
+    if (sw_.graph_log)
+        std::fprintf(stderr, "ember cuda graph: invalidated (gen %llu)\n", (unsigned long long)graph_gen_);
     ++graph_gen_;
     for (auto& g : graphs_) cudaGraphExecDestroy(g.second);
     graphs_.clear();

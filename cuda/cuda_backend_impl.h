@@ -19,10 +19,10 @@
 #include "kernels.h"
 #include "rope_table.h"
 
-#define EMBER_CUBLAS_CHECK(expr)                                                                   \
-    do {                                                                                           \
-        cublasStatus_t st_ = (expr);                                                               \
-        if (st_ != CUBLAS_STATUS_SUCCESS)                                                          \
+#define EMBER_CUBLAS_CHECK(expr)                                                                     \
+    do {                                                                                             \
+        cublasStatus_t st_ = (expr);                                                                 \
+        if (st_ != CUBLAS_STATUS_SUCCESS)                                                            \
             throw std::runtime_error(cat("cuBLAS error ", cublasGetStatusName(st_), " in ", #expr)); \
     } while (0)
 
@@ -68,7 +68,8 @@ public:
     void matmul(const Weight& w, const float* x, int32_t n_tok, float* y) override;
     void matmul_many(const Weight* const* ws, float* const* ys, int count, const float* x, int32_t n_tok) override;
     void rmsnorm(const float* x, const float* gamma, int32_t n_tok, int32_t dim, float eps, float* y) override;
-    void head_rmsnorm(float* x, const float* gamma, int32_t n_tok, int32_t n_heads, int32_t head_dim, float eps) override;
+    void head_rmsnorm(float* x, const float* gamma, int32_t n_tok, int32_t n_heads, int32_t head_dim,
+                      float eps) override;
     void rope(float* x, int32_t n_tok, int32_t n_heads, const RopeParams& rope) override;
     void kv_store(KVLayer& kv, const float* k, const float* v, int32_t n_tok) override;
     void attention(const KVLayer& kv, const float* q, int32_t n_tok, const AttentionShape& shape, float* out) override;
@@ -84,8 +85,8 @@ public:
                      float* xn, float* y) override;
     void attn_in(const AttnInWeights& w, float* x, const float* residual, int32_t n_tok, KVLayer& kv,
                  const BlockBuffers& b) override;
-    void attn_out(const KVLayer& kv, const AttentionShape& shape, const Weight& wo, int32_t n_tok, const BlockBuffers& b,
-                  float* out) override;
+    void attn_out(const KVLayer& kv, const AttentionShape& shape, const Weight& wo, int32_t n_tok,
+                  const BlockBuffers& b, float* out) override;
     void ffn(const FfnWeights& w, float* x, const float* residual, int32_t n_tok, const BlockBuffers& b,
              float* out) override;
 
@@ -118,7 +119,7 @@ private:
     static constexpr size_t kCublasWorkspace = size_t(32) << 20;
     static constexpr size_t kPinnedOutBytes = size_t(1) << 20;
     static constexpr size_t kPinnedInBytes = size_t(1) << 20;
-    static constexpr int kBatchHeadWords = 2 + 2 * kNumTileLens;   // int32 words per token slot before the block table
+    static constexpr int kBatchHeadWords = 2 + 2 * kNumTileLens; // int32 words per token slot before the block table
 
     // ---- the batch, as the kernel choices see it ----
     // A decode step of the engine: one token from each of up to kMaxGraphDecodeTokens sequences.
@@ -138,7 +139,8 @@ private:
     bool feeds_q8(const Weight* const* ws, int count, int32_t n_tok, int64_t width) const;
     bool feeds_dq(const Weight* const* ws, int32_t n_tok) const { return takes_gemm_dq(*ws[0], n_tok); }
     template <class Takes>
-    void take_run(WeightRun& r, const Weight* const* ws, float* const* ys, int& i, int count, int limit, Takes takes) const;
+    void take_run(WeightRun& r, const Weight* const* ws, float* const* ys, int& i, int count, int limit,
+                  Takes takes) const;
     DeviceWeight device_weight(const Weight& w) const {
         return {w.type, static_cast<const uint8_t*>(w.data), packed_layout(w.type, w.n_in, w.n_out), w.n_in, w.n_out};
     }
@@ -149,7 +151,8 @@ private:
     void gemm(const Weight& w, const float* x, int32_t n_tok, float* y);
 
     // ---- attention dispatch (cuda_backend_attention.cpp) ----
-    bool attend(const KVLayer& kv, const float* q, int32_t n_tok, const AttentionShape& shape, float* out, bool want_q8);
+    bool attend(const KVLayer& kv, const float* q, int32_t n_tok, const AttentionShape& shape, float* out,
+                bool want_q8);
     void check_kv(const KVLayer& kv, const char* op) const;
     void store_q8(KVLayer& kv, const float* k, const float* v, int32_t n_tok);
     void store_mixed(KVLayer& kv, const float* k, const float* v, int32_t n_tok);
@@ -180,8 +183,8 @@ private:
     int device_;
     KernelSwitches sw_;
     DeviceCaps dev_;
-    int gemm_dq_rows_ = 0;    // EMBER_CUDA_GEMM_DQ_ROWS
-    bool stream_pin_ = true;  // EMBER_STREAM_PIN
+    int gemm_dq_rows_ = 0; // EMBER_CUDA_GEMM_DQ_ROWS
+    bool stream_pin_ = true; // EMBER_STREAM_PIN
     cudaStream_t stream_ = nullptr;
     cublasHandle_t cublas_ = nullptr;
     void* cublas_ws_ = nullptr;
@@ -192,11 +195,11 @@ private:
     void* staging_ = nullptr;
     size_t staging_cap_ = 0;
     cudaEvent_t staging_done_ = nullptr;
-    void* pinned_out_ = nullptr;   // copy_to_host's bounce buffer
+    void* pinned_out_ = nullptr; // copy_to_host's bounce buffer
     HostCopies uploads_{};
-    void* pinned_in_ = nullptr;   // copy_from_host's pending small copies, from offset 0 each step
+    void* pinned_in_ = nullptr; // copy_from_host's pending small copies, from offset 0 each step
     size_t in_used_ = 0;
-    std::vector<HostBlock> host_blocks_;   // from alloc_host
+    std::vector<HostBlock> host_blocks_; // from alloc_host
     int32_t cap_tok_ = 0, cap_seq_ = 0, bt_stride_ = 0;
     DeviceBatch dbatch_{};
     RopeTables ropes_;
@@ -217,5 +220,5 @@ private:
     bool fast_attn_ = false;
 };
 
-}  // namespace cuda
-}  // namespace ember
+} // namespace cuda
+} // namespace ember

@@ -70,8 +70,8 @@ void CudaBackend::norm(float* x, const float* residual, const float* gamma, int3
 // takes gemm_dq, batches of up to kMaxGemvTokens go as one GEMV launch per run of up to
 // kMaxGemvBatch consecutive weights of one type; gemm_dq takes a run of up to kMaxGemmDqWeights
 // consecutive weights of one format in one launch (x converted to f16 once for all of them).
-void CudaBackend::project(const Weight* const* ws, float* const* ys, int count, const float* x, int32_t n_tok, bool x_q8,
-                          bool x_dq) {
+void CudaBackend::project(const Weight* const* ws, float* const* ys, int count, const float* x, int32_t n_tok,
+                          bool x_q8, bool x_dq) {
     if (n_tok <= 0 || count <= 0) return;
     const int64_t n_in = ws[0]->n_in;
     for (int i = 1; i < count; ++i)

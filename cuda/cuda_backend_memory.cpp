@@ -36,8 +36,8 @@ void* CudaBackend::alloc(size_t bytes) {
         cudaGetLastError();
         size_t free_b = 0, total_b = 0;
         cudaMemGetInfo(&free_b, &total_b);
-        throw OutOfMemory(cat("cuda: needed ", bytes / kMiB, " MiB, free ", free_b / kMiB, " MiB of ",
-                              total_b / kMiB, " MiB on GPU ", device_));
+        throw OutOfMemory(cat("cuda: needed ", bytes / kMiB, " MiB, free ", free_b / kMiB, " MiB of ", total_b / kMiB,
+                              " MiB on GPU ", device_));
     }
     // A new buffer may replace one a recorded graph writes to (the caller's key cannot tell).
     invalidate_graphs();
@@ -173,10 +173,12 @@ void CudaBackend::set_batch(const BatchInfo& b) {
     if (n_tok < 0 || int64_t(b.pos.size()) < n_tok || int64_t(b.seq.size()) < n_tok)
         fail("cuda set_batch: n_tok ", n_tok, " but ", b.pos.size(), " positions and ", b.seq.size(), " sequence ids");
     if (int64_t(b.block_table.size()) < int64_t(b.n_seq) * b.max_blocks)
-        fail("cuda set_batch: block table holds ", b.block_table.size(), " entries, need ", b.n_seq, " x ", b.max_blocks);
+        fail("cuda set_batch: block table holds ", b.block_table.size(), " entries, need ", b.n_seq, " x ",
+             b.max_blocks);
     int32_t max_pos = -1;
     for (int32_t t = 0; t < n_tok; ++t) {
-        if (b.seq[t] < 0 || b.seq[t] >= b.n_seq) fail("cuda set_batch: token ", t, " has sequence ", b.seq[t], " of ", b.n_seq);
+        if (b.seq[t] < 0 || b.seq[t] >= b.n_seq)
+            fail("cuda set_batch: token ", t, " has sequence ", b.seq[t], " of ", b.n_seq);
         if (b.pos[t] < 0) fail("cuda set_batch: token ", t, " has negative position ", b.pos[t]);
         max_pos = std::max(max_pos, b.pos[t]);
     }
@@ -221,8 +223,8 @@ void CudaBackend::set_batch(const BatchInfo& b) {
     }
     int32_t* bt = w + kBatchHeadWords * size_t(cap_tok_);
     for (int32_t q = 0; q < b.n_seq; ++q)
-        std::copy(b.block_table.begin() + int64_t(q) * b.max_blocks, b.block_table.begin() + int64_t(q + 1) * b.max_blocks,
-                  bt + int64_t(q) * bt_stride_);
+        std::copy(b.block_table.begin() + int64_t(q) * b.max_blocks,
+                  b.block_table.begin() + int64_t(q + 1) * b.max_blocks, bt + int64_t(q) * bt_stride_);
     add_upload(batch_dev_.p, staging_, n_words * 4);
     const int32_t* d = static_cast<const int32_t*>(batch_dev_.p);
     dbatch_.pos = d;

@@ -14,7 +14,8 @@ void CudaBackend::rmsnorm(const float* x, const float* gamma, int32_t n_tok, int
     cuda::rmsnorm(const_cast<float*>(x), nullptr, gamma, n_tok, dim, eps, y, nullptr, nullptr, stream_);
 }
 
-void CudaBackend::head_rmsnorm(float* x, const float* gamma, int32_t n_tok, int32_t n_heads, int32_t head_dim, float eps) {
+void CudaBackend::head_rmsnorm(float* x, const float* gamma, int32_t n_tok, int32_t n_heads, int32_t head_dim,
+                               float eps) {
     issue_uploads();
     cuda::head_rmsnorm(x, gamma, n_tok, n_heads, head_dim, eps, stream_);
 }
@@ -46,8 +47,8 @@ void CudaBackend::argmax_rows(const float* x, int32_t n_rows, int64_t width, int
 }
 
 // The residual add inside the norm kernel.
-void CudaBackend::add_rmsnorm(float* x, const float* residual, const float* gamma, int32_t n_tok, int32_t dim, float eps,
-                              float* y) {
+void CudaBackend::add_rmsnorm(float* x, const float* residual, const float* gamma, int32_t n_tok, int32_t dim,
+                              float eps, float* y) {
     if (!sw_.fuse) return Backend::add_rmsnorm(x, residual, gamma, n_tok, dim, eps, y);
     issue_uploads();
     norm(x, residual, gamma, n_tok, dim, eps, y, false);
@@ -93,10 +94,10 @@ void CudaBackend::attn_in(const AttnInWeights& w, float* x, const float* residua
         const DeviceWeight dwq = device_weight(*w.wq), dwk = device_weight(*w.wk), dwv = device_weight(*w.wv);
         if (gemv_takes_rope_store(dwq, dwk, dwv, kv.head_dim)) {
             const DeviceWeight* pw[3] = {&dwq, &dwk, &dwv};
-            const QkvRopeStore e{table, static_cast<__half*>(kv.k), static_cast<__half*>(kv.v), kv.block_size, kv.head_dim,
-                                 dbatch_};
-            gemv_rope_store(pw, ys, b.xn, static_cast<const int8_t*>(xq_.p), static_cast<const float2*>(xds_.p), n_tok, e,
-                            stream_);
+            const QkvRopeStore e{
+                table, static_cast<__half*>(kv.k), static_cast<__half*>(kv.v), kv.block_size, kv.head_dim, dbatch_};
+            gemv_rope_store(pw, ys, b.xn, static_cast<const int8_t*>(xq_.p), static_cast<const float2*>(xds_.p), n_tok,
+                            e, stream_);
             return;
         }
     }
@@ -113,8 +114,9 @@ void CudaBackend::attn_in(const AttnInWeights& w, float* x, const float* residua
     const AttentionShape shape{kv.n_head_kv, kv.n_head_kv, kv.head_dim, 0.f, 0};
     const bool early = attention_starts_early(attention_query(kv, shape, n_tok));
     cuda::rope_kv_store(b.q, w.n_head, b.k, b.v, kv.n_head_kv, kv.head_dim, table, rp.neox,
-                        f16_cache ? static_cast<__half*>(kv.k) : nullptr, f16_cache ? static_cast<__half*>(kv.v) : nullptr,
-                        kv.block_size, n_tok, dbatch_, early, stream_);
+                        f16_cache ? static_cast<__half*>(kv.k) : nullptr,
+                        f16_cache ? static_cast<__half*>(kv.v) : nullptr, kv.block_size, n_tok, dbatch_, early,
+                        stream_);
     if (f16_cache) return;
     if (kv.k_type == kv.v_type) store_q8(kv, b.k, b.v, n_tok);
     else store_mixed(kv, b.k, b.v, n_tok);

@@ -22,8 +22,8 @@ struct DqParams {
 template <GGMLType T>
 __device__ __forceinline__ void dequant8(const DqParams& p, int64_t row, int64_t e, float* out) {
     using D = typename BlockDecoder<T>::type;
-    if constexpr (T == GGMLType::Q4_0 || T == GGMLType::Q4_1 || T == GGMLType::Q5_0 ||
-                  T == GGMLType::Q5_1 || T == GGMLType::Q8_0) {
+    if constexpr (T == GGMLType::Q4_0 || T == GGMLType::Q4_1 || T == GGMLType::Q5_0 || T == GGMLType::Q5_1 ||
+                  T == GGMLType::Q8_0) {
         const int64_t b = row * p.n_blocks + e / 32;
         const int g = int(e % 32) / 4;   // groups g and g + 1, whose words are neighbours
         const uint2 q = *reinterpret_cast<const uint2*>(p.w + b * D::kQuantBytes + 4 * D::word(g));
@@ -44,8 +44,8 @@ __device__ __forceinline__ void dequant8(const DqParams& p, int64_t row, int64_t
         D::scale_min(hdr.y, hdr.z, hdr.w, sub, sc, mn);
         const float d = D::d(hdr.x) * sc, dm = D::dmin(hdr.x) * mn;
         const uint2 q = *reinterpret_cast<const uint2*>(base + D::kQsOffset + 32 * (sub / 2) + l);
-        const uint2 qh =
-            T == GGMLType::Q5_K ? *reinterpret_cast<const uint2*>(base + D::kQhOffset + l) : make_uint2(0u, 0u);
+        const uint2 qh = T == GGMLType::Q5_K ? *reinterpret_cast<const uint2*>(base + D::kQhOffset + l)
+                                             : make_uint2(0u, 0u);
         const uint32_t qw[2] = {q.x, q.y}, hw[2] = {qh.x, qh.y};
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -74,8 +74,7 @@ __device__ __forceinline__ void dequant8(const DqParams& p, int64_t row, int64_t
 template <GGMLType T>
 __global__ void dequantize_kernel(DqParams p, __half* __restrict__ out) {
     const int64_t per_row = p.n_in / 8, total = p.n_out * per_row;
-    for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < total;
-         g += int64_t(gridDim.x) * blockDim.x) {
+    for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < total; g += int64_t(gridDim.x) * blockDim.x) {
         const int64_t row = g / per_row, e = (g % per_row) * 8;
         float v[8];
         dequant8<T>(p, row, e, v);
@@ -88,7 +87,7 @@ __global__ void dequantize_kernel(DqParams p, __half* __restrict__ out) {
 }  // namespace
 
 void dequantize_f16(const DeviceWeight& w, __half* out, cudaStream_t s) {
-    DqParams p{w.type, w.base, w.base + w.layout.meta_off, w.base + w.layout.meta2_off,
+    DqParams p{w.type, w.base,  w.base + w.layout.meta_off, w.base + w.layout.meta2_off,
                w.n_in, w.n_out, w.layout.n_blocks};
     const int64_t total = w.n_out * (w.n_in / 8);
     const unsigned grid = unsigned(std::min<int64_t>((total + 255) / 256, 132 * 32));

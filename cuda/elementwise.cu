@@ -54,13 +54,15 @@ __global__ void gated_act_q8_kernel(const float* g, const float* u, int64_t n_bl
 
 // gated_act into gemm_dq's f16 order, four elements a thread.
 template <Activation A>
-__global__ void gated_act_dq_kernel(const float4* __restrict__ g, const float4* __restrict__ u, int64_t n4, __half* xh) {
+__global__ void gated_act_dq_kernel(const float4* __restrict__ g, const float4* __restrict__ u, int64_t n4,
+                                    __half* xh) {
     pdl_wait();
     pdl_trigger();
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n4; i += int64_t(gridDim.x) * blockDim.x) {
         const float4 a = g[i], b = u[i];
-        store_dq4(xh, 4 * i, make_float4(gate_act<A>(a.x) * b.x, gate_act<A>(a.y) * b.y, gate_act<A>(a.z) * b.z,
-                                         gate_act<A>(a.w) * b.w));
+        store_dq4(xh, 4 * i,
+                  make_float4(gate_act<A>(a.x) * b.x, gate_act<A>(a.y) * b.y, gate_act<A>(a.z) * b.z,
+                              gate_act<A>(a.w) * b.w));
     }
 }
 
@@ -80,7 +82,8 @@ __global__ void copy_from_pinned_kernel(HostCopies c) {
     const int i = blockIdx.y;
     char* d = static_cast<char*>(c.dst[i]);
     const char* src = static_cast<const char*>(c.src[i]);
-    const size_t n = c.bytes[i], first = size_t(blockIdx.x) * blockDim.x + threadIdx.x, stride = size_t(gridDim.x) * blockDim.x;
+    const size_t n = c.bytes[i], first = size_t(blockIdx.x) * blockDim.x + threadIdx.x,
+                 stride = size_t(gridDim.x) * blockDim.x;
     size_t tail = 0;
     if ((reinterpret_cast<uintptr_t>(d) | reinterpret_cast<uintptr_t>(src)) % 16 == 0) {
         for (size_t k = first; k < n / 16; k += stride)
@@ -119,10 +122,8 @@ __global__ void kv_store_kernel(__half* __restrict__ kc, __half* __restrict__ vc
 
 void gated_act(Activation act, const float* gate, const float* up, int64_t n, float* out, cudaStream_t s) {
     if (n <= 0) return;
-    if (act == Activation::SiLU)
-        launch_pdl(gated_act_kernel<Activation::SiLU>, grid_for(n), 256, s, gate, up, n, out);
-    else
-        launch_pdl(gated_act_kernel<Activation::GeLUTanh>, grid_for(n), 256, s, gate, up, n, out);
+    if (act == Activation::SiLU) launch_pdl(gated_act_kernel<Activation::SiLU>, grid_for(n), 256, s, gate, up, n, out);
+    else launch_pdl(gated_act_kernel<Activation::GeLUTanh>, grid_for(n), 256, s, gate, up, n, out);
     EMBER_CUDA_LAUNCHED("gated_act");
 }
 
@@ -134,8 +135,7 @@ void gated_act_q8(Activation act, const float* gate, const float* up, int64_t n,
     const unsigned grid = unsigned((nb + 7) / 8);
     if (act == Activation::SiLU)
         launch_pdl(gated_act_q8_kernel<Activation::SiLU>, grid, 256, s, gate, up, nb, out, q, ds);
-    else
-        launch_pdl(gated_act_q8_kernel<Activation::GeLUTanh>, grid, 256, s, gate, up, nb, out, q, ds);
+    else launch_pdl(gated_act_q8_kernel<Activation::GeLUTanh>, grid, 256, s, gate, up, nb, out, q, ds);
     EMBER_CUDA_LAUNCHED("gated_act_q8");
 }
 
@@ -145,10 +145,8 @@ void gated_act_dq(Activation act, const float* gate, const float* up, int64_t n,
     const int64_t n4 = n / 4;
     const auto* g = reinterpret_cast<const float4*>(gate);
     const auto* u = reinterpret_cast<const float4*>(up);
-    if (act == Activation::SiLU)
-        launch_pdl(gated_act_dq_kernel<Activation::SiLU>, grid_for(n4), 256, s, g, u, n4, xh);
-    else
-        launch_pdl(gated_act_dq_kernel<Activation::GeLUTanh>, grid_for(n4), 256, s, g, u, n4, xh);
+    if (act == Activation::SiLU) launch_pdl(gated_act_dq_kernel<Activation::SiLU>, grid_for(n4), 256, s, g, u, n4, xh);
+    else launch_pdl(gated_act_dq_kernel<Activation::GeLUTanh>, grid_for(n4), 256, s, g, u, n4, xh);
     EMBER_CUDA_LAUNCHED("gated_act_dq");
 }
 

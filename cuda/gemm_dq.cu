@@ -130,7 +130,8 @@ struct DqQ4_0 {
         for (int s = 0; s < 2; ++s) {
             const uint32_t v = w >> (8 * s);
             k0[s] = as_u32(__hmul2(__hsub2(as_h2(and_or<0x000F000Fu, 0x64006400u>(v)), as_h2(0x64086408u)), d));
-            k1[s] = as_u32(__hmul2(__hfma2(as_h2(and_or<0x00F000F0u, 0x64006400u>(v)), as_h2(0x2C002C00u), as_h2(0xD480D480u)), d));
+            k1[s] = as_u32(__hmul2(
+                __hfma2(as_h2(and_or<0x00F000F0u, 0x64006400u>(v)), as_h2(0x2C002C00u), as_h2(0xD480D480u)), d));
         }
     }
 };
@@ -148,7 +149,8 @@ struct DqQ4_1 {
         for (int s = 0; s < 2; ++s) {
             const uint32_t v = w >> (8 * s);
             k0[s] = as_u32(__hfma2(__hsub2(as_h2(and_or<0x000F000Fu, 0x64006400u>(v)), as_h2(0x64006400u)), d, m));
-            k1[s] = as_u32(__hfma2(__hfma2(as_h2(and_or<0x00F000F0u, 0x64006400u>(v)), as_h2(0x2C002C00u), as_h2(0xD400D400u)), d, m));
+            k1[s] = as_u32(__hfma2(
+                __hfma2(as_h2(and_or<0x00F000F0u, 0x64006400u>(v)), as_h2(0x2C002C00u), as_h2(0xD400D400u)), d, m));
         }
     }
 };
@@ -176,7 +178,8 @@ struct Layout {
     static constexpr int kKB = kRowBytes / F::kQB;   // blocks a stage
     static constexpr int kMRow = kKB * F::kMB;       // meta bytes of a row per stage: 8, 16 or 32
     static constexpr int kXChunks = kKB * 4;         // 16-byte chunks of f16 x of a token per stage
-    static constexpr int kW = 0, kM = kW + kBM * kRowBytes, kX = (kM + kBM * kMRow + 1023) / 1024 * 1024;   // x at the swizzle's 1024-byte period
+    static constexpr int kW = 0, kM = kW + kBM * kRowBytes,
+                         kX = (kM + kBM * kMRow + 1023) / 1024 * 1024;   // x at the swizzle's 1024-byte period
     static constexpr int kStage = kX + kBN * kXChunks * 16;
     static constexpr int kStages = std::min(kMaxStages, kSmemLimit / kStage);
     static constexpr int kAccRow = kBM + 4;   // floats; +4: a warp's fragment stores hit 32 banks
@@ -216,7 +219,8 @@ __device__ __forceinline__ CtaWeight cta_weight(const Params& p) {
     CtaWeight c{p.wq[0], p.meta[0], p.y[0], p.n_out[0], z * kBM};
 #pragma unroll
     for (int i = 1; i < kMaxWeights; ++i)
-        if (i < p.n_weights && z >= p.tile_end[i - 1]) c = {p.wq[i], p.meta[i], p.y[i], p.n_out[i], (z - p.tile_end[i - 1]) * kBM};
+        if (i < p.n_weights && z >= p.tile_end[i - 1])
+            c = {p.wq[i], p.meta[i], p.y[i], p.n_out[i], (z - p.tile_end[i - 1]) * kBM};
     return c;
 }
 
@@ -281,7 +285,8 @@ __global__ void __launch_bounds__(Cta<kWG>::kThreads, 1) gemm_dq_kernel(Params p
 #pragma unroll
         for (int k = 0; k < kBM / kCopyRows; ++k) {
             const bool ok = row0 + w_r + kCopyRows * k < n_out;
-            cp_async16_zfill_l2_256(st + w_dst + kCopyRows * k * kRowBytes, ok ? w_src + k * w_step + rel * kRowBytes : cw.wq, ok);
+            cp_async16_zfill_l2_256(st + w_dst + kCopyRows * k * kRowBytes,
+                                    ok ? w_src + k * w_step + rel * kRowBytes : cw.wq, ok);
         }
 #pragma unroll
         for (int k = 0; k < (kBM + kMRows - 1) / kMRows; ++k) {
@@ -335,7 +340,7 @@ __global__ void __launch_bounds__(Cta<kWG>::kThreads, 1) gemm_dq_kernel(Params p
     // the panel, odd: 4-7).
     const int x_lane = L::kX + (lane & 7) * 128;
     const int x_even = ((lane >> 3) ^ (lane & 7)) << 4, x_odd = ((4 + (lane >> 3)) ^ (lane & 7)) << 4;
-    auto load_step = [&](const uint8_t* st, int kl, uint32_t (&q)[kMT][4], StepMeta (&m)[kMT][2]) {
+    auto load_step = [&](const uint8_t* st, int kl, uint32_t (&q)[kMT][4], StepMeta(&m)[kMT][2]) {
 #pragma unroll
         for (int i = 0; i < kMT; ++i) {
             ldmatrix_x4(q[i], st + (q_off[i] ^ ((kl * F::kQB / 16) << 4)));
@@ -411,7 +416,8 @@ __global__ void __launch_bounds__(Cta<kWG>::kThreads, 1) gemm_dq_kernel(Params p
 #pragma unroll
                     for (int j = 0; j < NJ; ++j)
                         if (j < nj_valid)
-                            ldmatrix_x4(b[j], st + x_lane + (kb >> 1) * kBN * 128 + j * 1024 + (kb & 1 ? x_odd : x_even));
+                            ldmatrix_x4(b[j],
+                                        st + x_lane + (kb >> 1) * kBN * 128 + j * 1024 + (kb & 1 ? x_odd : x_even));
                     // Issue order: the 2 * NJ mmas of a k-step are independent, so an accumulator's
                     // next mma comes 2 * nj_valid issues after its last (mma.sync keeps program order).
 #pragma unroll
@@ -420,7 +426,8 @@ __global__ void __launch_bounds__(Cta<kWG>::kThreads, 1) gemm_dq_kernel(Params p
                         for (int j = 0; j < NJ; ++j)
                             if (j < nj_valid) {   // warp-uniform
 #pragma unroll
-                                for (int i = 0; i < kMT; ++i) mma16816(acc[i][j], a[i][k], b[j][2 * k], b[j][2 * k + 1]);
+                                for (int i = 0; i < kMT; ++i)
+                                    mma16816(acc[i][j], a[i][k], b[j][2 * k], b[j][2 * k + 1]);
                             }
                 }
             }
@@ -635,8 +642,8 @@ void launch(const DeviceWeight* const* ws, float* const* ys, int count, const __
 // tokens, where the 192-row CTA's twelve warps also hide more of its latency).
 constexpr int kStage192 = 4, kStage256 = 5;
 template <class F, int NJ>
-void launch_wgmma(const DeviceWeight* const* ws, float* const* ys, int count, const __half* xh, int32_t n_tok,
-                  int rows, cudaStream_t s) {
+void launch_wgmma(const DeviceWeight* const* ws, float* const* ys, int count, const __half* xh, int32_t n_tok, int rows,
+                  cudaStream_t s) {
     const Grid g2 = plan<F, NJ, 2>(ws, count, n_tok), g3 = plan<F, NJ, 3>(ws, count, n_tok);
     const bool tall = rows ? rows == 256 : g2.cost * kStage256 <= g3.cost * kStage192;
     if (tall) launch<F, NJ, 2>(ws, ys, count, xh, n_tok, g2, s);
@@ -704,8 +711,7 @@ void gemm_dq(const DeviceWeight* const* ws, float* const* ys, int count, const _
     }
 }
 
-void gemm_dq(const DeviceWeight& w, float* y, const __half* xh, int32_t n_tok, const GemmDqForm& form,
-             cudaStream_t s) {
+void gemm_dq(const DeviceWeight& w, float* y, const __half* xh, int32_t n_tok, const GemmDqForm& form, cudaStream_t s) {
     const DeviceWeight* ws[1] = {&w};
     float* ys[1] = {y};
     gemm_dq(ws, ys, 1, xh, n_tok, form, s);

@@ -38,11 +38,11 @@ namespace cuda {
 
 namespace {
 
-constexpr int kBM = 128;        // weight rows a CTA
-constexpr int kKS = 4;          // 32-element blocks a pipeline stage
+constexpr int kBM = 128; // weight rows a CTA
+constexpr int kKS = 4; // 32-element blocks a pipeline stage
 constexpr int kStages = 4;
-constexpr int kThreads = 256;   // 8 warps: 4 along the rows x 2 along the tokens
-constexpr int kMaxSplit = 8;    // K splits of a tile: the portable cluster size
+constexpr int kThreads = 256; // 8 warps: 4 along the rows x 2 along the tokens
+constexpr int kMaxSplit = 8; // K splits of a tile: the portable cluster size
 
 // The formats, over their block decoders (block_decode.cuh). operands(): from word t of a
 // block's 16 nibble bytes and the block's high bits (Q5), the int8 A-operand words of groups t
@@ -105,22 +105,22 @@ template <class F, int NJ>
 struct Layout {
     static constexpr int kBN = 16 * NJ;
     static constexpr int kWRow = kKS * F::kQB + 16;
-    static constexpr int kMRow = 16 * ((kKS * F::kMB + 30) / 16);   // covers any start offset 0..15
+    static constexpr int kMRow = 16 * ((kKS * F::kMB + 30) / 16); // covers any start offset 0..15
     static constexpr int kXRow = kKS * 32 + 16;
     static constexpr int kW = 0, kM = kW + kBM * kWRow, kX = kM + kBM * kMRow, kD = kX + kBN * kXRow;
     static constexpr int kStage = kD + kKS * kBN * 8;
-    static constexpr int kAccRow = kBM + 4;   // floats; the +4 spreads a warp's fragment stores over 32 banks
+    static constexpr int kAccRow = kBM + 4; // floats; the +4 spreads a warp's fragment stores over 32 banks
     static constexpr int kSmem = std::max(kStages * kStage, kBN * kAccRow * 4);
 };
 
 struct Params {
-    const uint8_t* wq;     // quants region
-    const uint8_t* meta;   // meta region
-    const int8_t* xq;      // [n_tok][n_blocks * 32]
-    const float2* xds;     // [n_tok][n_blocks]
-    float* y;              // [n_tok][n_out]
+    const uint8_t* wq; // quants region
+    const uint8_t* meta; // meta region
+    const int8_t* xq; // [n_tok][n_blocks * 32]
+    const float2* xds; // [n_tok][n_blocks]
+    float* y; // [n_tok][n_out]
     int32_t n_blocks, n_out, n_tok;
-    int32_t split_blocks;  // blocks of one K split, a multiple of kKS
+    int32_t split_blocks; // blocks of one K split, a multiple of kKS
 };
 
 template <class F, int NJ>
@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_q8_kernel(Params p) {
     uint8_t* smem = reinterpret_cast<uint8_t*>(smem_raw);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int wrow = (warp & 3) * 32, wtok = (warp >> 2) * (kBN / 2);   // the warp's first row and token
+    const int wrow = (warp & 3) * 32, wtok = (warp >> 2) * (kBN / 2); // the warp's first row and token
     const int tok0 = int(blockIdx.y) * kBN, row0 = int(blockIdx.z) * kBM;
     const int nb = p.n_blocks;
     const int kb_begin = int(blockIdx.x) * p.split_blocks, kb_end = min(nb, kb_begin + p.split_blocks);
@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_q8_kernel(Params p) {
     // a zero block adds 0 to every sum). A thread's copies are the slots tid + k * kThreads, k in a
     // compile-time range (the last slots stop early where they do not divide the copies), so
     // their row and token offsets stay put across the K loop.
-    constexpr int kQChunks = kKS * F::kQB / 16, kMChunks = L::kMRow / 16;   // 16-byte chunks of a row's stage
+    constexpr int kQChunks = kKS * F::kQB / 16, kMChunks = L::kMRow / 16; // 16-byte chunks of a row's stage
     auto load_weights = [&](int s, int kb0) {
         uint8_t* st = smem + s * L::kStage;
         const int n_kb = kb_end - kb0;
@@ -176,11 +176,12 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_q8_kernel(Params p) {
             cp_async16_zfill(st + L::kX + tk * L::kXRow + 16 * c, src, ok);
         }
 #pragma unroll
-        for (int k = 0; k < (kBN * kKS + kThreads - 1) / kThreads; ++k) {   // consecutive threads: one token's blocks
+        for (int k = 0; k < (kBN * kKS + kThreads - 1) / kThreads; ++k) { // consecutive threads: one token's blocks
             const int i = tid + k * kThreads, tk = i / kKS, kk = i % kKS;
             if (kBN * kKS % kThreads != 0 && i >= kBN * kKS) break;
             const bool ok = tok0 + tk < p.n_tok && kk < n_kb;
-            cp_async8_zfill(st + L::kD + (kk * kBN + tk) * 8, p.xds + (ok ? int64_t(tok0 + tk) * nb + kb0 + kk : 0), ok);
+            cp_async8_zfill(st + L::kD + (kk * kBN + tk) * 8, p.xds + (ok ? int64_t(tok0 + tk) * nb + kb0 + kk : 0),
+                            ok);
         }
     };
 
@@ -195,10 +196,10 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_q8_kernel(Params p) {
 
     float acc[2][NJ][4] = {};
     const int nj_valid = min(NJ, max(0, (p.n_tok - tok0 - wtok + 7) / 8));
-    const int row_phase = (nb * F::kMB) & 15;   // a row's meta offset mod 16 grows by this per row
+    const int row_phase = (nb * F::kMB) & 15; // a row's meta offset mod 16 grows by this per row
     for (int ks = 0; ks < n_st; ++ks) {
         cp_async_wait<kStages - 2>();
-        __syncthreads();   // stage ks landed for every thread; stage ks - 1 is free for the prefetch
+        __syncthreads(); // stage ks landed for every thread; stage ks - 1 is free for the prefetch
         const int pre = ks + kStages - 1;
         if (pre < n_st) {
             load_weights(pre % kStages, kb_begin + pre * kKS);
@@ -209,7 +210,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_q8_kernel(Params p) {
         const int kb0 = kb_begin + ks * kKS;
         const uint8_t* st = smem + (ks % kStages) * L::kStage;
         const float2* ds_s = reinterpret_cast<const float2*>(st + L::kD);
-        const uint8_t* meta_row[2][2];   // [m16 tile][row g, g + 8]: the entry of block kb0
+        const uint8_t* meta_row[2][2]; // [m16 tile][row g, g + 8]: the entry of block kb0
 #pragma unroll
         for (int i = 0; i < 2; ++i)
 #pragma unroll
@@ -218,7 +219,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_q8_kernel(Params p) {
                 meta_row[i][h] = st + L::kM + r * L::kMRow + (((row0 + r) * row_phase + kb0 * F::kMB) & 15);
             }
 #pragma unroll
-        for (int kp = 0; kp < kKS; kp += 2) {   // blocks kp and kp + 1
+        for (int kp = 0; kp < kKS; kp += 2) { // blocks kp and kp + 1
             // Nibble formats: one ldmatrix.x4 a m16 tile holds both blocks, matrices (rows 0-7, kp),
             // (8-15, kp), (0-7, kp + 1), (8-15, kp + 1): word t of rows g and g + 8. Lanes 8q..8q+7
             // address matrix q's rows, rows 8 * (q & 1) + (lane & 7) of the tile.
@@ -232,7 +233,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_q8_kernel(Params p) {
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int kb = kp + e;
-                float d[2][2], m[2][2] = {};   // [m16 tile][row g, g + 8]
+                float d[2][2], m[2][2] = {}; // [m16 tile][row g, g + 8]
                 uint32_t a[2][4];
 #pragma unroll
                 for (int i = 0; i < 2; ++i) {
@@ -245,16 +246,18 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_q8_kernel(Params p) {
                     if constexpr (F::kQB == 16) {
                         F::operands(q[i][2 * e], qh[0], t, a[i][0], a[i][2]);
                         F::operands(q[i][2 * e + 1], qh[1], t, a[i][1], a[i][3]);
-                    } else {   // Q8_0: (rows 0-7, bytes 0-15), (8-15, 0-15), (0-7, 16-31), (8-15, 16-31)
+                    } else { // Q8_0: (rows 0-7, bytes 0-15), (8-15, 0-15), (0-7, 16-31), (8-15, 16-31)
                         ldmatrix_x4(a[i], arow[i] + kb * 32 + (lane >> 4) * 16);
                     }
                 }
 #pragma unroll
-                for (int j = 0; j < NJ; ++j) {   // (no early exit: the next tile's loads and mmas overlap this one's sums)
+                for (int j = 0; j < NJ;
+                     ++j) { // (no early exit: the next tile's loads and mmas overlap this one's sums)
                     // matrices (tokens 0-7 of the n8 tile, bytes 0-15), (bytes 16-31); lanes 16-31
                     // repeat the addresses of lanes 0-15
                     uint32_t b[2];
-                    ldmatrix_x2(b, st + L::kX + (wtok + 8 * j + (lane & 7)) * L::kXRow + kb * 32 + ((lane >> 3) & 1) * 16);
+                    ldmatrix_x2(b,
+                                st + L::kX + (wtok + 8 * j + (lane & 7)) * L::kXRow + kb * 32 + ((lane >> 3) & 1) * 16);
                     const float4 ds = *reinterpret_cast<const float4*>(ds_s + kb * kBN + wtok + 8 * j + 2 * t);
 #pragma unroll
                     for (int i = 0; i < 2; ++i) {
@@ -294,7 +297,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_q8_kernel(Params p) {
     if (n_split > 1) {
         namespace cg = cooperative_groups;
         cg::cluster_group cluster = cg::this_cluster();
-        cluster.sync();   // every partial tile written
+        cluster.sync(); // every partial tile written
         for (int e = int(cluster.block_rank()) * kThreads + tid; e < n_tk * kBM; e += n_split * kThreads) {
             const int tk = e / kBM, r = e % kBM;
             if (r >= n_r) continue;
@@ -302,7 +305,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_q8_kernel(Params p) {
             for (int q = 0; q < n_split; ++q) sum += cluster.map_shared_rank(tile, q)[tk * L::kAccRow + r];
             p.y[int64_t(tok0 + tk) * p.n_out + row0 + r] = sum;
         }
-        cluster.sync();   // no CTA leaves while another reads its shared memory
+        cluster.sync(); // no CTA leaves while another reads its shared memory
         return;
     }
 #endif
@@ -333,7 +336,7 @@ template <class F, int NJ>
 void launch(const DeviceWeight& w, float* y, const int8_t* xq, const float2* xds, int32_t n_tok, cudaStream_t s) {
     using L = Layout<F, NJ>;
     auto* kernel = gemm_q8_kernel<F, NJ>;
-    static const int per_sm = [kernel] {   // above 48 KB of dynamic shared memory needs the opt-in
+    static const int per_sm = [kernel] { // above 48 KB of dynamic shared memory needs the opt-in
         EMBER_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmem));
         int n = 0;
         EMBER_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, L::kSmem));
@@ -354,13 +357,14 @@ void launch(const DeviceWeight& w, float* y, const int8_t* xq, const float2* xds
 }
 
 template <class F>
-void launch_tokens(const DeviceWeight& w, float* y, const int8_t* xq, const float2* xds, int32_t n_tok, cudaStream_t s) {
+void launch_tokens(const DeviceWeight& w, float* y, const int8_t* xq, const float2* xds, int32_t n_tok,
+                   cudaStream_t s) {
     if (n_tok <= 16) launch<F, 1>(w, y, xq, xds, n_tok, s);
     else if (n_tok <= 32) launch<F, 2>(w, y, xq, xds, n_tok, s);
     else launch<F, 4>(w, y, xq, xds, n_tok, s);
 }
 
-}  // namespace
+} // namespace
 
 void gemm_q8(const DeviceWeight& w, float* y, const int8_t* xq, const float2* xds, int32_t n_tok, cudaStream_t s) {
     if (n_tok <= 0) return;
@@ -375,5 +379,5 @@ void gemm_q8(const DeviceWeight& w, float* y, const int8_t* xq, const float2* xd
     }
 }
 
-}  // namespace cuda
-}  // namespace ember
+} // namespace cuda
+} // namespace ember

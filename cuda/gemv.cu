@@ -49,7 +49,8 @@ __device__ __forceinline__ T pick(const T (&a)[kMaxGemvBatch], int i) {
 // used (a 4096-wide Q4_0 row is then a single round trip to memory). Weights do not depend on
 // the previous kernel, so the first loads go out before pdl_wait and overlap its tail.
 template <class F, int NT, int R>
-__device__ __forceinline__ void rows_dot(const GemvParams (&p)[R], int64_t row, int first, int stride, float (&acc)[R][NT]) {
+__device__ __forceinline__ void rows_dot(const GemvParams (&p)[R], int64_t row, int first, int stride,
+                                         float (&acc)[R][NT]) {
     constexpr int kDepth = F::kDepth;
     const int units = p[0].units;
     typename F::Data v[R][kDepth];
@@ -139,8 +140,8 @@ constexpr int gemv_min_ctas() {
     constexpr bool more_registers = std::is_same<F, FmtBlock32<DecodeQ4_0>>::value ||
                                     std::is_same<F, FmtBlock32<DecodeQ4_1>>::value ||
                                     std::is_same<F, FmtBlock32<DecodeQ5_0>>::value ||
-                                    std::is_same<F, FmtBlock32<DecodeQ5_1>>::value ||
-                                    std::is_same<F, FmtQ6_K>::value || std::is_same<F, FmtFloat<float>>::value ||
+                                    std::is_same<F, FmtBlock32<DecodeQ5_1>>::value || std::is_same<F, FmtQ6_K>::value ||
+                                    std::is_same<F, FmtFloat<float>>::value ||
                                     std::is_same<F, FmtFloat<__half>>::value ||
                                     std::is_same<F, FmtFloat<__nv_bfloat16>>::value;
     return NT == 1 && more_registers ? 1 : 0;
@@ -227,10 +228,8 @@ void launch(const GemvBatch& b, unsigned n_ctas, int32_t n_tok, cudaStream_t s) 
 // A 32-element block type: rows in the CPU's order (gemv_legacy.cuh) or the lane-strided one.
 template <class D>
 void launch_legacy(bool cpu_order, const GemvBatch& b, unsigned n_ctas, int32_t n_tok, cudaStream_t s) {
-    if (cpu_order)
-        launch<LegacyRows<D>>(b, n_ctas, n_tok, s);
-    else
-        launch<FmtBlock32<D>>(b, n_ctas, n_tok, s);
+    if (cpu_order) launch<LegacyRows<D>>(b, n_ctas, n_tok, s);
+    else launch<FmtBlock32<D>>(b, n_ctas, n_tok, s);
 }
 
 template <class F>
@@ -245,9 +244,12 @@ void launch_swiglu(const GemvBatch& b, float* out, unsigned n_ctas, int32_t n_to
 int32_t row_units(const DeviceWeight& w) {
     const int64_t nb = w.layout.n_blocks;
     switch (w.type) {
-        case GGMLType::Q4_K: case GGMLType::Q5_K: case GGMLType::Q6_K: return int32_t(nb * 4);
+        case GGMLType::Q4_K:
+        case GGMLType::Q5_K:
+        case GGMLType::Q6_K: return int32_t(nb * 4);
         case GGMLType::F32: return int32_t(w.n_in / 4);
-        case GGMLType::F16: case GGMLType::BF16: return int32_t(w.n_in / 8);
+        case GGMLType::F16:
+        case GGMLType::BF16: return int32_t(w.n_in / 8);
         default: return int32_t(nb);   // legacy 32-element blocks
     }
 }
@@ -286,7 +288,8 @@ namespace {
 
 void gemv_batch(const DeviceWeight* const* ws, float* const* ys, int count, const float* x, const int8_t* xq,
                 const float2* xds, int32_t n_tok, const QkvRopeStore* rope, cudaStream_t s) {
-    if (count < 1 || count > kMaxGemvBatch) fail("cuda gemv: ", count, " weights in one launch (1..", kMaxGemvBatch, ")");
+    if (count < 1 || count > kMaxGemvBatch)
+        fail("cuda gemv: ", count, " weights in one launch (1..", kMaxGemvBatch, ")");
     const DeviceWeight& w0 = *ws[0];
     GemvBatch b{};
     GemvParams& p = b.common;
@@ -340,14 +343,15 @@ void gemv(const DeviceWeight* const* ws, float* const* ys, int count, const floa
 }
 
 bool gemv_takes_rope_store(const DeviceWeight& q, const DeviceWeight& k, const DeviceWeight& v, int32_t head_dim) {
-    const bool same = q.type == k.type && k.type == v.type && q.n_in == k.n_in && k.n_in == v.n_in && k.n_out == v.n_out;
+    const bool same = q.type == k.type && k.type == v.type && q.n_in == k.n_in && k.n_in == v.n_in &&
+                      k.n_out == v.n_out;
     const bool whole_ctas = q.n_out % kRowsPerBlock == 0 && k.n_out % kRowsPerBlock == 0;
     return same && whole_ctas && head_dim % 2 == 0 && q.n_out % head_dim == 0 && k.n_out % head_dim == 0 &&
            warps_per_row(row_units(q)) == 1;
 }
 
-void gemv_rope_store(const DeviceWeight* const* ws, float* const* ys, const float* x, const int8_t* xq, const float2* xds,
-                     int32_t n_tok, const QkvRopeStore& rope, cudaStream_t s) {
+void gemv_rope_store(const DeviceWeight* const* ws, float* const* ys, const float* x, const int8_t* xq,
+                     const float2* xds, int32_t n_tok, const QkvRopeStore& rope, cudaStream_t s) {
     if (!gemv_takes_rope_store(*ws[0], *ws[1], *ws[2], rope.head_dim) || !rope.cos_sin)
         fail("cuda gemv_rope_store: q, k, v do not take the fused rope and KV store");
     gemv_batch(ws, ys, 3, x, xq, xds, n_tok, &rope, s);

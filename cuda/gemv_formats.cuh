@@ -28,8 +28,13 @@ struct GemvParams {
 // Sum of dp4a over 8 words of weights against 32 int8 activations (two int4).
 __device__ __forceinline__ int dot32(const int (&w)[8], int4 a, int4 b) {
     int s = dp4a(w[0], a.x, 0);
-    s = dp4a(w[1], a.y, s); s = dp4a(w[2], a.z, s); s = dp4a(w[3], a.w, s);
-    s = dp4a(w[4], b.x, s); s = dp4a(w[5], b.y, s); s = dp4a(w[6], b.z, s); s = dp4a(w[7], b.w, s);
+    s = dp4a(w[1], a.y, s);
+    s = dp4a(w[2], a.z, s);
+    s = dp4a(w[3], a.w, s);
+    s = dp4a(w[4], b.x, s);
+    s = dp4a(w[5], b.y, s);
+    s = dp4a(w[6], b.z, s);
+    s = dp4a(w[7], b.w, s);
     return s;
 }
 __device__ __forceinline__ int dot16(int w0, int w1, int w2, int w3, int4 a) {
@@ -55,7 +60,10 @@ struct FmtBlock32 {
     static constexpr bool kWholeRow = false;
     static constexpr int kDepth = 4;
     static constexpr int kChunks = D::kQuantBytes / 16;
-    struct Data { uint4 q[kChunks]; typename D::Meta meta; };
+    struct Data {
+        uint4 q[kChunks];
+        typename D::Meta meta;
+    };
     __device__ static Data load(const GemvParams& p, int64_t row, int u) {
         const int64_t b = row * p.n_blocks + u;
         Data v;
@@ -71,8 +79,10 @@ struct FmtBlock32 {
         uint32_t words[4 * kChunks];
 #pragma unroll
         for (int c = 0; c < kChunks; ++c) {
-            words[4 * c] = v.q[c].x; words[4 * c + 1] = v.q[c].y;
-            words[4 * c + 2] = v.q[c].z; words[4 * c + 3] = v.q[c].w;
+            words[4 * c] = v.q[c].x;
+            words[4 * c + 1] = v.q[c].y;
+            words[4 * c + 2] = v.q[c].z;
+            words[4 * c + 3] = v.q[c].w;
         }
         int w[8];
 #pragma unroll
@@ -98,7 +108,9 @@ struct FmtQK {
     using D = DecodeQK<kQ5>;
     static constexpr bool kWholeRow = false;
     static constexpr int kDepth = 4;
-    struct Data { uint4 hdr, qa, qb, ha, hb; };   // ha, hb: the block's 32 qh bytes (Q5_K)
+    struct Data {
+        uint4 hdr, qa, qb, ha, hb;
+    };   // ha, hb: the block's 32 qh bytes (Q5_K)
     __device__ static Data load(const GemvParams& p, int64_t row, int u) {
         const uint8_t* base = p.w + (row * p.n_blocks + (u >> 2)) * D::kBlockBytes;
         const uint8_t* qs = base + D::kQsOffset + 32 * (u & 3);
@@ -136,8 +148,8 @@ struct FmtQK {
             load_x32(p, t, xb, a, c);
             load_x32(p, t, xb + 1, e, f);
             const float2 ds1 = load_ds(p, t, xb), ds2 = load_ds(p, t, xb + 1);
-            acc[t] += d1 * ds1.x * float(dot32(lo, a, c)) - n1 * ds1.y +
-                      d2 * ds2.x * float(dot32(hi, e, f)) - n2 * ds2.y;
+            acc[t] += d1 * ds1.x * float(dot32(lo, a, c)) - n1 * ds1.y + d2 * ds2.x * float(dot32(hi, e, f)) -
+                      n2 * ds2.y;
         }
     }
 };
@@ -148,14 +160,16 @@ struct FmtQ6_K {
     using D = DecodeQ6_K;
     static constexpr bool kWholeRow = false;
     static constexpr int kDepth = 4;
-    struct Data { uint4 A, B, H, S; uint16_t d; };
+    struct Data {
+        uint4 A, B, H, S;
+        uint16_t d;
+    };
     __device__ static Data load(const GemvParams& p, int64_t row, int u) {
         const int64_t b = row * p.n_blocks + (u >> 2);
         const int h = (u >> 1) & 1, l0 = 16 * (u & 1);
         const uint8_t* qs = p.w + b * D::kQuantBytes;
         return {ld_stream(qs + h * D::kQlHalf + l0), ld_stream(qs + h * D::kQlHalf + D::kQlOdd + l0),
-                ld_stream(qs + D::kQh + h * D::kQhHalf + l0),
-                __ldg(reinterpret_cast<const uint4*>(p.meta) + b),
+                ld_stream(qs + D::kQh + h * D::kQhHalf + l0), __ldg(reinterpret_cast<const uint4*>(p.meta) + b),
                 __ldg(reinterpret_cast<const uint16_t*>(p.meta2) + b)};
     }
     template <int NT>
@@ -194,7 +208,9 @@ struct FmtFloat {
     static constexpr bool kWholeRow = false;
     static constexpr int kPer = DecodeFloat<T>::kPer;
     static constexpr int kDepth = 4;
-    struct Data { uint4 q; };
+    struct Data {
+        uint4 q;
+    };
     __device__ static Data load(const GemvParams& p, int64_t row, int u) {
         return {ld_stream(p.w + (row * p.n_in + int64_t(u) * kPer) * sizeof(T))};
     }

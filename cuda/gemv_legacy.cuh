@@ -90,7 +90,8 @@ __device__ __forceinline__ void legacy_row_dot(const GemvParams& p, int64_t row,
         for (int g = 0; g < kGroups; ++g)
 #pragma unroll
             for (int t = 0; t < NT; ++t)
-                if (b0 + 4 * g + j < n_even) xw[g][t] = *reinterpret_cast<const int*>(xlane + t * p.n_in + (b0 + 4 * g) * 32);
+                if (b0 + 4 * g + j < n_even)
+                    xw[g][t] = *reinterpret_cast<const int*>(xlane + t * p.n_in + (b0 + 4 * g) * 32);
         float2 xds[R][NT];   // d_x, s_x of the lane's blocks
 #pragma unroll
         for (int r = 0; r < R; ++r)
@@ -200,7 +201,9 @@ template <class F>
 struct LegacyRows {
     static constexpr bool kWholeRow = true;
     template <int NT>
-    __device__ static void row_dot(const GemvParams& p, int64_t row, float (&out)[NT]) { legacy_row_dot<F, NT>(p, row, out); }
+    __device__ static void row_dot(const GemvParams& p, int64_t row, float (&out)[NT]) {
+        legacy_row_dot<F, NT>(p, row, out);
+    }
 };
 
 }  // namespace cuda

@@ -32,7 +32,8 @@ void check_batch(const BatchFacts& b, const char* what) {
 }
 
 void check_weight(const MatmulQuery& q) {
-    if (!cuda_weight_type(q.type)) fail("cuda matmul choice: weight type ", uint32_t(q.type), " is not run by the CUDA backend");
+    if (!cuda_weight_type(q.type))
+        fail("cuda matmul choice: weight type ", uint32_t(q.type), " is not run by the CUDA backend");
     if (q.n_in < 1) fail("cuda matmul choice: n_in ", q.n_in, " must be at least 1");
     check_batch(q.batch, "matmul");
 }
@@ -48,8 +49,8 @@ bool decode_sized(const BatchFacts& b) { return b.n_tok <= kMaxGemvTokens || b.d
 bool takes_gemm_dq(const MatmulQuery& q) {
     const int32_t n = q.batch.n_tok;
     const bool sized = n > kMaxGemvTokens || (n >= 2 && q.batch.decode_step);
-    return q.sw.gemm_dq && !q.batch.deterministic && sized && n <= kMaxGemmDqTokens && gemm_dq_supported(q.type, q.n_in) &&
-           !(gemv_cpu_order(q.n_in) && n <= kMaxIntPromptTokens);
+    return q.sw.gemm_dq && !q.batch.deterministic && sized && n <= kMaxGemmDqTokens &&
+           gemm_dq_supported(q.type, q.n_in) && !(gemv_cpu_order(q.n_in) && n <= kMaxIntPromptTokens);
 }
 
 // gemm_q8 (each weight byte read once a call) takes batches of kMaxGemvTokens < n_tok <=
@@ -133,8 +134,8 @@ void check_attention(const AttentionQuery& q) {
     check_cache(q.k_type);
     check_cache(q.v_type);
     if (q.head_dim < 1 || q.n_head < 1 || q.n_head_kv < 1 || q.block_size < 1)
-        fail("cuda attention choice: head_dim ", q.head_dim, ", ", q.n_head, " heads, ", q.n_head_kv, " kv heads and block ",
-             q.block_size, " must all be at least 1");
+        fail("cuda attention choice: head_dim ", q.head_dim, ", ", q.n_head, " heads, ", q.n_head_kv,
+             " kv heads and block ", q.block_size, " must all be at least 1");
     if (q.max_len < 0) fail("cuda attention choice: negative context length ", q.max_len);
     if (q.window < 0) fail("cuda attention choice: negative window ", q.window);
     check_batch(q.batch, "attention");
@@ -144,12 +145,18 @@ void check_attention(const AttentionQuery& q) {
 
 bool cuda_weight_type(GGMLType type) {
     switch (type) {
-        case GGMLType::F32: case GGMLType::F16: case GGMLType::BF16:
-        case GGMLType::Q4_0: case GGMLType::Q4_1: case GGMLType::Q5_0: case GGMLType::Q5_1: case GGMLType::Q8_0:
-        case GGMLType::Q4_K: case GGMLType::Q5_K: case GGMLType::Q6_K:
-            return true;
-        default:
-            return false;
+        case GGMLType::F32:
+        case GGMLType::F16:
+        case GGMLType::BF16:
+        case GGMLType::Q4_0:
+        case GGMLType::Q4_1:
+        case GGMLType::Q5_0:
+        case GGMLType::Q5_1:
+        case GGMLType::Q8_0:
+        case GGMLType::Q4_K:
+        case GGMLType::Q5_K:
+        case GGMLType::Q6_K: return true;
+        default: return false;
     }
 }
 
@@ -159,10 +166,12 @@ bool gemv_cpu_order(int64_t n_in) { return n_in <= kLegacyExactMaxWidth; }
 
 bool gemm_q8_supported(GGMLType type) {
     switch (type) {
-        case GGMLType::Q4_0: case GGMLType::Q4_1: case GGMLType::Q5_0: case GGMLType::Q5_1: case GGMLType::Q8_0:
-            return true;
-        default:
-            return false;
+        case GGMLType::Q4_0:
+        case GGMLType::Q4_1:
+        case GGMLType::Q5_0:
+        case GGMLType::Q5_1:
+        case GGMLType::Q8_0: return true;
+        default: return false;
     }
 }
 
@@ -239,7 +248,8 @@ MatmulKernel choose_matmul(const MatmulQuery& q) {
 
 bool matmul_reads_q8(const MatmulQuery& q) {
     check_weight(q);
-    return gemv_wants_q8(q.type) && (q.batch.deterministic || (q.batch.n_tok <= kMaxIntPromptTokens && !takes_gemm_dq(q)));
+    return gemv_wants_q8(q.type) &&
+           (q.batch.deterministic || (q.batch.n_tok <= kMaxIntPromptTokens && !takes_gemm_dq(q)));
 }
 
 bool input_wants_q8(int32_t n_tok, int64_t width, bool any_wants_q8) {
@@ -252,7 +262,8 @@ bool ffn_takes_gemv_swiglu(bool silu, GGMLType gate, GGMLType up, const BatchFac
 
 bool qkv_may_take_rope_store(bool plain, bool f16_cache, bool neox, const MatmulQuery& wq) {
     check_weight(wq);
-    return plain && f16_cache && !neox && wq.batch.n_tok <= kMaxGemvTokens && !wq.batch.deterministic && !takes_gemm_dq(wq);
+    return plain && f16_cache && !neox && wq.batch.n_tok <= kMaxGemvTokens && !wq.batch.deterministic &&
+           !takes_gemm_dq(wq);
 }
 
 bool step_is_graphed(const BatchFacts& b, const KernelSwitches& sw) {

@@ -33,8 +33,8 @@ void convert_to_bf16(const float* x, __nv_bfloat16* y, int64_t n, cudaStream_t s
 // y_i [n_tok][n_out_i] = x [n_tok][n_in] * W_i^T for up to kMaxGemvBatch weights of one type
 // and width (Q, K, V or gate, up) in one launch; n_tok <= kMaxGemvTokens.
 constexpr int kMaxGemvBatch = 3;
-void gemv(const DeviceWeight* const* w, float* const* y, int count, const float* x, const int8_t* xq,
-          const float2* xds, int32_t n_tok, cudaStream_t s);
+void gemv(const DeviceWeight* const* w, float* const* y, int count, const float* x, const int8_t* xq, const float2* xds,
+          int32_t n_tok, cudaStream_t s);
 // Quantized GEMM on int8 tensor cores (gemm_q8.cu) for kMaxGemvTokens < n_tok <= kMaxGemmQ8Tokens:
 // y [n_tok][n_out] = x W^T from x's q8_1 blocks (quantize_q8_1), the weight read from memory once
 // per call. The 32-element block formats (gemm_q8_supported); the GEMV's per-block products, summed
@@ -71,14 +71,14 @@ void dequantize_f16(const DeviceWeight& w, __half* out, cudaStream_t s);
 // y = rmsnorm(x) * gamma per row [n_tok][dim] (y may be x). Optional fusions: res != null first
 // does x += res (written back); q != null also writes y as q8_1 blocks (q, ds) for a following GEMV;
 // xh != null also writes y as f16 in gemm_dq's order (dim % 32 == 0) for a following gemm_dq.
-void rmsnorm(float* x, const float* res, const float* gamma, int32_t n_tok, int32_t dim, float eps, float* y,
-             int8_t* q, float2* ds, cudaStream_t s, __half* xh = nullptr);
+void rmsnorm(float* x, const float* res, const float* gamma, int32_t n_tok, int32_t dim, float eps, float* y, int8_t* q,
+             float2* ds, cudaStream_t s, __half* xh = nullptr);
 // x [n_tok][n_heads][head_dim]: each head normed in place by gamma [head_dim], as rmsnorm rounds.
 void head_rmsnorm(float* x, const float* gamma, int32_t n_tok, int32_t n_heads, int32_t head_dim, float eps,
                   cudaStream_t s);
 // cos_sin: the RopeTables table of the rope's RopeParams covering the batch's positions.
-void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_heads, int32_t head_dim,
-          const float2* cos_sin, bool neox, cudaStream_t s);
+void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_heads, int32_t head_dim, const float2* cos_sin,
+          bool neox, cudaStream_t s);
 // out[i] = act(gate[i]) * up[i] (out may be gate or up).
 void gated_act(Activation act, const float* gate, const float* up, int64_t n, float* out, cudaStream_t s);
 // gated_act that also writes its output as q8_1 blocks (n % 32 == 0) for the down projection.
@@ -112,20 +112,21 @@ struct DeviceBatch {
 
 // kv_store, kv_store_q8, kv_expand_q8: a null cache is skipped (layers whose K and V types differ
 // store and expand each cache with the kernel of its type).
-void kv_store(__half* k_cache, __half* v_cache, int32_t block_size, int32_t kv_dim,
-              const float* k, const float* v, int32_t n_tok, const DeviceBatch& b, cudaStream_t s);
+void kv_store(__half* k_cache, __half* v_cache, int32_t block_size, int32_t kv_dim, const float* k, const float* v,
+              int32_t n_tok, const DeviceBatch& b, cudaStream_t s);
 // q8_0 KV (src/backend/kv_layout.h): store rows as kv_store does; kv_expand_q8 writes the blocks of
 // the first n_blk entries of each of n_seq block-table rows as f16 at the same places of an f16
 // layer (for kernels that read f16 K/V only).
 void kv_store_q8(uint8_t* k_cache, uint8_t* v_cache, int32_t block_size, int32_t kv_dim, int32_t head_dim,
                  const float* k, const float* v, int32_t n_tok, const DeviceBatch& b, cudaStream_t s);
 void kv_expand_q8(const uint8_t* k_cache, const uint8_t* v_cache, __half* k_f16, __half* v_f16, int32_t block_size,
-                  int32_t kv_dim, int32_t head_dim, int32_t n_blocks, int32_t n_seq, int32_t n_blk, const DeviceBatch& b,
-                  cudaStream_t s);
+                  int32_t kv_dim, int32_t head_dim, int32_t n_blocks, int32_t n_seq, int32_t n_blk,
+                  const DeviceBatch& b, cudaStream_t s);
 // rope of q (may be null) and k, then kv_store of k and v (both caches null: the ropes only).
 void rope_kv_store(float* q, int32_t n_head_q, float* k, const float* v, int32_t n_head_kv, int32_t head_dim,
-                   const float2* cos_sin, bool neox, __half* k_cache, __half* v_cache, int32_t block_size, int32_t n_tok,
-                   const DeviceBatch& b, bool early, cudaStream_t s);   // early: let the next kernel start at once
+                   const float2* cos_sin, bool neox, __half* k_cache, __half* v_cache, int32_t block_size,
+                   int32_t n_tok, const DeviceBatch& b, bool early,
+                   cudaStream_t s);   // early: let the next kernel start at once
 
 // The same ropes (normal mode only) and f16 KV store done by the Q, K, V GEMV as it writes its
 // rows, when gemv_takes_rope_store: one launch a layer less. w and y are q, k, v in that order.
@@ -142,7 +143,9 @@ void gemv_rope_store(const DeviceWeight* const* w, float* const* y, const float*
 
 // A run of <= tile_len consecutive batch tokens of one sequence: attention shares K/V loads
 // among the tile's queries. Built on the host by set_batch for each tile length.
-struct AttnTile { int32_t first, count; };
+struct AttnTile {
+    int32_t first, count;
+};
 
 struct AttentionArgs {
     const __half* k_cache;        // f16 rows, or q8_0 blocks when kv_q8 (attention_decode only)

@@ -42,9 +42,9 @@ __global__ void kv_store_q8_kernel(uint8_t* __restrict__ kc, uint8_t* __restrict
 constexpr int kExpandThreads = 256;
 
 template <int kCaches>
-__global__ void kv_expand_q8_kernel(const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc, __half* __restrict__ kh,
-                                    __half* __restrict__ vh, int32_t block_size, int32_t kv_dim, int32_t head_dim,
-                                    int32_t n_blocks, int32_t n_blk, DeviceBatch b) {
+__global__ void kv_expand_q8_kernel(const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc,
+                                    __half* __restrict__ kh, __half* __restrict__ vh, int32_t block_size,
+                                    int32_t kv_dim, int32_t head_dim, int32_t n_blocks, int32_t n_blk, DeviceBatch b) {
     pdl_wait();
     pdl_trigger();
     const int seq = blockIdx.x / n_blk, j = blockIdx.x % n_blk;
@@ -64,7 +64,8 @@ __global__ void kv_expand_q8_kernel(const uint8_t* __restrict__ kc, const uint8_
             out[k] = *reinterpret_cast<const uint32_t*>(&h);
         }
         const int64_t head = i / (int64_t(block_size) * head_dim), slot = i / head_dim % block_size;
-        uint4* dst = reinterpret_cast<uint4*>((kv ? vh : kh) + phys * n + slot * kv_dim + head * head_dim + i % head_dim);
+        uint4* dst = reinterpret_cast<uint4*>((kv ? vh : kh) + phys * n + slot * kv_dim + head * head_dim +
+                                              i % head_dim);
         dst[0] = make_uint4(out[0], out[1], out[2], out[3]);
         dst[1] = make_uint4(out[4], out[5], out[6], out[7]);
     }
@@ -92,8 +93,8 @@ void kv_store_q8(uint8_t* k_cache, uint8_t* v_cache, int32_t block_size, int32_t
 }
 
 void kv_expand_q8(const uint8_t* k_cache, const uint8_t* v_cache, __half* k_f16, __half* v_f16, int32_t block_size,
-                  int32_t kv_dim, int32_t head_dim, int32_t n_blocks, int32_t n_seq, int32_t n_blk, const DeviceBatch& b,
-                  cudaStream_t s) {
+                  int32_t kv_dim, int32_t head_dim, int32_t n_blocks, int32_t n_seq, int32_t n_blk,
+                  const DeviceBatch& b, cudaStream_t s) {
     if (n_seq <= 0 || n_blk <= 0) return;
     if (int64_t(block_size) * kv_dim % 256)
         fail("cuda kv_expand_q8: a KV block of ", block_size, " x ", kv_dim, " values is not a multiple of 256");

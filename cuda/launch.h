@@ -23,8 +23,8 @@ bool device_is_sm90();
 
 // cluster_x > 1: the grid's x dimension runs in thread-block clusters of that many CTAs (Hopper).
 template <class... KArgs, class... Args>
-void launch_pdl_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, unsigned cluster_x, cudaStream_t s,
-                        Args&&... args) {
+void launch_pdl_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, unsigned cluster_x,
+                        cudaStream_t s, Args&&... args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;

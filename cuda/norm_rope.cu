@@ -27,10 +27,9 @@ __device__ __forceinline__ float rms_scale(double sum_sq, int32_t dim, float eps
 // One block per token row. With `res`, first x += res (the residual add of the previous op,
 // written back). With `q`, y is also quantized to q8_1 for the GEMV that reads it next. y may be
 // x (Gemma 3's post-norms): each element is read before the same thread writes it.
-__global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(float* x, const float* __restrict__ res,
-                                                              const float* __restrict__ gamma, int32_t dim, float eps,
-                                                              float* y, int8_t* __restrict__ q,
-                                                              float2* __restrict__ ds) {
+__global__ void __launch_bounds__(kNormThreads)
+    rmsnorm_kernel(float* x, const float* __restrict__ res, const float* __restrict__ gamma, int32_t dim, float eps,
+                   float* y, int8_t* __restrict__ q, float2* __restrict__ ds) {
     pdl_wait();
     pdl_trigger();
     float* xr = x + int64_t(blockIdx.x) * dim;
@@ -77,10 +76,9 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(float* x, const f
 constexpr int kVecNormThreads = 1024;
 
 template <int U>
-__global__ void __launch_bounds__(kVecNormThreads) rmsnorm_vec_kernel(float* x, const float* __restrict__ res,
-                                                                     const float* __restrict__ gamma, int32_t dim, float eps,
-                                                                     float* y, int8_t* __restrict__ q,
-                                                                     float2* __restrict__ ds, __half* __restrict__ xh) {
+__global__ void __launch_bounds__(kVecNormThreads)
+    rmsnorm_vec_kernel(float* x, const float* __restrict__ res, const float* __restrict__ gamma, int32_t dim, float eps,
+                       float* y, int8_t* __restrict__ q, float2* __restrict__ ds, __half* __restrict__ xh) {
     const int n4 = dim / 4;
     float4* xr = reinterpret_cast<float4*>(x + int64_t(blockIdx.x) * dim);
     float4 v[U], g[U];
@@ -116,7 +114,8 @@ __global__ void __launch_bounds__(kVecNormThreads) rmsnorm_vec_kernel(float* x, 
 #pragma unroll
     for (int k = 0; k < U; ++k) {
         const int i = threadIdx.x + k * blockDim.x;
-        const float4 o = make_float4(v[k].x * inv * g[k].x, v[k].y * inv * g[k].y, v[k].z * inv * g[k].z, v[k].w * inv * g[k].w);
+        const float4 o = make_float4(v[k].x * inv * g[k].x, v[k].y * inv * g[k].y, v[k].z * inv * g[k].z,
+                                     v[k].w * inv * g[k].w);
         if (i < n4) reinterpret_cast<float4*>(y + int64_t(blockIdx.x) * dim)[i] = o;
         if (xh && i < n4) store_dq4(xh, int64_t(blockIdx.x) * dim + 4 * int64_t(i), o);
         if (q) {   // dim % 32 == 0, so a group of 8 lanes is wholly inside or outside the row
@@ -132,8 +131,7 @@ __global__ void __launch_bounds__(kVecNormThreads) rmsnorm_vec_kernel(float* x, 
             if (i < n4) {
                 const int64_t e = int64_t(blockIdx.x) * dim + 4 * int64_t(i);
                 reinterpret_cast<char4*>(q)[e / 4] = make_char4(int8_t(q0), int8_t(q1), int8_t(q2), int8_t(q3));
-                if ((lane & 7) == 0)
-                    ds[e / 32] = q8_1_ds(sc.d, sum);
+                if ((lane & 7) == 0) ds[e / 32] = q8_1_ds(sc.d, sum);
             }
         }
     }
@@ -144,9 +142,9 @@ __global__ void __launch_bounds__(kVecNormThreads) rmsnorm_vec_kernel(float* x, 
 // x * scale * gamma).
 constexpr int kHeadNormWarps = 8;
 
-__global__ void __launch_bounds__(kHeadNormWarps * kWarp) head_rmsnorm_kernel(float* __restrict__ x,
-                                                                             const float* __restrict__ gamma,
-                                                                             int64_t n_rows, int32_t head_dim, float eps) {
+__global__ void __launch_bounds__(kHeadNormWarps * kWarp)
+    head_rmsnorm_kernel(float* __restrict__ x, const float* __restrict__ gamma, int64_t n_rows, int32_t head_dim,
+                        float eps) {
     pdl_wait();
     pdl_trigger();
     const int64_t r = int64_t(blockIdx.x) * kHeadNormWarps + (threadIdx.x >> 5);
@@ -188,8 +186,9 @@ __global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ p
 // when the caches are null: a q8_0 cache is stored by its own kernel after the ropes).
 __global__ void rope_kv_store_kernel(float* __restrict__ q, int32_t n_head_q, float* __restrict__ k,
                                      const float* __restrict__ v, int32_t n_head_kv, int32_t head_dim,
-                                     const float2* __restrict__ cos_sin, bool neox, __half* __restrict__ kc, __half* __restrict__ vc, int32_t block_size,
-                                     int32_t n_tok, DeviceBatch b, bool early) {
+                                     const float2* __restrict__ cos_sin, bool neox, __half* __restrict__ kc,
+                                     __half* __restrict__ vc, int32_t block_size, int32_t n_tok, DeviceBatch b,
+                                     bool early) {
     // early: trigger first, so the decode attention that follows streams the older cache while
     // this kernel waits.
     if (early) pdl_trigger();
@@ -232,10 +231,11 @@ __global__ void rope_kv_store_kernel(float* __restrict__ q, int32_t n_head_q, fl
 
 }  // namespace
 
-void rmsnorm(float* x, const float* res, const float* gamma, int32_t n_tok, int32_t dim, float eps, float* y,
-             int8_t* q, float2* ds, cudaStream_t s, __half* xh) {
+void rmsnorm(float* x, const float* res, const float* gamma, int32_t n_tok, int32_t dim, float eps, float* y, int8_t* q,
+             float2* ds, cudaStream_t s, __half* xh) {
     if (n_tok <= 0) return;
-    if ((q || xh) && dim % 32) fail("cuda rmsnorm: a q8 or f16 block output needs a width that is a multiple of 32, got ", dim);
+    if ((q || xh) && dim % 32)
+        fail("cuda rmsnorm: a q8 or f16 block output needs a width that is a multiple of 32, got ", dim);
     const int n4 = dim / 4;
     if (dim % 4 == 0 && n4 <= 4 * kVecNormThreads) {
         const int per = (n4 + kVecNormThreads - 1) / kVecNormThreads;   // float4 per thread
@@ -244,8 +244,7 @@ void rmsnorm(float* x, const float* res, const float* gamma, int32_t n_tok, int3
             launch_pdl(rmsnorm_vec_kernel<1>, unsigned(n_tok), threads, s, x, res, gamma, dim, eps, y, q, ds, xh);
         else if (per == 2)
             launch_pdl(rmsnorm_vec_kernel<2>, unsigned(n_tok), threads, s, x, res, gamma, dim, eps, y, q, ds, xh);
-        else
-            launch_pdl(rmsnorm_vec_kernel<4>, unsigned(n_tok), threads, s, x, res, gamma, dim, eps, y, q, ds, xh);
+        else launch_pdl(rmsnorm_vec_kernel<4>, unsigned(n_tok), threads, s, x, res, gamma, dim, eps, y, q, ds, xh);
     } else {
         launch_pdl(rmsnorm_kernel, unsigned(n_tok), kNormThreads, s, x, res, gamma, dim, eps, y, q, ds);
         if (xh) gemm_dq_input(y, xh, n_tok, dim, s);   // wide rows: the conversion as a kernel of its own
@@ -258,8 +257,8 @@ void head_rmsnorm(float* x, const float* gamma, int32_t n_tok, int32_t n_heads, 
     if (head_dim <= 0) fail("cuda head_rmsnorm: head_dim ", head_dim, " must be positive");
     const int64_t n_rows = int64_t(n_tok) * n_heads;
     if (n_rows <= 0) return;
-    launch_pdl(head_rmsnorm_kernel, unsigned((n_rows + kHeadNormWarps - 1) / kHeadNormWarps), kHeadNormWarps * kWarp, s, x,
-               gamma, n_rows, head_dim, eps);
+    launch_pdl(head_rmsnorm_kernel, unsigned((n_rows + kHeadNormWarps - 1) / kHeadNormWarps), kHeadNormWarps * kWarp, s,
+               x, gamma, n_rows, head_dim, eps);
     EMBER_CUDA_LAUNCHED("head_rmsnorm");
 }
 
@@ -274,8 +273,8 @@ void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_heads, int32_t 
 }
 
 void rope_kv_store(float* q, int32_t n_head_q, float* k, const float* v, int32_t n_head_kv, int32_t head_dim,
-                   const float2* cos_sin, bool neox, __half* k_cache, __half* v_cache, int32_t block_size, int32_t n_tok,
-                   const DeviceBatch& b, bool early, cudaStream_t s) {
+                   const float2* cos_sin, bool neox, __half* k_cache, __half* v_cache, int32_t block_size,
+                   int32_t n_tok, const DeviceBatch& b, bool early, cudaStream_t s) {
     if (head_dim % 2) fail("cuda rope: head_dim ", head_dim, " is odd");
     const int64_t total = int64_t(n_tok) * (n_head_q + (k_cache ? 2 : 1) * n_head_kv) * (head_dim / 2);
     if (total == 0) return;

@@ -10,8 +10,8 @@ namespace cuda {
 namespace {
 
 // One warp per 32-element block.
-__global__ void quantize_q8_1_kernel(const float* __restrict__ x, int8_t* __restrict__ q,
-                                     float2* __restrict__ ds, int64_t n_blocks) {
+__global__ void quantize_q8_1_kernel(const float* __restrict__ x, int8_t* __restrict__ q, float2* __restrict__ ds,
+                                     int64_t n_blocks) {
     pdl_wait();
     pdl_trigger();
     const int64_t blk = int64_t(blockIdx.x) * (blockDim.x / kWarp) + (threadIdx.x >> 5);
@@ -23,10 +23,8 @@ __global__ void quantize_q8_1_kernel(const float* __restrict__ x, int8_t* __rest
 template <class T>
 __global__ void convert_kernel(const float* __restrict__ x, T* __restrict__ y, int64_t n) {
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-        if constexpr (std::is_same<T, __half>::value)
-            y[i] = __float2half_rn(x[i]);
-        else
-            y[i] = __float2bfloat16_rn(x[i]);
+        if constexpr (std::is_same<T, __half>::value) y[i] = __float2half_rn(x[i]);
+        else y[i] = __float2bfloat16_rn(x[i]);
     }
 }
 

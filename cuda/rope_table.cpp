@@ -41,7 +41,8 @@ const float2* RopeTables::get(const RopeParams& params, int32_t n_pos, cudaStrea
     if (params.head_dim <= 0 || params.head_dim % 2)
         fail("cuda rope: head_dim ", params.head_dim, " must be positive and even");
     if (!params.freq_factors.empty() && int64_t(params.freq_factors.size()) != params.head_dim / 2)
-        fail("cuda rope: ", params.freq_factors.size(), " frequency factors for ", params.head_dim / 2, " rotated pairs");
+        fail("cuda rope: ", params.freq_factors.size(), " frequency factors for ", params.head_dim / 2,
+             " rotated pairs");
     auto it = std::find_if(tables_.begin(), tables_.end(), [&](const Table& t) { return t.params == params; });
     if (it == tables_.end()) {
         tables_.push_back(Table{params, 0, nullptr});

@@ -14,10 +14,17 @@ size_t align256(size_t n) { return (n + 255) & ~size_t(255); }
 
 const TypeTraits& block_info(GGMLType type) {
     switch (type) {
-        case GGMLType::F32: case GGMLType::F16: case GGMLType::BF16:
-        case GGMLType::Q4_0: case GGMLType::Q4_1: case GGMLType::Q5_0: case GGMLType::Q5_1: case GGMLType::Q8_0:
-        case GGMLType::Q4_K: case GGMLType::Q5_K: case GGMLType::Q6_K:
-            return type_traits(type);
+        case GGMLType::F32:
+        case GGMLType::F16:
+        case GGMLType::BF16:
+        case GGMLType::Q4_0:
+        case GGMLType::Q4_1:
+        case GGMLType::Q5_0:
+        case GGMLType::Q5_1:
+        case GGMLType::Q8_0:
+        case GGMLType::Q4_K:
+        case GGMLType::Q5_K:
+        case GGMLType::Q6_K: return type_traits(type);
         default: fail("cuda: weight type ", uint32_t(type), " is not supported by the CUDA backend");
     }
 }
@@ -25,25 +32,48 @@ const TypeTraits& block_info(GGMLType type) {
 PackedLayout packed_layout(GGMLType type, int64_t n_in, int64_t n_out) {
     const TypeTraits& tt = block_info(type);
     if (n_in % tt.block_elems != 0)
-        fail("cuda: a ", tt.name, " row of ", n_in, " elements is not a whole number of ",
-             tt.block_elems, "-element blocks");
+        fail("cuda: a ", tt.name, " row of ", n_in, " elements is not a whole number of ", tt.block_elems,
+             "-element blocks");
     PackedLayout L;
     L.n_blocks = n_in / tt.block_elems;
     const size_t nblk = size_t(L.n_blocks) * size_t(n_out);
     switch (type) {
-        case GGMLType::F32: case GGMLType::F16: case GGMLType::BF16:
-        case GGMLType::Q4_K: case GGMLType::Q5_K:
+        case GGMLType::F32:
+        case GGMLType::F16:
+        case GGMLType::BF16:
+        case GGMLType::Q4_K:
+        case GGMLType::Q5_K:
             L.total = nblk * tt.block_bytes;
-            if (type == GGMLType::F32 && n_in % 4) fail("cuda: F32 rows must hold a multiple of 4 elements, got ", n_in);
+            if (type == GGMLType::F32 && n_in % 4)
+                fail("cuda: F32 rows must hold a multiple of 4 elements, got ", n_in);
             if ((type == GGMLType::F16 || type == GGMLType::BF16) && n_in % 8)
                 fail("cuda: F16/BF16 rows must hold a multiple of 8 elements, got ", n_in);
             return L;
-        case GGMLType::Q4_0: L.qs_bytes = 16; L.meta_bytes = 2; break;
-        case GGMLType::Q4_1: L.qs_bytes = 16; L.meta_bytes = 4; break;
-        case GGMLType::Q5_0: L.qs_bytes = 16; L.meta_bytes = 8; break;
-        case GGMLType::Q5_1: L.qs_bytes = 16; L.meta_bytes = 8; break;
-        case GGMLType::Q8_0: L.qs_bytes = 32; L.meta_bytes = 2; break;
-        case GGMLType::Q6_K: L.qs_bytes = 192; L.meta_bytes = 16; L.meta2_bytes = 2; break;
+        case GGMLType::Q4_0:
+            L.qs_bytes = 16;
+            L.meta_bytes = 2;
+            break;
+        case GGMLType::Q4_1:
+            L.qs_bytes = 16;
+            L.meta_bytes = 4;
+            break;
+        case GGMLType::Q5_0:
+            L.qs_bytes = 16;
+            L.meta_bytes = 8;
+            break;
+        case GGMLType::Q5_1:
+            L.qs_bytes = 16;
+            L.meta_bytes = 8;
+            break;
+        case GGMLType::Q8_0:
+            L.qs_bytes = 32;
+            L.meta_bytes = 2;
+            break;
+        case GGMLType::Q6_K:
+            L.qs_bytes = 192;
+            L.meta_bytes = 16;
+            L.meta2_bytes = 2;
+            break;
         default: fail("cuda: weight type ", tt.name, " has no packed layout");
     }
     L.meta_off = align256(nblk * L.qs_bytes);
@@ -70,24 +100,39 @@ void pack_weight(GGMLType type, int64_t n_in, int64_t n_out, const uint8_t* src,
         uint8_t* m = meta + b * L.meta_bytes;
         switch (type) {
             case GGMLType::Q4_0:   // {f16 d; u8 qs[16]}
-                std::memcpy(m, s, 2); std::memcpy(q, s + 2, 16); break;
+                std::memcpy(m, s, 2);
+                std::memcpy(q, s + 2, 16);
+                break;
             case GGMLType::Q4_1:   // {f16 d, m; u8 qs[16]}
-                std::memcpy(m, s, 4); std::memcpy(q, s + 4, 16); break;
+                std::memcpy(m, s, 4);
+                std::memcpy(q, s + 4, 16);
+                break;
             case GGMLType::Q5_0: { // {f16 d; u8 qh[4]; u8 qs[16]}
                 MetaQ5_0 mm{};
-                std::memcpy(&mm.d, s, 2); std::memcpy(&mm.qh, s + 2, 4);
-                std::memcpy(m, &mm, sizeof mm); std::memcpy(q, s + 6, 16); break;
+                std::memcpy(&mm.d, s, 2);
+                std::memcpy(&mm.qh, s + 2, 4);
+                std::memcpy(m, &mm, sizeof mm);
+                std::memcpy(q, s + 6, 16);
+                break;
             }
             case GGMLType::Q5_1: { // {f16 d, m; u8 qh[4]; u8 qs[16]}
                 MetaQ5_1 mm{};
-                std::memcpy(&mm.d, s, 2); std::memcpy(&mm.m, s + 2, 2); std::memcpy(&mm.qh, s + 4, 4);
-                std::memcpy(m, &mm, sizeof mm); std::memcpy(q, s + 8, 16); break;
+                std::memcpy(&mm.d, s, 2);
+                std::memcpy(&mm.m, s + 2, 2);
+                std::memcpy(&mm.qh, s + 4, 4);
+                std::memcpy(m, &mm, sizeof mm);
+                std::memcpy(q, s + 8, 16);
+                break;
             }
             case GGMLType::Q8_0:   // {f16 d; i8 qs[32]}
-                std::memcpy(m, s, 2); std::memcpy(q, s + 2, 32); break;
+                std::memcpy(m, s, 2);
+                std::memcpy(q, s + 2, 32);
+                break;
             case GGMLType::Q6_K:   // {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}
-                std::memcpy(q, s, 192); std::memcpy(m, s + 192, 16);
-                std::memcpy(meta2 + b * 2, s + 208, 2); break;
+                std::memcpy(q, s, 192);
+                std::memcpy(m, s + 192, 16);
+                std::memcpy(meta2 + b * 2, s + 208, 2);
+                break;
             default: break;
         }
     }

@@ -20,8 +20,15 @@ struct PackedLayout {
 };
 
 // Per-block metadata of the small formats (the quants live in the qs region).
-struct MetaQ5_0 { uint16_t d; uint16_t pad; uint32_t qh; };
-struct MetaQ5_1 { uint16_t d, m; uint32_t qh; };
+struct MetaQ5_0 {
+    uint16_t d;
+    uint16_t pad;
+    uint32_t qh;
+};
+struct MetaQ5_1 {
+    uint16_t d, m;
+    uint32_t qh;
+};
 
 // The block format (include/ember/quant.h) of a type the CUDA backend runs; throws InvalidInput
 // for the others.

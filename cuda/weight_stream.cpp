@@ -122,8 +122,7 @@ private:
             EMBER_CUDA_CHECK(cudaEventCreateWithFlags(&ready_[i], cudaEventDisableTiming));
             EMBER_CUDA_CHECK(cudaEventCreateWithFlags(&free_[i], cudaEventDisableTiming));
         }
-        const std::string how =
-            pin_mapping ? pin(lo, hi) : "copies through pinned bounce buffers (EMBER_STREAM_PIN=0)";
+        const std::string how = pin_mapping ? pin(lo, hi) : "copies through pinned bounce buffers (EMBER_STREAM_PIN=0)";
         if (!pinned_) {
             for (int i = 0; i < kBounceBufs; ++i) {
                 EMBER_CUDA_CHECK(cudaMallocHost(&bounce_[i], kBounceBytes));
@@ -154,7 +153,8 @@ private:
         int read_only = 0;
         cudaDeviceGetAttribute(&read_only, cudaDevAttrHostRegisterReadOnlySupported, device_);
         void* p = reinterpret_cast<void*>(a);
-        const cudaError_t e = cudaHostRegister(p, b - a, read_only ? cudaHostRegisterReadOnly : cudaHostRegisterDefault);
+        const cudaError_t e = cudaHostRegister(p, b - a,
+                                               read_only ? cudaHostRegisterReadOnly : cudaHostRegisterDefault);
         if (e == cudaSuccess || e == cudaErrorHostMemoryAlreadyRegistered) {
             cudaGetLastError();
             pinned_ = true;

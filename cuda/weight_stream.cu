@@ -73,12 +73,24 @@ void pack_weight_device(GGMLType type, int64_t n_in, int64_t n_out, const uint8_
     uint8_t* meta2 = dst + L.meta2_off;
     const unsigned grid = unsigned((nblk + kPerCta - 1) / kPerCta);
     switch (type) {
-        case GGMLType::Q4_0: pack_kernel<GGMLType::Q4_0, 18, 16, 2><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk); break;
-        case GGMLType::Q4_1: pack_kernel<GGMLType::Q4_1, 20, 16, 4><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk); break;
-        case GGMLType::Q5_0: pack_kernel<GGMLType::Q5_0, 22, 16, 8><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk); break;
-        case GGMLType::Q5_1: pack_kernel<GGMLType::Q5_1, 24, 16, 8><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk); break;
-        case GGMLType::Q8_0: pack_kernel<GGMLType::Q8_0, 34, 32, 2><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk); break;
-        case GGMLType::Q6_K: pack_kernel<GGMLType::Q6_K, 210, 192, 16><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk); break;
+        case GGMLType::Q4_0:
+            pack_kernel<GGMLType::Q4_0, 18, 16, 2><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk);
+            break;
+        case GGMLType::Q4_1:
+            pack_kernel<GGMLType::Q4_1, 20, 16, 4><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk);
+            break;
+        case GGMLType::Q5_0:
+            pack_kernel<GGMLType::Q5_0, 22, 16, 8><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk);
+            break;
+        case GGMLType::Q5_1:
+            pack_kernel<GGMLType::Q5_1, 24, 16, 8><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk);
+            break;
+        case GGMLType::Q8_0:
+            pack_kernel<GGMLType::Q8_0, 34, 32, 2><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk);
+            break;
+        case GGMLType::Q6_K:
+            pack_kernel<GGMLType::Q6_K, 210, 192, 16><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk);
+            break;
         default: fail("cuda: no device re-layout for weight type ", block_info(type).name);
     }
     EMBER_CUDA_LAUNCHED("pack_weight_device");

@@ -49,7 +49,8 @@ def rope_scalings(hd, rng):
     return {
         "freq_factors": {"freq_factors": rng.uniform(1, 8, hd // 2).astype(np.float32)},
         "linear": {"freq_scale": float(rng.uniform(0.1, 0.9))},
-        "yarn": {"freq_scale": float(rng.uniform(0.1, 0.5)), "ext_factor": 1.0, "attn_factor": float(rng.uniform(0.8, 1.2)),
+        "yarn": {"freq_scale": float(rng.uniform(0.1, 0.5)), "ext_factor": 1.0,
+                 "attn_factor": float(rng.uniform(0.8, 1.2)),
                  "corr_lo": lo, "corr_hi": lo + float(rng.integers(2, hd // 4))},
     }
 

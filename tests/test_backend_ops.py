@@ -163,7 +163,8 @@ def backends(op):
     out = []
     for name in BACKENDS:
         out.append(pytest.param((name, None), id=name))
-        out += [pytest.param((name, v), id=f"{name}-{v}") for v, (_, ops) in VARIANTS.get(name, {}).items() if op in ops]
+        out += [pytest.param((name, v), id=f"{name}-{v}")
+                for v, (_, ops) in VARIANTS.get(name, {}).items() if op in ops]
     return out
 
 

@@ -12,9 +12,10 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 import backend_reference as ref_ops
 from conftest import kernel_module, rng_for, switches_overridden
 
-E = kernel_module()
 from ember import _ember
 from ember.switches import overridden
+
+E = kernel_module()
 
 # Byte offsets of fp16 scale fields in one block: random bytes there could be inf / NaN.
 F16_FIELDS = {T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: [0],
@@ -193,8 +194,8 @@ def attention_inputs(shape, rng):
 
 
 # The engine's default-mode decode steps over short f16 contexts where EMBER_CUDA_SHORT_ATTN=1
-# asks for attention_short: each query its own sequence over the same blocks. (n_head, n_head_kv, head_dim, kv length, query
-# positions, block_size, window)
+# asks for attention_short: each query its own sequence over the same blocks. (n_head, n_head_kv,
+# head_dim, kv length, query positions, block_size, window)
 SHORT_CASES = {
     "first_token": (8, 8, 128, 1, [0], 16, 0),
     "decode": (8, 8, 128, 77, [76], 16, 0),
@@ -230,7 +231,8 @@ def test_attention_short(short_gpu, case):
     probabilities stay float), also where a cluster's key ranges are empty."""
     n_head, n_kv, hd, _, pos, bs, window = SHORT_CASES[case]
     rng, q, k, v = short_inputs(case)
-    y = short_gpu.attention(q, k, v, pos, n_head, n_kv, hd, bs, seed=int(rng.integers(1 << 30)), window=window, fast=True)
+    y = short_gpu.attention(q, k, v, pos, n_head, n_kv, hd, bs, seed=int(rng.integers(1 << 30)), window=window,
+                            fast=True)
     expect = ref_ops.attention(q, ref_ops.kv_round(k, "f16"), ref_ops.kv_round(v, "f16"), pos, n_head, n_kv, hd, window)
     assert rel_err(y, expect) < (3e-3 if case in ("head_dim_80", "past_short", "many") else 1e-4)
 
@@ -401,7 +403,8 @@ def test_smollm2_perplexity_gpu(gpu, smollm2_path, split):
 
 def test_smollm2_logits_gpu_vs_cpu(gpu, smollm2_path):
     """Prompt logits, then 12 single-token steps (graph capture and replays) vs the CPU: the same
-    bits on an AVX-512 host. Elsewhere the bounds are the CPU's own spread: on this prompt the CPU's AVX-512 and AVX2 dot products
+    bits on an AVX-512 host. Elsewhere the bounds are the CPU's own spread: on this prompt the CPU's
+    AVX-512 and AVX2 dot products
     (the same arithmetic summed in another order) differ by 0.5-3.8% per step, 1.5% on average,
     because a last-bit difference flips some 8-bit activation roundings and the flips compound
     over 30 layers. Real defects (a wrong rope, a stale KV row) give errors of order 1."""
@@ -476,8 +479,8 @@ def write_synthetic_model(path, rng, n_layer=4, types=STREAM_TYPES, output_type=
 def run_sequence(path, ngl, n_batch, tokens, kv_type="f16", type_v=None):
     """Last-token logits after each eval of `tokens` (a list of token lists); kv_type is K's type
     (and V's unless type_v is given)."""
-    ctx = _ember.Context(_ember.Model(str(path), n_gpu_layers=ngl, verbose=True), n_ctx=160, n_batch=n_batch, n_threads=4,
-                         type_k=kv_type, type_v=type_v or kv_type)
+    ctx = _ember.Context(_ember.Model(str(path), n_gpu_layers=ngl, verbose=True), n_ctx=160, n_batch=n_batch,
+                         n_threads=4, type_k=kv_type, type_v=type_v or kv_type)
     out = []
     for toks in tokens:
         ctx.eval(toks, logits_all=False)

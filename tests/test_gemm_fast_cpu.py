@@ -99,8 +99,10 @@ def assert_float_rounding(got, want, bound, what):
 # n_out: a partial row tile (37 = 2 x 16 + 5 for AVX-512, 4 x 8 + 5 for AVX2), whole tiles over
 # several thread chunks (96), and a single short tile (5).
 # (the K-quants take row lengths of whole super-blocks of 256)
-@pytest.mark.parametrize("name,n_in,n_out", [(t, n_in, n_out) for t in TYPES
-                                             for n_in, n_out in [(576, 37), (1536, 96), (32, 5), (96, 37), (256, 37), (768, 21)]
+SHAPES = [(576, 37), (1536, 96), (32, 5), (96, 37), (256, 37), (768, 21)]
+
+
+@pytest.mark.parametrize("name,n_in,n_out", [(t, n_in, n_out) for t in TYPES for n_in, n_out in SHAPES
                                              if n_in % block_elems(t) == 0])
 def test_fast_matmul_matches_float64(cpu, rng, name, n_in, n_out):
     if not has_fast_kernel(name):
@@ -178,7 +180,8 @@ def test_fast_results_do_not_depend_on_the_batch(cpu, rng):
         full = cpu.matmul(qtype, wq, n_in, x, n_seq=2)
         for lo, hi in [(0, 2), (5, 13), (30, 33), (1, 33)] + ([(0, 1), (17, 18)] if always_fast(name) else []):
             part = cpu.matmul(qtype, wq, n_in, x[lo:hi], n_seq=2)
-            np.testing.assert_array_equal(part.view(np.uint32), full[lo:hi].view(np.uint32), err_msg=f"{name} {lo}:{hi}")
+            np.testing.assert_array_equal(part.view(np.uint32), full[lo:hi].view(np.uint32),
+                                          err_msg=f"{name} {lo}:{hi}")
 
 
 def test_matmul_many_hands_out_all_weights(cpu, rng):
@@ -192,7 +195,8 @@ def test_matmul_many_hands_out_all_weights(cpu, rng):
             outs = cpu.matmul_many([w[0] for w in ws], [w[1] for w in ws], n_in, x, n_seq=2)
             for nm, (qtype, wq, wd), got in zip(names, ws, outs):
                 one = cpu.matmul(qtype, wq, n_in, x, n_seq=2)
-                np.testing.assert_array_equal(got.view(np.uint32), one.view(np.uint32), err_msg=f"{names} n_tok={n_tok}")
+                np.testing.assert_array_equal(got.view(np.uint32), one.view(np.uint32),
+                                              err_msg=f"{names} n_tok={n_tok}")
                 assert_float_rounding(got, *reference(nm, wq, wd, x), f"{names} n_tok={n_tok}")
             invariant = cpu.matmul_many([w[0] for w in ws], [w[1] for w in ws], n_in, x, n_seq=2, batch_invariant=True)
             for nm, (qtype, wq, _), got, fast in zip(names, ws, invariant, outs):

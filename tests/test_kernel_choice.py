@@ -98,7 +98,8 @@ MATMUL_CASES = [
 @pytest.mark.parametrize("type_,n_in,n_tok,decode_step,deterministic,switches,cc,expected", MATMUL_CASES)
 def test_matmul_choice(type_, n_in, n_tok, decode_step, deterministic, switches, cc, expected):
     got = matmul(type_, n_in, n_tok, decode_step, deterministic, switches, cc)["kernel"]
-    assert got == expected, f"{type_} x{n_in} at {n_tok} tokens (decode step {decode_step}, deterministic {deterministic})"
+    assert got == expected, (f"{type_} x{n_in} at {n_tok} tokens "
+                             f"(decode step {decode_step}, deterministic {deterministic})")
 
 
 def test_gemm_dq_needs_the_sm90a_build():
@@ -346,7 +347,8 @@ def attention_table():
     lines = ["| KV cache, context | " + " | ".join(name for name, _ in ATTENTION_COLUMNS) + " |",
              "|---" * (len(ATTENTION_COLUMNS) + 1) + "|"]
     for row, rq in ATTENTION_ROWS:
-        cells = [attention_cell(attention(head_dim=128, n_head=32, n_head_kv=8, **rq, **cq)) for _, cq in ATTENTION_COLUMNS]
+        cells = [attention_cell(attention(head_dim=128, n_head=32, n_head_kv=8, **rq, **cq))
+                 for _, cq in ATTENTION_COLUMNS]
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     return lines
 
@@ -354,8 +356,8 @@ def attention_table():
 def doc_tables():
     lines = [BEGIN, ""]
     lines += matmul_table("Default mode, a prompt (one sequence's tokens), rows 4096 wide", WIDE, False, False)
-    lines += [""] + matmul_table("Default mode, an engine decode step (one token of each of n sequences), rows 4096 wide",
-                                 WIDE, True, False)
+    lines += [""] + matmul_table("Default mode, an engine decode step (one token of each of n sequences), "
+                                 "rows 4096 wide", WIDE, True, False)
     lines += [""] + matmul_table("Default mode, a prompt, rows 2048 wide (the widest the GEMV sums in the CPU's order)",
                                  CPU_ORDER_WIDTH, False, False)
     lines += [""] + matmul_table("Deterministic mode, rows 4096 wide (prompt or decode step alike)", WIDE, False, True)
@@ -384,7 +386,8 @@ def test_doc_matches_the_choice():
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--write"]:
-        sys.exit("usage: python tests/test_kernel_choice.py --write   (regenerates docs/cuda.md's kernel-choice tables)")
+        sys.exit("usage: python tests/test_kernel_choice.py --write"
+                 "   (regenerates docs/cuda.md's kernel-choice tables)")
     text = DOC.read_text()
     old = doc_region(text)
     if old is None:

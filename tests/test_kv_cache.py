@@ -768,7 +768,8 @@ def test_random_sequences_against_model(bs, prefix_caching):
             seq, next_id = next_id, next_id + 1
             kv.add(seq)
             base = bases[int(rng.integers(len(bases)))]
-            prompt = base[:int(rng.integers(0, len(base) + 1))] + rng.integers(0, 50, int(rng.integers(0, 2 * bs))).tolist()
+            prompt = (base[:int(rng.integers(0, len(base) + 1))]
+                      + rng.integers(0, 50, int(rng.integers(0, 2 * bs))).tolist())
             m = kv.match_prefix(seq, prompt)
             assert m % bs == 0 and m <= max(len(prompt) - 1, 0)
             if not prefix_caching:
@@ -857,7 +858,8 @@ def test_random_sequences_with_host_tier(bs, host_slots):
             seq, next_id = next_id, next_id + 1
             kv.add(seq)
             base = bases[int(rng.integers(len(bases)))]
-            prompt = base[:int(rng.integers(0, len(base) + 1))] + rng.integers(0, 50, int(rng.integers(0, 2 * bs))).tolist()
+            prompt = (base[:int(rng.integers(0, len(base) + 1))]
+                      + rng.integers(0, 50, int(rng.integers(0, 2 * bs))).tolist())
             m = kv.match_prefix(seq, prompt)
             assert m % bs == 0 and m <= max(len(prompt) - 1, 0)
             model.seqs[seq], pending[seq] = prompt[:m], prompt[m:]

@@ -247,7 +247,8 @@ def test_cli_prints_completion(llm, smollm2_path):
     assert bad.returncode == 1 and "top_p" in bad.stderr
     # -ctk alone: K q8_0, V f16, as llama.cpp takes it.
     mixed = subprocess.run([sys.executable, "-m", "ember.cli", "-m", smollm2_path, "-p", prompt, "-n", "4",
-                            "-c", "128", "-t", "2", "-ctk", "q8_0"], capture_output=True, text=True, env=env, timeout=300)
+                            "-c", "128", "-t", "2", "-ctk", "q8_0"],
+                           capture_output=True, text=True, env=env, timeout=300)
     assert mixed.returncode == 0 and mixed.stdout.strip(), mixed.stderr
 
 

@@ -304,7 +304,8 @@ def test_quantized_tiny_model_runs(tiny_path, mix):
 
 def test_refuses_quantized_input(tiny_path, tmp_path):
     q = quantized(tiny_path, "Q4_0")
-    with pytest.raises(ValueError, match=r"tiny-f32-Q4_0.gguf: tensor 'token_embd.weight' is already quantized \(Q4_0\).*--allow-requantize"):
+    with pytest.raises(ValueError, match=r"tiny-f32-Q4_0.gguf: tensor 'token_embd.weight' is already quantized "
+                                         r"\(Q4_0\).*--allow-requantize"):
         E.quantize_model(q, str(tmp_path / "re.gguf"), "Q8_0")
     assert not (tmp_path / "re.gguf").exists()   # refused before anything is written
     E.quantize_model(q, str(tmp_path / "re.gguf"), "Q8_0", n_threads=2, allow_requantize=True)

@@ -410,8 +410,9 @@ def test_bad_chat_requests(client):
     assert a["choices"][0]["message"] == b["choices"][0]["message"]
 
 
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
-                                          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+                                          "parameters": CITY}}]
 
 
 def test_chat_with_tools(client):
@@ -420,7 +421,8 @@ def test_chat_with_tools(client):
     is content or well-formed tool calls (tests/test_tool_calls.py covers the parsing)."""
     messages = CHAT + [
         {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}]
     body = {"messages": messages, "tools": TOOLS, "max_tokens": 12, "temperature": 0}
     choice = client.post("/v1/chat/completions", json=body).json()["choices"][0]

@@ -57,7 +57,10 @@ std::vector<uint8_t> random_weight(GGMLType t, int64_t n_out, int64_t n_in) {
     for (auto& b : w) b = uint8_t(byte(rng));
     std::vector<int> offs;
     switch (t) {
-        case GGMLType::Q4_1: case GGMLType::Q5_1: case GGMLType::Q4_K: case GGMLType::Q5_K: offs = {0, 2}; break;
+        case GGMLType::Q4_1:
+        case GGMLType::Q5_1:
+        case GGMLType::Q4_K:
+        case GGMLType::Q5_K: offs = {0, 2}; break;
         case GGMLType::Q6_K: offs = {208}; break;
         default: offs = {0}; break;
     }
@@ -88,7 +91,10 @@ double time_it(Backend& be, const std::function<void()>& fn, int inner = 20, int
     return time_it([&] { be.synchronize(); }, fn, inner, reps);
 }
 
-struct Named { GGMLType t; const char* name; };
+struct Named {
+    GGMLType t;
+    const char* name;
+};
 
 // kCopies device copies of one random weight (one pass over them does not fit in L2, so matmuls
 // on rotating copies stream from HBM), random activations of up to max_tok tokens and an output.
@@ -118,11 +124,11 @@ struct MatmulBuffers {
     const Weight& next() { return ws[rot = (rot + 1) % kCopies]; }
 };
 
-}  // namespace
+} // namespace
 
 int main(int argc, char** argv) {
     try {
-        const BackendOptions opts;   // its switches: the backend's, and the paths the tables below name
+        const BackendOptions opts; // its switches: the backend's, and the paths the tables below name
         const Switches& sw = opts.switches;
         auto be = make_cuda_backend(opts);
         // Copy bandwidth (bytes read + written) of a 1 GiB device-to-device copy.
@@ -130,15 +136,18 @@ int main(int argc, char** argv) {
         void* a = be->alloc(cb);
         void* b = be->alloc(cb);
         cudaMemset(a, 1, cb);
-        const double tc = time_it(*be, [&] {
-            cudaMemcpy(b, a, cb, cudaMemcpyDeviceToDevice);
-            cudaDeviceSynchronize();   // a device-to-device cudaMemcpy does not wait
-        }, 5, 5);
+        const double tc = time_it(
+            *be,
+            [&] {
+                cudaMemcpy(b, a, cb, cudaMemcpyDeviceToDevice);
+                cudaDeviceSynchronize(); // a device-to-device cudaMemcpy does not wait
+            },
+            5, 5);
         const double copy_bw = 2.0 * cb / tc;
         be->free(a);
         be->free(b);
         std::printf("device copy bandwidth: %.0f GB/s (read + write)\n\n", copy_bw / 1e9);
-        const std::string only = argc > 1 ? argv[1] : "";   // "gemv", "gemm", "gemm_dq" or "attention": that table alone
+        const std::string only = argc > 1 ? argv[1] : ""; // "gemv", "gemm", "gemm_dq" or "attention": that table alone
         auto wants = [&](const char* table) { return only.empty() || only == table; };
 
         const Named types[] = {{GGMLType::Q4_0, "Q4_0"}, {GGMLType::Q4_1, "Q4_1"}, {GGMLType::Q5_0, "Q5_0"},
@@ -148,13 +157,15 @@ int main(int argc, char** argv) {
         // llama2-7b shapes: (n_in, n_out) of q/k/v/o, gate/up, down.
         const int64_t shapes[3][2] = {{4096, 4096}, {4096, 11008}, {11008, 4096}};
         if (wants("gemv"))
-            std::printf("| type | shape | tok | us (with q8 of x) | GB/s from HBM | %% of copy bw | pp512 TFLOP/s |\n"
-                        "|---|---|---|---|---|---|---|\n");
+            std::printf(
+                "| type | shape | tok | us (with q8 of x) | GB/s from HBM | %% of copy bw | pp512 TFLOP/s |\n"
+                "|---|---|---|---|---|---|---|\n");
         for (const Named& ty : types) {
             if (!wants("gemv")) break;
             for (auto& sh : shapes) {
                 int64_t n_in = sh[0], n_out = sh[1];
-                if ((ty.t == GGMLType::Q4_K || ty.t == GGMLType::Q5_K || ty.t == GGMLType::Q6_K) && n_in % 256) n_in = 11264;
+                if ((ty.t == GGMLType::Q4_K || ty.t == GGMLType::Q5_K || ty.t == GGMLType::Q6_K) && n_in % 256)
+                    n_in = 11264;
                 MatmulBuffers m(*be, ty.t, n_in, n_out, 512);
                 const double wbytes = double(cuda::packed_layout(ty.t, n_in, n_out).total);
                 const double t1 = time_it(*be, [&] { be->matmul(m.next(), m.x, 1, m.y); }, 48);
@@ -191,8 +202,9 @@ int main(int argc, char** argv) {
                                        int(sw.integer("EMBER_CUDA_GEMM_DQ_ROWS"))};
         const Named dq_types[] = {{GGMLType::Q4_0, "Q4_0"}, {GGMLType::Q8_0, "Q8_0"}, {GGMLType::Q4_1, "Q4_1"}};
         if (wants("gemm"))
-            std::printf("\n| path | type | shape | tok | us (with conversion of x) | weight GB/s | %% of 3.35 TB/s | TOPS |\n"
-                        "|---|---|---|---|---|---|---|---|\n");
+            std::printf(
+                "\n| path | type | shape | tok | us (with conversion of x) | weight GB/s | %% of 3.35 TB/s | TOPS |\n"
+                "|---|---|---|---|---|---|---|---|\n");
         for (const Named& ty : dq_types) {
             if (!wants("gemm")) break;
             for (auto& sh : shapes) {
@@ -209,16 +221,18 @@ int main(int argc, char** argv) {
             }
         }
         if (wants("gemm_dq"))
-            std::printf("\n| gemm_dq | shape | tok | us (with f16 of x) | kernel us | weight GB/s (kernel) | %% of 3.35 TB/s | TOPS |\n"
-                        "|---|---|---|---|---|---|---|---|\n");
+            std::printf(
+                "\n| gemm_dq | shape | tok | us (with f16 of x) | kernel us | weight GB/s (kernel) | %% of 3.35 TB/s | TOPS |\n"
+                "|---|---|---|---|---|---|---|---|\n");
         cudaStream_t cs = nullptr;
         if (wants("gemm_dq")) cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking);
         auto sync_cs = [&] { cudaStreamSynchronize(cs); };
         // Each llama2-7b weight alone, then the engine's fused launches of a layer (Q, K, V: 3 x
         // 4096x4096; gate and up: 2 x 11008x4096), whose row tiles share one grid. (n_in, n_out,
-        // weights a launch); the single weights come first, in `shapes` order (gemm_dq_check.sh's
-        // Nsight Compute launch numbers count on it).
-        const int64_t dq_launches[5][3] = {{4096, 4096, 1}, {4096, 11008, 1}, {11008, 4096, 1}, {4096, 4096, 3}, {4096, 11008, 2}};
+        // weights a launch); the single weights come first, in `shapes` order (Nsight Compute's
+        // --launch-skip counts of a profile of this table count on it).
+        const int64_t dq_launches[5][3] = {
+            {4096, 4096, 1}, {4096, 11008, 1}, {11008, 4096, 1}, {4096, 4096, 3}, {4096, 11008, 2}};
         for (const Named& ty : dq_types) {
             if (!wants("gemm_dq")) break;
             for (auto& dl : dq_launches) {
@@ -228,12 +242,12 @@ int main(int argc, char** argv) {
                 auto* xh = static_cast<__half*>(be->alloc(size_t(256) * n_in * 2));
                 std::vector<float*> ys{m.y};
                 while (int(ys.size()) < count) ys.push_back(static_cast<float*>(be->alloc(size_t(256) * n_out * 4)));
-                be->synchronize();   // x uploaded before the first launch on cs
+                be->synchronize(); // x uploaded before the first launch on cs
                 const cuda::PackedLayout layout = cuda::packed_layout(ty.t, n_in, n_out);
                 const double wbytes = double(layout.total) * count;
                 cuda::DeviceWeight dws[cuda::kMaxGemmDqWeights];
                 const cuda::DeviceWeight* wp[cuda::kMaxGemmDqWeights];
-                auto launch = [&](int n_tok) {   // the next copies of the weight (not in L2)
+                auto launch = [&](int n_tok) { // the next copies of the weight (not in L2)
                     for (int i = 0; i < count; ++i) {
                         dws[i] = {ty.t, static_cast<const uint8_t*>(m.next().data), layout, n_in, n_out};
                         wp[i] = &dws[i];
@@ -248,8 +262,8 @@ int main(int argc, char** argv) {
                         launch(n_tok);
                     });
                     const double tk = time_it(sync_cs, [&] { launch(n_tok); });
-                    std::printf("| %s | %s | %d | %.1f | %.1f | %.0f | %.0f%% | %.0f |\n", ty.name, shape.c_str(), n_tok,
-                                tf * 1e6, tk * 1e6, wbytes / tk / 1e9, 100.0 * wbytes / tk / kHbmPeak,
+                    std::printf("| %s | %s | %d | %.1f | %.1f | %.0f | %.0f%% | %.0f |\n", ty.name, shape.c_str(),
+                                n_tok, tf * 1e6, tk * 1e6, wbytes / tk / 1e9, 100.0 * wbytes / tk / kHbmPeak,
                                 2.0 * count * n_tok * n_in * n_out / tk / 1e12);
                 }
                 for (size_t i = 1; i < ys.size(); ++i) be->free(ys[i]);
@@ -260,7 +274,8 @@ int main(int argc, char** argv) {
 
         // Paged attention: llama2-7b heads (32 x 128, no GQA), one decode token at depth (up to 512:
         // the reference-order kernel), and a 512-token prompt.
-        if (wants("attention")) std::printf("\n| attention | ctx | us | GB/s of K/V | TFLOP/s |\n|---|---|---|---|---|\n");
+        if (wants("attention"))
+            std::printf("\n| attention | ctx | us | GB/s of K/V | TFLOP/s |\n|---|---|---|---|---|\n");
         const int n_head = 32, n_kv = 32, hd = 128, bs = 16;
         for (int ctx : {128, 256, 384, 512, 4096, 16384}) {
             if (!wants("attention")) break;

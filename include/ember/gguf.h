@@ -12,15 +12,31 @@
 namespace ember {
 
 enum class GGUFType : uint32_t {
-    UINT8 = 0, INT8 = 1, UINT16 = 2, INT16 = 3, UINT32 = 4, INT32 = 5, FLOAT32 = 6,
-    BOOL = 7, STRING = 8, ARRAY = 9, UINT64 = 10, INT64 = 11, FLOAT64 = 12,
+    UINT8 = 0,
+    INT8 = 1,
+    UINT16 = 2,
+    INT16 = 3,
+    UINT32 = 4,
+    INT32 = 5,
+    FLOAT32 = 6,
+    BOOL = 7,
+    STRING = 8,
+    ARRAY = 9,
+    UINT64 = 10,
+    INT64 = 11,
+    FLOAT64 = 12,
 };
 const char* gguf_type_name(GGUFType t);
 
 // One metadata value. Scalars use the union; arrays keep their element type and elements.
 struct GGUFValue {
     GGUFType type = GGUFType::UINT32;
-    union { uint64_t u; int64_t i; double f; bool b; } num{};
+    union {
+        uint64_t u;
+        int64_t i;
+        double f;
+        bool b;
+    } num{};
     std::string str;                       // STRING
     GGUFType elem_type = GGUFType::UINT8;  // ARRAY
     std::vector<GGUFValue> arr;            // ARRAY (may nest)

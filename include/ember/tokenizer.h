@@ -18,8 +18,7 @@ public:
 
     // add_bos is honoured only where the model asks for BOS (tokenizer.ggml.add_bos_token),
     // as in llama.cpp. parse_special: text like "<|im_start|>" becomes its control token.
-    virtual std::vector<int32_t> encode(const std::string& text, bool add_bos,
-                                        bool parse_special) const = 0;
+    virtual std::vector<int32_t> encode(const std::string& text, bool add_bos, bool parse_special) const = 0;
     // The bytes a token stands for (byte-level BPE unmapped, SentencePiece "▁" -> " ",
     // byte tokens <0xNN> -> that byte). Control tokens give their text only when special.
     virtual std::string token_to_piece(int32_t id, bool special) const = 0;
@@ -37,8 +36,7 @@ public:
 // incomplete character are held back until the character is complete.
 class IncrementalDetokenizer {
 public:
-    explicit IncrementalDetokenizer(const Tokenizer& tok, bool special = false)
-        : tok_(tok), special_(special) {}
+    explicit IncrementalDetokenizer(const Tokenizer& tok, bool special = false) : tok_(tok), special_(special) {}
     std::string push(int32_t id);   // complete UTF-8 text now available (may be empty)
     std::string flush();            // whatever is held back (invalid/incomplete bytes)
 

@@ -25,11 +25,16 @@ nb::object py_str(const std::string& s) {
 
 nb::object to_py(const GGUFValue& v) {
     switch (v.type) {
-        case GGUFType::UINT8: case GGUFType::UINT16: case GGUFType::UINT32: case GGUFType::UINT64:
-            return nb::steal(PyLong_FromUnsignedLongLong(v.num.u));
-        case GGUFType::INT8: case GGUFType::INT16: case GGUFType::INT32: case GGUFType::INT64:
-            return nb::steal(PyLong_FromLongLong(v.num.i));
-        case GGUFType::FLOAT32: case GGUFType::FLOAT64: return nb::float_(v.num.f);
+        case GGUFType::UINT8:
+        case GGUFType::UINT16:
+        case GGUFType::UINT32:
+        case GGUFType::UINT64: return nb::steal(PyLong_FromUnsignedLongLong(v.num.u));
+        case GGUFType::INT8:
+        case GGUFType::INT16:
+        case GGUFType::INT32:
+        case GGUFType::INT64: return nb::steal(PyLong_FromLongLong(v.num.i));
+        case GGUFType::FLOAT32:
+        case GGUFType::FLOAT64: return nb::float_(v.num.f);
         case GGUFType::BOOL: return nb::bool_(v.num.b);
         case GGUFType::STRING: return py_str(v.str);
         case GGUFType::ARRAY: {
@@ -151,8 +156,8 @@ GGUFValue from_py(const std::string& key, nb::handle value, std::optional<GGUFTy
         if (PyErr_Occurred()) throw nb::python_error();
         return v;
     }
-    fail("GGUFWriter.set('", key, "'): unsupported value of Python type ",
-         nb::inst_name(obj).c_str(), " (expected int, float, bool, str, bytes or a list)");
+    fail("GGUFWriter.set('", key, "'): unsupported value of Python type ", nb::inst_name(obj).c_str(),
+         " (expected int, float, bool, str, bytes or a list)");
 }
 
 const GGUFValue& require_key(const GGUFFile& f, const std::string& key) {
@@ -172,14 +177,17 @@ void bind_gguf(nb::module_& m) {
         .def_prop_ro("version", &GGUFFile::version)
         .def_prop_ro("alignment", &GGUFFile::alignment)
         .def_prop_ro("file_size", &GGUFFile::file_size)
-        .def("metadata", [](const GGUFFile& f) {
-            nb::dict d;
-            for (const auto& kv : f.metadata()) d[py_str(kv.first)] = to_py(kv.second);
-            return d;
-        }, "All metadata as {key: int | float | bool | str | list}, in file order.")
-        .def("key_type", [](const GGUFFile& f, const std::string& key) {
-            return type_string(require_key(f, key));
-        }, nb::arg("key"), "Stored type of a key: 'uint32', 'string', 'array[float32]', ...")
+        .def(
+            "metadata",
+            [](const GGUFFile& f) {
+                nb::dict d;
+                for (const auto& kv : f.metadata()) d[py_str(kv.first)] = to_py(kv.second);
+                return d;
+            },
+            "All metadata as {key: int | float | bool | str | list}, in file order.")
+        .def(
+            "key_type", [](const GGUFFile& f, const std::string& key) { return type_string(require_key(f, key)); },
+            nb::arg("key"), "Stored type of a key: 'uint32', 'string', 'array[float32]', ...")
         .def("get_uint", nb::overload_cast<const std::string&>(&GGUFFile::get_uint, nb::const_), nb::arg("key"))
         .def("get_uint", nb::overload_cast<const std::string&, uint64_t>(&GGUFFile::get_uint, nb::const_),
              nb::arg("key"), nb::arg("default"))
@@ -188,50 +196,69 @@ void bind_gguf(nb::module_& m) {
         .def("get_float", nb::overload_cast<const std::string&, double>(&GGUFFile::get_float, nb::const_),
              nb::arg("key"), nb::arg("default"))
         .def("get_bool", nb::overload_cast<const std::string&>(&GGUFFile::get_bool, nb::const_), nb::arg("key"))
-        .def("get_bool", nb::overload_cast<const std::string&, bool>(&GGUFFile::get_bool, nb::const_),
-             nb::arg("key"), nb::arg("default"))
-        .def("get_string", [](const GGUFFile& f, const std::string& key) { return py_str(f.get_string(key)); },
-             nb::arg("key"))
-        .def("get_string", [](const GGUFFile& f, const std::string& key, const std::string& dflt) {
-            return py_str(f.get_string(key, dflt));
-        }, nb::arg("key"), nb::arg("default"))
-        .def("tensors", [](const GGUFFile& f) {
-            nb::list out;
-            for (const GGUFTensor& t : f.tensors()) {
-                nb::dict d;
-                d["name"] = py_str(t.name);
-                d["type"] = static_cast<uint32_t>(t.type);
-                d["ne"] = nb::cast(t.ne);
-                d["offset"] = t.offset;
-                d["nbytes"] = t.nbytes;
-                out.append(d);
-            }
-            return out;
-        }, "Tensor infos: [{name, type, ne, offset (relative to the data section), nbytes}].")
-        .def("tensor_data", [](const GGUFFile& f, const std::string& name) {
-            const GGUFTensor& t = f.tensor(name);
-            return ByteView(t.data, {t.nbytes});
-        }, nb::arg("name"), nb::rv_policy::reference_internal,
-           "Read-only uint8 view of a tensor's bytes in the mapping (keeps the file open).")
+        .def("get_bool", nb::overload_cast<const std::string&, bool>(&GGUFFile::get_bool, nb::const_), nb::arg("key"),
+             nb::arg("default"))
+        .def(
+            "get_string", [](const GGUFFile& f, const std::string& key) { return py_str(f.get_string(key)); },
+            nb::arg("key"))
+        .def(
+            "get_string",
+            [](const GGUFFile& f, const std::string& key, const std::string& dflt) {
+                return py_str(f.get_string(key, dflt));
+            },
+            nb::arg("key"), nb::arg("default"))
+        .def(
+            "tensors",
+            [](const GGUFFile& f) {
+                nb::list out;
+                for (const GGUFTensor& t : f.tensors()) {
+                    nb::dict d;
+                    d["name"] = py_str(t.name);
+                    d["type"] = static_cast<uint32_t>(t.type);
+                    d["ne"] = nb::cast(t.ne);
+                    d["offset"] = t.offset;
+                    d["nbytes"] = t.nbytes;
+                    out.append(d);
+                }
+                return out;
+            },
+            "Tensor infos: [{name, type, ne, offset (relative to the data section), nbytes}].")
+        .def(
+            "tensor_data",
+            [](const GGUFFile& f, const std::string& name) {
+                const GGUFTensor& t = f.tensor(name);
+                return ByteView(t.data, {t.nbytes});
+            },
+            nb::arg("name"), nb::rv_policy::reference_internal,
+            "Read-only uint8 view of a tensor's bytes in the mapping (keeps the file open).")
         .def("advise_willneed", &GGUFFile::advise_willneed);
 
     nb::class_<GGUFWriter>(m, "GGUFWriter", "Streaming GGUF v3 writer.")
         .def(nb::init<const std::string&, size_t>(), nb::arg("path"), nb::arg("alignment") = 32)
-        .def("set", [](GGUFWriter& w, const std::string& key, nb::handle value, std::optional<std::string> type) {
-            std::optional<GGUFType> leaf;
-            if (type) leaf = parse_type_name(key, *type);
-            w.set(key, from_py(key, value, leaf));
-        }, nb::arg("key"), nb::arg("value"), nb::arg("type") = nb::none(),
-           "Set a metadata key; `type` names the scalar type (also of list elements), e.g. 'uint32'.")
-        .def("add_tensor_info", [](GGUFWriter& w, const std::string& name, uint32_t type_id,
-                                   const std::vector<int64_t>& ne) {
-            w.add_tensor_info(name, static_cast<GGMLType>(type_id), ne);
-        }, nb::arg("name"), nb::arg("type_id"), nb::arg("ne"))
+        .def(
+            "set",
+            [](GGUFWriter& w, const std::string& key, nb::handle value, std::optional<std::string> type) {
+                std::optional<GGUFType> leaf;
+                if (type) leaf = parse_type_name(key, *type);
+                w.set(key, from_py(key, value, leaf));
+            },
+            nb::arg("key"), nb::arg("value"), nb::arg("type") = nb::none(),
+            "Set a metadata key; `type` names the scalar type (also of list elements), e.g. 'uint32'.")
+        .def(
+            "add_tensor_info",
+            [](GGUFWriter& w, const std::string& name, uint32_t type_id, const std::vector<int64_t>& ne) {
+                w.add_tensor_info(name, static_cast<GGMLType>(type_id), ne);
+            },
+            nb::arg("name"), nb::arg("type_id"), nb::arg("ne"))
         .def("write_header", &GGUFWriter::write_header)
-        .def("write_tensor_data", [](GGUFWriter& w, nb::bytes b) { w.write_tensor_data(b.c_str(), b.size()); },
-             nb::arg("data"))
-        .def("write_tensor_data", [](GGUFWriter& w, nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu> a) {
-            w.write_tensor_data(a.data(), a.nbytes());
-        }, nb::arg("data"), "Write the next tensor's bytes (bytes or a C-contiguous array).")
+        .def(
+            "write_tensor_data", [](GGUFWriter& w, nb::bytes b) { w.write_tensor_data(b.c_str(), b.size()); },
+            nb::arg("data"))
+        .def(
+            "write_tensor_data",
+            [](GGUFWriter& w, nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu> a) {
+                w.write_tensor_data(a.data(), a.nbytes());
+            },
+            nb::arg("data"), "Write the next tensor's bytes (bytes or a C-contiguous array).")
         .def("finish", &GGUFWriter::finish);
 }

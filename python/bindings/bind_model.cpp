@@ -59,31 +59,34 @@ void bind_model(nb::module_& m) {
         .def_prop_ro("path", [](const Model& mo) { return mo.file().path(); })
         // llama.cpp's: the file's {arch}.pooling_type (0 none, 1 mean, 2 cls, 3 last, 4 rank);
         // none where the key is absent, as llama.cpp resolves an unspecified pooling type.
-        .def_prop_ro("pooling_type", [](const Model& mo) {
-            return (int)mo.file().get_uint(mo.hparams().arch + ".pooling_type", 0);
-        })
-        .def_prop_ro("size_bytes", [](const Model& mo) {
-            size_t total = 0;
-            for (const auto& t : mo.file().tensors()) total += t.nbytes;
-            return total;
-        })
-        .def_prop_ro("n_params", [](const Model& mo) {
-            int64_t total = 0;
-            for (const auto& t : mo.file().tensors()) total += t.n_elements();
-            return total;
-        })
-        .def_prop_ro("tokenizer", [](Model& mo) -> const Tokenizer& { return mo.tokenizer(); },
-                     nb::rv_policy::reference_internal);
+        .def_prop_ro("pooling_type",
+                     [](const Model& mo) { return (int)mo.file().get_uint(mo.hparams().arch + ".pooling_type", 0); })
+        .def_prop_ro("size_bytes",
+                     [](const Model& mo) {
+                         size_t total = 0;
+                         for (const auto& t : mo.file().tensors()) total += t.nbytes;
+                         return total;
+                     })
+        .def_prop_ro("n_params",
+                     [](const Model& mo) {
+                         int64_t total = 0;
+                         for (const auto& t : mo.file().tensors()) total += t.n_elements();
+                         return total;
+                     })
+        .def_prop_ro(
+            "tokenizer", [](Model& mo) -> const Tokenizer& { return mo.tokenizer(); },
+            nb::rv_policy::reference_internal);
 
-    auto context_params = bind_params<ContextParams>(m, "ContextParams",
-                               "An inference context's settings (include/ember/model.h); keywords set fields.")
-        .def_rw("n_ctx", &ContextParams::n_ctx)
-        .def_rw("n_batch", &ContextParams::n_batch)
-        .def_rw("n_threads", &ContextParams::n_threads)
-        .def_rw("kv_block_size", &ContextParams::kv_block_size)
-        .def_rw("offload_kqv", &ContextParams::offload_kqv)
-        .def_rw("kv_gpu_cache_mb", &ContextParams::kv_gpu_cache_mb)
-        .def_rw("embeddings", &ContextParams::embeddings);
+    auto context_params = bind_params<ContextParams>(
+                              m, "ContextParams",
+                              "An inference context's settings (include/ember/model.h); keywords set fields.")
+                              .def_rw("n_ctx", &ContextParams::n_ctx)
+                              .def_rw("n_batch", &ContextParams::n_batch)
+                              .def_rw("n_threads", &ContextParams::n_threads)
+                              .def_rw("kv_block_size", &ContextParams::kv_block_size)
+                              .def_rw("offload_kqv", &ContextParams::offload_kqv)
+                              .def_rw("kv_gpu_cache_mb", &ContextParams::kv_gpu_cache_mb)
+                              .def_rw("embeddings", &ContextParams::embeddings);
     def_kv_type_fields(context_params);
 
     nb::class_<Context>(m, "Context")
@@ -93,30 +96,26 @@ void bind_model(nb::module_& m) {
              }),
              nb::arg("model"), nb::arg("params") = nb::none(), nb::arg("fields"),
              "A context over model with a ContextParams, or its fields as keywords (Context(model, n_ctx=64)).")
-        .def("eval",
-             [](Context& c, const std::vector<int32_t>& tokens, bool logits_all) {
-                 nb::gil_scoped_release release;
-                 c.eval(tokens.data(), (int32_t)tokens.size(), logits_all);
-             },
-             nb::arg("tokens"), nb::arg("logits_all") = false)
-        .def("logits",
-             [](const Context& c, int i) {
-                 return copy_rows(c.logits(i), 1, c.model().hparams().n_vocab, false);
-             },
-             nb::arg("i") = -1)
+        .def(
+            "eval",
+            [](Context& c, const std::vector<int32_t>& tokens, bool logits_all) {
+                nb::gil_scoped_release release;
+                c.eval(tokens.data(), (int32_t)tokens.size(), logits_all);
+            },
+            nb::arg("tokens"), nb::arg("logits_all") = false)
+        .def(
+            "logits",
+            [](const Context& c, int i) { return copy_rows(c.logits(i), 1, c.model().hparams().n_vocab, false); },
+            nb::arg("i") = -1)
         .def("all_logits",
-             [](const Context& c) {
-                 return copy_rows(c.logits(0), c.n_logits(), c.model().hparams().n_vocab, true);
-             })
-        .def("embeddings",
-             [](const Context& c, int i) {
-                 return copy_rows(c.embeddings(i), 1, c.model().hparams().n_embd, false);
-             },
-             nb::arg("i") = -1)
-        .def("all_embeddings",
-             [](const Context& c) {
-                 return copy_rows(c.embeddings(0), c.n_logits(), c.model().hparams().n_embd, true);
-             })
+             [](const Context& c) { return copy_rows(c.logits(0), c.n_logits(), c.model().hparams().n_vocab, true); })
+        .def(
+            "embeddings",
+            [](const Context& c, int i) { return copy_rows(c.embeddings(i), 1, c.model().hparams().n_embd, false); },
+            nb::arg("i") = -1)
+        .def(
+            "all_embeddings",
+            [](const Context& c) { return copy_rows(c.embeddings(0), c.n_logits(), c.model().hparams().n_embd, true); })
         .def_prop_ro("n_logits", &Context::n_logits)
         .def_prop_ro("n_past", &Context::n_past)
         .def_prop_ro("n_ctx", &Context::n_ctx)

@@ -23,8 +23,8 @@ using Logits = nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::c
 // a returned Sampler* would be cast back to a new reference to that instance which nothing drops,
 // so the instance, its type and its methods would outlive the interpreter (nanobind's leak report).
 void init_sampler(ember::Sampler* self, float temperature, int32_t top_k, float top_p, float min_p,
-                  float repeat_penalty, float frequency_penalty, float presence_penalty, int32_t penalty_last_n, const std::optional<std::map<int32_t, float>>& logit_bias,
-                  uint64_t seed) {
+                  float repeat_penalty, float frequency_penalty, float presence_penalty, int32_t penalty_last_n,
+                  const std::optional<std::map<int32_t, float>>& logit_bias, uint64_t seed) {
     std::vector<std::pair<int32_t, float>> bias;
     if (logit_bias) bias.assign(logit_bias->begin(), logit_bias->end());
     const ember::SamplingParams p = sampling_params_arg(temperature, top_k, top_p, min_p, repeat_penalty,
@@ -36,22 +36,23 @@ void init_sampler(ember::Sampler* self, float temperature, int32_t top_k, float 
 }  // namespace
 
 void bind_sampling(nb::module_& m) {
-    nb::class_<ember::Sampler>(m, "Sampler",
+    nb::class_<ember::Sampler>(
+        m, "Sampler",
         "Token sampler: logit_bias -> penalties -> top_k -> top_p -> min_p -> temperature -> draw "
         "(greedy when temperature <= 0). seed 0xFFFFFFFF draws a random seed.")
-        .def("__init__", &init_sampler, "temperature"_a = 0.8f, "top_k"_a = 40, "top_p"_a = 0.95f,
-             "min_p"_a = 0.05f, "repeat_penalty"_a = 1.0f, "frequency_penalty"_a = 0.0f,
-             "presence_penalty"_a = 0.0f, "penalty_last_n"_a = 64, "logit_bias"_a = nb::none(),
-             "seed"_a = 0xFFFFFFFFull)
-        .def("sample",
-             [](ember::Sampler& s, Logits logits, const std::vector<int32_t>& history) {
-                 if (logits.shape(0) > static_cast<size_t>(INT32_MAX))
-                     ember::fail("Sampler.sample: logits has too many entries (", logits.shape(0), ")");
-                 nb::gil_scoped_release unlocked;
-                 return s.sample(logits.data(), static_cast<int32_t>(logits.shape(0)), history);
-             },
-             "logits"_a, "history"_a = std::vector<int32_t>{},
-             "Draws one token id from logits [n_vocab] float32; history = tokens so far (for penalties).")
+        .def("__init__", &init_sampler, "temperature"_a = 0.8f, "top_k"_a = 40, "top_p"_a = 0.95f, "min_p"_a = 0.05f,
+             "repeat_penalty"_a = 1.0f, "frequency_penalty"_a = 0.0f, "presence_penalty"_a = 0.0f,
+             "penalty_last_n"_a = 64, "logit_bias"_a = nb::none(), "seed"_a = 0xFFFFFFFFull)
+        .def(
+            "sample",
+            [](ember::Sampler& s, Logits logits, const std::vector<int32_t>& history) {
+                if (logits.shape(0) > static_cast<size_t>(INT32_MAX))
+                    ember::fail("Sampler.sample: logits has too many entries (", logits.shape(0), ")");
+                nb::gil_scoped_release unlocked;
+                return s.sample(logits.data(), static_cast<int32_t>(logits.shape(0)), history);
+            },
+            "logits"_a, "history"_a = std::vector<int32_t>{},
+            "Draws one token id from logits [n_vocab] float32; history = tokens so far (for penalties).")
         .def_prop_ro("temperature", [](const ember::Sampler& s) { return s.params().temperature; })
         .def_prop_ro("top_k", [](const ember::Sampler& s) { return s.params().top_k; })
         .def_prop_ro("top_p", [](const ember::Sampler& s) { return s.params().top_p; })

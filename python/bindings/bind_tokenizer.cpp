@@ -34,9 +34,9 @@ void bind_tokenizer(nb::module_& m) {
         .def_static(
             "from_vocab",
             [](const std::string& model, std::vector<std::string> tokens, std::vector<float> scores,
-               std::vector<int32_t> token_types, std::vector<std::string> merges, const std::string& pre,
-               int32_t bos, int32_t eos, int32_t unk, int32_t pad, int32_t eot, int32_t eom,
-               std::optional<bool> add_bos, bool add_eos, std::optional<bool> add_space_prefix) {
+               std::vector<int32_t> token_types, std::vector<std::string> merges, const std::string& pre, int32_t bos,
+               int32_t eos, int32_t unk, int32_t pad, int32_t eot, int32_t eom, std::optional<bool> add_bos,
+               bool add_eos, std::optional<bool> add_space_prefix) {
                 ember::TokenizerVocab v;
                 v.model = model;
                 v.pre = pre;
@@ -44,17 +44,22 @@ void bind_tokenizer(nb::module_& m) {
                 v.scores = std::move(scores);
                 v.types = std::move(token_types);
                 v.merges = std::move(merges);
-                v.bos = bos; v.eos = eos; v.unk = unk; v.pad = pad; v.eot = eot; v.eom = eom;
+                v.bos = bos;
+                v.eos = eos;
+                v.unk = unk;
+                v.pad = pad;
+                v.eot = eot;
+                v.eom = eom;
                 // Defaults as for a GGUF file without the keys: SentencePiece adds BOS and a space prefix.
                 v.add_bos = add_bos.value_or(model == "llama");
                 v.add_eos = add_eos;
                 v.add_space_prefix = add_space_prefix.value_or(model == "llama");
                 return ember::make_tokenizer(std::move(v));
             },
-            "model"_a, "tokens"_a, "scores"_a = std::vector<float>(),
-            "token_types"_a = std::vector<int32_t>(), "merges"_a = std::vector<std::string>(),
-            "pre"_a = "default", "bos"_a = -1, "eos"_a = -1, "unk"_a = -1, "pad"_a = -1, "eot"_a = -1,
-            "eom"_a = -1, "add_bos"_a = nb::none(), "add_eos"_a = false, "add_space_prefix"_a = nb::none(),
+            "model"_a, "tokens"_a, "scores"_a = std::vector<float>(), "token_types"_a = std::vector<int32_t>(),
+            "merges"_a = std::vector<std::string>(), "pre"_a = "default", "bos"_a = -1, "eos"_a = -1, "unk"_a = -1,
+            "pad"_a = -1, "eot"_a = -1, "eom"_a = -1, "add_bos"_a = nb::none(), "add_eos"_a = false,
+            "add_space_prefix"_a = nb::none(),
             "Build from the lists a GGUF file's tokenizer.* keys hold (model 'gpt2' or 'llama').")
         .def_static(
             "from_gguf_file",
@@ -81,7 +86,8 @@ void bind_tokenizer(nb::module_& m) {
                 return as_bytes(t.decode(ids, special));
             },
             "ids"_a, "special"_a = false)
-        .def("token_text", [](const ember::Tokenizer& t, int32_t id) { return as_bytes(t.token_text(id)); }, "id"_a)
+        .def(
+            "token_text", [](const ember::Tokenizer& t, int32_t id) { return as_bytes(t.token_text(id)); }, "id"_a)
         .def("is_eog", &ember::Tokenizer::is_eog, "id"_a)
         .def_prop_ro("n_vocab", &ember::Tokenizer::n_vocab)
         .def_prop_ro("bos", &ember::Tokenizer::bos)
@@ -89,8 +95,8 @@ void bind_tokenizer(nb::module_& m) {
         .def_prop_ro("add_bos", &ember::Tokenizer::add_bos);
 
     nb::class_<ember::IncrementalDetokenizer>(m, "IncrementalDetokenizer")
-        .def(nb::init<const ember::Tokenizer&, bool>(), "tokenizer"_a, "special"_a = false,
-             nb::keep_alive<1, 2>())
-        .def("push", [](ember::IncrementalDetokenizer& d, int32_t id) { return as_bytes(d.push(id)); }, "id"_a)
+        .def(nb::init<const ember::Tokenizer&, bool>(), "tokenizer"_a, "special"_a = false, nb::keep_alive<1, 2>())
+        .def(
+            "push", [](ember::IncrementalDetokenizer& d, int32_t id) { return as_bytes(d.push(id)); }, "id"_a)
         .def("flush", [](ember::IncrementalDetokenizer& d) { return as_bytes(d.flush()); });
 }

@@ -92,7 +92,8 @@ def markdown():
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m ember.switches",
-                                description="The EMBER_* runtime switches and the values a backend made now would read.")
+                                description="The EMBER_* runtime switches and the values a backend made now "
+                                            "would read.")
     p.add_argument("--markdown", action="store_true", help="print docs/switches.md")
     args = p.parse_args(argv)
     if args.markdown:

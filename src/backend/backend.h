@@ -166,8 +166,7 @@ public:
         for (int i = 0; i < count; ++i) matmul(*ws[i], x, n_tok, ys[i]);
     }
     // y[t] = x[t] / rms(x[t]) * gamma; y may be x (in place).
-    virtual void rmsnorm(const float* x, const float* gamma, int32_t n_tok, int32_t dim,
-                         float eps, float* y) = 0;
+    virtual void rmsnorm(const float* x, const float* gamma, int32_t n_tok, int32_t dim, float eps, float* y) = 0;
     // x [n_tok][n_heads][head_dim]: each head normed in place by gamma [head_dim] (Qwen3, Gemma 3 q/k norm).
     virtual void head_rmsnorm(float* x, const float* gamma, int32_t n_tok, int32_t n_heads, int32_t head_dim,
                               float eps) = 0;
@@ -177,8 +176,8 @@ public:
     virtual void kv_store(KVLayer& kv, const float* k, const float* v, int32_t n_tok) = 0;
     // q [n_tok][n_head * head_dim] -> out [n_tok][n_head * head_dim], causal over the
     // sequence's blocks (GQA: head h reads kv head h / (n_head / n_head_kv)), within shape.window.
-    virtual void attention(const KVLayer& kv, const float* q, int32_t n_tok,
-                           const AttentionShape& shape, float* out) = 0;
+    virtual void attention(const KVLayer& kv, const float* q, int32_t n_tok, const AttentionShape& shape,
+                           float* out) = 0;
     // out[i] = act(gate[i]) * up[i]; out may be gate.
     virtual void gated_act(Activation act, const float* gate, const float* up, int64_t n, float* out) = 0;
     // x[i] += y[i]
@@ -194,8 +193,8 @@ public:
     // order in which a forward happens to call primitives. ----
 
     // residual != null: x += residual first (written back). Then y = rmsnorm(x) * gamma.
-    virtual void add_rmsnorm(float* x, const float* residual, const float* gamma, int32_t n_tok, int32_t dim,
-                             float eps, float* y) {
+    virtual void add_rmsnorm(float* x, const float* residual, const float* gamma, int32_t n_tok, int32_t dim, float eps,
+                             float* y) {
         if (residual) add(x, residual, (int64_t)n_tok * dim);
         rmsnorm(x, gamma, n_tok, dim, eps, y);
     }
@@ -246,7 +245,10 @@ public:
     // input copies, before the output copy). step_begin returns true when it replayed a graph
     // recorded for `key` (same ops, same buffers): the caller then skips the ops and calls
     // step_end. Backends without graphs keep these defaults.
-    virtual bool step_begin(uint64_t key) { (void)key; return false; }
+    virtual bool step_begin(uint64_t key) {
+        (void)key;
+        return false;
+    }
     virtual void step_end() {}
 
     // Runs work on this backend's host threads (the CPU backend's pool); null where it has none.

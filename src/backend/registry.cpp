@@ -28,8 +28,10 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOpti
     std::string built;
     for (const Entry& e : kBackends) built += (built.empty() ? "" : ", ") + std::string(e.name);
     if (name == "cuda")
-        fail("n_gpu_layers != 0 needs the CUDA backend, but this ember was built without it "
-             "(rebuild with -Ccmake.define.EMBER_CUDA=ON; built in: ", built, ")");
+        fail(
+            "n_gpu_layers != 0 needs the CUDA backend, but this ember was built without it "
+            "(rebuild with -Ccmake.define.EMBER_CUDA=ON; built in: ",
+            built, ")");
     fail("backend '", name, "' is not built into this ember (built in: ", built, ")");
 }
 

@@ -63,7 +63,7 @@ void gather_keys16_f16(const uint16_t* rows, int64_t row_stride, int32_t D, floa
 
 }  // namespace
 
-const AttentionMath kAttentionMathScalar{scores,     scale_round, weighted_sum, weighted_sum_f16, f16_to_f32,
+const AttentionMath kAttentionMathScalar{scores,     scale_round,        weighted_sum, weighted_sum_f16, f16_to_f32,
                                          f32_to_f16, exp_shifted_scalar, max,          gather_keys16_f16};
 
 void exp_shifted_scalar(float* x, int32_t n, float m) {

@@ -23,8 +23,8 @@ struct AttentionMath {
     // weighted_sum for the n_heads heads of a GQA group over f16 rows read where they lie:
     // o[h * o_stride + i] = sum_p w[h * w_stride + p] * rows[p][i] (as f32) for p < len. Each row is
     // read and converted once for all the heads (D % 16 == 0 at the SIMD levels).
-    void (*weighted_sum_f16)(const float* w, int64_t w_stride, int32_t n_heads, const uint16_t* const* rows,
-                             int32_t D, int32_t len, float* o, int64_t o_stride);
+    void (*weighted_sum_f16)(const float* w, int64_t w_stride, int32_t n_heads, const uint16_t* const* rows, int32_t D,
+                             int32_t len, float* o, int64_t o_stride);
     // dst[j] = the f16 value src[j] as f32.
     void (*f16_to_f32)(const uint16_t* src, int32_t n, float* dst);
     // dst[j] = src[j] rounded to f16 (float_to_half's bits: nearest even, NaNs kept quiet).

@@ -35,7 +35,8 @@ inline void store(float* p, v16 a) {
     for (int k = 0; k < 4; ++k) vst1q_f32(p + 4 * k, a.r[k]);
 }
 inline v16 operator+(v16 a, v16 b) {
-    return {{vaddq_f32(a.r[0], b.r[0]), vaddq_f32(a.r[1], b.r[1]), vaddq_f32(a.r[2], b.r[2]), vaddq_f32(a.r[3], b.r[3])}};
+    return {
+        {vaddq_f32(a.r[0], b.r[0]), vaddq_f32(a.r[1], b.r[1]), vaddq_f32(a.r[2], b.r[2]), vaddq_f32(a.r[3], b.r[3])}};
 }
 inline v16 operator*(v16 a, float s) {
     return {{vmulq_n_f32(a.r[0], s), vmulq_n_f32(a.r[1], s), vmulq_n_f32(a.r[2], s), vmulq_n_f32(a.r[3], s)}};
@@ -80,7 +81,8 @@ inline v16 round_f16(v16 a) {
     return {_mm512_cvtph_ps(_mm512_cvtps_ph(a.z, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))};
 }
 inline void store_f16(uint16_t* p, v16 a) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(a.z, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        _mm512_cvtps_ph(a.z, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 #else
 struct v16 {

@@ -115,8 +115,7 @@ struct Q8Kv {
     };
     static Head head_row(const KVLayer& kv, void* base, int32_t block, int32_t slot, int32_t head) {
         const int64_t width = kv_width(kv);
-        uint8_t* b =
-            static_cast<uint8_t*>(base) + (size_t)block * kv_block_bytes(GGMLType::Q8_0, kv.block_size, width);
+        uint8_t* b = static_cast<uint8_t*>(base) + (size_t)block * kv_block_bytes(GGMLType::Q8_0, kv.block_size, width);
         return {reinterpret_cast<int8_t*>(b) + kv_q8_value(kv.block_size, kv.head_dim, head, slot),
                 reinterpret_cast<uint16_t*>(b + (size_t)kv.block_size * width) +
                     kv_q8_scale(kv.block_size, kv.head_dim, head, slot)};
@@ -183,8 +182,8 @@ struct Scratch {
 };
 
 template <class K, class V>
-void attend_unit(const BatchInfo& batch, const KVLayer& kv, const float* q, const AttentionShape& s,
-                 const Unit& u, Scratch& sc, const AttentionMath& math, float* out) {
+void attend_unit(const BatchInfo& batch, const KVLayer& kv, const float* q, const AttentionShape& s, const Unit& u,
+                 Scratch& sc, const AttentionMath& math, float* out) {
     const int32_t D = s.head_dim, group = s.n_head / s.n_head_kv;
     const int64_t q_width = (int64_t)s.n_head * D;
     const int32_t* table = &batch.block_table[(int64_t)u.seq * batch.max_blocks];
@@ -264,7 +263,8 @@ void attend_unit(const BatchInfo& batch, const KVLayer& kv, const float* q, cons
             math.scale_round(prob, len, (float)(1.0 / sum), V::kF16Operands, w);
             if constexpr (!V::kRowsF16) math.weighted_sum(w, sc.vf.data() + (size_t)off * D, D, len, out_t + g * D);
         }
-        if constexpr (V::kRowsF16) math.weighted_sum_f16(sc.w.data(), n_loc, group, sc.vrows.data() + off, D, len, out_t, D);
+        if constexpr (V::kRowsF16)
+            math.weighted_sum_f16(sc.w.data(), n_loc, group, sc.vrows.data() + off, D, len, out_t, D);
     }
 }
 
@@ -277,8 +277,8 @@ void attend(ThreadPool& pool, const BatchInfo& batch, const KVLayer& kv, const f
     for (int32_t sq = 0; sq < batch.n_seq; ++sq)
         for (int32_t kvh = 0; kvh < s.n_head_kv; ++kvh)
             for (size_t j = 0; j < by_seq[sq].size(); j += kTokensPerUnit)
-                units.push_back({sq, kvh, by_seq[sq].data() + j,
-                                 (int32_t)std::min<size_t>(kTokensPerUnit, by_seq[sq].size() - j)});
+                units.push_back(
+                    {sq, kvh, by_seq[sq].data() + j, (int32_t)std::min<size_t>(kTokensPerUnit, by_seq[sq].size() - j)});
     pool.parallel_for((int64_t)units.size(), 1, [&](int64_t b, int64_t e) {
         thread_local Scratch sc;
         for (int64_t i = b; i < e; ++i) attend_unit<K, V>(batch, kv, q, s, units[i], sc, math, out);
@@ -293,13 +293,11 @@ void CpuBackend::kv_store(KVLayer& kv, const float* k, const float* v, int32_t n
     with_kv_type(kv.v_type, [&](auto vt) { store_rows<decltype(vt)>(batch_, kv, kv.v, v, n_tok, math); });
 }
 
-void CpuBackend::attention(const KVLayer& kv, const float* q, int32_t n_tok, const AttentionShape& s,
-                           float* out) {
+void CpuBackend::attention(const KVLayer& kv, const float* q, int32_t n_tok, const AttentionShape& s, float* out) {
     const AttentionMath& math = attention_math(s.head_dim, simd_);
     with_kv_type(kv.k_type, [&](auto kt) {
-        with_kv_type(kv.v_type, [&](auto vt) {
-            attend<decltype(kt), decltype(vt)>(pool_, batch_, kv, q, n_tok, s, math, out);
-        });
+        with_kv_type(kv.v_type,
+                     [&](auto vt) { attend<decltype(kt), decltype(vt)>(pool_, batch_, kv, q, n_tok, s, math, out); });
     });
 }
 

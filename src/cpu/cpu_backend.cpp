@@ -19,10 +19,8 @@
 namespace ember {
 
 CpuBackend::CpuBackend(int n_threads, const Switches& switches)
-    : handout_bytes_(size_t(switches.integer("EMBER_CPU_HANDOUT_KB")) << 10),
-      simd_(simd_level(switches)),
-      fast_level_(switches.on("EMBER_CPU_FAST_GEMM") ? simd_ : SimdLevel::scalar),
-      pool_(n_threads) {}
+    : handout_bytes_(size_t(switches.integer("EMBER_CPU_HANDOUT_KB")) << 10), simd_(simd_level(switches)),
+      fast_level_(switches.on("EMBER_CPU_FAST_GEMM") ? simd_ : SimdLevel::scalar), pool_(n_threads) {}
 
 void* CpuBackend::alloc(size_t bytes) {
     // Buffers of 2 MiB and more (the KV pool above all, whose blocks attention visits in the
@@ -72,14 +70,14 @@ void rmsnorm_row(const float* x, const float* gamma, int32_t dim, float eps, flo
 }
 }  // namespace
 
-void CpuBackend::rmsnorm(const float* x, const float* gamma, int32_t n_tok, int32_t dim, float eps,
-                         float* y) {
+void CpuBackend::rmsnorm(const float* x, const float* gamma, int32_t n_tok, int32_t dim, float eps, float* y) {
     for (int32_t t = 0; t < n_tok; ++t) rmsnorm_row(x + (int64_t)t * dim, gamma, dim, eps, y + (int64_t)t * dim);
 }
 
 void CpuBackend::head_rmsnorm(float* x, const float* gamma, int32_t n_tok, int32_t n_heads, int32_t head_dim,
                               float eps) {
-    for (int64_t r = 0; r < (int64_t)n_tok * n_heads; ++r) rmsnorm_row(x + r * head_dim, gamma, head_dim, eps, x + r * head_dim);
+    for (int64_t r = 0; r < (int64_t)n_tok * n_heads; ++r)
+        rmsnorm_row(x + r * head_dim, gamma, head_dim, eps, x + r * head_dim);
 }
 
 void CpuBackend::rope(float* x, int32_t n_tok, int32_t n_heads, const RopeParams& rope) {
@@ -147,8 +145,8 @@ std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& opts) {
     int n_threads = opts.n_threads;
     const unsigned hw = std::thread::hardware_concurrency();
     if (hw > 0 && (unsigned)n_threads > hw) {
-        std::fprintf(stderr, "ember: warning: n_threads %d is more than the %u hardware threads; using %u\n",
-                     n_threads, hw, hw);
+        std::fprintf(stderr, "ember: warning: n_threads %d is more than the %u hardware threads; using %u\n", n_threads,
+                     hw, hw);
         n_threads = (int)hw;
     }
     return std::make_unique<CpuBackend>(n_threads, opts.switches);

@@ -31,14 +31,12 @@ public:
 
     void matmul(const Weight& w, const float* x, int32_t n_tok, float* y) override;
     void matmul_many(const Weight* const* ws, float* const* ys, int count, const float* x, int32_t n_tok) override;
-    void rmsnorm(const float* x, const float* gamma, int32_t n_tok, int32_t dim, float eps,
-                 float* y) override;
+    void rmsnorm(const float* x, const float* gamma, int32_t n_tok, int32_t dim, float eps, float* y) override;
     void head_rmsnorm(float* x, const float* gamma, int32_t n_tok, int32_t n_heads, int32_t head_dim,
                       float eps) override;
     void rope(float* x, int32_t n_tok, int32_t n_heads, const RopeParams& rope) override;
     void kv_store(KVLayer& kv, const float* k, const float* v, int32_t n_tok) override;
-    void attention(const KVLayer& kv, const float* q, int32_t n_tok, const AttentionShape& shape,
-                   float* out) override;
+    void attention(const KVLayer& kv, const float* q, int32_t n_tok, const AttentionShape& shape, float* out) override;
     void gated_act(Activation act, const float* gate, const float* up, int64_t n, float* out) override;
     void add(float* x, const float* y, int64_t n) override;
     void add_bias(float* x, const float* bias, int32_t n_tok, int32_t dim) override;

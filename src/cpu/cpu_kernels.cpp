@@ -83,8 +83,8 @@ SimdLevel simd_level(const Switches& switches) {
     const std::string& v = switches.get("EMBER_SIMD");
     if (v.empty()) return level;
     // The x86 levels are no lower than neon on ARM, nor neon on x86 (the table checked the name).
-    const SimdLevel want = v == "scalar" ? SimdLevel::scalar
-                           : v == "avx2" ? SimdLevel::avx2
+    const SimdLevel want = v == "scalar"   ? SimdLevel::scalar
+                           : v == "avx2"   ? SimdLevel::avx2
                            : v == "avx512" ? SimdLevel::avx512
                                            : SimdLevel::neon;
     const bool x86_below = level != SimdLevel::neon && want != SimdLevel::neon && int(want) < int(level);

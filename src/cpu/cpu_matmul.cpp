@@ -103,7 +103,8 @@ bool matmul_many_fast(ThreadPool& pool, std::vector<uint8_t>& buf, int64_t n_chu
             const int64_t stop = std::min(e, first[i + 1]);
             const int64_t o_begin = (g - first[i]) * tile, o_end = std::min(w.n_out, (stop - first[i]) * tile);
             if (n_tok == 1)
-                ks[i]->gemv(n_in, static_cast<const uint8_t*>(w.data), row_bytes(w.type, n_in), act, o_begin, o_end, ys[i]);
+                ks[i]->gemv(n_in, static_cast<const uint8_t*>(w.data), row_bytes(w.type, n_in), act, o_begin, o_end,
+                            ys[i]);
             else
                 ks[i]->gemm(n_in, static_cast<const uint8_t*>(w.data), row_bytes(w.type, n_in), act, n_tok, o_begin,
                             o_end, ys[i], w.n_out);
@@ -191,8 +192,8 @@ void CpuBackend::matmul_many(const Weight* const* ws, float* const* ys, int coun
     const GGMLType act = cpu_kernels(ws[0]->type, simd_).vec_dot_type;
     bool shared = n_tok == 1 && count > 1;
     for (int i = 0; i < count; ++i)   // (a type with a single-token fast kernel takes it, alone)
-        shared = shared && !fast_always(ws[i]->type, fast_level_) && cpu_kernels(ws[i]->type, simd_).vec_dot_type == act &&
-                 ws[i]->n_in == ws[0]->n_in;
+        shared = shared && !fast_always(ws[i]->type, fast_level_) &&
+                 cpu_kernels(ws[i]->type, simd_).vec_dot_type == act && ws[i]->n_in == ws[0]->n_in;
     if (!shared) {
         Backend::matmul_many(ws, ys, count, x, n_tok);
         return;

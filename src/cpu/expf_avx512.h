@@ -30,7 +30,8 @@ __m256 exp8(__m256 xf) {
     const __m512i bits = _mm512_mask_blend_epi64(_mm512_test_epi64_mask(idx, _mm512_set1_epi64(16)), lo, hi);
     const __m512d s = _mm512_castsi512_pd(_mm512_add_epi64(bits, _mm512_slli_epi64(ki, 47)));
     const __m512d c0 = _mm512_set1_pd(kExpfC0), c1 = _mm512_set1_pd(kExpfC1), c2 = _mm512_set1_pd(kExpfC2);
-    const __m512d p = _mm512_fmadd_pd(_mm512_fmadd_pd(c0, r, c1), _mm512_mul_pd(r, r), _mm512_fmadd_pd(c2, r, _mm512_set1_pd(1.0)));
+    const __m512d p = _mm512_fmadd_pd(_mm512_fmadd_pd(c0, r, c1), _mm512_mul_pd(r, r),
+                                      _mm512_fmadd_pd(c2, r, _mm512_set1_pd(1.0)));
     return _mm512_cvtpd_ps(_mm512_mul_pd(p, s));
 }
 

@@ -10,9 +10,8 @@ namespace ember {
 
 // y[t * n_out + o] = dot(n_in, w + o * w_row, x + t * x_row) for o in [o_begin, o_end) and
 // every t < n_tok, where x holds the activations already quantized to the vec_dot type.
-using GemmFn = void (*)(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* x,
-                        size_t x_row, int32_t n_tok, int64_t o_begin, int64_t o_end, float* y,
-                        int64_t n_out);
+using GemmFn = void (*)(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* x, size_t x_row, int32_t n_tok,
+                        int64_t o_begin, int64_t o_end, float* y, int64_t n_out);
 
 // The tiled kernel whose every output equals what `dot` returns, or nullptr when there is
 // none for that kernel (the caller then loops over dot). Matching on the function pointer
@@ -43,8 +42,7 @@ inline GemmFn gemm_for(VecDotFn dot) {
 // writes yt[c * n_out + r] for rows wr[0..R) and tokens xt[0..C).
 template <int R, int C, class Prepare, class Tile>
 void run_tiles(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* x, size_t x_row, int32_t n_tok,
-               int64_t o_begin, int64_t o_end, float* y, int64_t n_out, VecDotFn dot, Prepare&& prepare,
-               Tile&& tile) {
+               int64_t o_begin, int64_t o_end, float* y, int64_t n_out, VecDotFn dot, Prepare&& prepare, Tile&& tile) {
     const int64_t o_tiled = o_begin + (o_end - o_begin) / R * R;
     int32_t t = 0;
     for (; t + C <= n_tok; t += C) {

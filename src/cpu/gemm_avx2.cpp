@@ -66,8 +66,8 @@ void tile(int64_t nb, const typename LegacyBlocks<K>::W* w, const typename Legac
 }
 
 template <Legacy K>
-void gemm(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* x, size_t x_row, int32_t n_tok,
-          int64_t o_begin, int64_t o_end, float* y, int64_t n_out) {
+void gemm(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* x, size_t x_row, int32_t n_tok, int64_t o_begin,
+          int64_t o_end, float* y, int64_t n_out) {
     using W = typename LegacyBlocks<K>::W;
     using X = typename LegacyBlocks<K>::X;
     const int64_t nb = n_in / 32;
@@ -114,7 +114,8 @@ void tile_q45_k(int64_t nb, const std::conditional_t<Q5, BlockQ5_K, BlockQ4_K>* 
             for (int c = 0; c < C; ++c) {
                 const int8_t* xq = x[c][i].qs + 64 * k;
                 sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(_mm256_maddubs_epi16(q.lo, load256(xq)), s_lo));
-                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(_mm256_maddubs_epi16(q.hi, load256(xq + 32)), s_hi));
+                sumi[c] = _mm256_add_epi32(sumi[c],
+                                           _mm256_madd_epi16(_mm256_maddubs_epi16(q.hi, load256(xq + 32)), s_hi));
             }
         }
         scale_block(h2f(w[i].d), x, i, sumi, acc);
@@ -172,7 +173,8 @@ void gemm_k(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* x, size
         },
         [&](const uint8_t* const* wr, const uint8_t* const*, float* yt) {
             if constexpr (T == GGMLType::Q6_K) tile_q6_k(nb, reinterpret_cast<const BlockQ6_K*>(wr[0]), xb, yt, n_out);
-            else if constexpr (T == GGMLType::Q5_K) tile_q45_k<true>(nb, reinterpret_cast<const BlockQ5_K*>(wr[0]), xb, yt, n_out);
+            else if constexpr (T == GGMLType::Q5_K)
+                tile_q45_k<true>(nb, reinterpret_cast<const BlockQ5_K*>(wr[0]), xb, yt, n_out);
             else tile_q45_k<false>(nb, reinterpret_cast<const BlockQ4_K*>(wr[0]), xb, yt, n_out);
         });
 }
@@ -181,9 +183,9 @@ void gemm_k(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* x, size
 
 GemmFn gemm_avx2_for(VecDotFn dot) {
     static const GemmEntry kTiles[] = {
-        {GGMLType::Q4_0, gemm<Legacy::q4_0>}, {GGMLType::Q4_1, gemm<Legacy::q4_1>},
-        {GGMLType::Q5_0, gemm<Legacy::q5_0>}, {GGMLType::Q5_1, gemm<Legacy::q5_1>},
-        {GGMLType::Q8_0, gemm<Legacy::q8_0>}, {GGMLType::Q4_K, gemm_k<GGMLType::Q4_K>},
+        {GGMLType::Q4_0, gemm<Legacy::q4_0>},     {GGMLType::Q4_1, gemm<Legacy::q4_1>},
+        {GGMLType::Q5_0, gemm<Legacy::q5_0>},     {GGMLType::Q5_1, gemm<Legacy::q5_1>},
+        {GGMLType::Q8_0, gemm<Legacy::q8_0>},     {GGMLType::Q4_K, gemm_k<GGMLType::Q4_K>},
         {GGMLType::Q5_K, gemm_k<GGMLType::Q5_K>}, {GGMLType::Q6_K, gemm_k<GGMLType::Q6_K>},
     };
     return gemm_lookup(dot, vec_dot_avx2, kTiles);

@@ -19,18 +19,16 @@ namespace {
 
 constexpr int R = 2, C = 4;   // weight rows x tokens per tile: 16 zmm accumulators
 
-
 inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
 inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 inline __m128i load128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
-inline __m512i join(__m256i lo, __m256i hi) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-}
+inline __m512i join(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
 
 // Integer lane sums need only be exact, not computed as vec_dot does: every operand here is
 // made unsigned (Q4 nibbles as they are, Q8_0 bytes + 128) and the offset comes back through
 // a per-token correction sum(off * x) that is shared by all rows of the tile.
-template <Legacy K> constexpr int offset() {
+template <Legacy K>
+constexpr int offset() {
     return K == Legacy::q4_0 ? 8 : K == Legacy::q5_0 ? 16 : K == Legacy::q8_0 ? 128 : 0;
 }
 
@@ -119,8 +117,7 @@ void tile_scales(const uint8_t* const* x, int64_t nb, float* xe, float* xs) {
         }
         if constexpr (kHasMin<K>) {
             for (int64_t g = 0; g < ng; ++g)
-                for (int j = 0; j < 4; ++j)
-                    xs[(g * C + c) * 4 + j] = 4 * g + j < nb ? h2f(xb[4 * g + j].s) : 0.0f;
+                for (int j = 0; j < 4; ++j) xs[(g * C + c) * 4 + j] = 4 * g + j < nb ? h2f(xb[4 * g + j].s) : 0.0f;
         }
     }
 }
@@ -129,8 +126,8 @@ void tile_scales(const uint8_t* const* x, int64_t nb, float* xe, float* xs) {
 // Pair h outermost, so only that pair's row data is live next to the 16 accumulators; forced
 // inline with constant loops so the accumulators stay in registers.
 template <Legacy K, int n_pair, class W, class X>
-__attribute__((always_inline)) inline void group(const W* const* w, const X* const* xb, const float* xe,
-                                                 int64_t np, int64_t i, __m512 (&acc)[R][C][2]) {
+__attribute__((always_inline)) inline void group(const W* const* w, const X* const* xb, const float* xe, int64_t np,
+                                                 int64_t i, __m512 (&acc)[R][C][2]) {
     const __m512i zero = _mm512_setzero_si512();
     __m512i words[R];
 #pragma GCC unroll 4
@@ -164,8 +161,8 @@ __attribute__((always_inline)) inline void group(const W* const* w, const X* con
 
 // y[c * n_out + r] for the tile's R rows and C tokens.
 template <Legacy K>
-void tile(int64_t nb, const uint8_t* const* wrow, const uint8_t* const* x, const float* xe,
-          const float* xs, float* y, int64_t n_out) {
+void tile(int64_t nb, const uint8_t* const* wrow, const uint8_t* const* x, const float* xe, const float* xs, float* y,
+          int64_t n_out) {
     using W = typename LegacyBlocks<K>::W;
     using X = typename LegacyBlocks<K>::X;
     constexpr bool has_min = kHasMin<K>;
@@ -232,8 +229,8 @@ void tile(int64_t nb, const uint8_t* const* wrow, const uint8_t* const* x, const
 }
 
 template <Legacy K>
-void gemm(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* x, size_t x_row, int32_t n_tok,
-          int64_t o_begin, int64_t o_end, float* y, int64_t n_out) {
+void gemm(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* x, size_t x_row, int32_t n_tok, int64_t o_begin,
+          int64_t o_end, float* y, int64_t n_out) {
     const int64_t nb = n_in / 32;
     std::vector<float> xe(size_t(C * (nb / 2) * 16)), xs(size_t((nb + 3) / 4 * C * 4));
     run_tiles<R, C>(
@@ -265,7 +262,8 @@ __attribute__((always_inline)) inline void madd_slice(const __m512i (&wq)[R], co
     for (int c = 0; c < C; ++c) {
         const __m512i xv = _mm512_loadu_si512(xb[c][i].qs + off);
 #pragma GCC unroll 4
-        for (int r = 0; r < R; ++r) sumi[r][c] = _mm512_dpwssd_epi32(sumi[r][c], _mm512_maddubs_epi16(wq[r], xv), sp[r]);
+        for (int r = 0; r < R; ++r)
+            sumi[r][c] = _mm512_dpwssd_epi32(sumi[r][c], _mm512_maddubs_epi16(wq[r], xv), sp[r]);
     }
 }
 
@@ -381,10 +379,23 @@ __attribute__((always_inline)) inline void block_q6_k(const BlockQ6_K* const* w,
     scale_block(w, xb, i, sumi, acc);
 }
 
-template <KKind K> struct KBlock;
-template <> struct KBlock<KKind::q4_k> { using W = BlockQ4_K; static constexpr GGMLType type = GGMLType::Q4_K; };
-template <> struct KBlock<KKind::q5_k> { using W = BlockQ5_K; static constexpr GGMLType type = GGMLType::Q5_K; };
-template <> struct KBlock<KKind::q6_k> { using W = BlockQ6_K; static constexpr GGMLType type = GGMLType::Q6_K; };
+template <KKind K>
+struct KBlock;
+template <>
+struct KBlock<KKind::q4_k> {
+    using W = BlockQ4_K;
+    static constexpr GGMLType type = GGMLType::Q4_K;
+};
+template <>
+struct KBlock<KKind::q5_k> {
+    using W = BlockQ5_K;
+    static constexpr GGMLType type = GGMLType::Q5_K;
+};
+template <>
+struct KBlock<KKind::q6_k> {
+    using W = BlockQ6_K;
+    static constexpr GGMLType type = GGMLType::Q6_K;
+};
 
 // y[c * n_out + r] for the tile's R rows and C tokens.
 template <KKind K>
@@ -427,9 +438,9 @@ void gemm_k(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* x, size
 
 GemmFn gemm_avx512_for(VecDotFn dot) {
     static const GemmEntry kTiles[] = {
-        {GGMLType::Q4_0, gemm<Legacy::q4_0>}, {GGMLType::Q4_1, gemm<Legacy::q4_1>},
-        {GGMLType::Q5_0, gemm<Legacy::q5_0>}, {GGMLType::Q5_1, gemm<Legacy::q5_1>},
-        {GGMLType::Q8_0, gemm<Legacy::q8_0>}, {GGMLType::Q4_K, gemm_k<KKind::q4_k>},
+        {GGMLType::Q4_0, gemm<Legacy::q4_0>},  {GGMLType::Q4_1, gemm<Legacy::q4_1>},
+        {GGMLType::Q5_0, gemm<Legacy::q5_0>},  {GGMLType::Q5_1, gemm<Legacy::q5_1>},
+        {GGMLType::Q8_0, gemm<Legacy::q8_0>},  {GGMLType::Q4_K, gemm_k<KKind::q4_k>},
         {GGMLType::Q5_K, gemm_k<KKind::q5_k>}, {GGMLType::Q6_K, gemm_k<KKind::q6_k>},
     };
     return gemm_lookup(dot, vec_dot_avx512, kTiles);

@@ -63,8 +63,8 @@ ActTerms act_terms(const FastGemm& k, const SrcBlock& src) {
 
 }  // namespace
 
-void fast_gemm_prepare(const FastGemm& k, const float* x, int64_t n_in, int32_t t_begin, int32_t t_end,
-                       int64_t b_begin, int64_t b_end, uint8_t* act, SimdLevel level) {
+void fast_gemm_prepare(const FastGemm& k, const float* x, int64_t n_in, int32_t t_begin, int32_t t_end, int64_t b_begin,
+                       int64_t b_end, uint8_t* act, SimdLevel level) {
     const int64_t nb = n_in / 32;
     thread_local std::vector<uint8_t> row;
     row.resize(row_bytes(k.act_type, (b_end - b_begin) * 32));

@@ -36,8 +36,8 @@ static_assert(sizeof(FastActBlock) == 384, "FastActBlock layout");
 struct FastGemm {
     // y[t * n_out + o] = dot(row o of w, token t) for o in [o_begin, o_end) and every t < n_tok,
     // act prepared by fast_gemm_prepare for this FastGemm.
-    void (*gemm)(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* act, int32_t n_tok,
-                 int64_t o_begin, int64_t o_end, float* y, int64_t n_out);
+    void (*gemm)(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* act, int32_t n_tok, int64_t o_begin,
+                 int64_t o_end, float* y, int64_t n_out);
     // One token: y[o] for o in [o_begin, o_end), act prepared by fast_gemv_prepare. Each output is
     // the same float as gemm's for that token in any batch (the same integer block sums, the same
     // float operations in the same order), while each weight row is read as one run of bytes
@@ -61,8 +61,8 @@ size_t fast_gemm_act_bytes(int64_t n_in, int32_t n_tok);
 // for kernel k. Each block is quantized on its own (Q8_K: each run of 8), so threads may take
 // token ranges (whole tiles keep them off each other's cache lines) or block ranges (whole Q8_K
 // super-blocks: a block's FastActBlock holds all the tokens of its tile).
-void fast_gemm_prepare(const FastGemm& k, const float* x, int64_t n_in, int32_t t_begin, int32_t t_end,
-                       int64_t b_begin, int64_t b_end, uint8_t* act, SimdLevel level);
+void fast_gemm_prepare(const FastGemm& k, const float* x, int64_t n_in, int32_t t_begin, int32_t t_end, int64_t b_begin,
+                       int64_t b_end, uint8_t* act, SimdLevel level);
 
 // One token's activations for FastGemm::gemv: the int8 values of its nb = n_in / 32 blocks one
 // after the other (64 bytes of zeros after them, so a kernel may read a whole block pair past an

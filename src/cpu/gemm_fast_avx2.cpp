@@ -72,7 +72,8 @@ void rows_tokens(const uint8_t* row0, size_t stride, __m256i row_off, int64_t nb
         if (next) {
             const uint8_t* pf = next + o * kRows;
 #pragma GCC unroll 8
-            for (size_t l = 0; l < (kRows * bs + 63) / 64; ++l) _mm_prefetch(reinterpret_cast<const char*>(pf + 64 * l), _MM_HINT_T0);
+            for (size_t l = 0; l < (kRows * bs + 63) / 64; ++l)
+                _mm_prefetch(reinterpret_cast<const char*>(pf + 64 * l), _MM_HINT_T0);
         }
         __m256i u[4];
         if constexpr (K == Legacy::q8_0) {
@@ -136,12 +137,13 @@ template <Legacy K>
 void gemm_fast(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* act, int32_t n_tok, int64_t o_begin,
                int64_t o_end, float* y, int64_t n_out) {
     const int64_t nb = n_in / 32;
-    const __m256i row_off = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(int32_t(w_row)));
-    fast_gemm_rows<kRows>(n_in, w, w_row, act, n_tok, o_begin, o_end, y, n_out,
-                          [&](auto tc, const uint8_t* row0, int n_rows, const FastActBlock* a, float* yt,
-                              const uint8_t* next) {
-                              rows_tokens<K, decltype(tc)::value>(row0, w_row, row_off, nb, a, yt, n_out, n_rows, next);
-                          });
+    const __m256i row_off = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                               _mm256_set1_epi32(int32_t(w_row)));
+    fast_gemm_rows<kRows>(
+        n_in, w, w_row, act, n_tok, o_begin, o_end, y, n_out,
+        [&](auto tc, const uint8_t* row0, int n_rows, const FastActBlock* a, float* yt, const uint8_t* next) {
+            rows_tokens<K, decltype(tc)::value>(row0, w_row, row_off, nb, a, yt, n_out, n_rows, next);
+        });
 }
 
 // Q8_0 takes its weights' signs, not an offset: its activations need no sum term.

@@ -138,8 +138,8 @@ struct Q45KKernel {
     static constexpr int kActBlocks = 8;
 
     template <int T>
-    static __attribute__((always_inline)) void block(const uint8_t* wb, size_t stride, __m512i,
-                                                     const FastActBlock* x, __m512 (&acc)[T]) {
+    static __attribute__((always_inline)) void block(const uint8_t* wb, size_t stride, __m512i, const FastActBlock* x,
+                                                     __m512 (&acc)[T]) {
         const __m512i m4 = _mm512_set1_epi8(0x0F);
         const __m512i m4d = _mm512_set1_epi32(0x0F), m6 = _mm512_set1_epi32(63), m30 = _mm512_set1_epi32(0x30);
         // The head (d, dmin, 12 scale bytes) is 16 bytes: one transpose gives it per lane.
@@ -280,12 +280,12 @@ void gemm_fast(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* act,
     alignas(64) int32_t off[kRows];
     for (int r = 0; r < kRows; ++r) off[r] = int32_t(r * w_row);
     const __m512i row_off = _mm512_load_si512(off);
-    fast_gemm_rows<kRows>(n_in, w, w_row, act, n_tok, o_begin, o_end, y, n_out,
-                          [&](auto tc, const uint8_t* row0, int n_rows, const FastActBlock* a, float* yt,
-                              const uint8_t* next) {
-                              const __mmask16 mask = __mmask16((1u << n_rows) - 1);
-                              rows_tokens<Kern, decltype(tc)::value>(row0, w_row, row_off, nb, a, yt, n_out, mask, next);
-                          });
+    fast_gemm_rows<kRows>(
+        n_in, w, w_row, act, n_tok, o_begin, o_end, y, n_out,
+        [&](auto tc, const uint8_t* row0, int n_rows, const FastActBlock* a, float* yt, const uint8_t* next) {
+            const __mmask16 mask = __mmask16((1u << n_rows) - 1);
+            rows_tokens<Kern, decltype(tc)::value>(row0, w_row, row_off, nb, a, yt, n_out, mask, next);
+        });
 }
 
 // ---- one token (FastGemm::gemv) for Q4_0, Q4_1, Q8_0 ------------------------------------------
@@ -303,7 +303,8 @@ inline __m512i gemv_weights(const uint8_t* b, bool two) {
     const W* w = reinterpret_cast<const W*>(b);
     if constexpr (K == Legacy::q8_0) {
         const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[0].qs));
-        const __m256i hi = two ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[1].qs)) : _mm256_set1_epi8(char(0x80));
+        const __m256i hi = two ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[1].qs))
+                               : _mm256_set1_epi8(char(0x80));
         return _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), _mm512_set1_epi8(char(0x80)));
     } else {
         // 128-bit lanes: qs0, qs0 >> 4, qs1, qs1 >> 4, each masked to nibbles
@@ -323,7 +324,8 @@ inline __m512i block_sums16(const __m512i (&q)[8]) {
                                 _mm512_unpackhi_epi32(q[2 * i], q[2 * i + 1]));
 #pragma GCC unroll 2
     for (int i = 0; i < 2; ++i)   // 128-bit lane k: the lane-k sums of q[4i..4i+3]
-        u[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(t[2 * i], t[2 * i + 1]), _mm512_unpackhi_epi64(t[2 * i], t[2 * i + 1]));
+        u[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(t[2 * i], t[2 * i + 1]),
+                                _mm512_unpackhi_epi64(t[2 * i], t[2 * i + 1]));
     // block 2p: 128-bit lanes 0 + 1 of its pair, block 2p + 1: lanes 2 + 3
     return _mm512_add_epi32(_mm512_shuffle_i32x4(u[0], u[1], 0x88), _mm512_shuffle_i32x4(u[0], u[1], 0xDD));
 }
@@ -336,10 +338,12 @@ inline void pair_sums16(const __m512i (&q)[16], __m512i& even, __m512i& odd) {
     __m512i t[8], u[4], e[2];
 #pragma GCC unroll 8
     for (int i = 0; i < 8; ++i)
-        t[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(q[2 * i], q[2 * i + 1]), _mm512_unpackhi_epi32(q[2 * i], q[2 * i + 1]));
+        t[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(q[2 * i], q[2 * i + 1]),
+                                _mm512_unpackhi_epi32(q[2 * i], q[2 * i + 1]));
 #pragma GCC unroll 4
     for (int i = 0; i < 4; ++i)   // 128-bit lane k: lane-k sums of rows 4i .. 4i + 3
-        u[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(t[2 * i], t[2 * i + 1]), _mm512_unpackhi_epi64(t[2 * i], t[2 * i + 1]));
+        u[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(t[2 * i], t[2 * i + 1]),
+                                _mm512_unpackhi_epi64(t[2 * i], t[2 * i + 1]));
 #pragma GCC unroll 2
     for (int i = 0; i < 2; ++i)   // rows 8i .. 8i + 3 even, odd, rows 8i + 4 .. 8i + 7 even, odd
         e[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(u[2 * i], u[2 * i + 1], 0x88),

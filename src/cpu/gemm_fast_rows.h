@@ -18,8 +18,8 @@ namespace ember {
 // group's rows r < n_rows (row r at row0 + r * w_row, a whole group of kRows readable) and the
 // T <= kFastTok tokens of the activation tile a; next: the following group, to prefetch (or null).
 template <int kRows, class Run>
-void fast_gemm_rows(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* act, int32_t n_tok,
-                    int64_t o_begin, int64_t o_end, float* y, int64_t n_out, Run&& run) {
+void fast_gemm_rows(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* act, int32_t n_tok, int64_t o_begin,
+                    int64_t o_end, float* y, int64_t n_out, Run&& run) {
     const int64_t n_act = n_in / 32;   // activation blocks per token
     const auto* acts = reinterpret_cast<const FastActBlock*>(act);
     thread_local std::vector<uint8_t> tail;

@@ -42,18 +42,19 @@ inline float block_q8(const float* x, int8_t* q, int* sum) {
     const float m = hmax(amax);
     const float d = m / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    if (_mm256_movemask_ps(nan) || !(m <= 3.4028235e38f) || !(id <= 3.4028235e38f)) return -1.0f;   // NaN / inf in or out
+    if (_mm256_movemask_ps(nan) || !(m <= 3.4028235e38f) || !(id <= 3.4028235e38f)) return -1.0f; // NaN / inf in or out
     __m256i qi[4];
     for (int k = 0; k < 4; ++k) qi[k] = _mm256_cvtps_epi32(round_half_away(_mm256_mul_ps(v[k], _mm256_set1_ps(id))));
     *sum = hsum(_mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3])));
     // int32 -> int8 (no saturation: |q| <= 127); packs work per 128-bit lane, the permute undoes that
     const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
+                        _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
     return d;
 }
 
-}  // namespace
+} // namespace
 
 QuantizeRowFn quantize_row_avx2(GGMLType type) { return q8_row_quantizer<block_q8>(type); }
 
-}  // namespace ember
+} // namespace ember

@@ -73,7 +73,8 @@ void q8_k_rows(const float* src, void* dst, int64_t n) {
         for (int g = 0; g < QK_K / 16; ++g) {
             int32x4_t qi[4];
             for (int k = 0; k < 4; ++k)
-                qi[k] = vminq_s32(vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(src + 16 * g + 4 * k), iscale)), vdupq_n_s32(127));
+                qi[k] = vminq_s32(vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(src + 16 * g + 4 * k), iscale)),
+                                  vdupq_n_s32(127));
             const int16x8_t a = vcombine_s16(vmovn_s32(qi[0]), vmovn_s32(qi[1]));
             const int16x8_t c = vcombine_s16(vmovn_s32(qi[2]), vmovn_s32(qi[3]));
             vst1q_s8(b[i].qs + 16 * g, vcombine_s8(vmovn_s16(a), vmovn_s16(c)));

@@ -34,9 +34,8 @@ inline __m256i q5_high_bits(const uint8_t* qh) {
     uint32_t h;
     std::memcpy(&h, qh, 4);
     const __m256i spread = _mm256_shuffle_epi8(
-        _mm256_set1_epi32(int(h)),
-        _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                         2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+        _mm256_set1_epi32(int(h)), _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2,
+                                                    2, 3, 3, 3, 3, 3, 3, 3, 3));
     const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201ULL));
     const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
     return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
@@ -47,9 +46,7 @@ inline __m256i dot_u8s8(__m256i w, __m256i x) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
 }
 // signed w: |w| against x carrying w's sign (x from our quantizers is in [-127, 127]).
-inline __m256i dot_s8s8(__m256i w, __m256i x) {
-    return dot_u8s8(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
-}
+inline __m256i dot_s8s8(__m256i w, __m256i x) { return dot_u8s8(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w)); }
 
 // A block's 32 weights as bytes in element order: q - offset for the *_0 kinds (signed), q for
 // the *_1 kinds (unsigned).
@@ -89,7 +86,9 @@ struct KScales {
         return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));
     }
     // sum_j mn_j * (bsum_2j + bsum_2j+1), 8 lanes
-    static __m256i min_products(__m256i mins16, const BlockQ8_K& x) { return _mm256_madd_epi16(load256(x.bsums), mins16); }
+    static __m256i min_products(__m256i mins16, const BlockQ8_K& x) {
+        return _mm256_madd_epi16(load256(x.bsums), mins16);
+    }
 };
 
 // Chunk c (64 weights) of a Q4_K/Q5_K super-block as bytes: lo = sub-block 2c, hi = 2c + 1.

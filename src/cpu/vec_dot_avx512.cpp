@@ -15,9 +15,7 @@ namespace {
 
 inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
 
-inline __m512i join(__m256i lo, __m256i hi) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-}
+inline __m512i join(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
 
 inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
@@ -58,7 +56,8 @@ inline __m512i dot_pair(__m512i w, __m512i x) {
     } else {
         const __m512i p = _mm512_dpbusd_epi32(zero, w, x);
         if constexpr (K == Legacy::q4_0) return _mm512_sub_epi32(p, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(8), x));
-        else if constexpr (K == Legacy::q5_0) return _mm512_sub_epi32(p, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(16), x));
+        else if constexpr (K == Legacy::q5_0)
+            return _mm512_sub_epi32(p, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(16), x));
         else return p;
     }
 }
@@ -73,8 +72,8 @@ inline uint32_t load_u32(const void* p) {
 // bytes) as 8 floats [d0, m0, d1, m1, d2, m2, d3, m3].
 template <class B>
 inline __m256 head_halves(const B* b) {
-    const __m128i h = _mm_setr_epi32(int(load_u32(&b[0])), int(load_u32(&b[1])),
-                                     int(load_u32(&b[2])), int(load_u32(&b[3])));
+    const __m128i h = _mm_setr_epi32(int(load_u32(&b[0])), int(load_u32(&b[1])), int(load_u32(&b[2])),
+                                     int(load_u32(&b[3])));
     return _mm256_cvtph_ps(h);
 }
 
@@ -112,8 +111,8 @@ float dot_legacy(int64_t n, const void* wv, const void* xv) {
         if constexpr (has_min) accm = _mm256_add_ps(accm, prod);
         const __m512i q01 = dot_pair<K>(join(weight_values<K>(w[i]), weight_values<K>(w[i + 1])),
                                         join(load256(x[i].qs), load256(x[i + 1].qs)));
-        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q01),
-                               _mm512_permutexvar_ps(idx01, _mm512_castps256_ps512(prod)), acc0);
+        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q01), _mm512_permutexvar_ps(idx01, _mm512_castps256_ps512(prod)),
+                               acc0);
         i += 2;
     }
     float s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
@@ -233,7 +232,8 @@ float dot_q6_k(int64_t n, const void* wv, const void* xv) {
             const __m512i qh01 = _mm512_and_si512(join(qh, _mm256_srli_epi16(qh, 2)), m2);
             const __m512i qh23 = _mm512_and_si512(join(_mm256_srli_epi16(qh, 4), _mm256_srli_epi16(qh, 6)), m2);
             const __m512i w01 = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_slli_epi16(qh01, 4));
-            const __m512i w23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), _mm512_slli_epi16(qh23, 4));
+            const __m512i w23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                                                _mm512_slli_epi16(qh23, 4));
             const __m512i p01 = _mm512_maddubs_epi16(w01, _mm512_loadu_si512(x[i].qs + 128 * h));
             const __m512i p23 = _mm512_maddubs_epi16(w23, _mm512_loadu_si512(x[i].qs + 128 * h + 64));
             sumi = _mm512_dpwssd_epi32(sumi, p01, _mm512_permutexvar_epi16(idx[2 * h], scales));

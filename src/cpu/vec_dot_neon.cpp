@@ -87,8 +87,7 @@ float dot_legacy(int64_t n, const void* w, const void* x) {
         if constexpr (kHasMin<K>)
             s += half_to_float(a[i].d) * half_to_float(b[i].d) * float(si) +
                  half_to_float(a[i].m) * half_to_float(b[i].s);
-        else
-            s += half_to_float(a[i].d) * half_to_float(b[i].d) * float(si);
+        else s += half_to_float(a[i].d) * half_to_float(b[i].d) * float(si);
     }
     return s;
 }
@@ -205,7 +204,8 @@ float dot_float(int64_t n, const void* w, const void* xv) {
     float32x4_t acc[4] = {vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0)};
     int64_t i = 0;
     for (; i + 16 <= n; i += 16)
-        for (int k = 0; k < 4; ++k) acc[k] = vfmaq_f32(acc[k], load_weights4<Kind>(w, i + 4 * k), vld1q_f32(x + i + 4 * k));
+        for (int k = 0; k < 4; ++k)
+            acc[k] = vfmaq_f32(acc[k], load_weights4<Kind>(w, i + 4 * k), vld1q_f32(x + i + 4 * k));
     float s = vaddvq_f32(vaddq_f32(vaddq_f32(acc[0], acc[1]), vaddq_f32(acc[2], acc[3])));
     for (; i < n; ++i) s += weight_at<Kind>(w, i) * x[i];
     return s;

@@ -41,9 +41,8 @@ float log_prob(const float* row, int32_t n_vocab, int32_t token, int32_t k, int3
         std::vector<int32_t> ids(n_vocab);
         for (int32_t i = 0; i < n_vocab; ++i) ids[i] = i;
         const int32_t kk = std::min(k, n_vocab);
-        std::partial_sort(ids.begin(), ids.begin() + kk, ids.end(), [&](int32_t a, int32_t b) {
-            return row[a] > row[b] || (row[a] == row[b] && a < b);
-        });
+        std::partial_sort(ids.begin(), ids.begin() + kk, ids.end(),
+                          [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
         top->clear();
         for (int32_t i = 0; i < kk; ++i) top->push_back({ids[i], (float)(row[ids[i]] - lse)});
     }
@@ -185,10 +184,8 @@ void EngineImpl::sample(const StepPlan& plan, bool greedy) {
             Sequence& s = *ss.seq;
             if (!ss.samples || s.n_generated >= s.req.max_tokens) continue;
             const int32_t tok = ids[(size_t)ss.first_row];
-            if (tok < 0)
-                finish(s, "error", "sampling: no token can be drawn: every logit is -inf or NaN");
-            else
-                s.out.token_ids.push_back(tok);
+            if (tok < 0) finish(s, "error", "sampling: no token can be drawn: every logit is -inf or NaN");
+            else s.out.token_ids.push_back(tok);
         }
         return;
     }
@@ -206,7 +203,8 @@ void EngineImpl::sample(const StepPlan& plan, bool greedy) {
                 const int32_t p = ss.start + ss.len - ss.n_rows + r;   // position of this row
                 if (p + 1 < s.n_prompt && p == (int32_t)s.prompt_lp.size()) {
                     int32_t rank = 0;
-                    s.prompt_lp.push_back(log_prob(rows + (size_t)r * n_vocab, n_vocab, s.tokens[p + 1], 0, &rank, nullptr));
+                    s.prompt_lp.push_back(
+                        log_prob(rows + (size_t)r * n_vocab, n_vocab, s.tokens[p + 1], 0, &rank, nullptr));
                     s.prompt_rank.push_back(rank);
                 }
             }
@@ -286,8 +284,7 @@ bool EngineImpl::step() {
             }
             if (!s.out.token_ids.empty() && s.n_generated < s.req.max_tokens) {
                 const int32_t tok = s.out.token_ids.back();
-                const bool eog = !s.req.ignore_eos &&
-                                 std::binary_search(stop_ids_eog.begin(), stop_ids_eog.end(), tok);
+                const bool eog = !s.req.ignore_eos && std::binary_search(stop_ids_eog.begin(), stop_ids_eog.end(), tok);
                 const bool stop_id = std::find(s.req.stop_token_ids.begin(), s.req.stop_token_ids.end(), tok) !=
                                      s.req.stop_token_ids.end();
                 ++generated;
@@ -304,8 +301,7 @@ bool EngineImpl::step() {
                     ++s.n_generated;
                 }
             }
-            if (!s.out.finished &&
-                (s.n_generated >= s.req.max_tokens || (int32_t)s.tokens.size() >= params.n_ctx))
+            if (!s.out.finished && (s.n_generated >= s.req.max_tokens || (int32_t)s.tokens.size() >= params.n_ctx))
                 finish(s, "length");
         }
         if (s.out.finished) done.push_back(s.id);
@@ -320,7 +316,9 @@ bool EngineImpl::step() {
     for (int64_t id : done) sched.remove(id);
     stats.generation_tokens += generated;
     update_stats();
-    auto seconds = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+    auto seconds = [](Clock::time_point a, Clock::time_point b) {
+        return std::chrono::duration<double>(b - a).count();
+    };
     stats.seconds_schedule += seconds(t_plan, t_forward);
     stats.seconds_forward += seconds(t_forward, t_sample);
     stats.seconds_sample += seconds(t_sample, t_output);
@@ -380,8 +378,9 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineParams& p) {
     if (p.kv_blocks > 0) n_blocks = p.kv_blocks;
     else if (p.kv_mb > 0) n_blocks = (int64_t)(p.kv_mb * mib / (double)block_bytes);
     else
-        n_blocks = std::max<int64_t>(per_seq, std::min<int64_t>(per_seq * p.max_num_seqs,
-                                                                (int64_t)(EngineParams::kDefaultKvMiB * mib / block_bytes)));
+        n_blocks = std::max<int64_t>(
+            per_seq,
+            std::min<int64_t>(per_seq * p.max_num_seqs, (int64_t)(EngineParams::kDefaultKvMiB * mib / block_bytes)));
     if (n_blocks < per_seq)
         fail("the KV pool (", n_blocks, " blocks of ", p.kv_block_size, " tokens, ", n_blocks * block_bytes / mib,
              " MiB) cannot hold one sequence of n_ctx ", p.n_ctx, " tokens, which needs ", per_seq, " blocks (",

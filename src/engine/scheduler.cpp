@@ -43,7 +43,8 @@ bool Scheduler::preempt(const std::vector<Sequence*>& taken) {
         if (std::find(taken.begin(), taken.end(), s) != taken.end()) continue;
         // Either way its full blocks stay in the prefix cache, for others and for its own return.
         if (cache_.swap_out(s->id)) {
-            auto at = std::find_if(swapped_.begin(), swapped_.end(), [&](const auto& p) { return p->order > s->order; });
+            auto at = std::find_if(swapped_.begin(), swapped_.end(),
+                                   [&](const auto& p) { return p->order > s->order; });
             swapped_.insert(at, std::move(*it));
             ++swaps_out_;
         } else {
@@ -168,8 +169,7 @@ StepPlan Scheduler::plan() {
             // Adjacent ranges merge: a decode step's rows are one range.
             if (!step.rows.empty() && step.rows.back().first + step.rows.back().count == rr.first)
                 step.rows.back().count += rr.count;
-            else
-                step.rows.push_back(rr);
+            else step.rows.push_back(rr);
             n_rows += ss.n_rows;
         }
         for (int32_t j = 0; j < ss.len; ++j) {

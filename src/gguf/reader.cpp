@@ -32,16 +32,15 @@ constexpr size_t kMinKV = 8 + 4 + 1;
 // Bounds-checked little-endian reads over the mapping. `what` names the item being read.
 class Cursor {
 public:
-    Cursor(const uint8_t* base, size_t size, const std::string& path)
-        : base_(base), size_(size), path_(path) {}
+    Cursor(const uint8_t* base, size_t size, const std::string& path) : base_(base), size_(size), path_(path) {}
 
     size_t pos() const { return pos_; }
     size_t remaining() const { return size_ - pos_; }
 
     void need(uint64_t n, const std::string& what) const {
         if (n > remaining())
-            fail(path_, ": truncated file: ", what, " at offset ", pos_, " needs ", n,
-                 " bytes but only ", remaining(), " remain (file size ", size_, ")");
+            fail(path_, ": truncated file: ", what, " at offset ", pos_, " needs ", n, " bytes but only ", remaining(),
+                 " remain (file size ", size_, ")");
     }
 
     template <class T>
@@ -75,8 +74,7 @@ public:
     Parser(Cursor& c, const std::string& path) : c_(c), path_(path) {}
 
     GGUFValue value(uint32_t type_id, const std::string& ctx, int depth) {
-        if (!gguf_type_valid(type_id))
-            fail(path_, ": ", ctx, " has unknown value type ", type_id, " (expected 0..12)");
+        if (!gguf_type_valid(type_id)) fail(path_, ": ", ctx, " has unknown value type ", type_id, " (expected 0..12)");
         GGUFValue v;
         v.type = static_cast<GGUFType>(type_id);
         switch (v.type) {
@@ -90,7 +88,10 @@ public:
             case GGUFType::INT64: v.num.i = c_.read<int64_t>(ctx); break;
             case GGUFType::FLOAT32: v.num.f = c_.read<float>(ctx); break;
             case GGUFType::FLOAT64: v.num.f = c_.read<double>(ctx); break;
-            case GGUFType::BOOL: v.num.u = 0; v.num.b = c_.read<uint8_t>(ctx) != 0; break;
+            case GGUFType::BOOL:
+                v.num.u = 0;
+                v.num.b = c_.read<uint8_t>(ctx) != 0;
+                break;
             case GGUFType::STRING: v.str = c_.read_string(ctx); break;
             case GGUFType::ARRAY: array(v, ctx, depth); break;
         }
@@ -99,8 +100,7 @@ public:
 
 private:
     void array(GGUFValue& v, const std::string& ctx, int depth) {
-        if (depth >= kMaxArrayDepth)
-            fail(path_, ": ", ctx, " nests arrays deeper than ", kMaxArrayDepth, " levels");
+        if (depth >= kMaxArrayDepth) fail(path_, ": ", ctx, " nests arrays deeper than ", kMaxArrayDepth, " levels");
         uint32_t elem = c_.read<uint32_t>(cat("array element type of ", ctx));
         if (!gguf_type_valid(elem))
             fail(path_, ": ", ctx, " is an array of unknown value type ", elem, " (expected 0..12)");
@@ -155,16 +155,15 @@ GGUFFile::GGUFFile(const std::string& path) : path_(path) {
         uint32_t magic = c.read<uint32_t>("magic");
         if (magic != kMagic) fail(path, ": bad magic: not a GGUF file (expected the bytes 'GGUF' at offset 0)");
         version_ = c.read<uint32_t>("header version");
-        if (version_ == 1)
-            fail(path, ": GGUF version 1 is not supported (expected version 2 or 3)");
+        if (version_ == 1) fail(path, ": GGUF version 1 is not supported (expected version 2 or 3)");
         if (version_ != 2 && version_ != 3)
-            fail(path, ": unsupported GGUF version ", version_,
-                 (version_ & 0xFFFF) == 0 ? " (a big-endian file?)" : "", " (expected version 2 or 3)");
+            fail(path, ": unsupported GGUF version ", version_, (version_ & 0xFFFF) == 0 ? " (a big-endian file?)" : "",
+                 " (expected version 2 or 3)");
         uint64_t n_tensors = c.read<uint64_t>("header tensor count");
         uint64_t n_kv = c.read<uint64_t>("header metadata count");
         if (n_kv > c.remaining() / kMinKV)
-            fail(path, ": header metadata count n_kv=", n_kv, " is more than the file can hold (",
-                 c.remaining(), " bytes remain)");
+            fail(path, ": header metadata count n_kv=", n_kv, " is more than the file can hold (", c.remaining(),
+                 " bytes remain)");
         if (n_tensors > (c.remaining() - n_kv * kMinKV) / kMinTensorInfo)
             fail(path, ": header tensor count n_tensors=", n_tensors, " is more than the file can hold (",
                  c.remaining(), " bytes remain)");
@@ -181,10 +180,12 @@ GGUFFile::GGUFFile(const std::string& path) : path_(path) {
         }
 
         if (const GGUFValue* a = find("general.alignment")) {
-            if (!a->is_integer() || (gguf_type_signed(a->type) && a->num.i < 0) ||
-                !gguf_is_pow2(a->num.u) || a->num.u > (uint64_t(1) << 30))
-                fail(path, ": metadata key 'general.alignment' must be a power-of-two integer up to 2^30 "
-                     "(got type ", gguf_type_name(a->type), ")");
+            if (!a->is_integer() || (gguf_type_signed(a->type) && a->num.i < 0) || !gguf_is_pow2(a->num.u) ||
+                a->num.u > (uint64_t(1) << 30))
+                fail(path,
+                     ": metadata key 'general.alignment' must be a power-of-two integer up to 2^30 "
+                     "(got type ",
+                     gguf_type_name(a->type), ")");
             alignment_ = static_cast<size_t>(a->num.u);
         }
 
@@ -196,8 +197,7 @@ GGUFFile::GGUFFile(const std::string& path) : path_(path) {
             std::string ctx = cat("tensor '", t.name, "'");
             if (!names.insert(t.name).second) fail(path, ": duplicate tensor name '", t.name, "'");
             uint32_t n_dims = c.read<uint32_t>(cat("n_dims of ", ctx));
-            if (n_dims < 1 || n_dims > 4)
-                fail(path, ": ", ctx, " has n_dims=", n_dims, " (expected 1..4 dimensions)");
+            if (n_dims < 1 || n_dims > 4) fail(path, ": ", ctx, " has n_dims=", n_dims, " (expected 1..4 dimensions)");
             int64_t n_el = 1;
             for (uint32_t d = 0; d < n_dims; ++d) {
                 uint64_t ne = c.read<uint64_t>(cat("dimension ", d, " of ", ctx));

@@ -26,11 +26,19 @@ bool gguf_type_valid(uint32_t t) { return t <= static_cast<uint32_t>(GGUFType::F
 
 size_t gguf_scalar_size(GGUFType t) {
     switch (t) {
-        case GGUFType::UINT8: case GGUFType::INT8: case GGUFType::BOOL: return 1;
-        case GGUFType::UINT16: case GGUFType::INT16: return 2;
-        case GGUFType::UINT32: case GGUFType::INT32: case GGUFType::FLOAT32: return 4;
-        case GGUFType::UINT64: case GGUFType::INT64: case GGUFType::FLOAT64: return 8;
-        case GGUFType::STRING: case GGUFType::ARRAY: return 0;
+        case GGUFType::UINT8:
+        case GGUFType::INT8:
+        case GGUFType::BOOL: return 1;
+        case GGUFType::UINT16:
+        case GGUFType::INT16: return 2;
+        case GGUFType::UINT32:
+        case GGUFType::INT32:
+        case GGUFType::FLOAT32: return 4;
+        case GGUFType::UINT64:
+        case GGUFType::INT64:
+        case GGUFType::FLOAT64: return 8;
+        case GGUFType::STRING:
+        case GGUFType::ARRAY: return 0;
     }
     return 0;
 }
@@ -47,11 +55,15 @@ bool gguf_type_signed(GGUFType t) {
 
 bool GGUFValue::is_integer() const {
     switch (type) {
-        case GGUFType::UINT8: case GGUFType::INT8: case GGUFType::UINT16: case GGUFType::INT16:
-        case GGUFType::UINT32: case GGUFType::INT32: case GGUFType::UINT64: case GGUFType::INT64:
-            return true;
-        default:
-            return false;
+        case GGUFType::UINT8:
+        case GGUFType::INT8:
+        case GGUFType::UINT16:
+        case GGUFType::INT16:
+        case GGUFType::UINT32:
+        case GGUFType::INT32:
+        case GGUFType::UINT64:
+        case GGUFType::INT64: return true;
+        default: return false;
     }
 }
 

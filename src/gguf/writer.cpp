@@ -39,7 +39,9 @@ struct GGUFWriter::Impl {
         pos += n;
     }
     template <class T>
-    void put_scalar(T v) { put(&v, sizeof(T)); }
+    void put_scalar(T v) {
+        put(&v, sizeof(T));
+    }
     void put_string(const std::string& s) {
         put_scalar<uint64_t>(s.size());
         put(s.data(), s.size());
@@ -214,8 +216,7 @@ void GGUFWriter::write_tensor_data(const void* data, size_t nbytes) {
     if (w.next >= w.infos.size())
         fail(w.path, ": GGUFWriter.write_tensor_data: all ", w.infos.size(), " tensors were already written");
     const Impl::Info& t = w.infos[w.next];
-    if (nbytes != t.nbytes)
-        fail(w.path, ": tensor '", t.name, "' data has ", nbytes, " bytes, expected ", t.nbytes);
+    if (nbytes != t.nbytes) fail(w.path, ": tensor '", t.name, "' data has ", nbytes, " bytes, expected ", t.nbytes);
     w.pad();
     w.put(data, nbytes);
     ++w.next;

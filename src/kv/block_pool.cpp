@@ -41,7 +41,8 @@ uint64_t block_key(uint64_t parent, const int32_t* tokens, int32_t n, uint64_t s
     // input, so two different pairs never meet in one round (n, mixed in above, tells a lone
     // last token from a pair ending in 0).
     int32_t i = 0;
-    for (; i + 1 < n; i += 2) h = round_in(h, (uint64_t)(uint32_t)tokens[i] | ((uint64_t)(uint32_t)tokens[i + 1] << 32));
+    for (; i + 1 < n; i += 2)
+        h = round_in(h, (uint64_t)(uint32_t)tokens[i] | ((uint64_t)(uint32_t)tokens[i + 1] << 32));
     if (i < n) h = round_in(h, (uint64_t)(uint32_t)tokens[i]);
     return avalanche(h);
 }
@@ -58,7 +59,8 @@ BlockPool::BlockPool(int32_t n_blocks) {
 }
 
 void BlockPool::check_block(int32_t block, const char* fn) const {
-    if (block < 0 || block >= n_blocks()) fail("BlockPool.", fn, ": block ", block, " out of range [0, ", n_blocks(), ")");
+    if (block < 0 || block >= n_blocks())
+        fail("BlockPool.", fn, ": block ", block, " out of range [0, ", n_blocks(), ")");
 }
 
 void BlockPool::drop_key(int32_t block) {

@@ -143,8 +143,10 @@ void KVCache::truncate(int64_t seq, int32_t n_tokens) {
     const bool inside = n_tokens % block_size_ != 0;
     if (inside && pool_.refs(s.blocks[cut]) > 1)
         fail("KVCache.truncate: sequence ", seq, ": position ", n_tokens, " falls inside block ", s.blocks[cut],
-             ", which ", pool_.refs(s.blocks[cut]) - 1, " other sequence(s) share; blocks are never copied, so "
-             "truncate to a multiple of block_size ", block_size_, " there");
+             ", which ", pool_.refs(s.blocks[cut]) - 1,
+             " other sequence(s) share; blocks are never copied, so "
+             "truncate to a multiple of block_size ",
+             block_size_, " there");
     release_tail(s, (size_t)blocks_for(n_tokens));
     s.tokens.resize(n_tokens);
     s.keys.resize(std::min(s.keys.size(), cut));

@@ -19,8 +19,7 @@ struct ContextImpl {
     KVCache cache;
 
     ContextImpl(std::shared_ptr<Model> m, const ContextParams& p, const RunnerParams& rp)
-        : params(p), runner(std::move(m), rp),
-          cache(rp.n_kv_blocks, rp.kv_block_size, 0, false) {
+        : params(p), runner(std::move(m), rp), cache(rp.n_kv_blocks, rp.kv_block_size, 0, false) {
         cache.add(kSeq);
     }
 

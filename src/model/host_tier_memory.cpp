@@ -36,8 +36,10 @@ void HostTierMemory::allocate(const std::vector<Backend*>& be, const std::vector
                                       n_slots, " blocks) that could not be allocated: lower kv_host_mb"));
             }
             if (!warned)
-                std::fprintf(stderr, "ember: warning: the host tier (%.1f MiB) could not be pinned on %s; it uses "
-                             "plain memory, whose copies are slower\n", bytes / (1024.0 * 1024.0), b->name());
+                std::fprintf(stderr,
+                             "ember: warning: the host tier (%.1f MiB) could not be pinned on %s; it uses "
+                             "plain memory, whose copies are slower\n",
+                             bytes / (1024.0 * 1024.0), b->name());
             warned = true;
         }
         chunks_.push_back(c);

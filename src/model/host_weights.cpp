@@ -25,8 +25,10 @@ HostWeights::HostWeights(const std::vector<const GGUFTensor*>& tensors) {
     bytes_ = align_up(total, kHugePage);
     void* p = ::mmap(nullptr, bytes_ + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
-        throw OutOfMemory(cat("use_mmap=false: cannot allocate ", bytes_ >> 20, " MiB of host memory for the "
-                              "CPU blocks' weights (", std::strerror(errno), ")"));
+        throw OutOfMemory(cat("use_mmap=false: cannot allocate ", bytes_ >> 20,
+                              " MiB of host memory for the "
+                              "CPU blocks' weights (",
+                              std::strerror(errno), ")"));
     map_ = p;
     base_ = reinterpret_cast<uint8_t*>(align_up(reinterpret_cast<uintptr_t>(p), kHugePage));
 #ifdef MADV_HUGEPAGE

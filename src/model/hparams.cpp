@@ -20,9 +20,8 @@ HParams read_hparams(const GGUFFile& f) {
     hp.rms_eps = (float)f.get_float(a + "attention.layer_norm_rms_epsilon", 1e-5);
     hp.rope_base = (float)f.get_float(a + "rope.freq_base", 10000.0);
     if (hp.n_layer <= 0 || hp.n_embd <= 0 || hp.n_ff <= 0 || hp.n_head <= 0 || hp.n_head_kv <= 0)
-        fail(f.path(), ": hyperparameters must be positive (block_count ", hp.n_layer, ", embedding_length ",
-             hp.n_embd, ", feed_forward_length ", hp.n_ff, ", head_count ", hp.n_head, ", head_count_kv ",
-             hp.n_head_kv, ")");
+        fail(f.path(), ": hyperparameters must be positive (block_count ", hp.n_layer, ", embedding_length ", hp.n_embd,
+             ", feed_forward_length ", hp.n_ff, ", head_count ", hp.n_head, ", head_count_kv ", hp.n_head_kv, ")");
     if (hp.n_head % hp.n_head_kv != 0)
         fail(f.path(), ": ", a, "attention.head_count ", hp.n_head, " must be a multiple of head_count_kv ",
              hp.n_head_kv);

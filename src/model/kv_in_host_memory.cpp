@@ -31,13 +31,14 @@ KVInHostMemory::KVInHostMemory(Backend& gpu, const KVLayer& geometry, int32_t n_
         try {
             cache_ = gpu_.alloc((size_t)n * slot_bytes);
             n_slots_ = n;
-        } catch (const OutOfMemory&) {
-        }
+        } catch (const OutOfMemory&) {}
     }
     if (n_slots_ < want)
-        std::fprintf(stderr, "ember: warning: the GPU cache of the KV in host memory (-nkvo) holds %d of %d blocks (%zu of %zu MiB): "
-                     "the GPU has no room for more\n", n_slots_, want, (size_t)n_slots_ * slot_bytes >> 20,
-                     (size_t)want * slot_bytes >> 20);
+        std::fprintf(
+            stderr,
+            "ember: warning: the GPU cache of the KV in host memory (-nkvo) holds %d of %d blocks (%zu of %zu MiB): "
+            "the GPU has no room for more\n",
+            n_slots_, want, (size_t)n_slots_ * slot_bytes >> 20, (size_t)want * slot_bytes >> 20);
     slot_of_.assign(geometry.n_blocks, -1);
     block_in_slot_.assign(n_slots_, -1);
 }
@@ -57,23 +58,28 @@ void* KVInHostMemory::alloc_host_memory(size_t bytes) {
     } catch (const OutOfMemory& e) {
         static bool warned = false;
         if (!warned) {
-            std::fprintf(stderr, "ember: warning: %s; the KV in host memory (-nkvo) uses pageable memory (slower copies)\n", e.what());
+            std::fprintf(stderr,
+                         "ember: warning: %s; the KV in host memory (-nkvo) uses pageable memory (slower copies)\n",
+                         e.what());
             warned = true;
         }
     }
     void* p = std::malloc(bytes);
-    if (!p) throw OutOfMemory(cat("KV in host memory (-nkvo): could not allocate ", bytes >> 20, " MiB of host memory"));
+    if (!p)
+        throw OutOfMemory(cat("KV in host memory (-nkvo): could not allocate ", bytes >> 20, " MiB of host memory"));
     plain_.push_back(p);
     return p;
 }
 
 void KVInHostMemory::alloc_layer(KVLayer& kv) {
-    if (layers_.size() == layers_.capacity()) fail("KV in host memory (-nkvo): more layers than the ", layers_.size(), " it was sized for");
+    if (layers_.size() == layers_.capacity())
+        fail("KV in host memory (-nkvo): more layers than the ", layers_.size(), " it was sized for");
     Layer layer;
     for (int i = 0; i < 2; ++i) {
         layer.host[i] = static_cast<uint8_t*>(alloc_host_memory((size_t)geometry_.n_blocks * block_bytes_[i]));
         layer.cache[i] = static_cast<uint8_t*>(cache_) +
-                         (size_t)n_slots_ * (layers_.size() * (block_bytes_[0] + block_bytes_[1]) + i * block_bytes_[0]);
+                         (size_t)n_slots_ *
+                             (layers_.size() * (block_bytes_[0] + block_bytes_[1]) + i * block_bytes_[0]);
     }
     layer.holds.assign(n_slots_, -1);
     kv.k = layer.host[0];
@@ -274,7 +280,7 @@ void KVInHostMemory::kv_store(KVLayer& kv, const float* k, const float* v, int32
 }
 
 void KVInHostMemory::attn_in(const AttnInWeights& w, float* x, const float* residual, int32_t n_tok, KVLayer& kv,
-                            const BlockBuffers& b) {
+                             const BlockBuffers& b) {
     Layer& layer = layer_of(kv);
     if (on_cache_) {
         KVLayer c = cached(layer, kv);
@@ -290,7 +296,7 @@ void KVInHostMemory::attn_in(const AttnInWeights& w, float* x, const float* resi
 }
 
 void KVInHostMemory::attention(const KVLayer& kv, const float* q, int32_t n_tok, const AttentionShape& shape,
-                              float* out) {
+                               float* out) {
     Layer& layer = layer_of(kv);
     if (on_cache_) {
         sync_slots(layer, read_, false);
@@ -303,7 +309,7 @@ void KVInHostMemory::attention(const KVLayer& kv, const float* q, int32_t n_tok,
 }
 
 void KVInHostMemory::attn_out(const KVLayer& kv, const AttentionShape& shape, const Weight& wo, int32_t n_tok,
-                             const BlockBuffers& b, float* out) {
+                              const BlockBuffers& b, float* out) {
     Layer& layer = layer_of(kv);
     if (on_cache_) {
         sync_slots(layer, read_, false);

@@ -73,8 +73,7 @@ public:
         gpu_.rope(x, n_tok, n_heads, rope);
     }
     void kv_store(KVLayer& kv, const float* k, const float* v, int32_t n_tok) override;
-    void attention(const KVLayer& kv, const float* q, int32_t n_tok, const AttentionShape& shape,
-                   float* out) override;
+    void attention(const KVLayer& kv, const float* q, int32_t n_tok, const AttentionShape& shape, float* out) override;
     void gated_act(Activation act, const float* gate, const float* up, int64_t n, float* out) override {
         gpu_.gated_act(act, gate, up, n, out);
     }

@@ -26,7 +26,6 @@ const GGUFTensor* bind_optional(const GGUFFile& f, const std::string& name, std:
     return f.find_tensor(name) ? &bind_tensor(f, name, std::move(ne)) : nullptr;
 }
 
-
 bool is_matrix(const GGUFTensor& t) { return t.ne.size() >= 2; }
 
 }  // namespace
@@ -89,8 +88,8 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& p
         fail(path, ": tensor 'token_embd.weight' must be [", E, ", n_vocab]");
     hp.n_vocab = (int32_t)m.tok_embd->ne[1];
     if (hp.n_vocab != m.tokenizer->n_vocab())
-        fail(path, ": token_embd.weight has ", hp.n_vocab, " rows but the tokenizer has ",
-             m.tokenizer->n_vocab(), " tokens");
+        fail(path, ": token_embd.weight has ", hp.n_vocab, " rows but the tokenizer has ", m.tokenizer->n_vocab(),
+             " tokens");
     m.output_norm = &bind_tensor(f, "output_norm.weight", {E});
     m.output = bind_optional(f, "output.weight", {E, hp.n_vocab});
     hp.tied_output = m.output == nullptr;
@@ -102,7 +101,8 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& p
         const std::string p = "blk." + std::to_string(l) + ".";
         BlockTensors b;
         for (const TensorSpec& s : specs)
-            b.t[static_cast<int>(s.role)] = s.optional ? bind_optional(f, p + s.name, s.shape) : &bind_tensor(f, p + s.name, s.shape);
+            b.t[static_cast<int>(s.role)] = s.optional ? bind_optional(f, p + s.name, s.shape)
+                                                       : &bind_tensor(f, p + s.name, s.shape);
         m.blocks.push_back(b);
         m.layers.push_back(m.arch->layer_config(hp, l, rope));
     }
@@ -145,8 +145,8 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& p
     }
     if (params.verbose)
         std::fprintf(stderr, "ember: %s: arch %s, %d blocks (%d on GPU), n_embd %d, n_head %d/%d, vocab %d\n",
-                     path.c_str(), hp.arch.c_str(), hp.n_layer, m.plan.n_gpu_blocks, hp.n_embd, hp.n_head,
-                     hp.n_head_kv, hp.n_vocab);
+                     path.c_str(), hp.arch.c_str(), hp.n_layer, m.plan.n_gpu_blocks, hp.n_embd, hp.n_head, hp.n_head_kv,
+                     hp.n_vocab);
     return model;
 }
 

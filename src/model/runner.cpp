@@ -90,8 +90,7 @@ std::vector<CopyRun> copy_runs(const std::vector<std::pair<int32_t, int32_t>>& p
     for (auto [from, to] : live) {
         if (!runs.empty() && runs.back().src + runs.back().n == from && runs.back().dst + runs.back().n == to)
             ++runs.back().n;
-        else
-            runs.push_back({from, to, 1});
+        else runs.push_back({from, to, 1});
     }
     return runs;
 }
@@ -179,8 +178,9 @@ Runner::Runner(std::shared_ptr<Model> model, const RunnerParams& params) {
     check_kv_type(params.type_k, m.hp.head_dim, "type_k");
     check_kv_type(params.type_v, m.hp.head_dim, "type_v");
     if ((params.type_k == GGMLType::F32 || params.type_v == GGMLType::F32) && m.any_gpu())
-        fail("an f32 KV cache (type_k or type_v) is available for CPU blocks only; use f16 or q8_0 with "
-             "n_gpu_layers != 0");
+        fail(
+            "an f32 KV cache (type_k or type_v) is available for CPU blocks only; use f16 or q8_0 with "
+            "n_gpu_layers != 0");
     impl_ = std::make_unique<RunnerImpl>(std::move(model), params);
     RunnerImpl& r = *impl_;
     BackendOptions opts;
@@ -311,13 +311,15 @@ void RunnerImpl::forward(const int32_t* tokens, const BatchInfo& batch, const st
             // When this device runs every remaining block and the head, the rest of the step is
             // device ops only: the backend may replay it as a graph recorded for the same shapes.
             const bool rest_here = !streamed && head.backend == &be &&
-                std::all_of(blocks.begin() + l, blocks.end(), [&](const BlockWeights& b) { return b.backend == &be; });
+                                   std::all_of(blocks.begin() + l, blocks.end(),
+                                               [&](const BlockWeights& b) { return b.backend == &be; });
             if (rest_here && be.step_begin(mix(shape_key, (uint64_t)l))) {
                 replayed = true;
                 break;
             }
         }
-        const BlockRun run{be, w, m.layers[l], hp, st ? stream->kv() : kv[l], s->buf, n, s->x, pending, s->out_a, s->out_b};
+        const BlockRun run{be,   w,       m.layers[l], hp,      st ? stream->kv() : kv[l], s->buf, n,
+                           s->x, pending, s->out_a,    s->out_b};
         pending = m.arch->forward_block(run);
         if (st) stream->end_block(l, kv[l], ids, n_past, n, l + 1 < hp.n_layer && is_streamed(l + 1));
     }
@@ -344,10 +346,10 @@ void RunnerImpl::forward(const int32_t* tokens, const BatchInfo& batch, const st
             const float* res = pending ? pending + rr.first * E : nullptr;
             float* y = hs.logits + (size_t)out * W;
             // Embeddings: the normed rows go straight to the output buffer, with no head matmul.
-            if (params.embeddings)
-                hb.add_rmsnorm(x, res, head.output_norm, rr.count, (int32_t)E, hp.rms_eps, y);
+            if (params.embeddings) hb.add_rmsnorm(x, res, head.output_norm, rr.count, (int32_t)E, hp.rms_eps, y);
             else
-                hb.norm_matmul(x, res, head.output_norm, hp.rms_eps, head.output, rr.count, hs.buf.xn + rr.first * E, y);
+                hb.norm_matmul(x, res, head.output_norm, hp.rms_eps, head.output, rr.count, hs.buf.xn + rr.first * E,
+                               y);
             out += rr.count;
         }
         if (greedy) hb.argmax_rows(hs.logits, n_rows, W, hs.ids);
@@ -367,7 +369,8 @@ void RunnerImpl::forward(const int32_t* tokens, const BatchInfo& batch, const st
 
 void Runner::forward(const int32_t* tokens, const BatchInfo& batch, const std::vector<RowRange>& rows, bool greedy) {
     RunnerImpl& r = *impl_;
-    if (greedy && r.params.embeddings) fail("a forward step of an embeddings runner has no logits to take greedy ids from");
+    if (greedy && r.params.embeddings)
+        fail("a forward step of an embeddings runner has no logits to take greedy ids from");
     if (batch.n_tok <= 0 || batch.n_tok > r.params.n_batch)
         fail("a forward step takes 1..", r.params.n_batch, " tokens, got ", batch.n_tok);
     int32_t end = 0;
@@ -406,12 +409,13 @@ void RunnerImpl::copy_host(const std::vector<std::pair<int32_t, int32_t>>& pairs
     for (int32_t l = 0; l < hp.n_layer; ++l) {
         KVLayer& layer = kv[l];
         Backend& be = *blocks[l].backend;
-        for (auto [dev, host, type] : {std::tuple{layer.k, host_tier.k(l), layer.k_type},
-                                       std::tuple{layer.v, host_tier.v(l), layer.v_type}}) {
+        for (auto [dev, host, type] :
+             {std::tuple{layer.k, host_tier.k(l), layer.k_type}, std::tuple{layer.v, host_tier.v(l), layer.v_type}}) {
             const size_t bytes = kv_block_bytes(type, layer.block_size, width);
             auto* d = static_cast<uint8_t*>(dev);
             for (const CopyRun& run : runs) {
-                if (to_host) be.copy_to_host_async(host + (size_t)run.dst * bytes, d + (size_t)run.src * bytes, run.n * bytes);
+                if (to_host)
+                    be.copy_to_host_async(host + (size_t)run.dst * bytes, d + (size_t)run.src * bytes, run.n * bytes);
                 else be.copy_from_host(d + (size_t)run.dst * bytes, host + (size_t)run.src * bytes, run.n * bytes);
             }
         }

@@ -49,8 +49,7 @@ public:
     // The logits of `rows`, in their order, are appended to logits() (clear_logits() empties it);
     // with greedy, each row's greedy_token (backend/greedy_token.h) goes to greedy_ids() instead, and the
     // logits stay where the head ran.
-    void forward(const int32_t* tokens, const BatchInfo& batch, const std::vector<RowRange>& rows,
-                 bool greedy = false);
+    void forward(const int32_t* tokens, const BatchInfo& batch, const std::vector<RowRange>& rows, bool greedy = false);
     // The rows' greedy ids of the last forward with greedy (-1: every logit -inf or NaN).
     const std::vector<int32_t>& greedy_ids() const;
     // [n_logits][row_width()], host memory: logits, or the normed hidden rows with params.embeddings.

@@ -37,7 +37,8 @@ std::unique_ptr<StreamedWeights> StreamedWeights::open(ModelImpl& m, const std::
         return so;
     } catch (const std::exception& e) {
         if (m.params.verbose)
-            std::fprintf(stderr, "ember: prompt batches run the CPU blocks on the CPU (no GPU staging: %s)\n", e.what());
+            std::fprintf(stderr, "ember: prompt batches run the CPU blocks on the CPU (no GPU staging: %s)\n",
+                         e.what());
         return nullptr;
     }
 }

@@ -11,29 +11,76 @@ constexpr int QK_K = 256;          // super-block size of the K-quants
 constexpr int K_SCALE_SIZE = 12;   // Q4_K/Q5_K: 8 six-bit scales + 8 six-bit mins
 
 // x[i] = d * (q[i] - 8); q[i] = low nibble of qs[i] (i < 16), high nibble of qs[i - 16].
-struct BlockQ4_0 { uint16_t d; uint8_t qs[QK4_0 / 2]; };
+struct BlockQ4_0 {
+    uint16_t d;
+    uint8_t qs[QK4_0 / 2];
+};
 // x[i] = d * q[i] + m
-struct BlockQ4_1 { uint16_t d, m; uint8_t qs[QK4_1 / 2]; };
+struct BlockQ4_1 {
+    uint16_t d, m;
+    uint8_t qs[QK4_1 / 2];
+};
 // 5-bit: low nibbles as Q4_0, bit 4 of element j is bit j of qh (little-endian u32).
-struct BlockQ5_0 { uint16_t d; uint8_t qh[4]; uint8_t qs[QK5_0 / 2]; };
-struct BlockQ5_1 { uint16_t d, m; uint8_t qh[4]; uint8_t qs[QK5_1 / 2]; };
-struct BlockQ8_0 { uint16_t d; int8_t qs[QK8_0]; };
+struct BlockQ5_0 {
+    uint16_t d;
+    uint8_t qh[4];
+    uint8_t qs[QK5_0 / 2];
+};
+struct BlockQ5_1 {
+    uint16_t d, m;
+    uint8_t qh[4];
+    uint8_t qs[QK5_1 / 2];
+};
+struct BlockQ8_0 {
+    uint16_t d;
+    int8_t qs[QK8_0];
+};
 // Activation format for the *_1 weights: s = d * sum(qs).
-struct BlockQ8_1 { uint16_t d, s; int8_t qs[QK8_1]; };
+struct BlockQ8_1 {
+    uint16_t d, s;
+    int8_t qs[QK8_1];
+};
 
 // 16 sub-blocks of 16: x = d * (scales & 15) * q - dmin * (scales >> 4), q 2-bit.
-struct BlockQ2_K { uint8_t scales[QK_K / 16]; uint8_t qs[QK_K / 4]; uint16_t d, dmin; };
+struct BlockQ2_K {
+    uint8_t scales[QK_K / 16];
+    uint8_t qs[QK_K / 4];
+    uint16_t d, dmin;
+};
 // 16 sub-blocks of 16 with 6-bit signed scales (offset 32); q = 2 low bits - 4 * !hmask bit.
-struct BlockQ3_K { uint8_t hmask[QK_K / 8]; uint8_t qs[QK_K / 4]; uint8_t scales[12]; uint16_t d; };
+struct BlockQ3_K {
+    uint8_t hmask[QK_K / 8];
+    uint8_t qs[QK_K / 4];
+    uint8_t scales[12];
+    uint16_t d;
+};
 // 8 sub-blocks of 32: x = d * sc[j] * q - dmin * m[j]; qs chunk c (32 bytes) holds sub-block
 // 2c in its low nibbles and 2c + 1 in its high nibbles.
-struct BlockQ4_K { uint16_t d, dmin; uint8_t scales[K_SCALE_SIZE]; uint8_t qs[QK_K / 2]; };
+struct BlockQ4_K {
+    uint16_t d, dmin;
+    uint8_t scales[K_SCALE_SIZE];
+    uint8_t qs[QK_K / 2];
+};
 // As Q4_K; bit 4 of element l of sub-block j is bit j of qh[l].
-struct BlockQ5_K { uint16_t d, dmin; uint8_t scales[K_SCALE_SIZE]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; };
+struct BlockQ5_K {
+    uint16_t d, dmin;
+    uint8_t scales[K_SCALE_SIZE];
+    uint8_t qh[QK_K / 8];
+    uint8_t qs[QK_K / 2];
+};
 // 16 sub-blocks of 16 with int8 scales: x = d * scales[g] * (q - 32), q 6-bit split in ql/qh.
-struct BlockQ6_K { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uint16_t d; };
+struct BlockQ6_K {
+    uint8_t ql[QK_K / 2];
+    uint8_t qh[QK_K / 4];
+    int8_t scales[QK_K / 16];
+    uint16_t d;
+};
 // Activation format for the K-quants: float scale, bsums[g] = sum of qs[16g .. 16g + 15].
-struct BlockQ8_K { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; };
+struct BlockQ8_K {
+    float d;
+    int8_t qs[QK_K];
+    int16_t bsums[QK_K / 16];
+};
 
 static_assert(sizeof(BlockQ4_0) == 18, "Q4_0 block size");
 static_assert(sizeof(BlockQ4_1) == 20, "Q4_1 block size");

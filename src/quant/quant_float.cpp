@@ -11,9 +11,7 @@ uint16_t fp32_to_fp16(float f) { return float_to_half(f); }
 float bf16_to_fp32(uint16_t h) { return bf16_to_float(h); }
 uint16_t fp32_to_bf16(float f) { return float_to_bf16(f); }
 
-void dequantize_row_f32(const void* src, float* dst, int64_t n) {
-    std::memcpy(dst, src, size_t(n) * sizeof(float));
-}
+void dequantize_row_f32(const void* src, float* dst, int64_t n) { std::memcpy(dst, src, size_t(n) * sizeof(float)); }
 
 void dequantize_row_f16(const void* src, float* dst, int64_t n) {
     const uint16_t* s = static_cast<const uint16_t*>(src);
@@ -25,9 +23,7 @@ void dequantize_row_bf16(const void* src, float* dst, int64_t n) {
     for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(s[i]);
 }
 
-void quantize_row_f32(const float* src, void* dst, int64_t n) {
-    std::memcpy(dst, src, size_t(n) * sizeof(float));
-}
+void quantize_row_f32(const float* src, void* dst, int64_t n) { std::memcpy(dst, src, size_t(n) * sizeof(float)); }
 
 void quantize_row_f16(const float* src, void* dst, int64_t n) {
     uint16_t* d = static_cast<uint16_t*>(dst);

@@ -36,8 +36,8 @@ inline float sum8(const float* s) { return ((s[0] + s[4]) + (s[1] + s[5])) + ((s
 // w-weighted squared error: start from the min/max grid, then try nstep+1 grids
 // (nmax + rmin + rdelta*k) / (max - min), each refined by the closed-form weighted least
 // squares (scale, offset) for its L; keep the best. Returns scale.
-float fit_scale_min(int n, int nmax, const float* x, const float* w, uint8_t* L,
-                    float rmin, float rdelta, int nstep, float& min_out) {
+float fit_scale_min(int n, int nmax, const float* x, const float* w, uint8_t* L, float rmin, float rdelta, int nstep,
+                    float& min_out) {
     float mn = x[0], mx = x[0], sum_w = w[0], sum_x = w[0] * x[0];
     for (int i = 1; i < n; ++i) {
         mn = x[i] < mn ? x[i] : mn;
@@ -142,8 +142,8 @@ float fit_scale_symmetric(int n, int nmax, const float* x, uint8_t* L) {
 // Q4_K/Q5_K: 8 sub-block (scale, min) pairs quantized to 6 bits against the super-block
 // maxima; writes d, dmin, the packed scales, and the final L (requantized with the stored
 // scales so rounding of the 6-bit scales is absorbed).
-void quantize_superblock_k(const float* x, int nmax, float rmin, float rdelta, int nstep,
-                           uint16_t& d_out, uint16_t& dmin_out, uint8_t* packed, uint8_t* L) {
+void quantize_superblock_k(const float* x, int nmax, float rmin, float rdelta, int nstep, uint16_t& d_out,
+                           uint16_t& dmin_out, uint8_t* packed, uint8_t* L) {
     float sum_x2 = 0;
     for (int i = 0; i < QK_K; ++i) sum_x2 += x[i] * x[i];
     const float av_x = std::sqrt(sum_x2 / QK_K);
@@ -293,8 +293,7 @@ void quantize_row_q6_k(const float* src, void* dst, int64_t n) {
                 const int q1 = q[l], q2 = q[l + 32], q3 = q[l + 64], q4 = q[l + 96];
                 b[i].ql[64 * h + l] = uint8_t((q1 & 0x0F) | ((q3 & 0x0F) << 4));
                 b[i].ql[64 * h + l + 32] = uint8_t((q2 & 0x0F) | ((q4 & 0x0F) << 4));
-                b[i].qh[32 * h + l] =
-                    uint8_t((q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6));
+                b[i].qh[32 * h + l] = uint8_t((q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6));
             }
         }
     }

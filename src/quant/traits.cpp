@@ -47,8 +47,8 @@ const TypeTraits& type_traits(GGMLType type) {
 size_t row_bytes(GGMLType type, int64_t n) {
     const TypeTraits& t = type_traits(type);
     if (n < 0 || n % t.block_elems != 0) {
-        fail("quant: row of ", n, " elements is not a whole number of ", t.name, " blocks (",
-             t.block_elems, " elements each)");
+        fail("quant: row of ", n, " elements is not a whole number of ", t.name, " blocks (", t.block_elems,
+             " elements each)");
     }
     return size_t(n / t.block_elems) * size_t(t.block_bytes);
 }

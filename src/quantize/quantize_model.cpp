@@ -81,7 +81,8 @@ void quantize_model(const QuantizeParams& params, const QuantizeProgress& progre
         if (key != "general.file_type" && key != "general.quantization_version") out.set(key, value);
     out.set("general.file_type", uint32_value(mix->file_type));
     out.set("general.quantization_version", uint32_value(2));
-    for (size_t i = 0; i < in.tensors().size(); ++i) out.add_tensor_info(in.tensors()[i].name, types[i], in.tensors()[i].ne);
+    for (size_t i = 0; i < in.tensors().size(); ++i)
+        out.add_tensor_info(in.tensors()[i].name, types[i], in.tensors()[i].ne);
     out.write_header();
 
     const int n_threads = params.n_threads > 0 ? params.n_threads

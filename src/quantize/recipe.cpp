@@ -11,13 +11,19 @@ namespace ember {
 namespace {
 
 const QuantMix kMixes[] = {
-    {"F32", GGMLType::F32, 0, false},     {"F16", GGMLType::F16, 1, false},
-    {"BF16", GGMLType::BF16, 32, false},  {"Q4_0", GGMLType::Q4_0, 2, false},
-    {"Q4_1", GGMLType::Q4_1, 3, false},   {"Q8_0", GGMLType::Q8_0, 7, false},
-    {"Q5_0", GGMLType::Q5_0, 8, false},   {"Q5_1", GGMLType::Q5_1, 9, false},
+    {"F32", GGMLType::F32, 0, false},
+    {"F16", GGMLType::F16, 1, false},
+    {"BF16", GGMLType::BF16, 32, false},
+    {"Q4_0", GGMLType::Q4_0, 2, false},
+    {"Q4_1", GGMLType::Q4_1, 3, false},
+    {"Q8_0", GGMLType::Q8_0, 7, false},
+    {"Q5_0", GGMLType::Q5_0, 8, false},
+    {"Q5_1", GGMLType::Q5_1, 9, false},
     // Plain Q4_K / Q5_K (every matrix in the base type) record the nearest llama ftype, *_K_S.
-    {"Q4_K", GGMLType::Q4_K, 14, false},  {"Q4_K_M", GGMLType::Q4_K, 15, true},
-    {"Q5_K", GGMLType::Q5_K, 16, false},  {"Q5_K_M", GGMLType::Q5_K, 17, true},
+    {"Q4_K", GGMLType::Q4_K, 14, false},
+    {"Q4_K_M", GGMLType::Q4_K, 15, true},
+    {"Q5_K", GGMLType::Q5_K, 16, false},
+    {"Q5_K_M", GGMLType::Q5_K, 17, true},
     {"Q6_K", GGMLType::Q6_K, 18, false},
 };
 

@@ -23,23 +23,18 @@ bool higher(const std::pair<float, int32_t>& a, const std::pair<float, int32_t>&
 
 // Uniform double in [0, 1) from the top 53 bits: the same on every standard library, unlike
 // std::uniform_real_distribution, so a seed gives the same tokens everywhere.
-double uniform01(std::mt19937_64& rng) {
-    return static_cast<double>(rng() >> 11) * (1.0 / 9007199254740992.0);
-}
+double uniform01(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * (1.0 / 9007199254740992.0); }
 
 void validate(const SamplingParams& p) {
     if (!std::isfinite(p.temperature))
         fail("sampling: temperature must be a finite number (<= 0 means greedy), got ", p.temperature);
-    if (!(p.top_p > 0.0f && p.top_p <= 1.0f))
-        fail("sampling: top_p must be in (0, 1], got ", p.top_p);
-    if (!(p.min_p >= 0.0f && p.min_p <= 1.0f))
-        fail("sampling: min_p must be in [0, 1], got ", p.min_p);
+    if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) fail("sampling: top_p must be in (0, 1], got ", p.top_p);
+    if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) fail("sampling: min_p must be in [0, 1], got ", p.min_p);
     if (!(p.repeat_penalty > 0.0f) || !std::isfinite(p.repeat_penalty))
         fail("sampling: repeat_penalty must be a finite number > 0, got ", p.repeat_penalty);
     if (!std::isfinite(p.frequency_penalty))
         fail("sampling: frequency_penalty must be finite, got ", p.frequency_penalty);
-    if (!std::isfinite(p.presence_penalty))
-        fail("sampling: presence_penalty must be finite, got ", p.presence_penalty);
+    if (!std::isfinite(p.presence_penalty)) fail("sampling: presence_penalty must be finite, got ", p.presence_penalty);
     if (p.penalty_last_n < -1)
         fail("sampling: penalty_last_n must be >= -1 (-1 = whole history), got ", p.penalty_last_n);
     for (const auto& [id, bias] : p.logit_bias) {
@@ -71,7 +66,8 @@ size_t top_p_unsorted(std::vector<std::pair<float, int32_t>>& cand, size_t n, fl
     const double span = static_cast<double>(max_logit) - min_logit;
     const double scale = span > 0.0 ? (kBuckets - 1) / span : 0.0;
     auto bucket_of = [&](float l) {
-        return l >= min_logit ? static_cast<int>((static_cast<double>(l) - min_logit) * scale) : -1;   // -1: -inf, no mass
+        return l >= min_logit ? static_cast<int>((static_cast<double>(l) - min_logit) * scale)
+                              : -1;   // -1: -inf, no mass
     };
     double mass[kBuckets] = {};
     double total = 0.0;
@@ -116,7 +112,8 @@ Sampler::Sampler(const SamplingParams& params) : params_(params) {
 
 bool Sampler::penalizes() const {
     const SamplingParams& p = params_;
-    return p.penalty_last_n != 0 && (p.repeat_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f);
+    return p.penalty_last_n != 0 &&
+           (p.repeat_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f);
 }
 
 bool Sampler::plain_greedy(const std::vector<int32_t>& history) const {
@@ -202,7 +199,10 @@ int32_t Sampler::sample(const float* logits, int32_t n_vocab, const std::vector<
             double cum = 0.0;
             for (size_t i = 0; i < n; ++i) {
                 cum += weight(cand_[i].first, max_logit, 1.0f);
-                if (cum >= target) { n = i + 1; break; }
+                if (cum >= target) {
+                    n = i + 1;
+                    break;
+                }
             }
         } else {
             n = top_p_unsorted(cand_, n, max_logit, p.top_p, min_p_floor);

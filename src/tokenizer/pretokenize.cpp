@@ -36,7 +36,10 @@ public:
             size_t gap = r.begin, pos = r.begin;
             while (pos < r.end) {
                 size_t n = match_len(pos, r.end);
-                if (n == 0) { ++pos; continue; }
+                if (n == 0) {
+                    ++pos;
+                    continue;
+                }
                 if (pos > gap) out.push_back({gap, pos});
                 out.push_back({pos, pos + n});
                 pos += n;
@@ -109,8 +112,7 @@ public:
     std::vector<std::string> words() const {
         std::vector<std::string> w;
         w.reserve(pieces_.size());
-        for (const Range& r : pieces_)
-            w.emplace_back(text_, offsets_[r.begin], offsets_[r.end] - offsets_[r.begin]);
+        for (const Range& r : pieces_) w.emplace_back(text_, offsets_[r.begin], offsets_[r.end] - offsets_[r.begin]);
         return w;
     }
 
@@ -169,19 +171,30 @@ bool is_ascii_digit(uint32_t c) { return c >= '0' && c <= '9'; }
 
 PreTokenizer pre_tokenizer_from_name(const std::string& name) {
     static const std::unordered_map<std::string, PreTokenizer> names = {
-        {"gpt-2", PreTokenizer::GPT2},        {"gpt2", PreTokenizer::GPT2},
-        {"mpt", PreTokenizer::GPT2},          {"olmo", PreTokenizer::GPT2},
-        {"jais", PreTokenizer::GPT2},         {"phi-2", PreTokenizer::GPT2},
-        {"smollm", PreTokenizer::SMOLLM},     {"starcoder", PreTokenizer::SMOLLM},
-        {"refact", PreTokenizer::SMOLLM},     {"command-r", PreTokenizer::SMOLLM},
-        {"codeshell", PreTokenizer::SMOLLM},  {"exaone", PreTokenizer::SMOLLM},
+        {"gpt-2", PreTokenizer::GPT2},
+        {"gpt2", PreTokenizer::GPT2},
+        {"mpt", PreTokenizer::GPT2},
+        {"olmo", PreTokenizer::GPT2},
+        {"jais", PreTokenizer::GPT2},
+        {"phi-2", PreTokenizer::GPT2},
+        {"smollm", PreTokenizer::SMOLLM},
+        {"starcoder", PreTokenizer::SMOLLM},
+        {"refact", PreTokenizer::SMOLLM},
+        {"command-r", PreTokenizer::SMOLLM},
+        {"codeshell", PreTokenizer::SMOLLM},
+        {"exaone", PreTokenizer::SMOLLM},
         {"minerva-7b", PreTokenizer::SMOLLM},
-        {"llama3", PreTokenizer::LLAMA3},     {"llama-v3", PreTokenizer::LLAMA3},
-        {"llama-bpe", PreTokenizer::LLAMA3},  {"falcon3", PreTokenizer::LLAMA3},
-        {"dbrx", PreTokenizer::LLAMA3},       {"smaug-bpe", PreTokenizer::LLAMA3},
+        {"llama3", PreTokenizer::LLAMA3},
+        {"llama-v3", PreTokenizer::LLAMA3},
+        {"llama-bpe", PreTokenizer::LLAMA3},
+        {"falcon3", PreTokenizer::LLAMA3},
+        {"dbrx", PreTokenizer::LLAMA3},
+        {"smaug-bpe", PreTokenizer::LLAMA3},
         {"chatglm-bpe", PreTokenizer::LLAMA3},
-        {"qwen2", PreTokenizer::QWEN2},       {"stablelm2", PreTokenizer::QWEN2},
-        {"deepseek-r1-qwen", PreTokenizer::QWEN2}, {"hunyuan", PreTokenizer::QWEN2},
+        {"qwen2", PreTokenizer::QWEN2},
+        {"stablelm2", PreTokenizer::QWEN2},
+        {"deepseek-r1-qwen", PreTokenizer::QWEN2},
+        {"hunyuan", PreTokenizer::QWEN2},
         {"default", PreTokenizer::DEFAULT},
     };
     auto it = names.find(name);
@@ -193,24 +206,18 @@ std::vector<std::string> pre_tokenize(PreTokenizer kind, const std::string& text
     const auto& cpts = s.cpts();
     const auto& flags = s.flags();
     switch (kind) {
-        case PreTokenizer::GPT2:
-            s.split_gpt2();
-            break;
+        case PreTokenizer::GPT2: s.split_gpt2(); break;
         case PreTokenizer::SMOLLM:
             s.split_matches([&](size_t pos, size_t) -> size_t { return (flags[pos] & CPT_NUMBER) ? 1 : 0; });
             s.split_gpt2();
             break;
-        case PreTokenizer::LLAMA3:
-            s.split_llama3(3);
-            break;
-        case PreTokenizer::QWEN2:
-            s.split_llama3(1);
-            break;
+        case PreTokenizer::LLAMA3: s.split_llama3(3); break;
+        case PreTokenizer::QWEN2: s.split_llama3(1); break;
         case PreTokenizer::DEFAULT: {
             auto is_punct = [&](size_t i) {
                 const uint32_t c = cpts[i];
-                return (flags[i] & CPT_PUNCT) || c == '$' || c == '+' || c == '<' || c == '=' ||
-                       c == '>' || c == '^' || c == '~' || c == '|';
+                return (flags[i] & CPT_PUNCT) || c == '$' || c == '+' || c == '<' || c == '=' || c == '>' || c == '^' ||
+                       c == '~' || c == '|';
             };
             s.split_matches([&](size_t pos, size_t end) -> size_t {
                 size_t e = pos;
@@ -225,7 +232,9 @@ std::vector<std::string> pre_tokenize(PreTokenizer kind, const std::string& text
             });
             s.split_matches([&](size_t pos, size_t end) -> size_t {
                 return (pos + 3 <= end && is_ascii_digit(cpts[pos]) && is_ascii_digit(cpts[pos + 1]) &&
-                        is_ascii_digit(cpts[pos + 2])) ? 3 : 0;
+                        is_ascii_digit(cpts[pos + 2]))
+                           ? 3
+                           : 0;
             });
             break;
         }

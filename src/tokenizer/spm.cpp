@@ -27,8 +27,7 @@ public:
     bool decode_strips_leading_space() const override { return v_.add_space_prefix; }
 
 protected:
-    void encode_fragment(const std::string& text, bool after_special,
-                         std::vector<int32_t>& out) const override {
+    void encode_fragment(const std::string& text, bool after_special, std::vector<int32_t>& out) const override {
         std::string s;
         s.reserve(text.size() + 8);
         if (v_.add_space_prefix && after_special) s += k_space_mark;

@@ -37,7 +37,11 @@ inline std::vector<MergeSymbol> split_characters(const std::string& text) {
 // priority (higher merges first).
 template <class Priority>
 void merge_symbols(std::vector<MergeSymbol>& syms, Priority&& priority) {
-    struct Pair { double priority; int left; size_t total; };   // total: bytes of both sides when pushed
+    struct Pair {
+        double priority;
+        int left;
+        size_t total;
+    };   // total: bytes of both sides when pushed
     auto worse = [](const Pair& x, const Pair& y) {
         return x.priority != y.priority ? x.priority < y.priority : x.left > y.left;
     };

@@ -50,10 +50,10 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GGUFFile& f) {
         for (size_t i = 0; i < types.arr.size(); ++i) {
             const GGUFValue& t = types.arr[i];
             if (!t.is_integer())
-                fail("tokenizer: key 'tokenizer.ggml.token_type' in ", f.path(), " holds ",
-                     gguf_type_name(t.type), " values, expected integers");
-            const bool is_signed = t.type == GGUFType::INT8 || t.type == GGUFType::INT16 ||
-                                   t.type == GGUFType::INT32 || t.type == GGUFType::INT64;
+                fail("tokenizer: key 'tokenizer.ggml.token_type' in ", f.path(), " holds ", gguf_type_name(t.type),
+                     " values, expected integers");
+            const bool is_signed = t.type == GGUFType::INT8 || t.type == GGUFType::INT16 || t.type == GGUFType::INT32 ||
+                                   t.type == GGUFType::INT64;
             // Clamped into int32 range; make_tokenizer rejects values outside 0..6 by index.
             const int64_t x = is_signed ? t.num.i : int64_t(std::min<uint64_t>(t.num.u, 1000));
             v.types.push_back(int32_t(std::max<int64_t>(-1000, std::min<int64_t>(x, 1000))));

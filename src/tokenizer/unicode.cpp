@@ -65,7 +65,10 @@ void utf8_decode(const std::string& text, std::vector<uint32_t>& cpts, std::vect
         if (ok) {
             cp = len == 2 ? (c & 0x1F) : len == 3 ? (c & 0x0F) : (c & 0x07);
             for (size_t k = 1; k < len; ++k) {
-                if ((s[i + k] & 0xC0) != 0x80) { ok = false; break; }
+                if ((s[i + k] & 0xC0) != 0x80) {
+                    ok = false;
+                    break;
+                }
                 cp = (cp << 6) | (s[i + k] & 0x3F);
             }
         }
@@ -116,8 +119,6 @@ std::string replace_invalid_utf8(const std::string& text) {
 
 const std::string& byte_to_unicode(uint8_t b) { return byte_tables().to_unicode[b]; }
 
-int unicode_to_byte(uint32_t cp) {
-    return cp < 512 ? byte_tables().from_unicode[cp] : -1;
-}
+int unicode_to_byte(uint32_t cp) { return cp < 512 ? byte_tables().from_unicode[cp] : -1; }
 
 }  // namespace ember

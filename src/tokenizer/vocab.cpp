@@ -18,8 +18,8 @@ void check_id(int32_t id, size_t n, const char* what) {
 // Texts that end a turn in the common chat formats (llama.cpp recognises the same set).
 bool is_eog_text(const std::string& t) {
     static const char* const texts[] = {
-        "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
-        "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>", "<｜end▁of▁sentence｜>",
+        "<|eot_id|>", "<|im_end|>", "<|end|>",         "<end_of_turn>",      "<|endoftext|>",         "<|eom_id|>",
+        "<EOT>",      "_<EOT>",     "<|end_of_text|>", "<end_of_utterance>", "<｜end▁of▁sentence｜>",
     };
     for (const char* s : texts)
         if (t == s) return true;
@@ -76,22 +76,19 @@ VocabTokenizer::VocabTokenizer(TokenizerVocab vocab) : v_(std::move(vocab)) {
             special_.push_back(i);
     }
     // Longest first, so "<|im_start|>" wins over a shorter special token inside it.
-    std::stable_sort(special_.begin(), special_.end(), [&](int32_t a, int32_t b) {
-        return v_.tokens[a].size() > v_.tokens[b].size();
-    });
+    std::stable_sort(special_.begin(), special_.end(),
+                     [&](int32_t a, int32_t b) { return v_.tokens[a].size() > v_.tokens[b].size(); });
 
     eog_.assign(size_t(n), false);
     for (int32_t id : {v_.eos, v_.eot, v_.eom})
         if (id >= 0) eog_[id] = true;
     for (int32_t i = 0; i < n; ++i) {
         TokenType t = type(i);
-        if ((t == TokenType::CONTROL || t == TokenType::USER_DEFINED) && is_eog_text(v_.tokens[i]))
-            eog_[i] = true;
+        if ((t == TokenType::CONTROL || t == TokenType::USER_DEFINED) && is_eog_text(v_.tokens[i])) eog_[i] = true;
     }
 }
 
-std::vector<int32_t> VocabTokenizer::encode(const std::string& text, bool add_bos,
-                                            bool parse_special) const {
+std::vector<int32_t> VocabTokenizer::encode(const std::string& text, bool add_bos, bool parse_special) const {
     // Fragments of the input: either a special token or a byte range of plain text.
     struct Fragment {
         int32_t token;   // -1: text[begin, end)
@@ -106,7 +103,10 @@ std::vector<int32_t> VocabTokenizer::encode(const std::string& text, bool add_bo
         std::vector<Fragment> next;
         next.reserve(frags.size());
         for (const Fragment& f : frags) {
-            if (f.token >= 0 || f.end - f.begin < s.size()) { next.push_back(f); continue; }
+            if (f.token >= 0 || f.end - f.begin < s.size()) {
+                next.push_back(f);
+                continue;
+            }
             size_t pos = f.begin;
             while (true) {
                 size_t hit = text.find(s, pos);
@@ -142,13 +142,10 @@ std::string VocabTokenizer::token_to_piece(int32_t id, bool special) const {
     if (id < 0 || id >= n_vocab())
         fail("tokenizer: token id ", id, " is outside the vocabulary of ", n_vocab(), " tokens");
     switch (type(id)) {
-        case TokenType::NORMAL:
-            return normal_piece(id);
+        case TokenType::NORMAL: return normal_piece(id);
         case TokenType::CONTROL:
-        case TokenType::UNKNOWN:
-            return special ? v_.tokens[id] : std::string();
-        case TokenType::USER_DEFINED:
-            return v_.tokens[id];
+        case TokenType::UNKNOWN: return special ? v_.tokens[id] : std::string();
+        case TokenType::USER_DEFINED: return v_.tokens[id];
         case TokenType::BYTE: {
             // "<0xNN>" -> the byte NN
             const std::string& t = v_.tokens[id];
@@ -156,15 +153,12 @@ std::string VocabTokenizer::token_to_piece(int32_t id, bool special) const {
             return b >= 0 ? std::string(1, char(b)) : t;
         }
         case TokenType::UNDEFINED:
-        case TokenType::UNUSED:
-            break;
+        case TokenType::UNUSED: break;
     }
     return std::string();
 }
 
-bool VocabTokenizer::is_eog(int32_t id) const {
-    return id >= 0 && id < n_vocab() && eog_[id];
-}
+bool VocabTokenizer::is_eog(int32_t id) const { return id >= 0 && id < n_vocab() && eog_[id]; }
 
 const std::string& VocabTokenizer::token_text(int32_t id) const {
     if (id < 0 || id >= n_vocab())

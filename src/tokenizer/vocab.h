@@ -13,7 +13,13 @@ namespace ember {
 
 // tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
 enum class TokenType : int32_t {
-    UNDEFINED = 0, NORMAL = 1, UNKNOWN = 2, CONTROL = 3, USER_DEFINED = 4, UNUSED = 5, BYTE = 6,
+    UNDEFINED = 0,
+    NORMAL = 1,
+    UNKNOWN = 2,
+    CONTROL = 3,
+    USER_DEFINED = 4,
+    UNUSED = 5,
+    BYTE = 6,
 };
 
 struct TokenizerVocab {
@@ -44,8 +50,7 @@ class VocabTokenizer : public Tokenizer {
 public:
     explicit VocabTokenizer(TokenizerVocab vocab);
 
-    std::vector<int32_t> encode(const std::string& text, bool add_bos,
-                                bool parse_special) const override;
+    std::vector<int32_t> encode(const std::string& text, bool add_bos, bool parse_special) const override;
     std::string token_to_piece(int32_t id, bool special) const override;
 
     int32_t n_vocab() const override { return int32_t(v_.tokens.size()); }
@@ -61,8 +66,7 @@ public:
 protected:
     // Appends the tokens of text (a fragment between special tokens). after_special: the
     // fragment starts the text or follows a special token (SentencePiece adds its space there).
-    virtual void encode_fragment(const std::string& text, bool after_special,
-                                 std::vector<int32_t>& out) const = 0;
+    virtual void encode_fragment(const std::string& text, bool after_special, std::vector<int32_t>& out) const = 0;
     virtual std::string normal_piece(int32_t id) const = 0;
 
     TokenType type(int32_t id) const { return v_.types.empty() ? TokenType::NORMAL : TokenType(v_.types[id]); }

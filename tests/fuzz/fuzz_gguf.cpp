@@ -19,7 +19,10 @@ namespace {
 int memory_file() {
     static const int fd = [] {
         int f = memfd_create("fuzz.gguf", 0);
-        if (f < 0) { std::perror("memfd_create"); std::abort(); }
+        if (f < 0) {
+            std::perror("memfd_create");
+            std::abort();
+        }
         return f;
     }();
     return fd;
@@ -37,12 +40,24 @@ void write_all(int fd, const uint8_t* data, size_t size) {
 // Reads every value the way the loaders do, so getters and type checks run on hostile values.
 void touch(const ember::GGUFFile& f) {
     for (const auto& [key, value] : f.metadata()) {
-        try { f.get_uint(key); } catch (const ember::InvalidInput&) {}
-        try { f.get_int(key); } catch (const ember::InvalidInput&) {}
-        try { f.get_float(key); } catch (const ember::InvalidInput&) {}
-        try { f.get_bool(key); } catch (const ember::InvalidInput&) {}
-        try { f.get_string(key); } catch (const ember::InvalidInput&) {}
-        try { f.get_array(key); } catch (const ember::InvalidInput&) {}
+        try {
+            f.get_uint(key);
+        } catch (const ember::InvalidInput&) {}
+        try {
+            f.get_int(key);
+        } catch (const ember::InvalidInput&) {}
+        try {
+            f.get_float(key);
+        } catch (const ember::InvalidInput&) {}
+        try {
+            f.get_bool(key);
+        } catch (const ember::InvalidInput&) {}
+        try {
+            f.get_string(key);
+        } catch (const ember::InvalidInput&) {}
+        try {
+            f.get_array(key);
+        } catch (const ember::InvalidInput&) {}
     }
     volatile uint8_t sink = 0;
     for (const ember::GGUFTensor& t : f.tensors()) {
@@ -65,7 +80,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         for (int32_t id : tok->encode("Hello <|im_start|> world\n\xff 12345", true, true))
             if (id < 0 || id >= n) std::abort();
         tok->decode({0, n - 1}, true);
-    } catch (const ember::InvalidInput&) {
-    }
+    } catch (const ember::InvalidInput&) {}
     return 0;
 }

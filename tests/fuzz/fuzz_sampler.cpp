@@ -18,10 +18,22 @@ namespace {
 // A float that is often one of the edge values, else any bit pattern.
 float any_float(FuzzedDataProvider& in) {
     static const float edges[] = {
-        0.0f, -0.0f, 1.0f, -1.0f, 0.5f, 2.0f, 1e-30f, -1e-30f, 1e30f, -1e30f,
-        std::numeric_limits<float>::max(), -std::numeric_limits<float>::max(),
-        std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::infinity(),
-        -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(),
+        0.0f,
+        -0.0f,
+        1.0f,
+        -1.0f,
+        0.5f,
+        2.0f,
+        1e-30f,
+        -1e-30f,
+        1e30f,
+        -1e30f,
+        std::numeric_limits<float>::max(),
+        -std::numeric_limits<float>::max(),
+        std::numeric_limits<float>::denorm_min(),
+        std::numeric_limits<float>::infinity(),
+        -std::numeric_limits<float>::infinity(),
+        std::numeric_limits<float>::quiet_NaN(),
     };
     const uint8_t pick = in.ConsumeIntegral<uint8_t>();
     if (pick < 2 * sizeof(edges) / sizeof(edges[0])) return edges[pick / 2];
@@ -70,7 +82,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                     violated("sampled a token whose logit_bias is -inf", id);
             history.push_back(id);
         }
-    } catch (const ember::InvalidInput&) {
-    }
+    } catch (const ember::InvalidInput&) {}
     return 0;
 }

@@ -61,18 +61,28 @@ bool valid_utf8(const std::string& s) {
         const uint8_t c = uint8_t(s[i]);
         size_t len;
         uint32_t cp;
-        if (c < 0x80) { ++i; continue; }
-        if (c >= 0xC2 && c <= 0xDF) { len = 2; cp = c & 0x1F; }
-        else if (c >= 0xE0 && c <= 0xEF) { len = 3; cp = c & 0x0F; }
-        else if (c >= 0xF0 && c <= 0xF4) { len = 4; cp = c & 0x07; }
-        else return false;
+        if (c < 0x80) {
+            ++i;
+            continue;
+        }
+        if (c >= 0xC2 && c <= 0xDF) {
+            len = 2;
+            cp = c & 0x1F;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            len = 3;
+            cp = c & 0x0F;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            len = 4;
+            cp = c & 0x07;
+        } else return false;
         if (i + len > s.size()) return false;
         for (size_t k = 1; k < len; ++k) {
             const uint8_t cc = uint8_t(s[i + k]);
             if ((cc & 0xC0) != 0x80) return false;
             cp = (cp << 6) | (cc & 0x3F);
         }
-        if ((len == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
+        if ((len == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
+            (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
             return false;
         i += len;
     }
@@ -84,8 +94,7 @@ bool valid_utf8(const std::string& s) {
     std::abort();
 }
 
-void check_encode(const ember::Tokenizer& tok, bool byte_level, const std::string& text, bool add_bos,
-                  bool special) {
+void check_encode(const ember::Tokenizer& tok, bool byte_level, const std::string& text, bool add_bos, bool special) {
     const std::vector<int32_t> ids = tok.encode(text, add_bos, special);
     for (int32_t id : ids)
         if (id < 0 || id >= tok.n_vocab()) violated("encode returned an id outside the vocabulary");
@@ -137,12 +146,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             check_encode(tok, byte_level, std::string(reinterpret_cast<const char*>(rest), n), (op & 8) != 0,
                          (op & 2) != 0);
             break;
-        case 2:
-            check_decode(tok, rest, n, true, (op & 8) != 0);
-            break;
-        case 3:
-            check_decode(tok, rest, n, (op & 8) != 0, (op & 16) != 0);
-            break;
+        case 2: check_decode(tok, rest, n, true, (op & 8) != 0); break;
+        case 3: check_decode(tok, rest, n, (op & 8) != 0, (op & 16) != 0); break;
     }
     return 0;
 }

@@ -39,7 +39,9 @@ std::vector<float> normals(Rng& rng, size_t n, float scale = 1.0f) {
 }
 
 // A uniform exponent in [lo, hi): magnitudes that span many binades.
-float pow10_uniform(Rng& rng, float lo, float hi) { return std::pow(10.0f, std::uniform_real_distribution<float>(lo, hi)(rng)); }
+float pow10_uniform(Rng& rng, float lo, float hi) {
+    return std::pow(10.0f, std::uniform_real_distribution<float>(lo, hi)(rng));
+}
 
 int check_matmul(Backend& cpu, GGMLType type, Rng& rng) {
     const TypeTraits& tr = type_traits(type);
@@ -69,8 +71,8 @@ int check_matmul(Backend& cpu, GGMLType type, Rng& rng) {
             }
             // Q4_1 / Q5_1 fold the activations' sums as fp16 (Q8_1), a little looser.
             if (std::fabs(y[k * n_out + o] - want) > 2e-3 * scale + 1e-4) {
-                std::printf("FAIL matmul %s: token %d row %ld: %g, want %g\n", tr.name, k, long(o),
-                            y[k * n_out + o], want);
+                std::printf("FAIL matmul %s: token %d row %ld: %g, want %g\n", tr.name, k, long(o), y[k * n_out + o],
+                            want);
                 return 1;
             }
         }
@@ -83,8 +85,13 @@ int check_matmul(Backend& cpu, GGMLType type, Rng& rng) {
 // keep finite.
 std::vector<int> half_fields(GGMLType type) {
     switch (type) {
-        case GGMLType::Q4_0: case GGMLType::Q5_0: case GGMLType::Q8_0: return {0};
-        case GGMLType::Q4_1: case GGMLType::Q5_1: case GGMLType::Q4_K: case GGMLType::Q5_K: return {0, 2};
+        case GGMLType::Q4_0:
+        case GGMLType::Q5_0:
+        case GGMLType::Q8_0: return {0};
+        case GGMLType::Q4_1:
+        case GGMLType::Q5_1:
+        case GGMLType::Q4_K:
+        case GGMLType::Q5_K: return {0, 2};
         case GGMLType::Q6_K: return {208};
         default: return {};
     }
@@ -124,7 +131,7 @@ int check_vec_dot(GGMLType type, Rng& rng) {
         std::printf("FAIL vec_dot %s: no NEON kernel at the neon level\n", tr.name);
         return 1;
     }
-    const std::vector<int64_t> sizes = !exact ? std::vector<int64_t>{1, 7, 16, 33, 100, 577, 4096}
+    const std::vector<int64_t> sizes = !exact                 ? std::vector<int64_t>{1, 7, 16, 33, 100, 577, 4096}
                                        : tr.block_elems == 32 ? std::vector<int64_t>{32, 96, 160, 1056}
                                                               : std::vector<int64_t>{256, 768, 1280};
     for (int64_t n : sizes) {
@@ -197,7 +204,8 @@ int check_quantizer(GGMLType type, Rng& rng) {
             return 1;
         }
     }
-    std::printf("ok   quantize %s equals the scalar bytes (%s)\n", tr.name, best == tr.quantize_row ? "scalar" : "SIMD");
+    std::printf("ok   quantize %s equals the scalar bytes (%s)\n", tr.name,
+                best == tr.quantize_row ? "scalar" : "SIMD");
     return 0;
 }
 
@@ -299,7 +307,8 @@ int check_attention(Rng& rng) {
         std::fill(x.begin(), x.end(), NAN);
         if (best.max(x.data(), n) != -INFINITY) return fail("max of NaNs n", n, 0);
     }
-    std::printf("ok   attention arithmetic equals the scalar reference (%s)\n", best.scores == ref.scores ? "scalar" : "SIMD");
+    std::printf("ok   attention arithmetic equals the scalar reference (%s)\n",
+                best.scores == ref.scores ? "scalar" : "SIMD");
     return 0;
 }
 
@@ -319,8 +328,8 @@ int main(int argc, char** argv) {
         bad += check_vec_dot(t, rng);
     for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q8_1, GGMLType::Q8_K}) bad += check_quantizer(t, rng);
     bad += check_attention(rng);
-    for (GGMLType t : {GGMLType::Q4_0, GGMLType::Q4_1, GGMLType::Q5_0, GGMLType::Q5_1, GGMLType::Q8_0,
-                       GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::F16})
+    for (GGMLType t : {GGMLType::Q4_0, GGMLType::Q4_1, GGMLType::Q5_0, GGMLType::Q5_1, GGMLType::Q8_0, GGMLType::Q4_K,
+                       GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::F16})
         bad += check_matmul(*cpu, t, rng);
     if (bad) std::printf("%d failed (seed %u)\n", bad, seed);
     else std::printf("all passed\n");

@@ -271,14 +271,13 @@ struct PyBackend {
         }
         Buf xb(*be, x.data(), x.size() * sizeof(float));
         multi_seq_batch(n_seq, batch_invariant, n_tok);
-        if (composed)
-            be->Backend::matmul_many(wp.data(), yp.data(), (int)wp.size(), xb.f(), n_tok);
-        else
-            be->matmul_many(wp.data(), yp.data(), (int)wp.size(), xb.f(), n_tok);
+        if (composed) be->Backend::matmul_many(wp.data(), yp.data(), (int)wp.size(), xb.f(), n_tok);
+        else be->matmul_many(wp.data(), yp.data(), (int)wp.size(), xb.f(), n_tok);
         end_multi_seq_batch(n_seq, n_tok);
         std::vector<F32Out> out;
         for (size_t i = 0; i < wts.size(); ++i)
-            out.push_back(make_out(download(*be, *ybs[i], (size_t)n_tok * wts[i].n_out), {(size_t)n_tok, (size_t)wts[i].n_out}));
+            out.push_back(
+                make_out(download(*be, *ybs[i], (size_t)n_tok * wts[i].n_out), {(size_t)n_tok, (size_t)wts[i].n_out}));
         return out;
     }
 
@@ -296,14 +295,13 @@ struct PyBackend {
         if (residual) check_rows(*residual, n_tok, n_in, "residual");
         std::unique_ptr<Buf> normb = optional_vector(*be, norm, (size_t)n_in, "norm");
         const FfnWeights fw{normb->f(), eps, &wg, &wu, &wd, activation_arg(act)};
-        Buf xb(*be, x.data(), x.size() * 4), xn(*be, x.size() * 4), gb(*be, n_tok * n_ff * 4), ub(*be, n_tok * n_ff * 4),
-            yb(*be, x.size() * 4);
-        std::unique_ptr<Buf> rb = residual ? std::make_unique<Buf>(*be, residual->data(), residual->size() * 4) : nullptr;
+        Buf xb(*be, x.data(), x.size() * 4), xn(*be, x.size() * 4), gb(*be, n_tok * n_ff * 4),
+            ub(*be, n_tok * n_ff * 4), yb(*be, x.size() * 4);
+        std::unique_ptr<Buf> rb = residual ? std::make_unique<Buf>(*be, residual->data(), residual->size() * 4)
+                                           : nullptr;
         const BlockBuffers b{xn.f(), nullptr, nullptr, nullptr, nullptr, gb.f(), ub.f()};
-        if (composed)
-            be->Backend::ffn(fw, xb.f(), ptr(rb), (int32_t)n_tok, b, yb.f());
-        else
-            be->ffn(fw, xb.f(), ptr(rb), (int32_t)n_tok, b, yb.f());
+        if (composed) be->Backend::ffn(fw, xb.f(), ptr(rb), (int32_t)n_tok, b, yb.f());
+        else be->ffn(fw, xb.f(), ptr(rb), (int32_t)n_tok, b, yb.f());
         return {make_out(download(*be, yb, x.size()), {n_tok, (size_t)n_in}),
                 make_out(download(*be, xb, x.size()), {n_tok, (size_t)n_in})};
     }
@@ -320,7 +318,8 @@ struct PyBackend {
                                 const std::optional<std::string>& type_k, const std::optional<std::string>& type_v,
                                 bool composed) {
         check_positions(pos, "attn_in");
-        Weight q = weight(type_id, wq, n_in, "wq"), k = weight(type_id, wk, n_in, "wk"), v = weight(type_id, wv, n_in, "wv");
+        Weight q = weight(type_id, wq, n_in, "wq"), k = weight(type_id, wk, n_in, "wk"),
+               v = weight(type_id, wv, n_in, "wv");
         if (head_dim <= 0 || k.n_out != v.n_out || q.n_out % head_dim || k.n_out % head_dim)
             fail("attn_in: wk and wv need the same rows, both and wq whole heads of ", head_dim);
         const size_t nt = pos.size();
@@ -334,19 +333,30 @@ struct PyBackend {
                              bvb = optional_vector(*be, bv, (size_t)v.n_out, "bv"),
                              qn = optional_vector(*be, q_norm, (size_t)head_dim, "q_norm"),
                              kn = optional_vector(*be, k_norm, (size_t)head_dim, "k_norm");
-        const AttnInWeights w{nbuf->f(), eps, &q, &k, &v, ptr(bqb), ptr(bkb), ptr(bvb), ptr(qn), ptr(kn),
-                              (int32_t)(q.n_out / head_dim), (int32_t)(k.n_out / head_dim), head_dim, &rope};
+        const AttnInWeights w{nbuf->f(),
+                              eps,
+                              &q,
+                              &k,
+                              &v,
+                              ptr(bqb),
+                              ptr(bkb),
+                              ptr(bvb),
+                              ptr(qn),
+                              ptr(kn),
+                              (int32_t)(q.n_out / head_dim),
+                              (int32_t)(k.n_out / head_dim),
+                              head_dim,
+                              &rope};
         const int32_t len = *std::max_element(pos.begin(), pos.end()) + 1;
         PagedKV paged(*be, len, block_size, w.n_head_kv, head_dim, kv_types_arg(kv_type, type_k, type_v), 7);
         be->set_batch(paged.batch(pos, {}));
-        Buf xb(*be, x.data(), x.size() * 4), xn(*be, x.size() * 4), qb(*be, nt * q.n_out * 4), kb(*be, nt * k.n_out * 4),
-            vb(*be, nt * v.n_out * 4);
-        std::unique_ptr<Buf> rb = residual ? std::make_unique<Buf>(*be, residual->data(), residual->size() * 4) : nullptr;
+        Buf xb(*be, x.data(), x.size() * 4), xn(*be, x.size() * 4), qb(*be, nt * q.n_out * 4),
+            kb(*be, nt * k.n_out * 4), vb(*be, nt * v.n_out * 4);
+        std::unique_ptr<Buf> rb = residual ? std::make_unique<Buf>(*be, residual->data(), residual->size() * 4)
+                                           : nullptr;
         const BlockBuffers b{xn.f(), qb.f(), kb.f(), vb.f(), nullptr, nullptr, nullptr};
-        if (composed)
-            be->Backend::attn_in(w, xb.f(), ptr(rb), n_tok, paged.kv, b);
-        else
-            be->attn_in(w, xb.f(), ptr(rb), n_tok, paged.kv, b);
+        if (composed) be->Backend::attn_in(w, xb.f(), ptr(rb), n_tok, paged.kv, b);
+        else be->attn_in(w, xb.f(), ptr(rb), n_tok, paged.kv, b);
         const size_t kw = (size_t)k.n_out;
         return {make_out(download(*be, qb, nt * q.n_out), {nt, (size_t)q.n_out}),
                 make_out(paged.rows(*be, false, 0, pos), {nt, kw}), make_out(paged.rows(*be, true, 0, pos), {nt, kw}),
@@ -370,12 +380,12 @@ struct PyBackend {
         const size_t n_tok = x.shape(0), dim = x.shape(1);
         if (residual) check_rows(*residual, n_tok, (int64_t)dim, "add_rmsnorm: residual");
         Buf xb(*be, x.data(), x.size() * 4), gb(*be, gamma.data(), gamma.size() * 4), yb(*be, x.size() * 4);
-        std::unique_ptr<Buf> rb = residual ? std::make_unique<Buf>(*be, residual->data(), residual->size() * 4) : nullptr;
-        if (composed)
-            be->Backend::add_rmsnorm(xb.f(), ptr(rb), gb.f(), (int32_t)n_tok, (int32_t)dim, eps, yb.f());
-        else
-            be->add_rmsnorm(xb.f(), ptr(rb), gb.f(), (int32_t)n_tok, (int32_t)dim, eps, yb.f());
-        return {make_out(download(*be, yb, x.size()), {n_tok, dim}), make_out(download(*be, xb, x.size()), {n_tok, dim})};
+        std::unique_ptr<Buf> rb = residual ? std::make_unique<Buf>(*be, residual->data(), residual->size() * 4)
+                                           : nullptr;
+        if (composed) be->Backend::add_rmsnorm(xb.f(), ptr(rb), gb.f(), (int32_t)n_tok, (int32_t)dim, eps, yb.f());
+        else be->add_rmsnorm(xb.f(), ptr(rb), gb.f(), (int32_t)n_tok, (int32_t)dim, eps, yb.f());
+        return {make_out(download(*be, yb, x.size()), {n_tok, dim}),
+                make_out(download(*be, xb, x.size()), {n_tok, dim})};
     }
 
     // The fused output head: x += residual; xn = rmsnorm(x) * gamma; y = xn W^T. Returns (y, xn, x).
@@ -389,19 +399,20 @@ struct PyBackend {
         const size_t n_out = (size_t)wt.n_out;
         Buf xb(*be, x.data(), x.size() * 4), gb(*be, gamma.data(), gamma.size() * 4), xn(*be, x.size() * 4),
             yb(*be, n_tok * n_out * 4);
-        std::unique_ptr<Buf> rb = residual ? std::make_unique<Buf>(*be, residual->data(), residual->size() * 4) : nullptr;
-        if (composed)
-            be->Backend::norm_matmul(xb.f(), ptr(rb), gb.f(), eps, wt, (int32_t)n_tok, xn.f(), yb.f());
-        else
-            be->norm_matmul(xb.f(), ptr(rb), gb.f(), eps, wt, (int32_t)n_tok, xn.f(), yb.f());
+        std::unique_ptr<Buf> rb = residual ? std::make_unique<Buf>(*be, residual->data(), residual->size() * 4)
+                                           : nullptr;
+        if (composed) be->Backend::norm_matmul(xb.f(), ptr(rb), gb.f(), eps, wt, (int32_t)n_tok, xn.f(), yb.f());
+        else be->norm_matmul(xb.f(), ptr(rb), gb.f(), eps, wt, (int32_t)n_tok, xn.f(), yb.f());
         return {make_out(download(*be, yb, n_tok * n_out), {n_tok, n_out}),
-                make_out(download(*be, xn, x.size()), {n_tok, n_in}), make_out(download(*be, xb, x.size()), {n_tok, n_in})};
+                make_out(download(*be, xn, x.size()), {n_tok, n_in}),
+                make_out(download(*be, xb, x.size()), {n_tok, n_in})};
     }
 
     F32Out head_rmsnorm(F32In x, F32In gamma, int32_t n_heads, int32_t head_dim, float eps) {
         if (n_heads <= 0 || head_dim <= 0 || x.ndim() != 2 || x.shape(1) != (size_t)n_heads * head_dim)
             fail("head_rmsnorm: x must be [n_tok, n_heads * head_dim] float32 with n_heads, head_dim > 0");
-        if (gamma.ndim() != 1 || gamma.size() != (size_t)head_dim) fail("head_rmsnorm: gamma must be [head_dim] float32");
+        if (gamma.ndim() != 1 || gamma.size() != (size_t)head_dim)
+            fail("head_rmsnorm: gamma must be [head_dim] float32");
         Buf xb(*be, x.data(), x.size() * 4), gb(*be, gamma.data(), gamma.size() * 4);
         be->head_rmsnorm(xb.f(), gb.f(), (int32_t)x.shape(0), n_heads, head_dim, eps);
         return make_out(download(*be, xb, x.size()), {x.shape(0), x.shape(1)});
@@ -411,8 +422,8 @@ struct PyBackend {
                 float freq_scale, float ext_factor, float attn_factor, float corr_lo, float corr_hi,
                 std::optional<F32In> freq_factors) {
         check_positions(pos, "rope");
-        const RopeParams r =
-            rope_params(head_dim, base, neox, freq_scale, ext_factor, attn_factor, corr_lo, corr_hi, freq_factors);
+        const RopeParams r = rope_params(head_dim, base, neox, freq_scale, ext_factor, attn_factor, corr_lo, corr_hi,
+                                         freq_factors);
         if (n_heads <= 0 || x.ndim() != 2 || x.shape(0) != pos.size() || x.shape(1) != (size_t)n_heads * head_dim)
             fail("rope: x must be [len(pos), n_heads * head_dim] float32");
         be->set_batch(one_sequence_batch(pos, {0}));
@@ -503,7 +514,8 @@ struct PyBackend {
                                  const std::optional<std::string>& type_v) {
         check_positions(pos, "kv_store");
         if (n_head_kv <= 0 || head_dim <= 0) fail("kv_store: n_head_kv and head_dim must be positive");
-        if (seq.size() != pos.size()) fail("kv_store: one sequence index per position, got ", seq.size(), " for ", pos.size());
+        if (seq.size() != pos.size())
+            fail("kv_store: one sequence index per position, got ", seq.size(), " for ", pos.size());
         for (size_t t = 0; t < pos.size(); ++t) {
             if (pos[t] >= len) fail("kv_store: position ", pos[t], " outside [0, ", len, ")");
             if (seq[t] < 0 || seq[t] >= n_seq) fail("kv_store: sequence ", seq[t], " outside [0, ", n_seq, ")");
@@ -536,9 +548,8 @@ struct PyBackend {
     // same blocks (BatchInfo::fast_attention). batch_invariant: the engine's deterministic mode.
     F32Out attention(F32In q, F32In k_all, F32In v_all, std::vector<int32_t> pos, int32_t n_head, int32_t n_head_kv,
                      int32_t head_dim, int32_t block_size, uint64_t seed, const std::optional<std::string>& kv_type,
-                     const std::optional<std::string>& type_k, const std::optional<std::string>& type_v,
-                     int32_t window, uint32_t o_type, std::optional<U8In> o_weight, bool fast, bool composed,
-                     bool batch_invariant) {
+                     const std::optional<std::string>& type_k, const std::optional<std::string>& type_v, int32_t window,
+                     uint32_t o_type, std::optional<U8In> o_weight, bool fast, bool composed, bool batch_invariant) {
         check_positions(pos, "attention");
         if (n_head <= 0 || n_head_kv <= 0 || head_dim <= 0 || n_head % n_head_kv)
             fail("attention: n_head must be a positive multiple of n_head_kv, head_dim positive");
@@ -582,10 +593,8 @@ struct PyBackend {
         BlockBuffers b{};
         b.q = qb.f();
         b.att = ob.f();
-        if (composed)
-            be->Backend::attn_out(paged.kv, shape, wo, n_tok, b, yb.f());
-        else
-            be->attn_out(paged.kv, shape, wo, n_tok, b, yb.f());
+        if (composed) be->Backend::attn_out(paged.kv, shape, wo, n_tok, b, yb.f());
+        else be->attn_out(paged.kv, shape, wo, n_tok, b, yb.f());
         return make_out(download(*be, yb, pos.size() * wo.n_out), {pos.size(), (size_t)wo.n_out});
     }
 };
@@ -594,13 +603,27 @@ struct PyBackend {
 // each with the method of Backend below that runs it. tests/test_backend_ops.py compares this
 // with backend.h and with the ops it checks, so an op cannot join the contract unchecked.
 std::vector<std::pair<std::string, std::string>> contract_ops() {
-    return {{"matmul", "matmul"},           {"matmul_many", "matmul_many"}, {"rmsnorm", "rmsnorm"},
-            {"head_rmsnorm", "head_rmsnorm"}, {"rope", "rope"},             {"kv_store", "kv_store"},
-            {"attention", "attention"},     {"gated_act", "gated_act"},     {"add", "add"},
-            {"add_bias", "add_bias"},       {"argmax_rows", "argmax_rows"}, {"add_rmsnorm", "add_rmsnorm"},
-            {"norm_matmul", "norm_matmul"}, {"attn_in", "attn_in"},         {"attn_out", "attention"},
-            {"ffn", "ffn"},                 {"prepare_weight", "matmul"},   {"prepare_vector", "prepare_vector"},
-            {"copy", "copy"},               {"copy_to_host_async", "copy"}, {"alloc_host", "copy"},
+    return {{"matmul", "matmul"},
+            {"matmul_many", "matmul_many"},
+            {"rmsnorm", "rmsnorm"},
+            {"head_rmsnorm", "head_rmsnorm"},
+            {"rope", "rope"},
+            {"kv_store", "kv_store"},
+            {"attention", "attention"},
+            {"gated_act", "gated_act"},
+            {"add", "add"},
+            {"add_bias", "add_bias"},
+            {"argmax_rows", "argmax_rows"},
+            {"add_rmsnorm", "add_rmsnorm"},
+            {"norm_matmul", "norm_matmul"},
+            {"attn_in", "attn_in"},
+            {"attn_out", "attention"},
+            {"ffn", "ffn"},
+            {"prepare_weight", "matmul"},
+            {"prepare_vector", "prepare_vector"},
+            {"copy", "copy"},
+            {"copy_to_host_async", "copy"},
+            {"alloc_host", "copy"},
             {"free_host", "copy"}};
 }
 
@@ -651,18 +674,17 @@ void bind_kernel_backend(nb::module_& m) {
         .def("add_bias", &PyBackend::add_bias, nb::arg("x"), nb::arg("bias"))
         .def("argmax_rows", &PyBackend::argmax_rows, nb::arg("x"))
         .def("prepare_vector", &PyBackend::prepare_vector, nb::arg("type_id"), nb::arg("data"), nb::arg("n"))
-        .def("copy", &PyBackend::copy, nb::arg("data"), nb::arg("src_offset"), nb::arg("dst_offset"),
-             nb::arg("count"), nb::arg("fill") = 0xff)
+        .def("copy", &PyBackend::copy, nb::arg("data"), nb::arg("src_offset"), nb::arg("dst_offset"), nb::arg("count"),
+             nb::arg("fill") = 0xff)
         .def("kv_store", &PyBackend::kv_store, nb::arg("k"), nb::arg("v"), nb::arg("pos"), nb::arg("seq"),
              nb::arg("n_seq"), nb::arg("len"), nb::arg("n_head_kv"), nb::arg("head_dim"), nb::arg("block_size"),
              nb::arg("seed") = 0, nb::arg("kv_type") = nb::none(), nb::arg("type_k") = nb::none(),
              nb::arg("type_v") = nb::none())
         .def("attention", &PyBackend::attention, nb::arg("q"), nb::arg("k_all"), nb::arg("v_all"), nb::arg("pos"),
-             nb::arg("n_head"), nb::arg("n_head_kv"), nb::arg("head_dim"), nb::arg("block_size"),
-             nb::arg("seed") = 0, nb::arg("kv_type") = nb::none(), nb::arg("type_k") = nb::none(),
-             nb::arg("type_v") = nb::none(), nb::arg("window") = 0, nb::arg("o_type") = 0,
-             nb::arg("o_weight") = nb::none(), nb::arg("fast") = false, nb::arg("composed") = false,
-             nb::arg("batch_invariant") = false)
+             nb::arg("n_head"), nb::arg("n_head_kv"), nb::arg("head_dim"), nb::arg("block_size"), nb::arg("seed") = 0,
+             nb::arg("kv_type") = nb::none(), nb::arg("type_k") = nb::none(), nb::arg("type_v") = nb::none(),
+             nb::arg("window") = 0, nb::arg("o_type") = 0, nb::arg("o_weight") = nb::none(), nb::arg("fast") = false,
+             nb::arg("composed") = false, nb::arg("batch_invariant") = false)
         .def("ffn", &PyBackend::ffn, nb::arg("type_id"), nb::arg("gate"), nb::arg("up"), nb::arg("down"),
              nb::arg("n_in"), nb::arg("x"), nb::arg("norm"), nb::arg("eps") = 1e-5f, nb::arg("residual") = nb::none(),
              nb::arg("act") = "silu", nb::arg("composed") = false);

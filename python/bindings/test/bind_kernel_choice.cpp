@@ -49,8 +49,8 @@ MatmulQuery matmul_query(const std::string& type, int64_t n_in, int32_t n_tok, b
 }
 
 nb::dict attention(const std::string& k_type, const std::string& v_type, int32_t head_dim, int32_t n_head,
-                   int32_t n_head_kv, int32_t block_size, int32_t max_len, int32_t window, int32_t n_tok, bool decode_step,
-                   bool deterministic, bool fast_attention, const SwitchMap& switches, int cc) {
+                   int32_t n_head_kv, int32_t block_size, int32_t max_len, int32_t window, int32_t n_tok,
+                   bool decode_step, bool deterministic, bool fast_attention, const SwitchMap& switches, int cc) {
     AttentionQuery q;
     q.k_type = type_named(k_type);
     q.v_type = type_named(v_type);
@@ -109,7 +109,8 @@ void bind_kernel_choice(nb::module_& m) {
         "kernel_choice_matmul",
         [](const std::string& type, int64_t n_in, int32_t n_tok, bool decode_step, bool deterministic,
            const SwitchMap& switches, int cc, bool sm90a_build) {
-            const MatmulQuery q = matmul_query(type, n_in, n_tok, decode_step, deterministic, switches, cc, sm90a_build);
+            const MatmulQuery q = matmul_query(type, n_in, n_tok, decode_step, deterministic, switches, cc,
+                                               sm90a_build);
             nb::dict d;
             d["kernel"] = matmul_kernel_name(choose_matmul(q));
             d["reads_q8"] = matmul_reads_q8(q);
@@ -130,7 +131,8 @@ void bind_kernel_choice(nb::module_& m) {
     m.def(
         "kernel_choice_ffn_swiglu",
         [](bool silu, const std::string& gate, const std::string& up, int32_t n_tok, bool deterministic) {
-            return ffn_takes_gemv_swiglu(silu, type_named(gate), type_named(up), BatchFacts{n_tok, false, deterministic});
+            return ffn_takes_gemv_swiglu(silu, type_named(gate), type_named(up),
+                                         BatchFacts{n_tok, false, deterministic});
         },
         nb::arg("silu"), nb::arg("gate"), nb::arg("up"), nb::arg("n_tok"), nb::arg("deterministic") = false);
     m.def(

@@ -90,9 +90,12 @@ void bind_kernel_quant(nb::module_& m) {
     m.def("vec_dot", &vec_dot, nb::arg("type_id"), nb::arg("w"), nb::arg("x"), nb::arg("impl") = "best",
           "Dot product of a weight row (type bytes) with float32 x, which is first quantized to "
           "the type's vec_dot_type; impl 'best' (SIMD) or 'ref' (scalar).");
-    m.def("vec_dot_type", [](uint32_t type_id) { return uint32_t(cpu_kernels(traits_of(type_id).type, level_now()).vec_dot_type); },
-          nb::arg("type_id"), "The type id the CPU quantizes activations to for a dot with this weight type.");
-    m.def("simd_level", []() { return std::string(simd_level_name(level_now())); },
-          "The SIMD level of the CPU kernels a backend made now would use: 'avx512', 'avx2', 'neon' or "
-          "'scalar' (EMBER_SIMD lowers it).");
+    m.def(
+        "vec_dot_type",
+        [](uint32_t type_id) { return uint32_t(cpu_kernels(traits_of(type_id).type, level_now()).vec_dot_type); },
+        nb::arg("type_id"), "The type id the CPU quantizes activations to for a dot with this weight type.");
+    m.def(
+        "simd_level", []() { return std::string(simd_level_name(level_now())); },
+        "The SIMD level of the CPU kernels a backend made now would use: 'avx512', 'avx2', 'neon' or "
+        "'scalar' (EMBER_SIMD lowers it).");
 }

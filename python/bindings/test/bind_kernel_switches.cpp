@@ -12,5 +12,6 @@ using namespace ember;
 void bind_kernel_switches(nb::module_& m) {
     m.def("set_switch", &set_switch, nb::arg("name"), nb::arg("value"),
           "_ember.set_switch for this module's backends and kernels ('' clears the override).");
-    m.def("switch_override", &switch_override, nb::arg("name"), "The override this module holds for a switch ('' none).");
+    m.def("switch_override", &switch_override, nb::arg("name"),
+          "The override this module holds for a switch ('' none).");
 }

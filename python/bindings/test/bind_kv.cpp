@@ -125,40 +125,53 @@ void bind_kv(nb::module_& m) {
     nb::class_<SimKVCache>(m, "KVCache")
         .def(nb::init<int32_t, int32_t, uint64_t, bool, int32_t>(), nb::arg("n_blocks"), nb::arg("block_size"),
              nb::arg("salt") = 0, nb::arg("prefix_caching") = true, nb::arg("host_slots") = 0)
-        .def("add", [](SimKVCache& s, int64_t seq) { s.cache.add(seq); }, nb::arg("seq"))
-        .def("remove", [](SimKVCache& s, int64_t seq) { s.cache.remove(seq); }, nb::arg("seq"))
-        .def("has", [](const SimKVCache& s, int64_t seq) { return s.cache.has(seq); }, nb::arg("seq"))
+        .def(
+            "add", [](SimKVCache& s, int64_t seq) { s.cache.add(seq); }, nb::arg("seq"))
+        .def(
+            "remove", [](SimKVCache& s, int64_t seq) { s.cache.remove(seq); }, nb::arg("seq"))
+        .def(
+            "has", [](const SimKVCache& s, int64_t seq) { return s.cache.has(seq); }, nb::arg("seq"))
         .def(
             "match_prefix",
             [](SimKVCache& s, int64_t seq, const std::vector<int32_t>& tokens) {
                 return s.cache.match_prefix(seq, tokens.data(), (int32_t)tokens.size());
             },
             nb::arg("seq"), nb::arg("tokens"))
-        .def("reserve", [](SimKVCache& s, int64_t seq, int32_t n) { return s.cache.reserve(seq, n); }, nb::arg("seq"),
-             nb::arg("n"))
+        .def(
+            "reserve", [](SimKVCache& s, int64_t seq, int32_t n) { return s.cache.reserve(seq, n); }, nb::arg("seq"),
+            nb::arg("n"))
         .def(
             "blocks_needed", [](const SimKVCache& s, int64_t seq, int32_t n) { return s.cache.blocks_needed(seq, n); },
             nb::arg("seq"), nb::arg("n"))
         .def("commit", &SimKVCache::commit, nb::arg("seq"), nb::arg("tokens"))
-        .def("truncate", [](SimKVCache& s, int64_t seq, int32_t n) { s.cache.truncate(seq, n); }, nb::arg("seq"),
-             nb::arg("n_tokens"))
-        .def("n_tokens", [](const SimKVCache& s, int64_t seq) { return s.cache.n_tokens(seq); }, nb::arg("seq"))
-        .def("blocks", [](const SimKVCache& s, int64_t seq) { return s.cache.blocks(seq); }, nb::arg("seq"))
-        .def("tokens", [](const SimKVCache& s, int64_t seq) { return s.cache.tokens(seq); }, nb::arg("seq"))
+        .def(
+            "truncate", [](SimKVCache& s, int64_t seq, int32_t n) { s.cache.truncate(seq, n); }, nb::arg("seq"),
+            nb::arg("n_tokens"))
+        .def(
+            "n_tokens", [](const SimKVCache& s, int64_t seq) { return s.cache.n_tokens(seq); }, nb::arg("seq"))
+        .def(
+            "blocks", [](const SimKVCache& s, int64_t seq) { return s.cache.blocks(seq); }, nb::arg("seq"))
+        .def(
+            "tokens", [](const SimKVCache& s, int64_t seq) { return s.cache.tokens(seq); }, nb::arg("seq"))
         .def_prop_ro("block_size", [](const SimKVCache& s) { return s.cache.block_size(); })
         .def_prop_ro("n_sequences", [](const SimKVCache& s) { return s.cache.n_sequences(); })
         .def_prop_ro("n_available", [](const SimKVCache& s) { return s.cache.pool().n_available(); })
-        .def("refs", [](const SimKVCache& s, int32_t b) { return s.cache.pool().refs(b); }, nb::arg("block"))
-        .def("published", [](const SimKVCache& s, int32_t b) { return s.cache.pool().published(b); },
-             nb::arg("block"))
+        .def(
+            "refs", [](const SimKVCache& s, int32_t b) { return s.cache.pool().refs(b); }, nb::arg("block"))
+        .def(
+            "published", [](const SimKVCache& s, int32_t b) { return s.cache.pool().published(b); }, nb::arg("block"))
         .def("stats", [](const SimKVCache& s) { return stats_dict(s.cache.pool().stats()); })
         .def("clear_cache", [](SimKVCache& s) { s.cache.pool().clear_cache(); })
         // Simulated storage: the token ids in `block`'s slots.
-        .def("content", [](const SimKVCache& s, int32_t b) { return s.content.at(b); }, nb::arg("block"))
+        .def(
+            "content", [](const SimKVCache& s, int32_t b) { return s.content.at(b); }, nb::arg("block"))
         // The host tier: swaps, the queued copies, and the simulated host slots.
-        .def("swap_out", [](SimKVCache& s, int64_t seq) { return s.cache.swap_out(seq); }, nb::arg("seq"))
-        .def("swap_in", [](SimKVCache& s, int64_t seq) { return s.cache.swap_in(seq); }, nb::arg("seq"))
-        .def("swapped", [](const SimKVCache& s, int64_t seq) { return s.cache.swapped(seq); }, nb::arg("seq"))
+        .def(
+            "swap_out", [](SimKVCache& s, int64_t seq) { return s.cache.swap_out(seq); }, nb::arg("seq"))
+        .def(
+            "swap_in", [](SimKVCache& s, int64_t seq) { return s.cache.swap_in(seq); }, nb::arg("seq"))
+        .def(
+            "swapped", [](const SimKVCache& s, int64_t seq) { return s.cache.swapped(seq); }, nb::arg("seq"))
         .def("flush_host_copies", [](SimKVCache& s) { s.cache.flush_host_copies(); })
         .def_prop_ro("host_copies_pending", [](const SimKVCache& s) { return s.cache.host_copies_pending(); })
         .def("host_stats",
@@ -166,7 +179,7 @@ void bind_kv(nb::module_& m) {
                  const HostTier* h = s.cache.host_tier();
                  return h ? nb::object(host_stats_dict(h->stats())) : nb::none();
              })
-        .def("host_content", [](const SimKVCache& s, int32_t slot) { return s.host_content.at(slot); },
-             nb::arg("slot"))
+        .def(
+            "host_content", [](const SimKVCache& s, int32_t slot) { return s.host_content.at(slot); }, nb::arg("slot"))
         .def_prop_ro("host_copies", [](const SimKVCache& s) { return s.host_copies; });
 }

@@ -165,7 +165,8 @@ def _stop_token_ids(body: dict, n_vocab: int) -> Optional[List[int]]:
     if ids is None:
         return None
     if not all(_KINDS["int"][1](t) for t in ids):
-        raise bad_param("stop_token_ids", f"'stop_token_ids' must be an array of token ids, got {json.dumps(ids)[:100]}")
+        raise bad_param("stop_token_ids",
+                        f"'stop_token_ids' must be an array of token ids, got {json.dumps(ids)[:100]}")
     return _token_ids(ids, "stop_token_ids", n_vocab, "stop_token_ids")
 
 

@@ -14,8 +14,22 @@ namespace ember {
 
 // The roles a block's tensors play. Matrices (2-D) become Weights, vectors (1-D) float arrays.
 enum class Role : int {
-    attn_norm, wq, wk, wv, wo, bq, bk, bv, q_norm, k_norm, post_attn_norm,
-    ffn_norm, gate, up, down, post_ffn_norm,
+    attn_norm,
+    wq,
+    wk,
+    wv,
+    wo,
+    bq,
+    bk,
+    bv,
+    q_norm,
+    k_norm,
+    post_attn_norm,
+    ffn_norm,
+    gate,
+    up,
+    down,
+    post_ffn_norm,
     count
 };
 constexpr int kRoles = static_cast<int>(Role::count);
@@ -72,7 +86,10 @@ public:
     virtual void read_hparams(const GGUFFile& f, HParams& hp) const { (void)f, (void)hp; }
     virtual std::vector<TensorSpec> block_tensors(const HParams& hp) const = 0;
     // Factor the embedding rows are scaled by before block 0.
-    virtual float embd_scale(const HParams& hp) const { (void)hp; return 1.0f; }
+    virtual float embd_scale(const HParams& hp) const {
+        (void)hp;
+        return 1.0f;
+    }
     // Layer l's rope and attention; `rope` is the model's rope (base, scaling, frequency factors).
     virtual LayerConfig layer_config(const HParams& hp, int32_t l, const RopeParams& rope) const;
     // Runs the block on r.be; returns its output (r.out_a or r.out_b), still to be added to x.

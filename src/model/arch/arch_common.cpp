@@ -9,14 +9,10 @@ std::vector<TensorSpec> llama_block_tensors(const HParams& hp, bool biases, bool
     const int64_t E = hp.n_embd, F = hp.n_ff, D = hp.head_dim;
     const int64_t QW = (int64_t)hp.n_head * D, KW = (int64_t)hp.n_head_kv * D;
     std::vector<TensorSpec> t = {
-        {Role::attn_norm, "attn_norm.weight", {E}},
-        {Role::wq, "attn_q.weight", {E, QW}},
-        {Role::wk, "attn_k.weight", {E, KW}},
-        {Role::wv, "attn_v.weight", {E, KW}},
-        {Role::wo, "attn_output.weight", {QW, E}},
-        {Role::ffn_norm, "ffn_norm.weight", {E}},
-        {Role::gate, "ffn_gate.weight", {E, F}},
-        {Role::up, "ffn_up.weight", {E, F}},
+        {Role::attn_norm, "attn_norm.weight", {E}}, {Role::wq, "attn_q.weight", {E, QW}},
+        {Role::wk, "attn_k.weight", {E, KW}},       {Role::wv, "attn_v.weight", {E, KW}},
+        {Role::wo, "attn_output.weight", {QW, E}},  {Role::ffn_norm, "ffn_norm.weight", {E}},
+        {Role::gate, "ffn_gate.weight", {E, F}},    {Role::up, "ffn_up.weight", {E, F}},
         {Role::down, "ffn_down.weight", {F, E}},
     };
     if (biases) {

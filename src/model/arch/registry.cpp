@@ -17,11 +17,8 @@ struct Entry {
     const Architecture& (*get)();
 };
 const Entry kArchitectures[] = {
-    {"llama", &llama_architecture},
-    {"mistral", &llama_architecture},
-    {"qwen2", &qwen2_architecture},
-    {"qwen3", &qwen3_architecture},
-    {"gemma3", &gemma3_architecture},
+    {"llama", &llama_architecture}, {"mistral", &llama_architecture}, {"qwen2", &qwen2_architecture},
+    {"qwen3", &qwen3_architecture}, {"gemma3", &gemma3_architecture},
 };
 }  // namespace
 

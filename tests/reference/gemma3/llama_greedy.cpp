@@ -42,8 +42,9 @@ int main(int argc, char** argv) {
     // Another valid arithmetic (flash attention off) measures how far llama.cpp moves on its own.
     if (argc == 7) {
         const std::string fa = argv[6];
-        cp.flash_attn_type = fa == "on" ? LLAMA_FLASH_ATTN_TYPE_ENABLED
-                           : fa == "off" ? LLAMA_FLASH_ATTN_TYPE_DISABLED : LLAMA_FLASH_ATTN_TYPE_AUTO;
+        cp.flash_attn_type = fa == "on"    ? LLAMA_FLASH_ATTN_TYPE_ENABLED
+                             : fa == "off" ? LLAMA_FLASH_ATTN_TYPE_DISABLED
+                                           : LLAMA_FLASH_ATTN_TYPE_AUTO;
     }
     llama_context* ctx = llama_init_from_model(model, cp);
     if (!ctx) return 1;
