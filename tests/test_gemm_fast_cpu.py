@@ -11,7 +11,7 @@ import gguf
 import numpy as np
 import pytest
 
-from conftest import at_simd_level, kernel_module, simd_levels, switches_overridden
+from conftest import each_simd_level, kernel_module, switches_overridden
 
 K = kernel_module()
 
@@ -23,10 +23,7 @@ ALWAYS = {"avx512": {"Q4_0", "Q4_1", "Q8_0"}, "avx2": set()}
 N_TOK = [1, 2, 3, 8, 16, 33, 64]
 
 
-@pytest.fixture(scope="module", params=simd_levels("avx2"), autouse=True)
-def level(request):
-    with at_simd_level(request.param):
-        yield request.param
+level = each_simd_level("avx2")
 
 
 @pytest.fixture(scope="module")
