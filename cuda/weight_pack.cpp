@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "ember/status.h"
+#include "kernel_choice.h"
 
 namespace ember {
 namespace cuda {
@@ -13,20 +14,8 @@ size_t align256(size_t n) { return (n + 255) & ~size_t(255); }
 }  // namespace
 
 const TypeTraits& block_info(GGMLType type) {
-    switch (type) {
-        case GGMLType::F32:
-        case GGMLType::F16:
-        case GGMLType::BF16:
-        case GGMLType::Q4_0:
-        case GGMLType::Q4_1:
-        case GGMLType::Q5_0:
-        case GGMLType::Q5_1:
-        case GGMLType::Q8_0:
-        case GGMLType::Q4_K:
-        case GGMLType::Q5_K:
-        case GGMLType::Q6_K: return type_traits(type);
-        default: fail("cuda: weight type ", uint32_t(type), " is not supported by the CUDA backend");
-    }
+    if (!cuda_weight_type(type)) fail("cuda: weight type ", uint32_t(type), " is not supported by the CUDA backend");
+    return type_traits(type);
 }
 
 PackedLayout packed_layout(GGMLType type, int64_t n_in, int64_t n_out) {
