@@ -11,6 +11,18 @@ namespace cuda {
 
 namespace {
 size_t align256(size_t n) { return (n + 255) & ~size_t(255); }
+
+// L for a format split at upload: qs, meta and meta2 bytes per block, the regions of nblk blocks
+// each one after the other from a 256-byte boundary.
+PackedLayout split_layout(PackedLayout L, size_t nblk, int qs, int meta, int meta2 = 0) {
+    L.qs_bytes = qs;
+    L.meta_bytes = meta;
+    L.meta2_bytes = meta2;
+    L.meta_off = align256(nblk * L.qs_bytes);
+    L.meta2_off = align256(L.meta_off + nblk * L.meta_bytes);
+    L.total = L.meta2_off + nblk * L.meta2_bytes;
+    return L;
+}
 }  // namespace
 
 const TypeTraits& block_info(GGMLType type) {
@@ -38,37 +50,14 @@ PackedLayout packed_layout(GGMLType type, int64_t n_in, int64_t n_out) {
             if ((type == GGMLType::F16 || type == GGMLType::BF16) && n_in % 8)
                 fail("cuda: F16/BF16 rows must hold a multiple of 8 elements, got ", n_in);
             return L;
-        case GGMLType::Q4_0:
-            L.qs_bytes = 16;
-            L.meta_bytes = 2;
-            break;
-        case GGMLType::Q4_1:
-            L.qs_bytes = 16;
-            L.meta_bytes = 4;
-            break;
-        case GGMLType::Q5_0:
-            L.qs_bytes = 16;
-            L.meta_bytes = 8;
-            break;
-        case GGMLType::Q5_1:
-            L.qs_bytes = 16;
-            L.meta_bytes = 8;
-            break;
-        case GGMLType::Q8_0:
-            L.qs_bytes = 32;
-            L.meta_bytes = 2;
-            break;
-        case GGMLType::Q6_K:
-            L.qs_bytes = 192;
-            L.meta_bytes = 16;
-            L.meta2_bytes = 2;
-            break;
+        case GGMLType::Q4_0: return split_layout(L, nblk, 16, 2);
+        case GGMLType::Q4_1: return split_layout(L, nblk, 16, 4);
+        case GGMLType::Q5_0: return split_layout(L, nblk, 16, 8);
+        case GGMLType::Q5_1: return split_layout(L, nblk, 16, 8);
+        case GGMLType::Q8_0: return split_layout(L, nblk, 32, 2);
+        case GGMLType::Q6_K: return split_layout(L, nblk, 192, 16, 2);
         default: fail("cuda: weight type ", tt.name, " has no packed layout");
     }
-    L.meta_off = align256(nblk * L.qs_bytes);
-    L.meta2_off = align256(L.meta_off + nblk * L.meta_bytes);
-    L.total = L.meta2_off + nblk * L.meta2_bytes;
-    return L;
 }
 
 void pack_weight(GGMLType type, int64_t n_in, int64_t n_out, const uint8_t* src, uint8_t* dst) {
