@@ -52,10 +52,9 @@ BlockPool::BlockPool(int32_t n_blocks) {
     refs_.assign(n_blocks, 0);
     key_.assign(n_blocks, 0);
     has_key_.assign(n_blocks, 0);
-    lru_pos_.resize(n_blocks);
-    // Reversed so that allocate() hands out 0, 1, 2... first: easier to read in tests and dumps.
-    free_.reserve(n_blocks);
-    for (int32_t b = n_blocks - 1; b >= 0; --b) free_.push_back(b);
+    lru_ = LruList(n_blocks);
+    // allocate() hands out 0, 1, 2... first: easier to read in tests and dumps.
+    free_ = free_stack(n_blocks);
 }
 
 void BlockPool::check_block(int32_t block, const char* fn) const {
@@ -68,20 +67,15 @@ void BlockPool::drop_key(int32_t block) {
     has_key_[block] = 0;
 }
 
-void BlockPool::take_off_lru(int32_t block) {
-    lru_.erase(lru_pos_[block]);
-    lru_pos_[block] = {};
-}
-
 int32_t BlockPool::allocate() {
     int32_t b;
     if (!free_.empty()) {
         b = free_.back();
         free_.pop_back();
     } else if (!lru_.empty()) {
-        b = lru_.front();
+        b = lru_.oldest();
         const uint64_t key = key_[b];
-        take_off_lru(b);
+        lru_.remove(b);
         drop_key(b);
         ++evictions_;
         if (evict_hook_) evict_hook_(b, key);
@@ -106,7 +100,7 @@ void BlockPool::release(int32_t block) {
     if (refs_[block] == 0) fail("BlockPool.release: block ", block, " is not in use");
     if (--refs_[block] > 0) return;
     if (has_key_[block]) {
-        lru_pos_[block] = lru_.insert(lru_.end(), block);
+        lru_.push_newest(block);
     } else {
         free_.push_back(block);
     }
@@ -122,7 +116,7 @@ int32_t BlockPool::lookup(uint64_t key) {
 int32_t BlockPool::acquire(uint64_t key) {
     const int32_t b = find(key);
     if (b < 0) return -1;
-    if (refs_[b] == 0) take_off_lru(b);
+    if (refs_[b] == 0) lru_.remove(b);
     ++refs_[b];
     return b;
 }
@@ -150,7 +144,7 @@ void BlockPool::unpublish(int32_t block) {
     if (!has_key_[block]) return;
     drop_key(block);
     if (refs_[block] == 0) {
-        take_off_lru(block);
+        lru_.remove(block);
         free_.push_back(block);
     }
 }
@@ -182,7 +176,6 @@ BlockPoolStats BlockPool::stats() const {
 void BlockPool::clear_cache() {
     for (int32_t b : lru_) {
         drop_key(b);
-        lru_pos_[b] = {};
         free_.push_back(b);
     }
     lru_.clear();

@@ -5,9 +5,10 @@
 #pragma once
 #include <cstdint>
 #include <functional>
-#include <list>
 #include <unordered_map>
 #include <vector>
+
+#include "kv/lru_list.h"
 
 namespace ember {
 
@@ -64,7 +65,6 @@ public:
 private:
     void check_block(int32_t block, const char* fn) const;
     void drop_key(int32_t block);
-    void take_off_lru(int32_t block);
 
     // A block is in exactly one state: used (refs_ > 0), cached (refs_ 0, published, on lru_) or
     // free (refs_ 0, unpublished, on free_).
@@ -73,8 +73,7 @@ private:
     std::vector<uint8_t> has_key_;
     std::unordered_map<uint64_t, int32_t> by_key_;
     std::vector<int32_t> free_;                      // a stack: allocate() pops the back
-    std::list<int32_t> lru_;                         // cached blocks, least recently released first
-    std::vector<std::list<int32_t>::iterator> lru_pos_;  // valid where cached
+    LruList lru_;                                    // cached blocks, least recently released first
     int64_t lookups_ = 0;
     int64_t hits_ = 0;
     int64_t evictions_ = 0;

@@ -11,11 +11,10 @@ HostTier::HostTier(int32_t n_slots) {
     state_.assign(n_slots, State::free);
     pinned_.assign(n_slots, 0);
     key_.assign(n_slots, 0);
-    lru_pos_.resize(n_slots);
-    // Reversed so that slots are handed out 0, 1, 2...: a swap's slots are then mostly
-    // consecutive, and consecutive slots copy as one range.
-    free_.reserve(n_slots);
-    for (int32_t s = n_slots - 1; s >= 0; --s) free_.push_back(s);
+    lru_ = LruList(n_slots);
+    // Slots are handed out 0, 1, 2...: a swap's slots are then mostly consecutive, and consecutive
+    // slots copy as one range.
+    free_ = free_stack(n_slots);
 }
 
 void HostTier::check_slot(int32_t slot, const char* fn) const {
@@ -24,8 +23,7 @@ void HostTier::check_slot(int32_t slot, const char* fn) const {
 
 void HostTier::drop(int32_t slot) {
     by_key_.erase(key_[slot]);
-    lru_.erase(lru_pos_[slot]);
-    lru_pos_[slot] = {};
+    lru_.remove(slot);
     state_[slot] = State::free;
 }
 
@@ -72,7 +70,7 @@ void HostTier::give_back(int32_t slot) {
 
 int32_t HostTier::store(uint64_t key) {
     if (auto it = by_key_.find(key); it != by_key_.end()) {
-        lru_.splice(lru_.end(), lru_, lru_pos_[it->second]);
+        lru_.renew(it->second);
         return -1;
     }
     int32_t s;
@@ -87,7 +85,7 @@ int32_t HostTier::store(uint64_t key) {
     state_[s] = State::cached;
     key_[s] = key;
     by_key_.emplace(key, s);
-    lru_pos_[s] = lru_.insert(lru_.end(), s);
+    lru_.push_newest(s);
     ++stores_;
     return s;
 }
@@ -98,7 +96,7 @@ int32_t HostTier::lookup(uint64_t key) {
     if (it == by_key_.end()) return -1;
     ++hits_;
     const int32_t s = it->second;
-    lru_.splice(lru_.end(), lru_, lru_pos_[s]);
+    lru_.renew(s);
     pin(s);
     return s;
 }
@@ -122,7 +120,7 @@ void HostTier::end_step() {
 
 void HostTier::clear_cache() {
     while (!lru_.empty()) {
-        const int32_t s = lru_.front();
+        const int32_t s = lru_.oldest();
         drop(s);
         to_free(s);
     }

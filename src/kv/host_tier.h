@@ -7,9 +7,10 @@
 // host memory) nor the streamed weights (src/model/streamed_weights.h).
 #pragma once
 #include <cstdint>
-#include <list>
 #include <unordered_map>
 #include <vector>
+
+#include "kv/lru_list.h"
 
 namespace ember {
 
@@ -62,8 +63,7 @@ private:
     std::vector<int32_t> released_;          // given back while pinned: free at end_step()
     std::vector<uint64_t> key_;              // valid where cached
     std::unordered_map<uint64_t, int32_t> by_key_;
-    std::list<int32_t> lru_;                 // cached slots, least recently used first
-    std::vector<std::list<int32_t>::iterator> lru_pos_;
+    LruList lru_;                            // cached slots, least recently used first
     int32_t n_owned_ = 0;
     int32_t n_pinned_cached_ = 0;
     int64_t lookups_ = 0, hits_ = 0, stores_ = 0;
