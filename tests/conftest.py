@@ -19,6 +19,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 REFERENCE = ROOT / "tests" / "reference" / "smollm2"
 CACHE = pathlib.Path(os.environ.get("EMBER_TEST_CACHE", pathlib.Path.home() / ".cache" / "ember-tests"))
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The types whose CPU matmul has a single-token fast kernel (FastGemm::gemv) at each SIMD level, so
+# that every batch of them, one token included, takes the fast arithmetic instead of vec_dot's.
+SINGLE_TOKEN_FAST = {"avx512": {"Q4_0", "Q4_1", "Q8_0"}, "avx2": set()}
 
 
 def _test_module_candidates():

@@ -7,14 +7,12 @@ import gguf
 import numpy as np
 import pytest
 
-from conftest import each_simd_level, kernel_module
+from conftest import SINGLE_TOKEN_FAST, each_simd_level, kernel_module
 
 K = kernel_module()
 
 # The tiled types first; F16 pins down that the fallback loop stays exact too.
 TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16"]
-# The types whose every batch takes the fast kernels at each SIMD level (test_gemm_fast_cpu.ALWAYS).
-ALWAYS_FAST = {"avx512": {"Q4_0", "Q4_1", "Q8_0"}, "avx2": set()}
 # Row lengths give every remainder of blocks of 32 modulo 4 (the legacy kernels step 4 blocks
 # at a time, then a pair, then a single block); the 256-multiples (1, 3 and 6 super-blocks)
 # run the K-quant tiles.
@@ -54,12 +52,12 @@ def test_batched_matmul_is_bit_identical_to_per_token(cpu, name, n_in, rng):
                                       err_msg=f"{name} n_in={n_in} n_tok={n_tok}")
 
 
-# (the ALWAYS_FAST types: test_gemm_fast_cpu.py compares their single-token kernel with vec_dot)
+# (the SINGLE_TOKEN_FAST types: test_gemm_fast_cpu.py compares their single-token kernel with vec_dot)
 @pytest.mark.parametrize("name,n_in", [(t, n) for n in N_IN for t in TYPES if n % block_elems(t) == 0])
 def test_single_token_matmul_is_vec_dot(cpu, level, name, n_in, rng):
     """One token (decode): each output is exactly the kernel's vec_dot of its row, however the
     rows are handed out or tiled."""
-    if name in ALWAYS_FAST.get(level, set()):
+    if name in SINGLE_TOKEN_FAST.get(level, set()):
         pytest.skip(f"{name} takes its single-token fast kernel at the {level} level")
     qtype = gguf.GGMLQuantizationType[name]
     n_out = 37

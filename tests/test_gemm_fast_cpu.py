@@ -1,25 +1,24 @@
 """CPU fast quantized matmul (src/cpu/gemm_fast*.cpp): weight rows in the vector lanes instead of
 vec_dot's float order. Its results must match float64 sums over the dequantized weights and the
 activations quantized as vec_dot takes them to float rounding, and each token's result must be the
-same whatever else shares its batch. Types with a single-token fast kernel (ALWAYS) take the fast
-arithmetic for every batch, one token, one sequence and batch-invariant steps included (the
-engine's default mode is then batch-invariant too); the other fast types take it for batches of
-several sequences only (n_seq > 1, not batch-invariant), where one sequence, a batch-invariant
-batch and one token keep vec_dot's results. Every test runs at this machine's level (the AVX-512
-kernels where it has them) and again at the avx2 level (EMBER_SIMD, set in-process)."""
+same whatever else shares its batch. Types with a single-token fast kernel
+(conftest.SINGLE_TOKEN_FAST) take the fast arithmetic for every batch, one token, one sequence and
+batch-invariant steps included (the engine's default mode is then batch-invariant too); the other
+fast types take it for batches of several sequences only (n_seq > 1, not batch-invariant), where
+one sequence, a batch-invariant batch and one token keep vec_dot's results. Every test runs at this
+machine's level (the AVX-512 kernels where it has them) and again at the avx2 level (EMBER_SIMD,
+set in-process)."""
 import gguf
 import numpy as np
 import pytest
 
-from conftest import each_simd_level, kernel_module, switches_overridden
+from conftest import SINGLE_TOKEN_FAST, each_simd_level, kernel_module, switches_overridden
 
 K = kernel_module()
 
 TYPES = ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
 # The types with fast kernels at each SIMD level (the others keep the exact path).
 FAST = {"avx512": set(TYPES), "avx2": {"Q4_0", "Q4_1", "Q8_0"}}
-# The types whose fast kernels have a single-token form (FastGemm::gemv) at each SIMD level.
-ALWAYS = {"avx512": {"Q4_0", "Q4_1", "Q8_0"}, "avx2": set()}
 N_TOK = [1, 2, 3, 8, 16, 33, 64]
 
 
@@ -36,7 +35,7 @@ def has_fast_kernel(name):
 
 
 def always_fast(name):
-    return name in ALWAYS.get(K.simd_level(), set())
+    return name in SINGLE_TOKEN_FAST.get(K.simd_level(), set())
 
 
 def vec_dots(qtype, wq, x):
