@@ -255,7 +255,8 @@ def test_attention_short_q8_output_same_bits(short_gpu, case):
     wo = random_weight(T.Q4_0, 96, n_head * hd, rng)
     args = (q, k, v, pos, n_head, n_kv, hd, bs)
     yf = short_gpu.attention(*args, seed=4, window=window, o_type=int(T.Q4_0), o_weight=wo, fast=True)
-    yu = unfused_backend().attention(*args, seed=4, window=window, o_type=int(T.Q4_0), o_weight=wo, fast=True)
+    yu = unfused_backend(EMBER_CUDA_SHORT_ATTN="1").attention(*args, seed=4, window=window, o_type=int(T.Q4_0),
+                                                              o_weight=wo, fast=True)
     assert_same_bits(yf, yu, f"attention_short + O projection, {case}")
 
 
