@@ -190,52 +190,20 @@ struct DecodeFloat {
 };
 
 // The decoder of a type, for kernels templated on GGMLType.
-template <GGMLType T>
-struct BlockDecoder;
-template <>
-struct BlockDecoder<GGMLType::Q4_0> {
-    using type = DecodeQ4_0;
-};
-template <>
-struct BlockDecoder<GGMLType::Q4_1> {
-    using type = DecodeQ4_1;
-};
-template <>
-struct BlockDecoder<GGMLType::Q5_0> {
-    using type = DecodeQ5_0;
-};
-template <>
-struct BlockDecoder<GGMLType::Q5_1> {
-    using type = DecodeQ5_1;
-};
-template <>
-struct BlockDecoder<GGMLType::Q8_0> {
-    using type = DecodeQ8_0;
-};
-template <>
-struct BlockDecoder<GGMLType::Q4_K> {
-    using type = DecodeQK<false>;
-};
-template <>
-struct BlockDecoder<GGMLType::Q5_K> {
-    using type = DecodeQK<true>;
-};
-template <>
-struct BlockDecoder<GGMLType::Q6_K> {
-    using type = DecodeQ6_K;
-};
-template <>
-struct BlockDecoder<GGMLType::F32> {
-    using type = DecodeFloat<float>;
-};
-template <>
-struct BlockDecoder<GGMLType::F16> {
-    using type = DecodeFloat<__half>;
-};
-template <>
-struct BlockDecoder<GGMLType::BF16> {
-    using type = DecodeFloat<__nv_bfloat16>;
-};
+// clang-format off: one row a type
+template <GGMLType T> struct BlockDecoder;
+template <> struct BlockDecoder<GGMLType::Q4_0> { using type = DecodeQ4_0; };
+template <> struct BlockDecoder<GGMLType::Q4_1> { using type = DecodeQ4_1; };
+template <> struct BlockDecoder<GGMLType::Q5_0> { using type = DecodeQ5_0; };
+template <> struct BlockDecoder<GGMLType::Q5_1> { using type = DecodeQ5_1; };
+template <> struct BlockDecoder<GGMLType::Q8_0> { using type = DecodeQ8_0; };
+template <> struct BlockDecoder<GGMLType::Q4_K> { using type = DecodeQK<false>; };
+template <> struct BlockDecoder<GGMLType::Q5_K> { using type = DecodeQK<true>; };
+template <> struct BlockDecoder<GGMLType::Q6_K> { using type = DecodeQ6_K; };
+template <> struct BlockDecoder<GGMLType::F32> { using type = DecodeFloat<float>; };
+template <> struct BlockDecoder<GGMLType::F16> { using type = DecodeFloat<__half>; };
+template <> struct BlockDecoder<GGMLType::BF16> { using type = DecodeFloat<__nv_bfloat16>; };
+// clang-format on
 
 }  // namespace cuda
 }  // namespace ember

@@ -11,21 +11,12 @@
 
 namespace ember {
 
+// clang-format off: a table of GGUF's ids, kept packed
 enum class GGUFType : uint32_t {
-    UINT8 = 0,
-    INT8 = 1,
-    UINT16 = 2,
-    INT16 = 3,
-    UINT32 = 4,
-    INT32 = 5,
-    FLOAT32 = 6,
-    BOOL = 7,
-    STRING = 8,
-    ARRAY = 9,
-    UINT64 = 10,
-    INT64 = 11,
-    FLOAT64 = 12,
+    UINT8 = 0, INT8 = 1, UINT16 = 2, INT16 = 3, UINT32 = 4, INT32 = 5, FLOAT32 = 6,
+    BOOL = 7, STRING = 8, ARRAY = 9, UINT64 = 10, INT64 = 11, FLOAT64 = 12,
 };
+// clang-format on
 const char* gguf_type_name(GGUFType t);
 
 // One metadata value. Scalars use the union; arrays keep their element type and elements.

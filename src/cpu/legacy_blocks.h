@@ -8,38 +8,14 @@ namespace ember {
 
 enum class Legacy { q4_0, q4_1, q5_0, q5_1, q8_0 };
 
-template <Legacy K>
-struct LegacyBlocks;
-template <>
-struct LegacyBlocks<Legacy::q4_0> {
-    using W = BlockQ4_0;
-    using X = BlockQ8_0;
-    static constexpr GGMLType type = GGMLType::Q4_0;
-};
-template <>
-struct LegacyBlocks<Legacy::q4_1> {
-    using W = BlockQ4_1;
-    using X = BlockQ8_1;
-    static constexpr GGMLType type = GGMLType::Q4_1;
-};
-template <>
-struct LegacyBlocks<Legacy::q5_0> {
-    using W = BlockQ5_0;
-    using X = BlockQ8_0;
-    static constexpr GGMLType type = GGMLType::Q5_0;
-};
-template <>
-struct LegacyBlocks<Legacy::q5_1> {
-    using W = BlockQ5_1;
-    using X = BlockQ8_1;
-    static constexpr GGMLType type = GGMLType::Q5_1;
-};
-template <>
-struct LegacyBlocks<Legacy::q8_0> {
-    using W = BlockQ8_0;
-    using X = BlockQ8_0;
-    static constexpr GGMLType type = GGMLType::Q8_0;
-};
+// clang-format off: one row a type
+template <Legacy K> struct LegacyBlocks;
+template <> struct LegacyBlocks<Legacy::q4_0> { using W = BlockQ4_0; using X = BlockQ8_0; static constexpr GGMLType type = GGMLType::Q4_0; };
+template <> struct LegacyBlocks<Legacy::q4_1> { using W = BlockQ4_1; using X = BlockQ8_1; static constexpr GGMLType type = GGMLType::Q4_1; };
+template <> struct LegacyBlocks<Legacy::q5_0> { using W = BlockQ5_0; using X = BlockQ8_0; static constexpr GGMLType type = GGMLType::Q5_0; };
+template <> struct LegacyBlocks<Legacy::q5_1> { using W = BlockQ5_1; using X = BlockQ8_1; static constexpr GGMLType type = GGMLType::Q5_1; };
+template <> struct LegacyBlocks<Legacy::q8_0> { using W = BlockQ8_0; using X = BlockQ8_0; static constexpr GGMLType type = GGMLType::Q8_0; };
+// clang-format on
 
 template <Legacy K>
 constexpr bool kHasMin = K == Legacy::q4_1 || K == Legacy::q5_1;   // d * q + m

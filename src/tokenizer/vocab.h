@@ -12,15 +12,11 @@
 namespace ember {
 
 // tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
+// clang-format off: a table of llama.cpp's values, kept packed
 enum class TokenType : int32_t {
-    UNDEFINED = 0,
-    NORMAL = 1,
-    UNKNOWN = 2,
-    CONTROL = 3,
-    USER_DEFINED = 4,
-    UNUSED = 5,
-    BYTE = 6,
+    UNDEFINED = 0, NORMAL = 1, UNKNOWN = 2, CONTROL = 3, USER_DEFINED = 4, UNUSED = 5, BYTE = 6,
 };
+// clang-format on
 
 struct TokenizerVocab {
     std::string model;                  // tokenizer.ggml.model: "gpt2" or "llama"
