@@ -5,7 +5,9 @@
 # into a fresh venv with no compiler on PATH and runs the small real model from /tmp at the
 # detected SIMD level, EMBER_SIMD=avx2 and EMBER_SIMD=scalar, plus the CLIs' --help. Where
 # qemu-x86_64 is installed (apt-get install qemu-user) the model also runs on emulated CPUs without
-# AVX-512 (Haswell) and without AVX (Nehalem), where any stray instruction is SIGILL.
+# AVX-512 (Haswell) and without AVX2 or FMA (SandyBridge: ember's kernels fall to the scalar level),
+# where any stray instruction is SIGILL. (A CPU without AVX cannot be tested: numpy's wheels from
+# 2.4 on need AVX themselves.)
 # Work folder: build/wheel-check (EMBER_WHEEL_WORK overrides); the repaired wheel is left in its
 # wheelhouse/. Takes about 3 minutes on 2 cores (the build is most of it), 1 more with qemu.
 set -euo pipefail
@@ -92,7 +94,7 @@ echo "repaired wheel: $(basename "$repaired")"
 step "fresh venv, no compiler on PATH, install the repaired wheel (binary dependencies only)"
 "$PY" -m venv "$WORK/venv"
 mkdir -p "$WORK/bin"  # PATH of the install and smoke test: the venv and these tools, no compiler
-for t in bash sh cat grep sed tr ls mv rm find mktemp readlink ldd; do ln -s "$(command -v "$t")" "$WORK/bin/$t"; done
+for t in bash sh cat grep sed tr ls mv rm find mktemp readlink ldd tail; do ln -s "$(command -v "$t")" "$WORK/bin/$t"; done
 (
   export PATH="$WORK/venv/bin:$WORK/bin"
   unset CC CXX CFLAGS CXXFLAGS LDFLAGS CPATH LIBRARY_PATH LD_LIBRARY_PATH PYTHONPATH EMBER_DEV_BUILD EMBER_SIMD
@@ -134,7 +136,7 @@ SMOKE
   echo "  --help: ember ember-convert ember-perplexity ember-bench ember-quantize"
   ember -m "$MODEL" -p "The capital of France is" -n 8 --temp 0 2>/dev/null | tr '\n' ' '; echo
   if [ "${EMBER_WHEEL_QEMU:-1}" = 1 ] && [ -x /usr/bin/qemu-x86_64 ]; then
-    for cpu in Haswell Nehalem; do  # no AVX-512; no AVX at all (EMBER_SIMD unset: detected)
+    for cpu in Haswell SandyBridge; do  # no AVX-512; no AVX2 or FMA (EMBER_SIMD unset: detected)
       step "smoke test on an emulated $cpu CPU"
       /usr/bin/qemu-x86_64 -cpu "$cpu" "$WORK/venv/bin/python" smoke.py "$MODEL" 2> qemu.log \
         || { grep -v "TCG doesn't support" qemu.log | tail -20; exit 1; }
