@@ -128,11 +128,11 @@ Weight CudaBackend::prepare_weight(const GGUFTensor& t) {
     void* d = alloc(L.total);
     owned_.push_back(d);
     if (L.qs_bytes == 0) {
-        EMBER_CUDA_CHECK(cudaMemcpy(d, t.data, L.total, cudaMemcpyHostToDevice));
+        copy_to_device_now(d, t.data, L.total, stream_);
     } else {
         std::vector<uint8_t> packed(L.total);
         pack_weight(t.type, w.n_in, w.n_out, t.data, packed.data());
-        EMBER_CUDA_CHECK(cudaMemcpy(d, packed.data(), L.total, cudaMemcpyHostToDevice));
+        copy_to_device_now(d, packed.data(), L.total, stream_);
     }
     w.data = d;
     return w;
@@ -160,7 +160,7 @@ const float* CudaBackend::prepare_vector(const GGUFTensor& t) {
     }
     void* d = alloc(host.size() * 4);
     owned_.push_back(d);
-    EMBER_CUDA_CHECK(cudaMemcpy(d, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+    copy_to_device_now(d, host.data(), host.size() * 4, stream_);
     return static_cast<const float*>(d);
 }
 

@@ -19,5 +19,13 @@ void throw_cuda_error(cudaError_t err, const char* what, const char* file, int l
 // After a kernel launch: launch-configuration errors show up here (no sync).
 #define EMBER_CUDA_LAUNCHED(name) EMBER_CUDA_CHECK(cudaGetLastError())
 
+// Host bytes (pageable) into device memory, landed when it returns. A plain cudaMemcpy returns
+// once pageable bytes are staged, before the DMA has written them, and the backend's stream is
+// non-blocking, so a kernel launched on it next could read the allocation before they arrive.
+inline void copy_to_device_now(void* dst, const void* src, size_t bytes, cudaStream_t s) {
+    EMBER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
+    EMBER_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
 }  // namespace cuda
 }  // namespace ember

@@ -33,7 +33,7 @@ void RopeTables::fill(Table& t, int32_t n_pos, cudaStream_t s) {
     if (t.dev) EMBER_CUDA_CHECK(cudaFree(t.dev));
     t.dev = nullptr;
     EMBER_CUDA_CHECK(cudaMalloc(&t.dev, host.size() * sizeof(float2)));
-    EMBER_CUDA_CHECK(cudaMemcpy(t.dev, host.data(), host.size() * sizeof(float2), cudaMemcpyHostToDevice));
+    copy_to_device_now(t.dev, host.data(), host.size() * sizeof(float2), s);
     t.capacity = cap;
 }
 
