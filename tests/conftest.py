@@ -105,17 +105,9 @@ def switches_overridden(**values):
     """ember.switches.overridden for _ember_test too: each extension module links its own copy of
     the core, so each holds its own overrides. Backends, models and contexts made inside (by either
     module) read these values and keep them."""
-    from ember.switches import overridden
-    k = kernel_module()
-    with overridden(**values):
-        before = {name: k.switch_override(name) for name in values}
-        try:
-            for name, value in values.items():
-                k.set_switch(name, str(value))
-            yield
-        finally:
-            for name, value in before.items():
-                k.set_switch(name, value)
+    from ember.switches import overridden, overridden_in
+    with overridden(**values), overridden_in(kernel_module(), **values):
+        yield
 
 
 def at_simd_level(level):

@@ -36,16 +36,24 @@ def overridden(**values):
     """`with overridden(EMBER_SIMD="scalar"): ...`: backends (and contexts) made inside see these
     values; the overrides held before are restored on exit. A model made inside keeps its values
     after the block."""
-    before = {name: _ember.switch_override(name) for name in values}   # an unknown name raises here
+    with overridden_in(_ember, **values):
+        yield
+
+
+@contextlib.contextmanager
+def overridden_in(module, **values):
+    """overridden, in another extension module that links its own copy of the core and so holds its
+    own overrides (the kernel-test module _ember_test)."""
+    before = {name: module.switch_override(name) for name in values}   # an unknown name raises here
     changed = []
     try:
         for name, value in values.items():
-            set_switch(name, value)
+            module.set_switch(name, "" if value is None else str(value))
             changed.append(name)
         yield
     finally:
         for name in changed:
-            set_switch(name, before[name])
+            module.set_switch(name, before[name])
 
 
 def markdown():
