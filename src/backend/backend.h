@@ -15,13 +15,26 @@
 
 namespace ember {
 
-// A weight matrix [n_out][n_in] stored as n_out rows of n_in elements in `type` blocks.
+// A weight matrix [n_out][n_in] stored as n_out rows of n_in elements in `type` blocks. A 3-D
+// GGUF tensor [n_expert][n_out][n_in] (a mixture's experts) is n_expert such matrices, expert e's
+// at data + e * expert_stride bytes, each laid out as its backend lays out a matrix.
 struct Weight {
     GGMLType type = GGMLType::F32;
     int64_t n_in = 0, n_out = 0;
     const void* data = nullptr;   // in the backend's memory (the mmap for the CPU)
     const GGUFTensor* src = nullptr;
+    int32_t n_expert = 1;
+    size_t expert_stride = 0;
 };
+
+// Expert e of a stacked expert weight, as a plain matrix.
+inline Weight expert_matrix(const Weight& w, int32_t e) {
+    Weight m = w;
+    m.data = static_cast<const unsigned char*>(w.data) + size_t(e) * w.expert_stride;
+    m.n_expert = 1;
+    m.expert_stride = 0;
+    return m;
+}
 
 // Positions and paged-KV addressing for one forward batch (host copy; backends mirror it).
 struct BatchInfo {
@@ -58,10 +71,14 @@ struct AttentionShape {
     int32_t n_head, n_head_kv, head_dim;
     float scale;          // usually 1/sqrt(head_dim)
     int32_t window = 0;   // > 0: a query at position p sees keys p - window < j <= p only (sliding window)
+    // Per-head sink logits (gpt-oss): each head's softmax denominator gains exp(sinks[h]), a key that
+    // takes probability mass and adds no value. [n_head] in the backend's memory; null: none.
+    const float* sinks = nullptr;
 };
 
-// Elementwise gate activation of a gated feed-forward: act(gate) * up.
-enum class Activation { SiLU, GeLUTanh };
+// Elementwise gate activation of a gated feed-forward: act(gate) * up. SwiGLUClamped is gpt-oss's:
+// g = min(gate, 7), u = clamp(up, -7, 7), out = g * sigmoid(1.702 g) * (u + 1).
+enum class Activation { SiLU, GeLUTanh, SwiGLUClamped };
 
 // The weights of a block's attention input: the norm before it, the Q, K, V projections with
 // optional biases and optional per-head RMSNorms of q and k (before rope), and the rope.
@@ -83,6 +100,44 @@ struct FfnWeights {
     Activation act = Activation::SiLU;
 };
 
+// How a mixture's router turns a token's logits (plus router_bias) into n_used experts and weights.
+enum class MoeGating {
+    softmax,        // softmax over all experts, the n_used largest; renormalized when norm_topk (Qwen3-MoE, Mixtral)
+    topk_softmax,   // the n_used largest logits, softmax over those (gpt-oss)
+    sigmoid,        // sigmoid scores; selection by score + selection_bias, weights the scores (DeepSeek V3)
+};
+
+// The weights of a mixture-of-experts feed-forward with the norm before it. Experts are stacked
+// Weights (n_expert matrices each). Ties in the top-k go to the lower expert index.
+struct MoeWeights {
+    const float* norm = nullptr;   // [n_embd]
+    float eps = 1e-5f;
+    const Weight* router = nullptr;           // [n_expert][n_embd]
+    const float* router_bias = nullptr;       // [n_expert] added to the logits; null: none
+    const float* selection_bias = nullptr;    // [n_expert] sigmoid gating: added for the choice only
+    const Weight *gate = nullptr, *up = nullptr, *down = nullptr;      // stacked [n_expert][n_ff][n_embd], ...
+    const float *gate_bias = nullptr, *up_bias = nullptr;              // [n_expert][n_ff]; null: none
+    const float* down_bias = nullptr;                                   // [n_expert][n_embd]; null: none
+    int32_t n_expert = 0, n_used = 0;
+    MoeGating gating = MoeGating::softmax;
+    bool norm_topk = false;      // divide the chosen weights by their sum
+    float weight_scale = 1.0f;   // the chosen weights are multiplied by it (after any renormalization)
+    Activation act = Activation::SiLU;
+    // A shared expert every token runs, added to the routed sum (null: none); with shared_gate_inp
+    // ([1][n_embd]) its output is scaled by sigmoid(shared_gate_inp . xn) first.
+    const Weight *shared_gate = nullptr, *shared_up = nullptr, *shared_down = nullptr;
+    const Weight* shared_gate_inp = nullptr;
+    int64_t n_ff() const { return gate->n_out; }
+};
+
+// Floats of BlockBuffers::moe a mixture's op may use for n_tok tokens; each backend lays out its
+// scratch within them as it needs.
+inline int64_t moe_scratch_floats(int64_t n_tok, int64_t n_embd, int64_t n_ff, int64_t n_expert, int64_t n_used) {
+    const int64_t rows = n_tok * n_used;
+    return n_tok * n_expert + 4 * rows + 2 * rows * n_ff + rows * n_embd + 2 * n_tok * (n_ff + n_embd) + 4 * n_expert +
+           1024;
+}
+
 // Activation buffers the fused ops work in, each [n_tok][width] in the backend's memory. After
 // attn_in only q is defined (rotated); after attn_out, att; the others are scratch.
 struct BlockBuffers {
@@ -93,6 +148,7 @@ struct BlockBuffers {
     float* att;    // [n_head * head_dim] attention output before the O projection
     float* gate;   // [n_ff]
     float* up;     // [n_ff]
+    float* moe = nullptr;   // mixture blocks: moe_scratch_floats(n_tok, ...) floats of scratch
 };
 
 // Device staging for blocks whose weights and KV live in host memory, so that large batches can
@@ -149,6 +205,8 @@ public:
     // decode step's logits land without a bounce copy); by default plain heap memory.
     virtual void* alloc_host(size_t bytes) { return ::operator new(bytes); }
     virtual void free_host(void* p) { ::operator delete(p); }
+    // Device memory free now, for the placement's GPU budget; 0 where unknown or host memory.
+    virtual size_t free_memory() { return 0; }
 
     // Makes a weight usable by this backend (CPU: points into the mapping; GPU: uploads once).
     virtual Weight prepare_weight(const GGUFTensor& t) = 0;
@@ -187,6 +245,18 @@ public:
     // ids[r] = greedy_token(x[r], width) (backend/greedy_token.h) for each of n_rows rows: the greedy
     // choice where the logits lie, so only the ids need to reach the host.
     virtual void argmax_rows(const float* x, int32_t n_rows, int64_t width, int32_t* ids) = 0;
+    // A mixture's routing: each token's n_used experts (ids) and their weights, both [n_tok][w.n_used],
+    // from its router logits [n_tok][w.n_expert] (router bias already added), as w.gating,
+    // w.selection_bias, w.norm_topk and w.weight_scale say. A token's experts are in descending order
+    // of selection score, ties to the lower expert index.
+    virtual void moe_route(const MoeWeights& w, const float* logits, int32_t n_tok, int32_t* ids, float* weights) = 0;
+    // y[r] = x[rows[r]] for r < n_rows (rows of dim floats).
+    virtual void gather_rows(const float* x, const int32_t* rows, int32_t n_rows, int64_t dim, float* y) = 0;
+    // out[rows[r]] += scale[r] * y[r] for r < n_rows; the rows of one call are distinct.
+    virtual void scatter_add_rows(float* out, const float* y, const int32_t* rows, const float* scale, int32_t n_rows,
+                                  int64_t dim) = 0;
+    // x[i] = 1 / (1 + exp(-x[i]))
+    virtual void sigmoid(float* x, int64_t n) = 0;
 
     // ---- fused ops: each default composes the primitives; a backend overrides the ones it can
     // do in fewer passes. Callers always call the fused op, so a fusion never depends on the
@@ -240,6 +310,18 @@ public:
         gated_act(w.act, b.gate, b.up, (int64_t)n_tok * w.gate->n_out, b.gate);
         matmul(*w.down, b.gate, n_tok, out);
     }
+
+    // A mixture-of-experts feed-forward: x += residual; xn = rmsnorm(x); out = moe(xn).
+    virtual void moe_ffn(const MoeWeights& w, float* x, const float* residual, int32_t n_tok, const BlockBuffers& b,
+                         float* out) {
+        add_rmsnorm(x, residual, w.norm, n_tok, (int32_t)w.router->n_in, w.eps, b.xn);
+        moe(w, b.xn, n_tok, b, out);
+    }
+    // The experts on normed rows xn [n_tok][n_embd] (xn may be b.xn): each token's router picks
+    // n_used experts as w.gating says; out[t] = sum over them of weight * down_e(act(gate_e xn[t])
+    // * up_e xn[t]) (with the experts' biases), plus the shared expert. Callable on its own, so the
+    // experts can run on another device than the block's attention.
+    virtual void moe(const MoeWeights& w, const float* xn, int32_t n_tok, const BlockBuffers& b, float* out);
 
     // Step-graph hooks around this backend's ops of one forward step (after set_batch and the
     // input copies, before the output copy). step_begin returns true when it replayed a graph

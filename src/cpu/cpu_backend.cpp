@@ -49,6 +49,11 @@ Weight CpuBackend::prepare_weight(const GGUFTensor& t) {
     w.n_out = t.n_rows();
     w.data = t.data;
     w.src = &t;
+    if (t.ne.size() == 3) {   // stacked experts [n_expert][n_out][n_in]
+        w.n_out = t.ne[1];
+        w.n_expert = int32_t(t.ne[2]);
+        w.expert_stride = row_bytes(t.type, t.ne[0]) * size_t(t.ne[1]);
+    }
     return w;
 }
 
@@ -101,6 +106,12 @@ void CpuBackend::rope(float* x, int32_t n_tok, int32_t n_heads, const RopeParams
 void gated_act_scalar(Activation act, const float* gate, const float* up, int64_t n, float* out) {
     if (act == Activation::SiLU) {
         for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+    } else if (act == Activation::SwiGLUClamped) {
+        for (int64_t i = 0; i < n; ++i) {
+            const float g = std::min(gate[i], kSwiGLULimit);
+            const float u = std::max(std::min(up[i], kSwiGLULimit), -kSwiGLULimit) + 1.0f;
+            out[i] = g / (1.0f + std::exp(-kSwiGLUAlpha * g)) * u;
+        }
     } else {
         // 0.5 g (1 + tanh(y)) written as g / (1 + exp(-2y)), y = sqrt(2 / pi) (g + 0.044715 g^3):
         // one expf, as the CUDA kernel computes it.

@@ -41,6 +41,11 @@ public:
     void add(float* x, const float* y, int64_t n) override;
     void add_bias(float* x, const float* bias, int32_t n_tok, int32_t dim) override;
     void argmax_rows(const float* x, int32_t n_rows, int64_t width, int32_t* ids) override;
+    void moe_route(const MoeWeights& w, const float* logits, int32_t n_tok, int32_t* ids, float* weights) override;
+    void gather_rows(const float* x, const int32_t* rows, int32_t n_rows, int64_t dim, float* y) override;
+    void scatter_add_rows(float* out, const float* y, const int32_t* rows, const float* scale, int32_t n_rows,
+                          int64_t dim) override;
+    void sigmoid(float* x, int64_t n) override;
 
     HostParallelFor host_parallel_for() override;
 

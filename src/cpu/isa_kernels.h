@@ -19,6 +19,8 @@ QuantizeRowFn quantize_row_neon(GGMLType type);   // ARM64 (nullptr on other tar
 // out[i] = act(gate[i]) * up[i] (out may be gate or up): the scalar reference, and AVX-512 with its
 // bits (the scalar loop where the target has no AVX-512).
 void gated_act_scalar(Activation act, const float* gate, const float* up, int64_t n, float* out);
+// Activation::SwiGLUClamped's clamp and sigmoid slope (gpt-oss's).
+constexpr float kSwiGLULimit = 7.0f, kSwiGLUAlpha = 1.702f;
 void gated_act_avx512(Activation act, const float* gate, const float* up, int64_t n, float* out);
 
 }  // namespace ember

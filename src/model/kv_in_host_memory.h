@@ -84,6 +84,17 @@ public:
     void argmax_rows(const float* x, int32_t n_rows, int64_t width, int32_t* ids) override {
         gpu_.argmax_rows(x, n_rows, width, ids);
     }
+    void moe_route(const MoeWeights& w, const float* logits, int32_t n_tok, int32_t* ids, float* weights) override {
+        gpu_.moe_route(w, logits, n_tok, ids, weights);
+    }
+    void gather_rows(const float* x, const int32_t* rows, int32_t n_rows, int64_t dim, float* y) override {
+        gpu_.gather_rows(x, rows, n_rows, dim, y);
+    }
+    void scatter_add_rows(float* out, const float* y, const int32_t* rows, const float* scale, int32_t n_rows,
+                          int64_t dim) override {
+        gpu_.scatter_add_rows(out, y, rows, scale, n_rows, dim);
+    }
+    void sigmoid(float* x, int64_t n) override { gpu_.sigmoid(x, n); }
     void add_rmsnorm(float* x, const float* residual, const float* gamma, int32_t n_tok, int32_t dim, float eps,
                      float* y) override {
         gpu_.add_rmsnorm(x, residual, gamma, n_tok, dim, eps, y);
@@ -99,6 +110,13 @@ public:
     void ffn(const FfnWeights& w, float* x, const float* residual, int32_t n_tok, const BlockBuffers& b,
              float* out) override {
         gpu_.ffn(w, x, residual, n_tok, b, out);
+    }
+    void moe_ffn(const MoeWeights& w, float* x, const float* residual, int32_t n_tok, const BlockBuffers& b,
+                 float* out) override {
+        gpu_.moe_ffn(w, x, residual, n_tok, b, out);
+    }
+    void moe(const MoeWeights& w, const float* xn, int32_t n_tok, const BlockBuffers& b, float* out) override {
+        gpu_.moe(w, xn, n_tok, b, out);
     }
 
 private:
