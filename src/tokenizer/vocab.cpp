@@ -78,6 +78,22 @@ VocabTokenizer::VocabTokenizer(TokenizerVocab vocab) : v_(std::move(vocab)) {
     // Longest first, so "<|im_start|>" wins over a shorter special token inside it.
     std::stable_sort(special_.begin(), special_.end(),
                      [&](int32_t a, int32_t b) { return v_.tokens[a].size() > v_.tokens[b].size(); });
+    trie_rank_any_.assign(1, -1);
+    trie_rank_user_.assign(1, -1);
+    for (size_t rank = 0; rank < special_.size(); ++rank) {
+        int32_t node = 0;
+        for (unsigned char c : v_.tokens[special_[rank]]) {
+            auto [it, added] = trie_child_.try_emplace(uint64_t(node) << 8 | c, int32_t(trie_rank_any_.size()));
+            if (added) {
+                trie_rank_any_.push_back(-1);
+                trie_rank_user_.push_back(-1);
+            }
+            node = it->second;
+        }
+        if (trie_rank_any_[node] < 0) trie_rank_any_[node] = int32_t(rank);
+        if (trie_rank_user_[node] < 0 && type(special_[rank]) == TokenType::USER_DEFINED)
+            trie_rank_user_[node] = int32_t(rank);
+    }
 
     eog_.assign(size_t(n), false);
     for (int32_t id : {v_.eos, v_.eot, v_.eom})
@@ -88,36 +104,68 @@ VocabTokenizer::VocabTokenizer(TokenizerVocab vocab) : v_(std::move(vocab)) {
     }
 }
 
+std::vector<VocabTokenizer::SpecialMatch> VocabTokenizer::special_candidates(const std::string& text,
+                                                                             bool parse_special) const {
+    // One trie walk from each byte: the work is the text's length times the longest partial
+    // match, never the text's length times the number of special tokens or of matches.
+    std::vector<SpecialMatch> found;
+    if (special_.empty()) return found;
+    const std::vector<int32_t>& ranks = parse_special ? trie_rank_any_ : trie_rank_user_;
+    for (size_t start = 0; start < text.size(); ++start) {
+        int32_t node = 0;
+        for (size_t i = start; i < text.size(); ++i) {
+            auto it = trie_child_.find(uint64_t(node) << 8 | uint8_t(text[i]));
+            if (it == trie_child_.end()) break;
+            node = it->second;
+            if (ranks[node] >= 0) found.push_back({uint32_t(ranks[node]), uint32_t(start)});
+        }
+    }
+    return found;
+}
+
 std::vector<int32_t> VocabTokenizer::encode(const std::string& text, bool add_bos, bool parse_special) const {
+    if (text.size() >= UINT32_MAX) fail("tokenizer: a text of ", text.size(), " bytes is too long to tokenize");
+    // User-defined tokens are always matched (as llama.cpp and HF tokenizers do); control and
+    // unknown tokens only when the caller asks to parse special text. Longest tokens claim their
+    // places first, each token from left to right without overlapping what is claimed already
+    // (llama.cpp's partitioning), which the candidates bucketed by rank reproduce in one pass.
+    std::vector<SpecialMatch> found = special_candidates(text, parse_special);
+    std::vector<uint32_t> bucket_end(special_.size() + 1, 0);
+    for (const SpecialMatch& m : found) ++bucket_end[m.rank + 1];
+    for (size_t r = 1; r < bucket_end.size(); ++r) bucket_end[r] += bucket_end[r - 1];
+    std::vector<uint32_t> by_rank(found.size());
+    {
+        std::vector<uint32_t> next(bucket_end.begin(), bucket_end.end() - 1);
+        for (const SpecialMatch& m : found) by_rank[next[m.rank]++] = m.pos;
+    }
+    // claimed[i]: 1 + the rank of the special token covering byte i, 0 for plain text.
+    std::vector<uint32_t> claimed(found.empty() ? 0 : text.size(), 0);
+    for (size_t rank = 0; rank < special_.size(); ++rank) {
+        const size_t len = v_.tokens[special_[rank]].size();
+        for (uint32_t k = bucket_end[rank]; k < bucket_end[rank + 1]; ++k) {
+            const uint32_t pos = by_rank[k];
+            if (std::any_of(&claimed[pos], &claimed[pos] + len, [](uint32_t c) { return c != 0; })) continue;
+            std::fill(&claimed[pos], &claimed[pos] + len, uint32_t(rank + 1));
+        }
+    }
+
     // Fragments of the input: either a special token or a byte range of plain text.
     struct Fragment {
         int32_t token;   // -1: text[begin, end)
         size_t begin, end;
     };
-    std::vector<Fragment> frags{{-1, 0, text.size()}};
-    for (int32_t id : special_) {
-        // User-defined tokens are always matched (as llama.cpp and HF tokenizers do); control
-        // and unknown tokens only when the caller asks to parse special text.
-        if (!parse_special && type(id) != TokenType::USER_DEFINED) continue;
-        const std::string& s = v_.tokens[id];
-        std::vector<Fragment> next;
-        next.reserve(frags.size());
-        for (const Fragment& f : frags) {
-            if (f.token >= 0 || f.end - f.begin < s.size()) {
-                next.push_back(f);
-                continue;
-            }
-            size_t pos = f.begin;
-            while (true) {
-                size_t hit = text.find(s, pos);
-                if (hit == std::string::npos || hit + s.size() > f.end) break;
-                if (hit > pos) next.push_back({-1, pos, hit});
-                next.push_back({id, hit, hit + s.size()});
-                pos = hit + s.size();
-            }
-            if (pos < f.end) next.push_back({-1, pos, f.end});
+    std::vector<Fragment> frags;
+    for (size_t i = 0; i < text.size();) {
+        if (claimed.empty() || claimed[i] == 0) {
+            size_t end = i;
+            while (end < text.size() && (claimed.empty() || claimed[end] == 0)) ++end;
+            frags.push_back({-1, i, end});
+            i = end;
+        } else {
+            const int32_t id = special_[claimed[i] - 1];
+            frags.push_back({id, i, i + v_.tokens[id].size()});
+            i += v_.tokens[id].size();
         }
-        frags.swap(next);
     }
 
     std::vector<int32_t> out;

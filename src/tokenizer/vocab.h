@@ -74,8 +74,19 @@ protected:
     TokenizerVocab v_;
 
 private:
+    // A special token found in the text: special_[rank] at byte pos.
+    struct SpecialMatch {
+        uint32_t rank, pos;
+    };
+    // Every place a special token of the trie starts (user-defined ones only unless parse_special).
+    std::vector<SpecialMatch> special_candidates(const std::string& text, bool parse_special) const;
+
     std::unordered_map<std::string, int32_t> token_ids_;
     std::vector<int32_t> special_;       // CONTROL/USER_DEFINED/UNKNOWN ids, longest text first
+    // The special tokens' texts as a byte trie: node 0 is the root, child (node << 8 | byte);
+    // a node's token is the first rank in special_ spelled so (any type, and user-defined only).
+    std::unordered_map<uint64_t, int32_t> trie_child_;
+    std::vector<int32_t> trie_rank_any_, trie_rank_user_;
     std::vector<bool> eog_;
 };
 
