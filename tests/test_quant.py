@@ -12,7 +12,7 @@ from conftest import at_simd_level, kernel_module, rng_for, simd_levels
 E = kernel_module()
 
 ALL_TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q8_1,
-             T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_K]
+             T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_K, T.MXFP4, T.IQ4_NL, T.IQ4_XS]
 LEGACY_QUANTIZED = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
 K_QUANTIZED = [T.Q4_K, T.Q5_K, T.Q6_K]
 
@@ -27,6 +27,7 @@ def level(request):
 F16_FIELDS = {
     T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: [0], T.Q8_1: [0, 2],
     T.Q2_K: [80, 82], T.Q3_K: [108], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208],
+    T.IQ4_NL: [0], T.IQ4_XS: [0],
 }
 
 
@@ -46,6 +47,9 @@ def random_blocks(t, n_blocks, rng):
     for off in F16_FIELDS.get(t, []):
         d = (rng.uniform(-1, 1, n_blocks) * 10.0 ** rng.uniform(-4, 0, n_blocks)).astype(np.float16)
         raw[:, off:off + 2] = d.view(np.uint8).reshape(n_blocks, 2)
+    if t == T.MXFP4:
+        # e8m0 exponents of the scales 2^-14 .. 2^0 (the fp16 scales' range above)
+        raw[:, 0] = rng.integers(128 - 14, 129, n_blocks)
     if t in (T.F16, T.BF16, T.F32):
         # float weights: finite values of mixed magnitude
         vals = rng.standard_normal(n_blocks) * 10.0 ** rng.uniform(-3, 1, n_blocks)
@@ -83,6 +87,32 @@ def test_dequantize_bit_exact_vs_gguf(t):
         ref = gguf.quants.dequantize(raw.reshape(1, -1), t).reshape(-1).astype(np.float32)
         assert ours.dtype == np.float32 and ours.shape == ref.shape
         np.testing.assert_array_equal(ours.view(np.uint32), ref.view(np.uint32))
+
+
+def extreme_scale_blocks(t, rng):
+    """Random quants under the extreme scales of each table type: every e8m0 exponent of MXFP4 (subnormal
+    2^-128 up to 2^127, whose values overflow to inf), and for IQ4_NL / IQ4_XS the largest, smallest normal
+    and subnormal fp16 scales of both signs, and zero."""
+    elems, nbytes = block_size(t)
+    if t == T.MXFP4:
+        raw = rng.integers(0, 256, size=(256, nbytes), dtype=np.uint8)
+        raw[:, 0] = np.arange(256)
+        return raw.reshape(-1)
+    scales = np.array([65504, -65504, 6.1035e-05, -6.1035e-05, 5.96e-08, -5.96e-08, 0.0, 1.0], dtype=np.float16)
+    raw = rng.integers(0, 256, size=(scales.size, nbytes), dtype=np.uint8)
+    raw[:, 0:2] = scales.view(np.uint8).reshape(-1, 2)
+    return raw.reshape(-1)
+
+
+@pytest.mark.parametrize("t", [T.MXFP4, T.IQ4_NL, T.IQ4_XS], ids=lambda t: t.name)
+def test_dequantize_extreme_scales_bit_exact_vs_gguf(t):
+    rng = rng_for("dequantize extremes", t.name)
+    raw = extreme_scale_blocks(t, rng)
+    n = raw.size // block_size(t)[1] * block_size(t)[0]
+    ours = E.dequantize(int(t), raw, n)
+    with np.errstate(over="ignore"):
+        ref = gguf.quants.dequantize(raw.reshape(1, -1), t).reshape(-1).astype(np.float32)
+    np.testing.assert_array_equal(ours.view(np.uint32), ref.view(np.uint32))
 
 
 @pytest.mark.parametrize("t", [T.Q8_1, T.Q8_K], ids=lambda t: t.name)
@@ -125,7 +155,7 @@ def float_rows(rng, n):
     return {k: v.astype(np.float32) for k, v in rows.items()}
 
 
-@pytest.mark.parametrize("t", LEGACY_QUANTIZED, ids=lambda t: t.name)
+@pytest.mark.parametrize("t", LEGACY_QUANTIZED + [T.MXFP4], ids=lambda t: t.name)
 def test_quantize_bit_exact_vs_gguf(t):
     rng = rng_for("quantize", t.name)
     for name, x in float_rows(rng, 1024).items():
@@ -133,6 +163,29 @@ def test_quantize_bit_exact_vs_gguf(t):
         ref = gguf.quants.quantize(x.reshape(4, -1), t).reshape(-1)
         assert ours.dtype == np.uint8
         np.testing.assert_array_equal(ours, ref, err_msg=f"{t.name} on {name}")
+
+
+def test_mxfp4_quantize_ties_and_binade_edges_vs_gguf():
+    """MXFP4's quantizer at its edges, byte for byte with gguf's: values exactly halfway between two
+    e2m1 steps (the first nearest table entry wins), block maxima at and just below powers of two
+    (the exponent's floor(log2)), and values far below the block's largest, which round to zero."""
+    rng = rng_for("quantize", "MXFP4 edges")
+    steps = np.array([0, 1, 2, 3, 4, 6, 8, 12], dtype=np.float32) / 2
+    mids = (steps[:-1] + steps[1:]) / 2
+    rows = []
+    for k in (-20, -3, 0, 1, 7):
+        scale = np.float32(2.0 ** k)
+        ties = np.concatenate([mids, -mids, steps, -steps, [6.0, -6.0], rng.uniform(-6, 6, 8)]).astype(np.float32)
+        rows.append(rng.permutation(ties[:32]) * scale)
+        edge = rng.uniform(-1, 1, 32).astype(np.float32) * scale
+        edge[rng.integers(32)] = np.nextafter(np.float32(4.0), np.float32(0)) * scale
+        rows.append(edge)
+        wide = (rng.standard_normal(32) * 1e-4).astype(np.float32) * scale
+        wide[rng.integers(32)] = 5.0 * scale
+        rows.append(wide)
+    x = np.concatenate(rows).astype(np.float32)
+    want = gguf.quants.quantize(x.reshape(1, -1), T.MXFP4).reshape(-1)
+    np.testing.assert_array_equal(E.quantize(int(T.MXFP4), x), want)
 
 
 def test_quantize_float_types_vs_numpy_and_gguf():
@@ -337,6 +390,12 @@ def test_bad_input_raises_value_error():
         E.quantize(int(T.Q4_0), np.ones(33, dtype=np.float32))
     with pytest.raises(ValueError, match="no quantizer"):
         E.quantize(int(T.Q3_K), np.ones(256, dtype=np.float32))
+    with pytest.raises(ValueError, match="no quantizer"):
+        E.quantize(int(T.IQ4_XS), np.ones(256, dtype=np.float32))
+    with pytest.raises(ValueError, match="MXFP4"):
+        E.quantize(int(T.MXFP4), np.ones(48, dtype=np.float32))
+    with pytest.raises(ValueError, match="bytes"):
+        E.dequantize(int(T.MXFP4), np.zeros(18, dtype=np.uint8), 32)
     with pytest.raises(ValueError, match="bytes"):
         E.dequantize(int(T.Q4_1), np.zeros(39, dtype=np.uint8), 64)
     with pytest.raises(ValueError, match="Q6_K"):

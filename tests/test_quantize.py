@@ -328,6 +328,46 @@ def test_errors(tiny_path, tmp_path):
         E.quantize_model(str(bad), out, "Q4_0")
 
 
+def test_mxfp4_moe_recipe(tmp_path):
+    """MXFP4_MOE as llama-quantize writes it: the expert tensors (3-D, one matrix an expert) MXFP4, byte
+    for byte gguf.quants' quantizer; every other matrix Q8_0, the output head included; the router
+    (ffn_gate_inp) and the norms stay F32; general.file_type 38."""
+    rng = rng_for("mxfp4_moe recipe")
+    src = tmp_path / "moe-f32.gguf"
+    w = gguf.GGUFWriter(str(src), "gpt-oss")
+    w.add_file_type(0)
+    n_expert, n_embd, n_ff = 4, 64, 96
+
+    def mat(*shape):
+        return (rng.standard_t(5, size=shape) * 0.05).astype(np.float32)
+
+    w.add_tensor("token_embd.weight", mat(50, n_embd))
+    w.add_tensor("blk.0.attn_norm.weight", mat(n_embd))
+    w.add_tensor("blk.0.attn_q.weight", mat(n_embd, n_embd))
+    w.add_tensor("blk.0.ffn_gate_inp.weight", mat(n_expert, n_embd))
+    w.add_tensor("blk.0.ffn_gate_exps.weight", mat(n_expert, n_ff, n_embd))
+    w.add_tensor("blk.0.ffn_up_exps.weight", mat(n_expert, n_ff, n_embd))
+    w.add_tensor("blk.0.ffn_down_exps.weight", mat(n_expert, n_embd, n_ff))
+    w.add_tensor("output.weight", mat(50, n_embd))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    out = tmp_path / "moe-mxfp4.gguf"
+    E.quantize_model(str(src), str(out), "mxfp4_moe", n_threads=2)
+    s, d = GGUFReader(str(src)), GGUFReader(str(out))
+    by_name = {t.name: t for t in s.tensors}
+    want = {"blk.0.attn_norm.weight": "F32", "blk.0.ffn_gate_inp.weight": "F32", "blk.0.ffn_gate_exps.weight": "MXFP4",
+            "blk.0.ffn_up_exps.weight": "MXFP4", "blk.0.ffn_down_exps.weight": "MXFP4"}
+    for t in d.tensors:
+        assert t.tensor_type.name == want.get(t.name, "Q8_0"), t.name
+        assert [int(x) for x in t.shape] == [int(x) for x in by_name[t.name].shape], t.name
+        if t.tensor_type != T.F32:
+            ref = gguf.quants.quantize(as_f32(by_name[t.name]), t.tensor_type)
+            np.testing.assert_array_equal(np.asarray(t.data).reshape(-1), ref.reshape(-1), err_msg=t.name)
+    assert field_value(d, "general.file_type") == 38
+
+
 def test_cli(tiny_path, tmp_path):
     out = tmp_path / "cli.gguf"
     r = subprocess.run([sys.executable, "-m", "ember.quantize", tiny_path, str(out), "q5_1", "--threads", "2"],

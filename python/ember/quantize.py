@@ -8,7 +8,7 @@ import sys
 from . import _ember, options
 from .cli import run_tool
 
-TYPES = "Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K Q4_K_M Q5_K_M F16 BF16 F32"
+TYPES = "Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K Q4_K_M Q5_K_M MXFP4_MOE F16 BF16 F32"
 
 
 def parser() -> argparse.ArgumentParser:

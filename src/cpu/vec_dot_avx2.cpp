@@ -8,6 +8,7 @@
 
 #include "cpu/isa_kernels.h"
 #include "cpu/simd_avx2.h"
+#include "quant/decode.h"
 
 namespace ember {
 namespace {
@@ -113,6 +114,58 @@ float dot_q6_k(int64_t n, const void* wv, const void* xv) {
     return hsum_ps(acc);
 }
 
+// The table types: a block's nibbles looked up in the 16-entry table (both 128-bit lanes hold it).
+inline __m256i table16(const int8_t* t) {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)));
+}
+inline float table_scale(const BlockMXFP4& b) { return e8m0_half(b.e); }
+// s16 pair sums of signed table values v (|v| <= 127) with activations x: |x| against v carrying
+// x's sign, so that a Q8_K -128 (whose negation overflows) stays exact as the unsigned 128.
+inline __m256i pairs_table(__m256i v, __m256i x) {
+    return _mm256_maddubs_epi16(_mm256_abs_epi8(x), _mm256_sign_epi8(v, x));
+}
+inline float table_scale(const BlockIQ4_NL& b) { return h2f(b.d); }
+
+// MXFP4 / IQ4_NL x Q8_0: the signed table values against the activations, one block a vector.
+template <class WB>
+float dot_table(int64_t n, const void* wv, const void* xv) {
+    const WB* w = static_cast<const WB*>(wv);
+    const BlockQ8_0* x = static_cast<const BlockQ8_0*>(xv);
+    const __m256i table = table16(std::is_same<WB, BlockMXFP4>::value ? kvalues_mxfp4 : kvalues_iq4nl);
+    const int64_t nb = n / 32;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    auto one = [&](int64_t i, __m256& acc) {
+        const __m256i v = _mm256_shuffle_epi8(table, nibbles32(w[i].qs));
+        const __m256i p = _mm256_madd_epi16(pairs_table(v, load256(x[i].qs)), _mm256_set1_epi16(1));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(table_scale(w[i]) * h2f(x[i].d)), acc);
+    };
+    int64_t i = 0;
+    for (; i + 1 < nb; i += 2) {
+        one(i, acc0);
+        one(i + 1, acc1);
+    }
+    if (i < nb) one(i, acc0);
+    return hsum_ps(_mm256_add_ps(acc0, acc1));
+}
+
+// IQ4_XS x Q8_K: each sub-block's 16-bit pair sums times its scale (|pair| <= 2 * 127 * 128, |scale| <= 32).
+float dot_iq4_xs(int64_t n, const void* wv, const void* xv) {
+    const BlockIQ4_XS* w = static_cast<const BlockIQ4_XS*>(wv);
+    const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
+    const __m256i table = table16(kvalues_iq4nl);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; ++i) {
+        __m256i sumi = _mm256_setzero_si256();
+        for (int j = 0; j < 8; ++j) {
+            const __m256i v = _mm256_shuffle_epi8(table, nibbles32(w[i].qs + 16 * j));
+            const __m256i p = pairs_table(v, load256(x[i].qs + 32 * j));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_set1_epi16(int16_t(iq4_xs_scale(w[i], j)))));
+        }
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(h2f(w[i].d) * x[i].d), acc);
+    }
+    return hsum_ps(acc);
+}
+
 }  // namespace
 
 VecDotFn vec_dot_avx2(GGMLType type) {
@@ -128,6 +181,9 @@ VecDotFn vec_dot_avx2(GGMLType type) {
         case GGMLType::Q4_K: return dot_q45_k<false>;
         case GGMLType::Q5_K: return dot_q45_k<true>;
         case GGMLType::Q6_K: return dot_q6_k;
+        case GGMLType::MXFP4: return dot_table<BlockMXFP4>;
+        case GGMLType::IQ4_NL: return dot_table<BlockIQ4_NL>;
+        case GGMLType::IQ4_XS: return dot_iq4_xs;
         default: return nullptr;
     }
 }

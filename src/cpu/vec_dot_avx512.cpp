@@ -9,6 +9,7 @@
 #include "cpu/isa_kernels.h"
 #include "cpu/legacy_blocks.h"
 #include "quant/blocks.h"
+#include "quant/decode.h"
 
 namespace ember {
 namespace {
@@ -244,6 +245,75 @@ float dot_q6_k(int64_t n, const void* wv, const void* xv) {
     return _mm512_reduce_add_ps(acc);
 }
 
+// ---- table types: MXFP4, IQ4_NL x Q8_0 and IQ4_XS x Q8_K ------------------------------------
+// Nibbles looked up with vpshufb in the 16-entry table (every 128-bit lane holds it). s16 pair sums
+// of |x| against the values carrying x's sign: a Q8_K -128 is exact as the unsigned 128, and
+// |pair| <= 2 * 128 * 127 does not saturate. (AVX512BW only, no VNNI.)
+inline __m512i table16(const int8_t* t) {
+    return _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)));
+}
+inline __m512i pairs_table(__m512i v, __m512i x) {
+    const __mmask64 neg = _mm512_movepi8_mask(x);
+    return _mm512_maddubs_epi16(_mm512_abs_epi8(x), _mm512_mask_sub_epi8(v, neg, _mm512_setzero_si512(), v));
+}
+inline float table_scale(const BlockMXFP4& b) { return e8m0_half(b.e); }
+inline float table_scale(const BlockIQ4_NL& b) { return h2f(b.d); }
+
+// Two blocks a vector (lanes 0-7 block i, 8-15 block i + 1), each lane scaled by its block's d_w * d_x.
+template <class WB>
+float dot_table(int64_t n, const void* wv, const void* xv) {
+    const WB* w = static_cast<const WB*>(wv);
+    const BlockQ8_0* x = static_cast<const BlockQ8_0*>(xv);
+    const __m512i table = table16(std::is_same<WB, BlockMXFP4>::value ? kvalues_mxfp4 : kvalues_iq4nl);
+    const __m512i ones = _mm512_set1_epi16(1);
+    const int64_t nb = n / 32;
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    auto pair = [&](int64_t i, __m512& acc) {
+        const __m512i v = _mm512_shuffle_epi8(table, join(nibbles32(w[i].qs), nibbles32(w[i + 1].qs)));
+        const __m512i p = _mm512_madd_epi16(pairs_table(v, join(load256(x[i].qs), load256(x[i + 1].qs))), ones);
+        const __m512 d = _mm512_insertf32x8(_mm512_set1_ps(table_scale(w[i]) * h2f(x[i].d)),
+                                            _mm256_set1_ps(table_scale(w[i + 1]) * h2f(x[i + 1].d)), 1);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), d, acc);
+    };
+    int64_t i = 0;
+    for (; i + 3 < nb; i += 4) {
+        pair(i, acc0);
+        pair(i + 2, acc1);
+    }
+    if (i + 1 < nb) {
+        pair(i, acc0);
+        i += 2;
+    }
+    float s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+    if (i < nb) {   // a last odd block, in the low half
+        const __m512i v = _mm512_shuffle_epi8(table, _mm512_zextsi256_si512(nibbles32(w[i].qs)));
+        const __m512i p = _mm512_madd_epi16(pairs_table(v, _mm512_zextsi256_si512(load256(x[i].qs))), ones);
+        s += table_scale(w[i]) * h2f(x[i].d) * float(_mm512_reduce_add_epi32(p));
+    }
+    return s;
+}
+
+// Two sub-blocks of 32 a vector, their pair sums times their scales (int16 runs of 16 lanes).
+float dot_iq4_xs(int64_t n, const void* wv, const void* xv) {
+    const BlockIQ4_XS* w = static_cast<const BlockIQ4_XS*>(wv);
+    const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
+    const __m512i table = table16(kvalues_iq4nl);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; ++i) {
+        __m512i sumi = _mm512_setzero_si512();
+        for (int c = 0; c < 4; ++c) {
+            const __m512i v = _mm512_shuffle_epi8(table,
+                                                  join(nibbles32(w[i].qs + 32 * c), nibbles32(w[i].qs + 32 * c + 16)));
+            const __m512i p = pairs_table(v, _mm512_loadu_si512(x[i].qs + 64 * c));
+            const __m512i sc = join(_mm256_set1_epi16(int16_t(iq4_xs_scale(w[i], 2 * c))),
+                                    _mm256_set1_epi16(int16_t(iq4_xs_scale(w[i], 2 * c + 1))));
+            sumi = _mm512_add_epi32(sumi, _mm512_madd_epi16(p, sc));
+        }
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_set1_ps(h2f(w[i].d) * x[i].d), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
 }  // namespace
 
 VecDotFn vec_dot_avx512(GGMLType type) {
@@ -259,6 +329,9 @@ VecDotFn vec_dot_avx512(GGMLType type) {
         case GGMLType::Q4_K: return dot_q45_k<false>;
         case GGMLType::Q5_K: return dot_q45_k<true>;
         case GGMLType::Q6_K: return dot_q6_k;
+        case GGMLType::MXFP4: return dot_table<BlockMXFP4>;
+        case GGMLType::IQ4_NL: return dot_table<BlockIQ4_NL>;
+        case GGMLType::IQ4_XS: return dot_iq4_xs;
         default: return nullptr;
     }
 }

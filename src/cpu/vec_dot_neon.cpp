@@ -1,5 +1,5 @@
-// ARM64 NEON dot products, the types vec_dot_avx2.cpp covers: Q4_0/Q5_0/Q8_0 x Q8_0,
-// Q4_1/Q5_1 x Q8_1, Q4_K/Q5_K/Q6_K x Q8_K, F32/F16/BF16 x F32 (Advanced SIMD is part of every
+// ARM64 NEON dot products, the types vec_dot_avx2.cpp covers: Q4_0/Q5_0/Q8_0/MXFP4/IQ4_NL x Q8_0,
+// Q4_1/Q5_1 x Q8_1, Q4_K/Q5_K/Q6_K/IQ4_XS x Q8_K, F32/F16/BF16 x F32 (Advanced SIMD is part of every
 // ARMv8-A core, so no flags or run-time check). Quantized types: the integer sums of a block are
 // exact in any order and the float step per block is the scalar reference's own expression (both
 // files build without FMA contraction off x86, CMakeLists.txt), so each result is vec_dot_scalar's
@@ -15,6 +15,7 @@
 
 #include "cpu/legacy_blocks.h"
 #include "quant/blocks.h"
+#include "quant/decode.h"
 #include "quant/half.h"
 
 namespace ember {
@@ -88,6 +89,53 @@ float dot_legacy(int64_t n, const void* w, const void* x) {
             s += half_to_float(a[i].d) * half_to_float(b[i].d) * float(si) +
                  half_to_float(a[i].m) * half_to_float(b[i].s);
         else s += half_to_float(a[i].d) * half_to_float(b[i].d) * float(si);
+    }
+    return s;
+}
+
+// ---- Table types (MXFP4, IQ4_NL x Q8_0; IQ4_XS x Q8_K): the nibbles looked up in the 16-entry
+// table with tbl, summed as vec_dot_scalar sums them ----
+
+inline void table_values(const uint8_t* qs, int8x16_t table, int8x16_t& lo, int8x16_t& hi) {
+    uint8x16_t l, h;
+    nibbles(qs, l, h);
+    lo = vqtbl1q_s8(table, l);
+    hi = vqtbl1q_s8(table, h);
+}
+
+inline float table_scale(const BlockMXFP4& b) { return e8m0_half(b.e); }
+inline float table_scale(const BlockIQ4_NL& b) { return half_to_float(b.d); }
+
+template <class WB>
+float dot_table(int64_t n, const void* w, const void* x) {
+    const WB* a = static_cast<const WB*>(w);
+    const BlockQ8_0* b = static_cast<const BlockQ8_0*>(x);
+    const int8x16_t table = vld1q_s8(std::is_same<WB, BlockMXFP4>::value ? kvalues_mxfp4 : kvalues_iq4nl);
+    float s = 0;
+    for (int64_t i = 0; i < n / 32; ++i) {
+        int8x16_t lo, hi;
+        table_values(a[i].qs, table, lo, hi);
+        s += table_scale(a[i]) * half_to_float(b[i].d) * float(dot32(lo, hi, b[i].qs));
+    }
+    return s;
+}
+
+// dot_k_decoded's float step with no mins: x.d * (d * sumi - 0), the "- 0" exact.
+float dot_iq4_xs(int64_t n, const void* wv, const void* xv) {
+    const BlockIQ4_XS* w = static_cast<const BlockIQ4_XS*>(wv);
+    const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
+    const int8x16_t table = vld1q_s8(kvalues_iq4nl);
+    float s = 0;
+    for (int64_t i = 0; i < n / QK_K; ++i) {
+        int32x4_t acc = vdupq_n_s32(0);
+        for (int j = 0; j < 8; ++j) {
+            int8x16_t lo, hi;
+            table_values(w[i].qs + 16 * j, table, lo, hi);
+            const int32x4_t p = vaddq_s32(dot16(lo, vld1q_s8(x[i].qs + 32 * j)),
+                                          dot16(hi, vld1q_s8(x[i].qs + 32 * j + 16)));
+            acc = vmlaq_n_s32(acc, p, iq4_xs_scale(w[i], j));
+        }
+        s += x[i].d * (half_to_float(w[i].d) * float(vaddvq_s32(acc)));
     }
     return s;
 }
@@ -226,6 +274,9 @@ VecDotFn vec_dot_neon(GGMLType type) {
         case GGMLType::Q4_K: return dot_q45_k<false>;
         case GGMLType::Q5_K: return dot_q45_k<true>;
         case GGMLType::Q6_K: return dot_q6_k;
+        case GGMLType::MXFP4: return dot_table<BlockMXFP4>;
+        case GGMLType::IQ4_NL: return dot_table<BlockIQ4_NL>;
+        case GGMLType::IQ4_XS: return dot_iq4_xs;
         default: return nullptr;
     }
 }

@@ -1,5 +1,6 @@
 // Scalar reference dot products, weights x activations in the weight type's vec_dot_type:
-// Q4_0/Q5_0/Q8_0 x Q8_0, Q4_1/Q5_1/Q8_1 x Q8_1, Q2_K..Q6_K/Q8_K x Q8_K, F32/F16/BF16 x F32.
+// Q4_0/Q5_0/Q8_0/MXFP4/IQ4_NL x Q8_0, Q4_1/Q5_1/Q8_1 x Q8_1, Q2_K..Q6_K/Q8_K/IQ4_XS x Q8_K,
+// F32/F16/BF16 x F32.
 // Integer sums are exact per block; one float multiply-add per block, as ggml does.
 
 #include "cpu/isa_kernels.h"
@@ -114,6 +115,31 @@ float dot_q8_1(int64_t n, const void* w, const void* x) {
     return s;
 }
 
+// MXFP4 / IQ4_NL x Q8_0: the table values as integers (MXFP4's doubled, its scale halved).
+float dot_mxfp4(int64_t n, const void* w, const void* x) {
+    const BlockMXFP4* a = static_cast<const BlockMXFP4*>(w);
+    const BlockQ8_0* b = static_cast<const BlockQ8_0*>(x);
+    float s = 0;
+    int q[32];
+    for (int64_t i = 0; i < n / QK4_0; ++i) {
+        decode_table4(a[i].qs, kvalues_mxfp4, q);
+        s += e8m0_half(a[i].e) * half_to_float(b[i].d) * float(dot32(q, b[i].qs));
+    }
+    return s;
+}
+
+float dot_iq4_nl(int64_t n, const void* w, const void* x) {
+    const BlockIQ4_NL* a = static_cast<const BlockIQ4_NL*>(w);
+    const BlockQ8_0* b = static_cast<const BlockQ8_0*>(x);
+    float s = 0;
+    int q[32];
+    for (int64_t i = 0; i < n / QK4_0; ++i) {
+        decode_table4(a[i].qs, kvalues_iq4nl, q);
+        s += half_to_float(a[i].d) * half_to_float(b[i].d) * float(dot32(q, b[i].qs));
+    }
+    return s;
+}
+
 // K-quants: x.d * (d * sum sc*q*x - dmin * sum mn*bsum) over the decoded super-block
 // (quant/decode.h).
 float dot_k_decoded(const KDecoded& k, const BlockQ8_K& b) {
@@ -171,6 +197,9 @@ VecDotFn vec_dot_scalar(GGMLType type) {
         case GGMLType::Q5_K: return dot_k<BlockQ5_K, decode_q5_k>;
         case GGMLType::Q6_K: return dot_k<BlockQ6_K, decode_q6_k>;
         case GGMLType::Q8_K: return dot_q8_k;
+        case GGMLType::MXFP4: return dot_mxfp4;
+        case GGMLType::IQ4_NL: return dot_iq4_nl;
+        case GGMLType::IQ4_XS: return dot_k<BlockIQ4_XS, decode_iq4_xs>;
     }
     return nullptr;
 }

@@ -82,6 +82,27 @@ struct BlockQ8_K {
     int16_t bsums[QK_K / 16];
 };
 
+// 32 e2m1 values (the nibble layout of Q4_0) with a shared e8m0 exponent:
+// x[i] = 2^(e - 128) * kvalues_mxfp4[q[i]] (quant_tables.h; the table holds the values doubled).
+struct BlockMXFP4 {
+    uint8_t e;
+    uint8_t qs[QK4_0 / 2];
+};
+// The nibble layout of Q4_0 through a non-uniform table: x[i] = d * kvalues_iq4nl[q[i]].
+struct BlockIQ4_NL {
+    uint16_t d;
+    uint8_t qs[QK4_0 / 2];
+};
+// 8 sub-blocks of 32, each laid out as an IQ4_NL block's quants (16 bytes), with a 6-bit scale:
+// low 4 bits in nibble j % 2 of scales_l[j / 2], high 2 bits in bits 2j, 2j + 1 of scales_h;
+// x = d * (scale - 32) * kvalues_iq4nl[q].
+struct BlockIQ4_XS {
+    uint16_t d;
+    uint16_t scales_h;
+    uint8_t scales_l[QK_K / 64];
+    uint8_t qs[QK_K / 2];
+};
+
 static_assert(sizeof(BlockQ4_0) == 18, "Q4_0 block size");
 static_assert(sizeof(BlockQ4_1) == 20, "Q4_1 block size");
 static_assert(sizeof(BlockQ5_0) == 22, "Q5_0 block size");
@@ -94,6 +115,9 @@ static_assert(sizeof(BlockQ4_K) == 144, "Q4_K block size");
 static_assert(sizeof(BlockQ5_K) == 176, "Q5_K block size");
 static_assert(sizeof(BlockQ6_K) == 210, "Q6_K block size");
 static_assert(sizeof(BlockQ8_K) == 292, "Q8_K block size");
+static_assert(sizeof(BlockMXFP4) == 17, "MXFP4 block size");
+static_assert(sizeof(BlockIQ4_NL) == 18, "IQ4_NL block size");
+static_assert(sizeof(BlockIQ4_XS) == 136, "IQ4_XS block size");
 
 // Q4_K/Q5_K: unpack the 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes.
 // Bytes 0-3: scales 0-3 (low 6 bits), bytes 4-7: mins 0-3 (low 6 bits); bytes 8-11: low

@@ -8,6 +8,7 @@
 
 #include "quant/blocks.h"
 #include "quant/half.h"
+#include "quant/quant_tables.h"
 
 namespace ember {
 
@@ -30,6 +31,24 @@ inline void decode_q5(const uint8_t* qs, const uint8_t* qh, int offset, int* q) 
         q[j] = ((qs[j] & 0x0F) | int(((h >> j) & 1) << 4)) - offset;
         q[j + 16] = ((qs[j] >> 4) | int(((h >> (j + 16)) & 1) << 4)) - offset;
     }
+}
+
+// ---- Table types (MXFP4, IQ4_NL, the sub-blocks of IQ4_XS): the nibble layout of Q4_0, each
+// nibble an index into a table of int8 values (quant_tables.h).
+inline void decode_table4(const uint8_t* qs, const int8_t* table, int* q) {
+    for (int j = 0; j < 16; ++j) {
+        q[j] = table[qs[j] & 0x0F];
+        q[j + 16] = table[qs[j] >> 4];
+    }
+}
+
+// MXFP4's block scale: half the e8m0 power of two 2^(e - 127), as bits (e < 2 gives a subnormal).
+inline float e8m0_half(uint8_t e) { return f32_from_bits(e < 2 ? 0x00200000u << e : uint32_t(e - 1) << 23); }
+
+// IQ4_XS: the signed scale of sub-block j (0..7).
+inline int iq4_xs_scale(const BlockIQ4_XS& b, int j) {
+    const int lo = (b.scales_l[j / 2] >> (4 * (j % 2))) & 0x0F, hi = (b.scales_h >> (2 * j)) & 3;
+    return (lo | (hi << 4)) - 32;
 }
 
 // ---- K-quants: a super-block as q[256] and an integer scale and min per 16 elements, so that
@@ -92,6 +111,17 @@ inline void decode_q45_k(const Block& a, const uint8_t* qh, KDecoded& k) {
 
 inline void decode_q4_k(const BlockQ4_K& a, KDecoded& k) { decode_q45_k(a, nullptr, k); }
 inline void decode_q5_k(const BlockQ5_K& a, KDecoded& k) { decode_q45_k(a, a.qh, k); }
+
+// IQ4_XS as a K-quant: both 16-element halves of sub-block j take its scale; no mins.
+inline void decode_iq4_xs(const BlockIQ4_XS& a, KDecoded& k) {
+    for (int j = 0; j < 8; ++j) {
+        decode_table4(a.qs + 16 * j, kvalues_iq4nl, k.q + 32 * j);
+        k.sc[2 * j] = k.sc[2 * j + 1] = iq4_xs_scale(a, j);
+        k.mn[2 * j] = k.mn[2 * j + 1] = 0;
+    }
+    k.d = half_to_float(a.d);
+    k.dmin = 0;
+}
 
 inline void decode_q6_k(const BlockQ6_K& a, KDecoded& k) {
     // half h (128 elements): element 128h + 32k + l from ql[64h + l + 32(k & 1)] nibble k / 2 and

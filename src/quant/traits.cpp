@@ -25,6 +25,9 @@ const std::vector<TypeTraits>& table() {
         {T::Q5_K, "Q5_K", 256, 176, dequantize_row_q5_k, quantize_row_q5_k},
         {T::Q6_K, "Q6_K", 256, 210, dequantize_row_q6_k, quantize_row_q6_k},
         {T::Q8_K, "Q8_K", 256, 292, dequantize_row_q8_k, quantize_row_q8_k},
+        {T::IQ4_NL, "IQ4_NL", 32, 18, dequantize_row_iq4_nl, nullptr},
+        {T::IQ4_XS, "IQ4_XS", 256, 136, dequantize_row_iq4_xs, nullptr},
+        {T::MXFP4, "MXFP4", 32, 17, dequantize_row_mxfp4, quantize_row_mxfp4},
     };
     return rows;
 }

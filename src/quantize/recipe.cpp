@@ -25,6 +25,7 @@ const QuantMix kMixes[] = {
     {"Q5_K", GGMLType::Q5_K, 16, false},
     {"Q5_K_M", GGMLType::Q5_K, 17, true},
     {"Q6_K", GGMLType::Q6_K, 18, false},
+    {"MXFP4_MOE", GGMLType::Q8_0, 38, false, true},
 };
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -66,7 +67,12 @@ GGMLType choose_type(const QuantMix& mix, const GGUFTensor& t, RecipeState& st) 
     GGMLType type = mix.base;
     const bool float_mix = mix.base == GGMLType::F32 || mix.base == GGMLType::F16 || mix.base == GGMLType::BF16;
     const bool is_output = t.name == "output.weight" || (!st.has_output && t.name == "token_embd.weight");
-    if (!float_mix && is_output) {
+    if (mix.experts_mxfp4) {
+        // llama.cpp's MXFP4_MOE: the router stays unquantized; a 3-D tensor (a matrix an expert) is
+        // MXFP4; every other matrix, the output head included, the base Q8_0
+        if (ends_with(t.name, "ffn_gate_inp.weight")) return GGMLType::F32;
+        if (t.ne.size() > 2 && t.ne[2] > 1) type = GGMLType::MXFP4;
+    } else if (!float_mix && is_output) {
         type = (t.ne[0] % 256 != 0) ? GGMLType::Q8_0 : (mix.base == GGMLType::Q8_0 ? GGMLType::Q8_0 : GGMLType::Q6_K);
     } else if (ends_with(t.name, "attn_v.weight")) {
         if (mix.more_bits_k && use_more_bits(st.i_attn_v, st.n_attn_v)) type = GGMLType::Q6_K;

@@ -11,6 +11,7 @@ struct QuantMix {
     GGMLType base;          // type of ordinary weight matrices
     uint32_t file_type;     // general.file_type value (llama_ftype)
     bool more_bits_k;       // *_K_M: some attn_v / ffn_down layers get Q6_K
+    bool experts_mxfp4 = false;   // MXFP4_MOE: expert tensors MXFP4, the base type for the rest
 };
 
 // nullptr if the name is unknown.

@@ -87,7 +87,9 @@ std::vector<int> half_fields(GGMLType type) {
     switch (type) {
         case GGMLType::Q4_0:
         case GGMLType::Q5_0:
-        case GGMLType::Q8_0: return {0};
+        case GGMLType::Q8_0:
+        case GGMLType::IQ4_NL:
+        case GGMLType::IQ4_XS: return {0};
         case GGMLType::Q4_1:
         case GGMLType::Q5_1:
         case GGMLType::Q4_K:
@@ -104,7 +106,7 @@ std::vector<int> half_fields(GGMLType type) {
 std::vector<uint8_t> weight_row(GGMLType type, int64_t n, bool raw, Rng& rng) {
     const TypeTraits& tr = type_traits(type);
     std::vector<uint8_t> wq(row_bytes(type, n));
-    if (!raw || type == GGMLType::F32) {
+    if ((!raw || type == GGMLType::F32) && tr.quantize_row) {
         tr.quantize_row(normals(rng, n).data(), wq.data(), n);
         return wq;
     }
@@ -114,8 +116,10 @@ std::vector<uint8_t> weight_row(GGMLType type, int64_t n, bool raw, Rng& rng) {
         for (size_t at = 0; at < wq.size(); at += 2) finite_half(at);
         return wq;
     }
-    for (size_t blk = 0; blk < wq.size(); blk += tr.block_bytes)
+    for (size_t blk = 0; blk < wq.size(); blk += tr.block_bytes) {
         for (int off : half_fields(type)) finite_half(blk + off);
+        if (type == GGMLType::MXFP4) wq[blk] = uint8_t(112 + wq[blk] % 32);   // e8m0 scales 2^-16 .. 2^15
+    }
     return wq;
 }
 
@@ -324,12 +328,13 @@ int main(int argc, char** argv) {
     std::printf("SIMD level %d (0 scalar, 1 avx2, 2 avx512, 3 neon)\n", int(level()));
     int bad = 0;
     for (GGMLType t : {GGMLType::Q4_0, GGMLType::Q4_1, GGMLType::Q5_0, GGMLType::Q5_1, GGMLType::Q8_0, GGMLType::Q4_K,
-                       GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::F32, GGMLType::F16, GGMLType::BF16})
+                       GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::F32, GGMLType::F16, GGMLType::BF16, GGMLType::MXFP4,
+                       GGMLType::IQ4_NL, GGMLType::IQ4_XS})
         bad += check_vec_dot(t, rng);
     for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q8_1, GGMLType::Q8_K}) bad += check_quantizer(t, rng);
     bad += check_attention(rng);
     for (GGMLType t : {GGMLType::Q4_0, GGMLType::Q4_1, GGMLType::Q5_0, GGMLType::Q5_1, GGMLType::Q8_0, GGMLType::Q4_K,
-                       GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::F16})
+                       GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::F16, GGMLType::MXFP4})
         bad += check_matmul(*cpu, t, rng);
     if (bad) std::printf("%d failed (seed %u)\n", bad, seed);
     else std::printf("all passed\n");
