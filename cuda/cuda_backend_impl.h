@@ -77,6 +77,15 @@ public:
     void add(float* x, const float* y, int64_t n) override;
     void add_bias(float* x, const float* bias, int32_t n_tok, int32_t dim) override;
     void argmax_rows(const float* x, int32_t n_rows, int64_t width, int32_t* ids) override;
+    // the mixture's primitives and fused ops (cuda_backend_moe.cpp)
+    void moe_route(const MoeWeights& w, const float* logits, int32_t n_tok, int32_t* ids, float* weights) override;
+    void gather_rows(const float* x, const int32_t* rows, int32_t n_rows, int64_t dim, float* y) override;
+    void scatter_add_rows(float* out, const float* y, const int32_t* rows, const float* scale, int32_t n_rows,
+                          int64_t dim) override;
+    void sigmoid(float* x, int64_t n) override;
+    void moe_ffn(const MoeWeights& w, float* x, const float* residual, int32_t n_tok, const BlockBuffers& b,
+                 float* out) override;
+    void moe(const MoeWeights& w, const float* xn, int32_t n_tok, const BlockBuffers& b, float* out) override;
 
     // fused ops (cuda_backend_ops.cpp)
     void add_rmsnorm(float* x, const float* residual, const float* gamma, int32_t n_tok, int32_t dim, float eps,
@@ -150,6 +159,14 @@ private:
                  bool x_dq = false);
     void gemm(const Weight& w, const float* x, int32_t n_tok, float* y);
 
+    // ---- the mixture (cuda_backend_moe.cpp) ----
+    struct MoeBuffers;
+    MoeQuery moe_query(const MoeWeights& w, int32_t n_tok) const;
+    MoeBuffers moe_buffers(const MoeWeights& w, int32_t n_tok, MoeKernel k);
+    MoeExperts moe_experts(const Weight& w) const;
+    void run_moe(const MoeWeights& w, const float* xn, int32_t n_tok, MoeKernel k, bool xn_q8, float* out);
+    void shared_expert(const MoeWeights& w, const float* xn, int32_t n_tok, const MoeBuffers& m);
+
     // ---- attention dispatch (cuda_backend_attention.cpp) ----
     bool attend(const KVLayer& kv, const float* q, int32_t n_tok, const AttentionShape& shape, float* out,
                 bool want_q8);
@@ -190,6 +207,7 @@ private:
     void* cublas_ws_ = nullptr;
     std::vector<void*> owned_;
     Scratch xq_, xds_, xh_, wh_, batch_dev_, part_acc_, part_ml_, split_ctr_, kv_f16_;
+    Scratch moe_;   // the mixture's routing, token groups and expert activations (MoeBuffers)
 
     // batch mirror
     void* staging_ = nullptr;

@@ -113,26 +113,38 @@ void CudaBackend::free_host(void* p) {
     EMBER_CUDA_CHECK(cudaFreeHost(p));
 }
 
+// A 3-D tensor [n_expert][n_out][n_in] holds a mixture's experts: each is packed as a matrix of its
+// own, the experts at a fixed 256-byte-aligned stride in one allocation (Weight::expert_stride).
 Weight CudaBackend::prepare_weight(const GGUFTensor& t) {
-    if (t.ne.empty()) fail("cuda: tensor ", t.name, " has no dimensions");
-    int64_t rows = 1;
-    for (size_t i = 1; i < t.ne.size(); ++i) rows *= t.ne[i];
+    if (t.ne.empty() || t.ne.size() > 3)
+        fail("cuda: tensor ", t.name, " has ", t.ne.size(), " dimensions; weights have 1 to 3");
     Weight w;
     w.type = t.type;
     w.n_in = t.ne[0];
-    w.n_out = rows;
+    w.n_out = t.ne.size() > 1 ? t.ne[1] : 1;
+    w.n_expert = t.ne.size() > 2 ? int32_t(t.ne[2]) : 1;
     w.src = &t;
+    if (w.n_in < 1 || w.n_out < 1 || w.n_expert < 1)
+        fail("cuda: tensor ", t.name, " has an empty dimension (", w.n_in, " x ", w.n_out, " x ", w.n_expert, ")");
     const PackedLayout L = packed_layout(t.type, w.n_in, w.n_out);
-    const size_t raw = size_t(L.n_blocks) * size_t(rows) * size_t(block_info(t.type).block_bytes);
-    if (raw > t.nbytes) fail("cuda: tensor ", t.name, " holds ", t.nbytes, " bytes, its shape needs ", raw);
-    void* d = alloc(L.total);
+    const size_t raw = size_t(L.n_blocks) * size_t(w.n_out) * size_t(block_info(t.type).block_bytes);
+    if (raw * size_t(w.n_expert) > t.nbytes)
+        fail("cuda: tensor ", t.name, " holds ", t.nbytes, " bytes, its shape needs ", raw * size_t(w.n_expert));
+    w.expert_stride = w.n_expert > 1 ? (L.total + 255) / 256 * 256 : 0;
+    const size_t bytes = w.n_expert > 1 ? w.expert_stride * size_t(w.n_expert) : L.total;
+    void* d = alloc(bytes);
     owned_.push_back(d);
-    if (L.qs_bytes == 0) {
+    if (L.qs_bytes == 0 && w.n_expert == 1) {
         copy_to_device_now(d, t.data, L.total, stream_);
     } else {
-        std::vector<uint8_t> packed(L.total);
-        pack_weight(t.type, w.n_in, w.n_out, t.data, packed.data());
-        copy_to_device_now(d, packed.data(), L.total, stream_);
+        std::vector<uint8_t> packed(bytes);
+        for (int32_t e = 0; e < w.n_expert; ++e) {
+            const uint8_t* src = t.data + size_t(e) * raw;
+            uint8_t* dst = packed.data() + size_t(e) * w.expert_stride;
+            if (L.qs_bytes == 0) std::memcpy(dst, src, L.total);
+            else pack_weight(t.type, w.n_in, w.n_out, src, dst);
+        }
+        copy_to_device_now(d, packed.data(), bytes, stream_);
     }
     w.data = d;
     return w;

@@ -2,6 +2,7 @@
 // and the KV store (float K/V rows -> f16 cache slots addressed through the block table).
 #include "common.cuh"
 #include "dq_order.cuh"
+#include "gated_act.cuh"
 #include "kernels.h"
 #include "launch.h"
 
@@ -15,26 +16,13 @@ unsigned grid_for(int64_t n) {
     return unsigned(g < 65536 ? (g > 0 ? g : 1) : 65536);
 }
 
-// act(gate) of a gated feed-forward, as the CPU computes it (glibc's expf algorithm). GeLU's tanh
-// form 0.5 x (1 + tanh(y)) is x / (1 + exp(-2y)) with y = sqrt(2 / pi) (x + 0.044715 x^3): the
-// same exp, and the products rounded one by one (no contraction), so the bits are the CPU's.
-template <Activation A>
-__device__ __forceinline__ float gate_act(float x) {
-    if constexpr (A == Activation::SiLU) {
-        return x / (1.f + expf_glibc(-x));
-    } else {
-        const float cube = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, x), x), x);
-        return x / (1.f + expf_glibc(__fmul_rn(-1.5957691216057308f, __fadd_rn(x, cube))));
-    }
-}
-
 // out may alias gate or up: each element is read before it is written, by the same thread.
 template <Activation A>
 __global__ void gated_act_kernel(const float* g, const float* u, int64_t n, float* o) {
     pdl_wait();
     pdl_trigger();
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-        o[i] = gate_act<A>(g[i]) * u[i];
+        o[i] = gated<A>(g[i], u[i]);
 }
 
 // gated_act whose output also goes out as q8_1 blocks (n % 32 == 0), one warp per block.
@@ -47,7 +35,7 @@ __global__ void gated_act_q8_kernel(const float* g, const float* u, int64_t n_bl
     if (blk >= n_blocks) return;
     const int lane = threadIdx.x & 31;
     const int64_t i = blk * 32 + lane;
-    const float v = gate_act<A>(g[i]) * u[i];
+    const float v = gated<A>(g[i], u[i]);
     o[i] = v;
     q8_1_block(v, lane, q + blk * 32, ds + blk);
 }
@@ -61,8 +49,7 @@ __global__ void gated_act_dq_kernel(const float4* __restrict__ g, const float4* 
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n4; i += int64_t(gridDim.x) * blockDim.x) {
         const float4 a = g[i], b = u[i];
         store_dq4(xh, 4 * i,
-                  make_float4(gate_act<A>(a.x) * b.x, gate_act<A>(a.y) * b.y, gate_act<A>(a.z) * b.z,
-                              gate_act<A>(a.w) * b.w));
+                  make_float4(gated<A>(a.x, b.x), gated<A>(a.y, b.y), gated<A>(a.z, b.z), gated<A>(a.w, b.w)));
     }
 }
 
@@ -122,8 +109,8 @@ __global__ void kv_store_kernel(__half* __restrict__ kc, __half* __restrict__ vc
 
 void gated_act(Activation act, const float* gate, const float* up, int64_t n, float* out, cudaStream_t s) {
     if (n <= 0) return;
-    if (act == Activation::SiLU) launch_pdl(gated_act_kernel<Activation::SiLU>, grid_for(n), 256, s, gate, up, n, out);
-    else launch_pdl(gated_act_kernel<Activation::GeLUTanh>, grid_for(n), 256, s, gate, up, n, out);
+    with_activation(
+        act, [&](auto a) { launch_pdl(gated_act_kernel<decltype(a)::value>, grid_for(n), 256, s, gate, up, n, out); });
     EMBER_CUDA_LAUNCHED("gated_act");
 }
 
@@ -133,9 +120,9 @@ void gated_act_q8(Activation act, const float* gate, const float* up, int64_t n,
     const int64_t nb = n / 32;
     if (nb == 0) return;
     const unsigned grid = unsigned((nb + 7) / 8);
-    if (act == Activation::SiLU)
-        launch_pdl(gated_act_q8_kernel<Activation::SiLU>, grid, 256, s, gate, up, nb, out, q, ds);
-    else launch_pdl(gated_act_q8_kernel<Activation::GeLUTanh>, grid, 256, s, gate, up, nb, out, q, ds);
+    with_activation(act, [&](auto a) {
+        launch_pdl(gated_act_q8_kernel<decltype(a)::value>, grid, 256, s, gate, up, nb, out, q, ds);
+    });
     EMBER_CUDA_LAUNCHED("gated_act_q8");
 }
 
@@ -145,8 +132,8 @@ void gated_act_dq(Activation act, const float* gate, const float* up, int64_t n,
     const int64_t n4 = n / 4;
     const auto* g = reinterpret_cast<const float4*>(gate);
     const auto* u = reinterpret_cast<const float4*>(up);
-    if (act == Activation::SiLU) launch_pdl(gated_act_dq_kernel<Activation::SiLU>, grid_for(n4), 256, s, g, u, n4, xh);
-    else launch_pdl(gated_act_dq_kernel<Activation::GeLUTanh>, grid_for(n4), 256, s, g, u, n4, xh);
+    with_activation(
+        act, [&](auto a) { launch_pdl(gated_act_dq_kernel<decltype(a)::value>, grid_for(n4), 256, s, g, u, n4, xh); });
     EMBER_CUDA_LAUNCHED("gated_act_dq");
 }
 

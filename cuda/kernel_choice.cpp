@@ -266,6 +266,50 @@ bool qkv_may_take_rope_store(bool plain, bool f16_cache, bool neox, const Matmul
            !takes_gemm_dq(wq);
 }
 
+bool moe_gemv_supported(GGMLType type) {
+    switch (type) {
+        case GGMLType::F32:
+        case GGMLType::F16:
+        case GGMLType::BF16:
+        case GGMLType::Q4_0:
+        case GGMLType::Q4_1:
+        case GGMLType::Q5_0:
+        case GGMLType::Q5_1:
+        case GGMLType::Q8_0:
+        case GGMLType::Q4_K:
+        case GGMLType::Q5_K:
+        case GGMLType::Q6_K: return true;
+        default: return false;
+    }
+}
+
+const char* moe_kernel_name(MoeKernel k) {
+    switch (k) {
+        case MoeKernel::pairs: return "pairs";
+        case MoeKernel::grouped: return "grouped";
+        case MoeKernel::composed: return "composed";
+    }
+    return "?";
+}
+
+// The expert kernels read every type the GEMV reads; gate and up go through one launch, so they
+// share a type. Deterministic steps always group: a grouped token's sums do not depend on the
+// chunk it shares, while the one-token path sums in another order.
+MoeKernel choose_moe(const MoeQuery& q) {
+    for (GGMLType t : {q.gate, q.up, q.down})
+        if (!cuda_weight_type(t)) fail("cuda moe choice: expert type ", uint32_t(t), " is not run by the CUDA backend");
+    if (q.n_embd < 1 || q.n_ff < 1 || q.n_expert < 1)
+        fail("cuda moe choice: n_embd ", q.n_embd, ", n_ff ", q.n_ff, " and ", q.n_expert,
+             " experts must all be at least 1");
+    if (q.n_used < 1 || q.n_used > q.n_expert)
+        fail("cuda moe choice: n_used ", q.n_used, " must lie in 1..", q.n_expert, " (the experts)");
+    check_batch(q.batch, "moe");
+    const bool kernels = moe_gemv_supported(q.gate) && moe_gemv_supported(q.down) && q.gate == q.up;
+    if (!q.sw.fuse || !kernels || q.n_expert > kMoeMaxExperts) return MoeKernel::composed;
+    if (q.batch.n_tok <= kMoePairTokens && !q.batch.deterministic) return MoeKernel::pairs;
+    return MoeKernel::grouped;
+}
+
 bool step_is_graphed(const BatchFacts& b, const KernelSwitches& sw) {
     return sw.graphs && b.n_tok > 0 && (b.n_tok <= kMaxGemvTokens || b.decode_step);
 }

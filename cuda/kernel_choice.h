@@ -58,6 +58,12 @@ constexpr int kDecodeQ8Heads = 4;
 constexpr int kDecodeMmaHeads = 16;
 // The tiled attention shares K/V loads among at most this many q heads of a kv head.
 constexpr int kMaxHeadsPerCta = 8;
+// A mixture's one-token path (each token's experts their own GEMV rows, the down projection summing
+// a token's experts as it writes them) takes batches up to this many tokens; larger ones group the
+// tokens by expert, so each chosen expert's rows are read once a chunk of kMaxGemvTokens tokens.
+constexpr int kMoePairTokens = 4;
+// The grouping kernel counts tokens per expert in shared memory: at most this many experts.
+constexpr int kMoeMaxExperts = 4096;
 // Query tile lengths the tiled attention takes (set_batch builds a tile list for each); the last
 // is the prefill tensor-core kernel's.
 constexpr int kMmaTileLen = 64;
@@ -76,6 +82,9 @@ bool gemm_q8_supported(GGMLType type);
 bool gemm_dq_supported(GGMLType type, int64_t n_in);
 // The float types, whose down projection reads float activations: gate, up and SiLU in one GEMV.
 bool gemv_swiglu_supported(GGMLType type);
+// The types the mixture's expert GEMVs read (moe_gemv.cu); experts of other types take the default
+// composition over matmul.
+bool moe_gemv_supported(GGMLType type);
 // q heads per CTA of the long-context decode kernels for this shape and cache, 0 when neither takes
 // it (head_dim other than 64, 128, 256).
 int attention_decode_heads(int n_head, int n_head_kv, int head_dim, bool kv_q8);
@@ -150,6 +159,26 @@ bool ffn_takes_gemv_swiglu(bool silu, GGMLType gate, GGMLType up, const BatchFac
 // no q/k norms), f16 caches, normal rope, decode-sized default-mode batches whose Q weight the GEMV
 // takes. The GEMV then checks the shapes (gemv_takes_rope_store).
 bool qkv_may_take_rope_store(bool plain, bool f16_cache, bool neox, const MatmulQuery& wq);
+
+// ---- Mixture of experts ----
+
+struct MoeQuery {
+    GGMLType gate = GGMLType::Q4_K, up = GGMLType::Q4_K, down = GGMLType::Q4_K;
+    int64_t n_embd = 0, n_ff = 0;
+    int32_t n_expert = 0, n_used = 0;
+    BatchFacts batch;
+    KernelSwitches sw;
+};
+
+enum class MoeKernel {
+    pairs,      // one-token path: a GEMV a (token, expert) pair, the down projection summing a token's experts
+    grouped,    // tokens grouped by expert on the device, GEMVs over chunks of one expert's tokens
+    composed,   // the Backend's default composition of primitives (EMBER_CUDA_FUSE=0, or shapes the kernels lack)
+};
+const char* moe_kernel_name(MoeKernel k);
+// InvalidInput for an expert type the backend does not run, n_used outside 1..n_expert, non-positive
+// widths or a negative n_tok.
+MoeKernel choose_moe(const MoeQuery& q);
 
 // ---- Graphs ----
 

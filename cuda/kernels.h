@@ -102,6 +102,104 @@ void add_bias(float* x, const float* bias, int32_t n_tok, int32_t dim, cudaStrea
 // ids[r] = the first highest value's index of row r of x [n_rows][width], -1 if none beats -inf.
 void argmax_rows(const float* x, int32_t n_rows, int64_t width, int32_t* ids, cudaStream_t s);
 
+// ---- Mixture of experts (moe_route.cu, moe_gemv.cu) ----
+
+// A stacked expert weight as the expert GEMVs read it: expert e's packed matrix (weight_pack.h) at
+// base + e * stride.
+struct MoeExperts {
+    GGMLType type;
+    const uint8_t* base;
+    size_t stride;
+    PackedLayout layout;
+    int64_t n_in, n_out;
+};
+
+// A run of up to chunk_tok rows of one expert's work: rows first.. first + count - 1 of the
+// expert-ordered buffers (h, y), their inputs rows xrow.. of x. expert < 0: an unused slot.
+struct MoeChunk {
+    int32_t expert, first, count, xrow;
+};
+
+// Routing: per token, logits (+ router_bias) -> n_used experts and weights as MoeGating says (the
+// CPU's arithmetic and order of sums). ascending: a token's experts in ascending order (the order
+// the default composition sums them in), else in descending order of selection score
+// (Backend::moe_route). chunks (or null): the one-token path's chunks, one a (token, expert) pair.
+struct MoeRouteArgs {
+    const float* logits;   // [n_tok][n_expert]
+    const float* router_bias;
+    const float* selection_bias;
+    int32_t n_tok, n_expert, n_used;
+    MoeGating gating;
+    bool norm_topk, ascending;
+    float weight_scale;
+    int32_t* ids;      // [n_tok][n_used]
+    float* weights;    // [n_tok][n_used]
+    MoeChunk* chunks;  // [n_tok * n_used] or null
+};
+void moe_route(const MoeRouteArgs& a, cudaStream_t s);
+// The grouped path's order: the rows (token, expert pairs) r < rows of ids sorted by expert
+// (sorted[i] = r, pos[r] = i), and chunks of up to chunk_tok rows of one expert (xrow = first), the
+// slots past the last chunk up to max_chunks unused.
+void moe_group(const int32_t* ids, int32_t rows, int32_t n_expert, int32_t chunk_tok, int32_t* sorted, int32_t* pos,
+               MoeChunk* chunks, int32_t max_chunks, cudaStream_t s);
+// dst row r = src row idx[r] / div (rows of row_bytes, a multiple of 4).
+void gather_rows_bytes(const void* src, int64_t row_bytes, const int32_t* idx, int32_t div, int32_t n_rows, void* dst,
+                       cudaStream_t s);
+// out[t] = sum over the token's n_used rows (ascending slots) of y[pos[t * n_used + k]], plus the
+// shared expert's shared[t] (scaled by sigmoid(shared_logit[t]) where that is not null).
+void moe_combine(const float* y, const int32_t* pos, int32_t n_tok, int32_t n_used, int64_t n_embd, const float* shared,
+                 const float* shared_logit, float* out, cudaStream_t s);
+// out[rows[r]] += scale[r] * y[r] (the rows distinct).
+void scatter_add_rows(float* out, const float* y, const int32_t* rows, const float* scale, int32_t n_rows, int64_t dim,
+                      cudaStream_t s);
+void sigmoid(float* x, int64_t n, cudaStream_t s);
+
+// Gate and up of each chunk's rows, written as h[first + t] = act(gate + gate_bias) * (up + up_bias).
+// x as q8_1 (xq, xds) for integer types, else float. chunk_tok: 1 or kMaxGemvTokens; with
+// kMaxGemvTokens the buffers hold kMaxGemvTokens - 1 rows past the last (read, never used).
+struct MoeUpArgs {
+    MoeExperts gate, up;
+    const float *gate_bias, *up_bias;   // [n_expert][n_ff] or null
+    const MoeChunk* chunks;
+    const float* x;
+    const int8_t* xq;
+    const float2* xds;
+    float* h;   // [rows][n_ff]
+    Activation act;
+};
+void moe_up(const MoeUpArgs& a, int32_t n_chunks, int32_t chunk_tok, cudaStream_t s);
+// Down of each chunk's rows: y[first + t] = weight * (down h[first + t] + down_bias), weight that
+// of row sorted[first + t]'s pair.
+struct MoeDownArgs {
+    MoeExperts down;
+    const float* down_bias;   // [n_expert][n_embd] or null
+    const MoeChunk* chunks;
+    const float* h;
+    const int8_t* hq;
+    const float2* hds;
+    const int32_t* sorted;
+    const float* weights;   // [rows] by pair
+    float* y;               // [rows][n_embd]
+};
+void moe_down(const MoeDownArgs& a, int32_t n_chunks, int32_t chunk_tok, cudaStream_t s);
+// The one-token path's down projection: out[t] = sum over the token's experts of weight * (down_e
+// h[t * n_used + k] + down_bias) (+ the shared expert as moe_combine adds it), one warp an output
+// row spread over all the token's experts.
+struct MoeDownSumArgs {
+    MoeExperts down;
+    const float* down_bias;
+    const int32_t* ids;
+    const float* weights;
+    int32_t n_used;
+    const float* h;   // [n_tok * n_used][n_ff], pair order
+    const int8_t* hq;
+    const float2* hds;
+    const float* shared;
+    const float* shared_logit;
+    float* out;
+};
+void moe_down_sum(const MoeDownSumArgs& a, int32_t n_tok, cudaStream_t s);
+
 // Batch addressing mirrored on the device (fixed buffers, rewritten by set_batch).
 struct DeviceBatch {
     const int32_t* pos;           // [n_tok]

@@ -277,6 +277,40 @@ def test_ffn_swiglu_form():
     assert not mod.kernel_choice_ffn_swiglu(True, "F32", "F32", 1, deterministic=True)
 
 
+def moe(n_tok, gate="Q4_K", up="Q4_K", down="Q6_K", n_embd=2048, n_ff=768, n_expert=128, n_used=8, **kw):
+    return km().kernel_choice_moe(gate, up, down, n_embd, n_ff, n_expert, n_used, n_tok, **kw)
+
+
+def test_moe_choice():
+    """A mixture's experts: each (token, expert) pair its own GEMV rows up to kMoePairTokens tokens,
+    tokens grouped by expert above and in deterministic mode (a grouped token's sums do not depend on
+    the chunk it shares); the default composition where the kernels do not take the weights or
+    EMBER_CUDA_FUSE=0 asks for it."""
+    pairs = km().kernel_choice_thresholds()["moe_pair_tokens"]
+    assert moe(1) == "pairs" and moe(pairs) == "pairs"
+    assert moe(pairs + 1) == "grouped" and moe(512) == "grouped"
+    assert moe(1, deterministic=True) == "grouped"
+    assert moe(64, decode_step=True) == "grouped"
+    for t in ["F16", "Q8_0", "Q4_0", "Q5_K", "BF16"]:
+        assert moe(1, gate=t, up=t, down=t) == "pairs"
+    assert moe(1, gate="Q4_K", up="Q5_K") == "composed"
+    assert moe(1, switches={"EMBER_CUDA_FUSE": "0"}) == "composed"
+    assert moe(1, n_expert=km().kernel_choice_thresholds()["moe_max_experts"] + 1) == "composed"
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(n_used=0), "n_used 0 must lie in 1..128"),
+    (dict(n_used=129), "n_used 129 must lie in 1..128"),
+    (dict(n_ff=0), "must all be at least 1"),
+    (dict(gate="Q8_1"), "is not run by the CUDA backend"),
+    (dict(n_tok=-1), "negative n_tok"),
+])
+def test_moe_choice_bad_input(kwargs, match):
+    n_tok = kwargs.pop("n_tok", 1)
+    with pytest.raises(ValueError, match=match):
+        moe(n_tok, **kwargs)
+
+
 @pytest.mark.parametrize("query,match", [
     (dict(k_type="Q4_0"), "f16 or q8_0"),
     (dict(v_type="F32"), "f16 or q8_0"),

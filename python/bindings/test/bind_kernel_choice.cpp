@@ -92,6 +92,8 @@ nb::dict thresholds() {
     d["target_attn_ctas"] = kTargetAttnCtas;
     d["decode_target_ctas"] = kDecodeTargetCtas;
     d["decode_mma_target_ctas"] = kDecodeMmaTargetCtas;
+    d["moe_pair_tokens"] = kMoePairTokens;
+    d["moe_max_experts"] = kMoeMaxExperts;
     return d;
 }
 
@@ -142,6 +144,27 @@ void bind_kernel_choice(nb::module_& m) {
         },
         nb::arg("n_tok"), nb::arg("decode_step") = false, nb::arg("switches") = SwitchMap{},
         "Whether a step of n_tok tokens is recorded as a CUDA graph.");
+    m.def(
+        "kernel_choice_moe",
+        [](const std::string& gate, const std::string& up, const std::string& down, int64_t n_embd, int64_t n_ff,
+           int32_t n_expert, int32_t n_used, int32_t n_tok, bool decode_step, bool deterministic,
+           const SwitchMap& switches) {
+            MoeQuery q;
+            q.gate = type_named(gate);
+            q.up = type_named(up);
+            q.down = type_named(down);
+            q.n_embd = n_embd;
+            q.n_ff = n_ff;
+            q.n_expert = n_expert;
+            q.n_used = n_used;
+            q.batch = BatchFacts{n_tok, decode_step, deterministic};
+            q.sw = switches_of(switches);
+            return std::string(moe_kernel_name(choose_moe(q)));
+        },
+        nb::arg("gate"), nb::arg("up"), nb::arg("down"), nb::arg("n_embd"), nb::arg("n_ff"), nb::arg("n_expert"),
+        nb::arg("n_used"), nb::arg("n_tok"), nb::arg("decode_step") = false, nb::arg("deterministic") = false,
+        nb::arg("switches") = SwitchMap{},
+        "The CUDA backend's path for a mixture's experts over n_tok tokens: pairs, grouped or composed.");
     m.def("kernel_choice_splits", &attention_splits, nb::arg("want"), nb::arg("base"), nb::arg("target"));
     m.def("kernel_choice_want_splits", &attention_want_splits, nb::arg("max_len"), nb::arg("window") = 0);
     m.def("kernel_choice_thresholds", &thresholds);
