@@ -24,12 +24,16 @@ using Logits = nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::c
 // so the instance, its type and its methods would outlive the interpreter (nanobind's leak report).
 void init_sampler(ember::Sampler* self, float temperature, int32_t top_k, float top_p, float min_p,
                   float repeat_penalty, float frequency_penalty, float presence_penalty, int32_t penalty_last_n,
-                  const std::optional<std::map<int32_t, float>>& logit_bias, uint64_t seed) {
+                  const std::optional<std::map<int32_t, float>>& logit_bias, uint64_t seed, float typical_p,
+                  int32_t mirostat, float mirostat_tau, float mirostat_eta) {
     std::vector<std::pair<int32_t, float>> bias;
     if (logit_bias) bias.assign(logit_bias->begin(), logit_bias->end());
-    const ember::SamplingParams p = sampling_params_arg(temperature, top_k, top_p, min_p, repeat_penalty,
-                                                        frequency_penalty, presence_penalty, penalty_last_n,
-                                                        std::move(bias), seed);
+    ember::SamplingParams p = sampling_params_arg(temperature, top_k, top_p, min_p, repeat_penalty, frequency_penalty,
+                                                  presence_penalty, penalty_last_n, std::move(bias), seed);
+    p.typical_p = typical_p;
+    p.mirostat = mirostat;
+    p.mirostat_tau = mirostat_tau;
+    p.mirostat_eta = mirostat_eta;
     new (self) ember::Sampler(p);
 }
 
@@ -38,11 +42,13 @@ void init_sampler(ember::Sampler* self, float temperature, int32_t top_k, float 
 void bind_sampling(nb::module_& m) {
     nb::class_<ember::Sampler>(
         m, "Sampler",
-        "Token sampler: logit_bias -> penalties -> top_k -> top_p -> min_p -> temperature -> draw "
-        "(greedy when temperature <= 0). seed 0xFFFFFFFF draws a random seed.")
+        "Token sampler: logit_bias -> penalties -> top_k -> typical_p -> top_p -> min_p -> temperature -> draw "
+        "(greedy when temperature <= 0; mirostat 1 or 2 draws by surprise after the temperature instead of "
+        "the truncations). seed 0xFFFFFFFF draws a random seed.")
         .def("__init__", &init_sampler, "temperature"_a = 0.8f, "top_k"_a = 40, "top_p"_a = 0.95f, "min_p"_a = 0.05f,
              "repeat_penalty"_a = 1.0f, "frequency_penalty"_a = 0.0f, "presence_penalty"_a = 0.0f,
-             "penalty_last_n"_a = 64, "logit_bias"_a = nb::none(), "seed"_a = 0xFFFFFFFFull)
+             "penalty_last_n"_a = 64, "logit_bias"_a = nb::none(), "seed"_a = 0xFFFFFFFFull, "typical_p"_a = 1.0f,
+             "mirostat"_a = 0, "mirostat_tau"_a = 5.0f, "mirostat_eta"_a = 0.1f)
         .def(
             "sample",
             [](ember::Sampler& s, Logits logits, const std::vector<int32_t>& history) {
@@ -57,5 +63,7 @@ void bind_sampling(nb::module_& m) {
         .def_prop_ro("top_k", [](const ember::Sampler& s) { return s.params().top_k; })
         .def_prop_ro("top_p", [](const ember::Sampler& s) { return s.params().top_p; })
         .def_prop_ro("min_p", [](const ember::Sampler& s) { return s.params().min_p; })
-        .def_prop_ro("seed", [](const ember::Sampler& s) { return s.params().seed; });
+        .def_prop_ro("seed", [](const ember::Sampler& s) { return s.params().seed; })
+        .def_prop_ro("typical_p", [](const ember::Sampler& s) { return s.params().typical_p; })
+        .def_prop_ro("mirostat", [](const ember::Sampler& s) { return s.params().mirostat; });
 }

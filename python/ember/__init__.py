@@ -11,6 +11,8 @@ from .sampling_params import SamplingParams  # noqa: E402
 from .outputs import CompletionOutput, Logprob, RequestOutput  # noqa: E402
 from .llm import LLM  # noqa: E402
 from .async_engine import AsyncLLMEngine  # noqa: E402
+from .engine_args import AsyncEngineArgs, EngineArgs  # noqa: E402
+from .version import __version__  # noqa: E402
 
-__all__ = ["Llama", "LLM", "AsyncLLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob",
-           "_ember"]
+__all__ = ["Llama", "LLM", "AsyncLLMEngine", "AsyncEngineArgs", "EngineArgs", "SamplingParams", "RequestOutput",
+           "CompletionOutput", "Logprob", "_ember", "__version__"]

@@ -9,7 +9,7 @@ import threading
 import uuid
 from typing import AsyncIterator, Dict, Optional
 
-from .llm import LLM
+from .llm import LLM, engine_args_kwargs
 from .outputs import RequestOutput
 from .request_state import RequestState
 from .sampling_params import SamplingParams
@@ -20,8 +20,9 @@ class _OutputSlot:
     so a consumer slower than the engine loses nothing by seeing only the newest (vLLM does the
     same); an engine error arrives as the exception to raise."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
+    def __init__(self, loop: asyncio.AbstractEventLoop, cancel):
         self._loop = loop
+        self._cancel = cancel
         self._item = None
         self._ready = asyncio.Event()
 
@@ -30,8 +31,10 @@ class _OutputSlot:
         item = RuntimeError(f"ember engine: {state.error}") if state.error else state.output()
         try:
             self._loop.call_soon_threadsafe(self._set, item)
-        except RuntimeError:
-            pass   # the event loop has closed: nobody awaits this request any more
+        except RuntimeError:   # the event loop has closed: nobody awaits this request any more
+            state.on_update = None
+            if not state.finished:
+                self._cancel(state)
 
     def _set(self, item) -> None:
         self._item = item
@@ -44,6 +47,14 @@ class _OutputSlot:
         if isinstance(item, BaseException):
             raise item
         return item
+
+
+class _Done:
+    """An awaitable that is already done: what abort() returns, so `await engine.abort(id)` and
+    a plain `engine.abort(id)` both work (a coroutine left unawaited would warn)."""
+
+    def __await__(self):
+        return iter(())
 
 
 class AsyncLLMEngine:
@@ -62,6 +73,13 @@ class AsyncLLMEngine:
         # A daemon thread frozen at exit inside a poll would keep the engine's poll lock, and the
         # LLM's __del__ then waits for it forever: stop polling before the interpreter finalizes.
         atexit.register(self._stop_pump)
+
+    @classmethod
+    def from_engine_args(cls, engine_args, **ignored) -> "AsyncLLMEngine":
+        """vLLM's constructor from its AsyncEngineArgs: engine_args is an ember.AsyncEngineArgs,
+        or any object (or dict) whose fields are LLM's keyword arguments; fields left None take
+        LLM's defaults. Keywords such as usage_context are taken and ignored."""
+        return cls(**engine_args_kwargs(engine_args))
 
     @classmethod
     def from_llm(cls, llm: LLM) -> "AsyncLLMEngine":
@@ -112,7 +130,7 @@ class AsyncLLMEngine:
         request_id = request_id if request_id is not None else f"req-{uuid.uuid4().hex}"
         if request_id in self._live:
             raise ValueError(f"request_id {request_id!r} is already running")
-        slot = _OutputSlot(asyncio.get_running_loop())
+        slot = _OutputSlot(asyncio.get_running_loop(), lambda state: self._abandoned(request_id, state))
         state = self._client.submit(request_id, prompt, sampling_params or SamplingParams(), on_update=slot.put)
         self._live[request_id] = state
         try:
@@ -127,11 +145,24 @@ class AsyncLLMEngine:
             if not state.finished:
                 self._client.cancel(state)
 
-    def abort(self, request_id: str) -> None:
+    def _abandoned(self, request_id: str, state: RequestState) -> None:
+        """A request whose event loop closed under it (its generator can never run its cleanup)."""
+        self._live.pop(request_id, None)
+        self._client.cancel(state)
+
+    def abort(self, request_id: str) -> "_Done":
         """Cancels a running request; its generator then yields a last output with finish_reason
-        "abort". Unknown or finished: nothing happens."""
+        "abort". Unknown or finished: nothing happens. The cancel is made at once; the result may
+        be awaited, as vLLM's coroutine is (`await engine.abort(id)`), or dropped."""
         state = self._live.get(request_id)
         if state is not None:
+            self._client.cancel(state)
+        return _Done()
+
+    def abort_all(self) -> None:
+        """Cancels every running request (ember-server at shutdown: open streams end at once,
+        each with a last "abort" chunk, instead of being cut off)."""
+        for state in list(self._live.values()):
             self._client.cancel(state)
 
     def stats(self) -> dict:

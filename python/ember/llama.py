@@ -1,9 +1,13 @@
 """The `Llama` class: llama-cpp-python's high-level API (create_completion, streaming, stop strings,
-logprobs, prefix reuse; embeddings with embedding=True) over ember's Model / Context / Sampler,
-with detokenize.py's text, stop strings and logprobs."""
+logprobs, prefix reuse, chat formats, saved states and caches, scores with logits_all; embeddings
+with embedding=True) over ember's Model / Context / Sampler, with detokenize.py's text, stop
+strings and logprobs."""
 from __future__ import annotations
 
+import collections
 import contextlib
+import glob
+import os
 import sys
 import threading
 import time
@@ -13,9 +17,12 @@ from typing import Dict, Iterator, List, Optional, Sequence, Union
 import numpy as np
 
 from . import _ember
+from . import hf_cache
 from .chat import ChatTemplate, chat_chunks, chat_completion
+from .chat.formats import chat_format_template
 from .detokenize import Detokenizer, completion_logprob_entry, empty_completion_logprobs, log_softmax, piece_text
 from .embedding import POOLING_UNSPECIFIED, embed_tokens, resolve_pooling
+from .llama_state import BaseLlamaCache, LlamaState
 from .options import LLAMA, context_size, fill, resolve, signature
 from .prompt import encode_prompt
 
@@ -92,7 +99,15 @@ class Llama:
         self._ctx = _ember.Context(self._model, fill(_ember.ContextParams(), o, n_ctx=n_ctx, n_batch=self._n_batch))
         self._history: List[int] = []   # the tokens whose KV the context holds, in order
         self._generation = 0             # bumped as each completion starts, to retire stale streams
-        self._chat_template: Optional[ChatTemplate] = None   # read from the GGUF at the first chat
+        self._chat_format = o["chat_format"]
+        if self._chat_format is not None:
+            chat_format_template(self._chat_format)   # an unknown name fails here, not at the first chat
+        self._chat_template: Optional[ChatTemplate] = None   # made at the first chat
+        # logits_all: every evaluated position's logits row is kept (scores, eval_logits), one per
+        # _history token; otherwise only the context's last row is there to read.
+        self._logits_all = o["logits_all"]
+        self._rows: List[np.ndarray] = []
+        self.cache: Optional[BaseLlamaCache] = None
         if self.verbose:
             m = self._model
             print(f"ember: loaded {self.model_path} (arch {m.arch}, {m.n_layer} layers, n_embd {m.n_embd}, "
@@ -100,6 +115,31 @@ class Llama:
                   f"(KV cache K {type_k}, V {type_v}) in {time.perf_counter() - t0:.2f} s", file=sys.stderr)
 
     __init__.__signature__ = signature(LLAMA, __init__)
+
+    @classmethod
+    def from_pretrained(cls, repo_id: str, filename: str, local_dir: Optional[str] = None,
+                        cache_dir: Optional[str] = None, revision: str = "main", **kwargs) -> "Llama":
+        """llama-cpp-python's: the GGUF filename (a name or a glob such as "*q4_k_m.gguf") of the
+        Hugging Face repository repo_id, from the local Hugging Face cache (cache_dir: another
+        cache folder; local_dir: a folder holding the file itself). ember downloads nothing: a file
+        not there raises FileNotFoundError saying how to fetch it. kwargs: as Llama's."""
+        if local_dir is not None:
+            matches = sorted(glob.glob(os.path.join(glob.escape(str(local_dir)), filename)))
+            if len(matches) != 1:
+                raise FileNotFoundError(f"from_pretrained: {len(matches)} files match {filename!r} in {local_dir}")
+            return cls(matches[0], **kwargs)
+        return cls(hf_cache.resolve(repo_id, filename, cache_dir, revision), **kwargs)
+
+    @property
+    def metadata(self) -> Dict[str, str]:
+        """The GGUF's metadata as llama-cpp-python gives it: {key: value as a string}, arrays
+        (the vocabulary, merges) left out."""
+        out = {}
+        for key, value in _ember.GGUFFile(self.model_path).metadata().items():
+            if isinstance(value, list):
+                continue
+            out[key] = str(value).lower() if isinstance(value, bool) else str(value)
+        return out
 
     # ---- lifecycle -------------------------------------------------------------------------
     def close(self) -> None:
@@ -154,6 +194,78 @@ class Llama:
     def input_ids(self) -> np.ndarray:
         return np.asarray(self._history, dtype=np.int32)
 
+    @property
+    def scores(self) -> np.ndarray:
+        """The logits rows of the context's tokens, [n_tokens, n_vocab]: every row with
+        logits_all=True, else the last row alone (the others NaN), as llama-cpp-python keeps them."""
+        n, n_vocab = len(self._history), self.n_vocab()
+        if self._logits_all:
+            return np.stack(self._rows) if self._rows else np.zeros((0, n_vocab), np.float32)
+        out = np.full((n, n_vocab), np.nan, np.float32)
+        if n:
+            out[n - 1] = self._context().logits()
+        return out
+
+    @property
+    def eval_logits(self) -> "collections.deque":
+        """llama-cpp-python's deque of logits rows (lists): each token's with logits_all=True, else
+        the last one's."""
+        rows = self._rows if self._logits_all else ([self._context().logits()] if self._history else [])
+        return collections.deque((r.tolist() for r in rows), maxlen=self.n_ctx() if self._logits_all else 1)
+
+    # ---- saved states and caches ------------------------------------------------------------
+    def save_state(self) -> LlamaState:
+        """The context's state (picklable): its tokens, their logits rows, the seed."""
+        with self._lock.hold():
+            scores = self.scores.copy() if self._history else None
+            return LlamaState(input_ids=np.asarray(self._history, dtype=np.int32), scores=scores,
+                              n_tokens=len(self._history), seed=self._seed)
+
+    def load_state(self, state: LlamaState) -> None:
+        """Makes the context hold state's tokens again (on this or another Llama of the same model):
+        the tokens past what the context holds of them already are evaluated."""
+        if not isinstance(state, LlamaState):
+            raise TypeError(f"load_state: expected a LlamaState (from save_state), got {type(state).__name__}")
+        tokens = [int(t) for t in state.input_ids[:state.n_tokens]]
+        if any(t < 0 or t >= self.n_vocab() for t in tokens):
+            raise ValueError(f"load_state: the state holds token ids outside this model's vocabulary ({self.n_vocab()})"
+                             f": it was saved from another model")
+        with self._lock.hold():
+            self._generation += 1   # a stream running on the old context is abandoned
+            self._restore(tokens)
+            self._seed = state.seed
+
+    def _restore(self, tokens: List[int]) -> None:
+        if tokens:
+            self._load_prompt(tokens, logits_all=False)
+        else:
+            self._context().truncate(0)
+            self._history, self._rows = [], []
+
+    def set_cache(self, cache: Optional[BaseLlamaCache]) -> None:
+        """llama-cpp-python's prompt cache (LlamaRAMCache, LlamaDiskCache; None: off): each
+        completion's state is stored in it, and a prompt starts from the cached state sharing the
+        most tokens with it when that is more than the context holds."""
+        if cache is not None and not isinstance(cache, BaseLlamaCache):
+            raise TypeError(f"set_cache: expected a LlamaRAMCache or LlamaDiskCache, got {type(cache).__name__}")
+        self.cache = cache
+
+    def _from_cache(self, prompt_tokens: List[int]) -> None:
+        try:
+            state = self.cache[prompt_tokens]
+        except KeyError:
+            return
+        def shared(ids):
+            n = 0
+            for a, b in zip(ids, prompt_tokens[:-1]):
+                if a != b:
+                    break
+                n += 1
+            return n
+        n = shared([int(t) for t in state.input_ids[:state.n_tokens]])
+        if n > shared(self._history):
+            self._restore([int(t) for t in state.input_ids[:n]])
+
     # ---- tokens ----------------------------------------------------------------------------
     def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> List[int]:
         self._context()
@@ -171,6 +283,7 @@ class Llama:
         with self._lock.hold():
             self._context().truncate(0)
             self._history = []
+            self._rows = []
 
     def eval(self, tokens: Sequence[int]) -> None:
         """Appends tokens to the context (ValueError past n_ctx), n_batch at a time. An exception
@@ -189,16 +302,19 @@ class Llama:
             raise ValueError(f"Requested tokens ({len(self._history) + len(tokens)}) exceed context "
                              f"window of {ctx.n_ctx}")
         rows = []
+        every_row = logits_all or self._logits_all
         for start in range(0, len(tokens), self._n_batch):
             chunk = tokens[start:start + self._n_batch]
             try:
-                ctx.eval(chunk, logits_all)
+                ctx.eval(chunk, every_row)
                 self._history.extend(chunk)
             except BaseException:
                 ctx.truncate(len(self._history))   # a failed chunk leaves the context as it was before it
                 raise
-            if logits_all:
+            if every_row:
                 rows.append(ctx.all_logits())
+                if self._logits_all:
+                    self._rows.extend(rows[-1])
         return np.concatenate(rows) if logits_all else None
 
     def _load_prompt(self, prompt_tokens: List[int], logits_all: bool) -> Optional[np.ndarray]:
@@ -206,12 +322,16 @@ class Llama:
         what it holds; the last prompt token is always evaluated, to get its logits. Returns
         the logits of every prompt token when logits_all."""
         common = 0
-        if not logits_all:
+        if not logits_all or self._logits_all:   # with logits_all=True the held rows are reused too
             limit = min(len(self._history), len(prompt_tokens) - 1)
             while common < limit and self._history[common] == prompt_tokens[common]:
                 common += 1
         self._context().truncate(common)
         del self._history[common:]
+        del self._rows[common:]
+        if logits_all and self._logits_all:
+            self._eval(prompt_tokens[common:], logits_all=False)
+            return np.stack(self._rows[:len(prompt_tokens)])
         return self._eval(prompt_tokens[common:], logits_all)
 
     # ---- embeddings ------------------------------------------------------------------------
@@ -232,7 +352,7 @@ class Llama:
         out, n_tokens = [], 0
         with self._lock.hold():
             # The context is the embedding's scratch: what it held is gone afterwards.
-            self._history = []
+            self._history, self._rows = [], []
             for text in texts:
                 tokens = self.tokenize(text.encode("utf-8"), add_bos=True, special=False)
                 if not tokens:
@@ -273,15 +393,16 @@ class Llama:
                           stop: Optional[Union[str, List[str]]] = None, frequency_penalty: float = 0.0,
                           presence_penalty: float = 0.0, repeat_penalty: float = 1.0, top_k: int = 40,
                           stream: bool = False, seed: Optional[int] = None, logprobs: Optional[int] = None,
-                          logit_bias: Optional[Dict[int, float]] = None, model: Optional[str] = None):
+                          logit_bias: Optional[Dict[int, float]] = None, model: Optional[str] = None,
+                          mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1):
         """Generates text from a prompt (str or token ids). Returns llama-cpp-python's completion
-        dict, or an iterator of its chunk dicts when stream=True."""
+        dict, or an iterator of its chunk dicts when stream=True. mirostat_mode 1 or 2 samples by
+        mirostat (target surprise mirostat_tau, learning rate mirostat_eta) after the penalties
+        and the temperature, instead of top_k / typical_p / top_p / min_p."""
         ctx = self._context()
         if self._embedding:
             raise RuntimeError("Llama: this model was created with embedding=True, which computes embeddings "
                                "instead of logits; create another Llama without it to generate text")
-        if typical_p != 1.0:
-            raise ValueError(f"typical_p={typical_p} is not supported by ember (only 1.0)")
         if logprobs is not None and int(logprobs) < 0:
             raise ValueError(f"logprobs must be None or >= 0, got {logprobs}")
         prompt_tokens = encode_prompt(self._tok, prompt)
@@ -306,7 +427,8 @@ class Llama:
                                  repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                                  presence_penalty=presence_penalty, penalty_last_n=self._last_n,
                                  logit_bias={int(k): float(v) for k, v in (logit_bias or {}).items()},
-                                 seed=seed)
+                                 seed=seed, typical_p=typical_p, mirostat=mirostat_mode, mirostat_tau=mirostat_tau,
+                                 mirostat_eta=mirostat_eta)
         gen = _Generation(
             id=f"cmpl-{uuid.uuid4()}", created=int(time.time()), model=model or self.model_path,
             prompt_tokens=prompt_tokens, prompt_text=prompt_text, max_tokens=max_tokens, stops=stops,
@@ -337,20 +459,25 @@ class Llama:
                                max_tokens: Optional[int] = None, presence_penalty: float = 0.0,
                                frequency_penalty: float = 0.0, repeat_penalty: float = 1.0,
                                model: Optional[str] = None, logit_bias: Optional[Dict[int, float]] = None,
-                               logprobs: Optional[bool] = None, top_logprobs: Optional[int] = None):
+                               logprobs: Optional[bool] = None, top_logprobs: Optional[int] = None,
+                               mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1):
         """llama-cpp-python's create_chat_completion: the messages rendered by the GGUF's chat
-        template (as ember-server renders them; tools are passed to it), then create_completion.
+        template, or chat_format's when the Llama was made with one (as ember-server renders them;
+        tools are passed to it), then create_completion.
         Returns a chat.completion dict, or an iterator of chat.completion.chunk dicts when
         stream=True. max_tokens None: until the end of generation or a full context."""
+        self._context()   # after close(): the ValueError every method raises
         if self._chat_template is None:   # two threads racing here build the same template
-            self._chat_template = ChatTemplate.for_model(self.model_path, self._tok)
+            source = chat_format_template(self._chat_format) if self._chat_format else None
+            self._chat_template = ChatTemplate.for_model(self.model_path, self._tok, source=source)
         prompt = self._chat_template.render(messages, tools=tools)
         tokens = self.tokenize(prompt, add_bos=self._chat_template.add_bos(prompt), special=True)
         result = self.create_completion(
             tokens, max_tokens=max_tokens, temperature=temperature, top_p=top_p, min_p=min_p,
             typical_p=typical_p, stop=stop, frequency_penalty=frequency_penalty,
             presence_penalty=presence_penalty, repeat_penalty=repeat_penalty, top_k=top_k, stream=stream,
-            seed=seed, logprobs=(top_logprobs or 0) if logprobs else None, logit_bias=logit_bias, model=model)
+            seed=seed, logprobs=(top_logprobs or 0) if logprobs else None, logit_bias=logit_bias, model=model,
+            mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta)
         return chat_chunks(result) if stream else chat_completion(result)
 
     def _prompt_logprobs(self, gen: _Generation, all_logits: np.ndarray) -> dict:
@@ -380,6 +507,8 @@ class Llama:
         self._generation += 1
         gen.generation = self._generation
         want_lp = gen.n_logprobs is not None
+        if self.cache is not None:
+            self._from_cache(gen.prompt_tokens)
         prompt_logits = self._load_prompt(gen.prompt_tokens, logits_all=gen.echo and want_lp)
         base = len(gen.prompt_text)
         if gen.echo:
@@ -434,6 +563,8 @@ class Llama:
             gen.finish_reason = "stop"
         if len(detok.text) > emitted or (want_lp and reported < len(gen.records)):
             yield take(len(detok.text), everything=not detok.stopped)
+        if self.cache is not None:
+            self.cache[self._history] = self.save_state()
         if gen.suffix:
             yield gen.suffix, None
 

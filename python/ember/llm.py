@@ -14,6 +14,10 @@ from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 from .hf_tokenizer import HFTokenizer
 from .options import LLM as _FRONT_END, context_size, fill, resolve, signature
+from .engine_args import (check_dtype, check_parallel, engine_args_kwargs, host_tier_mb, kv_mb_for_utilization,
+                          kv_types_from_dtype, note_ignored)
+
+__all__ = ["LLM", "engine_args_kwargs"]
 
 
 def _prompt_list(prompts) -> list:
@@ -38,7 +42,11 @@ class LLM:
     blocks are kept in; offload_kqv=False keeps the KV in host memory, with kv_gpu_cache_mb MiB of
     GPU memory caching its blocks; type_k / type_v take what Llama takes (ggml type ids or "f16",
     "f32", "q8_0"); seed makes the requests without a seed of their own reproducible. vLLM's
-    spellings model= (for model_path) and max_model_len= (for n_ctx) are taken too."""
+    spellings model= (for model_path) and max_model_len= (for n_ctx) are taken too, and vLLM's engine
+    arguments where ember has their meaning: gpu_memory_utilization (with blocks on the GPU and no
+    kv_mb, the KV pool fills that share of the GPU's memory), kv_cache_dtype, swap_space (GiB of
+    host tier), dtype (checked against the file), tensor_parallel_size (1) and trust_remote_code
+    (ignored, with a note)."""
 
     def __init__(self, model_path: Optional[str] = None, *, model: Optional[str] = None,
                  max_model_len: Optional[int] = None, **kwargs):
@@ -52,9 +60,18 @@ class LLM:
         if max_model_len is not None:
             kwargs["n_ctx"] = max_model_len
         o = resolve(_FRONT_END, kwargs)
+        check_parallel(o["tensor_parallel_size"])
+        note_ignored(kwargs)
+        o.update(kv_types_from_dtype(o["kv_cache_dtype"], kwargs))
+        o.update(host_tier_mb(o["swap_space"], kwargs))
         self.model_path = str(model_path if model is None else model)
+        check_dtype(o["dtype"], _ember.GGUFFile(self.model_path).get_uint("general.file_type", 2**32 - 1))
         t0 = time.perf_counter()
         loaded = _ember.Model(self.model_path, fill(_ember.ModelParams(), o))
+        if o["gpu_memory_utilization"] is not None and not o["kv_mb"]:
+            n_gpu = loaded.n_gpu_layers
+            o["kv_mb"] = kv_mb_for_utilization(o["gpu_memory_utilization"], loaded.n_layer if n_gpu < 0 else n_gpu,
+                                               loaded.n_layer, o["main_gpu"])
         engine = _ember.Engine(loaded, fill(_ember.EngineParams(), o, n_ctx=context_size(loaded, o["n_ctx"])))
         self._ids = itertools.count()
         self._model = loaded   # the loaded weights, which an embedding context may share (ember-server)
@@ -165,8 +182,10 @@ class LLM:
 
     def close(self) -> None:
         """Stops the engine; requests still running end with "abort". Unusable afterwards."""
-        if self._client is not None:
-            self._client.close()
+        # getattr: __del__ also runs on an LLM whose __init__ was never entered (bad arguments).
+        client = getattr(self, "_client", None)
+        if client is not None:
+            client.close()
 
     def __enter__(self) -> "LLM":
         return self

@@ -97,6 +97,7 @@ class Option:
     env: Optional[str] = None
     choices: Optional[Tuple[Any, ...]] = None
     minimum: Optional[float] = None
+    maximum: Optional[float] = None
     fields: Tuple[str, ...] = ()
     field: Optional[str] = None
     metavar: Optional[str] = None
@@ -115,6 +116,8 @@ class Option:
             raise ValueError(f"must be one of {', '.join(map(str, self.choices))}")
         if self.minimum is not None and value < self.minimum:
             raise ValueError(f"must be >= {self.minimum:g}")
+        if self.maximum is not None and value > self.maximum:
+            raise ValueError(f"must be <= {self.maximum:g}")
         return value
 
 
@@ -131,6 +134,8 @@ _OPTIONS = (
     Option("use_mmap", "model", "read CPU-resident weights from the file mapping (0: copy them into huge-page "
            "host memory at load)", _boolean, True, flags=("-mmp", "--mmap"), negative=("--no-mmap",),
            fields=(_MOD,)),
+    Option("dtype", "model", "vLLM's compute type, checked against the file: auto, or the float type an unquantized "
+           "GGUF holds (float16, bfloat16, float32)", default="auto", flags=("--dtype",)),
     Option("verbose", "model", "print a load summary to stderr", _boolean, False, {LLAMA: True},
            flags=("-v", "--verbose")),
     # ---- context ----
@@ -146,6 +151,10 @@ _OPTIONS = (
            _boolean, False, fields=(_CTX,), field="embeddings"),
     Option("pooling_type", "context", "pooling of embeddings: 0 none, 1 mean, 2 cls, 3 last (-1: the GGUF's "
            "{arch}.pooling_type)", _integer, POOLING_UNSPECIFIED, minimum=-1),
+    Option("logits_all", "context", "keep the logits of every evaluated token (Llama.scores, eval_logits), not only "
+           "the last one's", _boolean, False),
+    Option("chat_format", "context", "the chat prompt format of create_chat_completion: chatml, llama-2, llama-3, "
+           "mistral-instruct, gemma, qwen, zephyr, vicuna", unset="the GGUF's tokenizer.chat_template"),
     Option("last_n_tokens_size", "context", "recent tokens the repeat penalty looks at", _integer, 64, minimum=0),
     # ---- KV cache ----
     Option("type_k", "KV cache", "KV cache type of K", kv_type, "f16", flags=("-ctk", "--cache-type-k"),
@@ -163,7 +172,17 @@ _OPTIONS = (
     Option("kv_host_mb", "KV cache", "MiB of host memory for the KV host tier: preempted sequences swap out to it "
            "and evicted prefix-cache blocks stay in it (0: none; docs/engine.md)", _number, 0.0,
            flags=("--kv-host-mb",), minimum=0, fields=(_ENG,), metavar="MIB"),
+    Option("kv_cache_dtype", "KV cache", "vLLM's name for the KV cache type: auto (type_k / type_v), fp16, "
+           "float32 or q8_0", default="auto", flags=("--kv-cache-dtype",)),
+    Option("swap_space", "KV cache", "GiB of host memory for the KV host tier (vLLM's name; kv_host_mb in GiB)",
+           _number, None, flags=("--swap-space",), minimum=0, metavar="GIB", unset="kv_host_mb"),
+    Option("gpu_memory_utilization", "KV cache", "share of the GPU's memory this process may fill: with blocks on "
+           "the GPU and no kv_mb, the KV pool takes what the weights leave of it (docs/engine.md)", _number, None,
+           {SERVER: 0.9}, flags=("--gpu-memory-utilization",), minimum=0.01, maximum=1.0, metavar="FRACTION",
+           unset="kv_mb's default pool"),
     # ---- engine ----
+    Option("tensor_parallel_size", "engine", "GPUs one model is split over (vLLM's; ember runs one: 1)", _integer, 1,
+           flags=("-tp", "--tensor-parallel-size"), minimum=1, metavar="N"),
     Option("max_num_seqs", "engine", "sequences decoded at once; more requests wait", _integer, 64,
            flags=("-np", "--max-num-seqs", "--parallel"), minimum=1, fields=(_ENG,), metavar="N"),
     Option("max_num_batched_tokens", "engine", "tokens of one forward step, prompt chunks and decodes together",
@@ -209,26 +228,29 @@ OPTIONS: Dict[str, Option] = {o.name: o for o in _OPTIONS}
 # test sizes), which no other front end shares.
 _LOAD = ("n_gpu_layers", "main_gpu", "use_mmap")
 _KV = ("type_k", "type_v", "offload_kqv", "kv_gpu_cache_mb")
+_VLLM = ("dtype", "kv_cache_dtype", "swap_space", "gpu_memory_utilization", "tensor_parallel_size")
 FRONT_ENDS: Dict[str, Tuple[str, ...]] = {
     LLAMA: (*_LOAD, "verbose", "n_ctx", "n_batch", "n_threads", "kv_block_size", "embedding", "pooling_type",
-            "last_n_tokens_size", *_KV, "seed"),
-    LLM: (*_LOAD, "verbose", "n_ctx", "n_threads", "kv_block_size", *_KV, "kv_mb", "kv_host_mb", "max_num_seqs",
-          "max_num_batched_tokens", "enable_prefix_caching", "deterministic", "seed"),
+            "logits_all", "chat_format", "last_n_tokens_size", *_KV, "seed"),
+    LLM: (*_LOAD, "verbose", "n_ctx", "n_threads", "kv_block_size", *_KV, "kv_mb", "kv_host_mb", *_VLLM,
+          "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "deterministic", "seed"),
     EMBER: ("model", *_LOAD, "verbose", "n_ctx", "n_batch", "n_threads", *_KV, "seed", "temperature", "top_k",
             "top_p", "min_p", "repeat_penalty"),
     BENCH: ("model", *_LOAD, "n_batch", "n_threads", *_KV, "deterministic"),
     PERPLEXITY: ("model", *_LOAD, "n_ctx", "n_batch", "n_threads", *_KV),
-    SERVER: ("model", *_LOAD, "n_ctx", "n_threads", *_KV, "kv_mb", "kv_host_mb", "max_num_seqs",
+    SERVER: ("model", *_LOAD, "n_ctx", "n_threads", *_KV, "kv_mb", "kv_host_mb", *_VLLM, "max_num_seqs",
              "max_num_batched_tokens", "enable_prefix_caching", "deterministic", "host", "port", "api_key",
              "chat_template", "alias", "max_queue", "pooling", "tool_call_parser"),
     QUANTIZE: ("n_threads",),
 }
 
 # llama-cpp-python's Llama arguments that change nothing in ember (flash attention and NUMA are not
-# separate modes here, chat formatting is not applied by create_completion): taken so that
+# separate modes here, mlock and the thread / batch splits have no counterpart): taken so that
 # existing code ports unchanged.
-IGNORED = {LLAMA: frozenset({"use_mlock", "logits_all", "n_threads_batch", "n_ubatch", "numa", "flash_attn",
-                             "chat_format"})}
+IGNORED = {LLAMA: frozenset({"use_mlock", "n_threads_batch", "n_ubatch", "numa", "flash_attn"}),
+           # vLLM's that do nothing here (trust_remote_code says so on stderr): a GGUF carries its own
+           # tokenizer and runs no code; ember has no eager / graph switch or stats logger to turn off.
+           LLM: frozenset({"trust_remote_code", "tokenizer", "enforce_eager", "disable_log_stats"})}
 
 
 def kv_cache_types(type_k=None, type_v=None) -> Tuple[str, str]:

@@ -1,5 +1,6 @@
 // The token sampler (include/ember/sampling.h): parameter checks and the sampling chain
-// logit_bias -> penalties -> (greedy | top_k -> top_p -> min_p -> temperature -> softmax -> draw).
+// logit_bias -> penalties -> (greedy | top_k -> typical -> top_p -> min_p -> temperature -> softmax
+// -> draw | temperature -> mirostat v1 or v2).
 #include "ember/sampling.h"
 
 #include <algorithm>
@@ -35,6 +36,12 @@ void validate(const SamplingParams& p) {
     if (!std::isfinite(p.frequency_penalty))
         fail("sampling: frequency_penalty must be finite, got ", p.frequency_penalty);
     if (!std::isfinite(p.presence_penalty)) fail("sampling: presence_penalty must be finite, got ", p.presence_penalty);
+    if (!(p.typical_p > 0.0f)) fail("sampling: typical_p must be > 0 (>= 1: off), got ", p.typical_p);
+    if (p.mirostat < 0 || p.mirostat > 2) fail("sampling: mirostat must be 0 (off), 1 or 2, got ", p.mirostat);
+    if (!(p.mirostat_tau > 0.0f) || !std::isfinite(p.mirostat_tau))
+        fail("sampling: mirostat_tau must be a finite number > 0, got ", p.mirostat_tau);
+    if (!(p.mirostat_eta > 0.0f) || !std::isfinite(p.mirostat_eta))
+        fail("sampling: mirostat_eta must be a finite number > 0, got ", p.mirostat_eta);
     if (p.penalty_last_n < -1)
         fail("sampling: penalty_last_n must be >= -1 (-1 = whole history), got ", p.penalty_last_n);
     for (const auto& [id, bias] : p.logit_bias) {
@@ -102,6 +109,7 @@ size_t top_p_unsorted(std::vector<std::pair<float, int32_t>>& cand, size_t n, fl
 
 Sampler::Sampler(const SamplingParams& params) : params_(params) {
     validate(params_);
+    mu_ = 2.0f * params_.mirostat_tau;
     if (params_.seed == kRandomSeed) {
         std::random_device rd;
         rng_.seed((static_cast<uint64_t>(rd()) << 32) ^ rd());
@@ -178,6 +186,7 @@ int32_t Sampler::sample(const float* logits, int32_t n_vocab, const std::vector<
     // too small for 1/temperature to be finite.
     const float inv_t = 1.0f / p.temperature;
     if (p.temperature <= 0.0f || max_logit == kInf || !std::isfinite(inv_t)) return best->second;
+    if (p.mirostat != 0) return sample_mirostat(max_logit, inv_t);
 
     // Truncation. `sorted` tracks whether cand_[0..n) is in descending order.
     size_t n = cand_.size();
@@ -186,6 +195,40 @@ int32_t Sampler::sample(const float* logits, int32_t n_vocab, const std::vector<
         n = static_cast<size_t>(p.top_k);
         std::partial_sort(cand_.begin(), cand_.begin() + n, cand_.end(), higher);
         sorted = true;
+    }
+
+    if (p.typical_p < 1.0f) {
+        // Locally typical: keep the tokens whose surprise is closest to the entropy, up to
+        // typical_p of the mass (probabilities at temperature 1), then back in logit order.
+        if (!sorted) {
+            std::sort(cand_.begin(), cand_.begin() + n, higher);
+            sorted = true;
+        }
+        std::vector<double> prob(n);
+        double total = 0.0;
+        for (size_t i = 0; i < n; ++i) total += prob[i] = weight(cand_[i].first, max_logit, 1.0f);
+        double entropy = 0.0;
+        for (size_t i = 0; i < n; ++i) {
+            prob[i] /= total;
+            if (prob[i] > 0.0) entropy -= prob[i] * std::log(prob[i]);
+        }
+        std::vector<size_t> order(n);
+        for (size_t i = 0; i < n; ++i) order[i] = i;
+        auto distance = [&](size_t i) {
+            return prob[i] > 0.0 ? std::abs(-std::log(prob[i]) - entropy) : std::numeric_limits<double>::infinity();
+        };
+        std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return distance(a) < distance(b); });
+        size_t kept = 0;
+        double cum = 0.0;
+        while (kept < n) {
+            cum += prob[order[kept++]];
+            if (cum >= p.typical_p) break;
+        }
+        std::vector<std::pair<float, int32_t>> typical(kept);
+        for (size_t i = 0; i < kept; ++i) typical[i] = cand_[order[i]];
+        std::sort(typical.begin(), typical.end(), higher);
+        std::copy(typical.begin(), typical.end(), cand_.begin());
+        n = kept;
     }
 
     // p_i >= min_p * p_max  <=>  logit_i >= max_logit + log(min_p); the best token always stays.
@@ -230,6 +273,59 @@ int32_t Sampler::sample(const float* logits, int32_t n_vocab, const std::vector<
         if (u < cum) return cand_[i].second;
     }
     return cand_[last].second;   // u landed on the rounding slack at the very top
+}
+
+int32_t Sampler::sample_mirostat(float max_logit, float inv_t) {
+    const SamplingParams& p = params_;
+    std::sort(cand_.begin(), cand_.end(), higher);
+    size_t n = cand_.size();
+    std::vector<double> prob(n);
+    auto normalize = [&](size_t count) {
+        double total = 0.0;
+        for (size_t i = 0; i < count; ++i) total += prob[i] = weight(cand_[i].first, max_logit, inv_t);
+        for (size_t i = 0; i < count; ++i) prob[i] /= total;
+    };
+    normalize(n);
+    if (p.mirostat == 1) {
+        // Estimate the Zipf exponent s from the top m tokens, then keep the k tokens whose
+        // expected surprise is mu (the paper's formula, as llama.cpp has it).
+        constexpr size_t kM = 100;
+        double sum_tb = 0.0, sum_tt = 0.0;
+        for (size_t i = 0; i + 1 < std::min(kM, n); ++i) {
+            if (!(prob[i] > 0.0 && prob[i + 1] > 0.0)) break;
+            const double t = std::log((i + 2.0) / (i + 1.0));
+            sum_tb += t * std::log(prob[i] / prob[i + 1]);
+            sum_tt += t * t;
+        }
+        const double s_hat = sum_tt > 0.0 ? sum_tb / sum_tt : 1.0;
+        const double eps = s_hat - 1.0;
+        // (eps and 1 - n^-eps share their sign, so k > 0 either side of s_hat = 1.)
+        double k = eps != 0.0 && s_hat > 0.0
+                       ? std::pow(eps * std::pow(2.0, mu_) / (1.0 - std::pow(static_cast<double>(n), -eps)),
+                                  1.0 / s_hat)
+                       : static_cast<double>(n);
+        if (!std::isfinite(k)) k = static_cast<double>(n);
+        n = std::clamp<size_t>(static_cast<size_t>(k), 1, n);
+    } else {
+        // Drop the tokens more surprising than mu (the most likely always stays).
+        size_t kept = 1;
+        while (kept < n && -std::log2(prob[kept]) <= mu_) ++kept;
+        n = kept;
+    }
+    normalize(n);
+    const double u = uniform01(rng_);
+    double cum = 0.0;
+    size_t pick = n - 1;
+    for (size_t i = 0; i < n; ++i) {
+        cum += prob[i];
+        if (u < cum) {
+            pick = i;
+            break;
+        }
+    }
+    const double surprise = -std::log2(prob[pick]);
+    mu_ -= p.mirostat_eta * static_cast<float>(surprise - p.mirostat_tau);
+    return cand_[pick].second;
 }
 
 }  // namespace ember

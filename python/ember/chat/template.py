@@ -117,7 +117,7 @@ class ChatTemplate:
         reach the template as an object, as Hugging Face templates expect. ChatTemplateError when
         the template raises or fails on these messages."""
         variables = {"bos_token": self.bos_token, "eos_token": self.eos_token, **kwargs}
-        variables.update(messages=arguments_as_objects(messages), tools=tools, documents=documents,
+        variables.update(messages=arguments_as_objects(messages, self.source), tools=tools, documents=documents,
                          add_generation_prompt=add_generation_prompt)
         try:
             return self._template.render(**variables)

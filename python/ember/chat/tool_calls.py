@@ -151,12 +151,42 @@ class ToolCallParser:
         return calls if calls and all(calls) else []
 
 
-def arguments_as_objects(messages: list) -> list:
-    """Messages with each assistant tool call's `arguments` JSON string read into an object, the
-    form Hugging Face chat templates expect (OpenAI clients send the string). Strings that are not
-    JSON objects stay as they are."""
+def spell_calls(style: str, calls: list) -> str:
+    """Tool calls (OpenAI's objects, arguments as objects or JSON strings) written in a style's own
+    syntax, as the model would have written them."""
+    objects = []
+    for c in calls:
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict):
+            continue
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except json.JSONDecodeError:
+                pass
+        objects.append({"name": fn.get("name"), "arguments": args if args is not None else {}})
+    if style == "hermes":
+        return "\n".join(f"{HERMES_OPEN}\n{json.dumps(o, ensure_ascii=False)}\n{HERMES_CLOSE}" for o in objects)
+    if style == "mistral":
+        return MISTRAL_MARK + json.dumps(objects, ensure_ascii=False)
+    return "; ".join(json.dumps({"name": o["name"], "parameters": o["arguments"]}, ensure_ascii=False)
+                     for o in objects)
+
+
+def arguments_as_objects(messages: list, template_source: Optional[str] = None) -> list:
+    """Messages as Hugging Face chat templates expect them: each assistant tool call's `arguments`
+    JSON string (what OpenAI clients send) read into an object (strings that are not JSON objects
+    stay as they are), and a null `content` (an assistant turn of tool calls alone, as the SDKs
+    send it back) as "", since templates concatenate it. Given the template's source, a template
+    that never reads `tool_calls` gets the calls written into the content in the syntax it
+    teaches, so the model still sees what it called (llama-server does the same)."""
+    renders_calls = template_source is None or "tool_calls" in template_source
     out = []
     for m in messages:
+        if not isinstance(m, dict):
+            out.append(m)
+            continue
         calls = m.get("tool_calls")
         if isinstance(calls, list):
             fixed = []
@@ -171,5 +201,11 @@ def arguments_as_objects(messages: list) -> list:
                         c = dict(c, function=dict(fn, arguments=args))
                 fixed.append(c)
             m = dict(m, tool_calls=fixed)
+            if not renders_calls and fixed:
+                style = ToolCallParser.for_template(template_source).style
+                text = m.get("content") or ""
+                m["content"] = (text + "\n" if text else "") + spell_calls(style, fixed)
+        if "content" in m and m["content"] is None:
+            m = dict(m, content="")
         out.append(m)
     return out
