@@ -4,14 +4,14 @@ import numpy as np
 
 
 def kv_round(x, kv_type):
-    """x [rows, width] as a KV cache of kv_type ("f32", "f16", "q8_0") holds it (q8_0: ggml's
-    quantize_row_q8_0 and back, through the gguf package)."""
+    """x [rows, width] as a KV cache of kv_type ("f32", "f16", "bf16", "q8_0") holds it (bf16 and
+    q8_0: ggml's rounding and back, through the gguf package)."""
     if kv_type == "f32":
         return x
     if kv_type == "f16":
         return x.astype(np.float16).astype(np.float32)
-    q8 = gguf.GGMLQuantizationType.Q8_0
-    return gguf.quants.dequantize(gguf.quants.quantize(x, q8), q8).reshape(x.shape)
+    t = {"bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[kv_type]
+    return gguf.quants.dequantize(gguf.quants.quantize(x, t), t).reshape(x.shape).astype(np.float32)
 
 
 def rmsnorm(x, gamma, eps):
@@ -79,13 +79,71 @@ def gelu_tanh(g):
     return 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))
 
 
+def swiglu_clamped(g, u):
+    """gpt-oss's: min(g, 7) * sigmoid(1.702 min(g, 7)) * (clamp(u, -7, 7) + 1)."""
+    g = np.minimum(g.astype(np.float64), 7.0)
+    return g / (1 + np.exp(-1.702 * g)) * (np.clip(u.astype(np.float64), -7.0, 7.0) + 1)
+
+
 def gated_act(g, u, act="silu"):
+    if act == "swiglu_clamped":
+        return swiglu_clamped(g, u)
     return {"silu": silu, "gelu_tanh": gelu_tanh}[act](g) * u
 
 
-def attention(q, k_all, v_all, pos, n_head, n_head_kv, head_dim, window=0):
+def moe_route(logits, n_used, gating="softmax", norm_topk=False, weight_scale=1.0, selection_bias=None):
+    """Each row's experts (descending selection score, ties to the lower index) and weights."""
+    logits = np.asarray(logits, dtype=np.float64)
+    ids, weights = [], []
+    for row in logits:
+        if gating == "sigmoid":
+            score = 1 / (1 + np.exp(-row))
+            choose = score + (0.0 if selection_bias is None else np.asarray(selection_bias, np.float64))
+        else:
+            score = np.exp(row - row.max())
+            score, choose = score / score.sum(), row
+        top = sorted(range(len(row)), key=lambda e: (-choose[e], e))[:n_used]
+        w = score[top]
+        if gating == "topk_softmax":
+            w = np.exp(row[top] - row[top].max())
+            w = w / w.sum()
+        if norm_topk:
+            w = w / w.sum()
+        ids.append(top)
+        weights.append(w * weight_scale)
+    return np.array(ids, dtype=np.int32), np.array(weights)
+
+
+def moe(x, router, gate, up, down, n_used, gating="softmax", norm_topk=False, weight_scale=1.0, act="silu",
+        router_bias=None, selection_bias=None, gate_bias=None, up_bias=None, down_bias=None, shared=None,
+        shared_gate_inp=None):
+    """The mixture's feed-forward on normed rows x [n_tok, n_embd] with dequantized weights: router
+    [n_expert, n_embd]; gate, up [n_expert, n_ff, n_embd]; down [n_expert, n_embd, n_ff]; biases
+    [n_expert, width]; shared (gate, up, down) of the shared expert, scaled by sigmoid(shared_gate_inp
+    . x) where given."""
+    x = np.asarray(x, dtype=np.float64)
+    logits = x @ np.asarray(router, np.float64).T + (0.0 if router_bias is None else router_bias)
+    chosen, weights = moe_route(logits, n_used, gating, norm_topk, weight_scale, selection_bias)
+    out = np.zeros_like(x)
+    for t in range(len(x)):
+        for e, w in zip(chosen[t], weights[t]):
+            g = gate[e].astype(np.float64) @ x[t] + (0.0 if gate_bias is None else gate_bias[e])
+            u = up[e].astype(np.float64) @ x[t] + (0.0 if up_bias is None else up_bias[e])
+            y = down[e].astype(np.float64) @ gated_act(g, u, act) + (0.0 if down_bias is None else down_bias[e])
+            out[t] += w * y
+    if shared is not None:
+        sg, su, sd = (np.asarray(m, np.float64) for m in shared)
+        y = gated_act(x @ sg.T, x @ su.T, act) @ sd.T
+        if shared_gate_inp is not None:
+            y = y / (1 + np.exp(-(x @ np.asarray(shared_gate_inp, np.float64))))[:, None]
+        out += y
+    return out
+
+
+def attention(q, k_all, v_all, pos, n_head, n_head_kv, head_dim, window=0, sinks=None):
     """Causal attention of queries at positions pos over keys/values 0..pos (GQA); window > 0:
-    over p - window < j <= p only."""
+    over p - window < j <= p only. sinks [n_head]: each head's extra softmax logit, which takes
+    probability mass and adds no value (gpt-oss)."""
     group = n_head // n_head_kv
     out = np.zeros((len(pos), n_head * head_dim))
     for t, p in enumerate(pos):
@@ -96,8 +154,10 @@ def attention(q, k_all, v_all, pos, n_head, n_head_kv, head_dim, window=0):
             k = k_all[first:p + 1, kh * head_dim:(kh + 1) * head_dim].astype(np.float64)
             v = v_all[first:p + 1, kh * head_dim:(kh + 1) * head_dim].astype(np.float64)
             s = k @ qh / np.sqrt(head_dim)
-            w = np.exp(s - s.max())
-            out[t, h * head_dim:(h + 1) * head_dim] = (w / w.sum()) @ v
+            m = s.max() if sinks is None else max(s.max(), float(sinks[h]))
+            w = np.exp(s - m)
+            denom = w.sum() + (0.0 if sinks is None else np.exp(float(sinks[h]) - m))
+            out[t, h * head_dim:(h + 1) * head_dim] = (w / denom) @ v
     return out
 
 

@@ -16,10 +16,10 @@ from conftest import ROOT, kernel_module
 K = kernel_module()
 
 WEIGHT_TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K,
-                T.Q6_K]
+                T.Q6_K, T.MXFP4, T.IQ4_NL, T.IQ4_XS]
 # Block formats the kernels quantize activations to; never the type of a weight in a model.
 ACTIVATION_TYPES = {"Q8_1", "Q8_K"}
-KV_TYPES = ["f16", "q8_0", "f32"]
+KV_TYPES = ["f16", "q8_0", "f32", "bf16"]
 FLOAT_TYPES = (T.F32, T.F16, T.BF16)
 
 # What each backend in the registry takes. Every other combination must fail with the error
@@ -57,6 +57,11 @@ TOLERANCE = {
     ("ffn", "F16"): {"*": 4e-3, "cpu": 2e-5},
     ("ffn", "BF16"): {"*": 4e-3, "cpu": 2e-5},
     ("ffn", "quant"): {"*": 1e-1},
+    # The feed-forward's bounds: each token's output is a weighted sum of such feed-forwards.
+    ("moe", "F32"): {"*": 2e-4, "cpu": 2e-5},
+    ("moe", "F16"): {"*": 4e-3, "cpu": 2e-5},
+    ("moe", "BF16"): {"*": 4e-3, "cpu": 2e-5},
+    ("moe", "quant"): {"*": 1e-1},
     # Sums of squares in f32 or wider over rows of up to a few thousand.
     ("rmsnorm", None): {"*": 1e-5},
     # Angles of positions up to 8000: an f32 angle of the fastest pair is up to 8000 * 2^-24 rad
@@ -71,12 +76,15 @@ TOLERANCE = {
     # the probabilities in f32.
     ("attention", "q8_0"): {"*": 3e-2, "cpu": 1e-5},
     ("attention", "f32"): {"*": 1e-5},
+    # bf16 K and V are exact as f32; q and the probabilities stay f32.
+    ("attention", "bf16"): {"*": 1e-5},
     # Computed k and v as the cache rounds them, against the unrounded reference: up to 2^-11
     # relative per value for f16; half a step of its 32-group's amax / 127 for q8_0 (about 0.6% of
     # the norm).
     ("kv", "f16"): {"*": 1e-3},
     ("kv", "q8_0"): {"*": 1.5e-2},
     ("kv", "f32"): {"*": 0.0},
+    ("kv", "bf16"): {"*": 4e-3},
 }
 
 # Backends whose every matmul kernel multiplies block-type weights by activations rounded to the
@@ -86,9 +94,9 @@ ROUNDS_ACTIVATIONS = {"cpu"}
 
 # Kernel choices a backend makes through its switches (src/backend/switches.cpp): each op a switch
 # reroutes runs again under that value. name: (switch overrides, ops it reroutes)
-MATMUL_OPS = {"matmul", "matmul_many", "norm_matmul", "ffn", "attn_in", "attn_out"}
-FUSED_OPS = {"matmul_many", "add_rmsnorm", "norm_matmul", "attn_in", "attn_out", "ffn"}
-SIMD_OPS = {"matmul", "matmul_many", "attention", "gated_act", "kv_store"}
+MATMUL_OPS = {"matmul", "matmul_many", "norm_matmul", "ffn", "attn_in", "attn_out", "moe"}
+FUSED_OPS = {"matmul_many", "add_rmsnorm", "norm_matmul", "attn_in", "attn_out", "ffn", "moe", "moe_ffn"}
+SIMD_OPS = {"matmul", "matmul_many", "attention", "gated_act", "kv_store", "moe"}
 VARIANTS = {
     "cpu": {   # the SIMD levels below the CPU's best (EMBER_SIMD only lowers it)
         "avx2": ({"EMBER_SIMD": "avx2"}, SIMD_OPS),
@@ -122,6 +130,7 @@ NOT_OPS = {
     "step_end": "step graphs (whole forward steps): tests/test_cuda.py and the model tests",
     "host_parallel_for": "the CPU backend's pool, under every CPU op; streamed offload: tests/test_cuda.py",
     "open_stream": "streamed partial offload: tests/test_cuda.py::test_streamed_partial_offload",
+    "free_memory": "the placement's GPU budget: tests/test_placement_moe.py",
 }
 # Each op of the contract and the test that checks it on every backend.
 COVERAGE = {
@@ -131,7 +140,9 @@ COVERAGE = {
     "argmax_rows": "test_argmax_rows", "add_rmsnorm": "test_add_rmsnorm", "norm_matmul": "test_norm_matmul",
     "attn_in": "test_attn_in", "attn_out": "test_attn_out", "ffn": "test_ffn", "prepare_weight": "test_matmul",
     "prepare_vector": "test_prepare_vector", "copy": "test_copy", "copy_to_host_async": "test_copy",
-    "alloc_host": "test_copy", "free_host": "test_copy",
+    "alloc_host": "test_copy", "free_host": "test_copy", "moe": "test_moe", "moe_ffn": "test_moe_ffn",
+    "moe_route": "test_moe_route", "gather_rows": "test_gather_scatter_rows",
+    "scatter_add_rows": "test_gather_scatter_rows", "sigmoid": "test_sigmoid",
 }
 
 BACKENDS = list(dict.fromkeys(["cpu", "cuda"] + list(K.backend_names())))
@@ -225,7 +236,8 @@ def expect_unsupported(backend, what, run):
 
 # Byte offsets of the fp16 scale (and min) fields of one block: random bytes there could be inf or NaN.
 F16_FIELDS = {T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: [0], T.Q2_K: [80, 82],
-              T.Q3_K: [108], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208]}
+              T.Q3_K: [108], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.IQ4_NL: [0], T.IQ4_XS: [0],
+              T.MXFP4: []}
 
 
 def random_weight(t, n_out, n_in, rng, rms=None):
@@ -250,6 +262,13 @@ def random_weight(t, n_out, n_in, rng, rms=None):
         for off, d in zip(F16_FIELDS[t], fields):
             blocks[:, off:off + 2] = (d * factor).astype(np.float16).view(np.uint8).reshape(-1, 2)
 
+    if t == T.MXFP4:   # e8m0 exponents instead of f16 scales: values up to 6 * 2^(e - 127)
+        e = rng.integers(118, 124, n_blocks)
+        blocks[:, 0] = e
+        if rms is not None:
+            now = np.sqrt(np.mean(dequant(t, blocks.reshape(n_out, -1), n_in) ** 2))
+            blocks[:, 0] = e + int(np.round(np.log2(rms / now)))
+        return blocks.reshape(n_out, -1)
     set_fields(1.0)
     if rms is not None:
         now = np.sqrt(np.mean(dequant(t, blocks.reshape(n_out, -1), n_in) ** 2))
@@ -490,7 +509,7 @@ def test_rope(be, shape, neox, scaling, rng):
 
 
 @on("gated_act")
-@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh", "swiglu_clamped"])
 @pytest.mark.parametrize("n", [33, 10007, 40000])
 def test_gated_act(be, act, n, rng):
     """Normal values, and (n 40000) the range where exp overflows and underflows."""
@@ -697,6 +716,64 @@ def test_attention_batch_invariant(be, shape, kv_type, rng):
         same_bits(every[i], run([i])[0], f"query {i} of {len(pos)}")
 
 
+# Shapes for attention with sinks (gpt-oss: 64-dim heads, 8 q heads a kv head, a window of 128 on
+# every other layer), with the shapes that reach each kernel: short and long contexts, decode
+# batches, engine steps, prompts on tensor cores, key ranges split over CTAs.
+SINK_SHAPES = {
+    "gpt_oss_decode": (16, 2, 64, 600, [599], 16, 0, False),
+    "gpt_oss_window_decode": (16, 2, 64, 1100, [1099], 16, 128, False),
+    "gpt_oss_window_prompt": (16, 2, 64, 400, list(range(200, 400)), 16, 128, False),
+    "gpt_oss_window_steps": (16, 2, 64, 700, [699, 100, 300], 16, 128, True),
+    **{name: ATTENTION_SHAPES[name] for name in [
+        "first_token", "decode_gqa_9_3", "decode_batch", "steps", "prompt_gqa", "window_decode", "window_prompt",
+        "head_dim_256_prompt", "short_and_long", "long_decode", "long_prompt", "long_split_gqa",
+        "long_split_hd256"]},
+}
+
+
+def random_sinks(rng, n_head, n_keys):
+    """Sink logits that take from a few to most percent of a softmax over n_keys scores of about
+    N(0, 1), one far above them (the sink takes nearly all the mass) and one far below (nearly none)."""
+    sinks = (np.log(n_keys) + rng.uniform(-3.0, 3.0, n_head)).astype(np.float32)
+    sinks[0], sinks[-1] = np.log(n_keys) + 12.0, -30.0
+    return rng.permutation(sinks)
+
+
+@on("attention")
+@pytest.mark.parametrize("batch_invariant", [False, True], ids=["default", "batch_invariant"])
+@pytest.mark.parametrize("kv_type", KV_TYPES)
+@pytest.mark.parametrize("shape", list(SINK_SHAPES))
+def test_attention_sinks(be, shape, kv_type, batch_invariant, rng):
+    """Per-head sink logits (AttentionShape::sinks): one more logit in each head's softmax that adds
+    no value, as gpt-oss (and llama.cpp's soft_max sinks) define it; with windows and GQA, on every
+    kernel."""
+    n_head, n_kv, hd, length, pos, bs, window, steps = SINK_SHAPES[shape]
+    q, k, v = normal(rng, len(pos), n_head * hd), normal(rng, length, n_kv * hd), normal(rng, length, n_kv * hd)
+    sinks = random_sinks(rng, n_head, min(length, window or length))
+    run = lambda s: be.attention(q, k, v, pos, n_head, n_kv, hd, bs, seed=int(rng.integers(1 << 30)),
+                                 kv_type=kv_type, window=window, fast=steps, batch_invariant=batch_invariant,
+                                 sinks=s)
+    if not supports(be, "kv", kv_type):
+        return expect_unsupported(be, "kv", lambda: run(sinks))
+    if be.name == "cuda" and kv_type == "q8_0" and (bs * n_kv * hd) % 256:
+        with pytest.raises(ValueError, match="is not a multiple of 256"):
+            run(sinks)
+        return
+    want = ref.attention(q, ref.kv_round(k, kv_type), ref.kv_round(v, kv_type), pos, n_head, n_kv, hd, window, sinks)
+    got = run(sinks)
+    bound = tolerance("attention", kv_type, be)
+    check(got, want, bound, f"{shape} {kv_type}")
+    plain = ref.attention(q, ref.kv_round(k, kv_type), ref.kv_round(v, kv_type), pos, n_head, n_kv, hd, window)
+    assert rel_err(got, plain) > 5 * bound, "the sinks change the output by less than the bound: the test sees nothing"
+
+
+@on("attention")
+def test_attention_sinks_bad_input(be):
+    q, kv = np.ones((2, 64), np.float32), np.ones((2, 32), np.float32)
+    with pytest.raises(ValueError, match="sinks must be \\[2\\] float32, got 3 values"):
+        be.attention(q, kv, kv, [0, 1], 2, 1, 32, 16, sinks=np.ones(3, np.float32))
+
+
 @on("attn_out")
 @pytest.mark.parametrize("composed", [False, True], ids=["fused", "composed"])
 @pytest.mark.parametrize("shape", ["decode", "steps", "prompt"])   # widths of whole super-blocks
@@ -786,6 +863,196 @@ def test_ffn(be, t, shape, act, composed, rng):
     xn = ref.rmsnorm(want_x, norm, 1e-5)
     h = ref.gated_act(xn @ dequant(t, gate, n_in).T, xn @ dequant(t, up, n_in).T, act)
     check(y, h @ dequant(t, down, n_ff).T, tolerance("ffn", kind_of(t), be), f"{t.name} {shape} {act}")
+
+
+# ---- the mixture of experts ----
+
+# name: (tokens, n_seq: the batch's sequences, None: one). "few": 3 tokens pick at most 6 of the 8
+# experts, so some get no token; "batch": several sequences (the CPU's fast batched kernels).
+MOE_SHAPES = {"one": (1, None), "few": (3, None), "batch": (40, 4)}
+# Each architecture's routing and expert options (name: moe keyword arguments; "biases": router and
+# expert biases; "shared": a shared expert, "gated" with its sigmoid gate).
+MOE_KINDS = {
+    "qwen3moe": {"gating": "softmax", "norm_topk": True},
+    "mixtral": {"gating": "softmax"},
+    "gpt_oss": {"gating": "topk_softmax", "act": "swiglu_clamped", "biases": True},
+    "sigmoid": {"gating": "sigmoid", "norm_topk": True, "weight_scale": 2.5, "selection_bias": True},
+    "shared": {"gating": "softmax", "norm_topk": True, "shared": True},
+    "shared_gated": {"gating": "softmax", "shared": "gated"},
+}
+MOE_N_EXPERT, MOE_N_USED = 8, 2
+
+
+def clear_router(rng, x, n_exp, n_used, kind, router_bias, selection_bias):
+    """A router whose choice no rounding can flip: the n_used-th and next scores of every token lie
+    apart (backends may compute the logits in another order than float64)."""
+    while True:
+        router = normal(rng, n_exp, x.shape[1], scale=1 / np.sqrt(x.shape[1]))
+        logits = x.astype(np.float64) @ router.T.astype(np.float64) + (0 if router_bias is None else router_bias)
+        if kind.get("gating") == "sigmoid":
+            logits = 1 / (1 + np.exp(-logits)) + selection_bias
+        top = np.sort(logits, axis=1)[:, ::-1]
+        if np.all(top[:, n_used - 1] - top[:, n_used] > 2e-2):
+            return router
+
+
+def moe_case(t, kind, n_tok, rng, n_embd=256, n_ff=256, x=None):
+    """Random inputs of one MoE op on normed rows x (drawn where None): (keyword arguments of
+    Backend.moe, float64 reference)."""
+    n_exp, n_used = MOE_N_EXPERT, MOE_N_USED
+    k = dict(kind)
+    x = normal(rng, n_tok, n_embd) if x is None else x
+    gate, up = (random_weight(t, n_exp * n_ff, n_embd, rng, rms=1 / np.sqrt(n_embd)) for _ in range(2))
+    down = random_weight(t, n_exp * n_embd, n_ff, rng, rms=1 / np.sqrt(n_ff))
+    biases = {}
+    if k.pop("biases", False):
+        biases = {"router_bias": normal(rng, n_exp, scale=0.5), "gate_bias": normal(rng, n_exp * n_ff, scale=0.5),
+                  "up_bias": normal(rng, n_exp * n_ff, scale=0.5), "down_bias": normal(rng, n_exp * n_embd, scale=0.1)}
+    if k.pop("selection_bias", False):
+        biases["selection_bias"] = normal(rng, n_exp, scale=0.3)
+    router = clear_router(rng, x, n_exp, n_used, kind, biases.get("router_bias"), biases.get("selection_bias"))
+    shared = k.pop("shared", False)
+    args = {"type_id": int(t), "gate": gate, "up": up, "down": down, "router": router, "x": x, "n_used": n_used,
+            **k, **biases}
+    r = {**k, **{n: (b.reshape(n_exp, -1) if n in ("gate_bias", "up_bias", "down_bias") else b)
+                 for n, b in biases.items()}}
+    if shared:
+        n_ff_s = 512 if shared == "gated" else 256   # Qwen2-MoE's shared expert is wider than its experts
+        sg, su = (random_weight(t, n_ff_s, n_embd, rng, rms=1 / np.sqrt(n_embd)) for _ in range(2))
+        sd = random_weight(t, n_embd, n_ff_s, rng, rms=1 / np.sqrt(n_ff_s))
+        args.update(shared_gate=sg, shared_up=su, shared_down=sd)
+        r["shared"] = (dequant(t, sg, n_embd), dequant(t, su, n_embd), dequant(t, sd, n_ff_s))
+        if shared == "gated":
+            args["shared_gate_inp"] = r["shared_gate_inp"] = normal(rng, n_embd, scale=1 / np.sqrt(n_embd))
+    want = ref.moe(x, router, dequant(t, gate, n_embd).reshape(n_exp, n_ff, n_embd),
+                   dequant(t, up, n_embd).reshape(n_exp, n_ff, n_embd),
+                   dequant(t, down, n_ff).reshape(n_exp, n_embd, n_ff), n_used, **r)
+    return args, want
+
+
+@on("moe")
+@pytest.mark.parametrize("composed", [False, True], ids=["fused", "composed"])
+@pytest.mark.parametrize("shape", list(MOE_SHAPES))
+@pytest.mark.parametrize("t", WEIGHT_TYPES, ids=lambda t: t.name)
+def test_moe(be, t, shape, composed, rng):
+    """Qwen3-MoE's routing (softmax, top-k renormalized) through every weight type: the router, the
+    chosen experts' gate, up, activation and down, and the weighted sum."""
+    n_tok, n_seq = MOE_SHAPES[shape]
+    args, want = moe_case(t, MOE_KINDS["qwen3moe"], n_tok, rng)
+    run = lambda: be.moe(**args, n_seq=n_seq, composed=composed)
+    if not supports(be, "weights", t):
+        return expect_unsupported(be, "weights", run)
+    check(run(), want, tolerance("moe", kind_of(t), be), f"{t.name} {shape}")
+
+
+@on("moe")
+@pytest.mark.parametrize("composed", [False, True], ids=["fused", "composed"])
+@pytest.mark.parametrize("shape", list(MOE_SHAPES))
+@pytest.mark.parametrize("kind", list(MOE_KINDS))
+@pytest.mark.parametrize("t", [T.F32, T.Q8_0, T.Q4_K], ids=lambda t: t.name)
+def test_moe_kinds(be, t, kind, shape, composed, rng):
+    """Each architecture's routing and expert options: the three gatings, renormalization, weight
+    scale, selection, router and expert biases, gpt-oss's clamped SwiGLU, a shared expert with and
+    without its gate."""
+    n_tok, n_seq = MOE_SHAPES[shape]
+    args, want = moe_case(t, MOE_KINDS[kind], n_tok, rng)
+    run = lambda: be.moe(**args, n_seq=n_seq, composed=composed)
+    if not supports(be, "weights", t):
+        return expect_unsupported(be, "weights", run)
+    check(run(), want, tolerance("moe", kind_of(t), be), f"{t.name} {kind} {shape}")
+
+
+@on("moe_ffn")
+@pytest.mark.parametrize("composed", [False, True], ids=["fused", "composed"])
+@pytest.mark.parametrize("shape", list(MOE_SHAPES))
+def test_moe_ffn(be, shape, composed, rng):
+    """The block's mixture feed-forward: the residual add and the norm before the experts."""
+    n_tok, n_seq = MOE_SHAPES[shape]
+    x, res, norm = normal(rng, n_tok, 256), normal(rng, n_tok, 256), rng.uniform(0.5, 1.5, 256).astype(np.float32)
+    xn = ref.rmsnorm(x + res, norm, 1e-5)
+    args, want = moe_case(T.Q8_0, MOE_KINDS["gpt_oss"], n_tok, rng, x=xn.astype(np.float32))
+    got = be.moe(**{**args, "x": x}, n_seq=n_seq, composed=composed, norm=norm, residual=res)
+    check(got, want, tolerance("moe", "quant", be), f"moe_ffn {shape}")
+
+
+@on("moe_route")
+@pytest.mark.parametrize("gating", ["softmax", "topk_softmax", "sigmoid"])
+@pytest.mark.parametrize("n_tok,n_exp,n_used", [(1, 8, 2), (7, 128, 8), (33, 32, 4), (5, 4, 4)])
+def test_moe_route(be, gating, n_tok, n_exp, n_used, rng):
+    """Routing alone: experts in descending score, ties to the lower index (rows of equal logits,
+    and a tie at the cut), weights as the gating, renormalization and scale say."""
+    logits = normal(rng, n_tok, n_exp, scale=2)
+    logits[0, [n_exp - 1, 0]] = 9.0   # a tie at the top: expert 0 first
+    if n_tok > 2:
+        logits[1, :] = 0.5            # all equal: experts 0..n_used-1
+    sel = normal(rng, n_exp, scale=0.1) if gating == "sigmoid" else None
+    for norm_topk, scale in [(False, 1.0), (True, 2.5)]:
+        ids, w = be.moe_route(logits, n_used, gating, norm_topk, scale, sel)
+        want_ids, want_w = ref.moe_route(logits, n_used, gating, norm_topk, scale,
+                                         None if sel is None else sel.astype(np.float64))
+        assert np.array_equal(np.asarray(ids).reshape(n_tok, n_used), want_ids), f"{gating}: ids"
+        check(np.asarray(w).reshape(n_tok, n_used), want_w, 1e-6, f"{gating} weights")
+
+
+@on("gather_rows")
+@pytest.mark.parametrize("n,dim,rows", [(1, 64, [0]), (9, 1001, [3, 0, 8, 3]), (70, 2048, list(range(69, -1, -2)))])
+def test_gather_scatter_rows(be, n, dim, rows, rng):
+    """Rows by index and back, weighted: the moe's gather of a group's rows and its scatter-add."""
+    x = normal(rng, n, dim)
+    same_bits(be.gather_rows(x, rows), x[rows], "gathered rows")
+    rows = list(dict.fromkeys(rows))   # a scatter's rows are distinct
+    y, scale = normal(rng, len(rows), dim), normal(rng, len(rows))
+    want = x.astype(np.float64).copy()
+    want[rows] += scale[:, None].astype(np.float64) * y
+    check(be.scatter_add_rows(x, y, rows, scale), want, 1e-6, "scatter-added rows")
+
+
+@on("sigmoid")
+@pytest.mark.parametrize("n", [1, 1000, 40000])
+def test_sigmoid(be, n, rng):
+    x = rng.uniform(-100, 100, n).astype(np.float32)
+    check(be.sigmoid(x), 1 / (1 + np.exp(-x.astype(np.float64))), 1e-6, "sigmoid")
+
+
+@pytest.mark.parametrize("be", [pytest.param((n, None), id=n) for n in BACKENDS], indirect=True)
+def test_moe_bad_arguments(be, rng):
+    """Bad MoE input raises ValueError naming what was wrong."""
+    args, _ = moe_case(T.F32, MOE_KINDS["qwen3moe"], 2, rng, n_embd=32, n_ff=32)
+    for n_used in (0, -1, MOE_N_EXPERT + 1):
+        with pytest.raises(ValueError, match=f"n_used {n_used} must lie in 1..{MOE_N_EXPERT}"):
+            be.moe(**{**args, "n_used": n_used})
+        with pytest.raises(ValueError, match="n_used"):
+            be.moe_route(np.ones((2, MOE_N_EXPERT), np.float32), n_used)
+    with pytest.raises(ValueError, match="up must be"):
+        be.moe(**{**args, "up": args["up"][:-32]})
+    with pytest.raises(ValueError, match="down must be"):
+        be.moe(**{**args, "down": args["gate"][:, :64]})
+    with pytest.raises(ValueError, match="gate must stack"):
+        be.moe(**{**args, "gate": args["gate"][:-1]})
+    with pytest.raises(ValueError, match="x must be"):
+        be.moe(**{**args, "x": normal(rng, 2, 48)})
+    with pytest.raises(ValueError, match="gating must be"):
+        be.moe(**{**args, "gating": "relu"})
+    with pytest.raises(ValueError, match="gate_bias must be"):
+        be.moe(**args, gate_bias=np.ones(5, np.float32))
+    with pytest.raises(ValueError, match="shared expert needs"):
+        be.moe(**args, shared_gate=args["gate"][:32])
+    with pytest.raises(ValueError, match="rows repeat"):
+        be.scatter_add_rows(normal(rng, 4, 8), normal(rng, 2, 8), [1, 1], normal(rng, 2))
+    with pytest.raises(ValueError, match="row 4 is outside"):
+        be.gather_rows(normal(rng, 4, 8), [4])
+
+
+@pytest.mark.parametrize("t", [T.F32, T.F16, T.Q8_0, T.Q4_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("shape", list(MOE_SHAPES))
+def test_cpu_grouped_moe_is_the_composition(t, shape, rng):
+    """The CPU's grouped moe gives its default composition's bits: the same kernels on the same
+    gathered rows, each token's experts summed in ascending order."""
+    backend = make_backend("cpu", None)
+    n_tok, n_seq = MOE_SHAPES[shape]
+    for kind in ("qwen3moe", "gpt_oss", "shared_gated"):
+        args, _ = moe_case(t, MOE_KINDS[kind], n_tok, rng)
+        same_bits(backend.moe(**args, n_seq=n_seq), backend.moe(**args, n_seq=n_seq, composed=True), f"{kind}")
 
 
 # ---- bad input ----

@@ -21,8 +21,7 @@ void Backend::moe(const MoeWeights& w, const float* xn, int32_t n_tok, const Blo
     auto* grp_rows = reinterpret_cast<int32_t*>(weights + rows);
     float* grp_w = weights + 2 * rows;
     float* region = weights + 3 * rows;
-    const int64_t region_floats =
-        moe_scratch_floats(n_tok, n_embd, n_ff, n_exp, n_used) - (region - s);
+    const int64_t region_floats = moe_scratch_floats(n_tok, n_embd, n_ff, n_exp, n_used) - (region - s);
     const int64_t shared_floats = 2 * n_tok * n_ff_s + n_tok * n_embd + 2 * n_tok;
     if (shared_floats > region_floats)
         fail("moe: the shared expert's n_ff ", n_ff_s, " needs more scratch than moe_scratch_floats gives for n_ff ",

@@ -14,9 +14,9 @@ void gated_act_avx512(Activation act, const float* gate, const float* up, int64_
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
         __m512 g = _mm512_loadu_ps(gate + i), u = _mm512_loadu_ps(up + i);
-        __m512 arg;   // exp's argument
+        __m512 arg; // exp's argument
         if (act == Activation::SiLU) {
-            arg = _mm512_xor_ps(g, _mm512_set1_ps(-0.0f));   // -g, as the scalar loop negates
+            arg = _mm512_xor_ps(g, _mm512_set1_ps(-0.0f)); // -g, as the scalar loop negates
         } else if (act == Activation::SwiGLUClamped) {
             g = _mm512_min_ps(g, _mm512_set1_ps(kSwiGLULimit));
             u = _mm512_add_ps(
@@ -32,4 +32,4 @@ void gated_act_avx512(Activation act, const float* gate, const float* up, int64_
     gated_act_scalar(act, gate + i, up + i, n - i, out + i);
 }
 
-}  // namespace ember
+} // namespace ember

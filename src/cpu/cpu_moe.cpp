@@ -28,9 +28,8 @@ void moe_route_token(const MoeWeights& w, const float* logits, int32_t* ids, flo
     }
     std::vector<int32_t> order(n_exp);
     std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
-        return choose[a] > choose[b] || (choose[a] == choose[b] && a < b);
-    });
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int32_t a, int32_t b) { return choose[a] > choose[b] || (choose[a] == choose[b] && a < b); });
     std::copy(order.begin(), order.begin() + k, ids);
     if (w.gating == MoeGating::topk_softmax) {
         const float m = logits[ids[0]];

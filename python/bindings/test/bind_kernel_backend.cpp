@@ -18,6 +18,7 @@
 #include <numeric>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -91,7 +92,15 @@ void check_positions(const std::vector<int32_t>& pos, const char* fn) {
 Activation activation_arg(const std::string& name) {
     if (name == "silu") return Activation::SiLU;
     if (name == "gelu_tanh") return Activation::GeLUTanh;
-    fail("act must be 'silu' or 'gelu_tanh', got '", name, "'");
+    if (name == "swiglu_clamped") return Activation::SwiGLUClamped;
+    fail("act must be 'silu', 'gelu_tanh' or 'swiglu_clamped', got '", name, "'");
+}
+
+MoeGating gating_arg(const std::string& name) {
+    if (name == "softmax") return MoeGating::softmax;
+    if (name == "topk_softmax") return MoeGating::topk_softmax;
+    if (name == "sigmoid") return MoeGating::sigmoid;
+    fail("moe: gating must be 'softmax', 'topk_softmax' or 'sigmoid', got '", name, "'");
 }
 
 // A KV layer holding n_seq sequences of len positions, in blocks taken from a shuffled list with
@@ -155,6 +164,10 @@ struct PagedKV {
                     uint16_t h;
                     std::memcpy(&h, block + ((size_t)slot * w + i) * 2, 2);
                     out.push_back(fp16_to_fp32(h));
+                } else if (t == GGMLType::BF16) {
+                    uint16_t h;
+                    std::memcpy(&h, block + ((size_t)slot * w + i) * 2, 2);
+                    out.push_back(bf16_to_fp32(h));
                 } else {
                     const int32_t head = (int32_t)(i / hd), d = (int32_t)(i % hd);
                     uint16_t scale;
@@ -304,6 +317,195 @@ struct PyBackend {
         else be->ffn(fw, xb.f(), ptr(rb), (int32_t)n_tok, b, yb.f());
         return {make_out(download(*be, yb, x.size()), {n_tok, (size_t)n_in}),
                 make_out(download(*be, xb, x.size()), {n_tok, (size_t)n_in})};
+    }
+
+    // The mixture's experts (Backend::moe) on normed rows x [n_tok][n_embd]: gate and up stacked
+    // [n_expert * n_ff] rows of n_embd, down [n_expert * n_embd] rows of n_ff, all of type type_id;
+    // router [n_expert][n_embd] float32. n_seq / batch_invariant: the batch as for matmul. graph_steps
+    // > 0: the op runs that many times as a step between step_begin and step_end (a GPU records the
+    // second and replays it from the third), the output cleared before each; the last is returned.
+    F32Out moe(uint32_t type_id, U8In gate, U8In up, U8In down, F32In router, F32In x, int32_t n_used,
+               const std::string& gating, bool norm_topk, float weight_scale, const std::string& act,
+               std::optional<F32In> router_bias, std::optional<F32In> gate_bias, std::optional<F32In> up_bias,
+               std::optional<F32In> down_bias, std::optional<int32_t> n_seq, bool batch_invariant, bool composed,
+               int32_t graph_steps, std::optional<F32In> selection_bias, std::optional<U8In> shared_gate,
+               std::optional<U8In> shared_up, std::optional<U8In> shared_down, std::optional<F32In> shared_gate_inp,
+               std::optional<F32In> norm, std::optional<F32In> residual) {
+        if (router.ndim() != 2) fail("moe: router must be [n_expert, n_embd] float32");
+        if (graph_steps > 0 && !n_seq) fail("moe: graph_steps needs n_seq (the batch the steps are recorded for)");
+        const int32_t n_exp = (int32_t)router.shape(0);
+        const int64_t n_embd = (int64_t)router.shape(1);
+        const TypeTraits* tr = find_type_traits(type_id);
+        if (!tr) fail("moe: unknown type id ", type_id);
+        if (n_exp < 1 || gate.ndim() != 2 || gate.shape(0) % n_exp)
+            fail("moe: gate must stack n_expert = ", n_exp, " matrices");
+        const int64_t n_ff = (int64_t)gate.shape(0) / n_exp;
+        auto stacked = [&](const U8In& w, int64_t n_in, int64_t n_out, const char* what) {
+            if (w.ndim() != 2 || (int64_t)w.shape(0) != n_out * n_exp || w.shape(1) != row_bytes(tr->type, n_in))
+                fail("moe: ", what, " must be [", n_out * n_exp, ", ", row_bytes(tr->type, n_in), "] bytes");
+            GGUFTensor t{what, tr->type, {n_in, n_out, n_exp}, 0, w.size(), w.data()};
+            Weight out = be->prepare_weight(t);
+            out.src = nullptr;
+            return out;
+        };
+        Weight wg = stacked(gate, n_embd, n_ff, "gate"), wu = stacked(up, n_embd, n_ff, "up"),
+               wd = stacked(down, n_ff, n_embd, "down");
+        if (!!shared_gate != !!shared_up || !!shared_gate != !!shared_down || (shared_gate_inp && !shared_gate))
+            fail(
+                "moe: the shared expert needs shared_gate, shared_up and shared_down (and shared_gate_inp only with them)");
+        const int64_t n_ff_s = shared_gate ? (int64_t)shared_gate->shape(0) : 0;
+        Weight sg, su, sd, sgi;
+        if (shared_gate) {
+            sg = weight(type_id, *shared_gate, n_embd, "moe: shared_gate");
+            su = weight(type_id, *shared_up, n_embd, "moe: shared_up");
+            sd = weight(type_id, *shared_down, n_ff_s, "moe: shared_down");
+            if (su.n_out != n_ff_s || sd.n_out != n_embd)
+                fail("moe: shared_up must be [", n_ff_s, ", ...] and shared_down [", n_embd, ", ...]");
+        }
+        if (shared_gate_inp && (shared_gate_inp->ndim() != 1 || (int64_t)shared_gate_inp->size() != n_embd))
+            fail("moe: shared_gate_inp must be [", n_embd, "] float32");
+        if (shared_gate_inp) {
+            GGUFTensor t{"shared_gate_inp",    GGMLType::F32,
+                         {n_embd, 1},          0,
+                         (uint64_t)n_embd * 4, reinterpret_cast<const uint8_t*>(shared_gate_inp->data())};
+            sgi = be->prepare_weight(t);
+            sgi.src = nullptr;
+        }
+        GGUFTensor rt{"router", GGMLType::F32,     {n_embd, n_exp},
+                      0,        router.size() * 4, reinterpret_cast<const uint8_t*>(router.data())};
+        Weight wr = be->prepare_weight(rt);
+        wr.src = nullptr;
+        if (x.ndim() != 2) fail("x must be [n_tok, ", n_embd, "] float32");
+        const size_t n_tok = x.shape(0);
+        check_rows(x, n_tok, n_embd, "x");
+        const std::unique_ptr<Buf> rb = optional_vector(*be, router_bias, n_exp, "router_bias"),
+                                   gb = optional_vector(*be, gate_bias, n_exp * n_ff, "gate_bias"),
+                                   ub = optional_vector(*be, up_bias, n_exp * n_ff, "up_bias"),
+                                   db = optional_vector(*be, down_bias, n_exp * n_embd, "down_bias"),
+                                   selb = optional_vector(*be, selection_bias, n_exp, "selection_bias"),
+                                   nb_ = optional_vector(*be, norm, n_embd, "norm");
+        MoeWeights w;
+        w.router = &wr;
+        w.router_bias = ptr(rb);
+        w.gate = &wg;
+        w.up = &wu;
+        w.down = &wd;
+        w.gate_bias = ptr(gb);
+        w.up_bias = ptr(ub);
+        w.down_bias = ptr(db);
+        w.selection_bias = ptr(selb);
+        w.norm = ptr(nb_);
+        if (shared_gate) {
+            w.shared_gate = &sg;
+            w.shared_up = &su;
+            w.shared_down = &sd;
+        }
+        if (shared_gate_inp) w.shared_gate_inp = &sgi;
+        w.n_expert = n_exp;
+        w.n_used = n_used;
+        w.gating = gating_arg(gating);
+        w.norm_topk = norm_topk;
+        w.weight_scale = weight_scale;
+        w.act = activation_arg(act);
+        if (n_used < 1 || n_used > n_exp) fail("moe: n_used ", n_used, " must lie in 1..", n_exp);
+        if (residual) check_rows(*residual, n_tok, n_embd, "moe: residual");
+        if (residual && !norm) fail("moe: residual needs norm (the moe_ffn op)");
+        Buf xb(*be, x.data(), x.size() * 4), yb(*be, x.size() * 4), xnb(*be, x.size() * 4),
+            sb(*be, (size_t)moe_scratch_floats((int64_t)n_tok, n_embd, std::max(n_ff, n_ff_s), n_exp, n_used) * 4);
+        const std::unique_ptr<Buf> res = residual ? std::make_unique<Buf>(*be, residual->data(), x.size() * 4)
+                                                  : nullptr;
+        BlockBuffers b{};
+        b.xn = norm ? xnb.f() : xb.f();
+        b.moe = sb.f();
+        multi_seq_batch(n_seq, batch_invariant, (int32_t)n_tok);
+        // With norm: the moe_ffn op on un-normed rows x (+ residual), each run on a fresh copy of them.
+        const std::unique_ptr<Buf> x0 = norm ? std::make_unique<Buf>(*be, x.data(), x.size() * 4) : nullptr;
+        auto run = [&] {
+            if (norm) {
+                be->copy(xb.f(), x0->f(), x.size() * 4);
+                if (composed) be->Backend::moe_ffn(w, xb.f(), ptr(res), (int32_t)n_tok, b, yb.f());
+                else be->moe_ffn(w, xb.f(), ptr(res), (int32_t)n_tok, b, yb.f());
+            } else if (composed) {
+                be->Backend::moe(w, xb.f(), (int32_t)n_tok, b, yb.f());
+            } else {
+                be->moe(w, xb.f(), (int32_t)n_tok, b, yb.f());
+            }
+        };
+        if (graph_steps <= 0) run();
+        const std::vector<float> zeros(x.size(), 0.0f);
+        Buf zb(*be, zeros.data(), zeros.size() * 4);
+        for (int32_t i = 0; i < graph_steps; ++i) {
+            be->copy(yb.f(), zb.f(), zeros.size() * 4);
+            if (!be->step_begin(0x6d6f65)) run();
+            be->step_end();
+        }
+        end_multi_seq_batch(n_seq, (int32_t)n_tok);
+        return make_out(download(*be, yb, x.size()), {n_tok, (size_t)n_embd});
+    }
+
+    // Backend::moe_route on logits [n_tok][n_expert]: (ids, weights), each [n_tok * n_used].
+    std::pair<std::vector<int32_t>, std::vector<float>> moe_route(F32In logits, int32_t n_used,
+                                                                  const std::string& gating, bool norm_topk,
+                                                                  float weight_scale,
+                                                                  std::optional<F32In> selection_bias) {
+        if (logits.ndim() != 2 || logits.shape(0) == 0 || logits.shape(1) == 0)
+            fail("moe_route: logits must be [n_tok, n_expert] float32");
+        const int32_t n_tok = (int32_t)logits.shape(0), n_exp = (int32_t)logits.shape(1);
+        if (n_used < 1 || n_used > n_exp) fail("moe_route: n_used ", n_used, " must lie in 1..", n_exp);
+        MoeWeights w;
+        w.n_expert = n_exp;
+        w.n_used = n_used;
+        w.gating = gating_arg(gating);
+        w.norm_topk = norm_topk;
+        w.weight_scale = weight_scale;
+        const std::unique_ptr<Buf> sel = optional_vector(*be, selection_bias, n_exp, "selection_bias");
+        w.selection_bias = ptr(sel);
+        Buf lb(*be, logits.data(), logits.size() * 4), ib(*be, (size_t)n_tok * n_used * 4),
+            wb(*be, (size_t)n_tok * n_used * 4);
+        be->moe_route(w, lb.f(), n_tok, static_cast<int32_t*>(ib.p), wb.f());
+        std::vector<int32_t> ids((size_t)n_tok * n_used);
+        be->synchronize();
+        be->copy_to_host(ids.data(), ib.p, ids.size() * 4);
+        return {ids, download(*be, wb, ids.size())};
+    }
+
+    // Rows of x [n, dim] by index: checked here, since the op assumes them in range.
+    Buf row_ids(const std::vector<int32_t>& rows, size_t n, const char* what) {
+        for (int32_t r : rows)
+            if (r < 0 || (size_t)r >= n) fail(what, ": row ", r, " is outside 0..", n - 1);
+        return Buf(*be, rows.data(), rows.size() * 4);
+    }
+
+    F32Out gather_rows(F32In x, const std::vector<int32_t>& rows) {
+        if (x.ndim() != 2 || rows.empty()) fail("gather_rows: x must be [n, dim] float32 and rows non-empty");
+        const size_t dim = x.shape(1);
+        const Buf rb = row_ids(rows, x.shape(0), "gather_rows");
+        Buf xb(*be, x.data(), x.size() * 4), yb(*be, rows.size() * dim * 4);
+        be->gather_rows(xb.f(), static_cast<const int32_t*>(rb.p), (int32_t)rows.size(), (int64_t)dim, yb.f());
+        return make_out(download(*be, yb, rows.size() * dim), {rows.size(), dim});
+    }
+
+    // out [n, dim] with rows[r] += scale[r] * y[r]; rows distinct.
+    F32Out scatter_add_rows(F32In out, F32In y, const std::vector<int32_t>& rows, F32In scale) {
+        if (out.ndim() != 2 || rows.empty()) fail("scatter_add_rows: out must be [n, dim] float32 and rows non-empty");
+        const size_t dim = out.shape(1);
+        check_rows(y, rows.size(), (int64_t)dim, "scatter_add_rows: y");
+        if (scale.ndim() != 1 || scale.size() != rows.size())
+            fail("scatter_add_rows: scale must be [", rows.size(), "]");
+        if (std::set<int32_t>(rows.begin(), rows.end()).size() != rows.size()) fail("scatter_add_rows: rows repeat");
+        const Buf rb = row_ids(rows, out.shape(0), "scatter_add_rows");
+        Buf ob(*be, out.data(), out.size() * 4), yb(*be, y.data(), y.size() * 4),
+            sb(*be, scale.data(), scale.size() * 4);
+        be->scatter_add_rows(ob.f(), yb.f(), static_cast<const int32_t*>(rb.p), sb.f(), (int32_t)rows.size(),
+                             (int64_t)dim);
+        return make_out(download(*be, ob, out.size()), {out.shape(0), dim});
+    }
+
+    F32Out sigmoid(F32In x) {
+        if (x.ndim() != 1 || x.size() == 0) fail("sigmoid: x must be [n] float32");
+        Buf xb(*be, x.data(), x.size() * 4);
+        be->sigmoid(xb.f(), (int64_t)x.size());
+        return make_out(download(*be, xb, x.size()), {x.size()});
     }
 
     // The fused attention input op: x += residual; xn = rmsnorm(x) * norm; q, k, v = projections
@@ -546,10 +748,12 @@ struct PyBackend {
     // projected through it by the fused attn_out op (composed: its default composition). fast: the
     // queries run as a decode step of the engine's default mode, each its own sequence over the
     // same blocks (BatchInfo::fast_attention). batch_invariant: the engine's deterministic mode.
+    // sinks: [n_head] sink logits (AttentionShape::sinks).
     F32Out attention(F32In q, F32In k_all, F32In v_all, std::vector<int32_t> pos, int32_t n_head, int32_t n_head_kv,
                      int32_t head_dim, int32_t block_size, uint64_t seed, const std::optional<std::string>& kv_type,
                      const std::optional<std::string>& type_k, const std::optional<std::string>& type_v, int32_t window,
-                     uint32_t o_type, std::optional<U8In> o_weight, bool fast, bool composed, bool batch_invariant) {
+                     uint32_t o_type, std::optional<U8In> o_weight, bool fast, bool composed, bool batch_invariant,
+                     std::optional<F32In> sinks) {
         check_positions(pos, "attention");
         if (n_head <= 0 || n_head_kv <= 0 || head_dim <= 0 || n_head % n_head_kv)
             fail("attention: n_head must be a positive multiple of n_head_kv, head_dim positive");
@@ -583,6 +787,8 @@ struct PyBackend {
         Buf qb(*be, q.data(), q.size() * 4), ob(*be, q.size() * 4);
         AttentionShape shape{n_head, n_head_kv, head_dim, 1.0f / std::sqrt((float)head_dim)};
         shape.window = window;
+        const std::unique_ptr<Buf> sink_buf = optional_vector(*be, sinks, n_head, "attention: sinks");
+        shape.sinks = ptr(sink_buf);
         const int32_t n_tok = (int32_t)pos.size();
         if (!o_weight) {
             be->attention(paged.kv, qb.f(), n_tok, shape, ob.f());
@@ -624,7 +830,13 @@ std::vector<std::pair<std::string, std::string>> contract_ops() {
             {"copy", "copy"},
             {"copy_to_host_async", "copy"},
             {"alloc_host", "copy"},
-            {"free_host", "copy"}};
+            {"free_host", "copy"},
+            {"moe_route", "moe_route"},
+            {"gather_rows", "gather_rows"},
+            {"scatter_add_rows", "scatter_add_rows"},
+            {"sigmoid", "sigmoid"},
+            {"moe", "moe"},
+            {"moe_ffn", "moe"}};
 }
 
 // Every type the quant tables know, name -> ggml type id.
@@ -684,7 +896,22 @@ void bind_kernel_backend(nb::module_& m) {
              nb::arg("n_head"), nb::arg("n_head_kv"), nb::arg("head_dim"), nb::arg("block_size"), nb::arg("seed") = 0,
              nb::arg("kv_type") = nb::none(), nb::arg("type_k") = nb::none(), nb::arg("type_v") = nb::none(),
              nb::arg("window") = 0, nb::arg("o_type") = 0, nb::arg("o_weight") = nb::none(), nb::arg("fast") = false,
-             nb::arg("composed") = false, nb::arg("batch_invariant") = false)
+             nb::arg("composed") = false, nb::arg("batch_invariant") = false, nb::arg("sinks") = nb::none())
+        .def("moe", &PyBackend::moe, nb::arg("type_id"), nb::arg("gate"), nb::arg("up"), nb::arg("down"),
+             nb::arg("router"), nb::arg("x"), nb::arg("n_used"), nb::arg("gating") = "softmax",
+             nb::arg("norm_topk") = false, nb::arg("weight_scale") = 1.0f, nb::arg("act") = "silu",
+             nb::arg("router_bias") = nb::none(), nb::arg("gate_bias") = nb::none(), nb::arg("up_bias") = nb::none(),
+             nb::arg("down_bias") = nb::none(), nb::arg("n_seq") = nb::none(), nb::arg("batch_invariant") = false,
+             nb::arg("composed") = false, nb::arg("graph_steps") = 0, nb::arg("selection_bias") = nb::none(),
+             nb::arg("shared_gate") = nb::none(), nb::arg("shared_up") = nb::none(),
+             nb::arg("shared_down") = nb::none(), nb::arg("shared_gate_inp") = nb::none(), nb::arg("norm") = nb::none(),
+             nb::arg("residual") = nb::none())
+        .def("moe_route", &PyBackend::moe_route, nb::arg("logits"), nb::arg("n_used"), nb::arg("gating") = "softmax",
+             nb::arg("norm_topk") = false, nb::arg("weight_scale") = 1.0f, nb::arg("selection_bias") = nb::none())
+        .def("gather_rows", &PyBackend::gather_rows, nb::arg("x"), nb::arg("rows"))
+        .def("scatter_add_rows", &PyBackend::scatter_add_rows, nb::arg("out"), nb::arg("y"), nb::arg("rows"),
+             nb::arg("scale"))
+        .def("sigmoid", &PyBackend::sigmoid, nb::arg("x"))
         .def("ffn", &PyBackend::ffn, nb::arg("type_id"), nb::arg("gate"), nb::arg("up"), nb::arg("down"),
              nb::arg("n_in"), nb::arg("x"), nb::arg("norm"), nb::arg("eps") = 1e-5f, nb::arg("residual") = nb::none(),
              nb::arg("act") = "silu", nb::arg("composed") = false);
