@@ -10,6 +10,7 @@
 
 #include "common.cuh"
 #include "ember/quant.h"
+#include "quant/quant_tables.h"
 
 namespace ember {
 namespace cuda {
@@ -107,6 +108,70 @@ struct DecodeQ8_0 {
     __device__ __forceinline__ static float dequant(float d, float, int v) { return d * float(v); }
 };
 
+// ---- The table types MXFP4 and IQ4_NL, packed as Q4_0 (16 nibble bytes a block; meta: IQ4_NL's
+// f16 d, MXFP4's e8m0 exponent in the low byte): values() looks the nibbles up in the type's int8
+// table (quant_tables.h), held as four words, with byte permutes.
+__host__ __device__ constexpr uint32_t table_word(const int8_t* t, int i) {
+    return uint32_t(uint8_t(t[4 * i])) | uint32_t(uint8_t(t[4 * i + 1])) << 8 | uint32_t(uint8_t(t[4 * i + 2])) << 16 |
+           uint32_t(uint8_t(t[4 * i + 3])) << 24;
+}
+
+// Four indices 0..15 (one a byte) -> the four table bytes: entries 0-7 come from words t0, t1 and
+// 8-15 from t2, t3 (a selector's bit 3 would sign-fill, so each permute takes the low 3 bits and
+// bit 3 picks the half).
+__device__ __forceinline__ uint32_t lookup16(uint32_t idx, uint32_t t0, uint32_t t1, uint32_t t2, uint32_t t3) {
+    const uint32_t sel = (idx & 0x7u) | ((idx >> 4) & 0x70u) | ((idx >> 8) & 0x700u) | ((idx >> 12) & 0x7000u);
+    const uint32_t lo = __byte_perm(t0, t1, sel), hi = __byte_perm(t2, t3, sel);
+    const uint32_t high = ((idx >> 3) & 0x01010101u) * 0xFFu;
+    return (hi & high) | (lo & ~high);
+}
+
+// MXFP4's scale: half the e8m0 power of two, 2^(e - 128) (e < 2: a subnormal), as bits.
+__device__ __forceinline__ float e8m0_half(uint32_t e) {
+    return __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+}
+
+template <bool kMx>
+struct DecodeTable4 {
+    static constexpr GGMLType kType = kMx ? GGMLType::MXFP4 : GGMLType::IQ4_NL;
+    static constexpr int kQuantBytes = 16;
+    static constexpr bool kHasMin = false, kHighBits = false;
+    static constexpr const int8_t* kTable = kMx ? kvalues_mxfp4 : kvalues_iq4nl;
+    static constexpr uint32_t kT0 = table_word(kTable, 0), kT1 = table_word(kTable, 1), kT2 = table_word(kTable, 2),
+                              kT3 = table_word(kTable, 3);
+    using Meta = uint16_t;
+    __device__ __forceinline__ static float d(Meta m) { return kMx ? e8m0_half(m & 0xFFu) : h2f(m); }
+    __device__ __forceinline__ static float m(Meta) { return 0.f; }
+    __device__ __forceinline__ static uint32_t qh(Meta) { return 0u; }
+    __host__ __device__ static constexpr int word(int g) { return g & 3; }
+    __device__ __forceinline__ static uint32_t quants(uint32_t w, int g, uint32_t) { return nibbles_of(w, g); }
+    __device__ __forceinline__ static int values(uint32_t w, int g, uint32_t) {
+        return int(lookup16(nibbles_of(w, g), kT0, kT1, kT2, kT3));
+    }
+    __device__ __forceinline__ static float dequant(float d, float, int v) { return d * float(v); }
+};
+using DecodeMXFP4 = DecodeTable4<true>;
+using DecodeIQ4_NL = DecodeTable4<false>;
+
+// ---- IQ4_XS, packed: 128 quant bytes a block (sub-block j's 16 nibble bytes at 16 j, laid out as
+// an IQ4_NL block's) in the quants region, 8 bytes {f16 d, u16 scales_h, u8 scales_l[4]} in meta.
+struct DecodeIQ4_XS {
+    static constexpr GGMLType kType = GGMLType::IQ4_XS;
+    static constexpr int kQuantBytes = 128;
+    using Meta = uint2;
+    __device__ __forceinline__ static float d(Meta m) { return h2f(uint16_t(m.x & 0xFFFF)); }
+    // the signed scale of sub-block j (0..7)
+    __device__ __forceinline__ static int scale(Meta m, int j) {
+        const int lo = int(m.y >> (4 * j)) & 0xF, hi = int(m.x >> (16 + 2 * j)) & 3;
+        return (lo | (hi << 4)) - 32;
+    }
+    // group g (0..7) of a sub-block from its word g & 3, as DecodeIQ4_NL
+    __device__ __forceinline__ static int values(uint32_t w, int g) {
+        return int(
+            lookup16(nibbles_of(w, g), DecodeIQ4_NL::kT0, DecodeIQ4_NL::kT1, DecodeIQ4_NL::kT2, DecodeIQ4_NL::kT3));
+    }
+};
+
 // ---- Q4_K / Q5_K (raw 144 / 176-byte blocks of 256): a 16-byte header (f16 d | f16 dmin << 16,
 // then 12 bytes of 6-bit scales and mins of the 8 sub-blocks of 32), for Q5_K 32 bytes of qh, then
 // 4 chunks of 32 quant bytes, chunk c holding sub-block 2c in its low nibbles and 2c + 1 in its
@@ -200,6 +265,9 @@ template <> struct BlockDecoder<GGMLType::Q8_0> { using type = DecodeQ8_0; };
 template <> struct BlockDecoder<GGMLType::Q4_K> { using type = DecodeQK<false>; };
 template <> struct BlockDecoder<GGMLType::Q5_K> { using type = DecodeQK<true>; };
 template <> struct BlockDecoder<GGMLType::Q6_K> { using type = DecodeQ6_K; };
+template <> struct BlockDecoder<GGMLType::MXFP4> { using type = DecodeMXFP4; };
+template <> struct BlockDecoder<GGMLType::IQ4_NL> { using type = DecodeIQ4_NL; };
+template <> struct BlockDecoder<GGMLType::IQ4_XS> { using type = DecodeIQ4_XS; };
 template <> struct BlockDecoder<GGMLType::F32> { using type = DecodeFloat<float>; };
 template <> struct BlockDecoder<GGMLType::F16> { using type = DecodeFloat<__half>; };
 template <> struct BlockDecoder<GGMLType::BF16> { using type = DecodeFloat<__nv_bfloat16>; };

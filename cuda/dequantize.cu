@@ -23,7 +23,7 @@ template <GGMLType T>
 __device__ __forceinline__ void dequant8(const DqParams& p, int64_t row, int64_t e, float* out) {
     using D = typename BlockDecoder<T>::type;
     if constexpr (T == GGMLType::Q4_0 || T == GGMLType::Q4_1 || T == GGMLType::Q5_0 || T == GGMLType::Q5_1 ||
-                  T == GGMLType::Q8_0) {
+                  T == GGMLType::Q8_0 || T == GGMLType::MXFP4 || T == GGMLType::IQ4_NL) {
         const int64_t b = row * p.n_blocks + e / 32;
         const int g = int(e % 32) / 4;   // groups g and g + 1, whose words are neighbours
         const uint2 q = *reinterpret_cast<const uint2*>(p.w + b * D::kQuantBytes + 4 * D::word(g));
@@ -52,6 +52,20 @@ __device__ __forceinline__ void dequant8(const DqParams& p, int64_t row, int64_t
             const uint32_t v = D::quants(qw[h], hw[h], sub);
 #pragma unroll
             for (int j = 0; j < 4; ++j) out[4 * h + j] = d * float((v >> (8 * j)) & 0xFF) - dm;
+        }
+    } else if constexpr (T == GGMLType::IQ4_XS) {
+        // sub-block j's groups g, g + 1 (g even): neighbouring words of its 16 nibble bytes
+        const int64_t b = row * p.n_blocks + e / 256;
+        const int i = int(e % 256), j = i / 32, g = (i % 32) / 4;
+        const uint2 q = *reinterpret_cast<const uint2*>(p.w + b * D::kQuantBytes + 16 * j + 4 * (g & 3));
+        const uint2 mt = reinterpret_cast<const uint2*>(p.meta)[b];
+        const float d = D::d(mt) * float(D::scale(mt, j));
+        const uint32_t w[2] = {q.x, q.y};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const uint32_t v = uint32_t(D::values(w[h], g + h));
+#pragma unroll
+            for (int k = 0; k < 4; ++k) out[4 * h + k] = d * float(sbyte(v, k));
         }
     } else if constexpr (T == GGMLType::Q6_K) {
         const int64_t b = row * p.n_blocks + e / 256;
@@ -100,6 +114,9 @@ void dequantize_f16(const DeviceWeight& w, __half* out, cudaStream_t s) {
         case GGMLType::Q4_K: dequantize_kernel<GGMLType::Q4_K><<<grid, 256, 0, s>>>(p, out); break;
         case GGMLType::Q5_K: dequantize_kernel<GGMLType::Q5_K><<<grid, 256, 0, s>>>(p, out); break;
         case GGMLType::Q6_K: dequantize_kernel<GGMLType::Q6_K><<<grid, 256, 0, s>>>(p, out); break;
+        case GGMLType::MXFP4: dequantize_kernel<GGMLType::MXFP4><<<grid, 256, 0, s>>>(p, out); break;
+        case GGMLType::IQ4_NL: dequantize_kernel<GGMLType::IQ4_NL><<<grid, 256, 0, s>>>(p, out); break;
+        case GGMLType::IQ4_XS: dequantize_kernel<GGMLType::IQ4_XS><<<grid, 256, 0, s>>>(p, out); break;
         default: fail("cuda dequantize: type ", block_info(w.type).name, " is not a quantized type");
     }
     EMBER_CUDA_LAUNCHED("dequantize_f16");

@@ -1,6 +1,6 @@
 // Quantized GEMM for batches of kMaxGemvTokens < n_tok <= kMaxGemmQ8Tokens (continuous-batching
 // decode steps, short prompts): y [n_tok][n_out] = x W^T for the packed 32-element block formats
-// (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; weight_pack.h) against q8_1 activations, on int8 tensor cores
+// (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, IQ4_NL; weight_pack.h) against q8_1 activations, on int8 tensor cores
 // (mma.sync m16n8k32). A 32-block's int32 dot is exact and is scaled as the GEMV scales it
 // (d_w * d_x, + m_w * s_x for the *_1 formats), so the two differ only in the float summation order.
 //
@@ -92,6 +92,16 @@ struct GemmQ5 : GemmFormat<DecodeQ5<kHasMin>> {
             lo = (lo << 3) ^ 0x80808080u;
             hi = (hi << 3) ^ 0x80808080u;
         }
+    }
+};
+
+// MXFP4 / IQ4_NL: the table values, signed bytes (|v| <= 127).
+template <bool kMx>
+struct GemmTable4 : GemmFormat<DecodeTable4<kMx>> {
+    static constexpr float kScale = 1.f;
+    __device__ static void operands(uint32_t w, uint32_t qh, int t, uint32_t& lo, uint32_t& hi) {
+        lo = uint32_t(DecodeTable4<kMx>::values(w, t, qh));
+        hi = uint32_t(DecodeTable4<kMx>::values(w, t + 4, qh));
     }
 };
 
@@ -375,6 +385,8 @@ void gemm_q8(const DeviceWeight& w, float* y, const int8_t* xq, const float2* xd
         case GGMLType::Q5_0: launch_tokens<GemmQ5<false>>(w, y, xq, xds, n_tok, s); break;
         case GGMLType::Q5_1: launch_tokens<GemmQ5<true>>(w, y, xq, xds, n_tok, s); break;
         case GGMLType::Q8_0: launch_tokens<GemmQ8_0>(w, y, xq, xds, n_tok, s); break;
+        case GGMLType::MXFP4: launch_tokens<GemmTable4<true>>(w, y, xq, xds, n_tok, s); break;
+        case GGMLType::IQ4_NL: launch_tokens<GemmTable4<false>>(w, y, xq, xds, n_tok, s); break;
         default: fail("cuda gemm_q8: unsupported weight type ", block_info(w.type).name);
     }
 }

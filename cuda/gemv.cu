@@ -247,6 +247,7 @@ int32_t row_units(const DeviceWeight& w) {
         case GGMLType::Q4_K:
         case GGMLType::Q5_K:
         case GGMLType::Q6_K: return int32_t(nb * 4);
+        case GGMLType::IQ4_XS: return int32_t(nb * 8);
         case GGMLType::F32: return int32_t(w.n_in / 4);
         case GGMLType::F16:
         case GGMLType::BF16: return int32_t(w.n_in / 8);
@@ -328,6 +329,9 @@ void gemv_batch(const DeviceWeight* const* ws, float* const* ys, int count, cons
         case GGMLType::Q4_K: launch<FmtQK<false>>(b, n_ctas, n_tok, s); break;
         case GGMLType::Q5_K: launch<FmtQK<true>>(b, n_ctas, n_tok, s); break;
         case GGMLType::Q6_K: launch<FmtQ6_K>(b, n_ctas, n_tok, s); break;
+        case GGMLType::MXFP4: launch_legacy<DecodeMXFP4>(cpu_order, b, n_ctas, n_tok, s); break;
+        case GGMLType::IQ4_NL: launch_legacy<DecodeIQ4_NL>(cpu_order, b, n_ctas, n_tok, s); break;
+        case GGMLType::IQ4_XS: launch<FmtIQ4_XS>(b, n_ctas, n_tok, s); break;
         case GGMLType::F32: launch<FmtFloat<float>>(b, n_ctas, n_tok, s); break;
         case GGMLType::F16: launch<FmtFloat<__half>>(b, n_ctas, n_tok, s); break;
         case GGMLType::BF16: launch<FmtFloat<__nv_bfloat16>>(b, n_ctas, n_tok, s); break;

@@ -154,6 +154,39 @@ struct FmtQK {
     }
 };
 
+// IQ4_XS (packed, block_decode.cuh): a unit is one sub-block of 32 (its 16 nibble bytes) and the
+// block's metadata entry, against activation block u.
+struct FmtIQ4_XS {
+    using D = DecodeIQ4_XS;
+    static constexpr bool kWholeRow = false;
+    static constexpr int kDepth = 4;
+    struct Data {
+        uint4 q;
+        uint2 meta;
+    };
+    __device__ static Data load(const GemvParams& p, int64_t row, int u) {
+        const int64_t b = row * p.n_blocks + (u >> 3);
+        Data v;
+        v.q = ld_stream(p.w + b * D::kQuantBytes + 16 * (u & 7));
+        v.meta = __ldg(reinterpret_cast<const uint2*>(p.meta) + b);
+        return v;
+    }
+    template <int NT>
+    __device__ static void dot(const GemvParams& p, int u, const Data& v, float* acc) {
+        const float dl = D::d(v.meta) * float(D::scale(v.meta, u & 7));
+        const uint32_t words[4] = {v.q.x, v.q.y, v.q.z, v.q.w};
+        int w[8];
+#pragma unroll
+        for (int g = 0; g < 8; ++g) w[g] = D::values(words[g & 3], g);
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            int4 a, c;
+            load_x32(p, t, u, a, c);
+            acc[t] += dl * load_ds(p, t, u).x * float(dot32(w, a, c));
+        }
+    }
+};
+
 // Q6_K (packed, block_decode.cuh): a unit is 16 consecutive l of one 128-element half: elements
 // l, l+32, l+64, l+96 (four sub-blocks of 16).
 struct FmtQ6_K {

@@ -155,7 +155,10 @@ bool cuda_weight_type(GGMLType type) {
         case GGMLType::Q8_0:
         case GGMLType::Q4_K:
         case GGMLType::Q5_K:
-        case GGMLType::Q6_K: return true;
+        case GGMLType::Q6_K:
+        case GGMLType::MXFP4:
+        case GGMLType::IQ4_NL:
+        case GGMLType::IQ4_XS: return true;
         default: return false;
     }
 }
@@ -170,7 +173,9 @@ bool gemm_q8_supported(GGMLType type) {
         case GGMLType::Q4_1:
         case GGMLType::Q5_0:
         case GGMLType::Q5_1:
-        case GGMLType::Q8_0: return true;
+        case GGMLType::Q8_0:
+        case GGMLType::MXFP4:
+        case GGMLType::IQ4_NL: return true;
         default: return false;
     }
 }

@@ -56,6 +56,9 @@ PackedLayout packed_layout(GGMLType type, int64_t n_in, int64_t n_out) {
         case GGMLType::Q5_1: return split_layout(L, nblk, 16, 8);
         case GGMLType::Q8_0: return split_layout(L, nblk, 32, 2);
         case GGMLType::Q6_K: return split_layout(L, nblk, 192, 16, 2);
+        case GGMLType::MXFP4: return split_layout(L, nblk, 16, 2);
+        case GGMLType::IQ4_NL: return split_layout(L, nblk, 16, 2);
+        case GGMLType::IQ4_XS: return split_layout(L, nblk, 128, 8);
         default: fail("cuda: weight type ", tt.name, " has no packed layout");
     }
 }
@@ -78,6 +81,7 @@ void pack_weight(GGMLType type, int64_t n_in, int64_t n_out, const uint8_t* src,
         uint8_t* m = meta + b * L.meta_bytes;
         switch (type) {
             case GGMLType::Q4_0:   // {f16 d; u8 qs[16]}
+            case GGMLType::IQ4_NL:
                 std::memcpy(m, s, 2);
                 std::memcpy(q, s + 2, 16);
                 break;
@@ -105,6 +109,14 @@ void pack_weight(GGMLType type, int64_t n_in, int64_t n_out, const uint8_t* src,
             case GGMLType::Q8_0:   // {f16 d; i8 qs[32]}
                 std::memcpy(m, s, 2);
                 std::memcpy(q, s + 2, 32);
+                break;
+            case GGMLType::MXFP4:   // {u8 e; u8 qs[16]} -> meta {e, 0}
+                m[0] = s[0];
+                std::memcpy(q, s + 1, 16);
+                break;
+            case GGMLType::IQ4_XS:   // {f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]}
+                std::memcpy(m, s, 8);
+                std::memcpy(q, s + 8, 128);
                 break;
             case GGMLType::Q6_K:   // {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}
                 std::memcpy(q, s, 192);

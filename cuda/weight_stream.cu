@@ -52,11 +52,16 @@ __global__ void pack_kernel(const uint8_t* __restrict__ raw, uint8_t* __restrict
         put<192>(qs + b * 192, s);
         put<16>(meta + b * 16, s + 192);
         put<2>(meta2 + b * 2, s + 208);
+    } else if constexpr (T == GGMLType::MXFP4) {   // {u8 e; u8 qs[16]} -> meta {e, 0}
+        const uint8_t m[2] = {s[0], 0};
+        put<2>(meta + b * 2, m);
+        put<16>(qs + b * 16, s + 1);
     } else if constexpr (T == GGMLType::Q5_0) {   // {f16 d; u8 qh[4]; u8 qs[16]} -> MetaQ5_0 {d, 0, qh}
         const uint8_t m[8] = {s[0], s[1], 0, 0, s[2], s[3], s[4], s[5]};
         put<8>(meta + b * 8, m);
         put<16>(qs + b * 16, s + 6);
-    } else {   // {metadata; quants}: Q4_0 {d}, Q4_1 {d, m}, Q5_1 {d, m, qh}, Q8_0 {d}
+    } else {   // {metadata; quants}: Q4_0 {d}, Q4_1 {d, m}, Q5_1 {d, m, qh}, Q8_0 {d}, IQ4_NL {d},
+               // IQ4_XS {d, scales_h, scales_l}
         put<META>(meta + b * META, s);
         put<QS>(qs + b * QS, s + META);
     }
@@ -87,6 +92,15 @@ void pack_weight_device(GGMLType type, int64_t n_in, int64_t n_out, const uint8_
             break;
         case GGMLType::Q8_0:
             pack_kernel<GGMLType::Q8_0, 34, 32, 2><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk);
+            break;
+        case GGMLType::MXFP4:
+            pack_kernel<GGMLType::MXFP4, 17, 16, 2><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk);
+            break;
+        case GGMLType::IQ4_NL:
+            pack_kernel<GGMLType::IQ4_NL, 18, 16, 2><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk);
+            break;
+        case GGMLType::IQ4_XS:
+            pack_kernel<GGMLType::IQ4_XS, 136, 128, 8><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk);
             break;
         case GGMLType::Q6_K:
             pack_kernel<GGMLType::Q6_K, 210, 192, 16><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk);

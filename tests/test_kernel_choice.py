@@ -74,6 +74,15 @@ MATMUL_CASES = [
     ("Q4_0", WIDE, 9, False, False, {"EMBER_CUDA_GEMM_DQ": "0"}, 90, "gemm_q8"),
     ("Q4_0", WIDE, 9, False, False, {"EMBER_CUDA_GEMM_DQ": "0", "EMBER_CUDA_GEMM_Q8": "0"}, 90, "gemv_chunks"),
     ("Q5_0", SMOLLM2_WIDTH, 9, False, False, {}, 90, "gemv_chunks_cpu_order"),
+    # the table types: MXFP4 and IQ4_NL as the 32-element formats without gemm_dq, IQ4_XS as a K-quant
+    ("MXFP4", WIDE, 1, False, False, {}, 90, "gemv"),
+    ("MXFP4", SMOLLM2_WIDTH, 1, False, False, {}, 90, "gemv_cpu_order"),
+    ("MXFP4", WIDE, 9, False, False, {}, 90, "gemm_q8"),
+    ("IQ4_NL", WIDE, 64, False, False, {}, 90, "gemm_q8"),
+    ("IQ4_NL", WIDE, 65, False, False, {}, 90, "dequant_cublas"),
+    ("IQ4_XS", WIDE, 1, False, False, {}, 90, "gemv"),
+    ("IQ4_XS", WIDE, 24, True, False, {}, 90, "gemv_chunks"),
+    ("IQ4_XS", WIDE, 65, False, False, {}, 90, "dequant_cublas"),
     # the K-quants: the GEMV in chunks up to 64 tokens, except decode steps past 24 sequences
     ("Q4_K", WIDE, 12, False, False, {}, 90, "gemv_chunks"),
     ("Q4_K", WIDE, 24, True, False, {}, 90, "gemv_chunks"),
@@ -155,8 +164,8 @@ def test_every_type_and_size_class_has_an_answer():
                                 assert t["max_gemv_tokens"] < n <= t["max_gemm_q8_tokens"]
                                 assert n_in > t["legacy_exact_max_width"]
                             if "cpu_order" in k:
-                                assert n_in <= t["legacy_exact_max_width"] and type_ in ("Q4_0", "Q4_1", "Q5_0",
-                                                                                         "Q5_1", "Q8_0")
+                                assert n_in <= t["legacy_exact_max_width"] and type_ in (
+                                    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4", "IQ4_NL")
                             if n > t["max_gemm_dq_tokens"] and not deterministic:
                                 assert k.startswith("cublas") or k == "dequant_cublas"
     assert names == {"gemv", "gemv_cpu_order", "gemv_chunks", "gemv_chunks_cpu_order", "gemm_dq_wgmma",

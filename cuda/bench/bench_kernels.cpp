@@ -55,6 +55,11 @@ std::vector<uint8_t> random_weight(GGMLType t, int64_t n_out, int64_t n_in) {
         return w;
     }
     for (auto& b : w) b = uint8_t(byte(rng));
+    if (t == GGMLType::MXFP4) { // e8m0 exponents: values up to 6 * 2^(e - 127)
+        std::uniform_int_distribution<int> e(118, 123);
+        for (int64_t b = 0; b < n_blocks; ++b) w[size_t(b) * bi.block_bytes] = uint8_t(e(rng));
+        return w;
+    }
     std::vector<int> offs;
     switch (t) {
         case GGMLType::Q4_1:
@@ -150,10 +155,11 @@ int main(int argc, char** argv) {
         const std::string only = argc > 1 ? argv[1] : ""; // "gemv", "gemm", "gemm_dq" or "attention": that table alone
         auto wants = [&](const char* table) { return only.empty() || only == table; };
 
-        const Named types[] = {{GGMLType::Q4_0, "Q4_0"}, {GGMLType::Q4_1, "Q4_1"}, {GGMLType::Q5_0, "Q5_0"},
-                               {GGMLType::Q5_1, "Q5_1"}, {GGMLType::Q8_0, "Q8_0"}, {GGMLType::Q4_K, "Q4_K"},
-                               {GGMLType::Q5_K, "Q5_K"}, {GGMLType::Q6_K, "Q6_K"}, {GGMLType::F16, "F16"},
-                               {GGMLType::BF16, "BF16"}, {GGMLType::F32, "F32"}};
+        const Named types[] = {{GGMLType::Q4_0, "Q4_0"},     {GGMLType::Q4_1, "Q4_1"},    {GGMLType::Q5_0, "Q5_0"},
+                               {GGMLType::Q5_1, "Q5_1"},     {GGMLType::Q8_0, "Q8_0"},    {GGMLType::Q4_K, "Q4_K"},
+                               {GGMLType::Q5_K, "Q5_K"},     {GGMLType::Q6_K, "Q6_K"},    {GGMLType::F16, "F16"},
+                               {GGMLType::BF16, "BF16"},     {GGMLType::F32, "F32"},      {GGMLType::MXFP4, "MXFP4"},
+                               {GGMLType::IQ4_NL, "IQ4_NL"}, {GGMLType::IQ4_XS, "IQ4_XS"}};
         // llama2-7b shapes: (n_in, n_out) of q/k/v/o, gate/up, down.
         const int64_t shapes[3][2] = {{4096, 4096}, {4096, 11008}, {11008, 4096}};
         if (wants("gemv"))
@@ -164,8 +170,7 @@ int main(int argc, char** argv) {
             if (!wants("gemv")) break;
             for (auto& sh : shapes) {
                 int64_t n_in = sh[0], n_out = sh[1];
-                if ((ty.t == GGMLType::Q4_K || ty.t == GGMLType::Q5_K || ty.t == GGMLType::Q6_K) && n_in % 256)
-                    n_in = 11264;
+                if (cuda::block_info(ty.t).block_elems == 256 && n_in % 256) n_in = 11264;
                 MatmulBuffers m(*be, ty.t, n_in, n_out, 512);
                 const double wbytes = double(cuda::packed_layout(ty.t, n_in, n_out).total);
                 const double t1 = time_it(*be, [&] { be->matmul(m.next(), m.x, 1, m.y); }, 48);
