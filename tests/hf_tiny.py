@@ -100,8 +100,12 @@ def _draw(spec):
         x = rng.standard_normal(spec["tensors"][name])
         if name.endswith("norm.weight"):
             x = 1.0 + 0.2 * x
-        elif name.endswith(".bias"):
+        elif name.endswith((".bias", "gate_up_proj_bias", "down_proj_bias")):
             x = 0.1 * x
+        elif name.endswith(".sinks"):
+            x = 1.0 * x   # logits beside the attention scores: of their size, so they matter
+        elif name.endswith("gate_up_proj"):
+            x = 0.5 * x   # large enough that gpt-oss's clamps at +-7 act
         else:
             x = 0.08 * x
         x = x.astype(np.float32)

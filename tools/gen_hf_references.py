@@ -76,6 +76,20 @@ MODELS = {
     "llama-yarn": Tiny("llama", "bpe", 5, prompt=_LONG, overrides=dict(rope_parameters={
         "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32,
         "beta_fast": 32.0, "beta_slow": 1.0})),
+    # Mixtures: 8 experts of which 2 are used per token.
+    "qwen3moe": Tiny("qwen3moe", "bpe", 9, prompt=_LONG, overrides=dict(
+        head_dim=24, moe_intermediate_size=48, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True)),
+    "qwen3moe-unnormed": Tiny("qwen3moe", "bpe", 10, prompt=_LONG, overrides=dict(
+        moe_intermediate_size=32, num_experts=8, num_experts_per_tok=3, norm_topk_prob=False)),
+    "mixtral": Tiny("mixtral", "bpe", 11, prompt=_LONG, overrides=dict(
+        intermediate_size=48, num_local_experts=8, num_experts_per_tok=2)),
+    # gpt-oss in bf16 as its unquantized releases; 4 layers, sliding ones with a window of 8, YaRN
+    # (unrounded, as gpt-oss's) from an original context of 32.
+    "gpt-oss": Tiny("gpt-oss", "bpe", 12, dtype="bfloat16", prompt=_LONG, overrides=dict(
+        num_hidden_layers=4, head_dim=16, intermediate_size=48, num_local_experts=8, num_experts_per_tok=2,
+        sliding_window=8, rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0,
+                                           "original_max_position_embeddings": 32, "beta_fast": 32.0,
+                                           "beta_slow": 1.0, "truncate": False})),
     # tests/test_embeddings.py
     "embed-llama": Tiny("llama", "bpe", 7),
 }
@@ -166,7 +180,8 @@ def _tokenizer(tok_dir, backend):
 
 
 def _config(tiny, n_tokens):
-    from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    from transformers import (Gemma3TextConfig, GptOssConfig, LlamaConfig, MistralConfig, MixtralConfig, Qwen2Config,
+                              Qwen3Config, Qwen3MoeConfig)
 
     kw = dict(vocab_size=n_tokens + tiny.extra_vocab, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5,
@@ -178,7 +193,8 @@ def _config(tiny, n_tokens):
         kw.update(head_dim=16, query_pre_attn_scalar=16, pad_token_id=0)
     kw.update(tiny.overrides)
     classes = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config,
-               "gemma3": Gemma3TextConfig}
+               "gemma3": Gemma3TextConfig, "qwen3moe": Qwen3MoeConfig, "mixtral": MixtralConfig,
+               "gpt-oss": GptOssConfig}
     return classes[tiny.arch](**kw)
 
 
@@ -208,11 +224,13 @@ def _saved_layout(model, dtype, shard, work):
 
 def model_layouts(tok_root, work):
     """name -> layout, tokenizer and seed of every tiny model (models.json)."""
-    from transformers import (Gemma3Config, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, LlamaForCausalLM,
-                              MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)
+    from transformers import (Gemma3Config, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, GptOssForCausalLM,
+                              LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM,
+                              Qwen3ForCausalLM, Qwen3MoeForCausalLM)
 
     classes = {"llama": LlamaForCausalLM, "mistral": MistralForCausalLM, "qwen2": Qwen2ForCausalLM,
-               "qwen3": Qwen3ForCausalLM, "gemma3": Gemma3ForCausalLM}
+               "qwen3": Qwen3ForCausalLM, "gemma3": Gemma3ForCausalLM, "qwen3moe": Qwen3MoeForCausalLM,
+               "mixtral": MixtralForCausalLM, "gpt-oss": GptOssForCausalLM}
     out, configs = {}, {}
     for name, tiny in MODELS.items():
         backend = ENCODERS[tiny.tokenizer][0]
@@ -239,8 +257,8 @@ def load_model(model_dir):
     with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
         config = json.load(f)
     cls = getattr(transformers, config["architectures"][0])
-    # eager: the attention implementation Gemma's authors recommend.
-    extra = {"attn_implementation": "eager"} if "gemma3" in config["model_type"] else {}
+    # eager: the attention implementation Gemma's authors recommend, and the one with gpt-oss's sinks.
+    extra = {"attn_implementation": "eager"} if config["model_type"] in ("gemma3_text", "gemma3", "gpt_oss") else {}
     model, info = cls.from_pretrained(model_dir, dtype=torch.float32, output_loading_info=True, **extra)
     problems = {k: v for k, v in info.items() if v}
     assert not problems, f"{model_dir}: {problems}"

@@ -27,7 +27,7 @@ struct ModelParams {
 };
 
 struct HParams {
-    std::string arch;           // "llama", "qwen2", "qwen3", "gemma3", ...
+    std::string arch;           // "llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "gpt-oss", ...
     int32_t n_layer = 0, n_embd = 0, n_head = 0, n_head_kv = 0, n_ff = 0, n_vocab = 0;
     int32_t head_dim = 0;       // n_embd / n_head unless the file says otherwise
     int32_t n_ctx_train = 0;
@@ -41,12 +41,18 @@ struct HParams {
     float rope_freq_scale = 1.0f;         // 1 / rope.scaling.factor
     int32_t rope_n_ctx_orig = 0;          // rope.scaling.original_context_length (YaRN)
     float yarn_ext_factor = 0.0f, yarn_attn_factor = 1.0f, yarn_beta_fast = 32.0f, yarn_beta_slow = 1.0f;
+    bool yarn_rounded = true;   // YaRN's correction range rounded out to whole dimensions (not for gpt-oss)
     // Sliding-window attention: layers for which swa_layer[l] is true see the last n_swa
     // positions only and rotate with rope_base_swa (Gemma 3's local layers).
     int32_t n_swa = 0;
     float rope_base_swa = 10000.0f;
     std::vector<bool> swa_layer;
     float attn_scale = 0.0f;    // > 0: the file's query scale ({arch}.attention.scale), else 1/sqrt(head_dim)
+    // Mixture of experts ({arch}.expert_count, expert_used_count): n_expert 0 for a dense model.
+    int32_t n_expert = 0, n_expert_used = 0;
+    int32_t n_ff_exp = 0;              // an expert's width: expert_feed_forward_length, else feed_forward_length
+    bool expert_weights_norm = true;   // the chosen experts' weights renormalized to sum 1 (expert_weights_norm)
+    float expert_weights_scale = 1.0f; // and then scaled by this (expert_weights_scale)
 };
 
 struct ModelImpl;

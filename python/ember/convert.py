@@ -23,10 +23,11 @@ OUTTYPES = {
 _ROWS_PER_CHUNK = 1024
 
 
-def _tensor_type(gguf, shape, outtype):
-    """Norms, biases and other 1-D tensors stay F32 (tiny, and precision-sensitive); Q8_0 needs
-    rows that are whole 32-element blocks, else the tensor falls back to F16."""
-    if len(shape) < 2:
+def _tensor_type(gguf, name, shape, outtype):
+    """Norms, biases (the experts' 2-D ones too), mixture routers and other 1-D tensors stay F32
+    (small, and precision-sensitive), as llama.cpp's converter keeps them; Q8_0 needs rows that are
+    whole 32-element blocks, else the tensor falls back to F16."""
+    if len(shape) < 2 or name.endswith((".bias", "ffn_gate_inp.weight")):
         return gguf.GGMLQuantizationType.F32
     qtype = getattr(gguf.GGMLQuantizationType, OUTTYPES[outtype][0])
     block, _ = gguf.GGML_QUANT_SIZES[qtype]
@@ -86,6 +87,12 @@ def convert(model_dir, out_path, outtype="f16", name=None, pre=None, progress=Tr
     # Special token ids may sit at the top level of a multimodal config, the vocab size in its text part.
     vocab = load_vocab(model_dir, {**config, **text_config}, pre)
 
+    # The output's folder is made as needed (as `-o out/model.gguf` into a fresh folder expects).
+    folder = os.path.dirname(os.path.abspath(out_path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise ConvertError(f"cannot make the output folder {folder}: {e.strerror or e}") from None
     writer = gguf.GGUFWriter(out_path, spec.gguf_arch)
     try:
         writer.add_name(_model_name(model_dir, name))
@@ -96,7 +103,7 @@ def convert(model_dir, out_path, outtype="f16", name=None, pre=None, progress=Tr
         add_vocab(writer, vocab)
         types = []
         for p in plans:
-            qtype = _tensor_type(gguf, p.shape, outtype)
+            qtype = _tensor_type(gguf, p.gguf_name, p.shape, outtype)
             types.append(qtype)
             # The shape is given in numpy order with an explicit raw type, so no byte-shape guess.
             writer.add_tensor_info(p.gguf_name, p.shape, np.dtype(np.float32), _nbytes(gguf, p.shape, qtype),
@@ -133,6 +140,8 @@ def main(argv=None):
     parser.add_argument("--pre", choices=PRE_NAMES,
                         help="byte-level BPE pre-tokenizer name, when it cannot be recognised")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    from .version import add_version
+    add_version(parser)
     args = parser.parse_args(argv)
     from .cli import run_tool
 

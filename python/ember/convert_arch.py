@@ -1,13 +1,15 @@
 """Architectures ember-convert knows: HF config.json -> GGUF hyperparameter keys, and HF tensor
 names/shapes -> GGUF tensor names, as llama.cpp's converter writes them: the Q/K row permutation
-of GGUF's "llama" layout, Gemma's norm weights stored as 1 + w, llama 3's rope_freqs tensor."""
+of GGUF's "llama" layout, Gemma's norm weights stored as 1 + w, llama 3's rope_freqs tensor, and
+the experts of mixture models (convert_moe.py)."""
 import re
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
 from .convert_error import ConvertError
+from .convert_moe import GPT_OSS, MIXTRAL, QWEN3MOE, ExpertLayout, add_expert_keys, expert_tensors, read_experts
 from .convert_rope import Rope, add_rope_scaling, llama3_rope_divisors, read_rope, split_rope_params
 
 
@@ -21,6 +23,8 @@ class ArchSpec:
     act: str = "silu"
     rope_scalings: tuple = ("linear", "yarn")
     multimodal: bool = False   # the text model sits under a language-model prefix
+    experts: Optional[ExpertLayout] = None   # a mixture: where its router and experts are
+    gpt_oss: bool = False      # O bias, attention sinks, alternating sliding-window layers, YaRN unrounded
     defaults: dict = field(default_factory=dict)   # config values transformers fills in when absent
 
 
@@ -41,6 +45,9 @@ ARCHS = {
     "Qwen3ForCausalLM": ArchSpec("qwen3", qk_norm=True),
     "Gemma3ForCausalLM": ArchSpec("gemma3", **_GEMMA3),
     "Gemma3ForConditionalGeneration": ArchSpec("gemma3", multimodal=True, **_GEMMA3),
+    "Qwen3MoeForCausalLM": ArchSpec("qwen3moe", qk_norm=True, experts=QWEN3MOE),
+    "MixtralForCausalLM": ArchSpec("llama", permute_qk=True, experts=MIXTRAL),
+    "GptOssForCausalLM": ArchSpec("gpt-oss", qkv_bias=True, experts=GPT_OSS, gpt_oss=True, rope_scalings=("yarn",)),
 }
 
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
@@ -70,6 +77,7 @@ class Hparams:
     swa_pattern: object = None     # None: llama.cpp's default; int period; or a bool per layer
     final_softcap: Optional[float] = None
     attn_scale: Optional[float] = None
+    experts: object = None         # convert_moe.Experts of a mixture
 
 
 @dataclass
@@ -80,6 +88,8 @@ class TensorPlan:
     permute_heads: int = 0     # > 0: apply the llama Q/K permutation with this many heads
     shift: float = 0.0         # added to every element (Gemma's 1 + w norms)
     data: Optional[np.ndarray] = None
+    inputs: tuple = ()         # several checkpoint tensors made into this one by combine (experts)
+    combine: Optional[Callable] = None
 
 
 def _need(config, key, path):
@@ -181,8 +191,8 @@ def read_hparams(config, spec, path):
     for flag in ("attention_bias", "mlp_bias"):
         if config.get(flag) and not (flag == "attention_bias" and spec.qkv_bias):
             raise ConvertError(f"{path}: unsupported {flag}=true for {spec.gguf_arch}")
-    if not spec.gemma and (config.get("use_sliding_window")
-                           or "sliding_attention" in (config.get("layer_types") or [])):
+    if not (spec.gemma or spec.gpt_oss) and (config.get("use_sliding_window")
+                                             or "sliding_attention" in (config.get("layer_types") or [])):
         raise ConvertError(f"{path}: sliding-window attention is not supported for {spec.gguf_arch}")
     rope_params, _ = split_rope_params(config)
     hp = Hparams(
@@ -195,7 +205,7 @@ def read_hparams(config, spec, path):
         head_dim=_int(config, "head_dim", path, n_embd // n_head),
         n_ctx=_int(config, "max_position_embeddings", path, 2048),
         rms_eps=float(config.get("rms_norm_eps", 1e-6)),
-        rope=read_rope(rope_params, 10_000.0, path, allowed=spec.rope_scalings),
+        rope=read_rope(rope_params, 10_000.0, path, allowed=spec.rope_scalings, unrounded_yarn=spec.gpt_oss),
         tied=bool(config.get("tie_word_embeddings", False)),
     )
     if n_head % hp.n_head_kv:
@@ -205,6 +215,12 @@ def read_hparams(config, spec, path):
         raise ConvertError(f"{path}: head_dim={hp.head_dim} must be even for rope")
     if spec.gemma:
         _read_gemma3(config, hp, path)
+    if spec.experts:
+        hp.experts = read_experts(config, spec.experts, hp.n_layer, path)
+    if spec.gpt_oss:
+        hp.n_swa = _int(config, "sliding_window", path)
+        if hp.rope.scaling != "yarn":
+            raise ConvertError(f"{path}: gpt-oss needs YaRN rope scaling (rope_type 'yarn')")
     return hp
 
 
@@ -221,12 +237,15 @@ def add_hparams(writer, spec, hp):
     writer.add_vocab_size(hp.n_vocab)
     # llama.cpp's qwen3/gemma3 converters always write the head size; llama/qwen2 only when it
     # is not hidden_size / num_attention_heads.
-    if spec.qk_norm or hp.head_dim * hp.n_head != hp.n_embd:
+    if spec.qk_norm or spec.gpt_oss or hp.head_dim * hp.n_head != hp.n_embd:
         writer.add_key_length(hp.head_dim)
         writer.add_value_length(hp.head_dim)
     add_rope_scaling(writer, hp.rope)
+    if hp.experts:
+        add_expert_keys(writer, spec, hp.experts)
     if hp.n_swa:
         writer.add_sliding_window(hp.n_swa)
+    if hp.rope_base_swa is not None:
         writer.add_rope_freq_base_swa(hp.rope_base_swa)
     for value, add in ((hp.swa_pattern, writer.add_sliding_window_pattern),
                        (hp.final_softcap, writer.add_final_logit_softcapping),
@@ -244,14 +263,18 @@ def _layer_tensors(spec, hp):
         "self_attn.k_proj.weight": ("attn_k.weight", (kv, E), hp.n_head_kv if spec.permute_qk else 0),
         "self_attn.v_proj.weight": ("attn_v.weight", (kv, E), 0),
         "self_attn.o_proj.weight": ("attn_output.weight", (E, q), 0),
-        "mlp.gate_proj.weight": ("ffn_gate.weight", (hp.n_ff, E), 0),
-        "mlp.up_proj.weight": ("ffn_up.weight", (hp.n_ff, E), 0),
-        "mlp.down_proj.weight": ("ffn_down.weight", (E, hp.n_ff), 0),
     }
+    if not spec.experts:
+        out["mlp.gate_proj.weight"] = ("ffn_gate.weight", (hp.n_ff, E), 0)
+        out["mlp.up_proj.weight"] = ("ffn_up.weight", (hp.n_ff, E), 0)
+        out["mlp.down_proj.weight"] = ("ffn_down.weight", (E, hp.n_ff), 0)
     if spec.qkv_bias:
         out["self_attn.q_proj.bias"] = ("attn_q.bias", (q,), 0)
         out["self_attn.k_proj.bias"] = ("attn_k.bias", (kv,), 0)
         out["self_attn.v_proj.bias"] = ("attn_v.bias", (kv,), 0)
+    if spec.gpt_oss:
+        out["self_attn.o_proj.bias"] = ("attn_output.bias", (E,), 0)
+        out["self_attn.sinks"] = ("attn_sinks.weight", (hp.n_head,), 0)
     if spec.qk_norm:
         out["self_attn.q_norm.weight"] = ("attn_q_norm.weight", (hp.head_dim,), 0)
         out["self_attn.k_norm.weight"] = ("attn_k_norm.weight", (hp.head_dim,), 0)
@@ -261,6 +284,9 @@ def _layer_tensors(spec, hp):
         out["post_attention_layernorm.weight"] = ("post_attention_norm.weight", (E,), 0)
         out["pre_feedforward_layernorm.weight"] = ("ffn_norm.weight", (E,), 0)
         out["post_feedforward_layernorm.weight"] = ("post_ffw_norm.weight", (E,), 0)
+    elif spec.gpt_oss:
+        # llama.cpp names gpt-oss's norm before the experts after HF's name for it.
+        out["post_attention_layernorm.weight"] = ("post_attention_norm.weight", (E,), 0)
     else:
         out["post_attention_layernorm.weight"] = ("ffn_norm.weight", (E,), 0)
     return out
@@ -302,18 +328,31 @@ def _canonical_names(spec, present):
     return out
 
 
+def _expert_tensors(spec, hp):
+    if not spec.experts:
+        return []
+    return [x for i in range(hp.n_layer) for x in expert_tensors(spec.experts, hp, hp.experts, i)]
+
+
+def _layer_of(gguf_name):
+    m = re.match(r"blk\.(\d+)\.", gguf_name)
+    return int(m.group(1)) if m else -1
+
+
 def plan_tensors(spec, hp, checkpoint):
     """Checks the checkpoint holds exactly the tensors the architecture needs, with the right
     shapes, before anything is written. Returns them in GGUF order (llama 3's computed
     rope_freqs first, as llama.cpp writes it; then globals, then by layer)."""
     expected = _expected(spec, hp)
+    experts = _expert_tensors(spec, hp)
+    wanted = set(expected) | {n for x in experts for n, _ in x.inputs}
     canonical = _canonical_names(spec, checkpoint.names())
     stored = {}
     for name in sorted(canonical):
         c = canonical[name]
         if c is None or _IGNORED_RE.search(name):
             continue
-        if c in expected:
+        if c in wanted:
             stored[c] = name
             continue
         if hp.tied and c == "lm_head.weight":
@@ -322,11 +361,8 @@ def plan_tensors(spec, hp, checkpoint):
         if m and int(m.group(1)) >= hp.n_layer:
             raise ConvertError(f"tensor {name}: layer {m.group(1)} beyond num_hidden_layers={hp.n_layer}")
         raise ConvertError(f"unexpected tensor {name} (not part of {spec.gguf_arch})")
-    plans = []
-    if hp.rope.scaling == "llama3":
-        divisors = llama3_rope_divisors(hp.rope, hp.head_dim)
-        plans.append(TensorPlan(None, "rope_freqs.weight", divisors.shape, data=divisors))
-    for hf_name, (gguf_name, shape, heads) in expected.items():
+
+    def stored_name(hf_name, shape):
         if hf_name not in stored:
             prefix = f" (under {_MM_TEXT_PREFIXES[0]} or {_MM_TEXT_PREFIXES[1]})" if spec.multimodal else ""
             raise ConvertError(f"missing tensor {hf_name}{prefix}")
@@ -334,9 +370,22 @@ def plan_tensors(spec, hp, checkpoint):
         got = tuple(checkpoint.shape(name))
         if got != shape:
             raise ConvertError(f"tensor {name} has shape {list(got)}, expected {list(shape)}")
+        return name
+
+    plans = []
+    if hp.rope.scaling == "llama3":
+        divisors = llama3_rope_divisors(hp.rope, hp.head_dim)
+        plans.append(TensorPlan(None, "rope_freqs.weight", divisors.shape, data=divisors))
+    for hf_name, (gguf_name, shape, heads) in expected.items():
+        name = stored_name(hf_name, shape)
         # Gemma's RMSNorm scales by (1 + w); llama.cpp stores the sum so the norm is a plain one.
         shift = 1.0 if spec.gemma and hf_name.endswith("norm.weight") else 0.0
         plans.append(TensorPlan(name, gguf_name, shape, heads, shift))
+    for x in experts:
+        inputs = tuple(stored_name(n, shape) for n, shape in x.inputs)
+        plans.append(TensorPlan(None, x.gguf_name, x.shape, inputs=inputs, combine=x.combine))
+    # Each layer's experts after its other tensors (a stable sort keeps the rest in order).
+    plans.sort(key=lambda p: _layer_of(p.gguf_name))
     return plans
 
 
@@ -352,6 +401,8 @@ def permute_qk(w, n_heads):
 def load_tensor(checkpoint, plan):
     if plan.data is not None:
         return plan.data
+    if plan.combine is not None:
+        return plan.combine([checkpoint.load_f32(n) for n in plan.inputs])
     data = checkpoint.load_f32(plan.hf_name)
     if plan.permute_heads:
         data = np.ascontiguousarray(permute_qk(data, plan.permute_heads))

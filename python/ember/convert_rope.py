@@ -62,10 +62,11 @@ def _optional(params, *keys):
     return None
 
 
-def read_rope(params, default_base, path, allowed=SCALINGS, what="rope scaling"):
+def read_rope(params, default_base, path, allowed=SCALINGS, what="rope scaling", unrounded_yarn=False):
     """params: one flat rope dict (see split_rope_params). allowed: the scalings this architecture's
     GGUF can express; anything else is refused, since a file that runs with the wrong positions is
-    worse than none."""
+    worse than none. unrounded_yarn: the architecture's YaRN keeps its correction range unrounded
+    (gpt-oss), so its configs must say truncate=false."""
     kind = params.get("rope_type") or "default"
     rope = Rope(base=float(params.get("rope_theta", default_base)))
     if kind == "default":
@@ -86,8 +87,12 @@ def read_rope(params, default_base, path, allowed=SCALINGS, what="rope scaling")
         for unsupported in ("mscale", "mscale_all_dim"):
             if params.get(unsupported) is not None:
                 raise ConvertError(f"{path}: rope scaling 'yarn' with '{unsupported}' is not supported")
-        if params.get("truncate") is False:
-            # GGUF's YaRN always rounds the correction range to whole dimensions.
+        truncate = params.get("truncate", True)
+        if unrounded_yarn and truncate is not False:
+            raise ConvertError(f"{path}: rope scaling 'yarn' must have truncate=false here (the architecture "
+                               "keeps the correction range unrounded)")
+        if not unrounded_yarn and truncate is False:
+            # GGUF's YaRN rounds the correction range to whole dimensions.
             raise ConvertError(f"{path}: rope scaling 'yarn' with truncate=false is not supported")
         rope.yarn_ext_factor = _optional(params, "extrapolation_factor")
         rope.yarn_attn_factor = _optional(params, "attention_factor", "attn_factor")

@@ -1,10 +1,40 @@
 // Hyperparameters from GGUF metadata: the keys every architecture has ({arch}.block_count etc.,
 // rope scaling), then the architecture's own (model/arch).
+#include <algorithm>
+#include <cmath>
+
 #include "ember/status.h"
 #include "model/arch/arch.h"
 #include "model/model_impl.h"
 
 namespace ember {
+
+namespace {
+
+// The mixture keys every architecture spells alike; whether a model must or may have experts is
+// its architecture's to say.
+void read_expert_hparams(const GGUFFile& f, const std::string& a, HParams& hp) {
+    const uint64_t n_expert = f.get_uint(a + "expert_count", 0);
+    const uint64_t n_used = f.get_uint(a + "expert_used_count", 0);
+    if (n_expert == 0) {
+        if (n_used != 0) fail(f.path(), ": ", a, "expert_used_count ", n_used, " without ", a, "expert_count");
+        return;
+    }
+    if (n_expert > 4096) fail(f.path(), ": ", a, "expert_count ", n_expert, " is out of range (at most 4096)");
+    if (n_used == 0 || n_used > n_expert)
+        fail(f.path(), ": ", a, "expert_used_count ", n_used, " must be between 1 and ", a, "expert_count (", n_expert,
+             ")");
+    hp.n_expert = (int32_t)n_expert;
+    hp.n_expert_used = (int32_t)n_used;
+    hp.n_ff_exp = (int32_t)f.get_uint(a + "expert_feed_forward_length", (uint64_t)hp.n_ff);
+    if (hp.n_ff_exp <= 0) fail(f.path(), ": ", a, "expert_feed_forward_length must be positive, got ", hp.n_ff_exp);
+    hp.expert_weights_norm = f.get_bool(a + "expert_weights_norm", true);
+    hp.expert_weights_scale = (float)f.get_float(a + "expert_weights_scale", 1.0);
+    if (!(hp.expert_weights_scale > 0.0f))
+        fail(f.path(), ": ", a, "expert_weights_scale must be positive, got ", hp.expert_weights_scale);
+}
+
+}  // namespace
 
 HParams read_hparams(const GGUFFile& f) {
     HParams hp;
@@ -60,6 +90,7 @@ HParams read_hparams(const GGUFFile& f) {
         hp.yarn_beta_fast = (float)f.get_float(a + "rope.scaling.yarn_beta_fast", 32.0);
         hp.yarn_beta_slow = (float)f.get_float(a + "rope.scaling.yarn_beta_slow", 1.0);
     }
+    read_expert_hparams(f, a, hp);
     arch.read_hparams(f, hp);
     if (hp.swa_layer.empty()) hp.swa_layer.assign(hp.n_layer, false);
     return hp;
@@ -77,6 +108,15 @@ RopeParams model_rope(const HParams& hp, const std::vector<float>& freq_factors)
         r.attn_factor = hp.yarn_attn_factor;
         rope_yarn_corr_dims(hp.head_dim, hp.rope_n_ctx_orig, hp.rope_base, hp.yarn_beta_fast, hp.yarn_beta_slow,
                             r.corr_lo, r.corr_hi);
+        if (!hp.yarn_rounded) {
+            // The same range before rounding (gpt-oss's reference and transformers' truncate=false).
+            const double pi = 3.14159265358979323846;
+            auto dim = [&](double n_rot) {
+                return hp.head_dim * std::log(hp.rope_n_ctx_orig / (n_rot * 2 * pi)) / (2 * std::log(hp.rope_base));
+            };
+            r.corr_lo = (float)std::max(0.0, dim(hp.yarn_beta_fast));
+            r.corr_hi = (float)std::min((double)(hp.head_dim - 1), dim(hp.yarn_beta_slow));
+        }
     }
     return r;
 }

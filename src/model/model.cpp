@@ -26,22 +26,20 @@ const GGUFTensor* bind_optional(const GGUFFile& f, const std::string& name, std:
     return f.find_tensor(name) ? &bind_tensor(f, name, std::move(ne)) : nullptr;
 }
 
-bool is_matrix(const GGUFTensor& t) { return t.ne.size() >= 2; }
-
 }  // namespace
 
 BlockWeights prepare_block_vectors(Backend& be, const BlockTensors& t) {
     BlockWeights w;
     w.backend = &be;
     for (int r = 0; r < kRoles; ++r)
-        if (t.t[r] && !is_matrix(*t.t[r])) w.vec[r] = be.prepare_vector(*t.t[r]);
+        if (t.t[r] && !t.matrix(r)) w.vec[r] = be.prepare_vector(*t.t[r]);
     return w;
 }
 
 BlockWeights prepare_block(Backend& be, const BlockTensors& t) {
     BlockWeights w = prepare_block_vectors(be, t);
     for (int r = 0; r < kRoles; ++r)
-        if (t.t[r] && is_matrix(*t.t[r])) w.mat[r] = be.prepare_weight(*t.t[r]);
+        if (t.matrix(r)) w.mat[r] = be.prepare_weight(*t.t[r]);
     return w;
 }
 
@@ -100,9 +98,11 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& p
     for (int32_t l = 0; l < hp.n_layer; ++l) {
         const std::string p = "blk." + std::to_string(l) + ".";
         BlockTensors b;
-        for (const TensorSpec& s : specs)
-            b.t[static_cast<int>(s.role)] = s.optional ? bind_optional(f, p + s.name, s.shape)
-                                                       : &bind_tensor(f, p + s.name, s.shape);
+        for (const TensorSpec& s : specs) {
+            const int r = static_cast<int>(s.role);
+            b.t[r] = s.optional ? bind_optional(f, p + s.name, s.shape) : &bind_tensor(f, p + s.name, s.shape);
+            b.vector[r] = s.vector;
+        }
         m.blocks.push_back(b);
         m.layers.push_back(m.arch->layer_config(hp, l, rope));
     }
@@ -130,13 +130,13 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& p
         std::vector<const GGUFTensor*> host;
         for (int32_t l = 0; l < hp.n_layer; ++l)
             if (m.plan.block[l] == Device::cpu)
-                for (const GGUFTensor* t : m.blocks[l].t)
-                    if (t && is_matrix(*t)) host.push_back(t);
+                for (int r = 0; r < kRoles; ++r)
+                    if (m.blocks[l].matrix(r)) host.push_back(m.blocks[l].t[r]);
         if (m.plan.head == Device::cpu) host.push_back(m.output);
         m.host_weights = std::make_unique<HostWeights>(host);
         for (BlockTensors& b : m.blocks)
-            for (const GGUFTensor*& t : b.t)
-                if (t && is_matrix(*t)) t = m.host_weights->find(t);
+            for (int r = 0; r < kRoles; ++r)
+                if (b.matrix(r)) b.t[r] = m.host_weights->find(b.t[r]);
         m.output = m.host_weights->find(m.output);
         if (params.verbose)
             std::fprintf(stderr, "ember: %s: %.1f MiB of CPU weights copied to host memory (%s)\n", path.c_str(),

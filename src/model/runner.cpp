@@ -156,8 +156,11 @@ struct RunnerImpl {
         s.buf.k = alloc_floats(be, B * KW);
         s.buf.v = alloc_floats(be, B * KW);
         s.buf.att = alloc_floats(be, B * QW);
-        s.buf.gate = alloc_floats(be, B * hp.n_ff);
-        s.buf.up = alloc_floats(be, B * hp.n_ff);
+        const int64_t F = std::max(hp.n_ff, hp.n_ff_exp);
+        s.buf.gate = alloc_floats(be, B * F);
+        s.buf.up = alloc_floats(be, B * F);
+        if (hp.n_expert > 0)
+            s.buf.moe = alloc_floats(be, moe_scratch_floats(B, hp.n_embd, hp.n_ff_exp, hp.n_expert, hp.n_expert_used));
         return s;
     }
 

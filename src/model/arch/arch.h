@@ -12,7 +12,8 @@
 
 namespace ember {
 
-// The roles a block's tensors play. Matrices (2-D) become Weights, vectors (1-D) float arrays.
+// The roles a block's tensors play. Matrices (2-D) and stacked experts (3-D) become Weights,
+// vectors (1-D, or 2-D where the spec says so) float arrays.
 enum class Role : int {
     attn_norm,
     wq,
@@ -30,6 +31,16 @@ enum class Role : int {
     up,
     down,
     post_ffn_norm,
+    bo,               // attention output bias (gpt-oss)
+    attn_sinks,       // per-head sink logits [n_head] (gpt-oss)
+    router,           // a mixture's router [n_expert][n_embd]
+    router_bias,
+    gate_exps,        // stacked experts [n_expert][n_ff][n_embd] (up_exps alike; down_exps [n_expert][n_embd][n_ff])
+    up_exps,
+    down_exps,
+    gate_exps_bias,   // [n_expert][n_ff] as one float array (down_exps_bias [n_expert][n_embd])
+    up_exps_bias,
+    down_exps_bias,
     count
 };
 constexpr int kRoles = static_cast<int>(Role::count);
@@ -39,12 +50,16 @@ struct TensorSpec {
     const char* name;             // after "blk.N.", e.g. "attn_q.weight"
     std::vector<int64_t> shape;   // GGUF ne order: [n_in, n_out] for matrices
     bool optional = false;
+    bool vector = false;   // a 2-D tensor read as one float array (the experts' biases)
 };
 
 // A block's GGUF tensors (null where an optional one is absent).
 struct BlockTensors {
     std::array<const GGUFTensor*, kRoles> t{};
+    std::array<bool, kRoles> vector{};   // read as floats whatever its dimensions (TensorSpec::vector)
     const GGUFTensor* operator[](Role r) const { return t[static_cast<int>(r)]; }
+    // Whether role r's tensor becomes a Weight (else a float array).
+    bool matrix(int r) const { return t[r] && t[r]->ne.size() >= 2 && !vector[r]; }
 };
 
 // A block's tensors as one backend sees them.

@@ -1,7 +1,10 @@
-// The pre-norm llama block (Llama, Mistral, Qwen2, Qwen3) and the weight views the fused ops take.
+// The pre-norm llama block (Llama, Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE) and the weight views
+// the fused ops take.
 #include "model/arch/arch_common.h"
 
 #include <cmath>
+
+#include "model/arch/moe_common.h"
 
 namespace ember {
 
@@ -12,9 +15,14 @@ std::vector<TensorSpec> llama_block_tensors(const HParams& hp, bool biases, bool
         {Role::attn_norm, "attn_norm.weight", {E}}, {Role::wq, "attn_q.weight", {E, QW}},
         {Role::wk, "attn_k.weight", {E, KW}},       {Role::wv, "attn_v.weight", {E, KW}},
         {Role::wo, "attn_output.weight", {QW, E}},  {Role::ffn_norm, "ffn_norm.weight", {E}},
-        {Role::gate, "ffn_gate.weight", {E, F}},    {Role::up, "ffn_up.weight", {E, F}},
-        {Role::down, "ffn_down.weight", {F, E}},
     };
+    if (hp.n_expert > 0) {
+        for (TensorSpec& s : moe_block_tensors(hp, /*biases=*/false)) t.push_back(std::move(s));
+    } else {
+        t.push_back({Role::gate, "ffn_gate.weight", {E, F}});
+        t.push_back({Role::up, "ffn_up.weight", {E, F}});
+        t.push_back({Role::down, "ffn_down.weight", {F, E}});
+    }
     if (biases) {
         t.push_back({Role::bq, "attn_q.bias", {QW}, true});
         t.push_back({Role::bk, "attn_k.bias", {KW}, true});
@@ -59,8 +67,14 @@ FfnWeights ffn_weights(const BlockRun& r, Activation act) {
 const float* pre_norm_block(const BlockRun& r, Activation act) {
     r.be.attn_in(attn_in_weights(r), r.x, r.residual, r.n_tok, r.kv, r.buf);
     r.be.attn_out(r.kv, r.cfg.shape, *r.w.m(Role::wo), r.n_tok, r.buf, r.out_a);
-    r.be.ffn(ffn_weights(r, act), r.x, r.out_a, r.n_tok, r.buf, r.out_b);
+    if (r.hp.n_expert > 0) run_moe_ffn(r, MoeConfig{MoeGating::softmax, act}, r.out_a, r.out_b);
+    else r.be.ffn(ffn_weights(r, act), r.x, r.out_a, r.n_tok, r.buf, r.out_b);
     return r.out_b;
+}
+
+void PreNormArch::read_hparams(const GGUFFile& f, HParams& hp) const {
+    hp.rope_neox = neox_;
+    check_experts(f, hp, experts_ != Experts::none, experts_ == Experts::required);
 }
 
 }  // namespace ember

@@ -6,6 +6,7 @@
 
 #include "ember/status.h"
 #include "model/arch/arch_common.h"
+#include "model/arch/moe_common.h"
 
 namespace ember {
 
@@ -13,6 +14,7 @@ class Gemma3Arch final : public Architecture {
 public:
     void read_hparams(const GGUFFile& f, HParams& hp) const override {
         hp.rope_neox = true;
+        check_experts(f, hp, /*allowed=*/false, /*required=*/false);
         hp.attn_scale = (float)f.get_float("gemma3.attention.scale", 0.0);
         hp.n_swa = (int32_t)f.get_uint("gemma3.attention.sliding_window", 0);
         hp.rope_base_swa = (float)f.get_float("gemma3.rope.freq_base_swa", 10000.0);

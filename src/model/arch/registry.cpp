@@ -10,6 +10,8 @@ const Architecture& llama_architecture();
 const Architecture& qwen2_architecture();
 const Architecture& qwen3_architecture();
 const Architecture& gemma3_architecture();
+const Architecture& qwen3moe_architecture();
+const Architecture& gpt_oss_architecture();
 
 namespace {
 struct Entry {
@@ -17,8 +19,9 @@ struct Entry {
     const Architecture& (*get)();
 };
 const Entry kArchitectures[] = {
-    {"llama", &llama_architecture}, {"mistral", &llama_architecture}, {"qwen2", &qwen2_architecture},
-    {"qwen3", &qwen3_architecture}, {"gemma3", &gemma3_architecture},
+    {"llama", &llama_architecture},     {"mistral", &llama_architecture}, {"qwen2", &qwen2_architecture},
+    {"qwen3", &qwen3_architecture},     {"gemma3", &gemma3_architecture}, {"qwen3moe", &qwen3moe_architecture},
+    {"gpt-oss", &gpt_oss_architecture},
 };
 }  // namespace
 
