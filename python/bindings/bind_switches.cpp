@@ -4,6 +4,7 @@
 #include <nanobind/stl/string.h>
 
 #include "backend/switches.h"
+#include "cpu/cpu_kernels.h"
 
 namespace nb = nanobind;
 using namespace ember;
@@ -38,4 +39,8 @@ void bind_switches(nb::module_& m) {
     m.def("switches", &switches,
           "Every EMBER_* runtime switch: a list of {name, fallback, values, meaning, value, override}, value "
           "being what a backend made now would read (override > environment > fallback).");
+    m.def(
+        "simd_level", [] { return std::string(simd_level_name(simd_level(Switches::current()))); },
+        "The SIMD level of the CPU kernels a backend made now would run: the CPU's (scalar, avx2, avx512, "
+        "neon), lowered by EMBER_SIMD.");
 }

@@ -16,6 +16,7 @@ import numpy as np
 
 from . import _ember, bench_batched, options
 from .cli import run_tool
+from .version import add_version
 
 # Measured copy bandwidth of the H100 the anchors ran on (see docs/performance.md).
 GPU_BANDWIDTH_GBS = 3000.0
@@ -85,6 +86,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("-r", "--repetitions", type=int, default=3)
     ap.add_argument("--bandwidth", type=float, default=0.0, help="roofline GB/s (default: measured host / H100)")
     options.add_arguments(ap, options.BENCH)
+    add_version(ap)
     bench_batched.add_args(ap)
     return ap
 

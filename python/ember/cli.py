@@ -1,6 +1,8 @@
 """The `ember` command: load a GGUF model and stream a completion of a prompt to stdout
-(ember -m MODEL -p PROMPT -n N [--temp T] [--seed S] [-c N_CTX] [-t THREADS] [-ngl N] [-ctk/-ctv TYPE]);
-the options shared with the other tools are docs/options.md's."""
+(ember -m MODEL -p PROMPT | -f FILE | prompt on stdin, -n N [--temp T] [--seed S] [-c N_CTX] ...), or
+talk with it: -cnv / --chat through its chat template (-sys: a system prompt), -i on raw text.
+`ember --system-info` says what this build runs on. The options shared with the other tools are
+docs/options.md's."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +11,9 @@ import sys
 from typing import Callable, List, Optional
 
 from . import options
+from .cli_chat import chat, interactive
 from .llama import Llama
+from .version import add_version, system_info
 
 
 def _describe(e: BaseException) -> str:
@@ -43,14 +47,49 @@ def run_tool(prog: str, body: Callable[[], int]) -> int:
         return 1
 
 
+class _SystemInfo(argparse.Action):
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(system_info())
+        parser.exit()
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ember", description="Complete a prompt with a GGUF model.")
-    p.add_argument("-p", "--prompt", required=True, help="the prompt text")
+    p = argparse.ArgumentParser(prog="ember", description="Complete a prompt with a GGUF model, or chat with it.")
+    given = p.add_mutually_exclusive_group()
+    given.add_argument("-p", "--prompt", help="the prompt text (none: -f, or the text on stdin)")
+    given.add_argument("-f", "--file", metavar="FILE", help="read the prompt from FILE")
     p.add_argument("-n", "--n-predict", type=int, default=128,
-                   help="tokens to generate (<= 0: until end of generation or a full context)")
+                   help="tokens to generate, per reply in a conversation (<= 0: until end of generation or a "
+                        "full context)")
     p.add_argument("--echo", action="store_true", help="print the prompt before the completion")
+    talk = p.add_mutually_exclusive_group()
+    talk.add_argument("-cnv", "--conversation", "--chat", dest="conversation", action="store_true",
+                      help="chat: each line you type is a user turn, rendered by the model's chat template (a "
+                           "line ending in \\ goes on on the next; /exit or Ctrl-D ends it)")
+    talk.add_argument("-i", "--interactive", action="store_true",
+                      help="after the completion, what you type is appended to the text and completed in turn")
+    p.add_argument("-sys", "--system-prompt", metavar="TEXT", help="with -cnv: the conversation's system prompt")
+    p.add_argument("--system-info", action=_SystemInfo,
+                   help="print the SIMD level, the backends built in and the CUDA devices, then exit")
+    add_version(p)
     options.add_arguments(p, options.EMBER)
     return p
+
+
+def _prompt(args) -> str:
+    if args.prompt is not None:
+        return args.prompt
+    if args.file is not None:
+        with open(args.file, encoding="utf-8") as f:
+            return f.read()
+    if args.interactive:
+        return ""
+    if sys.stdin.isatty():
+        raise ValueError("no prompt: give -p TEXT, -f FILE or the text on stdin (or -cnv to chat)")
+    return sys.stdin.read()
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -59,10 +98,18 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _complete(args) -> int:
+    if args.system_prompt is not None and not args.conversation:
+        raise ValueError("-sys / --system-prompt is for a chat: add -cnv")
+    prompt = None if args.conversation else _prompt(args)
+    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                    repeat_penalty=args.repeat_penalty)
+    max_tokens = args.n_predict if args.n_predict > 0 else None
     with Llama(args.model, **options.values(args, options.LLAMA)) as llm:
-        chunks = llm.create_completion(args.prompt, max_tokens=args.n_predict, temperature=args.temperature,
-                                       top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                                       repeat_penalty=args.repeat_penalty, echo=args.echo, stream=True)
+        if args.conversation:
+            return chat(llm, sampling, max_tokens, args.system_prompt)
+        if args.interactive:
+            return interactive(llm, sampling, max_tokens, prompt)
+        chunks = llm.create_completion(prompt, max_tokens=args.n_predict, echo=args.echo, stream=True, **sampling)
         for chunk in chunks:
             sys.stdout.write(chunk["choices"][0]["text"])
             sys.stdout.flush()

@@ -14,6 +14,7 @@ import numpy as np
 
 from . import _ember, options
 from .cli import run_tool
+from .version import add_version
 
 
 def chunk_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
@@ -24,12 +25,15 @@ def chunk_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return log_z - logits[np.arange(len(targets)), targets]
 
 
-def text_chunks(model, text: bytes, n_ctx: int) -> tuple:
+def text_chunks(model, text: bytes, n_ctx: int, max_chunks: int = 0) -> tuple:
     """The text's tokens cut into whole chunks of n_ctx, each starting with BOS where the model
-    adds BOS, as llama-perplexity scores them; and the text's token count."""
+    adds BOS, as llama-perplexity scores them (the first max_chunks of them when > 0, as its
+    --chunks); and the text's token count."""
     tok = model.tokenizer
     tokens = tok.encode(text, True, False)
     n_chunk = len(tokens) // n_ctx
+    if max_chunks > 0:
+        n_chunk = min(n_chunk, max_chunks)
     if n_chunk == 0:
         raise ValueError(f"the text has {len(tokens)} tokens, fewer than n_ctx {n_ctx}: need at least one chunk")
     chunks = []
@@ -47,10 +51,11 @@ def _kv_fields(kv_type) -> dict:
 
 
 def perplexity(model, text: bytes, n_ctx: int, n_threads: int, n_batch: int = 0, out=sys.stdout,
-               kv_type: Optional[str] = None, **context_fields):
-    """The text's perplexity (printed to out as llama-perplexity prints it); context_fields are
-    ContextParams fields (offload_kqv, kv_gpu_cache_mb, ...)."""
-    chunks, n_tokens = text_chunks(model, text, n_ctx)
+               kv_type: Optional[str] = None, max_chunks: int = 0, **context_fields):
+    """The text's perplexity (printed to out as llama-perplexity prints it) over its first
+    max_chunks chunks (0: all); context_fields are ContextParams fields (offload_kqv,
+    kv_gpu_cache_mb, ...)."""
+    chunks, n_tokens = text_chunks(model, text, n_ctx, max_chunks)
     n_chunk = len(chunks)
     ctx = _ember.Context(model, n_ctx=n_ctx, n_batch=n_batch or n_ctx, n_threads=n_threads,
                          **_kv_fields(kv_type), **context_fields)
@@ -108,7 +113,10 @@ def perplexity_engine(model, text: bytes, n_ctx: int, n_threads: int, kv_type: O
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="ember-perplexity", description=__doc__.splitlines()[0])
     ap.add_argument("-f", "--file", required=True, help="text file to score")
+    ap.add_argument("--chunks", type=int, default=-1, metavar="N",
+                    help="score the first N chunks only (default: -1, every whole chunk of the file)")
     options.add_arguments(ap, options.PERPLEXITY)
+    add_version(ap)
     return ap
 
 
@@ -118,13 +126,15 @@ def main(argv=None) -> int:
 
 
 def _run(args) -> int:
+    if args.chunks == 0 or args.chunks < -1:
+        raise ValueError(f"--chunks must be a number of chunks >= 1 (or -1: all), got {args.chunks}")
     kv_type = options.kv_cache_type(args.type_k, args.type_v)
     with open(args.file, "rb") as f:
         text = f.read()
     model = _ember.Model(args.model, options.fill(_ember.ModelParams(), vars(args)))
     n_ctx = options.context_size(model, args.n_ctx)
     perplexity(model, text, n_ctx, args.n_threads or 0, args.n_batch or 0, kv_type=kv_type,
-               offload_kqv=args.offload_kqv, kv_gpu_cache_mb=args.kv_gpu_cache_mb)
+               max_chunks=max(args.chunks, 0), offload_kqv=args.offload_kqv, kv_gpu_cache_mb=args.kv_gpu_cache_mb)
     return 0
 
 

@@ -8,6 +8,7 @@ from typing import List, Optional
 
 from .. import options
 from ..options import SERVER
+from ..version import add_version
 
 
 @dataclass
@@ -33,6 +34,7 @@ def parser() -> argparse.ArgumentParser:
                                 description="Serve a GGUF model over an OpenAI-compatible HTTP API, "
                                             "every request sharing one continuous batch.")
     options.add_arguments(p, SERVER)
+    add_version(p)
     return p
 
 
