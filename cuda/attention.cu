@@ -173,7 +173,8 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(Attention
             for (int w = 1; w < kAttnWarps; ++w)
                 merge_state(m[i], l[i], acc[i], sm_m[w][i], sm_l[w][i], &sm_acc[w][i][8 * c]);
             if (a.n_split == 1) {
-                const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
+                const float sum = l[i] + sink_term(a, head[i], m[i]);
+                const float inv = sum > 0.f ? 1.f / sum : 0.f;
                 float* o = a.out + int64_t(tok[i]) * q_dim + head[i] * hd + 8 * c;
 #pragma unroll
                 for (int j = 0; j < 8; ++j) o[j] = acc[i][j] * inv;
@@ -405,7 +406,8 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(Attention
             const int d = tid + kDecThreads * c;
             if (d >= hd) break;
             if (a.n_split == 1) {
-                store_out(a, th * hd + d, l_s[i] > 0.f ? acc[i][c] / l_s[i] : 0.f);
+                const float sum = l_s[i] + sink_term(a, h0 + i, m_s[i]);
+                store_out(a, th * hd + d, sum > 0.f ? acc[i][c] / sum : 0.f);
             } else {
                 const int64_t slot = int64_t(split) * a.n_tok * a.n_head + th;
                 a.part_acc[slot * hd + d] = acc[i][c];

@@ -275,7 +275,8 @@ __global__ void __launch_bounds__(DecodeMmaSmem<HD>::kWarps * kWarp)
         }
         const int64_t th = int64_t(t) * a.n_head + h0 + r;
         if (a.n_split == 1) {
-            store_out(a, th * HD + d, l > 0.f ? acc / l : 0.f);
+            const float sum = l + sink_term(a, h0 + r, m);
+            store_out(a, th * HD + d, sum > 0.f ? acc / sum : 0.f);
         } else {
             const int64_t slot = int64_t(split) * a.n_tok * a.n_head + th;
             a.part_acc[slot * HD + d] = acc;

@@ -56,16 +56,17 @@ __device__ __forceinline__ float pv_in_order(float o, const float* p, const __ha
 
 // The n scores in ps (shared memory) become probabilities: exp(s - max) by glibc's expf, divided
 // by their sum (in double), rounded to f16. mx: the calling thread's max over ps[threadIdx.x],
-// ps[threadIdx.x + kExactThreads], ...; the sum runs over the same split. Every thread of the CTA
-// calls it; the probabilities are visible to all on return.
-__device__ void softmax_in_order(float* ps, int n, float mx) {
+// ps[threadIdx.x + kExactThreads], ...; the sum runs over the same split. A sink logit (-inf:
+// none) joins the max and, last, the sum, as on the CPU. Every thread of the CTA calls it; the
+// probabilities are visible to all on return.
+__device__ void softmax_in_order(float* ps, int n, float mx, float sink) {
     __shared__ float red_f[kExactWarps];
     __shared__ double red_d[kExactWarps];
     const int lane = threadIdx.x & (kWarp - 1), warp = threadIdx.x / kWarp;
     mx = warp_max(mx);
     if (lane == 0) red_f[warp] = mx;
     __syncthreads();
-    mx = red_f[0];
+    mx = fmaxf(red_f[0], sink);
     for (int w = 1; w < kExactWarps; ++w) mx = fmaxf(mx, red_f[w]);
     double sum = 0.0;
     for (int p = threadIdx.x; p < n; p += kExactThreads) {
@@ -77,10 +78,13 @@ __device__ void softmax_in_order(float* ps, int n, float mx) {
     __syncthreads();
     sum = 0.0;
     for (int w = 0; w < kExactWarps; ++w) sum += red_d[w];
+    if (sink != -INFINITY) sum += double(expf_glibc(sink - mx));
     const float inv = float(1.0 / sum);
     for (int p = threadIdx.x; p < n; p += kExactThreads) ps[p] = __half2float(__float2half_rn(__fmul_rn(ps[p], inv)));
     __syncthreads();
 }
+
+__device__ __forceinline__ float sink_logit(const AttentionArgs& a, int h) { return a.sinks ? a.sinks[h] : -INFINITY; }
 
 __device__ __forceinline__ float q_f16(const AttentionArgs& a, int t, int h, int i) {
     return __half2float(__float2half_rn(a.q[(int64_t(t) * a.n_head + h) * a.head_dim + i]));
@@ -151,7 +155,7 @@ __global__ void __launch_bounds__(kExactThreads) attention_exact_kernel(Attentio
         ps[p] = __fmul_rn(acc, a.scale);
         mx = fmaxf(mx, ps[p]);
     }
-    softmax_in_order(ps, n_keys, mx);
+    softmax_in_order(ps, n_keys, mx, sink_logit(a, h));
 
     float o = 0.f;
     for (int c = 0; c < n_chunks; ++c) {
@@ -270,7 +274,7 @@ __global__ void __launch_bounds__(kExactThreads, 1) attention_exact_cluster_kern
     cluster.sync();   // every score in every CTA; no shared memory of another CTA is touched after it
     float mx = -INFINITY;
     for (int j = threadIdx.x; j < n_keys; j += kExactThreads) mx = fmaxf(mx, ps[j]);
-    softmax_in_order(ps, n_keys, mx);
+    softmax_in_order(ps, n_keys, mx, sink_logit(a, h));
     cp_async_wait<0>();
     __syncthreads();
     if (threadIdx.x < nd) {

@@ -154,6 +154,8 @@ __global__ void __launch_bounds__(kWarps * kWarp) attention_mma_kernel(Attention
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    l0 += sink_term(a, h, m0);
+    l1 += sink_term(a, h, m1);
     const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
     float* out0 = a.out + int64_t(tile.first + r0) * q_dim + h * HD;
     float* out1 = a.out + int64_t(tile.first + r1) * q_dim + h * HD;

@@ -174,14 +174,17 @@ __global__ void __launch_bounds__(kShortThreads) attention_short_kernel(Attentio
                     l = fmaf(w, rl[r][h], l);
                     o = fmaf(w, ro[r][e], o);
                 }
-            store_out(a, out0 + e, o / l);
+            store_out(a, out0 + e, o / (l + sink_term(a, int64_t(kvh) * n_rep + h, mx)));
         }
         cluster.sync();   // no CTA leaves while another reads its shared memory
         return;
     }
 #endif
     __syncthreads();
-    for (int e = threadIdx.x; e < n_rep * HD; e += kShortThreads) store_out(a, out0 + e, os[e] / ls[e / HD]);
+    for (int e = threadIdx.x; e < n_rep * HD; e += kShortThreads) {
+        const int h = e / HD;
+        store_out(a, out0 + e, os[e] / (ls[h] + sink_term(a, int64_t(kvh) * n_rep + h, ms[h])));
+    }
 }
 
 template <int HD>

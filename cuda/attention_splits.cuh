@@ -68,6 +68,13 @@ __device__ __forceinline__ float2 softmax_step(float2 mx, float& m0, float& m1, 
     return make_float2(base0, base1);
 }
 
+// What head h's sink logit (AttentionShape::sinks) adds to its softmax denominator, whose terms are
+// exp2 of the log2-domain scores less m: each kernel adds it once, where it divides by the sum.
+// An overflow to inf is the sink taking all the mass (the output goes to 0, as it should).
+__device__ __forceinline__ float sink_term(const AttentionArgs& a, int64_t h, float m) {
+    return a.sinks ? exp2f(a.sinks[h] * kLog2e - m) : 0.f;
+}
+
 // Output element e (token * n_head * head_dim + head * head_dim + dim) of the attention; where the
 // O projection's GEMV reads q8_1 activations (a.out_q), also its q8_1 block, so no quantize
 // launch follows. The calling warp's 32 lanes hold one block, lane i its element i (head_dim is a
@@ -107,6 +114,7 @@ __device__ __forceinline__ float merge_splits(const AttentionArgs& a, int64_t th
         L += ml.y * w;
         o += __ldcg(&a.part_acc[(sp * stride + th) * a.head_dim + d]) * w;
     }
+    L += sink_term(a, th % a.n_head, mx);
     return L > 0.f ? o / L : 0.f;
 }
 

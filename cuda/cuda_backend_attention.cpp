@@ -75,6 +75,7 @@ bool CudaBackend::attend(const KVLayer& kv, const float* q, int32_t n_tok, const
     a.head_dim = shape.head_dim;
     a.scale = shape.scale;
     a.window = shape.window;
+    a.sinks = shape.sinks;
     a.q = q;
     a.out = out;
     a.n_tok = n_tok;

@@ -253,6 +253,7 @@ struct AttentionArgs {
     int64_t cache_rows;           // rows of k_cache and v_cache (blocks x block_size)
     float scale;
     int32_t window;               // > 0: a query at position p sees keys p - window < j <= p only
+    const float* sinks;           // [n_head] sink logits (device; AttentionShape::sinks) or null
     const float* q;               // [n_tok][n_head * head_dim]
     float* out;                   // [n_tok][n_head * head_dim]
     int32_t n_tok;

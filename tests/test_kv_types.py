@@ -53,7 +53,7 @@ def test_mixed_cache_matches_its_parts(model):
 
 
 def test_context_kv_type_errors(model):
-    with pytest.raises(ValueError, match="type_v must be 'f16', 'f32' or 'q8_0', got 'q4_0'"):
+    with pytest.raises(ValueError, match="type_v must be 'f16', 'bf16', 'f32' or 'q8_0', got 'q4_0'"):
         _ember.Context(model, n_ctx=16, type_v="q4_0")
     with pytest.raises(ValueError, match="ContextParams has no field 'kv_type'; its fields: n_ctx, .*type_k"):
         _ember.Context(model, n_ctx=16, kv_type="q8_0")

@@ -200,7 +200,7 @@ def test_params_structs_from_keywords():
     assert repr(p).startswith(f"ContextParams(n_ctx={n_ctx}, n_batch=512, n_threads={threads}")
     with pytest.raises(ValueError, match="ContextParams has no field 'n_cxt'; its fields: n_ctx, n_batch"):
         _ember.ContextParams(n_cxt=1)
-    with pytest.raises(ValueError, match="type_k must be 'f16', 'f32' or 'q8_0', got 'q4_0'"):
+    with pytest.raises(ValueError, match="type_k must be 'f16', 'bf16', 'f32' or 'q8_0', got 'q4_0'"):
         _ember.EngineParams(type_k="q4_0")
     e = _ember.EngineParams(max_num_seqs=threads, enable_prefix_caching=False)
     assert (e.max_num_seqs, e.enable_prefix_caching, e.n_ctx) == (threads, False, 4096)

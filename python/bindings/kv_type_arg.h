@@ -13,14 +13,16 @@
 // `arg` names the argument in the message.
 inline ember::GGMLType kv_type_arg(const char* arg, const std::string& name) {
     if (name == "f16") return ember::GGMLType::F16;
+    if (name == "bf16") return ember::GGMLType::BF16;
     if (name == "f32") return ember::GGMLType::F32;
     if (name == "q8_0") return ember::GGMLType::Q8_0;
-    ember::fail(arg, " must be 'f16', 'f32' or 'q8_0', got '", name, "'");
+    ember::fail(arg, " must be 'f16', 'bf16', 'f32' or 'q8_0', got '", name, "'");
 }
 
 inline const char* kv_type_name(ember::GGMLType t) {
     switch (t) {
         case ember::GGMLType::F16: return "f16";
+        case ember::GGMLType::BF16: return "bf16";
         case ember::GGMLType::F32: return "f32";
         case ember::GGMLType::Q8_0: return "q8_0";
         default: ember::fail("not a KV cache type: ggml type ", (int)t);

@@ -22,7 +22,7 @@ SERVER, QUANTIZE = "ember-server", "ember-quantize"
 CLIS = (EMBER, BENCH, PERPLEXITY, SERVER, QUANTIZE)
 
 # KV cache types by ggml type id, as llama-cpp-python's type_k / type_v take them.
-_KV_TYPE_IDS = {1: "f16", 0: "f32", 8: "q8_0"}
+_KV_TYPE_IDS = {1: "f16", 30: "bf16", 0: "f32", 8: "q8_0"}
 KV_CACHE_TYPES = tuple(_KV_TYPE_IDS.values())   # names, as the tools' -ctk / -ctv take them
 
 
@@ -34,7 +34,7 @@ def kv_type(value) -> str:
         return value
     if isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) in _KV_TYPE_IDS:
         return _KV_TYPE_IDS[int(value)]
-    raise ValueError("must be a KV cache type: 1 or 'f16', 0 or 'f32', 8 or 'q8_0'")
+    raise ValueError("must be a KV cache type: 1 or 'f16', 30 or 'bf16', 0 or 'f32', 8 or 'q8_0'")
 
 
 def _boolean(value) -> bool:
@@ -173,7 +173,7 @@ _OPTIONS = (
            "and evicted prefix-cache blocks stay in it (0: none; docs/engine.md)", _number, 0.0,
            flags=("--kv-host-mb",), minimum=0, fields=(_ENG,), metavar="MIB"),
     Option("kv_cache_dtype", "KV cache", "vLLM's name for the KV cache type: auto (type_k / type_v), fp16, "
-           "float32 or q8_0", default="auto", flags=("--kv-cache-dtype",)),
+           "bfloat16, float32 or q8_0", default="auto", flags=("--kv-cache-dtype",)),
     Option("swap_space", "KV cache", "GiB of host memory for the KV host tier (vLLM's name; kv_host_mb in GiB)",
            _number, None, flags=("--swap-space",), minimum=0, metavar="GIB", unset="kv_host_mb"),
     Option("gpu_memory_utilization", "KV cache", "share of the GPU's memory this process may fill: with blocks on "
@@ -254,7 +254,7 @@ IGNORED = {LLAMA: frozenset({"use_mlock", "n_threads_batch", "n_ubatch", "numa",
 
 
 def kv_cache_types(type_k=None, type_v=None) -> Tuple[str, str]:
-    """The K and V cache types ("f16", "f32" or "q8_0") that llama-cpp-python's type_k / type_v
+    """The K and V cache types ("f16", "bf16", "f32" or "q8_0") that llama-cpp-python's type_k / type_v
     name (ggml type ids or those names; None: f16), each on its own."""
     return check("KV cache", "type_k", type_k) or "f16", check("KV cache", "type_v", type_v) or "f16"
 

@@ -2,7 +2,7 @@
 // streamed partial offload copies whole blocks between host and GPU as raw bytes).
 //
 // A block holds block_size token rows of `width` = n_head_kv * head_dim elements, K and V in
-// separate buffers. F16 / F32: [block_size][width] elements. Q8_0 (llama.cpp's -ctk/-ctv q8_0;
+// separate buffers. F16 / BF16 / F32: [block_size][width] elements. Q8_0 (llama.cpp's -ctk/-ctv q8_0;
 // halves the bytes decode attention reads at long contexts) is head-major, so one head's keys
 // of a block are one contiguous run for the decode kernel: all int8 values first,
 // [n_head_kv][block_size][head_dim], then one f16 scale per 32 values,
@@ -41,10 +41,10 @@ inline size_t kv_block_bytes(GGMLType t, int32_t block_size, int64_t width) {
 // not straddle two heads, since attention reads one head's slice of a row. `which` names the
 // cache in the message (type_k, type_v).
 inline void check_kv_type(GGMLType t, int32_t head_dim, const char* which) {
-    if (t != GGMLType::F16 && t != GGMLType::F32 && t != GGMLType::Q8_0) {
+    if (t != GGMLType::F16 && t != GGMLType::BF16 && t != GGMLType::F32 && t != GGMLType::Q8_0) {
         const TypeTraits* tr = find_type_traits(uint32_t(t));
         fail(which, ": KV cache type ", tr ? tr->name : "?", " (ggml type ", uint32_t(t),
-             ") is not supported; use F16, F32 or Q8_0");
+             ") is not supported; use F16, BF16, F32 or Q8_0");
     }
     if (t == GGMLType::Q8_0 && head_dim % 32 != 0)
         fail(which, ": a Q8_0 KV cache needs head_dim to be a multiple of 32, got head_dim ", head_dim,

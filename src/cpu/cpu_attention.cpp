@@ -19,8 +19,12 @@
 // and the gather dequantizes them (scale * int8); q and the probabilities stay f32, since the
 // int8 rounding of K and V dominates the error (llama.cpp's CPU path quantizes q to q8_0 too, so
 // outputs are close to it, not equal).
+// bf16 KV (llama.cpp's -ctk / -ctv bf16) is read as f32 rows, like f32 KV: q and the probabilities
+// stay f32 (llama.cpp rounds q to bf16 for its K.Q dot, so outputs are close to it, not equal).
 // K and V may have different types: q is rounded as K's type asks (it meets the keys), the
 // probabilities as V's (they meet the values).
+// Sinks (AttentionShape::sinks) enter each head's softmax as llama.cpp's CPU attention adds them:
+// the max and the denominator, in f32 and unscaled.
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -106,6 +110,27 @@ struct F32Kv {
     static constexpr bool kRowsF16 = false;
 };
 
+// BF16: a row is width consecutive elements, each the top half of an f32 rounded to nearest even.
+struct Bf16Kv {
+    static void store(const KVLayer& kv, void* base, int32_t block, int32_t slot, const float* x,
+                      const AttentionMath&) {
+        uint16_t* r = elem_row<uint16_t>(kv, base, block, slot);
+        for (int64_t i = 0; i < kv_width(kv); ++i) r[i] = float_to_bf16(x[i]);
+    }
+    static void load(const KVLayer& kv, void* base, int32_t block, int32_t slot, int32_t head, float* dst,
+                     const AttentionMath&) {
+        const uint16_t* r = elem_row<uint16_t>(kv, base, block, slot) + (int64_t)head * kv.head_dim;
+        for (int32_t i = 0; i < kv.head_dim; ++i) dst[i] = bf16_to_float(r[i]);
+    }
+    static void prefetch(const KVLayer& kv, void* base, int32_t block, int32_t slot, int32_t head) {
+        prefetch_bytes(elem_row<uint16_t>(kv, base, block, slot) + (int64_t)head * kv.head_dim,
+                       (size_t)kv.head_dim * 2);
+    }
+    static constexpr bool kGroupLoad = false;   // no load_group: keys one row at a time
+    static constexpr bool kF16Operands = false;
+    static constexpr bool kRowsF16 = false;
+};
+
 // Q8_0: head-major int8 values, then f16 scales (src/backend/kv_layout.h; head_dim % 32 == 0,
 // checked at context creation).
 struct Q8Kv {
@@ -151,6 +176,7 @@ template <class F>
 void with_kv_type(GGMLType t, F&& f) {
     switch (t) {
         case GGMLType::F32: f(F32Kv{}); break;
+        case GGMLType::BF16: f(Bf16Kv{}); break;
         case GGMLType::Q8_0: f(Q8Kv{}); break;
         default: f(F16Kv{}); break;
     }
@@ -256,10 +282,13 @@ void attend_unit(const BatchInfo& batch, const KVLayer& kv, const float* q, cons
             float* w = sc.w.data() + (size_t)g * n_loc;
             math.scale_round(q + t * q_width + (int64_t)h * D, D, 1.0f, K::kF16Operands, sc.q.data());
             math.scores(sc.q.data(), sc.kt.data(), D, (end + kLanes - 1) / kLanes, s.scale, sc.prob.data());
-            const float m = math.max(prob, len);
+            // A sink is one more logit of the softmax that has no value row: it joins the max and the
+            // denominator only.
+            const float m = s.sinks ? std::max(math.max(prob, len), s.sinks[h]) : math.max(prob, len);
             math.exp_shifted(prob, len, m);
             double sum = 0.0;
             for (int32_t p = 0; p < len; ++p) sum += prob[p];
+            if (s.sinks) sum += std::exp(s.sinks[h] - m);
             math.scale_round(prob, len, (float)(1.0 / sum), V::kF16Operands, w);
             if constexpr (!V::kRowsF16) math.weighted_sum(w, sc.vf.data() + (size_t)off * D, D, len, out_t + g * D);
         }
