@@ -1,7 +1,8 @@
-"""ember-convert for Qwen3, Gemma 3 and rope scaling: tiny random HF models are converted; the
-GGUF keys and tensors must be those llama.cpp's converter writes, ember's logits must match
-transformers' (tests/reference/hf, or live with hf_live; prompts longer than the sliding window and
-than the pre-scaling context), and configs the converter cannot express give a clear error."""
+"""ember-convert for Qwen3, Gemma 3, rope scaling and the mixtures (Qwen3-MoE, Mixtral, gpt-oss):
+tiny random HF models are converted; the GGUF keys and tensors must be those llama.cpp's converter
+writes, ember's logits must match transformers' (tests/reference/hf, or live with hf_live; prompts
+longer than the sliding window and than the pre-scaling context; as one batch, token by token and
+inside an engine batch), and configs or files ember cannot take give a clear error."""
 import json
 import os
 import shutil
@@ -25,8 +26,11 @@ PROMPT = hf_tiny.LONG_PROMPT
 
 # The tiny models (tools/gen_hf_references.py says how each was made): Qwen3 with its own head
 # dimension; Gemma 3 with 7 layers and a window of 8, by default and with linear rope scaling
-# and a layer pattern of period 3; Llama with llama 3, linear and YaRN rope scaling.
-MODELS = ["qwen3", "gemma3", "gemma3-linear-period3", "llama-llama3", "llama-linear", "llama-yarn"]
+# and a layer pattern of period 3; Llama with llama 3, linear and YaRN rope scaling; the mixtures
+# with 8 experts: Qwen3-MoE (top 2 renormalized, and top 3 not), Mixtral, gpt-oss (bf16, 4 layers
+# alternating a window of 8 with full attention, YaRN from a context of 32).
+MOE_MODELS = ["qwen3moe", "qwen3moe-unnormed", "mixtral", "gpt-oss"]
+MODELS = ["qwen3", "gemma3", "gemma3-linear-period3", "llama-llama3", "llama-linear", "llama-yarn", *MOE_MODELS]
 
 
 @pytest.fixture(scope="module")
@@ -307,3 +311,229 @@ def test_multimodal_without_text_config(models, tmp_path):
         cfg["architectures"] = ["Gemma3ForConditionalGeneration"]
     with pytest.raises(ConvertError, match="without a 'text_config'"):
         _convert_edited(models, tmp_path, "gemma3", edit)
+
+
+# ------------------------------------------------------------------------------------- mixtures
+
+
+def _types(path):
+    return {t.name: t.tensor_type for t in gguf.GGUFReader(path).tensors}
+
+
+def _stacked(sd, layer, template, n):
+    return np.stack([sd[f"model.layers.{layer}.{template.format(e=e)}.weight"] for e in range(n)])
+
+
+@pytest.mark.parametrize("name,norm", [("qwen3moe", None), ("qwen3moe-unnormed", False)])
+def test_qwen3moe_file(models, name, norm):
+    _, sd, path = models[name]
+    kv, t, types = _fields(path), _tensors(path), _types(path)
+    cfg = _config(name)
+    assert kv["general.architecture"] == "qwen3moe"
+    assert kv["qwen3moe.expert_count"] == 8
+    assert kv["qwen3moe.expert_used_count"] == cfg["num_experts_per_tok"]
+    assert kv["qwen3moe.expert_feed_forward_length"] == cfg["moe_intermediate_size"]
+    assert kv.get("qwen3moe.expert_weights_norm") is norm
+    F = cfg["moe_intermediate_size"]
+    for i in range(2):
+        for kind, hf in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
+            got = t[f"blk.{i}.ffn_{kind}_exps.weight"]
+            assert got.shape == ((8, 64, F) if kind == "down" else (8, F, 64))
+            np.testing.assert_array_equal(got, _stacked(sd, i, "mlp.experts.{e}." + hf, 8))
+        np.testing.assert_array_equal(t[f"blk.{i}.ffn_gate_inp.weight"], sd[f"model.layers.{i}.mlp.gate.weight"])
+        assert f"blk.{i}.ffn_gate.weight" not in t
+        assert types[f"blk.{i}.ffn_gate_inp.weight"] == gguf.GGMLQuantizationType.F32
+    assert len(t) == 3 + 2 * 12
+
+
+def test_mixtral_file(models):
+    _, sd, path = models["mixtral"]
+    kv, t = _fields(path), _tensors(path)
+    assert kv["general.architecture"] == "llama"
+    assert kv["llama.expert_count"] == 8 and kv["llama.expert_used_count"] == 2
+    assert kv["llama.feed_forward_length"] == 48 and "llama.expert_feed_forward_length" not in kv
+    for i in range(2):
+        for kind, w in (("gate", "w1"), ("up", "w3"), ("down", "w2")):
+            np.testing.assert_array_equal(t[f"blk.{i}.ffn_{kind}_exps.weight"],
+                                          _stacked(sd, i, "block_sparse_moe.experts.{e}." + w, 8))
+        np.testing.assert_array_equal(t[f"blk.{i}.ffn_gate_inp.weight"],
+                                      sd[f"model.layers.{i}.block_sparse_moe.gate.weight"])
+    assert len(t) == 3 + 2 * 10
+
+
+def test_gpt_oss_file(models):
+    _, sd, path = models["gpt-oss"]
+    kv, t = _fields(path), _tensors(path)
+    assert kv["general.architecture"] == "gpt-oss"
+    expect = {"block_count": 4, "expert_count": 8, "expert_used_count": 2, "expert_feed_forward_length": 48,
+              "feed_forward_length": 48, "attention.sliding_window": 8, "attention.key_length": 16,
+              "rope.scaling.type": "yarn", "rope.scaling.original_context_length": 32}
+    for k, v in expect.items():
+        assert kv[f"gpt-oss.{k}"] == v, k
+    assert kv["gpt-oss.rope.scaling.factor"] == pytest.approx(4.0)
+    assert kv["gpt-oss.rope.freq_base"] == pytest.approx(150000.0)
+    for i in range(4):
+        p, g = f"model.layers.{i}.", f"blk.{i}."
+        gate_up, bias = sd[p + "mlp.experts.gate_up_proj"], sd[p + "mlp.experts.gate_up_proj_bias"]
+        # gate and up are the even and odd columns of x @ gate_up_proj; GGUF stores [out][in] rows.
+        np.testing.assert_array_equal(t[g + "ffn_gate_exps.weight"], gate_up[:, :, 0::2].transpose(0, 2, 1))
+        np.testing.assert_array_equal(t[g + "ffn_up_exps.weight"], gate_up[:, :, 1::2].transpose(0, 2, 1))
+        np.testing.assert_array_equal(t[g + "ffn_gate_exps.bias"], bias[:, 0::2])
+        np.testing.assert_array_equal(t[g + "ffn_up_exps.bias"], bias[:, 1::2])
+        np.testing.assert_array_equal(t[g + "ffn_down_exps.weight"],
+                                      sd[p + "mlp.experts.down_proj"].transpose(0, 2, 1))
+        np.testing.assert_array_equal(t[g + "ffn_down_exps.bias"], sd[p + "mlp.experts.down_proj_bias"])
+        np.testing.assert_array_equal(t[g + "ffn_gate_inp.bias"], sd[p + "mlp.router.bias"])
+        np.testing.assert_array_equal(t[g + "attn_sinks.weight"], sd[p + "self_attn.sinks"])
+        np.testing.assert_array_equal(t[g + "attn_output.bias"], sd[p + "self_attn.o_proj.bias"])
+        np.testing.assert_array_equal(t[g + "post_attention_norm.weight"], sd[p + "post_attention_layernorm.weight"])
+        assert g + "ffn_norm.weight" not in t
+    assert len(t) == 3 + 4 * 19
+
+
+def test_moe_biases_and_routers_stay_f32(models, tmp_path):
+    """As llama.cpp's converter: at --outtype f16 the experts are F16, their biases, the routers and
+    the sinks F32."""
+    out = str(tmp_path / "f16.gguf")
+    convert(models["gpt-oss"][0], out, "f16", progress=False)
+    types = _types(out)
+    F16, F32 = gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.F32
+    assert types["blk.0.ffn_gate_exps.weight"] == F16 and types["blk.0.attn_q.weight"] == F16
+    for n in ("ffn_gate_exps.bias", "ffn_down_exps.bias", "ffn_gate_inp.weight", "ffn_gate_inp.bias",
+              "attn_sinks.weight", "attn_output.bias"):
+        assert types[f"blk.0.{n}"] == F32, n
+
+
+@pytest.mark.parametrize("name", MOE_MODELS)
+def test_mixture_logits_token_by_token(models, hf_reference, name):
+    want = hf_reference.logits(name, PROMPT)
+    got = hf_tiny.ember_logits(models[name][2], PROMPT, chunk=1)
+    rel = np.abs(got - want).max() / np.abs(want).max()
+    assert rel <= 1e-4, f"{name}: max|diff|/max|ref| = {rel:.2e}"
+
+
+def _log_softmax(x):
+    x = x.astype(np.float64)
+    m = x.max(1, keepdims=True)
+    return x - (m + np.log(np.exp(x - m).sum(1, keepdims=True)))
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("name", MOE_MODELS)
+def test_mixture_inside_an_engine_batch(models, hf_reference, name, device):
+    """The reference prompt among other sequences of the engine's steps (chunked prefill beside
+    other sequences' decodes): its prompt logprobs are transformers' (an f32 KV cache on the CPU,
+    f16 on the GPU)."""
+    if device == "cuda" and "cuda" not in _ember.backends():
+        pytest.skip("this ember was built without the CUDA backend")
+    m = _ember.Model(models[name][2], n_gpu_layers=-1 if device == "cuda" else 0)
+    kv = "f32" if device == "cpu" else "f16"
+    engine = _ember.Engine(m, n_ctx=128, max_num_seqs=8, max_num_batched_tokens=24, n_threads=2, type_k=kv,
+                           type_v=kv)
+    rng = np.random.default_rng()
+    others = [[1] + [int(t) for t in rng.integers(3, 390, size=int(n))] for n in rng.integers(5, 30, size=5)]
+    ids = [engine.add_request(p, temperature=0.0, max_tokens=12) for p in others[:3]]
+    ref = engine.add_request(PROMPT, temperature=0.0, max_tokens=4, prompt_logprobs=True)
+    ids += [engine.add_request(p, temperature=0.0, max_tokens=12) for p in others[3:]]
+    got, left = [], set(ids) | {ref}
+    while left:
+        for o in engine.poll(1.0):
+            if o.request_id == ref:
+                got += o.prompt_logprobs
+            if o.finished:
+                assert o.finish_reason in ("stop", "length"), o.error
+                left.discard(o.request_id)
+    engine.close()
+    want_logits = hf_reference.logits(name, PROMPT)
+    want = _log_softmax(want_logits)[np.arange(len(PROMPT) - 1), PROMPT[1:]]
+    tol = (1e-4 if device == "cpu" else 2e-3) * 2 * np.abs(want_logits).max()
+    np.testing.assert_allclose(got, want, rtol=0, atol=tol)
+
+
+def _rewrite(src, dst, drop=(), fields=None):
+    """A copy of a GGUF without the tensors `drop`, with metadata values replaced or added (fields)."""
+    reader = gguf.GGUFReader(src)
+    writer = gguf.GGUFWriter(dst, arch=reader.fields["general.architecture"].contents())
+    fields = dict(fields or {})
+    for f in reader.fields.values():
+        if f.name.startswith("GGUF.") or f.name == "general.architecture":
+            continue
+        writer.add_key_value(f.name, fields.pop(f.name, f.contents()), f.types[0],
+                             f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None)
+    for k, v in fields.items():
+        writer.add_uint32(k, v)
+    for t in reader.tensors:
+        if t.name not in drop:
+            writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize("name,drop,fields,needles", [
+    ("qwen3moe", (), {"qwen3moe.expert_used_count": 9}, ["qwen3moe.expert_used_count 9", "between 1 and"]),
+    ("mixtral", (), {"llama.expert_used_count": 0}, ["llama.expert_used_count 0"]),
+    ("gpt-oss", (), {"gpt-oss.expert_feed_forward_length": 40}, ["ffn_gate_exps.weight", "has shape"]),
+    ("qwen3moe", ("blk.1.ffn_up_exps.weight",), {}, ["blk.1.ffn_up_exps.weight"]),
+    ("gpt-oss", ("blk.0.ffn_down_exps.bias",), {}, ["blk.0.ffn_down_exps.bias"]),
+    ("gpt-oss", ("blk.2.attn_sinks.weight",), {}, ["blk.2.attn_sinks.weight"]),
+    ("qwen3", (), {"qwen3.expert_count": 8, "qwen3.expert_used_count": 2}, ["qwen3.expert_count", "no mixture"]),
+])
+def test_bad_mixture_file_gives_clear_error(models, tmp_path, name, drop, fields, needles):
+    bad = str(tmp_path / "bad.gguf")
+    _rewrite(models[name][2], bad, drop, fields)
+    with pytest.raises(ValueError) as e:
+        _ember.Model(bad)
+    msg = str(e.value)
+    assert "bad.gguf" in msg
+    for n in needles:
+        assert n in msg, msg
+
+
+def test_qwen3moe_without_expert_count(models, tmp_path):
+    src = models["qwen3moe"][2]
+    bad = str(tmp_path / "bad.gguf")
+    reader = gguf.GGUFReader(src)
+    writer = gguf.GGUFWriter(bad, arch="qwen3moe")
+    for f in reader.fields.values():
+        if not f.name.startswith(("GGUF.", "general.architecture", "qwen3moe.expert_")):
+            writer.add_key_value(f.name, f.contents(), f.types[0],
+                                 f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None)
+    for t in reader.tensors:
+        writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match="qwen3moe needs qwen3moe.expert_count"):
+        _ember.Model(bad)
+
+
+@pytest.mark.parametrize("name,edit,needles", [
+    ("qwen3moe", lambda c: c.update(num_experts_per_tok=9), ["num_experts_per_tok=9", "(8)"]),
+    ("mixtral", lambda c: c.update(num_experts_per_tok=9), ["num_experts_per_tok=9"]),
+    ("qwen3moe", lambda c: c.update(mlp_only_layers=[1]), ["mlp_only_layers"]),
+    ("mixtral", lambda c: c.pop("num_local_experts"), ["missing key 'num_local_experts'"]),
+    ("gpt-oss", lambda c: c.update(swiglu_limit=10.0), ["swiglu_limit"]),
+    ("gpt-oss", lambda c: c.update(quantization_config={"quant_method": "mxfp4"}), ["mxfp4-quantized"]),
+    ("gpt-oss", lambda c: c.update(layer_types=["full_attention"] * 4), ["layer_types"]),
+    ("gpt-oss", _rope_edit(truncate=True), ["truncate=false"]),
+    ("gpt-oss", lambda c: c.pop("sliding_window"), ["missing key 'sliding_window'"]),
+])
+def test_bad_mixture_config_gives_clear_error(models, tmp_path, name, edit, needles):
+    with pytest.raises(ConvertError) as e:
+        _convert_edited(models, tmp_path, name, edit)
+    msg = str(e.value)
+    assert "config.json" in msg and "\n" not in msg
+    for n in needles:
+        assert n in msg, msg
+
+
+def test_missing_expert_in_checkpoint_is_named(models, tmp_path):
+    d = shutil.copytree(models["mixtral"][0], str(tmp_path / "m"))
+    w = hf_tiny.build("mixtral", str(tmp_path / "full"))
+    del w["model.layers.1.block_sparse_moe.experts.5.w3.weight"]
+    hf_tiny._write_safetensors(os.path.join(d, "model.safetensors"), w, "float32")
+    with pytest.raises(ConvertError, match=r"missing tensor model\.layers\.1\.block_sparse_moe\.experts\.5\.w3"):
+        convert(d, str(tmp_path / "o.gguf"), "f32", progress=False)
