@@ -1,5 +1,5 @@
 """tools/synthetic_gguf.py, the random-weight models of the device benchmarks: every shape family
-written tiny, the llama and qwen3 ones loaded by ember and run, the MoE and hybrid ones checked
+written tiny, the llama, qwen3, qwen3moe and gpt-oss ones loaded by ember and run, the MoE and hybrid ones checked
 tensor by tensor against the layout llama.cpp reads; bad input named."""
 import gzip
 import importlib.util
@@ -36,7 +36,7 @@ def _field(reader, key):
     return value
 
 
-@pytest.mark.parametrize("shape", ["llama-tiny", "qwen3-tiny"])
+@pytest.mark.parametrize("shape", ["llama-tiny", "qwen3-tiny", "qwen3moe-tiny", "gpt-oss-tiny"])
 def test_dense_shapes_load_and_run(tmp_path, vocab, rng, shape):
     s = synthetic_gguf.SHAPES[shape]
     model = _ember.Model(_write(tmp_path, vocab, rng, shape))

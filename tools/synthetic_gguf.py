@@ -20,7 +20,7 @@ import sys
 from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGUFReader, GGUFValueType, GGUFWriter, RopeScalingType
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +39,8 @@ class Shape:
     conv_cache: int = 0  # hybrid short-conv layers: the convolution's length (LFM2's l_cache)
     rope_base: float = 10000.0
     rms_eps: float = 1e-5
+    window: int = 0      # gpt-oss: sliding window of its even layers (and its biases, sinks, YaRN)
+    yarn: Tuple[float, int] = ()   # YaRN (factor, original context)
 
     @property
     def head(self) -> int:
@@ -60,12 +62,19 @@ SHAPES: Dict[str, Shape] = {
                            expert_ffn=128, rope_base=1e6, rms_eps=1e-6),
     "qwen3-30b-a3b": Shape("qwen3moe", 2048, 48, 32, 4, 6144, head_dim=128, n_experts=128, n_experts_used=8,
                            expert_ffn=768, rope_base=1e6, rms_eps=1e-6),
+    "gpt-oss-tiny": Shape("gpt-oss", 256, 4, 8, 2, 128, head_dim=64, n_experts=8, n_experts_used=2, expert_ffn=128,
+                          rope_base=150000.0, window=16, yarn=(32.0, 4096)),
+    "gpt-oss-20b": Shape("gpt-oss", 2880, 24, 64, 8, 2880, head_dim=64, n_experts=32, n_experts_used=4,
+                         expert_ffn=2880, rope_base=150000.0, window=128, yarn=(32.0, 4096)),
+    "gpt-oss-120b": Shape("gpt-oss", 2880, 36, 64, 8, 2880, head_dim=64, n_experts=128, n_experts_used=4,
+                          expert_ffn=2880, rope_base=150000.0, window=128, yarn=(32.0, 4096)),
     "lfm2-tiny": Shape("lfm2", 256, 4, 8, 4, 768, attn_layers=(1, 3), conv_cache=3, rope_base=1e6),
     "lfm2-1.2b": Shape("lfm2", 2048, 16, 32, 8, 8192, attn_layers=(2, 5, 8, 10, 12, 14), conv_cache=3,
                        rope_base=1e6),
 }
 
-# (name, numpy shape, is a norm): norms are F32 and drawn near 1, everything else F16 near 0.
+# (name, numpy shape, is a norm): norms are F32 and drawn near 1 (gpt-oss's biases and sinks as
+# well: F32 as llama.cpp keeps them), everything else F16 near 0.
 Tensor = Tuple[str, Tuple[int, ...], bool]
 
 
@@ -76,6 +85,10 @@ def _attention(p: str, s: Shape, qk_norm: bool) -> List[Tensor]:
            (p + "attn_output.weight", (s.dim, s.n_heads * s.head), False)]
     if qk_norm:
         out += [(p + "attn_q_norm.weight", (s.head,), True), (p + "attn_k_norm.weight", (s.head,), True)]
+    if s.arch == "gpt-oss":
+        out += [(p + "attn_q.bias", (s.n_heads * s.head,), True), (p + "attn_k.bias", (s.n_kv_heads * s.head,), True),
+                (p + "attn_v.bias", (s.n_kv_heads * s.head,), True), (p + "attn_output.bias", (s.dim,), True),
+                (p + "attn_sinks.weight", (s.n_heads,), True)]
     return out
 
 
@@ -88,11 +101,19 @@ def _dense_ffn(p: str, s: Shape) -> List[Tensor]:
 
 def _moe_ffn(p: str, s: Shape) -> List[Tensor]:
     # Experts stacked in one tensor each: ggml's [n_embd, n_ff, n_expert] is numpy's reverse.
-    return [(p + "ffn_norm.weight", (s.dim,), True),
-            (p + "ffn_gate_inp.weight", (s.n_experts, s.dim), False),
-            (p + "ffn_gate_exps.weight", (s.n_experts, s.expert_ffn, s.dim), False),
-            (p + "ffn_up_exps.weight", (s.n_experts, s.expert_ffn, s.dim), False),
-            (p + "ffn_down_exps.weight", (s.n_experts, s.dim, s.expert_ffn), False)]
+    # gpt-oss names the norm before them post_attention_norm and has biases on all of them.
+    oss = s.arch == "gpt-oss"
+    out = [(p + ("post_attention_norm.weight" if oss else "ffn_norm.weight"), (s.dim,), True),
+           (p + "ffn_gate_inp.weight", (s.n_experts, s.dim), False),
+           (p + "ffn_gate_exps.weight", (s.n_experts, s.expert_ffn, s.dim), False),
+           (p + "ffn_up_exps.weight", (s.n_experts, s.expert_ffn, s.dim), False),
+           (p + "ffn_down_exps.weight", (s.n_experts, s.dim, s.expert_ffn), False)]
+    if oss:
+        out += [(p + "ffn_gate_inp.bias", (s.n_experts,), True),
+                (p + "ffn_gate_exps.bias", (s.n_experts, s.expert_ffn), True),
+                (p + "ffn_up_exps.bias", (s.n_experts, s.expert_ffn), True),
+                (p + "ffn_down_exps.bias", (s.n_experts, s.dim), True)]
+    return out
 
 
 def _short_conv(p: str, s: Shape) -> List[Tensor]:
@@ -177,6 +198,12 @@ def _write_hparams(w: GGUFWriter, name: str, s: Shape, ctx: int, n_vocab: int) -
         w.add_expert_count(s.n_experts)
         w.add_expert_used_count(s.n_experts_used)
         w.add_expert_feed_forward_length(s.expert_ffn)
+    if s.window:
+        w.add_sliding_window(s.window)
+    if s.yarn:
+        w.add_rope_scaling_type(RopeScalingType.YARN)
+        w.add_rope_scaling_factor(s.yarn[0])
+        w.add_rope_scaling_orig_ctx_len(s.yarn[1])
     if s.conv_cache:
         w.add_shortconv_l_cache(s.conv_cache)
     w.add_file_type(1)   # mostly F16
