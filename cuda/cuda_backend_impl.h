@@ -58,6 +58,7 @@ public:
     void synchronize() override;
     void* alloc_host(size_t bytes) override;
     void free_host(void* p) override;
+    size_t free_memory() override;
     Weight prepare_weight(const GGUFTensor& t) override;
     const float* prepare_vector(const GGUFTensor& t) override;
     void set_batch(const BatchInfo& b) override;

@@ -28,6 +28,13 @@ float bf16_bits_to_float(uint16_t b) {
 
 }  // namespace
 
+size_t CudaBackend::free_memory() {
+    EMBER_CUDA_CHECK(cudaSetDevice(device_));
+    size_t free_b = 0, total_b = 0;
+    EMBER_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    return free_b;
+}
+
 void* CudaBackend::alloc(size_t bytes) {
     EMBER_CUDA_CHECK(cudaSetDevice(device_));
     void* p = nullptr;

@@ -21,8 +21,10 @@ PARSERS = {options.EMBER: (cli._parser, ["-m", "x.gguf", "-p", "hi"]),
            options.QUANTIZE: (quantize.parser, ["in.gguf", "out.gguf", "Q4_K"])}
 
 
-def _struct_value(value):
-    return 0 if value is None else value   # None: all cores, which the structs spell 0
+def _struct_value(value, option):
+    if value is None:   # None: all cores, which the structs spell 0; a list option: empty
+        return [] if option.repeat else 0
+    return value
 
 
 def test_table_defaults_are_the_structs():
@@ -31,7 +33,7 @@ def test_table_defaults_are_the_structs():
         for option in options.OPTIONS.values():
             if struct in option.fields and (option.field or option.name) == field:
                 for front_end in STRUCTS[struct]:
-                    assert _struct_value(option.default_for(front_end)) == value, (struct, field, front_end)
+                    assert _struct_value(option.default_for(front_end), option) == value, (struct, field, front_end)
                     seen.add(option.name)
     assert {"n_ctx", "n_batch", "kv_block_size", "max_num_seqs", "kv_gpu_cache_mb", "type_k", "embedding",
             "enable_prefix_caching", "use_mmap"} <= seen
@@ -71,6 +73,9 @@ def _draw(option, rng):
         return value, value
     if option.type is options._boolean:
         return (not option.default), str(int(not option.default))
+    if option.type is options.tensor_overrides:
+        value = rf"blk\.{rng.integers(100)}\.=CPU"
+        return [value], value
     if option.type is options._integer:
         value = int(rng.integers(1, 5000)) + 2
         return value, str(value)

@@ -24,6 +24,16 @@ struct ModelParams {
     // being read from the file mapping (llama.cpp's --no-mmap).
     bool use_mmap = true;
     bool verbose = false;
+    // Tensor overrides, llama.cpp's -ot: "REGEX=DEVICE" entries (DEVICE CPU or CUDA; an entry may
+    // be a comma-separated list). The first pattern a tensor's name matches (regex search) decides
+    // its device; these come before n_cpu_moe's and cpu_moe's. A block's attention and dense
+    // tensors move together, and so do its MoE tensors (router, experts, shared expert).
+    std::vector<std::string> override_tensor;
+    bool cpu_moe = false;    // every block's routed experts on the CPU (--cpu-moe)
+    int32_t n_cpu_moe = 0;   // the routed experts of the first N blocks on the CPU (--n-cpu-moe)
+    // MiB of GPU memory for the weights: the experts of the first blocks move to the CPU until the
+    // GPU's tensors fit. 0: free memory less 1 GiB, applied only when they would not fit; -1: off.
+    int32_t moe_gpu_budget_mb = 0;
 };
 
 struct HParams {

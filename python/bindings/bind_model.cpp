@@ -13,6 +13,7 @@
 #include "ember/model.h"
 #include "ember/status.h"
 #include "kv_type_arg.h"
+#include "model/model_impl.h"
 #include "params_arg.h"
 
 namespace nb = nanobind;
@@ -28,6 +29,24 @@ nb::ndarray<nb::numpy, float> copy_rows(const float* src, size_t rows, size_t co
     return nb::ndarray<nb::numpy, float>(buf, {rows, cols}, owner);
 }
 
+nb::dict plan_dict(const PlacementPlan& plan) {
+    nb::dict tensors;
+    for (const PlacedTensor& t : plan.tensors) tensors[t.name.c_str()] = device_name(t.device);
+    nb::list blocks, experts;
+    for (size_t l = 0; l < plan.block.size(); ++l) {
+        blocks.append(device_name(plan.block[l]));
+        experts.append(device_name(plan.experts[l]));
+    }
+    nb::dict out;
+    out["tensors"] = tensors;
+    out["blocks"] = blocks;
+    out["experts"] = experts;
+    out["head"] = device_name(plan.head);
+    out["summary"] = plan.summary;
+    out["warning"] = plan.warning;
+    return out;
+}
+
 }  // namespace
 
 void bind_model(nb::module_& m) {
@@ -36,7 +55,27 @@ void bind_model(nb::module_& m) {
         .def_rw("n_gpu_layers", &ModelParams::n_gpu_layers)
         .def_rw("main_gpu", &ModelParams::main_gpu)
         .def_rw("use_mmap", &ModelParams::use_mmap)
-        .def_rw("verbose", &ModelParams::verbose);
+        .def_rw("verbose", &ModelParams::verbose)
+        .def_rw("override_tensor", &ModelParams::override_tensor)
+        .def_rw("cpu_moe", &ModelParams::cpu_moe)
+        .def_rw("n_cpu_moe", &ModelParams::n_cpu_moe)
+        .def_rw("moe_gpu_budget_mb", &ModelParams::moe_gpu_budget_mb);
+
+    m.def(
+        "placement_plan",
+        [](const std::string& path, const std::optional<ModelParams>& params, bool have_gpu, int64_t gpu_free_mb,
+           const nb::kwargs& fields) {
+            if (gpu_free_mb < 0) fail("gpu_free_mb must be >= 0, got ", gpu_free_mb);
+            const ModelParams p = params_arg(params, fields);
+            const GGUFFile f(path);
+            const int32_t n_layer = (int32_t)f.get_uint(f.get_string("general.architecture") + ".block_count");
+            return plan_dict(plan_placement(f, n_layer, p, have_gpu, (size_t)gpu_free_mb << 20));
+        },
+        nb::arg("path"), nb::arg("params") = nb::none(), nb::kw_only(), nb::arg("have_gpu") = true,
+        nb::arg("gpu_free_mb") = 0, nb::arg("fields"),
+        "Where Model(path, params) would place each tensor, without loading it: as if a GPU were built in "
+        "(have_gpu) with gpu_free_mb MiB free (0: unknown). A dict: tensors {name: 'CPU'|'CUDA'}, blocks, "
+        "experts and head (devices), summary and warning (text).");
 
     nb::class_<Model>(m, "Model")
         .def(nb::new_([](const std::string& path, const std::optional<ModelParams>& params, const nb::kwargs& fields) {
@@ -57,6 +96,7 @@ void bind_model(nb::module_& m) {
         .def_prop_ro("n_gpu_layers", [](const Model& mo) { return mo.params().n_gpu_layers; })
         .def_prop_ro("use_mmap", [](const Model& mo) { return mo.params().use_mmap; })
         .def_prop_ro("path", [](const Model& mo) { return mo.file().path(); })
+        .def_prop_ro("placement", [](Model& mo) { return plan_dict(mo.impl().plan); })
         // llama.cpp's: the file's {arch}.pooling_type (0 none, 1 mean, 2 cls, 3 last, 4 rank);
         // none where the key is absent, as llama.cpp resolves an unspecified pooling type.
         .def_prop_ro("pooling_type",

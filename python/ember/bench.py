@@ -106,6 +106,12 @@ def _bench(args) -> int:
     backend = "CUDA" if on_gpu else "CPU"
     kv_names = ("" if kv_type == "f16" else " type_k | type_v |") + ("" if args.offload_kqv else " nkvo |")
     kv_cells = ("" if kv_type == "f16" else f" {kv_type} | {kv_type} |") + ("" if args.offload_kqv else " 1 |")
+    # As llama-bench: a placement option's column appears where it is set.
+    placed = [(name, value) for name, value in (("n_cpu_moe", args.n_cpu_moe), ("cpu_moe", int(args.cpu_moe)),
+                                                ("ot", ";".join(args.override_tensor or [])),
+                                                ("moe_gpu_budget", args.moe_gpu_budget_mb)) if value]
+    kv_names += "".join(f" {name} |" for name, _ in placed)
+    kv_cells += "".join(f" {value} |" for _, value in placed)
     header = (f"| model | size | params | backend | ngl | threads |{kv_names} test | t/s | GB/s "
               f"| % roofline ({bandwidth:.0f} GB/s) |")
     print(header)

@@ -72,6 +72,28 @@ def _number(value) -> float:
     return out
 
 
+_DEVICES = ("cpu", "cuda", "gpu")
+
+
+def tensor_overrides(value) -> list:
+    """llama.cpp's -ot values as a list of "REGEX=DEVICE" (one string, a comma-separated list as
+    -ot takes it, or a list of those); each device CPU or CUDA (CUDA0, GPU). The regular expressions
+    are checked where the model loads (ECMAScript syntax, as llama.cpp's)."""
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
+        raise ValueError("must be REGEX=DEVICE strings")
+    out = []
+    for item in (part for entry in items for part in entry.split(",")):
+        pattern, eq, device = item.rpartition("=")
+        if not eq or not pattern or not device:
+            raise ValueError("must be REGEX=DEVICE (e.g. exps=CPU)")
+        name = device.lower()
+        if name not in _DEVICES and not (name.startswith("cuda") and name[4:].isdigit()):
+            raise ValueError(f"names unknown device {device!r} (CPU or CUDA)")
+        out.append(item)
+    return out
+
+
 def _text(value) -> str:
     if not isinstance(value, str):
         raise ValueError("must be a str")
@@ -102,6 +124,7 @@ class Option:
     field: Optional[str] = None
     metavar: Optional[str] = None
     required: bool = False   # on the command line
+    repeat: bool = False     # its flag may be given more than once, each adding to a list
     unset: Optional[str] = None
 
     def default_for(self, front_end: str):
@@ -136,6 +159,17 @@ _OPTIONS = (
            fields=(_MOD,)),
     Option("dtype", "model", "vLLM's compute type, checked against the file: auto, or the float type an unquantized "
            "GGUF holds (float16, bfloat16, float32)", default="auto", flags=("--dtype",)),
+    Option("override_tensor", "model", "REGEX=DEVICE: tensors whose name matches REGEX go on DEVICE, CPU or CUDA; "
+           "repeatable or comma-separated, the first match deciding, before --n-cpu-moe and --cpu-moe "
+           "(docs/placement.md)", tensor_overrides, flags=("-ot", "--override-tensor"), fields=(_MOD,),
+           metavar="REGEX=DEVICE", repeat=True, unset="none"),
+    Option("cpu_moe", "model", "every block's routed experts on the CPU; attention, shared weights and the KV stay "
+           "on the GPU", _boolean, False, flags=("-cmoe", "--cpu-moe"), fields=(_MOD,)),
+    Option("n_cpu_moe", "model", "the routed experts of the first N blocks on the CPU", _integer, 0,
+           flags=("-ncmoe", "--n-cpu-moe"), minimum=0, fields=(_MOD,), metavar="N"),
+    Option("moe_gpu_budget_mb", "model", "MiB of GPU memory for the weights: the experts of the first blocks move "
+           "to the CPU until the rest fits (0: the free memory less 1 GiB, when they would not fit; -1: off)",
+           _integer, 0, flags=("--moe-gpu-budget",), minimum=-1, fields=(_MOD,), metavar="MIB"),
     Option("verbose", "model", "print a load summary to stderr", _boolean, False, {LLAMA: True},
            flags=("-v", "--verbose")),
     # ---- context ----
@@ -226,7 +260,7 @@ OPTIONS: Dict[str, Option] = {o.name: o for o in _OPTIONS}
 
 # The options each front end takes. A CLI takes other flags of its own too (ember's -p, ember-bench's
 # test sizes), which no other front end shares.
-_LOAD = ("n_gpu_layers", "main_gpu", "use_mmap")
+_LOAD = ("n_gpu_layers", "main_gpu", "use_mmap", "override_tensor", "cpu_moe", "n_cpu_moe", "moe_gpu_budget_mb")
 _KV = ("type_k", "type_v", "offload_kqv", "kv_gpu_cache_mb")
 _VLLM = ("dtype", "kv_cache_dtype", "swap_space", "gpu_memory_utilization", "tensor_parallel_size")
 FRONT_ENDS: Dict[str, Tuple[str, ...]] = {
@@ -322,8 +356,8 @@ def fill(params, values: Mapping[str, Any], **overrides):
         option = OPTIONS.get(name)
         if option is None or struct not in option.fields:
             continue
-        if value is None:   # n_threads: all cores, which the structs spell 0
-            value = 0
+        if value is None:   # n_threads: all cores, which the structs spell 0; a list option: empty
+            value = [] if option.repeat else 0
         setattr(params, option.field or name, value)
     for name, value in overrides.items():
         setattr(params, name, value)
@@ -342,6 +376,13 @@ def struct_defaults(params_classes: Iterable) -> Dict[Tuple[str, str], Any]:
 
 
 # ---- command lines ------------------------------------------------------------------------------
+class _Extend(argparse.Action):
+    """A repeatable option's flag: each use adds its (already parsed) list to the earlier ones."""
+
+    def __call__(self, parser, namespace, given, option_string=None):
+        setattr(namespace, self.dest, [*(getattr(namespace, self.dest) or []), *given])
+
+
 class _Switch(argparse.Action):
     """A bool option's flag: alone it sets True (a negative flag False); its own flags take an
     optional 0/1 too (`-mmp 0`, as llama-bench spells it)."""
@@ -405,6 +446,8 @@ def add_arguments(parser: argparse.ArgumentParser, front_end: str, names: Option
                                    default=default_value, help=f"the same as {option.flags[-1]} 0")
             continue
         extra = {"choices": option.choices} if option.choices else {}
+        if option.repeat:
+            extra["action"] = _Extend
         group.add_argument(*option.flags, dest=name, type=_cli_type(option, front_end), default=default_value,
                            required=option.required, metavar=option.metavar or (None if extra else name.upper()),
                            help=_help(option, front_end), **extra)

@@ -26,6 +26,14 @@ const GGUFTensor* bind_optional(const GGUFFile& f, const std::string& name, std:
     return f.find_tensor(name) ? &bind_tensor(f, name, std::move(ne)) : nullptr;
 }
 
+// Block l's tensors without its MoE ones (router, experts, shared expert).
+BlockTensors without_moe(const ModelImpl& m, int32_t l) {
+    BlockTensors t = m.blocks[l];
+    for (int r = 0; r < kRoles; ++r)
+        if (m.moe_role[r]) t.t[r] = nullptr;
+    return t;
+}
+
 }  // namespace
 
 BlockWeights prepare_block_vectors(Backend& be, const BlockTensors& t) {
@@ -102,36 +110,45 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& p
             const int r = static_cast<int>(s.role);
             b.t[r] = s.optional ? bind_optional(f, p + s.name, s.shape) : &bind_tensor(f, p + s.name, s.shape);
             b.vector[r] = s.vector;
+            m.moe_role[r] = is_moe_tensor(s.name);
         }
         m.blocks.push_back(b);
         m.layers.push_back(m.arch->layer_config(hp, l, rope));
     }
 
-    m.plan = plan_placement(hp.n_layer, params.n_gpu_layers, backend_built("cuda"));
-    if (!m.plan.warning.empty()) {
-        std::fprintf(stderr, "ember: warning: %s\n", m.plan.warning.c_str());
-        m.params.n_gpu_layers = m.plan.n_gpu_blocks;   // what runs, as Model.n_gpu_layers reports it
-    }
+    // The GPU budget's default is the memory free on the GPU, so the backend starts before the plan.
+    const bool have_gpu = backend_built("cuda");
+    BackendOptions gpu_opts;
+    gpu_opts.device = params.main_gpu;
+    if (have_gpu && params.n_gpu_layers != 0) m.gpu = make_backend("cuda", gpu_opts);
+    m.plan = plan_placement(f, hp.n_layer, params, have_gpu, m.gpu ? m.gpu->free_memory() : 0);
+    if (m.plan.any_gpu() && !m.gpu) m.gpu = make_backend("cuda", gpu_opts);
+    if (!m.plan.warning.empty()) std::fprintf(stderr, "ember: warning: %s\n", m.plan.warning.c_str());
+    if (!have_gpu) m.params.n_gpu_layers = 0;   // what runs, as Model.n_gpu_layers reports it
+    if (params.verbose || m.plan.any_experts_apart() || m.plan.gpu_budget)
+        std::fprintf(stderr, "ember: %s\n", m.plan.summary.c_str());
+    if (!m.plan.any_gpu()) m.gpu.reset();
     m.gpu_blocks.resize(hp.n_layer);
     m.stream_blocks.resize(hp.n_layer);
     if (m.plan.any_gpu()) {
-        BackendOptions opts;
-        opts.device = params.main_gpu;
-        m.gpu = make_backend("cuda", opts);
         for (int32_t l = 0; l < hp.n_layer; ++l) {
-            if (m.plan.block[l] == Device::gpu) m.gpu_blocks[l] = prepare_block(*m.gpu, m.blocks[l]);
+            // Experts placed apart from their block are prepared on the CPU by the runner instead.
+            if (m.plan.block[l] == Device::gpu)
+                m.gpu_blocks[l] = prepare_block(*m.gpu, m.plan.experts_apart(l) ? without_moe(m, l) : m.blocks[l]);
             else m.stream_blocks[l] = prepare_block_vectors(*m.gpu, m.blocks[l]);
         }
         m.gpu_head = prepare_head(*m.gpu, *m.output, *m.output_norm);
         m.gpu->synchronize();
     }
     if (!params.use_mmap) {
-        // CPU blocks (and a CPU head) read their matrices from a huge-page copy instead of the mapping.
+        // CPU blocks, experts apart from their GPU block and a CPU head read their matrices from a
+        // huge-page copy instead of the mapping.
         std::vector<const GGUFTensor*> host;
         for (int32_t l = 0; l < hp.n_layer; ++l)
-            if (m.plan.block[l] == Device::cpu)
-                for (int r = 0; r < kRoles; ++r)
-                    if (m.blocks[l].matrix(r)) host.push_back(m.blocks[l].t[r]);
+            for (int r = 0; r < kRoles; ++r)
+                if (m.blocks[l].matrix(r) &&
+                    (m.plan.block[l] == Device::cpu || (m.plan.experts_apart(l) && m.moe_role[r])))
+                    host.push_back(m.blocks[l].t[r]);
         if (m.plan.head == Device::cpu) host.push_back(m.output);
         m.host_weights = std::make_unique<HostWeights>(host);
         for (BlockTensors& b : m.blocks)

@@ -1,6 +1,7 @@
 // Internals of a loaded model: hyperparameters, its architecture, the GGUF tensors of each block,
 // the placement plan, and the weights already prepared on the GPU for the blocks placed there.
 #pragma once
+#include <array>
 #include <memory>
 #include <vector>
 
@@ -35,6 +36,7 @@ struct ModelImpl {
     const GGUFTensor* output_norm = nullptr;
     const GGUFTensor* output = nullptr;   // token_embd when tied
     std::vector<BlockTensors> blocks;
+    std::array<bool, kRoles> moe_role{};   // the roles a mixture's experts take with them (placement.h)
     PlacementPlan plan;
 
     std::unique_ptr<Backend> gpu;         // null when every block is on the CPU

@@ -22,6 +22,7 @@
 #include "model/host_tier_memory.h"
 #include "model/kv_in_host_memory.h"
 #include "model/model_impl.h"
+#include "model/remote_experts.h"
 #include "model/streamed_weights.h"
 
 namespace ember {
@@ -115,6 +116,10 @@ struct RunnerImpl {
     HeadWeights head;
     std::map<Backend*, Scratch> scratch;
     std::vector<std::pair<Backend*, void*>> owned;   // every allocation, freed at the end
+    std::vector<std::pair<Backend*, void*>> owned_host;   // every alloc_host allocation
+    // [n_layer] experts that run apart from their block (be null where they run with it).
+    std::vector<RemoteExperts> remote;
+    float *remote_x = nullptr, *remote_out = nullptr;   // the crossings' host buffers, shared by the blocks
     std::vector<KVLayer> kv;
     // Null: CPU blocks always run on the CPU. Destroyed before `cpu` (whose pool it uses) and
     // `model` (whose GPU backend it uses).
@@ -131,6 +136,7 @@ struct RunnerImpl {
     RunnerImpl(std::shared_ptr<Model> m, const RunnerParams& p) : model(std::move(m)), params(p) {}
     ~RunnerImpl() {
         for (auto& [be, ptr] : owned) be->free(ptr);
+        for (auto& [be, ptr] : owned_host) be->free_host(ptr);
     }
 
     template <class T = float>
@@ -195,6 +201,26 @@ Runner::Runner(std::shared_ptr<Model> model, const RunnerParams& params) {
     for (int32_t l = 0; l < hp.n_layer; ++l)
         r.blocks[l] = m.plan.block[l] == Device::gpu ? m.gpu_blocks[l] : prepare_block(*r.cpu, m.blocks[l]);
     r.head = m.plan.head == Device::gpu ? m.gpu_head : prepare_head(*r.cpu, *m.output, *m.output_norm);
+    r.remote.resize(hp.n_layer);
+    for (int32_t l = 0; l < hp.n_layer; ++l) {
+        if (!m.plan.experts_apart(l)) continue;
+        // The plan sets experts apart only on the CPU, for GPU blocks: the hidden state crosses
+        // through pinned host memory of the GPU backend.
+        RemoteExperts& e = r.remote[l];
+        e.be = r.cpu.get();
+        e.w = prepare_block_vectors(*r.cpu, m.blocks[l]);
+        for (int k = 0; k < kRoles; ++k)
+            if (m.moe_role[k] && m.blocks[l].matrix(k)) e.w.mat[k] = r.cpu->prepare_weight(*m.blocks[l].t[k]);
+        e.buf = &r.scratch_for(*r.cpu).buf;
+        if (!r.remote_x) {
+            const size_t bytes = (size_t)params.n_batch * hp.n_embd * sizeof(float);
+            r.remote_x = static_cast<float*>(m.gpu->alloc_host(bytes));
+            r.owned_host.emplace_back(m.gpu.get(), r.remote_x);
+            r.remote_out = static_cast<float*>(m.gpu->alloc_host(bytes));
+            r.owned_host.emplace_back(m.gpu.get(), r.remote_out);
+        }
+        e.x = r.remote_x, e.out = r.remote_out;
+    }
     KVLayer geometry;
     geometry.k_type = params.type_k;
     geometry.v_type = params.type_v;
@@ -314,16 +340,24 @@ void RunnerImpl::forward(const int32_t* tokens, const BatchInfo& batch, const st
             cur = &be;
             // When this device runs every remaining block and the head, the rest of the step is
             // device ops only: the backend may replay it as a graph recorded for the same shapes.
+            // Experts apart from their block wait on the host mid-step, so such a step is never one graph.
             const bool rest_here = !streamed && head.backend == &be &&
                                    std::all_of(blocks.begin() + l, blocks.end(),
-                                               [&](const BlockWeights& b) { return b.backend == &be; });
+                                               [&](const BlockWeights& b) { return b.backend == &be; }) &&
+                                   std::none_of(remote.begin() + l, remote.end(),
+                                                [](const RemoteExperts& e) { return e.be != nullptr; });
             if (rest_here && be.step_begin(mix(shape_key, (uint64_t)l))) {
                 replayed = true;
                 break;
             }
         }
-        const BlockRun run{be,   w,       m.layers[l], hp,      st ? stream->kv() : kv[l], s->buf, n,
-                           s->x, pending, s->out_a,    s->out_b};
+        const RemoteExperts* apart = remote[l].be ? &remote[l] : nullptr;
+        if (apart && std::find(seen.begin(), seen.end(), apart->be) == seen.end()) {
+            apart->be->set_batch(batch);
+            seen.push_back(apart->be);
+        }
+        const BlockRun run{be,      w,        m.layers[l], hp,   st ? stream->kv() : kv[l], s->buf, n, s->x,
+                           pending, s->out_a, s->out_b,    apart};
         pending = m.arch->forward_block(run);
         if (st) stream->end_block(l, kv[l], ids, n_past, n, l + 1 < hp.n_layer && is_streamed(l + 1));
     }

@@ -71,6 +71,8 @@ struct BlockWeights {
     const float* v(Role r) const { return vec[static_cast<int>(r)]; }
 };
 
+struct RemoteExperts;
+
 // How one layer attends: its rope and its attention shape (scale, sliding window).
 struct LayerConfig {
     RopeParams rope;
@@ -92,6 +94,8 @@ struct BlockRun {
     const float* residual;
     float* out_a;
     float* out_b;
+    // The block's experts on another backend (remote_experts.h); null: they run on be with the rest.
+    const RemoteExperts* experts = nullptr;
 };
 
 class Architecture {

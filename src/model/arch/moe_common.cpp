@@ -3,6 +3,7 @@
 #include "model/arch/moe_common.h"
 
 #include "ember/status.h"
+#include "model/remote_experts.h"
 
 namespace ember {
 
@@ -39,10 +40,14 @@ MoeWeights moe_weights(const BlockWeights& w, const HParams& hp, const MoeConfig
 }
 
 void run_moe_ffn(const BlockRun& r, const MoeConfig& c, const float* residual, float* out) {
-    MoeWeights m = moe_weights(r.w, r.hp, c);
-    m.norm = r.w.v(Role::ffn_norm);
+    // Experts placed apart from their block (placement.h) run on their own backend, from its copy
+    // of the block's vectors and MoE tensors.
+    const BlockWeights& w = r.experts ? r.experts->w : r.w;
+    MoeWeights m = moe_weights(w, r.hp, c);
+    m.norm = w.v(Role::ffn_norm);
     m.eps = r.hp.rms_eps;
-    r.be.moe_ffn(m, r.x, residual, r.n_tok, r.buf, out);
+    if (r.experts) moe_ffn_remote(r, m, residual, out);
+    else r.be.moe_ffn(m, r.x, residual, r.n_tok, r.buf, out);
 }
 
 void check_experts(const GGUFFile& f, const HParams& hp, bool allowed, bool required) {
