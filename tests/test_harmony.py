@@ -54,3 +54,35 @@ def test_one_character_at_a_time_holds_back_only_a_possible_marker():
 def test_template_detection():
     assert is_harmony_template("{{- '<|start|>assistant<|channel|>final<|message|>' }}")
     assert not is_harmony_template("{% for m in messages %}<|im_start|>{{ m['content'] }}{% endfor %}")
+
+
+# ---- ember-server's chat responses (ResponseBuilder with harmony=True)
+
+def _builder():
+    from ember.server.openai_schema import parse_chat
+    from ember.server.responses import ResponseBuilder
+    req = parse_chat({"messages": [{"role": "user", "content": "2+2?"}]}, 1000)
+    return ResponseBuilder(req, "m", None, ["prompt"], True, None, harmony=True)
+
+
+def _out(text, finish):
+    from ember.outputs import CompletionOutput, RequestOutput
+    return RequestOutput("r", None, [1, 2], None, [CompletionOutput(0, text, [5] * 3, None, None, finish)],
+                         finish is not None)
+
+
+def test_server_reply_has_content_and_reasoning_content():
+    message = _builder().response([_out(REPLY, "stop")])["choices"][0]["message"]
+    assert message == {"role": "assistant", "content": "2 + 2 = 4; a < b and a <| b.",
+                       "reasoning_content": "User asks 2+2. Easy: 4. Note <|x|> is not a marker."}
+
+
+def test_server_stream_gives_deltas_of_each():
+    b, rng = _builder(), random.Random()
+    cuts = sorted(rng.sample(range(1, len(REPLY)), 15)) + [len(REPLY)]
+    choices = [c["choices"][0] for k, n in enumerate(cuts)
+               for c in b.chunks(0, _out(REPLY[:n], "stop" if k == len(cuts) - 1 else None))]
+    assert "".join(c["delta"].get("content", "") for c in choices) == "2 + 2 = 4; a < b and a <| b."
+    assert "".join(c["delta"].get("reasoning_content", "") for c in choices) == \
+        "User asks 2+2. Easy: 4. Note <|x|> is not a marker."
+    assert choices[-1]["finish_reason"] == "stop"

@@ -6,7 +6,8 @@ logprobs in each endpoint's format; the embeddings' list object.
 A chat request with tools has each reply parsed for tool calls (ember.chat.tool_calls): a reply that
 calls them has `tool_calls`, its content is the text before the first call, and it finishes with
 "tool_calls"; streamed, the text that may be a call is held back until the reply ends, then the
-calls come in one delta.
+calls come in one delta. A harmony reply (gpt-oss: ember.chat.harmony) is split first: its final
+channel is the content, its analysis channel reasoning_content (streamed as deltas of each).
 
 A completion request may hold several prompts, each one RequestOutput with n sequences: choice
 `index` runs over prompts x n (prompt p's sequence j is choice p * n + j), as OpenAI's does."""
@@ -19,6 +20,7 @@ import uuid
 from typing import Dict, List, Optional, Tuple
 
 from ..chat import ToolCallParser
+from ..chat.harmony import HarmonySplitter, split_harmony
 from ..detokenize import piece_text
 from ..outputs import RequestOutput
 from .openai_schema import GenerationRequest
@@ -51,10 +53,11 @@ def _top(entry: Dict[int, float], k: int) -> list:
 class ResponseBuilder:
     """One request's responses. chat: chat.completion objects, else text_completion. prompt_texts:
     the text of each prompt, which echo repeats (chat has one). tool_parser: the chat template's
-    tool call syntax where replies are parsed for calls, else None."""
+    tool call syntax where replies are parsed for calls, else None. harmony: chat replies are in the
+    harmony format (their text must keep the special tokens' text)."""
 
     def __init__(self, req: GenerationRequest, model: str, tokenizer, prompt_texts: List[str], chat: bool,
-                 tool_parser: Optional[ToolCallParser] = None):
+                 tool_parser: Optional[ToolCallParser] = None, harmony: bool = False):
         self.req = req
         self.chat = chat
         self._tools = tool_parser if chat else None
@@ -71,6 +74,7 @@ class ResponseBuilder:
         self._offset = [len(prompt_texts[i // self._n]) if req.echo else 0 for i in range(choices)]
         self._started = [False] * choices
         self._finished = [False] * choices
+        self._harmony = [HarmonySplitter() for _ in range(choices)] if chat and harmony else None
 
     def _prompt_text(self, index: int) -> str:
         return self._prompt_texts[index // self._n]
@@ -130,20 +134,22 @@ class ResponseBuilder:
     def _allowed(self, calls: list) -> list:
         return calls if self.req.parallel_tool_calls else calls[:1]
 
-    def _reply(self, o) -> Tuple[Optional[str], list]:
-        """A finished chat reply's content and tool calls."""
+    def _reply(self, o) -> Tuple[Optional[str], list, str]:
+        """A finished chat reply's content, tool calls and reasoning."""
+        text, reasoning = split_harmony(o.text) if self._harmony else (o.text, "")
         if self._tools is None:
-            return o.text, []
-        content, calls = self._tools.parse(o.text)
-        return content, self._allowed(calls)
+            return text, [], reasoning
+        content, calls = self._tools.parse(text)
+        return content, self._allowed(calls), reasoning
 
     @staticmethod
     def _finish_reason(o, calls: list) -> Optional[str]:
         return "tool_calls" if calls and o.finish_reason == "stop" else o.finish_reason
 
     def _stream_end(self, i: int, o) -> Tuple[int, list]:
-        """How far choice i's text may stream now, and its calls once it has finished."""
-        if self._tools is None:
+        """How far choice i's text may stream now, and its calls once it has finished (a harmony
+        reply's calls are not parsed)."""
+        if self._tools is None or self._harmony:
             return len(o.text), []
         if o.finish_reason is None:
             return max(self._sent_text[i], self._tools.held_from(o.text)), []
@@ -171,8 +177,10 @@ class ResponseBuilder:
                 i = p * self._n + o.index
                 lp = self._logprobs(i, o, 0, final if self.req.echo else None)
                 if self.chat:
-                    content, calls = self._reply(o)
+                    content, calls, reasoning = self._reply(o)
                     message = {"role": "assistant", "content": content}
+                    if reasoning:
+                        message["reasoning_content"] = reasoning
                     if calls:
                         message["tool_calls"] = calls
                     choices.append({"index": i, "message": message, "logprobs": lp,
@@ -210,10 +218,11 @@ class ResponseBuilder:
             first = not self._started[i]
             echo = first and self.req.echo
             new_tokens = len(o.token_ids) > self._sent_tokens[i]
-            if text or echo or (new_tokens and self.req.logprobs is not None):
+            delta = self._delta(i, text, o.finish_reason is not None) if self.chat else {}
+            if text or echo or (new_tokens and self.req.logprobs is not None) or any(delta.values()):
                 lp = self._logprobs(i, o, self._sent_tokens[i], out if echo else None)
                 if self.chat:
-                    choice = {"index": i, "delta": {"content": text}, "logprobs": lp, "finish_reason": None}
+                    choice = {"index": i, "delta": delta, "logprobs": lp, "finish_reason": None}
                 else:
                     choice = {"index": i, "text": (self._prompt_text(i) if echo else "") + text, "logprobs": lp,
                               "finish_reason": None}
@@ -233,6 +242,17 @@ class ResponseBuilder:
                 choice["stop_reason"] = o.stop_reason
                 chunks.append(self._chunk(choice))
         return chunks
+
+    def _delta(self, i: int, text: str, done: bool) -> dict:
+        """A chat chunk's delta for choice i's new text: content, or a harmony reply's content and
+        reasoning_content (held back where a marker may begin, all given out once it is done)."""
+        if self._harmony is None:
+            return {"content": text}
+        content, reasoning = self._harmony[i].feed(text)
+        if done and not self._finished[i]:
+            c, r = self._harmony[i].finish()
+            content, reasoning = content + c, reasoning + r
+        return {"content": content, "reasoning_content": reasoning} if reasoning else {"content": content}
 
     def usage_chunk(self, finals: List[RequestOutput]) -> dict:
         """stream_options.include_usage's last chunk: no choices, the usage."""
