@@ -233,6 +233,20 @@ def test_props_version_and_vllm_tokenize(client):
     assert client.post("/tokenize", json={"content": "Hello world"}).json() == {"tokens": r["tokens"]}
 
 
+def test_embeddings_dimensions(engine):
+    import numpy as np
+    with TestClient(create_app(engine, ServerSettings(pooling="mean"))) as c:
+        body = {"input": ["red", "a long sentence about the sea"]}
+        whole = [d["embedding"] for d in c.post("/v1/embeddings", json=body).json()["data"]]
+        short = [d["embedding"] for d in c.post("/v1/embeddings", json=dict(body, dimensions=64)).json()["data"]]
+        for w, s in zip(whole, short):
+            assert len(s) == 64 and abs(np.linalg.norm(s) - 1) < 1e-5
+            np.testing.assert_allclose(s, np.asarray(w[:64]) / np.linalg.norm(w[:64]), rtol=1e-5, atol=1e-6)
+        for bad in (0, len(whole[0]) + 1, "64"):
+            r = c.post("/v1/embeddings", json=dict(body, dimensions=bad))
+            assert r.status_code == 400 and r.json()["error"]["param"] == "dimensions", r.text
+
+
 # ---- --max-queue ------------------------------------------------------------------------------
 def test_max_queue_holds_against_a_burst(smollm2_path):
     """-np 1 --max-queue 1 and four requests at once: one runs, one waits, two get 503 (before the

@@ -105,3 +105,25 @@ def test_from_engine_args_and_awaitable_abort(smollm2_path):
         engine.shutdown()
     with pytest.raises(TypeError, match="engine_args"):
         AsyncLLMEngine.from_engine_args(42)
+
+
+def test_prompt_logprobs_top_k(smollm2_path):
+    """prompt_logprobs=k: each prompt token after the first with the k most likely tokens at its
+    position (before, k was ignored and only the prompt token came)."""
+    import numpy as np
+    with LLM(smollm2_path, n_ctx=128, n_threads=2) as llm:
+        [out] = llm.generate(["The capital of France is"], SamplingParams(max_tokens=1, prompt_logprobs=3),
+                             use_tqdm=False)
+        plps = out.prompt_logprobs
+        assert plps[0] is None and len(plps) == len(out.prompt_token_ids)
+        for token, entry in zip(out.prompt_token_ids[1:], plps[1:]):
+            assert token in entry and 3 <= len(entry) <= 4
+            ranked = sorted((lp.rank, lp.logprob) for t, lp in entry.items() if lp.rank <= 3)
+            assert [r for r, _ in ranked][:3] == [1, 2, 3] and np.all(np.diff([v for _, v in ranked]) <= 0)
+        [zero] = llm.generate(["The capital of France is"], SamplingParams(max_tokens=1, prompt_logprobs=0),
+                              use_tqdm=False)
+        assert all(len(e) == 1 for e in zero.prompt_logprobs[1:])
+        assert [e[t].logprob for t, e in zip(zero.prompt_token_ids[1:], zero.prompt_logprobs[1:])] == \
+            pytest.approx([e[t].logprob for t, e in zip(out.prompt_token_ids[1:], plps[1:])])
+    with pytest.raises(ValueError, match="prompt_logprobs"):
+        SamplingParams(prompt_logprobs=21)

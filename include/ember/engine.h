@@ -47,6 +47,7 @@ struct RequestParams {
     bool ignore_eos = false;
     int32_t logprobs = -1;                  // -1: none; 0: the sampled token's; k > 0: and the top k
     bool prompt_logprobs = false;           // logprob of every prompt token after the first
+    int32_t prompt_top_logprobs = 0;        // with prompt_logprobs: and the top k of each position
     static constexpr int32_t kMaxLogprobs = 20;   // vLLM's default max_logprobs
 };
 
@@ -59,6 +60,7 @@ struct EngineOutput {
     std::vector<std::vector<std::pair<int32_t, float>>> top_logprobs;   // per token, when k > 0
     std::vector<float> prompt_logprobs;   // once, with the first output, when asked
     std::vector<int32_t> prompt_ranks;    // and their ranks
+    std::vector<std::vector<std::pair<int32_t, float>>> prompt_top_logprobs;   // per position, when k > 0
     int32_t num_cached_tokens = 0;        // prompt tokens the prefix cache served
     bool finished = false;
     std::string finish_reason;            // "stop", "length", "abort" or "error" once finished

@@ -31,6 +31,7 @@ void bind_engine(nb::module_& m) {
         .def_ro("top_logprobs", &EngineOutput::top_logprobs)
         .def_ro("prompt_logprobs", &EngineOutput::prompt_logprobs)
         .def_ro("prompt_ranks", &EngineOutput::prompt_ranks)
+        .def_ro("prompt_top_logprobs", &EngineOutput::prompt_top_logprobs)
         .def_ro("num_cached_tokens", &EngineOutput::num_cached_tokens)
         .def_ro("finished", &EngineOutput::finished)
         .def_ro("finish_reason", &EngineOutput::finish_reason)
@@ -76,7 +77,7 @@ void bind_engine(nb::module_& m) {
                float min_p, float repeat_penalty, float frequency_penalty, float presence_penalty,
                int32_t penalty_last_n, const std::vector<std::pair<int32_t, float>>& logit_bias, uint64_t seed,
                int32_t max_tokens, int32_t min_tokens, const std::vector<int32_t>& stop_token_ids, bool ignore_eos,
-               int32_t logprobs, bool prompt_logprobs) {
+               int32_t logprobs, bool prompt_logprobs, int32_t prompt_top_logprobs) {
                 RequestParams r;
                 r.prompt = prompt;
                 r.sampling = sampling_params_arg(temperature, top_k, top_p, min_p, repeat_penalty, frequency_penalty,
@@ -87,6 +88,7 @@ void bind_engine(nb::module_& m) {
                 r.ignore_eos = ignore_eos;
                 r.logprobs = logprobs;
                 r.prompt_logprobs = prompt_logprobs;
+                r.prompt_top_logprobs = prompt_top_logprobs;
                 return e.add_request(r);
             },
             "prompt"_a, nb::kw_only(), "temperature"_a = 0.8f, "top_k"_a = 40, "top_p"_a = 0.95f, "min_p"_a = 0.05f,
@@ -94,7 +96,7 @@ void bind_engine(nb::module_& m) {
             "penalty_last_n"_a = 64, "logit_bias"_a = std::vector<std::pair<int32_t, float>>{},
             "seed"_a = 0xFFFFFFFFull, "max_tokens"_a = 16, "min_tokens"_a = 0,
             "stop_token_ids"_a = std::vector<int32_t>{}, "ignore_eos"_a = false, "logprobs"_a = -1,
-            "prompt_logprobs"_a = false, "Queues a request; returns its id.")
+            "prompt_logprobs"_a = false, "prompt_top_logprobs"_a = 0, "Queues a request; returns its id.")
         .def("cancel", &Engine::cancel, "request_id"_a)
         .def(
             "poll",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Callable, List, Optional
 
-from .detokenize import Detokenizer, engine_logprob, engine_logprob_entry
+from .detokenize import Detokenizer, engine_logprob_entry
 from .outputs import CompletionOutput, RequestOutput
 from .sampling_params import SamplingParams
 
@@ -70,9 +70,10 @@ class RequestState:
         if seq.index == 0:
             self.num_cached_tokens = out.num_cached_tokens
             if out.prompt_logprobs:
+                tops = out.prompt_top_logprobs or [()] * len(out.prompt_logprobs)
                 self.prompt_logprobs = [None] + [
-                    {t: engine_logprob(self._tok, t, lp, rank, self._special)}
-                    for t, lp, rank in zip(self.prompt_token_ids[1:], out.prompt_logprobs, out.prompt_ranks)]
+                    engine_logprob_entry(self._tok, t, lp, rank, top, self._special)
+                    for t, lp, rank, top in zip(self.prompt_token_ids[1:], out.prompt_logprobs, out.prompt_ranks, tops)]
         for i, token in enumerate(out.token_ids):
             seq.token_ids.append(token)
             if seq.logprobs is not None:

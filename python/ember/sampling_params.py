@@ -55,8 +55,8 @@ class SamplingParams:
     seed, seed+1, ... when seed is given. Penalties look at the last 64 tokens (llama.cpp's
     window), not at the whole sequence as in vLLM. include_stop_str_in_output keeps the stop
     string that ended a sequence at the end of its text (and streams text without holding back
-    what may grow into one). prompt_logprobs gives the logprob of each
-    prompt token only, whatever the number asked (ember has no top-k over prompt positions)."""
+    what may grow into one). prompt_logprobs=k gives each prompt token after the first its logprob
+    and those of the k most likely tokens at its position."""
     n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
@@ -94,8 +94,8 @@ class SamplingParams:
              f"must not exceed max_tokens={self.max_tokens}"),
             ("logprobs", self.logprobs is None or 0 <= self.logprobs <= _ember.MAX_LOGPROBS,
              f"must be in [0, {_ember.MAX_LOGPROBS}] (or None)"),
-            ("prompt_logprobs", self.prompt_logprobs is None or self.prompt_logprobs >= 0,
-             "must be non-negative (or None)"),
+            ("prompt_logprobs", self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= _ember.MAX_LOGPROBS,
+             f"must be in [0, {_ember.MAX_LOGPROBS}] (or None)"),
             ("presence_penalty", -2.0 <= self.presence_penalty <= 2.0, "must be in [-2, 2]"),
             ("frequency_penalty", -2.0 <= self.frequency_penalty <= 2.0, "must be in [-2, 2]"),
             ("repetition_penalty", self.repetition_penalty > 0.0, "must be greater than zero"),
@@ -126,4 +126,5 @@ class SamplingParams:
             seed=RANDOM_SEED if self.seed is None else self.seed + index,
             max_tokens=max_tokens, min_tokens=min(self.min_tokens, max_tokens), stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos, logprobs=-1 if self.logprobs is None else self.logprobs,
-            prompt_logprobs=self.prompt_logprobs is not None and index == 0)
+            prompt_logprobs=self.prompt_logprobs is not None and index == 0,
+            prompt_top_logprobs=(self.prompt_logprobs or 0) if index == 0 else 0)

@@ -119,6 +119,7 @@ void EngineImpl::emit(Sequence& s) {
         if (!o.prompt_logprobs.empty()) {
             prev.prompt_logprobs = std::move(o.prompt_logprobs);
             prev.prompt_ranks = std::move(o.prompt_ranks);
+            prev.prompt_top_logprobs = std::move(o.prompt_top_logprobs);
         }
         prev.finished = o.finished;
         prev.finish_reason = o.finish_reason;
@@ -203,9 +204,12 @@ void EngineImpl::sample(const StepPlan& plan, bool greedy) {
                 const int32_t p = ss.start + ss.len - ss.n_rows + r;   // position of this row
                 if (p + 1 < s.n_prompt && p == (int32_t)s.prompt_lp.size()) {
                     int32_t rank = 0;
-                    s.prompt_lp.push_back(
-                        log_prob(rows + (size_t)r * n_vocab, n_vocab, s.tokens[p + 1], 0, &rank, nullptr));
+                    std::vector<std::pair<int32_t, float>> top;
+                    const int32_t k = s.req.prompt_top_logprobs;
+                    s.prompt_lp.push_back(log_prob(rows + (size_t)r * n_vocab, n_vocab, s.tokens[p + 1], k, &rank,
+                                                   k > 0 ? &top : nullptr));
                     s.prompt_rank.push_back(rank);
+                    if (k > 0) s.prompt_top.push_back(std::move(top));
                 }
             }
         if (!ss.samples || s.n_generated >= s.req.max_tokens) return;
@@ -280,6 +284,7 @@ bool EngineImpl::step() {
             if (s.wants_prompt_logprobs()) {
                 s.out.prompt_logprobs = std::move(s.prompt_lp);
                 s.out.prompt_ranks = std::move(s.prompt_rank);
+                s.out.prompt_top_logprobs = std::move(s.prompt_top);
                 s.prompt_lp_sent = true;
             }
             if (!s.out.token_ids.empty() && s.n_generated < s.req.max_tokens) {
@@ -433,6 +438,8 @@ int64_t Engine::add_request(const RequestParams& r) {
         fail("the prompt has ", n, " tokens; with room for a generated one that exceeds n_ctx ", e.params.n_ctx);
     if (r.logprobs < -1 || r.logprobs > RequestParams::kMaxLogprobs)
         fail("logprobs must be in [-1, ", RequestParams::kMaxLogprobs, "] (-1: none), got ", r.logprobs);
+    if (r.prompt_top_logprobs < 0 || r.prompt_top_logprobs > RequestParams::kMaxLogprobs)
+        fail("prompt_top_logprobs must be in [0, ", RequestParams::kMaxLogprobs, "], got ", r.prompt_top_logprobs);
     for (int32_t id : r.stop_token_ids)
         if (id < 0 || id >= e.n_vocab) fail("stop_token_ids: ", id, " is out of range [0, ", e.n_vocab, ")");
     // (the sampler knows no vocabulary until it samples: checked here, the request is refused whole)

@@ -53,6 +53,7 @@ bool Scheduler::preempt(const std::vector<Sequence*>& taken) {
             if (!s->prompt_lp_sent) {
                 s->prompt_lp.clear();
                 s->prompt_rank.clear();
+                s->prompt_top.clear();
             }
             waiting_.push_front(std::move(*it));
         }

@@ -22,6 +22,7 @@ struct Sequence {
     std::unique_ptr<Sampler> sampler;
     std::vector<float> prompt_lp;    // prompt_lp[p]: logprob of tokens[p + 1], gathered as computed
     std::vector<int32_t> prompt_rank;   // and its rank
+    std::vector<std::vector<std::pair<int32_t, float>>> prompt_top;   // and the top k, when asked
     bool prompt_lp_sent = false;
     EngineOutput out;                // gathered since the last hand-out
 

@@ -3,11 +3,27 @@ SDK's models.retrieve), llama-server's /props, vLLM's /version and vLLM's /token
 `register` also adds /v1/responses and Anthropic's /v1/messages."""
 from __future__ import annotations
 
+import numpy as np
 from fastapi import Request
 
 from ..version import __version__
 from . import anthropic_messages, openai_responses
 from .openai_schema import APIError, get
+
+
+def shorten_embeddings(vectors: list, dimensions: int) -> list:
+    """OpenAI's `dimensions`: each vector's first dimensions values, L2-normalized again (what
+    Matryoshka-trained embedding models are made for); 400 past the model's width."""
+    width = len(vectors[0]) if vectors else dimensions
+    if dimensions > width:
+        raise APIError(400, f"'dimensions' is {dimensions}, but this model's embeddings have {width}",
+                       param="dimensions", code="invalid_value")
+    out = []
+    for v in vectors:
+        cut = np.asarray(v, dtype=np.float32)[:dimensions]
+        norm = float(np.linalg.norm(cut))
+        out.append(cut / norm if norm > 0 else cut)
+    return out
 
 
 def is_vllm_tokenize(body: dict) -> bool:
