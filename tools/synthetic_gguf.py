@@ -3,7 +3,9 @@
 
 The shapes, tensor names, metadata and tokenizer are those of a real model of the family, so a
 GGUF runtime does the work the real model would; the text it writes is noise. Tensors are F16
-(norms F32); `ember-quantize` turns the file into Q4_0, Q8_0, Q4_K_M, ...
+(norms F32); `ember-quantize` turns the file into Q4_0, Q8_0, Q4_K_M, ... `--type Q8_0` writes the
+matrices as Q8_0 instead: half the bytes, for shapes whose F16 file would not fit a disk beside its
+quantized copy (Qwen3-30B-A3B: 61 GB in F16); llama-quantize --allow-requantize takes it from there.
 
     synthetic_gguf.py --shape llama2-7b --vocab vocab.gguf -o l7b-f16.gguf
     synthetic_gguf.py --vocab-only --vocab SmolLM2-135M-Instruct.Q4_1.gguf -o vocab.gguf
@@ -20,7 +22,8 @@ import sys
 from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType, GGUFWriter, RopeScalingType
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, RopeScalingType
+from gguf.quants import quantize
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,26 +209,44 @@ def _write_hparams(w: GGUFWriter, name: str, s: Shape, ctx: int, n_vocab: int) -
         w.add_rope_scaling_orig_ctx_len(s.yarn[1])
     if s.conv_cache:
         w.add_shortconv_l_cache(s.conv_cache)
-    w.add_file_type(1)   # mostly F16
     w.add_vocab_size(n_vocab)
 
 
+# The matrix types --type offers, each with its GGUF file_type.
+MATRIX_TYPES = {"F16": (GGMLQuantizationType.F16, 1), "Q8_0": (GGMLQuantizationType.Q8_0, 7)}
+Q8_0_BLOCK, Q8_0_BYTES = 32, 34
+
+
+def _q8_0_byte_shape(shape: Tuple[int, ...]) -> Tuple[int, ...]:
+    return (*shape[:-1], shape[-1] // Q8_0_BLOCK * Q8_0_BYTES)
+
+
 def write_model(out: str, name: str, vocab: str, ctx: int = 8192, seed: Optional[int] = None,
-                progress: bool = False) -> None:
+                progress: bool = False, matrix_type: str = "F16") -> None:
     """Writes shape `name` with the tokenizer of `vocab` to `out`, one tensor at a time (a 7B model
-    never sits in memory whole)."""
+    never sits in memory whole); matrices in `matrix_type` (F16 or Q8_0), norms F32."""
     if name not in SHAPES:
         raise ValueError(f"unknown shape {name!r}; one of {', '.join(sorted(SHAPES))}")
     if ctx <= 0:
         raise ValueError(f"context length must be positive, got {ctx}")
+    if matrix_type not in MATRIX_TYPES:
+        raise ValueError(f"unknown matrix type {matrix_type!r}; one of {', '.join(MATRIX_TYPES)}")
+    qtype, file_type = MATRIX_TYPES[matrix_type]
     s = SHAPES[name]
     w = GGUFWriter(out, s.arch)
     n_vocab = copy_tokenizer(vocab, w)
     _write_hparams(w, name, s, ctx, n_vocab)
+    w.add_file_type(file_type)
     plan = list(tensors(s, n_vocab))
     for tname, shape, norm in plan:
-        dtype = np.float32 if norm else np.float16
-        w.add_tensor_info(tname, shape, np.dtype(dtype), int(np.prod(shape)) * np.dtype(dtype).itemsize)
+        n = int(np.prod(shape))
+        if norm:
+            w.add_tensor_info(tname, shape, np.dtype(np.float32), n * 4)
+        elif qtype == GGMLQuantizationType.F16:
+            w.add_tensor_info(tname, shape, np.dtype(np.float16), n * 2)
+        else:
+            w.add_tensor_info(tname, _q8_0_byte_shape(shape), np.dtype(np.uint8), n // Q8_0_BLOCK * Q8_0_BYTES,
+                              raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
@@ -233,20 +254,26 @@ def write_model(out: str, name: str, vocab: str, ctx: int = 8192, seed: Optional
     # Slices of one random pool at random offsets: every tensor holds non-trivial values without
     # billions of fresh draws (a 7B model would take minutes more).
     rng = np.random.default_rng(seed)
+    # Q8_0 slices whole blocks of the pool quantized once, so no tensor is quantized on its own.
     pool = (rng.standard_normal(1 << 24, dtype=np.float32) * 0.02).astype(np.float16)
+    unit = 1
+    if qtype == GGMLQuantizationType.Q8_0:
+        pool = quantize(pool.astype(np.float32).reshape(-1, Q8_0_BLOCK), qtype).reshape(-1)
+        unit = Q8_0_BYTES
     for k, (tname, shape, norm) in enumerate(plan):
         n = int(np.prod(shape))
         if norm:
             w.write_tensor_data((1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32).reshape(shape))
             continue
-        data = np.empty(n, dtype=np.float16)
+        size = n if unit == 1 else n // Q8_0_BLOCK * Q8_0_BYTES
+        data = np.empty(size, dtype=pool.dtype)
         filled = 0
-        while filled < n:
-            start = int(rng.integers(0, pool.size // 2))
-            take = min(n - filled, pool.size - start)
+        while filled < size:
+            start = int(rng.integers(0, pool.size // 2 // unit)) * unit
+            take = min(size - filled, pool.size - start)
             data[filled:filled + take] = pool[start:start + take]
             filled += take
-        w.write_tensor_data(data.reshape(shape))
+        w.write_tensor_data(data.reshape(shape if unit == 1 else _q8_0_byte_shape(shape)))
         if progress and k % 20 == 0:
             print(f"  {k + 1}/{len(plan)} {tname}", file=sys.stderr)
     w.close()
@@ -270,6 +297,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--vocab-only", action="store_true", help="write only --vocab's tokenizer keys")
     ap.add_argument("--ctx", type=int, default=8192, help="context_length metadata")
     ap.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
+    ap.add_argument("--type", default="F16", choices=sorted(MATRIX_TYPES), help="type of the matrices")
     ap.add_argument("--list", action="store_true", help="print the shapes and exit")
     ap.add_argument("-o", "--out")
     args = ap.parse_args(argv)
@@ -285,7 +313,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     if not args.shape:
         ap.error("--shape is required (or --vocab-only / --list)")
     try:
-        write_model(args.out, args.shape, args.vocab, args.ctx, args.seed, progress=True)
+        write_model(args.out, args.shape, args.vocab, args.ctx, args.seed, progress=True, matrix_type=args.type)
     except ValueError as e:
         ap.error(str(e))
     print(f"wrote {args.out}: {args.shape}")
