@@ -37,6 +37,9 @@ usage() {
 #   engine     ember's engine beside llama-batched-bench (-npl $NPL) on the Q4_0 model
 #   hostkv     -nkvo: llama-bench (if built) and ember-bench, pp512 / tg128 and tg64 at depth 4096
 #   serving    llama-server (if built) and ember-server, each driven by ember-bench --serving
+#   moe_models synthetic $MOE_MODELS (default qwen3-30b-a3b:Q4_K_M gpt-oss-20b:MXFP4_MOE) written as Q8_0,
+#              then quantized by llama-quantize (LCPP_TARGETS must name it), one at a time (disk)
+#   moe        the mixture-of-experts rows ($MOE_ROWS): llama-bench / llama-batched-bench beside ember-bench
 #   -- CMD...  (after the others) CMD in the same environment: the build on PYTHONPATH, models in /tmp/em
 
 # ---------------------------------------------------------------- here
@@ -290,6 +293,76 @@ cmd_hostkv() {  # the KV in host memory (-nkvo), llama-bench's tests beside embe
   done
 }
 
+MOE_SYNTH_PID=""
+moe_synth_start() {  # the first MoE model's Q8_0 file needs only python and gguf: written while the builds run
+  local spec=${MOE_MODELS:-qwen3-30b-a3b:Q4_K_M gpt-oss-20b:MXFP4_MOE}
+  spec=${spec%% *}
+  local shape=${spec%%:*} type=${spec#*:}
+  [ -f "$EM/$shape-${type,,}.gguf" ] || [ -f "$EM/$shape-q8_0.gguf" ] || [ -n "$MOE_SYNTH_PID" ] && return
+  [ -f "$EM/vocab.gguf" ] || gunzip -c tests/fuzz/vocab/smollm2.gguf.gz > "$EM/vocab.gguf"
+  python3 tools/synthetic_gguf.py --shape "$shape" --vocab "$EM/vocab.gguf" --seed 0 --type Q8_0 \
+    -o "$EM/$shape-q8_0.gguf.tmp" > "$OUT/synth_moe.log" 2>&1 && mv "$EM/$shape-q8_0.gguf.tmp" "$EM/$shape-q8_0.gguf" &
+  MOE_SYNTH_PID=$!
+}
+
+cmd_moe_models() {
+  local q=$LCPP/build/bin/llama-quantize spec shape type f
+  [ -n "$LCPP_PID" ] && { wait "$LCPP_PID"; LCPP_PID=""; }
+  [ -n "$MOE_SYNTH_PID" ] && { wait "$MOE_SYNTH_PID"; MOE_SYNTH_PID=""; }
+  [ -x "$q" ] || die "moe_models: no $q (llamacpp with LCPP_TARGETS naming llama-quantize)"
+  [ -f "$EM/vocab.gguf" ] || gunzip -c tests/fuzz/vocab/smollm2.gguf.gz > "$EM/vocab.gguf"
+  for spec in ${MOE_MODELS:-qwen3-30b-a3b:Q4_K_M gpt-oss-20b:MXFP4_MOE}; do
+    shape=${spec%%:*} type=${spec#*:} f=$EM/$shape-${type,,}.gguf
+    [ -f "$f" ] && continue
+    # Q8_0 (half of F16) so that the source and its quantized copy fit the disk together.
+    [ -f "$EM/$shape-q8_0.gguf" ] || python3 tools/synthetic_gguf.py --shape "$shape" --vocab "$EM/vocab.gguf" \
+      --seed 0 --type Q8_0 -o "$EM/$shape-q8_0.gguf" >> "$OUT/synth_moe.log" 2>&1 || die "synthetic $shape (synth_moe.log)"
+    "$q" --allow-requantize "$EM/$shape-q8_0.gguf" "$f.tmp" "$type" "$(nproc)" >> "$OUT/quantize_moe.log" 2>&1 &&
+      mv "$f.tmp" "$f" || die "llama-quantize $shape to $type (quantize_moe.log)"
+    rm -f "$EM/$shape-q8_0.gguf"
+    log "moe model $f: $(du -h "$f" | cut -f1)"
+  done
+}
+
+# Each row: llama.cpp's tool (when built) then ember-bench, with the same test on the same file.
+MOE_ROWS="gpu cpu_moe batched gpt_oss budget"
+moe_pair() {  # moe_pair LLAMA_BENCH_ARGS -- EMBER_BENCH_ARGS
+  local l=() e=()
+  while [ "$1" != -- ]; do l+=("$1"); shift; done
+  shift; e=("$@")
+  [ -x "$LCPP/build/bin/llama-bench" ] && timeout 200 "$LCPP/build/bin/llama-bench" "${l[@]}" 2>&1 | grep -E "^\|" |
+    tee -a "$OUT/moe.log"
+  timeout 200 python3 -m ember.bench "${e[@]}" 2>&1 | tee -a "$OUT/moe.log"
+}
+
+cmd_moe() {
+  local q=$EM/qwen3-30b-a3b-q4_k_m.gguf g=$EM/gpt-oss-20b-mxfp4_moe.gguf t r n
+  t=$(nproc)
+  for r in ${MOE_ROWS:-$MOE_ROWS}; do
+    log "moe $r"
+    case $r in
+      gpu) moe_pair -m "$q" -ngl 99 -fa 1 -p 512 -n 128 -r 3 -- -m "$q" -ngl -1 -p 512 -n 128 -r 3 ;;
+      cpu_moe) moe_pair -m "$q" -ngl 99 -fa 1 -ncmoe 99 -t "$t" -p 512 -n 128 -r 2 -- \
+                 -m "$q" -ngl -1 --cpu-moe -t "$t" -p 512 -n 128 -r 2 ;;
+      batched)
+        [ -x "$LCPP/build/bin/llama-batched-bench" ] &&
+          timeout 240 "$LCPP/build/bin/llama-batched-bench" -m "$q" -ngl 99 -fa on -npp 128 -ntg 128 -npl 1,8,32,64 \
+            -c 33000 -b 2048 -ub 512 2>&1 | grep -E "^\|" | tee -a "$OUT/moe.log"
+        timeout 240 python3 -m ember.bench -m "$q" -ngl -1 -npl 1,8,32,64 -npp 128 -ntg 128 2>&1 | tee -a "$OUT/moe.log" ;;
+      gpt_oss) [ -f "$g" ] && moe_pair -m "$g" -ngl 99 -fa 1 -p 512 -n 128 -r 3 -- -m "$g" -ngl -1 -p 512 -n 128 -r 3 ;;
+      budget)
+        # A 12 GiB budget cannot hold every expert of the Q4_K_M file: the plan's tg128 against hand-tuned N.
+        timeout 200 python3 -m ember.bench -m "$q" -ngl -1 --moe-gpu-budget 12288 -t "$t" -p 0 -n 128 -r 2 2>&1 |
+          tee -a "$OUT/moe.log"
+        for n in ${MOE_NCMOE:-16 20 24}; do
+          moe_pair -m "$q" -ngl 99 -fa 1 -ncmoe "$n" -t "$t" -p 0 -n 128 -r 2 -- \
+            -m "$q" -ngl -1 --n-cpu-moe "$n" -t "$t" -p 0 -n 128 -r 2
+        done ;;
+      *) die "moe: unknown row '$r' ($MOE_ROWS)" ;;
+    esac
+  done
+}
+
 serve_bench() {  # serve_bench NAME URL: ember-bench --serving against a server once it answers
   python3 -c "import time, urllib.request as u
 for _ in range(180):
@@ -322,13 +395,13 @@ cmd_serving() {  # llama-server (if built) and ember-server under the same reque
 if [ "$1" = prepare ]; then shift; prepare "$@"; exit; fi
 cmds=()
 while [ $# -gt 0 ] && [ "$1" != -- ]; do
-  case $1 in build|models|test|ab|llamacpp|engine|hostkv|serving) cmds+=("$1") ;; *) echo "unknown command '$1'"; usage ;; esac
+  case $1 in build|models|test|ab|llamacpp|engine|hostkv|serving|moe_models|moe) cmds+=("$1") ;; *) echo "unknown command '$1'"; usage ;; esac
   shift
 done
 [ "${1:-}" = -- ] && shift   # what follows runs last, in the same environment (a diagnostic tool, say)
 setup_env
 for c in "${cmds[@]}"; do
-  case $c in models) synth_start ;; llamacpp) lcpp_start ;; esac
+  case $c in models) synth_start ;; llamacpp) lcpp_start ;; moe_models) moe_synth_start ;; esac
 done
 for c in "${cmds[@]}"; do
   log "$c"
