@@ -1,6 +1,6 @@
 // The CUDA backend's attention dispatch and KV stores: the kernel comes from choose_attention
 // (kernel_choice.h); here its arguments are filled in (tiles, splits and their scratch, the f16
-// copy of q8_0 blocks for kernels that read f16) and it is launched.
+// copy of q8_0 or bf16 blocks for kernels that read f16) and it is launched.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -33,8 +33,8 @@ void CudaBackend::kv_store(KVLayer& kv, const float* k, const float* v, int32_t 
     issue_uploads();
     check_batch(n_tok, "kv_store");
     check_kv(kv, "kv_store");
-    if (kv.k_type != kv.v_type) return store_mixed(kv, k, v, n_tok);
-    if (kv.k_type == GGMLType::Q8_0) return store_q8(kv, k, v, n_tok);
+    if (kv.k_type == GGMLType::Q8_0 && kv.v_type == GGMLType::Q8_0) return store_q8(kv, k, v, n_tok);
+    if (kv.k_type != GGMLType::F16 || kv.v_type != GGMLType::F16) return store_mixed(kv, k, v, n_tok);
     cuda::kv_store(static_cast<__half*>(kv.k), static_cast<__half*>(kv.v), kv.block_size, kv.n_head_kv * kv.head_dim, k,
                    v, n_tok, dbatch_, stream_);
 }
@@ -46,8 +46,8 @@ void CudaBackend::attention(const KVLayer& kv, const float* q, int32_t n_tok, co
 
 void CudaBackend::check_kv(const KVLayer& kv, const char* op) const {
     for (GGMLType t : {kv.k_type, kv.v_type})
-        if (t != GGMLType::F16 && t != GGMLType::Q8_0)
-            fail("cuda ", op, ": the GPU keeps KV in f16 or q8_0, not in GGML type ", int(t));
+        if (t != GGMLType::F16 && t != GGMLType::BF16 && t != GGMLType::Q8_0)
+            fail("cuda ", op, ": the GPU keeps KV in f16, bf16 or q8_0, not in GGML type ", int(t));
 }
 
 // The attention of q over kv into out. want_q8: the kernels that can also write out as q8_1 blocks
@@ -67,7 +67,7 @@ bool CudaBackend::attend(const KVLayer& kv, const float* q, int32_t n_tok, const
     a.k_cache = static_cast<const __half*>(kv.k);
     a.v_cache = static_cast<const __half*>(kv.v);
     a.kv_q8 = c.kernel == AttentionKernel::decode_q8;
-    if (c.expand_q8) expand_q8(kv, a);
+    if (c.expand_q8) expand_to_f16(kv, a);
     a.block_size = kv.block_size;
     a.cache_rows = int64_t(kv.n_blocks) * kv.block_size;
     a.n_head = shape.n_head;
@@ -149,28 +149,40 @@ void CudaBackend::store_q8(KVLayer& kv, const float* k, const float* v, int32_t 
                 kv.head_dim, k, v, n_tok, dbatch_, stream_);
 }
 
-// A layer with one f16 and one q8_0 cache: each stored by the kernel of its type.
+// A layer with caches of other types than f16 or q8_0 alone: each cache stored by the kernel of its
+// type (a kernel given no cache of its type launches nothing).
 void CudaBackend::store_mixed(KVLayer& kv, const float* k, const float* v, int32_t n_tok) {
-    const bool k_q8 = kv.k_type == GGMLType::Q8_0;
     const int32_t width = kv.n_head_kv * kv.head_dim;
-    kv_store_q8(k_q8 ? static_cast<uint8_t*>(kv.k) : nullptr, k_q8 ? nullptr : static_cast<uint8_t*>(kv.v),
-                kv.block_size, width, kv.head_dim, k, v, n_tok, dbatch_, stream_);
-    cuda::kv_store(k_q8 ? nullptr : static_cast<__half*>(kv.k), k_q8 ? static_cast<__half*>(kv.v) : nullptr,
-                   kv.block_size, width, k, v, n_tok, dbatch_, stream_);
+    const auto cache = [&](void* c, GGMLType t, GGMLType want) { return t == want ? c : nullptr; };
+    kv_store_q8(static_cast<uint8_t*>(cache(kv.k, kv.k_type, GGMLType::Q8_0)),
+                static_cast<uint8_t*>(cache(kv.v, kv.v_type, GGMLType::Q8_0)), kv.block_size, width, kv.head_dim, k, v,
+                n_tok, dbatch_, stream_);
+    kv_store_bf16(static_cast<uint16_t*>(cache(kv.k, kv.k_type, GGMLType::BF16)),
+                  static_cast<uint16_t*>(cache(kv.v, kv.v_type, GGMLType::BF16)), kv.block_size, width, k, v, n_tok,
+                  dbatch_, stream_);
+    __half* kh = static_cast<__half*>(cache(kv.k, kv.k_type, GGMLType::F16));
+    __half* vh = static_cast<__half*>(cache(kv.v, kv.v_type, GGMLType::F16));
+    if (kh || vh) cuda::kv_store(kh, vh, kv.block_size, width, k, v, n_tok, dbatch_, stream_);
 }
 
-// The batch's blocks of the layer's q8_0 caches as f16 in kv_f16_ (one layer's worth, reused by
-// all); a.k_cache / a.v_cache point at the copies.
-void CudaBackend::expand_q8(const KVLayer& kv, AttentionArgs& a) {
+// The batch's blocks of the layer's q8_0 and bf16 caches as f16 in kv_f16_ (one layer's worth,
+// reused by all); a.k_cache / a.v_cache point at the copies.
+void CudaBackend::expand_to_f16(const KVLayer& kv, AttentionArgs& a) {
     const int64_t width = int64_t(kv.n_head_kv) * kv.head_dim, n = int64_t(kv.n_blocks) * kv.block_size * width;
     ensure(kv_f16_, size_t(n) * 2 * sizeof(__half));
     __half* kh = static_cast<__half*>(kv_f16_.p);
     const int32_t n_blk = std::min<int32_t>(bt_stride_, (max_len_ + kv.block_size - 1) / kv.block_size);
     const bool k_q8 = kv.k_type == GGMLType::Q8_0, v_q8 = kv.v_type == GGMLType::Q8_0;
-    kv_expand_q8(k_q8 ? static_cast<const uint8_t*>(kv.k) : nullptr, v_q8 ? static_cast<const uint8_t*>(kv.v) : nullptr,
-                 kh, kh + n, kv.block_size, int32_t(width), kv.head_dim, kv.n_blocks, n_seq_, n_blk, dbatch_, stream_);
-    if (k_q8) a.k_cache = kh;
-    if (v_q8) a.v_cache = kh + n;
+    const bool k_bf = kv.k_type == GGMLType::BF16, v_bf = kv.v_type == GGMLType::BF16;
+    if (k_q8 || v_q8)
+        kv_expand_q8(k_q8 ? static_cast<const uint8_t*>(kv.k) : nullptr,
+                     v_q8 ? static_cast<const uint8_t*>(kv.v) : nullptr, kh, kh + n, kv.block_size, int32_t(width),
+                     kv.head_dim, kv.n_blocks, n_seq_, n_blk, dbatch_, stream_);
+    kv_expand_bf16(k_bf ? static_cast<const uint16_t*>(kv.k) : nullptr,
+                   v_bf ? static_cast<const uint16_t*>(kv.v) : nullptr, kh, kh + n, kv.block_size, int32_t(width),
+                   kv.n_blocks, n_seq_, n_blk, dbatch_, stream_);
+    if (k_q8 || k_bf) a.k_cache = kh;
+    if (v_q8 || v_bf) a.v_cache = kh + n;
 }
 
 // Partial-result buffers and per-CTA-group counters of a split (flash-decoding) attention.

@@ -174,7 +174,7 @@ private:
     void check_kv(const KVLayer& kv, const char* op) const;
     void store_q8(KVLayer& kv, const float* k, const float* v, int32_t n_tok);
     void store_mixed(KVLayer& kv, const float* k, const float* v, int32_t n_tok);
-    void expand_q8(const KVLayer& kv, AttentionArgs& a);
+    void expand_to_f16(const KVLayer& kv, AttentionArgs& a);
     void prepare_splits(AttentionArgs& a, size_t n_groups);
     const float2* rope_table(const RopeParams& params);
     const AttnTile* tiles_for(int k) const {

@@ -118,7 +118,7 @@ void CudaBackend::attn_in(const AttnInWeights& w, float* x, const float* residua
                         f16_cache ? static_cast<__half*>(kv.v) : nullptr, kv.block_size, n_tok, dbatch_, early,
                         stream_);
     if (f16_cache) return;
-    if (kv.k_type == kv.v_type) store_q8(kv, b.k, b.v, n_tok);
+    if (kv.k_type == GGMLType::Q8_0 && kv.v_type == GGMLType::Q8_0) store_q8(kv, b.k, b.v, n_tok);
     else store_mixed(kv, b.k, b.v, n_tok);
 }
 

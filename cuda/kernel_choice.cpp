@@ -85,8 +85,8 @@ MatmulKernel cublas_kind(GGMLType t) {
 }
 
 void check_cache(GGMLType t) {
-    if (t != GGMLType::F16 && t != GGMLType::Q8_0)
-        fail("cuda attention choice: the GPU keeps KV in f16 or q8_0, not in GGML type ", uint32_t(t));
+    if (t != GGMLType::F16 && t != GGMLType::BF16 && t != GGMLType::Q8_0)
+        fail("cuda attention choice: the GPU keeps KV in f16, bf16 or q8_0, not in GGML type ", uint32_t(t));
 }
 
 // The long-context decode kernels take power-of-two KV blocks of >= 4 tokens: q heads per CTA, 0
@@ -359,7 +359,7 @@ AttentionChoice choose_attention(const AttentionQuery& q) {
     const int64_t q8_block_bytes = int64_t(q.block_size) * width + int64_t(q.block_size) * width / 32 * 2;
     const bool kv_q8 = k_q8 && v_q8 && !b.deterministic && decode_sized(b) && decode_heads(q, q.n_head, true) > 0 &&
                        q8_block_bytes % 16 == 0;
-    c.expand_q8 = (k_q8 || v_q8) && !kv_q8;
+    c.expand_q8 = (q.k_type != GGMLType::F16 || q.v_type != GGMLType::F16) && !kv_q8;
     if (!kv_q8 && short_attention(q) && short_takes_shape(q)) {
         c.kernel = AttentionKernel::short_decode;
         return c;

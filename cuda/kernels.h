@@ -208,7 +208,7 @@ struct DeviceBatch {
     int32_t max_blocks;
 };
 
-// kv_store, kv_store_q8, kv_expand_q8: a null cache is skipped (layers whose K and V types differ
+// kv_store, kv_store_q8, kv_expand_q8, kv_store_bf16, kv_expand_bf16: a null cache is skipped (layers whose K and V types differ
 // store and expand each cache with the kernel of its type).
 void kv_store(__half* k_cache, __half* v_cache, int32_t block_size, int32_t kv_dim, const float* k, const float* v,
               int32_t n_tok, const DeviceBatch& b, cudaStream_t s);
@@ -220,6 +220,12 @@ void kv_store_q8(uint8_t* k_cache, uint8_t* v_cache, int32_t block_size, int32_t
 void kv_expand_q8(const uint8_t* k_cache, const uint8_t* v_cache, __half* k_f16, __half* v_f16, int32_t block_size,
                   int32_t kv_dim, int32_t head_dim, int32_t n_blocks, int32_t n_seq, int32_t n_blk,
                   const DeviceBatch& b, cudaStream_t s);
+// bf16 KV (kv_bf16.cu): the same pair for a cache of bf16 rows.
+void kv_store_bf16(uint16_t* k_cache, uint16_t* v_cache, int32_t block_size, int32_t kv_dim, const float* k,
+                   const float* v, int32_t n_tok, const DeviceBatch& b, cudaStream_t s);
+void kv_expand_bf16(const uint16_t* k_cache, const uint16_t* v_cache, __half* k_f16, __half* v_f16,
+                    int32_t block_size, int32_t kv_dim, int32_t n_blocks, int32_t n_seq, int32_t n_blk,
+                    const DeviceBatch& b, cudaStream_t s);
 // rope of q (may be null) and k, then kv_store of k and v (both caches null: the ropes only).
 void rope_kv_store(float* q, int32_t n_head_q, float* k, const float* v, int32_t n_head_kv, int32_t head_dim,
                    const float2* cos_sin, bool neox, __half* k_cache, __half* v_cache, int32_t block_size,

@@ -56,9 +56,9 @@ struct BatchInfo {
 };
 
 // KV storage of one layer: n_blocks blocks of block_size tokens; K and V each n_blocks blocks
-// laid out as src/backend/kv_layout.h says for their own type (F16, F32: [block_size][n_head_kv *
-// head_dim]). Each type is F16 or Q8_0 on any backend, or F32 on the CPU only (exact reference
-// runs); K and V may differ, as llama.cpp's -ctk / -ctv.
+// laid out as src/backend/kv_layout.h says for their own type (F16, BF16, F32: [block_size]
+// [n_head_kv * head_dim]). Each type is F16, BF16 or Q8_0 on any backend, or F32 on the CPU only
+// (exact reference runs); K and V may differ, as llama.cpp's -ctk / -ctv.
 struct KVLayer {
     GGMLType k_type = GGMLType::F16;
     GGMLType v_type = GGMLType::F16;
