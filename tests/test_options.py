@@ -79,6 +79,9 @@ def _draw(option, rng):
     if option.type is options._integer:
         value = int(rng.integers(1, 5000)) + 2
         return value, str(value)
+    if option.type is options._number and option.maximum is not None:
+        value = float(rng.uniform(option.minimum or 0.0, option.maximum))
+        return value, repr(value)
     if option.type is options._number:
         value = float(rng.integers(1, 1 << 20)) / 4
         return value, str(value)

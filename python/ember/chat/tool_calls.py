@@ -177,7 +177,7 @@ def spell_calls(style: str, calls: list) -> str:
 def arguments_as_objects(messages: list, template_source: Optional[str] = None) -> list:
     """Messages as Hugging Face chat templates expect them: each assistant tool call's `arguments`
     JSON string (what OpenAI clients send) read into an object (strings that are not JSON objects
-    stay as they are), and a null `content` (an assistant turn of tool calls alone, as the SDKs
+    stay as they are), and an assistant's null `content` (a turn of tool calls alone, as the SDKs
     send it back) as "", since templates concatenate it. Given the template's source, a template
     that never reads `tool_calls` gets the calls written into the content in the syntax it
     teaches, so the model still sees what it called (llama-server does the same)."""
@@ -205,7 +205,7 @@ def arguments_as_objects(messages: list, template_source: Optional[str] = None) 
                 style = ToolCallParser.for_template(template_source).style
                 text = m.get("content") or ""
                 m["content"] = (text + "\n" if text else "") + spell_calls(style, fixed)
-        if "content" in m and m["content"] is None:
+        if m.get("role") == "assistant" and "content" in m and m["content"] is None:
             m = dict(m, content="")
         out.append(m)
     return out
