@@ -27,6 +27,7 @@ constexpr int64_t kFillGrain = int64_t(256) << 10;  // bytes per host thread han
 constexpr double kMiB = 1024.0 * 1024.0;
 
 size_t align256(size_t n) { return (n + 255) & ~size_t(255); }
+// One matrix's ggml bytes (an expert's, for a stacked weight).
 size_t raw_bytes(const Weight& w) {
     const TypeTraits& b = block_info(w.type);
     return size_t(w.n_in / b.block_elems) * size_t(w.n_out) * size_t(b.block_bytes);
@@ -53,19 +54,24 @@ public:
         std::vector<Weight> out;
         size_t off = 0;
         for (const Weight& h : blocks_[layer]) {
+            // A stacked expert weight goes expert by expert, each at the device stride prepare_weight uses.
             const PackedLayout L = packed_layout(h.type, h.n_in, h.n_out);
-            uint8_t* dst = set_[set] + off;
-            const uint8_t* src = static_cast<const uint8_t*>(h.data);
-            if (L.qs_bytes == 0) {
-                to_device(dst, src, L.total);
-            } else {   // the raw buffer is reused in copy-stream order
-                to_device(raw_, src, raw_bytes(h));
-                pack_weight_device(h.type, h.n_in, h.n_out, raw_, dst, copy_);
+            const int32_t n_exp = std::max(h.n_expert, 1);
+            for (int32_t e = 0; e < n_exp; ++e) {
+                uint8_t* dst = set_[set] + off + size_t(e) * align256(L.total);
+                const uint8_t* src = static_cast<const uint8_t*>(h.data) + size_t(e) * h.expert_stride;
+                if (L.qs_bytes == 0) {
+                    to_device(dst, src, L.total);
+                } else {   // the raw buffer is reused in copy-stream order
+                    to_device(raw_, src, raw_bytes(h));
+                    pack_weight_device(h.type, h.n_in, h.n_out, raw_, dst, copy_);
+                }
             }
             Weight d = h;
-            d.data = dst;
+            d.data = set_[set] + off;
+            d.expert_stride = n_exp > 1 ? align256(L.total) : 0;
             out.push_back(d);
-            off += align256(L.total);
+            off += align256(L.total) * size_t(n_exp);
         }
         EMBER_CUDA_CHECK(cudaEventRecord(ready_[set], copy_));
         return out;
@@ -102,14 +108,15 @@ private:
             size_t total = 0;
             for (const Weight& w : ws) {
                 const PackedLayout L = packed_layout(w.type, w.n_in, w.n_out);   // throws for unsupported types
-                const size_t raw = raw_bytes(w);
-                if (w.src && raw > w.src->nbytes)
-                    fail("cuda: tensor ", w.src->name, " holds ", w.src->nbytes, " bytes, its shape needs ", raw);
-                total += align256(L.total);
+                const size_t raw = raw_bytes(w), n_exp = size_t(std::max(w.n_expert, 1));
+                if (w.src && raw * n_exp > w.src->nbytes)
+                    fail("cuda: tensor ", w.src->name, " holds ", w.src->nbytes, " bytes, its shape needs ",
+                         raw * n_exp);
+                total += align256(L.total) * n_exp;
                 if (L.qs_bytes) raw_max = std::max(raw_max, raw);
                 const uint8_t* p = static_cast<const uint8_t*>(w.data);
                 lo = lo ? std::min(lo, p) : p;
-                hi = std::max(hi, p + raw);
+                hi = std::max(hi, p + (n_exp - 1) * w.expert_stride + raw);
             }
             set_bytes = std::max(set_bytes, total);
             n_streamed += !ws.empty();

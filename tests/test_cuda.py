@@ -589,3 +589,170 @@ def test_bad_input_raises(gpu):
     with pytest.raises(ValueError):   # head_dim beyond the kernel's limit
         gpu.attention(q, kv, kv,
                       [3], 1, 1, 512, 16)
+
+
+# ---- the mixture's experts (cuda/moe_route.cu, cuda/moe_gemv.cu) ----
+
+def moe_inputs(t, n_embd, n_ff, n_exp, n_tok, rng, biases=False):
+    """Stacked experts of type t (outputs of about 1 for unit inputs), a router whose logits spread
+    over a few units, normed-like rows x, and optional expert biases."""
+    gate = np.concatenate([quantized_weight(t, n_ff, n_embd, rng) for _ in range(n_exp)])
+    up = np.concatenate([quantized_weight(t, n_ff, n_embd, rng) for _ in range(n_exp)])
+    down = np.concatenate([quantized_weight(t, n_embd, n_ff, rng) for _ in range(n_exp)])
+    router = (rng.standard_normal((n_exp, n_embd)) * 2 / np.sqrt(n_embd)).astype(np.float32)
+    x = rng.standard_normal((n_tok, n_embd)).astype(np.float32)
+    kw = {}
+    if biases:
+        kw = dict(router_bias=rng.standard_normal(n_exp).astype(np.float32) * 0.5,
+                  gate_bias=rng.standard_normal(n_exp * n_ff).astype(np.float32) * 0.1,
+                  up_bias=rng.standard_normal(n_exp * n_ff).astype(np.float32) * 0.1,
+                  down_bias=rng.standard_normal(n_exp * n_embd).astype(np.float32) * 0.1)
+    return (int(t), gate, up, down, router, x), kw
+
+
+def moe_reference(t, gate, up, down, router, x, n_used, gating, norm_topk, scale, act, router_bias=None,
+                  gate_bias=None, up_bias=None, down_bias=None):
+    """The experts in float64 from the dequantized weights: route, run each token's experts, sum."""
+    n_exp, n_embd = router.shape
+    n_ff = gate.shape[0] // n_exp
+    g_all, u_all = dequant(T(t), gate, n_embd), dequant(T(t), up, n_embd)
+    d_all = dequant(T(t), down, n_ff)
+    logits = x.astype(np.float64) @ router.astype(np.float64).T
+    if router_bias is not None:
+        logits += router_bias
+    out = np.zeros((x.shape[0], n_embd))
+    for i, lg in enumerate(logits):
+        if gating == "sigmoid":
+            score = 1 / (1 + np.exp(-lg))
+            chosen = np.argsort(-score, kind="stable")[:n_used]
+            w = score[chosen]
+        else:
+            chosen = np.argsort(-lg, kind="stable")[:n_used]
+            if gating == "softmax":
+                p = np.exp(lg - lg.max())
+                w = (p / p.sum())[chosen]
+            else:
+                w = np.exp(lg[chosen] - lg[chosen].max())
+                w /= w.sum()
+        if norm_topk:
+            w = w / w.sum()
+        w = w * scale
+        for e, we in zip(chosen, w):
+            rows = slice(e * n_ff, (e + 1) * n_ff)
+            g, u = g_all[rows] @ x[i], u_all[rows] @ x[i]
+            if gate_bias is not None:
+                g, u = g + gate_bias[rows], u + up_bias[rows]
+            h = ref_ops.gated_act(g, u, act) if act != "swiglu_clamped" else swiglu_clamped(g, u)
+            y = d_all[e * n_embd:(e + 1) * n_embd] @ h
+            if down_bias is not None:
+                y = y + down_bias[e * n_embd:(e + 1) * n_embd]
+            out[i] += we * y
+    return out
+
+
+def swiglu_clamped(g, u):
+    g = np.minimum(g, 7.0)
+    return g / (1 + np.exp(-1.702 * g)) * (np.clip(u, -7.0, 7.0) + 1)
+
+
+MOE_TYPES = [T.Q4_K, T.Q6_K, T.Q5_K, T.Q8_0, T.Q4_0, T.F16]
+
+
+@pytest.mark.parametrize("t", MOE_TYPES, ids=lambda v: v.name)
+def test_moe_paths_agree(gpu, t):
+    """The one-token path (a GEMV a (token, expert) pair, the down projection summing a token's
+    experts) and the grouped path (tokens grouped by expert on the device, chunks of one expert's
+    tokens) give the same experts' sums within float rounding, both near the float64 reference and
+    near the default composition of primitives (Backend::moe)."""
+    rng = rng_for("moe_paths", t.name)
+    n_embd, n_ff, n_exp, n_used = 256, 512, 16, 4
+    args, _ = moe_inputs(t, n_embd, n_ff, n_exp, 3, rng)
+    kw = dict(gating="softmax", norm_topk=True)
+    pairs = gpu.moe(*args, n_used, **kw)
+    grouped = gpu.moe(*args, n_used, **kw, n_seq=1, batch_invariant=True)
+    composed = gpu.moe(*args, n_used, **kw, composed=True)
+    ref = moe_reference(*args, n_used, "softmax", True, 1.0, "silu")
+    assert rel_err(pairs, grouped) < 1e-5
+    assert rel_err(grouped, composed) < 1e-4
+    assert rel_err(pairs, ref) < (1e-3 if t == T.F16 else 5e-2)
+
+
+@pytest.mark.parametrize("n_tok", [5, 17, 64, 200])
+def test_moe_grouped_batches(gpu, n_tok):
+    """Prompt-sized batches take the grouped path: near the default composition and the float64
+    reference; in deterministic mode each token's bits do not depend on the rest of the batch."""
+    rng = rng_for("moe_grouped", n_tok)
+    n_embd, n_ff, n_exp, n_used = 256, 256, 32, 8
+    args, _ = moe_inputs(T.Q4_K, n_embd, n_ff, n_exp, n_tok, rng)
+    got = gpu.moe(*args, n_used)
+    assert rel_err(got, gpu.moe(*args, n_used, composed=True)) < 5e-3   # (experts of > 64 tokens: f16 cuBLAS)
+    assert rel_err(got, moe_reference(*args, n_used, "softmax", False, 1.0, "silu")) < 5e-2
+    every = gpu.moe(*args, n_used, n_seq=1, batch_invariant=True)
+    one = args[:5] + (args[5][2:3],)
+    assert_same_bits(every[2:3], gpu.moe(*one, n_used, n_seq=1, batch_invariant=True), "token 2 alone")
+
+
+@pytest.mark.parametrize("gating,norm_topk,scale,act", [
+    ("softmax", False, 1.0, "silu"),          # Mixtral-style weights, not renormalized
+    ("topk_softmax", False, 1.0, "swiglu_clamped"),   # gpt-oss
+    ("sigmoid", True, 2.5, "gelu_tanh"),
+])
+@pytest.mark.parametrize("n_tok", [1, 9])
+def test_moe_gating_and_biases(gpu, gating, norm_topk, scale, act, n_tok):
+    """Each gating with a router bias and the experts' biases, on both paths, near the float64
+    reference (the routing weights are the CPU's arithmetic)."""
+    rng = rng_for("moe_gating", gating, act, n_tok)
+    args, kw = moe_inputs(T.Q8_0, 128, 256, 8, n_tok, rng, biases=True)
+    got = gpu.moe(*args, 2, gating=gating, norm_topk=norm_topk, weight_scale=scale, act=act, **kw)
+    ref = moe_reference(*args, 2, gating, norm_topk, scale, act, **kw)
+    assert rel_err(got, ref) < 2e-2
+    composed = gpu.moe(*args, 2, gating=gating, norm_topk=norm_topk, weight_scale=scale, act=act, composed=True, **kw)
+    assert rel_err(got, composed) < 1e-4
+
+
+@pytest.mark.parametrize("n_tok", [1, 6])
+def test_moe_graph_replay_equals_eager(gpu, n_tok):
+    """The op has no host synchronisation: recorded as a step graph (each token its own sequence,
+    an engine decode step) and replayed, it writes what the eager run writes, bit for bit."""
+    rng = rng_for("moe_graph", n_tok)
+    args, _ = moe_inputs(T.Q4_K, 256, 256, 16, n_tok, rng)
+    eager = gpu.moe(*args, 4, n_seq=n_tok)
+    replayed = gpu.moe(*args, 4, n_seq=n_tok, graph_steps=4)
+    assert_same_bits(replayed, eager, "replayed moe")
+
+
+def test_moe_bad_input(gpu):
+    rng = rng_for("moe_bad")
+    args, _ = moe_inputs(T.Q8_0, 128, 64, 4, 2, rng)
+    with pytest.raises(ValueError, match="n_used 5 must lie in 1..4"):
+        gpu.moe(*args, 5)
+    with pytest.raises(ValueError, match="gating must be"):
+        gpu.moe(*args, 2, gating="argmax")
+    with pytest.raises(ValueError, match="down must be"):
+        gpu.moe(*args[:3], args[3][:-1], *args[4:], 2)
+
+
+@pytest.mark.parametrize("n_tok", [2, 12])
+@pytest.mark.parametrize("gated", [False, True], ids=["shared", "gated_shared"])
+def test_moe_ffn_shared_expert(gpu, n_tok, gated):
+    """moe_ffn (the residual add and rmsnorm, then the experts) with a shared expert, with and without
+    its sigmoid gate, on both paths: near the default composition and the float64 reference."""
+    rng = rng_for("moe_shared", n_tok, gated)
+    n_embd, n_ffs = 256, 384
+    args, _ = moe_inputs(T.Q8_0, n_embd, 128, 8, n_tok, rng)
+    sg, su = quantized_weight(T.Q8_0, n_ffs, n_embd, rng), quantized_weight(T.Q8_0, n_ffs, n_embd, rng)
+    sd = quantized_weight(T.Q8_0, n_embd, n_ffs, rng)
+    sh = dict(shared_gate=sg, shared_up=su, shared_down=sd)
+    if gated:
+        sh["shared_gate_inp"] = (rng.standard_normal(n_embd) / 8).astype(np.float32)
+    norm = rng.uniform(0.5, 1.5, n_embd).astype(np.float32)
+    res = rng.standard_normal((n_tok, n_embd)).astype(np.float32)
+    got = gpu.moe(*args, 2, norm=norm, residual=res, **sh)
+    assert rel_err(got, gpu.moe(*args, 2, norm=norm, residual=res, composed=True, **sh)) < 1e-4
+    xn = ref_ops.rmsnorm(args[5].astype(np.float64) + res, norm, 1e-5)
+    ref = moe_reference(*args[:5], xn, 2, "softmax", False, 1.0, "silu")
+    shared = ref_ops.gated_act(xn @ dequant(T.Q8_0, sg, n_embd).T, xn @ dequant(T.Q8_0, su, n_embd).T, "silu")
+    shared = shared @ dequant(T.Q8_0, sd, n_ffs).T
+    if gated:
+        shared *= 1 / (1 + np.exp(-(xn @ sh["shared_gate_inp"].astype(np.float64))))[:, None]
+    assert rel_err(got, ref + shared) < 2e-2
