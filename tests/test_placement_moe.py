@@ -13,6 +13,7 @@ from gguf import GGUFReader
 from conftest import ROOT
 from ember import LLM, Llama, SamplingParams, _ember, bench, cli, options, perplexity
 from ember.server import args as server_args
+from ember.switches import overridden
 
 _spec = importlib.util.spec_from_file_location("synthetic_gguf", ROOT / "tools" / "synthetic_gguf.py")
 synthetic_gguf = importlib.util.module_from_spec(_spec)
@@ -123,24 +124,40 @@ def _gpu_bytes(sizes, expert_layers):
         for layer in range(N_LAYER) if layer not in expert_layers))
 
 
-@pytest.mark.parametrize("kept", range(N_LAYER + 1))
+def _staging(sizes):
+    """The GPU staging of streamed experts: two blocks' MoE tensors."""
+    return 2 * max(sum(b for n, b in sizes.items() if n.startswith(f"blk.{layer}.") and
+                       ("exp" in n or "ffn_gate_inp" in n)) for layer in range(N_LAYER))
+
+
+# Experts apart from their block take two blocks' experts of staging, so a budget keeps every
+# block's experts, or at most N_LAYER - 3 of them.
+@pytest.mark.parametrize("kept", [0, 1, N_LAYER])
 def test_budget_keeps_the_last_blocks_experts(moe_path, sizes, kept):
     last = set(range(N_LAYER - kept, N_LAYER))
-    budget_mb = math.ceil(_gpu_bytes(sizes, last) / MIB)
-    assert _gpu_bytes(sizes, last | {N_LAYER - kept - 1}) > budget_mb * MIB or kept == N_LAYER
+    staging = 0 if kept == N_LAYER else _staging(sizes)
+    budget_mb = math.ceil((_gpu_bytes(sizes, last) + staging) / MIB)
+    assert kept == N_LAYER or _gpu_bytes(sizes, last | {N_LAYER - kept - 1}) + staging > budget_mb * MIB
     p = plan(moe_path, moe_gpu_budget_mb=budget_mb)
     assert p["experts"] == ["CPU"] * (N_LAYER - kept) + ["CUDA"] * kept
     assert p["blocks"] == ["CUDA"] * N_LAYER and p["warning"] == ""
     assert f"GPU budget {budget_mb:.1f} MiB" in p["summary"]
     if kept < N_LAYER:
         assert "moved to the CPU" in p["summary"] and "layer order" in p["summary"]
+        assert f"{staging / MIB:.1f} MiB kept for streaming them" in p["summary"]
+
+
+def test_budget_moves_no_fewer_than_three_blocks(moe_path, sizes):
+    all_mb = _gpu_bytes(sizes, set(range(N_LAYER))) / MIB
+    p = plan(moe_path, moe_gpu_budget_mb=math.floor(all_mb - 0.1))
+    assert p["experts"] == ["CPU"] * (N_LAYER - 1) + ["CUDA"]
 
 
 def test_budget_defaults_to_free_memory_when_the_experts_do_not_fit(moe_path, sizes):
     need_mb = math.ceil(_gpu_bytes(sizes, set(range(N_LAYER))) / MIB)
     fits = plan(moe_path, gpu_free_mb=need_mb + 1024)
     assert fits["experts"] == ["CUDA"] * N_LAYER and "budget" not in fits["summary"]
-    free_mb = math.ceil(_gpu_bytes(sizes, {N_LAYER - 1}) / MIB) + 1024
+    free_mb = math.ceil((_gpu_bytes(sizes, {N_LAYER - 1}) + _staging(sizes)) / MIB) + 1024
     p = plan(moe_path, gpu_free_mb=free_mb)
     assert p["experts"] == ["CPU"] * (N_LAYER - 1) + ["CUDA"]
     assert "free memory less 1 GiB" in p["summary"]
@@ -151,7 +168,7 @@ def test_budget_defaults_to_free_memory_when_the_experts_do_not_fit(moe_path, si
 def test_budget_too_small_for_the_rest_says_so(moe_path):
     p = plan(moe_path, moe_gpu_budget_mb=1)
     assert p["experts"] == ["CPU"] * N_LAYER and p["blocks"] == ["CUDA"] * N_LAYER
-    assert "over the GPU budget of 1.0 MiB" in p["warning"] and "lower n_gpu_layers" in p["warning"]
+    assert "of staging), over the GPU budget of 1.0 MiB" in p["warning"] and "lower n_gpu_layers" in p["warning"]
 
 
 def test_dense_blocks_have_no_experts_apart(moe_path):
@@ -235,15 +252,12 @@ def test_python_front_ends_check_the_options(moe_path):
 
 
 # ---- runs -------------------------------------------------------------------------------------------
-PROMPT_LEN = 9
-
-
-def _logits(path, rng_seed, **model_fields):
+def _logits(path, rng_seed, prompt_len=9, **model_fields):
     """The logits of a prompt (one batch) and of three tokens after it (one by one)."""
     rng = np.random.default_rng(rng_seed)
     model = _ember.Model(path, **model_fields)
-    ctx = _ember.Context(model, n_ctx=64, n_batch=64, n_threads=2)
-    ctx.eval(rng.integers(0, model.n_vocab, PROMPT_LEN).tolist(), True)
+    ctx = _ember.Context(model, n_ctx=128, n_batch=64, n_threads=2)
+    ctx.eval(rng.integers(0, model.n_vocab, prompt_len).tolist(), True)
     out = [np.asarray(ctx.all_logits())]
     for _ in range(3):
         ctx.eval([int(rng.integers(0, model.n_vocab))])
@@ -289,9 +303,26 @@ def test_gpu_with_experts_on_the_cpu_matches_all_gpu(moe_path, rng, fields):
     assert (got.argmax(-1) == ref.argmax(-1)).mean() >= 0.75
 
 
+@pytest.mark.parametrize("stream", ["1", "0"], ids=["experts_streamed", "experts_on_cpu"])
+def test_gpu_long_prompt_with_experts_on_the_cpu(moe_path, rng, stream):
+    """A prompt of 48 tokens: by default its step streams the CPU experts to the GPU
+    (remote_experts.h's ExpertStream); EMBER_STREAM=0 keeps them on the CPU."""
+    _cuda_or_skip()
+    seed = int(rng.integers(2**31))
+    try:
+        ref, _ = _logits(moe_path, seed, prompt_len=48, n_gpu_layers=-1)
+    except ValueError as e:
+        pytest.skip(f"no CUDA device: {e}")
+    with overridden(EMBER_STREAM=stream):
+        got, _ = _logits(moe_path, seed, prompt_len=48, n_gpu_layers=-1, n_cpu_moe=3)
+    assert np.abs(got - ref).max() <= 2e-2 * np.abs(ref).max()
+    assert (got.argmax(-1) == ref.argmax(-1)).mean() >= 0.75
+
+
 def test_engine_batch_with_experts_on_the_cpu(moe_path, rng):
     _cuda_or_skip()
-    prompts = [rng.integers(0, 1000, int(n)).tolist() for n in rng.integers(3, 20, 5)]
+    # Prompts of up to 60 tokens: the steps holding their chunks stream the experts.
+    prompts = [rng.integers(0, 1000, int(n)).tolist() for n in rng.integers(3, 60, 5)]
     greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 
     def run(**fields):

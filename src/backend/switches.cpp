@@ -24,9 +24,9 @@ const std::vector<SwitchInfo>& switch_table() {
          "threads x sqrt(weight bytes / k) chunks); 0 hands out the fixed chunk count only. Diagnosis."},
         // The model layer: a context with layers on both the CPU and the GPU
         {"EMBER_STREAM", "1", "0|1",
-         "0: the CPU-resident layers of a partly offloaded model stay on the CPU for every batch, instead of "
-         "large batches streaming their weights to the GPU. Read when a context is created. Diagnosis and "
-         "comparisons."},
+         "0: the CPU-resident layers of a partly offloaded model, and the CPU experts of GPU layers, stay on "
+         "the CPU for every batch, instead of large batches streaming their weights to the GPU. Read when a "
+         "context is created. Diagnosis and comparisons."},
         {"EMBER_STREAM_PIN", "1", "0|1",
          "0: streamed weights are copied through pinned bounce buffers even where the mapped file could be "
          "pinned for direct copies (tests the bounce buffers)."},

@@ -26,11 +26,12 @@ const GGUFTensor* bind_optional(const GGUFFile& f, const std::string& name, std:
     return f.find_tensor(name) ? &bind_tensor(f, name, std::move(ne)) : nullptr;
 }
 
-// Block l's tensors without its MoE ones (router, experts, shared expert).
-BlockTensors without_moe(const ModelImpl& m, int32_t l) {
+// Block l's tensors without its MoE matrices (router, experts, shared expert); the MoE vectors
+// stay, for batches that stream the matrices to the block's GPU (remote_experts.h).
+BlockTensors without_moe_matrices(const ModelImpl& m, int32_t l) {
     BlockTensors t = m.blocks[l];
     for (int r = 0; r < kRoles; ++r)
-        if (m.moe_role[r]) t.t[r] = nullptr;
+        if (m.moe_role[r] && t.matrix(r)) t.t[r] = nullptr;
     return t;
 }
 
@@ -134,7 +135,8 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& p
         for (int32_t l = 0; l < hp.n_layer; ++l) {
             // Experts placed apart from their block are prepared on the CPU by the runner instead.
             if (m.plan.block[l] == Device::gpu)
-                m.gpu_blocks[l] = prepare_block(*m.gpu, m.plan.experts_apart(l) ? without_moe(m, l) : m.blocks[l]);
+                m.gpu_blocks[l] = prepare_block(*m.gpu,
+                                                m.plan.experts_apart(l) ? without_moe_matrices(m, l) : m.blocks[l]);
             else m.stream_blocks[l] = prepare_block_vectors(*m.gpu, m.blocks[l]);
         }
         m.gpu_head = prepare_head(*m.gpu, *m.output, *m.output_norm);

@@ -222,21 +222,29 @@ PlacementPlan plan_placement(const GGUFFile& f, int32_t n_layer, const ModelPara
         plan.gpu_budget = std::max(gpu_free_bytes, margin) - margin;
     if (!plan.any_gpu()) plan.gpu_budget.reset();
     if (plan.gpu_budget) {
+        // Experts apart from their block take the staging of prompt batches on the GPU too: two
+        // blocks' MoE matrices (remote_experts.h), so moving one block's experts alone saves nothing.
+        size_t staging = 0;
+        for (int32_t l = 0; l < n_layer; ++l)
+            if (plan.experts_apart(l)) staging = std::max(staging, 2 * moe_bytes[l]);
         const size_t budget = *plan.gpu_budget;
         std::vector<int32_t> moved;
-        for (int32_t l = 0; l < n_layer && gpu_bytes > budget; ++l)
+        for (int32_t l = 0; l < n_layer && gpu_bytes + staging > budget; ++l)
             if (plan.experts[l] == Device::gpu && moe_bytes[l] > 0) {
                 plan.experts[l] = Device::cpu;
                 gpu_bytes -= moe_bytes[l];
+                staging = std::max(staging, 2 * moe_bytes[l]);
                 moved.push_back(l);
             }
         budget_note = "; GPU budget " + mib(budget) + (p.moe_gpu_budget_mb > 0 ? "" : " (free memory less 1 GiB)");
         if (!moved.empty())
             budget_note += ": experts of blocks " + block_ranges(moved) +
-                           " moved to the CPU, the first blocks first (no usage statistics: layer order)";
-        if (gpu_bytes > budget) {
-            const std::string over = "the GPU's tensors need " + mib(gpu_bytes) + " with no experts among them, " +
-                                     "over the GPU budget of " + mib(budget) + "; lower n_gpu_layers";
+                           " moved to the CPU, the first blocks first (no usage statistics: layer order), " +
+                           mib(staging) + " kept for streaming them in prompt batches";
+        if (gpu_bytes + staging > budget) {
+            const std::string over = "the GPU's tensors need " + mib(gpu_bytes) + " with no experts among them (and " +
+                                     mib(staging) + " of staging), over the GPU budget of " + mib(budget) +
+                                     "; lower n_gpu_layers";
             plan.warning += (plan.warning.empty() ? "" : "; ") + over;
         }
     }

@@ -120,6 +120,9 @@ struct RunnerImpl {
     // [n_layer] experts that run apart from their block (be null where they run with it).
     std::vector<RemoteExperts> remote;
     float *remote_x = nullptr, *remote_out = nullptr;   // the crossings' host buffers, shared by the blocks
+    // Null: the remote experts run on the CPU for every batch. Destroyed before `model`, whose GPU
+    // backend it uses.
+    std::unique_ptr<ExpertStream> expert_stream;
     std::vector<KVLayer> kv;
     // Null: CPU blocks always run on the CPU. Destroyed before `cpu` (whose pool it uses) and
     // `model` (whose GPU backend it uses).
@@ -269,6 +272,9 @@ Runner::Runner(std::shared_ptr<Model> model, const RunnerParams& params) {
         r.host_tier.allocate(be, bytes, params.n_host_tier_slots);
     }
     r.embd.resize((size_t)params.n_batch * hp.n_embd);
+    // After the KV: the staging is what gives way when the GPU is short.
+    if (m.plan.any_experts_apart() && opts.switches.on("EMBER_STREAM"))
+        r.expert_stream = ExpertStream::open(*m.gpu, r.remote, r.cpu->host_parallel_for(), m.params.verbose);
 }
 
 Runner::~Runner() = default;
@@ -322,11 +328,20 @@ void RunnerImpl::forward(const int32_t* tokens, const BatchInfo& batch, const st
     if (streamed) ids.assign(batch.block_table.begin(), batch.block_table.begin() + batch.max_blocks);
     const int32_t n_past = n > 0 ? batch.pos[0] : 0;
     auto is_streamed = [&](int32_t l) { return streamed && m.plan.block[l] == Device::cpu; };
+    // Large batches run the remote experts on the GPU, streamed (remote_experts.h).
+    const bool experts_streamed = expert_stream && n >= ExpertStream::kMinTokens;
+    auto next_remote = [&](int32_t l) {
+        while (++l < hp.n_layer)
+            if (remote[l].be) return l;
+        return -1;
+    };
     for (int32_t l = 0; l < hp.n_layer; ++l) {
         const bool st = is_streamed(l);
         BlockWeights staged;   // a streamed block's weights on the GPU for this step
+        const bool experts_staged = experts_streamed && remote[l].be;
         if (st) staged = stream->begin_block(l, kv[l], ids, n_past);
-        const BlockWeights& w = st ? staged : blocks[l];
+        else if (experts_staged) staged = expert_stream->begin_block(l, blocks[l]);
+        const BlockWeights& w = st || experts_staged ? staged : blocks[l];
         Backend& be = *w.backend;
         if (!s || s->be != &be) {
             Scratch& next = scratch_for(be);
@@ -350,7 +365,7 @@ void RunnerImpl::forward(const int32_t* tokens, const BatchInfo& batch, const st
                 break;
             }
         }
-        const RemoteExperts* apart = remote[l].be ? &remote[l] : nullptr;
+        const RemoteExperts* apart = remote[l].be && !experts_staged ? &remote[l] : nullptr;
         if (apart && std::find(seen.begin(), seen.end(), apart->be) == seen.end()) {
             apart->be->set_batch(batch);
             seen.push_back(apart->be);
@@ -359,6 +374,7 @@ void RunnerImpl::forward(const int32_t* tokens, const BatchInfo& batch, const st
                            pending, s->out_a, s->out_b,    apart};
         pending = m.arch->forward_block(run);
         if (st) stream->end_block(l, kv[l], ids, n_past, n, l + 1 < hp.n_layer && is_streamed(l + 1));
+        if (experts_staged) expert_stream->end_block(l, next_remote(l));
     }
 
     // Head: the blocks' last device is the head's device whenever any block is on the GPU.
