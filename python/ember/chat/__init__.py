@@ -5,8 +5,8 @@ llama-cpp-python's chat result dicts (results.py).
 A reply is read in order: reasoning first (a think block, split off by a module of its own here
 once models that write one are supported), then tool calls from what is left."""
 from .results import chat_chunks, chat_completion
-from .template import CHATML, ChatTemplate, ChatTemplateError, token_text
+from .template import CHATML, ChatTemplate, ChatTemplateError, TemplateBudgetError, token_text
 from .tool_calls import ToolCallParser, arguments_as_objects
 
-__all__ = ["CHATML", "ChatTemplate", "ChatTemplateError", "ToolCallParser", "arguments_as_objects",
-           "chat_chunks", "chat_completion", "token_text"]
+__all__ = ["CHATML", "ChatTemplate", "ChatTemplateError", "TemplateBudgetError", "ToolCallParser",
+           "arguments_as_objects", "chat_chunks", "chat_completion", "token_text"]

@@ -3,12 +3,15 @@
 runs in Jinja2's immutable sandbox with HF's environment: `raise_exception`, `strftime_now`, a
 `tojson` that keeps non-ASCII text, the `{% generation %}` tag, trim_blocks/lstrip_blocks, and
 the variables messages, tools, documents, add_generation_prompt, bos_token and eos_token. A model
-without a template gets ChatML, and the log says so."""
+without a template gets ChatML, and the log says so. A template comes from a GGUF or a file, not
+always a trusted one: each rendering has a time and an output budget (TemplateBudgetError)."""
 from __future__ import annotations
 
 import datetime
 import json
 import logging
+import sys
+import time
 from typing import Optional
 
 import jinja2
@@ -27,8 +30,65 @@ CHATML = ("{%- for message in messages %}"
           "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
 
 
+RENDER_SECONDS = 5.0          # a chat template renders in milliseconds; one that loops for seconds is broken
+RENDER_CHARS = 64 << 20       # a prompt far beyond any context, yet far below what would exhaust memory
+
+
 class ChatTemplateError(ValueError):
     """The template refused the messages (its raise_exception) or failed on them: the request's fault."""
+
+
+class TemplateBudgetError(RuntimeError):
+    """A rendering ran past its time or output budget: the template's fault (or a request far too large)."""
+
+
+class _Budget:
+    """The budget of one rendering: output counted as it is produced, time checked on the lines
+    the compiled template runs (sys.settrace in this thread, for template code only), so an empty
+    loop of a billion iterations stops too."""
+
+    _CHECK_EVERY = 1024   # trace events between clock reads
+
+    def __init__(self, origin: str, seconds: float, chars: int):
+        self.origin, self.seconds, self.chars = origin, seconds, chars
+        self.deadline = time.monotonic() + seconds
+        self._events = 0
+
+    def check_time(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise TemplateBudgetError(f"the chat template ({self.origin}) ran for more than {self.seconds:g} s "
+                                      f"on these messages")
+
+    def check_size(self, n: int) -> None:
+        if n > self.chars:
+            raise TemplateBudgetError(f"the chat template ({self.origin}) wrote more than {self.chars} characters "
+                                      f"on these messages")
+
+    def _line(self, frame, event, arg):
+        self._events += 1
+        if self._events % self._CHECK_EVERY == 0:
+            self.check_time()
+        return self._line
+
+    def _call(self, frame, event, arg):
+        return self._line if frame.f_code.co_filename == _TEMPLATE_FILE else None
+
+    def render(self, template, variables: dict) -> str:
+        out, size = [], 0
+        previous = sys.gettrace()
+        sys.settrace(self._call)
+        try:
+            for piece in template.generate(**variables):
+                size += len(piece)
+                self.check_size(size)
+                out.append(piece)
+        finally:
+            sys.settrace(previous)
+        self.check_time()
+        return "".join(out)
+
+
+_TEMPLATE_FILE = "<template>"   # the file name Jinja gives code compiled from_string
 
 
 class _GenerationTag(Extension):
@@ -59,9 +119,25 @@ def _strftime_now(fmt):
     return datetime.datetime.now().strftime(fmt)
 
 
+class _BoundedEnvironment(ImmutableSandboxedEnvironment):
+    """The sandbox, with `*` and `**` refused where one operation would build a value past the
+    output budget (a string or list repeated, a power of thousands of digits) in one C call."""
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context, operator, left, right):
+        if operator == "*":
+            for seq, times in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(times, int) and len(seq) * times > RENDER_CHARS:
+                    raise TemplateBudgetError(f"the chat template repeats a value of {len(seq)} items {times} times, "
+                                              f"more than {RENDER_CHARS} in all")
+        if operator == "**" and isinstance(right, int) and abs(right) > 4096 and not isinstance(left, float):
+            raise TemplateBudgetError(f"the chat template raises to the power {right}, past what a template needs")
+        return super().call_binop(context, operator, left, right)
+
+
 def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+    env = _BoundedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                              extensions=[_GenerationTag, jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -74,11 +150,16 @@ def token_text(tokenizer, tid: int) -> Optional[str]:
 
 
 class ChatTemplate:
-    """One compiled template. source: the Jinja text; origin: where it came from, for the log."""
+    """One compiled template. source: the Jinja text; origin: where it came from, for the log and
+    errors; each render() may run for budget_s seconds and write budget_chars characters (None:
+    RENDER_SECONDS, RENDER_CHARS)."""
 
-    def __init__(self, source: str, bos_token: str = "", eos_token: str = "", origin: str = "template"):
+    def __init__(self, source: str, bos_token: str = "", eos_token: str = "", origin: str = "template",
+                 budget_s: Optional[float] = None, budget_chars: Optional[int] = None):
         self.source = source
         self.origin = origin
+        self.budget_s = RENDER_SECONDS if budget_s is None else budget_s
+        self.budget_chars = RENDER_CHARS if budget_chars is None else budget_chars
         self.bos_token = bos_token
         self.eos_token = eos_token
         try:
@@ -115,12 +196,21 @@ class ChatTemplate:
         template as further variables (vLLM's chat_template_kwargs); they cannot replace the
         named ones. An assistant message's tool call arguments, a JSON string from OpenAI clients,
         reach the template as an object, as Hugging Face templates expect. ChatTemplateError when
-        the template raises or fails on these messages."""
+        the template raises or fails on these messages, TemplateBudgetError when it runs past its
+        time or output budget."""
         variables = {"bos_token": self.bos_token, "eos_token": self.eos_token, **kwargs}
         variables.update(messages=arguments_as_objects(messages, self.source), tools=tools, documents=documents,
                          add_generation_prompt=add_generation_prompt)
         try:
-            return self._template.render(**variables)
+            return _Budget(self.origin, self.budget_s, self.budget_chars).render(self._template, variables)
+        except TemplateBudgetError as e:
+            if self.origin not in str(e):
+                raise TemplateBudgetError(f"the chat template ({self.origin}): {e}") from None
+            raise
+        except RecursionError:
+            raise TemplateBudgetError(f"the chat template ({self.origin}) recursed too deeply") from None
+        except MemoryError:
+            raise TemplateBudgetError(f"the chat template ({self.origin}) ran out of memory") from None
         except jinja2.exceptions.TemplateError as e:
             raise ChatTemplateError(f"chat template: {e.message or e}") from e
         except (TypeError, KeyError, IndexError, AttributeError, ValueError) as e:

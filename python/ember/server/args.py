@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from .. import options
 from ..options import SERVER
@@ -19,7 +19,9 @@ class ServerSettings:
     max_body_bytes: the largest request body accepted; pooling: /v1/embeddings' pooling ("mean",
     "cls", "last", "none"; None: the GGUF's {arch}.pooling_type, as llama-server's --pooling);
     tool_call_parser: the syntax chat replies are parsed for tool calls in (ember.chat's tool
-    call styles; None: the one the chat template teaches, as vLLM's --tool-call-parser)."""
+    call styles; None: the one the chat template teaches, as vLLM's --tool-call-parser); timeout:
+    seconds to send a request body or to read a response; cors_origins: origins browsers may call
+    the API from ("*": any)."""
     alias: Optional[str] = None
     api_key: Optional[str] = None
     chat_template: Optional[str] = None
@@ -27,6 +29,8 @@ class ServerSettings:
     max_body_bytes: int = 8 << 20
     pooling: Optional[str] = None
     tool_call_parser: Optional[str] = None
+    timeout: float = options.default("timeout", SERVER)
+    cors_origins: Tuple[str, ...] = ()
 
 
 def parser() -> argparse.ArgumentParser:
@@ -48,5 +52,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
 
 
 def settings(args: argparse.Namespace) -> ServerSettings:
+    origins = tuple(o.strip() for o in (args.cors_origin or "").split(",") if o.strip())
     return ServerSettings(alias=args.alias, api_key=args.api_key or None, chat_template=args.chat_template,
-                          max_queue=args.max_queue, pooling=args.pooling, tool_call_parser=args.tool_call_parser)
+                          max_queue=args.max_queue, pooling=args.pooling, tool_call_parser=args.tool_call_parser,
+                          timeout=args.timeout, cors_origins=origins)

@@ -2,11 +2,15 @@
 parse_completion / parse_chat turn a JSON body into a GenerationRequest (SamplingParams and the
 rest), parse_embeddings into an EmbeddingRequest, or raise APIError, which the app answers as
 `{"error": {"message", "type", "param", "code"}}`.
-Unknown fields are ignored, as OpenAI clients send fields a server may not know."""
+Unknown fields are ignored, as OpenAI clients send fields a server may not know; every string of a
+body must be valid Unicode, and every number a field takes must fit the engine's type of it
+(int32, uint64 seeds, float32), so a request is refused here, before anything is queued."""
 from __future__ import annotations
 
 import json
+import math
 import numbers
+import struct
 from dataclasses import dataclass, field
 from typing import Any, List, Optional, Union
 
@@ -15,6 +19,11 @@ from ..sampling_params import SamplingParams
 MAX_N = 128          # sequences of one request: n beyond this is a mistake or abuse
 MAX_PROMPTS = 256    # prompts of one /v1/completions request (each runs n sequences)
 MAX_TOP_LOGPROBS = 20   # OpenAI's bound
+MAX_DEPTH = 64       # nesting of a body: tool schemas need a few levels, nothing needs dozens
+INT32 = (-(1 << 31), (1 << 31) - 1)
+INT64 = (-(1 << 63), (1 << 63) - 1)
+# The template variables a request's chat_template_kwargs may not replace.
+RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
 
 
 class APIError(Exception):
@@ -59,19 +68,81 @@ class GenerationRequest:
     parallel_tool_calls: bool = True
 
 
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def read_json(raw: bytes) -> dict:
-    """The body as a JSON object, or a 400."""
+    """The body as a JSON object of valid strings and finite numbers, nested at most MAX_DEPTH
+    deep, or a 400 naming the field."""
     try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise APIError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from e
+        body = json.loads(raw, parse_constant=_no_constant)
+    except RecursionError:
+        raise APIError(400, f"the request body is nested too deeply (at most {MAX_DEPTH} levels)",
+                       code="invalid_json") from None
+    except ValueError as e:   # bad syntax, bad UTF-8, NaN / Infinity, an integer of thousands of digits
+        raise APIError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}", code="invalid_json")
+    _check_values(body)
     return body
+
+
+def _path(trail) -> str:
+    parts = []
+    while trail is not None:
+        key, trail = trail
+        parts.append(f"[{key}]" if isinstance(key, int) else f".{key}")
+    return "".join(reversed(parts)).lstrip(".") or "body"
+
+
+def _valid_text(s: str) -> bool:
+    """False for a string holding a lone surrogate (JSON's "\\ud800"), which no UTF-8 can carry."""
+    if s.isascii():
+        return True
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _check_values(body: dict) -> None:
+    # Iterative: a body is at most MAX_DEPTH deep, but its width is anything up to the size limit.
+    stack = [(body, None, 1)]
+    while stack:
+        value, trail, depth = stack.pop()
+        if isinstance(value, dict):
+            items = value.items()
+        elif isinstance(value, list):
+            items = enumerate(value)
+        else:
+            if isinstance(value, str) and not _valid_text(value):
+                raise bad_param(_path(trail), f"'{_path(trail)}' holds a lone UTF-16 surrogate, which is not text")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise bad_param(_path(trail), f"'{_path(trail)}' is out of range (it overflows a double)")
+            continue
+        if depth > MAX_DEPTH:
+            raise bad_param(_path(trail), f"the request body is nested more than {MAX_DEPTH} levels deep")
+        for key, item in items:
+            if isinstance(key, str) and not _valid_text(key):
+                raise bad_param(_path(trail), f"a key of '{_path(trail)}' holds a lone UTF-16 surrogate")
+            if isinstance(item, (dict, list, str, float)):
+                stack.append((item, (key, trail), depth + 1))
+
+
+def float32(name: str, value) -> float:
+    """value as the engine's float32 holds it, or a 400 when it overflows float32."""
+    try:
+        return struct.unpack("<f", struct.pack("<f", float(value)))[0]
+    except OverflowError:
+        raise bad_param(name, f"'{name}' is {value!r}, outside the float32 range of the engine "
+                              f"(|x| < 3.4e38)") from None
 
 
 _KINDS = {
     "int": ("an integer", lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool)),
+    "int64": ("an integer", lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool)),
     "number": ("a number", lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool)),
     "bool": ("a boolean", lambda v: isinstance(v, bool)),
     "str": ("a string", lambda v: isinstance(v, str)),
@@ -82,14 +153,22 @@ _KINDS = {
 
 def get(body: dict, name: str, kind: str, default: Any = None, ok=None, rule: str = "") -> Any:
     """body[name] if it is of kind (null or absent: default) and ok(value) holds, else a 400
-    naming the field and the rule."""
+    naming the field and the rule. "int" is an int32 as the engine holds it, "int64" a 64-bit
+    one; a "number" must fit float32, and ok sees it rounded so (1e-300 is 0 there)."""
     value = body.get(name)
     if value is None:
         return default
     what, is_kind = _KINDS[kind]
     if not is_kind(value):
         raise bad_param(name, f"'{name}' must be {what}, got {json.dumps(value)[:100]}")
-    if ok is not None and not ok(value):
+    if kind in ("int", "int64"):
+        lo, hi = INT32 if kind == "int" else INT64
+        if not lo <= value <= hi:
+            shown = str(value) if len(str(value)) <= 40 else f"an integer of {len(str(value))} digits"
+            raise bad_param(name, f"'{name}' must be in [{lo}, {hi}] (the engine's "
+                                  f"{'int32' if kind == 'int' else 'int64'}), got {shown}")
+    checked = float32(name, value) if kind == "number" else value
+    if ok is not None and not ok(checked):
         raise bad_param(name, f"'{name}' {rule}, got {value!r}")
     return value
 
@@ -171,7 +250,7 @@ def _stop_token_ids(body: dict, n_vocab: int) -> Optional[List[int]]:
 
 
 def _seed(body: dict) -> Optional[int]:
-    seed = get(body, "seed", "int")
+    seed = get(body, "seed", "int64")
     if seed == -1:   # llama-server's "random"
         return None
     if seed is not None and not 0 <= seed < 1 << 63:
@@ -193,7 +272,8 @@ def _sampling(body: dict, n_vocab: int, max_tokens: Optional[int], logprobs: Opt
     try:
         return SamplingParams(
             n=n,
-            temperature=get(body, "temperature", "number", 1.0, lambda v: v >= 0, "must be >= 0"),
+            temperature=get(body, "temperature", "number", 1.0, lambda v: 0 <= v <= 2,
+                            "must be in [0, 2] (OpenAI's range)"),
             top_p=get(body, "top_p", "number", 1.0, lambda v: 0 < v <= 1, "must be in (0, 1]"),
             top_k=get(body, "top_k", "int", -1, lambda v: v >= -1, "must be >= -1 (-1 or 0: off)"),
             min_p=get(body, "min_p", "number", 0.0, *unit),
@@ -313,18 +393,30 @@ def parse_chat(body: dict, n_vocab: int) -> GenerationRequest:
     tools = _tools(body)
     return GenerationRequest(model=get(body, "model", "str"), params=params, stream=stream,
                              include_usage=include_usage, logprobs=logprobs, messages=messages, tools=tools,
-                             template_kwargs=get(body, "chat_template_kwargs", "object", {}),
+                             template_kwargs=_template_kwargs(body),
                              tool_choice=_tool_choice(body, tools),
                              parallel_tool_calls=get(body, "parallel_tool_calls", "bool", True))
+
+
+def _template_kwargs(body: dict) -> dict:
+    """vLLM's chat_template_kwargs: further template variables, never the ones a request sets."""
+    kwargs = get(body, "chat_template_kwargs", "object", {})
+    taken = sorted(RESERVED_TEMPLATE_VARIABLES & kwargs.keys())
+    if taken:
+        raise bad_param("chat_template_kwargs", f"'chat_template_kwargs' cannot set {', '.join(taken)}: the "
+                                                f"request's own fields give them")
+    return kwargs
 
 
 @dataclass
 class EmbeddingRequest:
     """A checked /v1/embeddings body: each input as a str or token ids; encoding_format "float" or
-    "base64" (each vector's float32 bytes, little-endian)."""
+    "base64" (each vector's float32 bytes, little-endian); dimensions: OpenAI's, each vector cut to
+    its first dimensions values and normalized again (None: whole)."""
     model: Optional[str]
     inputs: List[Union[str, List[int]]]
     encoding_format: str = "float"
+    dimensions: Optional[int] = None
 
 
 def parse_embeddings(body: dict, n_vocab: int) -> EmbeddingRequest:
@@ -352,4 +444,5 @@ def parse_embeddings(body: dict, n_vocab: int) -> EmbeddingRequest:
                                      f"got {json.dumps(item)[:100]}")
     fmt = get(body, "encoding_format", "str", "float", lambda v: v in ("float", "base64"),
               "must be 'float' or 'base64'")
-    return EmbeddingRequest(model=get(body, "model", "str"), inputs=inputs, encoding_format=fmt)
+    dimensions = get(body, "dimensions", "int", None, lambda v: v >= 1, "must be >= 1")
+    return EmbeddingRequest(model=get(body, "model", "str"), inputs=inputs, encoding_format=fmt, dimensions=dimensions)
