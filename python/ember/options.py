@@ -254,6 +254,17 @@ _OPTIONS = (
     Option("tool_call_parser", "server", "the syntax replies are parsed for tool calls in: hermes (`<tool_call>` "
            "blocks), mistral (`[TOOL_CALLS]`), json (Llama 3's JSON replies)", flags=("--tool-call-parser",),
            choices=ToolCallParser.STYLES, unset="the one the chat template uses"),
+    Option("timeout", "server", "seconds a client may take to send a request (headers and body) or to read a "
+           "response before its connection closes (a stalled stream stops generating)", _number, 600.0,
+           flags=("-to", "--timeout"), minimum=1, metavar="S"),
+    Option("shutdown_timeout", "server", "seconds running requests may finish after SIGTERM / Ctrl-C; then streams "
+           "end with finish_reason \"abort\" and waiting requests get 503 (a second signal exits at once)",
+           _number, 10.0, flags=("--shutdown-timeout",), minimum=0, metavar="S"),
+    Option("max_connections", "server", "open connections at most; past that, new requests get 503", _integer,
+           1024, flags=("--max-connections",), minimum=1, metavar="N"),
+    Option("cors_origin", "server", "web origins allowed to call the API from a browser, comma-separated (`*`: "
+           "any)", flags=("--cors-origin",), metavar="ORIGINS", unset="none: browsers keep other sites' pages "
+           "from reading the API"),
 )
 
 OPTIONS: Dict[str, Option] = {o.name: o for o in _OPTIONS}
@@ -274,7 +285,8 @@ FRONT_ENDS: Dict[str, Tuple[str, ...]] = {
     PERPLEXITY: ("model", *_LOAD, "n_ctx", "n_batch", "n_threads", *_KV),
     SERVER: ("model", *_LOAD, "n_ctx", "n_threads", *_KV, "kv_mb", "kv_host_mb", *_VLLM, "max_num_seqs",
              "max_num_batched_tokens", "enable_prefix_caching", "deterministic", "host", "port", "api_key",
-             "chat_template", "alias", "max_queue", "pooling", "tool_call_parser"),
+             "chat_template", "alias", "max_queue", "pooling", "tool_call_parser", "timeout", "shutdown_timeout",
+             "max_connections", "cors_origin"),
     QUANTIZE: ("n_threads",),
 }
 
