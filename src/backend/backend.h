@@ -138,6 +138,15 @@ inline int64_t moe_scratch_floats(int64_t n_tok, int64_t n_embd, int64_t n_ff, i
            1024;
 }
 
+// A batch's routed rows grouped by expert (host memory): group e is entries [first[e], first[e + 1])
+// of tok (its tokens, ascending) and weight (their routing weights), experts ascending.
+struct MoeGroups {
+    std::vector<int64_t> first;   // [n_expert + 1]
+    std::vector<int32_t> tok;     // [n_tok * n_used]
+    std::vector<float> weight;    // [n_tok * n_used]
+};
+MoeGroups moe_groups(const int32_t* ids, const float* weights, int32_t n_tok, int32_t n_used, int32_t n_expert);
+
 // Activation buffers the fused ops work in, each [n_tok][width] in the backend's memory. After
 // attn_in only q is defined (rotated); after attn_out, att; the others are scratch.
 struct BlockBuffers {
@@ -342,6 +351,11 @@ public:
         (void)setup;
         return nullptr;
     }
+
+protected:
+    // moe's last part, in the default's order: out += the shared expert of xn (scaled by its gate),
+    // in scratch of 2 * n_tok * n_ff_shared + n_tok * n_embd + 2 * n_tok floats. Nothing without one.
+    void moe_shared_expert(const MoeWeights& w, const float* xn, int32_t n_tok, float* scratch, float* out);
 };
 
 }  // namespace ember

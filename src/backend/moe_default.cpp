@@ -31,23 +31,13 @@ void Backend::moe(const MoeWeights& w, const float* xn, int32_t n_tok, const Blo
     if (w.router_bias) add_bias(logits, w.router_bias, n_tok, (int32_t)n_exp);
     moe_route(w, logits, n_tok, ids, weights);
 
-    // The tokens of each expert, ascending, experts in ascending order: every backend sums a
-    // token's experts in this order.
-    std::vector<int32_t> ids_h(rows), order(rows);
-    std::vector<float> w_h(rows), grp_w_h(rows);
+    std::vector<int32_t> ids_h(rows);
+    std::vector<float> w_h(rows);
     copy_to_host(ids_h.data(), ids, rows * sizeof(int32_t));
     copy_to_host(w_h.data(), weights, rows * sizeof(float));
-    std::vector<int64_t> first(n_exp + 1, 0);
-    for (int64_t r = 0; r < rows; ++r) ++first[ids_h[r] + 1];
-    std::partial_sum(first.begin(), first.end(), first.begin());
-    std::vector<int64_t> fill(first.begin(), first.end() - 1);
-    for (int64_t r = 0; r < rows; ++r) {
-        const int64_t at = fill[ids_h[r]]++;
-        order[at] = int32_t(r / n_used);
-        grp_w_h[at] = w_h[r];
-    }
-    copy_from_host(grp_rows, order.data(), rows * sizeof(int32_t));
-    copy_from_host(grp_w, grp_w_h.data(), rows * sizeof(float));
+    const MoeGroups g = moe_groups(ids_h.data(), w_h.data(), n_tok, (int32_t)n_used, (int32_t)n_exp);
+    copy_from_host(grp_rows, g.tok.data(), rows * sizeof(int32_t));
+    copy_from_host(grp_w, g.weight.data(), rows * sizeof(float));
     const std::vector<float> zeros(n_tok * n_embd, 0.0f);
     copy_from_host(out, zeros.data(), zeros.size() * sizeof(float));
 
@@ -55,8 +45,8 @@ void Backend::moe(const MoeWeights& w, const float* xn, int32_t n_tok, const Blo
     float* gate = xg + rows * n_embd;
     float* up = gate + rows * n_ff;
     for (int32_t e = 0; e < n_exp; ++e) {
-        const int64_t at = first[e];
-        const int32_t c = int32_t(first[e + 1] - at);
+        const int64_t at = g.first[e];
+        const int32_t c = int32_t(g.first[e + 1] - at);
         if (c == 0) continue;
         float* x_e = xg + at * n_embd;
         float* g_e = gate + at * n_ff;
@@ -74,9 +64,30 @@ void Backend::moe(const MoeWeights& w, const float* xn, int32_t n_tok, const Blo
         if (w.down_bias) add_bias(x_e, w.down_bias + e * n_embd, c, (int32_t)n_embd);
         scatter_add_rows(out, x_e, grp_rows + at, grp_w + at, c, n_embd);
     }
-    if (!w.shared_gate) return;
+    moe_shared_expert(w, xn, n_tok, region, out);
+}
 
-    float* sg = region;
+MoeGroups moe_groups(const int32_t* ids, const float* weights, int32_t n_tok, int32_t n_used, int32_t n_expert) {
+    const int64_t rows = int64_t(n_tok) * n_used;
+    MoeGroups g;
+    g.first.assign(n_expert + 1, 0);
+    g.tok.resize(rows);
+    g.weight.resize(rows);
+    for (int64_t r = 0; r < rows; ++r) ++g.first[ids[r] + 1];
+    std::partial_sum(g.first.begin(), g.first.end(), g.first.begin());
+    std::vector<int64_t> fill(g.first.begin(), g.first.end() - 1);
+    for (int64_t r = 0; r < rows; ++r) {   // r ascends, so each group's tokens do
+        const int64_t at = fill[ids[r]]++;
+        g.tok[at] = int32_t(r / n_used);
+        g.weight[at] = weights[r];
+    }
+    return g;
+}
+
+void Backend::moe_shared_expert(const MoeWeights& w, const float* xn, int32_t n_tok, float* scratch, float* out) {
+    if (!w.shared_gate) return;
+    const int64_t n_embd = w.router->n_in, n_ff_s = w.shared_gate->n_out;
+    float* sg = scratch;
     float* su = sg + n_tok * n_ff_s;
     float* sy = su + n_tok * n_ff_s;
     const Weight* ws[2] = {w.shared_gate, w.shared_up};

@@ -12,6 +12,7 @@
 
 #include "backend/greedy_token.h"
 #include "backend/registry.h"
+#include "cpu/cpu_moe.h"
 #include "cpu/isa_kernels.h"
 #include "ember/status.h"
 #include "backend/rope_angles.h"
@@ -132,8 +133,7 @@ void CpuBackend::add(float* x, const float* y, int64_t n) {
 }
 
 void CpuBackend::add_bias(float* x, const float* bias, int32_t n_tok, int32_t dim) {
-    for (int32_t t = 0; t < n_tok; ++t)
-        for (int32_t j = 0; j < dim; ++j) x[(int64_t)t * dim + j] += bias[j];
+    add_bias_rows(x, bias, n_tok, dim);
 }
 
 void CpuBackend::argmax_rows(const float* x, int32_t n_rows, int64_t width, int32_t* ids) {

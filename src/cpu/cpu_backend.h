@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "cpu/cpu_kernels.h"
+#include "cpu/cpu_matmul.h"
 #include "cpu/thread_pool.h"
 #include "backend/backend.h"
 #include "backend/switches.h"
@@ -46,10 +47,23 @@ public:
     void scatter_add_rows(float* out, const float* y, const int32_t* rows, const float* scale, int32_t n_rows,
                           int64_t dim) override;
     void sigmoid(float* x, int64_t n) override;
+    // Tokens grouped by expert, every used expert's matmuls one pool job per stage (cpu_moe_grouped.cpp):
+    // the default composition's bits.
+    void moe(const MoeWeights& w, const float* xn, int32_t n_tok, const BlockBuffers& b, float* out) override;
 
     HostParallelFor host_parallel_for() override;
 
 private:
+    // The kernel matmul takes for n_tok tokens of this type in the current batch, and that kernel
+    // for w (its input not yet prepared); the bytes of its prepared input, and the input prepared
+    // into buf on the calling thread (the pooled preparation's bytes).
+    MatmulPath matmul_path(GGMLType type, int32_t n_tok) const;
+    MatmulRows matmul_kernel(MatmulPath path, const Weight& w, int32_t n_tok, float* y) const;
+    size_t matmul_input_bytes(const MatmulRows& m) const;
+    void prepare_matmul_input(MatmulRows& m, const float* x, uint8_t* buf) const;
+    // Several matmuls of one stage of the moe: inputs[j] prepared for jobs[j] (once per distinct
+    // input and format), then all their rows on the pool as one job.
+    void run_matmuls(std::vector<MatmulRows>& jobs, const std::vector<const float*>& inputs);
     // x quantized to the vec_dot format `type` (per token rows of row_bytes(type, n_in)), in act_q_.
     const uint8_t* quantize_input(GGMLType type, const float* x, int64_t n_in, int32_t n_tok);
     // Row chunks per matmul: few, since each hand-out costs a cache-line round trip between cores
@@ -74,6 +88,7 @@ private:
     ThreadPool pool_;
     BatchInfo batch_;
     std::vector<uint8_t> act_q_;                   // activations quantized for vec_dot
+    std::vector<uint8_t> moe_act_;                 // the moe's prepared inputs of one stage
     std::vector<std::vector<float>> f32_vectors_;  // norm weights converted to f32 when stored as f16
 };
 

@@ -12,8 +12,7 @@
 
 #include "cpu/cpu_backend.h"
 #include "cpu/cpu_kernels.h"
-#include "cpu/gemm.h"
-#include "cpu/gemm_fast.h"
+#include "cpu/cpu_matmul.h"
 
 namespace ember {
 namespace {
@@ -126,51 +125,94 @@ const uint8_t* CpuBackend::quantize_input(GGMLType type, const float* x, int64_t
     return xq;
 }
 
-void CpuBackend::matmul(const Weight& w, const float* x, int32_t n_tok, float* y) {
-    if (const FastGemm* k = fast_always(w.type, fast_level_); k && n_tok == 1) {
-        const uint8_t* act = prepare_one(act_q_, *k, x, w.n_in, simd_);
-        const auto* wdata = static_cast<const uint8_t*>(w.data);
-        const size_t w_row = row_bytes(w.type, w.n_in);
-        const int64_t tile = k->row_tile;
-        const int64_t grain = (row_grain(w.n_out, w_row) + tile - 1) / tile * tile;
-        pool_.parallel_for(w.n_out, grain, [&](int64_t b, int64_t e) { k->gemv(w.n_in, wdata, w_row, act, b, e, y); });
-        return;
-    }
-    if (fast_batch(batch_, n_tok) || fast_always(w.type, fast_level_)) {
-        if (const FastGemm* k = fast_gemm_for(w.type, fast_level_)) {
-            const uint8_t* act = prepare_fast(pool_, act_q_, *k, x, w.n_in, n_tok, simd_);
-            const auto* wdata = static_cast<const uint8_t*>(w.data);
-            const size_t w_row = row_bytes(w.type, w.n_in);
-            pool_.parallel_for(w.n_out, fast_grain(w.n_out, n_chunks(), k->row_tile), [&](int64_t b, int64_t e) {
-                k->gemm(w.n_in, wdata, w_row, act, n_tok, b, e, y, w.n_out);
-            });
-            return;
-        }
+MatmulPath CpuBackend::matmul_path(GGMLType type, int32_t n_tok) const {
+    const bool always = fast_always(type, fast_level_) != nullptr;
+    if (always && n_tok == 1) return MatmulPath::fast_gemv;
+    if ((fast_batch(batch_, n_tok) || always) && fast_gemm_for(type, fast_level_)) return MatmulPath::fast_gemm;
+    if (n_tok > 1 && gemm_for(cpu_kernels(type, simd_).vec_dot)) return MatmulPath::tiled;
+    return MatmulPath::dots;
+}
+
+MatmulRows CpuBackend::matmul_kernel(MatmulPath path, const Weight& w, int32_t n_tok, float* y) const {
+    MatmulRows m;
+    m.path = path;
+    m.w = &w;
+    m.n_tok = n_tok;
+    m.y = y;
+    if (path == MatmulPath::fast_gemv || path == MatmulPath::fast_gemm) {
+        m.fast = fast_gemm_for(w.type, fast_level_);
+        return m;
     }
     const CpuKernels& kern = cpu_kernels(w.type, simd_);
-    const size_t x_row = row_bytes(kern.vec_dot_type, w.n_in);
+    m.dot = kern.vec_dot;
+    m.act_type = kern.vec_dot_type;
+    m.x_row = row_bytes(kern.vec_dot_type, w.n_in);
+    if (path == MatmulPath::tiled) m.gemm = gemm_for(kern.vec_dot);
+    return m;
+}
+
+size_t CpuBackend::matmul_input_bytes(const MatmulRows& m) const {
+    if (m.path == MatmulPath::fast_gemv) return fast_gemv_act_bytes(m.w->n_in);
+    if (m.path == MatmulPath::fast_gemm) return fast_gemm_act_bytes(m.w->n_in, m.n_tok);
+    return m.x_row * m.n_tok;
+}
+
+void CpuBackend::prepare_matmul_input(MatmulRows& m, const float* x, uint8_t* buf) const {
+    const int64_t n_in = m.w->n_in;
+    if (m.path == MatmulPath::fast_gemv) {
+        fast_gemv_prepare(*m.fast, x, n_in, buf, simd_);
+    } else if (m.path == MatmulPath::fast_gemm) {
+        fast_gemm_prepare(*m.fast, x, n_in, 0, m.n_tok, 0, n_in / 32, buf, simd_);
+    } else {
+        for (int32_t t = 0; t < m.n_tok; ++t)
+            quantize_activations(m.act_type, x + t * n_in, buf + t * m.x_row, n_in, simd_);
+    }
+    m.act = buf;
+}
+
+void MatmulRows::rows(int64_t b, int64_t e) const {
+    const auto* wdata = static_cast<const uint8_t*>(w->data);
+    const int64_t n_in = w->n_in, n_out = w->n_out;
+    const size_t w_row = row_bytes(w->type, n_in);
+    switch (path) {
+        case MatmulPath::fast_gemv: fast->gemv(n_in, wdata, w_row, act, b, e, y); break;
+        case MatmulPath::fast_gemm: fast->gemm(n_in, wdata, w_row, act, n_tok, b, e, y, n_out); break;
+        case MatmulPath::tiled: gemm(n_in, wdata, w_row, act, x_row, n_tok, b, e, y, n_out); break;
+        case MatmulPath::dots:
+            for (int64_t o = b; o < e; ++o) {
+                const uint8_t* wr = wdata + o * w_row;
+                for (int32_t t = 0; t < n_tok; ++t) y[(int64_t)t * n_out + o] = dot(n_in, wr, act + t * x_row);
+            }
+            break;
+    }
+}
+
+void CpuBackend::matmul(const Weight& w, const float* x, int32_t n_tok, float* y) {
+    MatmulRows m = matmul_kernel(matmul_path(w.type, n_tok), w, n_tok, y);
     const size_t w_row = row_bytes(w.type, w.n_in);
-    const uint8_t* xq = quantize_input(kern.vec_dot_type, x, w.n_in, n_tok);
-    const auto* wdata = static_cast<const uint8_t*>(w.data);
-    const VecDotFn dot = kern.vec_dot;
-    const int64_t n_out = w.n_out, n_in = w.n_in;
-    if (n_tok > 1) {
-        if (const GemmFn gemm = gemm_for(dot)) {
+    const int64_t n_out = w.n_out, tile = m.tile();
+    int64_t grain = 0;
+    switch (m.path) {
+        case MatmulPath::fast_gemv:
+            m.act = prepare_one(act_q_, *m.fast, x, w.n_in, simd_);
+            grain = (row_grain(n_out, w_row) + tile - 1) / tile * tile;
+            break;
+        case MatmulPath::fast_gemm:
+            m.act = prepare_fast(pool_, act_q_, *m.fast, x, w.n_in, n_tok, simd_);
+            grain = fast_grain(n_out, n_chunks(), tile);
+            break;
+        case MatmulPath::tiled:
             // Chunks of whole 16-row tiles: the kernel prepares each token tile's scales once per
             // chunk, so fewer, larger chunks waste less.
-            const int64_t grain = std::max<int64_t>(16, (n_out / n_chunks() + 15) / 16 * 16);
-            pool_.parallel_for(n_out, grain, [&](int64_t b, int64_t e) {
-                gemm(n_in, wdata, w_row, xq, x_row, n_tok, b, e, y, n_out);
-            });
-            return;
-        }
+            m.act = quantize_input(m.act_type, x, w.n_in, n_tok);
+            grain = std::max<int64_t>(16, (n_out / n_chunks() + 15) / 16 * 16);
+            break;
+        case MatmulPath::dots:
+            m.act = quantize_input(m.act_type, x, w.n_in, n_tok);
+            grain = row_grain(n_out, w_row);
+            break;
     }
-    pool_.parallel_for(n_out, row_grain(n_out, w_row), [&](int64_t b, int64_t e) {
-        for (int64_t o = b; o < e; ++o) {
-            const uint8_t* wr = wdata + o * w_row;
-            for (int32_t t = 0; t < n_tok; ++t) y[(int64_t)t * n_out + o] = dot(n_in, wr, xq + t * x_row);
-        }
-    });
+    pool_.parallel_for(n_out, grain, [&](int64_t b, int64_t e) { m.rows(b, e); });
 }
 
 int64_t CpuBackend::row_grain(int64_t n_rows, size_t w_row) const {

@@ -47,6 +47,11 @@ void moe_route_token(const MoeWeights& w, const float* logits, int32_t* ids, flo
     for (int32_t j = 0; j < k; ++j) weights[j] *= w.weight_scale;
 }
 
+void add_bias_rows(float* x, const float* bias, int64_t n_tok, int64_t dim) {
+    for (int64_t t = 0; t < n_tok; ++t)
+        for (int64_t j = 0; j < dim; ++j) x[t * dim + j] += bias[j];
+}
+
 void scatter_add_row(float* out, const float* y, float scale, int64_t dim) {
     for (int64_t j = 0; j < dim; ++j) out[j] += scale * y[j];
 }
