@@ -220,6 +220,17 @@ def test_anthropic_tool_use_round_trip_streamed(base_url):
     assert [b.type for b in whole.content] == ["tool_use"] and whole.content[0].input == {"city": "Paris"}
 
 
+def test_anthropic_sdk_with_an_api_key(engine):
+    """The anthropic SDK sends its key as x-api-key, not as a bearer token."""
+    with live_server(create_app(engine, ServerSettings(api_key="sekret"))) as url:
+        msg = anthropic.Anthropic(base_url=url, api_key="sekret").messages.create(
+            model=engine.model_path, max_tokens=2, messages=[{"role": "user", "content": "Hi"}])
+        assert msg.usage.output_tokens == 2
+        with pytest.raises(anthropic.AuthenticationError):
+            anthropic.Anthropic(base_url=url, api_key="wrong").messages.create(
+                model=engine.model_path, max_tokens=2, messages=[{"role": "user", "content": "Hi"}])
+
+
 # ---- info routes ------------------------------------------------------------------------------
 def test_props_version_and_vllm_tokenize(client):
     assert client.get("/version").json() == {"version": ember.__version__}
