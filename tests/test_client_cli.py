@@ -37,6 +37,9 @@ def test_chat_with_a_system_prompt_until_exit(smollm2_path):
     same = ember("-m", smollm2_path, "--chat", "--system-prompt", "Answer in one word.", "-n", "6", "--temp", "0",
                  "-t", "2", stdin="What color is the sky?\\\nAnswer please.\n")
     assert same.stdout.strip("\n") == replies[0]   # the end of input ends the chat too
+    as_llama_cli = ember("-m", smollm2_path, "-cnv", "-p", "Answer in one word.", "-n", "6", "--temp", "0", "-t", "2",
+                         stdin="What color is the sky?\\\nAnswer please.\n")
+    assert as_llama_cli.stdout == same.stdout   # llama-cli's -cnv -p: the system prompt
     bad = ember("-m", smollm2_path, "-sys", "x", "-p", "hi")
     assert bad.returncode == 1 and "-sys / --system-prompt is for a chat: add -cnv" in bad.stderr
 

@@ -71,7 +71,8 @@ def _parser() -> argparse.ArgumentParser:
                            "line ending in \\ goes on on the next; /exit or Ctrl-D ends it)")
     talk.add_argument("-i", "--interactive", action="store_true",
                       help="after the completion, what you type is appended to the text and completed in turn")
-    p.add_argument("-sys", "--system-prompt", metavar="TEXT", help="with -cnv: the conversation's system prompt")
+    p.add_argument("-sys", "--system-prompt", metavar="TEXT",
+                   help="with -cnv: the conversation's system prompt (-p TEXT there means the same, as in llama-cli)")
     p.add_argument("--system-info", action=_SystemInfo,
                    help="print the SIMD level, the backends built in and the CUDA devices, then exit")
     add_version(p)
@@ -106,7 +107,7 @@ def _complete(args) -> int:
     max_tokens = args.n_predict if args.n_predict > 0 else None
     with Llama(args.model, **options.values(args, options.LLAMA)) as llm:
         if args.conversation:
-            return chat(llm, sampling, max_tokens, args.system_prompt)
+            return chat(llm, sampling, max_tokens, args.system_prompt or args.prompt)
         if args.interactive:
             return interactive(llm, sampling, max_tokens, prompt)
         chunks = llm.create_completion(prompt, max_tokens=args.n_predict, echo=args.echo, stream=True, **sampling)
