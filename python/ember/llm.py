@@ -68,7 +68,8 @@ class LLM:
         check_dtype(o["dtype"], _ember.GGUFFile(self.model_path).get_uint("general.file_type", 2**32 - 1))
         t0 = time.perf_counter()
         loaded = _ember.Model(self.model_path, fill(_ember.ModelParams(), o))
-        if o["gpu_memory_utilization"] is not None and not o["kv_mb"]:
+        # -nkvo keeps the KV in host memory: the GPU's share says nothing about its size.
+        if o["gpu_memory_utilization"] is not None and not o["kv_mb"] and o["offload_kqv"]:
             n_gpu = loaded.n_gpu_layers
             o["kv_mb"] = kv_mb_for_utilization(o["gpu_memory_utilization"], loaded.n_layer if n_gpu < 0 else n_gpu,
                                                loaded.n_layer, o["main_gpu"])
