@@ -63,6 +63,9 @@ SHAPES: Dict[str, Shape] = {
     "qwen3-8b": Shape("qwen3", 4096, 36, 32, 8, 12288, head_dim=128, rope_base=1e6, rms_eps=1e-6),
     "qwen3moe-tiny": Shape("qwen3moe", 256, 4, 8, 4, 768, head_dim=64, n_experts=8, n_experts_used=2,
                            expert_ffn=128, rope_base=1e6, rms_eps=1e-6),
+    # Qwen3-30B-A3B's layout at a size two CPU threads decode: the CPU's speed checks against llama-bench.
+    "qwen3moe-2b": Shape("qwen3moe", 1024, 16, 16, 4, 3072, head_dim=128, n_experts=64, n_experts_used=8,
+                         expert_ffn=512, rope_base=1e6, rms_eps=1e-6),
     "qwen3-30b-a3b": Shape("qwen3moe", 2048, 48, 32, 4, 6144, head_dim=128, n_experts=128, n_experts_used=8,
                            expert_ffn=768, rope_base=1e6, rms_eps=1e-6),
     "gpt-oss-tiny": Shape("gpt-oss", 256, 4, 8, 2, 128, head_dim=64, n_experts=8, n_experts_used=2, expert_ffn=128,
