@@ -1,6 +1,7 @@
-// CPU-resident weights copied out of the file mapping (use_mmap = false, as llama.cpp's
-// --no-mmap) into one anonymous region advised for transparent huge pages: decode streams every
-// weight byte per token, and 2 MiB pages spare the page walks of 4 KiB page-cache pages.
+// CPU-resident weights (every tensor the CPU reads after load) copied out of the file mapping
+// (use_mmap = false, as llama.cpp's --no-mmap) into one anonymous region advised for transparent
+// huge pages: decode streams every weight byte per token, and 2 MiB pages spare the page walks of
+// 4 KiB page-cache pages.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -143,20 +143,27 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& p
         m.gpu->synchronize();
     }
     if (!params.use_mmap) {
-        // CPU blocks, experts apart from their GPU block and a CPU head read their matrices from a
-        // huge-page copy instead of the mapping.
+        // Everything the CPU reads after load (CPU blocks' matrices and vectors, the token
+        // embeddings, a CPU head) comes from a huge-page copy: nothing reads the mapping again, so
+        // the file may change or go once the model is loaded.
         std::vector<const GGUFTensor*> host;
         for (int32_t l = 0; l < hp.n_layer; ++l)
             for (int r = 0; r < kRoles; ++r)
-                if (m.blocks[l].matrix(r) &&
-                    (m.plan.block[l] == Device::cpu || (m.plan.experts_apart(l) && m.moe_role[r])))
+                if (m.blocks[l].t[r] && (m.plan.block[l] == Device::cpu ||
+                                         (m.plan.experts_apart(l) && (m.moe_role[r] || !m.blocks[l].matrix(r)))))
                     host.push_back(m.blocks[l].t[r]);
-        if (m.plan.head == Device::cpu) host.push_back(m.output);
+        host.push_back(m.tok_embd);
+        if (m.plan.head == Device::cpu) {
+            host.push_back(m.output);
+            host.push_back(m.output_norm);
+        }
         m.host_weights = std::make_unique<HostWeights>(host);
         for (BlockTensors& b : m.blocks)
             for (int r = 0; r < kRoles; ++r)
-                if (b.matrix(r)) b.t[r] = m.host_weights->find(b.t[r]);
+                if (b.t[r]) b.t[r] = m.host_weights->find(b.t[r]);
+        m.tok_embd = m.host_weights->find(m.tok_embd);
         m.output = m.host_weights->find(m.output);
+        m.output_norm = m.host_weights->find(m.output_norm);
         if (params.verbose)
             std::fprintf(stderr, "ember: %s: %.1f MiB of CPU weights copied to host memory (%s)\n", path.c_str(),
                          m.host_weights->bytes() / 1048576.0,
