@@ -447,3 +447,13 @@ def test_a_second_signal_exits_at_once(smollm2_path):
         if proc.poll() is None:
             proc.kill()
         proc.stderr.close()
+
+
+def test_a_closed_llama_raises_value_error_everywhere(smollm2_path):
+    from ember import Llama
+    llm = Llama(smollm2_path, n_ctx=64, n_threads=2, verbose=False)
+    llm.close()
+    for call in (lambda: llm.create_chat_completion(CHAT), lambda: llm.create_completion(PROMPT),
+                 lambda: llm.tokenize(b"x"), lambda: llm.n_ctx()):
+        with pytest.raises(ValueError, match="closed"):
+            call()
