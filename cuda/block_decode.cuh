@@ -172,6 +172,74 @@ struct DecodeIQ4_XS {
     }
 };
 
+// ---- IQ3_S, packed: 112 quant bytes a block, qs[64] | signs[32] | qh[8] | scales[4] | 4 bytes of pad,
+// and f16 d in meta. Point l of sub-block j is iq3s_grid[qs[8 j + l] | bit l of qh[j] << 8] (its 4
+// values in bytes), element 4 l + i of the sub-block negated where bit 4 l + i of sign word j is set,
+// and the sub-block's scale 1 + 2 * nibble j % 2 of scales[j / 2]. The grid lives in global memory:
+// each lane reads its own point, which the constant cache would serialize.
+static __device__ const Grid512 kIq3sGrid = iq3s_grid;
+static __device__ const Grid256 kIq3xxsGrid = iq3xxs_grid;
+static __device__ const Grid512 kIq2xxsGrid = iq2xxs_grid;
+
+// A grid point's 4 values as signed bytes, negated where the 4 sign bits (bits 0..3) are set.
+__device__ __forceinline__ int signed_point(uint32_t point, uint32_t signs4) {
+    const uint32_t neg = uint32_t(spread4_bit4(signs4) >> 4) * 0xFFu;
+    return int(__vsub4(point ^ neg, neg));
+}
+
+struct DecodeIQ3_S {
+    static constexpr GGMLType kType = GGMLType::IQ3_S;
+    static constexpr int kQuantBytes = 112, kSigns = 64, kTail = 96;   // tail: qh[8], scales[4]
+    using Meta = uint16_t;
+    __device__ __forceinline__ static float d(Meta m) { return h2f(m); }
+    // tail words x, y (qh) and z (scales): the qh byte and the scale of sub-block j
+    __device__ __forceinline__ static uint32_t qh(uint4 tail, int j) { return byte_of(tail.x, tail.y, 0, 0, j); }
+    __device__ __forceinline__ static int scale(uint4 tail, int j) { return 1 + 2 * int((tail.z >> (4 * j)) & 0xF); }
+    __device__ __forceinline__ static int values(uint32_t qs_byte, uint32_t qh_bit, uint32_t signs4) {
+        return signed_point(__ldg(&kIq3sGrid.v[qs_byte | (qh_bit << 8)]), signs4);
+    }
+};
+
+// ---- IQ3_XXS, packed: its 96 quant bytes (qs[64], then sub-block j's word at 64 + 4 j: four 7-bit
+// sign indices and the scale s in the top 4 bits), f16 d in meta. Each index's 8 signs are its 7
+// bits and their parity as bit 7 (ksigns_iq2xs, computed here).
+struct DecodeIQ3_XXS {
+    static constexpr GGMLType kType = GGMLType::IQ3_XXS;
+    static constexpr int kQuantBytes = 96, kAux = 64;
+    using Meta = uint16_t;
+    // d / 4: times scale() it is gguf's d * (s + 1/2) / 2
+    __device__ __forceinline__ static float d(Meta m) { return h2f(m) * 0.25f; }
+    __device__ __forceinline__ static int scale(uint32_t aux) { return 2 * int(aux >> 28) + 1; }
+    // the 32 sign bits of a sub-block (bit e for its element e)
+    __device__ __forceinline__ static uint32_t signs(uint32_t aux) {
+        uint32_t s = 0;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const uint32_t idx = (aux >> (7 * k)) & 127u;
+            s |= (idx | (uint32_t(__popc(idx) & 1) << 7)) << (8 * k);
+        }
+        return s;
+    }
+    __device__ __forceinline__ static int values(uint32_t qs_byte, uint32_t signs4) {
+        return signed_point(__ldg(&kIq3xxsGrid.v[qs_byte]), signs4);
+    }
+};
+
+// ---- IQ2_XXS, packed: its 64 quant bytes (sub-block j: words 2 j, 2 j + 1: four indices of
+// 8-value points, then signs and scale as IQ3_XXS's), f16 d in meta.
+struct DecodeIQ2_XXS {
+    static constexpr GGMLType kType = GGMLType::IQ2_XXS;
+    static constexpr int kQuantBytes = 64;
+    using Meta = uint16_t;
+    // d / 8: times the scale it is gguf's d * (s + 1/2) / 4
+    __device__ __forceinline__ static float d(Meta m) { return h2f(m) * 0.125f; }
+    // group g (values 4 g .. 4 g + 3) of a sub-block: half g % 2 of point g / 2 with its signs
+    __device__ __forceinline__ static int values(uint32_t idx4, uint32_t signs, int g) {
+        const uint32_t point = (idx4 >> (8 * (g >> 1))) & 0xFF;
+        return signed_point(__ldg(&kIq2xxsGrid.v[2 * point + (g & 1)]), signs >> (4 * g));
+    }
+};
+
 // ---- Q4_K / Q5_K (raw 144 / 176-byte blocks of 256): a 16-byte header (f16 d | f16 dmin << 16,
 // then 12 bytes of 6-bit scales and mins of the 8 sub-blocks of 32), for Q5_K 32 bytes of qh, then
 // 4 chunks of 32 quant bytes, chunk c holding sub-block 2c in its low nibbles and 2c + 1 in its
@@ -268,6 +336,9 @@ template <> struct BlockDecoder<GGMLType::Q6_K> { using type = DecodeQ6_K; };
 template <> struct BlockDecoder<GGMLType::MXFP4> { using type = DecodeMXFP4; };
 template <> struct BlockDecoder<GGMLType::IQ4_NL> { using type = DecodeIQ4_NL; };
 template <> struct BlockDecoder<GGMLType::IQ4_XS> { using type = DecodeIQ4_XS; };
+template <> struct BlockDecoder<GGMLType::IQ3_S> { using type = DecodeIQ3_S; };
+template <> struct BlockDecoder<GGMLType::IQ3_XXS> { using type = DecodeIQ3_XXS; };
+template <> struct BlockDecoder<GGMLType::IQ2_XXS> { using type = DecodeIQ2_XXS; };
 template <> struct BlockDecoder<GGMLType::F32> { using type = DecodeFloat<float>; };
 template <> struct BlockDecoder<GGMLType::F16> { using type = DecodeFloat<__half>; };
 template <> struct BlockDecoder<GGMLType::BF16> { using type = DecodeFloat<__nv_bfloat16>; };

@@ -67,6 +67,46 @@ __device__ __forceinline__ void dequant8(const DqParams& p, int64_t row, int64_t
 #pragma unroll
             for (int k = 0; k < 4; ++k) out[4 * h + k] = d * float(sbyte(v, k));
         }
+    } else if constexpr (T == GGMLType::IQ3_S) {
+        // points l, l + 1 (l even) of sub-block j
+        const int64_t b = row * p.n_blocks + e / 256;
+        const int i = int(e % 256), j = i / 32, l = (i % 32) / 4;
+        const uint8_t* base = p.w + b * D::kQuantBytes;
+        const uint4 tail = *reinterpret_cast<const uint4*>(base + D::kTail);
+        const uint32_t signs = *reinterpret_cast<const uint32_t*>(base + D::kSigns + 4 * j), qh = D::qh(tail, j);
+        const float d = D::d(reinterpret_cast<const uint16_t*>(p.meta)[b]) * float(D::scale(tail, j));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const uint32_t v = uint32_t(D::values(base[8 * j + l + h], (qh >> (l + h)) & 1, signs >> (4 * (l + h))));
+#pragma unroll
+            for (int k = 0; k < 4; ++k) out[4 * h + k] = d * float(sbyte(v, k));
+        }
+    } else if constexpr (T == GGMLType::IQ3_XXS) {
+        // points l, l + 1 (l even) of sub-block j
+        const int64_t b = row * p.n_blocks + e / 256;
+        const int i = int(e % 256), j = i / 32, l = (i % 32) / 4;
+        const uint8_t* base = p.w + b * D::kQuantBytes;
+        const uint32_t aux = *reinterpret_cast<const uint32_t*>(base + D::kAux + 4 * j), signs = D::signs(aux);
+        const float d = D::d(reinterpret_cast<const uint16_t*>(p.meta)[b]) * float(D::scale(aux));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const uint32_t v = uint32_t(D::values(base[8 * j + l + h], signs >> (4 * (l + h))));
+#pragma unroll
+            for (int k = 0; k < 4; ++k) out[4 * h + k] = d * float(sbyte(v, k));
+        }
+    } else if constexpr (T == GGMLType::IQ2_XXS) {
+        // groups g, g + 1 (g even: one 8-value point) of sub-block j
+        const int64_t b = row * p.n_blocks + e / 256;
+        const int i = int(e % 256), j = i / 32, g = (i % 32) / 4;
+        const uint2 q = *reinterpret_cast<const uint2*>(p.w + b * D::kQuantBytes + 8 * j);
+        const uint32_t signs = DecodeIQ3_XXS::signs(q.y);
+        const float d = D::d(reinterpret_cast<const uint16_t*>(p.meta)[b]) * float(DecodeIQ3_XXS::scale(q.y));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const uint32_t v = uint32_t(D::values(q.x, signs, g + h));
+#pragma unroll
+            for (int k = 0; k < 4; ++k) out[4 * h + k] = d * float(sbyte(v, k));
+        }
     } else if constexpr (T == GGMLType::Q6_K) {
         const int64_t b = row * p.n_blocks + e / 256;
         const int i = int(e % 256), h = i / 128, k = (i % 128) / 32, l = i % 32;
@@ -117,6 +157,9 @@ void dequantize_f16(const DeviceWeight& w, __half* out, cudaStream_t s) {
         case GGMLType::MXFP4: dequantize_kernel<GGMLType::MXFP4><<<grid, 256, 0, s>>>(p, out); break;
         case GGMLType::IQ4_NL: dequantize_kernel<GGMLType::IQ4_NL><<<grid, 256, 0, s>>>(p, out); break;
         case GGMLType::IQ4_XS: dequantize_kernel<GGMLType::IQ4_XS><<<grid, 256, 0, s>>>(p, out); break;
+        case GGMLType::IQ3_S: dequantize_kernel<GGMLType::IQ3_S><<<grid, 256, 0, s>>>(p, out); break;
+        case GGMLType::IQ3_XXS: dequantize_kernel<GGMLType::IQ3_XXS><<<grid, 256, 0, s>>>(p, out); break;
+        case GGMLType::IQ2_XXS: dequantize_kernel<GGMLType::IQ2_XXS><<<grid, 256, 0, s>>>(p, out); break;
         default: fail("cuda dequantize: type ", block_info(w.type).name, " is not a quantized type");
     }
     EMBER_CUDA_LAUNCHED("dequantize_f16");

@@ -247,7 +247,10 @@ int32_t row_units(const DeviceWeight& w) {
         case GGMLType::Q4_K:
         case GGMLType::Q5_K:
         case GGMLType::Q6_K: return int32_t(nb * 4);
-        case GGMLType::IQ4_XS: return int32_t(nb * 8);
+        case GGMLType::IQ4_XS:
+        case GGMLType::IQ3_S:
+        case GGMLType::IQ3_XXS:
+        case GGMLType::IQ2_XXS: return int32_t(nb * 8);
         case GGMLType::F32: return int32_t(w.n_in / 4);
         case GGMLType::F16:
         case GGMLType::BF16: return int32_t(w.n_in / 8);
@@ -332,6 +335,9 @@ void gemv_batch(const DeviceWeight* const* ws, float* const* ys, int count, cons
         case GGMLType::MXFP4: launch_legacy<DecodeMXFP4>(cpu_order, b, n_ctas, n_tok, s); break;
         case GGMLType::IQ4_NL: launch_legacy<DecodeIQ4_NL>(cpu_order, b, n_ctas, n_tok, s); break;
         case GGMLType::IQ4_XS: launch<FmtIQ4_XS>(b, n_ctas, n_tok, s); break;
+        case GGMLType::IQ3_S: launch<FmtIQ3_S>(b, n_ctas, n_tok, s); break;
+        case GGMLType::IQ3_XXS: launch<FmtIQ3_XXS>(b, n_ctas, n_tok, s); break;
+        case GGMLType::IQ2_XXS: launch<FmtIQ2_XXS>(b, n_ctas, n_tok, s); break;
         case GGMLType::F32: launch<FmtFloat<float>>(b, n_ctas, n_tok, s); break;
         case GGMLType::F16: launch<FmtFloat<__half>>(b, n_ctas, n_tok, s); break;
         case GGMLType::BF16: launch<FmtFloat<__nv_bfloat16>>(b, n_ctas, n_tok, s); break;

@@ -187,6 +187,117 @@ struct FmtIQ4_XS {
     }
 };
 
+// IQ3_S (packed, block_decode.cuh): a unit is one sub-block of 32 (8 qs bytes, a sign word, the
+// block's qh and scales) against activation block u.
+struct FmtIQ3_S {
+    using D = DecodeIQ3_S;
+    static constexpr bool kWholeRow = false;
+    static constexpr int kDepth = 4;
+    struct Data {
+        uint2 q;
+        uint32_t signs;
+        uint4 tail;
+        uint16_t meta;
+    };
+    __device__ static Data load(const GemvParams& p, int64_t row, int u) {
+        const int64_t b = row * p.n_blocks + (u >> 3);
+        const uint8_t* base = p.w + b * D::kQuantBytes;
+        const int j = u & 7;
+        Data v;
+        v.q = *reinterpret_cast<const uint2*>(base + 8 * j);
+        v.signs = *reinterpret_cast<const uint32_t*>(base + D::kSigns + 4 * j);
+        v.tail = ld_stream(base + D::kTail);
+        v.meta = __ldg(reinterpret_cast<const uint16_t*>(p.meta) + b);
+        return v;
+    }
+    template <int NT>
+    __device__ static void dot(const GemvParams& p, int u, const Data& v, float* acc) {
+        const int j = u & 7;
+        const float dl = D::d(v.meta) * float(D::scale(v.tail, j));
+        const uint32_t qh = D::qh(v.tail, j);
+        int w[8];
+#pragma unroll
+        for (int l = 0; l < 8; ++l)
+            w[l] = D::values(((l < 4 ? v.q.x : v.q.y) >> (8 * (l & 3))) & 0xFF, (qh >> l) & 1, v.signs >> (4 * l));
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            int4 a, c;
+            load_x32(p, t, u, a, c);
+            acc[t] += dl * load_ds(p, t, u).x * float(dot32(w, a, c));
+        }
+    }
+};
+
+// IQ3_XXS (packed, block_decode.cuh): a unit is one sub-block of 32 (8 qs bytes and its word of
+// signs and scale) against activation block u.
+struct FmtIQ3_XXS {
+    using D = DecodeIQ3_XXS;
+    static constexpr bool kWholeRow = false;
+    static constexpr int kDepth = 4;
+    struct Data {
+        uint2 q;
+        uint32_t aux;
+        uint16_t meta;
+    };
+    __device__ static Data load(const GemvParams& p, int64_t row, int u) {
+        const int64_t b = row * p.n_blocks + (u >> 3);
+        const uint8_t* base = p.w + b * D::kQuantBytes;
+        Data v;
+        v.q = *reinterpret_cast<const uint2*>(base + 8 * (u & 7));
+        v.aux = *reinterpret_cast<const uint32_t*>(base + D::kAux + 4 * (u & 7));
+        v.meta = __ldg(reinterpret_cast<const uint16_t*>(p.meta) + b);
+        return v;
+    }
+    template <int NT>
+    __device__ static void dot(const GemvParams& p, int u, const Data& v, float* acc) {
+        const float dl = D::d(v.meta) * float(D::scale(v.aux));
+        const uint32_t signs = D::signs(v.aux);
+        int w[8];
+#pragma unroll
+        for (int l = 0; l < 8; ++l)
+            w[l] = D::values(((l < 4 ? v.q.x : v.q.y) >> (8 * (l & 3))) & 0xFF, signs >> (4 * l));
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            int4 a, c;
+            load_x32(p, t, u, a, c);
+            acc[t] += dl * load_ds(p, t, u).x * float(dot32(w, a, c));
+        }
+    }
+};
+
+// IQ2_XXS (packed, block_decode.cuh): a unit is one sub-block of 32 (its two words) against
+// activation block u.
+struct FmtIQ2_XXS {
+    using D = DecodeIQ2_XXS;
+    static constexpr bool kWholeRow = false;
+    static constexpr int kDepth = 4;
+    struct Data {
+        uint2 q;
+        uint16_t meta;
+    };
+    __device__ static Data load(const GemvParams& p, int64_t row, int u) {
+        const int64_t b = row * p.n_blocks + (u >> 3);
+        Data v;
+        v.q = *reinterpret_cast<const uint2*>(p.w + b * D::kQuantBytes + 8 * (u & 7));
+        v.meta = __ldg(reinterpret_cast<const uint16_t*>(p.meta) + b);
+        return v;
+    }
+    template <int NT>
+    __device__ static void dot(const GemvParams& p, int u, const Data& v, float* acc) {
+        const float dl = D::d(v.meta) * float(DecodeIQ3_XXS::scale(v.q.y));
+        const uint32_t signs = DecodeIQ3_XXS::signs(v.q.y);
+        int w[8];
+#pragma unroll
+        for (int g = 0; g < 8; ++g) w[g] = D::values(v.q.x, signs, g);
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            int4 a, c;
+            load_x32(p, t, u, a, c);
+            acc[t] += dl * load_ds(p, t, u).x * float(dot32(w, a, c));
+        }
+    }
+};
+
 // Q6_K (packed, block_decode.cuh): a unit is 16 consecutive l of one 128-element half: elements
 // l, l+32, l+64, l+96 (four sub-blocks of 16).
 struct FmtQ6_K {

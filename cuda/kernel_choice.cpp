@@ -158,7 +158,10 @@ bool cuda_weight_type(GGMLType type) {
         case GGMLType::Q6_K:
         case GGMLType::MXFP4:
         case GGMLType::IQ4_NL:
-        case GGMLType::IQ4_XS: return true;
+        case GGMLType::IQ4_XS:
+        case GGMLType::IQ3_S:
+        case GGMLType::IQ3_XXS:
+        case GGMLType::IQ2_XXS: return true;
         default: return false;
     }
 }

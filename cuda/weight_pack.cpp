@@ -59,6 +59,9 @@ PackedLayout packed_layout(GGMLType type, int64_t n_in, int64_t n_out) {
         case GGMLType::MXFP4: return split_layout(L, nblk, 16, 2);
         case GGMLType::IQ4_NL: return split_layout(L, nblk, 16, 2);
         case GGMLType::IQ4_XS: return split_layout(L, nblk, 128, 8);
+        case GGMLType::IQ3_S: return split_layout(L, nblk, 112, 2);
+        case GGMLType::IQ3_XXS: return split_layout(L, nblk, 96, 2);
+        case GGMLType::IQ2_XXS: return split_layout(L, nblk, 64, 2);
         default: fail("cuda: weight type ", tt.name, " has no packed layout");
     }
 }
@@ -84,6 +87,11 @@ void pack_weight(GGMLType type, int64_t n_in, int64_t n_out, const uint8_t* src,
             case GGMLType::IQ4_NL:
                 std::memcpy(m, s, 2);
                 std::memcpy(q, s + 2, 16);
+                break;
+            case GGMLType::IQ3_XXS:   // {f16 d; u8 qs[96]}
+            case GGMLType::IQ2_XXS:   // {f16 d; u8 qs[64]}
+                std::memcpy(m, s, 2);
+                std::memcpy(q, s + 2, L.qs_bytes);
                 break;
             case GGMLType::Q4_1:   // {f16 d, m; u8 qs[16]}
                 std::memcpy(m, s, 4);
@@ -117,6 +125,13 @@ void pack_weight(GGMLType type, int64_t n_in, int64_t n_out, const uint8_t* src,
             case GGMLType::IQ4_XS:   // {f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]}
                 std::memcpy(m, s, 8);
                 std::memcpy(q, s + 8, 128);
+                break;
+            case GGMLType::IQ3_S:   // {f16 d; u8 qs[64], qh[8], signs[32], scales[4]}
+                std::memcpy(m, s, 2);
+                std::memcpy(q, s + 2, 64);
+                std::memcpy(q + 64, s + 74, 32);
+                std::memcpy(q + 96, s + 66, 8);
+                std::memcpy(q + 104, s + 106, 4);
                 break;
             case GGMLType::Q6_K:   // {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}
                 std::memcpy(q, s, 192);

@@ -56,12 +56,21 @@ __global__ void pack_kernel(const uint8_t* __restrict__ raw, uint8_t* __restrict
         const uint8_t m[2] = {s[0], 0};
         put<2>(meta + b * 2, m);
         put<16>(qs + b * 16, s + 1);
+    } else if constexpr (T ==
+                         GGMLType::IQ3_S) {   // {f16 d; qs[64], qh[8], signs[32], scales[4]} -> qs, signs, qh, scales
+        uint8_t q[112] = {};
+        for (int k = 0; k < 64; ++k) q[k] = s[2 + k];
+        for (int k = 0; k < 32; ++k) q[64 + k] = s[74 + k];
+        for (int k = 0; k < 8; ++k) q[96 + k] = s[66 + k];
+        for (int k = 0; k < 4; ++k) q[104 + k] = s[106 + k];
+        put<112>(qs + b * 112, q);
+        put<2>(meta + b * 2, s);
     } else if constexpr (T == GGMLType::Q5_0) {   // {f16 d; u8 qh[4]; u8 qs[16]} -> MetaQ5_0 {d, 0, qh}
         const uint8_t m[8] = {s[0], s[1], 0, 0, s[2], s[3], s[4], s[5]};
         put<8>(meta + b * 8, m);
         put<16>(qs + b * 16, s + 6);
     } else {   // {metadata; quants}: Q4_0 {d}, Q4_1 {d, m}, Q5_1 {d, m, qh}, Q8_0 {d}, IQ4_NL {d},
-               // IQ4_XS {d, scales_h, scales_l}
+               // IQ4_XS {d, scales_h, scales_l}, IQ3_XXS and IQ2_XXS {d}
         put<META>(meta + b * META, s);
         put<QS>(qs + b * QS, s + META);
     }
@@ -101,6 +110,15 @@ void pack_weight_device(GGMLType type, int64_t n_in, int64_t n_out, const uint8_
             break;
         case GGMLType::IQ4_XS:
             pack_kernel<GGMLType::IQ4_XS, 136, 128, 8><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk);
+            break;
+        case GGMLType::IQ3_S:
+            pack_kernel<GGMLType::IQ3_S, 110, 112, 2><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk);
+            break;
+        case GGMLType::IQ3_XXS:
+            pack_kernel<GGMLType::IQ3_XXS, 98, 96, 2><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk);
+            break;
+        case GGMLType::IQ2_XXS:
+            pack_kernel<GGMLType::IQ2_XXS, 66, 64, 2><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk);
             break;
         case GGMLType::Q6_K:
             pack_kernel<GGMLType::Q6_K, 210, 192, 16><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk);

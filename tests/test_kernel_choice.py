@@ -83,6 +83,11 @@ MATMUL_CASES = [
     ("IQ4_XS", WIDE, 1, False, False, {}, 90, "gemv"),
     ("IQ4_XS", WIDE, 24, True, False, {}, 90, "gemv_chunks"),
     ("IQ4_XS", WIDE, 65, False, False, {}, 90, "dequant_cublas"),
+    ("IQ3_S", WIDE, 1, False, False, {}, 90, "gemv"),
+    ("IQ3_S", WIDE, 64, False, False, {}, 90, "gemv_chunks"),
+    ("IQ3_XXS", WIDE, 1, False, False, {}, 90, "gemv"),
+    ("IQ3_XXS", WIDE, 65, False, False, {}, 90, "dequant_cublas"),
+    ("IQ2_XXS", WIDE, 8, False, False, {}, 90, "gemv"),
     # the K-quants: the GEMV in chunks up to 64 tokens, except decode steps past 24 sequences
     ("Q4_K", WIDE, 12, False, False, {}, 90, "gemv_chunks"),
     ("Q4_K", WIDE, 24, True, False, {}, 90, "gemv_chunks"),

@@ -12,7 +12,8 @@ from conftest import at_simd_level, kernel_module, rng_for, simd_levels
 E = kernel_module()
 
 ALL_TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q8_1,
-             T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_K, T.MXFP4, T.IQ4_NL, T.IQ4_XS]
+             T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_K, T.MXFP4, T.IQ4_NL, T.IQ4_XS, T.IQ3_S,
+             T.IQ3_XXS, T.IQ2_XXS]
 LEGACY_QUANTIZED = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
 K_QUANTIZED = [T.Q4_K, T.Q5_K, T.Q6_K]
 
@@ -27,7 +28,7 @@ def level(request):
 F16_FIELDS = {
     T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: [0], T.Q8_1: [0, 2],
     T.Q2_K: [80, 82], T.Q3_K: [108], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208],
-    T.IQ4_NL: [0], T.IQ4_XS: [0],
+    T.IQ4_NL: [0], T.IQ4_XS: [0], T.IQ3_S: [0], T.IQ3_XXS: [0], T.IQ2_XXS: [0],
 }
 
 
@@ -92,7 +93,7 @@ def test_dequantize_bit_exact_vs_gguf(t):
 def extreme_scale_blocks(t, rng):
     """Random quants under the extreme scales of each table type: every e8m0 exponent of MXFP4 (subnormal
     2^-128 up to 2^127, whose values overflow to inf), and for IQ4_NL / IQ4_XS the largest, smallest normal
-    and subnormal fp16 scales of both signs, and zero."""
+    and subnormal fp16 scales of both signs, and zero (the grid types likewise)."""
     elems, nbytes = block_size(t)
     if t == T.MXFP4:
         raw = rng.integers(0, 256, size=(256, nbytes), dtype=np.uint8)
@@ -104,7 +105,7 @@ def extreme_scale_blocks(t, rng):
     return raw.reshape(-1)
 
 
-@pytest.mark.parametrize("t", [T.MXFP4, T.IQ4_NL, T.IQ4_XS], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [T.MXFP4, T.IQ4_NL, T.IQ4_XS, T.IQ3_S, T.IQ3_XXS, T.IQ2_XXS], ids=lambda t: t.name)
 def test_dequantize_extreme_scales_bit_exact_vs_gguf(t):
     rng = rng_for("dequantize extremes", t.name)
     raw = extreme_scale_blocks(t, rng)

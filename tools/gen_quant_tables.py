@@ -1,12 +1,36 @@
 """Writes src/quant/quant_tables.h: the value tables of the non-linear tensor types (MXFP4's e2m1
-values, IQ4_NL's 16 levels), taken from the gguf package's numpy reference (gguf.quants) so that
-they are not retyped.  Run: python tools/gen_quant_tables.py > src/quant/quant_tables.h"""
+values, IQ4_NL's 16 levels, the IQ3 grids, the IQ2/IQ3 sign patterns), taken from the gguf package's
+numpy reference (gguf.quants) so that they are not retyped.  Run (clang-format lays the tables out
+as tools/ci/lint.sh checks them):
+    python tools/gen_quant_tables.py > src/quant/quant_tables.h && clang-format -i src/quant/quant_tables.h"""
+import numpy as np
 import gguf.quants as q
 
 
 def int8_table(name, values, comment):
     body = ", ".join(str(int(v)) for v in values)
     return f"// {comment}\ninline constexpr int8_t {name}[{len(values)}] = {{{body}}};\n"
+
+
+def grid_table(name, cls, comment):
+    """A grid of points of 4 or 8 byte values as uint32 words (an 8-value point: two words, values
+    0-3 then 4-7), value j of a word in byte j; the words wrapped in a struct so that CUDA can copy
+    the table into device memory as a constant."""
+    cls.init_grid()
+    g = np.asarray(cls.grid, dtype=np.float32).reshape(cls.grid_shape).astype(np.int64)
+    assert g.shape[1] in (4, 8) and g.min() >= 0 and g.max() < 256
+    g = g.reshape(-1, 4)
+    words = g[:, 0] | g[:, 1] << 8 | g[:, 2] << 16 | g[:, 3] << 24
+    lines, row = [], []
+    for w in words:
+        row.append(f"0x{int(w):08x}")
+        if len(row) == 9:
+            lines.append("    " + ", ".join(row) + ",")
+            row = []
+    if row:
+        lines.append("    " + ", ".join(row) + ",")
+    struct = f"Grid{len(words)}"
+    return (f"// {comment}\ninline constexpr {struct} {name} = {{{{\n" + "\n".join(lines) + "\n}};\n")
 
 
 def main():
@@ -17,6 +41,17 @@ def main():
                      "MXFP4: the e2m1 values doubled (index = sign << 3 | magnitude code), so that\n"
                      "// the block's scale is half its e8m0 power of two"))
     print(int8_table("kvalues_iq4nl", q.IQ4_NL.kvalues, "IQ4_NL and IQ4_XS: the 16 non-uniform levels of a nibble"))
+    print("// A grid of N points of 4 unsigned byte values each.\ntemplate <int N>\nstruct GridPoints {\n"
+          "    uint32_t v[N];\n};\nusing Grid256 = GridPoints<256>;\nusing Grid512 = GridPoints<512>;\n")
+    print(grid_table("iq3s_grid", q.IQ3_S, "IQ3_S: 512 points of 4 odd values 1..15"))
+    print(grid_table("iq3xxs_grid", q.IQ3_XXS, "IQ3_XXS: 256 points of 4 values 4..62"))
+    print(grid_table("iq2xxs_grid", q.IQ2_XXS, "IQ2_XXS: 256 points of 8 values 8, 25, 43 (words 2 i, 2 i + 1)"))
+    ksigns = list(q.IQ2_XXS.ksigns)
+    # the 7 stored sign bits of 8 values and the 8th that makes their count even (CUDA computes it)
+    assert ksigns == [i | (bin(i).count("1") & 1) << 7 for i in range(128)]
+    body = ", ".join(str(v) for v in ksigns)
+    print("// IQ2 / IQ3_XXS: the signs of 8 values from 7 stored bits (bit 7: their parity)\n"
+          f"inline constexpr uint8_t ksigns_iq2xs[128] = {{{body}}};\n")
     print("}  // namespace ember")
 
 

@@ -166,6 +166,88 @@ float dot_iq4_xs(int64_t n, const void* wv, const void* xv) {
     return hsum_ps(acc);
 }
 
+// The grid types x Q8_K: a sub-block's 8 grid points gathered by idx, negated where its 32 sign
+// bits are set, then as IQ4_XS (its integer scale sc).
+inline __m256i grid_sub_block(const int* grid, __m256i idx, uint32_t signs, int sc, const int8_t* x) {
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3,
+                                            3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201ULL));
+    const __m256i g = _mm256_i32gather_epi32(grid, idx, 4);
+    const __m256i neg = _mm256_cmpeq_epi8(
+        _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(int(signs)), spread), bit), bit);
+    const __m256i v = _mm256_sub_epi8(_mm256_xor_si256(g, neg), neg);
+    return _mm256_madd_epi16(pairs_table(v, load256(x)), _mm256_set1_epi16(int16_t(sc)));
+}
+
+inline __m256i points8(const uint8_t* qs) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs)));
+}
+
+// IQ3_S: point index a qs byte with bit 8 from qh; scale 1 + 2 s.
+float dot_iq3_s(int64_t n, const void* wv, const void* xv) {
+    const BlockIQ3_S* w = static_cast<const BlockIQ3_S*>(wv);
+    const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
+    const int* grid = reinterpret_cast<const int*>(iq3s_grid.v);
+    const __m256i bit_of_point = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; ++i) {
+        __m256i sumi = _mm256_setzero_si256();
+        for (int j = 0; j < 8; ++j) {
+            const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(w[i].qh[j]), bit_of_point),
+                                                _mm256_set1_epi32(1));
+            const __m256i idx = _mm256_or_si256(points8(w[i].qs + 8 * j), _mm256_slli_epi32(hi, 8));
+            uint32_t signs;
+            std::memcpy(&signs, w[i].signs + 4 * j, 4);
+            const int sc = 1 + 2 * ((w[i].scales[j / 2] >> (4 * (j % 2))) & 0x0F);
+            sumi = _mm256_add_epi32(sumi, grid_sub_block(grid, idx, signs, sc, x[i].qs + 32 * j));
+        }
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(h2f(w[i].d) * x[i].d), acc);
+    }
+    return hsum_ps(acc);
+}
+
+// IQ3_XXS: point index a qs byte; signs and scale 2 s + 1 from the sub-block's word (decode.h).
+float dot_iq3_xxs(int64_t n, const void* wv, const void* xv) {
+    const BlockIQ3_XXS* w = static_cast<const BlockIQ3_XXS*>(wv);
+    const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
+    const int* grid = reinterpret_cast<const int*>(iq3xxs_grid.v);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; ++i) {
+        __m256i sumi = _mm256_setzero_si256();
+        for (int j = 0; j < 8; ++j) {
+            const uint32_t aux = iq3_xxs_aux(w[i], j);
+            sumi = _mm256_add_epi32(sumi, grid_sub_block(grid, points8(w[i].qs + 8 * j), iq2_signs32(aux),
+                                                         2 * int(aux >> 28) + 1, x[i].qs + 32 * j));
+        }
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(h2f(w[i].d) * 0.25f * x[i].d), acc);
+    }
+    return hsum_ps(acc);
+}
+
+// IQ2_XXS: point l / 2 of a sub-block (8 values: grid words 2 p, 2 p + 1) is byte l / 2 of its first
+// word; signs and scale 2 s + 1 from its second as IQ3_XXS's, d / 8.
+float dot_iq2_xxs(int64_t n, const void* wv, const void* xv) {
+    const BlockIQ2_XXS* w = static_cast<const BlockIQ2_XXS*>(wv);
+    const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
+    const int* grid = reinterpret_cast<const int*>(iq2xxs_grid.v);
+    const __m128i twice = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m256i half = _mm256_setr_epi32(0, 1, 0, 1, 0, 1, 0, 1);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; ++i) {
+        __m256i sumi = _mm256_setzero_si256();
+        for (int j = 0; j < 8; ++j) {
+            uint32_t aux[2];
+            std::memcpy(aux, w[i].qs + 8 * j, 8);
+            const __m256i p = _mm256_cvtepu8_epi32(_mm_shuffle_epi8(_mm_cvtsi32_si128(int(aux[0])), twice));
+            const __m256i idx = _mm256_add_epi32(_mm256_slli_epi32(p, 1), half);
+            sumi = _mm256_add_epi32(
+                sumi, grid_sub_block(grid, idx, iq2_signs32(aux[1]), 2 * int(aux[1] >> 28) + 1, x[i].qs + 32 * j));
+        }
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(h2f(w[i].d) * 0.125f * x[i].d), acc);
+    }
+    return hsum_ps(acc);
+}
+
 }  // namespace
 
 VecDotFn vec_dot_avx2(GGMLType type) {
@@ -184,6 +266,9 @@ VecDotFn vec_dot_avx2(GGMLType type) {
         case GGMLType::MXFP4: return dot_table<BlockMXFP4>;
         case GGMLType::IQ4_NL: return dot_table<BlockIQ4_NL>;
         case GGMLType::IQ4_XS: return dot_iq4_xs;
+        case GGMLType::IQ3_S: return dot_iq3_s;
+        case GGMLType::IQ3_XXS: return dot_iq3_xxs;
+        case GGMLType::IQ2_XXS: return dot_iq2_xxs;
         default: return nullptr;
     }
 }

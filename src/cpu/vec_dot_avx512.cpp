@@ -314,6 +314,87 @@ float dot_iq4_xs(int64_t n, const void* wv, const void* xv) {
     return _mm512_reduce_add_ps(acc);
 }
 
+// The grid types: two sub-blocks a vector, their 16 grid points gathered by idx; the pair's 64 sign
+// bits (as they lie in memory: bit e for element e) are the byte mask of the negation.
+inline __m512i grid_sub_blocks(const int* grid, __m512i idx, uint64_t signs, int sc0, int sc1, const int8_t* x) {
+    const __m512i g = _mm512_i32gather_epi32(idx, grid, 4);
+    const __m512i v = _mm512_mask_sub_epi8(g, __mmask64(signs), _mm512_setzero_si512(), g);
+    const __m512i sc = join(_mm256_set1_epi16(int16_t(sc0)), _mm256_set1_epi16(int16_t(sc1)));
+    return _mm512_madd_epi16(pairs_table(v, _mm512_loadu_si512(x)), sc);
+}
+
+inline __m512i points16(const uint8_t* qs) {
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+}
+
+float dot_iq3_s(int64_t n, const void* wv, const void* xv) {
+    const BlockIQ3_S* w = static_cast<const BlockIQ3_S*>(wv);
+    const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
+    const int* grid = reinterpret_cast<const int*>(iq3s_grid.v);
+    const __m512i bit_of_point = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; ++i) {
+        __m512i sumi = _mm512_setzero_si512();
+        for (int c = 0; c < 4; ++c) {
+            const __m512i qh = _mm512_inserti64x4(_mm512_set1_epi32(w[i].qh[2 * c]),
+                                                  _mm256_set1_epi32(w[i].qh[2 * c + 1]), 1);
+            const __m512i hi = _mm512_and_si512(_mm512_srlv_epi32(qh, bit_of_point), _mm512_set1_epi32(1));
+            const __m512i idx = _mm512_or_si512(points16(w[i].qs + 16 * c), _mm512_slli_epi32(hi, 8));
+            uint64_t signs;
+            std::memcpy(&signs, w[i].signs + 8 * c, 8);
+            const int s0 = 1 + 2 * (w[i].scales[c] & 0x0F), s1 = 1 + 2 * (w[i].scales[c] >> 4);
+            sumi = _mm512_add_epi32(sumi, grid_sub_blocks(grid, idx, signs, s0, s1, x[i].qs + 64 * c));
+        }
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_set1_ps(h2f(w[i].d) * x[i].d), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+float dot_iq3_xxs(int64_t n, const void* wv, const void* xv) {
+    const BlockIQ3_XXS* w = static_cast<const BlockIQ3_XXS*>(wv);
+    const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
+    const int* grid = reinterpret_cast<const int*>(iq3xxs_grid.v);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; ++i) {
+        __m512i sumi = _mm512_setzero_si512();
+        for (int c = 0; c < 4; ++c) {
+            const uint32_t a0 = iq3_xxs_aux(w[i], 2 * c), a1 = iq3_xxs_aux(w[i], 2 * c + 1);
+            const uint64_t signs = uint64_t(iq2_signs32(a0)) | uint64_t(iq2_signs32(a1)) << 32;
+            sumi = _mm512_add_epi32(sumi,
+                                    grid_sub_blocks(grid, points16(w[i].qs + 16 * c), signs, 2 * int(a0 >> 28) + 1,
+                                                    2 * int(a1 >> 28) + 1, x[i].qs + 64 * c));
+        }
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_set1_ps(h2f(w[i].d) * 0.25f * x[i].d), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+// IQ2_XXS: the 8-value points of two sub-blocks (grid words 2 p, 2 p + 1 of point p), p the bytes
+// of each sub-block's first word; signs and scales as IQ3_XXS's, d / 8.
+float dot_iq2_xxs(int64_t n, const void* wv, const void* xv) {
+    const BlockIQ2_XXS* w = static_cast<const BlockIQ2_XXS*>(wv);
+    const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
+    const int* grid = reinterpret_cast<const int*>(iq2xxs_grid.v);
+    const __m128i twice = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const __m512i half = _mm512_setr_epi32(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; ++i) {
+        __m512i sumi = _mm512_setzero_si512();
+        for (int c = 0; c < 4; ++c) {
+            uint32_t aux[4];
+            std::memcpy(aux, w[i].qs + 16 * c, 16);
+            const __m512i p = _mm512_cvtepu8_epi32(
+                _mm_shuffle_epi8(_mm_setr_epi32(int(aux[0]), int(aux[2]), 0, 0), twice));
+            const __m512i idx = _mm512_add_epi32(_mm512_slli_epi32(p, 1), half);
+            const uint64_t signs = uint64_t(iq2_signs32(aux[1])) | uint64_t(iq2_signs32(aux[3])) << 32;
+            sumi = _mm512_add_epi32(sumi, grid_sub_blocks(grid, idx, signs, 2 * int(aux[1] >> 28) + 1,
+                                                          2 * int(aux[3] >> 28) + 1, x[i].qs + 64 * c));
+        }
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_set1_ps(h2f(w[i].d) * 0.125f * x[i].d), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
 }  // namespace
 
 VecDotFn vec_dot_avx512(GGMLType type) {
@@ -332,6 +413,9 @@ VecDotFn vec_dot_avx512(GGMLType type) {
         case GGMLType::MXFP4: return dot_table<BlockMXFP4>;
         case GGMLType::IQ4_NL: return dot_table<BlockIQ4_NL>;
         case GGMLType::IQ4_XS: return dot_iq4_xs;
+        case GGMLType::IQ3_S: return dot_iq3_s;
+        case GGMLType::IQ3_XXS: return dot_iq3_xxs;
+        case GGMLType::IQ2_XXS: return dot_iq2_xxs;
         default: return nullptr;
     }
 }

@@ -103,6 +103,33 @@ struct BlockIQ4_XS {
     uint8_t qs[QK_K / 2];
 };
 
+// 8 sub-blocks of 32, each 8 points of iq3s_grid (4 values each; the index is a qs byte and bit l
+// of qh[sub-block] as bit 8), 32 sign bits (bit e % 8 of signs[e / 8] negates element e) and a 4-bit
+// scale s (nibble j % 2 of scales[j / 2]): x = d * (1 + 2 s) * value * sign.
+struct BlockIQ3_S {
+    uint16_t d;
+    uint8_t qs[QK_K / 4];
+    uint8_t qh[QK_K / 32];
+    uint8_t signs[QK_K / 8];
+    uint8_t scales[QK_K / 64];
+};
+
+// 8 sub-blocks of 32: 8 points of iq3xxs_grid each (qs[8 j + l]), then a word per sub-block (at
+// qs[64 + 4 j]) holding four 7-bit sign indices (ksigns_iq2xs, one per 8 values) and in its top 4
+// bits the scale s: x = d * (s + 1/2) / 2 * value * sign.
+struct BlockIQ3_XXS {
+    uint16_t d;
+    uint8_t qs[3 * QK_K / 8];
+};
+
+// 8 sub-blocks of 32, each two words: the first 4 indices of 8-value points of iq2xxs_grid (a byte
+// each), the second four 7-bit sign indices (ksigns_iq2xs) and in its top 4 bits the scale s:
+// x = d * (s + 1/2) / 4 * value * sign.
+struct BlockIQ2_XXS {
+    uint16_t d;
+    uint8_t qs[QK_K / 4];
+};
+
 static_assert(sizeof(BlockQ4_0) == 18, "Q4_0 block size");
 static_assert(sizeof(BlockQ4_1) == 20, "Q4_1 block size");
 static_assert(sizeof(BlockQ5_0) == 22, "Q5_0 block size");
@@ -118,6 +145,9 @@ static_assert(sizeof(BlockQ8_K) == 292, "Q8_K block size");
 static_assert(sizeof(BlockMXFP4) == 17, "MXFP4 block size");
 static_assert(sizeof(BlockIQ4_NL) == 18, "IQ4_NL block size");
 static_assert(sizeof(BlockIQ4_XS) == 136, "IQ4_XS block size");
+static_assert(sizeof(BlockIQ3_S) == 110, "IQ3_S block size");
+static_assert(sizeof(BlockIQ3_XXS) == 98, "IQ3_XXS block size");
+static_assert(sizeof(BlockIQ2_XXS) == 66, "IQ2_XXS block size");
 
 // Q4_K/Q5_K: unpack the 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes.
 // Bytes 0-3: scales 0-3 (low 6 bits), bytes 4-7: mins 0-3 (low 6 bits); bytes 8-11: low

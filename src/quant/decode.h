@@ -123,6 +123,74 @@ inline void decode_iq4_xs(const BlockIQ4_XS& a, KDecoded& k) {
     k.dmin = 0;
 }
 
+// IQ3_S as a K-quant: q = grid value with its sign, sc = 1 + 2 s for both halves of a sub-block.
+inline void decode_iq3_s(const BlockIQ3_S& a, KDecoded& k) {
+    for (int j = 0; j < 8; ++j) {
+        for (int l = 0; l < 8; ++l) {
+            const uint32_t point = iq3s_grid.v[a.qs[8 * j + l] | (((a.qh[j] >> l) & 1) << 8)];
+            for (int i = 0; i < 4; ++i) {
+                const int e = 32 * j + 4 * l + i;
+                const int v = int((point >> (8 * i)) & 0xFF);
+                k.q[e] = (a.signs[e / 8] >> (e % 8)) & 1 ? -v : v;
+            }
+        }
+        k.sc[2 * j] = k.sc[2 * j + 1] = 1 + 2 * ((a.scales[j / 2] >> (4 * (j % 2))) & 0x0F);
+        k.mn[2 * j] = k.mn[2 * j + 1] = 0;
+    }
+    k.d = half_to_float(a.d);
+    k.dmin = 0;
+}
+
+// IQ3_XXS: sub-block j's word of sign indices and scale, and its 32 sign bits (bit e for element e).
+inline uint32_t iq3_xxs_aux(const BlockIQ3_XXS& a, int j) {
+    uint32_t aux;
+    std::memcpy(&aux, a.qs + 64 + 4 * j, 4);
+    return aux;
+}
+inline uint32_t iq2_signs32(uint32_t aux) {
+    uint32_t s = 0;
+    for (int k = 0; k < 4; ++k) s |= uint32_t(ksigns_iq2xs[(aux >> (7 * k)) & 127]) << (8 * k);
+    return s;
+}
+
+// IQ3_XXS as a K-quant: q = grid value with its sign, sc = 2 s + 1 and d / 4 (so that d * sc is
+// gguf's d * (s + 1/2) * 1/2, the factors of two exact).
+inline void decode_iq3_xxs(const BlockIQ3_XXS& a, KDecoded& k) {
+    for (int j = 0; j < 8; ++j) {
+        const uint32_t aux = iq3_xxs_aux(a, j), signs = iq2_signs32(aux);
+        for (int l = 0; l < 8; ++l) {
+            const uint32_t point = iq3xxs_grid.v[a.qs[8 * j + l]];
+            for (int i = 0; i < 4; ++i) {
+                const int v = int((point >> (8 * i)) & 0xFF), e = 4 * l + i;
+                k.q[32 * j + e] = (signs >> e) & 1 ? -v : v;
+            }
+        }
+        k.sc[2 * j] = k.sc[2 * j + 1] = 2 * int(aux >> 28) + 1;
+        k.mn[2 * j] = k.mn[2 * j + 1] = 0;
+    }
+    k.d = half_to_float(a.d) * 0.25f;
+    k.dmin = 0;
+}
+
+// IQ2_XXS as a K-quant: point l of sub-block j is its first word's byte l, its signs and scale
+// 2 s + 1 from the second word as IQ3_XXS's; d / 8 (gguf's d * (s + 1/2) * 1/4).
+inline void decode_iq2_xxs(const BlockIQ2_XXS& a, KDecoded& k) {
+    for (int j = 0; j < 8; ++j) {
+        uint32_t aux[2];
+        std::memcpy(aux, a.qs + 8 * j, 8);
+        const uint32_t signs = iq2_signs32(aux[1]);
+        for (int e = 0; e < 32; ++e) {
+            const uint32_t word = iq2xxs_grid.v[2 * ((aux[0] >> (8 * (e / 8))) & 0xFF) + (e % 8) / 4];
+            const int v = int((word >> (8 * (e % 4))) & 0xFF);
+            k.q[32 * j + e] = (signs >> e) & 1 ? -v : v;
+        }
+        k.sc[2 * j] = k.sc[2 * j + 1] = 2 * int(aux[1] >> 28) + 1;
+        k.mn[2 * j] = k.mn[2 * j + 1] = 0;
+    }
+    k.d = half_to_float(a.d) * 0.125f;
+    k.dmin = 0;
+}
+
 inline void decode_q6_k(const BlockQ6_K& a, KDecoded& k) {
     // half h (128 elements): element 128h + 32k + l from ql[64h + l + 32(k & 1)] nibble k / 2 and
     // bits 2k..2k+1 of qh[32h + l]

@@ -26,6 +26,9 @@ void dequantize_row_q8_k(const void* src, float* dst, int64_t n);
 void dequantize_row_mxfp4(const void* src, float* dst, int64_t n);
 void dequantize_row_iq4_nl(const void* src, float* dst, int64_t n);
 void dequantize_row_iq4_xs(const void* src, float* dst, int64_t n);
+void dequantize_row_iq3_s(const void* src, float* dst, int64_t n);
+void dequantize_row_iq3_xxs(const void* src, float* dst, int64_t n);
+void dequantize_row_iq2_xxs(const void* src, float* dst, int64_t n);
 
 // Quantize (n elements, a whole number of blocks).
 void quantize_row_f32(const float* src, void* dst, int64_t n);

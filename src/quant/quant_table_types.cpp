@@ -1,5 +1,5 @@
-// The table types MXFP4, IQ4_NL and IQ4_XS (nibbles indexing a table of values): scalar reference
-// dequantize, and MXFP4's quantizer (ggml's: the e8m0 exponent from the block's largest magnitude,
+// The table types MXFP4, IQ4_NL, IQ4_XS (nibbles indexing a table of values) and IQ3_S (points of a
+// grid): scalar reference dequantize, and MXFP4's quantizer (ggml's: the e8m0 exponent from the block's largest magnitude,
 // each value to the nearest table entry). Bit-exact with gguf.quants.
 #include <cmath>
 
@@ -49,6 +49,31 @@ void dequantize_row_iq4_xs(const void* src, float* dst, int64_t n) {
 
 namespace {
 
+// (d * sc) * q: the grid types' order of rounding in gguf.quants, the sign exact either side.
+template <class Block, void (*Decode)(const Block&, KDecoded&)>
+void dequantize_grid(const void* src, float* dst, int64_t n) {
+    const Block* b = static_cast<const Block*>(src);
+    KDecoded k;
+    for (int64_t i = 0; i < n / QK_K; ++i, dst += QK_K) {
+        Decode(b[i], k);
+        for (int e = 0; e < QK_K; ++e) dst[e] = k.d * float(k.sc[e / 16]) * float(k.q[e]);
+    }
+}
+
+} // namespace
+
+void dequantize_row_iq3_s(const void* src, float* dst, int64_t n) {
+    dequantize_grid<BlockIQ3_S, decode_iq3_s>(src, dst, n);
+}
+void dequantize_row_iq3_xxs(const void* src, float* dst, int64_t n) {
+    dequantize_grid<BlockIQ3_XXS, decode_iq3_xxs>(src, dst, n);
+}
+void dequantize_row_iq2_xxs(const void* src, float* dst, int64_t n) {
+    dequantize_grid<BlockIQ2_XXS, decode_iq2_xxs>(src, dst, n);
+}
+
+namespace {
+
 // The first table index whose value times d is nearest x.
 int nearest_mxfp4(float x, float d) {
     int best = 0;
@@ -63,7 +88,7 @@ int nearest_mxfp4(float x, float d) {
     return best;
 }
 
-}  // namespace
+} // namespace
 
 // e = floor(log2(amax)) - 2 + 127: the largest magnitude lands in [4, 8) steps of 2^(e - 127),
 // the top e2m1 binade (values up to 6); an all-zero block gets e = 0.
@@ -81,4 +106,4 @@ void quantize_row_mxfp4(const float* src, void* dst, int64_t n) {
     }
 }
 
-}  // namespace ember
+} // namespace ember

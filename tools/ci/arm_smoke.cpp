@@ -89,7 +89,10 @@ std::vector<int> half_fields(GGMLType type) {
         case GGMLType::Q5_0:
         case GGMLType::Q8_0:
         case GGMLType::IQ4_NL:
-        case GGMLType::IQ4_XS: return {0};
+        case GGMLType::IQ4_XS:
+        case GGMLType::IQ3_S:
+        case GGMLType::IQ3_XXS:
+        case GGMLType::IQ2_XXS: return {0};
         case GGMLType::Q4_1:
         case GGMLType::Q5_1:
         case GGMLType::Q4_K:
@@ -329,7 +332,7 @@ int main(int argc, char** argv) {
     int bad = 0;
     for (GGMLType t : {GGMLType::Q4_0, GGMLType::Q4_1, GGMLType::Q5_0, GGMLType::Q5_1, GGMLType::Q8_0, GGMLType::Q4_K,
                        GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::F32, GGMLType::F16, GGMLType::BF16, GGMLType::MXFP4,
-                       GGMLType::IQ4_NL, GGMLType::IQ4_XS})
+                       GGMLType::IQ4_NL, GGMLType::IQ4_XS, GGMLType::IQ3_S, GGMLType::IQ3_XXS, GGMLType::IQ2_XXS})
         bad += check_vec_dot(t, rng);
     for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q8_1, GGMLType::Q8_K}) bad += check_quantizer(t, rng);
     bad += check_attention(rng);
