@@ -4,13 +4,14 @@ import numpy as np
 
 
 def kv_round(x, kv_type):
-    """x [rows, width] as a KV cache of kv_type ("f32", "f16", "bf16", "q8_0") holds it (bf16 and
-    q8_0: ggml's rounding and back, through the gguf package)."""
+    """x [rows, width] as a KV cache of kv_type ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1",
+    "q5_0", "q5_1") holds it (all but f32 and f16: ggml's rounding and back, through the gguf
+    package)."""
     if kv_type == "f32":
         return x
     if kv_type == "f16":
         return x.astype(np.float16).astype(np.float32)
-    t = {"bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[kv_type]
+    t = gguf.GGMLQuantizationType[kv_type.upper()]
     return gguf.quants.dequantize(gguf.quants.quantize(x, t), t).reshape(x.shape).astype(np.float32)
 
 

@@ -20,7 +20,9 @@ WEIGHT_TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.
                 T.IQ2_XXS]
 # Block formats the kernels quantize activations to; never the type of a weight in a model.
 ACTIVATION_TYPES = {"Q8_1", "Q8_K"}
-KV_TYPES = ["f16", "q8_0", "f32", "bf16"]
+KV_TYPES = ["f16", "q8_0", "f32", "bf16", "q4_0", "q4_1", "q5_0", "q5_1"]
+# KV types held as ggml blocks of 32 values (head_dim a multiple of 32).
+BLOCK_KV_TYPES = {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1"}
 FLOAT_TYPES = (T.F32, T.F16, T.BF16)
 
 # What each backend in the registry takes. Every other combination must fail with the error
@@ -79,6 +81,11 @@ TOLERANCE = {
     # the probabilities in f32.
     ("attention", "q8_0"): {"*": 3e-2, "cpu": 1e-5},
     ("attention", "f32"): {"*": 1e-5},
+    # Against K and V as gguf rounds them; the CPU keeps q and the probabilities f32.
+    ("attention", "q4_0"): {"*": 1e-5},
+    ("attention", "q4_1"): {"*": 1e-5},
+    ("attention", "q5_0"): {"*": 1e-5},
+    ("attention", "q5_1"): {"*": 1e-5},
     # bf16 K and V are exact as f32; the CPU keeps q and the probabilities f32, the GPU reads an f16
     # copy (exact for |x| in [2^-14, 65504]) with the f16 kernels' rounding.
     ("attention", "bf16"): {"*": 3e-3, "cpu": 1e-5},
@@ -89,6 +96,12 @@ TOLERANCE = {
     ("kv", "q8_0"): {"*": 1.5e-2},
     ("kv", "f32"): {"*": 0.0},
     ("kv", "bf16"): {"*": 4e-3},
+    # 4 and 5 bits a value: half a step of a block's range over 15 (31) steps, about 8% (4%) of
+    # the norm of normal rows.
+    ("kv", "q4_0"): {"*": 0.12},
+    ("kv", "q4_1"): {"*": 0.12},
+    ("kv", "q5_0"): {"*": 0.06},
+    ("kv", "q5_1"): {"*": 0.06},
 }
 
 # Backends whose every matmul kernel multiplies block-type weights by activations rounded to the
@@ -577,12 +590,12 @@ def test_copy(be, n, rng):
 # ---- KV cache and attention ----
 
 def kv_rounded(x, kv_type):
-    """Rows as a cache of kv_type holds them: f16 to nearest even, q8_0 through ember's scalar
-    quantizer (ggml's quantize_row_q8_0)."""
-    if kv_type != "q8_0":
+    """Rows as a cache of kv_type holds them: f16 to nearest even, block types through ember's
+    scalar quantizers (ggml's quantize_row_*)."""
+    if kv_type not in BLOCK_KV_TYPES:
         return ref.kv_round(x, kv_type)
-    q8 = int(T.Q8_0)
-    return np.stack([K.dequantize(q8, K.quantize(q8, np.ascontiguousarray(r)), r.size) for r in x])
+    t = int(T[kv_type.upper()])
+    return np.stack([K.dequantize(t, K.quantize(t, np.ascontiguousarray(r)), r.size) for r in x])
 
 
 def assert_kv_rows(got, want, kv_type, what):
@@ -662,7 +675,8 @@ ATTENTION_SHAPES = {
 }
 # K and V types: the same type for every shape, each mix on a few.
 KV_PAIRS = [(t, t) for t in KV_TYPES]
-MIXED_KV_PAIRS = [(k, v) for k in KV_TYPES for v in KV_TYPES if k != v]
+MIXED_KV_PAIRS = ([(k, v) for k in ("f16", "q8_0", "f32", "bf16") for v in ("f16", "q8_0", "f32", "bf16") if k != v]
+                  + [("q4_0", "f16"), ("f16", "q5_1"), ("q4_1", "q8_0"), ("q5_0", "bf16")])
 MIXED_KV_SHAPES = ["decode_gqa_9_3", "steps", "prompt_gqa", "window_prompt", "long_decode", "long_prompt"]
 
 
@@ -680,8 +694,8 @@ def test_attention(be, shape, type_k, type_v, rng):
     q, k, v = normal(rng, len(pos), n_head * hd), normal(rng, length, n_kv * hd), normal(rng, length, n_kv * hd)
     run = lambda: be.attention(q, k, v, pos, n_head, n_kv, hd, bs, seed=int(rng.integers(1 << 30)), type_k=type_k,
                                type_v=type_v, window=window, fast=steps)
-    if hd % 32 and "q8_0" in (type_k, type_v):
-        with pytest.raises(ValueError, match="Q8_0 KV cache needs head_dim to be a multiple of 32"):
+    if hd % 32 and BLOCK_KV_TYPES & {type_k, type_v}:
+        with pytest.raises(ValueError, match="KV cache needs head_dim to be a multiple of 32"):
             run()
         return
     if not (supports(be, "kv", type_k) and supports(be, "kv", type_v)):
@@ -1097,10 +1111,12 @@ def test_bad_arguments(be):
         be.attention(x, x, x, [0, 1], 1, 1, 48, 16, 0, kv_type="q8_0")
     with pytest.raises(ValueError, match="type_v: a Q8_0 KV cache needs .*head_dim 48"):
         be.attention(x, x, x, [0, 1], 1, 1, 48, 16, 0, type_v="q8_0")
-    with pytest.raises(ValueError, match="kv_type.*'q4_0'"):
-        be.attention(x, x, x, [0, 1], 1, 1, 48, 16, 0, kv_type="q4_0")
-    with pytest.raises(ValueError, match="type_k.*'q4_0'"):
-        be.kv_store(x, x, [0, 1], [0, 0], 1, 2, 1, 48, 16, type_k="q4_0")
+    with pytest.raises(ValueError, match="type_k: a Q4_1 KV cache needs .*head_dim 48"):
+        be.attention(x, x, x, [0, 1], 1, 1, 48, 16, 0, type_k="q4_1")
+    with pytest.raises(ValueError, match="kv_type.*'q6_k'"):
+        be.attention(x, x, x, [0, 1], 1, 1, 48, 16, 0, kv_type="q6_k")
+    with pytest.raises(ValueError, match="type_k.*'q6_k'"):
+        be.kv_store(x, x, [0, 1], [0, 0], 1, 2, 1, 48, 16, type_k="q6_k")
     with pytest.raises(ValueError, match="kv_type .*or type_k / type_v, not both"):
         be.attention(x, x, x, [0, 1], 1, 1, 48, 16, 0, kv_type="f16", type_v="f32")
 

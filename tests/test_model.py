@@ -133,8 +133,8 @@ def test_q8_0_kv_cache_keeps_confident_greedy_tokens(model, prompt):
 
 
 def test_kv_type_errors(model, smollm2_path, tmp_path):
-    with pytest.raises(ValueError, match="type_k.*'q4_0'"):
-        _ember.Context(model, n_ctx=16, type_k="q4_0")
+    with pytest.raises(ValueError, match="type_k.*'q6_k'"):
+        _ember.Context(model, n_ctx=16, type_k="q6_k")
     # 36 heads of 16 (12 kv heads) instead of 9 of 64: the same tensor shapes, a head_dim q8_0 cannot take.
     narrow = tmp_path / "head-dim-16.gguf"
     _rewrite(smollm2_path, narrow, fields={"llama.attention.head_count": 36, "llama.attention.head_count_kv": 12,

@@ -121,7 +121,7 @@ def test_shared_flags_are_shared():
 
 BAD_FLAGS = [("n_threads", ["-t", "-3"], "-t/--threads"), ("n_threads", ["--threads", "many"], "-t/--threads"),
              ("n_gpu_layers", ["-ngl", "-2"], "-ngl/--gpu-layers/--n-gpu-layers"),
-             ("type_k", ["-ctk", "q4_0"], "-ctk/--cache-type-k"),
+             ("type_k", ["-ctk", "q6_k"], "-ctk/--cache-type-k"),
              ("kv_gpu_cache_mb", ["--kv-gpu-cache-mb", "-1"], "--kv-gpu-cache-mb"),
              ("kv_gpu_cache_mb", ["--kv-gpu-cache-mb", "1.5"], "--kv-gpu-cache-mb"),
              ("use_mmap", ["-mmp", "2"], "-mmp/--mmap")]
@@ -152,8 +152,8 @@ def test_server_bad_values(argv, named, capsys):
     (dict(n_threads=-1), "Llama: n_threads must be >= 0, got -1"),
     (dict(n_ctx=-8), "Llama: n_ctx must be >= 0, got -8"),
     (dict(n_batch=0), "Llama: n_batch must be >= 1, got 0"),
-    (dict(type_k="q4_0"), "Llama: type_k must be a KV cache type.*got 'q4_0'"),
-    (dict(type_v=2), "Llama: type_v must be a KV cache type.*got 2"),
+    (dict(type_k="q6_k"), "Llama: type_k must be a KV cache type.*got 'q6_k'"),
+    (dict(type_v=14), "Llama: type_v must be a KV cache type.*got 14"),
     (dict(kv_gpu_cache_mb=-5), "Llama: kv_gpu_cache_mb must be >= 0, got -5"),
     (dict(n_gpu_layers="all"), "Llama: n_gpu_layers must be a whole number, got 'all'"),
     (dict(use_mmap=3), "Llama: use_mmap must be True or False, got 3"),
@@ -208,8 +208,8 @@ def test_params_structs_from_keywords():
     assert repr(p).startswith(f"ContextParams(n_ctx={n_ctx}, n_batch=512, n_threads={threads}")
     with pytest.raises(ValueError, match="ContextParams has no field 'n_cxt'; its fields: n_ctx, n_batch"):
         _ember.ContextParams(n_cxt=1)
-    with pytest.raises(ValueError, match="type_k must be 'f16', 'bf16', 'f32' or 'q8_0', got 'q4_0'"):
-        _ember.EngineParams(type_k="q4_0")
+    with pytest.raises(ValueError, match="type_k must be 'f16', 'bf16', .* or 'q5_1', got 'q6_k'"):
+        _ember.EngineParams(type_k="q6_k")
     e = _ember.EngineParams(max_num_seqs=threads, enable_prefix_caching=False)
     assert (e.max_num_seqs, e.enable_prefix_caching, e.n_ctx) == (threads, False, 4096)
     assert _ember.ModelParams(n_gpu_layers=-1).n_gpu_layers == -1

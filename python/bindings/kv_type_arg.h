@@ -16,7 +16,11 @@ inline ember::GGMLType kv_type_arg(const char* arg, const std::string& name) {
     if (name == "bf16") return ember::GGMLType::BF16;
     if (name == "f32") return ember::GGMLType::F32;
     if (name == "q8_0") return ember::GGMLType::Q8_0;
-    ember::fail(arg, " must be 'f16', 'bf16', 'f32' or 'q8_0', got '", name, "'");
+    if (name == "q4_0") return ember::GGMLType::Q4_0;
+    if (name == "q4_1") return ember::GGMLType::Q4_1;
+    if (name == "q5_0") return ember::GGMLType::Q5_0;
+    if (name == "q5_1") return ember::GGMLType::Q5_1;
+    ember::fail(arg, " must be 'f16', 'bf16', 'f32', 'q8_0', 'q4_0', 'q4_1', 'q5_0' or 'q5_1', got '", name, "'");
 }
 
 inline const char* kv_type_name(ember::GGMLType t) {
@@ -25,6 +29,10 @@ inline const char* kv_type_name(ember::GGMLType t) {
         case ember::GGMLType::BF16: return "bf16";
         case ember::GGMLType::F32: return "f32";
         case ember::GGMLType::Q8_0: return "q8_0";
+        case ember::GGMLType::Q4_0: return "q4_0";
+        case ember::GGMLType::Q4_1: return "q4_1";
+        case ember::GGMLType::Q5_0: return "q5_0";
+        case ember::GGMLType::Q5_1: return "q5_1";
         default: ember::fail("not a KV cache type: ggml type ", (int)t);
     }
 }

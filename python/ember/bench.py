@@ -3,7 +3,7 @@
 pp<P>: one forward over P prompt tokens. tg<N>: N tokens generated one at a time (after a prompt of
 depth D with -d). For generation the table adds the effective weight bandwidth (bytes of weights and KV
 read per token x tokens/s) and its share of the memory-bandwidth roofline. -ctk/-ctv pick the KV cache type
-(f16, bf16, q8_0, f32; K and V alike); as in llama-bench, type_k/type_v columns appear when it is not f16.
+(options.KV_CACHE_TYPES; K and V alike); as in llama-bench, type_k/type_v columns appear when it is not f16.
 -npl and --prefix-cache run the engine modes instead (bench_batched.py: many sequences at once);
 --serving URL benchmarks an OpenAI-compatible server instead (bench_serving.py).
 """
@@ -21,7 +21,8 @@ from .version import add_version
 # Measured copy bandwidth of the H100 the anchors ran on (see docs/performance.md).
 GPU_BANDWIDTH_GBS = 3000.0
 # Bytes per cached K or V value (q8_0: 32 int8 values and one f16 scale, src/kv/kv_layout.h).
-KV_BYTES_PER_VALUE = {"f16": 2.0, "bf16": 2.0, "f32": 4.0, "q8_0": 34 / 32}
+KV_BYTES_PER_VALUE = {"f16": 2.0, "bf16": 2.0, "f32": 4.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_1": 20 / 32,
+                      "q5_0": 22 / 32, "q5_1": 24 / 32}
 
 
 def host_bandwidth_gbs() -> float:

@@ -22,7 +22,7 @@ SERVER, QUANTIZE = "ember-server", "ember-quantize"
 CLIS = (EMBER, BENCH, PERPLEXITY, SERVER, QUANTIZE)
 
 # KV cache types by ggml type id, as llama-cpp-python's type_k / type_v take them.
-_KV_TYPE_IDS = {1: "f16", 30: "bf16", 0: "f32", 8: "q8_0"}
+_KV_TYPE_IDS = {1: "f16", 30: "bf16", 0: "f32", 8: "q8_0", 2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1"}
 KV_CACHE_TYPES = tuple(_KV_TYPE_IDS.values())   # names, as the tools' -ctk / -ctv take them
 
 
@@ -34,7 +34,8 @@ def kv_type(value) -> str:
         return value
     if isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) in _KV_TYPE_IDS:
         return _KV_TYPE_IDS[int(value)]
-    raise ValueError("must be a KV cache type: 1 or 'f16', 30 or 'bf16', 0 or 'f32', 8 or 'q8_0'")
+    raise ValueError("must be a KV cache type: 1 or 'f16', 30 or 'bf16', 0 or 'f32', 8 or 'q8_0', 2 or 'q4_0', "
+                     "3 or 'q4_1', 6 or 'q5_0', 7 or 'q5_1'")
 
 
 def _boolean(value) -> bool:
@@ -300,8 +301,8 @@ IGNORED = {LLAMA: frozenset({"use_mlock", "n_threads_batch", "n_ubatch", "numa",
 
 
 def kv_cache_types(type_k=None, type_v=None) -> Tuple[str, str]:
-    """The K and V cache types ("f16", "bf16", "f32" or "q8_0") that llama-cpp-python's type_k / type_v
-    name (ggml type ids or those names; None: f16), each on its own."""
+    """The K and V cache types (KV_CACHE_TYPES) that llama-cpp-python's type_k / type_v name (ggml
+    type ids or those names; None: f16), each on its own."""
     return check("KV cache", "type_k", type_k) or "f16", check("KV cache", "type_v", type_v) or "f16"
 
 

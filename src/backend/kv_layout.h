@@ -8,7 +8,8 @@
 // [n_head_kv][block_size][head_dim], then one f16 scale per 32 values,
 // [n_head_kv][block_size][head_dim / 32] (kv_q8_value / kv_q8_scale give the offsets). A value
 // is scale * int8 with scale = amax / 127 of its 32-value group and int8 = round(x / scale), as
-// ggml's quantize_row_q8_0.
+// ggml's quantize_row_q8_0. Q4_0 / Q4_1 / Q5_0 / Q5_1 (CPU only): [block_size] rows of width
+// values, each row ggml's blocks of 32 (a head's slice is head_dim / 32 whole blocks).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -33,21 +34,30 @@ inline size_t kv_block_bytes(GGMLType t, int32_t block_size, int64_t width) {
     switch (t) {
         case GGMLType::F32: return n * 4;
         case GGMLType::Q8_0: return n + n / 32 * 2;
+        case GGMLType::Q4_0:
+        case GGMLType::Q4_1:
+        case GGMLType::Q5_0:
+        case GGMLType::Q5_1: return row_bytes(t, int64_t(n));
         default: return n * 2;
     }
 }
 
-// Throws InvalidInput unless `t` is a KV type for heads of head_dim: a Q8_0 scale group must
+// The KV types stored in blocks of 32 values.
+inline bool kv_type_is_blocked(GGMLType t) {
+    return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q4_1 || t == GGMLType::Q5_0 ||
+           t == GGMLType::Q5_1;
+}
+
+// Throws InvalidInput unless `t` is a KV type for heads of head_dim: a block of 32 values must
 // not straddle two heads, since attention reads one head's slice of a row. `which` names the
 // cache in the message (type_k, type_v).
 inline void check_kv_type(GGMLType t, int32_t head_dim, const char* which) {
-    if (t != GGMLType::F16 && t != GGMLType::BF16 && t != GGMLType::F32 && t != GGMLType::Q8_0) {
-        const TypeTraits* tr = find_type_traits(uint32_t(t));
+    const TypeTraits* tr = find_type_traits(uint32_t(t));
+    if (t != GGMLType::F16 && t != GGMLType::BF16 && t != GGMLType::F32 && !kv_type_is_blocked(t))
         fail(which, ": KV cache type ", tr ? tr->name : "?", " (ggml type ", uint32_t(t),
-             ") is not supported; use F16, BF16, F32 or Q8_0");
-    }
-    if (t == GGMLType::Q8_0 && head_dim % 32 != 0)
-        fail(which, ": a Q8_0 KV cache needs head_dim to be a multiple of 32, got head_dim ", head_dim,
+             ") is not supported; use F16, BF16, F32, Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1");
+    if (kv_type_is_blocked(t) && head_dim % 32 != 0)
+        fail(which, ": a ", tr->name, " KV cache needs head_dim to be a multiple of 32, got head_dim ", head_dim,
              " (use the F16 cache)");
 }
 

@@ -19,6 +19,8 @@
 // and the gather dequantizes them (scale * int8); q and the probabilities stay f32, since the
 // int8 rounding of K and V dominates the error (llama.cpp's CPU path quantizes q to q8_0 too, so
 // outputs are close to it, not equal).
+// q4_0, q4_1, q5_0 and q5_1 KV (rows of ggml's blocks) are stored by ember's scalar quantizers
+// (ggml's rounding) and read as f32 rows, as q8_0's are.
 // bf16 KV (llama.cpp's -ctk / -ctv bf16) is read as f32 rows, like f32 KV: q and the probabilities
 // stay f32 (llama.cpp rounds q to bf16 for its K.Q dot, so outputs are close to it, not equal).
 // K and V may have different types: q is rounded as K's type asks (it meets the keys), the
@@ -171,12 +173,45 @@ struct Q8Kv {
     static constexpr bool kRowsF16 = false;
 };
 
+// Q4_0, Q4_1, Q5_0, Q5_1: a row is width / 32 blocks of type T, a head's slice head_dim / 32 of them.
+template <GGMLType T>
+struct BlockKv {
+    static const TypeTraits& traits() {
+        static const TypeTraits& t = type_traits(T);
+        return t;
+    }
+    static uint8_t* row(const KVLayer& kv, void* base, int32_t block, int32_t slot) {
+        return static_cast<uint8_t*>(base) + ((size_t)block * kv.block_size + slot) * row_bytes(T, kv_width(kv));
+    }
+    static const uint8_t* head_row(const KVLayer& kv, void* base, int32_t block, int32_t slot, int32_t head) {
+        return row(kv, base, block, slot) + (size_t)head * row_bytes(T, kv.head_dim);
+    }
+    static void store(const KVLayer& kv, void* base, int32_t block, int32_t slot, const float* x,
+                      const AttentionMath&) {
+        traits().quantize_row(x, row(kv, base, block, slot), kv_width(kv));
+    }
+    static void load(const KVLayer& kv, void* base, int32_t block, int32_t slot, int32_t head, float* dst,
+                     const AttentionMath&) {
+        traits().dequantize_row(head_row(kv, base, block, slot, head), dst, kv.head_dim);
+    }
+    static void prefetch(const KVLayer& kv, void* base, int32_t block, int32_t slot, int32_t head) {
+        prefetch_bytes(head_row(kv, base, block, slot, head), row_bytes(T, kv.head_dim));
+    }
+    static constexpr bool kGroupLoad = false;   // no load_group: keys one row at a time
+    static constexpr bool kF16Operands = false;
+    static constexpr bool kRowsF16 = false;
+};
+
 // Calls f(Kv{}) with the KV type struct of t (check_kv_type admitted only these).
 template <class F>
 void with_kv_type(GGMLType t, F&& f) {
     switch (t) {
         case GGMLType::F32: f(F32Kv{}); break;
         case GGMLType::BF16: f(Bf16Kv{}); break;
+        case GGMLType::Q4_0: f(BlockKv<GGMLType::Q4_0>{}); break;
+        case GGMLType::Q4_1: f(BlockKv<GGMLType::Q4_1>{}); break;
+        case GGMLType::Q5_0: f(BlockKv<GGMLType::Q5_0>{}); break;
+        case GGMLType::Q5_1: f(BlockKv<GGMLType::Q5_1>{}); break;
         case GGMLType::Q8_0: f(Q8Kv{}); break;
         default: f(F16Kv{}); break;
     }

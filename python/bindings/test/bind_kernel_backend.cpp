@@ -155,6 +155,12 @@ struct PagedKV {
         for (int32_t p : pos) {
             const uint8_t* block = all.data() + (size_t)table[(size_t)seq * n_used + p / bs] * bb;
             const int32_t slot = p % bs;
+            if (kv_type_is_blocked(t) && t != GGMLType::Q8_0) {   // rows of ggml blocks
+                const size_t rb = row_bytes(t, (int64_t)w), at = out.size();
+                out.resize(at + w);
+                type_traits(t).dequantize_row(block + (size_t)slot * rb, out.data() + at, (int64_t)w);
+                continue;
+            }
             for (size_t i = 0; i < w; ++i) {
                 if (t == GGMLType::F32) {
                     float f;
