@@ -49,8 +49,11 @@ struct GGUFTensor {
 
 class GGUFFile {
 public:
-    // Throws InvalidInput naming the file and what is wrong.
-    explicit GGUFFile(const std::string& path);
+    // Throws InvalidInput naming the file and what is wrong. Given the first shard of a split model
+    // (NAME-00001-of-0000N.gguf, split.count N > 1, as llama-gguf-split writes), it maps all N shards and
+    // tensors() lists every shard's tensors; metadata() is the first shard's. whole_model=false opens
+    // this one file only, any shard.
+    explicit GGUFFile(const std::string& path, bool whole_model = true);
     ~GGUFFile();
     GGUFFile(const GGUFFile&) = delete;
     GGUFFile& operator=(const GGUFFile&) = delete;
@@ -58,7 +61,9 @@ public:
     const std::string& path() const { return path_; }
     uint32_t version() const { return version_; }
     size_t alignment() const { return alignment_; }
-    size_t file_size() const { return size_; }
+    size_t file_size() const { return size_; }   // this file only, not the other shards
+    // Every file of the model: this one, then the other shards in order.
+    std::vector<std::string> split_paths() const;
     const uint8_t* data_section() const { return base_ + data_offset_; }
 
     const std::vector<std::pair<std::string, GGUFValue>>& metadata() const { return kv_; }
@@ -81,10 +86,12 @@ public:
     const GGUFTensor* find_tensor(const std::string& name) const;  // nullptr if absent
     const GGUFTensor& tensor(const std::string& name) const;       // throws if absent
 
-    // Advise the kernel that the mapping will be read (or no longer needed).
+    // Advise the kernel that the mappings (every shard's) will be read.
     void advise_willneed() const;
 
 private:
+    void open_shards(uint64_t n_split);
+
     std::string path_;
     int fd_ = -1;
     const uint8_t* base_ = nullptr;
@@ -94,7 +101,20 @@ private:
     size_t data_offset_ = 0;
     std::vector<std::pair<std::string, GGUFValue>> kv_;
     std::vector<GGUFTensor> tensors_;
+    std::vector<std::unique_ptr<GGUFFile>> shards_;   // shards 2..N, kept mapped: tensors_ points into them
 };
+
+// llama.cpp's split keys and shard names: PREFIX-00001-of-00003.gguf holds split.no 0.
+constexpr const char* kSplitNo = "split.no";
+constexpr const char* kSplitCount = "split.count";
+constexpr const char* kSplitTensorsCount = "split.tensors.count";
+std::string gguf_split_path(const std::string& prefix, uint32_t split_no, uint32_t n_split);
+
+// The shard of each tensor, as llama-gguf-split assigns them: a shard ends after max_tensors tensors, or
+// before a tensor that would take its tensor bytes (each padded to `alignment`) past max_bytes; 0 means
+// no limit. A tensor larger than max_bytes gets a shard of its own.
+std::vector<uint32_t> gguf_split_plan(const std::vector<size_t>& nbytes, uint64_t max_bytes, uint64_t max_tensors,
+                                      size_t alignment = 32);
 
 // Streaming writer: metadata and tensor infos first, then each tensor's bytes in order, so a
 // converter or quantizer needs only one tensor in memory at a time.

@@ -2,6 +2,7 @@
 #pragma once
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace ember {
 
@@ -13,12 +14,16 @@ struct QuantizeParams {
     std::string type;
     int n_threads = 0;             // 0: all hardware threads
     bool allow_requantize = false; // quantizing an already-quantized file loses precision twice
+    // Shards as llama-gguf-split writes them (either limit, 0 = none): OUTPUT without its .gguf is
+    // the prefix of OUTPUT-00001-of-0000N.gguf, ...; a model that fits one shard is written to OUTPUT.
+    uint64_t split_max_bytes = 0;
+    uint64_t split_max_tensors = 0;
 };
 
 // Progress callback: (tensor index, tensor count, tensor name, chosen type name).
 using QuantizeProgress = std::function<void(int, int, const std::string&, const char*)>;
 
-// Throws InvalidInput naming the file / tensor / type that is wrong.
-void quantize_model(const QuantizeParams& params, const QuantizeProgress& progress = nullptr);
+// Throws InvalidInput naming the file / tensor / type that is wrong. Returns the files written.
+std::vector<std::string> quantize_model(const QuantizeParams& params, const QuantizeProgress& progress = nullptr);
 
 }  // namespace ember

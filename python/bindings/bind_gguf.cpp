@@ -172,8 +172,10 @@ using ByteView = nb::ndarray<nb::numpy, const uint8_t, nb::ndim<1>>;
 
 void bind_gguf(nb::module_& m) {
     nb::class_<GGUFFile>(m, "GGUFFile", "A GGUF file mapped read-only; tensor data is viewed in place.")
-        .def(nb::init<const std::string&>(), nb::arg("path"))
+        .def(nb::init<const std::string&, bool>(), nb::arg("path"), nb::arg("whole_model") = true,
+             "Open a model; the first shard of a split model maps all its shards (whole_model=False: this file only).")
         .def_prop_ro("path", &GGUFFile::path)
+        .def_prop_ro("split_paths", &GGUFFile::split_paths, "Every file of the model: this one, then the other shards.")
         .def_prop_ro("version", &GGUFFile::version)
         .def_prop_ro("alignment", &GGUFFile::alignment)
         .def_prop_ro("file_size", &GGUFFile::file_size)

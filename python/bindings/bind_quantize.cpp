@@ -2,6 +2,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/function.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include "ember/quantize.h"
 
@@ -11,8 +12,10 @@ void bind_quantize(nb::module_& m) {
     m.def(
         "quantize_model",
         [](const std::string& input, const std::string& output, const std::string& type, int n_threads,
-           bool allow_requantize, nb::object progress) {
+           bool allow_requantize, nb::object progress, uint64_t split_max_bytes, uint64_t split_max_tensors) {
             ember::QuantizeParams p{input, output, type, n_threads, allow_requantize};
+            p.split_max_bytes = split_max_bytes;
+            p.split_max_tensors = split_max_tensors;
             ember::QuantizeProgress cb;
             if (!progress.is_none())
                 cb = [progress](int i, int n, const std::string& name, const char* type_name) {
@@ -20,8 +23,9 @@ void bind_quantize(nb::module_& m) {
                     progress(i, n, name, type_name);
                 };
             nb::gil_scoped_release release;
-            ember::quantize_model(p, cb);
+            return ember::quantize_model(p, cb);
         },
         nb::arg("input"), nb::arg("output"), nb::arg("type"), nb::arg("n_threads") = 0,
-        nb::arg("allow_requantize") = false, nb::arg("progress") = nb::none());
+        nb::arg("allow_requantize") = false, nb::arg("progress") = nb::none(), nb::arg("split_max_bytes") = 0,
+        nb::arg("split_max_tensors") = 0, "Quantize a model; returns the files written (several when split).");
 }

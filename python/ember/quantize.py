@@ -1,16 +1,17 @@
 """ember-quantize: quantize a GGUF model (C++, multi-threaded, streaming tensor by tensor).
 
-    ember-quantize IN.gguf OUT.gguf TYPE [-t N] [--allow-requantize]
+    ember-quantize IN.gguf OUT.gguf TYPE [-t N] [--allow-requantize] [--split-max-size N(M|G) | --split-max-tensors N]
 
 Each tensor's chosen type is printed as it is written, then a summary: the tensors of each type,
-their sizes, and the input and output file sizes.
+their sizes, and the input and output file sizes. With a split limit the output is shards as
+llama-gguf-split writes them: OUT-00001-of-0000N.gguf, ... (OUT without its .gguf).
 """
 import argparse
 import collections
 import os
 import sys
 
-from . import _ember, options
+from . import _ember, gguf_split, options
 from .cli import run_tool
 from .version import add_version
 
@@ -24,6 +25,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("type", help=TYPES)
     ap.add_argument("--allow-requantize", action="store_true", help="allow an already-quantized input")
     ap.add_argument("-q", "--quiet", action="store_true", help="no per-tensor progress on stderr")
+    split = ap.add_mutually_exclusive_group()
+    split.add_argument("--split-max-size", type=gguf_split.parse_size, metavar="N(M|G)",
+                       help="write shards of at most this many tensor bytes (M = 1000^2, G = 1000^3 bytes)")
+    split.add_argument("--split-max-tensors", type=int, metavar="N", help="write shards of at most N tensors")
     options.add_arguments(ap, options.QUANTIZE)
     add_version(ap)
     return ap
@@ -31,6 +36,10 @@ def parser() -> argparse.ArgumentParser:
 
 def _mib(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB"
+
+
+def _model_size(path: str) -> int:
+    return sum(os.path.getsize(p) for p in _ember.GGUFFile(path).split_paths)
 
 
 def summary(input_path: str, output_path: str) -> str:
@@ -50,7 +59,7 @@ def summary(input_path: str, output_path: str) -> str:
     for name, (count, size_in, size_out, sources) in sorted(by_type.items(), key=lambda kv: -kv[1][2]):
         origin = ", ".join(f"{k} x{v}" for k, v in sources.most_common())
         lines.append(f"{name:8s} {count:7d}  {origin[:26]:26s} {_mib(size_in):>12s} {_mib(size_out):>12s}")
-    size_in, size_out = os.path.getsize(input_path), os.path.getsize(output_path)
+    size_in, size_out = _model_size(input_path), _model_size(output_path)
     lines.append(f"file: {_mib(size_in)} -> {_mib(size_out)} ({size_out / size_in:.0%} of the input)")
     if size_out >= size_in:
         lines.append("warning: the output is not smaller than the input (tensors whose rows do not fit the type's "
@@ -59,16 +68,22 @@ def summary(input_path: str, output_path: str) -> str:
 
 
 def main(argv=None) -> int:
-    args = parser().parse_args(argv)
+    ap = parser()
+    args = ap.parse_args(argv)
+    if args.split_max_tensors is not None and args.split_max_tensors < 1:
+        ap.error(f"--split-max-tensors must be at least 1 (got {args.split_max_tensors})")
 
     def progress(i, n, name, type_name):
         if not args.quiet:
             print(f"[{i + 1:4d}/{n}] {name:40s} -> {type_name}", file=sys.stderr, flush=True)
 
     def run():
-        _ember.quantize_model(args.input, args.output, args.type, args.n_threads or 0, args.allow_requantize,
-                              progress)
-        print(summary(args.input, args.output), file=sys.stderr)
+        paths = _ember.quantize_model(args.input, args.output, args.type, args.n_threads or 0,
+                                      args.allow_requantize, progress, args.split_max_size or 0,
+                                      args.split_max_tensors or 0)
+        if len(paths) > 1:
+            print(f"wrote {len(paths)} shards: " + ", ".join(paths), file=sys.stderr)
+        print(summary(args.input, paths[0]), file=sys.stderr)
         return 0
 
     return run_tool("ember-quantize", run)

@@ -137,7 +137,7 @@ int64_t GGUFTensor::n_elements() const {
     return n;
 }
 
-GGUFFile::GGUFFile(const std::string& path) : path_(path) {
+GGUFFile::GGUFFile(const std::string& path, bool whole_model) : path_(path) {
     fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_ < 0) fail(path, ": cannot open GGUF file: ", std::strerror(errno));
     try {
@@ -248,6 +248,9 @@ GGUFFile::GGUFFile(const std::string& path) : path_(path) {
         for (size_t k = 1; k < order.size(); ++k)
             if (order[k - 1]->offset + order[k - 1]->nbytes > order[k]->offset)
                 fail(path, ": data of tensors '", order[k - 1]->name, "' and '", order[k]->name, "' overlap");
+        // llama-gguf-split --merge leaves split.count 0 in the merged file: one file, like no key at all.
+        const uint64_t n_split = get_uint(kSplitCount, 0);
+        if (whole_model && n_split > 1) open_shards(n_split);
     } catch (...) {
         if (base_) ::munmap(const_cast<uint8_t*>(base_), size_);
         ::close(fd_);
@@ -263,6 +266,7 @@ GGUFFile::~GGUFFile() {
 void GGUFFile::advise_willneed() const {
     // Advice only: a failure changes performance, never results.
     if (base_) ::madvise(const_cast<uint8_t*>(base_), size_, MADV_WILLNEED);
+    for (const auto& s : shards_) s->advise_willneed();
 }
 
 const GGUFTensor* GGUFFile::find_tensor(const std::string& name) const {

@@ -2,6 +2,7 @@
 // tensors one at a time (dequantize rows to f32 -> quantize), rows split across threads.
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -16,12 +17,14 @@ namespace {
 
 bool is_float_type(GGMLType t) { return t == GGMLType::F32 || t == GGMLType::F16 || t == GGMLType::BF16; }
 
-GGUFValue uint32_value(uint32_t v) {
+GGUFValue int_value(GGUFType type, uint64_t v) {
     GGUFValue val;
-    val.type = GGUFType::UINT32;
+    val.type = type;
     val.num.u = v;
     return val;
 }
+
+GGUFValue uint32_value(uint32_t v) { return int_value(GGUFType::UINT32, v); }
 
 // Converts one tensor: rows of n_in elements from src type to dst type.
 std::vector<uint8_t> convert_tensor(const GGUFTensor& t, GGMLType dst, ThreadPool& pool) {
@@ -41,9 +44,46 @@ std::vector<uint8_t> convert_tensor(const GGUFTensor& t, GGMLType dst, ThreadPoo
     return out;
 }
 
+// One writer per shard of the plan; the first shard carries the metadata, every shard the split keys.
+std::vector<std::unique_ptr<GGUFWriter>> open_writers(const QuantizeParams& params, uint32_t file_type,
+                                                      const GGUFFile& in, const std::vector<GGMLType>& types,
+                                                      std::vector<std::string>& paths, std::vector<uint32_t>& plan) {
+    const auto& ts = in.tensors();
+    std::vector<size_t> nbytes(ts.size());
+    for (size_t i = 0; i < ts.size(); ++i) nbytes[i] = row_bytes(types[i], ts[i].ne[0]) * ts[i].n_rows();
+    plan = gguf_split_plan(nbytes, params.split_max_bytes, params.split_max_tensors, in.alignment());
+    const uint32_t n_split = plan.empty() ? 1 : plan.back() + 1;
+    if (n_split > 99999) fail(params.output, ": the split limits make ", n_split, " shards, more than 99999");
+    std::string prefix = params.output;
+    if (prefix.size() > 5 && prefix.compare(prefix.size() - 5, 5, ".gguf") == 0) prefix.resize(prefix.size() - 5);
+    std::vector<std::unique_ptr<GGUFWriter>> out;
+    for (uint32_t k = 0; k < n_split; ++k) {
+        paths.push_back(n_split == 1 ? params.output : gguf_split_path(prefix, k, n_split));
+        if (paths.back() == in.path()) fail("output file must differ from the input file '", in.path(), "'");
+        out.push_back(std::make_unique<GGUFWriter>(paths.back(), in.alignment()));
+        GGUFWriter& w = *out.back();
+        if (k == 0)
+            for (const auto& [key, value] : in.metadata())
+                if (key != "general.file_type" && key != "general.quantization_version" && key.rfind("split.", 0) != 0)
+                    w.set(key, value);
+        if (k == 0) {
+            w.set("general.file_type", uint32_value(file_type));
+            w.set("general.quantization_version", uint32_value(2));
+        }
+        if (n_split > 1) {
+            w.set(kSplitNo, int_value(GGUFType::UINT16, k));   // in llama-gguf-split's order
+            w.set(kSplitTensorsCount, int_value(GGUFType::INT32, ts.size()));
+            w.set(kSplitCount, int_value(GGUFType::UINT16, n_split));
+        }
+    }
+    for (size_t i = 0; i < ts.size(); ++i) out[plan[i]]->add_tensor_info(ts[i].name, types[i], ts[i].ne);
+    for (auto& w : out) w->write_header();
+    return out;
+}
+
 }  // namespace
 
-void quantize_model(const QuantizeParams& params, const QuantizeProgress& progress) {
+std::vector<std::string> quantize_model(const QuantizeParams& params, const QuantizeProgress& progress) {
     const QuantMix* mix = find_quant_mix(params.type);
     if (!mix) fail("unknown quantization type '", params.type, "'; choose one of: ", quant_mix_names());
     if (params.input == params.output) fail("output file must differ from the input file '", params.input, "'");
@@ -76,14 +116,9 @@ void quantize_model(const QuantizeParams& params, const QuantizeProgress& progre
     std::vector<GGMLType> types(ts.size());
     for (size_t i : order) types[i] = choose_type(*mix, ts[i], st);
 
-    GGUFWriter out(params.output, in.alignment());
-    for (const auto& [key, value] : in.metadata())
-        if (key != "general.file_type" && key != "general.quantization_version") out.set(key, value);
-    out.set("general.file_type", uint32_value(mix->file_type));
-    out.set("general.quantization_version", uint32_value(2));
-    for (size_t i = 0; i < in.tensors().size(); ++i)
-        out.add_tensor_info(in.tensors()[i].name, types[i], in.tensors()[i].ne);
-    out.write_header();
+    std::vector<std::string> paths;
+    std::vector<uint32_t> plan;
+    auto out = open_writers(params, mix->file_type, in, types, paths, plan);
 
     const int n_threads = params.n_threads > 0 ? params.n_threads
                                                : (int)std::max(1u, std::thread::hardware_concurrency());
@@ -93,13 +128,14 @@ void quantize_model(const QuantizeParams& params, const QuantizeProgress& progre
         const GGUFTensor& t = in.tensors()[i];
         if (progress) progress(i, n, t.name, type_traits(types[i]).name);
         if (types[i] == t.type) {
-            out.write_tensor_data(t.data, t.nbytes);
+            out[plan[i]]->write_tensor_data(t.data, t.nbytes);
         } else {
             const std::vector<uint8_t> data = convert_tensor(t, types[i], pool);
-            out.write_tensor_data(data.data(), data.size());
+            out[plan[i]]->write_tensor_data(data.data(), data.size());
         }
     }
-    out.finish();
+    for (auto& w : out) w->finish();
+    return paths;
 }
 
 }  // namespace ember
