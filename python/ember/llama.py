@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import contextvars
 import glob
 import os
 import sys
@@ -20,6 +21,7 @@ from . import _ember
 from . import hf_cache
 from .chat import ChatTemplate, chat_chunks, chat_completion
 from .chat.formats import chat_format_template
+from .chat.harmony import is_harmony_template
 from .detokenize import Detokenizer, completion_logprob_entry, empty_completion_logprobs, log_softmax, piece_text
 from .embedding import POOLING_UNSPECIFIED, embed_tokens, resolve_pooling
 from .llama_state import BaseLlamaCache, LlamaState
@@ -62,6 +64,12 @@ class _ContextLock:
             if self._claim is claim:
                 self._claim = self._claimer = None
                 self._cond.notify_all()
+
+
+# Set while create_chat_completion runs create_completion for a harmony model: the completion's text
+# keeps special tokens' text (the harmony markers are special tokens) without create_completion,
+# llama-cpp-python's signature, taking an argument of ember's own.
+_KEEP_SPECIAL: contextvars.ContextVar = contextvars.ContextVar("ember_llama_keep_special", default=False)
 
 
 class _Generation:
@@ -433,7 +441,7 @@ class Llama:
             id=f"cmpl-{uuid.uuid4()}", created=int(time.time()), model=model or self.model_path,
             prompt_tokens=prompt_tokens, prompt_text=prompt_text, max_tokens=max_tokens, stops=stops,
             sampler=sampler, n_logprobs=None if logprobs is None else int(logprobs), echo=echo,
-            suffix=suffix)
+            suffix=suffix, special=_KEEP_SPECIAL.get())
         if stream:
             return self._stream(gen)
         # The non-streamed result is the streamed pieces joined, so the two always agree.
@@ -465,20 +473,27 @@ class Llama:
         template, or chat_format's when the Llama was made with one (as ember-server renders them;
         tools are passed to it), then create_completion.
         Returns a chat.completion dict, or an iterator of chat.completion.chunk dicts when
-        stream=True. max_tokens None: until the end of generation or a full context."""
+        stream=True. max_tokens None: until the end of generation or a full context. A harmony
+        model's (gpt-oss) reply is split: content is the final channel, reasoning_content (as
+        llama-server names it) the analysis channel."""
         self._context()   # after close(): the ValueError every method raises
         if self._chat_template is None:   # two threads racing here build the same template
             source = chat_format_template(self._chat_format) if self._chat_format else None
             self._chat_template = ChatTemplate.for_model(self.model_path, self._tok, source=source)
         prompt = self._chat_template.render(messages, tools=tools)
         tokens = self.tokenize(prompt, add_bos=self._chat_template.add_bos(prompt), special=True)
-        result = self.create_completion(
-            tokens, max_tokens=max_tokens, temperature=temperature, top_p=top_p, min_p=min_p,
-            typical_p=typical_p, stop=stop, frequency_penalty=frequency_penalty,
-            presence_penalty=presence_penalty, repeat_penalty=repeat_penalty, top_k=top_k, stream=stream,
-            seed=seed, logprobs=(top_logprobs or 0) if logprobs else None, logit_bias=logit_bias, model=model,
-            mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta)
-        return chat_chunks(result) if stream else chat_completion(result)
+        harmony = is_harmony_template(self._chat_template.source)
+        keep_special = _KEEP_SPECIAL.set(harmony)
+        try:
+            result = self.create_completion(
+                tokens, max_tokens=max_tokens, temperature=temperature, top_p=top_p, min_p=min_p,
+                typical_p=typical_p, stop=stop, frequency_penalty=frequency_penalty,
+                presence_penalty=presence_penalty, repeat_penalty=repeat_penalty, top_k=top_k, stream=stream,
+                seed=seed, logprobs=(top_logprobs or 0) if logprobs else None, logit_bias=logit_bias, model=model,
+                mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta)
+        finally:
+            _KEEP_SPECIAL.reset(keep_special)
+        return chat_chunks(result, harmony) if stream else chat_completion(result, harmony)
 
     def _prompt_logprobs(self, gen: _Generation, all_logits: np.ndarray) -> dict:
         """Echo + logprobs: an entry per prompt token (a leading BOS left out); the first entry has
@@ -514,7 +529,7 @@ class Llama:
         if gen.echo:
             yield gen.prompt_text, (self._prompt_logprobs(gen, prompt_logits) if want_lp else None)
         ctx = self._context()
-        detok = Detokenizer(self._tok, gen.stops)
+        detok = Detokenizer(self._tok, gen.stops, special=gen.special)
         emitted = 0       # chars of detok.text already yielded
         reported = 0      # completion tokens whose logprobs were already yielded
 

@@ -2,6 +2,7 @@
 load a GGUF model once, generate for many prompts at a time, get RequestOutputs in prompt order."""
 from __future__ import annotations
 
+import copy
 import itertools
 import numbers
 import sys
@@ -9,6 +10,7 @@ import time
 from typing import List, Optional, Sequence, Union
 
 from . import _ember
+from .chat.harmony import is_harmony_template, split_harmony
 from .engine_client import EngineClient
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
@@ -167,7 +169,9 @@ class LLM:
         list of them. Each is rendered by the model's chat template (chat_template: Jinja text to
         use instead), tokenized with its special tokens, and generated as by generate(). Returns one
         RequestOutput per conversation, whose prompt is the rendered text. A template that refuses
-        the messages raises ValueError before anything is submitted."""
+        the messages raises ValueError before anything is submitted. A harmony template's (gpt-oss)
+        replies are split: each output's text is the final channel, its reasoning_content the
+        analysis channel."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         tok = self.get_tokenizer()
         prompts = []
@@ -175,7 +179,19 @@ class LLM:
             text, ids = tok.render_chat(conversation, tools=tools, chat_template=chat_template,
                                         add_generation_prompt=add_generation_prompt, **(chat_template_kwargs or {}))
             prompts.append({"prompt": text, "prompt_token_ids": ids})
-        return self.generate(prompts, sampling_params, use_tqdm)
+        if not is_harmony_template(tok.chat_template if chat_template is None else chat_template):
+            return self.generate(prompts, sampling_params, use_tqdm)
+        if isinstance(sampling_params, (list, tuple)):
+            params = [copy.copy(p) for p in sampling_params]
+        else:
+            params = [copy.copy(sampling_params or SamplingParams())] * len(prompts)
+        for p in params:
+            p.skip_special_tokens = False   # the harmony markers are special tokens
+        results = self.generate(prompts, params, use_tqdm)
+        for result in results:
+            for o in result.outputs:
+                o.text, o.reasoning_content = split_harmony(o.text)
+        return results
 
     def stats(self) -> dict:
         """The engine's counters (running, waiting, kv_blocks_used, prefix_cache_hits, ...)."""

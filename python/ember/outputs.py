@@ -39,7 +39,9 @@ class CompletionOutput:
     holding the sampled token and the top `logprobs` candidates. cumulative_logprob: the sampled
     tokens' logprobs summed, None unless logprobs were asked for. finish_reason: None until
     finished, then "stop", "length" or "abort". stop_reason: the stop string or the stop_token_ids
-    entry that ended it, else None (also where an end-of-generation token ended it, as in vLLM)."""
+    entry that ended it, else None (also where an end-of-generation token ended it, as in vLLM).
+    reasoning_content: LLM.chat's harmony replies (gpt-oss) only, the analysis channel, text being
+    the final channel; else None."""
     index: int
     text: str
     token_ids: List[int]
@@ -47,6 +49,7 @@ class CompletionOutput:
     logprobs: Optional[List[Dict[int, Logprob]]]
     finish_reason: Optional[str] = None
     stop_reason: Optional[Union[str, int]] = None
+    reasoning_content: Optional[str] = None
 
     def finished(self) -> bool:
         return self.finish_reason is not None

@@ -1,7 +1,8 @@
 """Anthropic's Messages API, /v1/messages (what Claude Code and the anthropic SDK speak): system
 prompt, text and tool_use / tool_result blocks, tools, stop sequences, streaming events, and
 /v1/messages/count_tokens. Requests become OpenAI-style chat messages for the model's template;
-errors come in Anthropic's error body."""
+errors come in Anthropic's error body. A harmony reply's analysis channel (gpt-oss) comes as a
+thinking block before the text unless the request sets thinking {"type": "disabled"}."""
 from __future__ import annotations
 
 import json
@@ -120,12 +121,22 @@ def _run(srv, body: dict) -> ChatRun:
         raise _bad("tool_choice: type must be auto, any, tool or none")
     if choice["type"] in ("any", "tool"):
         raise _bad(f"tool_choice {choice['type']!r} is not supported: ember cannot force a tool call; use auto")
+    thinking = body.get("thinking")
+    if thinking is not None and not (isinstance(thinking, dict) and thinking.get("type") in ("enabled", "disabled")):
+        raise _bad("thinking: must be {\"type\": \"enabled\"} or {\"type\": \"disabled\"}")
     params = sampling(max_tokens, temperature, body.get("top_p"), body.get("top_k"), stop)
     return ChatRun(srv, chat_messages(body), _tools(body), params, choice["type"] == "auto", body.get("model"))
 
 
-def _content(run: ChatRun) -> List[dict]:
-    blocks = [{"type": "text", "text": run.content}] if run.content else []
+def _thinking(body: dict) -> bool:
+    return (body.get("thinking") or {}).get("type") != "disabled"
+
+
+def _content(run: ChatRun, thinking: bool) -> List[dict]:
+    # Anthropic's signature verifies its own thinking; ember's has none to give.
+    blocks = [{"type": "thinking", "thinking": run.reasoning, "signature": ""}] if thinking and run.reasoning else []
+    if run.content:
+        blocks.append({"type": "text", "text": run.content})
     for call in run.calls:
         blocks.append({"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:24]}", "name": call["function"]["name"],
                        "input": json.loads(call["function"]["arguments"] or "{}")})
@@ -142,24 +153,31 @@ def _event(kind: str, data: dict) -> str:
     return f"event: {kind}\ndata: {json.dumps(dict(data, type=kind), ensure_ascii=False)}\n\n"
 
 
-async def _events(run: ChatRun, request: Request, message_id: str, model: str):
+async def _events(run: ChatRun, request: Request, message_id: str, model: str, thinking: bool):
     start = {"id": message_id, "type": "message", "role": "assistant", "content": [], "model": model,
              "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": run.n_prompt, "output_tokens": 0}}
     yield _event("message_start", {"message": start})
-    index, text_open = 0, False
+    index, kind = 0, None   # the open block: thinking (True) or text (False)
     try:
-        async for piece in run.deltas(request):
-            if not text_open:
-                yield _event("content_block_start", {"index": index, "content_block": {"type": "text", "text": ""}})
-                text_open = True
-            yield _event("content_block_delta", {"index": index, "delta": {"type": "text_delta", "text": piece}})
+        async for reasoning, piece in run.deltas(request):
+            if reasoning and not thinking:
+                continue
+            if reasoning is not kind:
+                if kind is not None:
+                    yield _event("content_block_stop", {"index": index})
+                    index += 1
+                kind = reasoning
+                block = {"type": "thinking", "thinking": "", "signature": ""} if kind else {"type": "text", "text": ""}
+                yield _event("content_block_start", {"index": index, "content_block": block})
+            delta = {"type": "thinking_delta", "thinking": piece} if kind else {"type": "text_delta", "text": piece}
+            yield _event("content_block_delta", {"index": index, "delta": delta})
     except APIError as e:
         yield _event("error", {"error": {"type": "api_error", "message": e.message}})
         return
-    if text_open:
+    if kind is not None:
         yield _event("content_block_stop", {"index": index})
         index += 1
-    for block in _content(run):
+    for block in _content(run, False):
         if block["type"] != "tool_use":
             continue
         yield _event("content_block_start", {"index": index, "content_block": dict(block, input={})})
@@ -186,7 +204,8 @@ def register(app, srv) -> None:
         model = body.get("model") or srv.model_id
         t0 = time.perf_counter()
         if body.get("stream"):
-            return StreamingResponse(_events(run, request, message_id, model), media_type="text/event-stream",
+            return StreamingResponse(_events(run, request, message_id, model, _thinking(body)),
+                                     media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
             await run.run(request)
@@ -195,8 +214,8 @@ def register(app, srv) -> None:
         reason, sequence = _stop(run)
         request.state.log = f"{message_id} {reason} prompt={run.n_prompt} completion={run.n_completion} " \
                             f"total={(time.perf_counter() - t0) * 1e3:.0f}ms"
-        return {"id": message_id, "type": "message", "role": "assistant", "model": model, "content": _content(run),
-                "stop_reason": reason, "stop_sequence": sequence,
+        return {"id": message_id, "type": "message", "role": "assistant", "model": model,
+                "content": _content(run, _thinking(body)), "stop_reason": reason, "stop_sequence": sequence,
                 "usage": {"input_tokens": run.n_prompt, "output_tokens": run.n_completion}}
 
     @app.post("/v1/messages/count_tokens")

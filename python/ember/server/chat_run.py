@@ -1,15 +1,17 @@
 """One chat generation for the APIs that are not OpenAI's chat completions (/v1/responses,
 Anthropic's /v1/messages): OpenAI-style messages and tools in, the reply's visible text as it
 grows, then its content, tool calls, finish reason and token counts. The server's checks (model,
-context room, --max-queue, draining) apply as to every request."""
+context room, --max-queue, draining) apply as to every request. A harmony reply (gpt-oss) is split
+as the chat completions split it: the final channel is the content, the analysis channel reasoning."""
 from __future__ import annotations
 
 import uuid
-from typing import AsyncIterator, List, Optional
+from typing import AsyncIterator, List, Optional, Tuple
 
 from fastapi import Request
 
 from ..chat import ChatTemplateError, ToolCallParser
+from ..chat.harmony import HarmonySplitter
 from ..sampling_params import SamplingParams
 from .merge import newest_outputs
 from .openai_schema import APIError
@@ -35,8 +37,12 @@ class ChatRun:
         self.messages, self.tools, self.params = messages, tools, params
         self.parser: Optional[ToolCallParser] = srv.tool_parser if use_tools and tools else None
         self.model = model
+        self.harmony = bool(getattr(srv, "harmony", False))
+        if self.harmony:
+            params.skip_special_tokens = False   # the harmony markers are special tokens
         self.text = ""
         self.content: Optional[str] = None
+        self.reasoning = ""
         self.calls: List[dict] = []
         self.finish_reason: Optional[str] = None
         self.stop_string: Optional[str] = None
@@ -66,22 +72,34 @@ class ChatRun:
                                 f"completion).", param="max_tokens", code="context_length_exceeded")
         self.admission = srv.check_queue(1, 1)
 
-    async def deltas(self, request: Request) -> AsyncIterator[str]:
-        """The reply's text as it may be shown (never the start of a tool call), piece by piece;
-        afterwards content, calls, finish_reason and the counts are set. A client that leaves
-        ends it, and the request in the engine."""
+    async def deltas(self, request: Request) -> AsyncIterator[Tuple[bool, str]]:
+        """The reply's text as it may be shown (never the start of a tool call), piece by piece, as
+        (is_reasoning, text): reasoning pieces come only from harmony replies. Afterwards content,
+        reasoning, calls, finish_reason and the counts are set. A client that leaves ends it, and
+        the request in the engine."""
         request_id = f"chat-{uuid.uuid4().hex}"
         outputs = self.srv._tracked(newest_outputs([self.engine.generate(self.ids, self.params, request_id)]),
                                     [request_id], self.admission)
-        shown = 0
+        splitter = HarmonySplitter() if self.harmony else None
+        body = ""     # the content so far (a harmony reply's final channel, else the whole text)
+        fed = shown = 0
         last = None
         try:
             async for _, out in outputs:
                 last = out
                 text = out.outputs[0].text
-                visible = self.parser.held_from(text) if self.parser else len(text)
+                if splitter is None:
+                    body = text
+                else:
+                    content, reasoning = splitter.feed(text[fed:])
+                    fed = len(text)
+                    body += content
+                    if reasoning:
+                        self.reasoning += reasoning
+                        yield True, reasoning
+                visible = self.parser.held_from(body) if self.parser else len(body)
                 if visible > shown:
-                    yield text[shown:visible]
+                    yield False, body[shown:visible]
                     shown = visible
                 if out.finished:
                     break
@@ -92,17 +110,24 @@ class ChatRun:
         seq = last.outputs[0]
         if seq.finish_reason == "error":
             raise APIError(500, "generation failed", type="server_error")
+        if splitter is not None:
+            # A reply cut off (max_tokens) inside a channel ends with what that channel has.
+            content, reasoning = splitter.finish()
+            body += content
+            if reasoning:
+                self.reasoning += reasoning
+                yield True, reasoning
         self.text = seq.text
         self.n_completion = len(seq.token_ids)
         self.finish_reason = seq.finish_reason
         self.stop_string = seq.stop_reason if isinstance(seq.stop_reason, str) else None
-        content, calls = self.parser.parse(self.text) if self.parser else (self.text, [])
+        content, calls = self.parser.parse(body) if self.parser else (body, [])
         self.content, self.calls = content, calls
         if calls:
             self.finish_reason = "tool_calls"
-        rest = (content or "")[shown:] if calls else self.text[shown:]
+        rest = (content or "")[shown:] if calls else body[shown:]
         if rest:
-            yield rest
+            yield False, rest
 
     async def run(self, request: Request) -> None:
         """The whole reply (deltas, drained)."""

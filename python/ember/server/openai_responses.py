@@ -1,6 +1,8 @@
 """OpenAI's Responses API, /v1/responses: input as a string or a list of message, function_call
 and function_call_output items, instructions, function tools, and the streamed events
-(response.created ... response.completed). Nothing is stored: previous_response_id is refused."""
+(response.created ... response.completed). Nothing is stored: previous_response_id is refused. A
+harmony reply's analysis channel (gpt-oss) comes as a reasoning item (reasoning_text content)
+before the message, as gpt-oss's reference Responses server gives it."""
 from __future__ import annotations
 
 import json
@@ -99,12 +101,16 @@ class _Response:
 
     def __init__(self, body: dict, model: str):
         self.id = f"resp_{uuid.uuid4().hex}"
-        self.message_id = f"msg_{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.body, self.model = body, model
 
-    def message_item(self, text: str, status: str) -> dict:
-        return {"type": "message", "id": self.message_id, "status": status, "role": "assistant",
+    @staticmethod
+    def item(reasoning: bool, item_id: str, text: str, status: str) -> dict:
+        """A reasoning item or the assistant's message, holding text."""
+        if reasoning:
+            return {"type": "reasoning", "id": item_id, "status": status, "summary": [],
+                    "content": [{"type": "reasoning_text", "text": text}] if status == "completed" or text else []}
+        return {"type": "message", "id": item_id, "status": status, "role": "assistant",
                 "content": [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" or text
                 else []}
 
@@ -131,7 +137,9 @@ class _Response:
                 "text": {"format": {"type": "text"}}, "usage": usage}
 
     def output(self, run: ChatRun) -> list:
-        items = [self.message_item(run.content, "completed")] if run.content else []
+        items = [self.item(True, f"rs_{uuid.uuid4().hex}", run.reasoning, "completed")] if run.reasoning else []
+        if run.content:
+            items.append(self.item(False, f"msg_{uuid.uuid4().hex}", run.content, "completed"))
         return items + self.call_items(run)
 
 
@@ -142,28 +150,45 @@ async def _events(run: ChatRun, request: Request, resp: _Response):
         return f"event: {kind}\ndata: {json.dumps(dict(type=kind, sequence_number=next(seq), **data))}\n\n"
     yield event("response.created", response=resp.obj("in_progress", []))
     yield event("response.in_progress", response=resp.obj("in_progress", []))
-    text, opened = "", False
-    ids = dict(item_id=resp.message_id, output_index=0, content_index=0)
+    output: List[dict] = []
+    kind, item_id, text = None, "", ""   # the item being streamed: reasoning (True) or message (False)
+
+    def close():
+        ids = dict(item_id=item_id, output_index=len(output), content_index=0)
+        if kind:
+            yield event("response.reasoning_text.done", text=text, **ids)
+            yield event("response.content_part.done", part={"type": "reasoning_text", "text": text}, **ids)
+        else:
+            part = {"type": "output_text", "text": text, "annotations": []}
+            yield event("response.output_text.done", text=text, **ids)
+            yield event("response.content_part.done", part=part, **ids)
+        done = resp.item(kind, item_id, text, "completed")
+        yield event("response.output_item.done", output_index=len(output), item=done)
+        output.append(done)
+
     try:
-        async for piece in run.deltas(request):
-            if not opened:
-                yield event("response.output_item.added", output_index=0, item=resp.message_item("", "in_progress"))
-                yield event("response.content_part.added", item_id=resp.message_id, output_index=0, content_index=0,
-                            part={"type": "output_text", "text": "", "annotations": []})
-                opened = True
+        async for reasoning, piece in run.deltas(request):
+            if reasoning is not kind:   # a new item: reasoning and the message alternate as the reply does
+                if kind is not None:
+                    for e in close():
+                        yield e
+                kind, item_id, text = reasoning, f"{'rs' if reasoning else 'msg'}_{uuid.uuid4().hex}", ""
+                yield event("response.output_item.added", output_index=len(output),
+                            item=resp.item(kind, item_id, "", "in_progress"))
+                part = {"type": "reasoning_text", "text": ""} if kind else \
+                    {"type": "output_text", "text": "", "annotations": []}
+                yield event("response.content_part.added", item_id=item_id, output_index=len(output),
+                            content_index=0, part=part)
             text += piece
-            yield event("response.output_text.delta", delta=piece, **ids)
+            yield event("response.reasoning_text.delta" if kind else "response.output_text.delta", delta=piece,
+                        item_id=item_id, output_index=len(output), content_index=0)
     except APIError as e:
         yield event("error", code=e.code, message=e.message, param=e.param)
         return
-    index = 0
-    if opened:
-        part = {"type": "output_text", "text": text, "annotations": []}
-        yield event("response.output_text.done", text=text, **ids)
-        yield event("response.content_part.done", part=part, **ids)
-        yield event("response.output_item.done", output_index=0, item=resp.message_item(text, "completed"))
-        index = 1
-    output = ([resp.message_item(text, "completed")] if opened else [])
+    if kind is not None:
+        for e in close():
+            yield e
+    index = len(output)
     for item in resp.call_items(run):
         yield event("response.output_item.added", output_index=index, item=dict(item, arguments="",
                                                                                  status="in_progress"))
