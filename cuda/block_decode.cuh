@@ -180,6 +180,10 @@ struct DecodeIQ4_XS {
 static __device__ const Grid512 kIq3sGrid = iq3s_grid;
 static __device__ const Grid256 kIq3xxsGrid = iq3xxs_grid;
 static __device__ const Grid512 kIq2xxsGrid = iq2xxs_grid;
+static __device__ const Grid1024 kIq2xsGrid = iq2xs_grid;
+
+// ksigns_iq2xs[i]: the 7 stored sign bits and their parity as bit 7.
+__device__ __forceinline__ uint32_t ksigns8(uint32_t i) { return i | (uint32_t(__popc(i) & 1) << 7); }
 
 // A grid point's 4 values as signed bytes, negated where the 4 sign bits (bits 0..3) are set.
 __device__ __forceinline__ int signed_point(uint32_t point, uint32_t signs4) {
@@ -214,10 +218,7 @@ struct DecodeIQ3_XXS {
     __device__ __forceinline__ static uint32_t signs(uint32_t aux) {
         uint32_t s = 0;
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            const uint32_t idx = (aux >> (7 * k)) & 127u;
-            s |= (idx | (uint32_t(__popc(idx) & 1) << 7)) << (8 * k);
-        }
+        for (int k = 0; k < 4; ++k) s |= ksigns8((aux >> (7 * k)) & 127u) << (8 * k);
         return s;
     }
     __device__ __forceinline__ static int values(uint32_t qs_byte, uint32_t signs4) {
@@ -237,6 +238,24 @@ struct DecodeIQ2_XXS {
     __device__ __forceinline__ static int values(uint32_t idx4, uint32_t signs, int g) {
         const uint32_t point = (idx4 >> (8 * (g >> 1))) & 0xFF;
         return signed_point(__ldg(&kIq2xxsGrid.v[2 * point + (g & 1)]), signs >> (4 * g));
+    }
+};
+
+// ---- IQ2_XS, packed: 80 quant bytes a block (qs[32] as u16: 9-bit index of an 8-value point and
+// 7 sign bits; scales[8], a nibble per 16 values; 8 bytes of pad), f16 d in meta. Sub-block j is
+// points 4 j .. 4 j + 3, read as one uint2.
+struct DecodeIQ2_XS {
+    static constexpr GGMLType kType = GGMLType::IQ2_XS;
+    static constexpr int kQuantBytes = 80, kScales = 64;
+    using Meta = uint16_t;
+    // d / 8: times the scale it is gguf's d * (s + 1/2) / 4
+    __device__ __forceinline__ static float d(Meta m) { return h2f(m) * 0.125f; }
+    // the scale 2 s + 1 of half h (16 values) of a sub-block from its scales byte
+    __device__ __forceinline__ static int scale(uint32_t b, int h) { return 2 * int((b >> (4 * h)) & 0xF) + 1; }
+    // group g (values 4 g .. 4 g + 3) of a sub-block: half g % 2 of point g / 2 with its signs
+    __device__ __forceinline__ static int values(uint2 q, int g) {
+        const uint32_t pt = ((g < 4 ? q.x : q.y) >> (16 * ((g >> 1) & 1))) & 0xFFFF;
+        return signed_point(__ldg(&kIq2xsGrid.v[2 * (pt & 511) + (g & 1)]), ksigns8(pt >> 9) >> (4 * (g & 1)));
     }
 };
 
@@ -339,6 +358,7 @@ template <> struct BlockDecoder<GGMLType::IQ4_XS> { using type = DecodeIQ4_XS; }
 template <> struct BlockDecoder<GGMLType::IQ3_S> { using type = DecodeIQ3_S; };
 template <> struct BlockDecoder<GGMLType::IQ3_XXS> { using type = DecodeIQ3_XXS; };
 template <> struct BlockDecoder<GGMLType::IQ2_XXS> { using type = DecodeIQ2_XXS; };
+template <> struct BlockDecoder<GGMLType::IQ2_XS> { using type = DecodeIQ2_XS; };
 template <> struct BlockDecoder<GGMLType::F32> { using type = DecodeFloat<float>; };
 template <> struct BlockDecoder<GGMLType::F16> { using type = DecodeFloat<__half>; };
 template <> struct BlockDecoder<GGMLType::BF16> { using type = DecodeFloat<__nv_bfloat16>; };

@@ -107,6 +107,20 @@ __device__ __forceinline__ void dequant8(const DqParams& p, int64_t row, int64_t
 #pragma unroll
             for (int k = 0; k < 4; ++k) out[4 * h + k] = d * float(sbyte(v, k));
         }
+    } else if constexpr (T == GGMLType::IQ2_XS) {
+        // groups g, g + 1 (g even: one 8-value point) of sub-block j
+        const int64_t b = row * p.n_blocks + e / 256;
+        const int i = int(e % 256), j = i / 32, g = (i % 32) / 4;
+        const uint8_t* base = p.w + b * D::kQuantBytes;
+        const uint2 q = *reinterpret_cast<const uint2*>(base + 8 * j);
+        const float d = D::d(reinterpret_cast<const uint16_t*>(p.meta)[b]) *
+                        float(D::scale(base[D::kScales + j], g / 4));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const uint32_t v = uint32_t(D::values(q, g + h));
+#pragma unroll
+            for (int k = 0; k < 4; ++k) out[4 * h + k] = d * float(sbyte(v, k));
+        }
     } else if constexpr (T == GGMLType::Q6_K) {
         const int64_t b = row * p.n_blocks + e / 256;
         const int i = int(e % 256), h = i / 128, k = (i % 128) / 32, l = i % 32;
@@ -160,6 +174,7 @@ void dequantize_f16(const DeviceWeight& w, __half* out, cudaStream_t s) {
         case GGMLType::IQ3_S: dequantize_kernel<GGMLType::IQ3_S><<<grid, 256, 0, s>>>(p, out); break;
         case GGMLType::IQ3_XXS: dequantize_kernel<GGMLType::IQ3_XXS><<<grid, 256, 0, s>>>(p, out); break;
         case GGMLType::IQ2_XXS: dequantize_kernel<GGMLType::IQ2_XXS><<<grid, 256, 0, s>>>(p, out); break;
+        case GGMLType::IQ2_XS: dequantize_kernel<GGMLType::IQ2_XS><<<grid, 256, 0, s>>>(p, out); break;
         default: fail("cuda dequantize: type ", block_info(w.type).name, " is not a quantized type");
     }
     EMBER_CUDA_LAUNCHED("dequantize_f16");

@@ -298,6 +298,46 @@ struct FmtIQ2_XXS {
     }
 };
 
+// IQ2_XS (packed, block_decode.cuh): a unit is one sub-block of 32 (four points, its scales byte)
+// against activation block u; its two halves of 16 have their own scale.
+struct FmtIQ2_XS {
+    using D = DecodeIQ2_XS;
+    static constexpr bool kWholeRow = false;
+    static constexpr int kDepth = 4;
+    struct Data {
+        uint2 q;
+        uint32_t scales;
+        uint16_t meta;
+    };
+    __device__ static Data load(const GemvParams& p, int64_t row, int u) {
+        const int64_t b = row * p.n_blocks + (u >> 3);
+        const uint8_t* base = p.w + b * D::kQuantBytes;
+        Data v;
+        v.q = *reinterpret_cast<const uint2*>(base + 8 * (u & 7));
+        v.scales = *reinterpret_cast<const uint32_t*>(base + D::kScales + 4 * ((u & 7) >> 2));
+        v.meta = __ldg(reinterpret_cast<const uint16_t*>(p.meta) + b);
+        return v;
+    }
+    template <int NT>
+    __device__ static void dot(const GemvParams& p, int u, const Data& v, float* acc) {
+        const uint32_t sb = (v.scales >> (8 * (u & 3))) & 0xFF;
+        const int s0 = D::scale(sb, 0), s1 = D::scale(sb, 1);
+        int lo[8] = {}, hi[8] = {};
+#pragma unroll
+        for (int g = 0; g < 4; ++g) {
+            lo[g] = D::values(v.q, g);
+            hi[g + 4] = D::values(v.q, g + 4);
+        }
+        const float d = D::d(v.meta);
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            int4 a, c;
+            load_x32(p, t, u, a, c);
+            acc[t] += d * load_ds(p, t, u).x * float(s0 * dot32(lo, a, c) + s1 * dot32(hi, a, c));
+        }
+    }
+};
+
 // Q6_K (packed, block_decode.cuh): a unit is 16 consecutive l of one 128-element half: elements
 // l, l+32, l+64, l+96 (four sub-blocks of 16).
 struct FmtQ6_K {

@@ -161,7 +161,8 @@ bool cuda_weight_type(GGMLType type) {
         case GGMLType::IQ4_XS:
         case GGMLType::IQ3_S:
         case GGMLType::IQ3_XXS:
-        case GGMLType::IQ2_XXS: return true;
+        case GGMLType::IQ2_XXS:
+        case GGMLType::IQ2_XS: return true;
         default: return false;
     }
 }

@@ -65,6 +65,11 @@ __global__ void pack_kernel(const uint8_t* __restrict__ raw, uint8_t* __restrict
         for (int k = 0; k < 4; ++k) q[104 + k] = s[106 + k];
         put<112>(qs + b * 112, q);
         put<2>(meta + b * 2, s);
+    } else if constexpr (T == GGMLType::IQ2_XS) {   // {f16 d; u16 qs[32]; u8 scales[8]} -> qs, scales, 8 of pad
+        uint8_t q[80] = {};
+        for (int k = 0; k < 72; ++k) q[k] = s[2 + k];
+        put<80>(qs + b * 80, q);
+        put<2>(meta + b * 2, s);
     } else if constexpr (T == GGMLType::Q5_0) {   // {f16 d; u8 qh[4]; u8 qs[16]} -> MetaQ5_0 {d, 0, qh}
         const uint8_t m[8] = {s[0], s[1], 0, 0, s[2], s[3], s[4], s[5]};
         put<8>(meta + b * 8, m);
@@ -119,6 +124,9 @@ void pack_weight_device(GGMLType type, int64_t n_in, int64_t n_out, const uint8_
             break;
         case GGMLType::IQ2_XXS:
             pack_kernel<GGMLType::IQ2_XXS, 66, 64, 2><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk);
+            break;
+        case GGMLType::IQ2_XS:
+            pack_kernel<GGMLType::IQ2_XS, 74, 80, 2><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk);
             break;
         case GGMLType::Q6_K:
             pack_kernel<GGMLType::Q6_K, 210, 192, 16><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk);

@@ -13,7 +13,7 @@ E = kernel_module()
 
 ALL_TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q8_1,
              T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_K, T.MXFP4, T.IQ4_NL, T.IQ4_XS, T.IQ3_S,
-             T.IQ3_XXS, T.IQ2_XXS]
+             T.IQ3_XXS, T.IQ2_XXS, T.IQ2_XS]
 LEGACY_QUANTIZED = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
 K_QUANTIZED = [T.Q4_K, T.Q5_K, T.Q6_K]
 
@@ -28,7 +28,7 @@ def level(request):
 F16_FIELDS = {
     T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: [0], T.Q8_1: [0, 2],
     T.Q2_K: [80, 82], T.Q3_K: [108], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208],
-    T.IQ4_NL: [0], T.IQ4_XS: [0], T.IQ3_S: [0], T.IQ3_XXS: [0], T.IQ2_XXS: [0],
+    T.IQ4_NL: [0], T.IQ4_XS: [0], T.IQ3_S: [0], T.IQ3_XXS: [0], T.IQ2_XXS: [0], T.IQ2_XS: [0],
 }
 
 
@@ -105,7 +105,8 @@ def extreme_scale_blocks(t, rng):
     return raw.reshape(-1)
 
 
-@pytest.mark.parametrize("t", [T.MXFP4, T.IQ4_NL, T.IQ4_XS, T.IQ3_S, T.IQ3_XXS, T.IQ2_XXS], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [T.MXFP4, T.IQ4_NL, T.IQ4_XS, T.IQ3_S, T.IQ3_XXS, T.IQ2_XXS, T.IQ2_XS],
+                         ids=lambda t: t.name)
 def test_dequantize_extreme_scales_bit_exact_vs_gguf(t):
     rng = rng_for("dequantize extremes", t.name)
     raw = extreme_scale_blocks(t, rng)
@@ -379,6 +380,40 @@ def test_q8_k_activation_quantizer_matches_ref(level):
     for x in rows + [special.reshape(-1), np.zeros(256, dtype=np.float32)]:
         best, ref = E.quantize(int(T.Q8_K), x, impl="best"), E.quantize(int(T.Q8_K), x, impl="ref")
         np.testing.assert_array_equal(best, ref)
+
+
+NEW_TYPES = [T.MXFP4, T.IQ4_NL, T.IQ4_XS, T.IQ3_S, T.IQ3_XXS, T.IQ2_XXS, T.IQ2_XS]
+
+
+def test_gguf_reader_takes_the_new_types(tmp_path):
+    """A file (written by the gguf package) with a 2-D and a 3-D tensor of each new type: ember's reader
+    knows every type id, sizes each tensor as gguf does and hands back its bytes, which dequantize as
+    gguf's."""
+    rng = rng_for("gguf new types")
+    path = tmp_path / "types.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    data = {}
+    for t in NEW_TYPES:
+        elems, nbytes = block_size(t)
+        for name, shape in ((f"{t.name}.2d", (3, 2 * elems)), (f"{t.name}.3d", (2, 3, elems))):
+            n_blocks = int(np.prod(shape)) // elems
+            raw = random_blocks(t, n_blocks, rng).reshape(*shape[:-1], shape[-1] // elems * nbytes)
+            w.add_tensor(name, raw, raw_dtype=t)
+            data[name] = (t, shape, raw)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    f = _ember.GGUFFile(str(path))
+    got = {x["name"]: x for x in f.tensors()}
+    for name, (t, shape, raw) in data.items():
+        assert got[name]["type"] == int(t) and got[name]["ne"] == list(reversed(shape)), name
+        assert got[name]["nbytes"] == raw.size, name
+        mine = f.tensor_data(name)
+        np.testing.assert_array_equal(mine, raw.reshape(-1), err_msg=name)
+        ours = E.dequantize(int(t), np.ascontiguousarray(mine), int(np.prod(shape)))
+        ref = gguf.quants.dequantize(raw.reshape(-1, raw.shape[-1]), t).reshape(-1)
+        np.testing.assert_array_equal(ours.view(np.uint32), ref.astype(np.float32).view(np.uint32), err_msg=name)
 
 
 def test_bad_input_raises_value_error():

@@ -156,12 +156,12 @@ int main(int argc, char** argv) {
         auto wants = [&](const char* table) { return only.empty() || only == table; };
 
         const Named types[] = {
-            {GGMLType::Q4_0, "Q4_0"},       {GGMLType::Q4_1, "Q4_1"},      {GGMLType::Q5_0, "Q5_0"},
-            {GGMLType::Q5_1, "Q5_1"},       {GGMLType::Q8_0, "Q8_0"},      {GGMLType::Q4_K, "Q4_K"},
-            {GGMLType::Q5_K, "Q5_K"},       {GGMLType::Q6_K, "Q6_K"},      {GGMLType::F16, "F16"},
-            {GGMLType::BF16, "BF16"},       {GGMLType::F32, "F32"},        {GGMLType::MXFP4, "MXFP4"},
-            {GGMLType::IQ4_NL, "IQ4_NL"},   {GGMLType::IQ4_XS, "IQ4_XS"},  {GGMLType::IQ3_S, "IQ3_S"},
-            {GGMLType::IQ3_XXS, "IQ3_XXS"}, {GGMLType::IQ2_XXS, "IQ2_XXS"}};
+            {GGMLType::Q4_0, "Q4_0"},       {GGMLType::Q4_1, "Q4_1"},       {GGMLType::Q5_0, "Q5_0"},
+            {GGMLType::Q5_1, "Q5_1"},       {GGMLType::Q8_0, "Q8_0"},       {GGMLType::Q4_K, "Q4_K"},
+            {GGMLType::Q5_K, "Q5_K"},       {GGMLType::Q6_K, "Q6_K"},       {GGMLType::F16, "F16"},
+            {GGMLType::BF16, "BF16"},       {GGMLType::F32, "F32"},         {GGMLType::MXFP4, "MXFP4"},
+            {GGMLType::IQ4_NL, "IQ4_NL"},   {GGMLType::IQ4_XS, "IQ4_XS"},   {GGMLType::IQ3_S, "IQ3_S"},
+            {GGMLType::IQ3_XXS, "IQ3_XXS"}, {GGMLType::IQ2_XXS, "IQ2_XXS"}, {GGMLType::IQ2_XS, "IQ2_XS"}};
         // llama2-7b shapes: (n_in, n_out) of q/k/v/o, gate/up, down.
         const int64_t shapes[3][2] = {{4096, 4096}, {4096, 11008}, {11008, 4096}};
         if (wants("gemv"))

@@ -166,9 +166,10 @@ float dot_iq4_xs(int64_t n, const void* wv, const void* xv) {
     return hsum_ps(acc);
 }
 
-// The grid types x Q8_K: a sub-block's 8 grid points gathered by idx, negated where its 32 sign
-// bits are set, then as IQ4_XS (its integer scale sc).
-inline __m256i grid_sub_block(const int* grid, __m256i idx, uint32_t signs, int sc, const int8_t* x) {
+// The grid types x Q8_K: a sub-block's 8 grid words gathered by idx, negated where its 32 sign
+// bits are set, then as IQ4_XS (sc16: the integer scale of each 16-bit pair lane, 0-7 the first
+// 16 values, 8-15 the second).
+inline __m256i grid_sub_block(const int* grid, __m256i idx, uint32_t signs, __m256i sc16, const int8_t* x) {
     const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3,
                                             3, 3, 3, 3, 3, 3, 3);
     const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201ULL));
@@ -176,7 +177,10 @@ inline __m256i grid_sub_block(const int* grid, __m256i idx, uint32_t signs, int 
     const __m256i neg = _mm256_cmpeq_epi8(
         _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(int(signs)), spread), bit), bit);
     const __m256i v = _mm256_sub_epi8(_mm256_xor_si256(g, neg), neg);
-    return _mm256_madd_epi16(pairs_table(v, load256(x)), _mm256_set1_epi16(int16_t(sc)));
+    return _mm256_madd_epi16(pairs_table(v, load256(x)), sc16);
+}
+inline __m256i grid_sub_block(const int* grid, __m256i idx, uint32_t signs, int sc, const int8_t* x) {
+    return grid_sub_block(grid, idx, signs, _mm256_set1_epi16(int16_t(sc)), x);
 }
 
 inline __m256i points8(const uint8_t* qs) {
@@ -248,6 +252,34 @@ float dot_iq2_xxs(int64_t n, const void* wv, const void* xv) {
     return hsum_ps(acc);
 }
 
+// IQ2_XS: point l of a sub-block (8 values: grid words 2 p, 2 p + 1) is p = qs[l] & 511, its signs
+// ksigns_iq2xs[qs[l] >> 9]; a scale 2 s + 1 per 16 values, d / 8.
+float dot_iq2_xs(int64_t n, const void* wv, const void* xv) {
+    const BlockIQ2_XS* w = static_cast<const BlockIQ2_XS*>(wv);
+    const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
+    const int* grid = reinterpret_cast<const int*>(iq2xs_grid.v);
+    const __m128i twice = _mm_setr_epi8(0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7);
+    const __m256i half = _mm256_setr_epi32(0, 1, 0, 1, 0, 1, 0, 1);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; ++i) {
+        __m256i sumi = _mm256_setzero_si256();
+        for (int j = 0; j < 8; ++j) {
+            const uint16_t* q = w[i].qs + 4 * j;
+            const __m128i q4 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q));
+            const __m256i p = _mm256_and_si256(_mm256_cvtepu16_epi32(_mm_shuffle_epi8(q4, twice)),
+                                               _mm256_set1_epi32(511));
+            const __m256i idx = _mm256_add_epi32(_mm256_slli_epi32(p, 1), half);
+            uint32_t signs = 0;
+            for (int l = 0; l < 4; ++l) signs |= uint32_t(ksigns_iq2xs[q[l] >> 9]) << (8 * l);
+            const int s0 = 2 * (w[i].scales[j] & 0x0F) + 1, s1 = 2 * (w[i].scales[j] >> 4) + 1;
+            const __m256i sc = _mm256_inserti128_si256(_mm256_set1_epi16(int16_t(s0)), _mm_set1_epi16(int16_t(s1)), 1);
+            sumi = _mm256_add_epi32(sumi, grid_sub_block(grid, idx, signs, sc, x[i].qs + 32 * j));
+        }
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(h2f(w[i].d) * 0.125f * x[i].d), acc);
+    }
+    return hsum_ps(acc);
+}
+
 }  // namespace
 
 VecDotFn vec_dot_avx2(GGMLType type) {
@@ -269,6 +301,7 @@ VecDotFn vec_dot_avx2(GGMLType type) {
         case GGMLType::IQ3_S: return dot_iq3_s;
         case GGMLType::IQ3_XXS: return dot_iq3_xxs;
         case GGMLType::IQ2_XXS: return dot_iq2_xxs;
+        case GGMLType::IQ2_XS: return dot_iq2_xs;
         default: return nullptr;
     }
 }

@@ -316,11 +316,14 @@ float dot_iq4_xs(int64_t n, const void* wv, const void* xv) {
 
 // The grid types: two sub-blocks a vector, their 16 grid points gathered by idx; the pair's 64 sign
 // bits (as they lie in memory: bit e for element e) are the byte mask of the negation.
-inline __m512i grid_sub_blocks(const int* grid, __m512i idx, uint64_t signs, int sc0, int sc1, const int8_t* x) {
+// sc: the integer scale of each 16-bit pair lane (8 lanes: 16 values).
+inline __m512i grid_sub_blocks(const int* grid, __m512i idx, uint64_t signs, __m512i sc, const int8_t* x) {
     const __m512i g = _mm512_i32gather_epi32(idx, grid, 4);
     const __m512i v = _mm512_mask_sub_epi8(g, __mmask64(signs), _mm512_setzero_si512(), g);
-    const __m512i sc = join(_mm256_set1_epi16(int16_t(sc0)), _mm256_set1_epi16(int16_t(sc1)));
     return _mm512_madd_epi16(pairs_table(v, _mm512_loadu_si512(x)), sc);
+}
+inline __m512i grid_sub_blocks(const int* grid, __m512i idx, uint64_t signs, int sc0, int sc1, const int8_t* x) {
+    return grid_sub_blocks(grid, idx, signs, join(_mm256_set1_epi16(int16_t(sc0)), _mm256_set1_epi16(int16_t(sc1))), x);
 }
 
 inline __m512i points16(const uint8_t* qs) {
@@ -395,6 +398,37 @@ float dot_iq2_xxs(int64_t n, const void* wv, const void* xv) {
     return _mm512_reduce_add_ps(acc);
 }
 
+// IQ2_XS: two sub-blocks' 8 points (qs[l] & 511: grid words 2 p, 2 p + 1), signs ksigns_iq2xs[qs[l] >> 9],
+// a scale 2 s + 1 per 16 values, d / 8.
+float dot_iq2_xs(int64_t n, const void* wv, const void* xv) {
+    const BlockIQ2_XS* w = static_cast<const BlockIQ2_XS*>(wv);
+    const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
+    const int* grid = reinterpret_cast<const int*>(iq2xs_grid.v);
+    const __m256i twice = _mm256_setr_epi16(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const __m512i half = _mm512_setr_epi32(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; ++i) {
+        __m512i sumi = _mm512_setzero_si512();
+        for (int c = 0; c < 4; ++c) {
+            const uint16_t* q = w[i].qs + 8 * c;
+            const __m256i q8 = _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+            const __m512i p = _mm512_and_si512(_mm512_cvtepu16_epi32(_mm256_permutexvar_epi16(twice, q8)),
+                                               _mm512_set1_epi32(511));
+            const __m512i idx = _mm512_add_epi32(_mm512_slli_epi32(p, 1), half);
+            uint64_t signs = 0;
+            for (int l = 0; l < 8; ++l) signs |= uint64_t(ksigns_iq2xs[q[l] >> 9]) << (8 * l);
+            const uint8_t s0 = w[i].scales[2 * c], s1 = w[i].scales[2 * c + 1];
+            const __m256i sc0 = _mm256_inserti128_si256(_mm256_set1_epi16(int16_t(2 * (s0 & 0x0F) + 1)),
+                                                        _mm_set1_epi16(int16_t(2 * (s0 >> 4) + 1)), 1);
+            const __m256i sc1 = _mm256_inserti128_si256(_mm256_set1_epi16(int16_t(2 * (s1 & 0x0F) + 1)),
+                                                        _mm_set1_epi16(int16_t(2 * (s1 >> 4) + 1)), 1);
+            sumi = _mm512_add_epi32(sumi, grid_sub_blocks(grid, idx, signs, join(sc0, sc1), x[i].qs + 64 * c));
+        }
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_set1_ps(h2f(w[i].d) * 0.125f * x[i].d), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
 }  // namespace
 
 VecDotFn vec_dot_avx512(GGMLType type) {
@@ -416,6 +450,7 @@ VecDotFn vec_dot_avx512(GGMLType type) {
         case GGMLType::IQ3_S: return dot_iq3_s;
         case GGMLType::IQ3_XXS: return dot_iq3_xxs;
         case GGMLType::IQ2_XXS: return dot_iq2_xxs;
+        case GGMLType::IQ2_XS: return dot_iq2_xs;
         default: return nullptr;
     }
 }

@@ -1,5 +1,5 @@
 // ARM64 NEON dot products, the types vec_dot_avx2.cpp covers: Q4_0/Q5_0/Q8_0/MXFP4/IQ4_NL x Q8_0,
-// Q4_1/Q5_1 x Q8_1, Q4_K/Q5_K/Q6_K/IQ4_XS/IQ3_S/IQ3_XXS/IQ2_XXS x Q8_K, F32/F16/BF16 x F32
+// Q4_1/Q5_1 x Q8_1, Q4_K/Q5_K/Q6_K/IQ4_XS/IQ3_S/IQ3_XXS/IQ2_XXS/IQ2_XS x Q8_K, F32/F16/BF16 x F32
 // (Advanced SIMD is part of every ARMv8-A core, so no flags or run-time check). Quantized types:
 // the integer sums of a block are exact in any order and the float step per block is the scalar
 // reference's own expression (both files build without FMA contraction off x86, CMakeLists.txt),
@@ -143,14 +143,17 @@ float dot_iq4_xs(int64_t n, const void* wv, const void* xv) {
 
 // The grid types: a sub-block's 8 grid points as 32 bytes, negated where its sign bits are set
 // (tested as the Q5 high bits are), summed and times the sub-block's scale.
-inline int32x4_t grid_sub_block(const uint32_t* pts, uint32_t signs, int sc, const int8_t* x) {
+inline int32x4_t grid_sub_block(const uint32_t* pts, uint32_t signs, int sc0, int sc1, const int8_t* x) {
     const uint8x16_t bit = vreinterpretq_u8_u64(vdupq_n_u64(0x8040201008040201ULL));
     const uint8x8_t b = vcreate_u8(signs);
     const uint8x16_t neg0 = vtstq_u8(vcombine_u8(vdup_lane_u8(b, 0), vdup_lane_u8(b, 1)), bit);
     const uint8x16_t neg1 = vtstq_u8(vcombine_u8(vdup_lane_u8(b, 2), vdup_lane_u8(b, 3)), bit);
     const int8x16_t g0 = vreinterpretq_s8_u32(vld1q_u32(pts)), g1 = vreinterpretq_s8_u32(vld1q_u32(pts + 4));
     const int8x16_t v0 = vbslq_s8(neg0, vnegq_s8(g0), g0), v1 = vbslq_s8(neg1, vnegq_s8(g1), g1);
-    return vmulq_n_s32(vaddq_s32(dot16(v0, vld1q_s8(x)), dot16(v1, vld1q_s8(x + 16))), sc);
+    return vaddq_s32(vmulq_n_s32(dot16(v0, vld1q_s8(x)), sc0), vmulq_n_s32(dot16(v1, vld1q_s8(x + 16)), sc1));
+}
+inline int32x4_t grid_sub_block(const uint32_t* pts, uint32_t signs, int sc, const int8_t* x) {
+    return grid_sub_block(pts, signs, sc, sc, x);
 }
 
 // IQ3_S and IQ3_XXS: dot_k_decoded's float step with no mins, x.d * (d * sumi - 0), the "- 0"
@@ -203,6 +206,27 @@ float dot_iq2_xxs(int64_t n, const void* wv, const void* xv) {
             std::memcpy(aux, w[i].qs + 8 * j, 8);
             for (int l = 0; l < 8; ++l) pts[l] = iq2xxs_grid.v[2 * ((aux[0] >> (8 * (l / 2))) & 0xFF) + l % 2];
             acc = vaddq_s32(acc, grid_sub_block(pts, iq2_signs32(aux[1]), 2 * int(aux[1] >> 28) + 1, x[i].qs + 32 * j));
+        }
+        s += x[i].d * (half_to_float(w[i].d) * 0.125f * float(vaddvq_s32(acc)));
+    }
+    return s;
+}
+
+// IQ2_XS: point l (qs[l] & 511: grid words 2 p, 2 p + 1) with signs ksigns_iq2xs[qs[l] >> 9], a
+// scale 2 s + 1 per 16 values, d / 8.
+float dot_iq2_xs(int64_t n, const void* wv, const void* xv) {
+    const BlockIQ2_XS* w = static_cast<const BlockIQ2_XS*>(wv);
+    const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
+    float s = 0;
+    for (int64_t i = 0; i < n / QK_K; ++i) {
+        int32x4_t acc = vdupq_n_s32(0);
+        for (int j = 0; j < 8; ++j) {
+            const uint16_t* q = w[i].qs + 4 * j;
+            uint32_t pts[8], signs = 0;
+            for (int l = 0; l < 8; ++l) pts[l] = iq2xs_grid.v[2 * (q[l / 2] & 511) + l % 2];
+            for (int l = 0; l < 4; ++l) signs |= uint32_t(ksigns_iq2xs[q[l] >> 9]) << (8 * l);
+            const int s0 = 2 * (w[i].scales[j] & 0x0F) + 1, s1 = 2 * (w[i].scales[j] >> 4) + 1;
+            acc = vaddq_s32(acc, grid_sub_block(pts, signs, s0, s1, x[i].qs + 32 * j));
         }
         s += x[i].d * (half_to_float(w[i].d) * 0.125f * float(vaddvq_s32(acc)));
     }
@@ -349,6 +373,7 @@ VecDotFn vec_dot_neon(GGMLType type) {
         case GGMLType::IQ3_S: return dot_iq3_s;
         case GGMLType::IQ3_XXS: return dot_iq3_xxs;
         case GGMLType::IQ2_XXS: return dot_iq2_xxs;
+        case GGMLType::IQ2_XS: return dot_iq2_xs;
         default: return nullptr;
     }
 }

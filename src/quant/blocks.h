@@ -130,6 +130,15 @@ struct BlockIQ2_XXS {
     uint8_t qs[QK_K / 4];
 };
 
+// 32 points of 8 values of iq2xs_grid: qs[l]'s low 9 bits index point l, its top 7 its signs
+// (ksigns_iq2xs); a 4-bit scale s per 16 values (nibble g % 2 of scales[g / 2]):
+// x = d * (s + 1/2) / 4 * value * sign.
+struct BlockIQ2_XS {
+    uint16_t d;
+    uint16_t qs[QK_K / 8];
+    uint8_t scales[QK_K / 32];
+};
+
 static_assert(sizeof(BlockQ4_0) == 18, "Q4_0 block size");
 static_assert(sizeof(BlockQ4_1) == 20, "Q4_1 block size");
 static_assert(sizeof(BlockQ5_0) == 22, "Q5_0 block size");
@@ -148,6 +157,7 @@ static_assert(sizeof(BlockIQ4_XS) == 136, "IQ4_XS block size");
 static_assert(sizeof(BlockIQ3_S) == 110, "IQ3_S block size");
 static_assert(sizeof(BlockIQ3_XXS) == 98, "IQ3_XXS block size");
 static_assert(sizeof(BlockIQ2_XXS) == 66, "IQ2_XXS block size");
+static_assert(sizeof(BlockIQ2_XS) == 74, "IQ2_XS block size");
 
 // Q4_K/Q5_K: unpack the 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes.
 // Bytes 0-3: scales 0-3 (low 6 bits), bytes 4-7: mins 0-3 (low 6 bits); bytes 8-11: low

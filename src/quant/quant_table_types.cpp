@@ -71,6 +71,9 @@ void dequantize_row_iq3_xxs(const void* src, float* dst, int64_t n) {
 void dequantize_row_iq2_xxs(const void* src, float* dst, int64_t n) {
     dequantize_grid<BlockIQ2_XXS, decode_iq2_xxs>(src, dst, n);
 }
+void dequantize_row_iq2_xs(const void* src, float* dst, int64_t n) {
+    dequantize_grid<BlockIQ2_XS, decode_iq2_xs>(src, dst, n);
+}
 
 namespace {
 
