@@ -18,6 +18,10 @@ struct QuantizeParams {
     // the prefix of OUTPUT-00001-of-0000N.gguf, ...; a model that fits one shard is written to OUTPUT.
     uint64_t split_max_bytes = 0;
     uint64_t split_max_tensors = 0;
+    // Per-tensor types over the recipe's, as llama-quantize's options: "REGEX=TYPE" (the last pattern
+    // found in a tensor's name wins), the output head's type and the token embedding's ("" = the recipe's).
+    std::vector<std::string> tensor_types;
+    std::string output_tensor_type, token_embedding_type;
 };
 
 // Progress callback: (tensor index, tensor count, tensor name, chosen type name).

@@ -12,10 +12,15 @@ void bind_quantize(nb::module_& m) {
     m.def(
         "quantize_model",
         [](const std::string& input, const std::string& output, const std::string& type, int n_threads,
-           bool allow_requantize, nb::object progress, uint64_t split_max_bytes, uint64_t split_max_tensors) {
+           bool allow_requantize, nb::object progress, uint64_t split_max_bytes, uint64_t split_max_tensors,
+           const std::vector<std::string>& tensor_types, const std::string& output_tensor_type,
+           const std::string& token_embedding_type) {
             ember::QuantizeParams p{input, output, type, n_threads, allow_requantize};
             p.split_max_bytes = split_max_bytes;
             p.split_max_tensors = split_max_tensors;
+            p.tensor_types = tensor_types;
+            p.output_tensor_type = output_tensor_type;
+            p.token_embedding_type = token_embedding_type;
             ember::QuantizeProgress cb;
             if (!progress.is_none())
                 cb = [progress](int i, int n, const std::string& name, const char* type_name) {
@@ -27,5 +32,7 @@ void bind_quantize(nb::module_& m) {
         },
         nb::arg("input"), nb::arg("output"), nb::arg("type"), nb::arg("n_threads") = 0,
         nb::arg("allow_requantize") = false, nb::arg("progress") = nb::none(), nb::arg("split_max_bytes") = 0,
-        nb::arg("split_max_tensors") = 0, "Quantize a model; returns the files written (several when split).");
+        nb::arg("split_max_tensors") = 0, nb::arg("tensor_types") = std::vector<std::string>(),
+        nb::arg("output_tensor_type") = "", nb::arg("token_embedding_type") = "",
+        "Quantize a model; returns the files written (several when split).");
 }

@@ -1,6 +1,12 @@
 """ember-quantize: quantize a GGUF model (C++, multi-threaded, streaming tensor by tensor).
 
     ember-quantize IN.gguf OUT.gguf TYPE [-t N] [--allow-requantize] [--split-max-size N(M|G) | --split-max-tensors N]
+        [--tensor-type REGEX=TYPE ...] [--output-tensor-type TYPE] [--token-embedding-type TYPE]
+
+--tensor-type gives the weight matrices whose names REGEX matches (searched, as llama-quantize
+does; the last matching option wins) TYPE instead of the recipe's; --output-tensor-type and
+--token-embedding-type set the output head's and the token embedding's. A K type on rows that are not
+a multiple of 256 falls back as in the recipe (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0).
 
 Each tensor's chosen type is printed as it is written, then a summary: the tensors of each type,
 their sizes, and the input and output file sizes. With a split limit the output is shards as
@@ -29,6 +35,10 @@ def parser() -> argparse.ArgumentParser:
     split.add_argument("--split-max-size", type=gguf_split.parse_size, metavar="N(M|G)",
                        help="write shards of at most this many tensor bytes (M = 1000^2, G = 1000^3 bytes)")
     split.add_argument("--split-max-tensors", type=int, metavar="N", help="write shards of at most N tensors")
+    ap.add_argument("--tensor-type", action="append", default=[], metavar="REGEX=TYPE",
+                    help="type of the weight matrices whose names match REGEX (repeatable; the last match wins)")
+    ap.add_argument("--output-tensor-type", default="", metavar="TYPE", help="type of output.weight")
+    ap.add_argument("--token-embedding-type", default="", metavar="TYPE", help="type of token_embd.weight")
     options.add_arguments(ap, options.QUANTIZE)
     add_version(ap)
     return ap
@@ -80,7 +90,8 @@ def main(argv=None) -> int:
     def run():
         paths = _ember.quantize_model(args.input, args.output, args.type, args.n_threads or 0,
                                       args.allow_requantize, progress, args.split_max_size or 0,
-                                      args.split_max_tensors or 0)
+                                      args.split_max_tensors or 0, args.tensor_type, args.output_tensor_type,
+                                      args.token_embedding_type)
         if len(paths) > 1:
             print(f"wrote {len(paths)} shards: " + ", ".join(paths), file=sys.stderr)
         print(summary(args.input, paths[0]), file=sys.stderr)

@@ -115,6 +115,9 @@ std::vector<std::string> quantize_model(const QuantizeParams& params, const Quan
     });
     std::vector<GGMLType> types(ts.size());
     for (size_t i : order) types[i] = choose_type(*mix, ts[i], st);
+    const TypeOverrides ov = parse_type_overrides(params.tensor_types, params.output_tensor_type,
+                                                  params.token_embedding_type);
+    for (size_t i = 0; i < ts.size(); ++i) types[i] = apply_overrides(ov, ts[i], types[i], st.has_output);
 
     std::vector<std::string> paths;
     std::vector<uint32_t> plan;

@@ -6,6 +6,8 @@
 
 #include <cctype>
 
+#include "ember/status.h"
+
 namespace ember {
 
 namespace {
@@ -36,6 +38,25 @@ bool use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n 
 
 bool is_k_type(GGMLType t) { return t == GGMLType::Q4_K || t == GGMLType::Q5_K || t == GGMLType::Q6_K; }
 
+// Q8_1 and Q8_K are the activations' dot-product formats, never stored in model files.
+bool is_storage_type(const TypeTraits& tr) {
+    return tr.quantize_row && tr.type != GGMLType::Q8_1 && tr.type != GGMLType::Q8_K;
+}
+
+std::string upper(const std::string& s) {
+    std::string up;
+    for (char c : s) up += (char)std::toupper((unsigned char)c);
+    return up;
+}
+
+std::string storage_type_names() {
+    std::string s;
+    for (uint32_t id = 0; id < 64; ++id)
+        if (const TypeTraits* tr = find_type_traits(id); tr && is_storage_type(*tr))
+            s += (s.empty() ? "" : ", ") + std::string(tr->name);
+    return s;
+}
+
 GGMLType k_fallback(GGMLType t) {
     switch (t) {
         case GGMLType::Q4_K: return GGMLType::Q5_0;
@@ -48,8 +69,7 @@ GGMLType k_fallback(GGMLType t) {
 }  // namespace
 
 const QuantMix* find_quant_mix(const std::string& name) {
-    std::string up;
-    for (char c : name) up += (char)std::toupper((unsigned char)c);
+    const std::string up = upper(name);
     for (const auto& m : kMixes)
         if (up == m.name) return &m;
     return nullptr;
@@ -84,6 +104,63 @@ GGMLType choose_type(const QuantMix& mix, const GGUFTensor& t, RecipeState& st) 
     if (is_k_type(type) && t.ne[0] % 256 != 0) type = k_fallback(type);
     const TypeTraits& tr = type_traits(type);
     if (t.ne[0] % tr.block_elems != 0) type = GGMLType::F16;   // rows too short for any block: keep precision
+    return type;
+}
+
+GGMLType parse_tensor_type(const std::string& name, const char* option) {
+    const std::string up = upper(name);
+    for (uint32_t id = 0; id < 64; ++id)
+        if (const TypeTraits* tr = find_type_traits(id); tr && is_storage_type(*tr) && up == tr->name) return tr->type;
+    fail(option, ": unknown tensor type '", name, "'; choose one of: ", storage_type_names());
+}
+
+TypeOverrides parse_type_overrides(const std::vector<std::string>& tensor_types, const std::string& output_type,
+                                   const std::string& token_embd_type) {
+    TypeOverrides ov;
+    for (const auto& spec : tensor_types) {
+        const size_t eq = spec.rfind('=');
+        if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size())
+            fail("--tensor-type: expected REGEX=TYPE (e.g. 'attn_v=Q6_K'), got '", spec, "'");
+        const std::string pattern = spec.substr(0, eq);
+        std::regex re;
+        try {
+            re = std::regex(pattern);
+        } catch (const std::regex_error& e) {
+            fail("--tensor-type: bad regular expression '", pattern, "': ", e.what());
+        }
+        ov.tensor_types.emplace_back(std::move(re), parse_tensor_type(spec.substr(eq + 1), "--tensor-type"));
+        ov.patterns.push_back(pattern);
+    }
+    if (!output_type.empty()) ov.output = parse_tensor_type(output_type, "--output-tensor-type");
+    if (!token_embd_type.empty()) ov.token_embd = parse_tensor_type(token_embd_type, "--token-embedding-type");
+    return ov;
+}
+
+GGMLType apply_overrides(const TypeOverrides& ov, const GGUFTensor& t, GGMLType chosen, bool has_output) {
+    // As llama-quantize: only the weight matrices the recipe quantizes can be overridden.
+    if (t.ne.size() < 2 || !ends_with(t.name, ".weight")) return chosen;
+    GGMLType type = chosen;
+    std::string why;
+    for (size_t i = 0; i < ov.tensor_types.size(); ++i)
+        if (std::regex_search(t.name, ov.tensor_types[i].first)) {
+            type = ov.tensor_types[i].second;
+            why = "--tensor-type '" + ov.patterns[i] + "'";
+        }
+    if (ov.output && (t.name == "output.weight" || (!has_output && t.name == "token_embd.weight"))) {
+        type = *ov.output;
+        why = "--output-tensor-type";
+    }
+    if (ov.token_embd && t.name == "token_embd.weight") {
+        type = *ov.token_embd;
+        why = "--token-embedding-type";
+    }
+    if (type == chosen) return type;
+    if (is_k_type(type) && t.ne[0] % 256 != 0) type = k_fallback(type);
+    const TypeTraits& tr = type_traits(type);
+    if (t.ne[0] % tr.block_elems != 0)
+        fail(why, ": tensor '", t.name, "' has rows of ", t.ne[0], " elements, not a multiple of ", tr.name,
+             "'s blocks of ", tr.block_elems, " (K types fall back as the recipe does: Q4_K -> Q5_0, Q5_K -> Q5_1, ",
+             "Q6_K -> Q8_0; choose a type whose blocks divide the rows, or F16)");
     return type;
 }
 

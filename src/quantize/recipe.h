@@ -1,6 +1,10 @@
 // Which type each tensor gets for a quantization mix (llama.cpp's recipe, so files compare).
 #pragma once
+#include <optional>
+#include <regex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "ember/gguf.h"
 
@@ -27,5 +31,22 @@ struct RecipeState {
 
 // Type for tensor t under mix; F32 for tensors that are not quantized (norms, biases, 1-D).
 GGMLType choose_type(const QuantMix& mix, const GGUFTensor& t, RecipeState& st);
+
+// Per-tensor types chosen on the command line, over the recipe's choice (llama-quantize's
+// --tensor-type, --output-tensor-type, --token-embedding-type).
+struct TypeOverrides {
+    std::vector<std::pair<std::regex, GGMLType>> tensor_types;   // the last matching pattern wins
+    std::vector<std::string> patterns;                           // the source text of each regex, for errors
+    std::optional<GGMLType> output, token_embd;
+};
+
+// A type a tensor can be written in, by name (any case); throws naming the types there are.
+GGMLType parse_tensor_type(const std::string& name, const char* option);
+// "REGEX=TYPE" strings and the two type names ("" = none); throws on a bad regex or type.
+TypeOverrides parse_type_overrides(const std::vector<std::string>& tensor_types, const std::string& output_type,
+                                   const std::string& token_embd_type);
+// The overridden type of t (chosen: the recipe's), with the recipe's fallback where a K type's
+// 256-element blocks do not fit the rows; throws where no fallback fits either.
+GGMLType apply_overrides(const TypeOverrides& ov, const GGUFTensor& t, GGMLType chosen, bool has_output);
 
 }  // namespace ember
