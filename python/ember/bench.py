@@ -39,15 +39,13 @@ def host_bandwidth_gbs() -> float:
 
 def decode_bytes_per_token(model, kv_type: str, depth: int) -> float:
     """Weight bytes one decode step reads (every matrix once; only one embedding row) plus the KV."""
-    import gguf  # metadata reader for tensor sizes
-
-    reader = gguf.GGUFReader(model.path)
+    tensors = _ember.GGUFFile(model.path).tensors()   # every shard's, for a split model
     total = 0
-    tied = not any(t.name == "output.weight" for t in reader.tensors)
-    for t in reader.tensors:
-        if t.name == "token_embd.weight" and not tied:
+    tied = not any(t["name"] == "output.weight" for t in tensors)
+    for t in tensors:
+        if t["name"] == "token_embd.weight" and not tied:
             continue
-        total += int(t.n_bytes)
+        total += int(t["nbytes"])
     kv = 2 * model.n_layer * model.n_head_kv * model.head_dim * KV_BYTES_PER_VALUE[kv_type] * depth
     return float(total + kv)
 
