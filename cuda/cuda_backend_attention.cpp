@@ -1,9 +1,10 @@
 // The CUDA backend's attention dispatch and KV stores: the kernel comes from choose_attention
 // (kernel_choice.h); here its arguments are filled in (tiles, splits and their scratch, the f16
-// copy of q8_0 or bf16 blocks for kernels that read f16) and it is launched.
+// copy of q8_0, q4/q5 or bf16 blocks for kernels that read f16) and it is launched.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <tuple>
 
 #include "backend/kv_layout.h"
 #include "cuda_backend_impl.h"
@@ -46,8 +47,9 @@ void CudaBackend::attention(const KVLayer& kv, const float* q, int32_t n_tok, co
 
 void CudaBackend::check_kv(const KVLayer& kv, const char* op) const {
     for (GGMLType t : {kv.k_type, kv.v_type})
-        if (t != GGMLType::F16 && t != GGMLType::BF16 && t != GGMLType::Q8_0)
-            fail("cuda ", op, ": the GPU keeps KV in f16, bf16 or q8_0, not in GGML type ", int(t));
+        if (t != GGMLType::F16 && t != GGMLType::BF16 && !kv_type_is_blocked(t))
+            fail("cuda ", op, ": the GPU keeps KV in f16, bf16, q8_0, q4_0, q4_1, q5_0 or q5_1, not in GGML type ",
+                 int(t));
 }
 
 // The attention of q over kv into out. want_q8: the kernels that can also write out as q8_1 blocks
@@ -157,6 +159,10 @@ void CudaBackend::store_mixed(KVLayer& kv, const float* k, const float* v, int32
     kv_store_q8(static_cast<uint8_t*>(cache(kv.k, kv.k_type, GGMLType::Q8_0)),
                 static_cast<uint8_t*>(cache(kv.v, kv.v_type, GGMLType::Q8_0)), kv.block_size, width, kv.head_dim, k, v,
                 n_tok, dbatch_, stream_);
+    for (const auto& [c, t, x] : {std::tuple{kv.k, kv.k_type, k}, std::tuple{kv.v, kv.v_type, v}})
+        if (kv_type_is_blocked(t) && t != GGMLType::Q8_0)
+            kv_store_legacy(t, static_cast<uint8_t*>(c), nullptr, kv.block_size, width, x, nullptr, n_tok, dbatch_,
+                            stream_);
     kv_store_bf16(static_cast<uint16_t*>(cache(kv.k, kv.k_type, GGMLType::BF16)),
                   static_cast<uint16_t*>(cache(kv.v, kv.v_type, GGMLType::BF16)), kv.block_size, width, k, v, n_tok,
                   dbatch_, stream_);
@@ -165,7 +171,7 @@ void CudaBackend::store_mixed(KVLayer& kv, const float* k, const float* v, int32
     if (kh || vh) cuda::kv_store(kh, vh, kv.block_size, width, k, v, n_tok, dbatch_, stream_);
 }
 
-// The batch's blocks of the layer's q8_0 and bf16 caches as f16 in kv_f16_ (one layer's worth,
+// The batch's blocks of the layer's q8_0, q4/q5 and bf16 caches as f16 in kv_f16_ (one layer's worth,
 // reused by all); a.k_cache / a.v_cache point at the copies.
 void CudaBackend::expand_to_f16(const KVLayer& kv, AttentionArgs& a) {
     const int64_t width = int64_t(kv.n_head_kv) * kv.head_dim, n = int64_t(kv.n_blocks) * kv.block_size * width;
@@ -181,8 +187,15 @@ void CudaBackend::expand_to_f16(const KVLayer& kv, AttentionArgs& a) {
     kv_expand_bf16(k_bf ? static_cast<const uint16_t*>(kv.k) : nullptr,
                    v_bf ? static_cast<const uint16_t*>(kv.v) : nullptr, kh, kh + n, kv.block_size, int32_t(width),
                    kv.n_blocks, n_seq_, n_blk, dbatch_, stream_);
-    if (k_q8 || k_bf) a.k_cache = kh;
-    if (v_q8 || v_bf) a.v_cache = kh + n;
+    const bool k_legacy = kv_type_is_blocked(kv.k_type) && !k_q8, v_legacy = kv_type_is_blocked(kv.v_type) && !v_q8;
+    if (k_legacy)
+        kv_expand_legacy(kv.k_type, static_cast<const uint8_t*>(kv.k), nullptr, kh, nullptr, kv.block_size,
+                         int32_t(width), kv.n_blocks, n_seq_, n_blk, dbatch_, stream_);
+    if (v_legacy)
+        kv_expand_legacy(kv.v_type, static_cast<const uint8_t*>(kv.v), nullptr, kh + n, nullptr, kv.block_size,
+                         int32_t(width), kv.n_blocks, n_seq_, n_blk, dbatch_, stream_);
+    if (k_q8 || k_bf || k_legacy) a.k_cache = kh;
+    if (v_q8 || v_bf || v_legacy) a.v_cache = kh + n;
 }
 
 // Partial-result buffers and per-CTA-group counters of a split (flash-decoding) attention.

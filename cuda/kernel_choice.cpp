@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "backend/kv_layout.h"
 #include "backend/switches.h"
 #include "ember/status.h"
 
@@ -85,8 +86,9 @@ MatmulKernel cublas_kind(GGMLType t) {
 }
 
 void check_cache(GGMLType t) {
-    if (t != GGMLType::F16 && t != GGMLType::BF16 && t != GGMLType::Q8_0)
-        fail("cuda attention choice: the GPU keeps KV in f16, bf16 or q8_0, not in GGML type ", uint32_t(t));
+    if (t != GGMLType::F16 && t != GGMLType::BF16 && !kv_type_is_blocked(t))
+        fail("cuda attention choice: the GPU keeps KV in f16, bf16, q8_0, q4_0, q4_1, q5_0 or q5_1, not in GGML type ",
+             uint32_t(t));
 }
 
 // The long-context decode kernels take power-of-two KV blocks of >= 4 tokens: q heads per CTA, 0

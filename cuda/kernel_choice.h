@@ -189,7 +189,7 @@ bool step_is_graphed(const BatchFacts& b, const KernelSwitches& sw);
 // ---- Attention ----
 
 struct AttentionQuery {
-    GGMLType k_type = GGMLType::F16, v_type = GGMLType::F16;   // F16, BF16 or Q8_0
+    GGMLType k_type = GGMLType::F16, v_type = GGMLType::F16;   // F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
     int32_t head_dim = 128, n_head = 32, n_head_kv = 8, block_size = 16;
     int32_t max_len = 1;   // the batch's longest context: its highest position + 1
     int32_t window = 0;    // > 0: sliding window
@@ -213,7 +213,7 @@ const char* attention_kernel_name(AttentionKernel k);
 
 struct AttentionChoice {
     AttentionKernel kernel = AttentionKernel::tiled;
-    // Some cache is q8_0 or bf16 and the kernel reads f16: the batch's blocks are expanded to f16 first.
+    // Some cache is not f16 and the kernel reads f16: the batch's blocks are expanded to f16 first.
     bool expand_q8 = false;
     // The tiled kernels' query tile: kTileLens[tile_index].
     int tile_index = 0;
@@ -224,7 +224,7 @@ struct AttentionChoice {
     int heads_per_cta = 1;
 };
 
-// InvalidInput for a cache type other than F16 / BF16 / Q8_0, non-positive shapes or a negative length.
+// InvalidInput for a cache type the GPU does not keep (F32 and others), non-positive shapes or a negative length.
 AttentionChoice choose_attention(const AttentionQuery& q);
 // attention_short declined the shape (its shared memory did not fit): the choice without it.
 AttentionChoice choose_attention_without_short(AttentionQuery q);

@@ -220,6 +220,12 @@ void kv_store_q8(uint8_t* k_cache, uint8_t* v_cache, int32_t block_size, int32_t
 void kv_expand_q8(const uint8_t* k_cache, const uint8_t* v_cache, __half* k_f16, __half* v_f16, int32_t block_size,
                   int32_t kv_dim, int32_t head_dim, int32_t n_blocks, int32_t n_seq, int32_t n_blk,
                   const DeviceBatch& b, cudaStream_t s);
+// q4_0 / q4_1 / q5_0 / q5_1 KV (kv_legacy.cu): the same pair for caches of `type` (either may be null).
+void kv_store_legacy(GGMLType type, uint8_t* k_cache, uint8_t* v_cache, int32_t block_size, int32_t kv_dim,
+                     const float* k, const float* v, int32_t n_tok, const DeviceBatch& b, cudaStream_t s);
+void kv_expand_legacy(GGMLType type, const uint8_t* k_cache, const uint8_t* v_cache, __half* k_f16, __half* v_f16,
+                      int32_t block_size, int32_t kv_dim, int32_t n_blocks, int32_t n_seq, int32_t n_blk,
+                      const DeviceBatch& b, cudaStream_t s);
 // bf16 KV (kv_bf16.cu): the same pair for a cache of bf16 rows.
 void kv_store_bf16(uint16_t* k_cache, uint16_t* v_cache, int32_t block_size, int32_t kv_dim, const float* k,
                    const float* v, int32_t n_tok, const DeviceBatch& b, cudaStream_t s);

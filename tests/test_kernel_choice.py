@@ -226,6 +226,9 @@ ATTENTION_CASES = [
     (dict(k_type="BF16", v_type="BF16", max_len=100, n_tok=1), "exact_cluster", dict(expand_q8=True)),
     (dict(k_type="BF16", v_type="Q8_0", max_len=1000, n_tok=1), "decode_mma", dict(expand_q8=True)),
     (dict(k_type="BF16", v_type="F16", max_len=1000, n_tok=65), "prefill_mma", dict(expand_q8=True)),
+    # q4 / q5 caches: an f16 copy, as bf16
+    (dict(k_type="Q4_0", v_type="Q5_1", max_len=1000, n_tok=1), "decode_mma", dict(expand_q8=True)),
+    (dict(k_type="Q4_1", v_type="Q4_1", max_len=100, n_tok=1), "exact_cluster", dict(expand_q8=True)),
     # prompts
     (dict(max_len=1000, n_tok=64), "tiled", dict(tile_len=2)),
     (dict(max_len=1000, n_tok=65), "prefill_mma", dict(tile_len=64)),
@@ -332,8 +335,8 @@ def test_moe_choice_bad_input(kwargs, match):
 
 
 @pytest.mark.parametrize("query,match", [
-    (dict(k_type="Q4_0"), "f16, bf16 or q8_0"),
-    (dict(v_type="F32"), "f16, bf16 or q8_0"),
+    (dict(k_type="Q6_K"), "f16, bf16, q8_0, q4_0, q4_1, q5_0 or q5_1"),
+    (dict(v_type="F32"), "f16, bf16, q8_0, q4_0, q4_1, q5_0 or q5_1"),
     (dict(head_dim=0), "at least 1"),
     (dict(n_head_kv=0), "at least 1"),
     (dict(max_len=-1), "negative context"),

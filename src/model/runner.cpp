@@ -189,11 +189,10 @@ Runner::Runner(std::shared_ptr<Model> model, const RunnerParams& params) {
     ModelImpl& m = model->impl();
     check_kv_type(params.type_k, m.hp.head_dim, "type_k");
     check_kv_type(params.type_v, m.hp.head_dim, "type_v");
-    for (GGMLType t : {params.type_k, params.type_v})
-        if (t != GGMLType::F16 && t != GGMLType::BF16 && t != GGMLType::Q8_0 && m.any_gpu())
-            fail("a ", type_traits(t).name,
-                 " KV cache (type_k or type_v) is available for CPU blocks only; use f16, bf16 or q8_0 with "
-                 "n_gpu_layers != 0");
+    if ((params.type_k == GGMLType::F32 || params.type_v == GGMLType::F32) && m.any_gpu())
+        fail(
+            "an f32 KV cache (type_k or type_v) is available for CPU blocks only; use another type with "
+            "n_gpu_layers != 0");
     impl_ = std::make_unique<RunnerImpl>(std::move(model), params);
     RunnerImpl& r = *impl_;
     BackendOptions opts;
