@@ -358,19 +358,21 @@ EXACT_CASES = {
 }
 
 
+@pytest.mark.parametrize("sinks", [False, True], ids=["no_sinks", "sinks"])
 @pytest.mark.parametrize("clusters", [True, False], ids=["cluster", "one_cta"])
 @pytest.mark.parametrize("case", list(EXACT_CASES))
-def test_attention_matches_cpu(cpu, case, clusters):
+def test_attention_matches_cpu(cpu, case, clusters, sinks):
     """Both forms of the kernel (a cluster of CTAs a head on Hopper; one CTA a head before it, or
-    with EMBER_CUDA_EXACT_CLUSTER=0) give the CPU backend's bits."""
+    with EMBER_CUDA_EXACT_CLUSTER=0) give the CPU backend's bits, with per-head sink logits too."""
     gpu = cuda_backend(EMBER_CUDA_EXACT_CLUSTER="1" if clusters else "0")
     n_head, n_kv, hd, length, pos, bs, window, steps = EXACT_CASES[case]
-    rng = rng_for("attention_cpu", case)
+    rng = rng_for("attention_cpu", case + ("-sinks" if sinks else ""))
     q = rng.standard_normal((len(pos), n_head * hd)).astype(np.float32)
     k, v = rng.standard_normal((2, length, n_kv * hd)).astype(np.float32)
+    s = (np.log(min(length, window or length)) + rng.uniform(-3, 3, n_head)).astype(np.float32) if sinks else None
     args = (q, k, v, pos, n_head, n_kv, hd, bs)
-    yc = cpu.attention(*args, seed=3, window=window)
-    assert_same_bits(gpu.attention(*args, seed=5, window=window, fast=steps), yc, case)
+    yc = cpu.attention(*args, seed=3, window=window, sinks=s)
+    assert_same_bits(gpu.attention(*args, seed=5, window=window, fast=steps, sinks=s), yc, case)
 
 
 # End-to-end on the real SmolLM2-135M (Q4_1, GQA 9/3, tied Q8_0 head): every block on the GPU,
