@@ -15,7 +15,8 @@ from conftest import at_simd_level, kernel_module, rng_for, simd_levels
 # one block) with the row-at-a-time one (groups across blocks, a partial last group). GQA groups of
 # 1, 2, 3 and 6 query heads: the f16 values' weighted sum takes up to 4 heads a pass. The last
 # cases scale K and V: 1e-5 stores f16 subnormals, 3e4 values past f16's range (inf), so that the
-# SIMD store's rounding meets the scalar float_to_half's at its edges.
+# SIMD store's rounding meets the scalar float_to_half's at its edges. Every other case adds
+# per-head sink logits (gpt-oss), which join the softmax's max and sum.
 CASES = [
     (6, 2, 64, 75, "f16", 16, 1.0),
     (4, 4, 128, 130, "f16", 5, 1.0),
@@ -50,7 +51,9 @@ def run_at(level, seed):
         k = (rng.standard_normal((length, nkv * hd)) * ks).astype(np.float32)
         v = (rng.standard_normal((length, nkv * hd)) * vs).astype(np.float32)
         q = (rng.standard_normal((len(pos), nh * hd)) * qs).astype(np.float32)
-        res[i] = cpu.attention(q, k, v, pos, nh, nkv, hd, bs, int(rng.integers(1 << 30)), kv_type=kv, window=window)
+        sinks = (np.log(length) + rng.uniform(-3, 3, nh)).astype(np.float32) if i % 2 else None
+        res[i] = cpu.attention(q, k, v, pos, nh, nkv, hd, bs, int(rng.integers(1 << 30)), kv_type=kv, window=window,
+                               sinks=sinks)
     return res
 
 
