@@ -181,6 +181,7 @@ static __device__ const Grid512 kIq3sGrid = iq3s_grid;
 static __device__ const Grid256 kIq3xxsGrid = iq3xxs_grid;
 static __device__ const Grid512 kIq2xxsGrid = iq2xxs_grid;
 static __device__ const Grid1024 kIq2xsGrid = iq2xs_grid;
+static __device__ const Grid2048 kIq2sGrid = iq2s_grid;
 
 // ksigns_iq2xs[i]: the 7 stored sign bits and their parity as bit 7.
 __device__ __forceinline__ uint32_t ksigns8(uint32_t i) { return i | (uint32_t(__popc(i) & 1) << 7); }
@@ -256,6 +257,22 @@ struct DecodeIQ2_XS {
     __device__ __forceinline__ static int values(uint2 q, int g) {
         const uint32_t pt = ((g < 4 ? q.x : q.y) >> (16 * ((g >> 1) & 1))) & 0xFFFF;
         return signed_point(__ldg(&kIq2xsGrid.v[2 * (pt & 511) + (g & 1)]), ksigns8(pt >> 9) >> (4 * (g & 1)));
+    }
+};
+
+// ---- IQ2_S, packed: its 80 quant bytes (qs[32] | signs[32] | qh[8] | scales[8]), f16 d in meta.
+// Sub-block j is points 4 j .. 4 j + 3: qs word j, sign word j, qh byte j, scales byte j.
+struct DecodeIQ2_S {
+    static constexpr GGMLType kType = GGMLType::IQ2_S;
+    static constexpr int kQuantBytes = 80, kSigns = 32, kTail = 64;   // tail: qh[8], scales[8]
+    using Meta = uint16_t;
+    __device__ __forceinline__ static float d(Meta m) { return h2f(m) * 0.125f; }
+    // group g (values 4 g .. 4 g + 3) of a sub-block: half g % 2 of point g / 2 (index: its qs byte
+    // and 2 bits of the qh byte) with its signs
+    __device__ __forceinline__ static int values(uint32_t qs4, uint32_t qh, uint32_t signs, int g) {
+        const int l = g >> 1;
+        const uint32_t pt = ((qs4 >> (8 * l)) & 0xFF) | (((qh >> (2 * l)) & 3u) << 8);
+        return signed_point(__ldg(&kIq2sGrid.v[2 * pt + (g & 1)]), signs >> (4 * g));
     }
 };
 
@@ -359,6 +376,7 @@ template <> struct BlockDecoder<GGMLType::IQ3_S> { using type = DecodeIQ3_S; };
 template <> struct BlockDecoder<GGMLType::IQ3_XXS> { using type = DecodeIQ3_XXS; };
 template <> struct BlockDecoder<GGMLType::IQ2_XXS> { using type = DecodeIQ2_XXS; };
 template <> struct BlockDecoder<GGMLType::IQ2_XS> { using type = DecodeIQ2_XS; };
+template <> struct BlockDecoder<GGMLType::IQ2_S> { using type = DecodeIQ2_S; };
 template <> struct BlockDecoder<GGMLType::F32> { using type = DecodeFloat<float>; };
 template <> struct BlockDecoder<GGMLType::F16> { using type = DecodeFloat<__half>; };
 template <> struct BlockDecoder<GGMLType::BF16> { using type = DecodeFloat<__nv_bfloat16>; };

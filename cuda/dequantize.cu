@@ -121,6 +121,21 @@ __device__ __forceinline__ void dequant8(const DqParams& p, int64_t row, int64_t
 #pragma unroll
             for (int k = 0; k < 4; ++k) out[4 * h + k] = d * float(sbyte(v, k));
         }
+    } else if constexpr (T == GGMLType::IQ2_S) {
+        // groups g, g + 1 (g even: one 8-value point) of sub-block j
+        const int64_t b = row * p.n_blocks + e / 256;
+        const int i = int(e % 256), j = i / 32, g = (i % 32) / 4;
+        const uint8_t* base = p.w + b * D::kQuantBytes;
+        const uint32_t qs = *reinterpret_cast<const uint32_t*>(base + 4 * j);
+        const uint32_t signs = *reinterpret_cast<const uint32_t*>(base + D::kSigns + 4 * j);
+        const float d = D::d(reinterpret_cast<const uint16_t*>(p.meta)[b]) *
+                        float(DecodeIQ2_XS::scale(base[D::kTail + 8 + j], g / 4));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const uint32_t v = uint32_t(D::values(qs, base[D::kTail + j], signs, g + h));
+#pragma unroll
+            for (int k = 0; k < 4; ++k) out[4 * h + k] = d * float(sbyte(v, k));
+        }
     } else if constexpr (T == GGMLType::Q6_K) {
         const int64_t b = row * p.n_blocks + e / 256;
         const int i = int(e % 256), h = i / 128, k = (i % 128) / 32, l = i % 32;
@@ -175,6 +190,7 @@ void dequantize_f16(const DeviceWeight& w, __half* out, cudaStream_t s) {
         case GGMLType::IQ3_XXS: dequantize_kernel<GGMLType::IQ3_XXS><<<grid, 256, 0, s>>>(p, out); break;
         case GGMLType::IQ2_XXS: dequantize_kernel<GGMLType::IQ2_XXS><<<grid, 256, 0, s>>>(p, out); break;
         case GGMLType::IQ2_XS: dequantize_kernel<GGMLType::IQ2_XS><<<grid, 256, 0, s>>>(p, out); break;
+        case GGMLType::IQ2_S: dequantize_kernel<GGMLType::IQ2_S><<<grid, 256, 0, s>>>(p, out); break;
         default: fail("cuda dequantize: type ", block_info(w.type).name, " is not a quantized type");
     }
     EMBER_CUDA_LAUNCHED("dequantize_f16");

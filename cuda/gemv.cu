@@ -251,7 +251,8 @@ int32_t row_units(const DeviceWeight& w) {
         case GGMLType::IQ3_S:
         case GGMLType::IQ3_XXS:
         case GGMLType::IQ2_XXS:
-        case GGMLType::IQ2_XS: return int32_t(nb * 8);
+        case GGMLType::IQ2_XS:
+        case GGMLType::IQ2_S: return int32_t(nb * 8);
         case GGMLType::F32: return int32_t(w.n_in / 4);
         case GGMLType::F16:
         case GGMLType::BF16: return int32_t(w.n_in / 8);
@@ -340,6 +341,7 @@ void gemv_batch(const DeviceWeight* const* ws, float* const* ys, int count, cons
         case GGMLType::IQ3_XXS: launch<FmtIQ3_XXS>(b, n_ctas, n_tok, s); break;
         case GGMLType::IQ2_XXS: launch<FmtIQ2_XXS>(b, n_ctas, n_tok, s); break;
         case GGMLType::IQ2_XS: launch<FmtIQ2_XS>(b, n_ctas, n_tok, s); break;
+        case GGMLType::IQ2_S: launch<FmtIQ2_S>(b, n_ctas, n_tok, s); break;
         case GGMLType::F32: launch<FmtFloat<float>>(b, n_ctas, n_tok, s); break;
         case GGMLType::F16: launch<FmtFloat<__half>>(b, n_ctas, n_tok, s); break;
         case GGMLType::BF16: launch<FmtFloat<__nv_bfloat16>>(b, n_ctas, n_tok, s); break;

@@ -338,6 +338,48 @@ struct FmtIQ2_XS {
     }
 };
 
+// IQ2_S (packed, block_decode.cuh): a unit is one sub-block of 32 (qs and sign words, the block's
+// qh and scales) against activation block u; its two halves of 16 have their own scale.
+struct FmtIQ2_S {
+    using D = DecodeIQ2_S;
+    static constexpr bool kWholeRow = false;
+    static constexpr int kDepth = 4;
+    struct Data {
+        uint32_t qs, signs;
+        uint4 tail;
+        uint16_t meta;
+    };
+    __device__ static Data load(const GemvParams& p, int64_t row, int u) {
+        const int64_t b = row * p.n_blocks + (u >> 3);
+        const uint8_t* base = p.w + b * D::kQuantBytes;
+        Data v;
+        v.qs = *reinterpret_cast<const uint32_t*>(base + 4 * (u & 7));
+        v.signs = *reinterpret_cast<const uint32_t*>(base + D::kSigns + 4 * (u & 7));
+        v.tail = ld_stream(base + D::kTail);
+        v.meta = __ldg(reinterpret_cast<const uint16_t*>(p.meta) + b);
+        return v;
+    }
+    template <int NT>
+    __device__ static void dot(const GemvParams& p, int u, const Data& v, float* acc) {
+        const int j = u & 7;
+        const uint32_t qh = byte_of(v.tail.x, v.tail.y, 0, 0, j), sb = byte_of(0, 0, v.tail.z, v.tail.w, 8 + j);
+        const int s0 = DecodeIQ2_XS::scale(sb, 0), s1 = DecodeIQ2_XS::scale(sb, 1);
+        int lo[8] = {}, hi[8] = {};
+#pragma unroll
+        for (int g = 0; g < 4; ++g) {
+            lo[g] = D::values(v.qs, qh, v.signs, g);
+            hi[g + 4] = D::values(v.qs, qh, v.signs, g + 4);
+        }
+        const float d = D::d(v.meta);
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            int4 a, c;
+            load_x32(p, t, u, a, c);
+            acc[t] += d * load_ds(p, t, u).x * float(s0 * dot32(lo, a, c) + s1 * dot32(hi, a, c));
+        }
+    }
+};
+
 // Q6_K (packed, block_decode.cuh): a unit is 16 consecutive l of one 128-element half: elements
 // l, l+32, l+64, l+96 (four sub-blocks of 16).
 struct FmtQ6_K {

@@ -164,7 +164,8 @@ bool cuda_weight_type(GGMLType type) {
         case GGMLType::IQ3_S:
         case GGMLType::IQ3_XXS:
         case GGMLType::IQ2_XXS:
-        case GGMLType::IQ2_XS: return true;
+        case GGMLType::IQ2_XS:
+        case GGMLType::IQ2_S: return true;
         default: return false;
     }
 }

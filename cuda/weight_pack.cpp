@@ -63,6 +63,7 @@ PackedLayout packed_layout(GGMLType type, int64_t n_in, int64_t n_out) {
         case GGMLType::IQ3_XXS: return split_layout(L, nblk, 96, 2);
         case GGMLType::IQ2_XXS: return split_layout(L, nblk, 64, 2);
         case GGMLType::IQ2_XS: return split_layout(L, nblk, 80, 2);
+        case GGMLType::IQ2_S: return split_layout(L, nblk, 80, 2);
         default: fail("cuda: weight type ", tt.name, " has no packed layout");
     }
 }
@@ -92,6 +93,7 @@ void pack_weight(GGMLType type, int64_t n_in, int64_t n_out, const uint8_t* src,
             case GGMLType::IQ3_XXS:   // {f16 d; u8 qs[96]}
             case GGMLType::IQ2_XXS:   // {f16 d; u8 qs[64]}
             case GGMLType::IQ2_XS:    // {f16 d; u16 qs[32]; u8 scales[8]} (80: 8 bytes of pad)
+            case GGMLType::IQ2_S:     // {f16 d; u8 qs[32], signs[32], qh[8], scales[8]}
                 std::memcpy(m, s, 2);
                 std::memcpy(q, s + 2, size_t(tt.block_bytes - 2));
                 break;

@@ -75,7 +75,7 @@ __global__ void pack_kernel(const uint8_t* __restrict__ raw, uint8_t* __restrict
         put<8>(meta + b * 8, m);
         put<16>(qs + b * 16, s + 6);
     } else {   // {metadata; quants}: Q4_0 {d}, Q4_1 {d, m}, Q5_1 {d, m, qh}, Q8_0 {d}, IQ4_NL {d},
-               // IQ4_XS {d, scales_h, scales_l}, IQ3_XXS and IQ2_XXS {d}
+               // IQ4_XS {d, scales_h, scales_l}, IQ3_XXS, IQ2_XXS and IQ2_S {d}
         put<META>(meta + b * META, s);
         put<QS>(qs + b * QS, s + META);
     }
@@ -127,6 +127,9 @@ void pack_weight_device(GGMLType type, int64_t n_in, int64_t n_out, const uint8_
             break;
         case GGMLType::IQ2_XS:
             pack_kernel<GGMLType::IQ2_XS, 74, 80, 2><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk);
+            break;
+        case GGMLType::IQ2_S:
+            pack_kernel<GGMLType::IQ2_S, 82, 80, 2><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk);
             break;
         case GGMLType::Q6_K:
             pack_kernel<GGMLType::Q6_K, 210, 192, 16><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk);

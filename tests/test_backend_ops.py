@@ -17,7 +17,7 @@ K = kernel_module()
 
 WEIGHT_TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K,
                 T.Q6_K, T.MXFP4, T.IQ4_NL, T.IQ4_XS, T.IQ3_S, T.IQ3_XXS,
-                T.IQ2_XXS, T.IQ2_XS]
+                T.IQ2_XXS, T.IQ2_XS, T.IQ2_S]
 # Block formats the kernels quantize activations to; never the type of a weight in a model.
 ACTIVATION_TYPES = {"Q8_1", "Q8_K"}
 KV_TYPES = ["f16", "q8_0", "f32", "bf16", "q4_0", "q4_1", "q5_0", "q5_1"]
@@ -256,7 +256,7 @@ def expect_unsupported(backend, what, run):
 F16_FIELDS = {T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: [0], T.Q2_K: [80, 82],
               T.Q3_K: [108], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.IQ4_NL: [0], T.IQ4_XS: [0],
               T.MXFP4: [], T.IQ3_S: [0], T.IQ3_XXS: [0], T.IQ2_XXS: [0],
-              T.IQ2_XS: [0]}
+              T.IQ2_XS: [0], T.IQ2_S: [0]}
 
 
 def random_weight(t, n_out, n_in, rng, rms=None):

@@ -89,6 +89,7 @@ MATMUL_CASES = [
     ("IQ3_XXS", WIDE, 65, False, False, {}, 90, "dequant_cublas"),
     ("IQ2_XXS", WIDE, 8, False, False, {}, 90, "gemv"),
     ("IQ2_XS", WIDE, 12, False, False, {}, 90, "gemv_chunks"),
+    ("IQ2_S", WIDE, 257, False, False, {}, 90, "dequant_cublas"),
     # the K-quants: the GEMV in chunks up to 64 tokens, except decode steps past 24 sequences
     ("Q4_K", WIDE, 12, False, False, {}, 90, "gemv_chunks"),
     ("Q4_K", WIDE, 24, True, False, {}, 90, "gemv_chunks"),

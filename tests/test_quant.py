@@ -13,7 +13,7 @@ E = kernel_module()
 
 ALL_TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q8_1,
              T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_K, T.MXFP4, T.IQ4_NL, T.IQ4_XS, T.IQ3_S,
-             T.IQ3_XXS, T.IQ2_XXS, T.IQ2_XS]
+             T.IQ3_XXS, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S]
 LEGACY_QUANTIZED = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
 K_QUANTIZED = [T.Q4_K, T.Q5_K, T.Q6_K]
 
@@ -28,7 +28,7 @@ def level(request):
 F16_FIELDS = {
     T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: [0], T.Q8_1: [0, 2],
     T.Q2_K: [80, 82], T.Q3_K: [108], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208],
-    T.IQ4_NL: [0], T.IQ4_XS: [0], T.IQ3_S: [0], T.IQ3_XXS: [0], T.IQ2_XXS: [0], T.IQ2_XS: [0],
+    T.IQ4_NL: [0], T.IQ4_XS: [0], T.IQ3_S: [0], T.IQ3_XXS: [0], T.IQ2_XXS: [0], T.IQ2_XS: [0], T.IQ2_S: [0],
 }
 
 
@@ -105,7 +105,7 @@ def extreme_scale_blocks(t, rng):
     return raw.reshape(-1)
 
 
-@pytest.mark.parametrize("t", [T.MXFP4, T.IQ4_NL, T.IQ4_XS, T.IQ3_S, T.IQ3_XXS, T.IQ2_XXS, T.IQ2_XS],
+@pytest.mark.parametrize("t", [T.MXFP4, T.IQ4_NL, T.IQ4_XS, T.IQ3_S, T.IQ3_XXS, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S],
                          ids=lambda t: t.name)
 def test_dequantize_extreme_scales_bit_exact_vs_gguf(t):
     rng = rng_for("dequantize extremes", t.name)
@@ -382,7 +382,7 @@ def test_q8_k_activation_quantizer_matches_ref(level):
         np.testing.assert_array_equal(best, ref)
 
 
-NEW_TYPES = [T.MXFP4, T.IQ4_NL, T.IQ4_XS, T.IQ3_S, T.IQ3_XXS, T.IQ2_XXS, T.IQ2_XS]
+NEW_TYPES = [T.MXFP4, T.IQ4_NL, T.IQ4_XS, T.IQ3_S, T.IQ3_XXS, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S]
 
 
 def test_gguf_reader_takes_the_new_types(tmp_path):

@@ -43,11 +43,12 @@ def main():
     print(int8_table("kvalues_iq4nl", q.IQ4_NL.kvalues, "IQ4_NL and IQ4_XS: the 16 non-uniform levels of a nibble"))
     print("// A grid of N points of 4 unsigned byte values each.\ntemplate <int N>\nstruct GridPoints {\n"
           "    uint32_t v[N];\n};\nusing Grid256 = GridPoints<256>;\nusing Grid512 = GridPoints<512>;\n"
-          "using Grid1024 = GridPoints<1024>;\n")
+          "using Grid1024 = GridPoints<1024>;\nusing Grid2048 = GridPoints<2048>;\n")
     print(grid_table("iq3s_grid", q.IQ3_S, "IQ3_S: 512 points of 4 odd values 1..15"))
     print(grid_table("iq3xxs_grid", q.IQ3_XXS, "IQ3_XXS: 256 points of 4 values 4..62"))
     print(grid_table("iq2xxs_grid", q.IQ2_XXS, "IQ2_XXS: 256 points of 8 values 8, 25, 43 (words 2 i, 2 i + 1)"))
     print(grid_table("iq2xs_grid", q.IQ2_XS, "IQ2_XS: 512 points of 8 values 8, 25, 43 (words 2 i, 2 i + 1)"))
+    print(grid_table("iq2s_grid", q.IQ2_S, "IQ2_S: 1024 points of 8 values 8, 25, 43 (words 2 i, 2 i + 1)"))
     ksigns = list(q.IQ2_XXS.ksigns)
     # the 7 stored sign bits of 8 values and the 8th that makes their count even (CUDA computes it)
     assert ksigns == [i | (bin(i).count("1") & 1) << 7 for i in range(128)]

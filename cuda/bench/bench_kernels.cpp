@@ -161,7 +161,8 @@ int main(int argc, char** argv) {
             {GGMLType::Q5_K, "Q5_K"},       {GGMLType::Q6_K, "Q6_K"},       {GGMLType::F16, "F16"},
             {GGMLType::BF16, "BF16"},       {GGMLType::F32, "F32"},         {GGMLType::MXFP4, "MXFP4"},
             {GGMLType::IQ4_NL, "IQ4_NL"},   {GGMLType::IQ4_XS, "IQ4_XS"},   {GGMLType::IQ3_S, "IQ3_S"},
-            {GGMLType::IQ3_XXS, "IQ3_XXS"}, {GGMLType::IQ2_XXS, "IQ2_XXS"}, {GGMLType::IQ2_XS, "IQ2_XS"}};
+            {GGMLType::IQ3_XXS, "IQ3_XXS"}, {GGMLType::IQ2_XXS, "IQ2_XXS"}, {GGMLType::IQ2_XS, "IQ2_XS"},
+            {GGMLType::IQ2_S, "IQ2_S"}};
         // llama2-7b shapes: (n_in, n_out) of q/k/v/o, gate/up, down.
         const int64_t shapes[3][2] = {{4096, 4096}, {4096, 11008}, {11008, 4096}};
         if (wants("gemv"))

@@ -280,6 +280,29 @@ float dot_iq2_xs(int64_t n, const void* wv, const void* xv) {
     return hsum_ps(acc);
 }
 
+// IQ2_S: as IQ2_XS, point l's 10-bit index from qs and qh and its signs a byte.
+float dot_iq2_s(int64_t n, const void* wv, const void* xv) {
+    const BlockIQ2_S* w = static_cast<const BlockIQ2_S*>(wv);
+    const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
+    const int* grid = reinterpret_cast<const int*>(iq2s_grid.v);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; ++i) {
+        __m256i sumi = _mm256_setzero_si256();
+        for (int j = 0; j < 8; ++j) {
+            int p[4];
+            for (int l = 0; l < 4; ++l) p[l] = 2 * int(iq2_s_point(w[i], 4 * j + l));
+            const __m256i idx = _mm256_setr_epi32(p[0], p[0] + 1, p[1], p[1] + 1, p[2], p[2] + 1, p[3], p[3] + 1);
+            uint32_t signs;
+            std::memcpy(&signs, w[i].signs + 4 * j, 4);
+            const int s0 = 2 * (w[i].scales[j] & 0x0F) + 1, s1 = 2 * (w[i].scales[j] >> 4) + 1;
+            const __m256i sc = _mm256_inserti128_si256(_mm256_set1_epi16(int16_t(s0)), _mm_set1_epi16(int16_t(s1)), 1);
+            sumi = _mm256_add_epi32(sumi, grid_sub_block(grid, idx, signs, sc, x[i].qs + 32 * j));
+        }
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(h2f(w[i].d) * 0.125f * x[i].d), acc);
+    }
+    return hsum_ps(acc);
+}
+
 }  // namespace
 
 VecDotFn vec_dot_avx2(GGMLType type) {
@@ -302,6 +325,7 @@ VecDotFn vec_dot_avx2(GGMLType type) {
         case GGMLType::IQ3_XXS: return dot_iq3_xxs;
         case GGMLType::IQ2_XXS: return dot_iq2_xxs;
         case GGMLType::IQ2_XS: return dot_iq2_xs;
+        case GGMLType::IQ2_S: return dot_iq2_s;
         default: return nullptr;
     }
 }

@@ -429,6 +429,36 @@ float dot_iq2_xs(int64_t n, const void* wv, const void* xv) {
     return _mm512_reduce_add_ps(acc);
 }
 
+// IQ2_S: as IQ2_XS, point l's 10-bit index from qs and qh and its signs a byte (64 bits a pair of
+// sub-blocks, as they lie in memory).
+float dot_iq2_s(int64_t n, const void* wv, const void* xv) {
+    const BlockIQ2_S* w = static_cast<const BlockIQ2_S*>(wv);
+    const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
+    const int* grid = reinterpret_cast<const int*>(iq2s_grid.v);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; ++i) {
+        __m512i sumi = _mm512_setzero_si512();
+        for (int c = 0; c < 4; ++c) {
+            alignas(64) int idx[16];
+            for (int l = 0; l < 8; ++l) {
+                idx[2 * l] = 2 * int(iq2_s_point(w[i], 8 * c + l));
+                idx[2 * l + 1] = idx[2 * l] + 1;
+            }
+            uint64_t signs;
+            std::memcpy(&signs, w[i].signs + 8 * c, 8);
+            const uint8_t s0 = w[i].scales[2 * c], s1 = w[i].scales[2 * c + 1];
+            const __m256i sc0 = _mm256_inserti128_si256(_mm256_set1_epi16(int16_t(2 * (s0 & 0x0F) + 1)),
+                                                        _mm_set1_epi16(int16_t(2 * (s0 >> 4) + 1)), 1);
+            const __m256i sc1 = _mm256_inserti128_si256(_mm256_set1_epi16(int16_t(2 * (s1 & 0x0F) + 1)),
+                                                        _mm_set1_epi16(int16_t(2 * (s1 >> 4) + 1)), 1);
+            sumi = _mm512_add_epi32(
+                sumi, grid_sub_blocks(grid, _mm512_load_si512(idx), signs, join(sc0, sc1), x[i].qs + 64 * c));
+        }
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_set1_ps(h2f(w[i].d) * 0.125f * x[i].d), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
 }  // namespace
 
 VecDotFn vec_dot_avx512(GGMLType type) {
@@ -451,6 +481,7 @@ VecDotFn vec_dot_avx512(GGMLType type) {
         case GGMLType::IQ3_XXS: return dot_iq3_xxs;
         case GGMLType::IQ2_XXS: return dot_iq2_xxs;
         case GGMLType::IQ2_XS: return dot_iq2_xs;
+        case GGMLType::IQ2_S: return dot_iq2_s;
         default: return nullptr;
     }
 }

@@ -1,5 +1,6 @@
 // ARM64 NEON dot products, the types vec_dot_avx2.cpp covers: Q4_0/Q5_0/Q8_0/MXFP4/IQ4_NL x Q8_0,
-// Q4_1/Q5_1 x Q8_1, Q4_K/Q5_K/Q6_K/IQ4_XS/IQ3_S/IQ3_XXS/IQ2_XXS/IQ2_XS x Q8_K, F32/F16/BF16 x F32
+// Q4_1/Q5_1 x Q8_1, Q4_K/Q5_K/Q6_K/IQ4_XS/IQ3_S/IQ3_XXS/IQ2_XXS/IQ2_XS/IQ2_S
+// x Q8_K, F32/F16/BF16 x F32
 // (Advanced SIMD is part of every ARMv8-A core, so no flags or run-time check). Quantized types:
 // the integer sums of a block are exact in any order and the float step per block is the scalar
 // reference's own expression (both files build without FMA contraction off x86, CMakeLists.txt),
@@ -233,6 +234,25 @@ float dot_iq2_xs(int64_t n, const void* wv, const void* xv) {
     return s;
 }
 
+// IQ2_S: as IQ2_XS, point l's 10-bit index from qs and qh and its signs a byte.
+float dot_iq2_s(int64_t n, const void* wv, const void* xv) {
+    const BlockIQ2_S* w = static_cast<const BlockIQ2_S*>(wv);
+    const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
+    float s = 0;
+    for (int64_t i = 0; i < n / QK_K; ++i) {
+        int32x4_t acc = vdupq_n_s32(0);
+        for (int j = 0; j < 8; ++j) {
+            uint32_t pts[8], signs;
+            for (int l = 0; l < 8; ++l) pts[l] = iq2s_grid.v[2 * iq2_s_point(w[i], 4 * j + l / 2) + l % 2];
+            std::memcpy(&signs, w[i].signs + 4 * j, 4);
+            const int s0 = 2 * (w[i].scales[j] & 0x0F) + 1, s1 = 2 * (w[i].scales[j] >> 4) + 1;
+            acc = vaddq_s32(acc, grid_sub_block(pts, signs, s0, s1, x[i].qs + 32 * j));
+        }
+        s += x[i].d * (half_to_float(w[i].d) * 0.125f * float(vaddvq_s32(acc)));
+    }
+    return s;
+}
+
 // ---- K-quants x Q8_K: value = d * sc * q - dmin * mn per sub-block, as vec_dot_scalar's
 // dot_k_decoded sums them ----
 
@@ -374,6 +394,7 @@ VecDotFn vec_dot_neon(GGMLType type) {
         case GGMLType::IQ3_XXS: return dot_iq3_xxs;
         case GGMLType::IQ2_XXS: return dot_iq2_xxs;
         case GGMLType::IQ2_XS: return dot_iq2_xs;
+        case GGMLType::IQ2_S: return dot_iq2_s;
         default: return nullptr;
     }
 }

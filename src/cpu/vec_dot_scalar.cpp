@@ -1,6 +1,6 @@
 // Scalar reference dot products, weights x activations in the weight type's vec_dot_type:
 // Q4_0/Q5_0/Q8_0/MXFP4/IQ4_NL x Q8_0, Q4_1/Q5_1/Q8_1 x Q8_1, Q2_K..Q6_K/Q8_K and the IQ super-block
-// types (IQ4_XS, IQ3_S, IQ3_XXS, IQ2_XXS, IQ2_XS) x Q8_K, F32/F16/BF16 x F32.
+// types (IQ4_XS, IQ3_S, IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S) x Q8_K, F32/F16/BF16 x F32.
 // Integer sums are exact per block; one float multiply-add per block, as ggml does.
 
 #include "cpu/isa_kernels.h"
@@ -204,6 +204,7 @@ VecDotFn vec_dot_scalar(GGMLType type) {
         case GGMLType::IQ3_XXS: return dot_k<BlockIQ3_XXS, decode_iq3_xxs>;
         case GGMLType::IQ2_XXS: return dot_k<BlockIQ2_XXS, decode_iq2_xxs>;
         case GGMLType::IQ2_XS: return dot_k<BlockIQ2_XS, decode_iq2_xs>;
+        case GGMLType::IQ2_S: return dot_k<BlockIQ2_S, decode_iq2_s>;
     }
     return nullptr;
 }

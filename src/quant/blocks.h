@@ -139,6 +139,17 @@ struct BlockIQ2_XS {
     uint8_t scales[QK_K / 32];
 };
 
+// 32 points of 8 values of iq2s_grid: point l's index is qs[l] with bits 2 (l % 4), 2 (l % 4) + 1
+// of qh[l / 4] as bits 8, 9; signs[l] negates its values (bit i value i); a 4-bit scale s per 16
+// values (nibble g % 2 of scales[g / 2]): x = d * (s + 1/2) / 4 * value * sign.
+struct BlockIQ2_S {
+    uint16_t d;
+    uint8_t qs[QK_K / 8];
+    uint8_t signs[QK_K / 8];
+    uint8_t qh[QK_K / 32];
+    uint8_t scales[QK_K / 32];
+};
+
 static_assert(sizeof(BlockQ4_0) == 18, "Q4_0 block size");
 static_assert(sizeof(BlockQ4_1) == 20, "Q4_1 block size");
 static_assert(sizeof(BlockQ5_0) == 22, "Q5_0 block size");
@@ -158,6 +169,7 @@ static_assert(sizeof(BlockIQ3_S) == 110, "IQ3_S block size");
 static_assert(sizeof(BlockIQ3_XXS) == 98, "IQ3_XXS block size");
 static_assert(sizeof(BlockIQ2_XXS) == 66, "IQ2_XXS block size");
 static_assert(sizeof(BlockIQ2_XS) == 74, "IQ2_XS block size");
+static_assert(sizeof(BlockIQ2_S) == 82, "IQ2_S block size");
 
 // Q4_K/Q5_K: unpack the 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes.
 // Bytes 0-3: scales 0-3 (low 6 bits), bytes 4-7: mins 0-3 (low 6 bits); bytes 8-11: low

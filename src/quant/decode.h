@@ -208,6 +208,28 @@ inline void decode_iq2_xs(const BlockIQ2_XS& a, KDecoded& k) {
     k.dmin = 0;
 }
 
+// IQ2_S: the grid index of point l (0..31).
+inline uint32_t iq2_s_point(const BlockIQ2_S& a, int l) {
+    return a.qs[l] | (((a.qh[l / 4] >> (2 * (l % 4))) & 3u) << 8);
+}
+
+// IQ2_S as a K-quant: as IQ2_XS, its signs a byte a point.
+inline void decode_iq2_s(const BlockIQ2_S& a, KDecoded& k) {
+    for (int l = 0; l < QK_K / 8; ++l) {
+        const uint32_t p = iq2_s_point(a, l);
+        for (int i = 0; i < 8; ++i) {
+            const int v = int((iq2s_grid.v[2 * p + i / 4] >> (8 * (i % 4))) & 0xFF);
+            k.q[8 * l + i] = (a.signs[l] >> i) & 1 ? -v : v;
+        }
+    }
+    for (int g = 0; g < 16; ++g) {
+        k.sc[g] = 2 * ((a.scales[g / 2] >> (4 * (g % 2))) & 0x0F) + 1;
+        k.mn[g] = 0;
+    }
+    k.d = half_to_float(a.d) * 0.125f;
+    k.dmin = 0;
+}
+
 inline void decode_q6_k(const BlockQ6_K& a, KDecoded& k) {
     // half h (128 elements): element 128h + 32k + l from ql[64h + l + 32(k & 1)] nibble k / 2 and
     // bits 2k..2k+1 of qh[32h + l]

@@ -30,6 +30,7 @@ void dequantize_row_iq3_s(const void* src, float* dst, int64_t n);
 void dequantize_row_iq3_xxs(const void* src, float* dst, int64_t n);
 void dequantize_row_iq2_xxs(const void* src, float* dst, int64_t n);
 void dequantize_row_iq2_xs(const void* src, float* dst, int64_t n);
+void dequantize_row_iq2_s(const void* src, float* dst, int64_t n);
 
 // Quantize (n elements, a whole number of blocks).
 void quantize_row_f32(const float* src, void* dst, int64_t n);

@@ -74,6 +74,9 @@ void dequantize_row_iq2_xxs(const void* src, float* dst, int64_t n) {
 void dequantize_row_iq2_xs(const void* src, float* dst, int64_t n) {
     dequantize_grid<BlockIQ2_XS, decode_iq2_xs>(src, dst, n);
 }
+void dequantize_row_iq2_s(const void* src, float* dst, int64_t n) {
+    dequantize_grid<BlockIQ2_S, decode_iq2_s>(src, dst, n);
+}
 
 namespace {
 

@@ -31,6 +31,7 @@ const std::vector<TypeTraits>& table() {
         {T::IQ3_XXS, "IQ3_XXS", 256, 98, dequantize_row_iq3_xxs, nullptr},
         {T::IQ2_XXS, "IQ2_XXS", 256, 66, dequantize_row_iq2_xxs, nullptr},
         {T::IQ2_XS, "IQ2_XS", 256, 74, dequantize_row_iq2_xs, nullptr},
+        {T::IQ2_S, "IQ2_S", 256, 82, dequantize_row_iq2_s, nullptr},
         {T::MXFP4, "MXFP4", 32, 17, dequantize_row_mxfp4, quantize_row_mxfp4},
     };
     return rows;

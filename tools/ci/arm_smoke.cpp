@@ -93,7 +93,8 @@ std::vector<int> half_fields(GGMLType type) {
         case GGMLType::IQ3_S:
         case GGMLType::IQ3_XXS:
         case GGMLType::IQ2_XXS:
-        case GGMLType::IQ2_XS: return {0};
+        case GGMLType::IQ2_XS:
+        case GGMLType::IQ2_S: return {0};
         case GGMLType::Q4_1:
         case GGMLType::Q5_1:
         case GGMLType::Q4_K:
@@ -331,10 +332,10 @@ int main(int argc, char** argv) {
     std::unique_ptr<Backend> cpu = make_backend("cpu", opts);
     std::printf("SIMD level %d (0 scalar, 1 avx2, 2 avx512, 3 neon)\n", int(level()));
     int bad = 0;
-    for (GGMLType t :
-         {GGMLType::Q4_0, GGMLType::Q4_1, GGMLType::Q5_0, GGMLType::Q5_1, GGMLType::Q8_0, GGMLType::Q4_K,
-          GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::F32, GGMLType::F16, GGMLType::BF16, GGMLType::MXFP4,
-          GGMLType::IQ4_NL, GGMLType::IQ4_XS, GGMLType::IQ3_S, GGMLType::IQ3_XXS, GGMLType::IQ2_XXS, GGMLType::IQ2_XS})
+    for (GGMLType t : {GGMLType::Q4_0, GGMLType::Q4_1, GGMLType::Q5_0, GGMLType::Q5_1, GGMLType::Q8_0, GGMLType::Q4_K,
+                       GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::F32, GGMLType::F16, GGMLType::BF16, GGMLType::MXFP4,
+                       GGMLType::IQ4_NL, GGMLType::IQ4_XS, GGMLType::IQ3_S, GGMLType::IQ3_XXS, GGMLType::IQ2_XXS,
+                       GGMLType::IQ2_XS, GGMLType::IQ2_S})
         bad += check_vec_dot(t, rng);
     for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q8_1, GGMLType::Q8_K}) bad += check_quantizer(t, rng);
     bad += check_attention(rng);
