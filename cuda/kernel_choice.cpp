@@ -290,7 +290,13 @@ bool moe_gemv_supported(GGMLType type) {
         case GGMLType::Q8_0:
         case GGMLType::Q4_K:
         case GGMLType::Q5_K:
-        case GGMLType::Q6_K: return true;
+        case GGMLType::Q6_K:
+        case GGMLType::MXFP4:
+        case GGMLType::IQ4_NL:
+        case GGMLType::IQ4_XS:
+        case GGMLType::IQ3_S:
+        case GGMLType::IQ3_XXS:
+        case GGMLType::IQ2_XXS: return true;
         default: return false;
     }
 }

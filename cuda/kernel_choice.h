@@ -82,8 +82,8 @@ bool gemm_q8_supported(GGMLType type);
 bool gemm_dq_supported(GGMLType type, int64_t n_in);
 // The float types, whose down projection reads float activations: gate, up and SiLU in one GEMV.
 bool gemv_swiglu_supported(GGMLType type);
-// The types the mixture's expert GEMVs read (moe_gemv.cu); experts of other types take the default
-// composition over matmul.
+// The types the mixture's expert GEMVs read (moe_gemv.cuh: with_format, expert_units); experts of other
+// types take the default composition over matmul.
 bool moe_gemv_supported(GGMLType type);
 // q heads per CTA of the long-context decode kernels for this shape and cache, 0 when neither takes
 // it (head_dim other than 64, 128, 256).

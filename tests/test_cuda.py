@@ -657,7 +657,7 @@ def swiglu_clamped(g, u):
     return g / (1 + np.exp(-1.702 * g)) * (np.clip(u, -7.0, 7.0) + 1)
 
 
-MOE_TYPES = [T.Q4_K, T.Q6_K, T.Q5_K, T.Q8_0, T.Q4_0, T.F16]
+MOE_TYPES = [T.Q4_K, T.Q6_K, T.Q5_K, T.Q8_0, T.Q4_0, T.MXFP4, T.F16]
 
 
 @pytest.mark.parametrize("t", MOE_TYPES, ids=lambda v: v.name)

@@ -315,7 +315,7 @@ def test_moe_choice():
     assert moe(pairs + 1) == "grouped" and moe(512) == "grouped"
     assert moe(1, deterministic=True) == "grouped"
     assert moe(64, decode_step=True) == "grouped"
-    for t in ["F16", "Q8_0", "Q4_0", "Q5_K", "BF16"]:
+    for t in ["F16", "Q8_0", "Q4_0", "Q5_K", "BF16", "MXFP4", "IQ4_XS"]:
         assert moe(1, gate=t, up=t, down=t) == "pairs"
     assert moe(1, gate="Q4_K", up="Q5_K") == "composed"
     assert moe(1, switches={"EMBER_CUDA_FUSE": "0"}) == "composed"
