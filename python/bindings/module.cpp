@@ -14,6 +14,7 @@ void bind_model(nb::module_& m);
 void bind_quantize(nb::module_& m);
 void bind_engine(nb::module_& m);
 void bind_switches(nb::module_& m);
+void bind_imatrix(nb::module_& m);
 
 NB_MODULE(_ember, m) {
     ember_python::register_exception_translator();
@@ -25,4 +26,5 @@ NB_MODULE(_ember, m) {
     bind_quantize(m);
     bind_engine(m);
     bind_switches(m);
+    bind_imatrix(m);
 }

@@ -1,12 +1,26 @@
-"""Importance matrices as llama-imatrix writes them: the GGUF format (per weight matrix NAME, tensors
-NAME.in_sum2 [n_mat][n_in] = the sum over tokens of each input column's squared activation, and
-NAME.counts [n_mat][1] = the tokens summed; n_mat is the expert count of a stacked expert tensor, else 1)
-and the older .dat format, read into the same form. ember-quantize --imatrix reads these."""
+"""ember-imatrix: the importance matrix of a model over a text, as llama-imatrix computes and writes it.
+
+    ember-imatrix -m MODEL -f TEXT [-o imatrix.gguf] [-c N_CTX] [--chunks N] [--process-output] [-t N]
+
+The text's tokens are cut into chunks of N_CTX (each starting with BOS where the model adds one, as
+llama-imatrix and ember-perplexity do), each evaluated alone; every block weight's inputs are recorded
+(the output head's too with --process-output). The GGUF file holds, per weight matrix NAME,
+NAME.in_sum2 [n_mat][n_in] = the sum over tokens of each input column's squared activation and
+NAME.counts [n_mat][1] = the tokens summed (n_mat: the expert count of a stacked expert tensor, else 1).
+The older .dat format is read into the same form. Collection runs on the CPU, on dense models.
+"""
+import argparse
 import dataclasses
 import struct
+import sys
 from typing import Dict, List
 
 import numpy as np
+
+from . import _ember, options
+from .cli import run_tool
+from .perplexity import text_chunks
+from .version import add_version
 
 GGUF_MAGIC = b"GGUF"
 SUM2, COUNTS = ".in_sum2", ".counts"
@@ -122,7 +136,8 @@ def _read_dat(path: str) -> Imatrix:
 
 def write(path: str, imatrix: Imatrix) -> None:
     """The GGUF format in llama-imatrix's layout: general.type "imatrix", the three imatrix.* keys, no
-    architecture, and per matrix in name order its in_sum2 then its counts."""
+    architecture, and per matrix in name order its in_sum2 ([n_in], or [n_mat][n_in] for experts) then
+    its counts ([1], or [n_mat][1])."""
     import gguf
 
     class _Writer(gguf.GGUFWriter):
@@ -140,9 +155,66 @@ def write(path: str, imatrix: Imatrix) -> None:
         if sums.ndim != 2 or e.counts.shape != (sums.shape[0],):
             raise ValueError(f"imatrix entry '{name}': sums must be [n_mat][n_in] with n_mat counts, got "
                              f"{sums.shape} and {e.counts.shape}")
-        w.add_tensor(name + SUM2, sums)
-        w.add_tensor(name + COUNTS, e.counts.astype(np.float32).reshape(-1, 1))
+        counts = e.counts.astype(np.float32).reshape(-1, 1)
+        # ggml stores no trailing dimensions of 1: one matrix's entry is 1-D, as llama-imatrix's files have it
+        w.add_tensor(name + SUM2, sums if len(sums) > 1 else sums[0])
+        w.add_tensor(name + COUNTS, counts if len(counts) > 1 else counts[0])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def collect(model, text: bytes, n_ctx: int, n_threads: int = 0, max_chunks: int = 0, process_output: bool = False,
+            dataset: str = "", out=sys.stderr) -> Imatrix:
+    """The importance matrix of model over text's first max_chunks chunks of n_ctx tokens (0: all)."""
+    chunks, n_tokens = text_chunks(model, text, n_ctx, max_chunks)
+    print(f"ember-imatrix: {n_tokens} tokens, {len(chunks)} chunks of {n_ctx}", file=out)
+    _ember.imatrix_start(process_output)
+    try:
+        ctx = _ember.Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_threads=n_threads)
+        for c, chunk in enumerate(chunks):
+            ctx.truncate(0)
+            ctx.eval(chunk)
+            print(f"[{c + 1}/{len(chunks)}]", end=" ", file=out, flush=True)
+        print(file=out)
+    finally:
+        stats = _ember.imatrix_stop()
+    entries = {name: Entry(np.asarray(sums, dtype=np.float32).reshape(1, -1), np.array([count], dtype=np.int64))
+               for name, (sums, count) in stats.items()}
+    return Imatrix(entries, [dataset] if dataset else [], len(chunks), n_ctx)
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="ember-imatrix", description=__doc__.splitlines()[0])
+    ap.add_argument("-f", "--file", required=True, help="text file to compute the matrix over")
+    ap.add_argument("-o", "--output", default="imatrix.gguf", help="GGUF file to write (default: imatrix.gguf)")
+    ap.add_argument("--chunks", type=int, default=-1, metavar="N",
+                    help="the first N chunks only (default: -1, every whole chunk of the file)")
+    ap.add_argument("--process-output", action="store_true", help="collect the output head too")
+    options.add_arguments(ap, options.PERPLEXITY)
+    add_version(ap)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    return run_tool("ember-imatrix", lambda: _run(args))
+
+
+def _run(args) -> int:
+    if args.chunks == 0 or args.chunks < -1:
+        raise ValueError(f"--chunks must be a number of chunks >= 1 (or -1: all), got {args.chunks}")
+    with open(args.file, "rb") as f:
+        text = f.read()
+    model = _ember.Model(args.model, options.fill(_ember.ModelParams(), vars(args)))
+    n_ctx = options.context_size(model, args.n_ctx)
+    m = collect(model, text, n_ctx, args.n_threads or 0, max(args.chunks, 0), args.process_output, args.file)
+    write(args.output, m)
+    print(f"ember-imatrix: wrote {len(m.entries)} matrices over {m.chunk_count} chunks to {args.output}",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

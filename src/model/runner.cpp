@@ -20,6 +20,7 @@
 #include "backend/registry.h"
 #include "ember/status.h"
 #include "model/host_tier_memory.h"
+#include "model/imatrix_collector.h"
 #include "model/kv_in_host_memory.h"
 #include "model/model_impl.h"
 #include "model/remote_experts.h"
@@ -198,6 +199,12 @@ Runner::Runner(std::shared_ptr<Model> model, const RunnerParams& params) {
     BackendOptions opts;
     opts.n_threads = params.n_threads > 0 ? params.n_threads : (int)std::max(1u, std::thread::hardware_concurrency());
     r.cpu = make_backend("cpu", opts);
+    if (auto imatrix = imatrix_collector()) {
+        if (m.any_gpu()) fail("ember-imatrix collects on the CPU only: load the model with n_gpu_layers=0");
+        if (m.hp.n_expert > 0)
+            fail("ember-imatrix does not collect mixture-of-experts models yet (", m.hp.n_expert, " experts)");
+        r.cpu = record_imatrix(std::move(r.cpu), imatrix);
+    }
     const HParams& hp = m.hp;
     r.blocks.resize(hp.n_layer);
     for (int32_t l = 0; l < hp.n_layer; ++l)
