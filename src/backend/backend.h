@@ -354,8 +354,10 @@ public:
 
 protected:
     // moe's last part, in the default's order: out += the shared expert of xn (scaled by its gate),
-    // in scratch of 2 * n_tok * n_ff_shared + n_tok * n_embd + 2 * n_tok floats. Nothing without one.
-    void moe_shared_expert(const MoeWeights& w, const float* xn, int32_t n_tok, float* scratch, float* out);
+    // in scratch of scratch_floats floats (it needs 2 * n_tok * n_ff_shared + n_tok * n_embd + 2 * n_tok;
+    // fails naming the sizes otherwise). Nothing without one.
+    void moe_shared_expert(const MoeWeights& w, const float* xn, int32_t n_tok, float* scratch, int64_t scratch_floats,
+                           float* out);
 };
 
 }  // namespace ember

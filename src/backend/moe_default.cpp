@@ -11,7 +11,6 @@ namespace ember {
 void Backend::moe(const MoeWeights& w, const float* xn, int32_t n_tok, const BlockBuffers& b, float* out) {
     const int64_t n_embd = w.router->n_in, n_ff = w.n_ff(), n_exp = w.n_expert, n_used = w.n_used;
     const int64_t rows = n_tok * n_used;
-    const int64_t n_ff_s = w.shared_gate ? w.shared_gate->n_out : 0;
     // Scratch: logits, ids, weights, the grouped rows and their weights; then the routed experts'
     // gathered inputs and gate/up outputs, which the shared expert reuses once they are spent.
     float* s = b.moe;
@@ -21,11 +20,6 @@ void Backend::moe(const MoeWeights& w, const float* xn, int32_t n_tok, const Blo
     auto* grp_rows = reinterpret_cast<int32_t*>(weights + rows);
     float* grp_w = weights + 2 * rows;
     float* region = weights + 3 * rows;
-    const int64_t region_floats = moe_scratch_floats(n_tok, n_embd, n_ff, n_exp, n_used) - (region - s);
-    const int64_t shared_floats = 2 * n_tok * n_ff_s + n_tok * n_embd + 2 * n_tok;
-    if (shared_floats > region_floats)
-        fail("moe: the shared expert's n_ff ", n_ff_s, " needs more scratch than moe_scratch_floats gives for n_ff ",
-             n_ff, "; size BlockBuffers::moe with the larger of the two");
 
     matmul(*w.router, xn, n_tok, logits);
     if (w.router_bias) add_bias(logits, w.router_bias, n_tok, (int32_t)n_exp);
@@ -64,7 +58,7 @@ void Backend::moe(const MoeWeights& w, const float* xn, int32_t n_tok, const Blo
         if (w.down_bias) add_bias(x_e, w.down_bias + e * n_embd, c, (int32_t)n_embd);
         scatter_add_rows(out, x_e, grp_rows + at, grp_w + at, c, n_embd);
     }
-    moe_shared_expert(w, xn, n_tok, region, out);
+    moe_shared_expert(w, xn, n_tok, region, moe_scratch_floats(n_tok, n_embd, n_ff, n_exp, n_used) - (region - s), out);
 }
 
 MoeGroups moe_groups(const int32_t* ids, const float* weights, int32_t n_tok, int32_t n_used, int32_t n_expert) {
@@ -84,9 +78,13 @@ MoeGroups moe_groups(const int32_t* ids, const float* weights, int32_t n_tok, in
     return g;
 }
 
-void Backend::moe_shared_expert(const MoeWeights& w, const float* xn, int32_t n_tok, float* scratch, float* out) {
+void Backend::moe_shared_expert(const MoeWeights& w, const float* xn, int32_t n_tok, float* scratch,
+                                int64_t scratch_floats, float* out) {
     if (!w.shared_gate) return;
     const int64_t n_embd = w.router->n_in, n_ff_s = w.shared_gate->n_out;
+    if (2 * n_tok * n_ff_s + n_tok * n_embd + 2 * n_tok > scratch_floats)
+        fail("moe: the shared expert's n_ff ", n_ff_s, " needs more scratch than moe_scratch_floats gives for n_ff ",
+             w.n_ff(), "; size BlockBuffers::moe with the larger of the two");
     float* sg = scratch;
     float* su = sg + n_tok * n_ff_s;
     float* sy = su + n_tok * n_ff_s;

@@ -147,7 +147,8 @@ void CpuBackend::moe(const MoeWeights& w, const float* xn, int32_t n_tok, const 
             for (int64_t r : of_token[t]) scatter_add_row(o, xg + r * n_embd, g.weight[r], n_embd);
         }
     });
-    moe_shared_expert(w, xn, n_tok, weights + rows, out);
+    moe_shared_expert(w, xn, n_tok, weights + rows,
+                      moe_scratch_floats(n_tok, n_embd, n_ff, n_exp, n_used) - (weights + rows - buf.moe), out);
 }
 
 }  // namespace ember
