@@ -229,9 +229,9 @@ void kv_expand_legacy(GGMLType type, const uint8_t* k_cache, const uint8_t* v_ca
 // bf16 KV (kv_bf16.cu): the same pair for a cache of bf16 rows.
 void kv_store_bf16(uint16_t* k_cache, uint16_t* v_cache, int32_t block_size, int32_t kv_dim, const float* k,
                    const float* v, int32_t n_tok, const DeviceBatch& b, cudaStream_t s);
-void kv_expand_bf16(const uint16_t* k_cache, const uint16_t* v_cache, __half* k_f16, __half* v_f16,
-                    int32_t block_size, int32_t kv_dim, int32_t n_blocks, int32_t n_seq, int32_t n_blk,
-                    const DeviceBatch& b, cudaStream_t s);
+void kv_expand_bf16(const uint16_t* k_cache, const uint16_t* v_cache, __half* k_f16, __half* v_f16, int32_t block_size,
+                    int32_t kv_dim, int32_t n_blocks, int32_t n_seq, int32_t n_blk, const DeviceBatch& b,
+                    cudaStream_t s);
 // rope of q (may be null) and k, then kv_store of k and v (both caches null: the ropes only).
 void rope_kv_store(float* q, int32_t n_head_q, float* k, const float* v, int32_t n_head_kv, int32_t head_dim,
                    const float2* cos_sin, bool neox, __half* k_cache, __half* v_cache, int32_t block_size,
