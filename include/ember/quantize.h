@@ -1,6 +1,7 @@
 // Model quantizer (ember-quantize): GGUF in -> GGUF out, tensor by tensor, multi-threaded.
 #pragma once
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,9 @@ struct QuantizeParams {
     // found in a tensor's name wins), the output head's type and the token embedding's ("" = the recipe's).
     std::vector<std::string> tensor_types;
     std::string output_tensor_type, token_embedding_type;
+    // --imatrix: per weight name, an importance per column (the importance matrix's mean squared
+    // activations); Q4_K, Q5_K and Q6_K tensors named here are quantized weighted by them.
+    std::map<std::string, std::vector<float>> imatrix;
 };
 
 // Progress callback: (tensor index, tensor count, tensor name, chosen type name).

@@ -1,12 +1,16 @@
 """ember-quantize: quantize a GGUF model (C++, multi-threaded, streaming tensor by tensor).
 
     ember-quantize IN.gguf OUT.gguf TYPE [-t N] [--allow-requantize] [--split-max-size N(M|G) | --split-max-tensors N]
-        [--tensor-type REGEX=TYPE ...] [--output-tensor-type TYPE] [--token-embedding-type TYPE]
+        [--tensor-type REGEX=TYPE ...] [--output-tensor-type TYPE] [--token-embedding-type TYPE] [--imatrix FILE]
 
 --tensor-type gives the weight matrices whose names REGEX matches (searched, as llama-quantize
 does; the last matching option wins) TYPE instead of the recipe's; --output-tensor-type and
 --token-embedding-type set the output head's and the token embedding's. A K type on rows that are not
 a multiple of 256 falls back as in the recipe (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0).
+
+--imatrix reads an importance matrix (ember-imatrix's or llama-imatrix's, GGUF or .dat): the Q4_K, Q5_K
+and Q6_K tensors it has an entry for are quantized minimising the error weighted by each column's
+importance, as llama-quantize does (expert tensors' entries are not used yet).
 
 Each tensor's chosen type is printed as it is written, then a summary: the tensors of each type,
 their sizes, and the input and output file sizes. With a split limit the output is shards as
@@ -39,6 +43,7 @@ def parser() -> argparse.ArgumentParser:
                     help="type of the weight matrices whose names match REGEX (repeatable; the last match wins)")
     ap.add_argument("--output-tensor-type", default="", metavar="TYPE", help="type of output.weight")
     ap.add_argument("--token-embedding-type", default="", metavar="TYPE", help="type of token_embd.weight")
+    ap.add_argument("--imatrix", metavar="FILE", help="importance matrix (GGUF or .dat) weighting the K types' error")
     options.add_arguments(ap, options.QUANTIZE)
     add_version(ap)
     return ap
@@ -77,6 +82,15 @@ def summary(input_path: str, output_path: str) -> str:
     return "\n".join(lines)
 
 
+def imatrix_weights(path: str) -> dict:
+    """Per weight name, its columns' importances, from an imatrix file (one-matrix entries only)."""
+    from . import imatrix
+
+    m = imatrix.read(path)
+    print(f"imatrix: {len(m.entries)} entries from {path}, {m.chunk_count} chunks", file=sys.stderr)
+    return {name: e.importance()[0].tolist() for name, e in m.entries.items() if e.sums.shape[0] == 1}
+
+
 def main(argv=None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
@@ -88,10 +102,11 @@ def main(argv=None) -> int:
             print(f"[{i + 1:4d}/{n}] {name:40s} -> {type_name}", file=sys.stderr, flush=True)
 
     def run():
+        weights = imatrix_weights(args.imatrix) if args.imatrix else {}
         paths = _ember.quantize_model(args.input, args.output, args.type, args.n_threads or 0,
                                       args.allow_requantize, progress, args.split_max_size or 0,
                                       args.split_max_tensors or 0, args.tensor_type, args.output_tensor_type,
-                                      args.token_embedding_type)
+                                      args.token_embedding_type, weights)
         if len(paths) > 1:
             print(f"wrote {len(paths)} shards: " + ", ".join(paths), file=sys.stderr)
         print(summary(args.input, paths[0]), file=sys.stderr)

@@ -8,6 +8,7 @@
 #include "quant/decode.h"
 #include "quant/half.h"
 #include "quant/kernels.h"
+#include "quant/quant_weighted.h"
 
 // Dequantize is bit-exact with gguf.quants only when products and sums round separately
 // (fp-contract=off: no fused multiply-add even with -march=native).
@@ -98,10 +99,10 @@ float fit_scale_min(int n, int nmax, const float* x, const float* w, uint8_t* L,
     return scale;
 }
 
-// Fits x[i] ~= scale * (L[i] - nmax) with L - nmax in [-nmax, nmax - 1], weights x^2 (errors
-// on large values count most): 19 candidate grids around nmax / max|x|, each with its least
-// squares scale. Returns scale (signed: maps the largest-magnitude value to -nmax).
-float fit_scale_symmetric(int n, int nmax, const float* x, uint8_t* L) {
+// Fits x[i] ~= scale * (L[i] - nmax) with L - nmax in [-nmax, nmax - 1], weights ws (null: x^2,
+// errors on large values count most): 19 candidate grids around nmax / max|x|, each with its
+// least squares scale. Returns scale (signed: maps the largest-magnitude value to -nmax).
+float fit_scale_symmetric(int n, int nmax, const float* x, uint8_t* L, const float* ws = nullptr) {
     float amax = 0, max = 0;
     for (int i = 0; i < n; ++i) {
         if (std::fabs(x[i]) > amax) {
@@ -121,7 +122,7 @@ float fit_scale_symmetric(int n, int nmax, const float* x, uint8_t* L) {
         for (int i = 0; i < n; ++i) {
             const int l = clampi(nearest(iscale * x[i]), -nmax, nmax - 1);
             l_tmp[i] = l;
-            const float w = x[i] * x[i];
+            const float w = ws ? ws[i] : x[i] * x[i];
             sumlx += w * x[i] * l;
             suml2 += w * l * l;
         }
@@ -141,16 +142,21 @@ float fit_scale_symmetric(int n, int nmax, const float* x, uint8_t* L) {
 
 // Q4_K/Q5_K: 8 sub-block (scale, min) pairs quantized to 6 bits against the super-block
 // maxima; writes d, dmin, the packed scales, and the final L (requantized with the stored
-// scales so rounding of the 6-bit scales is absorbed).
+// scales so rounding of the 6-bit scales is absorbed). qw (null: none): importances per element.
 void quantize_superblock_k(const float* x, int nmax, float rmin, float rdelta, int nstep, uint16_t& d_out,
-                           uint16_t& dmin_out, uint8_t* packed, uint8_t* L) {
+                           uint16_t& dmin_out, uint8_t* packed, uint8_t* L, const float* qw) {
     float sum_x2 = 0;
     for (int i = 0; i < QK_K; ++i) sum_x2 += x[i] * x[i];
     const float av_x = std::sqrt(sum_x2 / QK_K);
     float scales[8], mins[8], w[32];
     float max_scale = 0, max_min = 0;
     for (int j = 0; j < 8; ++j) {
-        for (int i = 0; i < 32; ++i) w[i] = av_x + std::fabs(x[32 * j + i]);
+        // with importances, llama.cpp's weighting: each column's importance times the element's
+        // magnitude over the super-block's spread
+        for (int i = 0; i < 32; ++i) {
+            const float xi = x[32 * j + i];
+            w[i] = qw ? qw[32 * j + i] * std::sqrt(2.0f * sum_x2 / QK_K + xi * xi) : av_x + std::fabs(xi);
+        }
         scales[j] = fit_scale_min(32, nmax, x + 32 * j, w, L + 32 * j, rmin, rdelta, nstep, mins[j]);
         max_scale = scales[j] > max_scale ? scales[j] : max_scale;
         max_min = mins[j] > max_min ? mins[j] : max_min;
@@ -227,11 +233,14 @@ void dequantize_row_q8_k(const void* src, float* dst, int64_t n) {
     }
 }
 
-void quantize_row_q4_k(const float* src, void* dst, int64_t n) {
+namespace {
+
+void quantize_q4_k(const float* src, void* dst, int64_t n, const float* qw) {
     BlockQ4_K* b = static_cast<BlockQ4_K*>(dst);
     uint8_t L[QK_K];
     for (int64_t i = 0; i < n / QK_K; ++i, src += QK_K) {
-        quantize_superblock_k(src, 15, -1.0f, 0.1f, 20, b[i].d, b[i].dmin, b[i].scales, L);
+        quantize_superblock_k(src, 15, -1.0f, 0.1f, 20, b[i].d, b[i].dmin, b[i].scales, L,
+                              qw ? qw + i * QK_K : nullptr);
         for (int c = 0; c < 4; ++c) {
             for (int l = 0; l < 32; ++l) {
                 b[i].qs[32 * c + l] = uint8_t(L[64 * c + l] | (L[64 * c + 32 + l] << 4));
@@ -240,11 +249,12 @@ void quantize_row_q4_k(const float* src, void* dst, int64_t n) {
     }
 }
 
-void quantize_row_q5_k(const float* src, void* dst, int64_t n) {
+void quantize_q5_k(const float* src, void* dst, int64_t n, const float* qw) {
     BlockQ5_K* b = static_cast<BlockQ5_K*>(dst);
     uint8_t L[QK_K];
     for (int64_t i = 0; i < n / QK_K; ++i, src += QK_K) {
-        quantize_superblock_k(src, 31, -0.5f, 0.1f, 15, b[i].d, b[i].dmin, b[i].scales, L);
+        quantize_superblock_k(src, 31, -0.5f, 0.1f, 15, b[i].d, b[i].dmin, b[i].scales, L,
+                              qw ? qw + i * QK_K : nullptr);
         std::memset(b[i].qh, 0, sizeof(b[i].qh));
         for (int c = 0; c < 4; ++c) {
             for (int l = 0; l < 32; ++l) {
@@ -256,14 +266,19 @@ void quantize_row_q5_k(const float* src, void* dst, int64_t n) {
     }
 }
 
-void quantize_row_q6_k(const float* src, void* dst, int64_t n) {
+void quantize_q6_k(const float* src, void* dst, int64_t n, const float* qw) {
     BlockQ6_K* b = static_cast<BlockQ6_K*>(dst);
     uint8_t L[QK_K];
-    float scales[16];
+    float scales[16], ws[QK_K];
     for (int64_t i = 0; i < n / QK_K; ++i, src += QK_K) {
+        if (qw) {
+            float sum_x2 = 0;
+            for (int e = 0; e < QK_K; ++e) sum_x2 += src[e] * src[e];
+            for (int e = 0; e < QK_K; ++e) ws[e] = qw[i * QK_K + e] * std::sqrt(2.0f * sum_x2 / QK_K + src[e] * src[e]);
+        }
         float max_scale = 0, max_abs = 0;
         for (int g = 0; g < 16; ++g) {
-            scales[g] = fit_scale_symmetric(16, 32, src + 16 * g, L + 16 * g);
+            scales[g] = fit_scale_symmetric(16, 32, src + 16 * g, L + 16 * g, qw ? ws + 16 * g : nullptr);
             if (std::fabs(scales[g]) > max_abs) {
                 max_abs = std::fabs(scales[g]);
                 max_scale = scales[g];
@@ -296,6 +311,21 @@ void quantize_row_q6_k(const float* src, void* dst, int64_t n) {
                 b[i].qh[32 * h + l] = uint8_t((q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6));
             }
         }
+    }
+}
+
+}  // namespace
+
+void quantize_row_q4_k(const float* src, void* dst, int64_t n) { quantize_q4_k(src, dst, n, nullptr); }
+void quantize_row_q5_k(const float* src, void* dst, int64_t n) { quantize_q5_k(src, dst, n, nullptr); }
+void quantize_row_q6_k(const float* src, void* dst, int64_t n) { quantize_q6_k(src, dst, n, nullptr); }
+
+QuantizeRowWeightedFn weighted_quantizer(GGMLType t) {
+    switch (t) {
+        case GGMLType::Q4_K: return quantize_q4_k;
+        case GGMLType::Q5_K: return quantize_q5_k;
+        case GGMLType::Q6_K: return quantize_q6_k;
+        default: return nullptr;
     }
 }
 

@@ -9,6 +9,7 @@
 #include "cpu/thread_pool.h"
 #include "ember/quantize.h"
 #include "ember/status.h"
+#include "quant/quant_weighted.h"
 #include "quantize/recipe.h"
 
 namespace ember {
@@ -26,19 +27,22 @@ GGUFValue int_value(GGUFType type, uint64_t v) {
 
 GGUFValue uint32_value(uint32_t v) { return int_value(GGUFType::UINT32, v); }
 
-// Converts one tensor: rows of n_in elements from src type to dst type.
-std::vector<uint8_t> convert_tensor(const GGUFTensor& t, GGMLType dst, ThreadPool& pool) {
+// Converts one tensor: rows of n_in elements from src type to dst type; qw (null: none): the
+// importance of each column, for the types with a weighted quantizer.
+std::vector<uint8_t> convert_tensor(const GGUFTensor& t, GGMLType dst, ThreadPool& pool, const std::vector<float>* qw) {
     const int64_t n_in = t.ne[0], n_rows = t.n_rows();
     const TypeTraits& from = type_traits(t.type);
     const TypeTraits& to = type_traits(dst);
     if (!to.quantize_row) fail("no quantizer for type ", to.name, " (tensor '", t.name, "')");
     const size_t in_row = row_bytes(t.type, n_in), out_row = row_bytes(dst, n_in);
     std::vector<uint8_t> out(out_row * n_rows);
+    const QuantizeRowWeightedFn weighted = qw ? weighted_quantizer(dst) : nullptr;
     pool.parallel_for(n_rows, std::max<int64_t>(1, 65536 / n_in), [&](int64_t b, int64_t e) {
         std::vector<float> row(n_in);
         for (int64_t r = b; r < e; ++r) {
             from.dequantize_row(t.data + r * in_row, row.data(), n_in);
-            to.quantize_row(row.data(), out.data() + r * out_row, n_in);
+            if (weighted) weighted(row.data(), out.data() + r * out_row, n_in, qw->data());
+            else to.quantize_row(row.data(), out.data() + r * out_row, n_in);
         }
     });
     return out;
@@ -115,6 +119,11 @@ std::vector<std::string> quantize_model(const QuantizeParams& params, const Quan
     });
     std::vector<GGMLType> types(ts.size());
     for (size_t i : order) types[i] = choose_type(*mix, ts[i], st);
+    for (const auto& t : ts)
+        if (const auto it = params.imatrix.find(t.name);
+            it != params.imatrix.end() && (int64_t)it->second.size() != t.ne[0])
+            fail("--imatrix: the entry for '", t.name, "' has ", it->second.size(), " columns, but its rows have ",
+                 t.ne[0], " elements: the importance matrix is of another model");
     const TypeOverrides ov = parse_type_overrides(params.tensor_types, params.output_tensor_type,
                                                   params.token_embedding_type);
     for (size_t i = 0; i < ts.size(); ++i) types[i] = apply_overrides(ov, ts[i], types[i], st.has_output);
@@ -133,7 +142,9 @@ std::vector<std::string> quantize_model(const QuantizeParams& params, const Quan
         if (types[i] == t.type) {
             out[plan[i]]->write_tensor_data(t.data, t.nbytes);
         } else {
-            const std::vector<uint8_t> data = convert_tensor(t, types[i], pool);
+            const auto it = params.imatrix.find(t.name);
+            const std::vector<uint8_t> data = convert_tensor(t, types[i], pool,
+                                                             it == params.imatrix.end() ? nullptr : &it->second);
             out[plan[i]]->write_tensor_data(data.data(), data.size());
         }
     }
