@@ -67,6 +67,36 @@ def test_moe_shape_has_stacked_experts(tmp_path, vocab, rng):
     assert weights.dtype == np.float16 and np.asarray(weights).std() > 0
 
 
+def test_q8_0_matrices_load_and_run(tmp_path, vocab, rng):
+    out = str(tmp_path / "q8.gguf")
+    synthetic_gguf.write_model(out, "qwen3moe-tiny", vocab, ctx=256, seed=int(rng.integers(2**31)), matrix_type="Q8_0")
+    r = GGUFReader(out)
+    t = {x.name: x for x in r.tensors}
+    assert _field(r, "general.file_type") == 7
+    assert t["blk.0.ffn_up_exps.weight"].tensor_type.name == "Q8_0"
+    assert t["blk.0.attn_norm.weight"].tensor_type.name == "F32"
+    ctx = _ember.Context(_ember.Model(out), n_ctx=64, n_batch=64, n_threads=2)
+    ctx.eval(rng.integers(0, SMOLLM2_VOCAB, 4).tolist())
+    logits = np.asarray(ctx.logits())
+    assert np.isfinite(logits).all() and logits.std() > 0
+    with pytest.raises(ValueError, match="unknown matrix type 'Q4_0'"):
+        synthetic_gguf.write_model(str(tmp_path / "x.gguf"), "qwen3moe-tiny", vocab, matrix_type="Q4_0")
+
+
+def test_decode_bytes_count_only_the_experts_a_token_takes(tmp_path, vocab, rng):
+    from ember.bench import decode_bytes_per_token
+
+    s = synthetic_gguf.SHAPES["qwen3moe-tiny"]
+    path = _write(tmp_path, vocab, rng, "qwen3moe-tiny")
+    tensors = _ember.GGUFFile(path).tensors()
+    experts = sum(t["nbytes"] for t in tensors if "_exps." in t["name"])
+    names = {t["name"] for t in tensors}
+    # A decode step reads one embedding row, unless the head is the tied token_embd.
+    skip = {"token_embd.weight"} if "output.weight" in names else set()
+    rest = sum(t["nbytes"] for t in tensors if "_exps." not in t["name"] and t["name"] not in skip)
+    assert decode_bytes_per_token(_ember.Model(path), "f16", 0) == rest + experts * s.n_experts_used // s.n_experts
+
+
 def test_hybrid_shape_mixes_conv_and_attention_layers(tmp_path, vocab, rng):
     s = synthetic_gguf.SHAPES["lfm2-tiny"]
     r = GGUFReader(_write(tmp_path, vocab, rng, "lfm2-tiny"))

@@ -38,12 +38,20 @@ def host_bandwidth_gbs() -> float:
 
 
 def decode_bytes_per_token(model, kv_type: str, depth: int) -> float:
-    """Weight bytes one decode step reads (every matrix once; only one embedding row) plus the KV."""
-    tensors = _ember.GGUFFile(model.path).tensors()   # every shard's, for a split model
+    """Weight bytes one decode step reads (every matrix once; only one embedding row; of a mixture's
+    stacked experts only the expert_used_count a token takes) plus the KV."""
+    f = _ember.GGUFFile(model.path)
+    tensors = f.tensors()   # every shard's, for a split model
+    arch = f.get_string("general.architecture")
+    used_key = f"{arch}.expert_used_count"
+    n_used = f.get_uint(used_key) if used_key in f.metadata() else 0
     total = 0
     tied = not any(t["name"] == "output.weight" for t in tensors)
     for t in tensors:
         if t["name"] == "token_embd.weight" and not tied:
+            continue
+        if n_used and len(t["ne"]) == 3:
+            total += int(t["nbytes"]) * n_used // int(t["ne"][2])
             continue
         total += int(t["nbytes"])
     kv = 2 * model.n_layer * model.n_head_kv * model.head_dim * KV_BYTES_PER_VALUE[kv_type] * depth
