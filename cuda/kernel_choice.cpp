@@ -278,27 +278,10 @@ bool qkv_may_take_rope_store(bool plain, bool f16_cache, bool neox, const Matmul
            !takes_gemm_dq(wq);
 }
 
+// The expert GEMVs take every type the dense GEMV does but IQ2_XS and IQ2_S, whose formats they
+// do not instantiate yet (those experts take the default composition).
 bool moe_gemv_supported(GGMLType type) {
-    switch (type) {
-        case GGMLType::F32:
-        case GGMLType::F16:
-        case GGMLType::BF16:
-        case GGMLType::Q4_0:
-        case GGMLType::Q4_1:
-        case GGMLType::Q5_0:
-        case GGMLType::Q5_1:
-        case GGMLType::Q8_0:
-        case GGMLType::Q4_K:
-        case GGMLType::Q5_K:
-        case GGMLType::Q6_K:
-        case GGMLType::MXFP4:
-        case GGMLType::IQ4_NL:
-        case GGMLType::IQ4_XS:
-        case GGMLType::IQ3_S:
-        case GGMLType::IQ3_XXS:
-        case GGMLType::IQ2_XXS: return true;
-        default: return false;
-    }
+    return cuda_weight_type(type) && type != GGMLType::IQ2_XS && type != GGMLType::IQ2_S;
 }
 
 const char* moe_kernel_name(MoeKernel k) {

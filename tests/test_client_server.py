@@ -16,13 +16,13 @@ import anthropic
 import httpx
 import openai
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 
 import ember
 from ember import LLM, AsyncLLMEngine
 from ember.server.app import create_app
 from ember.server.args import ServerSettings
+from test_server import live_server
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Get the weather of a city",
@@ -51,24 +51,6 @@ def engine(llm):
 def client(engine):
     with TestClient(create_app(engine, ServerSettings(alias="smol"))) as c:
         yield c
-
-
-@contextlib.contextmanager
-def live_server(app):
-    """The app on a real uvicorn server on a free port; yields its base URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
 
 
 @pytest.fixture(scope="module")
