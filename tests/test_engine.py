@@ -309,7 +309,7 @@ def test_bad_requests_name_the_problem(smollm2_path, kwargs, match):
     (dict(kv_blocks=3), r"cannot hold one sequence of n_ctx 256 tokens, which needs 16 blocks \(.* MiB\)"),
     (dict(kv_mb=0.01), "cannot hold one sequence"),
     (dict(kv_mb=-1.0), "kv_mb"),
-    (dict(type_k="q4_0"), "type_k"),
+    (dict(type_k="q6_k"), "type_k"),
 ])
 def test_bad_engine_parameters(smollm2_path, kwargs, match):
     with pytest.raises(ValueError, match=match):
