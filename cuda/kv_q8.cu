@@ -75,7 +75,8 @@ __global__ void kv_expand_q8_kernel(const uint8_t* __restrict__ kc, const uint8_
 
 void kv_store_q8(uint8_t* k_cache, uint8_t* v_cache, int32_t block_size, int32_t kv_dim, int32_t head_dim,
                  const float* k, const float* v, int32_t n_tok, const DeviceBatch& b, cudaStream_t s) {
-    if (n_tok <= 0) return;
+    // A layer whose caches are of other types (store_mixed) passes none: nothing to store or check.
+    if (n_tok <= 0 || (!k_cache && !v_cache)) return;
     if (head_dim % 32) fail("cuda kv_store_q8: head_dim ", head_dim, " is not a multiple of 32");
     if (k_cache && v_cache) {
         const int64_t groups = int64_t(n_tok) * 2 * (kv_dim / 32);
