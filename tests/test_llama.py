@@ -211,10 +211,10 @@ def test_kv_cache_type_arguments(llm, smollm2_path):
     assert kv_cache_type(8, "q8_0") == "q8_0" and kv_cache_type(0, 0) == "f32"
     with pytest.raises(ValueError, match=r"type_k \(q8_0\) and type_v \(f16\)"):
         kv_cache_type(8, None)
-    with pytest.raises(ValueError, match="type_k.*'q4_0'"):
-        kv_cache_type("q4_0", "q4_0")
-    with pytest.raises(ValueError, match="type_v.*2"):
-        kv_cache_type(8, 2)
+    with pytest.raises(ValueError, match="type_k.*'q6_k'"):
+        kv_cache_type("q6_k", "q6_k")
+    with pytest.raises(ValueError, match="type_v.*14"):
+        kv_cache_type(8, 14)
     # Llama itself takes K and V types each on its own (llama.cpp's -ctk / -ctv): tests/test_kv_types.py.
     assert kv_cache_types(8, None) == ("q8_0", "f16")
     prompt = "The capital of France is"

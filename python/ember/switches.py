@@ -16,6 +16,7 @@ OTHER_VARIABLES = [
     ("EMBER_TEST_MODULE", "CMake option: build the `_ember_test` kernel-test module next to `_ember`."),
     ("EMBER_SCREENSHOT_DIR", "tests/test_chat_page.py: where the chat page's screenshots go."),
     ("EMBER_FUZZ_VOCAB_DIR", "tests/fuzz: the folder of vocabularies the tokenizer fuzzer reads."),
+    ("EMBER_FUZZ_EXAMPLES", "tests/test_server_fuzz.py: how many requests the HTTP fuzzer sends (default 120)."),
 ]
 
 
