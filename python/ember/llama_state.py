@@ -5,6 +5,7 @@ holds of them (ember's KV lives in its paged pool and is not copied out), so a s
 same context on any Llama of the same model."""
 from __future__ import annotations
 
+import abc
 import collections
 import hashlib
 import os
@@ -43,7 +44,7 @@ def _common(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-class BaseLlamaCache:
+class BaseLlamaCache(abc.ABC):
     """A cache of states keyed by their tokens; a lookup finds the state sharing the longest prefix
     with the tokens asked for (llama-cpp-python's). capacity_bytes bounds what it holds."""
 
@@ -52,8 +53,9 @@ class BaseLlamaCache:
             raise ValueError(f"capacity_bytes must be > 0, got {capacity_bytes}")
         self.capacity_bytes = int(capacity_bytes)
 
+    @abc.abstractmethod
     def _keys(self):
-        raise NotImplementedError
+        """The token tuples of the states this cache holds (each kind of cache lists its own)."""
 
     def _find_prefix_key(self, key: Tuple[int, ...]) -> Optional[Tuple[int, ...]]:
         best, best_len = None, 0
