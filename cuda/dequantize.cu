@@ -19,6 +19,12 @@ struct DqParams {
 
 // The 8 elements starting at e (a multiple of 8) of a row, through the type's block decoder
 // (block_decode.cuh): two words of quants, four elements each.
+// out[k] = d * the k-th signed byte of v, k < 4: one grid point's four values, as the IQ types store them.
+__device__ __forceinline__ void put_scaled_bytes(float* out, float d, uint32_t v) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) out[k] = d * float(sbyte(v, k));
+}
+
 template <GGMLType T>
 __device__ __forceinline__ void dequant8(const DqParams& p, int64_t row, int64_t e, float* out) {
     using D = typename BlockDecoder<T>::type;
@@ -64,8 +70,7 @@ __device__ __forceinline__ void dequant8(const DqParams& p, int64_t row, int64_t
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const uint32_t v = uint32_t(D::values(w[h], g + h));
-#pragma unroll
-            for (int k = 0; k < 4; ++k) out[4 * h + k] = d * float(sbyte(v, k));
+            put_scaled_bytes(out + 4 * h, d, v);
         }
     } else if constexpr (T == GGMLType::IQ3_S) {
         // points l, l + 1 (l even) of sub-block j
@@ -78,8 +83,7 @@ __device__ __forceinline__ void dequant8(const DqParams& p, int64_t row, int64_t
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const uint32_t v = uint32_t(D::values(base[8 * j + l + h], (qh >> (l + h)) & 1, signs >> (4 * (l + h))));
-#pragma unroll
-            for (int k = 0; k < 4; ++k) out[4 * h + k] = d * float(sbyte(v, k));
+            put_scaled_bytes(out + 4 * h, d, v);
         }
     } else if constexpr (T == GGMLType::IQ3_XXS) {
         // points l, l + 1 (l even) of sub-block j
@@ -91,8 +95,7 @@ __device__ __forceinline__ void dequant8(const DqParams& p, int64_t row, int64_t
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const uint32_t v = uint32_t(D::values(base[8 * j + l + h], signs >> (4 * (l + h))));
-#pragma unroll
-            for (int k = 0; k < 4; ++k) out[4 * h + k] = d * float(sbyte(v, k));
+            put_scaled_bytes(out + 4 * h, d, v);
         }
     } else if constexpr (T == GGMLType::IQ2_XXS) {
         // groups g, g + 1 (g even: one 8-value point) of sub-block j
@@ -104,8 +107,7 @@ __device__ __forceinline__ void dequant8(const DqParams& p, int64_t row, int64_t
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const uint32_t v = uint32_t(D::values(q.x, signs, g + h));
-#pragma unroll
-            for (int k = 0; k < 4; ++k) out[4 * h + k] = d * float(sbyte(v, k));
+            put_scaled_bytes(out + 4 * h, d, v);
         }
     } else if constexpr (T == GGMLType::IQ2_XS) {
         // groups g, g + 1 (g even: one 8-value point) of sub-block j
@@ -118,8 +120,7 @@ __device__ __forceinline__ void dequant8(const DqParams& p, int64_t row, int64_t
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const uint32_t v = uint32_t(D::values(q, g + h));
-#pragma unroll
-            for (int k = 0; k < 4; ++k) out[4 * h + k] = d * float(sbyte(v, k));
+            put_scaled_bytes(out + 4 * h, d, v);
         }
     } else if constexpr (T == GGMLType::IQ2_S) {
         // groups g, g + 1 (g even: one 8-value point) of sub-block j
@@ -133,8 +134,7 @@ __device__ __forceinline__ void dequant8(const DqParams& p, int64_t row, int64_t
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const uint32_t v = uint32_t(D::values(qs, base[D::kTail + j], signs, g + h));
-#pragma unroll
-            for (int k = 0; k < 4; ++k) out[4 * h + k] = d * float(sbyte(v, k));
+            put_scaled_bytes(out + 4 * h, d, v);
         }
     } else if constexpr (T == GGMLType::Q6_K) {
         const int64_t b = row * p.n_blocks + e / 256;
