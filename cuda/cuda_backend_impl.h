@@ -72,6 +72,7 @@ public:
     void head_rmsnorm(float* x, const float* gamma, int32_t n_tok, int32_t n_heads, int32_t head_dim,
                       float eps) override;
     void rope(float* x, int32_t n_tok, int32_t n_heads, const RopeParams& rope) override;
+    void attn_temperature(float* q, int32_t n_tok, int64_t width, const RopeParams& rope) override;
     void kv_store(KVLayer& kv, const float* k, const float* v, int32_t n_tok) override;
     void attention(const KVLayer& kv, const float* q, int32_t n_tok, const AttentionShape& shape, float* out) override;
     void gated_act(Activation act, const float* gate, const float* up, int64_t n, float* out) override;

@@ -23,7 +23,14 @@ void CudaBackend::head_rmsnorm(float* x, const float* gamma, int32_t n_tok, int3
 void CudaBackend::rope(float* x, int32_t n_tok, int32_t n_heads, const RopeParams& rope) {
     issue_uploads();
     check_batch(n_tok, "rope");
-    cuda::rope(x, dbatch_.pos, n_tok, n_heads, rope.head_dim, rope_table(rope), rope.neox, stream_);
+    cuda::rope(x, dbatch_.pos, n_tok, n_heads, rope.head_dim, rope.rotated(), rope_table(rope), rope.neox, stream_);
+}
+
+void CudaBackend::attn_temperature(float* q, int32_t n_tok, int64_t width, const RopeParams& rope) {
+    issue_uploads();
+    check_batch(n_tok, "attn_temperature");
+    if (rope.temp_scale == 0.0f) return;
+    cuda::attn_temperature(q, dbatch_.pos, n_tok, width, rope.temp_scale, rope.temp_length, stream_);
 }
 
 void CudaBackend::gated_act(Activation act, const float* gate, const float* up, int64_t n, float* out) {
@@ -89,7 +96,10 @@ void CudaBackend::attn_in(const AttnInWeights& w, float* x, const float* residua
     norm(x, residual, w.norm, n_tok, dim, w.eps, b.xn, q8, dq);
     const float2* table = rope_table(rp);
     const bool f16_cache = kv.k_type == GGMLType::F16 && kv.v_type == GGMLType::F16;
-    const bool plain = !w.bq && !w.bk && !w.bv && !w.q_norm && !w.k_norm;
+    // Partial rotary and the attention temperature take the separate kernels: the fused store
+    // writes only the rotated pairs, and the GEMV's rope knows neither.
+    const bool whole_rope = rp.rotated() == rp.head_dim && rp.temp_scale == 0.0f;
+    const bool plain = !w.bq && !w.bk && !w.bv && !w.q_norm && !w.k_norm && whole_rope;
     if (qkv_may_take_rope_store(plain, f16_cache, rp.neox, matmul_query(*w.wq, n_tok))) {
         const DeviceWeight dwq = device_weight(*w.wq), dwk = device_weight(*w.wk), dwv = device_weight(*w.wv);
         if (gemv_takes_rope_store(dwq, dwk, dwv, kv.head_dim)) {
@@ -113,11 +123,15 @@ void CudaBackend::attn_in(const AttnInWeights& w, float* x, const float* residua
     // (The layer's kv heads stand in for the q heads: those set only how many a CTA takes.)
     const AttentionShape shape{kv.n_head_kv, kv.n_head_kv, kv.head_dim, 0.f, 0};
     const bool early = attention_starts_early(attention_query(kv, shape, n_tok));
-    cuda::rope_kv_store(b.q, w.n_head, b.k, b.v, kv.n_head_kv, kv.head_dim, table, rp.neox,
-                        f16_cache ? static_cast<__half*>(kv.k) : nullptr,
-                        f16_cache ? static_cast<__half*>(kv.v) : nullptr, kv.block_size, n_tok, dbatch_, early,
+    const bool fused_store = f16_cache && rp.rotated() == rp.head_dim;
+    cuda::rope_kv_store(b.q, w.n_head, b.k, b.v, kv.n_head_kv, kv.head_dim, rp.rotated(), table, rp.neox,
+                        fused_store ? static_cast<__half*>(kv.k) : nullptr,
+                        fused_store ? static_cast<__half*>(kv.v) : nullptr, kv.block_size, n_tok, dbatch_, early,
                         stream_);
-    if (f16_cache) return;
+    if (rp.temp_scale != 0.0f)
+        cuda::attn_temperature(b.q, dbatch_.pos, n_tok, int64_t(w.n_head) * w.head_dim, rp.temp_scale, rp.temp_length,
+                               stream_);
+    if (fused_store) return;
     if (kv.k_type == GGMLType::Q8_0 && kv.v_type == GGMLType::Q8_0) store_q8(kv, b.k, b.v, n_tok);
     else store_mixed(kv, b.k, b.v, n_tok);
 }

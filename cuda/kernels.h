@@ -76,9 +76,13 @@ void rmsnorm(float* x, const float* res, const float* gamma, int32_t n_tok, int3
 // x [n_tok][n_heads][head_dim]: each head normed in place by gamma [head_dim], as rmsnorm rounds.
 void head_rmsnorm(float* x, const float* gamma, int32_t n_tok, int32_t n_heads, int32_t head_dim, float eps,
                   cudaStream_t s);
-// cos_sin: the RopeTables table of the rope's RopeParams covering the batch's positions.
-void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_heads, int32_t head_dim, const float2* cos_sin,
-          bool neox, cudaStream_t s);
+// cos_sin: the RopeTables table of the rope's RopeParams covering the batch's positions; the
+// first n_rot dimensions of each head of head_dim rotate.
+void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_heads, int32_t head_dim, int32_t n_rot,
+          const float2* cos_sin, bool neox, cudaStream_t s);
+// q [n_tok][width]: row t scaled by rope_temperature(pos[t]) (temp_scale, temp_length as RopeParams).
+void attn_temperature(float* q, const int32_t* pos, int32_t n_tok, int64_t width, float temp_scale,
+                      int32_t temp_length, cudaStream_t s);
 // out[i] = act(gate[i]) * up[i] (out may be gate or up).
 void gated_act(Activation act, const float* gate, const float* up, int64_t n, float* out, cudaStream_t s);
 // gated_act that also writes its output as q8_1 blocks (n % 32 == 0) for the down projection.
@@ -232,10 +236,11 @@ void kv_store_bf16(uint16_t* k_cache, uint16_t* v_cache, int32_t block_size, int
 void kv_expand_bf16(const uint16_t* k_cache, const uint16_t* v_cache, __half* k_f16, __half* v_f16, int32_t block_size,
                     int32_t kv_dim, int32_t n_blocks, int32_t n_seq, int32_t n_blk, const DeviceBatch& b,
                     cudaStream_t s);
-// rope of q (may be null) and k, then kv_store of k and v (both caches null: the ropes only).
+// rope of q (may be null) and k over their first n_rot dimensions, then kv_store of k and v (both
+// caches null: the ropes only; the caches need n_rot == head_dim).
 void rope_kv_store(float* q, int32_t n_head_q, float* k, const float* v, int32_t n_head_kv, int32_t head_dim,
-                   const float2* cos_sin, bool neox, __half* k_cache, __half* v_cache, int32_t block_size,
-                   int32_t n_tok, const DeviceBatch& b, bool early,
+                   int32_t n_rot, const float2* cos_sin, bool neox, __half* k_cache, __half* v_cache,
+                   int32_t block_size, int32_t n_tok, const DeviceBatch& b, bool early,
                    cudaStream_t s);   // early: let the next kernel start at once
 
 // The same ropes (normal mode only) and f16 KV store done by the Q, K, V GEMV as it writes its

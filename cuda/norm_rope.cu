@@ -157,11 +157,12 @@ __global__ void __launch_bounds__(kHeadNormWarps * kWarp)
     for (int i = lane; i < head_dim; i += kWarp) xr[i] = xr[i] * inv * gamma[i];
 }
 
-// Rotates the pair (i, i + half) (neox) or (2i, 2i + 1) of one head by the rope's angle of pair i
-// at pos, with the CPU backend's cos and sin (the table, rope_table.h; any scaling is in it).
-__device__ __forceinline__ void rope_pair(const float* src, float* dst, int i, int pos, int head_dim,
+// Rotates the pair (i, i + half) (neox) or (2i, 2i + 1) of one head's n_rot rotated dimensions by
+// the rope's angle of pair i at pos, with the CPU backend's cos and sin (the table, rope_table.h;
+// any scaling is in it).
+__device__ __forceinline__ void rope_pair(const float* src, float* dst, int i, int pos, int n_rot,
                                           const float2* __restrict__ cos_sin, bool neox) {
-    const int half = head_dim / 2;
+    const int half = n_rot / 2;
     const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
     const float2 r = rope_rotate(src[a], src[b], cos_sin[int64_t(pos) * half + i]);
     dst[a] = r.x;
@@ -169,15 +170,27 @@ __device__ __forceinline__ void rope_pair(const float* src, float* dst, int i, i
 }
 
 __global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ pos, int32_t n_tok, int32_t n_heads,
-                            int32_t head_dim, const float2* __restrict__ cos_sin, bool neox) {
+                            int32_t head_dim, int32_t n_rot, const float2* __restrict__ cos_sin, bool neox) {
     pdl_wait();
     pdl_trigger();
-    const int half = head_dim / 2;
+    const int half = n_rot / 2;
     const int64_t total = int64_t(n_tok) * n_heads * half;
     for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < total; g += int64_t(gridDim.x) * blockDim.x) {
         const int64_t th = g / half;   // token * n_heads + head
         float* h = x + th * head_dim;
-        rope_pair(h, h, int(g % half), pos[th / n_heads], head_dim, cos_sin, neox);
+        rope_pair(h, h, int(g % half), pos[th / n_heads], n_rot, cos_sin, neox);
+    }
+}
+
+__global__ void attn_temperature_kernel(float* __restrict__ q, const int32_t* __restrict__ pos, int32_t n_tok,
+                                        int64_t width, float temp_scale, int32_t temp_length) {
+    pdl_wait();
+    pdl_trigger();
+    const int64_t total = int64_t(n_tok) * width;
+    for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < total; g += int64_t(gridDim.x) * blockDim.x) {
+        // rope_temperature's double arithmetic, so the scale rounds as the CPU's.
+        const double p = pos[g / width];
+        q[g] *= float(log(floor(p / temp_length) + 1.0) * temp_scale + 1.0);
     }
 }
 
@@ -186,7 +199,7 @@ __global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ p
 // when the caches are null: a q8_0 cache is stored by its own kernel after the ropes).
 __global__ void rope_kv_store_kernel(float* __restrict__ q, int32_t n_head_q, float* __restrict__ k,
                                      const float* __restrict__ v, int32_t n_head_kv, int32_t head_dim,
-                                     const float2* __restrict__ cos_sin, bool neox, __half* __restrict__ kc,
+                                     int32_t n_rot, const float2* __restrict__ cos_sin, bool neox, __half* __restrict__ kc,
                                      __half* __restrict__ vc, int32_t block_size, int32_t n_tok, DeviceBatch b,
                                      bool early) {
     // early: trigger first, so the decode attention that follows streams the older cache while
@@ -194,8 +207,8 @@ __global__ void rope_kv_store_kernel(float* __restrict__ q, int32_t n_head_q, fl
     if (early) pdl_trigger();
     pdl_wait();
     if (!early) pdl_trigger();
-    const int half = head_dim / 2, kv_dim = n_head_kv * head_dim;
-    const bool store = kc != nullptr;
+    const int half = n_rot / 2, kv_dim = n_head_kv * head_dim;
+    const bool store = kc != nullptr;   // then n_rot == head_dim
     const int nq = n_head_q * half, nk = n_head_kv * half, per_tok = nq + (store ? 2 : 1) * nk;
     const int64_t total = int64_t(n_tok) * per_tok;
     for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < total; g += int64_t(gridDim.x) * blockDim.x) {
@@ -203,13 +216,13 @@ __global__ void rope_kv_store_kernel(float* __restrict__ q, int32_t n_head_q, fl
         const int p = b.pos[t];
         if (r < nq) {
             float* h = q + (int64_t(t) * n_head_q + r / half) * head_dim;
-            rope_pair(h, h, r % half, p, head_dim, cos_sin, neox);
+            rope_pair(h, h, r % half, p, n_rot, cos_sin, neox);
             continue;
         }
         if (!store) {
             const int j = r - nq;
             float* h = k + int64_t(t) * kv_dim + (j / half) * head_dim;
-            rope_pair(h, h, j % half, p, head_dim, cos_sin, neox);
+            rope_pair(h, h, j % half, p, n_rot, cos_sin, neox);
             continue;
         }
         const int64_t phys = b.block_table[int64_t(b.seq[t]) * b.max_blocks + p / block_size];
@@ -217,7 +230,7 @@ __global__ void rope_kv_store_kernel(float* __restrict__ q, int32_t n_head_q, fl
         if (r < nq + nk) {
             const int j = r - nq, head = j / half, i = j % half;
             float* h = k + int64_t(t) * kv_dim + head * head_dim;
-            rope_pair(h, h, i, p, head_dim, cos_sin, neox);
+            rope_pair(h, h, i, p, n_rot, cos_sin, neox);
             const int a = neox ? i : 2 * i, c = neox ? i + half : 2 * i + 1;
             dst_row[head * head_dim + a] = __float2half_rn(h[a]);
             dst_row[head * head_dim + c] = __float2half_rn(h[c]);
@@ -262,25 +275,39 @@ void head_rmsnorm(float* x, const float* gamma, int32_t n_tok, int32_t n_heads, 
     EMBER_CUDA_LAUNCHED("head_rmsnorm");
 }
 
-void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_heads, int32_t head_dim, const float2* cos_sin,
-          bool neox, cudaStream_t s) {
-    if (head_dim % 2) fail("cuda rope: head_dim ", head_dim, " is odd");
-    const int64_t total = int64_t(n_tok) * n_heads * (head_dim / 2);
+void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_heads, int32_t head_dim, int32_t n_rot,
+          const float2* cos_sin, bool neox, cudaStream_t s) {
+    if (n_rot <= 0 || n_rot % 2 || n_rot > head_dim)
+        fail("cuda rope: ", n_rot, " rotated dimensions of a head of ", head_dim, " (must be even, at most the head)");
+    const int64_t total = int64_t(n_tok) * n_heads * (n_rot / 2);
     if (total == 0) return;
     const unsigned grid = unsigned(std::min<int64_t>((total + 255) / 256, 65536));
-    launch_pdl(rope_kernel, grid, 256, s, x, pos, n_tok, n_heads, head_dim, cos_sin, neox);
+    launch_pdl(rope_kernel, grid, 256, s, x, pos, n_tok, n_heads, head_dim, n_rot, cos_sin, neox);
     EMBER_CUDA_LAUNCHED("rope");
 }
 
-void rope_kv_store(float* q, int32_t n_head_q, float* k, const float* v, int32_t n_head_kv, int32_t head_dim,
-                   const float2* cos_sin, bool neox, __half* k_cache, __half* v_cache, int32_t block_size,
-                   int32_t n_tok, const DeviceBatch& b, bool early, cudaStream_t s) {
-    if (head_dim % 2) fail("cuda rope: head_dim ", head_dim, " is odd");
-    const int64_t total = int64_t(n_tok) * (n_head_q + (k_cache ? 2 : 1) * n_head_kv) * (head_dim / 2);
+void attn_temperature(float* q, const int32_t* pos, int32_t n_tok, int64_t width, float temp_scale,
+                      int32_t temp_length, cudaStream_t s) {
+    if (temp_length <= 0) fail("cuda attn_temperature: temp_length ", temp_length, " must be positive");
+    const int64_t total = int64_t(n_tok) * width;
     if (total == 0) return;
     const unsigned grid = unsigned(std::min<int64_t>((total + 255) / 256, 65536));
-    launch_pdl(rope_kv_store_kernel, grid, 256, s, q, q ? n_head_q : 0, k, v, n_head_kv, head_dim, cos_sin, neox,
-               k_cache, v_cache, block_size, n_tok, b, early);
+    launch_pdl(attn_temperature_kernel, grid, 256, s, q, pos, n_tok, width, temp_scale, temp_length);
+    EMBER_CUDA_LAUNCHED("attn_temperature");
+}
+
+void rope_kv_store(float* q, int32_t n_head_q, float* k, const float* v, int32_t n_head_kv, int32_t head_dim,
+                   int32_t n_rot, const float2* cos_sin, bool neox, __half* k_cache, __half* v_cache,
+                   int32_t block_size, int32_t n_tok, const DeviceBatch& b, bool early, cudaStream_t s) {
+    if (n_rot <= 0 || n_rot % 2 || n_rot > head_dim)
+        fail("cuda rope: ", n_rot, " rotated dimensions of a head of ", head_dim, " (must be even, at most the head)");
+    if (k_cache && n_rot != head_dim)
+        fail("cuda rope_kv_store: storing the caches needs the whole head rotated (", n_rot, " of ", head_dim, ")");
+    const int64_t total = int64_t(n_tok) * (n_head_q + (k_cache ? 2 : 1) * n_head_kv) * (n_rot / 2);
+    if (total == 0) return;
+    const unsigned grid = unsigned(std::min<int64_t>((total + 255) / 256, 65536));
+    launch_pdl(rope_kv_store_kernel, grid, 256, s, q, q ? n_head_q : 0, k, v, n_head_kv, head_dim, n_rot, cos_sin,
+               neox, k_cache, v_cache, block_size, n_tok, b, early);
     EMBER_CUDA_LAUNCHED("rope_kv_store");
 }
 

@@ -22,7 +22,7 @@ RopeTables::~RopeTables() {
 }
 
 void RopeTables::fill(Table& t, int32_t n_pos, cudaStream_t s) {
-    const int32_t half = t.params.head_dim / 2, cap = capacity_for(n_pos);
+    const int32_t half = t.params.rotated() / 2, cap = capacity_for(n_pos);
     std::vector<float2> host(size_t(cap) * half);
     for (int32_t p = 0; p < cap; ++p)
         for (int32_t i = 0; i < half; ++i) {
@@ -40,8 +40,11 @@ void RopeTables::fill(Table& t, int32_t n_pos, cudaStream_t s) {
 const float2* RopeTables::get(const RopeParams& params, int32_t n_pos, cudaStream_t s, bool& moved) {
     if (params.head_dim <= 0 || params.head_dim % 2)
         fail("cuda rope: head_dim ", params.head_dim, " must be positive and even");
-    if (!params.freq_factors.empty() && int64_t(params.freq_factors.size()) != params.head_dim / 2)
-        fail("cuda rope: ", params.freq_factors.size(), " frequency factors for ", params.head_dim / 2,
+    if (params.rotated() <= 0 || params.rotated() % 2 || params.rotated() > params.head_dim)
+        fail("cuda rope: ", params.rotated(), " rotated dimensions of a head of ", params.head_dim,
+             " (must be even, at most the head)");
+    if (!params.freq_factors.empty() && int64_t(params.freq_factors.size()) != params.rotated() / 2)
+        fail("cuda rope: ", params.freq_factors.size(), " frequency factors for ", params.rotated() / 2,
              " rotated pairs");
     auto it = std::find_if(tables_.begin(), tables_.end(), [&](const Table& t) { return t.params == params; });
     if (it == tables_.end()) {

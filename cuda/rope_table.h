@@ -1,6 +1,6 @@
 // Device tables of rope rotations, one per RopeParams (base, head_dim, mode, linear / YaRN
-// scaling, frequency factors): (cos, sin) of every pair i at every position p below the capacity,
-// at [p * head_dim / 2 + i], from rope_cos_sin of backend/rope_angles.h, the values the CPU
+// scaling, frequency factors, rotated dimensions): (cos, sin) of every rotated pair i at every
+// position p below the capacity, at [p * rotated / 2 + i], from rope_cos_sin of backend/rope_angles.h, the values the CPU
 // backend rotates with. The GPU then rounds rope as the CPU does, and no kernel computes sin or
 // cos. Tables grow (to powers of two, at least 4096 positions) ahead of the positions a batch
 // reaches; growing moves them, so recorded graphs must be dropped.

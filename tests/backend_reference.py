@@ -56,17 +56,21 @@ def rope_scalings(hd, rng):
     }
 
 
-def rope(x, pos, n_heads, head_dim, base, neox, **scaling):
+def rope(x, pos, n_heads, head_dim, base, neox, n_rot=0, **scaling):
+    """Each head's first n_rot dimensions (0: all) rotate as a head of n_rot would; the rest pass
+    through (partial rotary)."""
     x = x.astype(np.float64).reshape(len(pos), n_heads, head_dim).copy()
-    half = head_dim // 2
-    c, s = rope_angles(pos, head_dim, base, **scaling)
+    rot = n_rot or head_dim
+    half = rot // 2
+    c, s = rope_angles(pos, rot, base, **scaling)
     c, s = c[:, None, :], s[:, None, :]
+    r = x[..., :rot]
     if neox:
-        a, b = x[..., :half].copy(), x[..., half:].copy()
-        x[..., :half], x[..., half:] = a * c - b * s, a * s + b * c
+        a, b = r[..., :half].copy(), r[..., half:].copy()
+        r[..., :half], r[..., half:] = a * c - b * s, a * s + b * c
     else:
-        a, b = x[..., 0::2].copy(), x[..., 1::2].copy()
-        x[..., 0::2], x[..., 1::2] = a * c - b * s, a * s + b * c
+        a, b = r[..., 0::2].copy(), r[..., 1::2].copy()
+        r[..., 0::2], r[..., 1::2] = a * c - b * s, a * s + b * c
     return x.reshape(len(pos), n_heads * head_dim)
 
 
@@ -96,6 +100,12 @@ def moe_route(logits, n_used, gating="softmax", norm_topk=False, weight_scale=1.
     """Each row's experts (descending selection score, ties to the lower index) and weights."""
     logits = np.asarray(logits, dtype=np.float64)
     ids, weights = [], []
+def attn_temperature(q, pos, temp_scale, temp_length):
+    """Row t of q times 1 + temp_scale * ln(1 + floor(pos[t] / temp_length)) (llama 4, Mistral 3)."""
+    p = np.asarray(pos, dtype=np.float64)
+    return q.astype(np.float64) * (1.0 + temp_scale * np.log(1.0 + np.floor(p / temp_length)))[:, None]
+
+
     for row in logits:
         if gating == "sigmoid":
             score = 1 / (1 + np.exp(-row))

@@ -153,7 +153,8 @@ NOT_OPS = {
 # Each op of the contract and the test that checks it on every backend.
 COVERAGE = {
     "matmul": "test_matmul", "matmul_many": "test_matmul_many", "rmsnorm": "test_rmsnorm",
-    "head_rmsnorm": "test_head_rmsnorm", "rope": "test_rope", "kv_store": "test_kv_store",
+    "head_rmsnorm": "test_head_rmsnorm", "rope": "test_rope", "attn_temperature": "test_attn_temperature",
+    "kv_store": "test_kv_store",
     "attention": "test_attention", "gated_act": "test_gated_act", "add": "test_add", "add_bias": "test_add_bias",
     "argmax_rows": "test_argmax_rows", "add_rmsnorm": "test_add_rmsnorm", "norm_matmul": "test_norm_matmul",
     "attn_in": "test_attn_in", "attn_out": "test_attn_out", "ffn": "test_ffn", "prepare_weight": "test_matmul",
@@ -550,6 +551,63 @@ def test_add(be, n, rng):
     x, y = normal(rng, n, scale=3), normal(rng, n)
     same_bits(be.add(x, y), x + y, "add")
 
+# name: (n_tok, n_heads, head_dim, rotated dimensions): Phi-3 mini (96 of 96), Phi-3-like partial
+# (a quarter), GLM-4's half head, and an odd number of rotated pairs.
+PARTIAL_ROPE_SHAPES = {"phi_quarter": (5, 3, 96, 24), "glm_half": (37, 2, 128, 64), "odd_pairs": (1, 4, 80, 18),
+                       "whole": (9, 2, 64, 64)}
+
+
+@on("rope")
+@pytest.mark.parametrize("scaling", ["none", "freq_factors", "yarn"])
+@pytest.mark.parametrize("neox", [False, True], ids=["normal", "neox"])
+@pytest.mark.parametrize("shape", list(PARTIAL_ROPE_SHAPES))
+def test_rope_partial(be, shape, neox, scaling, rng):
+    """Partial rotary: each head's first n_rot dimensions rotate as a head of n_rot (its pairs, its
+    frequencies, frequency factors [n_rot / 2]); the rest come back with the same bits."""
+    n_tok, n_heads, hd, n_rot = PARTIAL_ROPE_SHAPES[shape]
+    pos = [int(p) for p in rng.integers(0, 8000, n_tok)]
+    x = normal(rng, n_tok, n_heads * hd)
+    params = {} if scaling == "none" else ref.rope_scalings(n_rot, rng)[scaling]
+    got = be.rope(x, pos, n_heads, hd, 10000.0, neox, n_rot=n_rot, **params)
+    check(got, ref.rope(x, pos, n_heads, hd, 10000.0, neox, n_rot=n_rot, **params), tolerance("rope", None, be),
+          f"{shape} {scaling}")
+    passed = np.arange(n_heads * hd) % hd >= n_rot
+    same_bits(got[:, passed], x[:, passed], "the dimensions past n_rot")
+
+
+@on("rope")
+def test_rope_partial_bad_input(be):
+    x = np.ones((1, 64), np.float32)
+    for n_rot in (-2, 3, 66):
+        with pytest.raises(ValueError, match="n_rot must be even and between 0"):
+            be.rope(x, [0], 1, 64, 10000.0, False, n_rot=n_rot)
+    with pytest.raises(ValueError, match="freq_factors must be \\[rotated dims / 2 = 8\\]"):
+        be.rope(x, [0], 1, 64, 10000.0, False, n_rot=16, freq_factors=np.ones(32, np.float32))
+
+
+@on("attn_temperature")
+@pytest.mark.parametrize("n_tok", [1, 7, 300])
+def test_attn_temperature(be, n_tok, rng):
+    """Llama 4's and Mistral 3's attention temperature: each query row times 1 + beta * ln(1 +
+    floor(pos / length)); positions below the length keep their bits."""
+    length = int(rng.integers(16, 2000))
+    pos = [int(p) for p in rng.integers(0, 50 * length, n_tok)]
+    pos[0] = int(rng.integers(0, length))
+    q = normal(rng, n_tok, 96)
+    beta = float(rng.uniform(0.05, 0.5))
+    got = be.attn_temperature(q, pos, beta, length)
+    check(got, ref.attn_temperature(q, pos, beta, length), 1e-6, f"temperature over {length}")
+    same_bits(got[0], q[0], "a position below the length")
+
+
+@on("attn_temperature")
+def test_attn_temperature_bad_input(be):
+    with pytest.raises(ValueError, match="temp_length must be positive, got 0"):
+        be.attn_temperature(np.ones((1, 8), np.float32), [3], 0.1, 0)
+    with pytest.raises(ValueError, match="q must be \\[len\\(pos\\), width\\]"):
+        be.attn_temperature(np.ones((2, 8), np.float32), [3], 0.1, 16)
+
+
 
 @on("add_bias")
 @pytest.mark.parametrize("n_tok,dim", [(1, 64), (5, 1001), (70, 2048)])
@@ -938,6 +996,46 @@ def moe_case(t, kind, n_tok, rng, n_embd=256, n_ff=256, x=None):
                  for n, b in biases.items()}}
     if shared:
         n_ff_s = 512 if shared == "gated" else 256   # Qwen2-MoE's shared expert is wider than its experts
+# name: (tokens, rope style, rotated dimensions of the head of 64, attention temperature)
+ATTN_IN_ROPE_SHAPES = {"phi3_decode": (1, True, 16, 0.0), "phi3_prompt": (6, True, 48, 0.0),
+                       "mistral3_decode": (1, False, 64, 0.3), "mistral3_prompt": (7, False, 64, 0.2),
+                       "both": (3, True, 32, 0.1)}
+
+
+@on("attn_in")
+@pytest.mark.parametrize("composed", [False, True], ids=["fused", "composed"])
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0", "bf16", "f32"])
+@pytest.mark.parametrize("shape", list(ATTN_IN_ROPE_SHAPES))
+@pytest.mark.parametrize("t", [T.F32, T.Q8_0, T.Q4_K], ids=lambda t: t.name)
+def test_attn_in_rope_options(be, t, shape, kv_type, composed, rng):
+    """The attention input with partial rotary (only each head's first n_rot dimensions rotate) and
+    the queries' attention temperature: q rotated then scaled by its position's temperature, k
+    rotated without it, whole heads stored in the cache."""
+    n_tok, neox, n_rot, temp = ATTN_IN_ROPE_SHAPES[shape]
+    n_in, n_head, n_kv, hd, length = 256, 4, 2, 64, 32
+    wq, wk, wv = (random_weight(t, n * hd, n_in, rng, rms=1 / np.sqrt(n_in)) for n in (n_head, n_kv, n_kv))
+    norm = rng.uniform(0.5, 1.5, n_in).astype(np.float32)
+    pos = sorted(int(p) for p in rng.choice(300, n_tok, replace=False))
+    x = normal(rng, n_tok, n_in)
+    run = lambda: be.attn_in(int(t), wq, wk, wv, n_in, x, pos, hd, 10000.0, neox, 16, norm, 1e-6, kv_type=kv_type,
+                             composed=composed, n_rot=n_rot, temp_scale=temp, temp_length=length)
+    if not supports(be, "weights", t):
+        return expect_unsupported(be, "weights", run)
+    if not supports(be, "kv", kv_type):
+        return expect_unsupported(be, "kv", run)
+    q, k_cache, v_cache, _ = run()
+    xn = ref.rmsnorm(x, norm, 1e-6)
+    proj = lambda w: xn @ dequant(t, w, n_in).T
+    want_q = ref.rope(proj(wq), pos, n_head, hd, 10000.0, neox, n_rot=n_rot)
+    if temp:
+        want_q = ref.attn_temperature(want_q, pos, temp, length)
+    bound = tolerance("matmul", kind_of(t), be) + tolerance("rope", None, be)
+    check(q, want_q, bound, "q")
+    cache_bound = bound + tolerance("kv", kv_type, be)
+    check(k_cache, ref.rope(proj(wk), pos, n_kv, hd, 10000.0, neox, n_rot=n_rot), cache_bound, "k in the cache")
+    check(v_cache, proj(wv), cache_bound, "v in the cache")
+
+
         sg, su = (random_weight(t, n_ff_s, n_embd, rng, rms=1 / np.sqrt(n_embd)) for _ in range(2))
         sd = random_weight(t, n_embd, n_ff_s, rng, rms=1 / np.sqrt(n_ff_s))
         args.update(shared_gate=sg, shared_up=su, shared_down=sd)

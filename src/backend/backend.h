@@ -237,8 +237,12 @@ public:
     // x [n_tok][n_heads][head_dim]: each head normed in place by gamma [head_dim] (Qwen3, Gemma 3 q/k norm).
     virtual void head_rmsnorm(float* x, const float* gamma, int32_t n_tok, int32_t n_heads, int32_t head_dim,
                               float eps) = 0;
-    // x: [n_tok][n_heads * rope.head_dim], rotated in place at the batch positions.
+    // x: [n_tok][n_heads * rope.head_dim], rotated in place at the batch positions (each head's
+    // first rope.rotated() dimensions; the rest pass through).
     virtual void rope(float* x, int32_t n_tok, int32_t n_heads, const RopeParams& rope) = 0;
+    // q [n_tok][width]: each token's row scaled by rope_temperature(its position, rope) (the
+    // attention temperature of llama 4 and Mistral 3; queries only).
+    virtual void attn_temperature(float* q, int32_t n_tok, int64_t width, const RopeParams& rope) = 0;
     // Stores k, v [n_tok][n_head_kv * head_dim] at each token's (sequence, position).
     virtual void kv_store(KVLayer& kv, const float* k, const float* v, int32_t n_tok) = 0;
     // q [n_tok][n_head * head_dim] -> out [n_tok][n_head * head_dim], causal over the
@@ -301,6 +305,7 @@ public:
         if (w.k_norm) head_rmsnorm(b.k, w.k_norm, n_tok, w.n_head_kv, w.head_dim, w.eps);
         rope(b.q, n_tok, w.n_head, *w.rope);
         rope(b.k, n_tok, w.n_head_kv, *w.rope);
+        if (w.rope->temp_scale != 0.0f) attn_temperature(b.q, n_tok, qw, *w.rope);
         kv_store(kv, b.k, b.v, n_tok);
     }
     // out = wo (attention of b.q over kv); b.att holds the attention output.

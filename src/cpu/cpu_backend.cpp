@@ -87,8 +87,9 @@ void CpuBackend::head_rmsnorm(float* x, const float* gamma, int32_t n_tok, int32
 }
 
 void CpuBackend::rope(float* x, int32_t n_tok, int32_t n_heads, const RopeParams& rope) {
-    // llama layout rotates adjacent pairs (2i, 2i+1); neox rotates (i, i + head_dim/2).
-    const int32_t head_dim = rope.head_dim, half = head_dim / 2;
+    // llama layout rotates adjacent pairs (2i, 2i+1); neox rotates (i, i + n_rot/2). Dimensions
+    // past n_rot pass through.
+    const int32_t head_dim = rope.head_dim, half = rope.rotated() / 2;
     std::vector<float> cos_t(half), sin_t(half);
     for (int32_t t = 0; t < n_tok; ++t) {
         for (int32_t i = 0; i < half; ++i) rope_cos_sin(batch_.pos[t], i, rope, cos_t[i], sin_t[i]);
@@ -101,6 +102,13 @@ void CpuBackend::rope(float* x, int32_t n_tok, int32_t n_heads, const RopeParams
                 v[b] = x0 * sin_t[i] + x1 * cos_t[i];
             }
         }
+    }
+}
+
+void CpuBackend::attn_temperature(float* q, int32_t n_tok, int64_t width, const RopeParams& rope) {
+    for (int32_t t = 0; t < n_tok; ++t) {
+        const float s = rope_temperature(batch_.pos[t], rope);
+        for (int64_t i = 0; i < width; ++i) q[t * width + i] *= s;
     }
 }
 

@@ -446,6 +446,7 @@ int64_t Engine::add_request(const RequestParams& r) {
     for (const auto& [id, bias] : r.sampling.logit_bias)
         if (id >= e.n_vocab) fail("logit_bias: token id ", id, " is out of range [0, ", e.n_vocab, ")");
     auto s = std::make_unique<Sequence>();
+    rp.n_ctx_seq = p.n_ctx;
     s->sampler = std::make_unique<Sampler>(r.sampling);   // throws naming a bad sampling parameter
     s->req = r;
     s->tokens = r.prompt;

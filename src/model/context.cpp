@@ -48,6 +48,7 @@ Context::Context(std::shared_ptr<Model> model, const ContextParams& params) {
     rp.n_batch = std::min(params.n_batch, params.n_ctx);
     rp.n_threads = params.n_threads;
     rp.n_kv_blocks = (params.n_ctx + params.kv_block_size - 1) / params.kv_block_size;
+    rp.n_ctx_seq = params.n_ctx;
     rp.kv_block_size = params.kv_block_size;
     rp.type_k = params.type_k;
     rp.type_v = params.type_v;

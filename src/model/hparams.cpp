@@ -82,6 +82,13 @@ HParams read_hparams(const GGUFFile& f) {
         hp.rope_freq_scale = (float)(1.0 / factor);   // an old file's rope.scale_linear alone
     }
     hp.rope_n_ctx_orig = (int32_t)f.get_uint(a + "rope.scaling.original_context_length", (uint64_t)hp.n_ctx_train);
+    hp.n_rot = (int32_t)f.get_uint(a + "rope.dimension_count", (uint64_t)hp.head_dim);
+    if (hp.n_rot <= 0 || hp.n_rot % 2 != 0 || hp.n_rot > hp.head_dim)
+        fail(f.path(), ": ", a, "rope.dimension_count ", hp.n_rot, " must be even and between 2 and the head dimension ",
+             hp.head_dim);
+    hp.rope_attn_factor = (float)f.get_float(a + "rope.scaling.attn_factor", 1.0);
+    if (!(hp.rope_attn_factor > 0.0f))
+        fail(f.path(), ": ", a, "rope.scaling.attn_factor must be positive, got ", hp.rope_attn_factor);
     if (hp.rope_scaling == "yarn") {
         hp.yarn_ext_factor = (float)f.get_float(a + "rope.scaling.yarn_ext_factor", 1.0);
         // llama.cpp's converter writes yarn_attn_factor; older files attn_factor.
@@ -89,6 +96,15 @@ HParams read_hparams(const GGUFFile& f) {
                                                  f.get_float(a + "rope.scaling.attn_factor", 1.0));
         hp.yarn_beta_fast = (float)f.get_float(a + "rope.scaling.yarn_beta_fast", 32.0);
         hp.yarn_beta_slow = (float)f.get_float(a + "rope.scaling.yarn_beta_slow", 1.0);
+        hp.yarn_log_mul = (float)f.get_float(a + "rope.scaling.yarn_log_mul", 0.0);
+        if (hp.yarn_log_mul != 0.0f) {
+            // As llama.cpp: the magnitude is mscale(factor, 1) / mscale(factor, log_mul) times the
+            // file's attn_factor, with rope's own 1 + 0.1 ln(factor) divided out.
+            const double factor = 1.0 / hp.rope_freq_scale;
+            auto mscale = [&](double m) { return factor <= 1.0 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; };
+            hp.yarn_attn_factor = (float)(mscale(1.0) / mscale(hp.yarn_log_mul) / (1.0 + 0.1 * std::log(factor)) *
+                                          hp.rope_attn_factor);
+        }
     }
     read_expert_hparams(f, a, hp);
     arch.read_hparams(f, hp);
@@ -100,22 +116,28 @@ RopeParams model_rope(const HParams& hp, const std::vector<float>& freq_factors)
     RopeParams r;
     r.base = hp.rope_base;
     r.head_dim = hp.head_dim;
+    r.n_rot = hp.n_rot == hp.head_dim ? 0 : hp.n_rot;
     r.neox = hp.rope_neox;
     r.freq_scale = hp.rope_freq_scale;
     r.freq_factors = freq_factors;
+    r.attn_factor = hp.rope_attn_factor;
+    if (hp.attn_temp_scale != 0.0f) {
+        r.temp_scale = hp.attn_temp_scale;
+        r.temp_length = hp.rope_n_ctx_orig;
+    }
     if (hp.rope_scaling == "yarn") {
         r.ext_factor = hp.yarn_ext_factor;
         r.attn_factor = hp.yarn_attn_factor;
-        rope_yarn_corr_dims(hp.head_dim, hp.rope_n_ctx_orig, hp.rope_base, hp.yarn_beta_fast, hp.yarn_beta_slow,
+        rope_yarn_corr_dims(r.rotated(), hp.rope_n_ctx_orig, hp.rope_base, hp.yarn_beta_fast, hp.yarn_beta_slow,
                             r.corr_lo, r.corr_hi);
         if (!hp.yarn_rounded) {
             // The same range before rounding (gpt-oss's reference and transformers' truncate=false).
             const double pi = 3.14159265358979323846;
             auto dim = [&](double n_rot) {
-                return hp.head_dim * std::log(hp.rope_n_ctx_orig / (n_rot * 2 * pi)) / (2 * std::log(hp.rope_base));
+                return r.rotated() * std::log(hp.rope_n_ctx_orig / (n_rot * 2 * pi)) / (2 * std::log(hp.rope_base));
             };
             r.corr_lo = (float)std::max(0.0, dim(hp.yarn_beta_fast));
-            r.corr_hi = (float)std::min((double)(hp.head_dim - 1), dim(hp.yarn_beta_slow));
+            r.corr_hi = (float)std::min((double)(r.rotated() - 1), dim(hp.yarn_beta_slow));
         }
     }
     return r;

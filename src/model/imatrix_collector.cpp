@@ -68,6 +68,9 @@ public:
     void rope(float* x, int32_t n_tok, int32_t n_heads, const RopeParams& rope) override {
         in_->rope(x, n_tok, n_heads, rope);
     }
+    void attn_temperature(float* q, int32_t n_tok, int64_t width, const RopeParams& rope) override {
+        in_->attn_temperature(q, n_tok, width, rope);
+    }
     void kv_store(KVLayer& kv, const float* k, const float* v, int32_t n_tok) override {
         in_->kv_store(kv, k, v, n_tok);
     }

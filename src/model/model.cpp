@@ -26,6 +26,22 @@ const GGUFTensor* bind_optional(const GGUFFile& f, const std::string& name, std:
     return f.find_tensor(name) ? &bind_tensor(f, name, std::move(ne)) : nullptr;
 }
 
+// The tensor a spec names, or its rows (a part of a fused tensor: a view of the file's rows,
+// kept in m.row_slices); null for an absent optional one.
+const GGUFTensor* bind_spec(ModelImpl& m, const GGUFFile& f, const std::string& name, const TensorSpec& s) {
+    if (s.slice.of == 0) return s.optional ? bind_optional(f, name, s.shape) : &bind_tensor(f, name, s.shape);
+    const std::vector<int64_t> whole = {s.shape[0], s.slice.of};
+    const GGUFTensor* t = s.optional ? bind_optional(f, name, whole) : &bind_tensor(f, name, whole);
+    if (!t) return nullptr;
+    const size_t row = row_bytes(t->type, s.shape[0]);
+    GGUFTensor& part = m.row_slices.emplace_back(*t);
+    part.ne = s.shape;
+    part.offset += row * s.slice.first;
+    part.data += row * s.slice.first;
+    part.nbytes = row * s.shape[1];
+    return &part;
+}
+
 // Block l's tensors without its MoE matrices (router, experts, shared expert); the MoE vectors
 // stay, for batches that stream the matrices to the block's GPU (remote_experts.h).
 BlockTensors without_moe_matrices(const ModelImpl& m, int32_t l) {
@@ -62,16 +78,17 @@ HeadWeights prepare_head(Backend& be, const GGUFTensor& output, const GGUFTensor
 
 namespace {
 
-// llama 3's per-pair frequency divisors (rope_freqs.weight, [head_dim / 2] f32), empty when absent.
-std::vector<float> read_freq_factors(const GGUFFile& f, const HParams& hp) {
-    const GGUFTensor* t = f.find_tensor("rope_freqs.weight");
+// Per-pair frequency divisors (llama 3's rope_freqs.weight, LongRoPE's rope_factors_short/long.weight:
+// [n_rot / 2] f32), empty when absent.
+std::vector<float> read_freq_factors(const GGUFFile& f, const HParams& hp, const std::string& name) {
+    const GGUFTensor* t = f.find_tensor(name);
     if (!t) return {};
-    const int64_t n = hp.head_dim / 2;
+    const int64_t n = hp.n_rot / 2;
     if (t->ne != std::vector<int64_t>{n} || t->type != GGMLType::F32)
-        fail(f.path(), ": tensor 'rope_freqs.weight' must be F32 [", n, "] (head_dim / 2)");
+        fail(f.path(), ": tensor '", name, "' must be F32 [", n, "] (rotated dimensions / 2)");
     const float* v = reinterpret_cast<const float*>(t->data);
     for (int64_t i = 0; i < n; ++i)
-        if (!(v[i] > 0.0f)) fail(f.path(), ": rope_freqs.weight[", i, "] is ", v[i], ", must be positive");
+        if (!(v[i] > 0.0f)) fail(f.path(), ": ", name, "[", i, "] is ", v[i], ", must be positive");
     return std::vector<float>(v, v + n);
 }
 
@@ -102,14 +119,22 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& p
     hp.tied_output = m.output == nullptr;
     if (hp.tied_output) m.output = m.tok_embd;
 
-    const RopeParams rope = model_rope(hp, read_freq_factors(f, hp));
+    const std::vector<float> factors_short = read_freq_factors(f, hp, "rope_factors_short.weight");
+    const std::vector<float> factors_long = read_freq_factors(f, hp, "rope_factors_long.weight");
+    if (factors_short.empty() != factors_long.empty())
+        fail(path, ": LongRoPE needs both rope_factors_short.weight and rope_factors_long.weight");
+    std::vector<float> factors = read_freq_factors(f, hp, "rope_freqs.weight");
+    if (!factors.empty() && !factors_long.empty())
+        fail(path, ": rope_freqs.weight and LongRoPE's rope_factors_short/long.weight cannot both be given");
+    if (factors.empty()) factors = factors_short;
+    const RopeParams rope = model_rope(hp, factors);
     const std::vector<TensorSpec> specs = m.arch->block_tensors(hp);
     for (int32_t l = 0; l < hp.n_layer; ++l) {
         const std::string p = "blk." + std::to_string(l) + ".";
         BlockTensors b;
         for (const TensorSpec& s : specs) {
             const int r = static_cast<int>(s.role);
-            b.t[r] = s.optional ? bind_optional(f, p + s.name, s.shape) : &bind_tensor(f, p + s.name, s.shape);
+            b.t[r] = bind_spec(m, f, p + s.name, s);
             b.vector[r] = s.vector;
             m.moe_role[r] = is_moe_tensor(s.name);
         }
@@ -117,6 +142,7 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& p
         m.layers.push_back(m.arch->layer_config(hp, l, rope));
     }
 
+        if (!factors_long.empty()) m.layers_long.push_back(m.arch->layer_config(hp, l, model_rope(hp, factors_long)));
     // The GPU budget's default is the memory free on the GPU, so the backend starts before the plan.
     const bool have_gpu = backend_built("cuda");
     BackendOptions gpu_opts;

@@ -2,6 +2,7 @@
 // the placement plan, and the weights already prepared on the GPU for the blocks placed there.
 #pragma once
 #include <array>
+#include <deque>
 #include <memory>
 #include <vector>
 
@@ -31,11 +32,18 @@ struct ModelImpl {
     HParams hp;
     const Architecture* arch = nullptr;
     std::vector<LayerConfig> layers;   // [n_layer] rope and attention shape of each layer
+    // LongRoPE files (rope_factors_long/short): the layers with the long factors, which runners
+    // whose sequences may pass the original context take (layers has the short ones); else empty.
+    std::vector<LayerConfig> layers_long;
+    const std::vector<LayerConfig>& layers_for(int32_t n_ctx_seq) const {
+        return !layers_long.empty() && n_ctx_seq > hp.rope_n_ctx_orig ? layers_long : layers;
+    }
     std::unique_ptr<Tokenizer> tokenizer;
     const GGUFTensor* tok_embd = nullptr;
     const GGUFTensor* output_norm = nullptr;
     const GGUFTensor* output = nullptr;   // token_embd when tied
     std::vector<BlockTensors> blocks;
+    std::deque<GGUFTensor> row_slices;   // the parts of fused tensors blocks point to (TensorSpec::slice)
     std::array<bool, kRoles> moe_role{};   // the roles a mixture's experts take with them (placement.h)
     PlacementPlan plan;
 

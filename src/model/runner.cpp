@@ -295,6 +295,7 @@ void RunnerImpl::forward(const int32_t* tokens, const BatchInfo& batch, const st
 
     // Embedding rows stay in host memory (token_embd may be the largest tensor).
     const TypeTraits& et = type_traits(m.tok_embd->type);
+    const std::vector<LayerConfig>& layers = m.layers_for(params.n_ctx_seq);
     const size_t erow = row_bytes(m.tok_embd->type, E);
     const float embd_scale = m.arch->embd_scale(hp);
     for (int32_t i = 0; i < n; ++i) {
@@ -377,8 +378,8 @@ void RunnerImpl::forward(const int32_t* tokens, const BatchInfo& batch, const st
             apart->be->set_batch(batch);
             seen.push_back(apart->be);
         }
-        const BlockRun run{be,      w,        m.layers[l], hp,   st ? stream->kv() : kv[l], s->buf, n, s->x,
-                           pending, s->out_a, s->out_b,    apart};
+        const BlockRun run{be,      w,        layers[l], hp,   st ? stream->kv() : kv[l], s->buf, n, s->x,
+                           pending, s->out_a, s->out_b,  apart};
         pending = m.arch->forward_block(run);
         if (st) stream->end_block(l, kv[l], ids, n_past, n, l + 1 < hp.n_layer && is_streamed(l + 1));
         if (experts_staged) expert_stream->end_block(l, next_remote(l));

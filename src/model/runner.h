@@ -20,6 +20,9 @@ struct RunnerParams {
     int32_t n_batch = kDefaultBatchTokens;   // most tokens of one step
     int32_t n_threads = 0;         // 0: all hardware threads
     int32_t n_kv_blocks = 0;       // KV blocks of every layer (the pool the block ids index)
+    // Most tokens one sequence holds (n_ctx): LongRoPE models rotate with their long factors when
+    // it passes the original context, as llama.cpp does; 0: unknown (the short factors).
+    int32_t n_ctx_seq = 0;
     int32_t n_host_tier_slots = 0; // host-memory slots of a block's size: the engine's host tier
     int32_t kv_block_size = kDefaultKvBlockSize;
     GGMLType type_k = GGMLType::F16, type_v = GGMLType::F16;

@@ -199,12 +199,21 @@ struct PagedKV {
 };
 
 RopeParams rope_params(int32_t head_dim, float base, bool neox, float freq_scale, float ext_factor, float attn_factor,
-                       float corr_lo, float corr_hi, const std::optional<F32In>& freq_factors) {
+                       float corr_lo, float corr_hi, const std::optional<F32In>& freq_factors, int32_t n_rot = 0,
+                       float temp_scale = 0.0f, int32_t temp_length = 0) {
     if (head_dim <= 0 || head_dim % 2) fail("rope: head_dim must be positive and even, got ", head_dim);
+    if (n_rot < 0 || n_rot % 2 || n_rot > head_dim)
+        fail("rope: n_rot must be even and between 0 (the whole head) and head_dim ", head_dim, ", got ", n_rot);
+    if (temp_scale != 0.0f && temp_length <= 0)
+        fail("rope: an attention temperature needs a positive temp_length, got ", temp_length);
     RopeParams r{base, head_dim, neox, freq_scale, ext_factor, attn_factor, corr_lo, corr_hi, {}};
+    r.n_rot = n_rot;
+    r.temp_scale = temp_scale;
+    r.temp_length = temp_length;
+    const int32_t pairs = r.rotated() / 2;
     if (freq_factors) {
-        if (freq_factors->ndim() != 1 || freq_factors->size() != (size_t)head_dim / 2)
-            fail("rope: freq_factors must be [head_dim / 2 = ", head_dim / 2, "] float32, got ", freq_factors->size(),
+        if (freq_factors->ndim() != 1 || freq_factors->size() != (size_t)pairs)
+            fail("rope: freq_factors must be [rotated dims / 2 = ", pairs, "] float32, got ", freq_factors->size(),
                  " values");
         r.freq_factors.assign(freq_factors->data(), freq_factors->data() + freq_factors->size());
     }
@@ -524,7 +533,7 @@ struct PyBackend {
                                 std::optional<F32In> bk, std::optional<F32In> bv, std::optional<F32In> q_norm,
                                 std::optional<F32In> k_norm, const std::optional<std::string>& kv_type,
                                 const std::optional<std::string>& type_k, const std::optional<std::string>& type_v,
-                                bool composed) {
+                                bool composed, int32_t n_rot, float temp_scale, int32_t temp_length) {
         check_positions(pos, "attn_in");
         Weight q = weight(type_id, wq, n_in, "wq"), k = weight(type_id, wk, n_in, "wk"),
                v = weight(type_id, wv, n_in, "wv");
@@ -534,7 +543,8 @@ struct PyBackend {
         const int32_t n_tok = (int32_t)nt;
         check_rows(x, nt, n_in, "x");
         if (residual) check_rows(*residual, nt, n_in, "residual");
-        const RopeParams rope = rope_params(head_dim, base, neox, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, std::nullopt);
+        const RopeParams rope =
+            rope_params(head_dim, base, neox, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, std::nullopt, n_rot, temp_scale, temp_length);
         std::unique_ptr<Buf> nbuf = optional_vector(*be, norm, (size_t)n_in, "norm");
         std::unique_ptr<Buf> bqb = optional_vector(*be, bq, (size_t)q.n_out, "bq"),
                              bkb = optional_vector(*be, bk, (size_t)k.n_out, "bk"),
@@ -628,10 +638,10 @@ struct PyBackend {
 
     F32Out rope(F32In x, std::vector<int32_t> pos, int32_t n_heads, int32_t head_dim, float base, bool neox,
                 float freq_scale, float ext_factor, float attn_factor, float corr_lo, float corr_hi,
-                std::optional<F32In> freq_factors) {
+                std::optional<F32In> freq_factors, int32_t n_rot) {
         check_positions(pos, "rope");
         const RopeParams r = rope_params(head_dim, base, neox, freq_scale, ext_factor, attn_factor, corr_lo, corr_hi,
-                                         freq_factors);
+                                         freq_factors, n_rot);
         if (n_heads <= 0 || x.ndim() != 2 || x.shape(0) != pos.size() || x.shape(1) != (size_t)n_heads * head_dim)
             fail("rope: x must be [len(pos), n_heads * head_dim] float32");
         be->set_batch(one_sequence_batch(pos, {0}));
@@ -647,6 +657,21 @@ struct PyBackend {
         be->gated_act(a, gb.f(), ub.f(), (int64_t)g.size(), ob.f());
         return make_out(download(*be, ob, g.size()), {g.size()});
     }
+    // Each row of q [len(pos), width] scaled by the attention temperature at its position.
+    F32Out attn_temperature(F32In q, std::vector<int32_t> pos, float temp_scale, int32_t temp_length) {
+        check_positions(pos, "attn_temperature");
+        if (q.ndim() != 2 || q.shape(0) != pos.size() || q.shape(1) == 0)
+            fail("attn_temperature: q must be [len(pos), width] float32");
+        if (temp_length <= 0) fail("attn_temperature: temp_length must be positive, got ", temp_length);
+        RopeParams r;
+        r.temp_scale = temp_scale;
+        r.temp_length = temp_length;
+        be->set_batch(one_sequence_batch(pos, {0}));
+        Buf qb(*be, q.data(), q.size() * 4);
+        be->attn_temperature(qb.f(), (int32_t)pos.size(), (int64_t)q.shape(1), r);
+        return make_out(download(*be, qb, q.size()), {q.shape(0), q.shape(1)});
+    }
+
 
     // x, y [n] -> x + y (Backend::add, in place on the backend's copy of x).
     F32Out add(F32In x, F32In y) {
@@ -873,9 +898,11 @@ void bind_kernel_backend(nb::module_& m) {
         .def("attn_in", &PyBackend::attn_in, nb::arg("type_id"), nb::arg("wq"), nb::arg("wk"), nb::arg("wv"),
              nb::arg("n_in"), nb::arg("x"), nb::arg("pos"), nb::arg("head_dim"), nb::arg("base"), nb::arg("neox"),
              nb::arg("block_size"), nb::arg("norm"), nb::arg("eps") = 1e-5f, nb::arg("residual") = nb::none(),
+            {"attn_temperature", "attn_temperature"},
              nb::arg("bq") = nb::none(), nb::arg("bk") = nb::none(), nb::arg("bv") = nb::none(),
              nb::arg("q_norm") = nb::none(), nb::arg("k_norm") = nb::none(), nb::arg("kv_type") = nb::none(),
-             nb::arg("type_k") = nb::none(), nb::arg("type_v") = nb::none(), nb::arg("composed") = false)
+             nb::arg("type_k") = nb::none(), nb::arg("type_v") = nb::none(), nb::arg("composed") = false,
+             nb::arg("n_rot") = 0, nb::arg("temp_scale") = 0.0f, nb::arg("temp_length") = 0)
         .def("rmsnorm", &PyBackend::rmsnorm, nb::arg("x"), nb::arg("gamma"), nb::arg("eps"))
         .def("add_rmsnorm", &PyBackend::add_rmsnorm, nb::arg("x"), nb::arg("residual"), nb::arg("gamma"),
              nb::arg("eps"), nb::arg("composed") = false)
@@ -886,7 +913,9 @@ void bind_kernel_backend(nb::module_& m) {
         .def("rope", &PyBackend::rope, nb::arg("x"), nb::arg("pos"), nb::arg("n_heads"), nb::arg("head_dim"),
              nb::arg("base"), nb::arg("neox"), nb::arg("freq_scale") = 1.0f, nb::arg("ext_factor") = 0.0f,
              nb::arg("attn_factor") = 1.0f, nb::arg("corr_lo") = 0.0f, nb::arg("corr_hi") = 0.0f,
-             nb::arg("freq_factors") = nb::none())
+             nb::arg("freq_factors") = nb::none(), nb::arg("n_rot") = 0)
+        .def("attn_temperature", &PyBackend::attn_temperature, nb::arg("q"), nb::arg("pos"), nb::arg("temp_scale"),
+             nb::arg("temp_length"))
         .def("gated_act", &PyBackend::gated_act, nb::arg("gate"), nb::arg("up"), nb::arg("act") = "silu")
         .def("add", &PyBackend::add, nb::arg("x"), nb::arg("y"))
         .def("add_bias", &PyBackend::add_bias, nb::arg("x"), nb::arg("bias"))
