@@ -48,6 +48,11 @@ struct RequestParams {
     int32_t logprobs = -1;                  // -1: none; 0: the sampled token's; k > 0: and the top k
     bool prompt_logprobs = false;           // logprob of every prompt token after the first
     int32_t prompt_top_logprobs = 0;        // with prompt_logprobs: and the top k of each position
+    // Constrained decoding (llguidance loaded: load_llguidance): "" for none, else grammar's kind,
+    // as GrammarCompiler::compile takes it. Only tokens the grammar allows are drawn, whatever the
+    // sampling parameters; end of generation only where the grammar is complete.
+    std::string grammar_kind;
+    std::string grammar;
     static constexpr int32_t kMaxLogprobs = 20;   // vLLM's default max_logprobs
 };
 
@@ -83,6 +88,9 @@ struct EngineStats {
     // Seconds the loop thread spent, over all steps, planning them (and copying swaps), in the
     // forward (device time included), sampling, and handing out outputs (the lock's wait included).
     double seconds_schedule = 0, seconds_forward = 0, seconds_sample = 0, seconds_output = 0;
+    // Of seconds_sample: waiting for constrained sequences' token masks the grammar worker had not
+    // finished during the forward.
+    double seconds_grammar_wait = 0;
 };
 
 struct EngineImpl;
@@ -93,7 +101,8 @@ public:
     Engine(std::shared_ptr<Model> model, const EngineParams& params);
     ~Engine();   // close()
     // Queues a request; returns its id. Throws InvalidInput naming what is wrong (empty prompt,
-    // a token id out of range, prompt + max_tokens over n_ctx, a bad sampling parameter).
+    // a token id out of range, prompt + max_tokens over n_ctx, a bad sampling parameter, an invalid
+    // grammar). A grammar is compiled here (cached per grammar: a repeated one costs nothing).
     int64_t add_request(const RequestParams& request);
     // Finishes the request with "abort" within one step, its KV freed; unknown ids are ignored.
     void cancel(int64_t request_id);

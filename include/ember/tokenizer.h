@@ -33,6 +33,9 @@ public:
 };
 
 // Turns a stream of token ids into text without ever splitting a UTF-8 character: bytes of an
+    // Control, unknown and unused tokens, and user-defined ones spelled "<...>": never plain text
+    // (constrained decoding keeps a grammar's text from matching them).
+    virtual bool is_special(int32_t id) const = 0;
 // incomplete character are held back until the character is complete.
 class IncrementalDetokenizer {
 public:

@@ -77,7 +77,8 @@ void bind_engine(nb::module_& m) {
                float min_p, float repeat_penalty, float frequency_penalty, float presence_penalty,
                int32_t penalty_last_n, const std::vector<std::pair<int32_t, float>>& logit_bias, uint64_t seed,
                int32_t max_tokens, int32_t min_tokens, const std::vector<int32_t>& stop_token_ids, bool ignore_eos,
-               int32_t logprobs, bool prompt_logprobs, int32_t prompt_top_logprobs) {
+               int32_t logprobs, bool prompt_logprobs, int32_t prompt_top_logprobs, const std::string& grammar_kind,
+               const std::string& grammar) {
                 RequestParams r;
                 r.prompt = prompt;
                 r.sampling = sampling_params_arg(temperature, top_k, top_p, min_p, repeat_penalty, frequency_penalty,
@@ -89,6 +90,10 @@ void bind_engine(nb::module_& m) {
                 r.logprobs = logprobs;
                 r.prompt_logprobs = prompt_logprobs;
                 r.prompt_top_logprobs = prompt_top_logprobs;
+                r.grammar_kind = grammar_kind;
+                r.grammar = grammar;
+                // A new grammar compiles here: other Python threads run meanwhile.
+                nb::gil_scoped_release release;
                 return e.add_request(r);
             },
             "prompt"_a, nb::kw_only(), "temperature"_a = 0.8f, "top_k"_a = 40, "top_p"_a = 0.95f, "min_p"_a = 0.05f,
@@ -96,7 +101,9 @@ void bind_engine(nb::module_& m) {
             "penalty_last_n"_a = 64, "logit_bias"_a = std::vector<std::pair<int32_t, float>>{},
             "seed"_a = 0xFFFFFFFFull, "max_tokens"_a = 16, "min_tokens"_a = 0,
             "stop_token_ids"_a = std::vector<int32_t>{}, "ignore_eos"_a = false, "logprobs"_a = -1,
-            "prompt_logprobs"_a = false, "prompt_top_logprobs"_a = 0, "Queues a request; returns its id.")
+            "prompt_logprobs"_a = false, "prompt_top_logprobs"_a = 0, "grammar_kind"_a = "", "grammar"_a = "",
+            "Queues a request; returns its id. grammar_kind / grammar: constrained decoding (ember.structured "
+            "makes them; llguidance must be loaded).")
         .def("cancel", &Engine::cancel, "request_id"_a)
         .def(
             "poll",
@@ -132,6 +139,7 @@ void bind_engine(nb::module_& m) {
                  d["seconds_forward"] = s.seconds_forward;
                  d["seconds_sample"] = s.seconds_sample;
                  d["seconds_output"] = s.seconds_output;
+                 d["seconds_grammar_wait"] = s.seconds_grammar_wait;
                  return d;
              })
         .def("close",

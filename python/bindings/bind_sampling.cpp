@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 
+#include "ember/grammar.h"
 #include "ember/sampling.h"
 #include "ember/status.h"
 #include "sampling_arg.h"
@@ -51,14 +52,21 @@ void bind_sampling(nb::module_& m) {
              "mirostat"_a = 0, "mirostat_tau"_a = 5.0f, "mirostat_eta"_a = 0.1f)
         .def(
             "sample",
-            [](ember::Sampler& s, Logits logits, const std::vector<int32_t>& history) {
+            [](ember::Sampler& s, Logits logits, const std::vector<int32_t>& history,
+               const ember::GrammarMatcher* matcher) {
                 if (logits.shape(0) > static_cast<size_t>(INT32_MAX))
                     ember::fail("Sampler.sample: logits has too many entries (", logits.shape(0), ")");
+                const int32_t n = static_cast<int32_t>(logits.shape(0));
                 nb::gil_scoped_release unlocked;
-                return s.sample(logits.data(), static_cast<int32_t>(logits.shape(0)), history);
+                if (!matcher) return s.sample(logits.data(), n, history);
+                if (!matcher->error().empty()) ember::fail(matcher->error());
+                std::vector<float> masked(logits.data(), logits.data() + n);
+                ember::apply_token_mask(masked.data(), n, matcher->mask());
+                return s.sample(masked.data(), n, history);
             },
-            "logits"_a, "history"_a = std::vector<int32_t>{},
-            "Draws one token id from logits [n_vocab] float32; history = tokens so far (for penalties).")
+            "logits"_a, "history"_a = std::vector<int32_t>{}, "matcher"_a = nb::none(),
+            "Draws one token id from logits [n_vocab] float32; history = tokens so far (for penalties); "
+            "matcher: a GrammarMatcher whose mask bans the tokens it does not allow.")
         .def_prop_ro("temperature", [](const ember::Sampler& s) { return s.params().temperature; })
         .def_prop_ro("top_k", [](const ember::Sampler& s) { return s.params().top_k; })
         .def_prop_ro("top_p", [](const ember::Sampler& s) { return s.params().top_p; })

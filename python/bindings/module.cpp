@@ -16,12 +16,14 @@ void bind_engine(nb::module_& m);
 void bind_switches(nb::module_& m);
 void bind_imatrix(nb::module_& m);
 
+void bind_grammar(nb::module_& m);
 NB_MODULE(_ember, m) {
     ember_python::register_exception_translator();
     bind_gguf(m);
     bind_quant(m);
     bind_tokenizer(m);
     bind_sampling(m);
+    bind_grammar(m);
     bind_model(m);
     bind_quantize(m);
     bind_engine(m);

@@ -7,11 +7,13 @@ from dataclasses import dataclass, fields
 from typing import Dict, List, Optional, Union
 
 from . import _ember
+from .structured import StructuredOutputsParams
 
 RANDOM_SEED = 0xFFFFFFFF   # the engine's "draw a random seed", as in llama.cpp
 
 _INT_FIELDS = {"n", "top_k", "max_tokens", "min_tokens", "seed", "logprobs", "prompt_logprobs"}
-_OPTIONAL = {"max_tokens", "seed", "logprobs", "prompt_logprobs", "stop", "stop_token_ids", "logit_bias"}
+_OPTIONAL = {"max_tokens", "seed", "logprobs", "prompt_logprobs", "stop", "stop_token_ids", "logit_bias",
+             "structured_outputs"}
 _BOOL_FIELDS = {"ignore_eos", "include_stop_str_in_output", "skip_special_tokens"}
 
 
@@ -38,6 +40,8 @@ def _type_error(params: "SamplingParams") -> Optional[str]:
             want = "a string or a list of strings"
         elif f.name == "stop_token_ids":
             ok, want = isinstance(v, (list, tuple)) and all(map(_is_int, v)), "a list of token ids"
+        elif f.name == "structured_outputs":
+            ok, want = isinstance(v, StructuredOutputsParams), "a StructuredOutputsParams"
         elif f.name == "logit_bias":
             ok = isinstance(v, dict) and all(_is_int(k) and _is_real(b) for k, b in v.items())
             want = "a dict of token id -> bias"
@@ -56,7 +60,8 @@ class SamplingParams:
     window), not at the whole sequence as in vLLM. include_stop_str_in_output keeps the stop
     string that ended a sequence at the end of its text (and streams text without holding back
     what may grow into one). prompt_logprobs=k gives each prompt token after the first its logprob
-    and those of the k most likely tokens at its position."""
+    and those of the k most likely tokens at its position. structured_outputs constrains the text to
+    a JSON schema, regex, choice or grammar (ember.structured); only tokens it allows are drawn."""
     n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
@@ -76,6 +81,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     logit_bias: Optional[Dict[int, float]] = None
+    structured_outputs: Optional[StructuredOutputsParams] = None
 
     def __post_init__(self):
         wrong_type = _type_error(self)
@@ -117,7 +123,8 @@ class SamplingParams:
         """add_request's keyword arguments for sequence `index` of the n, generating at most
         max_tokens (this max_tokens capped at the context's room, or the room where it is None;
         min_tokens is capped alike). The prompt's logprobs are asked of sequence 0 only: the n
-        share the prompt."""
+        share the prompt. ValueError naming what is wrong with structured_outputs."""
+        kind, grammar = self.structured_outputs.grammar_spec() if self.structured_outputs else ("", "")
         return dict(
             temperature=self.temperature, top_k=max(self.top_k, 0), top_p=self.top_p, min_p=self.min_p,
             repeat_penalty=self.repetition_penalty, frequency_penalty=self.frequency_penalty,
@@ -127,4 +134,4 @@ class SamplingParams:
             max_tokens=max_tokens, min_tokens=min(self.min_tokens, max_tokens), stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos, logprobs=-1 if self.logprobs is None else self.logprobs,
             prompt_logprobs=self.prompt_logprobs is not None and index == 0,
-            prompt_top_logprobs=(self.prompt_logprobs or 0) if index == 0 else 0)
+            prompt_top_logprobs=(self.prompt_logprobs or 0) if index == 0 else 0, grammar_kind=kind, grammar=grammar)

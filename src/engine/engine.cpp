@@ -15,6 +15,7 @@
 #include <unordered_set>
 
 #include "ember/status.h"
+#include "engine/grammar_worker.h"
 #include "engine/scheduler.h"
 #include "kv/kv_cache.h"
 #include "model/runner.h"
@@ -71,6 +72,11 @@ struct EngineImpl {
     bool stopping = false;
     int64_t next_id = 1;
     uint64_t next_order = 0;
+    // Made at the first constrained request, so unconstrained ones pay nothing; the worker is
+    // destroyed (joined) before the model whose tokenizer its matchers read.
+    std::mutex grammar_mu;
+    std::unique_ptr<GrammarCompiler> grammars;
+    std::unique_ptr<GrammarWorker> grammar_worker;
     std::thread loop;
 
     EngineImpl(std::shared_ptr<Model> m, const EngineParams& p, const RunnerParams& rp)
@@ -96,6 +102,8 @@ struct EngineImpl {
     // adjusted): the runner then returns each row's greedy id, not its logits.
     bool greedy_step(const StepPlan& plan) const;
     void sample(const StepPlan& plan, bool greedy);
+    // The compiled grammar of a request (the compiler and worker made on first use).
+    std::shared_ptr<GrammarSlot> grammar_slot(const RequestParams& r);
     void finish(Sequence& s, const char* reason, const std::string& error = "");
     void emit(Sequence& s);   // moves s.out into the outbox (lock held)
     void update_stats();      // lock held
@@ -170,7 +178,7 @@ bool EngineImpl::greedy_step(const StepPlan& plan) const {
         if (!ss.n_rows) continue;
         const Sequence& s = *ss.seq;
         if (!ss.samples || ss.n_rows != 1 || s.wants_prompt_logprobs() || s.req.logprobs >= 0 || bans_tokens(s) ||
-            !s.sampler->plain_greedy(s.tokens))
+            s.grammar || !s.sampler->plain_greedy(s.tokens))
             return false;
     }
     return true;
@@ -216,11 +224,21 @@ void EngineImpl::sample(const StepPlan& plan, bool greedy) {
         const float* row = rows + (size_t)(ss.n_rows - 1) * n_vocab;
         // Reused per thread: a decode step allocates nothing per sequence.
         thread_local std::vector<float> banned;
-        if (bans_tokens(s)) {
+        const bool bans = bans_tokens(s);
+        if (bans || s.grammar) {
             banned.assign(row, row + n_vocab);
-            if (!s.req.ignore_eos)
+            if (s.grammar) {
+                const GrammarMatcher& m = s.grammar->wait();
+                if (!m.error().empty()) {
+                    errors[w] = m.error();
+                    return;
+                }
+                apply_token_mask(banned.data(), n_vocab, m.mask());
+            }
+            if (bans && !s.req.ignore_eos)
                 for (int32_t id : stop_ids_eog) banned[id] = -std::numeric_limits<float>::infinity();
-            for (int32_t id : s.req.stop_token_ids) banned[id] = -std::numeric_limits<float>::infinity();
+            if (bans)
+                for (int32_t id : s.req.stop_token_ids) banned[id] = -std::numeric_limits<float>::infinity();
             row = banned.data();
         }
         try {
@@ -255,6 +273,7 @@ bool EngineImpl::step() {
     Clock::time_point t_forward = t_plan, t_sample = t_plan, t_output = t_plan;
     StepPlan plan = sched.plan();
     std::string failure;
+    double grammar_wait = 0;
     try {
         // The plan's swaps and host-tier hits, copied before the forward writes any block; also
         // for an empty plan, whose host slots stay pinned until their copies have run.
@@ -268,6 +287,10 @@ bool EngineImpl::step() {
         runner.forward(plan.tokens.data(), plan.batch, plan.rows, greedy);
         sched.commit(plan);
         t_sample = Clock::now();
+        // The masks the worker computed during the forward; time spent here is overlap missed.
+        for (const StepSeq& ss : plan.seqs)
+            if (ss.samples && ss.seq->grammar) ss.seq->grammar->wait();
+        grammar_wait = std::chrono::duration<double>(Clock::now() - t_sample).count();
         sample(plan, greedy);
     } catch (const std::exception& e) {
         failure = e.what();
@@ -287,9 +310,12 @@ bool EngineImpl::step() {
                 s.out.prompt_top_logprobs = std::move(s.prompt_top);
                 s.prompt_lp_sent = true;
             }
+            bool took = false;   // a token joined the sequence
             if (!s.out.token_ids.empty() && s.n_generated < s.req.max_tokens) {
                 const int32_t tok = s.out.token_ids.back();
-                const bool eog = !s.req.ignore_eos && std::binary_search(stop_ids_eog.begin(), stop_ids_eog.end(), tok);
+                // A grammar allows end of generation only where it is complete: there it ends.
+                const bool eog = (!s.req.ignore_eos || s.grammar) &&
+                                 std::binary_search(stop_ids_eog.begin(), stop_ids_eog.end(), tok);
                 const bool stop_id = std::find(s.req.stop_token_ids.begin(), s.req.stop_token_ids.end(), tok) !=
                                      s.req.stop_token_ids.end();
                 ++generated;
@@ -304,10 +330,13 @@ bool EngineImpl::step() {
                 } else {
                     s.tokens.push_back(tok);
                     ++s.n_generated;
+                    took = true;
                 }
             }
             if (!s.out.finished && (s.n_generated >= s.req.max_tokens || (int32_t)s.tokens.size() >= params.n_ctx))
                 finish(s, "length");
+            // The next mask, computed while the next step's forward runs.
+            if (took && !s.out.finished && s.grammar) grammar_worker->advance(s.grammar, s.tokens.back());
         }
         if (s.out.finished) done.push_back(s.id);
     }
@@ -327,6 +356,7 @@ bool EngineImpl::step() {
     stats.seconds_schedule += seconds(t_plan, t_forward);
     stats.seconds_forward += seconds(t_forward, t_sample);
     stats.seconds_sample += seconds(t_sample, t_output);
+    stats.seconds_grammar_wait += grammar_wait;
     stats.seconds_output += seconds(t_output, Clock::now());
     out_cv.notify_all();
     return true;
@@ -366,6 +396,20 @@ void EngineImpl::run() {
     out_cv.notify_all();
 }
 
+std::shared_ptr<GrammarSlot> EngineImpl::grammar_slot(const RequestParams& r) {
+    GrammarCompiler* compiler;
+    {
+        std::lock_guard<std::mutex> lk(grammar_mu);
+        if (!grammars) {
+            grammars = std::make_unique<GrammarCompiler>(runner.model().tokenizer());
+            const int hw = (int)std::thread::hardware_concurrency();
+            grammar_worker = std::make_unique<GrammarWorker>(std::clamp(hw / 8, 1, 4));
+        }
+        compiler = grammars.get();
+    }
+    return std::make_shared<GrammarSlot>(compiler->compile(r.grammar_kind, r.grammar)->matcher());
+}
+
 Engine::Engine(std::shared_ptr<Model> model, const EngineParams& p) {
     if (p.n_ctx <= 0) fail("n_ctx must be positive, got ", p.n_ctx);
     if (p.max_num_seqs <= 0) fail("max_num_seqs must be positive, got ", p.max_num_seqs);
@@ -401,6 +445,7 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineParams& p) {
     rp.n_batch = p.max_num_batched_tokens;
     rp.n_threads = p.n_threads;
     rp.n_kv_blocks = (int32_t)n_blocks;
+    rp.n_ctx_seq = p.n_ctx;
     rp.n_host_tier_slots = (int32_t)host_blocks;
     rp.kv_block_size = p.kv_block_size;
     rp.type_k = p.type_k;
@@ -446,8 +491,8 @@ int64_t Engine::add_request(const RequestParams& r) {
     for (const auto& [id, bias] : r.sampling.logit_bias)
         if (id >= e.n_vocab) fail("logit_bias: token id ", id, " is out of range [0, ", e.n_vocab, ")");
     auto s = std::make_unique<Sequence>();
-    rp.n_ctx_seq = p.n_ctx;
     s->sampler = std::make_unique<Sampler>(r.sampling);   // throws naming a bad sampling parameter
+    if (!r.grammar_kind.empty()) s->grammar = e.grammar_slot(r);
     s->req = r;
     s->tokens = r.prompt;
     s->n_prompt = n;

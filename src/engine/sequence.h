@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include "engine/grammar_worker.h"
 #include "ember/engine.h"
 #include "ember/sampling.h"
 
@@ -20,6 +21,7 @@ struct Sequence {
     int32_t n_generated = 0;
     bool admitted = false;           // admitted once (num_cached_tokens counts the first admission)
     std::unique_ptr<Sampler> sampler;
+    std::shared_ptr<GrammarSlot> grammar;   // constrained decoding's state; null when unconstrained
     std::vector<float> prompt_lp;    // prompt_lp[p]: logprob of tokens[p + 1], gathered as computed
     std::vector<int32_t> prompt_rank;   // and its rank
     std::vector<std::vector<std::pair<int32_t, float>>> prompt_top;   // and the top k, when asked

@@ -215,3 +215,13 @@ const std::string& VocabTokenizer::token_text(int32_t id) const {
 }
 
 }  // namespace ember
+bool VocabTokenizer::is_special(int32_t id) const {
+    const std::string& text = token_text(id);
+    switch (type(id)) {
+        case TokenType::NORMAL:
+        case TokenType::BYTE: return false;
+        case TokenType::USER_DEFINED: return text.size() > 2 && text.front() == '<' && text.back() == '>';
+        default: return true;
+    }
+}
+

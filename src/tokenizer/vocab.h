@@ -62,6 +62,7 @@ public:
 protected:
     // Appends the tokens of text (a fragment between special tokens). after_special: the
     // fragment starts the text or follows a special token (SentencePiece adds its space there).
+    bool is_special(int32_t id) const override;
     virtual void encode_fragment(const std::string& text, bool after_special, std::vector<int32_t>& out) const = 0;
     virtual std::string normal_piece(int32_t id) const = 0;
 
