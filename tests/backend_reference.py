@@ -196,3 +196,44 @@ def argmax_cases(rng, width):
     x[7, width - 1] = -3.0e38                                    # only the last one is finite
     x[8, :] = rng.standard_normal(width).astype(np.float32) * 1e-30
     return x
+
+
+def layernorm(x, gamma, beta, eps):
+    """(x - mean) / sqrt(var + eps) * gamma (+ beta) per row, in float64."""
+    x = np.asarray(x, np.float64)
+    mean = x.mean(axis=-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+    y = (x - mean) / np.sqrt(var + eps) * gamma
+    return y if beta is None else y + beta
+
+
+def unary(x, f):
+    """gelu_erf (BERT's exact GELU), gelu_tanh or tanh of each element, in float64."""
+    from math import erf
+    x = np.asarray(x, np.float64)
+    if f == "gelu_erf":
+        return 0.5 * x * (1.0 + np.vectorize(erf)(x / np.sqrt(2.0)))
+    if f == "gelu_tanh":
+        return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+    return np.tanh(x)
+
+
+def encoder_attention(q, k, v, pos, seq, n_head, n_head_kv, head_dim, scale, window=0):
+    """Bidirectional attention: token t sees every token of its own sequence (within |pos| < window
+    when window > 0); GQA head h reads kv head h // (n_head // n_head_kv). float64."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    pos, seq = np.asarray(pos), np.asarray(seq)
+    out = np.zeros_like(q)
+    group = n_head // n_head_kv
+    for t in range(q.shape[0]):
+        seen = seq == seq[t]
+        if window > 0:
+            seen &= np.abs(pos - pos[t]) < window
+        for h in range(n_head):
+            g = h // group
+            kh = k[seen, g * head_dim:(g + 1) * head_dim]
+            vh = v[seen, g * head_dim:(g + 1) * head_dim]
+            s = kh @ q[t, h * head_dim:(h + 1) * head_dim] * scale
+            w = np.exp(s - s.max())
+            out[t, h * head_dim:(h + 1) * head_dim] = (w / w.sum()) @ vh
+    return out

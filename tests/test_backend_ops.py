@@ -72,6 +72,12 @@ TOLERANCE = {
     # Angles of positions up to 8000: an f32 angle of the fastest pair is up to 8000 * 2^-24 rad
     # off, one pair of head_dim / 2 (1e-4 of a head's norm).
     ("rope", None): {"*": 3e-4},
+    # Mean and variance in f32 (GPU) or f64 (CPU) over rows of up to a few thousand.
+    ("layernorm", None): {"*": 1e-5},
+    # erff, tanhf and expf to an ulp or two.
+    ("unary", None): {"*": 1e-6},
+    # f32 scores, exponentials and sums over up to a few hundred keys.
+    ("encoder_attention", None): {"*": 1e-5},
     # expf and tanhf to an ulp or two, relative to |g u| (test_gated_act says why).
     ("gated_act", None): {"*": 1e-6},
     # q rounded to f16 for an f16 K and the probabilities for an f16 V (as llama.cpp).
@@ -162,6 +168,7 @@ COVERAGE = {
     "alloc_host": "test_copy", "free_host": "test_copy", "moe": "test_moe", "moe_ffn": "test_moe_ffn",
     "moe_route": "test_moe_route", "gather_rows": "test_gather_scatter_rows",
     "scatter_add_rows": "test_gather_scatter_rows", "sigmoid": "test_sigmoid",
+    "layernorm": "test_layernorm", "unary": "test_unary", "encoder_attention": "test_encoder_attention",
 }
 
 BACKENDS = list(dict.fromkeys(["cpu", "cuda"] + list(K.backend_names())))
@@ -1253,3 +1260,61 @@ def test_cpu_gated_act_simd_matches_scalar_bit_for_bit(rng):
     scalar, best = K.Backend("cpu", 2, switches={"EMBER_SIMD": "scalar"}), K.Backend("cpu", 2)
     for act in ("silu", "gelu_tanh"):
         same_bits(best.gated_act(g, u, act), scalar.gated_act(g, u, act), act)
+
+
+@on("layernorm")
+@pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
+@pytest.mark.parametrize("shape", list(NORM_SHAPES))
+def test_layernorm(be, shape, bias, rng):
+    """Rows with an offset far from zero too: the mean must be taken out before the variance."""
+    n_tok, dim = NORM_SHAPES[shape]
+    x = normal(rng, n_tok, dim) * rng.uniform(0.1, 5, (n_tok, 1)).astype(np.float32)
+    x += rng.uniform(-20, 20, (n_tok, 1)).astype(np.float32)
+    g, b = normal(rng, dim), (normal(rng, dim) if bias else None)
+    check(be.layernorm(x, g, b, 1e-12), ref.layernorm(x, g, b, 1e-12), tolerance("layernorm", None, be), shape)
+
+
+@on("unary")
+@pytest.mark.parametrize("f", ["gelu_erf", "gelu_tanh", "tanh"])
+@pytest.mark.parametrize("n", [33, 10007])
+def test_unary(be, f, n, rng):
+    x = normal(rng, n, scale=4)
+    x[:8] = [0.0, -0.0, 30.0, -30.0, 1e-20, -1e-20, 9.0, -9.0]
+    check(be.unary(x, f), ref.unary(x, f), tolerance("unary", None, be), f)
+
+
+# name: (sequence lengths, n_head, n_head_kv, head_dim, window)
+ENCODER_CASES = {"one": ([7], 4, 4, 64, 0), "packed": ([5, 1, 12, 3], 4, 2, 32, 0),
+                 "gqa_80": ([9, 16], 6, 2, 80, 0), "head_256": ([4, 6], 2, 1, 256, 0),
+                 "window": ([20, 11], 4, 4, 64, 5), "long": ([300, 40], 2, 2, 64, 0)}
+
+
+@on("encoder_attention")
+@pytest.mark.parametrize("case", list(ENCODER_CASES))
+def test_encoder_attention(be, case, rng):
+    """Sequences packed one after another, each token seeing all of its own sequence and none of
+    the others (a token placed in the wrong sequence changes its row)."""
+    lens, H, Hkv, D, window = ENCODER_CASES[case]
+    seq = [s for s, n in enumerate(lens) for _ in range(n)]
+    pos = [p for n in lens for p in range(n)]
+    n = len(seq)
+    q, k, v = normal(rng, n, H * D), normal(rng, n, Hkv * D), normal(rng, n, Hkv * D)
+    scale = float(rng.uniform(0.05, 0.3))
+    got = be.encoder_attention(q, k, v, pos, seq, H, Hkv, D, scale, window)
+    want = ref.encoder_attention(q, k, v, pos, seq, H, Hkv, D, scale, window)
+    check(got, want, tolerance("encoder_attention", None, be), case)
+
+
+@pytest.mark.parametrize("be", [pytest.param((n, None), id=n) for n in BACKENDS], indirect=True)
+def test_encoder_ops_bad_arguments(be, rng):
+    q, kv = normal(rng, 4, 96), normal(rng, 4, 64)
+    with pytest.raises(ValueError, match="multiple of n_head_kv"):
+        be.encoder_attention(q, kv, kv, [0, 1, 2, 3], [0, 0, 0, 0], 3, 2, 32, 0.1)
+    q = kv
+    with pytest.raises(ValueError, match="window must be >= 0"):
+        be.encoder_attention(q, q, q, [0, 1, 2, 3], [0, 0, 0, 0], 2, 2, 32, 0.1, -1)
+    with pytest.raises(ValueError, match="unary: f must be"):
+        be.unary(normal(rng, 4), "relu")
+    if be.is_host:   # the CPU checks the batch; the GPU's kernel takes each run of a sequence as it comes
+        with pytest.raises(ValueError, match="sequence 0 are not contiguous"):
+            be.encoder_attention(q, q, q, [0, 0, 1, 1], [0, 1, 0, 1], 2, 2, 32, 0.1)

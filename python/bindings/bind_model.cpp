@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "backend/registry.h"
+#include "ember/encoder.h"
 #include "ember/model.h"
 #include "ember/status.h"
 #include "kv_type_arg.h"
@@ -101,6 +102,10 @@ void bind_model(nb::module_& m) {
         // none where the key is absent, as llama.cpp resolves an unspecified pooling type.
         .def_prop_ro("pooling_type",
                      [](const Model& mo) { return (int)mo.file().get_uint(mo.hparams().arch + ".pooling_type", 0); })
+        // Encoders (bert, nomic-bert, gemma-embedding) run in ember.Encoder, not a Context.
+        .def_prop_ro("is_encoder", [](Model& mo) { return mo.impl().arch->encoder(); })
+        // Outputs of the rank classifier head (cls.output.weight rows); 0 when there is none.
+        .def_prop_ro("n_cls_out", [](const Model& mo) { return classifier_outputs(mo); })
         .def_prop_ro("size_bytes",
                      [](const Model& mo) {
                          size_t total = 0;

@@ -11,6 +11,7 @@ void bind_quant(nb::module_& m);
 void bind_tokenizer(nb::module_& m);
 void bind_sampling(nb::module_& m);
 void bind_model(nb::module_& m);
+void bind_encoder(nb::module_& m);
 void bind_quantize(nb::module_& m);
 void bind_engine(nb::module_& m);
 void bind_switches(nb::module_& m);
@@ -25,6 +26,7 @@ NB_MODULE(_ember, m) {
     bind_sampling(m);
     bind_grammar(m);
     bind_model(m);
+    bind_encoder(m);
     bind_quantize(m);
     bind_engine(m);
     bind_switches(m);

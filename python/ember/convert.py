@@ -7,7 +7,8 @@ import sys
 
 import numpy as np
 
-from .convert_arch import add_hparams, arch_of, load_tensor, plan_tensors, read_hparams
+from .convert_arch import arch_of, load_tensor, plan_tensors, read_hparams
+from .convert_encoder import is_encoder, plan_encoder, write_keys
 from .convert_error import ConvertError
 from .convert_safetensors import Checkpoint
 from .convert_vocab import PRE_NAMES, add_vocab, load_vocab
@@ -80,10 +81,15 @@ def convert(model_dir, out_path, outtype="f16", name=None, pre=None, progress=Tr
     except ValueError as e:
         raise ConvertError(f"{config_path}: malformed JSON ({e})") from None
 
-    _, spec, text_config = arch_of(config, config_path)
-    hp = read_hparams(text_config, spec, config_path)
-    checkpoint = Checkpoint(model_dir)
-    plans = plan_tensors(spec, hp, checkpoint)
+    if is_encoder(config):
+        gguf_arch, keys, plans, checkpoint = plan_encoder(model_dir, config, config_path)
+        text_config = config
+    else:
+        _, spec, text_config = arch_of(config, config_path)
+        hp = read_hparams(text_config, spec, config_path)
+        checkpoint = Checkpoint(model_dir)
+        plans = plan_tensors(spec, hp, checkpoint)
+        gguf_arch, keys = spec.gguf_arch, [("add_hparams", spec, hp)]
     # Special token ids may sit at the top level of a multimodal config, the vocab size in its text part.
     vocab = load_vocab(model_dir, {**config, **text_config}, pre)
 
@@ -93,13 +99,13 @@ def convert(model_dir, out_path, outtype="f16", name=None, pre=None, progress=Tr
         os.makedirs(folder, exist_ok=True)
     except OSError as e:
         raise ConvertError(f"cannot make the output folder {folder}: {e.strerror or e}") from None
-    writer = gguf.GGUFWriter(out_path, spec.gguf_arch)
+    writer = gguf.GGUFWriter(out_path, gguf_arch)
     try:
         writer.add_name(_model_name(model_dir, name))
         writer.add_type("model")
         writer.add_file_type(getattr(gguf.LlamaFileType, OUTTYPES[outtype][1]).value)
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-        add_hparams(writer, spec, hp)
+        write_keys(writer, keys)
         add_vocab(writer, vocab)
         types = []
         for p in plans:

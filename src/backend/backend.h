@@ -76,6 +76,10 @@ struct AttentionShape {
     const float* sinks = nullptr;
 };
 
+// Elementwise functions of Backend::unary: GeLUErf is BERT's exact GELU, x * (1 + erf(x / sqrt 2)) / 2;
+// GeLUTanh its tanh form; Tanh the classifier heads' (pooler) activation.
+enum class UnaryOp { GeLUErf, GeLUTanh, Tanh };
+
 // Elementwise gate activation of a gated feed-forward: act(gate) * up. SwiGLUClamped is gpt-oss's:
 // g = min(gate, 7), u = clamp(up, -7, 7), out = g * sigmoid(1.702 g) * (u + 1).
 enum class Activation { SiLU, GeLUTanh, SwiGLUClamped };
@@ -270,6 +274,17 @@ public:
                                   int64_t dim) = 0;
     // x[i] = 1 / (1 + exp(-x[i]))
     virtual void sigmoid(float* x, int64_t n) = 0;
+    // y[t] = (x[t] - mean(x[t])) / sqrt(var(x[t]) + eps) * gamma (+ beta; null: none); y may be x.
+    virtual void layernorm(const float* x, const float* gamma, const float* beta, int32_t n_tok, int32_t dim,
+                           float eps, float* y) = 0;
+    // x[i] = f(x[i]) in place.
+    virtual void unary(UnaryOp f, float* x, int64_t n) = 0;
+    // Bidirectional attention of an encoder, with no KV cache: q [n_tok][n_head * head_dim] and k, v
+    // [n_tok][n_head_kv * head_dim] of the batch's tokens (set_batch), a sequence's tokens contiguous.
+    // Token i attends to every token j of its own sequence (seq[j] == seq[i]), within shape.window
+    // when that is > 0 (|pos[i] - pos[j]| < window); GQA as attention. out [n_tok][n_head * head_dim].
+    virtual void encoder_attention(const float* q, const float* k, const float* v, int32_t n_tok,
+                                   const AttentionShape& shape, float* out) = 0;
 
     // ---- fused ops: each default composes the primitives; a backend overrides the ones it can
     // do in fewer passes. Callers always call the fused op, so a fusion never depends on the

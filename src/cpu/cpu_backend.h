@@ -48,6 +48,12 @@ public:
     void scatter_add_rows(float* out, const float* y, const int32_t* rows, const float* scale, int32_t n_rows,
                           int64_t dim) override;
     void sigmoid(float* x, int64_t n) override;
+    // The encoders' ops (encoder_ops.cpp).
+    void layernorm(const float* x, const float* gamma, const float* beta, int32_t n_tok, int32_t dim, float eps,
+                   float* y) override;
+    void unary(UnaryOp f, float* x, int64_t n) override;
+    void encoder_attention(const float* q, const float* k, const float* v, int32_t n_tok, const AttentionShape& shape,
+                           float* out) override;
     // Tokens grouped by expert, every used expert's matmuls one pool job per stage (cpu_moe_grouped.cpp):
     // the default composition's bits.
     void moe(const MoeWeights& w, const float* xn, int32_t n_tok, const BlockBuffers& b, float* out) override;

@@ -98,6 +98,15 @@ public:
         gpu_.scatter_add_rows(out, y, rows, scale, n_rows, dim);
     }
     void sigmoid(float* x, int64_t n) override { gpu_.sigmoid(x, n); }
+    void layernorm(const float* x, const float* gamma, const float* beta, int32_t n_tok, int32_t dim, float eps,
+                   float* y) override {
+        gpu_.layernorm(x, gamma, beta, n_tok, dim, eps, y);
+    }
+    void unary(UnaryOp f, float* x, int64_t n) override { gpu_.unary(f, x, n); }
+    void encoder_attention(const float* q, const float* k, const float* v, int32_t n_tok, const AttentionShape& shape,
+                           float* out) override {
+        gpu_.encoder_attention(q, k, v, n_tok, shape, out);
+    }
     void add_rmsnorm(float* x, const float* residual, const float* gamma, int32_t n_tok, int32_t dim, float eps,
                      float* y) override {
         gpu_.add_rmsnorm(x, residual, gamma, n_tok, dim, eps, y);

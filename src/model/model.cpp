@@ -114,8 +114,10 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& p
     if (hp.n_vocab != m.tokenizer->n_vocab())
         fail(path, ": token_embd.weight has ", hp.n_vocab, " rows but the tokenizer has ", m.tokenizer->n_vocab(),
              " tokens");
-    m.output_norm = &bind_tensor(f, "output_norm.weight", {E});
-    m.output = bind_optional(f, "output.weight", {E, hp.n_vocab});
+    // Encoders have no output head (pooling and heads are Encoder's); some have no final norm.
+    const bool encoder = m.arch->encoder();
+    m.output_norm = encoder ? bind_optional(f, "output_norm.weight", {E}) : &bind_tensor(f, "output_norm.weight", {E});
+    m.output = encoder ? nullptr : bind_optional(f, "output.weight", {E, hp.n_vocab});
     hp.tied_output = m.output == nullptr;
     if (hp.tied_output) m.output = m.tok_embd;
 
@@ -165,7 +167,7 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& p
                                                 m.plan.experts_apart(l) ? without_moe_matrices(m, l) : m.blocks[l]);
             else m.stream_blocks[l] = prepare_block_vectors(*m.gpu, m.blocks[l]);
         }
-        m.gpu_head = prepare_head(*m.gpu, *m.output, *m.output_norm);
+        if (!encoder) m.gpu_head = prepare_head(*m.gpu, *m.output, *m.output_norm);
         m.gpu->synchronize();
     }
     if (!params.use_mmap) {
@@ -179,7 +181,7 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& p
                                          (m.plan.experts_apart(l) && (m.moe_role[r] || !m.blocks[l].matrix(r)))))
                     host.push_back(m.blocks[l].t[r]);
         host.push_back(m.tok_embd);
-        if (m.plan.head == Device::cpu) {
+        if (m.plan.head == Device::cpu && !encoder) {
             host.push_back(m.output);
             host.push_back(m.output_norm);
         }
@@ -188,8 +190,10 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& p
             for (int r = 0; r < kRoles; ++r)
                 if (b.t[r]) b.t[r] = m.host_weights->find(b.t[r]);
         m.tok_embd = m.host_weights->find(m.tok_embd);
-        m.output = m.host_weights->find(m.output);
-        m.output_norm = m.host_weights->find(m.output_norm);
+        if (!encoder) {
+            m.output = m.host_weights->find(m.output);
+            m.output_norm = m.host_weights->find(m.output_norm);
+        }
         if (params.verbose)
             std::fprintf(stderr, "ember: %s: %.1f MiB of CPU weights copied to host memory (%s)\n", path.c_str(),
                          m.host_weights->bytes() / 1048576.0,

@@ -188,6 +188,9 @@ Runner::Runner(std::shared_ptr<Model> model, const RunnerParams& params) {
     if (params.n_threads < 0) fail("n_threads must be >= 0, got ", params.n_threads);
     if (params.kv_gpu_cache_mb < 0) fail("kv_gpu_cache_mb must be >= 0, got ", params.kv_gpu_cache_mb);
     ModelImpl& m = model->impl();
+    if (m.arch->encoder())
+        fail(m.file->path(), ": ", m.hp.arch, " is an encoder (bidirectional attention, no KV cache): run it with ",
+             "Encoder (ember.Encoder), not a Context or the engine");
     check_kv_type(params.type_k, m.hp.head_dim, "type_k");
     check_kv_type(params.type_v, m.hp.head_dim, "type_v");
     if ((params.type_k == GGMLType::F32 || params.type_v == GGMLType::F32) && m.any_gpu())

@@ -673,6 +673,51 @@ struct PyBackend {
     }
 
 
+    F32Out layernorm(F32In x, F32In gamma, std::optional<F32In> beta, float eps) {
+        if (x.ndim() != 2 || gamma.ndim() != 1 || gamma.size() != x.shape(1))
+            fail("layernorm: x must be [n_tok, dim] and gamma [dim] float32");
+        const int32_t n_tok = (int32_t)x.shape(0), dim = (int32_t)x.shape(1);
+        Buf xb(*be, x.data(), x.size() * 4), gb(*be, gamma.data(), gamma.size() * 4), yb(*be, x.size() * 4);
+        const std::unique_ptr<Buf> bb = optional_vector(*be, beta, (size_t)dim, "layernorm: beta");
+        be->layernorm(xb.f(), gb.f(), ptr(bb), n_tok, dim, eps, yb.f());
+        return make_out(download(*be, yb, x.size()), {(size_t)n_tok, (size_t)dim});
+    }
+
+    F32Out unary(F32In x, const std::string& f) {
+        const UnaryOp op = f == "gelu_erf"    ? UnaryOp::GeLUErf
+                           : f == "gelu_tanh" ? UnaryOp::GeLUTanh
+                           : f == "tanh"      ? UnaryOp::Tanh
+                                              : (fail("unary: f must be 'gelu_erf', 'gelu_tanh' or 'tanh', got '", f,
+                                                      "'"),
+                                                 UnaryOp::Tanh);
+        Buf xb(*be, x.data(), x.size() * 4);
+        be->unary(op, xb.f(), (int64_t)x.size());
+        return make_out(download(*be, xb, x.size()), {x.size()});
+    }
+
+    // Bidirectional attention of packed sequences: token t of sequence seq[t] at position pos[t]
+    // (a sequence's tokens contiguous), q [n_tok, n_head * head_dim], k and v [n_tok, n_head_kv * head_dim].
+    F32Out encoder_attention(F32In q, F32In k, F32In v, std::vector<int32_t> pos, std::vector<int32_t> seq,
+                             int32_t n_head, int32_t n_head_kv, int32_t head_dim, float scale, int32_t window) {
+        const size_t n_tok = pos.size();
+        check_positions(pos, "encoder_attention");
+        if (seq.size() != n_tok) fail("encoder_attention: seq must have one entry per token");
+        if (n_head <= 0 || n_head_kv <= 0 || head_dim <= 0)
+            fail("encoder_attention: n_head, n_head_kv and head_dim must be positive");
+        check_rows(q, n_tok, (int64_t)n_head * head_dim, "encoder_attention: q");
+        check_rows(k, n_tok, (int64_t)n_head_kv * head_dim, "encoder_attention: k");
+        check_rows(v, n_tok, (int64_t)n_head_kv * head_dim, "encoder_attention: v");
+        BatchInfo b = one_sequence_batch(pos, {});
+        b.seq = seq;
+        b.n_seq = seq.empty() ? 1 : *std::max_element(seq.begin(), seq.end()) + 1;
+        be->set_batch(b);
+        Buf qb(*be, q.data(), q.size() * 4), kb(*be, k.data(), k.size() * 4), vb(*be, v.data(), v.size() * 4),
+            ob(*be, q.size() * 4);
+        AttentionShape shape{n_head, n_head_kv, head_dim, scale, window};
+        be->encoder_attention(qb.f(), kb.f(), vb.f(), (int32_t)n_tok, shape, ob.f());
+        return make_out(download(*be, ob, q.size()), {n_tok, q.shape(1)});
+    }
+
     // x, y [n] -> x + y (Backend::add, in place on the backend's copy of x).
     F32Out add(F32In x, F32In y) {
         if (x.ndim() != 1 || y.ndim() != 1 || x.size() != y.size()) fail("add: x and y must be [n] float32 of one n");
@@ -867,7 +912,10 @@ std::vector<std::pair<std::string, std::string>> contract_ops() {
             {"scatter_add_rows", "scatter_add_rows"},
             {"sigmoid", "sigmoid"},
             {"moe", "moe"},
-            {"moe_ffn", "moe"}};
+            {"moe_ffn", "moe"},
+            {"layernorm", "layernorm"},
+            {"unary", "unary"},
+            {"encoder_attention", "encoder_attention"}};
 }
 
 // Every type the quant tables know, name -> ggml type id.
@@ -917,6 +965,11 @@ void bind_kernel_backend(nb::module_& m) {
         .def("attn_temperature", &PyBackend::attn_temperature, nb::arg("q"), nb::arg("pos"), nb::arg("temp_scale"),
              nb::arg("temp_length"))
         .def("gated_act", &PyBackend::gated_act, nb::arg("gate"), nb::arg("up"), nb::arg("act") = "silu")
+        .def("layernorm", &PyBackend::layernorm, nb::arg("x"), nb::arg("gamma"), nb::arg("beta"), nb::arg("eps"))
+        .def("unary", &PyBackend::unary, nb::arg("x"), nb::arg("f"))
+        .def("encoder_attention", &PyBackend::encoder_attention, nb::arg("q"), nb::arg("k"), nb::arg("v"),
+             nb::arg("pos"), nb::arg("seq"), nb::arg("n_head"), nb::arg("n_head_kv"), nb::arg("head_dim"),
+             nb::arg("scale"), nb::arg("window") = 0)
         .def("add", &PyBackend::add, nb::arg("x"), nb::arg("y"))
         .def("add_bias", &PyBackend::add_bias, nb::arg("x"), nb::arg("bias"))
         .def("argmax_rows", &PyBackend::argmax_rows, nb::arg("x"))

@@ -41,6 +41,10 @@ enum class Role : int {
     gate_exps_bias,   // [n_expert][n_ff] as one float array (down_exps_bias [n_expert][n_embd])
     up_exps_bias,
     down_exps_bias,
+    post_attn_norm_b, // LayerNorm biases of the post-norm encoders (BERT's attn_output_norm, layer_output_norm)
+    post_ffn_norm_b,
+    up_b,             // non-gated feed-forward biases (BERT)
+    down_b,
     count
 };
 constexpr int kRoles = static_cast<int>(Role::count);
@@ -118,8 +122,11 @@ public:
     }
     // Layer l's rope and attention; `rope` is the model's rope (base, scaling, frequency factors).
     virtual LayerConfig layer_config(const HParams& hp, int32_t l, const RopeParams& rope) const;
-    // Runs the block on r.be; returns its output (r.out_a or r.out_b), still to be added to x.
+    // Runs the block on r.be; returns its output (r.out_a or r.out_b), still to be added to x, or
+    // null when the block left its output in x itself (the post-norm encoders).
     virtual const float* forward_block(const BlockRun& r) const = 0;
+    // Encoders (encoder_arch.h) attend bidirectionally and keep no KV cache: Encoder runs them, not Runner.
+    virtual bool encoder() const { return false; }
 };
 
 // The architecture of general.architecture `name`; throws naming the file and the ones supported.

@@ -12,6 +12,9 @@ const Architecture& qwen3_architecture();
 const Architecture& gemma3_architecture();
 const Architecture& qwen3moe_architecture();
 const Architecture& gpt_oss_architecture();
+const Architecture& bert_architecture();
+const Architecture& nomic_bert_architecture();
+const Architecture& gemma_embedding_architecture();
 const Architecture& phi3_architecture();
 
 namespace {
@@ -23,6 +26,8 @@ const Entry kArchitectures[] = {
     {"llama", &llama_architecture},     {"mistral", &llama_architecture}, {"qwen2", &qwen2_architecture},
     {"qwen3", &qwen3_architecture},     {"gemma3", &gemma3_architecture}, {"qwen3moe", &qwen3moe_architecture},
     {"gpt-oss", &gpt_oss_architecture},
+    {"bert", &bert_architecture},       {"nomic-bert", &nomic_bert_architecture},
+    {"gemma-embedding", &gemma_embedding_architecture},
     {"phi3", &phi3_architecture},
 };
 }  // namespace

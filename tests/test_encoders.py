@@ -1,0 +1,186 @@
+"""Encoder models against transformers: tiny random BERT (mean and cls pooled), a BERT and an
+XLM-RoBERTa cross-encoder (rank scores), nomic-bert and EmbeddingGemma (with its dense layers),
+converted by ember-convert at f32 and run by ember.Encoder on the CPU with all five sequences of
+encoder_tiny.SEQS packed into one forward; the converted files' keys; packing; bad input."""
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf", reason="the gguf package reads the converted files' keys")
+
+import encoder_tiny  # noqa: E402
+
+from ember import _ember  # noqa: E402
+from ember.convert import convert  # noqa: E402
+from ember.convert_error import ConvertError  # noqa: E402
+
+NAMES = list(encoder_tiny.models())
+SEQS, TYPES = encoder_tiny.SEQS, encoder_tiny.TYPES
+ARCH = {"bert": "bert", "bert-cls": "bert", "bert-reranker": "bert", "xlmr-reranker": "bert",
+        "nomic-bert": "nomic-bert", "gemma-embedding": "gemma-embedding"}
+POOLING = {"bert": 1, "bert-cls": 2, "bert-reranker": 4, "xlmr-reranker": 4, "nomic-bert": 1, "gemma-embedding": 1}
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return encoder_tiny.Reference()
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """name -> path of the tiny encoder's f32 GGUF."""
+    root = tmp_path_factory.mktemp("encoders")
+    out = {}
+    for name in NAMES:
+        encoder_tiny.build(name, str(root / name))
+        out[name] = str(root / f"{name}.gguf")
+        convert(str(root / name), out[name], "f32", progress=False)
+    return out
+
+
+def types_of(name):
+    return TYPES if name == "bert-reranker" else None
+
+
+def assert_close(got, want, what):
+    got, want = np.asarray(got, np.float64).ravel(), np.asarray(want, np.float64).ravel()
+    assert got.shape == want.shape, what
+    diff = float(np.abs(got - want).max())
+    cos = float(got @ want / (np.linalg.norm(got) * np.linalg.norm(want)))
+    assert diff <= 1e-4 and cos >= 0.99999, f"{what}: max|diff| {diff:.2e}, cosine {cos:.7f}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_converted_keys(converted, name):
+    r = gguf.GGUFReader(converted[name])
+    arch = ARCH[name]
+    assert bytes(r.fields["general.architecture"].parts[-1]).decode() == arch
+    assert int(r.fields[f"{arch}.pooling_type"].parts[-1][0]) == POOLING[name]
+    assert not bool(r.fields[f"{arch}.attention.causal"].parts[-1][0])
+    tensors = {t.name: t for t in r.tensors}
+    if arch == "bert":
+        assert int(r.fields["tokenizer.ggml.token_type_count"].parts[-1][0]) == (1 if name == "xlmr-reranker" else 2)
+        # XLM-RoBERTa's two rows before its first position are dropped, as llama.cpp's converter does.
+        assert tensors["position_embd.weight"].shape[1] == 64
+    assert ("cls.output.weight" in tensors) == name.endswith("reranker")
+    assert ("dense_2.weight" in tensors) == (name == "gemma-embedding")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_hidden_states_match_transformers(converted, reference, name):
+    """Every token's final hidden state, the five sequences packed into one forward."""
+    m = _ember.Model(converted[name])
+    assert m.is_encoder
+    enc = _ember.Encoder(m, n_batch=128, n_threads=2, pooling=0)
+    rows = enc.encode(SEQS, types_of(name))
+    assert len(rows) == len(SEQS)
+    for i, got in enumerate(rows):
+        assert_close(got, reference.get(name, "hidden", i), f"{name} sequence {i}")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_pooled_match_transformers(converted, reference, name):
+    """The file's pooling (mean, cls; rank: the classifier's score), EmbeddingGemma's dense layers."""
+    m = _ember.Model(converted[name])
+    enc = _ember.Encoder(m, n_batch=128, n_threads=2)
+    assert enc.pooling == POOLING[name]
+    assert m.n_cls_out == (1 if name.endswith("reranker") else 0)
+    got = enc.encode(SEQS, types_of(name))
+    assert got.shape == (len(SEQS), enc.n_out)
+    for i in range(len(SEQS)):
+        assert_close(got[i], reference.get(name, "pooled", i), f"{name} sequence {i}")
+
+
+@pytest.mark.parametrize("name", ["bert", "gemma-embedding"])
+def test_packing_does_not_change_results(converted, name):
+    """Forwards of at most 40 tokens (the five sequences in four forwards) and one sequence a
+    forward give what one packed forward gives."""
+    m = _ember.Model(converted[name])
+    whole = _ember.Encoder(m, n_batch=128, n_threads=2).encode(SEQS)
+    split = _ember.Encoder(m, n_batch=40, n_threads=2).encode(SEQS)
+    alone = np.concatenate([_ember.Encoder(m, n_batch=64, n_threads=1).encode([s]) for s in SEQS])
+    assert np.abs(split - whole).max() <= 1e-5
+    assert np.abs(alone - whole).max() <= 1e-5
+
+
+def test_reranker_token_types_matter(converted, reference):
+    m = _ember.Model(converted["bert-reranker"])
+    enc = _ember.Encoder(m, n_threads=2)
+    typed, untyped = enc.encode(SEQS, TYPES), enc.encode(SEQS)
+    assert np.abs(typed - untyped).max() > 1e-3   # the segment rows reach the score
+
+
+def test_encoder_bad_input(converted):
+    m = _ember.Model(converted["bert"])
+    enc = _ember.Encoder(m, n_batch=16, n_threads=1)
+    with pytest.raises(ValueError, match="sequence 1 is empty"):
+        enc.encode([[5, 6], []])
+    with pytest.raises(ValueError, match="more than n_batch 16"):
+        enc.encode([list(range(3, 20))])
+    with pytest.raises(ValueError, match="token id 404 at index 1 of sequence 0 is out of range"):
+        enc.encode([[5, 404]])
+    with pytest.raises(ValueError, match="token type 2 in sequence 0 is out of range"):
+        enc.encode([[5, 6]], [[0, 2]])
+    with pytest.raises(ValueError, match="has 2 tokens but 1 token types"):
+        enc.encode([[5, 6]], [[0]])
+    with pytest.raises(ValueError, match="more than the model's 64 positions"):
+        _ember.Encoder(m, n_batch=100, n_threads=1).encode([[5] * 65])
+    with pytest.raises(ValueError, match="rank pooling needs a classifier head"):
+        _ember.Encoder(m, pooling=4)
+    with pytest.raises(ValueError, match="n_batch must be positive"):
+        _ember.Encoder(m, n_batch=0)
+    with pytest.raises(ValueError, match="is an encoder"):
+        _ember.Context(m, n_ctx=16)
+
+
+def test_decoder_is_no_encoder(tmp_path):
+    import hf_tiny
+    hf_tiny.build("embed-llama", str(tmp_path / "hf"))
+    convert(str(tmp_path / "hf"), str(tmp_path / "llama.gguf"), "f32", progress=False)
+    m = _ember.Model(str(tmp_path / "llama.gguf"))
+    assert not m.is_encoder and m.n_cls_out == 0
+    with pytest.raises(ValueError, match="is not an encoder"):
+        _ember.Encoder(m)
+
+
+def _edit_config(path, **changes):
+    import json
+    with open(path) as f:
+        config = json.load(f)
+    config.update(changes)
+    with open(path, "w") as f:
+        json.dump(config, f)
+
+
+def test_convert_refuses_what_it_cannot_run(tmp_path):
+    d = tmp_path / "gemma"
+    encoder_tiny.build("gemma-embedding", str(d))
+    _edit_config(d / "config.json", use_bidirectional_attention=False)
+    with pytest.raises(ConvertError, match="without use_bidirectional_attention is not an embedding model"):
+        convert(str(d), str(tmp_path / "g.gguf"), "f32", progress=False)
+    d = tmp_path / "bert"
+    encoder_tiny.build("bert", str(d))
+    _edit_config(d / "config.json", hidden_act="relu")
+    with pytest.raises(ConvertError, match="unsupported hidden_act 'relu' for bert"):
+        convert(str(d), str(tmp_path / "b.gguf"), "f32", progress=False)
+    _edit_config(d / "config.json", hidden_act="gelu", num_hidden_layers=1)
+    with pytest.raises(ConvertError, match="unexpected tensor encoder.layer.1"):
+        convert(str(d), str(tmp_path / "b.gguf"), "f32", progress=False)
+    d = tmp_path / "nomic"
+    encoder_tiny.build("nomic-bert", str(d))
+    _edit_config(d / "config.json", hidden_act="gelu")
+    with pytest.raises(ConvertError, match="unsupported activation 'gelu' for nomic-bert"):
+        convert(str(d), str(tmp_path / "n.gguf"), "f32", progress=False)
+
+
+@pytest.mark.skipif("cuda" not in _ember.backends(), reason="this ember was built without the CUDA backend")
+@pytest.mark.parametrize("n_gpu_layers", [-1, 1], ids=["all", "last_block"])
+@pytest.mark.parametrize("name", NAMES)
+def test_gpu_matches_transformers(converted, reference, name, n_gpu_layers):
+    """Every block on the GPU, or only the last (the hidden state crosses from the CPU)."""
+    m = _ember.Model(converted[name], n_gpu_layers=n_gpu_layers)
+    enc = _ember.Encoder(m, n_batch=128, n_threads=2)
+    got = enc.encode(SEQS, types_of(name))
+    rows = _ember.Encoder(m, n_batch=128, n_threads=2, pooling=0).encode(SEQS, types_of(name))
+    for i in range(len(SEQS)):
+        assert_close(got[i], reference.get(name, "pooled", i), f"{name} sequence {i} pooled")
+        assert_close(rows[i], reference.get(name, "hidden", i), f"{name} sequence {i} hidden")
