@@ -111,7 +111,9 @@ def test_pooling_from_the_file(tiny_path, hf_reference, tmp_path):
         close(llm.embed(TEXT), l2(hf_reference.hidden(TINY, ids).mean(axis=0)))
     with Llama(meaned, n_ctx=64, embedding=True, pooling_type=3, verbose=False) as llm:
         assert llm.pooling_type() == 3   # the constructor's override wins
-    with pytest.raises(ValueError, match="pooling_type 4"):
+    with pytest.raises(ValueError, match="pooling_type"):
+        Llama(tiny_path, embedding=True, pooling_type=5, verbose=False)
+    with pytest.raises(ValueError, match="no rank head"):   # rank pooling needs a reranker's head
         Llama(tiny_path, embedding=True, pooling_type=4, verbose=False)
 
 

@@ -1,5 +1,6 @@
 // Tokenizer built from GGUF metadata: byte-level BPE (GPT-2 style, pre-tokenizer chosen by
-// tokenizer.ggml.pre) and SentencePiece-style (tokenizer.ggml.model = "llama", byte fallback).
+// tokenizer.ggml.pre), SentencePiece-style (tokenizer.ggml.model = "llama", byte fallback) and
+// WordPiece (tokenizer.ggml.model = "bert").
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -27,6 +28,8 @@ public:
     virtual int32_t n_vocab() const = 0;
     virtual int32_t bos() const = 0;          // -1 if none
     virtual int32_t eos() const = 0;          // -1 if none
+    virtual int32_t sep() const = 0;          // -1 if none: [SEP] of BERT vocabularies
+    virtual bool add_sep() const = 0;         // encoding with specials ends with sep
     virtual bool add_bos() const = 0;
     virtual bool is_eog(int32_t id) const = 0; // end of generation (eos, eot, <|im_end|>...)
     virtual const std::string& token_text(int32_t id) const = 0;  // raw vocab entry

@@ -36,7 +36,8 @@ void bind_tokenizer(nb::module_& m) {
             [](const std::string& model, std::vector<std::string> tokens, std::vector<float> scores,
                std::vector<int32_t> token_types, std::vector<std::string> merges, const std::string& pre, int32_t bos,
                int32_t eos, int32_t unk, int32_t pad, int32_t eot, int32_t eom, std::optional<bool> add_bos,
-               bool add_eos, std::optional<bool> add_space_prefix) {
+               bool add_eos, std::optional<bool> add_space_prefix, int32_t sep, std::optional<bool> add_sep,
+               bool lowercase, std::optional<bool> strip_accents) {
                 ember::TokenizerVocab v;
                 v.model = model;
                 v.pre = pre;
@@ -50,17 +51,23 @@ void bind_tokenizer(nb::module_& m) {
                 v.pad = pad;
                 v.eot = eot;
                 v.eom = eom;
-                // Defaults as for a GGUF file without the keys: SentencePiece adds BOS and a space prefix.
-                v.add_bos = add_bos.value_or(model == "llama");
+                // Defaults as for a GGUF file without the keys: SentencePiece adds BOS and a space prefix,
+                // WordPiece [CLS] and [SEP].
+                v.add_bos = add_bos.value_or(model == "llama" || model == "bert");
                 v.add_eos = add_eos;
                 v.add_space_prefix = add_space_prefix.value_or(model == "llama");
+                v.sep = sep;
+                v.add_sep = add_sep.value_or(model == "bert");
+                v.lowercase = lowercase;
+                v.strip_accents = strip_accents.value_or(lowercase);
                 return ember::make_tokenizer(std::move(v));
             },
             "model"_a, "tokens"_a, "scores"_a = std::vector<float>(), "token_types"_a = std::vector<int32_t>(),
             "merges"_a = std::vector<std::string>(), "pre"_a = "default", "bos"_a = -1, "eos"_a = -1, "unk"_a = -1,
             "pad"_a = -1, "eot"_a = -1, "eom"_a = -1, "add_bos"_a = nb::none(), "add_eos"_a = false,
-            "add_space_prefix"_a = nb::none(),
-            "Build from the lists a GGUF file's tokenizer.* keys hold (model 'gpt2' or 'llama').")
+            "add_space_prefix"_a = nb::none(), "sep"_a = -1, "add_sep"_a = nb::none(), "lowercase"_a = true,
+            "strip_accents"_a = nb::none(),
+            "Build from the lists a GGUF file's tokenizer.* keys hold (model 'gpt2', 'llama' or 'bert').")
         .def_static(
             "from_gguf_file",
             [](const std::string& path) {
@@ -92,7 +99,9 @@ void bind_tokenizer(nb::module_& m) {
         .def_prop_ro("n_vocab", &ember::Tokenizer::n_vocab)
         .def_prop_ro("bos", &ember::Tokenizer::bos)
         .def_prop_ro("eos", &ember::Tokenizer::eos)
-        .def_prop_ro("add_bos", &ember::Tokenizer::add_bos);
+        .def_prop_ro("add_bos", &ember::Tokenizer::add_bos)
+        .def_prop_ro("sep", &ember::Tokenizer::sep)
+        .def_prop_ro("add_sep", &ember::Tokenizer::add_sep);
 
     nb::class_<ember::IncrementalDetokenizer>(m, "IncrementalDetokenizer")
         .def(nb::init<const ember::Tokenizer&, bool>(), "tokenizer"_a, "special"_a = false, nb::keep_alive<1, 2>())

@@ -1,7 +1,7 @@
 """Tokenizer of a Hugging Face model directory -> GGUF tokenizer.* metadata: byte-level BPE from
 tokenizer.json (vocab, merges, pre-tokenizer name), SentencePiece from tokenizer.model or from a
-SentencePiece-style tokenizer.json (Metaspace + byte-fallback BPE); special tokens, add_bos/eos,
-and the chat template."""
+SentencePiece-style tokenizer.json (Metaspace + byte-fallback BPE), BERT's WordPiece from tokenizer.json
+(llama.cpp's "bert" form); special tokens, add_bos/eos/sep, and the chat template."""
 import json
 import os
 import re
@@ -23,7 +23,7 @@ _BYTE_TOKEN_RE = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
 
 @dataclass
 class Vocab:
-    model: str                       # tokenizer.ggml.model: "gpt2" or "llama"
+    model: str                       # tokenizer.ggml.model: "gpt2", "llama" or "bert"
     tokens: list
     types: list
     scores: list = None
@@ -31,9 +31,12 @@ class Vocab:
     pre: str = None
     add_space_prefix: bool = None
     remove_extra_whitespaces: bool = None
-    special_ids: dict = field(default_factory=dict)   # "bos"/"eos"/"unk"/"pad" -> id
+    special_ids: dict = field(default_factory=dict)   # "bos"/"eos"/"unk"/"pad"/"sep" -> id
     add_bos: bool = False
     add_eos: bool = False
+    add_sep: bool = None
+    lowercase: bool = None           # WordPiece: BertNormalizer's lowercase and strip_accents
+    strip_accents: bool = None
     chat_template: object = None
 
 
@@ -166,6 +169,43 @@ def _spm_from_json(tj, path):
                  add_space_prefix=prefix, remove_extra_whitespaces=False)
 
 
+def _bert_normalizer(node):
+    """(lowercase, strip_accents) of tokenizer.json's normalizer: BertNormalizer's, or the Lowercase and
+    StripAccents steps of a Sequence; strip_accents unset follows lowercase, as BertNormalizer's does."""
+    lowercase, strip = False, None
+    for n in _components(node):
+        kind = n.get("type")
+        if kind == "BertNormalizer":
+            lowercase = bool(n.get("lowercase", True))
+            if n.get("strip_accents") is not None:
+                strip = bool(n["strip_accents"])
+        elif kind == "Lowercase":
+            lowercase = True
+        elif kind == "StripAccents":
+            strip = True
+    return lowercase, lowercase if strip is None else strip
+
+
+def _wordpiece_from_json(tj, path):
+    """BERT's WordPiece as llama.cpp stores it: a word-start piece as "\u2581piece", a continuation without
+    its "##", special tokens as they are; [CLS] is the BOS and [SEP] the separator."""
+    model = tj["model"]
+    tokens, types = _from_vocab_dict(model, path)
+    _place_added(tokens, types, [a for a in tj.get("added_tokens") or [] if a.get("special")], path)
+    _fill_holes(tokens, types)
+    prefix = model.get("continuing_subword_prefix") or "##"
+    for i, t in enumerate(tokens):
+        if types[i] == NORMAL:
+            tokens[i] = t[len(prefix):] if t.startswith(prefix) else "\u2581" + t
+    lowercase, strip = _bert_normalizer(tj.get("normalizer"))
+    v = Vocab(model="bert", tokens=tokens, types=types, lowercase=lowercase, strip_accents=strip)
+    index = {t: i for i, t in enumerate(tokens) if types[i] == CONTROL}
+    for kind, text in (("unk", model.get("unk_token")), ("bos", "[CLS]"), ("sep", "[SEP]"), ("pad", "[PAD]")):
+        if text in index:
+            v.special_ids[kind] = index[text]
+    return v
+
+
 def _spm_from_model(path):
     from sentencepiece import sentencepiece_model_pb2
 
@@ -250,9 +290,12 @@ def load_vocab(model_dir, model_config, pre_override=None):
         _fill_holes(vocab.tokens, vocab.types)
     elif tj is not None:
         model = tj.get("model") or {}
-        if model.get("type") != "BPE":
-            raise ConvertError(f"{tj_path}: unsupported tokenizer model type {model.get('type')!r} (expected BPE)")
-        if model.get("byte_fallback"):
+        if model.get("type") not in ("BPE", "WordPiece"):
+            raise ConvertError(f"{tj_path}: unsupported tokenizer model type {model.get('type')!r} "
+                               f"(expected BPE or WordPiece)")
+        if model["type"] == "WordPiece":
+            vocab = _wordpiece_from_json(tj, tj_path)
+        elif model.get("byte_fallback"):
             vocab = _spm_from_json(tj, tj_path)
         else:
             vocab = _bpe_from_json(tj, tj_path, pre_override)
@@ -286,6 +329,8 @@ def load_vocab(model_dir, model_config, pre_override=None):
         vocab.add_bos = tcfg["add_bos_token"]
     if isinstance(tcfg.get("add_eos_token"), bool):
         vocab.add_eos = tcfg["add_eos_token"]
+    if vocab.model == "bert":   # what its template puts last is [SEP], never an EOS
+        vocab.add_sep, vocab.add_eos = vocab.add_eos, False
     vocab.chat_template = _chat_template(model_dir, tcfg)
     return vocab
 
@@ -303,11 +348,16 @@ def add_vocab(writer, vocab):
     if vocab.merges is not None:
         writer.add_token_merges(vocab.merges)
     setters = {"bos": writer.add_bos_token_id, "eos": writer.add_eos_token_id,
-               "unk": writer.add_unk_token_id, "pad": writer.add_pad_token_id}
+               "unk": writer.add_unk_token_id, "pad": writer.add_pad_token_id, "sep": writer.add_sep_token_id}
     for kind, i in vocab.special_ids.items():
         setters[kind](i)
     writer.add_add_bos_token(bool(vocab.add_bos))
     writer.add_add_eos_token(bool(vocab.add_eos))
+    if vocab.add_sep is not None:
+        writer.add_add_sep_token(bool(vocab.add_sep))
+    if vocab.lowercase is not None:
+        writer.add_bool("tokenizer.ggml.normalizer.lowercase", bool(vocab.lowercase))
+        writer.add_bool("tokenizer.ggml.normalizer.strip_accents", bool(vocab.strip_accents))
     if vocab.add_space_prefix is not None:
         writer.add_add_space_prefix(bool(vocab.add_space_prefix))
     if vocab.remove_extra_whitespaces is not None:

@@ -23,7 +23,7 @@ from .chat import ChatTemplate, chat_chunks, chat_completion
 from .chat.formats import chat_format_template
 from .chat.harmony import is_harmony_template
 from .detokenize import Detokenizer, completion_logprob_entry, empty_completion_logprobs, log_softmax, piece_text
-from .embedding import POOLING_UNSPECIFIED, embed_tokens, resolve_pooling
+from .embedding import POOLING_RANK, POOLING_UNSPECIFIED, Embedder, embed_tokens, is_encoder, resolve_pooling
 from .llama_state import BaseLlamaCache, LlamaState
 from .options import LLAMA, context_size, fill, resolve, signature
 from .prompt import encode_prompt
@@ -104,7 +104,15 @@ class Llama:
         self._pooling = resolve_pooling(self._model, o["pooling_type"]) if self._embedding else POOLING_UNSPECIFIED
         n_ctx = context_size(self._model, n_ctx)
         self._n_batch = min(o["n_batch"], n_ctx)
-        self._ctx = _ember.Context(self._model, fill(_ember.ContextParams(), o, n_ctx=n_ctx, n_batch=self._n_batch))
+        if is_encoder(self._model) or self._pooling == POOLING_RANK:
+            # Encoders and rank heads run through an Embedder (it packs several texts into one forward).
+            if not self._embedding:
+                raise ValueError(f"Llama: {self._model.arch} is an encoder model: it embeds (and ranks) but does "
+                                 f"not generate; create it with embedding=True")
+            self._ctx = Embedder(self._model, n_ctx, self._pooling, self._n_batch, o["n_threads"] or 0)
+        else:
+            self._ctx = _ember.Context(self._model, fill(_ember.ContextParams(), o, n_ctx=n_ctx,
+                                                         n_batch=self._n_batch))
         self._history: List[int] = []   # the tokens whose KV the context holds, in order
         self._generation = 0             # bumped as each completion starts, to retire stale streams
         self._chat_format = o["chat_format"]
@@ -182,7 +190,7 @@ class Llama:
         return self._model.n_embd
 
     def pooling_type(self) -> int:
-        """The embeddings' pooling (0 none, 1 mean, 2 cls, 3 last); -1 without embedding=True."""
+        """The embeddings' pooling (0 none, 1 mean, 2 cls, 3 last, 4 rank); -1 without embedding=True."""
         return self._pooling
 
     def token_bos(self) -> int:
@@ -347,9 +355,10 @@ class Llama:
               return_count: bool = False):
         """llama-cpp-python's embed: a str gives one embedding (a list of floats), a list of str one
         per string. With pooling none (a decoder GGUF without {arch}.pooling_type, or
-        pooling_type=0) an embedding is a list per token. normalize: L2, as llama.cpp's embedding
-        output. truncate: a text longer than n_ctx keeps its first n_ctx tokens (else
-        ValueError). return_count: also the number of tokens embedded."""
+        pooling_type=0) an embedding is a list per token; with rank pooling it is [score] (the rank
+        head's score of the text, a prompt holding the query and the document). normalize: L2, as
+        llama.cpp's embedding output. truncate: a text longer than n_ctx keeps its first n_ctx
+        tokens (else ValueError). return_count: also the number of tokens embedded."""
         ctx = self._context()
         if not self._embedding:
             raise RuntimeError("Llama model must be created with embedding=True to call this method")
@@ -357,7 +366,7 @@ class Llama:
         if not all(isinstance(t, str) for t in texts):
             raise TypeError("embed: input must be a str or a list of str")
         n_ctx = ctx.n_ctx
-        out, n_tokens = [], 0
+        out, n_tokens, seqs = [], 0, []
         with self._lock.hold():
             # The context is the embedding's scratch: what it held is gone afterwards.
             self._history, self._rows = [], []
@@ -369,8 +378,15 @@ class Llama:
                     tokens = tokens[:n_ctx]
                 elif len(tokens) > n_ctx:
                     raise ValueError(f"Requested tokens ({len(tokens)}) exceed context window of {n_ctx}")
-                out.append(embed_tokens(ctx, tokens, self._pooling, normalize).tolist())
+                if isinstance(ctx, Embedder):
+                    seqs.append(tokens)
+                else:
+                    out.append(embed_tokens(ctx, tokens, self._pooling, normalize).tolist())
                 n_tokens += len(tokens)
+            if seqs and self._pooling == POOLING_RANK:
+                out = [[s] for s in ctx.score_batch(seqs)]
+            elif seqs:
+                out = [v.tolist() for v in ctx.embed_batch(seqs, normalize)]
         data = out[0] if isinstance(input, str) else out
         return (data, n_tokens) if return_count else data
 

@@ -11,7 +11,9 @@ from typing import List, Optional, Sequence, Union
 
 from . import _ember
 from .chat.harmony import is_harmony_template, split_harmony
+from .embedding import is_encoder
 from .engine_client import EngineClient
+from .pooling import Pooler, PoolingParams, PoolingRequestOutput
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 from .hf_tokenizer import HFTokenizer
@@ -53,6 +55,7 @@ class LLM:
     def __init__(self, model_path: Optional[str] = None, *, model: Optional[str] = None,
                  max_model_len: Optional[int] = None, **kwargs):
         self._client = None   # set last: close() and __del__ run on a half-built LLM too
+        self._pooler: Optional[Pooler] = None
         self._hf_tokenizer: Optional[HFTokenizer] = None
         if (model_path is None) == (model is None):
             raise ValueError("LLM: give the GGUF file once, as model_path or as model= (vLLM's name)")
@@ -75,9 +78,13 @@ class LLM:
             n_gpu = loaded.n_gpu_layers
             o["kv_mb"] = kv_mb_for_utilization(o["gpu_memory_utilization"], loaded.n_layer if n_gpu < 0 else n_gpu,
                                                loaded.n_layer, o["main_gpu"])
+        self._model = loaded   # the loaded weights, which an embedding context may share (ember-server)
+        self._pooler = Pooler(loaded, loaded.tokenizer, context_size(loaded, o["n_ctx"]), o["pooling_type"],
+                              o["n_threads"] or 0)
+        if is_encoder(loaded):   # it embeds and scores; no engine generates with it
+            return
         engine = _ember.Engine(loaded, fill(_ember.EngineParams(), o, n_ctx=context_size(loaded, o["n_ctx"])))
         self._ids = itertools.count()
-        self._model = loaded   # the loaded weights, which an embedding context may share (ember-server)
         self._client = EngineClient(engine, loaded.tokenizer, o["seed"])
         if o["verbose"]:
             stats = engine.stats()
@@ -89,6 +96,9 @@ class LLM:
     __init__.__signature__ = signature(_FRONT_END, __init__)
 
     def _open_client(self) -> EngineClient:
+        if self._client is None and self._pooler is not None and is_encoder(self._model):
+            raise ValueError(f"LLM: {self._model.arch} is an encoder model: it embeds and scores (LLM.embed, "
+                             f"LLM.score, LLM.encode) and does not generate")
         if self._client is None or self._client.closed:
             raise ValueError("LLM: this model was closed")
         return self._client
@@ -192,6 +202,33 @@ class LLM:
             for o in result.outputs:
                 o.text, o.reasoning_content = split_harmony(o.text)
         return results
+
+    # ---- pooling (vLLM's embed / score / encode) ---------------------------------------------
+    def _pooling(self) -> Pooler:
+        if self._pooler is None or (self._client is not None and self._client.closed):
+            raise ValueError("LLM: this model was closed")
+        return self._pooler
+
+    def embed(self, prompts, *, truncate_prompt_tokens: Optional[int] = None, use_tqdm: bool = True,
+              pooling_params: Optional[PoolingParams] = None) -> List[PoolingRequestOutput]:
+        """vLLM's LLM.embed: one EmbeddingRequestOutput per prompt (a str, token ids, a prompt dict or a list
+        of those) whose outputs.embedding is the pooled vector (the GGUF's pooling, or pooling_type=),
+        L2-normalized unless pooling_params.normalize is False; pooling_params.dimensions keeps its first
+        values (Matryoshka). Encoders pack the prompts into few forwards."""
+        return self._pooling().embed(prompts, pooling_params, truncate_prompt_tokens)
+
+    def score(self, data_1, data_2, *, truncate_prompt_tokens: Optional[int] = None, use_tqdm: bool = True,
+              pooling_params: Optional[PoolingParams] = None) -> List[PoolingRequestOutput]:
+        """vLLM's LLM.score: data_1 (a text, or texts) against data_2's texts, one ScoringRequestOutput each
+        (outputs.score): a reranker's score of the (query, document) pair, or for an embedding model the
+        cosine similarity of the two embeddings."""
+        return self._pooling().score(data_1, data_2, truncate_prompt_tokens)
+
+    def encode(self, prompts, pooling_params: Optional[PoolingParams] = None, *,
+               truncate_prompt_tokens: Optional[int] = None, use_tqdm: bool = True) -> List[PoolingRequestOutput]:
+        """vLLM's LLM.encode: the pooler's raw output per prompt (outputs.data, a float32 array: the pooled
+        vector, or one row per token with pooling none), not normalized unless pooling_params asks."""
+        return self._pooling().encode(prompts, pooling_params, truncate_prompt_tokens)
 
     def stats(self) -> dict:
         """The engine's counters (running, waiting, kv_blocks_used, prefix_cache_hits, ...)."""

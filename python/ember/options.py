@@ -182,10 +182,12 @@ _OPTIONS = (
     Option("n_threads", "context", "CPU threads (0: all cores)", _integer, None, flags=("-t", "--threads"),
            minimum=0, unset="all cores", fields=(_CTX, _ENG), metavar="N"),
     Option("kv_block_size", "context", "tokens per paged-KV block", _integer, 16, minimum=1, fields=(_CTX, _ENG)),
-    Option("embedding", "context", "keep hidden states for embeddings instead of logits (no completions)",
-           _boolean, False, fields=(_CTX,), field="embeddings"),
-    Option("pooling_type", "context", "pooling of embeddings: 0 none, 1 mean, 2 cls, 3 last (-1: the GGUF's "
-           "{arch}.pooling_type)", _integer, POOLING_UNSPECIFIED, minimum=-1),
+    Option("embedding", "context", "keep hidden states for embeddings instead of logits (no completions); "
+           "ember-server: serve embeddings and ranks only", _boolean, False, flags=("--embedding", "--embeddings"),
+           fields=(_CTX,), field="embeddings"),
+    Option("pooling_type", "context", "pooling of embeddings: 0 none, 1 mean, 2 cls, 3 last, 4 rank (scores of "
+           "(query, document) pairs) (-1: the GGUF's {arch}.pooling_type)", _integer, POOLING_UNSPECIFIED,
+           minimum=-1, maximum=4),
     Option("logits_all", "context", "keep the logits of every evaluated token (Llama.scores, eval_logits), not only "
            "the last one's", _boolean, False),
     Option("chat_format", "context", "the chat prompt format of create_chat_completion: chatml, llama-2, llama-3, "
@@ -250,8 +252,11 @@ _OPTIONS = (
     Option("alias", "server", "the model id in the API", flags=("--alias",), unset="the file name"),
     Option("max_queue", "server", "requests that may wait for a slot; past that, 503", _integer, 256,
            flags=("--max-queue",), minimum=0),
-    Option("pooling", "server", "pooling of /v1/embeddings", flags=("--pooling",), choices=tuple(POOLING_NAMES),
+    Option("pooling", "server", "pooling of /v1/embeddings (rank: the server ranks, as with --reranking)",
+           flags=("--pooling",), choices=tuple(POOLING_NAMES),
            unset="the GGUF's {arch}.pooling_type, else none, which /v1/embeddings refuses as llama-server does"),
+    Option("reranking", "server", "serve /v1/rerank and /score with the model's rank head only (llama-server's "
+           "--reranking: --embedding with pooling rank)", _boolean, False, flags=("--reranking", "--rerank")),
     Option("tool_call_parser", "server", "the syntax replies are parsed for tool calls in: hermes (`<tool_call>` "
            "blocks), mistral (`[TOOL_CALLS]`), json (Llama 3's JSON replies)", flags=("--tool-call-parser",),
            choices=ToolCallParser.STYLES, unset="the one the chat template uses"),
@@ -278,7 +283,8 @@ _VLLM = ("dtype", "kv_cache_dtype", "swap_space", "gpu_memory_utilization", "ten
 FRONT_ENDS: Dict[str, Tuple[str, ...]] = {
     LLAMA: (*_LOAD, "verbose", "n_ctx", "n_batch", "n_threads", "kv_block_size", "embedding", "pooling_type",
             "logits_all", "chat_format", "last_n_tokens_size", *_KV, "seed"),
-    LLM: (*_LOAD, "verbose", "n_ctx", "n_threads", "kv_block_size", *_KV, "kv_mb", "kv_host_mb", *_VLLM,
+    LLM: (*_LOAD, "verbose", "n_ctx", "n_threads", "kv_block_size", "pooling_type", *_KV, "kv_mb", "kv_host_mb",
+          *_VLLM,
           "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "deterministic", "seed"),
     EMBER: ("model", *_LOAD, "verbose", "n_ctx", "n_batch", "n_threads", *_KV, "seed", "temperature", "top_k",
             "top_p", "min_p", "repeat_penalty"),
@@ -286,7 +292,8 @@ FRONT_ENDS: Dict[str, Tuple[str, ...]] = {
     PERPLEXITY: ("model", *_LOAD, "n_ctx", "n_batch", "n_threads", *_KV),
     SERVER: ("model", *_LOAD, "n_ctx", "n_threads", *_KV, "kv_mb", "kv_host_mb", *_VLLM, "max_num_seqs",
              "max_num_batched_tokens", "enable_prefix_caching", "deterministic", "host", "port", "api_key",
-             "chat_template", "alias", "max_queue", "pooling", "tool_call_parser", "timeout", "shutdown_timeout",
+             "chat_template", "alias", "max_queue", "embedding", "pooling", "reranking",
+             "tool_call_parser", "timeout", "shutdown_timeout",
              "max_connections", "cors_origin"),
     QUANTIZE: ("n_threads",),
 }

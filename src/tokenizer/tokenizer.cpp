@@ -67,16 +67,22 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GGUFFile& f) {
 
     // SentencePiece vocabularies conventionally put <unk>, <s>, </s> at 0, 1, 2 (llama.cpp's
     // defaults when the ids are absent); byte-level BPE has no such convention.
-    const bool spm = v.model == "llama";
-    v.bos = optional_id(f, "tokenizer.ggml.bos_token_id", spm ? 1 : -1);
+    // BERT vocabularies put [UNK], [CLS], [SEP] at 100, 101, 102 (llama.cpp's defaults for "bert").
+    const bool spm = v.model == "llama", bert = v.model == "bert";
+    v.bos = optional_id(f, "tokenizer.ggml.bos_token_id", spm ? 1 : bert ? 101 : -1);
     v.eos = optional_id(f, "tokenizer.ggml.eos_token_id", spm ? 2 : -1);
-    v.unk = optional_id(f, "tokenizer.ggml.unknown_token_id", spm ? 0 : -1);
+    v.unk = optional_id(f, "tokenizer.ggml.unknown_token_id", spm ? 0 : bert ? 100 : -1);
     v.pad = optional_id(f, "tokenizer.ggml.padding_token_id", -1);
     v.eot = optional_id(f, "tokenizer.ggml.eot_token_id", -1);
     v.eom = optional_id(f, "tokenizer.ggml.eom_token_id", -1);
-    v.add_bos = f.get_bool("tokenizer.ggml.add_bos_token", spm);
-    v.add_eos = f.get_bool("tokenizer.ggml.add_eos_token", false);
+    v.sep = optional_id(f, "tokenizer.ggml.seperator_token_id", bert ? 102 : -1);
+    v.add_bos = f.get_bool("tokenizer.ggml.add_bos_token", spm || bert);
+    // A BERT vocabulary ends with [SEP], not EOS, whatever add_eos_token says (as llama.cpp reads it).
+    v.add_eos = !bert && f.get_bool("tokenizer.ggml.add_eos_token", false);
+    v.add_sep = f.get_bool("tokenizer.ggml.add_sep_token", bert);
     v.add_space_prefix = f.get_bool("tokenizer.ggml.add_space_prefix", spm);
+    v.lowercase = f.get_bool("tokenizer.ggml.normalizer.lowercase", true);
+    v.strip_accents = f.get_bool("tokenizer.ggml.normalizer.strip_accents", v.lowercase);
     if (v.model.empty()) fail("tokenizer: key 'tokenizer.ggml.model' in ", f.path(), " is empty");
     try {
         return make_tokenizer(std::move(v));

@@ -57,11 +57,14 @@ std::unique_ptr<Tokenizer> make_tokenizer(TokenizerVocab v) {
     check_id(v.pad, n, "padding");
     check_id(v.eot, n, "eot");
     check_id(v.eom, n, "eom");
+    check_id(v.sep, n, "separator");
     if (v.add_bos && v.bos < 0) fail("tokenizer: add_bos_token is set but there is no bos_token_id");
     if (v.add_eos && v.eos < 0) fail("tokenizer: add_eos_token is set but there is no eos_token_id");
+    if (v.add_sep && v.sep < 0) fail("tokenizer: add_sep_token is set but there is no seperator_token_id");
     if (v.model == "gpt2") return make_bpe_tokenizer(std::move(v));
     if (v.model == "llama") return make_spm_tokenizer(std::move(v));
-    fail("tokenizer: tokenizer.ggml.model '", v.model, "' is not supported (expected 'gpt2' or 'llama')");
+    if (v.model == "bert") return make_wordpiece_tokenizer(std::move(v));
+    fail("tokenizer: tokenizer.ggml.model '", v.model, "' is not supported (expected 'gpt2', 'llama' or 'bert')");
 }
 
 VocabTokenizer::VocabTokenizer(TokenizerVocab vocab) : v_(std::move(vocab)) {
@@ -183,6 +186,7 @@ std::vector<int32_t> VocabTokenizer::encode(const std::string& text, bool add_bo
     }
     // Like add_bos, EOS is added only where the model asks for it (and the caller adds specials).
     if (add_bos && v_.add_eos) out.push_back(v_.eos);
+    if (add_bos && v_.add_sep) out.push_back(v_.sep);
     return out;
 }
 

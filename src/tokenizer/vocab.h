@@ -19,16 +19,20 @@ enum class TokenType : int32_t {
 // clang-format on
 
 struct TokenizerVocab {
-    std::string model;                  // tokenizer.ggml.model: "gpt2" or "llama"
+    std::string model;                  // tokenizer.ggml.model: "gpt2", "llama" or "bert"
     std::string pre = "default";        // tokenizer.ggml.pre (byte-level BPE only)
     std::vector<std::string> tokens;    // tokenizer.ggml.tokens
     std::vector<float> scores;          // tokenizer.ggml.scores (empty: all 0)
     std::vector<int32_t> types;         // tokenizer.ggml.token_type (empty: all NORMAL)
     std::vector<std::string> merges;    // tokenizer.ggml.merges, "left right", rank = index
     int32_t bos = -1, eos = -1, unk = -1, pad = -1, eot = -1, eom = -1;   // -1: none
+    int32_t sep = -1;                   // tokenizer.ggml.seperator_token_id (sic, llama.cpp's spelling)
     bool add_bos = false;
     bool add_eos = false;
+    bool add_sep = false;               // SEP ends an encoding with specials ([CLS] text [SEP])
     bool add_space_prefix = true;       // SentencePiece only
+    bool lowercase = true;              // WordPiece only: tokenizer.ggml.normalizer.lowercase
+    bool strip_accents = true;          // WordPiece only: tokenizer.ggml.normalizer.strip_accents
 };
 
 // Validates the vocab (sizes, ids in range, model name) and builds the tokenizer.
@@ -39,6 +43,7 @@ int byte_token_value(const std::string& text);
 
 std::unique_ptr<Tokenizer> make_bpe_tokenizer(TokenizerVocab vocab);   // bpe.cpp
 std::unique_ptr<Tokenizer> make_spm_tokenizer(TokenizerVocab vocab);   // spm.cpp
+std::unique_ptr<Tokenizer> make_wordpiece_tokenizer(TokenizerVocab vocab);   // wordpiece.cpp
 
 // What both kinds share. Subclasses tokenize one run of plain text (no special tokens in it)
 // and turn NORMAL tokens into bytes.
@@ -52,6 +57,8 @@ public:
     int32_t n_vocab() const override { return int32_t(v_.tokens.size()); }
     int32_t bos() const override { return v_.bos; }
     int32_t eos() const override { return v_.eos; }
+    int32_t sep() const override { return v_.sep; }
+    bool add_sep() const override { return v_.add_sep; }
     bool add_bos() const override { return v_.add_bos; }
     bool is_eog(int32_t id) const override;
     const std::string& token_text(int32_t id) const override;

@@ -1,8 +1,9 @@
 """The FastAPI application: `create_app(engine_or_args)` and its routes. OpenAI's /v1/models,
-/v1/completions and /v1/chat/completions (JSON or server-sent events), /v1/embeddings,
-llama-server's /health, /tokenize and /detokenize, Prometheus' /metrics and the chat page at /.
-Every generation runs on one AsyncLLMEngine, so all connections share its batch; embeddings run
-one sequence at a time on an embedding context that shares the engine's weights. The CPU work of
+/v1/completions and /v1/chat/completions (JSON or server-sent events), /v1/embeddings, /v1/rerank and
+/score (pooling_routes.py), llama-server's /health, /tokenize and /detokenize, Prometheus' /metrics and
+the chat page at /. Every generation runs on one AsyncLLMEngine, so all connections share its batch;
+embeddings and ranks run in a worker thread beside it on an Embedder that shares the engine's weights
+(an encoder packs a request's inputs into few forwards). The CPU work of
 a request (parsing its body, rendering the chat template, tokenizing) runs in a worker pool, so
 the event loop, and with it /health and every running stream, never waits on one request.
 On shutdown the server drains (drain()): new requests get 503, running ones may finish until a
@@ -34,10 +35,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..async_engine import AsyncLLMEngine
 from ..chat import ChatTemplate, ChatTemplateError, TemplateBudgetError, ToolCallParser
 from ..chat.harmony import is_harmony_template
-from ..embedding import POOLING_NONE, Embedder, resolve_pooling
+from ..embedding import POOLING_NONE, POOLING_RANK, Embedder, resolve_pooling
 from ..prompt import encode_prompt
 from . import args as server_args
-from . import client_routes
+from . import client_routes, pooling_routes
 from .client_routes import shorten_embeddings
 from .args import ServerSettings
 from .metrics import Metrics, RequestTimer
@@ -266,6 +267,9 @@ class _Server:
         engine = self.ready()
         self.check_open()
         self.check_model(req.model)
+        if self.settings.embedding_only:
+            raise APIError(400, "this server was started with --embedding (or --reranking): it embeds and ranks, "
+                                "and does not generate", code="generation_not_supported")
         for i, (ids, _) in enumerate(prompts):
             self.check_room(len(ids), req, f"prompt[{i}]" if len(prompts) > 1 else "the prompt")
         admission = self.check_queue(req.params.n * len(prompts), len(prompts))
@@ -321,6 +325,9 @@ class _Server:
 
     async def embed(self, request: Request, req: EmbeddingRequest) -> Response:
         self.check_model(req.model)
+        if self.pooling == POOLING_RANK:
+            raise APIError(400, "this server ranks (pooling rank, --reranking): it scores (query, document) pairs "
+                                "at /v1/rerank and gives no embeddings", code="pooling_not_supported")
         if self.pooling == POOLING_NONE:   # llama-server's answer: OpenAI's format has one vector per input
             raise APIError(400, "Pooling type 'none' is not OAI compatible. Please use a different pooling type "
                                 "(this model's GGUF names none: start ember-server with --pooling mean, cls or last)",
@@ -331,7 +338,10 @@ class _Server:
                 raise APIError(400, f"This model's maximum context length is {self.n_ctx} tokens. However, "
                                     f"input[{i}] is {len(seq)} tokens.", param="input", code="context_length_exceeded")
         t0 = time.perf_counter()
-        vectors = await asyncio.to_thread(lambda: [self.embedder().embed(seq) for seq in seqs])
+        try:
+            vectors = await asyncio.to_thread(lambda: self.embedder().embed_batch(seqs))
+        except ValueError as e:
+            raise APIError(400, str(e), param="input", code="invalid_value") from None
         if req.dimensions is not None:
             vectors = shorten_embeddings(vectors, req.dimensions)
         n_tokens = sum(len(seq) for seq in seqs)
@@ -493,6 +503,7 @@ def create_app(engine_or_args, settings: Optional[ServerSettings] = None,
         return FileResponse(STATIC / "chat.html", media_type="text/html")
 
     client_routes.register(app, srv)   # /v1/models/{id}, /props, /version, /v1/responses, /v1/messages
+    pooling_routes.register(app, srv)   # /v1/rerank and its aliases, /score
     return app
 
 

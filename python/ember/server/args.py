@@ -17,7 +17,8 @@ class ServerSettings:
     the GGUF file's name); api_key: None lets every request in; chat_template: a Jinja file that
     replaces the GGUF's; max_queue: requests that may wait for a slot before new ones get 503;
     max_body_bytes: the largest request body accepted; pooling: /v1/embeddings' pooling ("mean",
-    "cls", "last", "none"; None: the GGUF's {arch}.pooling_type, as llama-server's --pooling);
+    "cls", "last", "none", "rank"; None: the GGUF's {arch}.pooling_type, as llama-server's --pooling);
+    embedding_only: --embedding / --reranking, generation refused;
     tool_call_parser: the syntax chat replies are parsed for tool calls in (ember.chat's tool
     call styles; None: the one the chat template teaches, as vLLM's --tool-call-parser); timeout:
     seconds to send a request body or to read a response; cors_origins: origins browsers may call
@@ -28,6 +29,7 @@ class ServerSettings:
     max_queue: int = options.default("max_queue", SERVER)
     max_body_bytes: int = 8 << 20
     pooling: Optional[str] = None
+    embedding_only: bool = False
     tool_call_parser: Optional[str] = None
     timeout: float = options.default("timeout", SERVER)
     cors_origins: Tuple[str, ...] = ()
@@ -54,5 +56,6 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
 def settings(args: argparse.Namespace) -> ServerSettings:
     origins = tuple(o.strip() for o in (args.cors_origin or "").split(",") if o.strip())
     return ServerSettings(alias=args.alias, api_key=args.api_key or None, chat_template=args.chat_template,
-                          max_queue=args.max_queue, pooling=args.pooling, tool_call_parser=args.tool_call_parser,
+                          max_queue=args.max_queue, pooling="rank" if args.reranking else args.pooling,
+                          embedding_only=bool(args.embedding or args.reranking), tool_call_parser=args.tool_call_parser,
                           timeout=args.timeout, cors_origins=origins)
