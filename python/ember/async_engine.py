@@ -65,7 +65,8 @@ class AsyncLLMEngine:
     def __init__(self, model_path: Optional[str] = None, *, _llm: Optional[LLM] = None, **llm_kwargs):
         self._owns_llm = _llm is None
         self._llm = LLM(model_path, **llm_kwargs) if _llm is None else _llm
-        self._client = self._llm._open_client()
+        # An encoder's LLM has no engine: it embeds and ranks (ember-server's pooling routes), never generates.
+        self._client = None if self._llm._encoder_only() else self._llm._open_client()
         self._live: Dict[str, RequestState] = {}
         self._stop = threading.Event()
         self._pump = threading.Thread(target=self._pump_loop, name="ember-async-engine", daemon=True)
@@ -113,7 +114,7 @@ class AsyncLLMEngine:
 
     def _pump_loop(self) -> None:
         try:
-            while not self._stop.is_set() and not self._client.closed:
+            while self._client is not None and not self._stop.is_set() and not self._client.closed:
                 self._client.pump(self._POLL_S)
         except Exception as e:   # the engine failed: what awaits a request must not hang
             for state in list(self._live.values()):
@@ -125,6 +126,9 @@ class AsyncLLMEngine:
         """Submits the request on first iteration and yields its RequestOutput as tokens arrive,
         each with the whole text so far; the last has finished=True. Leaving early (break,
         aclose, task cancellation) cancels the request in the engine."""
+        if self._client is None:
+            raise RuntimeError(f"AsyncLLMEngine: {self.model.arch} is an encoder model: it embeds and ranks, and "
+                               f"does not generate")
         if not self._pump.is_alive():
             raise RuntimeError("AsyncLLMEngine: not running (shut down, or its engine closed or failed)")
         request_id = request_id if request_id is not None else f"req-{uuid.uuid4().hex}"
@@ -166,7 +170,7 @@ class AsyncLLMEngine:
             self._client.cancel(state)
 
     def stats(self) -> dict:
-        """The engine's counters, as LLM.stats()."""
+        """The engine's counters, as LLM.stats() (None for an encoder)."""
         return self._llm.stats()
 
     def _stop_pump(self) -> None:

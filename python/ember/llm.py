@@ -95,8 +95,12 @@ class LLM:
 
     __init__.__signature__ = signature(_FRONT_END, __init__)
 
+    def _encoder_only(self) -> bool:
+        """An encoder model's LLM, which has no engine."""
+        return self._client is None and self._pooler is not None and is_encoder(self._model)
+
     def _open_client(self) -> EngineClient:
-        if self._client is None and self._pooler is not None and is_encoder(self._model):
+        if self._encoder_only():
             raise ValueError(f"LLM: {self._model.arch} is an encoder model: it embeds and scores (LLM.embed, "
                              f"LLM.score, LLM.encode) and does not generate")
         if self._client is None or self._client.closed:
@@ -122,12 +126,16 @@ class LLM:
 
     @property
     def n_ctx(self) -> int:
-        """The longest sequence the engine takes, prompt + generated tokens."""
+        """The longest sequence the engine takes, prompt + generated tokens (an encoder's: the longest input)."""
+        if self._encoder_only():
+            return self._pooler.n_ctx
         return self._open_client().engine.n_ctx
 
     @property
     def max_num_seqs(self) -> int:
-        """Sequences holding KV at once; more requests wait."""
+        """Sequences holding KV at once; more requests wait (0 for an encoder, which holds none)."""
+        if self._encoder_only():
+            return 0
         return self._open_client().engine.max_num_seqs
 
     def generate(self, prompts, sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
@@ -231,7 +239,10 @@ class LLM:
         return self._pooling().encode(prompts, pooling_params, truncate_prompt_tokens)
 
     def stats(self) -> dict:
-        """The engine's counters (running, waiting, kv_blocks_used, prefix_cache_hits, ...)."""
+        """The engine's counters (running, waiting, kv_blocks_used, prefix_cache_hits, ...); None for an
+        encoder, which has no engine."""
+        if self._encoder_only():
+            return None
         return self._open_client().engine.stats()
 
     def close(self) -> None:

@@ -69,7 +69,7 @@ class Pooler:
     """The pooling side of an LLM: an Embedder made at first use (it takes its own context memory)."""
 
     def __init__(self, model, tokenizer, n_ctx: int, pooling, n_threads: int = 0):
-        self._model, self._tok, self._n_ctx = model, tokenizer, n_ctx
+        self._model, self._tok, self.n_ctx = model, tokenizer, n_ctx
         self._pooling, self._n_threads = pooling, n_threads
         self._embedder: Optional[Embedder] = None
         self._ranker: Optional[Embedder] = None
@@ -77,7 +77,7 @@ class Pooler:
 
     def embedder(self) -> Embedder:
         if self._embedder is None:
-            self._embedder = Embedder(self._model, self._n_ctx, self._pooling, n_threads=self._n_threads)
+            self._embedder = Embedder(self._model, self.n_ctx, self._pooling, n_threads=self._n_threads)
         return self._embedder
 
     def ranker(self) -> Embedder:
@@ -85,7 +85,7 @@ class Pooler:
             if not has_rank_head(self._model):
                 raise ValueError(f"{self._model.arch} model {self._model.path} has no rank head: it cannot score "
                                  f"(query, document) pairs")
-            self._ranker = Embedder(self._model, self._n_ctx, POOLING_RANK, n_threads=self._n_threads)
+            self._ranker = Embedder(self._model, self.n_ctx, POOLING_RANK, n_threads=self._n_threads)
         return self._ranker
 
     def _tokens(self, prompt, truncate: Optional[int]) -> List[int]:

@@ -35,7 +35,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..async_engine import AsyncLLMEngine
 from ..chat import ChatTemplate, ChatTemplateError, TemplateBudgetError, ToolCallParser
 from ..chat.harmony import is_harmony_template
-from ..embedding import POOLING_NONE, POOLING_RANK, Embedder, resolve_pooling
+from ..embedding import POOLING_NONE, POOLING_RANK, Embedder, is_encoder, resolve_pooling
 from ..prompt import encode_prompt
 from . import args as server_args
 from . import client_routes, pooling_routes
@@ -118,6 +118,7 @@ class _Server:
         self.harmony = is_harmony_template(self.template.source)   # gpt-oss: replies split into channels
         self.model = engine.model
         self.pooling = resolve_pooling(self.model, self.settings.pooling)
+        self.encoder = is_encoder(self.model)   # it embeds and ranks, and never generates
         self.owns_engine = owns
         self.engine = engine   # last: a request sees the engine only once the rest is set
 
@@ -267,9 +268,11 @@ class _Server:
         engine = self.ready()
         self.check_open()
         self.check_model(req.model)
-        if self.settings.embedding_only:
-            raise APIError(400, "this server was started with --embedding (or --reranking): it embeds and ranks, "
-                                "and does not generate", code="generation_not_supported")
+        if self.settings.embedding_only or self.encoder:
+            why = f"its model ({self.model.arch}) is an encoder" if self.encoder else \
+                "it was started with --embedding (or --reranking)"
+            raise APIError(400, f"this server embeds and ranks, and does not generate: {why}",
+                           code="generation_not_supported")
         for i, (ids, _) in enumerate(prompts):
             self.check_room(len(ids), req, f"prompt[{i}]" if len(prompts) > 1 else "the prompt")
         admission = self.check_queue(req.params.n * len(prompts), len(prompts))
