@@ -384,3 +384,5 @@ template <> struct BlockDecoder<GGMLType::BF16> { using type = DecodeFloat<__nv_
 
 }  // namespace cuda
 }  // namespace ember
+
+#include "block_decode_low_bit.cuh"

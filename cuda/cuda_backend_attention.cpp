@@ -48,8 +48,8 @@ void CudaBackend::attention(const KVLayer& kv, const float* q, int32_t n_tok, co
 void CudaBackend::check_kv(const KVLayer& kv, const char* op) const {
     for (GGMLType t : {kv.k_type, kv.v_type})
         if (t != GGMLType::F16 && t != GGMLType::BF16 && !kv_type_is_blocked(t))
-            fail("cuda ", op, ": the GPU keeps KV in f16, bf16, q8_0, q4_0, q4_1, q5_0 or q5_1, not in GGML type ",
-                 int(t));
+            fail("cuda ", op,
+                 ": the GPU keeps KV in f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl, not in GGML type ", int(t));
 }
 
 // The attention of q over kv into out. want_q8: the kernels that can also write out as q8_1 blocks

@@ -28,8 +28,10 @@ __device__ __forceinline__ void put_scaled_bytes(float* out, float d, uint32_t v
 template <GGMLType T>
 __device__ __forceinline__ void dequant8(const DqParams& p, int64_t row, int64_t e, float* out) {
     using D = typename BlockDecoder<T>::type;
-    if constexpr (T == GGMLType::Q4_0 || T == GGMLType::Q4_1 || T == GGMLType::Q5_0 || T == GGMLType::Q5_1 ||
-                  T == GGMLType::Q8_0 || T == GGMLType::MXFP4 || T == GGMLType::IQ4_NL) {
+    if constexpr (kLowBitType<T>) {
+        dequant8_low_bit<T>(p.w, p.meta, p.n_blocks, row, e, out);
+    } else if constexpr (T == GGMLType::Q4_0 || T == GGMLType::Q4_1 || T == GGMLType::Q5_0 || T == GGMLType::Q5_1 ||
+                         T == GGMLType::Q8_0 || T == GGMLType::MXFP4 || T == GGMLType::IQ4_NL) {
         const int64_t b = row * p.n_blocks + e / 32;
         const int g = int(e % 32) / 4;   // groups g and g + 1, whose words are neighbours
         const uint2 q = *reinterpret_cast<const uint2*>(p.w + b * D::kQuantBytes + 4 * D::word(g));
@@ -191,6 +193,11 @@ void dequantize_f16(const DeviceWeight& w, __half* out, cudaStream_t s) {
         case GGMLType::IQ2_XXS: dequantize_kernel<GGMLType::IQ2_XXS><<<grid, 256, 0, s>>>(p, out); break;
         case GGMLType::IQ2_XS: dequantize_kernel<GGMLType::IQ2_XS><<<grid, 256, 0, s>>>(p, out); break;
         case GGMLType::IQ2_S: dequantize_kernel<GGMLType::IQ2_S><<<grid, 256, 0, s>>>(p, out); break;
+        case GGMLType::IQ1_S: dequantize_kernel<GGMLType::IQ1_S><<<grid, 256, 0, s>>>(p, out); break;
+        case GGMLType::IQ1_M: dequantize_kernel<GGMLType::IQ1_M><<<grid, 256, 0, s>>>(p, out); break;
+        case GGMLType::TQ1_0: dequantize_kernel<GGMLType::TQ1_0><<<grid, 256, 0, s>>>(p, out); break;
+        case GGMLType::TQ2_0: dequantize_kernel<GGMLType::TQ2_0><<<grid, 256, 0, s>>>(p, out); break;
+        case GGMLType::NVFP4: dequantize_kernel<GGMLType::NVFP4><<<grid, 256, 0, s>>>(p, out); break;
         default: fail("cuda dequantize: type ", block_info(w.type).name, " is not a quantized type");
     }
     EMBER_CUDA_LAUNCHED("dequantize_f16");

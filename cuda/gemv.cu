@@ -252,7 +252,12 @@ int32_t row_units(const DeviceWeight& w) {
         case GGMLType::IQ3_XXS:
         case GGMLType::IQ2_XXS:
         case GGMLType::IQ2_XS:
-        case GGMLType::IQ2_S: return int32_t(nb * 8);
+        case GGMLType::IQ2_S:
+        case GGMLType::IQ1_S:
+        case GGMLType::IQ1_M: return int32_t(nb * 8);
+        case GGMLType::TQ2_0:
+        case GGMLType::NVFP4: return int32_t(nb * 2);
+        case GGMLType::TQ1_0: return int32_t(nb);
         case GGMLType::F32: return int32_t(w.n_in / 4);
         case GGMLType::F16:
         case GGMLType::BF16: return int32_t(w.n_in / 8);
@@ -342,6 +347,11 @@ void gemv_batch(const DeviceWeight* const* ws, float* const* ys, int count, cons
         case GGMLType::IQ2_XXS: launch<FmtIQ2_XXS>(b, n_ctas, n_tok, s); break;
         case GGMLType::IQ2_XS: launch<FmtIQ2_XS>(b, n_ctas, n_tok, s); break;
         case GGMLType::IQ2_S: launch<FmtIQ2_S>(b, n_ctas, n_tok, s); break;
+        case GGMLType::IQ1_S: launch<FmtIQ1_S>(b, n_ctas, n_tok, s); break;
+        case GGMLType::IQ1_M: launch<FmtIQ1_M>(b, n_ctas, n_tok, s); break;
+        case GGMLType::TQ1_0: launch<FmtTQ1_0>(b, n_ctas, n_tok, s); break;
+        case GGMLType::TQ2_0: launch<FmtTQ2_0>(b, n_ctas, n_tok, s); break;
+        case GGMLType::NVFP4: launch<FmtNVFP4>(b, n_ctas, n_tok, s); break;
         case GGMLType::F32: launch<FmtFloat<float>>(b, n_ctas, n_tok, s); break;
         case GGMLType::F16: launch<FmtFloat<__half>>(b, n_ctas, n_tok, s); break;
         case GGMLType::BF16: launch<FmtFloat<__nv_bfloat16>>(b, n_ctas, n_tok, s); break;

@@ -460,3 +460,5 @@ struct FmtFloat {
 
 }  // namespace cuda
 }  // namespace ember
+
+#include "gemv_formats_low_bit.cuh"

@@ -87,8 +87,10 @@ MatmulKernel cublas_kind(GGMLType t) {
 
 void check_cache(GGMLType t) {
     if (t != GGMLType::F16 && t != GGMLType::BF16 && !kv_type_is_blocked(t))
-        fail("cuda attention choice: the GPU keeps KV in f16, bf16, q8_0, q4_0, q4_1, q5_0 or q5_1, not in GGML type ",
-             uint32_t(t));
+        fail(
+            "cuda attention choice: the GPU keeps KV in f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl, not in "
+            "GGML type ",
+            uint32_t(t));
 }
 
 // The long-context decode kernels take power-of-two KV blocks of >= 4 tokens: q heads per CTA, 0
@@ -165,7 +167,12 @@ bool cuda_weight_type(GGMLType type) {
         case GGMLType::IQ3_XXS:
         case GGMLType::IQ2_XXS:
         case GGMLType::IQ2_XS:
-        case GGMLType::IQ2_S: return true;
+        case GGMLType::IQ2_S:
+        case GGMLType::IQ1_S:
+        case GGMLType::IQ1_M:
+        case GGMLType::TQ1_0:
+        case GGMLType::TQ2_0:
+        case GGMLType::NVFP4: return true;
         default: return false;
     }
 }
@@ -281,7 +288,16 @@ bool qkv_may_take_rope_store(bool plain, bool f16_cache, bool neox, const Matmul
 // The expert GEMVs take every type the dense GEMV does but IQ2_XS and IQ2_S, whose formats they
 // do not instantiate yet (those experts take the default composition).
 bool moe_gemv_supported(GGMLType type) {
-    return cuda_weight_type(type) && type != GGMLType::IQ2_XS && type != GGMLType::IQ2_S;
+    switch (type) {
+        case GGMLType::IQ2_XS:
+        case GGMLType::IQ2_S:
+        case GGMLType::IQ1_S:
+        case GGMLType::IQ1_M:
+        case GGMLType::TQ1_0:
+        case GGMLType::TQ2_0:
+        case GGMLType::NVFP4: return false;   // no expert GEMV format
+        default: return cuda_weight_type(type);
+    }
 }
 
 const char* moe_kernel_name(MoeKernel k) {

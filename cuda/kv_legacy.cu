@@ -1,10 +1,11 @@
-// q4_0, q4_1, q5_0 and q5_1 KV caches (layout: src/backend/kv_layout.h, rows of ggml's blocks of
-// 32): storing new K/V rows with the CPU's scalar quantizers' arithmetic (so both backends store
+// q4_0, q4_1, q5_0, q5_1 and iq4_nl KV caches (layout: src/backend/kv_layout.h, rows of ggml's blocks
+// of 32): storing new K/V rows with the CPU's scalar quantizers' arithmetic (so both backends store
 // equal bytes), and expanding the blocks a batch reads into the f16 copy the attention kernels read.
 #include <type_traits>
 
 #include "common.cuh"
 #include "kernels.h"
+#include "quant/quant_tables.h"
 #include "launch.h"
 
 namespace ember {
@@ -22,6 +23,62 @@ struct Legacy {
     static constexpr int kBytes = kHeader + 16;
     static constexpr int kMaxQ = kFive ? 31 : 15;
 };
+
+// IQ4_NL's 16 levels (quant_tables.h) in device memory.
+struct Iq4nlLevels {
+    int8_t v[16];
+};
+static __device__ const Iq4nlLevels kIq4nl = {
+    {kvalues_iq4nl[0], kvalues_iq4nl[1], kvalues_iq4nl[2], kvalues_iq4nl[3], kvalues_iq4nl[4], kvalues_iq4nl[5],
+     kvalues_iq4nl[6], kvalues_iq4nl[7], kvalues_iq4nl[8], kvalues_iq4nl[9], kvalues_iq4nl[10], kvalues_iq4nl[11],
+     kvalues_iq4nl[12], kvalues_iq4nl[13], kvalues_iq4nl[14], kvalues_iq4nl[15]}};
+
+// The level of IQ4_NL nearest x (a tie to the upper one), as the CPU's quantize_row_iq4_nl.
+__device__ __forceinline__ int iq4nl_level(float x) {
+    const int8_t* v = kIq4nl.v;
+    if (x <= float(v[0])) return 0;
+    if (x >= float(v[15])) return 15;
+    int lo = 0, hi = 15;
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (x < float(v[mid])) hi = mid;
+        else lo = mid;
+    }
+    return __fsub_rn(x, float(v[hi - 1])) < __fsub_rn(float(v[hi]), x) ? hi - 1 : hi;
+}
+
+// IQ4_NL of one 32-value group (lane j: element j, mx the first value of largest magnitude): the
+// level of each value and the block's d, the least-squares fit summed in element order by lane 0 as the
+// CPU sums it; returns the lane's level and writes d.
+__device__ __forceinline__ int iq4nl_quantize(float x, float mx, float& d) {
+    const bool live = fabsf(mx) >= 1e-15f;
+    const float id = live ? __fdiv_rn(1.f, __fdiv_rn(mx, -127.f)) : 0.f;
+    const int level = live ? iq4nl_level(__fmul_rn(id, x)) : 0;
+    const float q = float(kIq4nl.v[level]), w = __fmul_rn(x, x);
+    const float qx = __fmul_rn(__fmul_rn(w, q), x), q2 = __fmul_rn(__fmul_rn(w, q), q);
+    float sumqx = 0.f, sumq2 = 0.f;
+    for (int j = 0; j < 32; ++j) {
+        sumqx = __fadd_rn(sumqx, __shfl_sync(0xffffffffu, qx, j));
+        sumq2 = __fadd_rn(sumq2, __shfl_sync(0xffffffffu, q2, j));
+    }
+    d = live && sumq2 > 0.f ? __fdiv_rn(sumqx, sumq2) : 0.f;
+    return level;
+}
+
+// The value of largest magnitude of a warp's 32 values, the first of equals (the CPU's signed_absmax).
+__device__ __forceinline__ float signed_absmax(float x) {
+    float a = fabsf(x);
+    int at = threadIdx.x & 31;
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ao = __shfl_xor_sync(0xffffffffu, a, o);
+        const int ato = __shfl_xor_sync(0xffffffffu, at, o);
+        if (ao > a || (ao == a && ato < at)) {
+            a = ao;
+            at = ato;
+        }
+    }
+    return __shfl_sync(0xffffffffu, x, at);
+}
 
 // One warp per 32-value group of one token's K or V row (lane j: element j of the group).
 // Products and sums rounded one at a time, as the CPU's scalar code (no fused multiply-add).
@@ -45,7 +102,9 @@ __global__ void kv_store_legacy_kernel(uint8_t* __restrict__ kc, uint8_t* __rest
     const float x = (is_v ? v : k)[int64_t(t) * kv_dim + grp * 32 + lane];
     float d, base;   // q = trunc((x - base) * (1 / d) + offset)
     float offset;
-    if constexpr (L::kMin) {
+    if constexpr (T == GGMLType::IQ4_NL) {
+        d = base = offset = 0.f;
+    } else if constexpr (L::kMin) {
         float mn = x, mx = x;
         for (int o = 16; o > 0; o >>= 1) {
             mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, o));
@@ -56,25 +115,18 @@ __global__ void kv_store_legacy_kernel(uint8_t* __restrict__ kc, uint8_t* __rest
         offset = 0.5f;
         if (lane == 0) reinterpret_cast<__half*>(blk)[1] = __float2half_rn(mn);
     } else {
-        // The value of largest magnitude, the first of equals (the CPU's signed_absmax).
-        float a = fabsf(x);
-        int at = lane;
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ao = __shfl_xor_sync(0xffffffffu, a, o);
-            const int ato = __shfl_xor_sync(0xffffffffu, at, o);
-            if (ao > a || (ao == a && ato < at)) {
-                a = ao;
-                at = ato;
-            }
-        }
-        const float mx = __shfl_sync(0xffffffffu, x, at);
-        d = mx / (L::kFive ? -16.f : -8.f);
+        d = signed_absmax(x) / (L::kFive ? -16.f : -8.f);
         base = 0.f;
         offset = L::kFive ? 16.5f : 8.5f;
     }
-    const float id = d != 0.f ? 1.f / d : 0.f;
-    const float y = __fadd_rn(__fmul_rn(L::kMin ? __fsub_rn(x, base) : x, id), offset);
-    const int q = min(int(y), L::kMaxQ);
+    int q;
+    if constexpr (T == GGMLType::IQ4_NL) {
+        q = iq4nl_quantize(x, signed_absmax(x), d);
+    } else {
+        const float id = d != 0.f ? 1.f / d : 0.f;
+        const float y = __fadd_rn(__fmul_rn(L::kMin ? __fsub_rn(x, base) : x, id), offset);
+        q = min(int(y), L::kMaxQ);
+    }
     if (lane == 0) reinterpret_cast<__half*>(blk)[0] = __float2half_rn(d);
     // Nibbles: byte j holds element j (low) and element j + 16 (high).
     const int hi = __shfl_down_sync(0xffffffffu, q, 16);
@@ -99,6 +151,7 @@ __device__ __forceinline__ float legacy_value(const uint8_t* blk, int j) {
         const uint8_t* qh = blk + 2 + (L::kMin ? 2 : 0);
         q |= ((qh[j / 8] >> (j % 8)) & 1) << 4;
     }
+    if constexpr (T == GGMLType::IQ4_NL) return __fmul_rn(d, float(kIq4nl.v[q]));
     if constexpr (L::kMin)
         return __fadd_rn(__fmul_rn(d, float(q)), __half2float(reinterpret_cast<const __half*>(blk)[1]));
     return __fmul_rn(d, float(q - (L::kFive ? 16 : 8)));
@@ -126,7 +179,8 @@ void with_legacy(GGMLType t, F&& f) {
         case GGMLType::Q4_1: return f(std::integral_constant<GGMLType, GGMLType::Q4_1>{});
         case GGMLType::Q5_0: return f(std::integral_constant<GGMLType, GGMLType::Q5_0>{});
         case GGMLType::Q5_1: return f(std::integral_constant<GGMLType, GGMLType::Q5_1>{});
-        default: fail("cuda kv: ggml type ", uint32_t(t), " is not a q4_0, q4_1, q5_0 or q5_1 cache");
+        case GGMLType::IQ4_NL: return f(std::integral_constant<GGMLType, GGMLType::IQ4_NL>{});
+        default: fail("cuda kv: ggml type ", uint32_t(t), " is not a q4_0, q4_1, q5_0, q5_1 or iq4_nl cache");
     }
 }
 

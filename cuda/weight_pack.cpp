@@ -64,6 +64,11 @@ PackedLayout packed_layout(GGMLType type, int64_t n_in, int64_t n_out) {
         case GGMLType::IQ2_XXS: return split_layout(L, nblk, 64, 2);
         case GGMLType::IQ2_XS: return split_layout(L, nblk, 80, 2);
         case GGMLType::IQ2_S: return split_layout(L, nblk, 80, 2);
+        case GGMLType::IQ1_S: return split_layout(L, nblk, 48, 2);
+        case GGMLType::IQ1_M: return split_layout(L, nblk, 64, 0);
+        case GGMLType::TQ1_0: return split_layout(L, nblk, 64, 2);
+        case GGMLType::TQ2_0: return split_layout(L, nblk, 64, 2);
+        case GGMLType::NVFP4: return split_layout(L, nblk, 32, 4);
         default: fail("cuda: weight type ", tt.name, " has no packed layout");
     }
 }
@@ -94,8 +99,16 @@ void pack_weight(GGMLType type, int64_t n_in, int64_t n_out, const uint8_t* src,
             case GGMLType::IQ2_XXS:   // {f16 d; u8 qs[64]}
             case GGMLType::IQ2_XS:    // {f16 d; u16 qs[32]; u8 scales[8]} (80: 8 bytes of pad)
             case GGMLType::IQ2_S:     // {f16 d; u8 qs[32], signs[32], qh[8], scales[8]}
-                std::memcpy(m, s, 2);
-                std::memcpy(q, s + 2, size_t(tt.block_bytes - 2));
+            case GGMLType::IQ1_S:     // {f16 d; u8 qs[32]; u16 qh[8]}
+            case GGMLType::NVFP4:     // {u8 d[4]; u8 qs[32]}: L.meta_bytes 4
+                std::memcpy(m, s, size_t(L.meta_bytes));
+                std::memcpy(q, s + L.meta_bytes, size_t(tt.block_bytes - L.meta_bytes));
+                break;
+            case GGMLType::TQ1_0:   // {u8 qs[48], qh[4]; f16 d} (64: 12 bytes of pad)
+            case GGMLType::TQ2_0:   // {u8 qs[64]; f16 d}
+            case GGMLType::IQ1_M:   // {u8 qs[32], qh[16], scales[8]} (64: 8 bytes of pad; no meta)
+                std::memcpy(q, s, size_t(tt.block_bytes - L.meta_bytes));
+                std::memcpy(m, s + tt.block_bytes - L.meta_bytes, size_t(L.meta_bytes));
                 break;
             case GGMLType::Q4_1:   // {f16 d, m; u8 qs[16]}
                 std::memcpy(m, s, 4);

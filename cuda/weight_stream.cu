@@ -70,12 +70,18 @@ __global__ void pack_kernel(const uint8_t* __restrict__ raw, uint8_t* __restrict
         for (int k = 0; k < 72; ++k) q[k] = s[2 + k];
         put<80>(qs + b * 80, q);
         put<2>(meta + b * 2, s);
+    } else if constexpr (T == GGMLType::TQ1_0 || T == GGMLType::TQ2_0 || T == GGMLType::IQ1_M) {
+        // {quants; metadata}: TQ1_0 {qs, qh; d}, TQ2_0 {qs; d}, IQ1_M {qs, qh, scales} (no meta)
+        uint8_t q[QS] = {};
+        for (int k = 0; k < BB - META; ++k) q[k] = s[k];
+        put<QS>(qs + b * QS, q);
+        if constexpr (META > 0) put<META>(meta + b * META, s + BB - META);
     } else if constexpr (T == GGMLType::Q5_0) {   // {f16 d; u8 qh[4]; u8 qs[16]} -> MetaQ5_0 {d, 0, qh}
         const uint8_t m[8] = {s[0], s[1], 0, 0, s[2], s[3], s[4], s[5]};
         put<8>(meta + b * 8, m);
         put<16>(qs + b * 16, s + 6);
     } else {   // {metadata; quants}: Q4_0 {d}, Q4_1 {d, m}, Q5_1 {d, m, qh}, Q8_0 {d}, IQ4_NL {d},
-               // IQ4_XS {d, scales_h, scales_l}, IQ3_XXS, IQ2_XXS and IQ2_S {d}
+               // IQ4_XS {d, scales_h, scales_l}, IQ3_XXS, IQ2_XXS, IQ2_S and IQ1_S {d}, NVFP4 {d[4]}
         put<META>(meta + b * META, s);
         put<QS>(qs + b * QS, s + META);
     }
@@ -130,6 +136,21 @@ void pack_weight_device(GGMLType type, int64_t n_in, int64_t n_out, const uint8_
             break;
         case GGMLType::IQ2_S:
             pack_kernel<GGMLType::IQ2_S, 82, 80, 2><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk);
+            break;
+        case GGMLType::IQ1_S:
+            pack_kernel<GGMLType::IQ1_S, 50, 48, 2><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk);
+            break;
+        case GGMLType::IQ1_M:
+            pack_kernel<GGMLType::IQ1_M, 56, 64, 0><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk);
+            break;
+        case GGMLType::TQ1_0:
+            pack_kernel<GGMLType::TQ1_0, 54, 64, 2><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk);
+            break;
+        case GGMLType::TQ2_0:
+            pack_kernel<GGMLType::TQ2_0, 66, 64, 2><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk);
+            break;
+        case GGMLType::NVFP4:
+            pack_kernel<GGMLType::NVFP4, 36, 32, 4><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk);
             break;
         case GGMLType::Q6_K:
             pack_kernel<GGMLType::Q6_K, 210, 192, 16><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk);

@@ -3,14 +3,39 @@ import gguf
 import numpy as np
 
 
+IQ4_NL_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
+
+
+def iq4_nl_round(x):
+    """x as ggml's reference IQ4_NL quantizer (its iq4_nl KV cache's) stores it, and back: per block of 32,
+    id = 1 / (max / -127) from the value of largest magnitude, each value to the nearest level of id * x
+    (a tie to the upper one), d the float32 least-squares fit with weights x^2 (sums in order), as f16."""
+    b = x.reshape(-1, 32).astype(np.float32)
+    mx = b[np.arange(len(b)), np.argmax(np.abs(b), axis=1)]
+    live = np.abs(mx) >= np.float32(1e-15)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        al = np.where(live, np.float32(1) / (mx / np.float32(-127)), np.float32(0))[:, None] * b
+    v = IQ4_NL_LEVELS
+    hi = np.clip(np.searchsorted(v, al, side="right"), 1, 15)
+    idx = np.where((al - v[hi - 1]) < (v[hi] - al), hi - 1, hi)
+    idx = np.where(al <= v[0], 0, np.where(al >= v[15], 15, idx))
+    q, w = v[idx], b * b
+    sumqx, sumq2 = np.cumsum(w * q * b, axis=1)[:, -1], np.cumsum(w * q * q, axis=1)[:, -1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = np.where(live & (sumq2 > 0), sumqx / sumq2, np.float32(0)).astype(np.float32)
+    return (d.astype(np.float16).astype(np.float32)[:, None] * q).reshape(x.shape)
+
+
 def kv_round(x, kv_type):
     """x [rows, width] as a KV cache of kv_type ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1",
-    "q5_0", "q5_1") holds it (all but f32 and f16: ggml's rounding and back, through the gguf
-    package)."""
+    "q5_0", "q5_1", "iq4_nl") holds it (all but f32 and f16: ggml's rounding and back, through the gguf
+    package; iq4_nl, which gguf does not quantize, through iq4_nl_round)."""
     if kv_type == "f32":
         return x
     if kv_type == "f16":
         return x.astype(np.float16).astype(np.float32)
+    if kv_type == "iq4_nl":
+        return iq4_nl_round(x)
     t = gguf.GGMLQuantizationType[kv_type.upper()]
     return gguf.quants.dequantize(gguf.quants.quantize(x, t), t).reshape(x.shape).astype(np.float32)
 

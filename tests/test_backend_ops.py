@@ -17,12 +17,12 @@ K = kernel_module()
 
 WEIGHT_TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K,
                 T.Q6_K, T.MXFP4, T.IQ4_NL, T.IQ4_XS, T.IQ3_S, T.IQ3_XXS,
-                T.IQ2_XXS, T.IQ2_XS, T.IQ2_S]
+                T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ1_S, T.IQ1_M, T.TQ1_0, T.TQ2_0, T.NVFP4]
 # Block formats the kernels quantize activations to; never the type of a weight in a model.
 ACTIVATION_TYPES = {"Q8_1", "Q8_K"}
-KV_TYPES = ["f16", "q8_0", "f32", "bf16", "q4_0", "q4_1", "q5_0", "q5_1"]
+KV_TYPES = ["f16", "q8_0", "f32", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"]
 # KV types held as ggml blocks of 32 values (head_dim a multiple of 32).
-BLOCK_KV_TYPES = {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1"}
+BLOCK_KV_TYPES = {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"}
 FLOAT_TYPES = (T.F32, T.F16, T.BF16)
 
 # What each backend in the registry takes. Every other combination must fail with the error
@@ -93,6 +93,7 @@ TOLERANCE = {
     ("attention", "q4_1"): {"*": 3e-3, "cpu": 1e-5},
     ("attention", "q5_0"): {"*": 3e-3, "cpu": 1e-5},
     ("attention", "q5_1"): {"*": 3e-3, "cpu": 1e-5},
+    ("attention", "iq4_nl"): {"*": 3e-3, "cpu": 1e-5},
     # bf16 K and V are exact as f32; the CPU keeps q and the probabilities f32, the GPU reads an f16
     # copy (exact for |x| in [2^-14, 65504]) with the f16 kernels' rounding.
     ("attention", "bf16"): {"*": 3e-3, "cpu": 1e-5},
@@ -109,6 +110,8 @@ TOLERANCE = {
     ("kv", "q4_1"): {"*": 0.12},
     ("kv", "q5_0"): {"*": 0.06},
     ("kv", "q5_1"): {"*": 0.06},
+    # 16 non-uniform levels with a least-squares scale: about q4_0's error
+    ("kv", "iq4_nl"): {"*": 0.12},
 }
 
 # Backends whose every matmul kernel multiplies block-type weights by activations rounded to the
@@ -264,7 +267,7 @@ def expect_unsupported(backend, what, run):
 F16_FIELDS = {T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: [0], T.Q2_K: [80, 82],
               T.Q3_K: [108], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.IQ4_NL: [0], T.IQ4_XS: [0],
               T.MXFP4: [], T.IQ3_S: [0], T.IQ3_XXS: [0], T.IQ2_XXS: [0],
-              T.IQ2_XS: [0], T.IQ2_S: [0]}
+              T.IQ2_XS: [0], T.IQ2_S: [0], T.IQ1_S: [0], T.IQ1_M: [], T.TQ1_0: [52], T.TQ2_0: [64], T.NVFP4: []}
 
 
 def random_weight(t, n_out, n_in, rng, rms=None):
@@ -297,6 +300,20 @@ def random_weight(t, n_out, n_in, rng, rms=None):
             blocks[:, 0] = e + int(np.round(np.log2(rms / now)))
         return blocks.reshape(n_out, -1)
     set_fields(1.0)
+    if t == T.NVFP4:   # e4m3 scales, exponent field 1-3: values up to 6 * 2^(e - 7)
+        e, m = rng.integers(1, 4, (n_blocks, 4)), rng.integers(0, 8, (n_blocks, 4))
+        blocks[:, 0:4] = e << 3 | m
+        if rms is not None:
+            now = np.sqrt(np.mean(dequant(t, blocks.reshape(n_out, -1), n_in) ** 2))
+            blocks[:, 0:4] = np.clip(e + int(np.round(np.log2(rms / now))), 1, 14) << 3 | m
+        return blocks.reshape(n_out, -1)
+    if t == T.IQ1_M:   # its fp16 d in the top nibbles of the 4 scale words (bytes 48-55)
+        d = rng.uniform(0.002, 0.05, n_blocks) * rng.choice([-1, 1], n_blocks)
+
+        def set_fields(factor):
+            bits = (d * factor).astype(np.float16).view(np.uint16)
+            for w in range(4):
+                blocks[:, 49 + 2 * w] = (blocks[:, 49 + 2 * w] & 0x0F) | (((bits >> (4 * w)) & 0x0F) << 4)
     if rms is not None:
         now = np.sqrt(np.mean(dequant(t, blocks.reshape(n_out, -1), n_in) ** 2))
         set_fields(rms / now)
@@ -317,7 +334,7 @@ def rounded_activations(t, x):
 
 
 def row_width(t, n_in_32, n_in_256):
-    return n_in_256 if GGML_QUANT_SIZES[t][0] == 256 else n_in_32
+    return n_in_256 if GGML_QUANT_SIZES[t][0] >= 64 else n_in_32
 
 
 def normal(rng, *shape, scale=1.0):

@@ -90,6 +90,13 @@ MATMUL_CASES = [
     ("IQ2_XXS", WIDE, 8, False, False, {}, 90, "gemv"),
     ("IQ2_XS", WIDE, 12, False, False, {}, 90, "gemv_chunks"),
     ("IQ2_S", WIDE, 257, False, False, {}, 90, "dequant_cublas"),
+    # the 1-bit, ternary and NVFP4 types: the GEMV (NVFP4's 64-value blocks never in the CPU's order), then cuBLAS
+    ("IQ1_S", WIDE, 1, False, False, {}, 90, "gemv"),
+    ("IQ1_M", WIDE, 64, False, False, {}, 90, "gemv_chunks"),
+    ("TQ1_0", WIDE, 8, False, False, {}, 90, "gemv"),
+    ("TQ2_0", WIDE, 65, False, False, {}, 90, "dequant_cublas"),
+    ("NVFP4", SMOLLM2_WIDTH, 1, False, False, {}, 90, "gemv"),
+    ("NVFP4", WIDE, 65, False, False, {}, 90, "dequant_cublas"),
     # the K-quants: the GEMV in chunks up to 64 tokens, except decode steps past 24 sequences
     ("Q4_K", WIDE, 12, False, False, {}, 90, "gemv_chunks"),
     ("Q4_K", WIDE, 24, True, False, {}, 90, "gemv_chunks"),
@@ -336,8 +343,8 @@ def test_moe_choice_bad_input(kwargs, match):
 
 
 @pytest.mark.parametrize("query,match", [
-    (dict(k_type="Q6_K"), "f16, bf16, q8_0, q4_0, q4_1, q5_0 or q5_1"),
-    (dict(v_type="F32"), "f16, bf16, q8_0, q4_0, q4_1, q5_0 or q5_1"),
+    (dict(k_type="Q6_K"), "f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl"),
+    (dict(v_type="F32"), "f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl"),
     (dict(head_dim=0), "at least 1"),
     (dict(n_head_kv=0), "at least 1"),
     (dict(max_len=-1), "negative context"),

@@ -66,8 +66,23 @@ def test_bf16_cache(model):
     assert kv_cache_types(30, "bf16") == ("bf16", "bf16")
 
 
+def test_iq4_nl_cache(model):
+    """iq4_nl caches (ggml type 20, llama.cpp's -ctk / -ctv iq4_nl), K and V each on its own: each takes effect
+    and lies about as close to the f32 cache as q4_0 does."""
+    tokens = list(model.tokenizer.encode(b"The quick brown fox jumps over the lazy dog, again and again.",
+                                         True, False))
+    f32 = _logits(model, tokens, "f32", "f32")
+    q4 = _logits(model, tokens, "q4_0", "q4_0")
+    q4_err = np.mean(np.linalg.norm(q4 - f32, axis=1) / np.linalg.norm(f32, axis=1))
+    for type_k, type_v in (("iq4_nl", "iq4_nl"), ("iq4_nl", "f32"), ("f32", "iq4_nl")):
+        got = _logits(model, tokens, type_k, type_v)
+        assert not np.array_equal(got, f32), f"K {type_k} V {type_v} gives the f32 cache's logits"
+        assert np.mean(np.linalg.norm(got - f32, axis=1) / np.linalg.norm(f32, axis=1)) < 1.5 * q4_err + 0.02
+    assert kv_cache_types(20, "iq4_nl") == ("iq4_nl", "iq4_nl")
+
+
 def test_context_kv_type_errors(model):
-    with pytest.raises(ValueError, match="type_v must be 'f16', 'bf16', .* or 'q5_1', got 'q6_k'"):
+    with pytest.raises(ValueError, match="type_v must be 'f16', 'bf16', .* or 'iq4_nl', got 'q6_k'"):
         _ember.Context(model, n_ctx=16, type_v="q6_k")
     with pytest.raises(ValueError, match="ContextParams has no field 'kv_type'; its fields: n_ctx, .*type_k"):
         _ember.Context(model, n_ctx=16, kv_type="q8_0")

@@ -208,7 +208,7 @@ def test_params_structs_from_keywords():
     assert repr(p).startswith(f"ContextParams(n_ctx={n_ctx}, n_batch=512, n_threads={threads}")
     with pytest.raises(ValueError, match="ContextParams has no field 'n_cxt'; its fields: n_ctx, n_batch"):
         _ember.ContextParams(n_cxt=1)
-    with pytest.raises(ValueError, match="type_k must be 'f16', 'bf16', .* or 'q5_1', got 'q6_k'"):
+    with pytest.raises(ValueError, match="type_k must be 'f16', 'bf16', .* or 'iq4_nl', got 'q6_k'"):
         _ember.EngineParams(type_k="q6_k")
     e = _ember.EngineParams(max_num_seqs=threads, enable_prefix_caching=False)
     assert (e.max_num_seqs, e.enable_prefix_caching, e.n_ctx) == (threads, False, 4096)

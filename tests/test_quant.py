@@ -7,13 +7,14 @@ import gguf
 import gguf.quants
 
 from ember import _ember
-from conftest import at_simd_level, kernel_module, rng_for, simd_levels
+from conftest import ROOT, at_simd_level, kernel_module, rng_for, simd_levels
 
 E = kernel_module()
 
 ALL_TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q8_1,
              T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_K, T.MXFP4, T.IQ4_NL, T.IQ4_XS, T.IQ3_S,
-             T.IQ3_XXS, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S]
+             T.IQ3_XXS, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ1_S, T.IQ1_M, T.TQ1_0, T.TQ2_0, T.NVFP4]
+LOW_BIT = [T.IQ1_S, T.IQ1_M, T.TQ1_0, T.TQ2_0, T.NVFP4]
 LEGACY_QUANTIZED = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
 K_QUANTIZED = [T.Q4_K, T.Q5_K, T.Q6_K]
 
@@ -29,7 +30,16 @@ F16_FIELDS = {
     T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: [0], T.Q8_1: [0, 2],
     T.Q2_K: [80, 82], T.Q3_K: [108], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208],
     T.IQ4_NL: [0], T.IQ4_XS: [0], T.IQ3_S: [0], T.IQ3_XXS: [0], T.IQ2_XXS: [0], T.IQ2_XS: [0], T.IQ2_S: [0],
+    T.IQ1_S: [0], T.TQ1_0: [52], T.TQ2_0: [64],
 }
+
+
+def set_iq1_m_d(raw, d):
+    """IQ1_M's fp16 d lives in the top nibbles of its 4 scale words (bytes 48-55): nibble w in word w."""
+    bits = d.astype(np.float16).view(np.uint16)
+    for w in range(4):
+        hi = raw[:, 49 + 2 * w]
+        raw[:, 49 + 2 * w] = (hi & 0x0F) | (((bits >> (4 * w)) & 0x0F) << 4).astype(np.uint8)
 
 
 def block_size(t):
@@ -51,6 +61,8 @@ def random_blocks(t, n_blocks, rng):
     if t == T.MXFP4:
         # e8m0 exponents of the scales 2^-14 .. 2^0 (the fp16 scales' range above)
         raw[:, 0] = rng.integers(128 - 14, 129, n_blocks)
+    if t == T.IQ1_M:
+        set_iq1_m_d(raw, rng.uniform(-1, 1, n_blocks) * 10.0 ** rng.uniform(-4, 0, n_blocks))
     if t in (T.F16, T.BF16, T.F32):
         # float weights: finite values of mixed magnitude
         vals = rng.standard_normal(n_blocks) * 10.0 ** rng.uniform(-3, 1, n_blocks)
@@ -93,20 +105,29 @@ def test_dequantize_bit_exact_vs_gguf(t):
 def extreme_scale_blocks(t, rng):
     """Random quants under the extreme scales of each table type: every e8m0 exponent of MXFP4 (subnormal
     2^-128 up to 2^127, whose values overflow to inf), and for IQ4_NL / IQ4_XS the largest, smallest normal
-    and subnormal fp16 scales of both signs, and zero (the grid types likewise)."""
+    and subnormal fp16 scales of both signs, and zero (the grid, 1-bit and ternary types likewise); NVFP4
+    with every one of the 256 e4m3 scale bytes (subnormals, 0x7f and bit 7 set among them)."""
     elems, nbytes = block_size(t)
     if t == T.MXFP4:
         raw = rng.integers(0, 256, size=(256, nbytes), dtype=np.uint8)
         raw[:, 0] = np.arange(256)
         return raw.reshape(-1)
+    if t == T.NVFP4:
+        raw = rng.integers(0, 256, size=(64, nbytes), dtype=np.uint8)
+        raw[:, 0:4] = np.arange(256).reshape(64, 4)
+        return raw.reshape(-1)
     scales = np.array([65504, -65504, 6.1035e-05, -6.1035e-05, 5.96e-08, -5.96e-08, 0.0, 1.0], dtype=np.float16)
     raw = rng.integers(0, 256, size=(scales.size, nbytes), dtype=np.uint8)
-    raw[:, 0:2] = scales.view(np.uint8).reshape(-1, 2)
+    if t == T.IQ1_M:
+        set_iq1_m_d(raw, scales)
+    else:
+        off = F16_FIELDS[t][0]
+        raw[:, off:off + 2] = scales.view(np.uint8).reshape(-1, 2)
     return raw.reshape(-1)
 
 
-@pytest.mark.parametrize("t", [T.MXFP4, T.IQ4_NL, T.IQ4_XS, T.IQ3_S, T.IQ3_XXS, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S],
-                         ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [T.MXFP4, T.IQ4_NL, T.IQ4_XS, T.IQ3_S, T.IQ3_XXS, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S]
+                         + LOW_BIT, ids=lambda t: t.name)
 def test_dequantize_extreme_scales_bit_exact_vs_gguf(t):
     rng = rng_for("dequantize extremes", t.name)
     raw = extreme_scale_blocks(t, rng)
@@ -157,7 +178,7 @@ def float_rows(rng, n):
     return {k: v.astype(np.float32) for k, v in rows.items()}
 
 
-@pytest.mark.parametrize("t", LEGACY_QUANTIZED + [T.MXFP4], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", LEGACY_QUANTIZED + [T.MXFP4, T.TQ1_0, T.TQ2_0], ids=lambda t: t.name)
 def test_quantize_bit_exact_vs_gguf(t):
     rng = rng_for("quantize", t.name)
     for name, x in float_rows(rng, 1024).items():
@@ -382,7 +403,7 @@ def test_q8_k_activation_quantizer_matches_ref(level):
         np.testing.assert_array_equal(best, ref)
 
 
-NEW_TYPES = [T.MXFP4, T.IQ4_NL, T.IQ4_XS, T.IQ3_S, T.IQ3_XXS, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S]
+NEW_TYPES = [T.MXFP4, T.IQ4_NL, T.IQ4_XS, T.IQ3_S, T.IQ3_XXS, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S] + LOW_BIT
 
 
 def test_gguf_reader_takes_the_new_types(tmp_path):
@@ -464,3 +485,16 @@ def test_real_model_tensors(smollm2_path):
             exact = float(ours[r].astype(np.float64) @ xd)
             l1 = float(np.abs(ours[r] * xd).sum())
             assert abs(got - exact) <= (1e-3 if vdt == T.Q8_1 else 1e-5) * l1, (name, r, got, exact)
+
+
+def test_iq4_nl_quantize_matches_ggml():
+    """ember's IQ4_NL quantizer (the iq4_nl KV cache's) writes the blocks of ggml's reference quantizer on the
+    rows tools/gen_iq4_nl_reference.py gave it (normal, heavy-tailed, tiny, huge, positive, ties between
+    levels, zero blocks); a block of zeros is d = 0 (ggml leaves its quants unset, so only d is compared)."""
+    ref = np.load(ROOT / "tests" / "reference" / "quant" / "iq4_nl_ggml.npz")
+    for x, q in zip(ref["x"], ref["q"]):
+        ours = E.quantize(int(T.IQ4_NL), x).reshape(-1, 18)
+        want = q.reshape(-1, 18)
+        zero = want[:, :2].copy().view(np.uint16)[:, 0] == 0
+        np.testing.assert_array_equal(ours[~zero], want[~zero])
+        np.testing.assert_array_equal(ours[zero, :2], want[zero, :2])

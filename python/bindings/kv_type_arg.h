@@ -20,7 +20,9 @@ inline ember::GGMLType kv_type_arg(const char* arg, const std::string& name) {
     if (name == "q4_1") return ember::GGMLType::Q4_1;
     if (name == "q5_0") return ember::GGMLType::Q5_0;
     if (name == "q5_1") return ember::GGMLType::Q5_1;
-    ember::fail(arg, " must be 'f16', 'bf16', 'f32', 'q8_0', 'q4_0', 'q4_1', 'q5_0' or 'q5_1', got '", name, "'");
+    if (name == "iq4_nl") return ember::GGMLType::IQ4_NL;
+    ember::fail(arg, " must be 'f16', 'bf16', 'f32', 'q8_0', 'q4_0', 'q4_1', 'q5_0', 'q5_1' or 'iq4_nl', got '", name,
+                "'");
 }
 
 inline const char* kv_type_name(ember::GGMLType t) {
@@ -33,6 +35,7 @@ inline const char* kv_type_name(ember::GGMLType t) {
         case ember::GGMLType::Q4_1: return "q4_1";
         case ember::GGMLType::Q5_0: return "q5_0";
         case ember::GGMLType::Q5_1: return "q5_1";
+        case ember::GGMLType::IQ4_NL: return "iq4_nl";
         default: ember::fail("not a KV cache type: ggml type ", (int)t);
     }
 }

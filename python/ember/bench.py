@@ -22,7 +22,7 @@ from .version import add_version
 GPU_BANDWIDTH_GBS = 3000.0
 # Bytes per cached K or V value (q8_0: 32 int8 values and one f16 scale, src/kv/kv_layout.h).
 KV_BYTES_PER_VALUE = {"f16": 2.0, "bf16": 2.0, "f32": 4.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_1": 20 / 32,
-                      "q5_0": 22 / 32, "q5_1": 24 / 32}
+                      "q5_0": 22 / 32, "q5_1": 24 / 32, "iq4_nl": 18 / 32}
 
 
 def host_bandwidth_gbs() -> float:

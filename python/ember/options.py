@@ -22,7 +22,7 @@ SERVER, QUANTIZE = "ember-server", "ember-quantize"
 CLIS = (EMBER, BENCH, PERPLEXITY, SERVER, QUANTIZE)
 
 # KV cache types by ggml type id, as llama-cpp-python's type_k / type_v take them.
-_KV_TYPE_IDS = {1: "f16", 30: "bf16", 0: "f32", 8: "q8_0", 2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1"}
+_KV_TYPE_IDS = {1: "f16", 30: "bf16", 0: "f32", 8: "q8_0", 2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1", 20: "iq4_nl"}
 KV_CACHE_TYPES = tuple(_KV_TYPE_IDS.values())   # names, as the tools' -ctk / -ctv take them
 
 
@@ -35,7 +35,7 @@ def kv_type(value) -> str:
     if isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) in _KV_TYPE_IDS:
         return _KV_TYPE_IDS[int(value)]
     raise ValueError("must be a KV cache type: 1 or 'f16', 30 or 'bf16', 0 or 'f32', 8 or 'q8_0', 2 or 'q4_0', "
-                     "3 or 'q4_1', 6 or 'q5_0', 7 or 'q5_1'")
+                     "3 or 'q4_1', 6 or 'q5_0', 7 or 'q5_1', 20 or 'iq4_nl'")
 
 
 def _boolean(value) -> bool:

@@ -8,7 +8,7 @@
 // [n_head_kv][block_size][head_dim], then one f16 scale per 32 values,
 // [n_head_kv][block_size][head_dim / 32] (kv_q8_value / kv_q8_scale give the offsets). A value
 // is scale * int8 with scale = amax / 127 of its 32-value group and int8 = round(x / scale), as
-// ggml's quantize_row_q8_0. Q4_0 / Q4_1 / Q5_0 / Q5_1 (CPU only): [block_size] rows of width
+// ggml's quantize_row_q8_0. Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL: [block_size] rows of width
 // values, each row ggml's blocks of 32 (a head's slice is head_dim / 32 whole blocks).
 #pragma once
 #include <cstddef>
@@ -37,7 +37,8 @@ inline size_t kv_block_bytes(GGMLType t, int32_t block_size, int64_t width) {
         case GGMLType::Q4_0:
         case GGMLType::Q4_1:
         case GGMLType::Q5_0:
-        case GGMLType::Q5_1: return row_bytes(t, int64_t(n));
+        case GGMLType::Q5_1:
+        case GGMLType::IQ4_NL: return row_bytes(t, int64_t(n));
         default: return n * 2;
     }
 }
@@ -45,7 +46,7 @@ inline size_t kv_block_bytes(GGMLType t, int32_t block_size, int64_t width) {
 // The KV types stored in blocks of 32 values.
 inline bool kv_type_is_blocked(GGMLType t) {
     return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q4_1 || t == GGMLType::Q5_0 ||
-           t == GGMLType::Q5_1;
+           t == GGMLType::Q5_1 || t == GGMLType::IQ4_NL;
 }
 
 // Throws InvalidInput unless `t` is a KV type for heads of head_dim: a block of 32 values must
@@ -55,7 +56,7 @@ inline void check_kv_type(GGMLType t, int32_t head_dim, const char* which) {
     const TypeTraits* tr = find_type_traits(uint32_t(t));
     if (t != GGMLType::F16 && t != GGMLType::BF16 && t != GGMLType::F32 && !kv_type_is_blocked(t))
         fail(which, ": KV cache type ", tr ? tr->name : "?", " (ggml type ", uint32_t(t),
-             ") is not supported; use F16, BF16, F32, Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1");
+             ") is not supported; use F16, BF16, F32, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 or IQ4_NL");
     if (kv_type_is_blocked(t) && head_dim % 32 != 0)
         fail(which, ": a ", tr->name, " KV cache needs head_dim to be a multiple of 32, got head_dim ", head_dim,
              " (use the F16 cache)");

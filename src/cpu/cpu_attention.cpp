@@ -173,7 +173,7 @@ struct Q8Kv {
     static constexpr bool kRowsF16 = false;
 };
 
-// Q4_0, Q4_1, Q5_0, Q5_1: a row is width / 32 blocks of type T, a head's slice head_dim / 32 of them.
+// Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL: a row is width / 32 blocks of type T, a head's slice head_dim / 32 of them.
 template <GGMLType T>
 struct BlockKv {
     static const TypeTraits& traits() {
@@ -223,6 +223,7 @@ void store_rows(const BatchInfo& batch, const KVLayer& kv, void* base, const flo
                 const AttentionMath& math) {
     const int64_t width = kv_width(kv);
     for (int32_t t = 0; t < n_tok; ++t) {
+        case GGMLType::IQ4_NL: f(BlockKv<GGMLType::IQ4_NL>{}); break;
         const int32_t pos = batch.pos[t];
         const int32_t block = batch.block_table[(int64_t)batch.seq[t] * batch.max_blocks + pos / kv.block_size];
         Kv::store(kv, base, block, pos % kv.block_size, x + t * width, math);

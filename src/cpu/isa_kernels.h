@@ -12,6 +12,11 @@ VecDotFn vec_dot_scalar(GGMLType type);
 VecDotFn vec_dot_avx2(GGMLType type);
 VecDotFn vec_dot_avx512(GGMLType type);
 VecDotFn vec_dot_neon(GGMLType type);   // ARM64 (nullptr on other targets)
+// The ternary, 1-bit and NVFP4 types' SIMD dots (vec_dot_low_bit_*.cpp), which the lookups above
+// answer with.
+VecDotFn vec_dot_low_bit_avx2(GGMLType type);
+VecDotFn vec_dot_low_bit_avx512(GGMLType type);
+VecDotFn vec_dot_low_bit_neon(GGMLType type);
 // Activation quantizers with the scalar quantize_row_* output, byte for byte.
 QuantizeRowFn quantize_row_avx2(GGMLType type);
 QuantizeRowFn quantize_row_avx512(GGMLType type);

@@ -395,7 +395,7 @@ VecDotFn vec_dot_neon(GGMLType type) {
         case GGMLType::IQ2_XXS: return dot_iq2_xxs;
         case GGMLType::IQ2_XS: return dot_iq2_xs;
         case GGMLType::IQ2_S: return dot_iq2_s;
-        default: return nullptr;
+        default: return vec_dot_low_bit_neon(type);
     }
 }
 

@@ -1,6 +1,7 @@
 // Scalar reference dot products, weights x activations in the weight type's vec_dot_type:
-// Q4_0/Q5_0/Q8_0/MXFP4/IQ4_NL x Q8_0, Q4_1/Q5_1/Q8_1 x Q8_1, Q2_K..Q6_K/Q8_K and the IQ super-block
-// types (IQ4_XS, IQ3_S, IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S) x Q8_K, F32/F16/BF16 x F32.
+// Q4_0/Q5_0/Q8_0/MXFP4/NVFP4/IQ4_NL x Q8_0, Q4_1/Q5_1/Q8_1 x Q8_1, Q2_K..Q6_K/Q8_K and the IQ and TQ
+// super-block types (IQ4_XS, IQ3_S, IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M, TQ1_0, TQ2_0) x Q8_K,
+// F32/F16/BF16 x F32.
 // Integer sums are exact per block; one float multiply-add per block, as ggml does.
 
 #include "cpu/isa_kernels.h"
@@ -140,6 +141,24 @@ float dot_iq4_nl(int64_t n, const void* w, const void* x) {
     return s;
 }
 
+// NVFP4 x Q8_0: each sub-block of 16 (half a Q8_0 block) with its own scale, as ggml sums it.
+float dot_nvfp4(int64_t n, const void* w, const void* x) {
+    const BlockNVFP4* a = static_cast<const BlockNVFP4*>(w);
+    const BlockQ8_0* b = static_cast<const BlockQ8_0*>(x);
+    float s = 0;
+    int q[16];
+    for (int64_t i = 0; i < n / QK_NVFP4; ++i) {
+        for (int sb = 0; sb < 4; ++sb) {
+            const BlockQ8_0& xb = b[2 * i + sb / 2];
+            decode_nvfp4_sub(a[i], sb, q);
+            int si = 0;
+            for (int j = 0; j < 16; ++j) si += q[j] * xb.qs[16 * (sb % 2) + j];
+            s += half_to_float(xb.d) * ue4m3_half(a[i].d[sb]) * float(si);
+        }
+    }
+    return s;
+}
+
 // K-quants: x.d * (d * sum sc*q*x - dmin * sum mn*bsum) over the decoded super-block
 // (quant/decode.h).
 float dot_k_decoded(const KDecoded& k, const BlockQ8_K& b) {
@@ -205,6 +224,11 @@ VecDotFn vec_dot_scalar(GGMLType type) {
         case GGMLType::IQ2_XXS: return dot_k<BlockIQ2_XXS, decode_iq2_xxs>;
         case GGMLType::IQ2_XS: return dot_k<BlockIQ2_XS, decode_iq2_xs>;
         case GGMLType::IQ2_S: return dot_k<BlockIQ2_S, decode_iq2_s>;
+        case GGMLType::IQ1_S: return dot_k<BlockIQ1_S, decode_iq1_s>;
+        case GGMLType::IQ1_M: return dot_k<BlockIQ1_M, decode_iq1_m>;
+        case GGMLType::TQ1_0: return dot_k<BlockTQ1_0, decode_tq1_0>;
+        case GGMLType::TQ2_0: return dot_k<BlockTQ2_0, decode_tq2_0>;
+        case GGMLType::NVFP4: return dot_nvfp4;
     }
     return nullptr;
 }

@@ -248,3 +248,5 @@ inline void decode_q6_k(const BlockQ6_K& a, KDecoded& k) {
 }
 
 }  // namespace ember
+
+#include "quant/decode_low_bit.h"

@@ -31,6 +31,11 @@ void dequantize_row_iq3_xxs(const void* src, float* dst, int64_t n);
 void dequantize_row_iq2_xxs(const void* src, float* dst, int64_t n);
 void dequantize_row_iq2_xs(const void* src, float* dst, int64_t n);
 void dequantize_row_iq2_s(const void* src, float* dst, int64_t n);
+void dequantize_row_iq1_s(const void* src, float* dst, int64_t n);
+void dequantize_row_iq1_m(const void* src, float* dst, int64_t n);
+void dequantize_row_tq1_0(const void* src, float* dst, int64_t n);
+void dequantize_row_tq2_0(const void* src, float* dst, int64_t n);
+void dequantize_row_nvfp4(const void* src, float* dst, int64_t n);
 
 // Quantize (n elements, a whole number of blocks).
 void quantize_row_f32(const float* src, void* dst, int64_t n);
@@ -47,6 +52,9 @@ void quantize_row_q5_k(const float* src, void* dst, int64_t n);
 void quantize_row_q6_k(const float* src, void* dst, int64_t n);
 void quantize_row_q8_k(const float* src, void* dst, int64_t n);
 void quantize_row_mxfp4(const float* src, void* dst, int64_t n);
+void quantize_row_tq1_0(const float* src, void* dst, int64_t n);
+void quantize_row_iq4_nl(const float* src, void* dst, int64_t n);
+void quantize_row_tq2_0(const float* src, void* dst, int64_t n);
 // One Q8_0 group of 32 values into q; returns the scale d as f16 bits. Shared by
 // quantize_row_q8_0 and the q8_0 KV cache, whose scales are stored apart from the int8 values.
 uint16_t quantize_group_q8_0(const float* x, int8_t* q);

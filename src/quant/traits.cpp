@@ -25,14 +25,19 @@ const std::vector<TypeTraits>& table() {
         {T::Q5_K, "Q5_K", 256, 176, dequantize_row_q5_k, quantize_row_q5_k},
         {T::Q6_K, "Q6_K", 256, 210, dequantize_row_q6_k, quantize_row_q6_k},
         {T::Q8_K, "Q8_K", 256, 292, dequantize_row_q8_k, quantize_row_q8_k},
-        {T::IQ4_NL, "IQ4_NL", 32, 18, dequantize_row_iq4_nl, nullptr},
+        {T::IQ4_NL, "IQ4_NL", 32, 18, dequantize_row_iq4_nl, quantize_row_iq4_nl},
         {T::IQ4_XS, "IQ4_XS", 256, 136, dequantize_row_iq4_xs, nullptr},
         {T::IQ3_S, "IQ3_S", 256, 110, dequantize_row_iq3_s, nullptr},
         {T::IQ3_XXS, "IQ3_XXS", 256, 98, dequantize_row_iq3_xxs, nullptr},
         {T::IQ2_XXS, "IQ2_XXS", 256, 66, dequantize_row_iq2_xxs, nullptr},
         {T::IQ2_XS, "IQ2_XS", 256, 74, dequantize_row_iq2_xs, nullptr},
         {T::IQ2_S, "IQ2_S", 256, 82, dequantize_row_iq2_s, nullptr},
+        {T::IQ1_S, "IQ1_S", 256, 50, dequantize_row_iq1_s, nullptr},
+        {T::IQ1_M, "IQ1_M", 256, 56, dequantize_row_iq1_m, nullptr},
+        {T::TQ1_0, "TQ1_0", 256, 54, dequantize_row_tq1_0, quantize_row_tq1_0},
+        {T::TQ2_0, "TQ2_0", 256, 66, dequantize_row_tq2_0, quantize_row_tq2_0},
         {T::MXFP4, "MXFP4", 32, 17, dequantize_row_mxfp4, quantize_row_mxfp4},
+        {T::NVFP4, "NVFP4", 64, 36, dequantize_row_nvfp4, nullptr},
     };
     return rows;
 }

@@ -94,7 +94,10 @@ std::vector<int> half_fields(GGMLType type) {
         case GGMLType::IQ3_XXS:
         case GGMLType::IQ2_XXS:
         case GGMLType::IQ2_XS:
-        case GGMLType::IQ2_S: return {0};
+        case GGMLType::IQ2_S:
+        case GGMLType::IQ1_S: return {0};
+        case GGMLType::TQ1_0: return {52};
+        case GGMLType::TQ2_0: return {64};
         case GGMLType::Q4_1:
         case GGMLType::Q5_1:
         case GGMLType::Q4_K:
@@ -124,6 +127,7 @@ std::vector<uint8_t> weight_row(GGMLType type, int64_t n, bool raw, Rng& rng) {
     for (size_t blk = 0; blk < wq.size(); blk += tr.block_bytes) {
         for (int off : half_fields(type)) finite_half(blk + off);
         if (type == GGMLType::MXFP4) wq[blk] = uint8_t(112 + wq[blk] % 32);   // e8m0 scales 2^-16 .. 2^15
+        if (type == GGMLType::IQ1_M) wq[blk + 55] &= 0xBF;   // bit 14 of d: the top nibble of scale word 3
     }
     return wq;
 }
@@ -332,10 +336,11 @@ int main(int argc, char** argv) {
     std::unique_ptr<Backend> cpu = make_backend("cpu", opts);
     std::printf("SIMD level %d (0 scalar, 1 avx2, 2 avx512, 3 neon)\n", int(level()));
     int bad = 0;
-    for (GGMLType t : {GGMLType::Q4_0, GGMLType::Q4_1, GGMLType::Q5_0, GGMLType::Q5_1, GGMLType::Q8_0, GGMLType::Q4_K,
-                       GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::F32, GGMLType::F16, GGMLType::BF16, GGMLType::MXFP4,
-                       GGMLType::IQ4_NL, GGMLType::IQ4_XS, GGMLType::IQ3_S, GGMLType::IQ3_XXS, GGMLType::IQ2_XXS,
-                       GGMLType::IQ2_XS, GGMLType::IQ2_S})
+    for (GGMLType t :
+         {GGMLType::Q4_0,   GGMLType::Q4_1,   GGMLType::Q5_0,  GGMLType::Q5_1,    GGMLType::Q8_0,    GGMLType::Q4_K,
+          GGMLType::Q5_K,   GGMLType::Q6_K,   GGMLType::F32,   GGMLType::F16,     GGMLType::BF16,    GGMLType::MXFP4,
+          GGMLType::IQ4_NL, GGMLType::IQ4_XS, GGMLType::IQ3_S, GGMLType::IQ3_XXS, GGMLType::IQ2_XXS, GGMLType::IQ2_XS,
+          GGMLType::IQ2_S,  GGMLType::IQ1_S,  GGMLType::IQ1_M, GGMLType::TQ1_0,   GGMLType::TQ2_0,   GGMLType::NVFP4})
         bad += check_vec_dot(t, rng);
     for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q8_1, GGMLType::Q8_K}) bad += check_quantizer(t, rng);
     bad += check_attention(rng);
