@@ -28,7 +28,8 @@ usage() {
   exit 2
 }
 # Commands
-#   prepare [--base REV] [--llamacpp] [--smollm2]    (here) fill build/carry, and build/parts for --smollm2
+#   prepare [--base REV] [--llamacpp] [--smollm2] [--quantize BIN]  (here) fill build/carry (BIN: a static
+#              CPU llama-quantize for moe_models), and build/parts for --smollm2
 #   build      this tree with CUDA (sm_90a) into build/dev; the carried baseline into /tmp/base/build/dev
 #   models     synthetic llama2-7b F16 and its $QUANTS (default Q4_0 Q8_0 Q4_K_M) in /tmp/em
 #   test       the CUDA tests and test_backend_ops.py's CUDA cases (or $TESTS with -k "$PYTEST_K")
@@ -44,13 +45,14 @@ usage() {
 
 # ---------------------------------------------------------------- here
 prepare() {
-  local base="" lcpp=0 smol=0
+  local base="" lcpp=0 smol=0 quant=""
   while [ $# -gt 0 ]; do
     case $1 in
       --base) base=${2:?--base needs a revision}; shift 2 ;;
       --llamacpp) lcpp=1; shift ;;
       --smollm2) smol=1; shift ;;
-      *) die "prepare: unknown argument '$1' (--base REV, --llamacpp, --smollm2)" ;;
+      --quantize) quant=${2:?--quantize needs a static CPU build of llama-quantize}; shift 2 ;;
+      *) die "prepare: unknown argument '$1' (--base REV, --llamacpp, --smollm2, --quantize BIN)" ;;
     esac
   done
   mkdir -p "$CARRY/wheels"
@@ -77,6 +79,8 @@ prepare() {
     tar cJf "$CARRY/lcpp.tar.xz" -C "$t"/llama_cpp_python-*/vendor "${ex[@]}" llama.cpp
     rm -rf "$t"
   fi
+  rm -f "$CARRY/llama-quantize"
+  [ -n "$quant" ] && { cp "$quant" "$CARRY/llama-quantize" || die "prepare: no $quant"; }
   if [ "$smol" = 1 ]; then
     # SmolLM2 (98 MB) is over one call's carry limit: two halves, carried in two calls.
     local m=${EMBER_TEST_CACHE:-$HOME/.cache/ember-tests}/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -306,10 +310,15 @@ moe_synth_start() {  # the first MoE model's Q8_0 file needs only python and ggu
 }
 
 cmd_moe_models() {
-  local q=$LCPP/build/bin/llama-quantize spec shape type f
-  [ -n "$LCPP_PID" ] && { wait "$LCPP_PID"; LCPP_PID=""; }
+  local q=$CARRY/llama-quantize spec shape type f
+  # A CPU-only llama-quantize carried by `prepare --quantize` quantizes while llama.cpp's CUDA build
+  # runs; without it the build's own llama-quantize does, once the build is done.
+  if [ ! -x "$q" ] || ! "$q" --help > /dev/null 2>&1; then
+    q=$LCPP/build/bin/llama-quantize
+    [ -n "$LCPP_PID" ] && { wait "$LCPP_PID" || die "llama.cpp build (llamacpp.log)"; LCPP_PID=""; }
+  fi
   [ -n "$MOE_SYNTH_PID" ] && { wait "$MOE_SYNTH_PID"; MOE_SYNTH_PID=""; }
-  [ -x "$q" ] || die "moe_models: no $q (llamacpp with LCPP_TARGETS naming llama-quantize)"
+  [ -x "$q" ] || die "moe_models: no $q (llamacpp with LCPP_TARGETS naming llama-quantize, or prepare --quantize)"
   [ -f "$EM/vocab.gguf" ] || gunzip -c tests/fuzz/vocab/smollm2.gguf.gz > "$EM/vocab.gguf"
   for spec in ${MOE_MODELS:-qwen3-30b-a3b:Q4_K_M gpt-oss-20b:MXFP4_MOE}; do
     shape=${spec%%:*} type=${spec#*:} f=$EM/$shape-${type,,}.gguf
