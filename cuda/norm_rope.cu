@@ -199,9 +199,9 @@ __global__ void attn_temperature_kernel(float* __restrict__ q, const int32_t* __
 // when the caches are null: a q8_0 cache is stored by its own kernel after the ropes).
 __global__ void rope_kv_store_kernel(float* __restrict__ q, int32_t n_head_q, float* __restrict__ k,
                                      const float* __restrict__ v, int32_t n_head_kv, int32_t head_dim,
-                                     int32_t n_rot, const float2* __restrict__ cos_sin, bool neox, __half* __restrict__ kc,
-                                     __half* __restrict__ vc, int32_t block_size, int32_t n_tok, DeviceBatch b,
-                                     bool early) {
+                                     int32_t n_rot, const float2* __restrict__ cos_sin, bool neox,
+                                     __half* __restrict__ kc, __half* __restrict__ vc, int32_t block_size,
+                                     int32_t n_tok, DeviceBatch b, bool early) {
     // early: trigger first, so the decode attention that follows streams the older cache while
     // this kernel waits.
     if (early) pdl_trigger();

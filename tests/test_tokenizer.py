@@ -185,13 +185,13 @@ SYNTH_EXPECTED = {
     "llama-bpe": ["a", "Ġ", "4", "2", "Ġ(", "x", ")", "Ġ", "123", "456", "7"],
     "qwen2": ["a", "Ġ", "4", "2", "Ġ(", "x", ")", "Ġ", "1", "2", "3", "4", "5", "6", "7"],
     "default": ["a", "Ġ", "4", "2", "Ġ", "(", "x", ")", "Ġ", "123", "456", "7"],
-    "some-new-pre": ["a", "Ġ", "4", "2", "Ġ", "(", "x", ")", "Ġ", "123", "456", "7"],
+    "tekken": ["a", "Ġ", "4", "2", "Ġ(", "x", ")", "Ġ", "1", "2", "3", "4", "5", "6", "7"],
 }
 
 
 @pytest.mark.parametrize("pre", sorted(SYNTH_EXPECTED))
 def test_pre_tokenizer_word_boundaries(pre):
-    # Derived by hand from each regex chain on "a 42 (x) 1234567" (unknown names use "default").
+    # Derived by hand from each regex chain on "a 42 (x) 1234567" (unknown names are refused).
     tokens = gpt2_byte_chars() + [m.replace(" ", "") for m in SYNTH_MERGES]
     tok = Tokenizer.from_vocab("gpt2", tokens, merges=SYNTH_MERGES, pre=pre)
     text = "a 42 (x) 1234567"

@@ -53,6 +53,9 @@ _LLAMA3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0, "low_fre
            "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
 _GEMMA_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
 _SHORT, _LONG = tuple(hf_tiny.SHORT_PROMPT), tuple(hf_tiny.LONG_PROMPT)
+_PHI3 = dict(sliding_window=8, original_max_position_embeddings=32, pad_token_id=0, rope_parameters={
+    "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+    "short_factor": [1.0, 1.3, 2.1, 3.7], "long_factor": [1.2, 2.5, 4.0, 9.0]})
 
 MODELS = {
     # tests/test_convert.py
@@ -90,6 +93,10 @@ MODELS = {
         sliding_window=8, rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0,
                                            "original_max_position_embeddings": 32, "beta_fast": 32.0,
                                            "beta_slow": 1.0, "truncate": False})),
+    # tests/test_arch_fused.py: Phi-3 rotating half of each head, LongRoPE from an original context of
+    # 32 (the long prompt takes the long factors, the short one the short), a window of 8.
+    "phi3": Tiny("phi3", "bpe", 18, prompt=_LONG, overrides=_PHI3),
+    "phi3-short": Tiny("phi3", "bpe", 19, prompt=_SHORT, overrides=_PHI3),
     # tests/test_embeddings.py
     "embed-llama": Tiny("llama", "bpe", 7),
 }
@@ -180,8 +187,8 @@ def _tokenizer(tok_dir, backend):
 
 
 def _config(tiny, n_tokens):
-    from transformers import (Gemma3TextConfig, GptOssConfig, LlamaConfig, MistralConfig, MixtralConfig, Qwen2Config,
-                              Qwen3Config, Qwen3MoeConfig)
+    from transformers import (Gemma3TextConfig, GptOssConfig, LlamaConfig, MistralConfig, MixtralConfig, Phi3Config,
+                              Qwen2Config, Qwen3Config, Qwen3MoeConfig)
 
     kw = dict(vocab_size=n_tokens + tiny.extra_vocab, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5,
@@ -194,7 +201,7 @@ def _config(tiny, n_tokens):
     kw.update(tiny.overrides)
     classes = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config,
                "gemma3": Gemma3TextConfig, "qwen3moe": Qwen3MoeConfig, "mixtral": MixtralConfig,
-               "gpt-oss": GptOssConfig}
+               "gpt-oss": GptOssConfig, "phi3": Phi3Config}
     return classes[tiny.arch](**kw)
 
 
@@ -225,12 +232,12 @@ def _saved_layout(model, dtype, shard, work):
 def model_layouts(tok_root, work):
     """name -> layout, tokenizer and seed of every tiny model (models.json)."""
     from transformers import (Gemma3Config, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, GptOssForCausalLM,
-                              LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM,
-                              Qwen3ForCausalLM, Qwen3MoeForCausalLM)
+                              LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM,
+                              Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)
 
     classes = {"llama": LlamaForCausalLM, "mistral": MistralForCausalLM, "qwen2": Qwen2ForCausalLM,
                "qwen3": Qwen3ForCausalLM, "gemma3": Gemma3ForCausalLM, "qwen3moe": Qwen3MoeForCausalLM,
-               "mixtral": MixtralForCausalLM, "gpt-oss": GptOssForCausalLM}
+               "mixtral": MixtralForCausalLM, "gpt-oss": GptOssForCausalLM, "phi3": Phi3ForCausalLM}
     out, configs = {}, {}
     for name, tiny in MODELS.items():
         backend = ENCODERS[tiny.tokenizer][0]

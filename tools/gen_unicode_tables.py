@@ -1,13 +1,13 @@
 """Generates src/tokenizer/unicode_tables.cpp: codepoint category flags used by the pre-tokenizers.
 
-Flags come from Python's unicodedata (letters L*, numbers N*, punctuation P*) plus the Unicode
-White_Space property (fixed list below; str.isspace() differs from it at U+001C..U+001F).
+Flags come from Python's unicodedata (letters L*, numbers N*, punctuation P*, marks M*, and the
+cased letters: Lu and Lt as upper, Ll as lower, for tekken's split) plus the Unicode White_Space property (fixed list below; str.isspace() differs from it at U+001C..U+001F).
 Run: python tools/gen_unicode_tables.py > src/tokenizer/unicode_tables.cpp
 """
 import sys
 import unicodedata
 
-LETTER, NUMBER, WHITESPACE, PUNCT = 1, 2, 4, 8
+LETTER, NUMBER, WHITESPACE, PUNCT, MARK, UPPER, LOWER = 1, 2, 4, 8, 16, 32, 64
 WHITE_SPACE = set(range(0x09, 0x0E)) | {0x20, 0x85, 0xA0, 0x1680} | set(range(0x2000, 0x200B)) | {
     0x2028, 0x2029, 0x202F, 0x205F, 0x3000}
 
@@ -17,6 +17,12 @@ def flags(cp: int) -> int:
     f = 0
     if cat[0] == "L":
         f |= LETTER
+        if cat in ("Lu", "Lt"):
+            f |= UPPER
+        elif cat == "Ll":
+            f |= LOWER
+    elif cat[0] == "M":
+        f |= MARK
     elif cat[0] == "N":
         f |= NUMBER
     elif cat[0] == "P":

@@ -1,7 +1,7 @@
 """Architectures ember-convert knows: HF config.json -> GGUF hyperparameter keys, and HF tensor
 names/shapes -> GGUF tensor names, as llama.cpp's converter writes them: the Q/K row permutation
 of GGUF's "llama" layout, Gemma's norm weights stored as 1 + w, llama 3's rope_freqs tensor, and
-the experts of mixture models (convert_moe.py)."""
+the experts of mixture models (convert_moe.py), and the families of convert_fused.py."""
 import re
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -9,6 +9,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from .convert_error import ConvertError
+from .convert_fused import phi3_layers, read_phi3
 from .convert_moe import GPT_OSS, MIXTRAL, QWEN3MOE, ExpertLayout, add_expert_keys, expert_tensors, read_experts
 from .convert_rope import Rope, add_rope_scaling, llama3_rope_divisors, read_rope, split_rope_params
 
@@ -26,6 +27,8 @@ class ArchSpec:
     experts: Optional[ExpertLayout] = None   # a mixture: where its router and experts are
     gpt_oss: bool = False      # O bias, attention sinks, alternating sliding-window layers, YaRN unrounded
     defaults: dict = field(default_factory=dict)   # config values transformers fills in when absent
+    read_extra: Optional[Callable] = None   # (config, Hparams, path): the family's own keys (convert_fused.py)
+    layer_map: Optional[Callable] = None    # (per-layer tensor map, Hparams): edits it in place
 
 
 # Gemma3TextConfig's defaults: released checkpoints leave many of these out of config.json.
@@ -48,6 +51,7 @@ ARCHS = {
     "Qwen3MoeForCausalLM": ArchSpec("qwen3moe", qk_norm=True, experts=QWEN3MOE),
     "MixtralForCausalLM": ArchSpec("llama", permute_qk=True, experts=MIXTRAL),
     "GptOssForCausalLM": ArchSpec("gpt-oss", qkv_bias=True, experts=GPT_OSS, gpt_oss=True, rope_scalings=("yarn",)),
+    "Phi3ForCausalLM": ArchSpec("phi3", rope_scalings=("longrope",), read_extra=read_phi3, layer_map=phi3_layers),
 }
 
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
@@ -78,6 +82,12 @@ class Hparams:
     final_softcap: Optional[float] = None
     attn_scale: Optional[float] = None
     experts: object = None         # convert_moe.Experts of a mixture
+    keys: dict = field(default_factory=dict)   # {arch}.<name> -> float: a family's own keys
+    n_rot: Optional[int] = None    # rotated dimensions of a head (partial rotary); None: the head
+    write_swa: bool = False        # write attention.sliding_window even when 0 (phi3)
+    orig_ctx: Optional[int] = None          # rope.scaling.original_context_length outside YaRN (phi3)
+    rope_attn_factor: Optional[float] = None   # rope.scaling.attn_factor (LongRoPE)
+    extra_tensors: dict = field(default_factory=dict)   # GGUF name -> f32 array computed from the config
 
 
 @dataclass
@@ -191,7 +201,7 @@ def read_hparams(config, spec, path):
     for flag in ("attention_bias", "mlp_bias"):
         if config.get(flag) and not (flag == "attention_bias" and spec.qkv_bias):
             raise ConvertError(f"{path}: unsupported {flag}=true for {spec.gguf_arch}")
-    if not (spec.gemma or spec.gpt_oss) and (config.get("use_sliding_window")
+    if not (spec.gemma or spec.gpt_oss or spec.read_extra) and (config.get("use_sliding_window")
                                              or "sliding_attention" in (config.get("layer_types") or [])):
         raise ConvertError(f"{path}: sliding-window attention is not supported for {spec.gguf_arch}")
     rope_params, _ = split_rope_params(config)
@@ -213,7 +223,9 @@ def read_hparams(config, spec, path):
                            f"num_key_value_heads={hp.n_head_kv}")
     if hp.head_dim % 2:
         raise ConvertError(f"{path}: head_dim={hp.head_dim} must be even for rope")
-    if spec.gemma:
+    if spec.read_extra:
+        spec.read_extra(config, hp, path)
+    elif spec.gemma:
         _read_gemma3(config, hp, path)
     if spec.experts:
         hp.experts = read_experts(config, spec.experts, hp.n_layer, path)
@@ -233,7 +245,7 @@ def add_hparams(writer, spec, hp):
     writer.add_head_count_kv(hp.n_head_kv)
     writer.add_layer_norm_rms_eps(hp.rms_eps)
     writer.add_rope_freq_base(hp.rope.base)
-    writer.add_rope_dimension_count(hp.head_dim)
+    writer.add_rope_dimension_count(hp.n_rot or hp.head_dim)
     writer.add_vocab_size(hp.n_vocab)
     # llama.cpp's qwen3/gemma3 converters always write the head size; llama/qwen2 only when it
     # is not hidden_size / num_attention_heads.
@@ -243,8 +255,12 @@ def add_hparams(writer, spec, hp):
     add_rope_scaling(writer, hp.rope)
     if hp.experts:
         add_expert_keys(writer, spec, hp.experts)
-    if hp.n_swa:
+    if hp.n_swa or hp.write_swa:
         writer.add_sliding_window(hp.n_swa)
+    if hp.orig_ctx is not None:
+        writer.add_rope_scaling_orig_ctx_len(hp.orig_ctx)
+    if hp.rope_attn_factor is not None:
+        writer.add_rope_scaling_attn_factors(hp.rope_attn_factor)
     if hp.rope_base_swa is not None:
         writer.add_rope_freq_base_swa(hp.rope_base_swa)
     for value, add in ((hp.swa_pattern, writer.add_sliding_window_pattern),
@@ -252,6 +268,8 @@ def add_hparams(writer, spec, hp):
                        (hp.attn_scale, writer.add_attention_scale)):
         if value is not None:
             add(value)
+    for name, value in hp.keys.items():
+        writer.add_float32(f"{spec.gguf_arch}.{name}", value)
 
 
 def _layer_tensors(spec, hp):
@@ -289,6 +307,8 @@ def _layer_tensors(spec, hp):
         out["post_attention_layernorm.weight"] = ("post_attention_norm.weight", (E,), 0)
     else:
         out["post_attention_layernorm.weight"] = ("ffn_norm.weight", (E,), 0)
+    if spec.layer_map:
+        spec.layer_map(out, hp)
     return out
 
 
@@ -372,7 +392,7 @@ def plan_tensors(spec, hp, checkpoint):
             raise ConvertError(f"tensor {name} has shape {list(got)}, expected {list(shape)}")
         return name
 
-    plans = []
+    plans = [TensorPlan(None, name, data.shape, data=data) for name, data in hp.extra_tensors.items()]
     if hp.rope.scaling == "llama3":
         divisors = llama3_rope_divisors(hp.rope, hp.head_dim)
         plans.append(TensorPlan(None, "rope_freqs.weight", divisors.shape, data=divisors))

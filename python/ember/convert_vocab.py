@@ -17,7 +17,10 @@ _LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}
               r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
              r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-PRE_NAMES = ("gpt-2", "llama-bpe", "qwen2", "smollm")
+_TEKKEN_RE = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+              r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+              r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+PRE_NAMES = ("gpt-2", "llama-bpe", "qwen2", "smollm", "tekken")
 _BYTE_TOKEN_RE = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
 
 
@@ -76,6 +79,8 @@ def identify_pre(tokenizer_json):
                 return "llama-bpe"
             if regex == _QWEN2_RE:
                 return "qwen2"
+            if regex == _TEKKEN_RE:
+                return "tekken"
     summary = json.dumps(tokenizer_json.get("pre_tokenizer"))[:200]
     raise ConvertError(f"tokenizer.json: unrecognised pre-tokenizer {summary} "
                        f"(pass --pre with one of {', '.join(PRE_NAMES)} if it splits text the same way)")

@@ -17,8 +17,9 @@ class BpeTokenizer final : public VocabTokenizer {
 public:
     explicit BpeTokenizer(TokenizerVocab vocab)
         : VocabTokenizer(std::move(vocab)), pre_(pre_tokenizer_from_name(v_.pre)) {
-        // llama3-style vocabularies take a word that is itself a token as is (HF ignore_merges).
-        ignore_merges_ = pre_ == PreTokenizer::LLAMA3;
+        // llama3-style and tekken vocabularies take a word that is itself a token as is (HF
+        // ignore_merges; llama.cpp sets it for both).
+        ignore_merges_ = pre_ == PreTokenizer::LLAMA3 || pre_ == PreTokenizer::TEKKEN;
         ranks_.reserve(v_.merges.size() * 2);
         for (size_t i = 0; i < v_.merges.size(); ++i) {
             const std::string& m = v_.merges[i];

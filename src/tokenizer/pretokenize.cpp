@@ -3,9 +3,11 @@
 // chain piece by piece. Semantics follow leftmost-alternative regex matching.
 #include "tokenizer/pretokenize.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <unordered_map>
 
+#include "ember/status.h"
 #include "tokenizer/unicode.h"
 
 namespace ember {
@@ -88,6 +90,51 @@ public:
             if (!(f2 & (CPT_WHITESPACE | CPT_LETTER | CPT_NUMBER))) {
                 size_t e = run_not(pos + sp, end, CPT_WHITESPACE | CPT_LETTER | CPT_NUMBER);
                 while (e < end && (cpts_[e] == '\r' || cpts_[e] == '\n')) ++e;
+                return e;
+            }
+            return whitespace_end(pos, end, true);
+        });
+    }
+
+    // Mistral's tekken pattern (pretokenize.h): case-aware letter runs, single digits, punctuation
+    // with trailing newlines or slashes, then llama3's whitespace rules.
+    void split_tekken() {
+        // U: upper, titlecase, modifier and other letters, and marks; L: lower, modifier and other
+        // letters, and marks (Lm, Lo and M are in both).
+        auto in_u = [&](size_t i) {
+            return (flags_[i] & CPT_MARK) || ((flags_[i] & CPT_LETTER) && !(flags_[i] & CPT_LOWER));
+        };
+        auto in_l = [&](size_t i) {
+            return (flags_[i] & CPT_MARK) || ((flags_[i] & CPT_LETTER) && !(flags_[i] & CPT_UPPER));
+        };
+        auto prefix_ok = [&](size_t i) {
+            return cpts_[i] != '\r' && cpts_[i] != '\n' && !(flags_[i] & (CPT_LETTER | CPT_NUMBER));
+        };
+        split_words([&](size_t pos, size_t end) -> size_t {
+            // The first two alternatives, with the optional prefix taken when it can be (greedy ?).
+            for (int alt = 0; alt < 2; ++alt)
+                for (size_t pre = (prefix_ok(pos) ? 1 : 0);; --pre) {
+                    const size_t s = pos + pre;
+                    size_t m = s;   // U* / U+ takes all it can, then gives back for L+
+                    while (m < end && in_u(m)) ++m;
+                    if (alt == 0) {
+                        for (size_t k = m + 1; k-- > s;)
+                            if (k < end && in_l(k)) {
+                                size_t e = k;
+                                while (e < end && in_l(e)) ++e;
+                                return e;
+                            }
+                    } else if (m > s) {
+                        while (m < end && in_l(m)) ++m;
+                        return m;
+                    }
+                    if (pre == 0) break;
+                }
+            if (flags_[pos] & CPT_NUMBER) return pos + 1;
+            const bool sp = cpts_[pos] == ' ' && pos + 1 < end;
+            if (!(flags_[sp ? pos + 1 : pos] & (CPT_WHITESPACE | CPT_LETTER | CPT_NUMBER))) {
+                size_t e = run_not(pos + sp, end, CPT_WHITESPACE | CPT_LETTER | CPT_NUMBER);
+                while (e < end && (cpts_[e] == '\r' || cpts_[e] == '\n' || cpts_[e] == '/')) ++e;
                 return e;
             }
             return whitespace_end(pos, end, true);
@@ -195,10 +242,19 @@ PreTokenizer pre_tokenizer_from_name(const std::string& name) {
         {"stablelm2", PreTokenizer::QWEN2},
         {"deepseek-r1-qwen", PreTokenizer::QWEN2},
         {"hunyuan", PreTokenizer::QWEN2},
+        {"tekken", PreTokenizer::TEKKEN},
         {"default", PreTokenizer::DEFAULT},
     };
     auto it = names.find(name);
-    return it == names.end() ? PreTokenizer::DEFAULT : it->second;
+    if (it == names.end()) {
+        std::vector<std::string> known;
+        for (const auto& [n, kind] : names) known.push_back(n);
+        std::sort(known.begin(), known.end());
+        std::string list;
+        for (const std::string& n : known) list += (list.empty() ? "" : ", ") + n;
+        fail("tokenizer: unknown pre-tokenizer '", name, "' (tokenizer.ggml.pre); ember splits text as: ", list);
+    }
+    return it->second;
 }
 
 std::vector<std::string> pre_tokenize(PreTokenizer kind, const std::string& text) {
@@ -213,6 +269,7 @@ std::vector<std::string> pre_tokenize(PreTokenizer kind, const std::string& text
             break;
         case PreTokenizer::LLAMA3: s.split_llama3(3); break;
         case PreTokenizer::QWEN2: s.split_llama3(1); break;
+        case PreTokenizer::TEKKEN: s.split_tekken(); break;
         case PreTokenizer::DEFAULT: {
             auto is_punct = [&](size_t i) {
                 const uint32_t c = cpts[i];

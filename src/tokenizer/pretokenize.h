@@ -11,11 +11,14 @@ enum class PreTokenizer {
     SMOLLM,   // \p{N} isolated first, then GPT2 (also starcoder, refact, command-r, ...)
     LLAMA3,   // (?i:'s|...)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
     QWEN2,    // as LLAMA3 but \p{N} one digit at a time
+    // [^\r\n\p{L}\p{N}]?U*L+|[^\r\n\p{L}\p{N}]?U+L*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
+    // with U = [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}], L = [\p{Ll}\p{Lm}\p{Lo}\p{M}] (Mistral's tekken)
+    TEKKEN,
     DEFAULT,  // [\p{P}$+<=>^~|]+ , GPT2 , \p{N}+ , [0-9][0-9][0-9] applied in turn
 };
 
-// Unknown names map to DEFAULT (llama.cpp's fallback chain) rather than failing: a model with
-// a new pre-tokenizer name still tokenizes, possibly with slightly different word boundaries.
+// The pre-tokenizer llama.cpp names `name` (tokenizer.ggml.pre); a name ember does not know
+// fails naming it, since splitting text another way would silently change the tokens.
 PreTokenizer pre_tokenizer_from_name(const std::string& name);
 
 // Splits text into words (byte substrings of text, in order, concatenating back to text).

@@ -1,5 +1,6 @@
 // Unicode helpers for the tokenizer: UTF-8 <-> codepoints, category flags for the pre-tokenizer
-// regexes (\p{L}, \p{N}, \p{P}, \s), and the GPT-2 byte <-> printable-codepoint mapping.
+// regexes (\p{L} and its cased classes, \p{N}, \p{P}, \p{M}, \s), and the GPT-2 byte <->
+// printable-codepoint mapping.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -13,6 +14,9 @@ enum CodepointFlag : uint8_t {
     CPT_NUMBER = 2,      // \p{N}
     CPT_WHITESPACE = 4,  // \s (Unicode White_Space)
     CPT_PUNCT = 8,       // \p{P}
+    CPT_MARK = 16,       // \p{M}
+    CPT_UPPER = 32,      // \p{Lu}, \p{Lt} (tekken's split tells cased letters apart)
+    CPT_LOWER = 64,      // \p{Ll}
 };
 
 struct CodepointRun {

@@ -1,0 +1,72 @@
+"""ember-convert's families whose checkpoints fuse tensors or rotate part of each head, as llama.cpp's
+converter writes them: Phi-3 / Phi-4 (fused qkv_proj and gate_up_proj, partial rotary, LongRoPE's
+short and long factors with their attention factor, the sliding window). Each gives a reader of its
+config keys and an edit of the per-layer tensor map (convert_arch.ArchSpec's read_extra and layer_map)."""
+import math
+
+import numpy as np
+
+from .convert_error import ConvertError
+
+
+def _rotated_dims(config, rope_params, hp, path):
+    """llama.cpp's rope.dimension_count: int(partial_rotary_factor * n_embd) // n_head."""
+    factor = rope_params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
+        raise ConvertError(f"{path}: 'partial_rotary_factor' must be in (0, 1], got {factor!r}")
+    n_rot = int(factor * hp.n_embd) // hp.n_head
+    if n_rot % 2 or n_rot <= 0 or n_rot > hp.head_dim:
+        raise ConvertError(f"{path}: partial_rotary_factor {factor} rotates {n_rot} dimensions of a head of "
+                           f"{hp.head_dim}; it must be even and at most the head")
+    return n_rot
+
+
+def _factors(rope_params, key, n, path):
+    values = rope_params.get(key)
+    if not isinstance(values, list) or len(values) != n:
+        raise ConvertError(f"{path}: LongRoPE's '{key}' must be a list of {n} numbers (rotated dimensions / 2)")
+    out = np.asarray(values, dtype=np.float32)
+    if not np.all(out > 0):
+        raise ConvertError(f"{path}: LongRoPE's '{key}' must be positive")
+    return out
+
+
+def read_phi3(config, hp, path):
+    """Partial rotary, LongRoPE (rope_type 'longrope': both factor lists and the attention factor
+    sqrt(1 + ln(s) / ln(orig)) for s = max_position_embeddings / original, unless the config gives
+    one), and the sliding window (0 when none, as llama.cpp writes Phi-4's)."""
+    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    hp.n_rot = _rotated_dims(config, params, hp, path)
+    window = config.get("sliding_window")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 0):
+        raise ConvertError(f"{path}: 'sliding_window' must be a non-negative integer, got {window!r}")
+    hp.n_swa = int(window or 0)
+    hp.write_swa = True
+    orig = config.get("original_max_position_embeddings") or params.get("original_max_position_embeddings")
+    if orig is not None:
+        hp.orig_ctx = int(orig)
+    kind = params.get("rope_type") or params.get("type") or "default"
+    if kind == "default":
+        return
+    if kind not in ("longrope", "su"):
+        raise ConvertError(f"{path}: unsupported rope scaling '{kind}' for phi3 (ember-convert writes: longrope)")
+    if orig is None:
+        raise ConvertError(f"{path}: LongRoPE needs 'original_max_position_embeddings'")
+    n = hp.n_rot // 2
+    hp.extra_tensors["rope_factors_long.weight"] = _factors(params, "long_factor", n, path)
+    hp.extra_tensors["rope_factors_short.weight"] = _factors(params, "short_factor", n, path)
+    attn = params.get("attention_factor")
+    if attn is None:
+        scale = hp.n_ctx / hp.orig_ctx
+        attn = math.sqrt(1 + math.log(scale) / math.log(hp.orig_ctx)) if scale > 1.0 else 1.0
+    hp.rope_attn_factor = float(attn)
+
+
+def phi3_layers(out, hp):
+    """Q, K, V as one attn_qkv and gate, up as one ffn_up (gate rows first), as the checkpoint has them."""
+    q, kv, E = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim, hp.n_embd
+    for name in ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                 "mlp.gate_proj.weight", "mlp.up_proj.weight"):
+        del out[name]
+    out["self_attn.qkv_proj.weight"] = ("attn_qkv.weight", (q + 2 * kv, E), 0)
+    out["mlp.gate_up_proj.weight"] = ("ffn_up.weight", (2 * hp.n_ff, E), 0)

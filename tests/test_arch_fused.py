@@ -1,0 +1,227 @@
+"""The families of issue 42 with fused tensors and partial rotary (Phi-3 / Phi-4): tiny random HF
+models (tools/gen_hf_references.py says how each was made) converted by ember-convert; the GGUF keys
+and tensors must be those llama.cpp's converter writes, ember's logits must match transformers' at
+f32 (one batch and token by token, prompts longer than the window), and bad configs and files give a
+clear error."""
+import json
+import os
+import shutil
+import sys
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf", reason="the gguf package is needed to read converted files")
+
+sys.path.insert(0, os.path.dirname(__file__))
+import hf_tiny  # noqa: E402
+from hf_tiny import hf_reference  # noqa: E402,F401 (a fixture)
+
+from ember import _ember  # noqa: E402
+from ember.convert import convert  # noqa: E402
+from ember.convert_error import ConvertError  # noqa: E402
+
+# name -> (prompt, n_ctx): past the original context of 32 the long LongRoPE factors rotate, within
+# it the short ones, as transformers picks them by the sequence's length and llama.cpp by n_ctx.
+CASES = {"phi3": (hf_tiny.LONG_PROMPT, 64), "phi3-short": (hf_tiny.SHORT_PROMPT, 32)}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """name -> (HF dir, float32 weights exactly as stored, path of its f32 GGUF)."""
+    root = tmp_path_factory.mktemp("fused_models")
+    out = {}
+    for name in CASES:
+        d = str(root / name)
+        weights = hf_tiny.build(name, d)
+        path = str(root / f"{name}.gguf")
+        convert(d, path, "f32", progress=False)
+        out[name] = (d, weights, path)
+    return out
+
+
+def _fields(path):
+    return {name: f.contents() for name, f in gguf.GGUFReader(path).fields.items()}
+
+
+def _tensors(path):
+    return {t.name: np.asarray(t.data).reshape([int(x) for x in reversed(t.shape)])
+            for t in gguf.GGUFReader(path).tensors}
+
+
+def _logits(path, ids, n_ctx, chunk, n_gpu_layers=0, kv_type="f32"):
+    m = _ember.Model(str(path), n_gpu_layers=n_gpu_layers)
+    ctx = _ember.Context(m, n_ctx=n_ctx, n_batch=n_ctx, n_threads=2, type_k=kv_type, type_v=kv_type)
+    rows = []
+    for start in range(0, len(ids), chunk):
+        piece = list(ids[start:start + chunk])
+        ctx.eval(piece, logits_all=True)
+        rows += [np.asarray(ctx.logits(i)) for i in range(len(piece))]
+    return np.stack(rows)
+
+
+def test_phi3_file(models):
+    d, sd, path = models["phi3"]
+    kv, t = _fields(path), _tensors(path)
+    assert kv["general.architecture"] == "phi3"
+    assert kv["phi3.rope.dimension_count"] == 8   # half of each 16-wide head
+    assert kv["phi3.attention.sliding_window"] == 8
+    assert kv["phi3.rope.scaling.original_context_length"] == 32
+    assert kv["phi3.context_length"] == 128
+    # transformers' LongRoPE attention factor for 128 positions over an original 32.
+    assert kv["phi3.rope.scaling.attn_factor"] == pytest.approx(np.sqrt(1 + np.log(4) / np.log(32)))
+    assert "phi3.rope.scaling.type" not in kv
+    np.testing.assert_array_equal(t["rope_factors_long.weight"], np.float32([1.2, 2.5, 4.0, 9.0]))
+    np.testing.assert_array_equal(t["rope_factors_short.weight"], np.float32([1.0, 1.3, 2.1, 3.7]))
+    block = ["attn_norm", "attn_qkv", "attn_output", "ffn_norm", "ffn_up", "ffn_down"]
+    assert set(t) == {"token_embd.weight", "output_norm.weight", "output.weight", "rope_factors_long.weight",
+                      "rope_factors_short.weight"} | {f"blk.{i}.{n}.weight" for i in range(2) for n in block}
+    # No Q/K permutation (neox rope) and the fused matrices as the checkpoint has them.
+    np.testing.assert_array_equal(t["blk.1.attn_qkv.weight"], sd["model.layers.1.self_attn.qkv_proj.weight"])
+    np.testing.assert_array_equal(t["blk.0.ffn_up.weight"], sd["model.layers.0.mlp.gate_up_proj.weight"])
+
+
+@pytest.mark.parametrize("chunk", [40, 1], ids=["prompt", "decode"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_logits_match_transformers(models, hf_reference, name, chunk):
+    ids, n_ctx = CASES[name]
+    want = hf_reference.logits(name, ids)
+    got = _logits(models[name][2], ids, n_ctx, chunk)
+    rel = np.abs(got - want).max() / np.abs(want).max()
+    assert rel <= 1e-4, f"{name}: max|diff|/max|ref| = {rel:.2e}"
+
+
+def test_long_factors_only_past_the_original_context(models, hf_reference):
+    """The short prompt in a context longer than the original one rotates with the long factors (as
+    llama.cpp decides by n_ctx): its logits then differ from transformers' short-factor ones."""
+    ids, _ = CASES["phi3-short"]
+    want = hf_reference.logits("phi3-short", ids)
+    rel = np.abs(_logits(models["phi3-short"][2], ids, 64, 64) - want).max() / np.abs(want).max()
+    assert rel > 1e-2
+
+
+@pytest.mark.parametrize("chunk", [40, 1], ids=["prompt", "decode"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_cuda_logits_match_cpu(models, name, chunk):
+    """Every block on the GPU (partial rope in the rope and rope-store kernels, LongRoPE tables, the
+    fused tensors' row views uploaded as weights) against the CPU, both with the f16 KV cache."""
+    if "cuda" not in _ember.backends():
+        pytest.skip("this ember was built without the CUDA backend")
+    ids, n_ctx = CASES[name]
+    path = models[name][2]
+    want = _logits(path, ids, n_ctx, 64, kv_type="f16")
+    got = _logits(path, ids, n_ctx, chunk, n_gpu_layers=-1, kv_type="f16")
+    rel = np.abs(got - want).max() / np.abs(want).max()
+    assert rel <= 2e-3, f"{name}: max|diff|/max|ref| = {rel:.2e}"
+
+
+GREEDY = hf_tiny.ROOT / "tests" / "reference" / "fused_families" / "llama_cpp_greedy.json"
+
+
+# name -> config changes of the tiny phi3 (tools/gen_fused_greedy_references.py's CASES).
+GREEDY_CASES = {"phi3-long": {"sliding_window": None},
+                "phi3-short": {"sliding_window": None, "original_max_position_embeddings": 512,
+                               "max_position_embeddings": 2048}}
+
+
+@pytest.mark.parametrize("case", list(GREEDY_CASES))
+def test_greedy_text_matches_llama_cpp(models, tmp_path, case):
+    """llama.cpp (llama-simple: CPU, greedy, f16 KV cache) loads the converted file (without the
+    window, which llama.cpp turns off for Phi-3); the bytes of its pieces are those of ember's greedy
+    tokens (tools/gen_fused_greedy_references.py). llama.cpp's context (256) passes the original 32
+    positions of the long case (long factors) and not the 512 of the short one; ember's 128 too."""
+    from ember.llama import Llama
+
+    ref = json.loads(GREEDY.read_text(encoding="utf-8"))[case]
+    d = _edited(models["phi3"][0], str(tmp_path / case), lambda cfg: cfg.update(GREEDY_CASES[case]))
+    path = str(tmp_path / f"{case}.gguf")
+    convert(d, path, "f32", progress=False)
+    with Llama(path, n_ctx=128, verbose=False) as llm:
+        ids = llm.tokenize(ref["prompt"].encode("utf-8"), add_bos=True, special=True)
+        out = []
+        llm.eval(ids)
+        for _ in range(ref["n_predict"]):
+            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            if tok == llm.token_eos():
+                break
+            out.append(tok)
+            llm.eval([tok])
+        got = llm.detokenize(out, special=True)
+    assert got == bytes.fromhex(ref["text_hex"]), got
+
+
+def _edited(src, dst, edit):
+    d = shutil.copytree(src, dst)
+    cfg_path = os.path.join(d, "config.json")
+    with open(cfg_path, encoding="utf-8") as f:
+        cfg = json.load(f)
+    edit(cfg)
+    with open(cfg_path, "w", encoding="utf-8") as f:
+        json.dump(cfg, f)
+    return d
+
+
+def _rope(**changes):
+    return lambda cfg: cfg["rope_parameters"].update(changes)
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (_rope(long_factor=[1.0, 2.0]), "LongRoPE's 'long_factor' must be a list of 4 numbers"),
+    (_rope(short_factor=[1.0, -2.0, 1.0, 1.0]), "LongRoPE's 'short_factor' must be positive"),
+    (_rope(partial_rotary_factor=1.5), "'partial_rotary_factor' must be in (0, 1]"),
+    (_rope(partial_rotary_factor=0.1), "rotates 1 dimensions of a head of 16"),
+    (_rope(rope_type="dynamic"), "unsupported rope scaling 'dynamic'"),
+    (lambda cfg: cfg.update(sliding_window=-3), "'sliding_window' must be a non-negative integer"),
+])
+def test_bad_config_gives_clear_error(models, tmp_path, edit, needle):
+    d = _edited(models["phi3"][0], str(tmp_path / "bad"), edit)
+    with pytest.raises(ConvertError, match=None) as e:
+        convert(d, str(tmp_path / "bad.gguf"), "f32", progress=False)
+    assert needle in str(e.value)
+    assert not os.path.exists(tmp_path / "bad.gguf")
+
+
+def _rewritten(src, dst, drop=(), **changes):
+    """src's GGUF with keys changed (name -> (value, GGUFValueType)) and tensors dropped."""
+    r = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(dst, "phi3")
+    for name, field in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        if name in changes:
+            value, vtype = changes.pop(name)
+            w.add_key_value(name, value, vtype)
+            continue
+        vtype = field.types[0]
+        if vtype == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(name, field.contents(), vtype, sub_type=field.types[-1])
+        else:
+            w.add_key_value(name, field.contents(), vtype)
+    for name, (value, vtype) in changes.items():
+        w.add_key_value(name, value, vtype)
+    for t in r.tensors:
+        if t.name not in drop:
+            w.add_tensor(t.name, np.asarray(t.data).reshape([int(x) for x in reversed(t.shape)]),
+                         raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+U32, F32 = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32
+
+
+@pytest.mark.parametrize("drop,changes,needle", [
+    ((), {"phi3.rope.dimension_count": (7, U32)}, "rope.dimension_count 7 must be even"),
+    ((), {"phi3.rope.dimension_count": (32, U32)}, "rope.dimension_count 32 must be even"),
+    ((), {"phi3.rope.scaling.attn_factor": (-1.0, F32)}, "rope.scaling.attn_factor must be positive"),
+    (("rope_factors_long.weight",), {}, "LongRoPE needs both rope_factors_short.weight and rope_factors_long.weight"),
+    ((), {"phi3.rope.dimension_count": (4, U32)}, "tensor 'rope_factors_short.weight' must be F32 [2]"),
+])
+def test_bad_file_gives_clear_error(models, tmp_path, drop, changes, needle):
+    path = _rewritten(models["phi3"][2], str(tmp_path / "bad.gguf"), drop, **changes)
+    with pytest.raises(ValueError) as e:
+        _ember.Model(path)
+    assert needle in str(e.value)
