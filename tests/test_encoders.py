@@ -184,3 +184,43 @@ def test_gpu_matches_transformers(converted, reference, name, n_gpu_layers):
     for i in range(len(SEQS)):
         assert_close(got[i], reference.get(name, "pooled", i), f"{name} sequence {i} pooled")
         assert_close(rows[i], reference.get(name, "hidden", i), f"{name} sequence {i} hidden")
+
+
+def _nomic_own_names(weights):
+    """transformers' NomicBertModel tensors under nomic's own checkpoint names (Q, K, V fused as Wqkv)."""
+    out, layers = {}, {}
+    parts = {"self_attn.o_proj": "attn.out_proj", "mlp.up_proj": "mlp.fc11", "mlp.gate_proj": "mlp.fc12",
+             "mlp.down_proj": "mlp.fc2", "post_attention_layernorm": "norm1", "post_mlp_layernorm": "norm2"}
+    for name, x in weights.items():
+        if name.startswith("embeddings.LayerNorm."):
+            out["emb_ln." + name.rsplit(".", 1)[1]] = x
+        elif name.startswith("layers."):
+            _, i, rest = name.split(".", 2)
+            module, kind = rest.rsplit(".", 1)
+            if module in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):
+                layers.setdefault(i, {})[module] = x
+            else:
+                out[f"encoder.layers.{i}.{parts[module]}.{kind}"] = x
+        else:
+            out[name] = x
+    for i, qkv in layers.items():
+        out[f"encoder.layers.{i}.attn.Wqkv.weight"] = np.concatenate(
+            [qkv["self_attn.q_proj"], qkv["self_attn.k_proj"], qkv["self_attn.v_proj"]])
+    return out
+
+
+def test_nomic_own_checkpoint_names(tmp_path, reference):
+    """nomic's own names convert to a fused attn_qkv (as llama.cpp's converter writes it), which ember
+    binds as Q, K and V views of its rows: the same outputs as the separate tensors."""
+    import hf_tiny
+    d = tmp_path / "nomic"
+    weights = encoder_tiny.build("nomic-bert", str(d))["model.safetensors"]
+    hf_tiny._write_safetensors(str(d / "model.safetensors"), _nomic_own_names(weights), "float32")
+    path = str(tmp_path / "nomic.gguf")
+    convert(str(d), path, "f32", progress=False)
+    names = {t.name for t in gguf.GGUFReader(path).tensors}
+    assert "blk.0.attn_qkv.weight" in names and "blk.0.attn_q.weight" not in names
+    m = _ember.Model(path)
+    got = _ember.Encoder(m, n_threads=2).encode(SEQS)
+    for i in range(len(SEQS)):
+        assert_close(got[i], reference.get("nomic-bert", "pooled", i), f"sequence {i}")

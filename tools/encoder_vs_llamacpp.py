@@ -20,10 +20,18 @@ TEXTS = ["The quick brown fox jumps over the lazy dog.", "Numbers: 0 1 12 123 an
 _NAMES = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
 
 
-def llama_embedding(binary, path, text, pooling):
-    out = subprocess.run([binary, "-m", path, "-p", text, "--pooling", _NAMES[pooling], "--embd-normalize", "-1",
-                          "--embd-output-format", "json", "-t", "2"], capture_output=True, text=True, check=True)
-    return np.array([d["embedding"] for d in json.loads(out.stdout)["data"]], dtype=np.float64)
+def llama_embedding(binary, path, text, pooling, tries=20):
+    """llama-embedding prints its JSON through its asynchronous logger, which at exit sometimes drops
+    the tail of it: runs are repeated until the output parses."""
+    for _ in range(tries):
+        out = subprocess.run([binary, "-m", path, "-p", text, "--pooling", _NAMES[pooling], "--embd-normalize", "-1",
+                              "--embd-output-format", "json", "-t", "2"], capture_output=True, text=True, check=True)
+        try:
+            data = json.loads(out.stdout)["data"]
+        except ValueError:
+            continue
+        return np.array([d["embedding"] for d in data], dtype=np.float64)
+    raise RuntimeError(f"{binary}: no complete JSON output in {tries} runs")
 
 
 def compare(binary, path):
@@ -36,7 +44,10 @@ def compare(binary, path):
             ids = list(m.tokenizer.encode(text, add_bos=False))
             ours = enc.encode([ids])
             ours = np.asarray(ours[0] if enc.pooling == 0 else ours, np.float64)
-            theirs = llama_embedding(binary, path, text, enc.pooling).reshape(ours.shape)
+            theirs = llama_embedding(binary, path, text, enc.pooling)
+            if enc.pooling == 4:   # llama-embedding prints a rank score as the first of n_embd values
+                theirs = theirs[:, :enc.n_out]
+            theirs = theirs.reshape(ours.shape)
             a, b = ours.ravel(), theirs.ravel()
             rows.append((_NAMES[enc.pooling], text[:24], float(np.abs(a - b).max()),
                          float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))))

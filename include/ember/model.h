@@ -62,6 +62,8 @@ struct HParams {
     float rope_base_swa = 10000.0f;
     std::vector<bool> swa_layer;
     float attn_scale = 0.0f;    // > 0: the file's query scale ({arch}.attention.scale), else 1/sqrt(head_dim)
+    // Q, K and V stored as one attn_qkv.weight (nomic-bert as llama.cpp's converter writes it).
+    bool qkv_fused = false;
     // Mixture of experts ({arch}.expert_count, expert_used_count): n_expert 0 for a dense model.
     int32_t n_expert = 0, n_expert_used = 0;
     int32_t n_ff_exp = 0;              // an expert's width: expert_feed_forward_length, else feed_forward_length

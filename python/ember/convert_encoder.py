@@ -222,10 +222,7 @@ def _nomic(config, path, checkpoint, writer_keys):
                      ("post_mlp_layernorm", "layer_output_norm"))
         else:
             b = f"encoder.layers.{i}."
-            _expect(checkpoint, b + "attn.Wqkv.weight", (3 * E, E))
-            qkv = checkpoint.load_f32(b + "attn.Wqkv.weight")
-            for k, gg in enumerate(("attn_q", "attn_k", "attn_v")):
-                p.add_data(g + gg + ".weight", qkv[k * E:(k + 1) * E], b + "attn.Wqkv.weight")
+            p.add(b + "attn.Wqkv.weight", g + "attn_qkv.weight", (3 * E, E))   # fused, as llama.cpp writes it
             names = (("attn.out_proj", "attn_output"), ("mlp.fc11", "ffn_up"), ("mlp.fc12", "ffn_gate"),
                      ("mlp.fc2", "ffn_down"), ("norm1", "attn_output_norm"), ("norm2", "layer_output_norm"))
         for hf, gg in names:

@@ -12,10 +12,18 @@ namespace {
 std::vector<TensorSpec> bert_block_tensors(const HParams& hp, bool gated) {
     const int64_t E = hp.n_embd, F = hp.n_ff, D = hp.head_dim;
     const int64_t QW = (int64_t)hp.n_head * D, KW = (int64_t)hp.n_head_kv * D;
-    std::vector<TensorSpec> t = {
-        {Role::wq, "attn_q.weight", {E, QW}},
-        {Role::wk, "attn_k.weight", {E, KW}},
-        {Role::wv, "attn_v.weight", {E, KW}},
+    std::vector<TensorSpec> t;
+    if (hp.qkv_fused) {
+        const int64_t of = QW + 2 * KW;
+        t.push_back({Role::wq, "attn_qkv.weight", {E, QW}, false, false, {0, of}});
+        t.push_back({Role::wk, "attn_qkv.weight", {E, KW}, false, false, {QW, of}});
+        t.push_back({Role::wv, "attn_qkv.weight", {E, KW}, false, false, {QW + KW, of}});
+    } else {
+        t.push_back({Role::wq, "attn_q.weight", {E, QW}});
+        t.push_back({Role::wk, "attn_k.weight", {E, KW}});
+        t.push_back({Role::wv, "attn_v.weight", {E, KW}});
+    }
+    std::vector<TensorSpec> rest = {
         {Role::bq, "attn_q.bias", {QW}, true},
         {Role::bk, "attn_k.bias", {KW}, true},
         {Role::bv, "attn_v.bias", {KW}, true},
@@ -30,6 +38,7 @@ std::vector<TensorSpec> bert_block_tensors(const HParams& hp, bool gated) {
         {Role::post_ffn_norm, "layer_output_norm.weight", {E}},
         {Role::post_ffn_norm_b, "layer_output_norm.bias", {E}},
     };
+    t.insert(t.end(), rest.begin(), rest.end());
     if (gated) t.push_back({Role::gate, "ffn_gate.weight", {E, F}});
     return t;
 }
@@ -39,8 +48,10 @@ void read_encoder_hparams(const GGUFFile& f, HParams& hp) {
     if (f.get_bool(a + "attention.causal", false))
         fail(f.path(), ": ", a, "attention.causal is true; ", hp.arch, " is an encoder (bidirectional attention)");
     hp.rms_eps = (float)f.get_float(a + "attention.layer_norm_epsilon", 1e-12);
-    if (hp.n_expert > 0)
-        fail(f.path(), ": ", hp.arch, " with experts (", a, "expert_count) is not supported (nomic-bert-moe is)");
+    if (hp.n_expert > 0) fail(f.path(), ": ", hp.arch, " with experts (", a, "expert_count) is not supported");
+    if (f.find_tensor("blk.0.attn_qkv.bias"))
+        fail(f.path(), ": a fused attn_qkv.bias is not supported (separate attn_q/k/v biases are)");
+    hp.qkv_fused = f.find_tensor("blk.0.attn_qkv.weight") != nullptr;
 }
 
 class BertArch final : public EncoderArch {
