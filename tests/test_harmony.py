@@ -62,7 +62,8 @@ def _builder():
     from ember.server.openai_schema import parse_chat
     from ember.server.responses import ResponseBuilder
     req = parse_chat({"messages": [{"role": "user", "content": "2+2?"}]}, 1000)
-    return ResponseBuilder(req, "m", None, ["prompt"], True, None, harmony=True)
+    from ember.chat.reasoning import ReasoningParser
+    return ResponseBuilder(req, "m", None, ["prompt"], True, None, ReasoningParser("gpt_oss"))
 
 
 def _out(text, finish):

@@ -111,9 +111,10 @@ def test_request_fields():
     ({"tools": [{"type": "function", "function": {"name": "a", "parameters": []}}]}, "tools[0].function.parameters",
      "JSON Schema"),
     ({"tools": {"a": 1}}, "tools", "array"),
-    ({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice", "cannot force"),
-    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice",
-     "cannot force"),
+    ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice", "not one of"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_time"}}}, "tool_choice",
+     "not among 'tools'"),
+    ({"tool_choice": "required"}, "tool_choice", "needs 'tools'"),
     ({"tool_choice": "auto"}, "tool_choice", "needs 'tools'"),
     ({"tools": [WEATHER], "parallel_tool_calls": "yes"}, "parallel_tool_calls", "boolean"),
 ])

@@ -96,6 +96,8 @@ void bind_tokenizer(nb::module_& m) {
         .def(
             "token_text", [](const ember::Tokenizer& t, int32_t id) { return as_bytes(t.token_text(id)); }, "id"_a)
         .def("is_eog", &ember::Tokenizer::is_eog, "id"_a)
+        // A grammar names such a token (control, or user-defined "<...>") rather than matching its text.
+        .def("is_special", &ember::Tokenizer::is_special, "id"_a)
         .def_prop_ro("n_vocab", &ember::Tokenizer::n_vocab)
         .def_prop_ro("bos", &ember::Tokenizer::bos)
         .def_prop_ro("eos", &ember::Tokenizer::eos)

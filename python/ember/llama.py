@@ -21,7 +21,7 @@ from . import _ember
 from . import hf_cache
 from .chat import ChatTemplate, chat_chunks, chat_completion
 from .chat.formats import chat_format_template
-from .chat.harmony import is_harmony_template
+from .chat.reasoning import ReasoningParser
 from .detokenize import Detokenizer, completion_logprob_entry, empty_completion_logprobs, log_softmax, piece_text
 from .embedding import POOLING_RANK, POOLING_UNSPECIFIED, Embedder, embed_tokens, is_encoder, resolve_pooling
 from .llama_state import BaseLlamaCache, LlamaState
@@ -66,8 +66,8 @@ class _ContextLock:
                 self._cond.notify_all()
 
 
-# Set while create_chat_completion runs create_completion for a harmony model: the completion's text
-# keeps special tokens' text (the harmony markers are special tokens) without create_completion,
+# Set while create_chat_completion runs create_completion for a model whose thinking is marked by special
+# tokens (gpt-oss's harmony channels): the completion's text keeps special tokens' text without create_completion,
 # llama-cpp-python's signature, taking an argument of ember's own.
 _KEEP_SPECIAL: contextvars.ContextVar = contextvars.ContextVar("ember_llama_keep_special", default=False)
 
@@ -484,22 +484,24 @@ class Llama:
                                frequency_penalty: float = 0.0, repeat_penalty: float = 1.0,
                                model: Optional[str] = None, logit_bias: Optional[Dict[int, float]] = None,
                                logprobs: Optional[bool] = None, top_logprobs: Optional[int] = None,
-                               mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1):
+                               mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
+                               chat_template_kwargs: Optional[dict] = None):
         """llama-cpp-python's create_chat_completion: the messages rendered by the GGUF's chat
         template, or chat_format's when the Llama was made with one (as ember-server renders them;
-        tools are passed to it), then create_completion.
+        tools and chat_template_kwargs, such as enable_thinking, are passed to it), then
+        create_completion.
         Returns a chat.completion dict, or an iterator of chat.completion.chunk dicts when
-        stream=True. max_tokens None: until the end of generation or a full context. A harmony
-        model's (gpt-oss) reply is split: content is the final channel, reasoning_content (as
-        llama-server names it) the analysis channel."""
+        stream=True. max_tokens None: until the end of generation or a full context. A reasoning
+        model's reply is split as the template spells its thinking (`<think>` tags, gpt-oss's
+        channels): content is the answer, reasoning_content (as llama-server names it) the thinking."""
         self._context()   # after close(): the ValueError every method raises
         if self._chat_template is None:   # two threads racing here build the same template
             source = chat_format_template(self._chat_format) if self._chat_format else None
             self._chat_template = ChatTemplate.for_model(self.model_path, self._tok, source=source)
-        prompt = self._chat_template.render(messages, tools=tools)
+        prompt = self._chat_template.render(messages, tools=tools, **(chat_template_kwargs or {}))
         tokens = self.tokenize(prompt, add_bos=self._chat_template.add_bos(prompt), special=True)
-        harmony = is_harmony_template(self._chat_template.source)
-        keep_special = _KEEP_SPECIAL.set(harmony)
+        reasoning = ReasoningParser.for_template(self._chat_template.source)
+        keep_special = _KEEP_SPECIAL.set(reasoning.keeps_special)
         try:
             result = self.create_completion(
                 tokens, max_tokens=max_tokens, temperature=temperature, top_p=top_p, min_p=min_p,
@@ -509,7 +511,8 @@ class Llama:
                 mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta)
         finally:
             _KEEP_SPECIAL.reset(keep_special)
-        return chat_chunks(result, harmony) if stream else chat_completion(result, harmony)
+        reasoning = reasoning if reasoning.active else None
+        return chat_chunks(result, reasoning, prompt) if stream else chat_completion(result, reasoning, prompt)
 
     def _prompt_logprobs(self, gen: _Generation, all_logits: np.ndarray) -> dict:
         """Echo + logprobs: an entry per prompt token (a leading BOS left out); the first entry has

@@ -10,7 +10,8 @@ import time
 from typing import List, Optional, Sequence, Union
 
 from . import _ember
-from .chat.harmony import is_harmony_template, split_harmony
+from .chat.constrain import after_thinking, spelling
+from .chat.reasoning import ReasoningParser
 from .embedding import is_encoder
 from .engine_client import EngineClient
 from .pooling import Pooler, PoolingParams, PoolingRequestOutput
@@ -182,14 +183,17 @@ class LLM:
 
     def chat(self, messages, sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
              use_tqdm: bool = True, *, chat_template: Optional[str] = None, add_generation_prompt: bool = True,
-             chat_template_kwargs: Optional[dict] = None, tools=None) -> List[RequestOutput]:
+             chat_template_kwargs: Optional[dict] = None, tools=None,
+             thinking_token_budget: Optional[int] = None) -> List[RequestOutput]:
         """vLLM's LLM.chat: messages is one conversation (a list of {"role", "content"} dicts) or a
         list of them. Each is rendered by the model's chat template (chat_template: Jinja text to
         use instead), tokenized with its special tokens, and generated as by generate(). Returns one
         RequestOutput per conversation, whose prompt is the rendered text. A template that refuses
-        the messages raises ValueError before anything is submitted. A harmony template's (gpt-oss)
-        replies are split: each output's text is the final channel, its reasoning_content the
-        analysis channel."""
+        the messages raises ValueError before anything is submitted. A reasoning model's replies are
+        split as its template spells thinking (`<think>` tags, gpt-oss's channels): each output's
+        text is the answer, its reasoning_content the thinking; a structured_outputs constraint
+        applies to the answer, after the thinking. thinking_token_budget: tokens a reply may think
+        before its thinking is closed for it (None: no limit)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         tok = self.get_tokenizer()
         prompts = []
@@ -197,18 +201,26 @@ class LLM:
             text, ids = tok.render_chat(conversation, tools=tools, chat_template=chat_template,
                                         add_generation_prompt=add_generation_prompt, **(chat_template_kwargs or {}))
             prompts.append({"prompt": text, "prompt_token_ids": ids})
-        if not is_harmony_template(tok.chat_template if chat_template is None else chat_template):
+        if thinking_token_budget is not None and (not isinstance(thinking_token_budget, int)
+                                                  or thinking_token_budget < 0):
+            raise ValueError(f"thinking_token_budget must be an integer >= 0 (or None), got {thinking_token_budget!r}")
+        reasoning = ReasoningParser.for_template(tok.chat_template if chat_template is None else chat_template)
+        if not reasoning.active:
             return self.generate(prompts, sampling_params, use_tqdm)
+        spell = spelling(self._model.tokenizer)
         if isinstance(sampling_params, (list, tuple)):
             params = [copy.copy(p) for p in sampling_params]
         else:
-            params = [copy.copy(sampling_params or SamplingParams())] * len(prompts)
-        for p in params:
-            p.skip_special_tokens = False   # the harmony markers are special tokens
+            params = [copy.copy(sampling_params or SamplingParams()) for _ in prompts]
+        for p, prompt in zip(params, prompts):
+            if reasoning.keeps_special:
+                p.skip_special_tokens = False   # the thinking's markers are special tokens
+            p.structured_outputs = after_thinking(p.structured_outputs, reasoning, prompt["prompt"],
+                                                  thinking_token_budget, spell)
         results = self.generate(prompts, params, use_tqdm)
         for result in results:
             for o in result.outputs:
-                o.text, o.reasoning_content = split_harmony(o.text)
+                o.text, o.reasoning_content = reasoning.split(o.text, result.prompt)
         return results
 
     # ---- pooling (vLLM's embed / score / encode) ---------------------------------------------

@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple
 
+from .chat.reasoning import CHOICES as REASONING_PARSERS
 from .chat.tool_calls import ToolCallParser
 from .embedding import POOLING_NAMES, POOLING_UNSPECIFIED
 
@@ -260,6 +261,13 @@ _OPTIONS = (
     Option("tool_call_parser", "server", "the syntax replies are parsed for tool calls in: hermes (`<tool_call>` "
            "blocks), mistral (`[TOOL_CALLS]`), json (Llama 3's JSON replies)", flags=("--tool-call-parser",),
            choices=ToolCallParser.STYLES, unset="the one the chat template uses"),
+    Option("reasoning_parser", "server", "how replies spell their thinking, given apart as reasoning_content: "
+           "auto (as the chat template writes it), none (all content), deepseek_r1, qwen3 (`<think>`), gpt_oss "
+           "(harmony channels), mistral (`[THINK]`), seed_oss, ... (vLLM's names; llama.cpp's deepseek too)",
+           default="auto", flags=("--reasoning-parser", "--reasoning-format"), choices=REASONING_PARSERS),
+    Option("reasoning_budget", "server", "tokens a reply may think before its thinking is closed for it (-1: no "
+           "limit; 0: no thinking); a request's thinking_token_budget replaces it", _integer, -1,
+           flags=("--reasoning-budget",), minimum=-1, metavar="N"),
     Option("timeout", "server", "seconds a client may take to send a request (headers and body) or to read a "
            "response before its connection closes (a stalled stream stops generating)", _number, 600.0,
            flags=("-to", "--timeout"), minimum=1, metavar="S"),
@@ -293,7 +301,7 @@ FRONT_ENDS: Dict[str, Tuple[str, ...]] = {
     SERVER: ("model", *_LOAD, "n_ctx", "n_threads", *_KV, "kv_mb", "kv_host_mb", *_VLLM, "max_num_seqs",
              "max_num_batched_tokens", "enable_prefix_caching", "deterministic", "host", "port", "api_key",
              "chat_template", "alias", "max_queue", "embedding", "pooling", "reranking",
-             "tool_call_parser", "timeout", "shutdown_timeout",
+             "tool_call_parser", "reasoning_parser", "reasoning_budget", "timeout", "shutdown_timeout",
              "max_connections", "cors_origin"),
     QUANTIZE: ("n_threads",),
 }

@@ -1,13 +1,13 @@
 """llama-cpp-python's chat results from Llama's completion results: `chat.completion` and
 `chat.completion.chunk` dicts (the role in the first delta, the finish_reason in a last empty
-one, logprobs in the chat format), for Llama.create_chat_completion. A harmony reply (gpt-oss) is
-split as ember-server splits it: content is the final channel, reasoning_content (llama-server's
-field) the analysis channel."""
+one, logprobs in the chat format), for Llama.create_chat_completion. A reasoning model's reply
+is split as ember-server splits it (reasoning.py): content is the answer, reasoning_content
+(llama-server's field) the thinking."""
 from __future__ import annotations
 
 from typing import Iterator, Optional
 
-from .harmony import HarmonySplitter, split_harmony
+from .reasoning import ReasoningParser
 
 
 def _chat_logprobs(lp: Optional[dict]) -> Optional[dict]:
@@ -30,19 +30,20 @@ def _delta(content: str, reasoning: str) -> dict:
     return {"content": content, "reasoning_content": reasoning} if reasoning else {"content": content}
 
 
-def chat_completion(completion: dict, harmony: bool = False) -> dict:
-    """harmony: the text is a harmony reply, its special tokens written out."""
+def chat_completion(completion: dict, reasoning: Optional[ReasoningParser] = None, prompt: str = "") -> dict:
+    """reasoning: how the reply (to prompt) spells its thinking, None: it is all content."""
     choice = completion["choices"][0]
-    content, reasoning = split_harmony(choice["text"]) if harmony else (choice["text"], "")
-    message = {"role": "assistant", **_delta(content, reasoning)}
+    content, thought = reasoning.split(choice["text"], prompt) if reasoning else (choice["text"], "")
+    message = {"role": "assistant", **_delta(content, thought)}
     return dict(_head(completion, "chat.completion"), usage=completion["usage"], choices=[{
         "index": 0, "message": message,
         "logprobs": _chat_logprobs(choice["logprobs"]), "finish_reason": choice["finish_reason"]}])
 
 
-def chat_chunks(chunks: Iterator[dict], harmony: bool = False) -> Iterator[dict]:
+def chat_chunks(chunks: Iterator[dict], reasoning: Optional[ReasoningParser] = None,
+                prompt: str = "") -> Iterator[dict]:
     first = True
-    splitter = HarmonySplitter() if harmony else None
+    splitter = reasoning.splitter(prompt) if reasoning else None
     for chunk in chunks:
         head = _head(chunk, "chat.completion.chunk")
         if first:
@@ -50,14 +51,14 @@ def chat_chunks(chunks: Iterator[dict], harmony: bool = False) -> Iterator[dict]
                                        "finish_reason": None}])
             first = False
         choice = chunk["choices"][0]
-        content, reasoning = choice["text"], ""
+        content, thought = choice["text"], ""
         if splitter is not None:
-            content, reasoning = splitter.feed(content)
-            if choice["finish_reason"] is not None:   # a reply cut off inside a channel ends with what it has
-                rest, rest_reasoning = splitter.finish()
-                content, reasoning = content + rest, reasoning + rest_reasoning
-        if content or reasoning or choice["logprobs"]:
-            yield dict(head, choices=[{"index": 0, "delta": _delta(content, reasoning),
+            content, thought = splitter.feed(content)
+            if choice["finish_reason"] is not None:   # a reply cut off inside its thinking ends with what it has
+                rest, rest_thought = splitter.finish()
+                content, thought = content + rest, thought + rest_thought
+        if content or thought or choice["logprobs"]:
+            yield dict(head, choices=[{"index": 0, "delta": _delta(content, thought),
                                        "logprobs": _chat_logprobs(choice["logprobs"]), "finish_reason": None}])
         if choice["finish_reason"] is not None:
             yield dict(head, choices=[{"index": 0, "delta": {}, "logprobs": None,

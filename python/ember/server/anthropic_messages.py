@@ -119,13 +119,21 @@ def _run(srv, body: dict) -> ChatRun:
     choice = body.get("tool_choice") or {"type": "auto"}
     if not isinstance(choice, dict) or choice.get("type") not in ("auto", "none", "any", "tool"):
         raise _bad("tool_choice: type must be auto, any, tool or none")
-    if choice["type"] in ("any", "tool"):
-        raise _bad(f"tool_choice {choice['type']!r} is not supported: ember cannot force a tool call; use auto")
+    tools = _tools(body)
+    name = choice.get("name") if choice["type"] == "tool" else None
+    if choice["type"] in ("any", "tool") and not tools:
+        raise _bad(f"tool_choice {choice['type']!r} needs tools")
+    if choice["type"] == "tool" and name not in [t["function"]["name"] for t in tools]:
+        raise _bad(f"tool_choice names the tool {name!r}, which is not among tools")
     thinking = body.get("thinking")
     if thinking is not None and not (isinstance(thinking, dict) and thinking.get("type") in ("enabled", "disabled")):
         raise _bad("thinking: must be {\"type\": \"enabled\"} or {\"type\": \"disabled\"}")
+    budget = (thinking or {}).get("budget_tokens")
+    if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 0):
+        raise _bad("thinking.budget_tokens: must be a whole number >= 0")
     params = sampling(max_tokens, temperature, body.get("top_p"), body.get("top_k"), stop)
-    return ChatRun(srv, chat_messages(body), _tools(body), params, choice["type"] == "auto", body.get("model"))
+    return ChatRun(srv, chat_messages(body), tools, params, choice["type"] != "none", body.get("model"),
+                   required=choice["type"] in ("any", "tool"), tool_name=name, budget=budget)
 
 
 def _thinking(body: dict) -> bool:

@@ -34,11 +34,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..async_engine import AsyncLLMEngine
 from ..chat import ChatTemplate, ChatTemplateError, TemplateBudgetError, ToolCallParser
-from ..chat.harmony import is_harmony_template
+from ..chat import constrain
+from ..chat.reasoning import ReasoningParser
 from ..embedding import POOLING_NONE, POOLING_RANK, Embedder, is_encoder, resolve_pooling
 from ..prompt import encode_prompt
 from . import args as server_args
 from . import client_routes, pooling_routes
+from . import constraints
 from .client_routes import shorten_embeddings
 from .args import ServerSettings
 from .metrics import Metrics, RequestTimer
@@ -115,7 +117,9 @@ class _Server:
         self.template = ChatTemplate.for_model(self.model_path, self.tok, self.settings.chat_template)
         style = self.settings.tool_call_parser
         self.tool_parser = ToolCallParser(style) if style else ToolCallParser.for_template(self.template.source)
-        self.harmony = is_harmony_template(self.template.source)   # gpt-oss: replies split into channels
+        # How replies spell their thinking (gpt-oss's channels, <think> tags), split out as reasoning_content.
+        self.reasoning = ReasoningParser.for_template(self.template.source, self.settings.reasoning_parser)
+        self.spell = constrain.spelling(self.tok)   # tags that are one special token, as grammars name them
         self.model = engine.model
         self.pooling = resolve_pooling(self.model, self.settings.pooling)
         self.encoder = is_encoder(self.model)   # it embeds and ranks, and never generates
@@ -262,9 +266,11 @@ class _Server:
         return _Admission(self, n)
 
     async def generate(self, request: Request, req: GenerationRequest, prompts: List[Tuple[List[int], str]],
-                       chat: bool, tool_parser: Optional[ToolCallParser] = None):
+                       chat: bool, tool_parser: Optional[ToolCallParser] = None,
+                       reasoning: Optional[ReasoningParser] = None):
         """Runs the request: prompts are (token ids, text) pairs, one engine request each;
-        tool_parser: the syntax that chat replies are parsed for tool calls in, or None."""
+        tool_parser: the syntax that chat replies are parsed for tool calls in, or None; reasoning:
+        how chat replies spell their thinking, or None."""
         engine = self.ready()
         self.check_open()
         self.check_model(req.model)
@@ -276,11 +282,10 @@ class _Server:
         for i, (ids, _) in enumerate(prompts):
             self.check_room(len(ids), req, f"prompt[{i}]" if len(prompts) > 1 else "the prompt")
         admission = self.check_queue(req.params.n * len(prompts), len(prompts))
-        harmony = chat and self.harmony
-        if harmony:
-            req.params.skip_special_tokens = False   # the harmony markers are special tokens
+        if chat and reasoning is not None and reasoning.keeps_special:
+            req.params.skip_special_tokens = False   # the thinking's markers are special tokens
         builder = ResponseBuilder(req, self.model_id, self.tok, [text for _, text in prompts], chat, tool_parser,
-                                  harmony)
+                                  reasoning)
         timer = RequestTimer(self.metrics)
         # The engine's request ids: the response's id, numbered when there are several prompts.
         request_ids = [builder.id] if len(prompts) == 1 else [f"{builder.id}-{i}" for i in range(len(prompts))]
@@ -463,7 +468,7 @@ def create_app(engine_or_args, settings: Optional[ServerSettings] = None,
     @app.post("/completions")
     async def completions(request: Request):
         srv.ready()
-        req = await srv.cpu(parse_completion, await srv.body(request), srv.tok.n_vocab)
+        req = await srv.cpu(_completion_request, await srv.body(request), srv.tok.n_vocab)
         prompts = await srv.cpu(_completion_prompts, srv.tok, req.prompts)
         return await srv.generate(request, req, prompts, chat=False)
 
@@ -471,10 +476,13 @@ def create_app(engine_or_args, settings: Optional[ServerSettings] = None,
     @app.post("/chat/completions")
     async def chat_completions(request: Request):
         srv.ready()
-        req = await srv.cpu(parse_chat, await srv.body(request), srv.tok.n_vocab)
+        req = await srv.cpu(_chat_request, await srv.body(request), srv.tok.n_vocab)
+        reasoning = _reasoning(srv, req)
         text, prompt_ids = await srv.cpu(_chat_prompt, srv, req)
-        parser = srv.tool_parser if req.tool_choice == "auto" else None
-        return await srv.generate(request, req, [(prompt_ids, text)], chat=True, tool_parser=parser)
+        await srv.cpu(_constrain_chat, srv, req, reasoning, text)
+        parser = srv.tool_parser if req.tool_choice != "none" else None
+        return await srv.generate(request, req, [(prompt_ids, text)], chat=True, tool_parser=parser,
+                                  reasoning=reasoning)
 
     @app.post("/v1/embeddings")
     @app.post("/embeddings")
@@ -559,6 +567,45 @@ def _encode(value, out: list) -> None:
 
 def _dumps(value) -> str:
     return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def _completion_request(body: dict, n_vocab: int) -> GenerationRequest:
+    req = parse_completion(body, n_vocab)
+    c = constraints.parse_constraint(body)
+    if c is not None:
+        req.params.structured_outputs = constraints.direct(c)
+    return req
+
+
+def _chat_request(body: dict, n_vocab: int) -> GenerationRequest:
+    req = parse_chat(body, n_vocab)
+    req.constraint = constraints.parse_constraint(body)
+    return req
+
+
+def _reasoning(srv: _Server, req: GenerationRequest) -> ReasoningParser:
+    """The request's reasoning parser: the server's, or its own reasoning_format (llama-server's)."""
+    if req.reasoning_format is None:
+        return srv.reasoning
+    try:
+        return ReasoningParser.for_template(srv.template.source, req.reasoning_format)
+    except ValueError as e:
+        raise bad_param("reasoning_format", str(e)) from None
+
+
+def _constrain_chat(srv: _Server, req: GenerationRequest, reasoning: ReasoningParser, prompt: str) -> None:
+    """Sets the reply's structured_outputs: the request's constraint, forced tool calls, lazily
+    constrained ones and the thinking budget, after the thinking the prompt may open."""
+    budget = req.thinking_budget if req.thinking_budget is not None else srv.settings.reasoning_budget
+    tools = req.tools
+    if req.tool_name is not None:
+        tools = [t for t in tools if t["function"]["name"] == req.tool_name]
+    cc = constraints.ChatConstraint(c=req.constraint, tools=tools if req.tool_choice != "none" else None,
+                                    required=req.tool_choice == "required",   # a named tool: one call
+                                    parallel=req.parallel_tool_calls and req.tool_name is None,
+                                    budget=budget if budget >= 0 else None)
+    req.params.structured_outputs = constraints.build_chat(cc, reasoning, prompt, srv.tool_parser.style,
+                                                           srv.spell)
 
 
 def _completion_prompts(tok, prompts) -> List[Tuple[List[int], str]]:

@@ -20,7 +20,10 @@ class ServerSettings:
     "cls", "last", "none", "rank"; None: the GGUF's {arch}.pooling_type, as llama-server's --pooling);
     embedding_only: --embedding / --reranking, generation refused;
     tool_call_parser: the syntax chat replies are parsed for tool calls in (ember.chat's tool
-    call styles; None: the one the chat template teaches, as vLLM's --tool-call-parser); timeout:
+    call styles; None: the one the chat template teaches, as vLLM's --tool-call-parser);
+    reasoning_parser: how replies spell their thinking (ember.chat.reasoning's names; "auto": as the
+    chat template does); reasoning_budget: the tokens a reply may think when its request does not say
+    (-1: no limit); timeout:
     seconds to send a request body or to read a response; cors_origins: origins browsers may call
     the API from ("*": any)."""
     alias: Optional[str] = None
@@ -31,6 +34,8 @@ class ServerSettings:
     pooling: Optional[str] = None
     embedding_only: bool = False
     tool_call_parser: Optional[str] = None
+    reasoning_parser: str = "auto"
+    reasoning_budget: int = -1
     timeout: float = options.default("timeout", SERVER)
     cors_origins: Tuple[str, ...] = ()
 
@@ -58,4 +63,5 @@ def settings(args: argparse.Namespace) -> ServerSettings:
     return ServerSettings(alias=args.alias, api_key=args.api_key or None, chat_template=args.chat_template,
                           max_queue=args.max_queue, pooling="rank" if args.reranking else args.pooling,
                           embedding_only=bool(args.embedding or args.reranking), tool_call_parser=args.tool_call_parser,
+                          reasoning_parser=args.reasoning_parser, reasoning_budget=args.reasoning_budget,
                           timeout=args.timeout, cors_origins=origins)

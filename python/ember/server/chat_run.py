@@ -1,8 +1,8 @@
 """One chat generation for the APIs that are not OpenAI's chat completions (/v1/responses,
 Anthropic's /v1/messages): OpenAI-style messages and tools in, the reply's visible text as it
 grows, then its content, tool calls, finish reason and token counts. The server's checks (model,
-context room, --max-queue, draining) apply as to every request. A harmony reply (gpt-oss) is split
-as the chat completions split it: the final channel is the content, the analysis channel reasoning."""
+context room, --max-queue, draining) apply as to every request. A reasoning model's reply is split
+as the chat completions split it (ember.chat.reasoning): its thinking is reasoning, the rest content."""
 from __future__ import annotations
 
 import uuid
@@ -11,8 +11,8 @@ from typing import AsyncIterator, List, Optional, Tuple
 from fastapi import Request
 
 from ..chat import ChatTemplateError, ToolCallParser
-from ..chat.harmony import HarmonySplitter
 from ..sampling_params import SamplingParams
+from .constraints import ChatConstraint, build_chat
 from .merge import newest_outputs
 from .openai_schema import APIError
 
@@ -29,17 +29,26 @@ def sampling(max_tokens: Optional[int], temperature, top_p, top_k=None, stop=Non
 
 
 class ChatRun:
-    """messages / tools in OpenAI's chat form; use_tools: the reply is parsed for tool calls."""
+    """messages / tools in OpenAI's chat form; use_tools: the reply is parsed for tool calls;
+    required: it must call one (tool_name: that one), constrained to the tools' schemas; budget:
+    tokens it may think (None: the server's --reasoning-budget)."""
 
     def __init__(self, srv, messages: List[dict], tools: Optional[List[dict]], params: SamplingParams,
-                 use_tools: bool, model: Optional[str]):
+                 use_tools: bool, model: Optional[str], required: bool = False, tool_name: Optional[str] = None,
+                 budget: Optional[int] = None):
         self.srv = srv
         self.messages, self.tools, self.params = messages, tools, params
         self.parser: Optional[ToolCallParser] = srv.tool_parser if use_tools and tools else None
         self.model = model
-        self.harmony = bool(getattr(srv, "harmony", False))
-        if self.harmony:
-            params.skip_special_tokens = False   # the harmony markers are special tokens
+        self.thinking = srv.reasoning   # how replies spell their thinking
+        if self.thinking.keeps_special:
+            params.skip_special_tokens = False   # the thinking's markers are special tokens
+        if tool_name is not None:
+            tools = [t for t in tools if t["function"]["name"] == tool_name]
+        budget = srv.settings.reasoning_budget if budget is None else budget
+        self.constraint = ChatConstraint(tools=tools if self.parser else None, required=required,
+                                         parallel=tool_name is None, budget=budget if budget >= 0 else None)
+        self.prompt = ""
         self.text = ""
         self.content: Optional[str] = None
         self.reasoning = ""
@@ -55,6 +64,9 @@ class ChatRun:
             text = srv.template.render(self.messages, tools=self.tools)
         except ChatTemplateError as e:
             raise APIError(400, str(e), param="messages") from None
+        self.prompt = text
+        self.params.structured_outputs = build_chat(self.constraint, self.thinking, text, srv.tool_parser.style,
+                                                    srv.spell)
         return list(srv.tok.encode(text.encode("utf-8"), srv.template.add_bos(text), True))
 
     async def start(self) -> None:
@@ -74,14 +86,14 @@ class ChatRun:
 
     async def deltas(self, request: Request) -> AsyncIterator[Tuple[bool, str]]:
         """The reply's text as it may be shown (never the start of a tool call), piece by piece, as
-        (is_reasoning, text): reasoning pieces come only from harmony replies. Afterwards content,
+        (is_reasoning, text): reasoning pieces come only from reasoning models. Afterwards content,
         reasoning, calls, finish_reason and the counts are set. A client that leaves ends it, and
         the request in the engine."""
         request_id = f"chat-{uuid.uuid4().hex}"
         outputs = self.srv._tracked(newest_outputs([self.engine.generate(self.ids, self.params, request_id)]),
                                     [request_id], self.admission)
-        splitter = HarmonySplitter() if self.harmony else None
-        body = ""     # the content so far (a harmony reply's final channel, else the whole text)
+        splitter = self.thinking.splitter(self.prompt)
+        body = ""     # the content so far (the reply less its thinking)
         fed = shown = 0
         last = None
         try:

@@ -90,10 +90,19 @@ def _run(srv, body: dict) -> ChatRun:
     if temperature is not None and not (isinstance(temperature, (int, float)) and 0 <= temperature <= 2):
         raise bad_param("temperature", "'temperature' must be a number in [0, 2]")
     choice = body.get("tool_choice", "auto")
-    if choice not in ("auto", "none"):
-        raise bad_param("tool_choice", "tool_choice must be 'auto' or 'none': ember cannot force a tool call")
+    tools = _tools(body)
+    name = choice.get("name") if isinstance(choice, dict) and choice.get("type") == "function" else None
+    if name is not None:
+        if name not in [t["function"]["name"] for t in tools or []]:
+            raise bad_param("tool_choice", f"tool_choice names the function {name!r}, which is not among 'tools'")
+    elif choice not in ("auto", "none", "required"):
+        raise bad_param("tool_choice", "tool_choice must be 'auto', 'none', 'required' or {'type': 'function', "
+                                       "'name': ...}")
+    elif choice == "required" and not tools:
+        raise bad_param("tool_choice", "tool_choice 'required' needs 'tools'")
     params = sampling(max_tokens, temperature, body.get("top_p"))
-    return ChatRun(srv, chat_messages(body), _tools(body), params, choice == "auto", body.get("model"))
+    return ChatRun(srv, chat_messages(body), tools, params, choice != "none", body.get("model"),
+                   required=name is not None or choice == "required", tool_name=name)
 
 
 class _Response:

@@ -52,8 +52,11 @@ class GenerationRequest:
     """A checked /v1/completions or /v1/chat/completions body. logprobs: None, or how many top
     candidates each token reports (0: the sampled token's alone). prompts: completions' prompts,
     each a str or token ids (each gets n choices); messages / tools / template_kwargs: chat's;
-    tool_choice: "auto" (replies are parsed for calls to the tools) or "none"; parallel_tool_calls:
-    False keeps a reply's first call only."""
+    tool_choice: "auto" (replies are parsed for calls to the tools), "required" (the reply is calls:
+    to tool_name alone where it is given) or "none"; parallel_tool_calls: False keeps a reply's first
+    call only. thinking_budget: the request's thinking_token_budget (None: the server's);
+    reasoning_format: llama-server's per-request reasoning parser (None: the server's); constraint:
+    what the body asks the reply to be (ember.server.constraints), set by the route."""
     model: Optional[str]
     params: SamplingParams
     stream: bool = False
@@ -65,7 +68,11 @@ class GenerationRequest:
     tools: Optional[list] = None
     template_kwargs: dict = field(default_factory=dict)
     tool_choice: str = "none"
+    tool_name: Optional[str] = None
     parallel_tool_calls: bool = True
+    thinking_budget: Optional[int] = None
+    reasoning_format: Optional[str] = None
+    constraint: Any = None
 
 
 def _no_constant(name: str):
@@ -359,27 +366,34 @@ def _tools(body: dict) -> Optional[list]:
     return tools
 
 
-def _tool_choice(body: dict, tools: Optional[list]) -> str:
-    """"auto" or "none". Forcing a call ("required", or a named function) needs decoding
-    constrained to the call's syntax, which ember does not have: a 400 says so."""
+def _tool_choice(body: dict, tools: Optional[list]) -> tuple:
+    """(choice, the named tool or None): "none", "auto", or "required", which a named function
+    ({"type": "function", "function": {"name": ...}}) is, for that tool alone."""
     choice = body.get("tool_choice")
     if choice is None:
-        return "auto" if tools else "none"
-    if choice not in ("none", "auto"):
+        return ("auto" if tools else "none"), None
+    name = None
+    if isinstance(choice, dict):
+        fn = choice.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if choice.get("type", "function") != "function" or not isinstance(name, str):
+            raise bad_param("tool_choice", "a named tool_choice must be {'type': 'function', 'function': "
+                                           f"{{'name': ...}}}}, got {json.dumps(choice)[:100]}")
+        if name not in [t["function"]["name"] for t in tools or []]:
+            raise bad_param("tool_choice", f"tool_choice names the function {name!r}, which is not among 'tools'")
+        choice = "required"
+    if choice not in ("none", "auto", "required"):
         shown = choice if isinstance(choice, str) else json.dumps(choice)
-        raise bad_param("tool_choice", f"tool_choice {shown} is not supported: ember cannot force a tool call "
-                                       "(no constrained decoding); use 'auto' or 'none'")
-    if choice == "auto" and not tools:
-        raise bad_param("tool_choice", "tool_choice 'auto' needs 'tools'")
-    return choice
+        raise bad_param("tool_choice", f"tool_choice {shown} is not one of 'none', 'auto', 'required' or a named "
+                                       "function")
+    if choice != "none" and not tools:
+        raise bad_param("tool_choice", f"tool_choice {choice!r} needs 'tools'")
+    return choice, name
 
 
 def parse_chat(body: dict, n_vocab: int) -> GenerationRequest:
     """A /v1/chat/completions body. Without max_tokens / max_completion_tokens a reply may run to
     the end of the context, as OpenAI's."""
-    fmt = get(body, "response_format", "object")
-    if fmt and fmt.get("type", "text") != "text":
-        raise bad_param("response_format", f"response_format {fmt.get('type')!r} is not supported (only 'text')")
     want = get(body, "logprobs", "bool", False)
     top = get(body, "top_logprobs", "int", None, lambda v: 0 <= v <= MAX_TOP_LOGPROBS,
               f"must be in [0, {MAX_TOP_LOGPROBS}]")
@@ -391,11 +405,13 @@ def parse_chat(body: dict, n_vocab: int) -> GenerationRequest:
     messages = _messages(body)
     params = _sampling(body, n_vocab, max_tokens, logprobs, None)
     tools = _tools(body)
+    tool_choice, tool_name = _tool_choice(body, tools)
+    budget = get(body, "thinking_token_budget", "int", None, lambda v: v >= -1, "must be >= 0 (-1: no limit)")
     return GenerationRequest(model=get(body, "model", "str"), params=params, stream=stream,
                              include_usage=include_usage, logprobs=logprobs, messages=messages, tools=tools,
-                             template_kwargs=_template_kwargs(body),
-                             tool_choice=_tool_choice(body, tools),
-                             parallel_tool_calls=get(body, "parallel_tool_calls", "bool", True))
+                             template_kwargs=_template_kwargs(body), tool_choice=tool_choice, tool_name=tool_name,
+                             parallel_tool_calls=get(body, "parallel_tool_calls", "bool", True),
+                             thinking_budget=budget, reasoning_format=get(body, "reasoning_format", "str"))
 
 
 def _template_kwargs(body: dict) -> dict:

@@ -6,8 +6,9 @@ logprobs in each endpoint's format; the embeddings' list object.
 A chat request with tools has each reply parsed for tool calls (ember.chat.tool_calls): a reply that
 calls them has `tool_calls`, its content is the text before the first call, and it finishes with
 "tool_calls"; streamed, the text that may be a call is held back until the reply ends, then the
-calls come in one delta. A harmony reply (gpt-oss: ember.chat.harmony) is split first: its final
-channel is the content, its analysis channel reasoning_content (streamed as deltas of each).
+calls come in one delta. A reasoning model's reply is split first (ember.chat.reasoning: `<think>`
+tags, gpt-oss's harmony channels): its thinking is reasoning_content, the rest the content, which is
+then read for tool calls (streamed as deltas of each).
 
 A completion request may hold several prompts, each one RequestOutput with n sequences: choice
 `index` runs over prompts x n (prompt p's sequence j is choice p * n + j), as OpenAI's does."""
@@ -20,7 +21,7 @@ import uuid
 from typing import Dict, List, Optional, Tuple
 
 from ..chat import ToolCallParser
-from ..chat.harmony import HarmonySplitter, split_harmony
+from ..chat.reasoning import ReasoningParser
 from ..detokenize import piece_text
 from ..outputs import RequestOutput
 from .openai_schema import GenerationRequest
@@ -53,11 +54,11 @@ def _top(entry: Dict[int, float], k: int) -> list:
 class ResponseBuilder:
     """One request's responses. chat: chat.completion objects, else text_completion. prompt_texts:
     the text of each prompt, which echo repeats (chat has one). tool_parser: the chat template's
-    tool call syntax where replies are parsed for calls, else None. harmony: chat replies are in the
-    harmony format (their text must keep the special tokens' text)."""
+    tool call syntax where replies are parsed for calls, else None. reasoning: how chat replies spell
+    their thinking (None: they are all content)."""
 
     def __init__(self, req: GenerationRequest, model: str, tokenizer, prompt_texts: List[str], chat: bool,
-                 tool_parser: Optional[ToolCallParser] = None, harmony: bool = False):
+                 tool_parser: Optional[ToolCallParser] = None, reasoning: Optional[ReasoningParser] = None):
         self.req = req
         self.chat = chat
         self._tools = tool_parser if chat else None
@@ -68,13 +69,20 @@ class ResponseBuilder:
         self._prompt_texts = prompt_texts
         self._n = req.params.n
         choices = len(prompt_texts) * self._n
-        self._sent_text = [0] * choices      # chars of each choice's text already streamed
+        self._sent_text = [0] * choices      # chars of each choice's text (chat: content) already streamed
         self._sent_tokens = [0] * choices    # tokens whose logprobs were already streamed
         # text_offset of each choice's next token
         self._offset = [len(prompt_texts[i // self._n]) if req.echo else 0 for i in range(choices)]
         self._started = [False] * choices
         self._finished = [False] * choices
-        self._harmony = [HarmonySplitter() for _ in range(choices)] if chat and harmony else None
+        self._reasoning = reasoning if chat and reasoning is not None and reasoning.active else None
+        # A harmony reply's calls are its commentary channel's, which are not parsed.
+        if self._reasoning is not None and self._reasoning.name == "gpt_oss":
+            self._tools = None
+        self._splitters = [self._reasoning.splitter(self._prompt_text(i)) for i in range(choices)] \
+            if self._reasoning is not None else None
+        self._fed = [0] * choices            # chars of each choice's text given to its splitter
+        self._content = [""] * choices       # each chat choice's content so far
 
     def _prompt_text(self, index: int) -> str:
         return self._prompt_texts[index // self._n]
@@ -134,9 +142,9 @@ class ResponseBuilder:
     def _allowed(self, calls: list) -> list:
         return calls if self.req.parallel_tool_calls else calls[:1]
 
-    def _reply(self, o) -> Tuple[Optional[str], list, str]:
+    def _reply(self, i: int, o) -> Tuple[Optional[str], list, str]:
         """A finished chat reply's content, tool calls and reasoning."""
-        text, reasoning = split_harmony(o.text) if self._harmony else (o.text, "")
+        text, reasoning = self._reasoning.split(o.text, self._prompt_text(i)) if self._reasoning else (o.text, "")
         if self._tools is None:
             return text, [], reasoning
         content, calls = self._tools.parse(text)
@@ -146,15 +154,26 @@ class ResponseBuilder:
     def _finish_reason(o, calls: list) -> Optional[str]:
         return "tool_calls" if calls and o.finish_reason == "stop" else o.finish_reason
 
-    def _stream_end(self, i: int, o) -> Tuple[int, list]:
-        """How far choice i's text may stream now, and its calls once it has finished (a harmony
-        reply's calls are not parsed)."""
-        if self._tools is None or self._harmony:
-            return len(o.text), []
-        if o.finish_reason is None:
-            return max(self._sent_text[i], self._tools.held_from(o.text)), []
-        start, calls = self._tools.split(o.text)
-        return max(self._sent_text[i], start), self._allowed(calls)
+    def _advance(self, i: int, o) -> Tuple[str, int, list]:
+        """Takes choice i's new text: its new reasoning, how far its content may stream now, and its
+        calls once it has finished."""
+        new, done = o.text[self._fed[i]:], o.finish_reason is not None
+        self._fed[i] = len(o.text)
+        reasoning = ""
+        if self._splitters is not None:
+            splitter = self._splitters[i]
+            new, reasoning = splitter.feed(new)
+            if done and not self._finished[i]:
+                c, r = splitter.finish()
+                new, reasoning = new + c, reasoning + r
+        self._content[i] += new
+        content = self._content[i]
+        if self._tools is None:
+            return reasoning, len(content), []
+        if not done:
+            return reasoning, max(self._sent_text[i], self._tools.held_from(content)), []
+        start, calls = self._tools.split(content)
+        return reasoning, max(self._sent_text[i], start), self._allowed(calls)
 
     # ---- whole responses -----------------------------------------------------------------
     def usage(self, finals: List[RequestOutput]) -> dict:
@@ -177,7 +196,7 @@ class ResponseBuilder:
                 i = p * self._n + o.index
                 lp = self._logprobs(i, o, 0, final if self.req.echo else None)
                 if self.chat:
-                    content, calls, reasoning = self._reply(o)
+                    content, calls, reasoning = self._reply(i, o)
                     message = {"role": "assistant", "content": content}
                     if reasoning:
                         message["reasoning_content"] = reasoning
@@ -213,13 +232,17 @@ class ResponseBuilder:
         chunks = []
         for o in out.outputs:
             i = prompt * self._n + o.index
-            end, calls = self._stream_end(i, o) if self.chat else (len(o.text), [])
-            text = o.text[self._sent_text[i]:end]
+            if self.chat:
+                reasoning, end, calls = self._advance(i, o)
+                text = self._content[i][self._sent_text[i]:end]
+                delta = {"content": text, "reasoning_content": reasoning} if reasoning else {"content": text}
+            else:
+                reasoning, end, calls = "", len(o.text), []
+                text = o.text[self._sent_text[i]:end]
             first = not self._started[i]
             echo = first and self.req.echo
             new_tokens = len(o.token_ids) > self._sent_tokens[i]
-            delta = self._delta(i, text, o.finish_reason is not None) if self.chat else {}
-            if text or echo or (new_tokens and self.req.logprobs is not None) or any(delta.values()):
+            if text or reasoning or echo or (new_tokens and self.req.logprobs is not None):
                 lp = self._logprobs(i, o, self._sent_tokens[i], out if echo else None)
                 if self.chat:
                     choice = {"index": i, "delta": delta, "logprobs": lp, "finish_reason": None}
@@ -242,17 +265,6 @@ class ResponseBuilder:
                 choice["stop_reason"] = o.stop_reason
                 chunks.append(self._chunk(choice))
         return chunks
-
-    def _delta(self, i: int, text: str, done: bool) -> dict:
-        """A chat chunk's delta for choice i's new text: content, or a harmony reply's content and
-        reasoning_content (held back where a marker may begin, all given out once it is done)."""
-        if self._harmony is None:
-            return {"content": text}
-        content, reasoning = self._harmony[i].feed(text)
-        if done and not self._finished[i]:
-            c, r = self._harmony[i].finish()
-            content, reasoning = content + c, reasoning + r
-        return {"content": content, "reasoning_content": reasoning} if reasoning else {"content": content}
 
     def usage_chunk(self, finals: List[RequestOutput]) -> dict:
         """stream_options.include_usage's last chunk: no choices, the usage."""

@@ -1,0 +1,300 @@
+"""Reasoning replies (ember.chat.reasoning): the thinking split out as reasoning_content, whole and
+streamed in random pieces, for each parser's tags; ember-server's chat responses built from such
+replies; and the grammars of ember.chat.constrain (thinking, then the constrained answer; the thinking
+budget; tool calls forced or lazy) run token by token through llguidance on a real BPE vocabulary,
+sampling at random among the tokens each mask allows."""
+import json
+import pathlib
+import random
+
+import jsonschema
+import pytest
+from llguidance import LLMatcher, LLTokenizer
+
+from ember.chat import constrain
+from ember.chat.reasoning import CHOICES, ReasoningParser
+from ember.outputs import CompletionOutput, RequestOutput
+
+QWEN3 = ReasoningParser("qwen3")
+OPENED = "<|im_start|>assistant\n<think>\n"   # a template that opens the thought in the prompt
+CASES = [   # parser, prompt, reply, (content, reasoning)
+    ("qwen3", "", "<think>\nFirst 2 < 3, so.\n</think>\n\nThe answer is <b>4</b>.",
+     ("The answer is <b>4</b>.", "First 2 < 3, so.")),
+    ("qwen3", "", "The answer is 4.", ("The answer is 4.", "")),
+    ("qwen3", "", "<think>\nStill thinking when cut off  ", ("", "Still thinking when cut off")),
+    ("qwen3", OPENED, "It is 4.\n</think>\n\n4", ("4", "It is 4.")),
+    ("qwen3", OPENED, "<think>opened twice</think>ok", ("ok", "opened twice")),
+    ("qwen3", "", "<thin", ("<thin", "")),
+    ("qwen3", "", "a </think> b", ("a </think> b", "")),
+    ("deepseek_r1", "", "No tag here\n</think>\nDone", ("Done", "No tag here")),
+    ("deepseek_r1", "", "<think>\nTagged</think>Done", ("Done", "Tagged")),
+    ("mistral", "", "[THINK]hmm, [b] [/THINK]Yes", ("Yes", "hmm, [b]")),
+    ("seed_oss", "", "<seed:think>x < y</seed:think>\nz", ("z", "x < y")),
+    ("gpt_oss", "", "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>Hi",
+     ("Hi", "Think.")),
+    ("none", "", "<think>kept</think>", ("<think>kept</think>", "")),
+]
+
+
+def _pieces(text, rng):
+    if len(text) < 2:
+        return [text]
+    cuts = sorted(rng.sample(range(1, len(text)), rng.randint(1, min(12, len(text) - 1))))
+    return [text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)])]
+
+
+@pytest.mark.parametrize("name,prompt,text,expected", CASES)
+def test_split_whole_and_streamed(name, prompt, text, expected):
+    parser = ReasoningParser(name)
+    assert parser.split(text, prompt) == expected
+    rng = random.Random()
+    for _ in range(30):
+        splitter = parser.splitter(prompt)
+        if splitter is None:
+            continue
+        got = ["", ""]
+        for piece in _pieces(text, rng):
+            c, r = splitter.feed(piece)
+            got = [got[0] + c, got[1] + r]
+        c, r = splitter.finish()
+        assert (got[0] + c, got[1] + r) == expected
+
+
+def test_one_character_at_a_time_holds_back_only_a_possible_tag():
+    splitter = QWEN3.splitter("")
+    shown = [splitter.feed(ch) for ch in "<think>a <b> c</think>d"]
+    # "<" of "<b>" is held until "b" shows it is no tag, a space until text follows it.
+    assert [r for _, r in shown if r] == ["a", " <b", ">", " c"]
+    assert "".join(c for c, _ in shown) == "d" and splitter.finish() == ("", "")
+
+
+def test_parsers_from_templates_and_names():
+    assert ReasoningParser.for_template("{{ '<|im_start|>assistant\\n<think>\\n' }}").name == "qwen3"
+    assert ReasoningParser.for_template("{{ '<|start|>assistant<|channel|>final<|message|>' }}").name == "gpt_oss"
+    assert ReasoningParser.for_template("[THINK]{{ x }}[/THINK]").name == "mistral"
+    assert ReasoningParser.for_template("<|im_start|>{{ m }}").name == "none"
+    assert ReasoningParser.for_template("<think>", "none").name == "none"
+    assert ReasoningParser.for_template("", "deepseek").name == "none"   # llama.cpp's: as the template says
+    assert ReasoningParser("deepseek-r1").name == "deepseek_r1" and ReasoningParser("gpt-oss").keeps_special
+    assert not QWEN3.keeps_special and ReasoningParser("mistral").keeps_special
+    assert QWEN3.starts_in_thought(OPENED) and not QWEN3.starts_in_thought("<think>x</think>\n")
+    with pytest.raises(ValueError, match="reasoning parser 'think' is not one of"):
+        ReasoningParser("think")
+    with pytest.raises(ValueError, match="for_template"):
+        ReasoningParser("auto")
+    assert "deepseek_r1" in CHOICES and "qwen3" in CHOICES
+
+
+# ---- ember-server's chat responses -----------------------------------------------------------
+
+def _builder(body, parser=QWEN3, tools=None, prompt=""):
+    from ember.server.openai_schema import parse_chat
+    from ember.server.responses import ResponseBuilder
+    req = parse_chat(dict({"messages": [{"role": "user", "content": "2+2?"}]}, **body), 1000)
+    return ResponseBuilder(req, "m", None, [prompt], True, tools, parser)
+
+
+def _out(text, finish):
+    return RequestOutput("r", None, [1, 2], None, [CompletionOutput(0, text, [5] * 3, None, None, finish)],
+                         finish is not None)
+
+
+REPLY = "<think>\nA call is needed: <tool_call> tags.\n</think>\n\nLet me check.\n<tool_call>\n" \
+        '{"name": "get", "arguments": {"x": 1}}\n</tool_call>'
+TOOL = {"type": "function", "function": {"name": "get", "parameters": {"type": "object"}}}
+
+
+def test_server_reply_splits_reasoning_then_reads_calls_from_the_content():
+    from ember.chat import ToolCallParser
+    message = _builder({"tools": [TOOL]}, tools=ToolCallParser("hermes")).response([_out(REPLY, "stop")])
+    choice = message["choices"][0]
+    assert choice["message"]["reasoning_content"] == "A call is needed: <tool_call> tags."
+    assert choice["message"]["content"] == "Let me check.\n"
+    assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["get"]
+    assert choice["finish_reason"] == "tool_calls"
+
+
+def test_server_stream_gives_deltas_of_each():
+    from ember.chat import ToolCallParser
+    b, rng = _builder({"tools": [TOOL]}, tools=ToolCallParser("hermes")), random.Random()
+    cuts = sorted(rng.sample(range(1, len(REPLY)), 20)) + [len(REPLY)]
+    chunks = [c["choices"][0] for k, n in enumerate(cuts)
+              for c in b.chunks(0, _out(REPLY[:n], "stop" if k == len(cuts) - 1 else None))]
+    deltas = [c["delta"] for c in chunks]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "A call is needed: <tool_call> tags."
+    assert "".join(d.get("content") or "" for d in deltas) == "Let me check.\n"
+    calls = [c for d in deltas for c in d.get("tool_calls", [])]
+    assert [c["function"]["name"] for c in calls] == ["get"]
+    assert chunks[-1]["finish_reason"] == "tool_calls"
+
+
+def test_server_reply_to_an_opened_thought():
+    b = _builder({}, prompt=OPENED)
+    message = b.response([_out("Two and two.\n</think>\n\nFour.", "stop")])["choices"][0]["message"]
+    assert (message["content"], message["reasoning_content"]) == ("Four.", "Two and two.")
+
+
+# ---- the grammars, token by token ------------------------------------------------------------
+
+BPE = pathlib.Path(__file__).parent / "reference" / "hf" / "tokenizers" / "bpe" / "tokenizer.json"
+
+
+@pytest.fixture(scope="module")
+def vocab():
+    return LLTokenizer(BPE.read_text(encoding="utf-8"))
+
+
+def sample(vocab, grammar, rng, prefer=(), max_tokens=300):
+    """A reply drawn at random under the grammar (tokens in prefer drawn half the time, to steer it
+    into tags): its text and its tokens' texts."""
+    m = LLMatcher(vocab, grammar, log_level=1)
+    assert not m.is_error(), m.get_error()
+    pieces, tokens = [], []
+    for _ in range(max_tokens):
+        mask = m.compute_logit_bias()
+        allowed = [t for t in range(vocab.vocab_size) if mask[t]]
+        assert allowed, "the grammar allows nothing"
+        if vocab.eos_token in allowed and (len(allowed) == 1 or rng.random() < 0.3):
+            break
+        choices = [t for t in allowed if t != vocab.eos_token]
+        liked = [t for t in choices if vocab.decode_str([t]) in prefer]
+        t = rng.choice(liked if liked and rng.random() < 0.5 else choices)
+        assert m.consume_token(t), m.get_error()
+        pieces.append(vocab.decode_str([t]))
+        tokens.append(t)
+        if m.is_stopped():
+            break
+    return vocab.decode_bytes(tokens).decode("utf-8", errors="replace"), pieces
+
+
+TAGS = ("<", "/", "t", "h", "in", "k", ">", "think")
+SCHEMAS = [
+    {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}}, "required": ["n"],
+     "additionalProperties": False},
+    {"type": "object", "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 1,
+                                               "maxItems": 3}}, "required": ["tags"], "additionalProperties": False},
+    {"anyOf": [{"type": "string", "maxLength": 5}, {"type": "boolean"}]},
+]
+
+
+@pytest.mark.parametrize("prompt", [OPENED, ""], ids=["opened", "may_open"])
+@pytest.mark.parametrize("budget", [None, 0, 5])
+def test_the_answer_is_constrained_after_the_thought(vocab, prompt, budget):
+    rng = random.Random()
+    for schema in SCHEMAS:
+        grammar = constrain.grammar(constrain.json_answer(schema), constrain.Thought(QWEN3, prompt), budget)
+        for _ in range(3):
+            text, pieces = sample(vocab, grammar, rng, TAGS)
+            content, thought = QWEN3.split(text, prompt)
+            if budget is None and "<think>" in text[:20] + prompt and "</think>" not in text:
+                continue   # an unbounded thought, cut off by max_tokens before it closed
+            jsonschema.validate(json.loads(content), schema)
+            if "</think>" in text and budget is not None:
+                opened = 0 if QWEN3.starts_in_thought(prompt) else _tokens_to(pieces, "<think>")
+                assert _tokens_to(pieces, "</think>") - opened <= budget + len("</think>"), text
+
+
+def _tokens_to(pieces, tag):
+    """How many tokens it takes until text holds tag."""
+    text = ""
+    for n, p in enumerate(pieces, 1):
+        text += p
+        if tag in text:
+            return n
+    return len(pieces)
+
+
+@pytest.mark.parametrize("budget", [0, 1, 7])
+def test_the_budget_closes_the_thought_at_its_count(vocab, budget):
+    """Never steered to the closing tag, a thought runs to its budget exactly, then is closed."""
+    rng = random.Random()
+    grammar = constrain.grammar(None, constrain.Thought(QWEN3, OPENED), budget)
+    for _ in range(5):
+        m = LLMatcher(vocab, grammar, log_level=1)
+        for _ in range(budget):
+            mask = m.compute_logit_bias()
+            allowed = [t for t in range(vocab.vocab_size) if mask[t] and "<" not in vocab.decode_str([t])
+                       and t != vocab.eos_token]
+            assert m.consume_token(rng.choice(allowed))
+        forced = m.compute_ff_tokens()
+        assert vocab.decode_str(forced).startswith("</think>")
+    assert constrain.grammar(None, constrain.Thought(QWEN3, OPENED), None) is None   # no budget: free
+
+
+def test_free_text_may_not_open_a_thought_past_the_budget(vocab):
+    """Where the reply may open a thought, free text cannot start with one: the budget's branch is
+    the only way to think."""
+    grammar = constrain.grammar(None, constrain.Thought(QWEN3, ""), 2)
+    rng = random.Random()
+    for _ in range(10):
+        text, pieces = sample(vocab, grammar, rng, TAGS)
+        content, thought = QWEN3.split(text)
+        if text.lstrip().startswith("<think>"):
+            assert "</think>" in text and _tokens_to(pieces, "</think>") - _tokens_to(pieces, "<think>") <= 2 + 8
+
+
+TOOLS = [{"type": "function", "function": {"name": "get", "parameters": {
+            "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}},
+         {"type": "function", "function": {"name": "put", "parameters": {
+            "type": "object", "properties": {"y": {"enum": ["a", "b"]}}, "required": ["y"],
+            "additionalProperties": False}}}]
+
+
+@pytest.mark.parametrize("style", ["hermes", "json"])
+@pytest.mark.parametrize("parallel", [False, True])
+def test_required_tool_calls_are_always_valid_calls(vocab, style, parallel):
+    from ember.chat import ToolCallParser
+    parser, rng = ToolCallParser(style), random.Random()
+    by_name = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    for prompt, reasoning in (("", ReasoningParser("none")), (OPENED, QWEN3)):
+        grammar = constrain.grammar(constrain.tool_answer(style, TOOLS, parallel, lazy=False),
+                                    constrain.Thought(reasoning, prompt), 4 if reasoning.active else None)
+        for _ in range(4):
+            text, _ = sample(vocab, grammar, rng, ("{", "}", '"', "0", "a"), max_tokens=5000)
+            content, _ = reasoning.split(text, prompt)
+            calls = parser.parse(content)[1]
+            assert calls and (parallel or len(calls) == 1), text
+            for call in calls:
+                jsonschema.validate(json.loads(call["function"]["arguments"]), by_name[call["function"]["name"]])
+
+
+def _whole_text(vocab, t) -> bool:
+    """Whether token t is whole UTF-8 text (not part of a character the next token would finish)."""
+    try:
+        vocab.decode_bytes([t]).decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def test_lazy_tool_calls_leave_free_text_free_until_a_call_opens(vocab):
+    grammar = constrain.grammar(constrain.tool_answer("hermes", TOOLS, True, lazy=True),
+                                constrain.Thought(ReasoningParser("none"), ""))
+    m = LLMatcher(vocab, grammar, log_level=1)
+    free = LLMatcher(vocab, "start: /(?s:.*)/", log_level=1)
+    rng = random.Random()
+    for _ in range(20):   # any text at all, as if nothing constrained it
+        mask = m.compute_logit_bias()
+        assert mask == free.compute_logit_bias()
+        t = rng.choice([t for t in range(vocab.vocab_size) if mask[t] and t != vocab.eos_token
+                        and _whole_text(vocab, t) and "<" not in vocab.decode_str([t])])
+        assert m.consume_token(t) and free.consume_token(t)
+    for t in vocab.tokenize_str(" <tool_call>"):
+        assert m.consume_token(t)
+    assert vocab.decode_str(m.compute_ff_tokens()).startswith('\n{"name": "')   # a call is forced from here
+
+
+def test_other_answers(vocab):
+    rng = random.Random()
+    none = constrain.Thought(ReasoningParser("none"), "")
+    for _ in range(5):
+        assert sample(vocab, constrain.grammar(constrain.choice_answer(["yes", "no/maybe"]), none), rng)[0] in \
+            ("yes", "no/maybe")
+        text = sample(vocab, constrain.grammar(constrain.regex_answer(r"[0-9]{2}/[a-c]"), none), rng)[0]
+        assert len(text) == 4 and text[2] == "/"
+        text = sample(vocab, constrain.grammar(constrain.grammar_answer('root ::= "a" [0-9]+ "b"'),
+                                               constrain.Thought(QWEN3, OPENED), 2), rng)[0]
+        content, thought = QWEN3.split(text, OPENED)
+        assert content[0] == "a" and content[-1] == "b" and content[1:-1].isdigit()
+    with pytest.raises(ValueError, match="does not parse"):
+        constrain.grammar_answer("root ::= (")
