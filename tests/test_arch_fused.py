@@ -1,4 +1,5 @@
-"""The families of issue 42 with fused tensors and partial rotary (Phi-3 / Phi-4): tiny random HF
+"""The families of issue 42 with fused tensors, partial rotary or rope options of their own (Phi-3 /
+Phi-4, Mistral 3's YaRN and attention temperature): tiny random HF
 models (tools/gen_hf_references.py says how each was made) converted by ember-convert; the GGUF keys
 and tensors must be those llama.cpp's converter writes, ember's logits must match transformers' at
 f32 (one batch and token by token, prompts longer than the window), and bad configs and files give a
@@ -23,7 +24,8 @@ from ember.convert_error import ConvertError  # noqa: E402
 
 # name -> (prompt, n_ctx): past the original context of 32 the long LongRoPE factors rotate, within
 # it the short ones, as transformers picks them by the sequence's length and llama.cpp by n_ctx.
-CASES = {"phi3": (hf_tiny.LONG_PROMPT, 64), "phi3-short": (hf_tiny.SHORT_PROMPT, 32)}
+CASES = {"phi3": (hf_tiny.LONG_PROMPT, 64), "phi3-short": (hf_tiny.SHORT_PROMPT, 32),
+         "ministral3": (hf_tiny.LONG_PROMPT, 64)}
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +83,35 @@ def test_phi3_file(models):
     np.testing.assert_array_equal(t["blk.0.ffn_up.weight"], sd["model.layers.0.mlp.gate_up_proj.weight"])
 
 
+def test_mistral3_file(models):
+    _, sd, path = models["ministral3"]
+    kv, t = _fields(path), _tensors(path)
+    assert kv["general.architecture"] == "mistral3"
+    assert kv["mistral3.attention.temperature_scale"] == pytest.approx(0.3)
+    assert kv["mistral3.rope.scaling.yarn_log_multiplier"] == pytest.approx(0.5)
+    assert kv["mistral3.rope.scaling.original_context_length"] == 16
+    assert kv["mistral3.rope.scaling.factor"] == pytest.approx(8.0)
+    block = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"]
+    assert set(t) == {"token_embd.weight", "output_norm.weight", "output.weight"} | {
+        f"blk.{i}.{n}.weight" for i in range(2) for n in block}
+    # llama's Q/K row permutation (rope on adjacent pairs).
+    q = sd["model.layers.0.self_attn.q_proj.weight"]
+    np.testing.assert_array_equal(t["blk.0.attn_q.weight"],
+                                  q.reshape(4, 2, 8, 64).swapaxes(1, 2).reshape(q.shape))
+
+
+def test_attention_temperature_matters(models, hf_reference, tmp_path):
+    """The same file without its temperature key leaves transformers' logits on the long prompt
+    (positions past the original 16 scale their queries), so the match above depends on it."""
+    ids, n_ctx = CASES["ministral3"]
+    want = hf_reference.logits("ministral3", ids)
+    path = _rewritten(models["ministral3"][2], str(tmp_path / "cold.gguf"),
+                      drop_keys=("mistral3.attention.temperature_scale",))
+    got = _logits(path, ids, n_ctx, 64)
+    assert np.abs(got - want).max() / np.abs(want).max() > 1e-3
+    np.testing.assert_allclose(got[:16], want[:16], rtol=0, atol=1e-4 * np.abs(want).max())
+
+
 @pytest.mark.parametrize("chunk", [40, 1], ids=["prompt", "decode"])
 @pytest.mark.parametrize("name", list(CASES))
 def test_logits_match_transformers(models, hf_reference, name, chunk):
@@ -121,7 +152,9 @@ GREEDY = hf_tiny.ROOT / "tests" / "reference" / "fused_families" / "llama_cpp_gr
 # name -> config changes of the tiny phi3 (tools/gen_fused_greedy_references.py's CASES).
 GREEDY_CASES = {"phi3-long": {"sliding_window": None},
                 "phi3-short": {"sliding_window": None, "original_max_position_embeddings": 512,
-                               "max_position_embeddings": 2048}}
+                               "max_position_embeddings": 2048},
+                "mistral3": {}}
+GREEDY_MODEL = {"phi3-long": "phi3", "phi3-short": "phi3", "mistral3": "ministral3"}
 
 
 @pytest.mark.parametrize("case", list(GREEDY_CASES))
@@ -133,7 +166,7 @@ def test_greedy_text_matches_llama_cpp(models, tmp_path, case):
     from ember.llama import Llama
 
     ref = json.loads(GREEDY.read_text(encoding="utf-8"))[case]
-    d = _edited(models["phi3"][0], str(tmp_path / case), lambda cfg: cfg.update(GREEDY_CASES[case]))
+    d = _edited(models[GREEDY_MODEL[case]][0], str(tmp_path / case), lambda cfg: cfg.update(GREEDY_CASES[case]))
     path = str(tmp_path / f"{case}.gguf")
     convert(d, path, "f32", progress=False)
     with Llama(path, n_ctx=128, verbose=False) as llm:
@@ -165,28 +198,31 @@ def _rope(**changes):
     return lambda cfg: cfg["rope_parameters"].update(changes)
 
 
-@pytest.mark.parametrize("edit,needle", [
-    (_rope(long_factor=[1.0, 2.0]), "LongRoPE's 'long_factor' must be a list of 4 numbers"),
-    (_rope(short_factor=[1.0, -2.0, 1.0, 1.0]), "LongRoPE's 'short_factor' must be positive"),
-    (_rope(partial_rotary_factor=1.5), "'partial_rotary_factor' must be in (0, 1]"),
-    (_rope(partial_rotary_factor=0.1), "rotates 1 dimensions of a head of 16"),
-    (_rope(rope_type="dynamic"), "unsupported rope scaling 'dynamic'"),
-    (lambda cfg: cfg.update(sliding_window=-3), "'sliding_window' must be a non-negative integer"),
+@pytest.mark.parametrize("name,edit,needle", [
+    ("phi3", _rope(long_factor=[1.0, 2.0]), "LongRoPE's 'long_factor' must be a list of 4 numbers"),
+    ("phi3", _rope(short_factor=[1.0, -2.0, 1.0, 1.0]), "LongRoPE's 'short_factor' must be positive"),
+    ("phi3", _rope(partial_rotary_factor=1.5), "'partial_rotary_factor' must be in (0, 1]"),
+    ("phi3", _rope(partial_rotary_factor=0.1), "rotates 1 dimensions of a head of 16"),
+    ("phi3", _rope(rope_type="dynamic"), "unsupported rope scaling 'dynamic'"),
+    ("phi3", lambda cfg: cfg.update(sliding_window=-3), "'sliding_window' must be a non-negative integer"),
+    ("ministral3", _rope(mscale=2.0), "rope scaling 'yarn' with mscale 2.0 is not supported"),
+    ("ministral3", _rope(llama_4_scaling_beta=-0.1), "'llama_4_scaling_beta' must be a non-negative number"),
+    ("ministral3", lambda cfg: cfg.update(sliding_window=4096), "sliding-window attention is not supported"),
 ])
-def test_bad_config_gives_clear_error(models, tmp_path, edit, needle):
-    d = _edited(models["phi3"][0], str(tmp_path / "bad"), edit)
+def test_bad_config_gives_clear_error(models, tmp_path, name, edit, needle):
+    d = _edited(models[name][0], str(tmp_path / "bad"), edit)
     with pytest.raises(ConvertError, match=None) as e:
         convert(d, str(tmp_path / "bad.gguf"), "f32", progress=False)
     assert needle in str(e.value)
     assert not os.path.exists(tmp_path / "bad.gguf")
 
 
-def _rewritten(src, dst, drop=(), **changes):
-    """src's GGUF with keys changed (name -> (value, GGUFValueType)) and tensors dropped."""
+def _rewritten(src, dst, drop=(), drop_keys=(), **changes):
+    """src's GGUF with keys changed (name -> (value, GGUFValueType)) or dropped, and tensors dropped."""
     r = gguf.GGUFReader(src)
-    w = gguf.GGUFWriter(dst, "phi3")
+    w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents())
     for name, field in r.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
+        if name.startswith("GGUF.") or name == "general.architecture" or name in drop_keys:
             continue
         if name in changes:
             value, vtype = changes.pop(name)
@@ -219,9 +255,12 @@ U32, F32 = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32
     ((), {"phi3.rope.scaling.attn_factor": (-1.0, F32)}, "rope.scaling.attn_factor must be positive"),
     (("rope_factors_long.weight",), {}, "LongRoPE needs both rope_factors_short.weight and rope_factors_long.weight"),
     ((), {"phi3.rope.dimension_count": (4, U32)}, "tensor 'rope_factors_short.weight' must be F32 [2]"),
+    ((), {"mistral3.attention.temperature_scale": (0.1, F32), "mistral3.rope.scaling.original_context_length": (0, U32)},
+     "temperature_scale needs a positive mistral3.rope.scaling.original_context_length, got 0"),
 ])
 def test_bad_file_gives_clear_error(models, tmp_path, drop, changes, needle):
-    path = _rewritten(models["phi3"][2], str(tmp_path / "bad.gguf"), drop, **changes)
+    name = "ministral3" if any(k.startswith("mistral3.") for k in changes) else "phi3"
+    path = _rewritten(models[name][2], str(tmp_path / "bad.gguf"), drop, **changes)
     with pytest.raises(ValueError) as e:
         _ember.Model(path)
     assert needle in str(e.value)

@@ -97,6 +97,11 @@ MODELS = {
     # 32 (the long prompt takes the long factors, the short one the short), a window of 8.
     "phi3": Tiny("phi3", "bpe", 18, prompt=_LONG, overrides=_PHI3),
     "phi3-short": Tiny("phi3", "bpe", 19, prompt=_SHORT, overrides=_PHI3),
+    # Ministral 3: YaRN from an original context of 16 with mscale_all_dim 0.5 (a magnitude other than
+    # 1), llama 4's attention temperature (beta 0.3) growing every 16 positions of the long prompt.
+    "ministral3": Tiny("ministral3", "bpe", 20, prompt=_LONG, overrides=dict(head_dim=16, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 8.0, "original_max_position_embeddings": 16,
+        "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.5, "llama_4_scaling_beta": 0.3})),
     # tests/test_embeddings.py
     "embed-llama": Tiny("llama", "bpe", 7),
 }
@@ -187,8 +192,8 @@ def _tokenizer(tok_dir, backend):
 
 
 def _config(tiny, n_tokens):
-    from transformers import (Gemma3TextConfig, GptOssConfig, LlamaConfig, MistralConfig, MixtralConfig, Phi3Config,
-                              Qwen2Config, Qwen3Config, Qwen3MoeConfig)
+    from transformers import (Gemma3TextConfig, GptOssConfig, LlamaConfig, Ministral3Config, MistralConfig,
+                              MixtralConfig, Phi3Config, Qwen2Config, Qwen3Config, Qwen3MoeConfig)
 
     kw = dict(vocab_size=n_tokens + tiny.extra_vocab, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5,
@@ -201,7 +206,7 @@ def _config(tiny, n_tokens):
     kw.update(tiny.overrides)
     classes = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config,
                "gemma3": Gemma3TextConfig, "qwen3moe": Qwen3MoeConfig, "mixtral": MixtralConfig,
-               "gpt-oss": GptOssConfig, "phi3": Phi3Config}
+               "gpt-oss": GptOssConfig, "phi3": Phi3Config, "ministral3": Ministral3Config}
     return classes[tiny.arch](**kw)
 
 
@@ -232,12 +237,13 @@ def _saved_layout(model, dtype, shard, work):
 def model_layouts(tok_root, work):
     """name -> layout, tokenizer and seed of every tiny model (models.json)."""
     from transformers import (Gemma3Config, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, GptOssForCausalLM,
-                              LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM,
-                              Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)
+                              LlamaForCausalLM, Ministral3ForCausalLM, MistralForCausalLM, MixtralForCausalLM,
+                              Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)
 
     classes = {"llama": LlamaForCausalLM, "mistral": MistralForCausalLM, "qwen2": Qwen2ForCausalLM,
                "qwen3": Qwen3ForCausalLM, "gemma3": Gemma3ForCausalLM, "qwen3moe": Qwen3MoeForCausalLM,
-               "mixtral": MixtralForCausalLM, "gpt-oss": GptOssForCausalLM, "phi3": Phi3ForCausalLM}
+               "mixtral": MixtralForCausalLM, "gpt-oss": GptOssForCausalLM, "phi3": Phi3ForCausalLM,
+               "ministral3": Ministral3ForCausalLM}
     out, configs = {}, {}
     for name, tiny in MODELS.items():
         backend = ENCODERS[tiny.tokenizer][0]

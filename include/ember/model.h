@@ -52,7 +52,7 @@ struct HParams {
     int32_t rope_n_ctx_orig = 0;          // rope.scaling.original_context_length (YaRN)
     float yarn_ext_factor = 0.0f, yarn_attn_factor = 1.0f, yarn_beta_fast = 32.0f, yarn_beta_slow = 1.0f;
     bool yarn_rounded = true;   // YaRN's correction range rounded out to whole dimensions (not for gpt-oss)
-    float yarn_log_mul = 0.0f;        // rope.scaling.yarn_log_mul: YaRN's mscale_all_dim (Mistral 3)
+    float yarn_log_mul = 0.0f;        // rope.scaling.yarn_log_multiplier: YaRN's mscale_all_dim (Mistral 3)
     float rope_attn_factor = 1.0f;    // rope.scaling.attn_factor: cos and sin scaled by it (LongRoPE)
     int32_t n_rot = 0;                // rope.dimension_count: each head's rotated dimensions (partial rotary)
     float attn_temp_scale = 0.0f;     // attention.temperature_scale (Mistral 3; its length rope_n_ctx_orig)

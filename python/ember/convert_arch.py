@@ -9,7 +9,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from .convert_error import ConvertError
-from .convert_fused import phi3_layers, read_phi3
+from .convert_fused import phi3_layers, read_mistral3, read_phi3
 from .convert_moe import GPT_OSS, MIXTRAL, QWEN3MOE, ExpertLayout, add_expert_keys, expert_tensors, read_experts
 from .convert_rope import Rope, add_rope_scaling, llama3_rope_divisors, read_rope, split_rope_params
 
@@ -29,6 +29,7 @@ class ArchSpec:
     defaults: dict = field(default_factory=dict)   # config values transformers fills in when absent
     read_extra: Optional[Callable] = None   # (config, Hparams, path): the family's own keys (convert_fused.py)
     layer_map: Optional[Callable] = None    # (per-layer tensor map, Hparams): edits it in place
+    yarn_mscale: bool = False               # YaRN's mscale_all_dim is written (Mistral 3)
 
 
 # Gemma3TextConfig's defaults: released checkpoints leave many of these out of config.json.
@@ -52,6 +53,8 @@ ARCHS = {
     "MixtralForCausalLM": ArchSpec("llama", permute_qk=True, experts=MIXTRAL),
     "GptOssForCausalLM": ArchSpec("gpt-oss", qkv_bias=True, experts=GPT_OSS, gpt_oss=True, rope_scalings=("yarn",)),
     "Phi3ForCausalLM": ArchSpec("phi3", rope_scalings=("longrope",), read_extra=read_phi3, layer_map=phi3_layers),
+    "Ministral3ForCausalLM": ArchSpec("mistral3", permute_qk=True, rope_scalings=("yarn",), read_extra=read_mistral3,
+                                      yarn_mscale=True),
 }
 
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
@@ -215,7 +218,8 @@ def read_hparams(config, spec, path):
         head_dim=_int(config, "head_dim", path, n_embd // n_head),
         n_ctx=_int(config, "max_position_embeddings", path, 2048),
         rms_eps=float(config.get("rms_norm_eps", 1e-6)),
-        rope=read_rope(rope_params, 10_000.0, path, allowed=spec.rope_scalings, unrounded_yarn=spec.gpt_oss),
+        rope=read_rope(rope_params, 10_000.0, path, allowed=spec.rope_scalings, unrounded_yarn=spec.gpt_oss,
+                       yarn_mscale=spec.yarn_mscale),
         tied=bool(config.get("tie_word_embeddings", False)),
     )
     if n_head % hp.n_head_kv:

@@ -1,6 +1,7 @@
 """ember-convert's families whose checkpoints fuse tensors or rotate part of each head, as llama.cpp's
 converter writes them: Phi-3 / Phi-4 (fused qkv_proj and gate_up_proj, partial rotary, LongRoPE's
-short and long factors with their attention factor, the sliding window). Each gives a reader of its
+short and long factors with their attention factor, the sliding window) and Mistral 3 (YaRN with
+mscale_all_dim, llama 4's attention temperature). Each gives a reader of its
 config keys and an edit of the per-layer tensor map (convert_arch.ArchSpec's read_extra and layer_map)."""
 import math
 
@@ -70,3 +71,18 @@ def phi3_layers(out, hp):
         del out[name]
     out["self_attn.qkv_proj.weight"] = ("attn_qkv.weight", (q + 2 * kv, E), 0)
     out["mlp.gate_up_proj.weight"] = ("ffn_up.weight", (2 * hp.n_ff, E), 0)
+
+
+def read_mistral3(config, hp, path):
+    """llama 4's attention temperature (rope_parameters' llama_4_scaling_beta, over the original
+    context) as attention.temperature_scale; no sliding window."""
+    params = dict(config.get("rope_parameters") or {})
+    if config.get("sliding_window") is not None or config.get("layer_types"):
+        raise ConvertError(f"{path}: sliding-window attention is not supported for mistral3")
+    beta = params.get("llama_4_scaling_beta")
+    if beta is not None:
+        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or beta < 0:
+            raise ConvertError(f"{path}: 'llama_4_scaling_beta' must be a non-negative number, got {beta!r}")
+        if hp.rope.scaling != "yarn":
+            raise ConvertError(f"{path}: 'llama_4_scaling_beta' needs YaRN's original_max_position_embeddings")
+        hp.keys["attention.temperature_scale"] = float(beta)

@@ -25,6 +25,7 @@ class Rope:
     yarn_attn_factor: Optional[float] = None
     yarn_beta_fast: Optional[float] = None
     yarn_beta_slow: Optional[float] = None
+    yarn_log_mul: Optional[float] = None   # YaRN's mscale_all_dim (rope.scaling.yarn_log_multiplier)
 
 
 def split_rope_params(config):
@@ -62,11 +63,13 @@ def _optional(params, *keys):
     return None
 
 
-def read_rope(params, default_base, path, allowed=SCALINGS, what="rope scaling", unrounded_yarn=False):
+def read_rope(params, default_base, path, allowed=SCALINGS, what="rope scaling", unrounded_yarn=False,
+              yarn_mscale=False):
     """params: one flat rope dict (see split_rope_params). allowed: the scalings this architecture's
     GGUF can express; anything else is refused, since a file that runs with the wrong positions is
     worse than none. unrounded_yarn: the architecture's YaRN keeps its correction range unrounded
-    (gpt-oss), so its configs must say truncate=false."""
+    (gpt-oss), so its configs must say truncate=false. yarn_mscale: the architecture's GGUF carries
+    YaRN's mscale_all_dim (Mistral 3; mscale must then be 1, as llama.cpp assumes)."""
     kind = params.get("rope_type") or "default"
     rope = Rope(base=float(params.get("rope_theta", default_base)))
     if kind == "default":
@@ -86,9 +89,15 @@ def read_rope(params, default_base, path, allowed=SCALINGS, what="rope scaling",
             raise ConvertError(f"{path}: rope scaling 'llama3' needs low_freq_factor != high_freq_factor")
     elif kind == "yarn":
         rope.orig_ctx = _number(params, "original_max_position_embeddings", path, kind, int)
-        for unsupported in ("mscale", "mscale_all_dim"):
-            if params.get(unsupported) is not None:
-                raise ConvertError(f"{path}: rope scaling 'yarn' with '{unsupported}' is not supported")
+        if yarn_mscale and params.get("mscale_all_dim") is not None:
+            if params.get("mscale", 1.0) != 1.0:
+                raise ConvertError(f"{path}: rope scaling 'yarn' with mscale {params['mscale']!r} is not supported "
+                                   "(llama.cpp's mistral3 assumes 1)")
+            rope.yarn_log_mul = _number(params, "mscale_all_dim", path, kind)
+        else:
+            for unsupported in ("mscale", "mscale_all_dim"):
+                if params.get(unsupported) is not None:
+                    raise ConvertError(f"{path}: rope scaling 'yarn' with '{unsupported}' is not supported")
         truncate = params.get("truncate", True)
         if unrounded_yarn and truncate is not False:
             raise ConvertError(f"{path}: rope scaling 'yarn' must have truncate=false here (the architecture "
@@ -118,7 +127,8 @@ def add_rope_scaling(writer, rope):
         for value, add in ((rope.yarn_ext_factor, writer.add_rope_scaling_yarn_ext_factor),
                            (rope.yarn_attn_factor, writer.add_rope_scaling_yarn_attn_factor),
                            (rope.yarn_beta_fast, writer.add_rope_scaling_yarn_beta_fast),
-                           (rope.yarn_beta_slow, writer.add_rope_scaling_yarn_beta_slow)):
+                           (rope.yarn_beta_slow, writer.add_rope_scaling_yarn_beta_slow),
+                           (rope.yarn_log_mul, writer.add_rope_scaling_yarn_log_mul)):
             if value is not None:
                 add(value)
 

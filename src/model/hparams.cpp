@@ -96,7 +96,7 @@ HParams read_hparams(const GGUFFile& f) {
                                                  f.get_float(a + "rope.scaling.attn_factor", 1.0));
         hp.yarn_beta_fast = (float)f.get_float(a + "rope.scaling.yarn_beta_fast", 32.0);
         hp.yarn_beta_slow = (float)f.get_float(a + "rope.scaling.yarn_beta_slow", 1.0);
-        hp.yarn_log_mul = (float)f.get_float(a + "rope.scaling.yarn_log_mul", 0.0);
+        hp.yarn_log_mul = (float)f.get_float(a + "rope.scaling.yarn_log_multiplier", 0.0);
         if (hp.yarn_log_mul != 0.0f) {
             // As llama.cpp: the magnitude is mscale(factor, 1) / mscale(factor, log_mul) times the
             // file's attn_factor, with rope's own 1 + 0.1 ln(factor) divided out.
