@@ -313,3 +313,36 @@ def test_bad_constraints_are_400s_naming_the_field(client, engine, fields, param
     err = assert_error(r, 400, param)
     assert words in err["message"]
     assert engine.stats()["running"] == before["running"] == 0   # refused before anything ran
+
+
+def test_forced_calls_in_the_messages_and_responses_apis(thinking, engine, tmp_path):
+    """Anthropic's tool_choice any / tool (and thinking.budget_tokens), the Responses API's required
+    (under the server's --reasoning-budget: the API has no budget of its own)."""
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
+    anthropic_tools = [{"name": t["function"]["name"], "input_schema": t["function"]["parameters"]}
+                       for t in (WEATHER, TIME)]
+    for choice in ({"type": "any", "disable_parallel_tool_use": True}, {"type": "tool", "name": "get_weather"}):
+        body = {"max_tokens": 200, "messages": CHAT, "tools": anthropic_tools, "tool_choice": choice,
+                "temperature": 0, "thinking": {"type": "enabled", "budget_tokens": 3}}
+        r = thinking.post("/v1/messages", json=body)
+        assert r.status_code == 200, r.text
+        uses = [b for b in r.json()["content"] if b["type"] == "tool_use"]
+        assert uses and r.json()["stop_reason"] == "tool_use"
+        if choice["type"] == "tool":
+            assert [u["name"] for u in uses] == ["get_weather"]
+        for use in uses:
+            jsonschema.validate(use["input"], schemas[use["name"]])
+    r = thinking.post("/v1/messages", json={"max_tokens": 5, "messages": CHAT, "tools": anthropic_tools,
+                                            "tool_choice": {"type": "tool", "name": "nope"}})
+    assert r.status_code == 400 and "nope" in r.text
+    responses_tools = [{"type": "function", "name": "get_time", "parameters": TIME["function"]["parameters"]}]
+    path = tmp_path / "qwen3.jinja"
+    path.write_text(QWEN3_STYLE, encoding="utf-8")
+    with TestClient(create_app(engine, ServerSettings(chat_template=str(path), reasoning_budget=4))) as c:
+        r = c.post("/v1/responses", json={"input": "What time is it?", "tools": responses_tools,
+                                          "tool_choice": "required", "parallel_tool_calls": False,
+                                          "max_output_tokens": 200, "temperature": 0})
+    assert r.status_code == 200, r.text
+    calls = [item for item in r.json()["output"] if item["type"] == "function_call"]
+    assert calls and all(c["name"] == "get_time" for c in calls)
+    check(TIME["function"]["parameters"], calls[0]["arguments"])

@@ -133,7 +133,8 @@ def _run(srv, body: dict) -> ChatRun:
         raise _bad("thinking.budget_tokens: must be a whole number >= 0")
     params = sampling(max_tokens, temperature, body.get("top_p"), body.get("top_k"), stop)
     return ChatRun(srv, chat_messages(body), tools, params, choice["type"] != "none", body.get("model"),
-                   required=choice["type"] in ("any", "tool"), tool_name=name, budget=budget)
+                   required=choice["type"] in ("any", "tool"), tool_name=name, budget=budget,
+                   parallel=not choice.get("disable_parallel_tool_use", False))
 
 
 def _thinking(body: dict) -> bool:

@@ -30,12 +30,13 @@ def sampling(max_tokens: Optional[int], temperature, top_p, top_k=None, stop=Non
 
 class ChatRun:
     """messages / tools in OpenAI's chat form; use_tools: the reply is parsed for tool calls;
-    required: it must call one (tool_name: that one), constrained to the tools' schemas; budget:
-    tokens it may think (None: the server's --reasoning-budget)."""
+    required: it must call one (tool_name: that one), constrained to the tools' schemas; parallel:
+    several calls may come (never for a named tool); budget: tokens it may think (None: the server's
+    --reasoning-budget)."""
 
     def __init__(self, srv, messages: List[dict], tools: Optional[List[dict]], params: SamplingParams,
                  use_tools: bool, model: Optional[str], required: bool = False, tool_name: Optional[str] = None,
-                 budget: Optional[int] = None):
+                 budget: Optional[int] = None, parallel: bool = True):
         self.srv = srv
         self.messages, self.tools, self.params = messages, tools, params
         self.parser: Optional[ToolCallParser] = srv.tool_parser if use_tools and tools else None
@@ -47,7 +48,8 @@ class ChatRun:
             tools = [t for t in tools if t["function"]["name"] == tool_name]
         budget = srv.settings.reasoning_budget if budget is None else budget
         self.constraint = ChatConstraint(tools=tools if self.parser else None, required=required,
-                                         parallel=tool_name is None, budget=budget if budget >= 0 else None)
+                                         parallel=parallel and tool_name is None,
+                                         budget=budget if budget >= 0 else None)
         self.prompt = ""
         self.text = ""
         self.content: Optional[str] = None

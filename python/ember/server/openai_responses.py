@@ -100,9 +100,12 @@ def _run(srv, body: dict) -> ChatRun:
                                        "'name': ...}")
     elif choice == "required" and not tools:
         raise bad_param("tool_choice", "tool_choice 'required' needs 'tools'")
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise bad_param("parallel_tool_calls", "'parallel_tool_calls' must be a boolean")
     params = sampling(max_tokens, temperature, body.get("top_p"))
     return ChatRun(srv, chat_messages(body), tools, params, choice != "none", body.get("model"),
-                   required=name is not None or choice == "required", tool_name=name)
+                   required=name is not None or choice == "required", tool_name=name, parallel=parallel)
 
 
 class _Response:
@@ -140,7 +143,8 @@ class _Response:
                 "model": self.model, "output": output, "error": None,
                 "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
                 "instructions": self.body.get("instructions"), "tools": self.body.get("tools") or [],
-                "tool_choice": self.body.get("tool_choice", "auto"), "parallel_tool_calls": True,
+                "tool_choice": self.body.get("tool_choice", "auto"),
+                "parallel_tool_calls": self.body.get("parallel_tool_calls", True),
                 "temperature": self.body.get("temperature"), "top_p": self.body.get("top_p"),
                 "max_output_tokens": self.body.get("max_output_tokens"), "metadata": self.body.get("metadata") or {},
                 "text": {"format": {"type": "text"}}, "usage": usage}
