@@ -99,9 +99,12 @@ def test_pair_layouts():
     bert = _ember.Tokenizer.from_vocab("bert", ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "\u2581a", "\u2581b", "c"],
                                        token_types=[3, 3, 3, 3, 1, 1, 1], bos=2, unk=1, sep=3)
     assert encode_pair(bert, "a", "bc") == ([2, 4, 3, 5, 6, 3], [0, 0, 0, 1, 1, 1])
-    spm = _ember.Tokenizer.from_vocab("gpt2", ["<s>", "</s>", "a", "b"], token_types=[3, 3, 1, 1], bos=0, eos=1,
+    bpe = _ember.Tokenizer.from_vocab("gpt2", ["<s>", "</s>", "a", "b"], token_types=[3, 3, 1, 1], bos=0, eos=1,
                                       add_bos=True)
-    assert encode_pair(spm, "a", "b") == ([0, 2, 1, 3, 1], [0] * 5)   # llama.cpp's: BOS q EOS d EOS
+    assert encode_pair(bpe, "a", "b") == ([0, 2, 3], [0] * 3)   # llama.cpp's: BOS q d, no EOS asked for
+    bpe = _ember.Tokenizer.from_vocab("gpt2", ["<s>", "</s>", "a", "b"], token_types=[3, 3, 1, 1], bos=0, eos=1,
+                                      add_bos=True, add_eos=True)
+    assert encode_pair(bpe, "a", "b") == ([0, 2, 1, 3, 1], [0] * 5)   # BOS q EOS d EOS
     with pytest.raises(TypeError):
         encode_pair(bert, "a", None)
 

@@ -1,6 +1,6 @@
 // Tokenizer built from GGUF metadata: byte-level BPE (GPT-2 style, pre-tokenizer chosen by
-// tokenizer.ggml.pre), SentencePiece-style (tokenizer.ggml.model = "llama", byte fallback) and
-// WordPiece (tokenizer.ggml.model = "bert").
+// tokenizer.ggml.pre), SentencePiece-style (tokenizer.ggml.model = "llama", byte fallback),
+// WordPiece (tokenizer.ggml.model = "bert") and SentencePiece Unigram ("t5").
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -29,16 +29,18 @@ public:
     virtual int32_t bos() const = 0;          // -1 if none
     virtual int32_t eos() const = 0;          // -1 if none
     virtual int32_t sep() const = 0;          // -1 if none: [SEP] of BERT vocabularies
-    virtual bool add_sep() const = 0;         // encoding with specials ends with sep
+    virtual bool add_sep() const = 0;         // sep between a pair's texts (and, for WordPiece, last)
+    virtual const std::string& model() const = 0;   // tokenizer.ggml.model: "gpt2", "llama", "bert", "t5"
     virtual bool add_bos() const = 0;
+    virtual bool add_eos() const = 0;         // an encoding with specials ends with eos
     virtual bool is_eog(int32_t id) const = 0; // end of generation (eos, eot, <|im_end|>...)
     virtual const std::string& token_text(int32_t id) const = 0;  // raw vocab entry
-};
-
-// Turns a stream of token ids into text without ever splitting a UTF-8 character: bytes of an
     // Control, unknown and unused tokens, and user-defined ones spelled "<...>": never plain text
     // (constrained decoding keeps a grammar's text from matching them).
     virtual bool is_special(int32_t id) const = 0;
+};
+
+// Turns a stream of token ids into text without ever splitting a UTF-8 character: bytes of an
 // incomplete character are held back until the character is complete.
 class IncrementalDetokenizer {
 public:

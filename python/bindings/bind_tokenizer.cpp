@@ -102,8 +102,10 @@ void bind_tokenizer(nb::module_& m) {
         .def_prop_ro("bos", &ember::Tokenizer::bos)
         .def_prop_ro("eos", &ember::Tokenizer::eos)
         .def_prop_ro("add_bos", &ember::Tokenizer::add_bos)
+        .def_prop_ro("add_eos", &ember::Tokenizer::add_eos)
         .def_prop_ro("sep", &ember::Tokenizer::sep)
-        .def_prop_ro("add_sep", &ember::Tokenizer::add_sep);
+        .def_prop_ro("add_sep", &ember::Tokenizer::add_sep)
+        .def_prop_ro("model", &ember::Tokenizer::model, "tokenizer.ggml.model: 'gpt2', 'llama', 'bert' or 't5'");
 
     nb::class_<ember::IncrementalDetokenizer>(m, "IncrementalDetokenizer")
         .def(nb::init<const ember::Tokenizer&, bool>(), "tokenizer"_a, "special"_a = false, nb::keep_alive<1, 2>())

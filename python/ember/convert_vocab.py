@@ -1,7 +1,9 @@
 """Tokenizer of a Hugging Face model directory -> GGUF tokenizer.* metadata: byte-level BPE from
 tokenizer.json (vocab, merges, pre-tokenizer name), SentencePiece from tokenizer.model or from a
 SentencePiece-style tokenizer.json (Metaspace + byte-fallback BPE), BERT's WordPiece from tokenizer.json
-(llama.cpp's "bert" form); special tokens, add_bos/eos/sep, and the chat template."""
+(llama.cpp's "bert" form), SentencePiece Unigram from tokenizer.json (XLM-RoBERTa's, llama.cpp's "t5" form);
+special tokens, add_bos/eos/sep, and the chat template."""
+import base64
 import json
 import os
 import re
@@ -40,6 +42,7 @@ class Vocab:
     add_sep: bool = None
     lowercase: bool = None           # WordPiece: BertNormalizer's lowercase and strip_accents
     strip_accents: bool = None
+    charsmap: bytes = None           # Unigram: the Precompiled normalizer's charsmap
     chat_template: object = None
 
 
@@ -211,6 +214,47 @@ def _wordpiece_from_json(tj, path):
     return v
 
 
+def _unigram_from_json(tj, path):
+    """A Unigram tokenizer.json (XLM-RoBERTa's) as llama.cpp stores it: the pieces with their scores, the
+    Precompiled normalizer's charsmap, a U+2581 before each word (Metaspace after a whitespace split); <s>
+    is the BOS, </s> the EOS and the separator of a pair (<s> A </s></s> B </s>)."""
+    model = tj["model"]
+    pieces = model.get("vocab")
+    if not isinstance(pieces, list) or not all(isinstance(p, list) and len(p) == 2 for p in pieces):
+        raise ConvertError(f"{path}: a Unigram model.vocab is a list of [piece, score] pairs")
+    if model.get("byte_fallback"):
+        raise ConvertError(f"{path}: Unigram with byte_fallback is not supported")
+    tokens, scores, types = [p[0] for p in pieces], [float(p[1]) for p in pieces], [NORMAL] * len(pieces)
+    unk = model.get("unk_id")
+    if not isinstance(unk, int) or not 0 <= unk < len(tokens):
+        raise ConvertError(f"{path}: a Unigram model needs its unk_id, got {unk!r}")
+    for a in tj.get("added_tokens") or []:
+        i = int(a["id"])
+        if i < len(tokens) and tokens[i] == a["content"]:
+            types[i] = CONTROL if a.get("special") else USER_DEFINED
+        else:
+            _place_added(tokens, types, [a], path)
+            scores += [0.0] * (len(tokens) - len(scores))
+    _fill_holes(tokens, types)
+    types[unk] = UNKNOWN
+    charsmap = next((n.get("precompiled_charsmap") for n in _components(tj.get("normalizer"))
+                     if n.get("type") == "Precompiled"), None)
+    pre = _components(tj.get("pre_tokenizer"))
+    meta = next((n for n in pre if n.get("type") == "Metaspace"), None)
+    prefix = meta is not None and meta.get("prepend_scheme", "always") != "never" and meta.get("add_prefix_space", True)
+    v = Vocab(model="t5", tokens=tokens, types=types, scores=scores, add_space_prefix=prefix,
+              remove_extra_whitespaces=any(n.get("type") == "WhitespaceSplit" for n in pre),
+              charsmap=base64.b64decode(charsmap) if charsmap else None, add_sep=True)
+    index = {t: i for i, t in enumerate(tokens) if types[i] == CONTROL}
+    v.special_ids["unk"] = unk
+    for kind, text in (("bos", "<s>"), ("eos", "</s>"), ("sep", "</s>"), ("pad", "<pad>")):
+        if text in index:
+            v.special_ids[kind] = index[text]
+    if "sep" not in v.special_ids:
+        v.add_sep = None
+    return v
+
+
 def _spm_from_model(path):
     from sentencepiece import sentencepiece_model_pb2
 
@@ -295,11 +339,13 @@ def load_vocab(model_dir, model_config, pre_override=None):
         _fill_holes(vocab.tokens, vocab.types)
     elif tj is not None:
         model = tj.get("model") or {}
-        if model.get("type") not in ("BPE", "WordPiece"):
+        if model.get("type") not in ("BPE", "WordPiece", "Unigram"):
             raise ConvertError(f"{tj_path}: unsupported tokenizer model type {model.get('type')!r} "
-                               f"(expected BPE or WordPiece)")
+                               f"(expected BPE, WordPiece or Unigram)")
         if model["type"] == "WordPiece":
             vocab = _wordpiece_from_json(tj, tj_path)
+        elif model["type"] == "Unigram":
+            vocab = _unigram_from_json(tj, tj_path)
         elif model.get("byte_fallback"):
             vocab = _spm_from_json(tj, tj_path)
         else:
@@ -360,6 +406,8 @@ def add_vocab(writer, vocab):
     writer.add_add_eos_token(bool(vocab.add_eos))
     if vocab.add_sep is not None:
         writer.add_add_sep_token(bool(vocab.add_sep))
+    if vocab.charsmap:
+        writer.add_precompiled_charsmap(vocab.charsmap)
     if vocab.lowercase is not None:
         writer.add_bool("tokenizer.ggml.normalizer.lowercase", bool(vocab.lowercase))
         writer.add_bool("tokenizer.ggml.normalizer.strip_accents", bool(vocab.strip_accents))

@@ -1,8 +1,8 @@
 """(query, document) pairs as a reranker reads them, and their scores: a GGUF's rerank prompt template
 (tokenizer.chat_template.rerank, with {query} and {document}; Qwen3-Reranker's), BERT's pair layout
 ([CLS] query [SEP] document [SEP], token types 0 then 1) for WordPiece vocabularies, else llama.cpp's
-(BOS query EOS SEP document EOS, as the vocabulary adds them). The server's /v1/rerank and /score and
-LLM.score share it."""
+(BOS query EOS SEP document EOS, as the vocabulary adds them: XLM-RoBERTa's <s> A </s></s> B </s>).
+The server's /v1/rerank and /score and LLM.score share it."""
 from __future__ import annotations
 
 from typing import List, Optional, Sequence, Tuple
@@ -29,19 +29,19 @@ def encode_pair(tok, query: str, document: str, template: Optional[str] = None) 
         return ids, [0] * len(ids)
     q = list(tok.encode(query.encode("utf-8"), False, False))
     d = list(tok.encode(document.encode("utf-8"), False, False))
-    if tok.add_sep and tok.sep >= 0 and tok.bos >= 0:
+    if tok.model == "bert" and tok.sep >= 0 and tok.bos >= 0:
         first = [tok.bos, *q, tok.sep]
         second = [*d, tok.sep]
         return first + second, [0] * len(first) + [1] * len(second)
-    ids = [tok.bos] if tok.add_bos and tok.bos >= 0 else []
     end = tok.eos if tok.eos >= 0 else tok.sep
+    ids = [tok.bos] if tok.add_bos and tok.bos >= 0 else []
     ids += q
-    if end >= 0:
+    if tok.add_eos and end >= 0:
         ids.append(end)
     if tok.add_sep and tok.sep >= 0:
         ids.append(tok.sep)
     ids += d
-    if end >= 0:
+    if tok.add_eos and end >= 0:
         ids.append(end)
     return ids, [0] * len(ids)
 

@@ -67,22 +67,33 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GGUFFile& f) {
 
     // SentencePiece vocabularies conventionally put <unk>, <s>, </s> at 0, 1, 2 (llama.cpp's
     // defaults when the ids are absent); byte-level BPE has no such convention.
-    // BERT vocabularies put [UNK], [CLS], [SEP] at 100, 101, 102 (llama.cpp's defaults for "bert").
-    const bool spm = v.model == "llama", bert = v.model == "bert";
+    // BERT vocabularies put [UNK], [CLS], [SEP] at 100, 101, 102 (llama.cpp's defaults for "bert"), T5's
+    // <pad>, </s>, <unk> at 0, 1, 2.
+    const bool spm = v.model == "llama", bert = v.model == "bert", t5 = v.model == "t5";
     v.bos = optional_id(f, "tokenizer.ggml.bos_token_id", spm ? 1 : bert ? 101 : -1);
-    v.eos = optional_id(f, "tokenizer.ggml.eos_token_id", spm ? 2 : -1);
-    v.unk = optional_id(f, "tokenizer.ggml.unknown_token_id", spm ? 0 : bert ? 100 : -1);
-    v.pad = optional_id(f, "tokenizer.ggml.padding_token_id", -1);
+    v.eos = optional_id(f, "tokenizer.ggml.eos_token_id", spm ? 2 : t5 ? 1 : -1);
+    v.unk = optional_id(f, "tokenizer.ggml.unknown_token_id", spm ? 0 : bert ? 100 : t5 ? 2 : -1);
+    v.pad = optional_id(f, "tokenizer.ggml.padding_token_id", t5 ? 0 : -1);
     v.eot = optional_id(f, "tokenizer.ggml.eot_token_id", -1);
     v.eom = optional_id(f, "tokenizer.ggml.eom_token_id", -1);
     v.sep = optional_id(f, "tokenizer.ggml.seperator_token_id", bert ? 102 : -1);
     v.add_bos = f.get_bool("tokenizer.ggml.add_bos_token", spm || bert);
     // A BERT vocabulary ends with [SEP], not EOS, whatever add_eos_token says (as llama.cpp reads it).
-    v.add_eos = !bert && f.get_bool("tokenizer.ggml.add_eos_token", false);
+    v.add_eos = !bert && f.get_bool("tokenizer.ggml.add_eos_token", t5);
     v.add_sep = f.get_bool("tokenizer.ggml.add_sep_token", bert);
     v.add_space_prefix = f.get_bool("tokenizer.ggml.add_space_prefix", spm);
     v.lowercase = f.get_bool("tokenizer.ggml.normalizer.lowercase", true);
     v.strip_accents = f.get_bool("tokenizer.ggml.normalizer.strip_accents", v.lowercase);
+    v.remove_extra_whitespaces = f.get_bool("tokenizer.ggml.remove_extra_whitespaces", false);
+    if (f.find("tokenizer.ggml.precompiled_charsmap")) {
+        const GGUFValue& map = f.get_array("tokenizer.ggml.precompiled_charsmap");
+        if (map.elem_type != GGUFType::UINT8 && map.elem_type != GGUFType::INT8)
+            fail("tokenizer: key 'tokenizer.ggml.precompiled_charsmap' in ", f.path(), " is an array of ",
+                 gguf_type_name(map.elem_type), ", expected bytes (uint8 or int8)");
+        v.charsmap.reserve(map.arr.size());
+        for (const GGUFValue& b : map.arr)
+            v.charsmap.push_back(char(map.elem_type == GGUFType::UINT8 ? b.num.u : b.num.i));
+    }
     if (v.model.empty()) fail("tokenizer: key 'tokenizer.ggml.model' in ", f.path(), " is empty");
     try {
         return make_tokenizer(std::move(v));

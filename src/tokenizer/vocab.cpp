@@ -64,7 +64,8 @@ std::unique_ptr<Tokenizer> make_tokenizer(TokenizerVocab v) {
     if (v.model == "gpt2") return make_bpe_tokenizer(std::move(v));
     if (v.model == "llama") return make_spm_tokenizer(std::move(v));
     if (v.model == "bert") return make_wordpiece_tokenizer(std::move(v));
-    fail("tokenizer: tokenizer.ggml.model '", v.model, "' is not supported (expected 'gpt2', 'llama' or 'bert')");
+    if (v.model == "t5") return make_unigram_tokenizer(std::move(v));
+    fail("tokenizer: tokenizer.ggml.model '", v.model, "' is not supported (expected 'gpt2', 'llama', 'bert' or 't5')");
 }
 
 VocabTokenizer::VocabTokenizer(TokenizerVocab vocab) : v_(std::move(vocab)) {
@@ -186,7 +187,8 @@ std::vector<int32_t> VocabTokenizer::encode(const std::string& text, bool add_bo
     }
     // Like add_bos, EOS is added only where the model asks for it (and the caller adds specials).
     if (add_bos && v_.add_eos) out.push_back(v_.eos);
-    if (add_bos && v_.add_sep) out.push_back(v_.sep);
+    // WordPiece ends with [SEP]; elsewhere add_sep only joins a pair's texts.
+    if (add_bos && v_.add_sep && v_.model == "bert") out.push_back(v_.sep);
     return out;
 }
 
@@ -218,7 +220,6 @@ const std::string& VocabTokenizer::token_text(int32_t id) const {
     return v_.tokens[id];
 }
 
-}  // namespace ember
 bool VocabTokenizer::is_special(int32_t id) const {
     const std::string& text = token_text(id);
     switch (type(id)) {
@@ -228,4 +229,6 @@ bool VocabTokenizer::is_special(int32_t id) const {
         default: return true;
     }
 }
+
+}  // namespace ember
 

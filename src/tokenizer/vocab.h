@@ -19,7 +19,7 @@ enum class TokenType : int32_t {
 // clang-format on
 
 struct TokenizerVocab {
-    std::string model;                  // tokenizer.ggml.model: "gpt2", "llama" or "bert"
+    std::string model;                  // tokenizer.ggml.model: "gpt2", "llama", "bert" or "t5"
     std::string pre = "default";        // tokenizer.ggml.pre (byte-level BPE only)
     std::vector<std::string> tokens;    // tokenizer.ggml.tokens
     std::vector<float> scores;          // tokenizer.ggml.scores (empty: all 0)
@@ -33,6 +33,8 @@ struct TokenizerVocab {
     bool add_space_prefix = true;       // SentencePiece only
     bool lowercase = true;              // WordPiece only: tokenizer.ggml.normalizer.lowercase
     bool strip_accents = true;          // WordPiece only: tokenizer.ggml.normalizer.strip_accents
+    std::string charsmap;               // Unigram only: tokenizer.ggml.precompiled_charsmap's bytes
+    bool remove_extra_whitespaces = false;   // Unigram only: spaces merged, one U+2581 before each word
 };
 
 // Validates the vocab (sizes, ids in range, model name) and builds the tokenizer.
@@ -44,6 +46,7 @@ int byte_token_value(const std::string& text);
 std::unique_ptr<Tokenizer> make_bpe_tokenizer(TokenizerVocab vocab);   // bpe.cpp
 std::unique_ptr<Tokenizer> make_spm_tokenizer(TokenizerVocab vocab);   // spm.cpp
 std::unique_ptr<Tokenizer> make_wordpiece_tokenizer(TokenizerVocab vocab);   // wordpiece.cpp
+std::unique_ptr<Tokenizer> make_unigram_tokenizer(TokenizerVocab vocab);     // unigram.cpp
 
 // What both kinds share. Subclasses tokenize one run of plain text (no special tokens in it)
 // and turn NORMAL tokens into bytes.
@@ -59,7 +62,9 @@ public:
     int32_t eos() const override { return v_.eos; }
     int32_t sep() const override { return v_.sep; }
     bool add_sep() const override { return v_.add_sep; }
+    const std::string& model() const override { return v_.model; }
     bool add_bos() const override { return v_.add_bos; }
+    bool add_eos() const override { return v_.add_eos; }
     bool is_eog(int32_t id) const override;
     const std::string& token_text(int32_t id) const override;
 
