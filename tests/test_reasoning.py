@@ -298,3 +298,46 @@ def test_other_answers(vocab):
         assert content[0] == "a" and content[-1] == "b" and content[1:-1].isdigit()
     with pytest.raises(ValueError, match="does not parse"):
         constrain.grammar_answer("root ::= (")
+
+
+HARMONY_MARKERS = ("<|channel|>", "<|message|>", "<|end|>", "<|start|>", "<|return|>", "<|constrain|>", "<|call|>")
+
+
+@pytest.fixture(scope="module")
+def harmony_vocab():
+    """The BPE vocabulary with gpt-oss's markers as special tokens."""
+    spec = json.loads(BPE.read_text(encoding="utf-8"))
+    n = max(max(spec["model"]["vocab"].values()), max(t["id"] for t in spec["added_tokens"])) + 1
+    spec["added_tokens"] += [{"id": n + i, "content": name, "single_word": False, "lstrip": False, "rstrip": False,
+                              "normalized": False, "special": True} for i, name in enumerate(HARMONY_MARKERS)]
+    return LLTokenizer(json.dumps(spec))
+
+
+@pytest.mark.parametrize("budget", [None, 0, 4])
+def test_harmony_answer_in_the_final_channel_after_a_bounded_analysis(harmony_vocab, budget):
+    harmony, rng = ReasoningParser("gpt_oss"), random.Random()
+    schema = SCHEMAS[0]
+    grammar = constrain.grammar(constrain.json_answer(schema), constrain.Thought(harmony, "<|start|>assistant"),
+                                budget)
+    for _ in range(6):
+        m = LLMatcher(harmony_vocab, grammar, log_level=1)
+        tokens = []
+        for _ in range(200):
+            mask = m.compute_logit_bias()
+            allowed = [t for t in range(harmony_vocab.vocab_size) if mask[t]]
+            if harmony_vocab.eos_token in allowed and rng.random() < 0.5:
+                break
+            t = rng.choice([t for t in allowed if t != harmony_vocab.eos_token])
+            assert m.consume_token(t), m.get_error()
+            tokens.append(t)
+            if m.is_stopped():
+                break
+        pieces = [harmony_vocab.dbg_tokens([t])[1:-1] if harmony_vocab.is_special_token(t) else
+                  harmony_vocab.decode_bytes([t]).decode("utf-8", errors="replace") for t in tokens]
+        text = "".join(pieces)
+        if budget is None and "<|channel|>final<|message|>" not in text:
+            continue   # an unbounded analysis, cut off
+        content, thought = harmony.split(text)
+        jsonschema.validate(json.loads(content), schema)
+        if budget is not None and "<|end|>" in pieces:
+            assert pieces.index("<|end|>") - pieces.index("<|message|>") - 1 <= budget
