@@ -341,3 +341,58 @@ def test_harmony_answer_in_the_final_channel_after_a_bounded_analysis(harmony_vo
         jsonschema.validate(json.loads(content), schema)
         if budget is not None and "<|end|>" in pieces:
             assert pieces.index("<|end|>") - pieces.index("<|message|>") - 1 <= budget
+
+
+# ---- tags that are special tokens of the model's vocabulary ---------------------------------
+
+TAG_TOKENS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
+
+
+@pytest.fixture(scope="module")
+def tagged_tokenizer(smollm2_path):
+    """SmolLM2's vocabulary with Qwen3's tags added as user-defined tokens (GGUF token type 4), as a
+    converted Qwen3 has them: special to a grammar, text to the detokenizer."""
+    from gguf import GGUFReader
+
+    from ember import _ember
+    r = GGUFReader(smollm2_path)
+
+    def strings(key):
+        f = r.fields[key]
+        return [bytes(f.parts[i]).decode("utf-8") for i in f.data]
+
+    def scalar(key):
+        f = r.fields[key]
+        return f.parts[f.data[0]][0].item()
+    types = r.fields["tokenizer.ggml.token_type"]
+    tokens = strings("tokenizer.ggml.tokens") + list(TAG_TOKENS)
+    token_types = [int(types.parts[i][0]) for i in types.data] + [4] * len(TAG_TOKENS)
+    return _ember.Tokenizer.from_vocab("gpt2", tokens, token_types=token_types,
+                                       merges=strings("tokenizer.ggml.merges"),
+                                       pre=bytes(r.fields["tokenizer.ggml.pre"].parts[-1]).decode(),
+                                       bos=scalar("tokenizer.ggml.bos_token_id"),
+                                       eos=scalar("tokenizer.ggml.eos_token_id"), add_bos=False)
+
+
+def _allowed(matcher, n_vocab):
+    mask = matcher.mask
+    return [t for t in range(n_vocab) if mask[t // 32] >> (t % 32) & 1]
+
+
+def test_tags_that_are_special_tokens_are_named_by_id(tagged_tokenizer):
+    from ember import _ember
+    from ember.structured import StructuredOutputsParams
+    tok = tagged_tokenizer
+    spell = constrain.spelling(tok)
+    close = tok.n_vocab - 3
+    assert spell("</think>") == f"<[{close}]>" and spell("plain") == '"plain"'
+    text = constrain.grammar(constrain.json_answer(SCHEMAS[0]), constrain.Thought(QWEN3, OPENED, spell), 3)
+    kind, grammar = StructuredOutputsParams(grammar=text).grammar_spec()
+    matcher = _ember.GrammarCompiler(tok).compile(kind, grammar).matcher()
+    assert close in _allowed(matcher, tok.n_vocab)   # the model may close its thought itself, with its token
+    word = tok.encode(b"Hmm", False, False)[0]
+    for _ in range(3):
+        assert matcher.advance(word)
+    assert _allowed(matcher, tok.n_vocab) == [close]   # the budget is spent: only the closing token
+    assert matcher.advance(close)
+    assert close not in _allowed(matcher, tok.n_vocab)
