@@ -1,5 +1,5 @@
 """The families of issue 42 with fused tensors, partial rotary or rope options of their own (Phi-3 /
-Phi-4, Mistral 3's YaRN and attention temperature): tiny random HF
+Phi-4, Mistral 3's YaRN and attention temperature, GLM-4): tiny random HF
 models (tools/gen_hf_references.py says how each was made) converted by ember-convert; the GGUF keys
 and tensors must be those llama.cpp's converter writes, ember's logits must match transformers' at
 f32 (one batch and token by token, prompts longer than the window), and bad configs and files give a
@@ -25,7 +25,7 @@ from ember.convert_error import ConvertError  # noqa: E402
 # name -> (prompt, n_ctx): past the original context of 32 the long LongRoPE factors rotate, within
 # it the short ones, as transformers picks them by the sequence's length and llama.cpp by n_ctx.
 CASES = {"phi3": (hf_tiny.LONG_PROMPT, 64), "phi3-short": (hf_tiny.SHORT_PROMPT, 32),
-         "ministral3": (hf_tiny.LONG_PROMPT, 64)}
+         "ministral3": (hf_tiny.LONG_PROMPT, 64), "glm4": (hf_tiny.LONG_PROMPT, 64)}
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +100,25 @@ def test_mistral3_file(models):
                                   q.reshape(4, 2, 8, 64).swapaxes(1, 2).reshape(q.shape))
 
 
+def test_glm4_file(models):
+    _, sd, path = models["glm4"]
+    kv, t = _fields(path), _tensors(path)
+    assert kv["general.architecture"] == "glm4"
+    assert kv["glm4.rope.dimension_count"] == 8   # half of each 16-wide head
+    block = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "post_attention_norm", "ffn_norm", "ffn_up",
+             "ffn_down", "post_ffw_norm"]
+    assert set(t) == {"token_embd.weight", "output_norm.weight", "output.weight"} | {
+        f"blk.{i}.{n}.weight" for i in range(2) for n in block} | {
+        f"blk.{i}.attn_{x}.bias" for i in range(2) for x in "qkv"}
+    # HF keeps GLM-4's rotary pairs adjacent already: no permutation.
+    np.testing.assert_array_equal(t["blk.0.attn_q.weight"], sd["model.layers.0.self_attn.q_proj.weight"])
+    np.testing.assert_array_equal(t["blk.1.ffn_up.weight"], sd["model.layers.1.mlp.gate_up_proj.weight"])
+    np.testing.assert_array_equal(t["blk.1.post_attention_norm.weight"],
+                                  sd["model.layers.1.post_self_attn_layernorm.weight"])
+    np.testing.assert_array_equal(t["blk.1.ffn_norm.weight"], sd["model.layers.1.post_attention_layernorm.weight"])
+    np.testing.assert_array_equal(t["blk.0.post_ffw_norm.weight"], sd["model.layers.0.post_mlp_layernorm.weight"])
+
+
 def test_attention_temperature_matters(models, hf_reference, tmp_path):
     """The same file without its temperature key leaves transformers' logits on the long prompt
     (positions past the original 16 scale their queries), so the match above depends on it."""
@@ -153,8 +172,8 @@ GREEDY = hf_tiny.ROOT / "tests" / "reference" / "fused_families" / "llama_cpp_gr
 GREEDY_CASES = {"phi3-long": {"sliding_window": None},
                 "phi3-short": {"sliding_window": None, "original_max_position_embeddings": 512,
                                "max_position_embeddings": 2048},
-                "mistral3": {}}
-GREEDY_MODEL = {"phi3-long": "phi3", "phi3-short": "phi3", "mistral3": "ministral3"}
+                "mistral3": {}, "glm4": {}}
+GREEDY_MODEL = {"phi3-long": "phi3", "phi3-short": "phi3", "mistral3": "ministral3", "glm4": "glm4"}
 
 
 @pytest.mark.parametrize("case", list(GREEDY_CASES))
@@ -208,6 +227,9 @@ def _rope(**changes):
     ("ministral3", _rope(mscale=2.0), "rope scaling 'yarn' with mscale 2.0 is not supported"),
     ("ministral3", _rope(llama_4_scaling_beta=-0.1), "'llama_4_scaling_beta' must be a non-negative number"),
     ("ministral3", lambda cfg: cfg.update(sliding_window=4096), "sliding-window attention is not supported"),
+    ("glm4", lambda cfg: cfg.update(attention_bias=False), "attention_bias=false is not supported for glm4"),
+    ("glm4", _rope(partial_rotary_factor=0.3125), "rotates 5 dimensions"),
+    ("glm4", _rope(mrope_section=[8, 12, 12]), "multimodal rope (mrope_section) is not supported"),
 ])
 def test_bad_config_gives_clear_error(models, tmp_path, name, edit, needle):
     d = _edited(models[name][0], str(tmp_path / "bad"), edit)

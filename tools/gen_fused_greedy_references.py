@@ -27,6 +27,7 @@ CASES = {
     "phi3-short": ("phi3", {"sliding_window": None, "original_max_position_embeddings": 512,
                             "max_position_embeddings": 2048}, "The quick brown fox", 12),
     "mistral3": ("ministral3", {}, "The quick brown fox jumps over the lazy dog. She said: it's fine, we'll see", 24),
+    "glm4": ("glm4", {}, "The quick brown fox jumps over the lazy dog. She said: it's fine, we'll see", 24),
 }
 
 

@@ -102,6 +102,8 @@ MODELS = {
     "ministral3": Tiny("ministral3", "bpe", 20, prompt=_LONG, overrides=dict(head_dim=16, rope_parameters={
         "rope_type": "yarn", "rope_theta": 10000.0, "factor": 8.0, "original_max_position_embeddings": 16,
         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.5, "llama_4_scaling_beta": 0.3})),
+    # GLM-4: half of each 16-wide head rotated on adjacent pairs, Q/K/V biases, four norms a block.
+    "glm4": Tiny("glm4", "bpe", 21, prompt=_LONG, overrides=dict(head_dim=16, pad_token_id=0)),
     # tests/test_embeddings.py
     "embed-llama": Tiny("llama", "bpe", 7),
 }
@@ -192,8 +194,8 @@ def _tokenizer(tok_dir, backend):
 
 
 def _config(tiny, n_tokens):
-    from transformers import (Gemma3TextConfig, GptOssConfig, LlamaConfig, Ministral3Config, MistralConfig,
-                              MixtralConfig, Phi3Config, Qwen2Config, Qwen3Config, Qwen3MoeConfig)
+    from transformers import (Gemma3TextConfig, Glm4Config, GptOssConfig, LlamaConfig, Ministral3Config,
+                              MistralConfig, MixtralConfig, Phi3Config, Qwen2Config, Qwen3Config, Qwen3MoeConfig)
 
     kw = dict(vocab_size=n_tokens + tiny.extra_vocab, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5,
@@ -206,7 +208,8 @@ def _config(tiny, n_tokens):
     kw.update(tiny.overrides)
     classes = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config,
                "gemma3": Gemma3TextConfig, "qwen3moe": Qwen3MoeConfig, "mixtral": MixtralConfig,
-               "gpt-oss": GptOssConfig, "phi3": Phi3Config, "ministral3": Ministral3Config}
+               "gpt-oss": GptOssConfig, "phi3": Phi3Config, "ministral3": Ministral3Config,
+               "glm4": Glm4Config}
     return classes[tiny.arch](**kw)
 
 
@@ -236,14 +239,14 @@ def _saved_layout(model, dtype, shard, work):
 
 def model_layouts(tok_root, work):
     """name -> layout, tokenizer and seed of every tiny model (models.json)."""
-    from transformers import (Gemma3Config, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, GptOssForCausalLM,
-                              LlamaForCausalLM, Ministral3ForCausalLM, MistralForCausalLM, MixtralForCausalLM,
+    from transformers import (Gemma3Config, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Glm4ForCausalLM,
+                              GptOssForCausalLM, LlamaForCausalLM, Ministral3ForCausalLM, MistralForCausalLM, MixtralForCausalLM,
                               Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)
 
     classes = {"llama": LlamaForCausalLM, "mistral": MistralForCausalLM, "qwen2": Qwen2ForCausalLM,
                "qwen3": Qwen3ForCausalLM, "gemma3": Gemma3ForCausalLM, "qwen3moe": Qwen3MoeForCausalLM,
                "mixtral": MixtralForCausalLM, "gpt-oss": GptOssForCausalLM, "phi3": Phi3ForCausalLM,
-               "ministral3": Ministral3ForCausalLM}
+               "ministral3": Ministral3ForCausalLM, "glm4": Glm4ForCausalLM}
     out, configs = {}, {}
     for name, tiny in MODELS.items():
         backend = ENCODERS[tiny.tokenizer][0]

@@ -9,7 +9,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from .convert_error import ConvertError
-from .convert_fused import phi3_layers, read_mistral3, read_phi3
+from .convert_fused import glm4_layers, phi3_layers, read_glm4, read_mistral3, read_phi3
 from .convert_moe import GPT_OSS, MIXTRAL, QWEN3MOE, ExpertLayout, add_expert_keys, expert_tensors, read_experts
 from .convert_rope import Rope, add_rope_scaling, llama3_rope_divisors, read_rope, split_rope_params
 
@@ -55,6 +55,7 @@ ARCHS = {
     "Phi3ForCausalLM": ArchSpec("phi3", rope_scalings=("longrope",), read_extra=read_phi3, layer_map=phi3_layers),
     "Ministral3ForCausalLM": ArchSpec("mistral3", permute_qk=True, rope_scalings=("yarn",), read_extra=read_mistral3,
                                       yarn_mscale=True),
+    "Glm4ForCausalLM": ArchSpec("glm4", qkv_bias=True, read_extra=read_glm4, layer_map=glm4_layers),
 }
 
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")

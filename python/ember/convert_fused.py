@@ -1,7 +1,8 @@
 """ember-convert's families whose checkpoints fuse tensors or rotate part of each head, as llama.cpp's
 converter writes them: Phi-3 / Phi-4 (fused qkv_proj and gate_up_proj, partial rotary, LongRoPE's
-short and long factors with their attention factor, the sliding window) and Mistral 3 (YaRN with
-mscale_all_dim, llama 4's attention temperature). Each gives a reader of its
+short and long factors with their attention factor, the sliding window), Mistral 3 (YaRN with
+mscale_all_dim, llama 4's attention temperature) and GLM-4 (fused gate_up_proj, norms after attention
+and the feed-forward, partial rotary). Each gives a reader of its
 config keys and an edit of the per-layer tensor map (convert_arch.ArchSpec's read_extra and layer_map)."""
 import math
 
@@ -86,3 +87,30 @@ def read_mistral3(config, hp, path):
         if hp.rope.scaling != "yarn":
             raise ConvertError(f"{path}: 'llama_4_scaling_beta' needs YaRN's original_max_position_embeddings")
         hp.keys["attention.temperature_scale"] = float(beta)
+
+
+def read_glm4(config, hp, path):
+    """Rotated dimensions as llama.cpp's converter counts them for GLM-4: head_dim * partial_rotary_factor
+    (0.5 when the config says nothing)."""
+    params = dict(config.get("rope_parameters") or {})
+    if config.get("attention_bias") is False:
+        raise ConvertError(f"{path}: attention_bias=false is not supported for glm4 (its releases have Q/K/V biases)")
+    if "mrope_section" in params:
+        raise ConvertError(f"{path}: GLM-4's multimodal rope (mrope_section) is not supported")
+    factor = params.get("partial_rotary_factor", config.get("partial_rotary_factor", 0.5))
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
+        raise ConvertError(f"{path}: 'partial_rotary_factor' must be in (0, 1], got {factor!r}")
+    hp.n_rot = int(hp.head_dim * factor)
+    if hp.n_rot % 2 or hp.n_rot <= 0:
+        raise ConvertError(f"{path}: partial_rotary_factor {factor} rotates {hp.n_rot} dimensions of a head of "
+                           f"{hp.head_dim}; it must be even and positive")
+
+
+def glm4_layers(out, hp):
+    """The fused gate_up_proj, and GLM-4's four norms: post_self_attn_layernorm after attention, the
+    feed-forward's input norm (post_attention_layernorm) and post_mlp_layernorm after it."""
+    for name in ("mlp.gate_proj.weight", "mlp.up_proj.weight"):
+        del out[name]
+    out["mlp.gate_up_proj.weight"] = ("ffn_up.weight", (2 * hp.n_ff, hp.n_embd), 0)
+    out["post_self_attn_layernorm.weight"] = ("post_attention_norm.weight", (hp.n_embd,), 0)
+    out["post_mlp_layernorm.weight"] = ("post_ffw_norm.weight", (hp.n_embd,), 0)

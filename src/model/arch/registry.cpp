@@ -17,6 +17,7 @@ const Architecture& nomic_bert_architecture();
 const Architecture& gemma_embedding_architecture();
 const Architecture& phi3_architecture();
 const Architecture& mistral3_architecture();
+const Architecture& glm4_architecture();
 
 namespace {
 struct Entry {
@@ -29,7 +30,7 @@ const Entry kArchitectures[] = {
     {"gpt-oss", &gpt_oss_architecture},
     {"bert", &bert_architecture},       {"nomic-bert", &nomic_bert_architecture},
     {"gemma-embedding", &gemma_embedding_architecture},
-    {"phi3", &phi3_architecture},       {"mistral3", &mistral3_architecture},
+    {"phi3", &phi3_architecture},       {"mistral3", &mistral3_architecture}, {"glm4", &glm4_architecture},
 };
 }  // namespace
 
