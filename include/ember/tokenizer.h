@@ -20,6 +20,8 @@ public:
     // add_bos is honoured only where the model asks for BOS (tokenizer.ggml.add_bos_token),
     // as in llama.cpp. parse_special: text like "<|im_start|>" becomes its control token.
     virtual std::vector<int32_t> encode(const std::string& text, bool add_bos, bool parse_special) const = 0;
+    // The text as it is: no BOS, no special tokens, no SentencePiece space put before it.
+    virtual std::vector<int32_t> encode_plain(const std::string& text) const = 0;
     // The bytes a token stands for (byte-level BPE unmapped, SentencePiece "▁" -> " ",
     // byte tokens <0xNN> -> that byte). Control tokens give their text only when special.
     virtual std::string token_to_piece(int32_t id, bool special) const = 0;

@@ -21,12 +21,14 @@ from . import _ember
 from . import hf_cache
 from .chat import ChatTemplate, chat_chunks, chat_completion
 from .chat.formats import chat_format_template
+from .chat.constrain import after_thinking, spelling
 from .chat.reasoning import ReasoningParser
 from .detokenize import Detokenizer, completion_logprob_entry, empty_completion_logprobs, log_softmax, piece_text
 from .embedding import POOLING_RANK, POOLING_UNSPECIFIED, Embedder, embed_tokens, is_encoder, resolve_pooling
 from .llama_state import BaseLlamaCache, LlamaState
 from .options import LLAMA, context_size, fill, resolve, signature
 from .prompt import encode_prompt
+from .structured import LlamaGrammar, StructuredOutputsParams, response_format_params
 
 DEFAULT_SEED = 0xFFFFFFFF   # "draw a random seed", as in llama.cpp
 
@@ -124,6 +126,7 @@ class Llama:
         self._logits_all = o["logits_all"]
         self._rows: List[np.ndarray] = []
         self.cache: Optional[BaseLlamaCache] = None
+        self._grammars = None   # the vocabulary as llguidance sees it, made at the first grammar
         if self.verbose:
             m = self._model
             print(f"ember: loaded {self.model_path} (arch {m.arch}, {m.n_layer} layers, n_embd {m.n_embd}, "
@@ -418,11 +421,13 @@ class Llama:
                           presence_penalty: float = 0.0, repeat_penalty: float = 1.0, top_k: int = 40,
                           stream: bool = False, seed: Optional[int] = None, logprobs: Optional[int] = None,
                           logit_bias: Optional[Dict[int, float]] = None, model: Optional[str] = None,
-                          mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1):
+                          mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
+                          grammar: Optional[LlamaGrammar] = None):
         """Generates text from a prompt (str or token ids). Returns llama-cpp-python's completion
         dict, or an iterator of its chunk dicts when stream=True. mirostat_mode 1 or 2 samples by
         mirostat (target surprise mirostat_tau, learning rate mirostat_eta) after the penalties
-        and the temperature, instead of top_k / typical_p / top_p / min_p."""
+        and the temperature, instead of top_k / typical_p / top_p / min_p. grammar (a LlamaGrammar)
+        constrains the text: only tokens it allows are drawn, and it ends where the grammar does."""
         ctx = self._context()
         if self._embedding:
             raise RuntimeError("Llama: this model was created with embedding=True, which computes embeddings "
@@ -453,11 +458,12 @@ class Llama:
                                  logit_bias={int(k): float(v) for k, v in (logit_bias or {}).items()},
                                  seed=seed, typical_p=typical_p, mirostat=mirostat_mode, mirostat_tau=mirostat_tau,
                                  mirostat_eta=mirostat_eta)
+        matcher = self._grammar_matcher(grammar)
         gen = _Generation(
             id=f"cmpl-{uuid.uuid4()}", created=int(time.time()), model=model or self.model_path,
             prompt_tokens=prompt_tokens, prompt_text=prompt_text, max_tokens=max_tokens, stops=stops,
             sampler=sampler, n_logprobs=None if logprobs is None else int(logprobs), echo=echo,
-            suffix=suffix, special=_KEEP_SPECIAL.get())
+            suffix=suffix, special=_KEEP_SPECIAL.get(), matcher=matcher)
         if stream:
             return self._stream(gen)
         # The non-streamed result is the streamed pieces joined, so the two always agree.
@@ -476,6 +482,19 @@ class Llama:
 
     __call__ = create_completion
 
+    def _grammar_matcher(self, grammar):
+        """A fresh state of grammar (a LlamaGrammar or StructuredOutputsParams), compiled against
+        this model's vocabulary once per grammar; None for none."""
+        if grammar is None:
+            return None
+        if not isinstance(grammar, (LlamaGrammar, StructuredOutputsParams)):
+            raise TypeError(f"grammar must be a LlamaGrammar (LlamaGrammar.from_string / from_json_schema), "
+                            f"got {type(grammar).__name__}")
+        kind, text = grammar.grammar_spec()
+        if self._grammars is None:   # two threads racing here build equal compilers
+            self._grammars = _ember.GrammarCompiler(self._tok)
+        return self._grammars.compile(kind, text).matcher()
+
     def create_chat_completion(self, messages: List[dict], tools: Optional[List[dict]] = None,
                                temperature: float = 0.2, top_p: float = 0.95, top_k: int = 40,
                                min_p: float = 0.05, typical_p: float = 1.0, stream: bool = False,
@@ -485,7 +504,8 @@ class Llama:
                                model: Optional[str] = None, logit_bias: Optional[Dict[int, float]] = None,
                                logprobs: Optional[bool] = None, top_logprobs: Optional[int] = None,
                                mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
-                               chat_template_kwargs: Optional[dict] = None):
+                               chat_template_kwargs: Optional[dict] = None, response_format: Optional[dict] = None,
+                               grammar: Optional[LlamaGrammar] = None, thinking_token_budget: Optional[int] = None):
         """llama-cpp-python's create_chat_completion: the messages rendered by the GGUF's chat
         template, or chat_format's when the Llama was made with one (as ember-server renders them;
         tools and chat_template_kwargs, such as enable_thinking, are passed to it), then
@@ -493,14 +513,32 @@ class Llama:
         Returns a chat.completion dict, or an iterator of chat.completion.chunk dicts when
         stream=True. max_tokens None: until the end of generation or a full context. A reasoning
         model's reply is split as the template spells its thinking (`<think>` tags, gpt-oss's
-        channels): content is the answer, reasoning_content (as llama-server names it) the thinking."""
+        channels): content is the answer, reasoning_content (as llama-server names it) the thinking.
+        response_format: {"type": "json_object"} (with llama-cpp-python's "schema" key: that schema)
+        or {"type": "json_schema", "json_schema": {"name", "schema"}} constrains the reply to JSON,
+        as grammar (a LlamaGrammar) does to a grammar; a reasoning model's answer, after its thinking.
+        thinking_token_budget: tokens a reply may think before its thinking is closed for it (None:
+        no limit)."""
         self._context()   # after close(): the ValueError every method raises
+        structured = response_format_params(response_format)
+        if structured is not None:
+            if grammar is not None:
+                raise ValueError("create_chat_completion: give response_format or grammar, not both")
+            grammar = LlamaGrammar(structured)
         if self._chat_template is None:   # two threads racing here build the same template
             source = chat_format_template(self._chat_format) if self._chat_format else None
             self._chat_template = ChatTemplate.for_model(self.model_path, self._tok, source=source)
         prompt = self._chat_template.render(messages, tools=tools, **(chat_template_kwargs or {}))
         tokens = self.tokenize(prompt, add_bos=self._chat_template.add_bos(prompt), special=True)
         reasoning = ReasoningParser.for_template(self._chat_template.source)
+        if thinking_token_budget is not None and (not isinstance(thinking_token_budget, int)
+                                                  or thinking_token_budget < 0):
+            raise ValueError(f"thinking_token_budget must be an integer >= 0 (or None), got {thinking_token_budget!r}")
+        if reasoning.active:
+            params = grammar.params if grammar is not None else None
+            composed = after_thinking(params, reasoning, prompt, thinking_token_budget, spelling(self._tok))
+            if composed is not params:
+                grammar = LlamaGrammar(composed)
         keep_special = _KEEP_SPECIAL.set(reasoning.keeps_special)
         try:
             result = self.create_completion(
@@ -508,7 +546,7 @@ class Llama:
                 typical_p=typical_p, stop=stop, frequency_penalty=frequency_penalty,
                 presence_penalty=presence_penalty, repeat_penalty=repeat_penalty, top_k=top_k, stream=stream,
                 seed=seed, logprobs=(top_logprobs or 0) if logprobs else None, logit_bias=logit_bias, model=model,
-                mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta)
+                mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, grammar=grammar)
         finally:
             _KEEP_SPECIAL.reset(keep_special)
         reasoning = reasoning if reasoning.active else None
@@ -573,10 +611,12 @@ class Llama:
             if self._generation != gen.generation:
                 raise RuntimeError("Llama: this stream was abandoned: another completion has started since")
             logits = ctx.logits()
-            token = gen.sampler.sample(logits, self._history)
+            token = gen.sampler.sample(logits, self._history, gen.matcher)
             if self._tok.is_eog(token):
                 gen.finish_reason = "stop"
                 break
+            if gen.matcher is not None and not gen.matcher.advance(token):
+                raise RuntimeError(f"Llama: {gen.matcher.error}")
             gen.completion_tokens.append(token)
             start = detok.push(token)
             if want_lp:
@@ -588,6 +628,9 @@ class Llama:
             if end > emitted:
                 yield take(end)
             if len(gen.completion_tokens) >= gen.max_tokens:
+                break
+            if gen.matcher is not None and gen.matcher.stopped:   # nothing can follow but the end
+                gen.finish_reason = "stop"
                 break
             self._eval([token], logits_all=False)
         # Finished by length or end of generation: what the detokenizer held back may still

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, List, Optional, Tuple, Union
 
@@ -85,14 +86,28 @@ def is_gbnf(text: str) -> bool:
     return "::=" in text
 
 
+def _plain_unicode_escapes(gbnf: str) -> str:
+    """llguidance's GBNF converter drops a \\u or \\U escape's leading zeros, which its regexes then
+    refuse (\\u0085 becomes \\u85): such escapes are written as \\xNN or as the character itself."""
+    def one(m):
+        body = m.group(1)
+        if body == "\\" or body[1] != "0":
+            return m.group(0)
+        code = int(body[1:], 16)
+        return f"\\x{code:02x}" if code < 0x80 else chr(code)
+    return re.sub(r"\\(\\|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8})", one, gbnf)
+
+
 @functools.lru_cache(maxsize=512)
 def _grammar_grammar(where: str, text: str) -> str:
     llg = llguidance()
+    if text.lstrip().startswith("{"):   # llguidance's own JSON form ({"grammars": [...]}), as it is
+        return _checked(where, text)
     lark = text
     if is_gbnf(text):
         from llguidance.gbnf_to_lark import gbnf_to_lark
         try:
-            lark = gbnf_to_lark(text)
+            lark = gbnf_to_lark(_plain_unicode_escapes(text))
         except Exception as e:   # the converter raises plain Exceptions naming the rule
             raise ValueError(f"{where}: invalid GBNF grammar: {e}") from None
     return _checked(where, llg.LLMatcher.grammar_from_lark(lark))
@@ -143,10 +158,11 @@ def _structural_tag_grammar(where: str, tag, whitespace_pattern: Optional[str]) 
 class StructuredOutputsParams:
     """vLLM's StructuredOutputsParams: exactly one of json (a JSON schema: dict, JSON text or a
     pydantic model class), regex, choice (a list of strings), grammar (llama.cpp's GBNF, or
-    llguidance's Lark), json_object (any JSON object) or structural_tag (vLLM's: free text, and a
-    schema after each trigger). whitespace_pattern: the whitespace JSON may have between tokens
-    (default: none but ", " and ": "); disable_additional_properties: objects take only their listed
-    properties unless the schema says otherwise."""
+    llguidance's Lark or its JSON form {"grammars": [...]}), json_object (any JSON object) or
+    structural_tag (vLLM's: free text, and a schema after each trigger). whitespace_pattern: the
+    whitespace JSON may have between tokens (default: none but ", " and ": ");
+    disable_additional_properties: objects take only their listed properties unless the schema
+    says otherwise."""
     json: Optional[Union[str, dict, Any]] = None
     regex: Optional[str] = None
     choice: Optional[List[str]] = None

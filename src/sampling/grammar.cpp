@@ -82,7 +82,8 @@ const Api& api() {
 LlgMatcher* as_matcher(void* p) { return static_cast<LlgMatcher*>(p); }
 
 constexpr uint32_t kDecodeIncludeSpecial = 1;
-// llguidance reads a token whose bytes start with 0xFF as a special token named by the rest.
+// llguidance reads a token whose bytes start with 0xFF as a special token named by the rest (so
+// a byte token 0xFF, which no UTF-8 text holds, is a nameless special token to it).
 constexpr char kSpecialMarker = '\xff';
 
 // The bytes of a token as llguidance should see them: what ember decodes it to, special tokens
@@ -93,21 +94,24 @@ std::string token_bytes(const Tokenizer& tok, int32_t id) {
     return kSpecialMarker + (text.empty() ? "<[" + std::to_string(id) + "]>" : text);
 }
 
-// llguidance's tokenize callback: ember's encoder on plain text (no BOS, no special tokens).
+// llguidance's tokenize callback: ember's encoder on plain text (no BOS, no special tokens, no
+// space prefix). llguidance forces the tokens it gives for text a grammar forces.
 size_t tokenize_with(const void* user, const uint8_t* bytes, size_t n_bytes, uint32_t* out, size_t n_out) {
     const Tokenizer& tok = *static_cast<const Tokenizer*>(user);
-    const std::vector<int32_t> ids = tok.encode(std::string(reinterpret_cast<const char*>(bytes), n_bytes), false,
-                                                false);
+    const std::vector<int32_t> ids = tok.encode_plain(std::string(reinterpret_cast<const char*>(bytes), n_bytes));
     for (size_t i = 0; i < ids.size() && i < n_out; ++i) out[i] = uint32_t(ids[i]);
     return ids.size();
 }
 
-// Whether ember's encoder gives back exactly the bytes it is handed (SentencePiece's space prefix
+// Whether ember's plain encoder gives back exactly the bytes it is handed (a WordPiece vocabulary's
 // does not): llguidance then tokenizes forced text with it, else greedily over the vocabulary.
 bool encodes_exactly(const Tokenizer& tok) {
-    const std::string probe = "x = {\"ab\": [1, 2]} and more";
-    return tok.decode(tok.encode(probe, false, false), false) == probe &&
-           tok.decode(tok.encode(" " + probe, false, false), false) == " " + probe;
+    for (const std::string probe : {"x = {\"ab\": [1, 2]} and More", " {\"a\": 1}"}) {
+        std::string back;
+        for (int32_t id : tok.encode_plain(probe)) back += tok.token_to_piece(id, false);
+        if (back != probe) return false;
+    }
+    return true;
 }
 
 }  // namespace
@@ -220,9 +224,14 @@ GrammarCompiler::GrammarCompiler(const Tokenizer& tok) : impl_(std::make_unique<
     init.tok_eos = eog[0];
     init.token_lens = lens.data();
     init.token_bytes = reinterpret_cast<const uint8_t*>(bytes.data());
-    init.tokenize_fn = tokenize_with;
-    init.tokenize_user_data = &tok;
-    init.use_approximate_greedy_tokenize_fn = !encodes_exactly(tok);
+    if (encodes_exactly(tok)) {
+        init.tokenize_fn = tokenize_with;
+        init.tokenize_user_data = &tok;
+        // ember's encoder turns invalid UTF-8 (the rest of a character a grammar forces) into U+FFFD.
+        init.tokenize_assumes_string = true;
+    } else {
+        init.use_approximate_greedy_tokenize_fn = true;
+    }
     init.tok_eos_extra = eog.data() + 1;
     init.tok_eos_extra_count = uint32_t(eog.size() - 1);
     char err[1024] = {0};
@@ -298,9 +307,10 @@ std::string GrammarCompiler::decode(const std::vector<int32_t>& ids) const {
     for (int32_t id : ids)
         if (id < 0 || id >= impl_->shared->n_vocab) fail("decode: token id ", id, " is out of range");
     const size_t n = a.decode_tokens(impl_->shared->tok, u.data(), u.size(), nullptr, 0, kDecodeIncludeSpecial);
+    // n counts the terminating NUL it writes.
     std::string out(n + 1, '\0');
     a.decode_tokens(impl_->shared->tok, u.data(), u.size(), out.data(), out.size(), kDecodeIncludeSpecial);
-    out.resize(n);
+    out.resize(n > 0 ? n - 1 : 0);
     return out;
 }
 

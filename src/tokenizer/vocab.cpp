@@ -220,6 +220,12 @@ const std::string& VocabTokenizer::token_text(int32_t id) const {
     return v_.tokens[id];
 }
 
+std::vector<int32_t> VocabTokenizer::encode_plain(const std::string& text) const {
+    std::vector<int32_t> out;
+    encode_fragment(text, false, out);
+    return out;
+}
+
 bool VocabTokenizer::is_special(int32_t id) const {
     const std::string& text = token_text(id);
     switch (type(id)) {
@@ -231,4 +237,3 @@ bool VocabTokenizer::is_special(int32_t id) const {
 }
 
 }  // namespace ember
-

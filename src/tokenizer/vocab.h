@@ -67,6 +67,8 @@ public:
     bool add_eos() const override { return v_.add_eos; }
     bool is_eog(int32_t id) const override;
     const std::string& token_text(int32_t id) const override;
+    bool is_special(int32_t id) const override;
+    std::vector<int32_t> encode_plain(const std::string& text) const override;
 
     // SentencePiece decoding drops the space its encoder put before the text.
     virtual bool decode_strips_leading_space() const { return false; }
@@ -74,7 +76,6 @@ public:
 protected:
     // Appends the tokens of text (a fragment between special tokens). after_special: the
     // fragment starts the text or follows a special token (SentencePiece adds its space there).
-    bool is_special(int32_t id) const override;
     virtual void encode_fragment(const std::string& text, bool after_special, std::vector<int32_t>& out) const = 0;
     virtual std::string normal_piece(int32_t id) const = 0;
 
