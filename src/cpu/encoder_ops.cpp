@@ -84,40 +84,51 @@ void CpuBackend::encoder_attention(const float* q, const float* k, const float* 
     if (shape.sinks) fail("encoder_attention takes no attention sinks");
     if (shape.window < 0) fail("encoder_attention: window must be >= 0, got ", shape.window);
     const auto span = sequence_spans(batch_, n_tok);
+    std::vector<int32_t> firsts;
+    for (int32_t t = 0; t < n_tok; t = span[t].second) firsts.push_back(t);
     const std::vector<int32_t>& pos = batch_.pos;
     const int64_t qw = (int64_t)H * D, kw = (int64_t)Hkv * D;
     const int32_t group = H / Hkv;
-    pool_.parallel_for((int64_t)n_tok * H, 8, [&](int64_t b, int64_t e) {
-        std::vector<float> p;
-        std::vector<float> acc(D);
+    // One item per (sequence, head). Its keys are transposed to [D][len] first, so that a query's
+    // scores and its weighted sum of values are loops over independent elements (vectorized, each
+    // element summed in order).
+    pool_.parallel_for((int64_t)firsts.size() * H, 1, [&](int64_t b, int64_t e) {
+        std::vector<float> kt, p, acc(D);
         for (int64_t item = b; item < e; ++item) {
-            const int32_t i = (int32_t)(item / H), h = (int32_t)(item % H), g = h / group;
-            const float* qi = q + i * qw + (int64_t)h * D;
-            const auto [first, end] = span[i];
-            p.assign(end - first, 0.0f);
-            float mx = -INFINITY;
-            for (int32_t j = first; j < end; ++j) {
-                if (shape.window > 0 && std::abs(pos[i] - pos[j]) >= shape.window) {
-                    p[j - first] = -INFINITY;
-                    continue;
+            const int32_t first = firsts[item / H], h = (int32_t)(item % H), g = h / group;
+            const int32_t end = span[first].second, len = end - first;
+            kt.resize((size_t)D * len);
+            p.resize(len);
+            for (int32_t j = 0; j < len; ++j) {
+                const float* kj = k + (first + j) * kw + (int64_t)g * D;
+                for (int32_t d = 0; d < D; ++d) kt[(size_t)d * len + j] = kj[d];
+            }
+            for (int32_t i = first; i < end; ++i) {
+                const float* qi = q + i * qw + (int64_t)h * D;
+                std::fill(p.begin(), p.end(), 0.0f);
+                for (int32_t d = 0; d < D; ++d) {
+                    const float qd = qi[d];
+                    const float* row = &kt[(size_t)d * len];
+                    for (int32_t j = 0; j < len; ++j) p[j] += qd * row[j];
                 }
-                const float* kj = k + j * kw + (int64_t)g * D;
-                float s = 0.0f;
-                for (int32_t d = 0; d < D; ++d) s += qi[d] * kj[d];
-                p[j - first] = s * shape.scale;
-                mx = std::max(mx, p[j - first]);
+                float mx = -INFINITY;
+                for (int32_t j = 0; j < len; ++j) {
+                    const bool seen = shape.window <= 0 || std::abs(pos[i] - pos[first + j]) < shape.window;
+                    p[j] = seen ? p[j] * shape.scale : -INFINITY;
+                    mx = std::max(mx, p[j]);
+                }
+                float sum = 0.0f;
+                std::fill(acc.begin(), acc.end(), 0.0f);
+                for (int32_t j = 0; j < len; ++j) {
+                    if (p[j] == -INFINITY) continue;
+                    const float w = std::exp(p[j] - mx);
+                    sum += w;
+                    const float* vj = v + (first + j) * kw + (int64_t)g * D;
+                    for (int32_t d = 0; d < D; ++d) acc[d] += w * vj[d];
+                }
+                float* o = out + i * qw + (int64_t)h * D;
+                for (int32_t d = 0; d < D; ++d) o[d] = acc[d] / sum;
             }
-            float sum = 0.0f;
-            std::fill(acc.begin(), acc.end(), 0.0f);
-            for (int32_t j = first; j < end; ++j) {
-                if (p[j - first] == -INFINITY) continue;
-                const float w = std::exp(p[j - first] - mx);
-                sum += w;
-                const float* vj = v + j * kw + (int64_t)g * D;
-                for (int32_t d = 0; d < D; ++d) acc[d] += w * vj[d];
-            }
-            float* o = out + i * qw + (int64_t)h * D;
-            for (int32_t d = 0; d < D; ++d) o[d] = acc[d] / sum;
         }
     });
 }
