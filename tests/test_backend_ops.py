@@ -575,6 +575,7 @@ def test_add(be, n, rng):
     x, y = normal(rng, n, scale=3), normal(rng, n)
     same_bits(be.add(x, y), x + y, "add")
 
+
 # name: (n_tok, n_heads, head_dim, rotated dimensions): Phi-3 mini (96 of 96), Phi-3-like partial
 # (a quarter), GLM-4's half head, and an odd number of rotated pairs.
 PARTIAL_ROPE_SHAPES = {"phi_quarter": (5, 3, 96, 24), "glm_half": (37, 2, 128, 64), "odd_pairs": (1, 4, 80, 18),
@@ -938,6 +939,46 @@ def test_attn_in(be, t, shape, kv_type, composed, rng):
     check(v_cache, projected(wv, bv, n_kv, None, False), cache_bound, f"v in the {kv_type} cache")
 
 
+# name: (tokens, rope style, rotated dimensions of the head of 64, attention temperature)
+ATTN_IN_ROPE_SHAPES = {"phi3_decode": (1, True, 16, 0.0), "phi3_prompt": (6, True, 48, 0.0),
+                       "mistral3_decode": (1, False, 64, 0.3), "mistral3_prompt": (7, False, 64, 0.2),
+                       "both": (3, True, 32, 0.1)}
+
+
+@on("attn_in")
+@pytest.mark.parametrize("composed", [False, True], ids=["fused", "composed"])
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0", "bf16", "f32"])
+@pytest.mark.parametrize("shape", list(ATTN_IN_ROPE_SHAPES))
+@pytest.mark.parametrize("t", [T.F32, T.Q8_0, T.Q4_K], ids=lambda t: t.name)
+def test_attn_in_rope_options(be, t, shape, kv_type, composed, rng):
+    """The attention input with partial rotary (only each head's first n_rot dimensions rotate) and
+    the queries' attention temperature: q rotated then scaled by its position's temperature, k
+    rotated without it, whole heads stored in the cache."""
+    n_tok, neox, n_rot, temp = ATTN_IN_ROPE_SHAPES[shape]
+    n_in, n_head, n_kv, hd, length = 256, 4, 2, 64, 32
+    wq, wk, wv = (random_weight(t, n * hd, n_in, rng, rms=1 / np.sqrt(n_in)) for n in (n_head, n_kv, n_kv))
+    norm = rng.uniform(0.5, 1.5, n_in).astype(np.float32)
+    pos = sorted(int(p) for p in rng.choice(300, n_tok, replace=False))
+    x = normal(rng, n_tok, n_in)
+    run = lambda: be.attn_in(int(t), wq, wk, wv, n_in, x, pos, hd, 10000.0, neox, 16, norm, 1e-6, kv_type=kv_type,
+                             composed=composed, n_rot=n_rot, temp_scale=temp, temp_length=length)
+    if not supports(be, "weights", t):
+        return expect_unsupported(be, "weights", run)
+    if not supports(be, "kv", kv_type):
+        return expect_unsupported(be, "kv", run)
+    q, k_cache, v_cache, _ = run()
+    xn = ref.rmsnorm(x, norm, 1e-6)
+    proj = lambda w: xn @ dequant(t, w, n_in).T
+    want_q = ref.rope(proj(wq), pos, n_head, hd, 10000.0, neox, n_rot=n_rot)
+    if temp:
+        want_q = ref.attn_temperature(want_q, pos, temp, length)
+    bound = tolerance("matmul", kind_of(t), be) + tolerance("rope", None, be)
+    check(q, want_q, bound, "q")
+    cache_bound = bound + tolerance("kv", kv_type, be)
+    check(k_cache, ref.rope(proj(wk), pos, n_kv, hd, 10000.0, neox, n_rot=n_rot), cache_bound, "k in the cache")
+    check(v_cache, proj(wv), cache_bound, "v in the cache")
+
+
 # ---- the feed-forward ----
 
 FFN_SHAPES = {"one": (1, False), "few": (5, True), "prompt": (40, True)}   # name: (tokens, residual)
@@ -1020,44 +1061,6 @@ def moe_case(t, kind, n_tok, rng, n_embd=256, n_ff=256, x=None):
                  for n, b in biases.items()}}
     if shared:
         n_ff_s = 512 if shared == "gated" else 256   # Qwen2-MoE's shared expert is wider than its experts
-# name: (tokens, rope style, rotated dimensions of the head of 64, attention temperature)
-ATTN_IN_ROPE_SHAPES = {"phi3_decode": (1, True, 16, 0.0), "phi3_prompt": (6, True, 48, 0.0),
-                       "mistral3_decode": (1, False, 64, 0.3), "mistral3_prompt": (7, False, 64, 0.2),
-                       "both": (3, True, 32, 0.1)}
-
-
-@on("attn_in")
-@pytest.mark.parametrize("composed", [False, True], ids=["fused", "composed"])
-@pytest.mark.parametrize("kv_type", ["f16", "q8_0", "bf16", "f32"])
-@pytest.mark.parametrize("shape", list(ATTN_IN_ROPE_SHAPES))
-@pytest.mark.parametrize("t", [T.F32, T.Q8_0, T.Q4_K], ids=lambda t: t.name)
-def test_attn_in_rope_options(be, t, shape, kv_type, composed, rng):
-    """The attention input with partial rotary (only each head's first n_rot dimensions rotate) and
-    the queries' attention temperature: q rotated then scaled by its position's temperature, k
-    rotated without it, whole heads stored in the cache."""
-    n_tok, neox, n_rot, temp = ATTN_IN_ROPE_SHAPES[shape]
-    n_in, n_head, n_kv, hd, length = 256, 4, 2, 64, 32
-    wq, wk, wv = (random_weight(t, n * hd, n_in, rng, rms=1 / np.sqrt(n_in)) for n in (n_head, n_kv, n_kv))
-    norm = rng.uniform(0.5, 1.5, n_in).astype(np.float32)
-    pos = sorted(int(p) for p in rng.choice(300, n_tok, replace=False))
-    x = normal(rng, n_tok, n_in)
-    run = lambda: be.attn_in(int(t), wq, wk, wv, n_in, x, pos, hd, 10000.0, neox, 16, norm, 1e-6, kv_type=kv_type,
-                             composed=composed, n_rot=n_rot, temp_scale=temp, temp_length=length)
-    if not supports(be, "weights", t):
-        return expect_unsupported(be, "weights", run)
-    if not supports(be, "kv", kv_type):
-        return expect_unsupported(be, "kv", run)
-    q, k_cache, v_cache, _ = run()
-    xn = ref.rmsnorm(x, norm, 1e-6)
-    proj = lambda w: xn @ dequant(t, w, n_in).T
-    want_q = ref.rope(proj(wq), pos, n_head, hd, 10000.0, neox, n_rot=n_rot)
-    if temp:
-        want_q = ref.attn_temperature(want_q, pos, temp, length)
-    bound = tolerance("matmul", kind_of(t), be) + tolerance("rope", None, be)
-    check(q, want_q, bound, "q")
-    cache_bound = bound + tolerance("kv", kv_type, be)
-    check(k_cache, ref.rope(proj(wk), pos, n_kv, hd, 10000.0, neox, n_rot=n_rot), cache_bound, "k in the cache")
-    check(v_cache, proj(wv), cache_bound, "v in the cache")
 
 
         sg, su = (random_weight(t, n_ff_s, n_embd, rng, rms=1 / np.sqrt(n_embd)) for _ in range(2))

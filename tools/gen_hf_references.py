@@ -240,8 +240,9 @@ def _saved_layout(model, dtype, shard, work):
 def model_layouts(tok_root, work):
     """name -> layout, tokenizer and seed of every tiny model (models.json)."""
     from transformers import (Gemma3Config, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Glm4ForCausalLM,
-                              GptOssForCausalLM, LlamaForCausalLM, Ministral3ForCausalLM, MistralForCausalLM, MixtralForCausalLM,
-                              Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)
+                              GptOssForCausalLM, LlamaForCausalLM, Ministral3ForCausalLM, MistralForCausalLM,
+                              MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
+                              Qwen3MoeForCausalLM)
 
     classes = {"llama": LlamaForCausalLM, "mistral": MistralForCausalLM, "qwen2": Qwen2ForCausalLM,
                "qwen3": Qwen3ForCausalLM, "gemma3": Gemma3ForCausalLM, "qwen3moe": Qwen3MoeForCausalLM,

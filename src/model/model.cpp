@@ -142,9 +142,9 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& p
         }
         m.blocks.push_back(b);
         m.layers.push_back(m.arch->layer_config(hp, l, rope));
+        if (!factors_long.empty()) m.layers_long.push_back(m.arch->layer_config(hp, l, model_rope(hp, factors_long)));
     }
 
-        if (!factors_long.empty()) m.layers_long.push_back(m.arch->layer_config(hp, l, model_rope(hp, factors_long)));
     // The GPU budget's default is the memory free on the GPU, so the backend starts before the plan.
     const bool have_gpu = backend_built("cuda");
     BackendOptions gpu_opts;

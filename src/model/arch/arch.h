@@ -49,23 +49,23 @@ enum class Role : int {
 };
 constexpr int kRoles = static_cast<int>(Role::count);
 
-struct TensorSpec {
-    Role role;
-    const char* name;             // after "blk.N.", e.g. "attn_q.weight"
-    std::vector<int64_t> shape;   // GGUF ne order: [n_in, n_out] for matrices
 // Rows [first, first + shape[1]) of a matrix the file stores with `of` rows: one part of a fused
 // tensor (Phi-3's attn_qkv, the gate and up halves of a fused ffn_up). of 0: the whole tensor.
 struct RowSlice {
     int64_t first = 0, of = 0;
 };
 
+struct TensorSpec {
+    Role role;
+    const char* name;             // after "blk.N.", e.g. "attn_q.weight"
+    std::vector<int64_t> shape;   // GGUF ne order: [n_in, n_out] for matrices
     bool optional = false;
     bool vector = false;   // a 2-D tensor read as one float array (the experts' biases)
+    RowSlice slice{};
 };
 
 // A block's GGUF tensors (null where an optional one is absent).
 struct BlockTensors {
-    RowSlice slice{};
     std::array<const GGUFTensor*, kRoles> t{};
     std::array<bool, kRoles> vector{};   // read as floats whatever its dimensions (TensorSpec::vector)
     const GGUFTensor* operator[](Role r) const { return t[static_cast<int>(r)]; }
