@@ -275,8 +275,8 @@ public:
     // x[i] = 1 / (1 + exp(-x[i]))
     virtual void sigmoid(float* x, int64_t n) = 0;
     // y[t] = (x[t] - mean(x[t])) / sqrt(var(x[t]) + eps) * gamma (+ beta; null: none); y may be x.
-    virtual void layernorm(const float* x, const float* gamma, const float* beta, int32_t n_tok, int32_t dim,
-                           float eps, float* y) = 0;
+    virtual void layernorm(const float* x, const float* gamma, const float* beta, int32_t n_tok, int32_t dim, float eps,
+                           float* y) = 0;
     // x[i] = f(x[i]) in place.
     virtual void unary(UnaryOp f, float* x, int64_t n) = 0;
     // Bidirectional attention of an encoder, with no KV cache: q [n_tok][n_head * head_dim] and k, v
