@@ -25,12 +25,19 @@ struct Entry {
     const Architecture& (*get)();
 };
 const Entry kArchitectures[] = {
-    {"llama", &llama_architecture},     {"mistral", &llama_architecture}, {"qwen2", &qwen2_architecture},
-    {"qwen3", &qwen3_architecture},     {"gemma3", &gemma3_architecture}, {"qwen3moe", &qwen3moe_architecture},
+    {"llama", &llama_architecture},
+    {"mistral", &llama_architecture},
+    {"qwen2", &qwen2_architecture},
+    {"qwen3", &qwen3_architecture},
+    {"gemma3", &gemma3_architecture},
+    {"qwen3moe", &qwen3moe_architecture},
     {"gpt-oss", &gpt_oss_architecture},
-    {"bert", &bert_architecture},       {"nomic-bert", &nomic_bert_architecture},
+    {"bert", &bert_architecture},
+    {"nomic-bert", &nomic_bert_architecture},
     {"gemma-embedding", &gemma_embedding_architecture},
-    {"phi3", &phi3_architecture},       {"mistral3", &mistral3_architecture}, {"glm4", &glm4_architecture},
+    {"phi3", &phi3_architecture},
+    {"mistral3", &mistral3_architecture},
+    {"glm4", &glm4_architecture},
 };
 }  // namespace
 
