@@ -17,7 +17,7 @@ mkdir -p "$OUT"
 # synthetic models and ember-quantize, the server's stack for its tests.
 WHEELS=(gguf==0.19.0 fastapi==0.165.0 starlette==1.10.0 pydantic==2.13.4 pydantic-core==2.46.4
         annotated-types==0.7.0 annotated-doc==0.0.7 typing-inspection==0.4.2 typing-extensions==4.16.0
-        opentelemetry-api==1.45.3 uvicorn==0.55.0 h11==0.16.0 anyio==4.16.0)
+        opentelemetry-api==1.45.3 uvicorn==0.55.0 h11==0.16.0 anyio==4.16.0 llguidance==1.9.1)
 LLAMA_CPP_PYTHON=0.3.36    # its sdist vendors the llama.cpp the figures compare with
 
 log() { echo "== $(date -u +%T) $*" | tee -a "$OUT/driver.log"; }
@@ -58,7 +58,8 @@ prepare() {
   mkdir -p "$CARRY/wheels"
   rm -f "$CARRY"/wheels/*.whl
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 \
     -d "$CARRY/wheels" "${WHEELS[@]}" || die "pip download of the wheels"
   rm -f "$CARRY/base.tar" "$CARRY/base.rev"
   if [ -n "$base" ]; then
