@@ -126,6 +126,8 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(Attention
                 for (int i = 0; i < M; ++i) s[i] += __shfl_xor_sync(0xffffffffu, s[i], o);
             }
 #pragma unroll
+            for (int i = 0; i < M; ++i) s[i] = softcap_log2(a, s[i]);
+#pragma unroll
             for (int i = 0; i < M; ++i) {
                 if (k < k1 && k <= lim[i] && k >= low[i]) {
                     const float mn = fmaxf(m[i], s[i]);
@@ -354,7 +356,7 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(Attention
                 s[i] += __shfl_xor_sync(0xffffffffu, s[i], 1);
                 s[i] += __shfl_xor_sync(0xffffffffu, s[i], 2);
                 s[i] += __shfl_xor_sync(0xffffffffu, s[i], 4);
-                if (part == 0) ps[i][key] = visible ? s[i] : -INFINITY;
+                if (part == 0) ps[i][key] = visible ? softcap_log2(a, s[i]) : -INFINITY;
             }
         }
         __syncthreads();

@@ -214,8 +214,8 @@ __global__ void __launch_bounds__(DecodeMmaSmem<HD>::kWarps * kWarp)
             for (int e = 0; e < 2; ++e) {
                 const int key = key_base + 8 * j + 2 * tq + e;
                 const bool ok = key < k1 && key >= lo;
-                sc[j][e] = ok ? sc[j][e] * qscale : -INFINITY;
-                sc[j][2 + e] = ok ? sc[j][2 + e] * qscale : -INFINITY;
+                sc[j][e] = ok ? softcap_log2(a, sc[j][e] * qscale) : -INFINITY;
+                sc[j][2 + e] = ok ? softcap_log2(a, sc[j][2 + e] * qscale) : -INFINITY;
                 mx0 = fmaxf(mx0, sc[j][e]);
                 mx1 = fmaxf(mx1, sc[j][2 + e]);
             }

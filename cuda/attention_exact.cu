@@ -84,6 +84,15 @@ __device__ void softmax_in_order(float* ps, int n, float mx, float sink) {
     __syncthreads();
 }
 
+// A scaled score soft-capped (AttentionShape::softcap) in the CPU's steps (src/cpu/cpu_attention.cpp's
+// softcap_score: tanh from glibc's expf), so the bits stay the CPU's.
+__device__ __forceinline__ float softcap_score(const AttentionArgs& a, float s) {
+    if (a.softcap <= 0.f) return s;
+    const float x = __fdiv_rn(s, a.softcap);
+    const float e = expf_glibc(__fmul_rn(-2.f, fabsf(x)));
+    return copysignf(__fmul_rn(a.softcap, __fdiv_rn(__fadd_rn(1.f, -e), __fadd_rn(1.f, e))), x);
+}
+
 __device__ __forceinline__ float sink_logit(const AttentionArgs& a, int h) { return a.sinks ? a.sinks[h] : -INFINITY; }
 
 __device__ __forceinline__ float q_f16(const AttentionArgs& a, int t, int h, int i) {
@@ -152,7 +161,7 @@ __global__ void __launch_bounds__(kExactThreads) attention_exact_kernel(Attentio
                 acc = dot8_in_order(acc, qs + 8 * (c0 + u), r[u]);
             }
         }
-        ps[p] = __fmul_rn(acc, a.scale);
+        ps[p] = softcap_score(a, __fmul_rn(acc, a.scale));
         mx = fmaxf(mx, ps[p]);
     }
     softmax_in_order(ps, n_keys, mx, sink_logit(a, h));
@@ -268,7 +277,7 @@ __global__ void __launch_bounds__(kExactThreads, 1) attention_exact_cluster_kern
         float acc = 0.f;
 #pragma unroll 4
         for (int c = 0; c < n8; ++c) acc = dot8_in_order(acc, qs + 8 * c, kr[c]);
-        const float s = __fmul_rn(acc, a.scale);
+        const float s = softcap_score(a, __fmul_rn(acc, a.scale));
         for (int r = 0; r < n_cta; ++r) cluster.map_shared_rank(ps, r)[j0 + j] = s;
     }
     cluster.sync();   // every score in every CTA; no shared memory of another CTA is touched after it

@@ -119,6 +119,8 @@ __global__ void __launch_bounds__(kWarps * kWarp) attention_mma_kernel(Attention
 #pragma unroll
         for (int j = 0; j < kKTile / 8; ++j) {
             const int key = k0 + 8 * j + 2 * t;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sc[j][e] = softcap_log2(a, sc[j][e]);
             if (key > pos0 || key < low0) sc[j][0] = -INFINITY;
             if (key + 1 > pos0 || key + 1 < low0) sc[j][1] = -INFINITY;
             if (key > pos1 || key < low1) sc[j][2] = -INFINITY;

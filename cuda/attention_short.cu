@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(kShortThreads) attention_short_kernel(Attentio
             s0 = fmaf(qb.z, kf[6], s0);
             s1 = fmaf(qb.w, kf[7], s1);
         }
-        ps[h * kShortKeys + j] = s0 + s1;
+        ps[h * kShortKeys + j] = softcap_log2(a, s0 + s1);
     }
     __syncthreads();
     // This CTA's softmax state per q head: a warp per head.

@@ -68,6 +68,14 @@ __device__ __forceinline__ float2 softmax_step(float2 mx, float& m0, float& m1, 
     return make_float2(base0, base1);
 }
 
+// A log2-domain score soft-capped (AttentionShape::softcap): cap * tanh(s / cap) in the natural
+// domain is c * tanh(s / c) with c = cap * log2 e in this one.
+__device__ __forceinline__ float softcap_log2(const AttentionArgs& a, float s) {
+    if (a.softcap <= 0.f) return s;
+    const float c = a.softcap * kLog2e;
+    return c * tanhf(s / c);
+}
+
 // What head h's sink logit (AttentionShape::sinks) adds to its softmax denominator, whose terms are
 // exp2 of the log2-domain scores less m: each kernel adds it once, where it divides by the sum.
 // An overflow to inf is the sink taking all the mass (the output goes to 0, as it should).

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <tuple>
 
 #include "backend/kv_layout.h"
@@ -62,6 +63,8 @@ bool CudaBackend::attend(const KVLayer& kv, const float* q, int32_t n_tok, const
         fail("cuda attention: shape (", shape.n_head_kv, " kv heads of ", shape.head_dim,
              ") does not match the KV layer (", kv.n_head_kv, " of ", kv.head_dim, ")");
     if (shape.window < 0) fail("cuda attention: negative window ", shape.window);
+    if (!(shape.softcap >= 0.f) || std::isinf(shape.softcap))
+        fail("cuda attention: softcap must be 0 (none) or a positive number, got ", shape.softcap);
     if (n_tok == 0) return false;
     const AttentionQuery query = attention_query(kv, shape, n_tok);
     AttentionChoice c = choose_attention(query);
@@ -78,6 +81,7 @@ bool CudaBackend::attend(const KVLayer& kv, const float* q, int32_t n_tok, const
     a.scale = shape.scale;
     a.window = shape.window;
     a.sinks = shape.sinks;
+    a.softcap = shape.softcap;
     a.q = q;
     a.out = out;
     a.n_tok = n_tok;

@@ -48,6 +48,11 @@ void CudaBackend::add_bias(float* x, const float* bias, int32_t n_tok, int32_t d
     cuda::add_bias(x, bias, n_tok, dim, stream_);
 }
 
+void CudaBackend::scale_softcap(float* x, int64_t n, float scale, float cap) {
+    issue_uploads();
+    cuda::scale_softcap(x, n, scale, cap, stream_);
+}
+
 void CudaBackend::argmax_rows(const float* x, int32_t n_rows, int64_t width, int32_t* ids) {
     issue_uploads();
     cuda::argmax_rows(x, n_rows, width, ids, stream_);
@@ -84,7 +89,7 @@ void CudaBackend::attn_in(const AttnInWeights& w, float* x, const float* residua
     issue_uploads();
     check_batch(n_tok, "attn_in");
     check_kv(kv, "attn_in");
-    if (!w.rope) fail("cuda attn_in: no rope parameters");
+    if (!w.rope) return Backend::attn_in(w, x, residual, n_tok, kv, b);   // NoPE layers: nothing to fuse a rope into
     const RopeParams& rp = *w.rope;
     if (w.head_dim != kv.head_dim || w.n_head_kv != kv.n_head_kv || rp.head_dim != w.head_dim)
         fail("cuda attn_in: ", w.n_head_kv, " kv heads of ", w.head_dim, " (rope over ", rp.head_dim,

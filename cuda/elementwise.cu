@@ -1,5 +1,5 @@
 // Elementwise ops on float activations: gated activations (SiLU, GeLU), residual add, bias add,
-// and the KV store (float K/V rows -> f16 cache slots addressed through the block table).
+// scale and soft-cap, and the KV store (float K/V rows -> f16 cache slots addressed through the block table).
 #include "common.cuh"
 #include "dq_order.cuh"
 #include "gated_act.cuh"
@@ -89,6 +89,15 @@ __global__ void add_bias_kernel(float* __restrict__ x, const float* __restrict__
         x[i] += b[i % dim];
 }
 
+__global__ void scale_softcap_kernel(float* x, int64_t n, float scale, float cap) {
+    pdl_wait();
+    pdl_trigger();
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+        const float v = __fmul_rn(x[i], scale);
+        x[i] = cap > 0.f ? __fmul_rn(cap, tanhf(__fdiv_rn(v, cap))) : v;
+    }
+}
+
 // One block per token; K and V rows [kv_dim] go to slot pos % block_size of physical block
 // block_table[seq][pos / block_size], layout [n_blocks][block_size][kv_dim].
 __global__ void kv_store_kernel(__half* __restrict__ kc, __half* __restrict__ vc, int32_t block_size, int32_t kv_dim,
@@ -155,6 +164,12 @@ void add_bias(float* x, const float* bias, int32_t n_tok, int32_t dim, cudaStrea
     if (n <= 0) return;
     launch_pdl(add_bias_kernel, grid_for(n), 256, s, x, bias, n, dim);
     EMBER_CUDA_LAUNCHED("add_bias");
+}
+
+void scale_softcap(float* x, int64_t n, float scale, float cap, cudaStream_t s) {
+    if (n <= 0) return;
+    launch_pdl(scale_softcap_kernel, grid_for(n), 256, s, x, n, scale, cap);
+    EMBER_CUDA_LAUNCHED("scale_softcap");
 }
 
 void kv_store(__half* k_cache, __half* v_cache, int32_t block_size, int32_t kv_dim, const float* k, const float* v,

@@ -103,6 +103,8 @@ struct HostCopies {
 };
 void copy_from_pinned(const HostCopies& c, cudaStream_t s);
 void add_bias(float* x, const float* bias, int32_t n_tok, int32_t dim, cudaStream_t s);
+// x[i] = x[i] * scale, then cap * tanh(x[i] / cap) where cap > 0 (Backend::scale_softcap).
+void scale_softcap(float* x, int64_t n, float scale, float cap, cudaStream_t s);
 // ids[r] = the first highest value's index of row r of x [n_rows][width], -1 if none beats -inf.
 void argmax_rows(const float* x, int32_t n_rows, int64_t width, int32_t* ids, cudaStream_t s);
 
@@ -271,6 +273,7 @@ struct AttentionArgs {
     float scale;
     int32_t window;               // > 0: a query at position p sees keys p - window < j <= p only
     const float* sinks;           // [n_head] sink logits (device; AttentionShape::sinks) or null
+    float softcap;                // > 0: scores soft-capped (AttentionShape::softcap)
     const float* q;               // [n_tok][n_head * head_dim]
     float* out;                   // [n_tok][n_head * head_dim]
     int32_t n_tok;

@@ -176,10 +176,11 @@ def moe(x, router, gate, up, down, n_used, gating="softmax", norm_topk=False, we
     return out
 
 
-def attention(q, k_all, v_all, pos, n_head, n_head_kv, head_dim, window=0, sinks=None):
+def attention(q, k_all, v_all, pos, n_head, n_head_kv, head_dim, window=0, sinks=None, softcap=0.0):
     """Causal attention of queries at positions pos over keys/values 0..pos (GQA); window > 0:
     over p - window < j <= p only. sinks [n_head]: each head's extra softmax logit, which takes
-    probability mass and adds no value (gpt-oss)."""
+    probability mass and adds no value (gpt-oss). softcap > 0: each scaled score s becomes
+    softcap * tanh(s / softcap) (Gemma 2)."""
     group = n_head // n_head_kv
     out = np.zeros((len(pos), n_head * head_dim))
     for t, p in enumerate(pos):
@@ -190,11 +191,19 @@ def attention(q, k_all, v_all, pos, n_head, n_head_kv, head_dim, window=0, sinks
             k = k_all[first:p + 1, kh * head_dim:(kh + 1) * head_dim].astype(np.float64)
             v = v_all[first:p + 1, kh * head_dim:(kh + 1) * head_dim].astype(np.float64)
             s = k @ qh / np.sqrt(head_dim)
+            if softcap > 0:
+                s = softcap * np.tanh(s / softcap)
             m = s.max() if sinks is None else max(s.max(), float(sinks[h]))
             w = np.exp(s - m)
             denom = w.sum() + (0.0 if sinks is None else np.exp(float(sinks[h]) - m))
             out[t, h * head_dim:(h + 1) * head_dim] = (w / denom) @ v
     return out
+
+
+def scale_softcap(x, scale, cap):
+    """x * scale, then cap * tanh(x / cap) where cap > 0 (Granite's scales, Gemma 2's final soft-cap)."""
+    y = np.asarray(x, np.float64) * scale
+    return cap * np.tanh(y / cap) if cap > 0 else y
 
 
 def greedy_ids(x):

@@ -171,6 +171,7 @@ COVERAGE = {
     "alloc_host": "test_copy", "free_host": "test_copy", "moe": "test_moe", "moe_ffn": "test_moe_ffn",
     "moe_route": "test_moe_route", "gather_rows": "test_gather_scatter_rows",
     "scatter_add_rows": "test_gather_scatter_rows", "sigmoid": "test_sigmoid",
+    "scale_softcap": "test_scale_softcap",
     "layernorm": "test_layernorm", "unary": "test_unary", "encoder_attention": "test_encoder_attention",
 }
 
@@ -875,6 +876,65 @@ def test_attention_sinks_bad_input(be):
     q, kv = np.ones((2, 64), np.float32), np.ones((2, 32), np.float32)
     with pytest.raises(ValueError, match="sinks must be \\[2\\] float32, got 3 values"):
         be.attention(q, kv, kv, [0, 1], 2, 1, 32, 16, sinks=np.ones(3, np.float32))
+
+
+# Shapes for soft-capped attention (Gemma 2: 256-dim heads, 2 q heads a kv head, a window on every
+# other layer), with the shapes that reach each kernel.
+SOFTCAP_SHAPES = {
+    "gemma2_decode": (4, 2, 256, 700, [699], 16, 0, False),
+    "gemma2_window_prompt": (4, 2, 256, 300, list(range(100, 300)), 16, 64, False),
+    "gemma2_window_steps": (4, 2, 256, 800, [799, 100, 300], 16, 64, True),
+    **{name: ATTENTION_SHAPES[name] for name in [
+        "block_5", "decode_gqa_9_3", "steps", "prompt_gqa", "window_decode", "short_and_long", "long_decode",
+        "long_prompt", "long_split_gqa", "long_split_hd256"]},
+}
+
+
+@on("attention")
+@pytest.mark.parametrize("kv_type", KV_TYPES)
+@pytest.mark.parametrize("shape", list(SOFTCAP_SHAPES))
+def test_attention_softcap(be, shape, kv_type, rng):
+    """Attention logit soft-capping (AttentionShape::softcap): each scaled score s becomes
+    cap * tanh(s / cap) before the softmax, on every kernel. Queries are scaled up so that the
+    scores reach the cap and the cap changes the output well beyond the bound."""
+    n_head, n_kv, hd, length, pos, bs, window, steps = SOFTCAP_SHAPES[shape]
+    q = normal(rng, len(pos), n_head * hd, scale=4.0)
+    k, v = normal(rng, length, n_kv * hd), normal(rng, length, n_kv * hd)
+    cap = float(rng.uniform(2.0, 6.0))
+    run = lambda: be.attention(q, k, v, pos, n_head, n_kv, hd, bs, seed=int(rng.integers(1 << 30)),
+                               kv_type=kv_type, window=window, fast=steps, softcap=cap)
+    if not supports(be, "kv", kv_type):
+        return expect_unsupported(be, "kv", run)
+    if be.name == "cuda" and kv_type == "q8_0" and (bs * n_kv * hd) % 256:
+        with pytest.raises(ValueError, match="is not a multiple of 256"):
+            run()
+        return
+    kr, vr = ref.kv_round(k, kv_type), ref.kv_round(v, kv_type)
+    want = ref.attention(q, kr, vr, pos, n_head, n_kv, hd, window, softcap=cap)
+    got = run()
+    bound = tolerance("attention", kv_type, be)
+    check(got, want, bound, f"{shape} {kv_type} softcap {cap:.3g}")
+    plain = ref.attention(q, kr, vr, pos, n_head, n_kv, hd, window)
+    assert rel_err(got, plain) > 5 * bound, "the cap changes the output by less than the bound: the test sees nothing"
+
+
+@on("attention")
+@pytest.mark.parametrize("cap", [-1.0, float("inf"), float("nan")])
+def test_attention_softcap_bad_input(be, cap):
+    q, kv = np.ones((2, 64), np.float32), np.ones((2, 32), np.float32)
+    with pytest.raises(ValueError, match="softcap must be 0 \\(none\\) or a positive number"):
+        be.attention(q, kv, kv, [0, 1], 2, 1, 32, 16, softcap=cap)
+
+
+@on("scale_softcap")
+@pytest.mark.parametrize("cap", [0.0, 30.0, 0.5], ids=["scale_only", "cap_30", "cap_0.5"])
+@pytest.mark.parametrize("n", [1, 1000, 40000])
+def test_scale_softcap(be, n, cap, rng):
+    """x * scale, then cap * tanh(x / cap) (Gemma 2's final logits, Granite's scales); values far
+    beyond the cap land on it."""
+    x = rng.uniform(-100, 100, n).astype(np.float32)
+    scale = float(rng.uniform(0.1, 3.0))
+    check(be.scale_softcap(x, scale, cap), ref.scale_softcap(x, scale, cap), 1e-6, f"scale_softcap cap {cap}")
 
 
 @on("attn_out")

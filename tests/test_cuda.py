@@ -375,6 +375,22 @@ def test_attention_matches_cpu(cpu, case, clusters, sinks):
     assert_same_bits(gpu.attention(*args, seed=5, window=window, fast=steps, sinks=s), yc, case)
 
 
+@pytest.mark.parametrize("clusters", [True, False], ids=["cluster", "one_cta"])
+@pytest.mark.parametrize("case", ["prompt_gqa_9_3", "decode_steps", "head_dim_256", "window"])
+def test_attention_softcap_matches_cpu(cpu, case, clusters):
+    """Soft-capped scores (AttentionShape::softcap, Gemma 2) keep the reference-order kernel on the
+    CPU's bits: the same tanh from glibc's expf. Queries scaled up so the cap bends most scores."""
+    gpu = cuda_backend(EMBER_CUDA_EXACT_CLUSTER="1" if clusters else "0")
+    n_head, n_kv, hd, length, pos, bs, window, steps = EXACT_CASES[case]
+    rng = rng_for("attention_cpu_softcap", case)
+    q = (4 * rng.standard_normal((len(pos), n_head * hd))).astype(np.float32)
+    k, v = rng.standard_normal((2, length, n_kv * hd)).astype(np.float32)
+    cap = float(rng.uniform(2.0, 6.0))
+    args = (q, k, v, pos, n_head, n_kv, hd, bs)
+    yc = cpu.attention(*args, seed=3, window=window, softcap=cap)
+    assert_same_bits(gpu.attention(*args, seed=5, window=window, fast=steps, softcap=cap), yc, case)
+
+
 # End-to-end on the real SmolLM2-135M (Q4_1, GQA 9/3, tied Q8_0 head): every block on the GPU,
 # and a split (the first 18 blocks on the CPU, the last 12 and the head on the GPU), teacher-forced
 # against llama.cpp's greedy text. (Decode steps, eager then captured and replayed as CUDA graphs,

@@ -62,6 +62,11 @@ struct HParams {
     float rope_base_swa = 10000.0f;
     std::vector<bool> swa_layer;
     float attn_scale = 0.0f;    // > 0: the file's query scale ({arch}.attention.scale), else 1/sqrt(head_dim)
+    // Gemma 2's soft-capping of attention scores and of the logits (0: none).
+    float attn_softcap = 0.0f, final_softcap = 0.0f;
+    // Granite's muP multipliers: embeddings times embedding_scale (0: the architecture's own), each
+    // block's attention and feed-forward outputs times residual_scale, logits divided by logit_scale.
+    float embedding_scale = 0.0f, residual_scale = 1.0f, logit_scale = 1.0f;
     // Q, K and V stored as one attn_qkv.weight (nomic-bert as llama.cpp's converter writes it).
     bool qkv_fused = false;
     // Mixture of experts ({arch}.expert_count, expert_used_count): n_expert 0 for a dense model.

@@ -1,7 +1,8 @@
 """Architectures ember-convert knows: HF config.json -> GGUF hyperparameter keys, and HF tensor
 names/shapes -> GGUF tensor names, as llama.cpp's converter writes them: the Q/K row permutation
 of GGUF's "llama" layout, Gemma's norm weights stored as 1 + w, llama 3's rope_freqs tensor, and
-the experts of mixture models (convert_moe.py), and the families of convert_fused.py."""
+the experts of mixture models (convert_moe.py), and the families of convert_fused.py and
+convert_families.py."""
 import re
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -9,6 +10,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from .convert_error import ConvertError
+from .convert_families import olmo2_layers, read_gemma2, read_granite, read_olmo2, read_smollm3
 from .convert_fused import glm4_layers, phi3_layers, read_glm4, read_mistral3, read_phi3
 from .convert_moe import GPT_OSS, MIXTRAL, QWEN3MOE, ExpertLayout, add_expert_keys, expert_tensors, read_experts
 from .convert_rope import Rope, add_rope_scaling, llama3_rope_divisors, read_rope, split_rope_params
@@ -53,6 +55,12 @@ ARCHS = {
     "MixtralForCausalLM": ArchSpec("llama", permute_qk=True, experts=MIXTRAL),
     "GptOssForCausalLM": ArchSpec("gpt-oss", qkv_bias=True, experts=GPT_OSS, gpt_oss=True, rope_scalings=("yarn",)),
     "Phi3ForCausalLM": ArchSpec("phi3", rope_scalings=("longrope",), read_extra=read_phi3, layer_map=phi3_layers),
+    "Gemma2ForCausalLM": ArchSpec("gemma2", gemma=True, act="gelu_pytorch_tanh", rope_scalings=(),
+                                  read_extra=read_gemma2),
+    "Olmo2ForCausalLM": ArchSpec("olmo2", read_extra=read_olmo2, layer_map=olmo2_layers),
+    "Olmo3ForCausalLM": ArchSpec("olmo2", read_extra=read_olmo2, layer_map=olmo2_layers),
+    "GraniteForCausalLM": ArchSpec("granite", permute_qk=True, read_extra=read_granite),
+    "SmolLM3ForCausalLM": ArchSpec("smollm3", permute_qk=True, read_extra=read_smollm3),
     "Ministral3ForCausalLM": ArchSpec("mistral3", permute_qk=True, rope_scalings=("yarn",), read_extra=read_mistral3,
                                       yarn_mscale=True),
     "Glm4ForCausalLM": ArchSpec("glm4", qkv_bias=True, read_extra=read_glm4, layer_map=glm4_layers),

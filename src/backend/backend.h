@@ -74,6 +74,9 @@ struct AttentionShape {
     // Per-head sink logits (gpt-oss): each head's softmax denominator gains exp(sinks[h]), a key that
     // takes probability mass and adds no value. [n_head] in the backend's memory; null: none.
     const float* sinks = nullptr;
+    // > 0: each score s (scaled) becomes softcap * tanh(s / softcap) before the softmax (Gemma 2's
+    // attention logit soft-capping); 0: none.
+    float softcap = 0.0f;
 };
 
 // Elementwise functions of Backend::unary: GeLUErf is BERT's exact GELU, x * (1 + erf(x / sqrt 2)) / 2;
@@ -93,7 +96,7 @@ struct AttnInWeights {
     const float *bq = nullptr, *bk = nullptr, *bv = nullptr;   // null: no bias
     const float *q_norm = nullptr, *k_norm = nullptr;          // [head_dim]; null: none
     int32_t n_head = 0, n_head_kv = 0, head_dim = 0;
-    const RopeParams* rope = nullptr;
+    const RopeParams* rope = nullptr;   // null: q and k are not rotated (NoPE layers: SmolLM3)
 };
 
 // The weights of a gated feed-forward with the norm before it.
@@ -274,6 +277,9 @@ public:
                                   int64_t dim) = 0;
     // x[i] = 1 / (1 + exp(-x[i]))
     virtual void sigmoid(float* x, int64_t n) = 0;
+    // x[i] *= scale; then, with cap > 0, x[i] = cap * tanh(x[i] / cap) (Granite's logit and residual
+    // scales, Gemma 2's final logit soft-capping).
+    virtual void scale_softcap(float* x, int64_t n, float scale, float cap) = 0;
     // y[t] = (x[t] - mean(x[t])) / sqrt(var(x[t]) + eps) * gamma (+ beta; null: none); y may be x.
     virtual void layernorm(const float* x, const float* gamma, const float* beta, int32_t n_tok, int32_t dim, float eps,
                            float* y) = 0;
@@ -318,9 +324,11 @@ public:
         if (w.bv) add_bias(b.v, w.bv, n_tok, kw);
         if (w.q_norm) head_rmsnorm(b.q, w.q_norm, n_tok, w.n_head, w.head_dim, w.eps);
         if (w.k_norm) head_rmsnorm(b.k, w.k_norm, n_tok, w.n_head_kv, w.head_dim, w.eps);
-        rope(b.q, n_tok, w.n_head, *w.rope);
-        rope(b.k, n_tok, w.n_head_kv, *w.rope);
-        if (w.rope->temp_scale != 0.0f) attn_temperature(b.q, n_tok, qw, *w.rope);
+        if (w.rope) {
+            rope(b.q, n_tok, w.n_head, *w.rope);
+            rope(b.k, n_tok, w.n_head_kv, *w.rope);
+            if (w.rope->temp_scale != 0.0f) attn_temperature(b.q, n_tok, qw, *w.rope);
+        }
         kv_store(kv, b.k, b.v, n_tok);
     }
     // out = wo (attention of b.q over kv); b.att holds the attention output.

@@ -27,6 +27,8 @@
 // probabilities as V's (they meet the values).
 // Sinks (AttentionShape::sinks) enter each head's softmax as llama.cpp's CPU attention adds them:
 // the max and the denominator, in f32 and unscaled.
+// Soft-capping (AttentionShape::softcap) maps each scaled score through softcap_score, whose tanh is
+// built from expf so that CUDA's reference-order kernel (its glibc expf) gives the same bits.
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -35,6 +37,7 @@
 #include "cpu/attention_math.h"
 #include "cpu/cpu_backend.h"
 #include "backend/kv_layout.h"
+#include "ember/status.h"
 #include "quant/blocks.h"
 #include "quant/half.h"
 #include "quant/kernels.h"
@@ -47,6 +50,15 @@ constexpr int kLanes = kAttentionLanes;   // positions per transposed key group
 constexpr int kTokensPerUnit = 32;
 
 int64_t kv_width(const KVLayer& kv) { return (int64_t)kv.n_head_kv * kv.head_dim; }
+
+// cap * tanh(s / cap), tanh(x) = sign(x) (1 - e) / (1 + e) with e = exp(-2 |x|): no overflow for any
+// score, and the same f32 steps as cuda/attention_exact.cu's softcap_score.
+float softcap_score(float s, float cap) {
+    const float x = s / cap;
+    const float e = std::exp(-2.0f * std::fabs(x));
+    return std::copysign(cap * ((1.0f - e) / (1.0f + e)), x);
+}
+
 
 // Asks for the cache lines of [p, p + bytes) ahead of their use.
 void prefetch_bytes(const void* p, size_t bytes) {
@@ -212,6 +224,7 @@ void with_kv_type(GGMLType t, F&& f) {
         case GGMLType::Q4_1: f(BlockKv<GGMLType::Q4_1>{}); break;
         case GGMLType::Q5_0: f(BlockKv<GGMLType::Q5_0>{}); break;
         case GGMLType::Q5_1: f(BlockKv<GGMLType::Q5_1>{}); break;
+        case GGMLType::IQ4_NL: f(BlockKv<GGMLType::IQ4_NL>{}); break;
         case GGMLType::Q8_0: f(Q8Kv{}); break;
         default: f(F16Kv{}); break;
     }
@@ -223,7 +236,6 @@ void store_rows(const BatchInfo& batch, const KVLayer& kv, void* base, const flo
                 const AttentionMath& math) {
     const int64_t width = kv_width(kv);
     for (int32_t t = 0; t < n_tok; ++t) {
-        case GGMLType::IQ4_NL: f(BlockKv<GGMLType::IQ4_NL>{}); break;
         const int32_t pos = batch.pos[t];
         const int32_t block = batch.block_table[(int64_t)batch.seq[t] * batch.max_blocks + pos / kv.block_size];
         Kv::store(kv, base, block, pos % kv.block_size, x + t * width, math);
@@ -318,6 +330,8 @@ void attend_unit(const BatchInfo& batch, const KVLayer& kv, const float* q, cons
             float* w = sc.w.data() + (size_t)g * n_loc;
             math.scale_round(q + t * q_width + (int64_t)h * D, D, 1.0f, K::kF16Operands, sc.q.data());
             math.scores(sc.q.data(), sc.kt.data(), D, (end + kLanes - 1) / kLanes, s.scale, sc.prob.data());
+            if (s.softcap > 0.0f)
+                for (int32_t p = 0; p < len; ++p) prob[p] = softcap_score(prob[p], s.softcap);
             // A sink is one more logit of the softmax that has no value row: it joins the max and the
             // denominator only.
             const float m = s.sinks ? std::max(math.max(prob, len), s.sinks[h]) : math.max(prob, len);
@@ -359,6 +373,8 @@ void CpuBackend::kv_store(KVLayer& kv, const float* k, const float* v, int32_t n
 }
 
 void CpuBackend::attention(const KVLayer& kv, const float* q, int32_t n_tok, const AttentionShape& s, float* out) {
+    if (!(s.softcap >= 0.0f) || std::isinf(s.softcap))
+        fail("cpu attention: softcap must be 0 (none) or a positive number, got ", s.softcap);
     const AttentionMath& math = attention_math(s.head_dim, simd_);
     with_kv_type(kv.k_type, [&](auto kt) {
         with_kv_type(kv.v_type,

@@ -144,6 +144,15 @@ void CpuBackend::add_bias(float* x, const float* bias, int32_t n_tok, int32_t di
     add_bias_rows(x, bias, n_tok, dim);
 }
 
+void CpuBackend::scale_softcap(float* x, int64_t n, float scale, float cap) {
+    pool_.parallel_for(n, 4096, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) x[i] *= scale;
+        if (cap > 0.0f)
+            for (int64_t i = b; i < e; ++i) x[i] = cap * std::tanh(x[i] / cap);
+    });
+}
+
+
 void CpuBackend::argmax_rows(const float* x, int32_t n_rows, int64_t width, int32_t* ids) {
     pool_.parallel_for(n_rows, 1, [&](int64_t b, int64_t e) {
         for (int64_t r = b; r < e; ++r) ids[r] = greedy_token(x + r * width, (int32_t)width);

@@ -42,6 +42,7 @@ public:
     void gated_act(Activation act, const float* gate, const float* up, int64_t n, float* out) override;
     void add(float* x, const float* y, int64_t n) override;
     void add_bias(float* x, const float* bias, int32_t n_tok, int32_t dim) override;
+    void scale_softcap(float* x, int64_t n, float scale, float cap) override;
     void argmax_rows(const float* x, int32_t n_rows, int64_t width, int32_t* ids) override;
     void moe_route(const MoeWeights& w, const float* logits, int32_t n_tok, int32_t* ids, float* weights) override;
     void gather_rows(const float* x, const int32_t* rows, int32_t n_rows, int64_t dim, float* y) override;

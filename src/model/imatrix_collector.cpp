@@ -98,6 +98,7 @@ public:
         in_->scatter_add_rows(out, y, rows, scale, n_rows, dim);
     }
     void sigmoid(float* x, int64_t n) override { in_->sigmoid(x, n); }
+    void scale_softcap(float* x, int64_t n, float scale, float cap) override { in_->scale_softcap(x, n, scale, cap); }
     void layernorm(const float* x, const float* gamma, const float* beta, int32_t n_tok, int32_t dim, float eps,
                    float* y) override {
         in_->layernorm(x, gamma, beta, n_tok, dim, eps, y);

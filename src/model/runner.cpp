@@ -404,6 +404,8 @@ void RunnerImpl::forward(const int32_t* tokens, const BatchInfo& batch, const st
         hs.logits_rows = n_rows;
     }
     if (!replayed) {
+        const LogitMap lm = m.arch->logit_map(hp);
+        const bool map_logits = !params.embeddings && (lm.scale != 1.0f || lm.softcap > 0.0f);
         int32_t out = 0;
         for (const RowRange& rr : rows) {
             float* x = hs.x + rr.first * E;
@@ -414,6 +416,7 @@ void RunnerImpl::forward(const int32_t* tokens, const BatchInfo& batch, const st
             else
                 hb.norm_matmul(x, res, head.output_norm, hp.rms_eps, head.output, rr.count, hs.buf.xn + rr.first * E,
                                y);
+            if (map_logits) hb.scale_softcap(y, (int64_t)rr.count * W, lm.scale, lm.softcap);
             out += rr.count;
         }
         if (greedy) hb.argmax_rows(hs.logits, n_rows, W, hs.ids);

@@ -516,6 +516,13 @@ struct PyBackend {
         return make_out(download(*be, ob, out.size()), {out.shape(0), dim});
     }
 
+    F32Out scale_softcap(F32In x, float scale, float cap) {
+        if (x.ndim() != 1 || x.size() == 0) fail("scale_softcap: x must be [n] float32");
+        Buf xb(*be, x.data(), x.size() * 4);
+        be->scale_softcap(xb.f(), (int64_t)x.size(), scale, cap);
+        return make_out(download(*be, xb, x.size()), {x.size()});
+    }
+
     F32Out sigmoid(F32In x) {
         if (x.ndim() != 1 || x.size() == 0) fail("sigmoid: x must be [n] float32");
         Buf xb(*be, x.data(), x.size() * 4);
@@ -824,12 +831,12 @@ struct PyBackend {
     // projected through it by the fused attn_out op (composed: its default composition). fast: the
     // queries run as a decode step of the engine's default mode, each its own sequence over the
     // same blocks (BatchInfo::fast_attention). batch_invariant: the engine's deterministic mode.
-    // sinks: [n_head] sink logits (AttentionShape::sinks).
+    // sinks: [n_head] sink logits (AttentionShape::sinks). softcap: AttentionShape::softcap.
     F32Out attention(F32In q, F32In k_all, F32In v_all, std::vector<int32_t> pos, int32_t n_head, int32_t n_head_kv,
                      int32_t head_dim, int32_t block_size, uint64_t seed, const std::optional<std::string>& kv_type,
                      const std::optional<std::string>& type_k, const std::optional<std::string>& type_v, int32_t window,
                      uint32_t o_type, std::optional<U8In> o_weight, bool fast, bool composed, bool batch_invariant,
-                     std::optional<F32In> sinks) {
+                     std::optional<F32In> sinks, float softcap) {
         check_positions(pos, "attention");
         if (n_head <= 0 || n_head_kv <= 0 || head_dim <= 0 || n_head % n_head_kv)
             fail("attention: n_head must be a positive multiple of n_head_kv, head_dim positive");
@@ -865,6 +872,7 @@ struct PyBackend {
         shape.window = window;
         const std::unique_ptr<Buf> sink_buf = optional_vector(*be, sinks, n_head, "attention: sinks");
         shape.sinks = ptr(sink_buf);
+        shape.softcap = softcap;
         const int32_t n_tok = (int32_t)pos.size();
         if (!o_weight) {
             be->attention(paged.kv, qb.f(), n_tok, shape, ob.f());
@@ -912,6 +920,7 @@ std::vector<std::pair<std::string, std::string>> contract_ops() {
             {"gather_rows", "gather_rows"},
             {"scatter_add_rows", "scatter_add_rows"},
             {"sigmoid", "sigmoid"},
+            {"scale_softcap", "scale_softcap"},
             {"moe", "moe"},
             {"moe_ffn", "moe"},
             {"layernorm", "layernorm"},
@@ -984,7 +993,8 @@ void bind_kernel_backend(nb::module_& m) {
              nb::arg("n_head"), nb::arg("n_head_kv"), nb::arg("head_dim"), nb::arg("block_size"), nb::arg("seed") = 0,
              nb::arg("kv_type") = nb::none(), nb::arg("type_k") = nb::none(), nb::arg("type_v") = nb::none(),
              nb::arg("window") = 0, nb::arg("o_type") = 0, nb::arg("o_weight") = nb::none(), nb::arg("fast") = false,
-             nb::arg("composed") = false, nb::arg("batch_invariant") = false, nb::arg("sinks") = nb::none())
+             nb::arg("composed") = false, nb::arg("batch_invariant") = false, nb::arg("sinks") = nb::none(),
+             nb::arg("softcap") = 0.0f)
         .def("moe", &PyBackend::moe, nb::arg("type_id"), nb::arg("gate"), nb::arg("up"), nb::arg("down"),
              nb::arg("router"), nb::arg("x"), nb::arg("n_used"), nb::arg("gating") = "softmax",
              nb::arg("norm_topk") = false, nb::arg("weight_scale") = 1.0f, nb::arg("act") = "silu",
@@ -1000,6 +1010,7 @@ void bind_kernel_backend(nb::module_& m) {
         .def("scatter_add_rows", &PyBackend::scatter_add_rows, nb::arg("out"), nb::arg("y"), nb::arg("rows"),
              nb::arg("scale"))
         .def("sigmoid", &PyBackend::sigmoid, nb::arg("x"))
+        .def("scale_softcap", &PyBackend::scale_softcap, nb::arg("x"), nb::arg("scale"), nb::arg("cap"))
         .def("ffn", &PyBackend::ffn, nb::arg("type_id"), nb::arg("gate"), nb::arg("up"), nb::arg("down"),
              nb::arg("n_in"), nb::arg("x"), nb::arg("norm"), nb::arg("eps") = 1e-5f, nb::arg("residual") = nb::none(),
              nb::arg("act") = "silu", nb::arg("composed") = false);

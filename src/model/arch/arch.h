@@ -84,10 +84,17 @@ struct BlockWeights {
 
 struct RemoteExperts;
 
-// How one layer attends: its rope and its attention shape (scale, sliding window).
+// How one layer attends: its rope and its attention shape (scale, sliding window, soft-cap).
 struct LayerConfig {
     RopeParams rope;
+    bool use_rope = true;   // false: a NoPE layer, q and k not rotated (SmolLM3)
     AttentionShape shape{};
+};
+
+// What the head does to the logits after the output matrix: times scale, then soft-capped to
+// softcap * tanh(x / softcap) where softcap > 0 (Backend::scale_softcap).
+struct LogitMap {
+    float scale = 1.0f, softcap = 0.0f;
 };
 
 // One block's run: the hidden state x [n_tok][n_embd] with the previous block's output still to
@@ -125,6 +132,11 @@ public:
     // Runs the block on r.be; returns its output (r.out_a or r.out_b), still to be added to x, or
     // null when the block left its output in x itself (the post-norm encoders).
     virtual const float* forward_block(const BlockRun& r) const = 0;
+    // The head's map of the logits (Granite's logit scale, Gemma 2's final soft-cap); none by default.
+    virtual LogitMap logit_map(const HParams& hp) const {
+        (void)hp;
+        return {};
+    }
     // Encoders (encoder_arch.h) attend bidirectionally and keep no KV cache: Encoder runs them, not Runner.
     virtual bool encoder() const { return false; }
 };

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "ember/status.h"
 #include "model/arch/moe_common.h"
 
 namespace ember {
@@ -43,6 +44,21 @@ LayerConfig Architecture::layer_config(const HParams& hp, int32_t l, const RopeP
     return c;
 }
 
+void read_swa_pattern(const GGUFFile& f, const std::string& arch, int64_t period, HParams& hp) {
+    const std::string key = arch + ".attention.sliding_window_pattern";
+    hp.swa_layer.assign(hp.n_layer, false);
+    const GGUFValue* pat = f.find(key);
+    if (pat && pat->type == GGUFType::ARRAY) {
+        if ((int64_t)pat->arr.size() != hp.n_layer || pat->elem_type != GGUFType::BOOL)
+            fail(f.path(), ": ", key, " must be a period or ", hp.n_layer, " bools, got an array of ", pat->arr.size());
+        for (int32_t l = 0; l < hp.n_layer; ++l) hp.swa_layer[l] = pat->arr[l].num.b;
+        return;
+    }
+    if (pat) period = (int64_t)f.get_uint(key);
+    if (period <= 0) fail(f.path(), ": ", key, " must be positive, got ", period);
+    for (int32_t l = 0; l < hp.n_layer; ++l) hp.swa_layer[l] = l % period < period - 1;
+}
+
 AttnInWeights attn_in_weights(const BlockRun& r) {
     AttnInWeights a;
     a.norm = r.w.v(Role::attn_norm);
@@ -51,7 +67,7 @@ AttnInWeights attn_in_weights(const BlockRun& r) {
     a.bq = r.w.v(Role::bq), a.bk = r.w.v(Role::bk), a.bv = r.w.v(Role::bv);
     a.q_norm = r.w.v(Role::q_norm), a.k_norm = r.w.v(Role::k_norm);
     a.n_head = r.hp.n_head, a.n_head_kv = r.hp.n_head_kv, a.head_dim = r.hp.head_dim;
-    a.rope = &r.cfg.rope;
+    a.rope = r.cfg.use_rope ? &r.cfg.rope : nullptr;
     return a;
 }
 

@@ -11,6 +11,10 @@ namespace ember {
 std::vector<TensorSpec> llama_block_tensors(const HParams& hp, bool biases, bool qk_norm);
 
 AttnInWeights attn_in_weights(const BlockRun& r);
+
+// hp.swa_layer from {arch}.attention.sliding_window_pattern as llama.cpp reads it: one bool per
+// layer, or a period p (layer l slides when l % p < p - 1), `period` when the key is absent.
+void read_swa_pattern(const GGUFFile& f, const std::string& arch, int64_t period, HParams& hp);
 FfnWeights ffn_weights(const BlockRun& r, Activation act);
 
 // x += attn(norm(x)); x += ffn(norm(x)) (a mixture's experts when hp.n_expert > 0, with softmax

@@ -18,6 +18,10 @@ const Architecture& gemma_embedding_architecture();
 const Architecture& phi3_architecture();
 const Architecture& mistral3_architecture();
 const Architecture& glm4_architecture();
+const Architecture& gemma2_architecture();
+const Architecture& olmo2_architecture();
+const Architecture& granite_architecture();
+const Architecture& smollm3_architecture();
 
 namespace {
 struct Entry {
@@ -38,6 +42,8 @@ const Entry kArchitectures[] = {
     {"phi3", &phi3_architecture},
     {"mistral3", &mistral3_architecture},
     {"glm4", &glm4_architecture},
+    {"gemma2", &gemma2_architecture},   {"olmo2", &olmo2_architecture},   {"granite", &granite_architecture},
+    {"smollm3", &smollm3_architecture},
 };
 }  // namespace
 
