@@ -207,8 +207,10 @@ def test_llama_grammar_and_response_format(smollm2_path):
 
 # ---------------------------------------------------------------------------------- preemption, cache
 
-def test_grammar_survives_preemption(smollm2_path):
-    """Constrained sequences preempted (recomputed) mid-grammar give the tokens they give alone."""
+@pytest.mark.parametrize("kv_host_mb", [0, 64], ids=["recompute", "swap"])
+def test_grammar_survives_preemption(smollm2_path, kv_host_mb):
+    """Constrained sequences preempted mid-grammar (recomputed, or swapped out to the host tier and
+    back) give the tokens they give with room to spare."""
     llguidance()
     model = _ember.Model(smollm2_path, _ember.ModelParams())
     tok = model.tokenizer
@@ -232,9 +234,10 @@ def test_grammar_survives_preemption(smollm2_path):
         return [got[i] for i in ids]
 
     small = _ember.Engine(model, n_ctx=256, max_num_seqs=8, max_num_batched_tokens=64, n_threads=2,
-                          kv_blocks=18, deterministic=True)
+                          kv_blocks=18, kv_host_mb=kv_host_mb, deterministic=True)
     squeezed = run(small)
-    assert small.stats()["preemptions"] > 0
+    stats = small.stats()
+    assert stats["preemptions"] > 0 and (stats["swaps_out"] > 0) == (kv_host_mb > 0), stats
     small.close()
     roomy = _ember.Engine(model, n_ctx=256, max_num_seqs=8, n_threads=2, deterministic=True)
     assert run(roomy) == squeezed
