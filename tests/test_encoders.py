@@ -263,3 +263,36 @@ def test_real_minilm_matches_sentence_transformers(tmp_path):
         else:   # f16 weights may swap neighbours whose scores differ by less than their rounding
             ranked = np.take_along_axis(scores_want, top_got, 1) - np.take_along_axis(scores_want, top_want, 1)
             assert np.abs(ranked).max() < 1e-4
+
+
+@pytest.mark.parametrize("name", ["bert", "nomic-bert", "gemma-embedding"])
+def test_pooling_overrides(converted, name):
+    """An explicit pooling beats the file's: cls, last and mean take the first, the last and the average
+    of a sequence's rows (EmbeddingGemma's dense layers then map whichever pooled row to n_embd)."""
+    m = _ember.Model(converted[name])
+    rows = _ember.Encoder(m, n_threads=2, pooling=0).encode(SEQS)
+    for pooling, pick in ((2, lambda r: r[0]), (3, lambda r: r[-1]), (1, lambda r: r.mean(axis=0))):
+        enc = _ember.Encoder(m, n_threads=2, pooling=pooling)
+        got = enc.encode(SEQS)
+        if name == "gemma-embedding":
+            assert enc.n_out == m.n_embd and got.shape == (len(SEQS), m.n_embd)
+            continue
+        for i, r in enumerate(rows):
+            assert np.abs(got[i] - pick(r)).max() <= 1e-5, (pooling, i)
+
+
+@pytest.mark.parametrize("name", ["bert-reranker", "nomic-bert", "gemma-embedding"])
+def test_f16_and_q8_0_files(converted, reference, name, tmp_path):
+    """Weights stored as f16 and q8_0 (ember-convert's other outtypes) stay close to transformers'
+    f32 rows. q8_0 rounds the activations to 8 bits as well; the tiny EmbeddingGemma's rows are the
+    most sensitive to it (llama.cpp's q8_0 file of it is as far from its f32 one)."""
+    d = str(tmp_path / name)
+    encoder_tiny.build(name, d)
+    for outtype, bound in (("f16", 0.9999), ("q8_0", 0.99)):
+        path = str(tmp_path / f"{name}-{outtype}.gguf")
+        convert(d, path, outtype, progress=False)
+        got = _ember.Encoder(_ember.Model(path), n_threads=2, pooling=0).encode(SEQS, types_of(name))
+        for i, rows in enumerate(got):
+            want = reference.get(name, "hidden", i).ravel().astype(np.float64)
+            g = rows.ravel().astype(np.float64)
+            assert g @ want / (np.linalg.norm(g) * np.linalg.norm(want)) >= bound, (outtype, i)
