@@ -291,6 +291,10 @@ def test_f16_and_q8_0_files(converted, reference, name, tmp_path):
     for outtype, bound in (("f16", 0.9999), ("q8_0", 0.99)):
         path = str(tmp_path / f"{name}-{outtype}.gguf")
         convert(d, path, outtype, progress=False)
+        # llama.cpp adds these rows to its F32 input as stored: they stay F32, as its converter keeps them.
+        kept = {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors
+                if t.name in ("position_embd.weight", "token_types.weight")}
+        assert set(kept.values()) <= {"F32"} and ("token_types.weight" in kept) == (name != "gemma-embedding")
         got = _ember.Encoder(_ember.Model(path), n_threads=2, pooling=0).encode(SEQS, types_of(name))
         for i, rows in enumerate(got):
             want = reference.get(name, "hidden", i).ravel().astype(np.float64)
