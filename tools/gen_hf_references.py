@@ -104,6 +104,17 @@ MODELS = {
         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.5, "llama_4_scaling_beta": 0.3})),
     # GLM-4: half of each 16-wide head rotated on adjacent pairs, Q/K/V biases, four norms a block.
     "glm4": Tiny("glm4", "bpe", 21, prompt=_LONG, overrides=dict(head_dim=16, pad_token_id=0)),
+    # tests/test_arch_chat.py: the chat families. Gemma 2 with 4 layers alternating a window of 8 and
+    # caps small enough to bend the tiny model's scores and logits; OLMo 2, and OLMo 3 with three
+    # windowed layers of four; Granite with muP multipliers far from 1; SmolLM3 with 4 layers (the
+    # last without rope).
+    "gemma2": Tiny("gemma2", "spm-nodummy", 13, tied=True, prompt=_LONG, overrides=dict(
+        num_hidden_layers=4, sliding_window=8, attn_logit_softcapping=0.8, final_logit_softcapping=1.0)),
+    "olmo2": Tiny("olmo2", "bpe", 14, prompt=_LONG),
+    "olmo3": Tiny("olmo3", "bpe", 15, prompt=_LONG, overrides=dict(num_hidden_layers=4, sliding_window=8)),
+    "granite": Tiny("granite", "bpe", 16, prompt=_LONG, overrides=dict(
+        embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.5, logits_scaling=2.5)),
+    "smollm3": Tiny("smollm3", "bpe", 17, prompt=_LONG, overrides=dict(num_hidden_layers=4, pad_token_id=0)),
     # tests/test_embeddings.py
     "embed-llama": Tiny("llama", "bpe", 7),
 }
@@ -194,22 +205,24 @@ def _tokenizer(tok_dir, backend):
 
 
 def _config(tiny, n_tokens):
-    from transformers import (Gemma3TextConfig, Glm4Config, GptOssConfig, LlamaConfig, Ministral3Config,
-                              MistralConfig, MixtralConfig, Phi3Config, Qwen2Config, Qwen3Config, Qwen3MoeConfig)
+    from transformers import (Gemma2Config, Gemma3TextConfig, Glm4Config, GptOssConfig, GraniteConfig, LlamaConfig,
+                              Ministral3Config, MistralConfig, MixtralConfig, Olmo2Config, Olmo3Config, Phi3Config,
+                              Qwen2Config, Qwen3Config, Qwen3MoeConfig, SmolLM3Config)
 
     kw = dict(vocab_size=n_tokens + tiny.extra_vocab, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5,
               tie_word_embeddings=tiny.tied, bos_token_id=1, eos_token_id=2)
     if tiny.arch in ("llama", "mistral") and "rope_parameters" not in tiny.overrides:
         kw["rope_theta"] = 50000.0
-    if tiny.arch == "gemma3":
+    if tiny.arch in ("gemma3", "gemma2"):
         # query_pre_attn_scalar = head_dim: the attention scale llama.cpp's gemma3 assumes.
         kw.update(head_dim=16, query_pre_attn_scalar=16, pad_token_id=0)
     kw.update(tiny.overrides)
     classes = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config,
                "gemma3": Gemma3TextConfig, "qwen3moe": Qwen3MoeConfig, "mixtral": MixtralConfig,
                "gpt-oss": GptOssConfig, "phi3": Phi3Config, "ministral3": Ministral3Config,
-               "glm4": Glm4Config}
+               "glm4": Glm4Config, "gemma2": Gemma2Config, "olmo2": Olmo2Config, "olmo3": Olmo3Config,
+               "granite": GraniteConfig, "smollm3": SmolLM3Config}
     return classes[tiny.arch](**kw)
 
 
@@ -239,15 +252,18 @@ def _saved_layout(model, dtype, shard, work):
 
 def model_layouts(tok_root, work):
     """name -> layout, tokenizer and seed of every tiny model (models.json)."""
-    from transformers import (Gemma3Config, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Glm4ForCausalLM,
-                              GptOssForCausalLM, LlamaForCausalLM, Ministral3ForCausalLM, MistralForCausalLM,
-                              MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
-                              Qwen3MoeForCausalLM)
+    from transformers import (Gemma2ForCausalLM, Gemma3Config, Gemma3ForCausalLM, Gemma3ForConditionalGeneration,
+                              Glm4ForCausalLM, GptOssForCausalLM, GraniteForCausalLM, LlamaForCausalLM,
+                              Ministral3ForCausalLM, MistralForCausalLM, MixtralForCausalLM, Olmo2ForCausalLM,
+                              Olmo3ForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
+                              Qwen3MoeForCausalLM, SmolLM3ForCausalLM)
 
     classes = {"llama": LlamaForCausalLM, "mistral": MistralForCausalLM, "qwen2": Qwen2ForCausalLM,
                "qwen3": Qwen3ForCausalLM, "gemma3": Gemma3ForCausalLM, "qwen3moe": Qwen3MoeForCausalLM,
                "mixtral": MixtralForCausalLM, "gpt-oss": GptOssForCausalLM, "phi3": Phi3ForCausalLM,
-               "ministral3": Ministral3ForCausalLM, "glm4": Glm4ForCausalLM}
+               "ministral3": Ministral3ForCausalLM, "glm4": Glm4ForCausalLM, "gemma2": Gemma2ForCausalLM,
+               "olmo2": Olmo2ForCausalLM, "olmo3": Olmo3ForCausalLM, "granite": GraniteForCausalLM,
+               "smollm3": SmolLM3ForCausalLM}
     out, configs = {}, {}
     for name, tiny in MODELS.items():
         backend = ENCODERS[tiny.tokenizer][0]
@@ -274,8 +290,10 @@ def load_model(model_dir):
     with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
         config = json.load(f)
     cls = getattr(transformers, config["architectures"][0])
-    # eager: the attention implementation Gemma's authors recommend, and the one with gpt-oss's sinks.
-    extra = {"attn_implementation": "eager"} if config["model_type"] in ("gemma3_text", "gemma3", "gpt_oss") else {}
+    # eager: the attention implementation Gemma's authors recommend, and the one with gpt-oss's sinks
+    # and Gemma 2's soft-capping.
+    extra = ({"attn_implementation": "eager"} if config["model_type"] in ("gemma3_text", "gemma3", "gpt_oss", "gemma2")
+             else {})
     model, info = cls.from_pretrained(model_dir, dtype=torch.float32, output_loading_info=True, **extra)
     problems = {k: v for k, v in info.items() if v}
     assert not problems, f"{model_dir}: {problems}"

@@ -18,7 +18,8 @@ public:
         const float rs = (float)f.get_float("granite.residual_scale", 0.0);
         hp.residual_scale = rs != 0.0f ? rs : 1.0f;
         hp.logit_scale = (float)f.get_float("granite.logit_scale");
-        if (hp.logit_scale == 0.0f) fail(f.path(), ": granite.logit_scale must not be 0 (the logits are divided by it)");
+        if (hp.logit_scale == 0.0f)
+            fail(f.path(), ": granite.logit_scale must not be 0 (the logits are divided by it)");
     }
     std::vector<TensorSpec> block_tensors(const HParams& hp) const override {
         return llama_block_tensors(hp, /*biases=*/false, /*qk_norm=*/false);
