@@ -1,5 +1,5 @@
 """The families of issue 42 with fused tensors, partial rotary or rope options of their own (Phi-3 /
-Phi-4, Mistral 3's YaRN and attention temperature, GLM-4): tiny random HF
+Phi-4, Mistral 3's YaRN and attention temperature, GLM-4, Command R and cohere2): tiny random HF
 models (tools/gen_hf_references.py says how each was made) converted by ember-convert; the GGUF keys
 and tensors must be those llama.cpp's converter writes, ember's logits must match transformers' at
 f32 (one batch and token by token, prompts longer than the window), and bad configs and files give a
@@ -25,7 +25,8 @@ from ember.convert_error import ConvertError  # noqa: E402
 # name -> (prompt, n_ctx): past the original context of 32 the long LongRoPE factors rotate, within
 # it the short ones, as transformers picks them by the sequence's length and llama.cpp by n_ctx.
 CASES = {"phi3": (hf_tiny.LONG_PROMPT, 64), "phi3-short": (hf_tiny.SHORT_PROMPT, 32),
-         "ministral3": (hf_tiny.LONG_PROMPT, 64), "glm4": (hf_tiny.LONG_PROMPT, 64)}
+         "ministral3": (hf_tiny.LONG_PROMPT, 64), "glm4": (hf_tiny.LONG_PROMPT, 64),
+         "command-r": (hf_tiny.LONG_PROMPT, 64), "cohere2": (hf_tiny.LONG_PROMPT, 64)}
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +120,35 @@ def test_glm4_file(models):
     np.testing.assert_array_equal(t["blk.0.post_ffw_norm.weight"], sd["model.layers.0.post_mlp_layernorm.weight"])
 
 
+@pytest.mark.parametrize("name", ["command-r", "cohere2"])
+def test_cohere_file(models, name):
+    _, sd, path = models[name]
+    kv, t = _fields(path), _tensors(path)
+    assert kv["general.architecture"] == name
+    assert kv[f"{name}.logit_scale"] == pytest.approx(0.3)
+    assert kv[f"{name}.attention.layer_norm_epsilon"] == pytest.approx(1e-5)
+    block = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"]
+    n_layer = 8 if name == "cohere2" else 2
+    assert set(t) == {"token_embd.weight", "output_norm.weight"} | {
+        f"blk.{i}.{n}.weight" for i in range(n_layer) for n in block}
+    # transformers' Cohere rotates adjacent pairs already: no permutation.
+    np.testing.assert_array_equal(t["blk.1.attn_k.weight"], sd["model.layers.1.self_attn.k_proj.weight"])
+    if name == "cohere2":
+        assert kv["cohere2.attention.sliding_window"] == 8
+        assert "cohere2.attention.sliding_window_pattern" not in kv   # llama.cpp's default period 4
+
+
+def test_cohere2_global_layers_see_everything(models, hf_reference, tmp_path):
+    """cohere2 with every layer global (a pattern of 1) leaves transformers' logits: the windows of
+    the three local layers of each four are what the match depends on."""
+    ids, n_ctx = CASES["cohere2"]
+    want = hf_reference.logits("cohere2", ids)
+    path = _rewritten(models["cohere2"][2], str(tmp_path / "global.gguf"),
+                      **{"cohere2.attention.sliding_window": (4096, U32)})
+    got = _logits(path, ids, n_ctx, 64)
+    assert np.abs(got - want).max() / np.abs(want).max() > 1e-3
+
+
 def test_attention_temperature_matters(models, hf_reference, tmp_path):
     """The same file without its temperature key leaves transformers' logits on the long prompt
     (positions past the original 16 scale their queries), so the match above depends on it."""
@@ -172,8 +202,9 @@ GREEDY = hf_tiny.ROOT / "tests" / "reference" / "fused_families" / "llama_cpp_gr
 GREEDY_CASES = {"phi3-long": {"sliding_window": None},
                 "phi3-short": {"sliding_window": None, "original_max_position_embeddings": 512,
                                "max_position_embeddings": 2048},
-                "mistral3": {}, "glm4": {}}
-GREEDY_MODEL = {"phi3-long": "phi3", "phi3-short": "phi3", "mistral3": "ministral3", "glm4": "glm4"}
+                "mistral3": {}, "glm4": {}, "command-r": {}, "cohere2": {}}
+GREEDY_MODEL = {"phi3-long": "phi3", "phi3-short": "phi3", "mistral3": "ministral3", "glm4": "glm4",
+                "command-r": "command-r", "cohere2": "cohere2"}
 
 
 @pytest.mark.parametrize("case", list(GREEDY_CASES))
@@ -230,6 +261,10 @@ def _rope(**changes):
     ("glm4", lambda cfg: cfg.update(attention_bias=False), "attention_bias=false is not supported for glm4"),
     ("glm4", _rope(partial_rotary_factor=0.3125), "rotates 5 dimensions"),
     ("glm4", _rope(mrope_section=[8, 12, 12]), "multimodal rope (mrope_section) is not supported"),
+    ("command-r", lambda cfg: cfg.update(use_qk_norm=True), "use_qk_norm=true (Command R+'s per-head q/k"),
+    ("command-r", lambda cfg: cfg.update(logit_scale=0), "'logit_scale' must be a positive number"),
+    ("cohere2", lambda cfg: cfg.update(sliding_window=None), "'sliding_window' must be a positive integer"),
+    ("cohere2", lambda cfg: cfg.update(layer_types=["full_attention"] * 3), "'layer_types' must name"),
 ])
 def test_bad_config_gives_clear_error(models, tmp_path, name, edit, needle):
     d = _edited(models[name][0], str(tmp_path / "bad"), edit)
@@ -279,9 +314,13 @@ U32, F32 = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32
     ((), {"phi3.rope.dimension_count": (4, U32)}, "tensor 'rope_factors_short.weight' must be F32 [2]"),
     ((), {"mistral3.attention.temperature_scale": (0.1, F32), "mistral3.rope.scaling.original_context_length": (0, U32)},
      "temperature_scale needs a positive mistral3.rope.scaling.original_context_length, got 0"),
+    ((), {"command-r.logit_scale": (-1.0, F32)}, "command-r.logit_scale must be positive"),
+    ((), {"cohere2.attention.sliding_window": (0, U32)}, "cohere2.attention.sliding_window must be positive"),
+    ((), {"cohere2.attention.sliding_window_pattern": (0, U32)}, "sliding_window_pattern must be positive"),
 ])
 def test_bad_file_gives_clear_error(models, tmp_path, drop, changes, needle):
-    name = "ministral3" if any(k.startswith("mistral3.") for k in changes) else "phi3"
+    arch = next((k.split(".")[0] for k in changes), "phi3")
+    name = {"mistral3": "ministral3", "command-r": "command-r", "cohere2": "cohere2"}.get(arch, "phi3")
     path = _rewritten(models[name][2], str(tmp_path / "bad.gguf"), drop, **changes)
     with pytest.raises(ValueError) as e:
         _ember.Model(path)

@@ -28,6 +28,8 @@ CASES = {
                             "max_position_embeddings": 2048}, "The quick brown fox", 12),
     "mistral3": ("ministral3", {}, "The quick brown fox jumps over the lazy dog. She said: it's fine, we'll see", 24),
     "glm4": ("glm4", {}, "The quick brown fox jumps over the lazy dog. She said: it's fine, we'll see", 24),
+    "command-r": ("command-r", {}, "The quick brown fox jumps over the lazy dog. She said: it's fine, we'll see", 24),
+    "cohere2": ("cohere2", {}, "The quick brown fox jumps over the lazy dog. She said: it's fine, we'll see", 24),
 }
 
 

@@ -104,6 +104,11 @@ MODELS = {
         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.5, "llama_4_scaling_beta": 0.3})),
     # GLM-4: half of each 16-wide head rotated on adjacent pairs, Q/K/V biases, four norms a block.
     "glm4": Tiny("glm4", "bpe", 21, prompt=_LONG, overrides=dict(head_dim=16, pad_token_id=0)),
+    # Command R (tied head, logit scale far from 1) and cohere2 (8 layers: windows of 8 on three of
+    # each four, the fourth global without rope).
+    "command-r": Tiny("cohere", "bpe", 22, tied=True, prompt=_LONG, overrides=dict(logit_scale=0.3)),
+    "cohere2": Tiny("cohere2", "bpe", 23, tied=True, prompt=_LONG, overrides=dict(
+        num_hidden_layers=8, sliding_window=8, logit_scale=0.3)),
     # tests/test_arch_chat.py: the chat families. Gemma 2 with 4 layers alternating a window of 8 and
     # caps small enough to bend the tiny model's scores and logits; OLMo 2, and OLMo 3 with three
     # windowed layers of four; Granite with muP multipliers far from 1; SmolLM3 with 4 layers (the
@@ -205,9 +210,9 @@ def _tokenizer(tok_dir, backend):
 
 
 def _config(tiny, n_tokens):
-    from transformers import (Gemma2Config, Gemma3TextConfig, Glm4Config, GptOssConfig, GraniteConfig, LlamaConfig,
-                              Ministral3Config, MistralConfig, MixtralConfig, Olmo2Config, Olmo3Config, Phi3Config,
-                              Qwen2Config, Qwen3Config, Qwen3MoeConfig, SmolLM3Config)
+    from transformers import (Cohere2Config, CohereConfig, Gemma2Config, Gemma3TextConfig, Glm4Config, GptOssConfig,
+                              GraniteConfig, LlamaConfig, Ministral3Config, MistralConfig, MixtralConfig, Olmo2Config,
+                              Olmo3Config, Phi3Config, Qwen2Config, Qwen3Config, Qwen3MoeConfig, SmolLM3Config)
 
     kw = dict(vocab_size=n_tokens + tiny.extra_vocab, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5,
@@ -222,7 +227,7 @@ def _config(tiny, n_tokens):
                "gemma3": Gemma3TextConfig, "qwen3moe": Qwen3MoeConfig, "mixtral": MixtralConfig,
                "gpt-oss": GptOssConfig, "phi3": Phi3Config, "ministral3": Ministral3Config,
                "glm4": Glm4Config, "gemma2": Gemma2Config, "olmo2": Olmo2Config, "olmo3": Olmo3Config,
-               "granite": GraniteConfig, "smollm3": SmolLM3Config}
+               "granite": GraniteConfig, "smollm3": SmolLM3Config, "cohere": CohereConfig, "cohere2": Cohere2Config}
     return classes[tiny.arch](**kw)
 
 
@@ -252,10 +257,10 @@ def _saved_layout(model, dtype, shard, work):
 
 def model_layouts(tok_root, work):
     """name -> layout, tokenizer and seed of every tiny model (models.json)."""
-    from transformers import (Gemma2ForCausalLM, Gemma3Config, Gemma3ForCausalLM, Gemma3ForConditionalGeneration,
-                              Glm4ForCausalLM, GptOssForCausalLM, GraniteForCausalLM, LlamaForCausalLM,
-                              Ministral3ForCausalLM, MistralForCausalLM, MixtralForCausalLM, Olmo2ForCausalLM,
-                              Olmo3ForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
+    from transformers import (Cohere2ForCausalLM, CohereForCausalLM, Gemma2ForCausalLM, Gemma3Config, Gemma3ForCausalLM,
+                              Gemma3ForConditionalGeneration, Glm4ForCausalLM, GptOssForCausalLM, GraniteForCausalLM,
+                              LlamaForCausalLM, Ministral3ForCausalLM, MistralForCausalLM, MixtralForCausalLM,
+                              Olmo2ForCausalLM, Olmo3ForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
                               Qwen3MoeForCausalLM, SmolLM3ForCausalLM)
 
     classes = {"llama": LlamaForCausalLM, "mistral": MistralForCausalLM, "qwen2": Qwen2ForCausalLM,
@@ -263,7 +268,7 @@ def model_layouts(tok_root, work):
                "mixtral": MixtralForCausalLM, "gpt-oss": GptOssForCausalLM, "phi3": Phi3ForCausalLM,
                "ministral3": Ministral3ForCausalLM, "glm4": Glm4ForCausalLM, "gemma2": Gemma2ForCausalLM,
                "olmo2": Olmo2ForCausalLM, "olmo3": Olmo3ForCausalLM, "granite": GraniteForCausalLM,
-               "smollm3": SmolLM3ForCausalLM}
+               "smollm3": SmolLM3ForCausalLM, "cohere": CohereForCausalLM, "cohere2": Cohere2ForCausalLM}
     out, configs = {}, {}
     for name, tiny in MODELS.items():
         backend = ENCODERS[tiny.tokenizer][0]

@@ -11,7 +11,8 @@ import numpy as np
 
 from .convert_error import ConvertError
 from .convert_families import olmo2_layers, read_gemma2, read_granite, read_olmo2, read_smollm3
-from .convert_fused import glm4_layers, phi3_layers, read_glm4, read_mistral3, read_phi3
+from .convert_fused import (cohere_layers, glm4_layers, phi3_layers, read_cohere, read_cohere2, read_glm4,
+                            read_mistral3, read_phi3)
 from .convert_moe import GPT_OSS, MIXTRAL, QWEN3MOE, ExpertLayout, add_expert_keys, expert_tensors, read_experts
 from .convert_rope import Rope, add_rope_scaling, llama3_rope_divisors, read_rope, split_rope_params
 
@@ -64,6 +65,8 @@ ARCHS = {
     "Ministral3ForCausalLM": ArchSpec("mistral3", permute_qk=True, rope_scalings=("yarn",), read_extra=read_mistral3,
                                       yarn_mscale=True),
     "Glm4ForCausalLM": ArchSpec("glm4", qkv_bias=True, read_extra=read_glm4, layer_map=glm4_layers),
+    "CohereForCausalLM": ArchSpec("command-r", read_extra=read_cohere, layer_map=cohere_layers),
+    "Cohere2ForCausalLM": ArchSpec("cohere2", read_extra=read_cohere2, layer_map=cohere_layers),
 }
 
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")

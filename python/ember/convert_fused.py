@@ -1,8 +1,9 @@
 """ember-convert's families whose checkpoints fuse tensors or rotate part of each head, as llama.cpp's
 converter writes them: Phi-3 / Phi-4 (fused qkv_proj and gate_up_proj, partial rotary, LongRoPE's
 short and long factors with their attention factor, the sliding window), Mistral 3 (YaRN with
-mscale_all_dim, llama 4's attention temperature) and GLM-4 (fused gate_up_proj, norms after attention
-and the feed-forward, partial rotary). Each gives a reader of its
+mscale_all_dim, llama 4's attention temperature), GLM-4 (fused gate_up_proj, norms after attention
+and the feed-forward, partial rotary) and Command R / cohere2 (one LayerNorm before parallel attention
+and feed-forward, logit scale, cohere2's sliding windows). Each gives a reader of its
 config keys and an edit of the per-layer tensor map (convert_arch.ArchSpec's read_extra and layer_map)."""
 import math
 
@@ -114,3 +115,43 @@ def glm4_layers(out, hp):
     out["mlp.gate_up_proj.weight"] = ("ffn_up.weight", (2 * hp.n_ff, hp.n_embd), 0)
     out["post_self_attn_layernorm.weight"] = ("post_attention_norm.weight", (hp.n_embd,), 0)
     out["post_mlp_layernorm.weight"] = ("post_ffw_norm.weight", (hp.n_embd,), 0)
+
+
+def _positive(config, key, path):
+    value = config.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConvertError(f"{path}: '{key}' must be a positive number, got {value!r}")
+    return float(value)
+
+
+def read_cohere(config, hp, path):
+    """Command R: the LayerNorm epsilon and logit_scale keys; no q/k norms (Command R+ 104B's)."""
+    if config.get("use_qk_norm"):
+        raise ConvertError(f"{path}: use_qk_norm=true (Command R+'s per-head q/k LayerNorms) is not supported")
+    hp.keys["attention.layer_norm_epsilon"] = _positive(config, "layer_norm_eps", path)
+    hp.keys["logit_scale"] = _positive(config, "logit_scale", path)
+
+
+def read_cohere2(config, hp, path):
+    """cohere2: Command R's keys, and its sliding window over the layers transformers' layer_types
+    marks (llama.cpp's default: three of each four); the period written only when it is not 4."""
+    read_cohere(config, hp, path)
+    types = config.get("layer_types")
+    if types is None:
+        period = config.get("sliding_window_pattern", 4)
+        types = ["sliding_attention" if (i + 1) % period else "full_attention" for i in range(hp.n_layer)]
+    if len(types) != hp.n_layer or any(t not in ("sliding_attention", "full_attention") for t in types):
+        raise ConvertError(f"{path}: 'layer_types' must name sliding_attention or full_attention for each of the "
+                           f"{hp.n_layer} layers")
+    sliding = [t == "sliding_attention" for t in types]
+    window = config.get("sliding_window")
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        raise ConvertError(f"{path}: 'sliding_window' must be a positive integer, got {window!r}")
+    hp.n_swa = window
+    fits = lambda p: sliding == [i % p < p - 1 for i in range(hp.n_layer)]  # noqa: E731
+    hp.swa_pattern = None if fits(4) else next((p for p in range(1, hp.n_layer + 2) if fits(p)), list(sliding))
+
+
+def cohere_layers(out, hp):
+    """One norm a block (input_layernorm, before attention and the feed-forward alike)."""
+    del out["post_attention_layernorm.weight"]

@@ -139,6 +139,8 @@ public:
     }
     // Encoders (encoder_arch.h) attend bidirectionally and keep no KV cache: Encoder runs them, not Runner.
     virtual bool encoder() const { return false; }
+    // The final norm is a LayerNorm without bias (Command R), not an RMSNorm.
+    virtual bool layernorm_head() const { return false; }
 };
 
 // The architecture of general.architecture `name`; throws naming the file and the ones supported.

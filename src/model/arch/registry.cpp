@@ -18,6 +18,8 @@ const Architecture& gemma_embedding_architecture();
 const Architecture& phi3_architecture();
 const Architecture& mistral3_architecture();
 const Architecture& glm4_architecture();
+const Architecture& command_r_architecture();
+const Architecture& cohere2_architecture();
 const Architecture& gemma2_architecture();
 const Architecture& olmo2_architecture();
 const Architecture& granite_architecture();
@@ -42,6 +44,7 @@ const Entry kArchitectures[] = {
     {"phi3", &phi3_architecture},
     {"mistral3", &mistral3_architecture},
     {"glm4", &glm4_architecture},
+    {"command-r", &command_r_architecture}, {"cohere2", &cohere2_architecture},
     {"gemma2", &gemma2_architecture},   {"olmo2", &olmo2_architecture},   {"granite", &granite_architecture},
     {"smollm3", &smollm3_architecture},
 };
