@@ -172,6 +172,21 @@ def test_rope_scaling_same_bits_as_cpu(gpu, cpu, scaling, neox):
     assert_same_bits(y, cpu.rope(x, pos, n_heads, hd, 500000.0, neox, **params), f"rope {scaling}")
 
 
+@pytest.mark.parametrize("n_rot", [24, 64], ids=["partial", "whole"])
+@pytest.mark.parametrize("neox", [False, True])
+def test_partial_rope_and_temperature_same_bits_as_cpu(gpu, cpu, n_rot, neox):
+    """Partial rotary (Phi-3, GLM-4) through the rope kernel, and the attention temperature (Mistral
+    3): the GPU's bits are the CPU's (the same rope tables; the temperature in double on both)."""
+    rng = rng_for("partial_rope", n_rot, neox)
+    n_heads, hd = 3, 96
+    pos = [int(p) for p in rng.integers(0, 9000, 11)]
+    x = rng.standard_normal((11, n_heads * hd)).astype(np.float32)
+    params = ref_ops.rope_scalings(n_rot, rng)["freq_factors"]
+    assert_same_bits(gpu.rope(x, pos, n_heads, hd, 10000.0, neox, n_rot=n_rot, **params),
+                     cpu.rope(x, pos, n_heads, hd, 10000.0, neox, n_rot=n_rot, **params), "partial rope")
+    assert_same_bits(gpu.attn_temperature(x, pos, 0.1, 512), cpu.attn_temperature(x, pos, 0.1, 512), "temperature")
+
+
 # (n_head, n_head_kv, head_dim, kv length, query positions, block_size): decode shapes of each
 # attention kernel that writes the O projection's q8_1 input (every shape's attention against the
 # reference: tests/test_backend_ops.py)
