@@ -24,6 +24,7 @@ INT32 = (-(1 << 31), (1 << 31) - 1)
 INT64 = (-(1 << 63), (1 << 63) - 1)
 # The template variables a request's chat_template_kwargs may not replace.
 RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
+REASONING_EFFORTS = ("minimal", "low", "medium", "high")   # OpenAI's reasoning_effort
 
 
 class APIError(Exception):
@@ -415,13 +416,17 @@ def parse_chat(body: dict, n_vocab: int) -> GenerationRequest:
 
 
 def _template_kwargs(body: dict) -> dict:
-    """vLLM's chat_template_kwargs: further template variables, never the ones a request sets."""
+    """vLLM's chat_template_kwargs: further template variables, never the ones a request sets.
+    OpenAI's reasoning_effort reaches the template as reasoning_effort (gpt-oss's templates write it
+    into the system message), as vLLM passes it."""
     kwargs = get(body, "chat_template_kwargs", "object", {})
     taken = sorted(RESERVED_TEMPLATE_VARIABLES & kwargs.keys())
     if taken:
         raise bad_param("chat_template_kwargs", f"'chat_template_kwargs' cannot set {', '.join(taken)}: the "
                                                 f"request's own fields give them")
-    return kwargs
+    effort = get(body, "reasoning_effort", "str", None, lambda v: v in REASONING_EFFORTS,
+                 f"must be one of {', '.join(REASONING_EFFORTS)}")
+    return {"reasoning_effort": effort, **kwargs} if effort is not None else kwargs
 
 
 @dataclass
