@@ -137,6 +137,33 @@ def test_regex_choice_and_json_object(smol):
     assert all(o.outputs[0].finish_reason == "stop" for o in outs)
 
 
+def test_structural_tag_constrains_after_its_trigger(smollm2_path):
+    """vLLM's structural tag (lazy tool calls): free text until the trigger, then the structure's
+    begin, its schema's JSON and its end are forced or constrained."""
+    llguidance()
+    tok = _ember.Tokenizer.from_gguf_file(smollm2_path)
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+              "required": ["city"], "additionalProperties": False}
+    tag = {"type": "structural_tag", "triggers": ["<call"],
+           "structures": [{"begin": "<call=weather>", "schema": schema, "end": "</call>"}]}
+    m = _ember.GrammarCompiler(tok).compile(*constrained(structural_tag=tag).grammar_spec()).matcher()
+
+    def allowed():
+        return [i for i in range(tok.n_vocab) if m.mask[i // 32] >> (i % 32) & 1]
+
+    for t in tok.encode(b"Sure, let me look that up. <call", False, False):
+        assert len(allowed()) > 1000   # free text: nearly anything goes
+        assert m.advance(t), m.error
+    forced = []
+    while len(allowed()) == 1:
+        forced.append(allowed()[0])
+        assert m.advance(forced[-1]), m.error
+    assert tok.decode(forced, False) == b'=weather>{"city":'
+    for i in allowed():   # then the value's opening quote, after the key separator's space
+        piece = tok.token_to_piece(i, False)
+        assert b' "'.startswith(piece) or piece.startswith(b' "'), piece
+
+
 def _check_arithmetic(text):
     for line in text.splitlines():
         left, right = line.split(" = ")

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,7 @@ private:
     std::shared_ptr<const GrammarShared> shared_;
     void* template_;                  // never advanced; cloned per matcher
     std::vector<uint32_t> first_mask_;
+    mutable std::mutex clone_mu_;     // requests from several threads copy one template
 };
 
 // The vocabulary as llguidance sees it (every token's bytes; control tokens and user-defined

@@ -190,7 +190,11 @@ Grammar::Grammar(std::shared_ptr<const GrammarShared> shared, void* matcher, std
 Grammar::~Grammar() { g_api.free_matcher(as_matcher(template_)); }
 
 std::unique_ptr<GrammarMatcher> Grammar::matcher() const {
-    LlgMatcher* m = g_api.clone_matcher(as_matcher(template_));
+    LlgMatcher* m;
+    {
+        std::lock_guard<std::mutex> lk(clone_mu_);
+        m = g_api.clone_matcher(as_matcher(template_));
+    }
     if (!m) fail("grammar: llguidance could not copy the compiled grammar");
     return std::unique_ptr<GrammarMatcher>(new GrammarMatcher(shared_, m, first_mask_));
 }
