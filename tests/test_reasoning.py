@@ -30,6 +30,8 @@ CASES = [   # parser, prompt, reply, (content, reasoning)
     ("deepseek_r1", "", "<think>\nTagged</think>Done", ("Done", "Tagged")),
     ("mistral", "", "[THINK]hmm, [b] [/THINK]Yes", ("Yes", "hmm, [b]")),
     ("seed_oss", "", "<seed:think>x < y</seed:think>\nz", ("z", "x < y")),
+    ("granite", "", "Here is my thought process:\nIt is 4.\nHere is my response:\nFour.", ("Four.", "It is 4.")),
+    ("granite", "", "Four, without a thought.", ("Four, without a thought.", "")),
     ("gpt_oss", "", "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>Hi",
      ("Hi", "Think.")),
     ("none", "", "<think>kept</think>", ("<think>kept</think>", "")),

@@ -1,8 +1,9 @@
 """Reasoning in a chat reply: the thinking a reasoning model writes before its answer, split out as
 `reasoning_content` (llama-server's --reasoning-format, vLLM's --reasoning-parser), whole or as it
 streams. Each parser is one model family's spelling of a thought: `<think>...</think>` (DeepSeek-R1,
-Qwen3, GLM, ERNIE), `[THINK]...[/THINK]` (Magistral), `<seed:think>...</seed:think>` (Seed-OSS), or
-gpt-oss's harmony channels (harmony.py). The chat template tells which one a model uses ("auto")."""
+Qwen3, GLM, ERNIE), `[THINK]...[/THINK]` (Magistral), `<seed:think>...</seed:think>` (Seed-OSS),
+Granite's "Here is my thought process:" ... "Here is my response:", or gpt-oss's harmony channels
+(harmony.py). The chat template tells which one a model uses ("auto")."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ PARSERS = {
     "qwen3": _THINK, "glm45": _THINK, "ernie45": _THINK, "hunyuan_a13b": _THINK, "step3": _THINK,
     "mistral": ThinkTags("[THINK]", "[/THINK]", special=True),
     "seed_oss": ThinkTags("<seed:think>", "</seed:think>"),
+    "granite": ThinkTags("Here is my thought process:", "Here is my response:"),
     "gpt_oss": None,    # harmony channels
 }
 _ALIASES = {"deepseek": "auto", "deepseek-r1": "deepseek_r1", "deepseek-legacy": "auto", "gpt-oss": "gpt_oss",
@@ -63,7 +65,7 @@ class ReasoningParser:
             return cls(name)
         if is_harmony_template(source):
             return cls("gpt_oss")
-        for candidate in ("seed_oss", "mistral"):
+        for candidate in ("seed_oss", "mistral", "granite"):
             if PARSERS[candidate].open in source:
                 return cls(candidate)
         return cls("qwen3" if _THINK.open in source else "none")
