@@ -74,6 +74,10 @@ SHAPES: Dict[str, Shape] = {
                          expert_ffn=2880, rope_base=150000.0, window=128, yarn=(32.0, 4096)),
     "gpt-oss-120b": Shape("gpt-oss", 2880, 36, 64, 8, 2880, head_dim=64, n_experts=128, n_experts_used=4,
                           expert_ffn=2880, rope_base=150000.0, window=128, yarn=(32.0, 4096)),
+    # Phi-3 / Phi-4: Q, K, V in one attn_qkv and gate, up in one ffn_up (Phi-4 14B: no LongRoPE, no window).
+    "phi3-tiny": Shape("phi3", 256, 4, 8, 4, 768),
+    "phi3.5-mini": Shape("phi3", 3072, 32, 32, 32, 8192),
+    "phi4-14b": Shape("phi3", 5120, 40, 40, 10, 17920, rope_base=250000.0),
     "lfm2-tiny": Shape("lfm2", 256, 4, 8, 4, 768, attn_layers=(1, 3), conv_cache=3, rope_base=1e6),
     "lfm2-1.2b": Shape("lfm2", 2048, 16, 32, 8, 8192, attn_layers=(2, 5, 8, 10, 12, 14), conv_cache=3,
                        rope_base=1e6),
@@ -85,6 +89,9 @@ Tensor = Tuple[str, Tuple[int, ...], bool]
 
 
 def _attention(p: str, s: Shape, qk_norm: bool) -> List[Tensor]:
+    if s.arch == "phi3":
+        return [(p + "attn_qkv.weight", ((s.n_heads + 2 * s.n_kv_heads) * s.head, s.dim), False),
+                (p + "attn_output.weight", (s.dim, s.n_heads * s.head), False)]
     out = [(p + "attn_q.weight", (s.n_heads * s.head, s.dim), False),
            (p + "attn_k.weight", (s.n_kv_heads * s.head, s.dim), False),
            (p + "attn_v.weight", (s.n_kv_heads * s.head, s.dim), False),
@@ -99,6 +106,9 @@ def _attention(p: str, s: Shape, qk_norm: bool) -> List[Tensor]:
 
 
 def _dense_ffn(p: str, s: Shape) -> List[Tensor]:
+    if s.arch == "phi3":
+        return [(p + "ffn_norm.weight", (s.dim,), True), (p + "ffn_up.weight", (2 * s.ffn, s.dim), False),
+                (p + "ffn_down.weight", (s.dim, s.ffn), False)]
     return [(p + "ffn_norm.weight", (s.dim,), True),
             (p + "ffn_gate.weight", (s.ffn, s.dim), False),
             (p + "ffn_up.weight", (s.ffn, s.dim), False),
@@ -184,7 +194,9 @@ def copy_tokenizer(path: str, w: GGUFWriter) -> int:
 
 
 def _write_hparams(w: GGUFWriter, name: str, s: Shape, ctx: int, n_vocab: int) -> None:
-    w.add_name(f"synthetic-{name}")
+    # llama.cpp gives files named like Phi-3 that vocabulary's "</s>" attributes, which the borrowed
+    # vocabulary lacks: the phi3 shapes go by their sizes.
+    w.add_name(f"synthetic-{name}" if s.arch != "phi3" else f"synthetic-{s.dim}x{s.n_layers}")
     w.add_context_length(ctx)
     w.add_embedding_length(s.dim)
     w.add_block_count(s.n_layers)
