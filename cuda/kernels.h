@@ -81,8 +81,8 @@ void head_rmsnorm(float* x, const float* gamma, int32_t n_tok, int32_t n_heads, 
 void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_heads, int32_t head_dim, int32_t n_rot,
           const float2* cos_sin, bool neox, cudaStream_t s);
 // q [n_tok][width]: row t scaled by rope_temperature(pos[t]) (temp_scale, temp_length as RopeParams).
-void attn_temperature(float* q, const int32_t* pos, int32_t n_tok, int64_t width, float temp_scale,
-                      int32_t temp_length, cudaStream_t s);
+void attn_temperature(float* q, const int32_t* pos, int32_t n_tok, int64_t width, float temp_scale, int32_t temp_length,
+                      cudaStream_t s);
 // out[i] = act(gate[i]) * up[i] (out may be gate or up).
 void gated_act(Activation act, const float* gate, const float* up, int64_t n, float* out, cudaStream_t s);
 // gated_act that also writes its output as q8_1 blocks (n % 32 == 0) for the down projection.

@@ -198,10 +198,10 @@ __global__ void attn_temperature_kernel(float* __restrict__ q, const int32_t* __
 // for what the forward asks as three ops. Per token: q pairs, then k pairs, then v pairs (none
 // when the caches are null: a q8_0 cache is stored by its own kernel after the ropes).
 __global__ void rope_kv_store_kernel(float* __restrict__ q, int32_t n_head_q, float* __restrict__ k,
-                                     const float* __restrict__ v, int32_t n_head_kv, int32_t head_dim,
-                                     int32_t n_rot, const float2* __restrict__ cos_sin, bool neox,
-                                     __half* __restrict__ kc, __half* __restrict__ vc, int32_t block_size,
-                                     int32_t n_tok, DeviceBatch b, bool early) {
+                                     const float* __restrict__ v, int32_t n_head_kv, int32_t head_dim, int32_t n_rot,
+                                     const float2* __restrict__ cos_sin, bool neox, __half* __restrict__ kc,
+                                     __half* __restrict__ vc, int32_t block_size, int32_t n_tok, DeviceBatch b,
+                                     bool early) {
     // early: trigger first, so the decode attention that follows streams the older cache while
     // this kernel waits.
     if (early) pdl_trigger();
@@ -286,8 +286,8 @@ void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_heads, int32_t 
     EMBER_CUDA_LAUNCHED("rope");
 }
 
-void attn_temperature(float* q, const int32_t* pos, int32_t n_tok, int64_t width, float temp_scale,
-                      int32_t temp_length, cudaStream_t s) {
+void attn_temperature(float* q, const int32_t* pos, int32_t n_tok, int64_t width, float temp_scale, int32_t temp_length,
+                      cudaStream_t s) {
     if (temp_length <= 0) fail("cuda attn_temperature: temp_length ", temp_length, " must be positive");
     const int64_t total = int64_t(n_tok) * width;
     if (total == 0) return;
@@ -306,8 +306,8 @@ void rope_kv_store(float* q, int32_t n_head_q, float* k, const float* v, int32_t
     const int64_t total = int64_t(n_tok) * (n_head_q + (k_cache ? 2 : 1) * n_head_kv) * (n_rot / 2);
     if (total == 0) return;
     const unsigned grid = unsigned(std::min<int64_t>((total + 255) / 256, 65536));
-    launch_pdl(rope_kv_store_kernel, grid, 256, s, q, q ? n_head_q : 0, k, v, n_head_kv, head_dim, n_rot, cos_sin,
-               neox, k_cache, v_cache, block_size, n_tok, b, early);
+    launch_pdl(rope_kv_store_kernel, grid, 256, s, q, q ? n_head_q : 0, k, v, n_head_kv, head_dim, n_rot, cos_sin, neox,
+               k_cache, v_cache, block_size, n_tok, b, early);
     EMBER_CUDA_LAUNCHED("rope_kv_store");
 }
 

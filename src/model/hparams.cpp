@@ -84,8 +84,8 @@ HParams read_hparams(const GGUFFile& f) {
     hp.rope_n_ctx_orig = (int32_t)f.get_uint(a + "rope.scaling.original_context_length", (uint64_t)hp.n_ctx_train);
     hp.n_rot = (int32_t)f.get_uint(a + "rope.dimension_count", (uint64_t)hp.head_dim);
     if (hp.n_rot <= 0 || hp.n_rot % 2 != 0 || hp.n_rot > hp.head_dim)
-        fail(f.path(), ": ", a, "rope.dimension_count ", hp.n_rot, " must be even and between 2 and the head dimension ",
-             hp.head_dim);
+        fail(f.path(), ": ", a, "rope.dimension_count ", hp.n_rot,
+             " must be even and between 2 and the head dimension ", hp.head_dim);
     hp.rope_attn_factor = (float)f.get_float(a + "rope.scaling.attn_factor", 1.0);
     if (!(hp.rope_attn_factor > 0.0f))
         fail(f.path(), ": ", a, "rope.scaling.attn_factor must be positive, got ", hp.rope_attn_factor);

@@ -417,8 +417,7 @@ void RunnerImpl::forward(const int32_t* tokens, const BatchInfo& batch, const st
                 float* xn = params.embeddings ? y : hs.buf.xn + rr.first * E;
                 hb.layernorm(x, head.output_norm, nullptr, rr.count, (int32_t)E, hp.rms_eps, xn);
                 if (!params.embeddings) hb.matmul(head.output, xn, rr.count, y);
-            } else if (params.embeddings)
-                hb.add_rmsnorm(x, res, head.output_norm, rr.count, (int32_t)E, hp.rms_eps, y);
+            } else if (params.embeddings) hb.add_rmsnorm(x, res, head.output_norm, rr.count, (int32_t)E, hp.rms_eps, y);
             else
                 hb.norm_matmul(x, res, head.output_norm, hp.rms_eps, head.output, rr.count, hs.buf.xn + rr.first * E,
                                y);

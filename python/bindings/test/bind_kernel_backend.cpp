@@ -550,8 +550,8 @@ struct PyBackend {
         const int32_t n_tok = (int32_t)nt;
         check_rows(x, nt, n_in, "x");
         if (residual) check_rows(*residual, nt, n_in, "residual");
-        const RopeParams rope =
-            rope_params(head_dim, base, neox, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, std::nullopt, n_rot, temp_scale, temp_length);
+        const RopeParams rope = rope_params(head_dim, base, neox, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, std::nullopt, n_rot,
+                                            temp_scale, temp_length);
         std::unique_ptr<Buf> nbuf = optional_vector(*be, norm, (size_t)n_in, "norm");
         std::unique_ptr<Buf> bqb = optional_vector(*be, bq, (size_t)q.n_out, "bq"),
                              bkb = optional_vector(*be, bk, (size_t)k.n_out, "bk"),

@@ -42,10 +42,10 @@ public:
         const int64_t E = hp.n_embd, F = hp.n_ff;
         const int64_t QW = (int64_t)hp.n_head * hp.head_dim, KW = (int64_t)hp.n_head_kv * hp.head_dim;
         return {
-            {Role::attn_norm, "attn_norm.weight", {E}},     {Role::wq, "attn_q.weight", {E, QW}},
-            {Role::wk, "attn_k.weight", {E, KW}},           {Role::wv, "attn_v.weight", {E, KW}},
-            {Role::wo, "attn_output.weight", {QW, E}},      {Role::gate, "ffn_gate.weight", {E, F}},
-            {Role::up, "ffn_up.weight", {E, F}},            {Role::down, "ffn_down.weight", {F, E}},
+            {Role::attn_norm, "attn_norm.weight", {E}}, {Role::wq, "attn_q.weight", {E, QW}},
+            {Role::wk, "attn_k.weight", {E, KW}},       {Role::wv, "attn_v.weight", {E, KW}},
+            {Role::wo, "attn_output.weight", {QW, E}},  {Role::gate, "ffn_gate.weight", {E, F}},
+            {Role::up, "ffn_up.weight", {E, F}},        {Role::down, "ffn_down.weight", {F, E}},
         };
     }
     LayerConfig layer_config(const HParams& hp, int32_t l, const RopeParams& rope) const override {
