@@ -398,3 +398,20 @@ def test_tags_that_are_special_tokens_are_named_by_id(tagged_tokenizer):
     assert _allowed(matcher, tok.n_vocab) == [close]   # the budget is spent: only the closing token
     assert matcher.advance(close)
     assert close not in _allowed(matcher, tok.n_vocab)
+
+
+def test_lazy_calls_open_on_a_special_token(tagged_tokenizer):
+    from ember import _ember
+    from ember.structured import StructuredOutputsParams
+    tok = tagged_tokenizer
+    opening = tok.n_vocab - 2   # <tool_call>
+    text = constrain.grammar(constrain.tool_answer("hermes", TOOLS, True, lazy=True, spell=constrain.spelling(tok)),
+                             constrain.Thought(QWEN3, "<think>\n\n</think>\n\n", constrain.spelling(tok)))
+    kind, grammar = StructuredOutputsParams(grammar=text).grammar_spec()
+    matcher = _ember.GrammarCompiler(tok).compile(kind, grammar).matcher()
+    for t in tok.encode(b"Let me look.", False, False):
+        assert matcher.advance(t)
+    assert opening in _allowed(matcher, tok.n_vocab)
+    assert matcher.advance(opening)
+    allowed = _allowed(matcher, tok.n_vocab)
+    assert allowed == tok.encode(b"\n", False, False)[:1]   # the call's layout is forced from its opening on
