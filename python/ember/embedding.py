@@ -160,7 +160,8 @@ class Embedder:
             self._ctx = _ember.Context(model, n_ctx=n_ctx, n_batch=min(n_batch, n_ctx), n_threads=n_threads,
                                        embeddings=True)
 
-    def _check(self, seqs: Sequence[List[int]]) -> None:
+    def check_inputs(self, seqs: Sequence[List[int]]) -> None:
+        """ValueError naming the first input that is empty or longer than the context."""
         for i, seq in enumerate(seqs):
             if not seq:
                 raise ValueError(f"input {i} has no tokens")
@@ -172,7 +173,7 @@ class Embedder:
         if self.pooling == POOLING_RANK:
             raise ValueError("this model pools by rank: it scores (query, document) pairs and gives no embeddings "
                              "(use pooling mean, cls or last for embeddings)")
-        self._check(seqs)
+        self.check_inputs(seqs)
         with self._lock:
             if self.encoder:
                 out = self._enc.encode([list(s) for s in seqs])
@@ -188,7 +189,7 @@ class Embedder:
         """Each sequence's rank score (pooling rank only): the classifier's first output."""
         if self.pooling != POOLING_RANK:
             raise ValueError(f"scores need rank pooling; this embedder pools by {pooling_name(self.pooling)}")
-        self._check(seqs)
+        self.check_inputs(seqs)
         with self._lock:
             if self.encoder:
                 types = None if token_types is None else [list(t) for t in token_types]

@@ -3,7 +3,7 @@
 /score (pooling_routes.py), llama-server's /health, /tokenize and /detokenize, Prometheus' /metrics and
 the chat page at /. Every generation runs on one AsyncLLMEngine, so all connections share its batch;
 embeddings and ranks run in a worker thread beside it on an Embedder that shares the engine's weights
-(an encoder packs a request's inputs into few forwards). The CPU work of
+(concurrent requests' inputs run together; an encoder packs them into few forwards). The CPU work of
 a request (parsing its body, rendering the chat template, tokenizing) runs in a worker pool, so
 the event loop, and with it /health and every running stream, never waits on one request.
 On shutdown the server drains (drain()): new requests get 503, running ones may finish until a
@@ -36,6 +36,7 @@ from ..async_engine import AsyncLLMEngine
 from ..chat import ChatTemplate, ChatTemplateError, TemplateBudgetError, ToolCallParser
 from ..chat import constrain
 from ..chat.reasoning import ReasoningParser
+from ..embed_batching import BatchingEmbedder
 from ..embedding import POOLING_NONE, POOLING_RANK, Embedder, is_encoder, resolve_pooling
 from ..prompt import encode_prompt
 from . import args as server_args
@@ -98,7 +99,7 @@ class _Server:
         self.engine: Optional[AsyncLLMEngine] = None
         self.owns_engine = False
         self.load_error: Optional[BaseException] = None
-        self._embedder: Optional[Embedder] = None   # made at the first /v1/embeddings (it takes KV memory)
+        self._embedder: Optional[BatchingEmbedder] = None   # made at the first /v1/embeddings (it takes memory)
         self._embedder_lock = threading.Lock()
         # Threads, not processes: tokenizing releases the GIL, and pure-Python work (templates,
         # JSON) gives it back to the event loop every few milliseconds.
@@ -357,10 +358,11 @@ class _Server:
                             f"total={(time.perf_counter() - t0) * 1e3:.0f}ms"
         return await self.reply(embedding_list, vectors, self.model_id, n_tokens, req.encoding_format)
 
-    def embedder(self) -> Embedder:
+    def embedder(self) -> BatchingEmbedder:
         with self._embedder_lock:
             if self._embedder is None:
-                self._embedder = Embedder(self.model, self.n_ctx, self.pooling)
+                # Concurrent requests' inputs share forwards (an encoder packs them).
+                self._embedder = BatchingEmbedder(Embedder(self.model, self.n_ctx, self.pooling))
             return self._embedder
 
     @staticmethod

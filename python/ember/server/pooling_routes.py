@@ -16,6 +16,7 @@ from typing import List, Optional
 import numpy as np
 from fastapi import Request
 
+from ..embed_batching import BatchingEmbedder
 from ..embedding import POOLING_NONE, POOLING_RANK, Embedder, has_rank_head
 from ..rerank import rerank_template, score_pairs
 from .openai_schema import APIError, bad_param, get
@@ -82,7 +83,7 @@ class Ranking:
 
     def __init__(self, srv):
         self.srv = srv
-        self._ranker: Optional[Embedder] = None
+        self._ranker: Optional[BatchingEmbedder] = None
         self._has_head: Optional[bool] = None
         self._lock = threading.Lock()
 
@@ -91,7 +92,7 @@ class Ranking:
             self._has_head = has_rank_head(self.srv.model)
         return self._has_head
 
-    def ranker(self) -> Embedder:
+    def ranker(self) -> BatchingEmbedder:
         srv = self.srv
         with self._lock:
             if self._ranker is None:
@@ -99,7 +100,7 @@ class Ranking:
                     raise APIError(400, f"this server's model ({srv.model.arch}) has no rank head: it cannot rerank. "
                                         f"Serve a reranker (a cross-encoder such as bge-reranker, or a Qwen3-Reranker "
                                         f"GGUF) to use this endpoint", code="model_not_reranker")
-                self._ranker = Embedder(srv.model, srv.n_ctx, POOLING_RANK)
+                self._ranker = BatchingEmbedder(Embedder(srv.model, srv.n_ctx, POOLING_RANK))
             return self._ranker
 
     def scores(self, queries: List[str], documents: List[str]):
