@@ -276,6 +276,15 @@ def test_reasoning_effort_reaches_the_template(engine, tmp_path):
     assert usage[1]["prompt_tokens"] > usage[0]["prompt_tokens"]   # "Reasoning: high." against "Reasoning: ."
 
 
+def test_a_grammar_follows_the_thought(thinking):
+    gbnf = 'root ::= "Answer: " ("yes" | "no") "."'
+    for fields in ({"grammar": gbnf}, {"guided_choice": ["yes", "no"]}, {"guided_regex": "[0-9]{2}"}):
+        message = chat(thinking, thinking_token_budget=3, **fields)["message"]
+        assert message["reasoning_content"]
+        assert message["content"] in ("Answer: yes.", "Answer: no.", "yes", "no") or \
+            (len(message["content"]) == 2 and message["content"].isdigit())
+
+
 def test_server_reasoning_budget_flag(engine, tmp_path):
     path = tmp_path / "qwen3.jinja"
     path.write_text(QWEN3_STYLE, encoding="utf-8")

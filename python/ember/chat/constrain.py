@@ -161,8 +161,8 @@ def _text_rule(open_tag: Optional[str]) -> str:
     """ANSWER_TEXT: any text; where a thought may still open, text that does not open one (so the
     thought's branch, with its budget, is the only way to think)."""
     if open_tag is None:
-        return f"ANSWER_TEXT: {_ANY}\n"
-    return f"ANSWER_TEXT: {_ANY} & ~/[ \\t\\r\\n]*{_regex_literal(open_tag)}(?s:.*)/\n"
+        return f"ANSWER_TEXT: {_ANY}"
+    return f"ANSWER_TEXT: {_ANY} & ~/[ \\t\\r\\n]*{_regex_literal(open_tag)}(?s:.*)/"
 
 
 def _regex_literal(s: str) -> str:
@@ -186,7 +186,7 @@ def grammar(answer: Optional[Answer], thought: Optional[Thought] = None, budget:
     if not thinks:
         lines.append("start: answer")
     elif parser.name == "gpt_oss":
-        lines += _harmony_rules(thought.in_thought, budget)
+        lines += _harmony_rules(budget)
     else:
         tags = parser.tags
         think = f"think[max_tokens={budget}]: THINK_TEXT" if budget is not None else "think: THINK_TEXT"
@@ -201,14 +201,14 @@ def grammar(answer: Optional[Answer], thought: Optional[Thought] = None, budget:
     if answer.rules:
         lines.append(answer.rules)
     open_tag = parser.tags.open if may_open and parser.tags is not None else None
-    lines.append(_text_rule(open_tag).rstrip())
+    lines.append(_text_rule(open_tag))
     text = "\n".join(lines) + "\n"
     if answer.side is None:
         return text
     return json.dumps({"grammars": [{"lark_grammar": text}, {"name": "user", "lark_grammar": answer.side}]})
 
 
-def _harmony_rules(in_thought: bool, budget: Optional[int]) -> List[str]:
+def _harmony_rules(budget: Optional[int]) -> List[str]:
     """gpt-oss: an optional analysis message, then the final channel, whose text is the answer."""
     think = f"think[max_tokens={budget}]: HARMONY_TEXT" if budget is not None else "think: HARMONY_TEXT"
     return [think, "HARMONY_TEXT: /(?s:.*)/",
