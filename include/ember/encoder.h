@@ -22,6 +22,8 @@ struct EncoderParams {
 
 struct EncoderImpl;
 
+// Not thread-safe; Encoders of one model share its GPU backend (the batch it runs), so one encode
+// at a time per model.
 class Encoder {
 public:
     // Throws InvalidInput when the model is no encoder, or the pooling needs a head it lacks.
