@@ -8,6 +8,7 @@ if _os.environ.get("EMBER_DEV_BUILD"):
 from . import _ember  # noqa: E402
 from .llama import Llama  # noqa: E402
 from .sampling_params import SamplingParams  # noqa: E402
+from .structured import LlamaGrammar, StructuredOutputsParams  # noqa: E402
 from .outputs import CompletionOutput, Logprob, RequestOutput  # noqa: E402
 from .llm import LLM  # noqa: E402
 from .async_engine import AsyncLLMEngine  # noqa: E402
@@ -15,4 +16,4 @@ from .engine_args import AsyncEngineArgs, EngineArgs  # noqa: E402
 from .version import __version__  # noqa: E402
 
 __all__ = ["Llama", "LLM", "AsyncLLMEngine", "AsyncEngineArgs", "EngineArgs", "SamplingParams", "RequestOutput",
-           "CompletionOutput", "Logprob", "_ember", "__version__"]
+           "CompletionOutput", "Logprob", "StructuredOutputsParams", "LlamaGrammar", "_ember", "__version__"]

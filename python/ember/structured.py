@@ -162,7 +162,8 @@ class StructuredOutputsParams:
     structural_tag (vLLM's: free text, and a schema after each trigger). whitespace_pattern: the
     whitespace JSON may have between tokens (default: none but ", " and ": ");
     disable_additional_properties: objects take only their listed properties unless the schema
-    says otherwise."""
+    says otherwise. disable_any_whitespace is taken and changes nothing (JSON is compact already),
+    as is disable_fallback (there is one backend)."""
     json: Optional[Union[str, dict, Any]] = None
     regex: Optional[str] = None
     choice: Optional[List[str]] = None
