@@ -1,7 +1,7 @@
-"""Mistral's tekken pre-tokenizer (tokenizer.ggml.pre = "tekken"): a byte-level BPE trained with its
-split regex gives HF `tokenizers`' ids on a few hundred texts (tests/reference/tekken, written by
-tools/gen_tekken_references.py); ember-convert names the regex "tekken"; a pre-tokenizer ember does
-not know is refused by name."""
+"""Mistral's tekken pre-tokenizer (tokenizer.ggml.pre = "tekken") and gpt-4o's (Phi-4-mini, Llama 4):
+byte-level BPEs trained with their split regexes give HF `tokenizers`' ids on a few hundred texts
+(tests/reference/tekken, written by tools/gen_tekken_references.py); ember-convert names the regexes;
+a pre-tokenizer ember does not know is refused by name."""
 import json
 import pathlib
 
@@ -14,9 +14,8 @@ from ember.convert_vocab import identify_pre
 REFERENCE = pathlib.Path(__file__).resolve().parent / "reference" / "tekken"
 
 
-@pytest.fixture(scope="module")
-def tekken():
-    tj = json.loads((REFERENCE / "tokenizer.json").read_text(encoding="utf-8"))
+def _load(prefix, pre):
+    tj = json.loads((REFERENCE / f"{prefix}tokenizer.json").read_text(encoding="utf-8"))
     vocab = tj["model"]["vocab"]
     for a in tj["added_tokens"]:
         vocab[a["content"]] = a["id"]
@@ -24,12 +23,18 @@ def tekken():
     for text, i in vocab.items():
         tokens[i] = text
     merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
-    return tj, _ember.Tokenizer.from_vocab("gpt2", tokens, merges=merges, pre="tekken")
+    return tj, _ember.Tokenizer.from_vocab("gpt2", tokens, merges=merges, pre=pre)
 
 
-def test_tekken_matches_hf_tokenizers(tekken):
-    _, tok = tekken
-    rows = json.loads((REFERENCE / "encodings.json").read_text(encoding="utf-8"))
+@pytest.fixture(scope="module")
+def tekken():
+    return _load("", "tekken")
+
+
+@pytest.mark.parametrize("prefix,pre", [("", "tekken"), ("gpt-4o.", "gpt-4o"), ("gpt-4o.", "llama4")])
+def test_matches_hf_tokenizers(prefix, pre):
+    _, tok = _load(prefix, pre)
+    rows = json.loads((REFERENCE / f"{prefix}encodings.json").read_text(encoding="utf-8"))
     assert len(rows) >= 300
     bad = [r["text"] for r in rows if tok.encode(r["text"]) != r["ids"]]
     assert not bad, f"{len(bad)} of {len(rows)} texts differ, e.g. {bad[:3]!r}"
@@ -62,9 +67,23 @@ def test_tekken_word_boundaries(tekken, text, words):
         assert got == w.encode(), (text, w, [from_id.get(i) for i in ids])
 
 
-def test_convert_names_the_tekken_regex(tekken):
+def test_convert_names_the_regexes(tekken):
     tj, _ = tekken
     assert identify_pre(tj) == "tekken"
+    assert identify_pre(_load("gpt-4o.", "gpt-4o")[0]) == "gpt-4o"
+
+
+def test_gpt4o_keeps_contractions_and_digit_triples():
+    tj, tok = _load("gpt-4o.", "gpt-4o")
+    pieces = [tok.token_to_piece(i) for i in tok.encode("DON'T 1234567")]
+    assert b"".join(pieces) == b"DON'T 1234567"
+    # Words "DON'T" (a letter run with its contraction), " ", "123", "456", "7": every word boundary
+    # is a token boundary.
+    ends, at = set(), 0
+    for p in pieces:
+        at += len(p)
+        ends.add(at)
+    assert {5, 6, 9, 12, 13} <= ends, pieces
 
 
 def test_unknown_pre_tokenizer_is_refused_by_name():

@@ -1,6 +1,7 @@
-"""Writes tests/reference/tekken: a byte-level BPE trained here with the split regex of Mistral's
+"""Writes tests/reference/tekken: byte-level BPEs trained here with the split regex of Mistral's
 tekken tokenizer.json (Split isolated + ByteLevel without its regex, ignore_merges, as Mistral Nemo,
-Small and Ministral 3 ship it), and the ids HF `tokenizers` gives for a few hundred texts (Unicode
+Small and Ministral 3 ship it) and with gpt-4o's (gpt-4o.*, as Phi-4-mini ships it), and the ids HF
+`tokenizers` gives each for a few hundred texts (Unicode
 letters of every case class, marks, accents, digits of several scripts, code, whitespace), so that
 tests/test_tokenizer_tekken.py compares ember's tekken pre-tokenizer with no transformers installed.
 
@@ -16,6 +17,12 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 import hf_tiny  # noqa: E402
 
+# OpenAI's gpt-4o split (llama.cpp's "gpt-4o" and "llama4": Phi-4-mini, Llama 4): tekken's with an
+# optional contraction after each letter run and up to three digits together.
+_CONTRACTION = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+GPT4O_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+" + _CONTRACTION
+               + r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*" + _CONTRACTION
+               + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 TEKKEN_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
                 r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
                 r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -42,12 +49,12 @@ def texts():
     return out
 
 
-def train(out_dir):
+def train(path, split, ignore_merges):
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    tok = Tokenizer(models.BPE(ignore_merges=True))
+    tok = Tokenizer(models.BPE(ignore_merges=ignore_merges))
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(TEKKEN_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex(split), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel()
@@ -55,7 +62,7 @@ def train(out_dir):
     trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=["<unk>", "<s>", "</s>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(corpus, trainer)
-    tok.save(str(out_dir / "tokenizer.json"))
+    tok.save(str(path))
     return tok
 
 
@@ -65,10 +72,11 @@ def main(argv=None):
     args = parser.parse_args(argv)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    tok = train(out)
-    rows = [{"text": t, "ids": tok.encode(t, add_special_tokens=False).ids} for t in texts()]
-    with open(out / "encodings.json", "w", encoding="utf-8") as f:
-        f.write("[\n" + ",\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n]\n")
+    for prefix, split, ignore_merges in (("", TEKKEN_SPLIT, True), ("gpt-4o.", GPT4O_SPLIT, False)):
+        tok = train(out / f"{prefix}tokenizer.json", split, ignore_merges)
+        rows = [{"text": t, "ids": tok.encode(t, add_special_tokens=False).ids} for t in texts()]
+        with open(out / f"{prefix}encodings.json", "w", encoding="utf-8") as f:
+            f.write("[\n" + ",\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n]\n")
 
 
 if __name__ == "__main__":

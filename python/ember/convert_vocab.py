@@ -22,7 +22,9 @@ _QWEN2_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
 _TEKKEN_RE = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
               r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
               r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-PRE_NAMES = ("gpt-2", "llama-bpe", "qwen2", "smollm", "tekken")
+_GPT4O_RE = _TEKKEN_RE.replace(r"\p{M}]+|", r"\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|").replace(
+    r"\p{M}]*|\p{N}|", r"\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}|")
+PRE_NAMES = ("gpt-2", "llama-bpe", "qwen2", "smollm", "tekken", "gpt-4o")
 _BYTE_TOKEN_RE = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
 
 
@@ -84,6 +86,8 @@ def identify_pre(tokenizer_json):
                 return "qwen2"
             if regex == _TEKKEN_RE:
                 return "tekken"
+            if regex == _GPT4O_RE:
+                return "gpt-4o"
     summary = json.dumps(tokenizer_json.get("pre_tokenizer"))[:200]
     raise ConvertError(f"tokenizer.json: unrecognised pre-tokenizer {summary} "
                        f"(pass --pre with one of {', '.join(PRE_NAMES)} if it splits text the same way)")

@@ -96,9 +96,10 @@ public:
         });
     }
 
-    // Mistral's tekken pattern (pretokenize.h): case-aware letter runs, single digits, punctuation
-    // with trailing newlines or slashes, then llama3's whitespace rules.
-    void split_tekken() {
+    // Mistral's tekken and OpenAI's gpt-4o patterns (pretokenize.h): case-aware letter runs (gpt-4o's
+    // with a contraction after them), digits (max_digits at a time), punctuation with trailing
+    // newlines or slashes, then llama3's whitespace rules.
+    void split_cased(bool contractions, size_t max_digits) {
         // U: upper, titlecase, modifier and other letters, and marks; L: lower, modifier and other
         // letters, and marks (Lm, Lo and M are in both).
         auto in_u = [&](size_t i) {
@@ -117,20 +118,25 @@ public:
                     const size_t s = pos + pre;
                     size_t m = s;   // U* / U+ takes all it can, then gives back for L+
                     while (m < end && in_u(m)) ++m;
+                    size_t e = 0;
                     if (alt == 0) {
-                        for (size_t k = m + 1; k-- > s;)
+                        for (size_t k = m + 1; k-- > s && !e;)
                             if (k < end && in_l(k)) {
-                                size_t e = k;
+                                e = k;
                                 while (e < end && in_l(e)) ++e;
-                                return e;
                             }
                     } else if (m > s) {
-                        while (m < end && in_l(m)) ++m;
-                        return m;
+                        e = m;
+                        while (e < end && in_l(e)) ++e;
                     }
+                    if (e) return contractions && e < end ? e + contraction(e, end, true) : e;
                     if (pre == 0) break;
                 }
-            if (flags_[pos] & CPT_NUMBER) return pos + 1;
+            if (flags_[pos] & CPT_NUMBER) {
+                size_t e = pos;
+                while (e < end && e - pos < max_digits && (flags_[e] & CPT_NUMBER)) ++e;
+                return e;
+            }
             const bool sp = cpts_[pos] == ' ' && pos + 1 < end;
             if (!(flags_[sp ? pos + 1 : pos] & (CPT_WHITESPACE | CPT_LETTER | CPT_NUMBER))) {
                 size_t e = run_not(pos + sp, end, CPT_WHITESPACE | CPT_LETTER | CPT_NUMBER);
@@ -243,6 +249,9 @@ PreTokenizer pre_tokenizer_from_name(const std::string& name) {
         {"deepseek-r1-qwen", PreTokenizer::QWEN2},
         {"hunyuan", PreTokenizer::QWEN2},
         {"tekken", PreTokenizer::TEKKEN},
+        {"gpt-4o", PreTokenizer::GPT4O},
+        {"llama4", PreTokenizer::GPT4O},
+        {"glm4", PreTokenizer::LLAMA3},
         {"default", PreTokenizer::DEFAULT},
     };
     auto it = names.find(name);
@@ -269,7 +278,8 @@ std::vector<std::string> pre_tokenize(PreTokenizer kind, const std::string& text
             break;
         case PreTokenizer::LLAMA3: s.split_llama3(3); break;
         case PreTokenizer::QWEN2: s.split_llama3(1); break;
-        case PreTokenizer::TEKKEN: s.split_tekken(); break;
+        case PreTokenizer::TEKKEN: s.split_cased(false, 1); break;
+        case PreTokenizer::GPT4O: s.split_cased(true, 3); break;
         case PreTokenizer::DEFAULT: {
             auto is_punct = [&](size_t i) {
                 const uint32_t c = cpts[i];

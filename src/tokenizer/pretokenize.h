@@ -14,6 +14,9 @@ enum class PreTokenizer {
     // [^\r\n\p{L}\p{N}]?U*L+|[^\r\n\p{L}\p{N}]?U+L*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
     // with U = [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}], L = [\p{Ll}\p{Lm}\p{Lo}\p{M}] (Mistral's tekken)
     TEKKEN,
+    // as TEKKEN with (?i:'s|'t|'re|'ve|'m|'ll|'d)? after each letter run and \p{N}{1,3} (gpt-4o,
+    // llama4: Phi-4-mini, Llama 4)
+    GPT4O,
     DEFAULT,  // [\p{P}$+<=>^~|]+ , GPT2 , \p{N}+ , [0-9][0-9][0-9] applied in turn
 };
 
