@@ -59,7 +59,6 @@ float softcap_score(float s, float cap) {
     return std::copysign(cap * ((1.0f - e) / (1.0f + e)), x);
 }
 
-
 // Asks for the cache lines of [p, p + bytes) ahead of their use.
 void prefetch_bytes(const void* p, size_t bytes) {
     const char* c = static_cast<const char*>(p);

@@ -152,7 +152,6 @@ void CpuBackend::scale_softcap(float* x, int64_t n, float scale, float cap) {
     });
 }
 
-
 void CpuBackend::argmax_rows(const float* x, int32_t n_rows, int64_t width, int32_t* ids) {
     pool_.parallel_for(n_rows, 1, [&](int64_t b, int64_t e) {
         for (int64_t r = b; r < e; ++r) ids[r] = greedy_token(x + r * width, (int32_t)width);

@@ -44,8 +44,11 @@ const Entry kArchitectures[] = {
     {"phi3", &phi3_architecture},
     {"mistral3", &mistral3_architecture},
     {"glm4", &glm4_architecture},
-    {"command-r", &command_r_architecture}, {"cohere2", &cohere2_architecture},
-    {"gemma2", &gemma2_architecture},   {"olmo2", &olmo2_architecture},   {"granite", &granite_architecture},
+    {"command-r", &command_r_architecture},
+    {"cohere2", &cohere2_architecture},
+    {"gemma2", &gemma2_architecture},
+    {"olmo2", &olmo2_architecture},
+    {"granite", &granite_architecture},
     {"smollm3", &smollm3_architecture},
 };
 }  // namespace
