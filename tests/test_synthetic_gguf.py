@@ -36,7 +36,8 @@ def _field(reader, key):
     return value
 
 
-@pytest.mark.parametrize("shape", ["llama-tiny", "qwen3-tiny", "qwen3moe-tiny", "gpt-oss-tiny", "phi3-tiny"])
+@pytest.mark.parametrize("shape", ["llama-tiny", "qwen3-tiny", "qwen3moe-tiny", "gpt-oss-tiny", "phi3-tiny",
+                                   "gemma2-tiny"])
 def test_dense_shapes_load_and_run(tmp_path, vocab, rng, shape):
     s = synthetic_gguf.SHAPES[shape]
     model = _ember.Model(_write(tmp_path, vocab, rng, shape))
@@ -118,6 +119,9 @@ def test_full_size_parameter_counts():
     moe = synthetic_gguf.SHAPES["qwen3-30b-a3b"]
     n = sum(int(np.prod(shape)) for _, shape, _ in synthetic_gguf.tensors(moe, 151936))
     assert 30.0e9 < n < 31.0e9
+    # Gemma 2 9B with its 256,000-token vocabulary (tied head).
+    n = sum(int(np.prod(shape)) for _, shape, _ in synthetic_gguf.tensors(synthetic_gguf.SHAPES["gemma2-9b"], 256000))
+    assert n == 9_241_705_984
 
 
 def test_vocab_only_copies_the_tokenizer(tmp_path, vocab):

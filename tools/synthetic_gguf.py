@@ -78,6 +78,9 @@ SHAPES: Dict[str, Shape] = {
     "phi3-tiny": Shape("phi3", 256, 4, 8, 4, 768),
     "phi3.5-mini": Shape("phi3", 3072, 32, 32, 32, 8192),
     "phi4-14b": Shape("phi3", 5120, 40, 40, 10, 17920, rope_base=250000.0),
+    # Gemma 2: norms after attention and the feed-forward too, a window on every other layer, tied head.
+    "gemma2-tiny": Shape("gemma2", 256, 4, 8, 4, 768, head_dim=32, window=16, rms_eps=1e-6),
+    "gemma2-9b": Shape("gemma2", 3584, 42, 16, 8, 14336, head_dim=256, window=4096, rms_eps=1e-6),
     "lfm2-tiny": Shape("lfm2", 256, 4, 8, 4, 768, attn_layers=(1, 3), conv_cache=3, rope_base=1e6),
     "lfm2-1.2b": Shape("lfm2", 2048, 16, 32, 8, 8192, attn_layers=(2, 5, 8, 10, 12, 14), conv_cache=3,
                        rope_base=1e6),
@@ -149,13 +152,18 @@ def tensors(s: Shape, n_vocab: int) -> Iterator[Tensor]:
             yield from (_attention(p, s, True) if i in s.attn_layers else _short_conv(p, s))
         else:
             yield from _attention(p, s, s.arch in ("qwen3", "qwen3moe"))
+        if s.arch == "gemma2":
+            yield p + "post_attention_norm.weight", (s.dim,), True
         yield from (_moe_ffn(p, s) if s.n_experts else _dense_ffn(p, s))
+        if s.arch == "gemma2":
+            yield p + "post_ffw_norm.weight", (s.dim,), True
     # LFM2 names its final norm token_embd_norm and ties the output to the embedding.
     if s.arch == "lfm2":
         yield "token_embd_norm.weight", (s.dim,), True
     else:
         yield "output_norm.weight", (s.dim,), True
-        yield "output.weight", (n_vocab, s.dim), False
+        if s.arch != "gemma2":   # Gemma 2's head is token_embd
+            yield "output.weight", (n_vocab, s.dim), False
 
 
 def _field_value(field):
