@@ -446,7 +446,7 @@ def test_bad_input_raises_value_error():
     with pytest.raises(ValueError, match="Q4_0"):
         E.quantize(int(T.Q4_0), np.ones(33, dtype=np.float32))
     with pytest.raises(ValueError, match="no quantizer"):
-        E.quantize(int(T.Q3_K), np.ones(256, dtype=np.float32))
+        E.quantize(int(T.IQ2_S), np.ones(256, dtype=np.float32))
     with pytest.raises(ValueError, match="no quantizer"):
         E.quantize(int(T.IQ4_XS), np.ones(256, dtype=np.float32))
     with pytest.raises(ValueError, match="MXFP4"):
@@ -487,14 +487,16 @@ def test_real_model_tensors(smollm2_path):
             assert abs(got - exact) <= (1e-3 if vdt == T.Q8_1 else 1e-5) * l1, (name, r, got, exact)
 
 
-def test_iq4_nl_quantize_matches_ggml():
-    """ember's IQ4_NL quantizer (the iq4_nl KV cache's) writes the blocks of ggml's reference quantizer on the
-    rows tools/gen_iq4_nl_reference.py gave it (normal, heavy-tailed, tiny, huge, positive, ties between
-    levels, zero blocks); a block of zeros is d = 0 (ggml leaves its quants unset, so only d is compared)."""
-    ref = np.load(ROOT / "tests" / "reference" / "quant" / "iq4_nl_ggml.npz")
+@pytest.mark.parametrize("t", [T.IQ4_NL, T.Q2_K, T.Q3_K], ids=lambda t: t.name)
+def test_quantize_matches_ggml(t):
+    """ember's IQ4_NL (the iq4_nl KV cache's), Q2_K and Q3_K quantizers write the blocks of ggml's reference
+    quantizers on the rows tools/gen_ggml_quant_reference.py gave them (normal, heavy-tailed, tiny, huge,
+    positive, ties between IQ4_NL's levels, zero blocks). An IQ4_NL block of zeros is d = 0 (ggml leaves its
+    quants unset, so only d is compared)."""
+    ref = np.load(ROOT / "tests" / "reference" / "quant" / f"{t.name.lower()}_ggml.npz")
+    nbytes = block_size(t)[1]
     for x, q in zip(ref["x"], ref["q"]):
-        ours = E.quantize(int(T.IQ4_NL), x).reshape(-1, 18)
-        want = q.reshape(-1, 18)
-        zero = want[:, :2].copy().view(np.uint16)[:, 0] == 0
+        ours, want = E.quantize(int(t), x).reshape(-1, nbytes), q.reshape(-1, nbytes)
+        zero = want[:, :2].copy().view(np.uint16)[:, 0] == 0 if t == T.IQ4_NL else np.zeros(len(want), bool)
         np.testing.assert_array_equal(ours[~zero], want[~zero])
         np.testing.assert_array_equal(ours[zero, :2], want[zero, :2])

@@ -47,6 +47,8 @@ void quantize_row_q5_0(const float* src, void* dst, int64_t n);
 void quantize_row_q5_1(const float* src, void* dst, int64_t n);
 void quantize_row_q8_0(const float* src, void* dst, int64_t n);
 void quantize_row_q8_1(const float* src, void* dst, int64_t n);
+void quantize_row_q2_k(const float* src, void* dst, int64_t n);
+void quantize_row_q3_k(const float* src, void* dst, int64_t n);
 void quantize_row_q4_k(const float* src, void* dst, int64_t n);
 void quantize_row_q5_k(const float* src, void* dst, int64_t n);
 void quantize_row_q6_k(const float* src, void* dst, int64_t n);

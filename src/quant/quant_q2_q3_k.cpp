@@ -1,0 +1,218 @@
+// Q2_K's and Q3_K's quantizers as ggml's reference ones (quantize_row_q2_K_ref / q3_K_ref), byte for byte:
+// Q2_K fits each 16 values with a scale and a min (weights |x|, the sum of absolute errors over 16 candidate
+// grids), Q3_K with a signed scale (weights x^2, a few rounds of moving single values to better levels); the
+// super-block's 4-bit (6-bit) scales are then rounded and the values re-quantized against them.
+#include <cmath>
+#include <cstring>
+
+#include "quant/decode.h"
+#include "quant/kernels.h"
+
+// ggml rounds each product and sum on its own (no fused multiply-add).
+#pragma GCC optimize("fp-contract=off")
+
+namespace ember {
+namespace {
+
+// Round to nearest, ties to even (ggml's nearest_int), for |v| < 2^22.
+int nearest(float v) {
+    const float shifted = v + 12582912.0f;
+    int32_t bits;
+    std::memcpy(&bits, &shifted, 4);
+    return (bits & 0x007FFFFF) - 0x00400000;
+}
+int clampi(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+// x ~= scale * L - min_out over 16 values, L in [0, 3], min_out >= 0: the min/max grid, then 16 grids
+// (3 - 0.5 + 0.1 k) / (max - min), each with its weighted least-squares scale and offset; the one with
+// the least w-weighted absolute error wins. Returns the scale.
+float fit_q2(const float* x, const float* w, uint8_t* L, float& min_out) {
+    constexpr int n = 16, nmax = 3, nstep = 15;
+    constexpr float rmin = -0.5f, rdelta = 0.1f;
+    float mn = x[0], mx = x[0], sum_w = w[0], sum_x = sum_w * x[0];
+    for (int i = 1; i < n; ++i) {
+        if (x[i] < mn) mn = x[i];
+        if (x[i] > mx) mx = x[i];
+        sum_w += w[i];
+        sum_x += w[i] * x[i];
+    }
+    if (mn > 0) mn = 0;
+    if (mx == mn) {
+        std::memset(L, 0, n);
+        min_out = -mn;
+        return 0.0f;
+    }
+    float iscale = nmax / (mx - mn), scale = 1 / iscale, best = 0;
+    for (int i = 0; i < n; ++i) {
+        L[i] = uint8_t(clampi(nearest(iscale * (x[i] - mn)), 0, nmax));
+        best += w[i] * std::fabs(scale * L[i] + mn - x[i]);
+    }
+    uint8_t aux[n];
+    for (int k = 0; k <= nstep; ++k) {
+        iscale = (rmin + rdelta * k + nmax) / (mx - mn);
+        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+        for (int i = 0; i < n; ++i) {
+            const int l = clampi(nearest(iscale * (x[i] - mn)), 0, nmax);
+            aux[i] = uint8_t(l);
+            sum_l += w[i] * l;
+            sum_l2 += w[i] * l * l;
+            sum_xl += w[i] * l * x[i];
+        }
+        const float D = sum_w * sum_l2 - sum_l * sum_l;
+        if (!(D > 0)) continue;
+        float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D, this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+        if (this_min > 0) {
+            this_min = 0;
+            this_scale = sum_xl / sum_l2;
+        }
+        float err = 0;
+        for (int i = 0; i < n; ++i) err += w[i] * std::fabs(this_scale * aux[i] + this_min - x[i]);
+        if (err < best) {
+            std::memcpy(L, aux, n);
+            best = err;
+            scale = this_scale;
+            mn = this_min;
+        }
+    }
+    min_out = -mn;
+    return scale;
+}
+
+// x ~= scale * (L - 4) over 16 values, L - 4 in [-4, 3], weights x^2: levels from the value of largest
+// magnitude at -4, then up to 5 rounds moving single values to the level the rest's fit calls for where
+// that lowers the error. Returns the scale (L stored with its offset).
+float fit_q3(const float* x, int8_t* L) {
+    constexpr int n = 16, nmax = 4;
+    float max = 0, amax = 0;
+    for (int i = 0; i < n; ++i) {
+        if (std::fabs(x[i]) > amax) {
+            amax = std::fabs(x[i]);
+            max = x[i];
+        }
+    }
+    if (amax < 1e-15f) {
+        std::memset(L, 0, n);
+        return 0.0f;
+    }
+    const float iscale = -nmax / max;
+    float sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; ++i) {
+        L[i] = int8_t(clampi(nearest(iscale * x[i]), -nmax, nmax - 1));
+        const float w = x[i] * x[i];
+        sumlx += w * x[i] * L[i];
+        suml2 += w * L[i] * L[i];
+    }
+    for (int round = 0; round < 5; ++round) {
+        int changed = 0;
+        for (int i = 0; i < n; ++i) {
+            const float w = x[i] * x[i];
+            float slx = sumlx - w * x[i] * L[i];
+            if (!(slx > 0)) continue;
+            float sl2 = suml2 - w * L[i] * L[i];
+            const int l = clampi(nearest(x[i] * sl2 / slx), -nmax, nmax - 1);
+            if (l == L[i]) continue;
+            slx += w * x[i] * l;
+            sl2 += w * l * l;
+            if (sl2 > 0 && slx * slx * suml2 > sumlx * sumlx * sl2) {
+                L[i] = int8_t(l);
+                sumlx = slx;
+                suml2 = sl2;
+                ++changed;
+            }
+        }
+        if (!changed) break;
+    }
+    for (int i = 0; i < n; ++i) L[i] = int8_t(L[i] + nmax);
+    return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
+}
+
+// 2-bit values of 128-value halves: value 128 c + 32 s + l at bits 2 s of qs[32 c + l].
+void pack_2bit(const uint8_t* L, uint8_t* qs) {
+    for (int c = 0; c < 2; ++c)
+        for (int l = 0; l < 32; ++l) {
+            const uint8_t* v = L + 128 * c + l;
+            qs[32 * c + l] = uint8_t(v[0] | v[32] << 2 | v[64] << 4 | v[96] << 6);
+        }
+}
+
+}  // namespace
+
+void quantize_row_q2_k(const float* src, void* dst, int64_t n) {
+    BlockQ2_K* y = static_cast<BlockQ2_K*>(dst);
+    uint8_t L[QK_K];
+    float w[16], scales[16], mins[16];
+    for (int64_t i = 0; i < n / QK_K; ++i, src += QK_K) {
+        float max_scale = 0, max_min = 0;
+        for (int j = 0; j < 16; ++j) {
+            for (int l = 0; l < 16; ++l) w[l] = std::fabs(src[16 * j + l]);
+            scales[j] = fit_q2(src + 16 * j, w, L + 16 * j, mins[j]);
+            if (scales[j] > max_scale) max_scale = scales[j];
+            if (mins[j] > max_min) max_min = mins[j];
+        }
+        std::memset(y[i].scales, 0, 16);
+        y[i].d = y[i].dmin = float_to_half(0.0f);
+        if (max_scale > 0) {
+            const float iscale = 15.f / max_scale;
+            for (int j = 0; j < 16; ++j) y[i].scales[j] = uint8_t(nearest(iscale * scales[j]));
+            y[i].d = float_to_half(max_scale / 15.f);
+        }
+        if (max_min > 0) {
+            const float iscale = 15.f / max_min;
+            for (int j = 0; j < 16; ++j) y[i].scales[j] |= uint8_t(nearest(iscale * mins[j]) << 4);
+            y[i].dmin = float_to_half(max_min / 15.f);
+        }
+        for (int j = 0; j < 16; ++j) {
+            const float d = half_to_float(y[i].d) * float(y[i].scales[j] & 0xF);
+            if (!d) continue;
+            const float dm = half_to_float(y[i].dmin) * float(y[i].scales[j] >> 4);
+            for (int l = 0; l < 16; ++l) L[16 * j + l] = uint8_t(clampi(nearest((src[16 * j + l] + dm) / d), 0, 3));
+        }
+        pack_2bit(L, y[i].qs);
+    }
+}
+
+void quantize_row_q3_k(const float* src, void* dst, int64_t n) {
+    BlockQ3_K* y = static_cast<BlockQ3_K*>(dst);
+    int8_t L[QK_K];
+    float scales[16];
+    for (int64_t i = 0; i < n / QK_K; ++i, src += QK_K) {
+        float max_scale = 0, amax = 0;
+        for (int j = 0; j < 16; ++j) {
+            scales[j] = fit_q3(src + 16 * j, L + 16 * j);
+            if (std::fabs(scales[j]) > amax) {
+                amax = std::fabs(scales[j]);
+                max_scale = scales[j];
+            }
+        }
+        // 6-bit scales s + 32: low nibble j of bytes 0-7 (j >= 8 the high nibble of byte j - 8), top 2
+        // bits at 2 (j / 4) of byte 8 + j % 4
+        std::memset(y[i].scales, 0, 12);
+        y[i].d = float_to_half(0.0f);
+        if (max_scale != 0) {
+            const float iscale = -32.f / max_scale;
+            for (int j = 0; j < 16; ++j) {
+                const int l = clampi(int8_t(nearest(iscale * scales[j])), -32, 31) + 32;
+                y[i].scales[j % 8] |= uint8_t((l & 0xF) << (j < 8 ? 0 : 4));
+                y[i].scales[8 + j % 4] |= uint8_t((l >> 4) << (2 * (j / 4)));
+            }
+            y[i].d = float_to_half(1 / iscale);
+        }
+        KDecoded k;
+        decode_q3_k(y[i], k);   // the integer scales just stored
+        for (int j = 0; j < 16; ++j) {
+            const float d = half_to_float(y[i].d) * float(k.sc[j]);
+            if (!d) continue;
+            for (int l = 0; l < 16; ++l) L[16 * j + l] = int8_t(clampi(nearest(src[16 * j + l] / d), -4, 3) + 4);
+        }
+        // bit 2 of value e in bit e / 32 of hmask[e % 32], its low 2 bits as Q2_K's
+        std::memset(y[i].hmask, 0, QK_K / 8);
+        uint8_t low[QK_K];
+        for (int e = 0; e < QK_K; ++e) {
+            if (L[e] > 3) y[i].hmask[e % 32] |= uint8_t(1 << (e / 32));
+            low[e] = uint8_t(L[e] & 3);
+        }
+        pack_2bit(low, y[i].qs);
+    }
+}
+
+}  // namespace ember

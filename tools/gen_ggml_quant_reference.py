@@ -1,0 +1,51 @@
+"""Writes tests/reference/quant/<type>_ggml.npz for the quantizers ember writes as ggml's reference ones (IQ4_NL,
+which llama.cpp's iq4_nl KV cache stores with; Q2_K; Q3_K): rows of random values (normal, heavy-tailed, tiny
+and huge, ties between IQ4_NL's levels, zero blocks) and the blocks ggml's from_float_ref writes for them,
+through a llama.cpp build's libggml-base.
+Run: python tools/gen_ggml_quant_reference.py /path/to/llama.cpp/build/bin/libggml-base.so [TYPE ...]"""
+import ctypes
+import pathlib
+import sys
+
+import numpy as np
+
+OUT = pathlib.Path(__file__).resolve().parent.parent / "tests" / "reference" / "quant"
+TYPES = {"iq4_nl": (20, 32, 18), "q2_k": (10, 256, 84), "q3_k": (11, 256, 110)}   # ggml id, block values, bytes
+
+
+class TypeTraits(ctypes.Structure):
+    _fields_ = [("type_name", ctypes.c_char_p), ("blck_size", ctypes.c_int64), ("blck_size_interleave", ctypes.c_int64),
+                ("type_size", ctypes.c_size_t), ("is_quantized", ctypes.c_bool), ("to_float", ctypes.c_void_p),
+                ("from_float_ref", ctypes.c_void_p)]
+
+
+def rows(n=4096):
+    rng = np.random.default_rng(20261207)
+    out = [rng.standard_normal(n), rng.laplace(0, 0.05, n) * np.where(rng.random(n) < 0.01, 100.0, 1.0),
+           rng.standard_normal(n) * 1e-6, rng.standard_normal(n) * 3e3, rng.uniform(0.5, 2.0, n)]
+    levels = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], float)
+    out.append(np.tile(levels, n // 16) + np.where(np.arange(n) % 2 == 0, 0.5, -0.5) * rng.integers(0, 2, n))
+    z = rng.standard_normal(n)
+    z[:64] = 0.0
+    out.append(z)
+    return np.stack(out).astype(np.float32)
+
+
+def main():
+    lib = ctypes.CDLL(sys.argv[1])
+    lib.ggml_get_type_traits.restype = ctypes.POINTER(TypeTraits)
+    x = rows()
+    for name in sys.argv[2:] or TYPES:
+        type_id, elems, nbytes = TYPES[name]
+        tr = lib.ggml_get_type_traits(type_id).contents
+        assert tr.type_name.decode().lower() == name and tr.type_size == nbytes and tr.blck_size == elems
+        quantize = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)(tr.from_float_ref)
+        q = np.zeros((x.shape[0], x.shape[1] // elems * nbytes), dtype=np.uint8)
+        for r in range(x.shape[0]):
+            quantize(x[r].ctypes.data, q[r].ctypes.data, x.shape[1])
+        np.savez_compressed(OUT / f"{name}_ggml.npz", x=x, q=q)
+        print(f"wrote {OUT / f'{name}_ggml.npz'}")
+
+
+if __name__ == "__main__":
+    main()
