@@ -1,8 +1,9 @@
 """The chat families of issue 42 (Gemma 2, OLMo 2 / OLMo 3, Granite, SmolLM3): tiny random HF models
 (tools/gen_hf_references.py says how each was made) converted by ember-convert; the GGUF keys and
 tensors must be those llama.cpp's converter writes, ember's logits must match transformers' at f32
-(prompts longer than every window; one batch and token by token), llama.cpp's greedy text on the
-same files must be ember's, and configs ember cannot write give a clear error."""
+(prompts longer than every window; one batch, token by token and inside an engine batch),
+llama.cpp's greedy text on the same files must be ember's, and configs ember cannot write give a
+clear error."""
 import json
 import os
 import shutil
@@ -139,6 +140,48 @@ def test_gemma2_caps_bend_the_logits(models, hf_reference):
     """The final soft-cap is visible: every logit lies within the cap, and the largest come close."""
     got = hf_tiny.ember_logits(models["gemma2"][2], PROMPT)
     assert np.abs(got).max() < 1.0 and np.abs(got).max() > 0.5
+
+
+def _log_softmax(x):
+    x = np.asarray(x, np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("name", MODELS)
+def test_inside_an_engine_batch(models, hf_reference, name, device):
+    """The reference prompt among other sequences of the engine's steps (chunked prefill beside
+    other sequences' decodes, windows, soft-caps and NoPE layers with paged KV): its prompt
+    logprobs are transformers' (an f32 KV cache on the CPU); on the GPU (f16 cache) the CPU's
+    Context with the same f16 cache."""
+    if device == "cuda" and "cuda" not in _ember.backends():
+        pytest.skip("this ember was built without the CUDA backend")
+    m = _ember.Model(models[name][2], n_gpu_layers=-1 if device == "cuda" else 0)
+    kv = "f32" if device == "cpu" else "f16"
+    engine = _ember.Engine(m, n_ctx=128, max_num_seqs=8, max_num_batched_tokens=24, n_threads=2, type_k=kv,
+                           type_v=kv)
+    rng = np.random.default_rng()
+    others = [[1] + [int(t) for t in rng.integers(3, 390, size=int(n))] for n in rng.integers(5, 30, size=5)]
+    ids = [engine.add_request(p, temperature=0.0, max_tokens=12) for p in others[:3]]
+    ref = engine.add_request(PROMPT, temperature=0.0, max_tokens=4, prompt_logprobs=True)
+    ids += [engine.add_request(p, temperature=0.0, max_tokens=12) for p in others[3:]]
+    got, left = [], set(ids) | {ref}
+    while left:
+        for o in engine.poll(1.0):
+            if o.request_id == ref:
+                got += o.prompt_logprobs
+            if o.finished:
+                assert o.finish_reason in ("stop", "length"), o.error
+                left.discard(o.request_id)
+    engine.close()
+    if device == "cpu":
+        want_logits = hf_reference.logits(name, PROMPT)
+    else:
+        want_logits = hf_tiny.ember_logits(models[name][2], PROMPT, kv_type="f16")
+    want = _log_softmax(want_logits)[np.arange(len(PROMPT) - 1), PROMPT[1:]]
+    tol = (1e-4 if device == "cpu" else 2e-3) * 2 * np.abs(want_logits).max()
+    np.testing.assert_allclose(got, want, rtol=0, atol=tol)
 
 
 @pytest.mark.parametrize("chunk", [40, 1], ids=["prompt", "decode"])
