@@ -101,6 +101,37 @@ def test_mistral3_file(models):
                                   q.reshape(4, 2, 8, 64).swapaxes(1, 2).reshape(q.shape))
 
 
+@pytest.mark.parametrize("prefix", ["model.language_model.", "language_model.model."])
+def test_mistral3_multimodal_checkpoint_gives_the_text_model(models, tmp_path, prefix):
+    """Mistral3ForConditionalGeneration (Ministral 3, Mistral Small 3.x as released): the language
+    model under its prefix, the untied head beside it (or inside it, older transformers), Pixtral's
+    vision tower and projector left out; the file is the text model's, key for key and bit for bit."""
+    d, sd, text_path = models["ministral3"]
+    mm = tmp_path / "mm"
+    shutil.copytree(d, mm)
+    cfg = json.loads((mm / "config.json").read_text(encoding="utf-8"))
+    (mm / "config.json").write_text(json.dumps({
+        "architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3", "text_config": cfg,
+        "vision_config": {"model_type": "pixtral", "hidden_size": 16}}), encoding="utf-8")
+    for f in mm.glob("*.safetensors*"):
+        f.unlink()
+    rng = np.random.default_rng(5)
+    head = "lm_head.weight" if prefix.startswith("model.") else "language_model.lm_head.weight"
+    tensors = {(head if n == "lm_head.weight" else prefix + n[len("model."):]): w for n, w in sd.items()}
+    tensors["model.vision_tower.patch_conv.weight"] = rng.standard_normal((16, 3, 2, 2)).astype(np.float32)
+    tensors["model.multi_modal_projector.linear_1.weight"] = rng.standard_normal((64, 16)).astype(np.float32)
+    hf_tiny._write_safetensors(str(mm / "model.safetensors"), tensors, "float32")
+    path = str(tmp_path / "mm.gguf")
+    convert(str(mm), path, "f32", name="ministral3", progress=False)
+    got, want = _fields(path), _fields(text_path)
+    assert {k: v for k, v in got.items() if k != "general.name"} == {
+        k: v for k, v in want.items() if k != "general.name"}
+    t, w = _tensors(path), _tensors(text_path)
+    assert set(t) == set(w)
+    for name in w:
+        np.testing.assert_array_equal(t[name], w[name])
+
+
 def test_glm4_file(models):
     _, sd, path = models["glm4"]
     kv, t = _fields(path), _tensors(path)
@@ -312,7 +343,8 @@ U32, F32 = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32
     ((), {"phi3.rope.scaling.attn_factor": (-1.0, F32)}, "rope.scaling.attn_factor must be positive"),
     (("rope_factors_long.weight",), {}, "LongRoPE needs both rope_factors_short.weight and rope_factors_long.weight"),
     ((), {"phi3.rope.dimension_count": (4, U32)}, "tensor 'rope_factors_short.weight' must be F32 [2]"),
-    ((), {"mistral3.attention.temperature_scale": (0.1, F32), "mistral3.rope.scaling.original_context_length": (0, U32)},
+    ((), {"mistral3.attention.temperature_scale": (0.1, F32),
+          "mistral3.rope.scaling.original_context_length": (0, U32)},
      "temperature_scale needs a positive mistral3.rope.scaling.original_context_length, got 0"),
     ((), {"command-r.logit_scale": (-1.0, F32)}, "command-r.logit_scale must be positive"),
     ((), {"cohere2.attention.sliding_window": (0, U32)}, "cohere2.attention.sliding_window must be positive"),

@@ -64,6 +64,9 @@ ARCHS = {
     "SmolLM3ForCausalLM": ArchSpec("smollm3", permute_qk=True, read_extra=read_smollm3),
     "Ministral3ForCausalLM": ArchSpec("mistral3", permute_qk=True, rope_scalings=("yarn",), read_extra=read_mistral3,
                                       yarn_mscale=True),
+    # Ministral 3 and Mistral Small 3.x as released (with Pixtral's vision tower, not converted).
+    "Mistral3ForConditionalGeneration": ArchSpec("mistral3", permute_qk=True, multimodal=True, rope_scalings=("yarn",),
+                                                 read_extra=read_mistral3, yarn_mscale=True),
     "Glm4ForCausalLM": ArchSpec("glm4", qkv_bias=True, read_extra=read_glm4, layer_map=glm4_layers),
     "CohereForCausalLM": ArchSpec("command-r", read_extra=read_cohere, layer_map=cohere_layers),
     "Cohere2ForCausalLM": ArchSpec("cohere2", read_extra=read_cohere2, layer_map=cohere_layers),
@@ -75,7 +78,9 @@ _IGNORED_RE = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
 # Where multimodal checkpoints keep the language model (transformers >= 4.52, then older), and
 # the parts of them that are not the language model.
 _MM_TEXT_PREFIXES = ("model.language_model.", "language_model.model.")
-_MM_OTHER_RE = re.compile(r"^(model\.)?(vision_tower|multi_modal_projector)\.|^(language_model\.)?lm_head\.weight$")
+_MM_OTHER_RE = re.compile(r"^(model\.)?(vision_tower|multi_modal_projector)\.")
+# The output head sits beside the language model (transformers >= 4.52) or in it (older).
+_MM_HEAD_RE = re.compile(r"^(language_model\.)?lm_head\.weight$")
 
 
 @dataclass
@@ -357,6 +362,8 @@ def _canonical_names(spec, present):
     for n in present:
         if n.startswith(prefix):
             out[n] = "model." + n[len(prefix):]
+        elif _MM_HEAD_RE.search(n):
+            out[n] = "lm_head.weight"   # tied models (Gemma 3) skip it as a text-only checkpoint's copy
         elif _MM_OTHER_RE.search(n):
             out[n] = None
         else:
