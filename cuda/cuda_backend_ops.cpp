@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda_backend_impl.h"
+#include "delta_rule.h"
 
 namespace ember {
 namespace cuda {
@@ -51,6 +52,13 @@ void CudaBackend::add_bias(float* x, const float* bias, int32_t n_tok, int32_t d
 void CudaBackend::scale_softcap(float* x, int64_t n, float scale, float cap) {
     issue_uploads();
     cuda::scale_softcap(x, n, scale, cap, stream_);
+}
+
+void CudaBackend::gated_delta_rule(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                                   int32_t n_tok, const DeltaRuleShape& shape, float* state, float* out) {
+    check_delta_rule_shape(shape, n_tok, "cuda gated_delta_rule");
+    issue_uploads();
+    cuda::gated_delta_rule(q, k, v, g, beta, n_tok, shape, state, out, stream_);
 }
 
 void CudaBackend::argmax_rows(const float* x, int32_t n_rows, int64_t width, int32_t* ids) {

@@ -271,3 +271,60 @@ def encoder_attention(q, k, v, pos, seq, n_head, n_head_kv, head_dim, scale, win
             w = np.exp(s - s.max())
             out[t, h * head_dim:(h + 1) * head_dim] = (w / w.sum()) @ vh
     return out
+
+
+def _delta_rule_heads(q, k, v, g, beta, state, n_k_heads):
+    """Per v head (tiled: v head h reads q, k head h % n_k_heads): q normalized and scaled, k
+    normalized, v, g, beta, in float64, [n_v_heads, n_tok, ...]."""
+    n_v, hk, hv = state.shape
+    n_tok = len(q)
+
+    def l2(x):
+        x = np.asarray(x, np.float64).reshape(n_tok, n_k_heads, hk)
+        x = x / np.sqrt((x * x).sum(-1, keepdims=True) + 1e-6)
+        return x[:, np.arange(n_v) % n_k_heads].transpose(1, 0, 2)
+
+    vh = np.asarray(v, np.float64).reshape(n_tok, n_v, hv).transpose(1, 0, 2)
+    gh, bh = (np.asarray(a, np.float64).reshape(n_tok, n_v).T for a in (g, beta))
+    return l2(q) / np.sqrt(hk), l2(k), vh, gh, bh
+
+
+def gated_delta_rule(q, k, v, g, beta, state, n_k_heads):
+    """The gated delta rule token by token (transformers' torch_recurrent_gated_delta_rule with
+    use_qk_l2norm_in_kernel): per v head, S = exp(g) S; S += k (beta (v - S^T k))^T; out = S^T q.
+    state [n_v_heads, head_k, head_v]. Returns (out [n_tok, n_v_heads * head_v], the new state)."""
+    qh, kh, vh, gh, bh = _delta_rule_heads(q, k, v, g, beta, state, n_k_heads)
+    S = np.array(state, np.float64)
+    out = np.zeros_like(vh)
+    for t in range(len(q)):
+        for h in range(len(S)):
+            S[h] *= np.exp(gh[h, t])
+            S[h] += np.outer(kh[h, t], bh[h, t] * (vh[h, t] - S[h].T @ kh[h, t]))
+            out[h, t] = S[h].T @ qh[h, t]
+    return out.transpose(1, 0, 2).reshape(len(q), -1), S
+
+
+def gated_delta_rule_chunked(q, k, v, g, beta, state, n_k_heads, chunk=64):
+    """The same rule in transformers' chunked form (torch_chunk_gated_delta_rule): within a chunk,
+    the delta updates solved as one unit lower triangular system (the UT transform), then the state
+    carried from chunk to chunk. Equal to gated_delta_rule up to rounding."""
+    qh, kh, vh, gh, bh = _delta_rule_heads(q, k, v, g, beta, state, n_k_heads)
+    n_tok = len(q)
+    S = np.array(state, np.float64)
+    out = np.zeros_like(vh)
+    for h in range(len(S)):
+        for c0 in range(0, n_tok, chunk):
+            sl = slice(c0, min(c0 + chunk, n_tok))
+            qc, kc, vc, bc = qh[h, sl], kh[h, sl], vh[h, sl], bh[h, sl]
+            cum = np.cumsum(gh[h, sl])
+            n = len(cum)
+            lower = np.tril(np.ones((n, n), bool))
+            decay = np.where(lower, np.exp(np.where(lower, cum[:, None] - cum[None, :], 0.0)), 0.0)
+            kb = kc * bc[:, None]
+            system = np.eye(n) + np.tril((kb @ kc.T) * decay, -1)
+            u = np.linalg.solve(system, vc * bc[:, None])
+            w = np.linalg.solve(system, kb * np.exp(cum)[:, None])
+            v_new = u - w @ S[h]
+            out[h, sl] = (qc * np.exp(cum)[:, None]) @ S[h] + ((qc @ kc.T) * decay) @ v_new
+            S[h] = S[h] * np.exp(cum[-1]) + (kc * np.exp(cum[-1] - cum)[:, None]).T @ v_new
+    return out.transpose(1, 0, 2).reshape(n_tok, -1), S

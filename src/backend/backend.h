@@ -10,6 +10,7 @@
 #include <new>
 #include <vector>
 
+#include "backend/delta_rule.h"
 #include "backend/rope_angles.h"
 #include "ember/gguf.h"
 
@@ -280,6 +281,17 @@ public:
     // x[i] *= scale; then, with cap > 0, x[i] = cap * tanh(x[i] / cap) (Granite's logit and residual
     // scales, Gemma 2's final logit soft-capping).
     virtual void scale_softcap(float* x, int64_t n, float scale, float cap) = 0;
+    // The gated delta rule of a gated DeltaNet layer (Qwen3.5, Qwen3-Next) over n_tok tokens of ONE
+    // sequence, in order. q, k [n_tok][n_k_heads * head_k] as the projections give them: each head's
+    // row is L2-normalized here (x / sqrt(sum x^2 + kDeltaRuleNormEps)), q's then scaled by
+    // 1 / sqrt(head_k). v [n_tok][n_v_heads * head_v]; g (log of the decay, the caller's
+    // -exp(A_log) * softplus(a + dt_bias)) and beta (the caller's sigmoid(b)) [n_tok][n_v_heads].
+    // v head h reads q and k head h % n_k_heads: the tiled order GGUF files keep the v heads in.
+    // state [n_v_heads][head_k][head_v] is the caller's buffer, read and updated in place; per token
+    // and v head: S = exp(g) S; S += k (beta (v - S^T k))^T; out = S^T q.
+    // out [n_tok][n_v_heads * head_v]; it aliases none of the inputs.
+    virtual void gated_delta_rule(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                                  int32_t n_tok, const DeltaRuleShape& shape, float* state, float* out) = 0;
     // y[t] = (x[t] - mean(x[t])) / sqrt(var(x[t]) + eps) * gamma (+ beta; null: none); y may be x.
     virtual void layernorm(const float* x, const float* gamma, const float* beta, int32_t n_tok, int32_t dim, float eps,
                            float* y) = 0;

@@ -43,6 +43,9 @@ public:
     void add(float* x, const float* y, int64_t n) override;
     void add_bias(float* x, const float* bias, int32_t n_tok, int32_t dim) override;
     void scale_softcap(float* x, int64_t n, float scale, float cap) override;
+    // The token-by-token recurrence, v heads on the pool (cpu_delta_rule.cpp).
+    void gated_delta_rule(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                          int32_t n_tok, const DeltaRuleShape& shape, float* state, float* out) override;
     void argmax_rows(const float* x, int32_t n_rows, int64_t width, int32_t* ids) override;
     void moe_route(const MoeWeights& w, const float* logits, int32_t n_tok, int32_t* ids, float* weights) override;
     void gather_rows(const float* x, const int32_t* rows, int32_t n_rows, int64_t dim, float* y) override;

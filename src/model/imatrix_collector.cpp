@@ -99,6 +99,10 @@ public:
     }
     void sigmoid(float* x, int64_t n) override { in_->sigmoid(x, n); }
     void scale_softcap(float* x, int64_t n, float scale, float cap) override { in_->scale_softcap(x, n, scale, cap); }
+    void gated_delta_rule(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                          int32_t n_tok, const DeltaRuleShape& shape, float* state, float* out) override {
+        in_->gated_delta_rule(q, k, v, g, beta, n_tok, shape, state, out);
+    }
     void layernorm(const float* x, const float* gamma, const float* beta, int32_t n_tok, int32_t dim, float eps,
                    float* y) override {
         in_->layernorm(x, gamma, beta, n_tok, dim, eps, y);

@@ -523,6 +523,28 @@ struct PyBackend {
         return make_out(download(*be, xb, x.size()), {x.size()});
     }
 
+    // (out [n_tok, n_v_heads * head_v], the state after the tokens); state [n_v_heads, head_k, head_v].
+    std::pair<F32Out, F32Out> gated_delta_rule(F32In q, F32In k, F32In v, F32In g, F32In beta, F32In state,
+                                               int32_t n_k_heads) {
+        if (state.ndim() != 3) fail("gated_delta_rule: state must be [n_v_heads, head_k, head_v] float32");
+        const DeltaRuleShape s{n_k_heads, (int32_t)state.shape(0), (int32_t)state.shape(1), (int32_t)state.shape(2)};
+        if (q.ndim() != 2) fail("gated_delta_rule: q must be [n_tok, n_k_heads * head_k] float32");
+        const int32_t n_tok = (int32_t)q.shape(0);
+        check_delta_rule_shape(s, n_tok, "gated_delta_rule");
+        check_rows(q, n_tok, (int64_t)s.n_k_heads * s.head_k, "gated_delta_rule: q");
+        check_rows(k, n_tok, (int64_t)s.n_k_heads * s.head_k, "gated_delta_rule: k");
+        check_rows(v, n_tok, (int64_t)s.n_v_heads * s.head_v, "gated_delta_rule: v");
+        check_rows(g, n_tok, s.n_v_heads, "gated_delta_rule: g");
+        check_rows(beta, n_tok, s.n_v_heads, "gated_delta_rule: beta");
+        const size_t n_out = (size_t)n_tok * s.n_v_heads * s.head_v;
+        Buf qb(*be, q.data(), q.size() * 4), kb(*be, k.data(), k.size() * 4), vb(*be, v.data(), v.size() * 4),
+            gb(*be, g.data(), g.size() * 4), bb(*be, beta.data(), beta.size() * 4),
+            sb(*be, state.data(), state.size() * 4), ob(*be, n_out * 4);
+        be->gated_delta_rule(qb.f(), kb.f(), vb.f(), gb.f(), bb.f(), n_tok, s, sb.f(), ob.f());
+        return {make_out(download(*be, ob, n_out), {(size_t)n_tok, (size_t)s.n_v_heads * s.head_v}),
+                make_out(download(*be, sb, state.size()), {state.shape(0), state.shape(1), state.shape(2)})};
+    }
+
     F32Out sigmoid(F32In x) {
         if (x.ndim() != 1 || x.size() == 0) fail("sigmoid: x must be [n] float32");
         Buf xb(*be, x.data(), x.size() * 4);
@@ -921,6 +943,7 @@ std::vector<std::pair<std::string, std::string>> contract_ops() {
             {"scatter_add_rows", "scatter_add_rows"},
             {"sigmoid", "sigmoid"},
             {"scale_softcap", "scale_softcap"},
+            {"gated_delta_rule", "gated_delta_rule"},
             {"moe", "moe"},
             {"moe_ffn", "moe"},
             {"layernorm", "layernorm"},
@@ -1011,6 +1034,8 @@ void bind_kernel_backend(nb::module_& m) {
              nb::arg("scale"))
         .def("sigmoid", &PyBackend::sigmoid, nb::arg("x"))
         .def("scale_softcap", &PyBackend::scale_softcap, nb::arg("x"), nb::arg("scale"), nb::arg("cap"))
+        .def("gated_delta_rule", &PyBackend::gated_delta_rule, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"),
+             nb::arg("beta"), nb::arg("state"), nb::arg("n_k_heads"))
         .def("ffn", &PyBackend::ffn, nb::arg("type_id"), nb::arg("gate"), nb::arg("up"), nb::arg("down"),
              nb::arg("n_in"), nb::arg("x"), nb::arg("norm"), nb::arg("eps") = 1e-5f, nb::arg("residual") = nb::none(),
              nb::arg("act") = "silu", nb::arg("composed") = false);
