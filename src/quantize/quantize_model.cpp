@@ -99,6 +99,12 @@ std::vector<std::string> quantize_model(const QuantizeParams& params, const Quan
                      "); requantizing loses precision twice, pass --allow-requantize to do it anyway");
 
     RecipeState st;
+    // query heads per KV head (per-layer head counts, arrays, leave it 1)
+    const std::string arch = in.get_string("general.architecture", "");
+    const GGUFValue* heads = in.find(arch + ".attention.head_count");
+    const GGUFValue* kv_heads = in.find(arch + ".attention.head_count_kv");
+    if (heads && heads->is_integer() && (!kv_heads || kv_heads->is_integer()))
+        st.n_gqa = int(heads->num.u / std::max<uint64_t>(1, kv_heads ? kv_heads->num.u : heads->num.u));
     for (const auto& t : in.tensors()) {
         if (t.name == "output.weight") st.has_output = true;
         if (t.name.find("attn_v.weight") != std::string::npos) ++st.n_attn_v;

@@ -1,7 +1,8 @@
 // The per-tensor type recipe, following llama.cpp's llama_tensor_get_type for the mixes ember
 // supports: output head Q6_K (Q8_0 where rows are not a multiple of 256), *_K_M give Q6_K to
-// attn_v and ffn_down in the first and last eighth of layers and every third layer between,
-// and K types fall back to legacy ones when a row is not a whole number of 256-element blocks.
+// attn_v and ffn_down in the first and last eighth of layers and every third layer between, Q2_K
+// and Q3_K_M / Q3_K_L give attn_v, ffn_down, attn_output (and Q3's attn_qkv) more bits, and K types
+// fall back to legacy ones when a row is not a whole number of 256-element blocks.
 #include "quantize/recipe.h"
 
 #include <cctype>
@@ -28,6 +29,10 @@ const QuantMix kMixes[] = {
     {"Q5_K_M", GGMLType::Q5_K, 17, true},
     {"Q6_K", GGMLType::Q6_K, 18, false},
     {"MXFP4_MOE", GGMLType::Q8_0, 38, false, true},
+    {"Q2_K", GGMLType::Q2_K, 10, false, false, LowKMix::q2_k},
+    {"Q3_K_S", GGMLType::Q3_K, 11, false},
+    {"Q3_K_M", GGMLType::Q3_K, 12, false, false, LowKMix::q3_k_m},
+    {"Q3_K_L", GGMLType::Q3_K, 13, false, false, LowKMix::q3_k_l},
 };
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -36,7 +41,10 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 bool use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
 
-bool is_k_type(GGMLType t) { return t == GGMLType::Q4_K || t == GGMLType::Q5_K || t == GGMLType::Q6_K; }
+bool is_k_type(GGMLType t) {
+    return t == GGMLType::Q2_K || t == GGMLType::Q3_K || t == GGMLType::Q4_K || t == GGMLType::Q5_K ||
+           t == GGMLType::Q6_K;
+}
 
 // Q8_1 and Q8_K are the activations' dot-product formats, never stored in model files.
 bool is_storage_type(const TypeTraits& tr) {
@@ -59,6 +67,8 @@ std::string storage_type_names() {
 
 GGMLType k_fallback(GGMLType t) {
     switch (t) {
+        case GGMLType::Q2_K:
+        case GGMLType::Q3_K: return GGMLType::Q4_0;
         case GGMLType::Q4_K: return GGMLType::Q5_0;
         case GGMLType::Q5_K: return GGMLType::Q5_1;
         case GGMLType::Q6_K: return GGMLType::Q8_0;
@@ -96,10 +106,22 @@ GGMLType choose_type(const QuantMix& mix, const GGUFTensor& t, RecipeState& st) 
         type = (t.ne[0] % 256 != 0) ? GGMLType::Q8_0 : (mix.base == GGMLType::Q8_0 ? GGMLType::Q8_0 : GGMLType::Q6_K);
     } else if (ends_with(t.name, "attn_v.weight")) {
         if (mix.more_bits_k && use_more_bits(st.i_attn_v, st.n_attn_v)) type = GGMLType::Q6_K;
+        if (mix.low_k == LowKMix::q2_k) type = st.n_gqa >= 4 ? GGMLType::Q4_K : GGMLType::Q3_K;
+        if (mix.low_k == LowKMix::q3_k_m) type = st.i_attn_v < 2 ? GGMLType::Q5_K : GGMLType::Q4_K;
+        if (mix.low_k == LowKMix::q3_k_l) type = GGMLType::Q5_K;
         ++st.i_attn_v;
     } else if (ends_with(t.name, "ffn_down.weight")) {
         if (mix.more_bits_k && use_more_bits(st.i_ffn_down, st.n_ffn_down)) type = GGMLType::Q6_K;
+        if (mix.low_k == LowKMix::q2_k) type = GGMLType::Q3_K;
+        if (mix.low_k == LowKMix::q3_k_m) type = st.i_ffn_down < st.n_ffn_down / 16 ? GGMLType::Q5_K : GGMLType::Q4_K;
+        if (mix.low_k == LowKMix::q3_k_l) type = GGMLType::Q5_K;
         ++st.i_ffn_down;
+    } else if (ends_with(t.name, "attn_output.weight")) {
+        if (mix.low_k == LowKMix::q2_k) type = GGMLType::Q3_K;
+        if (mix.low_k == LowKMix::q3_k_m) type = GGMLType::Q4_K;
+        if (mix.low_k == LowKMix::q3_k_l) type = GGMLType::Q5_K;
+    } else if (ends_with(t.name, "attn_qkv.weight")) {
+        if (mix.low_k == LowKMix::q3_k_m || mix.low_k == LowKMix::q3_k_l) type = GGMLType::Q4_K;
     }
     if (is_k_type(type) && t.ne[0] % 256 != 0) type = k_fallback(type);
     const TypeTraits& tr = type_traits(type);

@@ -10,12 +10,16 @@
 
 namespace ember {
 
+// The low-bit K mixes' rules for attn_v, ffn_down, attn_output and attn_qkv (llama.cpp's).
+enum class LowKMix : uint8_t { none, q2_k, q3_k_m, q3_k_l };
+
 struct QuantMix {
     const char* name;       // as given on the command line
     GGMLType base;          // type of ordinary weight matrices
     uint32_t file_type;     // general.file_type value (llama_ftype)
     bool more_bits_k;       // *_K_M: some attn_v / ffn_down layers get Q6_K
     bool experts_mxfp4 = false;   // MXFP4_MOE: expert tensors MXFP4, the base type for the rest
+    LowKMix low_k = LowKMix::none;
 };
 
 // nullptr if the name is unknown.
@@ -27,6 +31,7 @@ struct RecipeState {
     int n_attn_v = 0, n_ffn_down = 0;   // totals in the model
     int i_attn_v = 0, i_ffn_down = 0;   // running indices
     bool has_output = false;
+    int n_gqa = 1;   // query heads per KV head (Q2_K's attn_v rule)
 };
 
 // Type for tensor t under mix; F32 for tensors that are not quantized (norms, biases, 1-D).
