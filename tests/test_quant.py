@@ -448,7 +448,7 @@ def test_bad_input_raises_value_error():
     with pytest.raises(ValueError, match="no quantizer"):
         E.quantize(int(T.IQ2_S), np.ones(256, dtype=np.float32))
     with pytest.raises(ValueError, match="no quantizer"):
-        E.quantize(int(T.IQ4_XS), np.ones(256, dtype=np.float32))
+        E.quantize(int(T.IQ3_S), np.ones(256, dtype=np.float32))
     with pytest.raises(ValueError, match="MXFP4"):
         E.quantize(int(T.MXFP4), np.ones(48, dtype=np.float32))
     with pytest.raises(ValueError, match="bytes"):
@@ -487,9 +487,9 @@ def test_real_model_tensors(smollm2_path):
             assert abs(got - exact) <= (1e-3 if vdt == T.Q8_1 else 1e-5) * l1, (name, r, got, exact)
 
 
-@pytest.mark.parametrize("t", [T.IQ4_NL, T.Q2_K, T.Q3_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [T.IQ4_NL, T.Q2_K, T.Q3_K, T.IQ4_XS], ids=lambda t: t.name)
 def test_quantize_matches_ggml(t):
-    """ember's IQ4_NL (the iq4_nl KV cache's), Q2_K and Q3_K quantizers write the blocks of ggml's reference
+    """ember's IQ4_NL (the iq4_nl KV cache's), Q2_K, Q3_K and IQ4_XS quantizers write the blocks of ggml's reference
     quantizers on the rows tools/gen_ggml_quant_reference.py gave them (normal, heavy-tailed, tiny, huge,
     positive, ties between IQ4_NL's levels, zero blocks). An IQ4_NL block of zeros is d = 0 (ggml leaves its
     quants unset, so only d is compared)."""

@@ -1,5 +1,5 @@
 """Writes tests/reference/quant/<type>_ggml.npz for the quantizers ember writes as ggml's reference ones (IQ4_NL,
-which llama.cpp's iq4_nl KV cache stores with; Q2_K; Q3_K): rows of random values (normal, heavy-tailed, tiny
+which llama.cpp's iq4_nl KV cache stores with; Q2_K; Q3_K; IQ4_XS): rows of random values (normal, heavy-tailed, tiny
 and huge, ties between IQ4_NL's levels, zero blocks) and the blocks ggml's from_float_ref writes for them,
 through a llama.cpp build's libggml-base.
 Run: python tools/gen_ggml_quant_reference.py /path/to/llama.cpp/build/bin/libggml-base.so [TYPE ...]"""
@@ -10,7 +10,8 @@ import sys
 import numpy as np
 
 OUT = pathlib.Path(__file__).resolve().parent.parent / "tests" / "reference" / "quant"
-TYPES = {"iq4_nl": (20, 32, 18), "q2_k": (10, 256, 84), "q3_k": (11, 256, 110)}   # ggml id, block values, bytes
+# ggml type id, values a block, bytes a block
+TYPES = {"iq4_nl": (20, 32, 18), "q2_k": (10, 256, 84), "q3_k": (11, 256, 110), "iq4_xs": (23, 256, 136)}
 
 
 class TypeTraits(ctypes.Structure):

@@ -1,7 +1,10 @@
 // IQ4_NL's quantizer as ggml's reference (quantize_row_iq4_nl_ref, which its iq4_nl KV cache stores
 // with): per block of 32, d from the value of largest magnitude over the table's first level, each
-// value to its nearest level, then the weighted least-squares d of those levels (weights x^2).
+// value to its nearest level, then the weighted least-squares d of those levels (weights x^2). IQ4_XS's
+// as ggml's (llama-quantize's without an importance matrix): each sub-block's d the best of 16 such
+// fits, then a 6-bit scale a sub-block under the super-block's d and the values re-fitted to it.
 #include <cmath>
+#include <cstring>
 
 #include "quant/decode.h"
 #include "quant/kernels.h"
@@ -26,7 +29,75 @@ int nearest_level(float x) {
     return x - v[hi - 1] < v[hi] - x ? hi - 1 : hi;
 }
 
+// The first value of largest magnitude of n.
+float signed_max(const float* x, int n, float& amax) {
+    float max = 0.0f;
+    amax = 0.0f;
+    for (int j = 0; j < n; ++j)
+        if (std::fabs(x[j]) > amax) {
+            amax = std::fabs(x[j]);
+            max = x[j];
+        }
+    return max;
+}
+
+// The weighted (x^2) least-squares fit of 32 values to the levels nearest id * x: sum q x w, sum q^2 w.
+void fit_levels(const float* x, float id, uint8_t* level, float& sumqx, float& sumq2) {
+    sumqx = sumq2 = 0.0f;
+    for (int j = 0; j < QK4_0; ++j) {
+        const int l = nearest_level(id * x[j]);
+        if (level) level[j] = uint8_t(l);
+        const float q = float(kvalues_iq4nl[l]), w = x[j] * x[j];
+        sumqx += w * q * x[j];
+        sumq2 += w * q * q;
+    }
+}
+
 }  // namespace
+
+void quantize_row_iq4_xs(const float* src, void* dst, int64_t n) {
+    BlockIQ4_XS* b = static_cast<BlockIQ4_XS*>(dst);
+    for (int64_t i = 0; i < n / QK_K; ++i, src += QK_K) {
+        float scales[8], max_scale = 0.0f, amax_scale = 0.0f;
+        for (int ib = 0; ib < 8; ++ib) {
+            const float* x = src + 32 * ib;
+            float amax;
+            const float max = signed_max(x, QK4_0, amax);
+            scales[ib] = 0.0f;
+            if (amax < 1e-15f) continue;
+            float sumqx, sumq2;
+            fit_levels(x, 1 / (-max / float(kvalues_iq4nl[0])), nullptr, sumqx, sumq2);
+            float d = sumq2 > 0 ? sumqx / sumq2 : 0.0f, best = d * sumqx;
+            for (int t = -7; t <= 7; ++t) {
+                fit_levels(x, float(t + kvalues_iq4nl[0]) / max, nullptr, sumqx, sumq2);
+                if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
+                    d = sumqx / sumq2;
+                    best = d * sumqx;
+                }
+            }
+            scales[ib] = d;
+            if (std::fabs(d) > amax_scale) {
+                amax_scale = std::fabs(d);
+                max_scale = d;
+            }
+        }
+        const float d = -max_scale / 32, id = d != 0.0f ? 1 / d : 0.0f;
+        b[i].d = float_to_half(d);
+        b[i].scales_h = 0;
+        std::memset(b[i].scales_l, 0, sizeof b[i].scales_l);
+        for (int ib = 0; ib < 8; ++ib) {
+            int l = int(std::nearbyint(id * scales[ib]));
+            l = l < -32 ? -32 : (l > 31 ? 31 : l);
+            const float dl = d * float(l), idl = dl != 0.0f ? 1 / dl : 0.0f;
+            uint8_t level[QK4_0];
+            for (int j = 0; j < QK4_0; ++j) level[j] = uint8_t(nearest_level(idl * src[32 * ib + j]));
+            for (int j = 0; j < 16; ++j) b[i].qs[16 * ib + j] = uint8_t(level[j] | level[j + 16] << 4);
+            l += 32;
+            b[i].scales_l[ib / 2] |= uint8_t((l & 0xF) << (4 * (ib % 2)));
+            b[i].scales_h |= uint16_t((l >> 4) << (2 * ib));
+        }
+    }
+}
 
 // A block whose largest magnitude is below 1e-15 is stored as d = 0 (every value 0).
 void quantize_row_iq4_nl(const float* src, void* dst, int64_t n) {

@@ -26,7 +26,7 @@ const std::vector<TypeTraits>& table() {
         {T::Q6_K, "Q6_K", 256, 210, dequantize_row_q6_k, quantize_row_q6_k},
         {T::Q8_K, "Q8_K", 256, 292, dequantize_row_q8_k, quantize_row_q8_k},
         {T::IQ4_NL, "IQ4_NL", 32, 18, dequantize_row_iq4_nl, quantize_row_iq4_nl},
-        {T::IQ4_XS, "IQ4_XS", 256, 136, dequantize_row_iq4_xs, nullptr},
+        {T::IQ4_XS, "IQ4_XS", 256, 136, dequantize_row_iq4_xs, quantize_row_iq4_xs},
         {T::IQ3_S, "IQ3_S", 256, 110, dequantize_row_iq3_s, nullptr},
         {T::IQ3_XXS, "IQ3_XXS", 256, 98, dequantize_row_iq3_xxs, nullptr},
         {T::IQ2_XXS, "IQ2_XXS", 256, 66, dequantize_row_iq2_xxs, nullptr},
