@@ -301,7 +301,6 @@ def random_weight(t, n_out, n_in, rng, rms=None):
             now = np.sqrt(np.mean(dequant(t, blocks.reshape(n_out, -1), n_in) ** 2))
             blocks[:, 0] = e + int(np.round(np.log2(rms / now)))
         return blocks.reshape(n_out, -1)
-    set_fields(1.0)
     if t == T.NVFP4:   # e4m3 scales, exponent field 1-3: values up to 6 * 2^(e - 7)
         e, m = rng.integers(1, 4, (n_blocks, 4)), rng.integers(0, 8, (n_blocks, 4))
         blocks[:, 0:4] = e << 3 | m
@@ -316,6 +315,7 @@ def random_weight(t, n_out, n_in, rng, rms=None):
             bits = (d * factor).astype(np.float16).view(np.uint16)
             for w in range(4):
                 blocks[:, 49 + 2 * w] = (blocks[:, 49 + 2 * w] & 0x0F) | (((bits >> (4 * w)) & 0x0F) << 4)
+    set_fields(1.0)
     if rms is not None:
         now = np.sqrt(np.mean(dequant(t, blocks.reshape(n_out, -1), n_in) ** 2))
         set_fields(rms / now)
