@@ -57,6 +57,8 @@ void quantize_row_mxfp4(const float* src, void* dst, int64_t n);
 void quantize_row_tq1_0(const float* src, void* dst, int64_t n);
 void quantize_row_iq4_nl(const float* src, void* dst, int64_t n);
 void quantize_row_iq4_xs(const float* src, void* dst, int64_t n);
+// IQ4_NL with IQ4_XS's scale search (llama-quantize's for weights; the traits row has the KV cache's).
+void quantize_row_iq4_nl_search(const float* src, void* dst, int64_t n);
 void quantize_row_tq2_0(const float* src, void* dst, int64_t n);
 // One Q8_0 group of 32 values into q; returns the scale d as f16 bits. Shared by
 // quantize_row_q8_0 and the q8_0 KV cache, whose scales are stored apart from the int8 values.

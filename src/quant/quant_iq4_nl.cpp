@@ -99,6 +99,34 @@ void quantize_row_iq4_xs(const float* src, void* dst, int64_t n) {
     }
 }
 
+// As quantize_row_iq4_xs's search on one block of 32, its d stored as f16 and the levels re-fitted to it
+// (ggml's quantize_iq4_nl, what llama-quantize writes IQ4_NL weights with).
+void quantize_row_iq4_nl_search(const float* src, void* dst, int64_t n) {
+    BlockIQ4_NL* b = static_cast<BlockIQ4_NL*>(dst);
+    for (int64_t i = 0; i < n / QK4_0; ++i, src += QK4_0) {
+        float amax, d = 0.0f;
+        const float max = signed_max(src, QK4_0, amax);
+        if (amax >= 1e-15f) {
+            float sumqx, sumq2;
+            fit_levels(src, 1 / (-max / float(kvalues_iq4nl[0])), nullptr, sumqx, sumq2);
+            d = sumq2 > 0 ? sumqx / sumq2 : 0.0f;
+            float best = d * sumqx;
+            for (int t = -7; t <= 7; ++t) {
+                fit_levels(src, float(t + kvalues_iq4nl[0]) / max, nullptr, sumqx, sumq2);
+                if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
+                    d = sumqx / sumq2;
+                    best = d * sumqx;
+                }
+            }
+        }
+        b[i].d = float_to_half(d);
+        uint8_t level[QK4_0];
+        const float id = d != 0.0f ? 1 / d : 0.0f;
+        for (int j = 0; j < QK4_0; ++j) level[j] = uint8_t(nearest_level(id * src[j]));
+        for (int j = 0; j < 16; ++j) b[i].qs[j] = uint8_t(level[j] | level[j + 16] << 4);
+    }
+}
+
 // A block whose largest magnitude is below 1e-15 is stored as d = 0 (every value 0).
 void quantize_row_iq4_nl(const float* src, void* dst, int64_t n) {
     BlockIQ4_NL* b = static_cast<BlockIQ4_NL*>(dst);

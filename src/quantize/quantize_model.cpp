@@ -9,6 +9,7 @@
 #include "cpu/thread_pool.h"
 #include "ember/quantize.h"
 #include "ember/status.h"
+#include "quant/kernels.h"
 #include "quant/quant_weighted.h"
 #include "quantize/recipe.h"
 
@@ -37,12 +38,14 @@ std::vector<uint8_t> convert_tensor(const GGUFTensor& t, GGMLType dst, ThreadPoo
     const size_t in_row = row_bytes(t.type, n_in), out_row = row_bytes(dst, n_in);
     std::vector<uint8_t> out(out_row * n_rows);
     const QuantizeRowWeightedFn weighted = qw ? weighted_quantizer(dst) : nullptr;
+    // IQ4_NL weights take IQ4_XS's scale search, as llama-quantize's (the traits' quantizer is the KV cache's)
+    const QuantizeRowFn quantize = dst == GGMLType::IQ4_NL ? quantize_row_iq4_nl_search : to.quantize_row;
     pool.parallel_for(n_rows, std::max<int64_t>(1, 65536 / n_in), [&](int64_t b, int64_t e) {
         std::vector<float> row(n_in);
         for (int64_t r = b; r < e; ++r) {
             from.dequantize_row(t.data + r * in_row, row.data(), n_in);
             if (weighted) weighted(row.data(), out.data() + r * out_row, n_in, qw->data());
-            else to.quantize_row(row.data(), out.data() + r * out_row, n_in);
+            else quantize(row.data(), out.data() + r * out_row, n_in);
         }
     });
     return out;
@@ -99,6 +102,7 @@ std::vector<std::string> quantize_model(const QuantizeParams& params, const Quan
                      "); requantizing loses precision twice, pass --allow-requantize to do it anyway");
 
     RecipeState st;
+    st.has_imatrix = !params.imatrix.empty();
     // query heads per KV head (per-layer head counts, arrays, leave it 1)
     const std::string arch = in.get_string("general.architecture", "");
     const GGUFValue* heads = in.find(arch + ".attention.head_count");

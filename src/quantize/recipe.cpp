@@ -33,6 +33,7 @@ const QuantMix kMixes[] = {
     {"Q3_K_S", GGMLType::Q3_K, 11, false},
     {"Q3_K_M", GGMLType::Q3_K, 12, false, false, LowKMix::q3_k_m},
     {"Q3_K_L", GGMLType::Q3_K, 13, false, false, LowKMix::q3_k_l},
+    {"IQ4_XS", GGMLType::IQ4_XS, 30, false, false, LowKMix::iq4_xs},
 };
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -41,9 +42,10 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 bool use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
 
+// The super-block types with a 32-element fallback (k_fallback).
 bool is_k_type(GGMLType t) {
     return t == GGMLType::Q2_K || t == GGMLType::Q3_K || t == GGMLType::Q4_K || t == GGMLType::Q5_K ||
-           t == GGMLType::Q6_K;
+           t == GGMLType::Q6_K || t == GGMLType::IQ4_XS;
 }
 
 // Q8_1 and Q8_K are the activations' dot-product formats, never stored in model files.
@@ -69,6 +71,7 @@ GGMLType k_fallback(GGMLType t) {
     switch (t) {
         case GGMLType::Q2_K:
         case GGMLType::Q3_K: return GGMLType::Q4_0;
+        case GGMLType::IQ4_XS: return GGMLType::IQ4_NL;
         case GGMLType::Q4_K: return GGMLType::Q5_0;
         case GGMLType::Q5_K: return GGMLType::Q5_1;
         case GGMLType::Q6_K: return GGMLType::Q8_0;
@@ -109,12 +112,14 @@ GGMLType choose_type(const QuantMix& mix, const GGUFTensor& t, RecipeState& st) 
         if (mix.low_k == LowKMix::q2_k) type = st.n_gqa >= 4 ? GGMLType::Q4_K : GGMLType::Q3_K;
         if (mix.low_k == LowKMix::q3_k_m) type = st.i_attn_v < 2 ? GGMLType::Q5_K : GGMLType::Q4_K;
         if (mix.low_k == LowKMix::q3_k_l) type = GGMLType::Q5_K;
+        if (mix.low_k == LowKMix::iq4_xs && st.n_gqa >= 4) type = GGMLType::Q5_K;
         ++st.i_attn_v;
     } else if (ends_with(t.name, "ffn_down.weight")) {
         if (mix.more_bits_k && use_more_bits(st.i_ffn_down, st.n_ffn_down)) type = GGMLType::Q6_K;
         if (mix.low_k == LowKMix::q2_k) type = GGMLType::Q3_K;
         if (mix.low_k == LowKMix::q3_k_m) type = st.i_ffn_down < st.n_ffn_down / 16 ? GGMLType::Q5_K : GGMLType::Q4_K;
         if (mix.low_k == LowKMix::q3_k_l) type = GGMLType::Q5_K;
+        if (mix.low_k == LowKMix::iq4_xs && !st.has_imatrix && st.i_ffn_down < st.n_ffn_down / 8) type = GGMLType::Q5_K;
         ++st.i_ffn_down;
     } else if (ends_with(t.name, "attn_output.weight")) {
         if (mix.low_k == LowKMix::q2_k) type = GGMLType::Q3_K;

@@ -11,7 +11,7 @@
 namespace ember {
 
 // The low-bit K mixes' rules for attn_v, ffn_down, attn_output and attn_qkv (llama.cpp's).
-enum class LowKMix : uint8_t { none, q2_k, q3_k_m, q3_k_l };
+enum class LowKMix : uint8_t { none, q2_k, q3_k_m, q3_k_l, iq4_xs };
 
 struct QuantMix {
     const char* name;       // as given on the command line
@@ -31,7 +31,8 @@ struct RecipeState {
     int n_attn_v = 0, n_ffn_down = 0;   // totals in the model
     int i_attn_v = 0, i_ffn_down = 0;   // running indices
     bool has_output = false;
-    int n_gqa = 1;   // query heads per KV head (Q2_K's attn_v rule)
+    int n_gqa = 1;   // query heads per KV head (Q2_K's and IQ4_XS's attn_v rules)
+    bool has_imatrix = false;
 };
 
 // Type for tensor t under mix; F32 for tensors that are not quantized (norms, biases, 1-D).
