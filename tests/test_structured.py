@@ -273,6 +273,31 @@ def test_grammar_survives_preemption(smollm2_path, kv_host_mb):
     roomy.close()
 
 
+def test_greedy_reads_the_mask_in_place_as_the_masked_row_does(smollm2_path):
+    """A greedy constrained step takes the best allowed logit in place; asking for logprobs takes the
+    other path (the row copied, masked with -inf, then sampled): both give the same tokens."""
+    llguidance()
+    model = _ember.Model(smollm2_path, _ember.ModelParams())
+    tok = model.tokenizer
+    kind, grammar = constrained(json=schemas(3, seed=11)[2]).grammar_spec()
+    prompts = [list(tok.encode(CHAT.format(f"Describe item {i} as JSON.").encode(), False, True)) for i in range(4)]
+    engine = _ember.Engine(model, n_ctx=256, max_num_seqs=8, n_threads=2, deterministic=True)
+    runs = []
+    for logprobs in (-1, 0):
+        ids = [engine.add_request(p, temperature=0.0, max_tokens=40, grammar_kind=kind, grammar=grammar,
+                                  logprobs=logprobs) for p in prompts]
+        got, done = {i: [] for i in ids}, set()
+        while len(done) < len(ids):
+            for o in engine.poll(0.1):
+                got[o.request_id] += o.token_ids
+                assert o.finish_reason != "error", o.error
+                if o.finished:
+                    done.add(o.request_id)
+        runs.append([got[i] for i in ids])
+    engine.close()
+    assert runs[0] == runs[1] and all(runs[0])
+
+
 def test_compiled_grammars_are_cached(smollm2_path):
     llguidance()
     tok = _ember.Tokenizer.from_gguf_file(smollm2_path)

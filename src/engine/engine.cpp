@@ -15,6 +15,7 @@
 #include <unordered_set>
 
 #include "ember/status.h"
+#include "backend/greedy_token.h"
 #include "engine/grammar_worker.h"
 #include "engine/scheduler.h"
 #include "kv/kv_cache.h"
@@ -225,6 +226,18 @@ void EngineImpl::sample(const StepPlan& plan, bool greedy) {
         // Reused per thread: a decode step allocates nothing per sequence.
         thread_local std::vector<float> banned;
         const bool bans = bans_tokens(s);
+        if (s.grammar && !bans && s.req.logprobs < 0 && s.sampler->plain_greedy(s.tokens)) {
+            // Greedy under a grammar: the best allowed logit, read in place.
+            const GrammarMatcher& m = s.grammar->wait();
+            if (!m.error().empty()) {
+                errors[w] = m.error();
+                return;
+            }
+            const int32_t tok = greedy_token_masked(row, n_vocab, m.mask().data(), (int64_t)m.mask().size());
+            if (tok < 0) errors[w] = "sampling: no token can be drawn: the grammar allows no token with a finite logit";
+            else s.out.token_ids.push_back(tok);
+            return;
+        }
         if (bans || s.grammar) {
             banned.assign(row, row + n_vocab);
             if (s.grammar) {
