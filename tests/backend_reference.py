@@ -99,6 +99,12 @@ def rope(x, pos, n_heads, head_dim, base, neox, n_rot=0, **scaling):
     return x.reshape(len(pos), n_heads * head_dim)
 
 
+def attn_temperature(q, pos, temp_scale, temp_length):
+    """Row t of q times 1 + temp_scale * ln(1 + floor(pos[t] / temp_length)) (llama 4, Mistral 3)."""
+    p = np.asarray(pos, dtype=np.float64)
+    return q.astype(np.float64) * (1.0 + temp_scale * np.log(1.0 + np.floor(p / temp_length)))[:, None]
+
+
 def silu(g):
     g = np.clip(g.astype(np.float64), -700, 700)
     return g / (1 + np.exp(-g))
@@ -125,12 +131,6 @@ def moe_route(logits, n_used, gating="softmax", norm_topk=False, weight_scale=1.
     """Each row's experts (descending selection score, ties to the lower index) and weights."""
     logits = np.asarray(logits, dtype=np.float64)
     ids, weights = [], []
-def attn_temperature(q, pos, temp_scale, temp_length):
-    """Row t of q times 1 + temp_scale * ln(1 + floor(pos[t] / temp_length)) (llama 4, Mistral 3)."""
-    p = np.asarray(pos, dtype=np.float64)
-    return q.astype(np.float64) * (1.0 + temp_scale * np.log(1.0 + np.floor(p / temp_length)))[:, None]
-
-
     for row in logits:
         if gating == "sigmoid":
             score = 1 / (1 + np.exp(-row))
