@@ -1139,8 +1139,6 @@ def moe_case(t, kind, n_tok, rng, n_embd=256, n_ff=256, x=None):
                  for n, b in biases.items()}}
     if shared:
         n_ff_s = 512 if shared == "gated" else 256   # Qwen2-MoE's shared expert is wider than its experts
-
-
         sg, su = (random_weight(t, n_ff_s, n_embd, rng, rms=1 / np.sqrt(n_embd)) for _ in range(2))
         sd = random_weight(t, n_embd, n_ff_s, rng, rms=1 / np.sqrt(n_ff_s))
         args.update(shared_gate=sg, shared_up=su, shared_down=sd)
