@@ -38,5 +38,5 @@ private:
     std::vector<Table> tables_;
 };
 
-}  // namespace cuda
-}  // namespace ember
+} // namespace cuda
+} // namespace ember

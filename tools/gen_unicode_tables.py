@@ -1,7 +1,8 @@
 """Generates src/tokenizer/unicode_tables.cpp: codepoint category flags used by the pre-tokenizers.
 
 Flags come from Python's unicodedata (letters L*, numbers N*, punctuation P*, marks M*, and the
-cased letters: Lu and Lt as upper, Ll as lower, for tekken's split) plus the Unicode White_Space property (fixed list below; str.isspace() differs from it at U+001C..U+001F).
+cased letters: Lu and Lt as upper, Ll as lower, for tekken's split) plus the Unicode White_Space
+property (fixed list below; str.isspace() differs from it at U+001C..U+001F).
 Run: python tools/gen_unicode_tables.py > src/tokenizer/unicode_tables.cpp
 """
 import sys

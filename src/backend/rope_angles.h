@@ -14,9 +14,9 @@ namespace ember {
 
 struct RopeParams {
     float base = 10000.0f;
-    int32_t head_dim = 0;      // a head's dimensions
-    bool neox = false;         // rotate (i, i + d/2) instead of adjacent pairs (2i, 2i + 1)
-    float freq_scale = 1.0f;   // linear / YaRN: 1 / scaling factor
+    int32_t head_dim = 0; // a head's dimensions
+    bool neox = false; // rotate (i, i + d/2) instead of adjacent pairs (2i, 2i + 1)
+    float freq_scale = 1.0f; // linear / YaRN: 1 / scaling factor
     // YaRN: ext_factor 0 turns it off; corr_lo/corr_hi are ggml's correction dims (pairs below
     // lo keep the extrapolated angle, above hi the interpolated one); attn_factor scales cos/sin.
     float ext_factor = 0.0f, attn_factor = 1.0f, corr_lo = 0.0f, corr_hi = 0.0f;
@@ -74,4 +74,4 @@ inline float rope_temperature(int32_t pos, const RopeParams& r) {
     return (float)(std::log(std::floor((double)pos / r.temp_length) + 1.0) * r.temp_scale + 1.0);
 }
 
-}  // namespace ember
+} // namespace ember

@@ -701,7 +701,6 @@ struct PyBackend {
         return make_out(download(*be, qb, q.size()), {q.shape(0), q.shape(1)});
     }
 
-
     F32Out layernorm(F32In x, F32In gamma, std::optional<F32In> beta, float eps) {
         if (x.ndim() != 2 || gamma.ndim() != 1 || gamma.size() != x.shape(1))
             fail("layernorm: x must be [n_tok, dim] and gamma [dim] float32");
@@ -715,10 +714,9 @@ struct PyBackend {
     F32Out unary(F32In x, const std::string& f) {
         const UnaryOp op = f == "gelu_erf"    ? UnaryOp::GeLUErf
                            : f == "gelu_tanh" ? UnaryOp::GeLUTanh
-                           : f == "tanh"      ? UnaryOp::Tanh
-                                              : (fail("unary: f must be 'gelu_erf', 'gelu_tanh' or 'tanh', got '", f,
-                                                      "'"),
-                                                 UnaryOp::Tanh);
+                           : f == "tanh" ? UnaryOp::Tanh
+                                         : (fail("unary: f must be 'gelu_erf', 'gelu_tanh' or 'tanh', got '", f, "'"),
+                                            UnaryOp::Tanh);
         Buf xb(*be, x.data(), x.size() * 4);
         be->unary(op, xb.f(), (int64_t)x.size());
         return make_out(download(*be, xb, x.size()), {x.size()});
