@@ -88,6 +88,17 @@ const float* pre_norm_block(const BlockRun& r, Activation act) {
     return r.out_b;
 }
 
+const float* sandwich_norm_block(const BlockRun& r, Activation act) {
+    const int32_t n = r.n_tok, E = r.hp.n_embd;
+    const float eps = r.hp.rms_eps;
+    r.be.attn_in(attn_in_weights(r), r.x, r.residual, n, r.kv, r.buf);
+    r.be.attn_out(r.kv, r.cfg.shape, *r.w.m(Role::wo), n, r.buf, r.out_a);
+    r.be.rmsnorm(r.out_a, r.w.v(Role::post_attn_norm), n, E, eps, r.out_b);
+    r.be.ffn(ffn_weights(r, act), r.x, r.out_b, n, r.buf, r.out_a);
+    r.be.rmsnorm(r.out_a, r.w.v(Role::post_ffn_norm), n, E, eps, r.out_b);
+    return r.out_b;
+}
+
 void PreNormArch::read_hparams(const GGUFFile& f, HParams& hp) const {
     hp.rope_neox = neox_;
     check_experts(f, hp, experts_ != Experts::none, experts_ == Experts::required);

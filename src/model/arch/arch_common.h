@@ -21,6 +21,10 @@ FfnWeights ffn_weights(const BlockRun& r, Activation act);
 // routing), with the second addition left to the caller (returned).
 const float* pre_norm_block(const BlockRun& r, Activation act);
 
+// Sandwich norms (Gemma 2 and 3, GLM-4): x += post_attn_norm(attn(norm(x))), then the returned
+// post_ffn_norm(ffn(ffn_norm(x))) is left to the caller to add.
+const float* sandwich_norm_block(const BlockRun& r, Activation act);
+
 // Whether an architecture's files have experts: never, as the file says, or always.
 enum class Experts { none, optional, required };
 

@@ -32,16 +32,7 @@ public:
             {Role::post_ffn_norm, "post_ffw_norm.weight", {E}},
         };
     }
-    const float* forward_block(const BlockRun& r) const override {
-        const int32_t n = r.n_tok, E = r.hp.n_embd;
-        const float eps = r.hp.rms_eps;
-        r.be.attn_in(attn_in_weights(r), r.x, r.residual, n, r.kv, r.buf);
-        r.be.attn_out(r.kv, r.cfg.shape, *r.w.m(Role::wo), n, r.buf, r.out_a);
-        r.be.rmsnorm(r.out_a, r.w.v(Role::post_attn_norm), n, E, eps, r.out_b);
-        r.be.ffn(ffn_weights(r, Activation::SiLU), r.x, r.out_b, n, r.buf, r.out_a);
-        r.be.rmsnorm(r.out_a, r.w.v(Role::post_ffn_norm), n, E, eps, r.out_b);
-        return r.out_b;
-    }
+    const float* forward_block(const BlockRun& r) const override { return sandwich_norm_block(r, Activation::SiLU); }
 };
 
 const Architecture& glm4_architecture() {
