@@ -264,3 +264,74 @@ def ember_logits(path, ids, n_gpu_layers=0, kv_type="f32", chunk=64):
         ctx.eval(piece, logits_all=True)
         rows += [np.asarray(ctx.logits(i)) for i in range(len(piece))]
     return np.stack(rows)
+
+
+# ------------------------------------------------- what the architecture tests share (test_arch_*.py)
+
+
+def converted(tmp_path_factory, names, dirname):
+    """name -> (HF dir, float32 weights exactly as stored, path of its f32 GGUF by ember-convert)."""
+    from ember.convert import convert
+    root = tmp_path_factory.mktemp(dirname)
+    out = {}
+    for name in names:
+        d = str(root / name)
+        weights = build(name, d)
+        path = str(root / f"{name}.gguf")
+        convert(d, path, "f32", progress=False)
+        out[name] = (d, weights, path)
+    return out
+
+
+def gguf_fields(path):
+    import gguf
+    return {name: f.contents() for name, f in gguf.GGUFReader(path).fields.items()}
+
+
+def gguf_tensors(path):
+    """GGUF name -> array in numpy (HF) order."""
+    import gguf
+    return {t.name: np.asarray(t.data).reshape([int(x) for x in reversed(t.shape)])
+            for t in gguf.GGUFReader(path).tensors}
+
+
+def log_softmax(x):
+    x = np.asarray(x, np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+
+
+def check_inside_an_engine_batch(path, hf_reference, name, device, prompt=LONG_PROMPT):
+    """`prompt` among other sequences of the engine's steps (chunked prefill beside other sequences'
+    decodes): its prompt logprobs are transformers' (an f32 KV cache on the CPU). The GPU's cache is
+    f16, whose rounding alone moves a tiny model's logprobs by up to 5e-3 of its largest logit (the
+    CPU with an f16 cache moves them alike), so on the GPU the reference is the CPU's Context with
+    the same f16 cache."""
+    from ember import _ember
+    if device == "cuda" and "cuda" not in _ember.backends():
+        pytest.skip("this ember was built without the CUDA backend")
+    m = _ember.Model(path, n_gpu_layers=-1 if device == "cuda" else 0)
+    kv = "f32" if device == "cpu" else "f16"
+    engine = _ember.Engine(m, n_ctx=128, max_num_seqs=8, max_num_batched_tokens=24, n_threads=2, type_k=kv,
+                           type_v=kv)
+    rng = np.random.default_rng()
+    others = [[1] + [int(t) for t in rng.integers(3, 390, size=int(n))] for n in rng.integers(5, 30, size=5)]
+    ids = [engine.add_request(p, temperature=0.0, max_tokens=12) for p in others[:3]]
+    ref = engine.add_request(prompt, temperature=0.0, max_tokens=4, prompt_logprobs=True)
+    ids += [engine.add_request(p, temperature=0.0, max_tokens=12) for p in others[3:]]
+    got, left = [], set(ids) | {ref}
+    while left:
+        for o in engine.poll(1.0):
+            if o.request_id == ref:
+                got += o.prompt_logprobs
+            if o.finished:
+                assert o.finish_reason in ("stop", "length"), o.error
+                left.discard(o.request_id)
+    engine.close()
+    if device == "cpu":
+        want_logits = hf_reference.logits(name, prompt)
+    else:
+        want_logits = ember_logits(path, prompt, kv_type="f16")
+    want = log_softmax(want_logits)[np.arange(len(prompt) - 1), prompt[1:]]
+    tol = (1e-4 if device == "cpu" else 2e-3) * 2 * np.abs(want_logits).max()
+    np.testing.assert_allclose(got, want, rtol=0, atol=tol)

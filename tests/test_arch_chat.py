@@ -31,25 +31,11 @@ GREEDY = hf_tiny.ROOT / "tests" / "reference" / "chat_families" / "llama_cpp_gre
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """name -> (HF dir, float32 weights exactly as stored, path of its f32 GGUF)."""
-    root = tmp_path_factory.mktemp("chat_models")
-    out = {}
-    for name in MODELS:
-        d = str(root / name)
-        weights = hf_tiny.build(name, d)
-        path = str(root / f"{name}.gguf")
-        convert(d, path, "f32", progress=False)
-        out[name] = (d, weights, path)
-    return out
+    return hf_tiny.converted(tmp_path_factory, MODELS, "chat_models")
 
 
-def _fields(path):
-    return {name: f.contents() for name, f in gguf.GGUFReader(path).fields.items()}
-
-
-def _tensors(path):
-    """GGUF name -> array in numpy (HF) order."""
-    return {t.name: np.asarray(t.data).reshape([int(x) for x in reversed(t.shape)])
-            for t in gguf.GGUFReader(path).tensors}
+_fields = hf_tiny.gguf_fields
+_tensors = hf_tiny.gguf_tensors
 
 
 def _permuted(w, n_heads):
@@ -142,12 +128,6 @@ def test_gemma2_caps_bend_the_logits(models, hf_reference):
     assert np.abs(got).max() < 1.0 and np.abs(got).max() > 0.5
 
 
-def _log_softmax(x):
-    x = np.asarray(x, np.float64)
-    m = x.max(axis=-1, keepdims=True)
-    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
-
-
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("name", MODELS)
 def test_inside_an_engine_batch(models, hf_reference, name, device):
@@ -155,33 +135,7 @@ def test_inside_an_engine_batch(models, hf_reference, name, device):
     other sequences' decodes, windows, soft-caps and NoPE layers with paged KV): its prompt
     logprobs are transformers' (an f32 KV cache on the CPU); on the GPU (f16 cache) the CPU's
     Context with the same f16 cache."""
-    if device == "cuda" and "cuda" not in _ember.backends():
-        pytest.skip("this ember was built without the CUDA backend")
-    m = _ember.Model(models[name][2], n_gpu_layers=-1 if device == "cuda" else 0)
-    kv = "f32" if device == "cpu" else "f16"
-    engine = _ember.Engine(m, n_ctx=128, max_num_seqs=8, max_num_batched_tokens=24, n_threads=2, type_k=kv,
-                           type_v=kv)
-    rng = np.random.default_rng()
-    others = [[1] + [int(t) for t in rng.integers(3, 390, size=int(n))] for n in rng.integers(5, 30, size=5)]
-    ids = [engine.add_request(p, temperature=0.0, max_tokens=12) for p in others[:3]]
-    ref = engine.add_request(PROMPT, temperature=0.0, max_tokens=4, prompt_logprobs=True)
-    ids += [engine.add_request(p, temperature=0.0, max_tokens=12) for p in others[3:]]
-    got, left = [], set(ids) | {ref}
-    while left:
-        for o in engine.poll(1.0):
-            if o.request_id == ref:
-                got += o.prompt_logprobs
-            if o.finished:
-                assert o.finish_reason in ("stop", "length"), o.error
-                left.discard(o.request_id)
-    engine.close()
-    if device == "cpu":
-        want_logits = hf_reference.logits(name, PROMPT)
-    else:
-        want_logits = hf_tiny.ember_logits(models[name][2], PROMPT, kv_type="f16")
-    want = _log_softmax(want_logits)[np.arange(len(PROMPT) - 1), PROMPT[1:]]
-    tol = (1e-4 if device == "cpu" else 2e-3) * 2 * np.abs(want_logits).max()
-    np.testing.assert_allclose(got, want, rtol=0, atol=tol)
+    hf_tiny.check_inside_an_engine_batch(models[name][2], hf_reference, name, device, PROMPT)
 
 
 @pytest.mark.parametrize("chunk", [40, 1], ids=["prompt", "decode"])

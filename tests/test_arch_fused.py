@@ -32,24 +32,11 @@ CASES = {"phi3": (hf_tiny.LONG_PROMPT, 64), "phi3-short": (hf_tiny.SHORT_PROMPT,
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """name -> (HF dir, float32 weights exactly as stored, path of its f32 GGUF)."""
-    root = tmp_path_factory.mktemp("fused_models")
-    out = {}
-    for name in CASES:
-        d = str(root / name)
-        weights = hf_tiny.build(name, d)
-        path = str(root / f"{name}.gguf")
-        convert(d, path, "f32", progress=False)
-        out[name] = (d, weights, path)
-    return out
+    return hf_tiny.converted(tmp_path_factory, CASES, "fused_models")
 
 
-def _fields(path):
-    return {name: f.contents() for name, f in gguf.GGUFReader(path).fields.items()}
-
-
-def _tensors(path):
-    return {t.name: np.asarray(t.data).reshape([int(x) for x in reversed(t.shape)])
-            for t in gguf.GGUFReader(path).tensors}
+_fields = hf_tiny.gguf_fields
+_tensors = hf_tiny.gguf_tensors
 
 
 def _logits(path, ids, n_ctx, chunk, n_gpu_layers=0, kv_type="f32"):
