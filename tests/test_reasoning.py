@@ -415,3 +415,19 @@ def test_lazy_calls_open_on_a_special_token(tagged_tokenizer):
     assert matcher.advance(opening)
     allowed = _allowed(matcher, tok.n_vocab)
     assert allowed == tok.encode(b"\n", False, False)[:1]   # the call's layout is forced from its opening on
+
+
+@pytest.mark.parametrize("parser,prompt,text,thinking", [
+    ("qwen3", "", "<think>\nFirst 2 < 3.\n</think>\n\nFour.", "<think>\nFirst 2 < 3.\n</think>"),
+    ("qwen3", OPENED, "It is 4.</think>Four.", "It is 4.</think>"),
+    ("qwen3", "", "Four, without a thought.", ""),
+    ("qwen3", "", "<think>\nCut off while thinking", "<think>\nCut off while thinking"),
+    ("deepseek_r1", "", "No tag here\n</think>\nDone", "No tag here\n</think>"),
+    ("none", "", "<think>kept</think>", ""),
+])
+def test_thinking_tokens_end_with_the_closing_tag(tagged_tokenizer, parser, prompt, text, thinking):
+    """usage's reasoning_tokens: the reply's tokens through the one that closes its thought."""
+    tok = tagged_tokenizer
+    ids = tok.encode(text.encode(), False, True)
+    expected = len(tok.encode(thinking.encode(), False, True)) if thinking else 0
+    assert ReasoningParser(parser).thinking_tokens(prompt, ids, tok) == expected

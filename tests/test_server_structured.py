@@ -285,6 +285,30 @@ def test_a_grammar_follows_the_thought(thinking):
             (len(message["content"]) == 2 and message["content"].isdigit())
 
 
+def test_usage_counts_the_reasoning_tokens(thinking, llm):
+    """usage.completion_tokens_details.reasoning_tokens: the reply's tokens up to the one that
+    completes </think>, whole and streamed (include_usage); all of a reply cut off while it thinks;
+    none where the template closed the thought."""
+    tok = llm.get_tokenizer()
+    ids = llm.chat(CHAT, SamplingParams(temperature=0, max_tokens=30), use_tqdm=False, chat_template=QWEN3_STYLE,
+                   thinking_token_budget=5)[0].outputs[0].token_ids
+    closing = next(k for k in range(1, len(ids) + 1) if "</think>" in tok.decode(list(ids[:k])))
+    body = dict({"messages": CHAT, "max_tokens": 30, "temperature": 0, "thinking_token_budget": 5})
+    usage = thinking.post("/v1/chat/completions", json=body).json()["usage"]
+    assert usage["completion_tokens"] == len(ids) and usage["completion_tokens_details"]["reasoning_tokens"] == closing
+    with thinking.stream("POST", "/v1/chat/completions",
+                         json=dict(body, stream=True, stream_options={"include_usage": True})) as r:
+        assert events(r.iter_lines())[-1]["usage"] == usage
+    cut = thinking.post("/v1/chat/completions", json=dict(body, max_tokens=3, thinking_token_budget=-1)).json()
+    assert cut["usage"]["completion_tokens_details"]["reasoning_tokens"] == 3
+    off = thinking.post("/v1/chat/completions",
+                        json=dict(body, chat_template_kwargs={"enable_thinking": False}, max_tokens=8)).json()
+    assert off["usage"]["completion_tokens_details"]["reasoning_tokens"] == 0
+    responses = thinking.post("/v1/responses", json={"input": CHAT[0]["content"], "max_output_tokens": 30,
+                                                     "temperature": 0, "reasoning": {"effort": "low"}}).json()
+    assert 0 < responses["usage"]["output_tokens_details"]["reasoning_tokens"] <= responses["usage"]["output_tokens"]
+
+
 def test_server_reasoning_budget_flag(engine, tmp_path):
     path = tmp_path / "qwen3.jinja"
     path.write_text(QWEN3_STYLE, encoding="utf-8")

@@ -30,6 +30,14 @@ class HarmonySplitter:
         self._state = "start"      # start: not yet known to be harmony; header: before <|message|>; body
         self._reasoning = False    # the current body's channel is a reasoning one
 
+    @property
+    def in_thought(self) -> bool:
+        return self._state == "body" and self._reasoning
+
+    @property
+    def answering(self) -> bool:
+        return self._state == "body" and not self._reasoning
+
     def feed(self, text: str) -> Tuple[str, str]:
         self._buf += text
         out: List[Tuple[bool, str]] = []

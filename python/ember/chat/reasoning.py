@@ -7,7 +7,7 @@ Granite's "Here is my thought process:" ... "Here is my response:", or gpt-oss's
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 from .harmony import HarmonySplitter, is_harmony_template
 
@@ -95,6 +95,26 @@ class ReasoningParser:
             return None
         return ThinkSplitter(self.tags, self.starts_in_thought(prompt))
 
+    def thinking_tokens(self, prompt: str, token_ids: Sequence[int], tokenizer) -> int:
+        """How many of a reply's tokens (to prompt) are its thinking, as usage's reasoning_tokens
+        counts them: the tokens before its answer begins, the marker that closes the thought (and a
+        harmony answer's header) included; all of them where the thought never closes; 0 for a reply
+        that does not think. tokenizer: the `_ember.Tokenizer` whose ids these are."""
+        from ..detokenize import Detokenizer
+
+        splitter = self.splitter(prompt)
+        if splitter is None:
+            return 0
+        detok = Detokenizer(tokenizer, special=self.keeps_special)
+        thought = False
+        for n, token in enumerate(token_ids):
+            start = detok.push(token, find_stops=False)
+            _, reasoning = splitter.feed(detok.text[start:])
+            thought = thought or bool(reasoning) or splitter.in_thought
+            if splitter.answering:
+                return n + 1 if thought else 0
+        return len(token_ids) if thought else 0
+
     def split(self, text: str, prompt: str = "") -> Tuple[str, str]:
         """A whole reply's (content, reasoning)."""
         s = self.splitter(prompt)
@@ -125,6 +145,14 @@ class ThinkSplitter:
         self._state = "thought" if in_thought else "start"
         self._lead = True       # nothing of the current part (thought or answer) given out yet
         self._held_space = ""   # a thought's trailing whitespace, given out only if text follows it
+
+    @property
+    def in_thought(self) -> bool:
+        return self._state == "thought"
+
+    @property
+    def answering(self) -> bool:
+        return self._state == "answer"
 
     def feed(self, text: str) -> Tuple[str, str]:
         self._buf += text

@@ -57,7 +57,7 @@ class ChatRun:
         self.calls: List[dict] = []
         self.finish_reason: Optional[str] = None
         self.stop_string: Optional[str] = None
-        self.n_prompt = self.n_completion = 0
+        self.n_prompt = self.n_completion = self.n_reasoning = 0
 
     def render(self) -> List[int]:
         """The prompt's token ids: the messages rendered by the chat template (400 where it refuses them)."""
@@ -133,6 +133,7 @@ class ChatRun:
                 yield True, reasoning
         self.text = seq.text
         self.n_completion = len(seq.token_ids)
+        self.n_reasoning = self.thinking.thinking_tokens(self.prompt, seq.token_ids, self.srv.tok)
         self.finish_reason = seq.finish_reason
         self.stop_string = seq.stop_reason if isinstance(seq.stop_reason, str) else None
         content, calls = self.parser.parse(body) if self.parser else (body, [])

@@ -137,7 +137,7 @@ class _Response:
         if run is not None and status != "in_progress":
             usage = {"input_tokens": run.n_prompt, "output_tokens": run.n_completion,
                      "total_tokens": run.n_prompt + run.n_completion, "input_tokens_details": {"cached_tokens": 0},
-                     "output_tokens_details": {"reasoning_tokens": 0}}
+                     "output_tokens_details": {"reasoning_tokens": run.n_reasoning}}
         return {"id": self.id, "object": "response", "created_at": self.created,
                 "status": "incomplete" if incomplete and status == "completed" else status,
                 "model": self.model, "output": output, "error": None,

@@ -181,9 +181,13 @@ class ResponseBuilder:
         generated tokens."""
         n_prompt = sum(len(f.prompt_token_ids) for f in finals)
         n_completion = sum(len(o.token_ids) for f in finals for o in f.outputs)
-        return {"prompt_tokens": n_prompt, "completion_tokens": n_completion,
-                "total_tokens": n_prompt + n_completion,
-                "prompt_tokens_details": {"cached_tokens": sum(f.num_cached_tokens for f in finals)}}
+        usage = {"prompt_tokens": n_prompt, "completion_tokens": n_completion, "total_tokens": n_prompt + n_completion,
+                 "prompt_tokens_details": {"cached_tokens": sum(f.num_cached_tokens for f in finals)}}
+        if self._reasoning is not None and self._tok is not None:
+            thinking = sum(self._reasoning.thinking_tokens(self._prompt_text(p * self._n), o.token_ids, self._tok)
+                           for p, f in enumerate(finals) for o in f.outputs)
+            usage["completion_tokens_details"] = {"reasoning_tokens": thinking}
+        return usage
 
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
