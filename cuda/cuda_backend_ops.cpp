@@ -6,6 +6,7 @@
 
 #include "cuda_backend_impl.h"
 #include "delta_rule.h"
+#include "short_conv.h"
 
 namespace ember {
 namespace cuda {
@@ -59,6 +60,13 @@ void CudaBackend::gated_delta_rule(const float* q, const float* k, const float* 
     check_delta_rule_shape(shape, n_tok, "cuda gated_delta_rule");
     issue_uploads();
     cuda::gated_delta_rule(q, k, v, g, beta, n_tok, shape, state, out, stream_);
+}
+
+void CudaBackend::short_conv(const float* x, const float* w, const float* bias, int32_t n_tok, int32_t channels,
+                             int32_t kernel, bool silu, float* state, float* y) {
+    check_short_conv(n_tok, channels, kernel, "cuda short_conv");
+    issue_uploads();
+    cuda::short_conv(x, w, bias, n_tok, channels, kernel, silu, state, y, stream_);
 }
 
 void CudaBackend::argmax_rows(const float* x, int32_t n_rows, int64_t width, int32_t* ids) {

@@ -328,3 +328,18 @@ def gated_delta_rule_chunked(q, k, v, g, beta, state, n_k_heads, chunk=64):
             out[h, sl] = (qc * np.exp(cum)[:, None]) @ S[h] + ((qc @ kc.T) * decay) @ v_new
             S[h] = S[h] * np.exp(cum[-1]) + (kc * np.exp(cum[-1] - cum)[:, None]).T @ v_new
     return out.transpose(1, 0, 2).reshape(n_tok, -1), S
+
+
+def short_conv(x, w, bias, state, silu_out):
+    """The causal depthwise convolution with its carried state: xin = state rows then x rows,
+    y[t] = bias + sum_j w[:, j] * xin[t + j], then SiLU if silu_out. Returns (y, the last
+    kernel - 1 rows of xin: the new state)."""
+    kernel = w.shape[1]
+    xin = np.concatenate([np.asarray(state, np.float64), np.asarray(x, np.float64)])
+    w = np.asarray(w, np.float64)
+    y = sum(w[:, j] * xin[j:j + len(x)] for j in range(kernel))
+    if bias is not None:
+        y = y + np.asarray(bias, np.float64)
+    if silu_out:
+        y = silu(y)
+    return y, xin[len(xin) - (kernel - 1):]

@@ -173,7 +173,7 @@ COVERAGE = {
     "scatter_add_rows": "test_gather_scatter_rows", "sigmoid": "test_sigmoid",
     "scale_softcap": "test_scale_softcap",
     "layernorm": "test_layernorm", "unary": "test_unary", "encoder_attention": "test_encoder_attention",
-    "gated_delta_rule": "test_gated_delta_rule",
+    "gated_delta_rule": "test_gated_delta_rule", "short_conv": "test_short_conv",
 }
 
 BACKENDS = list(dict.fromkeys(["cpu", "cuda"] + list(K.backend_names())))
@@ -953,6 +953,22 @@ def test_gated_delta_rule(be, n_tok, rng):
     want_out, want_state = ref.gated_delta_rule(q, k, v, g, beta, state, n_k)
     check(out, want_out, 2e-5, "gated_delta_rule out")
     check(new_state, want_state, 2e-5, "gated_delta_rule state")
+
+
+@on("short_conv")
+@pytest.mark.parametrize("n_tok", [1, 2, 40])
+def test_short_conv(be, n_tok, rng):
+    """A causal depthwise convolution with its carried state (tests/test_short_conv.py checks the
+    rest): output against float64, the state the last kernel - 1 inputs exactly."""
+    channels, kernel = 300, 4
+    x = rng.standard_normal((n_tok, channels)).astype(np.float32)
+    w = rng.standard_normal((channels, kernel)).astype(np.float32)
+    bias = rng.standard_normal(channels).astype(np.float32)
+    state = rng.standard_normal((kernel - 1, channels)).astype(np.float32)
+    y, new_state = be.short_conv(x, w, bias, state, True)
+    want_y, want_state = ref.short_conv(x, w, bias, state, True)
+    check(y, want_y, 1e-6, "short_conv y")
+    same_bits(new_state, want_state, "short_conv state")
 
 
 @on("attn_out")

@@ -12,6 +12,7 @@
 
 #include "backend/delta_rule.h"
 #include "backend/rope_angles.h"
+#include "backend/short_conv.h"
 #include "ember/gguf.h"
 
 namespace ember {
@@ -292,6 +293,13 @@ public:
     // out [n_tok][n_v_heads * head_v]; it aliases none of the inputs.
     virtual void gated_delta_rule(const float* q, const float* k, const float* v, const float* g, const float* beta,
                                   int32_t n_tok, const DeltaRuleShape& shape, float* state, float* out) = 0;
+    // Causal depthwise convolution over time with a carried state (gated DeltaNet, Mamba2, LFM2):
+    // x [n_tok][channels] of ONE sequence; state [kernel-1][channels] the previous kernel-1 inputs
+    // (oldest first), read and updated in place (short_conv_state_floats); w [channels][kernel];
+    // bias [channels] or null; y[t][c] = bias[c] + sum_j w[c][j] * xin[t + j][c] where xin = state
+    // rows then x rows; then SiLU if `silu`. y [n_tok][channels] aliases none of the inputs.
+    virtual void short_conv(const float* x, const float* w, const float* bias, int32_t n_tok, int32_t channels,
+                            int32_t kernel, bool silu, float* state, float* y) = 0;
     // y[t] = (x[t] - mean(x[t])) / sqrt(var(x[t]) + eps) * gamma (+ beta; null: none); y may be x.
     virtual void layernorm(const float* x, const float* gamma, const float* beta, int32_t n_tok, int32_t dim, float eps,
                            float* y) = 0;

@@ -103,6 +103,10 @@ public:
                           int32_t n_tok, const DeltaRuleShape& shape, float* state, float* out) override {
         in_->gated_delta_rule(q, k, v, g, beta, n_tok, shape, state, out);
     }
+    void short_conv(const float* x, const float* w, const float* bias, int32_t n_tok, int32_t channels, int32_t kernel,
+                    bool silu, float* state, float* y) override {
+        in_->short_conv(x, w, bias, n_tok, channels, kernel, silu, state, y);
+    }
     void layernorm(const float* x, const float* gamma, const float* beta, int32_t n_tok, int32_t dim, float eps,
                    float* y) override {
         in_->layernorm(x, gamma, beta, n_tok, dim, eps, y);

@@ -545,6 +545,24 @@ struct PyBackend {
                 make_out(download(*be, sb, state.size()), {state.shape(0), state.shape(1), state.shape(2)})};
     }
 
+    // (y [n_tok, channels], the state after the tokens); w [channels, kernel], state [kernel - 1, channels].
+    std::pair<F32Out, F32Out> short_conv(F32In x, F32In w, std::optional<F32In> bias, F32In state, bool silu) {
+        if (x.ndim() != 2) fail("short_conv: x must be [n_tok, channels] float32");
+        const int32_t n_tok = (int32_t)x.shape(0), channels = (int32_t)x.shape(1);
+        if (w.ndim() != 2 || (int32_t)w.shape(0) != channels)
+            fail("short_conv: w must be [", channels, ", kernel] float32");
+        const int32_t kernel = (int32_t)w.shape(1);
+        check_short_conv(n_tok, channels, kernel, "short_conv");
+        check_rows(state, (size_t)kernel - 1, channels, "short_conv: state");
+        const size_t n_out = (size_t)n_tok * channels;
+        Buf xb(*be, x.data(), x.size() * 4), wb(*be, w.data(), w.size() * 4), sb(*be, state.data(), state.size() * 4),
+            yb(*be, n_out * 4);
+        const std::unique_ptr<Buf> bb = optional_vector(*be, bias, (size_t)channels, "short_conv: bias");
+        be->short_conv(xb.f(), wb.f(), ptr(bb), n_tok, channels, kernel, silu, sb.f(), yb.f());
+        return {make_out(download(*be, yb, n_out), {(size_t)n_tok, (size_t)channels}),
+                make_out(download(*be, sb, state.size()), {(size_t)kernel - 1, (size_t)channels})};
+    }
+
     F32Out sigmoid(F32In x) {
         if (x.ndim() != 1 || x.size() == 0) fail("sigmoid: x must be [n] float32");
         Buf xb(*be, x.data(), x.size() * 4);
@@ -942,6 +960,7 @@ std::vector<std::pair<std::string, std::string>> contract_ops() {
             {"sigmoid", "sigmoid"},
             {"scale_softcap", "scale_softcap"},
             {"gated_delta_rule", "gated_delta_rule"},
+            {"short_conv", "short_conv"},
             {"moe", "moe"},
             {"moe_ffn", "moe"},
             {"layernorm", "layernorm"},
@@ -1034,6 +1053,8 @@ void bind_kernel_backend(nb::module_& m) {
         .def("scale_softcap", &PyBackend::scale_softcap, nb::arg("x"), nb::arg("scale"), nb::arg("cap"))
         .def("gated_delta_rule", &PyBackend::gated_delta_rule, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"),
              nb::arg("beta"), nb::arg("state"), nb::arg("n_k_heads"))
+        .def("short_conv", &PyBackend::short_conv, nb::arg("x"), nb::arg("w"), nb::arg("bias"), nb::arg("state"),
+             nb::arg("silu") = false)
         .def("ffn", &PyBackend::ffn, nb::arg("type_id"), nb::arg("gate"), nb::arg("up"), nb::arg("down"),
              nb::arg("n_in"), nb::arg("x"), nb::arg("norm"), nb::arg("eps") = 1e-5f, nb::arg("residual") = nb::none(),
              nb::arg("act") = "silu", nb::arg("composed") = false);
