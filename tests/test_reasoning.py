@@ -146,12 +146,16 @@ def vocab():
     return LLTokenizer(BPE.read_text(encoding="utf-8"))
 
 
-def sample(vocab, grammar, rng, prefer=(), max_tokens=300):
+def sample(vocab, grammar, rng, prefer=(), max_tokens=300, opening=""):
     """A reply drawn at random under the grammar (tokens in prefer drawn half the time, to steer it
-    into tags): its text and its tokens' texts."""
+    into tags), after `opening`'s tokens: its text and its tokens' texts."""
     m = LLMatcher(vocab, grammar, log_level=1)
     assert not m.is_error(), m.get_error()
     pieces, tokens = [], []
+    for t in vocab.tokenize_str(opening) if opening else []:
+        assert m.consume_token(t), m.get_error()
+        pieces.append(vocab.decode_str([t]))
+        tokens.append(t)
     for _ in range(max_tokens):
         mask = m.compute_logit_bias()
         allowed = [t for t in range(vocab.vocab_size) if mask[t]]
@@ -284,6 +288,26 @@ def test_lazy_tool_calls_leave_free_text_free_until_a_call_opens(vocab):
     for t in vocab.tokenize_str(" <tool_call>"):
         assert m.consume_token(t)
     assert vocab.decode_str(m.compute_ff_tokens()).startswith('\n{"name": "')   # a call is forced from here
+
+
+def test_lazy_json_calls_are_calls_once_a_reply_opens_with_a_brace(vocab):
+    """Llama 3-style tool calls (a bare JSON object): a reply that opens with "{" is a valid call,
+    after a thought too; any other reply is free text."""
+    from ember.chat import ToolCallParser
+    parser, rng = ToolCallParser("json"), random.Random()
+    by_name = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    for prompt, reasoning in (("", ReasoningParser("none")), (OPENED, QWEN3)):
+        grammar = constrain.grammar(constrain.tool_answer("json", TOOLS, True, lazy=True),
+                                    constrain.Thought(reasoning, prompt), 4 if reasoning.active else None)
+        opening = "</think>" if reasoning.active else ""
+        for k in range(8):
+            text, _ = sample(vocab, grammar, rng, ("{", "}", '"', "0", "a"), max_tokens=3000,
+                             opening=opening + ("{" if k % 2 else ""))
+            content, _ = reasoning.split(text, prompt)
+            calls = parser.parse(content)[1]
+            assert bool(calls) == content.lstrip().startswith("{"), text
+            for call in calls:
+                jsonschema.validate(json.loads(call["function"]["arguments"]), by_name[call["function"]["name"]])
 
 
 def test_other_answers(vocab):

@@ -140,10 +140,13 @@ def tool_answer(style: str, tools: list, parallel: bool, lazy: bool, spell=liter
             calls["maxItems"] = 1
         body = f"{mark} {_json(calls)}"
         return Answer(f"ANSWER_TEXT {body} | ANSWER_TEXT" if lazy else body)
-    if lazy:   # a JSON-style reply is a call from its first character: nothing to trigger on
-        return FREE
     call = _json(call_schema(tools, "parameters"))
-    return Answer(f'{call} (";" " "? {call})*' if parallel else call)
+    calls = f'{call} (";" " "? {call})*' if parallel else call
+    if lazy:
+        # A JSON-style reply is a call when it opens with "{" (llama.cpp triggers these styles' lazy
+        # grammars the same way): such a reply is calls, any other is free text.
+        return Answer(f"{calls} | NOT_A_CALL", rules="NOT_A_CALL: ANSWER_TEXT & ~/[ \\t\\r\\n]*\\{(?s:.*)/")
+    return Answer(calls)
 
 
 class Thought:
