@@ -18,6 +18,9 @@ using GemmFn = void (*)(int64_t n_in, const uint8_t* w, size_t w_row, const uint
 // keeps the choice tied to the vec_dot the kernel table picked (EMBER_SIMD included).
 GemmFn gemm_avx512_for(VecDotFn dot);
 GemmFn gemm_avx2_for(VecDotFn dot);
+// Q2_K's and Q3_K's tiles (vec_dot_q2_q3_avx*.cpp, beside their dots), rows of the tables above.
+GemmFn gemm_q2_q3_avx512(GGMLType type);
+GemmFn gemm_q2_q3_avx2(GGMLType type);
 
 // One row per tiled type of an ISA: adding a type to a tile file is one row of its table.
 struct GemmEntry {

@@ -183,10 +183,16 @@ void gemm_k(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* x, size
 
 GemmFn gemm_avx2_for(VecDotFn dot) {
     static const GemmEntry kTiles[] = {
-        {GGMLType::Q4_0, gemm<Legacy::q4_0>},     {GGMLType::Q4_1, gemm<Legacy::q4_1>},
-        {GGMLType::Q5_0, gemm<Legacy::q5_0>},     {GGMLType::Q5_1, gemm<Legacy::q5_1>},
-        {GGMLType::Q8_0, gemm<Legacy::q8_0>},     {GGMLType::Q4_K, gemm_k<GGMLType::Q4_K>},
-        {GGMLType::Q5_K, gemm_k<GGMLType::Q5_K>}, {GGMLType::Q6_K, gemm_k<GGMLType::Q6_K>},
+        {GGMLType::Q4_0, gemm<Legacy::q4_0>},
+        {GGMLType::Q4_1, gemm<Legacy::q4_1>},
+        {GGMLType::Q5_0, gemm<Legacy::q5_0>},
+        {GGMLType::Q5_1, gemm<Legacy::q5_1>},
+        {GGMLType::Q8_0, gemm<Legacy::q8_0>},
+        {GGMLType::Q4_K, gemm_k<GGMLType::Q4_K>},
+        {GGMLType::Q5_K, gemm_k<GGMLType::Q5_K>},
+        {GGMLType::Q6_K, gemm_k<GGMLType::Q6_K>},
+        {GGMLType::Q2_K, gemm_q2_q3_avx2(GGMLType::Q2_K)},
+        {GGMLType::Q3_K, gemm_q2_q3_avx2(GGMLType::Q3_K)},
     };
     return gemm_lookup(dot, vec_dot_avx2, kTiles);
 }

@@ -17,6 +17,10 @@ VecDotFn vec_dot_neon(GGMLType type);   // ARM64 (nullptr on other targets)
 VecDotFn vec_dot_low_bit_avx2(GGMLType type);
 VecDotFn vec_dot_low_bit_avx512(GGMLType type);
 VecDotFn vec_dot_low_bit_neon(GGMLType type);
+// Q2_K's and Q3_K's SIMD dots (vec_dot_q2_q3_*.cpp), which the lookups above answer with.
+VecDotFn vec_dot_q2_q3_avx2(GGMLType type);
+VecDotFn vec_dot_q2_q3_avx512(GGMLType type);
+VecDotFn vec_dot_q2_q3_neon(GGMLType type);
 // Activation quantizers with the scalar quantize_row_* output, byte for byte.
 QuantizeRowFn quantize_row_avx2(GGMLType type);
 QuantizeRowFn quantize_row_avx512(GGMLType type);

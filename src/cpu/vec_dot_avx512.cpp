@@ -471,6 +471,8 @@ VecDotFn vec_dot_avx512(GGMLType type) {
         case GGMLType::Q5_0: return dot_legacy<Legacy::q5_0>;
         case GGMLType::Q5_1: return dot_legacy<Legacy::q5_1>;
         case GGMLType::Q8_0: return dot_legacy<Legacy::q8_0>;
+        case GGMLType::Q2_K:
+        case GGMLType::Q3_K: return vec_dot_q2_q3_avx512(type);
         case GGMLType::Q4_K: return dot_q45_k<false>;
         case GGMLType::Q5_K: return dot_q45_k<true>;
         case GGMLType::Q6_K: return dot_q6_k;

@@ -1,0 +1,160 @@
+// AVX-512 VNNI dot products of Q2_K and Q3_K x Q8_K and their prompt tiles (2 weight rows x 4
+// tokens): one kernel over R rows and C tokens, the dot being its 1 x 1 form, so each tile output is
+// the dot's; and the dot is vec_dot_scalar's bit for bit: exact integer sums (maddubs, then vpdpwssd
+// against the scales), then the reference's float step.
+#include <immintrin.h>
+
+#include <type_traits>
+
+#include "cpu/gemm.h"
+#include "cpu/isa_kernels.h"
+#include "cpu/q2_q3_k.h"
+#include "quant/blocks.h"
+
+namespace ember {
+namespace {
+
+template <bool Q3>
+using KBlock = std::conditional_t<Q3, BlockQ3_K, BlockQ2_K>;
+
+inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
+inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+inline __m128i load128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
+inline __m512i join(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
+
+inline int32_t hsum(__m256i a) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)));
+}
+
+// Word l of the scale vector of 64 elements from group g on: scale g + l / 8 (word l weights the
+// pair sum of elements 2l, 2l + 1).
+inline __m512i slice_index(int g) {
+    alignas(64) int16_t idx[32];
+    for (int l = 0; l < 32; ++l) idx[l] = int16_t(g + l / 8);
+    return _mm512_load_si512(idx);
+}
+
+// Super-block i of R weight rows against C tokens: s[r][c] += the reference's term. Element
+// 128h + 32k + l is bits 2k, 2k + 1 of qs[32h + l] (Q3_K: minus 4 where bit 4h + k of hmask[l] is
+// clear, taken here as q + 4 with the 4 folded back through the bsums); a 64-element slice is
+// k = 2t, 2t + 1.
+template <bool Q3, int R, int C>
+__attribute__((always_inline)) inline void block(const KBlock<Q3>* const* w, const BlockQ8_K* const* x, int64_t i,
+                                                 const __m512i (&idx)[4], float (&s)[R][C]) {
+    const __m512i m3 = _mm512_set1_epi8(3);
+    __m512i sc[R], hm[R], sumi[R][C];
+    __m256i mn16[R];
+#pragma GCC unroll 2
+    for (int r = 0; r < R; ++r) {
+        const KBlock<Q3>& b = w[r][i];
+        if constexpr (Q3) {
+            alignas(16) uint8_t biased[16];
+            q3_k_biased_scales(b.scales, biased);
+            const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_sub_epi8(load128(biased), _mm_set1_epi8(32)));
+            sc[r] = _mm512_castsi256_si512(sc16);
+            const __m256i h = load256(b.hmask);
+            hm[r] = join(h, h);
+#pragma GCC unroll 4
+            for (int c = 0; c < C; ++c) {
+                const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(sc16, load256(x[c][i].bsums)), 2);
+                sumi[r][c] = _mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), off));
+            }
+        } else {
+            const __m128i packed = load128(b.scales), m4 = _mm_set1_epi8(0x0F);
+            sc[r] = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_and_si128(packed, m4)));
+            mn16[r] = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), m4));
+#pragma GCC unroll 4
+            for (int c = 0; c < C; ++c) sumi[r][c] = _mm512_setzero_si512();
+        }
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+#pragma GCC unroll 2
+        for (int t = 0; t < 2; ++t) {
+            __m512i wq[R], sp[R];
+#pragma GCC unroll 2
+            for (int r = 0; r < R; ++r) {
+                const __m256i q = load256(w[r][i].qs + 32 * h);
+                wq[r] = _mm512_and_si512(join(_mm256_srli_epi16(q, 4 * t), _mm256_srli_epi16(q, 4 * t + 2)), m3);
+                if constexpr (Q3) {
+                    const int j = 4 * h + 2 * t;
+                    const __m512i bits = join(_mm256_set1_epi8(char(1 << j)), _mm256_set1_epi8(char(2 << j)));
+                    wq[r] = _mm512_mask_add_epi8(wq[r], _mm512_test_epi8_mask(hm[r], bits), wq[r], _mm512_set1_epi8(4));
+                }
+                sp[r] = _mm512_permutexvar_epi16(idx[2 * h + t], sc[r]);
+            }
+#pragma GCC unroll 4
+            for (int c = 0; c < C; ++c) {
+                const __m512i xv = _mm512_loadu_si512(x[c][i].qs + 128 * h + 64 * t);
+#pragma GCC unroll 2
+                for (int r = 0; r < R; ++r)
+                    sumi[r][c] = _mm512_dpwssd_epi32(sumi[r][c], _mm512_maddubs_epi16(wq[r], xv), sp[r]);
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int r = 0; r < R; ++r) {
+        const float d = h2f(w[r][i].d), dmin = h2f(dmin_bits(w[r][i]));
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) {
+            int32_t summ = 0;
+            if constexpr (!Q3) summ = hsum(_mm256_madd_epi16(mn16[r], load256(x[c][i].bsums)));
+            s[r][c] += k_block_term(x[c][i].d, d, dmin, _mm512_reduce_add_epi32(sumi[r][c]), summ);
+        }
+    }
+}
+
+inline void slice_indices(__m512i (&idx)[4]) {
+    for (int k = 0; k < 4; ++k) idx[k] = slice_index(4 * k);
+}
+
+template <bool Q3>
+float dot(int64_t n, const void* wv, const void* xv) {
+    const KBlock<Q3>* w[1] = {static_cast<const KBlock<Q3>*>(wv)};
+    const BlockQ8_K* x[1] = {static_cast<const BlockQ8_K*>(xv)};
+    __m512i idx[4];
+    slice_indices(idx);
+    float s[1][1] = {{0.0f}};
+    for (int64_t i = 0; i < n / QK_K; ++i) block<Q3, 1, 1>(w, x, i, idx, s);
+    return s[0][0];
+}
+
+constexpr int R = 2, C = 4;   // weight rows x tokens per tile
+
+template <bool Q3>
+void gemm(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* x, size_t x_row, int32_t n_tok, int64_t o_begin,
+          int64_t o_end, float* y, int64_t n_out) {
+    const int64_t nb = n_in / QK_K;
+    __m512i idx[4];
+    slice_indices(idx);
+    run_tiles<R, C>(
+        n_in, w, w_row, x, x_row, n_tok, o_begin, o_end, y, n_out, dot<Q3>, [](const uint8_t* const*) {},
+        [&](const uint8_t* const* wr, const uint8_t* const* xt, float* yt) {
+            const KBlock<Q3>* wb[R];
+            const BlockQ8_K* xb[C];
+            for (int r = 0; r < R; ++r) wb[r] = reinterpret_cast<const KBlock<Q3>*>(wr[r]);
+            for (int c = 0; c < C; ++c) xb[c] = reinterpret_cast<const BlockQ8_K*>(xt[c]);
+            float s[R][C] = {};
+            for (int64_t i = 0; i < nb; ++i) block<Q3, R, C>(wb, xb, i, idx, s);
+            for (int r = 0; r < R; ++r)
+                for (int c = 0; c < C; ++c) yt[c * n_out + r] = s[r][c];
+        });
+}
+
+}  // namespace
+
+VecDotFn vec_dot_q2_q3_avx512(GGMLType type) {
+    if (type == GGMLType::Q2_K) return dot<false>;
+    if (type == GGMLType::Q3_K) return dot<true>;
+    return nullptr;
+}
+
+GemmFn gemm_q2_q3_avx512(GGMLType type) {
+    if (type == GGMLType::Q2_K) return gemm<false>;
+    if (type == GGMLType::Q3_K) return gemm<true>;
+    return nullptr;
+}
+
+}  // namespace ember
