@@ -1,7 +1,8 @@
 """Writes tests/reference/quant/<type>_ggml.npz for the quantizers ember writes as ggml's reference ones (IQ4_NL,
 which llama.cpp's iq4_nl KV cache stores with; Q2_K; Q3_K; IQ4_XS; IQ4_NL with the search llama-quantize
-writes its weights with, iq4_nl_search): rows of random values (normal, heavy-tailed, tiny
-and huge, ties between IQ4_NL's levels, zero blocks) and the blocks ggml's from_float_ref writes for them,
+writes its weights with, iq4_nl_search; Q2_K, Q3_K, IQ4_XS and IQ4_NL quantized with an importance matrix as
+llama-quantize does, <type>_imatrix, whose npz also holds the importances qw): rows of random values (normal,
+heavy-tailed, tiny and huge, ties between IQ4_NL's levels, zero blocks) and the blocks ggml writes for them,
 through a llama.cpp build's libggml-base.
 Run: python tools/gen_ggml_quant_reference.py /path/to/llama.cpp/build/bin/libggml-base.so [TYPE ...]"""
 import ctypes
@@ -13,7 +14,8 @@ import numpy as np
 OUT = pathlib.Path(__file__).resolve().parent.parent / "tests" / "reference" / "quant"
 # ggml type id, values a block, bytes a block
 TYPES = {"iq4_nl": (20, 32, 18), "q2_k": (10, 256, 84), "q3_k": (11, 256, 110), "iq4_xs": (23, 256, 136),
-         "iq4_nl_search": (20, 32, 18)}
+         "iq4_nl_search": (20, 32, 18), "q2_k_imatrix": (10, 256, 84), "q3_k_imatrix": (11, 256, 110),
+         "iq4_xs_imatrix": (23, 256, 136), "iq4_nl_imatrix": (20, 32, 18)}
 
 
 class TypeTraits(ctypes.Structure):
@@ -34,23 +36,35 @@ def rows(n=4096):
     return np.stack(out).astype(np.float32)
 
 
+def importances(n=4096):
+    """Per column, log-normal (a few columns far above the rest, as real activations' mean squares), and a
+    run of zeros (columns no token reached)."""
+    rng = np.random.default_rng(20261208)
+    qw = np.exp(2.0 * rng.standard_normal(n))
+    qw[100:110] = 0.0
+    return qw.astype(np.float32)
+
+
 def main():
     lib = ctypes.CDLL(sys.argv[1])
     lib.ggml_get_type_traits.restype = ctypes.POINTER(TypeTraits)
-    x = rows()
+    x, qw = rows(), importances()
     for name in sys.argv[2:] or TYPES:
         type_id, elems, nbytes = TYPES[name]
         tr = lib.ggml_get_type_traits(type_id).contents
-        assert tr.type_name.decode().lower() == name.split("_search")[0] and tr.type_size == nbytes
+        assert tr.type_name.decode().lower() == name.removesuffix("_search").removesuffix("_imatrix")
+        assert tr.type_size == nbytes
         quantize = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)(tr.from_float_ref)
         q = np.zeros((x.shape[0], x.shape[1] // elems * nbytes), dtype=np.uint8)
         for r in range(x.shape[0]):
-            if name.endswith("_search"):   # what llama-quantize writes: ggml_quantize_chunk, no importance
+            if name.endswith(("_search", "_imatrix")):   # what llama-quantize writes: ggml_quantize_chunk
+                weights = ctypes.c_void_p(qw.ctypes.data) if name.endswith("_imatrix") else None
                 lib.ggml_quantize_chunk(type_id, ctypes.c_void_p(x[r].ctypes.data), ctypes.c_void_p(q[r].ctypes.data),
-                                        ctypes.c_int64(0), ctypes.c_int64(1), ctypes.c_int64(x.shape[1]), None)
+                                        ctypes.c_int64(0), ctypes.c_int64(1), ctypes.c_int64(x.shape[1]), weights)
             else:
                 quantize(x[r].ctypes.data, q[r].ctypes.data, x.shape[1])
-        np.savez_compressed(OUT / f"{name}_ggml.npz", x=x, q=q)
+        extra = {"qw": qw} if name.endswith("_imatrix") else {}
+        np.savez_compressed(OUT / f"{name}_ggml.npz", x=x, q=q, **extra)
         print(f"wrote {OUT / f'{name}_ggml.npz'}")
 
 

@@ -1,12 +1,16 @@
 // Q2_K's and Q3_K's quantizers as ggml's reference ones (quantize_row_q2_K_ref / q3_K_ref), byte for byte:
 // Q2_K fits each 16 values with a scale and a min (weights |x|, the sum of absolute errors over 16 candidate
 // grids), Q3_K with a signed scale (weights x^2, a few rounds of moving single values to better levels); the
-// super-block's 4-bit (6-bit) scales are then rounded and the values re-quantized against them.
+// super-block's 4-bit (6-bit) scales are then rounded and the values re-quantized against them. With an
+// importance matrix, as llama-quantize's (quantize_q2_K / q3_K given quant_weights): squared errors weighted by
+// the importances, and the super-block's scales fitted by weighted search too.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "quant/decode.h"
 #include "quant/kernels.h"
+#include "quant/quant_weighted.h"
 
 // ggml rounds each product and sum on its own (no fused multiply-add).
 #pragma GCC optimize("fp-contract=off")
@@ -23,12 +27,21 @@ int nearest(float v) {
 }
 int clampi(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
 
-// x ~= scale * L - min_out over 16 values, L in [0, 3], min_out >= 0: the min/max grid, then 16 grids
-// (3 - 0.5 + 0.1 k) / (max - min), each with its weighted least-squares scale and offset; the one with
-// the least w-weighted absolute error wins. Returns the scale.
-float fit_q2(const float* x, const float* w, uint8_t* L, float& min_out) {
-    constexpr int n = 16, nmax = 3, nstep = 15;
-    constexpr float rmin = -0.5f, rdelta = 0.1f;
+// x ~= scale * L - min_out over 16 values, L in [0, 3], min_out >= 0: the min/max grid, then nstep + 1 grids
+// (3 + rmin + rdelta k) / (max - min), each with its weighted least-squares scale and offset; the one with
+// the least w-weighted error (absolute, or squared with an importance matrix) wins. Returns the scale.
+struct Q2Search {
+    float rmin, rdelta;
+    int nstep;
+    bool squared;
+};
+constexpr Q2Search kQ2Plain{-0.5f, 0.1f, 15, false}, kQ2Weighted{-0.9f, 0.05f, 36, true};
+
+float fit_q2(const float* x, const float* w, uint8_t* L, float& min_out, const Q2Search& s) {
+    constexpr int n = 16, nmax = 3;
+    const float rmin = s.rmin, rdelta = s.rdelta;
+    const int nstep = s.nstep;
+    auto error = [&](float diff) { return s.squared ? diff * diff : std::fabs(diff); };
     float mn = x[0], mx = x[0], sum_w = w[0], sum_x = sum_w * x[0];
     for (int i = 1; i < n; ++i) {
         if (x[i] < mn) mn = x[i];
@@ -45,7 +58,7 @@ float fit_q2(const float* x, const float* w, uint8_t* L, float& min_out) {
     float iscale = nmax / (mx - mn), scale = 1 / iscale, best = 0;
     for (int i = 0; i < n; ++i) {
         L[i] = uint8_t(clampi(nearest(iscale * (x[i] - mn)), 0, nmax));
-        best += w[i] * std::fabs(scale * L[i] + mn - x[i]);
+        best += w[i] * error(scale * L[i] + mn - x[i]);
     }
     uint8_t aux[n];
     for (int k = 0; k <= nstep; ++k) {
@@ -66,7 +79,7 @@ float fit_q2(const float* x, const float* w, uint8_t* L, float& min_out) {
             this_scale = sum_xl / sum_l2;
         }
         float err = 0;
-        for (int i = 0; i < n; ++i) err += w[i] * std::fabs(this_scale * aux[i] + this_min - x[i]);
+        for (int i = 0; i < n; ++i) err += w[i] * error(this_scale * aux[i] + this_min - x[i]);
         if (err < best) {
             std::memcpy(L, aux, n);
             best = err;
@@ -126,6 +139,117 @@ float fit_q3(const float* x, int8_t* L) {
     return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
 }
 
+// The 16 sub-block scales (or mins) of Q2_K as 4-bit multiples of the returned step, with an importance
+// matrix: grids nmax / max and (nmax + 0.1 k) / max for k in [-4, 4], the one of least sw-weighted squared
+// error, then up to 5 rounds moving single values to the level the rest's fit calls for. x >= 0.
+float fit_scales_q2(const float* x, uint8_t* L, const float* sw) {
+    constexpr int n = 16, nmax = 15;
+    float max = 0;
+    for (int i = 0; i < n; ++i) max = x[i] > max ? x[i] : max;
+    if (max < 1e-15f) {
+        std::memset(L, 0, n);
+        return 0.0f;
+    }
+    float iscale = nmax / max, best = 0;
+    const float scale = 1 / iscale;
+    for (int i = 0; i < n; ++i) {
+        L[i] = uint8_t(nearest(iscale * x[i]));
+        const float diff = x[i] - scale * L[i];
+        best += sw[i] * diff * diff;
+    }
+    for (int k = -4; k <= 4; ++k) {
+        if (k == 0) continue;
+        const float iscale_k = (0.1f * k + nmax) / max, scale_k = 1 / iscale_k;
+        float err = 0;
+        for (int i = 0; i < n; ++i) {
+            const float diff = x[i] - scale_k * std::min(nmax, nearest(iscale_k * x[i]));
+            err += sw[i] * diff * diff;
+        }
+        if (err < best) {
+            best = err;
+            iscale = iscale_k;
+        }
+    }
+    float sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; ++i) {
+        const int l = std::min(nmax, nearest(iscale * x[i]));
+        L[i] = uint8_t(l);
+        sumlx += sw[i] * x[i] * l;
+        suml2 += sw[i] * l * l;
+    }
+    for (int round = 0; round < 5; ++round) {
+        int changed = 0;
+        for (int i = 0; i < n; ++i) {
+            const float w = sw[i];
+            float slx = sumlx - w * x[i] * L[i], sl2 = suml2 - w * L[i] * L[i];
+            if (!(slx > 0 && sl2 > 0)) continue;
+            const int l = std::min(nmax, nearest(x[i] * sl2 / slx));
+            if (l == L[i]) continue;
+            slx += w * x[i] * l;
+            sl2 += w * l * l;
+            if (slx * slx * suml2 > sumlx * sumlx * sl2) {
+                L[i] = uint8_t(l);
+                sumlx = slx;
+                suml2 = sl2;
+                ++changed;
+            }
+        }
+        if (!changed) break;
+    }
+    return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
+}
+
+// x ~= scale * (L - nmax), L - nmax in [-nmax, nmax - 1], with weights w: levels from the value of largest
+// magnitude at -nmax, then 18 grids -(nmax + 0.1 k) / max for k in [-9, 9], the one whose least-squares
+// scale explains the most of the weighted x. Returns that scale (L stored with its offset).
+float fit_symmetric(int n, int nmax, const float* x, int8_t* L, const float* w) {
+    float max = 0, amax = 0;
+    for (int i = 0; i < n; ++i)
+        if (std::fabs(x[i]) > amax) {
+            amax = std::fabs(x[i]);
+            max = x[i];
+        }
+    if (amax < 1e-15f) {
+        std::memset(L, 0, n);
+        return 0.0f;
+    }
+    auto fit = [&](float iscale, float& sumlx, float& suml2) {
+        sumlx = suml2 = 0;
+        for (int i = 0; i < n; ++i) {
+            const int l = clampi(nearest(iscale * x[i]), -nmax, nmax - 1);
+            sumlx += w[i] * x[i] * l;
+            suml2 += w[i] * l * l;
+        }
+    };
+    auto store = [&](float iscale) {
+        for (int i = 0; i < n; ++i) L[i] = int8_t(nmax + clampi(nearest(iscale * x[i]), -nmax, nmax - 1));
+    };
+    float sumlx, suml2;
+    fit(-nmax / max, sumlx, suml2);
+    store(-nmax / max);
+    float scale = suml2 ? sumlx / suml2 : 0.0f, best = scale * sumlx;
+    for (int k = -9; k <= 9; ++k) {
+        if (k == 0) continue;
+        const float iscale = -(nmax + 0.1f * k) / max;
+        fit(iscale, sumlx, suml2);
+        if (suml2 > 0 && sumlx * sumlx > best * suml2) {
+            store(iscale);
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    return scale;
+}
+
+// Each element's weight under an importance matrix, as llama.cpp's K types: its column's importance times
+// sqrt(sigma2 + x^2), sigma2 the super-block's mean square times spread.
+void importance_weights(const float* x, const float* qw, float spread, float* w) {
+    float sumx2 = 0;
+    for (int j = 0; j < QK_K; ++j) sumx2 += x[j] * x[j];
+    const float sigma2 = spread * sumx2 / QK_K;
+    for (int j = 0; j < QK_K; ++j) w[j] = qw[j] * std::sqrt(sigma2 + x[j] * x[j]);
+}
+
 // 2-bit values of 128-value halves: value 128 c + 32 s + l at bits 2 s of qs[32 c + l].
 void pack_2bit(const uint8_t* L, uint8_t* qs) {
     for (int c = 0; c < 2; ++c)
@@ -133,6 +257,47 @@ void pack_2bit(const uint8_t* L, uint8_t* qs) {
             const uint8_t* v = L + 128 * c + l;
             qs[32 * c + l] = uint8_t(v[0] | v[32] << 2 | v[64] << 4 | v[96] << 6);
         }
+}
+
+// With d, dmin and the scales stored: each sub-block's values re-rounded against them (a sub-block of
+// scale 0 keeps its fit's levels), then packed.
+void finish_q2(const float* x, BlockQ2_K& y, uint8_t* L) {
+    for (int j = 0; j < 16; ++j) {
+        const float d = half_to_float(y.d) * float(y.scales[j] & 0xF);
+        if (!d) continue;
+        const float dm = half_to_float(y.dmin) * float(y.scales[j] >> 4);
+        for (int l = 0; l < 16; ++l) L[16 * j + l] = uint8_t(clampi(nearest((x[16 * j + l] + dm) / d), 0, 3));
+    }
+    pack_2bit(L, y.qs);
+}
+
+// 6-bit scales l (offset 32 included): low nibble j of bytes 0-7 (j >= 8 the high nibble of byte j - 8),
+// top 2 bits at 2 (j / 4) of byte 8 + j % 4.
+void pack_q3_scales(const int* l, uint8_t* scales) {
+    std::memset(scales, 0, 12);
+    for (int j = 0; j < 16; ++j) {
+        scales[j % 8] |= uint8_t((l[j] & 0xF) << (j < 8 ? 0 : 4));
+        scales[8 + j % 4] |= uint8_t((l[j] >> 4) << (2 * (j / 4)));
+    }
+}
+
+// With d and the scales stored: the values re-rounded against them (a sub-block of scale 0 keeps its fit's
+// levels), then bit 2 of value e in bit e / 32 of hmask[e % 32], its low 2 bits as Q2_K's.
+void finish_q3(const float* x, BlockQ3_K& y, int8_t* L) {
+    KDecoded k;
+    decode_q3_k(y, k);
+    for (int j = 0; j < 16; ++j) {
+        const float d = half_to_float(y.d) * float(k.sc[j]);
+        if (!d) continue;
+        for (int l = 0; l < 16; ++l) L[16 * j + l] = int8_t(clampi(nearest(x[16 * j + l] / d), -4, 3) + 4);
+    }
+    std::memset(y.hmask, 0, QK_K / 8);
+    uint8_t low[QK_K];
+    for (int e = 0; e < QK_K; ++e) {
+        if (L[e] > 3) y.hmask[e % 32] |= uint8_t(1 << (e / 32));
+        low[e] = uint8_t(L[e] & 3);
+    }
+    pack_2bit(low, y.qs);
 }
 
 }  // namespace
@@ -145,7 +310,7 @@ void quantize_row_q2_k(const float* src, void* dst, int64_t n) {
         float max_scale = 0, max_min = 0;
         for (int j = 0; j < 16; ++j) {
             for (int l = 0; l < 16; ++l) w[l] = std::fabs(src[16 * j + l]);
-            scales[j] = fit_q2(src + 16 * j, w, L + 16 * j, mins[j]);
+            scales[j] = fit_q2(src + 16 * j, w, L + 16 * j, mins[j], kQ2Plain);
             if (scales[j] > max_scale) max_scale = scales[j];
             if (mins[j] > max_min) max_min = mins[j];
         }
@@ -161,13 +326,25 @@ void quantize_row_q2_k(const float* src, void* dst, int64_t n) {
             for (int j = 0; j < 16; ++j) y[i].scales[j] |= uint8_t(nearest(iscale * mins[j]) << 4);
             y[i].dmin = float_to_half(max_min / 15.f);
         }
+        finish_q2(src, y[i], L);
+    }
+}
+
+void quantize_q2_k_weighted(const float* src, void* dst, int64_t n, const float* qw) {
+    BlockQ2_K* y = static_cast<BlockQ2_K*>(dst);
+    uint8_t L[QK_K], Ls[16], Lm[16];
+    float w[QK_K], sw[16], scales[16], mins[16];
+    for (int64_t i = 0; i < n / QK_K; ++i, src += QK_K, qw += QK_K) {
+        importance_weights(src, qw, 1.0f, w);
         for (int j = 0; j < 16; ++j) {
-            const float d = half_to_float(y[i].d) * float(y[i].scales[j] & 0xF);
-            if (!d) continue;
-            const float dm = half_to_float(y[i].dmin) * float(y[i].scales[j] >> 4);
-            for (int l = 0; l < 16; ++l) L[16 * j + l] = uint8_t(clampi(nearest((src[16 * j + l] + dm) / d), 0, 3));
+            sw[j] = 0;
+            for (int l = 0; l < 16; ++l) sw[j] += w[16 * j + l];
+            scales[j] = fit_q2(src + 16 * j, w + 16 * j, L + 16 * j, mins[j], kQ2Weighted);
         }
-        pack_2bit(L, y[i].qs);
+        y[i].d = float_to_half(fit_scales_q2(scales, Ls, sw));
+        y[i].dmin = float_to_half(fit_scales_q2(mins, Lm, sw));
+        for (int j = 0; j < 16; ++j) y[i].scales[j] = uint8_t(Ls[j] | Lm[j] << 4);
+        finish_q2(src, y[i], L);
     }
 }
 
@@ -175,6 +352,7 @@ void quantize_row_q3_k(const float* src, void* dst, int64_t n) {
     BlockQ3_K* y = static_cast<BlockQ3_K*>(dst);
     int8_t L[QK_K];
     float scales[16];
+    int ls[16];
     for (int64_t i = 0; i < n / QK_K; ++i, src += QK_K) {
         float max_scale = 0, amax = 0;
         for (int j = 0; j < 16; ++j) {
@@ -184,34 +362,35 @@ void quantize_row_q3_k(const float* src, void* dst, int64_t n) {
                 max_scale = scales[j];
             }
         }
-        // 6-bit scales s + 32: low nibble j of bytes 0-7 (j >= 8 the high nibble of byte j - 8), top 2
-        // bits at 2 (j / 4) of byte 8 + j % 4
         std::memset(y[i].scales, 0, 12);
         y[i].d = float_to_half(0.0f);
         if (max_scale != 0) {
             const float iscale = -32.f / max_scale;
-            for (int j = 0; j < 16; ++j) {
-                const int l = clampi(int8_t(nearest(iscale * scales[j])), -32, 31) + 32;
-                y[i].scales[j % 8] |= uint8_t((l & 0xF) << (j < 8 ? 0 : 4));
-                y[i].scales[8 + j % 4] |= uint8_t((l >> 4) << (2 * (j / 4)));
-            }
+            for (int j = 0; j < 16; ++j) ls[j] = clampi(int8_t(nearest(iscale * scales[j])), -32, 31) + 32;
+            pack_q3_scales(ls, y[i].scales);
             y[i].d = float_to_half(1 / iscale);
         }
-        KDecoded k;
-        decode_q3_k(y[i], k);   // the integer scales just stored
+        finish_q3(src, y[i], L);
+    }
+}
+
+void quantize_q3_k_weighted(const float* src, void* dst, int64_t n, const float* qw) {
+    BlockQ3_K* y = static_cast<BlockQ3_K*>(dst);
+    int8_t L[QK_K], Ls[16];
+    float w[QK_K], sw[16], scales[16];
+    int ls[16];
+    for (int64_t i = 0; i < n / QK_K; ++i, src += QK_K, qw += QK_K) {
+        importance_weights(src, qw, 2.0f, w);
         for (int j = 0; j < 16; ++j) {
-            const float d = half_to_float(y[i].d) * float(k.sc[j]);
-            if (!d) continue;
-            for (int l = 0; l < 16; ++l) L[16 * j + l] = int8_t(clampi(nearest(src[16 * j + l] / d), -4, 3) + 4);
+            sw[j] = 0;
+            for (int l = 0; l < 16; ++l) sw[j] += w[16 * j + l];
+            scales[j] = fit_symmetric(16, 4, src + 16 * j, L + 16 * j, w + 16 * j);
         }
-        // bit 2 of value e in bit e / 32 of hmask[e % 32], its low 2 bits as Q2_K's
-        std::memset(y[i].hmask, 0, QK_K / 8);
-        uint8_t low[QK_K];
-        for (int e = 0; e < QK_K; ++e) {
-            if (L[e] > 3) y[i].hmask[e % 32] |= uint8_t(1 << (e / 32));
-            low[e] = uint8_t(L[e] & 3);
-        }
-        pack_2bit(low, y[i].qs);
+        const float d = fit_symmetric(16, 32, scales, Ls, sw);
+        for (int j = 0; j < 16; ++j) ls[j] = Ls[j];
+        pack_q3_scales(ls, y[i].scales);
+        y[i].d = float_to_half(d);
+        finish_q3(src, y[i], L);
     }
 }
 

@@ -1,5 +1,5 @@
-// K-quantizers weighted by an importance per column (an importance matrix's mean squared
-// activations, ember-quantize --imatrix): each element's rounding error counts in proportion.
+// Quantizers weighted by an importance per column (an importance matrix's mean squared activations,
+// ember-quantize --imatrix): each element's rounding error counts in proportion, as llama-quantize's.
 #pragma once
 #include <cstdint>
 
@@ -10,7 +10,13 @@ namespace ember {
 // qw: n importances, one per element of the row (the row's columns).
 using QuantizeRowWeightedFn = void (*)(const float* src, void* dst, int64_t n, const float* qw);
 
-// The weighted quantizer of type t (Q4_K, Q5_K, Q6_K); nullptr for the others.
+// The weighted K quantizer of type t (Q4_K, Q5_K, Q6_K); nullptr for the others.
 QuantizeRowWeightedFn weighted_quantizer(GGMLType t);
+
+// The low-bit types' (quant_q2_q3_k.cpp, quant_iq4_nl.cpp); IQ4_NL's is the weights' (search) quantizer.
+void quantize_q2_k_weighted(const float* src, void* dst, int64_t n, const float* qw);
+void quantize_q3_k_weighted(const float* src, void* dst, int64_t n, const float* qw);
+void quantize_iq4_xs_weighted(const float* src, void* dst, int64_t n, const float* qw);
+void quantize_iq4_nl_weighted(const float* src, void* dst, int64_t n, const float* qw);
 
 }  // namespace ember

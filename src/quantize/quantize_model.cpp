@@ -28,6 +28,17 @@ GGUFValue int_value(GGUFType type, uint64_t v) {
 
 GGUFValue uint32_value(uint32_t v) { return int_value(GGUFType::UINT32, v); }
 
+// The quantizer weighting by an importance matrix for type t; nullptr where the type has none.
+QuantizeRowWeightedFn weighted_for(GGMLType t) {
+    switch (t) {
+        case GGMLType::Q2_K: return quantize_q2_k_weighted;
+        case GGMLType::Q3_K: return quantize_q3_k_weighted;
+        case GGMLType::IQ4_XS: return quantize_iq4_xs_weighted;
+        case GGMLType::IQ4_NL: return quantize_iq4_nl_weighted;
+        default: return weighted_quantizer(t);
+    }
+}
+
 // Converts one tensor: rows of n_in elements from src type to dst type; qw (null: none): the
 // importance of each column, for the types with a weighted quantizer.
 std::vector<uint8_t> convert_tensor(const GGUFTensor& t, GGMLType dst, ThreadPool& pool, const std::vector<float>* qw) {
@@ -37,7 +48,7 @@ std::vector<uint8_t> convert_tensor(const GGUFTensor& t, GGMLType dst, ThreadPoo
     if (!to.quantize_row) fail("no quantizer for type ", to.name, " (tensor '", t.name, "')");
     const size_t in_row = row_bytes(t.type, n_in), out_row = row_bytes(dst, n_in);
     std::vector<uint8_t> out(out_row * n_rows);
-    const QuantizeRowWeightedFn weighted = qw ? weighted_quantizer(dst) : nullptr;
+    const QuantizeRowWeightedFn weighted = qw ? weighted_for(dst) : nullptr;
     // IQ4_NL weights take IQ4_XS's scale search, as llama-quantize's (the traits' quantizer is the KV cache's)
     const QuantizeRowFn quantize = dst == GGMLType::IQ4_NL ? quantize_row_iq4_nl_search : to.quantize_row;
     pool.parallel_for(n_rows, std::max<int64_t>(1, 65536 / n_in), [&](int64_t b, int64_t e) {

@@ -1,0 +1,46 @@
+"""ember-quantize --imatrix writes Q2_K, Q3_K, IQ4_XS and IQ4_NL tensors byte for byte as llama-quantize does with
+the same importances (ggml's quantize_q2_K / q3_K / iq4_xs / iq4_nl given quant_weights): the rows and importances
+of tests/reference/quant/<type>_imatrix_ggml.npz (tools/gen_ggml_quant_reference.py: normal, heavy-tailed, tiny,
+huge, ties between IQ4_NL's levels, zero blocks; log-normal importances with a run of zero columns)."""
+import gguf
+import numpy as np
+import pytest
+from gguf import GGUFReader
+
+from conftest import ROOT
+from ember import _ember
+
+BLOCK_BYTES = {"Q2_K": 84, "Q3_K": 110, "IQ4_XS": 136, "IQ4_NL": 18}
+
+
+def quantize(tmp_path, x, type_name, qw):
+    src, out = tmp_path / "f32.gguf", tmp_path / "q.gguf"
+    w = gguf.GGUFWriter(str(src), "llama")
+    w.add_tensor("blk.0.ffn_up.weight", x)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    imatrix = {"blk.0.ffn_up.weight": qw.tolist()} if qw is not None else {}
+    _ember.quantize_model(str(src), str(out), "q8_0", n_threads=2, tensor_types=[f"ffn_up={type_name}"],
+                          imatrix=imatrix)
+    t = GGUFReader(str(out)).tensors[0]
+    assert t.tensor_type.name == type_name
+    return np.asarray(t.data).reshape(-1).view(np.uint8)
+
+
+@pytest.mark.parametrize("type_name", list(BLOCK_BYTES))
+def test_as_llama_quantize_with_importances(tmp_path, type_name):
+    ref = np.load(ROOT / "tests" / "reference" / "quant" / f"{type_name.lower()}_imatrix_ggml.npz")
+    got = quantize(tmp_path, ref["x"], type_name, ref["qw"]).reshape(-1, BLOCK_BYTES[type_name])
+    want = ref["q"].reshape(-1, BLOCK_BYTES[type_name])
+    bad = np.flatnonzero((got != want).any(axis=1))
+    assert bad.size == 0, f"{bad.size} of {len(want)} blocks differ, first {bad[:8]}"
+
+
+@pytest.mark.parametrize("type_name", list(BLOCK_BYTES))
+def test_importances_change_the_blocks(tmp_path, type_name):
+    """The importances are used: the same rows without them are another file."""
+    ref = np.load(ROOT / "tests" / "reference" / "quant" / f"{type_name.lower()}_imatrix_ggml.npz")
+    plain = quantize(tmp_path, ref["x"], type_name, None)
+    assert not np.array_equal(plain, ref["q"].reshape(-1))
