@@ -83,6 +83,8 @@ public:
                           int32_t n_tok, const DeltaRuleShape& shape, float* state, float* out) override;
     void short_conv(const float* x, const float* w, const float* bias, int32_t n_tok, int32_t channels, int32_t kernel,
                     bool silu, float* state, float* y) override;
+    void ssm_scan(const float* xbc, const float* dt, const float* A, const float* dt_bias, const float* D,
+                  int32_t n_tok, const SsmShape& shape, float* state, float* y) override;
     void argmax_rows(const float* x, int32_t n_rows, int64_t width, int32_t* ids) override;
     // the mixture's primitives and fused ops (cuda_backend_moe.cpp)
     void moe_route(const MoeWeights& w, const float* logits, int32_t n_tok, int32_t* ids, float* weights) override;

@@ -7,6 +7,7 @@
 #include "cuda_backend_impl.h"
 #include "delta_rule.h"
 #include "short_conv.h"
+#include "ssm_scan.h"
 
 namespace ember {
 namespace cuda {
@@ -67,6 +68,13 @@ void CudaBackend::short_conv(const float* x, const float* w, const float* bias, 
     check_short_conv(n_tok, channels, kernel, "cuda short_conv");
     issue_uploads();
     cuda::short_conv(x, w, bias, n_tok, channels, kernel, silu, state, y, stream_);
+}
+
+void CudaBackend::ssm_scan(const float* xbc, const float* dt, const float* A, const float* dt_bias, const float* D,
+                           int32_t n_tok, const SsmShape& shape, float* state, float* y) {
+    check_ssm_shape(shape, n_tok, "cuda ssm_scan");
+    issue_uploads();
+    cuda::ssm_scan(xbc, dt, A, dt_bias, D, n_tok, shape, state, y, stream_);
 }
 
 void CudaBackend::argmax_rows(const float* x, int32_t n_rows, int64_t width, int32_t* ids) {

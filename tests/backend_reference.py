@@ -343,3 +343,32 @@ def short_conv(x, w, bias, state, silu_out):
     if silu_out:
         y = silu(y)
     return y, xin[len(xin) - (kernel - 1):]
+
+
+def softplus(x):
+    x = np.asarray(x, np.float64)
+    return np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20))))
+
+
+def ssm_scan(xbc, dt, A, dt_bias, D, state, n_group):
+    """Mamba2's selective scan token by token (the paper's recurrence, transformers'
+    mamba2_selective_state_update): per head h, with B and C of group h // (n_head // n_group),
+    d = softplus(dt + dt_bias); S = exp(d A) S + d x B^T; y = S C + D x. xbc rows hold x, then B, then
+    C; state [n_head, head_dim, d_state]. Returns (y [n_tok, n_head * head_dim], the new state)."""
+    n_head, head_dim, d_state = state.shape
+    n_tok, inner = len(xbc), n_head * head_dim
+    xbc = np.asarray(xbc, np.float64)
+    x = xbc[:, :inner].reshape(n_tok, n_head, head_dim)
+    heads = np.arange(n_head) // (n_head // n_group)
+    B = xbc[:, inner:inner + n_group * d_state].reshape(n_tok, n_group, d_state)[:, heads]
+    C = xbc[:, inner + n_group * d_state:].reshape(n_tok, n_group, d_state)[:, heads]
+    d = softplus(np.asarray(dt, np.float64) + (0 if dt_bias is None else np.asarray(dt_bias, np.float64)))
+    A = np.asarray(A, np.float64)
+    S = np.array(state, np.float64)
+    y = np.zeros((n_tok, n_head, head_dim))
+    for t in range(n_tok):
+        S = S * np.exp(d[t] * A)[:, None, None] + (d[t][:, None] * x[t])[:, :, None] * B[t][:, None, :]
+        y[t] = np.einsum("hpn,hn->hp", S, C[t])
+        if D is not None:
+            y[t] += np.asarray(D, np.float64)[:, None] * x[t]
+    return y.reshape(n_tok, inner), S

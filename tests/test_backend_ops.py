@@ -174,6 +174,7 @@ COVERAGE = {
     "scale_softcap": "test_scale_softcap",
     "layernorm": "test_layernorm", "unary": "test_unary", "encoder_attention": "test_encoder_attention",
     "gated_delta_rule": "test_gated_delta_rule", "short_conv": "test_short_conv",
+    "ssm_scan": "test_ssm_scan",
 }
 
 BACKENDS = list(dict.fromkeys(["cpu", "cuda"] + list(K.backend_names())))
@@ -969,6 +970,22 @@ def test_short_conv(be, n_tok, rng):
     want_y, want_state = ref.short_conv(x, w, bias, state, True)
     check(y, want_y, 1e-6, "short_conv y")
     same_bits(new_state, want_state, "short_conv state")
+
+
+@on("ssm_scan")
+@pytest.mark.parametrize("n_tok", [1, 9])
+def test_ssm_scan(be, n_tok, rng):
+    """Mamba2's selective scan (tests/test_ssm_scan.py checks the rest): output and state against
+    the float64 recurrence, heads reading B and C groups."""
+    n_head, head_dim, d_state, n_group = 8, 16, 32, 2
+    xbc = rng.standard_normal((n_tok, n_head * head_dim + 2 * n_group * d_state)).astype(np.float32)
+    dt = rng.uniform(-5, 2, (n_tok, n_head)).astype(np.float32)
+    A, dt_bias, D = -rng.uniform(1, 16, n_head).astype(np.float32), *rng.standard_normal((2, n_head)).astype(np.float32)
+    state = (rng.standard_normal((n_head, head_dim, d_state)) * 0.5).astype(np.float32)
+    y, new_state = be.ssm_scan(xbc, dt, A, dt_bias, D, state, n_group)
+    want_y, want_state = ref.ssm_scan(xbc, dt, A, dt_bias, D, state, n_group)
+    check(y, want_y, 1e-5, "ssm_scan y")
+    check(new_state, want_state, 1e-5, "ssm_scan state")
 
 
 @on("attn_out")

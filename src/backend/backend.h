@@ -13,6 +13,7 @@
 #include "backend/delta_rule.h"
 #include "backend/rope_angles.h"
 #include "backend/short_conv.h"
+#include "backend/ssm_scan.h"
 #include "ember/gguf.h"
 
 namespace ember {
@@ -300,6 +301,16 @@ public:
     // rows then x rows; then SiLU if `silu`. y [n_tok][channels] aliases none of the inputs.
     virtual void short_conv(const float* x, const float* w, const float* bias, int32_t n_tok, int32_t channels,
                             int32_t kernel, bool silu, float* state, float* y) = 0;
+    // Mamba2's selective scan (Nemotron-H, Granite 4) over n_tok tokens of ONE sequence, in order.
+    // xbc [n_tok][shape.xbc_width()]: each token's x [n_head][head_dim], then B and C
+    // [n_group][d_state] (the short convolution's output). dt [n_tok][n_head] the projection's time
+    // steps; A (GGUF's ssm_a: -exp(A_log)), dt_bias (null: none) and D (the skip; null: none)
+    // [n_head]. state [n_head][head_dim][d_state] (ssm_state_floats) is the caller's buffer, read and
+    // updated in place; per token and head h, with x its head, B and C group h / (n_head / n_group):
+    // d = softplus(dt + dt_bias); S = exp(d A) S + d x B^T; y = S C + D x.
+    // y [n_tok][n_head * head_dim]; it aliases none of the inputs.
+    virtual void ssm_scan(const float* xbc, const float* dt, const float* A, const float* dt_bias, const float* D,
+                          int32_t n_tok, const SsmShape& shape, float* state, float* y) = 0;
     // y[t] = (x[t] - mean(x[t])) / sqrt(var(x[t]) + eps) * gamma (+ beta; null: none); y may be x.
     virtual void layernorm(const float* x, const float* gamma, const float* beta, int32_t n_tok, int32_t dim, float eps,
                            float* y) = 0;

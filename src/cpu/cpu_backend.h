@@ -49,6 +49,9 @@ public:
     // Channel ranges on the pool (cpu_short_conv.cpp).
     void short_conv(const float* x, const float* w, const float* bias, int32_t n_tok, int32_t channels, int32_t kernel,
                     bool silu, float* state, float* y) override;
+    // The token-by-token recurrence, heads on the pool (cpu_ssm_scan.cpp).
+    void ssm_scan(const float* xbc, const float* dt, const float* A, const float* dt_bias, const float* D,
+                  int32_t n_tok, const SsmShape& shape, float* state, float* y) override;
     void argmax_rows(const float* x, int32_t n_rows, int64_t width, int32_t* ids) override;
     void moe_route(const MoeWeights& w, const float* logits, int32_t n_tok, int32_t* ids, float* weights) override;
     void gather_rows(const float* x, const int32_t* rows, int32_t n_rows, int64_t dim, float* y) override;

@@ -107,6 +107,10 @@ public:
                     bool silu, float* state, float* y) override {
         in_->short_conv(x, w, bias, n_tok, channels, kernel, silu, state, y);
     }
+    void ssm_scan(const float* xbc, const float* dt, const float* A, const float* dt_bias, const float* D,
+                  int32_t n_tok, const SsmShape& shape, float* state, float* y) override {
+        in_->ssm_scan(xbc, dt, A, dt_bias, D, n_tok, shape, state, y);
+    }
     void layernorm(const float* x, const float* gamma, const float* beta, int32_t n_tok, int32_t dim, float eps,
                    float* y) override {
         in_->layernorm(x, gamma, beta, n_tok, dim, eps, y);

@@ -563,6 +563,28 @@ struct PyBackend {
                 make_out(download(*be, sb, state.size()), {(size_t)kernel - 1, (size_t)channels})};
     }
 
+    // (y [n_tok, n_head * head_dim], the state after the tokens); xbc [n_tok, n_head * head_dim +
+    // 2 * n_group * d_state], dt [n_tok, n_head], A, dt_bias, D [n_head], state [n_head, head_dim, d_state].
+    std::pair<F32Out, F32Out> ssm_scan(F32In xbc, F32In dt, F32In A, std::optional<F32In> dt_bias,
+                                       std::optional<F32In> D, F32In state, int32_t n_group) {
+        if (state.ndim() != 3) fail("ssm_scan: state must be [n_head, head_dim, d_state] float32");
+        const SsmShape s{(int32_t)state.shape(0), (int32_t)state.shape(1), (int32_t)state.shape(2), n_group};
+        if (xbc.ndim() != 2) fail("ssm_scan: xbc must be [n_tok, n_head * head_dim + 2 * n_group * d_state] float32");
+        const int32_t n_tok = (int32_t)xbc.shape(0);
+        check_ssm_shape(s, n_tok, "ssm_scan");
+        check_rows(xbc, n_tok, s.xbc_width(), "ssm_scan: xbc");
+        check_rows(dt, n_tok, s.n_head, "ssm_scan: dt");
+        if (A.ndim() != 1 || A.size() != (size_t)s.n_head) fail("ssm_scan: A must be [", s.n_head, "] float32");
+        const size_t n_out = (size_t)n_tok * s.inner();
+        Buf xb(*be, xbc.data(), xbc.size() * 4), tb(*be, dt.data(), dt.size() * 4), ab(*be, A.data(), A.size() * 4),
+            sb(*be, state.data(), state.size() * 4), yb(*be, n_out * 4);
+        const std::unique_ptr<Buf> bb = optional_vector(*be, dt_bias, (size_t)s.n_head, "ssm_scan: dt_bias");
+        const std::unique_ptr<Buf> db = optional_vector(*be, D, (size_t)s.n_head, "ssm_scan: D");
+        be->ssm_scan(xb.f(), tb.f(), ab.f(), ptr(bb), ptr(db), n_tok, s, sb.f(), yb.f());
+        return {make_out(download(*be, yb, n_out), {(size_t)n_tok, (size_t)s.inner()}),
+                make_out(download(*be, sb, state.size()), {state.shape(0), state.shape(1), state.shape(2)})};
+    }
+
     F32Out sigmoid(F32In x) {
         if (x.ndim() != 1 || x.size() == 0) fail("sigmoid: x must be [n] float32");
         Buf xb(*be, x.data(), x.size() * 4);
@@ -961,6 +983,7 @@ std::vector<std::pair<std::string, std::string>> contract_ops() {
             {"scale_softcap", "scale_softcap"},
             {"gated_delta_rule", "gated_delta_rule"},
             {"short_conv", "short_conv"},
+            {"ssm_scan", "ssm_scan"},
             {"moe", "moe"},
             {"moe_ffn", "moe"},
             {"layernorm", "layernorm"},
@@ -1055,6 +1078,8 @@ void bind_kernel_backend(nb::module_& m) {
              nb::arg("beta"), nb::arg("state"), nb::arg("n_k_heads"))
         .def("short_conv", &PyBackend::short_conv, nb::arg("x"), nb::arg("w"), nb::arg("bias"), nb::arg("state"),
              nb::arg("silu") = false)
+        .def("ssm_scan", &PyBackend::ssm_scan, nb::arg("xbc"), nb::arg("dt"), nb::arg("A"), nb::arg("dt_bias"),
+             nb::arg("D"), nb::arg("state"), nb::arg("n_group"))
         .def("ffn", &PyBackend::ffn, nb::arg("type_id"), nb::arg("gate"), nb::arg("up"), nb::arg("down"),
              nb::arg("n_in"), nb::arg("x"), nb::arg("norm"), nb::arg("eps") = 1e-5f, nb::arg("residual") = nb::none(),
              nb::arg("act") = "silu", nb::arg("composed") = false);
