@@ -1,8 +1,8 @@
 """ember-convert's encoders, as llama.cpp's converter writes them: BERT-family checkpoints (BertModel,
 RoBERTa / XLM-RoBERTa, their *ForSequenceClassification rerankers) -> "bert", NomicBertModel ->
-"nomic-bert", EmbeddingGemma (Gemma3TextModel with bidirectional attention) -> "gemma-embedding"
-with sentence-transformers' Dense modules as dense_2 / dense_3. The pooling type comes from the
-sentence-transformers Pooling module (rank for sequence classifiers)."""
+"nomic-bert" (or "nomic-bert-moe" for v2 MoE), EmbeddingGemma (Gemma3TextModel with bidirectional
+attention) -> "gemma-embedding" with sentence-transformers' Dense modules as dense_2 / dense_3. The
+pooling type comes from the sentence-transformers Pooling module (rank for sequence classifiers)."""
 import json
 import os
 import re
@@ -186,10 +186,10 @@ def _nomic(config, path, checkpoint, writer_keys):
     if not all(isinstance(v, int) and v > 0 for v in (E, L, H, F)):
         raise ConvertError(f"{path}: hidden size, layers, heads and intermediate size must be positive integers")
     act = get("hidden_act", "activation_function")
+    if get("moe_every_n_layers"):
+        return _nomic_moe(config, path, checkpoint, writer_keys, get, (E, L, H, F))
     if act not in ("silu", "swiglu"):
         raise ConvertError(f"{path}: unsupported activation '{act}' for nomic-bert (expected SwiGLU)")
-    if get("moe_every_n_layers"):
-        raise ConvertError(f"{path}: nomic-bert's mixture of experts (moe_every_n_layers) is not supported")
     for flag in ("qkv_proj_bias", "mlp_fc1_bias", "mlp_fc2_bias", "prenorm", "rotary_emb_interleaved"):
         if config.get(flag):
             raise ConvertError(f"{path}: nomic-bert with {flag}=true is not supported")
@@ -242,6 +242,86 @@ def _nomic(config, path, checkpoint, writer_keys):
     if pooling is not None:
         writer_keys.append(("add_pooling_type", pooling))
     return "nomic-bert", p.plans
+
+
+def _nomic_moe(config, path, checkpoint, writer_keys, get, dims):
+    """nomic-embed-text v2 MoE (nomic's own checkpoint names) -> "nomic-bert-moe", as llama.cpp's
+    converter writes it: every moe_every_n_layers-th layer (i % n == 1) a mixture of GELU experts
+    (megablocks' w1 [experts * n_inner, n_embd] and w2 of the same shape, not transposed), the others
+    BERT's GELU feed-forward with biases. The experts' shared output bias, which llama.cpp drops,
+    is kept as that layer's ffn_down.bias when it is not all zeros."""
+    E, L, H, F = dims
+    every, top_k = get("moe_every_n_layers"), get("moe_top_k")
+    X = get("num_experts", "num_local_experts")
+    if not all(isinstance(v, int) and v > 0 for v in (every, top_k, X)) or top_k > X:
+        raise ConvertError(f"{path}: moe_every_n_layers, num_experts and moe_top_k (at most num_experts) must be "
+                           "positive integers")
+    act = get("activation_function", "hidden_act")
+    if act != "gelu":
+        raise ConvertError(f"{path}: unsupported activation '{act}' for nomic-bert-moe (expected gelu)")
+    for flag in ("prenorm", "rotary_emb_interleaved", "moe_normalize_expert_weights", "causal"):
+        if config.get(flag):
+            raise ConvertError(f"{path}: nomic-bert-moe with {flag}={config[flag]} is not supported")
+    for flag in ("qkv_proj_bias", "mlp_fc1_bias", "mlp_fc2_bias"):
+        if config.get(flag) is False:
+            raise ConvertError(f"{path}: nomic-bert-moe with {flag}=false is not supported")
+    if config.get("rotary_emb_fraction", 1.0) != 1.0 or config.get("rotary_emb_scale_base") is not None:
+        raise ConvertError(f"{path}: nomic-bert-moe with partial or scaled rotary embeddings is not supported")
+    if E % H:
+        raise ConvertError(f"{path}: n_head={H} does not divide n_embd={E}")
+    V, T = get("vocab_size"), get("type_vocab_size") or 1
+    n_pos, trained = get("n_positions", "max_position_embeddings") or 2048, get("max_trained_positions") or 2048
+    n_ctx = 512 if (n_pos, trained) == (2048, 2048) else min(n_pos, trained)   # v2 MoE is trained on 512
+    p = _Plans(checkpoint)
+    p.add("embeddings.word_embeddings.weight", "token_embd.weight", (V, E))
+    p.add("embeddings.token_type_embeddings.weight", "token_types.weight", (T, E))
+    p.add("emb_ln.weight", "token_embd_norm.weight", (E,))
+    p.add("emb_ln.bias", "token_embd_norm.bias", (E,))
+    for i in range(L):
+        b, g = f"encoder.layers.{i}.", f"blk.{i}."
+        _expect(checkpoint, b + "attn.Wqkv.weight", (3 * E, E))
+        _expect(checkpoint, b + "attn.Wqkv.bias", (3 * E,))
+        qkv, qkv_b = checkpoint.load_f32(b + "attn.Wqkv.weight"), checkpoint.load_f32(b + "attn.Wqkv.bias")
+        for k, name in enumerate(("attn_q", "attn_k", "attn_v")):
+            p.add_data(g + name + ".weight", qkv[k * E:(k + 1) * E], b + "attn.Wqkv.weight")
+            p.add_data(g + name + ".bias", qkv_b[k * E:(k + 1) * E], b + "attn.Wqkv.bias")
+        for hf, gg, shape in (("attn.out_proj", "attn_output", (E, E)), ("norm1", "attn_output_norm", (E,)),
+                              ("norm2", "layer_output_norm", (E,))):
+            p.add(b + hf + ".weight", g + gg + ".weight", shape)
+            p.add(b + hf + ".bias", g + gg + ".bias", shape[:1])
+        if i % every != 1:
+            for hf, gg, shape in (("mlp.fc1", "ffn_up", (F, E)), ("mlp.fc2", "ffn_down", (E, F))):
+                p.add(b + hf + ".weight", g + gg + ".weight", shape)
+                p.add(b + hf + ".bias", g + gg + ".bias", shape[:1])
+            continue
+        m = b + "mlp."
+        p.add(m + "router.layer.weight", g + "ffn_gate_inp.weight", (X, E))
+        for w in ("w1", "w2"):
+            _expect(checkpoint, m + "experts.mlp." + w, (X * F, E))
+        p.used.update((m + "experts.mlp.w1", m + "experts.mlp.w2"))
+        up = lambda a: np.ascontiguousarray(a[0].reshape(X, F, E))  # noqa: E731
+        down = lambda a: np.ascontiguousarray(a[0].reshape(X, F, E).transpose(0, 2, 1))  # noqa: E731
+        p.plans.append(TensorPlan(None, g + "ffn_up_exps.weight", (X, F, E), inputs=(m + "experts.mlp.w1",),
+                                  combine=up))
+        p.plans.append(TensorPlan(None, g + "ffn_down_exps.weight", (X, E, F), inputs=(m + "experts.mlp.w2",),
+                                  combine=down))
+        _expect(checkpoint, m + "experts.bias", (E,))
+        bias = checkpoint.load_f32(m + "experts.bias")
+        if np.any(bias != 0):
+            p.add_data(g + "ffn_down.bias", bias, m + "experts.bias")
+        p.used.add(m + "experts.bias")
+    p.check_all_used("nomic-bert-moe", ignored=(r"(^|\.)position_ids$", r"(^|\.)inv_freq$", r"^pooler\."))
+    writer_keys += [("add_context_length", int(n_ctx)), ("add_embedding_length", E), ("add_block_count", L),
+                    ("add_feed_forward_length", F), ("add_head_count", H),
+                    ("add_layer_norm_eps", float(get("layer_norm_epsilon", "layer_norm_eps") or 1e-5)),
+                    ("add_causal_attention", False),
+                    ("add_rope_freq_base", float(get("rotary_emb_base", "rope_theta") or 10000.0)),
+                    ("add_token_type_count", T), ("add_vocab_size", V), ("add_moe_every_n_layers", every),
+                    ("add_expert_count", X), ("add_expert_used_count", top_k)]
+    pooling = _pooling(os.path.dirname(path), "NomicBertModel")
+    if pooling is not None:
+        writer_keys.append(("add_pooling_type", pooling))
+    return "nomic-bert-moe", p.plans
 
 
 def _dense(model_dir, folder, n_in):

@@ -90,6 +90,8 @@ struct EncoderImpl {
         s.buf.q = alloc(be, B * QW), s.buf.k = alloc(be, B * KW), s.buf.v = alloc(be, B * KW);
         s.buf.att = alloc(be, B * QW);
         s.buf.gate = alloc(be, B * hp.n_ff), s.buf.up = alloc(be, B * hp.n_ff);
+        if (hp.n_expert > 0)
+            s.buf.moe = alloc(be, moe_scratch_floats(B, E, hp.n_ff_exp, hp.n_expert, hp.n_expert_used));
         return scratch.emplace(&be, s).first->second;
     }
     void read_head(const GGUFFile& f);
@@ -136,7 +138,8 @@ Encoder::Encoder(std::shared_ptr<Model> model, const EncoderParams& params) {
     ModelImpl& m = model->impl();
     const auto* arch = dynamic_cast<const EncoderArch*>(m.arch);
     if (!arch)
-        fail(m.file->path(), ": ", m.hp.arch, " is not an encoder (bert, nomic-bert, gemma-embedding): its ",
+        fail(m.file->path(), ": ", m.hp.arch,
+             " is not an encoder (bert, nomic-bert, nomic-bert-moe, gemma-embedding): its ",
              "embeddings come from a Context with embeddings=true");
     impl_ = std::make_unique<EncoderImpl>();
     EncoderImpl& e = *impl_;

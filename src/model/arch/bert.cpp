@@ -7,8 +7,6 @@
 
 namespace ember {
 
-namespace {
-
 std::vector<TensorSpec> bert_block_tensors(const HParams& hp, bool gated) {
     const int64_t E = hp.n_embd, F = hp.n_ff, D = hp.head_dim;
     const int64_t QW = (int64_t)hp.n_head * D, KW = (int64_t)hp.n_head_kv * D;
@@ -43,20 +41,23 @@ std::vector<TensorSpec> bert_block_tensors(const HParams& hp, bool gated) {
     return t;
 }
 
-void read_encoder_hparams(const GGUFFile& f, HParams& hp) {
+void read_encoder_hparams(const GGUFFile& f, HParams& hp, bool experts) {
     const std::string a = hp.arch + ".";
     if (f.get_bool(a + "attention.causal", false))
         fail(f.path(), ": ", a, "attention.causal is true; ", hp.arch, " is an encoder (bidirectional attention)");
     hp.rms_eps = (float)f.get_float(a + "attention.layer_norm_epsilon", 1e-12);
-    if (hp.n_expert > 0) fail(f.path(), ": ", hp.arch, " with experts (", a, "expert_count) is not supported");
+    if (hp.n_expert > 0 && !experts)
+        fail(f.path(), ": ", hp.arch, " with experts (", a, "expert_count) is not supported");
     if (f.find_tensor("blk.0.attn_qkv.bias"))
         fail(f.path(), ": a fused attn_qkv.bias is not supported (separate attn_q/k/v biases are)");
     hp.qkv_fused = f.find_tensor("blk.0.attn_qkv.weight") != nullptr;
 }
 
+namespace {
+
 class BertArch final : public EncoderArch {
 public:
-    void read_hparams(const GGUFFile& f, HParams& hp) const override { read_encoder_hparams(f, hp); }
+    void read_hparams(const GGUFFile& f, HParams& hp) const override { read_encoder_hparams(f, hp, false); }
     std::vector<TensorSpec> block_tensors(const HParams& hp) const override { return bert_block_tensors(hp, false); }
     bool absolute_positions() const override { return true; }
     bool input_layernorm() const override { return true; }
@@ -66,7 +67,7 @@ public:
 class NomicBertArch final : public EncoderArch {
 public:
     void read_hparams(const GGUFFile& f, HParams& hp) const override {
-        read_encoder_hparams(f, hp);
+        read_encoder_hparams(f, hp, false);
         hp.rope_neox = true;   // nomic's rotary halves (rotary_emb_interleaved false)
     }
     std::vector<TensorSpec> block_tensors(const HParams& hp) const override { return bert_block_tensors(hp, true); }
@@ -76,10 +77,9 @@ public:
 
 }  // namespace
 
-const float* post_norm_encoder_block(const BlockRun& r, bool rotary, bool gated) {
+void post_norm_encoder_attention(const BlockRun& r, bool rotary) {
     Backend& be = r.be;
     const int32_t n = r.n_tok, E = r.hp.n_embd;
-    const int64_t F = r.w.m(Role::up)->n_out;
     const BlockBuffers& b = r.buf;
     if (r.residual) be.add(r.x, r.residual, (int64_t)n * E);
     const Weight* ws[3] = {r.w.m(Role::wq), r.w.m(Role::wk), r.w.m(Role::wv)};
@@ -99,6 +99,21 @@ const float* post_norm_encoder_block(const BlockRun& r, bool rotary, bool gated)
     if (r.w.v(Role::bo)) be.add_bias(r.out_a, r.w.v(Role::bo), n, E);
     be.add(r.out_a, r.x, (int64_t)n * E);
     be.layernorm(r.out_a, r.w.v(Role::post_attn_norm), r.w.v(Role::post_attn_norm_b), n, E, r.hp.rms_eps, r.x);
+}
+
+void post_norm_encoder_ffn_end(const BlockRun& r) {
+    const int32_t n = r.n_tok, E = r.hp.n_embd;
+    if (r.w.v(Role::down_b)) r.be.add_bias(r.out_a, r.w.v(Role::down_b), n, E);
+    r.be.add(r.out_a, r.x, (int64_t)n * E);
+    r.be.layernorm(r.out_a, r.w.v(Role::post_ffn_norm), r.w.v(Role::post_ffn_norm_b), n, E, r.hp.rms_eps, r.x);
+}
+
+const float* post_norm_encoder_block(const BlockRun& r, bool rotary, bool gated) {
+    Backend& be = r.be;
+    const int32_t n = r.n_tok;
+    const int64_t F = r.w.m(Role::up)->n_out;
+    const BlockBuffers& b = r.buf;
+    post_norm_encoder_attention(r, rotary);
     if (gated) {
         const Weight* fw[2] = {r.w.m(Role::gate), r.w.m(Role::up)};
         float* fy[2] = {b.gate, b.up};
@@ -110,9 +125,7 @@ const float* post_norm_encoder_block(const BlockRun& r, bool rotary, bool gated)
         be.unary(UnaryOp::GeLUErf, b.gate, (int64_t)n * F);
     }
     be.matmul(*r.w.m(Role::down), b.gate, n, r.out_a);
-    if (r.w.v(Role::down_b)) be.add_bias(r.out_a, r.w.v(Role::down_b), n, E);
-    be.add(r.out_a, r.x, (int64_t)n * E);
-    be.layernorm(r.out_a, r.w.v(Role::post_ffn_norm), r.w.v(Role::post_ffn_norm_b), n, E, r.hp.rms_eps, r.x);
+    post_norm_encoder_ffn_end(r);
     return nullptr;
 }
 

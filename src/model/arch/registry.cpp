@@ -14,6 +14,7 @@ const Architecture& qwen3moe_architecture();
 const Architecture& gpt_oss_architecture();
 const Architecture& bert_architecture();
 const Architecture& nomic_bert_architecture();
+const Architecture& nomic_bert_moe_architecture();
 const Architecture& gemma_embedding_architecture();
 const Architecture& phi3_architecture();
 const Architecture& mistral3_architecture();
@@ -40,6 +41,7 @@ const Entry kArchitectures[] = {
     {"gpt-oss", &gpt_oss_architecture},
     {"bert", &bert_architecture},
     {"nomic-bert", &nomic_bert_architecture},
+    {"nomic-bert-moe", &nomic_bert_moe_architecture},
     {"gemma-embedding", &gemma_embedding_architecture},
     {"phi3", &phi3_architecture},
     {"mistral3", &mistral3_architecture},
