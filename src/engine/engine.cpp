@@ -19,6 +19,7 @@
 #include "engine/grammar_worker.h"
 #include "engine/scheduler.h"
 #include "kv/kv_cache.h"
+#include "model/recurrent_state.h"
 #include "model/runner.h"
 
 namespace ember {
@@ -433,6 +434,9 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineParams& p) {
     if (!(p.kv_host_mb >= 0) || !std::isfinite(p.kv_host_mb))
         fail("kv_host_mb must be a finite number >= 0 (0: no host tier), got ", p.kv_host_mb);
     const HParams& hp = model->hparams();
+    if (has_recurrent_layers(hp))
+        fail(model->file().path(), ": ", hp.arch, " is a hybrid model whose recurrent (gated DeltaNet) layers keep ",
+             "a state per sequence, and the engine has no recurrent state slots yet: run it with Llama (one sequence)");
     const size_t block_bytes = kv_block_bytes_model(hp, p.kv_block_size, p.type_k, p.type_v);
     const int64_t per_seq = (p.n_ctx + p.kv_block_size - 1) / p.kv_block_size;
     const double mib = 1024.0 * 1024.0;

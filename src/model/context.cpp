@@ -1,25 +1,32 @@
 // Context: one sequence over a Runner (the forward) and a KVCache (its block table), fed in
 // n_batch chunks, keeping logits or (embeddings) final-normed hidden rows. Llama drives it; the
-// engine (src/engine) runs many sequences on the same parts.
+// engine (src/engine) runs many sequences on the same parts. A hybrid model's sequence also has
+// state slot 0 of the runner's recurrent state, which cannot be rewound: a cut recomputes.
 #include <algorithm>
 
 #include "ember/status.h"
 #include "kv/kv_cache.h"
+#include "model/recurrent_state.h"
 #include "model/runner.h"
 
 namespace ember {
 
 namespace {
 constexpr int64_t kSeq = 0;
-}
+constexpr int32_t kSlot = 0;
+}  // namespace
 
 struct ContextImpl {
     ContextParams params;
     Runner runner;
     KVCache cache;
+    bool recurrent;
+    // The recurrent state holds exactly the cache's tokens (false after a step that failed midway).
+    bool state_ok = true;
 
     ContextImpl(std::shared_ptr<Model> m, const ContextParams& p, const RunnerParams& rp)
-        : params(p), runner(std::move(m), rp), cache(rp.n_kv_blocks, rp.kv_block_size, 0, false) {
+        : params(p), runner(std::move(m), rp), cache(rp.n_kv_blocks, rp.kv_block_size, 0, false),
+          recurrent(has_recurrent_layers(runner.model().hparams())) {
         cache.add(kSeq);
     }
 
@@ -35,8 +42,30 @@ struct ContextImpl {
         batch.pos.resize(n);
         batch.seq.assign(n, 0);
         for (int32_t i = 0; i < n; ++i) batch.pos[i] = n_past + i;
+        if (recurrent) {
+            batch.state_slot = {kSlot};
+            if (n_past == 0) runner.clear_state(kSlot);
+            state_ok = false;
+        }
         runner.forward(tokens, batch, rows);
         cache.commit(kSeq, tokens, n);
+        state_ok = true;
+    }
+
+    // Makes the context hold its first n_past tokens again. A recurrent state has seen them all and
+    // cannot be rewound, so for a hybrid model they are evaluated again from the start.
+    void truncate(int32_t n_past) {
+        if (!recurrent || (n_past == cache.n_tokens(kSeq) && state_ok)) {
+            cache.truncate(kSeq, n_past);
+            return;
+        }
+        const std::vector<int32_t> keep(cache.tokens(kSeq).begin(), cache.tokens(kSeq).begin() + n_past);
+        cache.truncate(kSeq, 0);
+        runner.clear_state(kSlot);
+        state_ok = true;
+        const int32_t n_batch = runner.params().n_batch;
+        for (int32_t start = 0; start < n_past; start += n_batch)
+            forward(keep.data() + start, std::min(n_batch, n_past - start), {});
     }
 };
 
@@ -55,6 +84,7 @@ Context::Context(std::shared_ptr<Model> model, const ContextParams& params) {
     rp.offload_kqv = params.offload_kqv;
     rp.kv_gpu_cache_mb = params.kv_gpu_cache_mb;
     rp.embeddings = params.embeddings;
+    rp.n_state_slots = 1;
     impl_ = std::make_unique<ContextImpl>(std::move(model), params, rp);
 }
 
@@ -112,7 +142,7 @@ void Context::truncate(int32_t n_past) {
     ContextImpl& c = *impl_;
     const int32_t have = c.cache.n_tokens(kSeq);
     if (n_past < 0 || n_past > have) fail("truncate: n_past ", n_past, " must be in [0, ", have, "]");
-    c.cache.truncate(kSeq, n_past);
+    c.truncate(n_past);
 }
 
 }  // namespace ember

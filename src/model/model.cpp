@@ -130,8 +130,8 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& p
         fail(path, ": rope_freqs.weight and LongRoPE's rope_factors_short/long.weight cannot both be given");
     if (factors.empty()) factors = factors_short;
     const RopeParams rope = model_rope(hp, factors);
-    const std::vector<TensorSpec> specs = m.arch->block_tensors(hp);
     for (int32_t l = 0; l < hp.n_layer; ++l) {
+        const std::vector<TensorSpec> specs = m.arch->layer_tensors(hp, l);
         const std::string p = "blk." + std::to_string(l) + ".";
         BlockTensors b;
         for (const TensorSpec& s : specs) {

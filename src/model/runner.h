@@ -33,6 +33,9 @@ struct RunnerParams {
     // The head stops at the final norm: each row asked for is the hidden state after output_norm
     // ([n_embd] floats, what llama.cpp pools into embeddings) instead of logits.
     bool embeddings = false;
+    // Sequences whose recurrent state (hybrid models' recurrent layers) the runner keeps at once,
+    // the slots BatchInfo::state_slot names; unused by models without recurrent layers.
+    int32_t n_state_slots = 0;
 };
 
 // Rows [first, first + count) of a step whose logits (or hidden rows) are computed.
@@ -66,6 +69,9 @@ public:
     void copy_blocks_from_host(const std::vector<std::pair<int32_t, int32_t>>& host_to_dev);
     // Runs work on the CPU backend's threads (idle between steps): the engine's batch sampling.
     HostParallelFor parallel_for() const;
+    // Zeroes recurrent state slot `slot` (a sequence starting from no tokens); nothing for a model
+    // without recurrent layers.
+    void clear_state(int32_t slot);
     // Bytes one KV block takes over all layers (K and V).
     size_t kv_block_bytes_all_layers() const;
     const Model& model() const;
@@ -76,7 +82,7 @@ private:
     std::unique_ptr<RunnerImpl> impl_;
 };
 
-// Bytes one KV block of `block_size` tokens takes over all of the model's layers (K and V).
+// Bytes one KV block of `block_size` tokens takes over all of the model's attention layers (K and V).
 size_t kv_block_bytes_model(const HParams& hp, int32_t block_size, GGMLType type_k, GGMLType type_v);
 
 }  // namespace ember

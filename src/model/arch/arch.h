@@ -45,6 +45,15 @@ enum class Role : int {
     post_ffn_norm_b,
     up_b,             // non-gated feed-forward biases (BERT)
     down_b,
+    ssm_in,           // a gated DeltaNet layer (Qwen3.5): q, k, v projection [n_embd] -> [2 key_dim + value_dim]
+    ssm_gate,         // its output gate z [n_embd] -> [value_dim]
+    ssm_conv,         // its depthwise convolution [channels][kernel], read as floats
+    ssm_dt,           // [n_v_heads] added to alpha before the softplus
+    ssm_a,            // [n_v_heads] -exp(A_log)
+    ssm_beta,         // [n_embd] -> [n_v_heads]
+    ssm_alpha,        // [n_embd] -> [n_v_heads]
+    ssm_norm,         // [head_v] RMSNorm of each v head's output
+    ssm_out,          // [value_dim] -> [n_embd]
     count
 };
 constexpr int kRoles = static_cast<int>(Role::count);
@@ -114,6 +123,10 @@ struct BlockRun {
     float* out_b;
     // The block's experts on another backend (remote_experts.h); null: they run on be with the rest.
     const RemoteExperts* experts = nullptr;
+    // A recurrent layer's state slots (null for attention layers) and the step's batch, whose
+    // state_slot says each sequence's slot.
+    const RecurrentLayer* state = nullptr;
+    const BatchInfo* batch = nullptr;
 };
 
 class Architecture {
@@ -122,6 +135,11 @@ public:
     // Reads the architecture's own keys after the common ones (ember reads those for all).
     virtual void read_hparams(const GGUFFile& f, HParams& hp) const { (void)f, (void)hp; }
     virtual std::vector<TensorSpec> block_tensors(const HParams& hp) const = 0;
+    // Layer l's tensors: block_tensors unless layers differ in kind (hybrid models).
+    virtual std::vector<TensorSpec> layer_tensors(const HParams& hp, int32_t l) const {
+        (void)l;
+        return block_tensors(hp);
+    }
     // Factor the embedding rows are scaled by before block 0.
     virtual float embd_scale(const HParams& hp) const {
         (void)hp;
