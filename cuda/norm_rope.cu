@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(kHeadNormWarps * kWarp)
     double ss = 0.0;
     for (int i = lane; i < head_dim; i += kWarp) ss += double(xr[i]) * xr[i];
     const float inv = rms_scale(warp_sum_double(ss), head_dim, eps);
-    for (int i = lane; i < head_dim; i += kWarp) xr[i] = xr[i] * inv * gamma[i];
+    for (int i = lane; i < head_dim; i += kWarp) xr[i] = gamma ? xr[i] * inv * gamma[i] : xr[i] * inv;
 }
 
 // Rotates the pair (i, i + half) (neox) or (2i, 2i + 1) of one head's n_rot rotated dimensions by

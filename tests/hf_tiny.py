@@ -106,6 +106,10 @@ def _draw(spec):
             x = 1.0 * x   # logits beside the attention scores: of their size, so they matter
         elif name.endswith("gate_up_proj"):
             x = 0.5 * x   # large enough that gpt-oss's clamps at +-7 act
+        elif name.endswith("layer_scalar"):
+            # Gemma 4's factor on the whole hidden state: near 1, since near 0 each layer's output
+            # would swamp the stream and leave the model too ill-conditioned to compare at f32.
+            x = 1.0 + 0.2 * x
         else:
             x = 0.08 * x
         x = x.astype(np.float32)

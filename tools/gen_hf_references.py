@@ -120,6 +120,13 @@ MODELS = {
     "granite": Tiny("granite", "bpe", 16, prompt=_LONG, overrides=dict(
         embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.5, logits_scaling=2.5)),
     "smollm3": Tiny("smollm3", "bpe", 17, prompt=_LONG, overrides=dict(num_hidden_layers=4, pad_token_id=0)),
+    # tests/test_arch_gemma4.py: Gemma 4 with 6 layers alternating a window of 8 (heads of 16) and global
+    # layers (heads of 32, a quarter rotated, one KV head whose values are the keys' projection); the
+    # last two layers read the KV of layers 2 and 3; per-layer embeddings of 8; logits capped at 1.
+    "gemma4": Tiny("gemma4", "spm-nodummy", 24, tied=True, prompt=_LONG, overrides=dict(
+        num_hidden_layers=6, sliding_window=8, global_head_dim=32, attention_k_eq_v=True,
+        num_global_key_value_heads=1, num_kv_shared_layers=2, hidden_size_per_layer_input=8,
+        final_logit_softcapping=1.0, layer_types=["sliding_attention", "full_attention"] * 3)),
     # tests/test_embeddings.py
     "embed-llama": Tiny("llama", "bpe", 7),
 }
@@ -210,9 +217,10 @@ def _tokenizer(tok_dir, backend):
 
 
 def _config(tiny, n_tokens):
-    from transformers import (Cohere2Config, CohereConfig, Gemma2Config, Gemma3TextConfig, Glm4Config, GptOssConfig,
-                              GraniteConfig, LlamaConfig, Ministral3Config, MistralConfig, MixtralConfig, Olmo2Config,
-                              Olmo3Config, Phi3Config, Qwen2Config, Qwen3Config, Qwen3MoeConfig, SmolLM3Config)
+    from transformers import (Cohere2Config, CohereConfig, Gemma2Config, Gemma3TextConfig, Gemma4TextConfig,
+                              Glm4Config, GptOssConfig, GraniteConfig, LlamaConfig, Ministral3Config, MistralConfig,
+                              MixtralConfig, Olmo2Config, Olmo3Config, Phi3Config, Qwen2Config, Qwen3Config,
+                              Qwen3MoeConfig, SmolLM3Config)
 
     kw = dict(vocab_size=n_tokens + tiny.extra_vocab, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5,
@@ -222,12 +230,15 @@ def _config(tiny, n_tokens):
     if tiny.arch in ("gemma3", "gemma2"):
         # query_pre_attn_scalar = head_dim: the attention scale llama.cpp's gemma3 assumes.
         kw.update(head_dim=16, query_pre_attn_scalar=16, pad_token_id=0)
+    if tiny.arch == "gemma4":
+        kw.update(head_dim=16, pad_token_id=0, vocab_size_per_layer_input=kw["vocab_size"])
     kw.update(tiny.overrides)
     classes = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config,
                "gemma3": Gemma3TextConfig, "qwen3moe": Qwen3MoeConfig, "mixtral": MixtralConfig,
                "gpt-oss": GptOssConfig, "phi3": Phi3Config, "ministral3": Ministral3Config,
                "glm4": Glm4Config, "gemma2": Gemma2Config, "olmo2": Olmo2Config, "olmo3": Olmo3Config,
-               "granite": GraniteConfig, "smollm3": SmolLM3Config, "cohere": CohereConfig, "cohere2": Cohere2Config}
+               "granite": GraniteConfig, "smollm3": SmolLM3Config, "cohere": CohereConfig, "cohere2": Cohere2Config,
+               "gemma4": Gemma4TextConfig}
     return classes[tiny.arch](**kw)
 
 
@@ -258,17 +269,18 @@ def _saved_layout(model, dtype, shard, work):
 def model_layouts(tok_root, work):
     """name -> layout, tokenizer and seed of every tiny model (models.json)."""
     from transformers import (Cohere2ForCausalLM, CohereForCausalLM, Gemma2ForCausalLM, Gemma3Config, Gemma3ForCausalLM,
-                              Gemma3ForConditionalGeneration, Glm4ForCausalLM, GptOssForCausalLM, GraniteForCausalLM,
-                              LlamaForCausalLM, Ministral3ForCausalLM, MistralForCausalLM, MixtralForCausalLM,
-                              Olmo2ForCausalLM, Olmo3ForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
-                              Qwen3MoeForCausalLM, SmolLM3ForCausalLM)
+                              Gemma3ForConditionalGeneration, Gemma4ForCausalLM, Glm4ForCausalLM, GptOssForCausalLM,
+                              GraniteForCausalLM, LlamaForCausalLM, Ministral3ForCausalLM, MistralForCausalLM,
+                              MixtralForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM,
+                              Qwen3ForCausalLM, Qwen3MoeForCausalLM, SmolLM3ForCausalLM)
 
     classes = {"llama": LlamaForCausalLM, "mistral": MistralForCausalLM, "qwen2": Qwen2ForCausalLM,
                "qwen3": Qwen3ForCausalLM, "gemma3": Gemma3ForCausalLM, "qwen3moe": Qwen3MoeForCausalLM,
                "mixtral": MixtralForCausalLM, "gpt-oss": GptOssForCausalLM, "phi3": Phi3ForCausalLM,
                "ministral3": Ministral3ForCausalLM, "glm4": Glm4ForCausalLM, "gemma2": Gemma2ForCausalLM,
                "olmo2": Olmo2ForCausalLM, "olmo3": Olmo3ForCausalLM, "granite": GraniteForCausalLM,
-               "smollm3": SmolLM3ForCausalLM, "cohere": CohereForCausalLM, "cohere2": Cohere2ForCausalLM}
+               "smollm3": SmolLM3ForCausalLM, "cohere": CohereForCausalLM, "cohere2": Cohere2ForCausalLM,
+               "gemma4": Gemma4ForCausalLM}
     out, configs = {}, {}
     for name, tiny in MODELS.items():
         backend = ENCODERS[tiny.tokenizer][0]
@@ -297,8 +309,8 @@ def load_model(model_dir):
     cls = getattr(transformers, config["architectures"][0])
     # eager: the attention implementation Gemma's authors recommend, and the one with gpt-oss's sinks
     # and Gemma 2's soft-capping.
-    extra = ({"attn_implementation": "eager"} if config["model_type"] in ("gemma3_text", "gemma3", "gpt_oss", "gemma2")
-             else {})
+    extra = ({"attn_implementation": "eager"}
+             if config["model_type"] in ("gemma3_text", "gemma3", "gpt_oss", "gemma2", "gemma4_text") else {})
     model, info = cls.from_pretrained(model_dir, dtype=torch.float32, output_loading_info=True, **extra)
     problems = {k: v for k, v in info.items() if v}
     assert not problems, f"{model_dir}: {problems}"

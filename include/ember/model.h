@@ -75,15 +75,22 @@ struct HParams {
     int32_t n_ff_exp = 0;              // an expert's width: expert_feed_forward_length, else feed_forward_length
     bool expert_weights_norm = true;   // the chosen experts' weights renormalized to sum 1 (expert_weights_norm)
     float expert_weights_scale = 1.0f; // and then scaled by this (expert_weights_scale)
-    // Hybrid models (Qwen3.5): recurrent_layer[l] marks the gated DeltaNet layers, which keep a
-    // per-sequence state instead of KV (empty: none). Their shapes ({arch}.ssm.*): the convolution
-    // kernel, the q/k heads (group_count) and v heads (time_step_rank), and the head widths
-    // (state_size; inner_size / v heads).
-    std::vector<bool> recurrent_layer;
-    int32_t ssm_conv_kernel = 0, ssm_k_heads = 0, ssm_v_heads = 0, ssm_head_k = 0, ssm_head_v = 0;
-    // Multi-token-prediction blocks stored after the n_layer blocks ({arch}.nextn_predict_layers):
-    // loaded by llama.cpp for drafting, not run here.
-    int32_t n_layer_nextn = 0;
+    // Per-layer attention geometry where layers differ (Gemma 4's global layers have a head size and
+    // KV heads of their own); empty: n_head_kv heads of head_dim in every layer.
+    std::vector<int32_t> n_head_kv_layer, head_dim_layer;
+    int32_t n_rot_swa = 0;   // rope.dimension_count_swa: the sliding layers' rotated dimensions (Gemma 4)
+    // kv_from[l] >= 0: layer l keeps no KV and attends over that earlier layer's (KV shared between
+    // layers: Gemma 4); empty or -1: its own.
+    std::vector<int32_t> kv_from;
+    // Per-layer embeddings (Gemma 4): each layer's input of this width from per_layer_token_embd; 0: none.
+    int32_t n_embd_per_layer = 0;
+    // [n_layer] the hidden state's factor after each block (Gemma 4's layer_scalar); empty: none.
+    std::vector<float> layer_scale;
+    int32_t layer_n_head_kv(int32_t l) const { return n_head_kv_layer.empty() ? n_head_kv : n_head_kv_layer[l]; }
+    int32_t layer_head_dim(int32_t l) const { return head_dim_layer.empty() ? head_dim : head_dim_layer[l]; }
+    int32_t kv_layer(int32_t l) const { return kv_from.empty() || kv_from[l] < 0 ? l : kv_from[l]; }
+    // Floats of K (and of V) a token takes in layer l's cache: 0 for a layer reading another's.
+    int64_t kv_width(int32_t l) const { return kv_layer(l) != l ? 0 : (int64_t)layer_n_head_kv(l) * layer_head_dim(l); }
 };
 
 struct ModelImpl;

@@ -13,6 +13,7 @@ from .convert_error import ConvertError
 from .convert_families import olmo2_layers, read_gemma2, read_granite, read_olmo2, read_smollm3
 from .convert_fused import (cohere_layers, glm4_layers, phi3_layers, read_cohere, read_cohere2, read_glm4,
                             read_mistral3, read_phi3)
+from .convert_gemma4 import gemma4_tensors, read_gemma4
 from .convert_moe import GPT_OSS, MIXTRAL, QWEN3MOE, ExpertLayout, add_expert_keys, expert_tensors, read_experts
 from .convert_rope import Rope, add_rope_scaling, llama3_rope_divisors, read_rope, split_rope_params
 
@@ -33,6 +34,7 @@ class ArchSpec:
     read_extra: Optional[Callable] = None   # (config, Hparams, path): the family's own keys (convert_fused.py)
     layer_map: Optional[Callable] = None    # (per-layer tensor map, Hparams): edits it in place
     yarn_mscale: bool = False               # YaRN's mscale_all_dim is written (Mistral 3)
+    tensors: Optional[Callable] = None      # (Hparams) -> every layer's tensor map where layers differ (Gemma 4)
 
 
 # Gemma3TextConfig's defaults: released checkpoints leave many of these out of config.json.
@@ -69,6 +71,8 @@ ARCHS = {
                                                  read_extra=read_mistral3, yarn_mscale=True),
     "Glm4ForCausalLM": ArchSpec("glm4", qkv_bias=True, read_extra=read_glm4, layer_map=glm4_layers),
     "CohereForCausalLM": ArchSpec("command-r", read_extra=read_cohere, layer_map=cohere_layers),
+    "Gemma4ForCausalLM": ArchSpec("gemma4", qk_norm=True, act="gelu_pytorch_tanh", rope_scalings=("proportional",),
+                                  read_extra=read_gemma4, tensors=gemma4_tensors),
     "Cohere2ForCausalLM": ArchSpec("cohere2", read_extra=read_cohere2, layer_map=cohere_layers),
 }
 
@@ -108,6 +112,8 @@ class Hparams:
     orig_ctx: Optional[int] = None          # rope.scaling.original_context_length outside YaRN (phi3)
     rope_attn_factor: Optional[float] = None   # rope.scaling.attn_factor (LongRoPE)
     extra_tensors: dict = field(default_factory=dict)   # GGUF name -> f32 array computed from the config
+    int_keys: dict = field(default_factory=dict)   # {arch}.<name> -> uint32: a family's own integer keys
+    family: dict = field(default_factory=dict)     # a family's own values its tensor map reads
 
 
 @dataclass
@@ -291,6 +297,8 @@ def add_hparams(writer, spec, hp):
             add(value)
     for name, value in hp.keys.items():
         writer.add_float32(f"{spec.gguf_arch}.{name}", value)
+    for name, value in hp.int_keys.items():
+        writer.add_uint32(f"{spec.gguf_arch}.{name}", value)
 
 
 def _layer_tensors(spec, hp):
@@ -342,6 +350,9 @@ def _expected(spec, hp):
     }
     if not hp.tied:
         out["lm_head.weight"] = ("output.weight", (hp.n_vocab, hp.n_embd), 0)
+    if spec.tensors:
+        out.update(spec.tensors(hp))
+        return out
     per_layer = _layer_tensors(spec, hp)
     for i in range(hp.n_layer):
         for suffix, (gguf_suffix, shape, heads) in per_layer.items():

@@ -77,8 +77,10 @@ def read_rope(params, default_base, path, allowed=SCALINGS, what="rope scaling",
     if kind not in allowed:
         raise ConvertError(f"{path}: unsupported {what} '{kind}' "
                            f"(ember-convert writes: {', '.join(allowed) or 'none'})")
-    if kind in ("longrope", "su"):
-        return rope   # LongRoPE's factors are tensors and keys of the architecture's own (convert_fused.py)
+    if kind in ("longrope", "su", "proportional"):
+        # LongRoPE's factors, Gemma 4's partial rotary: tensors and keys of the architecture's own
+        # (convert_fused.py, convert_gemma4.py).
+        return rope
     rope.scaling = kind
     rope.factor = _number(params, "factor", path, kind)
     if kind == "llama3":

@@ -67,11 +67,16 @@ const float* CpuBackend::prepare_vector(const GGUFTensor& t) {
 }
 
 namespace {
-// One row y = x / rms(x) * gamma, the sum of squares in double (rows may alias: x is read first).
+// One row y = x / rms(x) * gamma (gamma null: none), the sum of squares in double (rows may alias: x
+// is read first).
 void rmsnorm_row(const float* x, const float* gamma, int32_t dim, float eps, float* y) {
     double ss = 0.0;
     for (int32_t i = 0; i < dim; ++i) ss += (double)x[i] * x[i];
     const float scale = 1.0f / std::sqrt((float)(ss / dim) + eps);
+    if (!gamma) {
+        for (int32_t i = 0; i < dim; ++i) y[i] = x[i] * scale;
+        return;
+    }
     for (int32_t i = 0; i < dim; ++i) y[i] = x[i] * scale * gamma[i];
 }
 }  // namespace

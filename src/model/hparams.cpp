@@ -45,16 +45,28 @@ HParams read_hparams(const GGUFFile& f) {
     hp.n_embd = (int32_t)f.get_uint(a + "embedding_length");
     hp.n_ff = (int32_t)f.get_uint(a + "feed_forward_length");
     hp.n_head = (int32_t)f.get_uint(a + "attention.head_count");
-    hp.n_head_kv = (int32_t)f.get_uint(a + "attention.head_count_kv", (uint64_t)hp.n_head);
+    const GGUFValue* kv_heads = f.find(a + "attention.head_count_kv");
+    if (kv_heads && kv_heads->type == GGUFType::ARRAY) {
+        // One count a layer (llama.cpp's converter for Gemma 4, whose global layers have their own).
+        if ((int64_t)kv_heads->arr.size() != hp.n_layer ||
+            std::any_of(kv_heads->arr.begin(), kv_heads->arr.end(), [](const GGUFValue& v) { return !v.is_integer(); }))
+            fail(f.path(), ": ", a, "attention.head_count_kv must be a count or ", hp.n_layer, " integers, got ",
+                 kv_heads->arr.size(), " values");
+        for (const GGUFValue& v : kv_heads->arr) hp.n_head_kv_layer.push_back((int32_t)v.num.u);
+        hp.n_head_kv = *std::max_element(hp.n_head_kv_layer.begin(), hp.n_head_kv_layer.end());
+    } else {
+        hp.n_head_kv = (int32_t)f.get_uint(a + "attention.head_count_kv", (uint64_t)hp.n_head);
+    }
     hp.n_ctx_train = (int32_t)f.get_uint(a + "context_length", 2048);
     hp.rms_eps = (float)f.get_float(a + "attention.layer_norm_rms_epsilon", 1e-5);
     hp.rope_base = (float)f.get_float(a + "rope.freq_base", 10000.0);
     if (hp.n_layer <= 0 || hp.n_embd <= 0 || hp.n_ff <= 0 || hp.n_head <= 0 || hp.n_head_kv <= 0)
         fail(f.path(), ": hyperparameters must be positive (block_count ", hp.n_layer, ", embedding_length ", hp.n_embd,
              ", feed_forward_length ", hp.n_ff, ", head_count ", hp.n_head, ", head_count_kv ", hp.n_head_kv, ")");
-    if (hp.n_head % hp.n_head_kv != 0)
-        fail(f.path(), ": ", a, "attention.head_count ", hp.n_head, " must be a multiple of head_count_kv ",
-             hp.n_head_kv);
+    for (int32_t l = 0; l < hp.n_layer; ++l)
+        if (hp.layer_n_head_kv(l) <= 0 || hp.n_head % hp.layer_n_head_kv(l) != 0)
+            fail(f.path(), ": ", a, "attention.head_count ", hp.n_head, " must be a multiple of head_count_kv ",
+                 hp.layer_n_head_kv(l), " (layer ", l, ")");
     const bool own_head_dim = f.find(a + "attention.key_length") != nullptr;
     if (!own_head_dim && hp.n_embd % hp.n_head != 0)
         fail(f.path(), ": ", a, "attention.head_count ", hp.n_head, " must divide embedding_length ", hp.n_embd,

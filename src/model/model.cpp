@@ -120,6 +120,9 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& p
     m.output = encoder ? nullptr : bind_optional(f, "output.weight", {E, hp.n_vocab});
     hp.tied_output = m.output == nullptr;
     if (hp.tied_output) m.output = m.tok_embd;
+    if (hp.n_embd_per_layer > 0)
+        m.per_layer_tok_embd = &bind_tensor(f, "per_layer_token_embd.weight",
+                                            {(int64_t)hp.n_layer * hp.n_embd_per_layer, hp.n_vocab});
 
     const std::vector<float> factors_short = read_freq_factors(f, hp, "rope_factors_short.weight");
     const std::vector<float> factors_long = read_freq_factors(f, hp, "rope_factors_long.weight");
@@ -136,7 +139,7 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& p
         BlockTensors b;
         for (const TensorSpec& s : specs) {
             const int r = static_cast<int>(s.role);
-            b.t[r] = bind_spec(m, f, p + s.name, s);
+            b.t[r] = bind_spec(m, f, s.global ? std::string(s.name) : p + s.name, s);
             b.vector[r] = s.vector;
             m.moe_role[r] = is_moe_tensor(s.name);
         }
@@ -181,6 +184,7 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& p
                                          (m.plan.experts_apart(l) && (m.moe_role[r] || !m.blocks[l].matrix(r)))))
                     host.push_back(m.blocks[l].t[r]);
         host.push_back(m.tok_embd);
+        if (m.per_layer_tok_embd) host.push_back(m.per_layer_tok_embd);
         if (m.plan.head == Device::cpu && !encoder) {
             host.push_back(m.output);
             host.push_back(m.output_norm);
@@ -190,6 +194,7 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& p
             for (int r = 0; r < kRoles; ++r)
                 if (b.t[r]) b.t[r] = m.host_weights->find(b.t[r]);
         m.tok_embd = m.host_weights->find(m.tok_embd);
+        if (m.per_layer_tok_embd) m.per_layer_tok_embd = m.host_weights->find(m.per_layer_tok_embd);
         if (!encoder) {
             m.output = m.host_weights->find(m.output);
             m.output_norm = m.host_weights->find(m.output_norm);

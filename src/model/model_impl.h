@@ -42,6 +42,7 @@ struct ModelImpl {
     const GGUFTensor* tok_embd = nullptr;
     const GGUFTensor* output_norm = nullptr;
     const GGUFTensor* output = nullptr;   // token_embd when tied
+    const GGUFTensor* per_layer_tok_embd = nullptr;   // per-layer embeddings' rows (hp.n_embd_per_layer > 0)
     std::vector<BlockTensors> blocks;
     std::deque<GGUFTensor> row_slices;   // the parts of fused tensors blocks point to (TensorSpec::slice)
     std::array<bool, kRoles> moe_role{};   // the roles a mixture's experts take with them (placement.h)

@@ -23,7 +23,6 @@
 #include "model/imatrix_collector.h"
 #include "model/kv_in_host_memory.h"
 #include "model/model_impl.h"
-#include "model/recurrent_state.h"
 #include "model/remote_experts.h"
 #include "model/streamed_weights.h"
 
@@ -37,6 +36,9 @@ struct Scratch {
     Backend* be = nullptr;
     float *x = nullptr, *out_a = nullptr, *out_b = nullptr, *logits = nullptr;
     int32_t* ids = nullptr;   // [logits_rows] greedy ids
+    // Per-layer embeddings: the step's input embeddings [n_batch][n_embd] and every layer's rows of
+    // per_layer_token_embd, layer-major [n_layer][n_tok][n_embd_per_layer]; null without them.
+    float *embd = nullptr, *per_layer = nullptr;
     BlockBuffers buf{};
     int32_t logits_rows = 0;
 };
@@ -106,10 +108,12 @@ uint64_t mix(uint64_t h, uint64_t v) {
 }  // namespace
 
 size_t kv_block_bytes_model(const HParams& hp, int32_t block_size, GGMLType type_k, GGMLType type_v) {
-    const int64_t width = (int64_t)hp.n_head_kv * hp.head_dim;
-    int64_t n_attn = 0;
-    for (int32_t l = 0; l < hp.n_layer; ++l) n_attn += !is_recurrent_layer(hp, l);
-    return (size_t)n_attn * (kv_block_bytes(type_k, block_size, width) + kv_block_bytes(type_v, block_size, width));
+    size_t bytes = 0;
+    for (int32_t l = 0; l < hp.n_layer; ++l) {
+        const int64_t width = hp.kv_width(l);
+        bytes += kv_block_bytes(type_k, block_size, width) + kv_block_bytes(type_v, block_size, width);
+    }
+    return bytes;
 }
 
 struct RunnerImpl {
@@ -136,10 +140,10 @@ struct RunnerImpl {
     std::unique_ptr<KVInHostMemory> kv_in_host;
     HostLogits logits;   // [n_logits][row_width]; declared after `cpu` and `model`, whose host memory it holds
     HostTierMemory host_tier;   // the host tier's slots; after `cpu` and `model` too
-    RecurrentState state;       // recurrent layers' state slots; after `cpu` and `model` too
     int32_t n_logits = 0;
     std::vector<int32_t> greedy_ids;
     std::vector<float> embd;   // [n_batch][n_embd] host staging for the embedding rows
+    std::vector<float> per_layer;   // [n_layer][n_tok][n_embd_per_layer] host staging (per-layer embeddings)
 
     RunnerImpl(std::shared_ptr<Model> m, const RunnerParams& p) : model(std::move(m)), params(p) {}
     ~RunnerImpl() {
@@ -160,7 +164,11 @@ struct RunnerImpl {
         if (s.be) return s;
         const HParams& hp = model->hparams();
         const int64_t B = params.n_batch;
-        const int64_t QW = (int64_t)hp.n_head * hp.head_dim, KW = (int64_t)hp.n_head_kv * hp.head_dim;
+        int64_t QW = 0, KW = 0;   // the widest layer's
+        for (int32_t l = 0; l < hp.n_layer; ++l) {
+            QW = std::max(QW, (int64_t)hp.n_head * hp.layer_head_dim(l));
+            KW = std::max(KW, (int64_t)hp.layer_n_head_kv(l) * hp.layer_head_dim(l));
+        }
         s.be = &be;
         s.x = alloc_floats(be, B * hp.n_embd);
         s.out_a = alloc_floats(be, B * hp.n_embd);
@@ -170,9 +178,14 @@ struct RunnerImpl {
         s.buf.k = alloc_floats(be, B * KW);
         s.buf.v = alloc_floats(be, B * KW);
         s.buf.att = alloc_floats(be, B * QW);
-        const int64_t F = std::max(hp.n_ff, hp.n_ff_exp);
+        // Blocks with per-layer embeddings work on their layer's input in gate and up.
+        const int64_t F = std::max({hp.n_ff, hp.n_ff_exp, hp.n_embd_per_layer});
         s.buf.gate = alloc_floats(be, B * F);
         s.buf.up = alloc_floats(be, B * F);
+        if (hp.n_embd_per_layer > 0) {
+            s.embd = alloc_floats(be, B * hp.n_embd);
+            s.per_layer = alloc_floats(be, B * hp.n_layer * hp.n_embd_per_layer);
+        }
         if (hp.n_expert > 0)
             s.buf.moe = alloc_floats(be, moe_scratch_floats(B, hp.n_embd, hp.n_ff_exp, hp.n_expert, hp.n_expert_used));
         return s;
@@ -195,13 +208,8 @@ Runner::Runner(std::shared_ptr<Model> model, const RunnerParams& params) {
     if (m.arch->encoder())
         fail(m.file->path(), ": ", m.hp.arch, " is an encoder (bidirectional attention, no KV cache): run it with ",
              "Encoder (ember.Encoder), not a Context or the engine");
-    check_kv_type(params.type_k, m.hp.head_dim, "type_k");
-    if (params.n_state_slots < 0) fail("n_state_slots must be >= 0, got ", params.n_state_slots);
-    // The gated DeltaNet layers' gates and output gates are host loops for now (qwen35.cpp).
-    if (has_recurrent_layers(m.hp) && m.plan.any_gpu())
-        fail(m.file->path(), ": ", m.hp.arch, "'s recurrent layers run on the CPU only so far: load it with ",
-             "n_gpu_layers=0");
-    check_kv_type(params.type_v, m.hp.head_dim, "type_v");
+    for (int32_t l = 0; l < m.hp.n_layer; ++l) check_kv_type(params.type_k, m.hp.layer_head_dim(l), "type_k");
+    for (int32_t l = 0; l < m.hp.n_layer; ++l) check_kv_type(params.type_v, m.hp.layer_head_dim(l), "type_v");
     if ((params.type_k == GGMLType::F32 || params.type_v == GGMLType::F32) && m.any_gpu())
         fail(
             "an f32 KV cache (type_k or type_v) is available for CPU blocks only; use another type with "
@@ -249,11 +257,19 @@ Runner::Runner(std::shared_ptr<Model> model, const RunnerParams& params) {
     geometry.block_size = params.kv_block_size;
     geometry.n_head_kv = hp.n_head_kv;
     geometry.head_dim = hp.head_dim;
+    // The staging of streamed blocks and the KV in host memory hold one geometry for every layer.
+    bool uniform_kv = true;
+    for (int32_t l = 0; l < hp.n_layer; ++l)
+        uniform_kv = uniform_kv && hp.kv_width(l) == (int64_t)hp.n_head_kv * hp.head_dim;
     // EMBER_STREAM=0: CPU blocks stay on the CPU for every batch (diagnosis, comparisons). Read from
-    // the snapshot the context's CPU backend was made with.
-    if (m.plan.any_gpu() && m.plan.any_cpu() && opts.switches.on("EMBER_STREAM"))
+    // the snapshot the context's CPU backend was made with. Models whose layers differ in KV
+    // geometry or share KV keep their CPU blocks on the CPU.
+    if (m.plan.any_gpu() && m.plan.any_cpu() && uniform_kv && opts.switches.on("EMBER_STREAM"))
         r.stream = StreamedWeights::open(m, r.blocks, *r.cpu, geometry);
     if (!params.offload_kqv && m.any_gpu()) {
+        if (!uniform_kv)
+            fail(m.file->path(), ": offload_kqv=False needs every layer to keep KV of one size; this ", hp.arch,
+                 " model's layers differ in KV heads or head size, or share KV");
         const int32_t n_gpu_layers = (int32_t)std::count(m.plan.block.begin(), m.plan.block.end(), Device::gpu);
         r.kv_in_host = std::make_unique<KVInHostMemory>(*m.gpu, geometry, n_gpu_layers,
                                                         (size_t)params.kv_gpu_cache_mb << 20);
@@ -262,11 +278,14 @@ Runner::Runner(std::shared_ptr<Model> model, const RunnerParams& params) {
         if (m.plan.head == Device::gpu) r.head.backend = r.kv_in_host.get();
     }
     r.kv.assign(hp.n_layer, geometry);
-    const int64_t width = (int64_t)hp.n_head_kv * hp.head_dim;
     for (int32_t l = 0; l < hp.n_layer; ++l) {
         KVLayer& kv = r.kv[l];
+        kv.n_head_kv = hp.layer_n_head_kv(l);
+        kv.head_dim = hp.layer_head_dim(l);
+        // A layer reading another's KV attends over that layer's storage (forward passes it).
+        const int64_t width = hp.kv_width(l);
+        if (width == 0) continue;
         Backend& be = *r.blocks[l].backend;
-        if (is_recurrent_layer(hp, l)) continue;   // its state is in r.state
         if (&be == r.kv_in_host.get()) {
             r.kv_in_host->alloc_layer(kv);
             continue;
@@ -286,15 +305,13 @@ Runner::Runner(std::shared_ptr<Model> model, const RunnerParams& params) {
         std::vector<std::pair<size_t, size_t>> bytes;
         for (int32_t l = 0; l < hp.n_layer; ++l) {
             be.push_back(r.blocks[l].backend);
-            bytes.emplace_back(kv_block_bytes(params.type_k, params.kv_block_size, width),
-                               kv_block_bytes(params.type_v, params.kv_block_size, width));
+            bytes.emplace_back(kv_block_bytes(params.type_k, params.kv_block_size, hp.kv_width(l)),
+                               kv_block_bytes(params.type_v, params.kv_block_size, hp.kv_width(l)));
         }
         r.host_tier.allocate(be, bytes, params.n_host_tier_slots);
     }
-    std::vector<Backend*> layer_be;
-    for (const BlockWeights& b : r.blocks) layer_be.push_back(b.backend);
-    r.state.allocate(hp, layer_be, has_recurrent_layers(hp) ? params.n_state_slots : 0);
     r.embd.resize((size_t)params.n_batch * hp.n_embd);
+    r.per_layer.resize((size_t)params.n_batch * hp.n_layer * hp.n_embd_per_layer);
     // After the KV: the staging is what gives way when the GPU is short.
     if (m.plan.any_experts_apart() && opts.switches.on("EMBER_STREAM"))
         r.expert_stream = ExpertStream::open(*m.gpu, r.remote, r.cpu->host_parallel_for(), m.params.verbose);
@@ -319,6 +336,17 @@ void RunnerImpl::forward(const int32_t* tokens, const BatchInfo& batch, const st
         et.dequantize_row(m.tok_embd->data + (size_t)tokens[i] * erow, row, E);
         if (embd_scale != 1.0f)
             for (int64_t j = 0; j < E; ++j) row[j] *= embd_scale;
+    }
+    // Each layer's rows of per_layer_token_embd, layer by layer, so that a layer's are contiguous.
+    const int64_t P = hp.n_embd_per_layer;
+    if (P > 0) {
+        const TypeTraits& pt = type_traits(m.per_layer_tok_embd->type);
+        const size_t prow = row_bytes(m.per_layer_tok_embd->type, hp.n_layer * P);
+        std::vector<float> row(hp.n_layer * P);
+        for (int32_t i = 0; i < n; ++i) {
+            pt.dequantize_row(m.per_layer_tok_embd->data + (size_t)tokens[i] * prow, row.data(), hp.n_layer * P);
+            for (int32_t l = 0; l < hp.n_layer; ++l) std::copy_n(&row[l * P], P, &per_layer[((size_t)l * n + i) * P]);
+        }
     }
 
     // The step's shape for recorded graphs: its size and the rows whose logits it computes.
@@ -372,6 +400,10 @@ void RunnerImpl::forward(const int32_t* tokens, const BatchInfo& batch, const st
             if (std::find(seen.begin(), seen.end(), &be) == seen.end()) {
                 be.set_batch(batch);
                 seen.push_back(&be);
+                if (P > 0) {
+                    be.copy_from_host(next.embd, embd.data(), n * E * sizeof(float));
+                    be.copy_from_host(next.per_layer, per_layer.data(), (size_t)hp.n_layer * n * P * sizeof(float));
+                }
             }
             move_to(be, next);
             s = &next;
@@ -394,9 +426,12 @@ void RunnerImpl::forward(const int32_t* tokens, const BatchInfo& batch, const st
             apart->be->set_batch(batch);
             seen.push_back(apart->be);
         }
-        const BlockRun run{be,       w,     layers[l],      hp,      st ? stream->kv() : kv[l],
-                           s->buf,   n,     s->x,           pending, s->out_a,
-                           s->out_b, apart, state.layer(l), &batch};
+        BlockRun run{be, w, layers[l], hp, st ? stream->kv() : kv[hp.kv_layer(l)], s->buf, n, s->x,
+                     pending, s->out_a, s->out_b, apart};
+        if (P > 0) {
+            run.embd = s->embd;
+            run.per_layer = s->per_layer + (size_t)l * n * P;
+        }
         pending = m.arch->forward_block(run);
         if (st) stream->end_block(l, kv[l], ids, n_past, n, l + 1 < hp.n_layer && is_streamed(l + 1));
         if (experts_staged) expert_stream->end_block(l, next_remote(l));
@@ -459,16 +494,6 @@ void Runner::forward(const int32_t* tokens, const BatchInfo& batch, const std::v
         fail("a forward step of an embeddings runner has no logits to take greedy ids from");
     if (batch.n_tok <= 0 || batch.n_tok > r.params.n_batch)
         fail("a forward step takes 1..", r.params.n_batch, " tokens, got ", batch.n_tok);
-    if (r.state.n_slots() > 0) {
-        if ((int32_t)batch.state_slot.size() != batch.n_seq)
-            fail("a hybrid model's step needs a state slot per sequence: ", batch.n_seq, " sequences, ",
-                 batch.state_slot.size(), " slots");
-        for (int32_t slot : batch.state_slot)
-            if (slot < 0 || slot >= r.state.n_slots())
-                fail("state slot ", slot, " out of range [0, ", r.state.n_slots(), ")");
-    } else if (has_recurrent_layers(r.model->hparams())) {
-        fail(r.model->hparams().arch, " has recurrent layers, and this runner keeps no state slots (n_state_slots 0)");
-    }
     int32_t end = 0;
     for (const RowRange& rr : rows) {
         if (rr.count <= 0 || rr.first < end || rr.first + rr.count > batch.n_tok)
@@ -501,8 +526,9 @@ void RunnerImpl::copy_host(const std::vector<std::pair<int32_t, int32_t>>& pairs
     }
     const std::vector<CopyRun> runs = copy_runs(pairs);
     const HParams& hp = model->hparams();
-    const int64_t width = (int64_t)hp.n_head_kv * hp.head_dim;
     for (int32_t l = 0; l < hp.n_layer; ++l) {
+        const int64_t width = hp.kv_width(l);
+        if (width == 0) continue;
         KVLayer& layer = kv[l];
         Backend& be = *blocks[l].backend;
         for (auto [dev, host, type] :
@@ -533,10 +559,6 @@ void Runner::copy_blocks_to_host(const std::vector<std::pair<int32_t, int32_t>>&
 
 void Runner::copy_blocks_from_host(const std::vector<std::pair<int32_t, int32_t>>& host_to_dev) {
     impl_->copy_host(host_to_dev, false);
-}
-
-void Runner::clear_state(int32_t slot) {
-    if (impl_->state.n_slots() > 0) impl_->state.clear(slot);
 }
 
 HostParallelFor Runner::parallel_for() const { return impl_->cpu->host_parallel_for(); }

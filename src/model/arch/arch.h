@@ -45,15 +45,11 @@ enum class Role : int {
     post_ffn_norm_b,
     up_b,             // non-gated feed-forward biases (BERT)
     down_b,
-    ssm_in,           // a gated DeltaNet layer (Qwen3.5): q, k, v projection [n_embd] -> [2 key_dim + value_dim]
-    ssm_gate,         // its output gate z [n_embd] -> [value_dim]
-    ssm_conv,         // its depthwise convolution [channels][kernel], read as floats
-    ssm_dt,           // [n_v_heads] added to alpha before the softplus
-    ssm_a,            // [n_v_heads] -exp(A_log)
-    ssm_beta,         // [n_embd] -> [n_v_heads]
-    ssm_alpha,        // [n_embd] -> [n_v_heads]
-    ssm_norm,         // [head_v] RMSNorm of each v head's output
-    ssm_out,          // [value_dim] -> [n_embd]
+    ple_gate,         // per-layer embeddings (Gemma 4): the gate [n_embd] -> [n_embd_per_layer] of the layer's input,
+    ple_proj,         // its projection back [n_embd_per_layer] -> [n_embd], the norm after it,
+    ple_post_norm,
+    ple_model_proj,   // and this layer's rows of the model's per_layer_model_proj, with per_layer_proj_norm
+    ple_model_norm,
     count
 };
 constexpr int kRoles = static_cast<int>(Role::count);
@@ -71,6 +67,7 @@ struct TensorSpec {
     bool optional = false;
     bool vector = false;   // a 2-D tensor read as one float array (the experts' biases)
     RowSlice slice{};
+    bool global = false;   // a model-level tensor (no "blk.N." prefix) every block binds (or a slice of)
 };
 
 // A block's GGUF tensors (null where an optional one is absent).
@@ -98,6 +95,7 @@ struct LayerConfig {
     RopeParams rope;
     bool use_rope = true;   // false: a NoPE layer, q and k not rotated (SmolLM3)
     AttentionShape shape{};
+    float out_scale = 1.0f;   // the hidden state's factor after the block (Gemma 4's layer_scalar)
 };
 
 // What the head does to the logits after the output matrix: times scale, then soft-capped to
@@ -123,10 +121,11 @@ struct BlockRun {
     float* out_b;
     // The block's experts on another backend (remote_experts.h); null: they run on be with the rest.
     const RemoteExperts* experts = nullptr;
-    // A recurrent layer's state slots (null for attention layers) and the step's batch, whose
-    // state_slot says each sequence's slot.
-    const RecurrentLayer* state = nullptr;
-    const BatchInfo* batch = nullptr;
+    // Per-layer embeddings (hp.n_embd_per_layer > 0): the step's input embeddings [n_tok][n_embd] (after
+    // embd_scale) and this layer's rows of per_layer_token_embd [n_tok][n_embd_per_layer], which the
+    // block may overwrite; null otherwise.
+    const float* embd = nullptr;
+    float* per_layer = nullptr;
 };
 
 class Architecture {

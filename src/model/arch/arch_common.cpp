@@ -37,10 +37,10 @@ std::vector<TensorSpec> llama_block_tensors(const HParams& hp, bool biases, bool
 }
 
 LayerConfig Architecture::layer_config(const HParams& hp, int32_t l, const RopeParams& rope) const {
-    (void)l;
     LayerConfig c;
     c.rope = rope;
-    c.shape = AttentionShape{hp.n_head, hp.n_head_kv, hp.head_dim, 1.0f / std::sqrt((float)hp.head_dim), 0};
+    const int32_t D = hp.layer_head_dim(l);
+    c.shape = AttentionShape{hp.n_head, hp.layer_n_head_kv(l), D, 1.0f / std::sqrt((float)D), 0};
     return c;
 }
 
@@ -66,7 +66,7 @@ AttnInWeights attn_in_weights(const BlockRun& r) {
     a.wq = r.w.m(Role::wq), a.wk = r.w.m(Role::wk), a.wv = r.w.m(Role::wv);
     a.bq = r.w.v(Role::bq), a.bk = r.w.v(Role::bk), a.bv = r.w.v(Role::bv);
     a.q_norm = r.w.v(Role::q_norm), a.k_norm = r.w.v(Role::k_norm);
-    a.n_head = r.hp.n_head, a.n_head_kv = r.hp.n_head_kv, a.head_dim = r.hp.head_dim;
+    a.n_head = r.cfg.shape.n_head, a.n_head_kv = r.cfg.shape.n_head_kv, a.head_dim = r.cfg.shape.head_dim;
     a.rope = r.cfg.use_rope ? &r.cfg.rope : nullptr;
     return a;
 }

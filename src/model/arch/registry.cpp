@@ -25,7 +25,7 @@ const Architecture& gemma2_architecture();
 const Architecture& olmo2_architecture();
 const Architecture& granite_architecture();
 const Architecture& smollm3_architecture();
-const Architecture& qwen35_architecture();
+const Architecture& gemma4_architecture();
 
 namespace {
 struct Entry {
@@ -53,7 +53,7 @@ const Entry kArchitectures[] = {
     {"olmo2", &olmo2_architecture},
     {"granite", &granite_architecture},
     {"smollm3", &smollm3_architecture},
-    {"qwen35", &qwen35_architecture},
+    {"gemma4", &gemma4_architecture},
 };
 }  // namespace
 

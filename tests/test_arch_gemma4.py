@@ -1,0 +1,162 @@
+"""Gemma 4 (dense): a tiny random HF Gemma4ForCausalLM (tools/gen_hf_references.py: sliding and global
+layers of their own head size and KV heads, the last two layers reading earlier layers' KV,
+per-layer embeddings, layer scalars, capped logits) converted by ember-convert. The GGUF keys and
+tensors must be those llama.cpp's converter writes; ember's logits must match transformers' at f32
+(a prompt past the window; one batch, token by token and inside an engine batch); configs and files
+ember cannot run give a clear error."""
+import json
+import os
+import shutil
+import sys
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf", reason="the gguf package is needed to read converted files")
+pytest.importorskip("sentencepiece", reason="sentencepiece reads the SentencePiece tokenizer model")
+
+sys.path.insert(0, os.path.dirname(__file__))
+import hf_tiny  # noqa: E402
+from hf_tiny import hf_reference  # noqa: E402,F401 (a fixture)
+
+from ember import _ember  # noqa: E402
+from ember.convert import convert  # noqa: E402
+from ember.convert_error import ConvertError  # noqa: E402
+
+PROMPT = hf_tiny.LONG_PROMPT
+SLIDING = [True, False] * 3
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """(HF dir, float32 weights exactly as stored, path of its f32 GGUF)."""
+    return hf_tiny.converted(tmp_path_factory, ["gemma4"], "gemma4_models")["gemma4"]
+
+
+def test_file_has_llama_cpp_keys_and_tensors(model):
+    _, sd, path = model
+    kv, t = hf_tiny.gguf_fields(path), hf_tiny.gguf_tensors(path)
+    assert kv["general.architecture"] == "gemma4"
+    expect = {"attention.key_length": 32, "attention.key_length_swa": 16, "attention.value_length_swa": 16,
+              "rope.dimension_count": 32, "rope.dimension_count_swa": 16, "attention.shared_kv_layers": 2,
+              "embedding_length_per_layer_input": 8, "attention.sliding_window": 8}
+    for k, v in expect.items():
+        assert kv[f"gemma4.{k}"] == v, k
+    assert kv["gemma4.final_logit_softcapping"] == pytest.approx(1.0)
+    assert kv["gemma4.rope.freq_base"] == pytest.approx(1e6) and kv["gemma4.rope.freq_base_swa"] == pytest.approx(1e4)
+    assert list(kv["gemma4.attention.sliding_window_pattern"]) == SLIDING
+    assert list(kv["gemma4.attention.head_count_kv"]) == [2, 1] * 3
+    # The global layers rotate a quarter of their 32 dimensions: 4 pairs, the other 12 divided by 1e30.
+    np.testing.assert_array_equal(t["rope_freqs.weight"], np.array([1.0] * 4 + [1e30] * 12, np.float32))
+    assert t["per_layer_token_embd.weight"].shape == (400, 48)
+    assert t["per_layer_model_proj.weight"].shape == (48, 64)
+    for i in range(6):
+        own_kv, global_layer = i < 4, not SLIDING[i]
+        assert (f"blk.{i}.attn_k.weight" in t) == own_kv and (f"blk.{i}.attn_k_norm.weight" in t) == own_kv
+        # attention_k_eq_v: the global layers' values are their keys' projection.
+        assert (f"blk.{i}.attn_v.weight" in t) == (own_kv and not global_layer)
+        assert t[f"blk.{i}.attn_q.weight"].shape == ((128 if global_layer else 64), 64)
+        np.testing.assert_array_equal(t[f"blk.{i}.layer_output_scale.weight"], sd[f"model.layers.{i}.layer_scalar"])
+    assert t["blk.1.attn_k.weight"].shape == (32, 64)
+    # Norms as stored (no 1 + w), rows in HF's order (neox rope).
+    np.testing.assert_array_equal(t["blk.2.post_ffw_norm.weight"],
+                                  sd["model.layers.2.post_feedforward_layernorm.weight"])
+    np.testing.assert_array_equal(t["blk.3.attn_q.weight"], sd["model.layers.3.self_attn.q_proj.weight"])
+    np.testing.assert_array_equal(t["blk.5.inp_gate.weight"], sd["model.layers.5.per_layer_input_gate.weight"])
+    assert "output.weight" not in t
+
+
+@pytest.mark.parametrize("chunk", [64, 1], ids=["prompt", "token_by_token"])
+def test_logits_match_transformers(model, hf_reference, chunk):
+    want = hf_reference.logits("gemma4", PROMPT)
+    got = hf_tiny.ember_logits(model[2], PROMPT, chunk=chunk)
+    assert got.shape == want.shape
+    rel = np.abs(got - want).max() / np.abs(want).max()
+    assert rel <= 1e-4, f"max|diff|/max|ref| = {rel:.2e}"
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_inside_an_engine_batch(model, hf_reference, device):
+    """The reference prompt among other sequences of the engine's steps: paged KV of two sizes, layers
+    reading other layers' KV and per-layer embeddings of a batch of several sequences."""
+    hf_tiny.check_inside_an_engine_batch(model[2], hf_reference, "gemma4", device, PROMPT)
+
+
+@pytest.mark.parametrize("chunk", [40, 1], ids=["prompt", "decode"])
+def test_cuda_logits_match_cpu(model, chunk):
+    if "cuda" not in _ember.backends():
+        pytest.skip("this ember was built without the CUDA backend")
+    want = hf_tiny.ember_logits(model[2], PROMPT, kv_type="f16")
+    got = hf_tiny.ember_logits(model[2], PROMPT, n_gpu_layers=-1, kv_type="f16", chunk=chunk)
+    rel = np.abs(got - want).max() / np.abs(want).max()
+    assert rel <= 2e-3, f"max|diff|/max|ref| = {rel:.2e}"
+
+
+def test_shared_layers_keep_no_kv(model):
+    """The two layers reading earlier layers' KV take no KV memory: a block of 16 tokens holds the four
+    others' K and V (two sliding layers of 2 heads of 16, two global of 1 head of 32) in f32, 16 KiB,
+    so 1 MiB of KV is 64 blocks."""
+    engine = _ember.Engine(_ember.Model(model[2]), n_ctx=64, max_num_seqs=1, n_threads=1, type_k="f32",
+                           type_v="f32", kv_block_size=16, kv_mb=1.0)
+    try:
+        assert engine.stats()["kv_blocks_total"] == 64
+    finally:
+        engine.close()
+
+
+# --------------------------------------------------------------------------------------- errors
+
+
+def _edited(src, dst, changes):
+    d = shutil.copytree(src, dst)
+    cfg_path = os.path.join(d, "config.json")
+    with open(cfg_path, encoding="utf-8") as f:
+        cfg = json.load(f)
+    cfg.update(changes)
+    with open(cfg_path, "w", encoding="utf-8") as f:
+        json.dump(cfg, f)
+    return d
+
+
+@pytest.mark.parametrize("changes,needle", [
+    (dict(enable_moe_block=True), "enable_moe_block=true (the mixture-of-experts variant) is not supported"),
+    (dict(num_kv_shared_layers=6), "'num_kv_shared_layers' must be in [0, 6)"),
+    (dict(vocab_size_per_layer_input=300), "vocab_size_per_layer_input=300 must equal vocab_size=400"),
+    (dict(layer_types=["sliding_attention"] * 5), "'layer_types' must list num_hidden_layers=6"),
+])
+def test_bad_config_gives_clear_error(model, tmp_path, changes, needle):
+    d = _edited(model[0], str(tmp_path / "m"), changes)
+    out = str(tmp_path / "o.gguf")
+    with pytest.raises(ConvertError) as e:
+        convert(d, out, "f32", progress=False)
+    assert not os.path.exists(out)
+    assert "config.json" in str(e.value) and needle in str(e.value), str(e.value)
+
+
+def test_missing_tensor_is_named(model, tmp_path):
+    """A checkpoint without a global layer's k_norm, and a GGUF without per_layer_proj_norm, name it."""
+    d = shutil.copytree(model[0], str(tmp_path / "m"))
+    weights = {k: v for k, v in model[1].items() if k != "model.layers.3.self_attn.k_norm.weight"}
+    hf_tiny._write_safetensors(os.path.join(d, "model.safetensors"), weights, "float32")
+    with pytest.raises(ConvertError, match=r"missing tensor model\.layers\.3\.self_attn\.k_norm\.weight"):
+        convert(d, str(tmp_path / "o.gguf"), "f32", progress=False)
+
+    r = gguf.GGUFReader(model[2])
+    path = str(tmp_path / "bad.gguf")
+    w = gguf.GGUFWriter(path, "gemma4")
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        if f.types[0] == gguf.GGUFValueType.ARRAY:
+            w.add_array(name, f.contents())
+        else:
+            w.add_key_value(name, f.contents(), f.types[0])
+    for t in r.tensors:
+        if t.name != "per_layer_proj_norm.weight":
+            w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match="per_layer_proj_norm.weight"):
+        _ember.Model(path)
