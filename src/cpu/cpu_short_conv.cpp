@@ -1,27 +1,31 @@
 // The CPU's causal short convolution (Backend::short_conv): channel ranges on the pool, each
 // range's tokens in order, then its part of the carried state.
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "cpu/cpu_backend.h"
+#include "cpu/isa_kernels.h"
 
 namespace ember {
 
 namespace {
 
+using GatedActFn = void (*)(Activation, const float*, const float*, int64_t, float*);
+
 // Channels [c0, c1) of every token. Each output is the same sum in the same order however the
 // tokens are split over calls (taps oldest first, then the bias), so a prompt in one call and its
-// tokens one by one agree in every bit; the loops run along channels, which vectorize.
+// tokens one by one agree in every bit; the loops run along channels, which vectorize. SiLU is
+// the gated activation's with an up of ones: its SIMD form has the scalar bits, times 1 is exact.
 void conv_channels(const float* x, const float* w, const float* bias, int32_t n_tok, int32_t channels, int32_t kernel,
-                   bool silu, const float* state, int64_t c0, int64_t c1, float* y) {
+                   GatedActFn silu, const float* state, int64_t c0, int64_t c1, float* y) {
     const int32_t hist = kernel - 1;
     const int64_t width = c1 - c0;
     // Tap j of channel c, gathered [kernel][width] so every tap is one contiguous row.
     std::vector<float> taps((size_t)kernel * width);
     for (int64_t c = c0; c < c1; ++c)
         for (int32_t j = 0; j < kernel; ++j) taps[(size_t)j * width + (c - c0)] = w[c * kernel + j];
+    const std::vector<float> ones(silu ? (size_t)width : 0, 1.0f);
     for (int32_t t = 0; t < n_tok; ++t) {
         float* out = y + (int64_t)t * channels + c0;
         std::fill(out, out + width, 0.0f);
@@ -33,8 +37,7 @@ void conv_channels(const float* x, const float* w, const float* bias, int32_t n_
         }
         if (bias)
             for (int64_t i = 0; i < width; ++i) out[i] += bias[c0 + i];
-        if (silu)
-            for (int64_t i = 0; i < width; ++i) out[i] = out[i] / (1.0f + std::exp(-out[i]));
+        if (silu) silu(Activation::SiLU, out, ones.data(), width, out);
     }
 }
 
@@ -57,11 +60,12 @@ void CpuBackend::short_conv(const float* x, const float* w, const float* bias, i
                             int32_t kernel, bool silu, float* state, float* y) {
     check_short_conv(n_tok, channels, kernel, "cpu short_conv");
     if (n_tok == 0) return;
+    const GatedActFn act = !silu ? nullptr : simd_ == SimdLevel::avx512 ? gated_act_avx512 : gated_act_scalar;
     // Ranges of whole cache lines, enough of them to share a prompt's work; a decode token's few
     // thousand multiply-adds stay on one thread.
     const int64_t grain = std::max<int64_t>(64, ((int64_t)1 << 16) / ((int64_t)n_tok * kernel) / 16 * 16);
     pool_.parallel_for(channels, grain, [&](int64_t c0, int64_t c1) {
-        conv_channels(x, w, bias, n_tok, channels, kernel, silu, state, c0, c1, y);
+        conv_channels(x, w, bias, n_tok, channels, kernel, act, state, c0, c1, y);
         carry_state(x, n_tok, channels, kernel, c0, c1, state);
     });
 }
