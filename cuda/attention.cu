@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(Attention
         tok[i] = tile.first + (ok ? ti : 0);
         head[i] = kvh * n_rep + hc * HC + hi;
         lim[i] = ok ? b.pos[tok[i]] : -1;   // keys low..lim attend
-        low[i] = a.window > 0 ? max(0, lim[i] - a.window + 1) : 0;
+        low[i] = attention_first_key(a, lim[i]);
         maxlen = max(maxlen, lim[i] + 1);
         if (ok) minlow = min(minlow, low[i]);
     }
@@ -227,7 +227,7 @@ struct DecTile {
 __device__ __forceinline__ float i8_to_float(uint32_t u) { return __int_as_float(0x4B000000 | (u ^ 0x80)) - 8388736.f; }
 
 // M q heads per CTA, NC chunks of 8 dims of a key per lane (hd = 64 * NC); kWindow: the layer has
-// a sliding window (the window's masks are compiled out of the other instantiation, whose copy
+// a sliding window or chunks (the window's masks are compiled out of the other instantiation, whose copy
 // loop issues at the rate the long-context q8_0 decode depends on).
 template <int M, int NC, bool kWindow>
 __global__ void __launch_bounds__(kDecThreads) attention_decode_kernel(AttentionArgs a, DeviceBatch b) {
@@ -438,7 +438,7 @@ void launch_decode_kernel(const AttentionArgs& a, const DeviceBatch& b, dim3 gri
 
 template <int M, int NC>
 void launch_decode(const AttentionArgs& a, const DeviceBatch& b, dim3 grid, cudaStream_t s) {
-    if (a.window > 0) launch_decode_kernel<M, NC, true>(a, b, grid, s);
+    if (a.window > 0 || a.chunk > 0) launch_decode_kernel<M, NC, true>(a, b, grid, s);
     else launch_decode_kernel<M, NC, false>(a, b, grid, s);
 }
 

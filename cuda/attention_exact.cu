@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(kExactThreads) attention_exact_kernel(Attentio
     // Keys first .. first + n_keys - 1 (all up to the token's position, or its window's), in
     // order from the first, as the CPU visits them.
     const int len = b.pos[t] + 1;
-    const int first = a.window > 0 ? max(0, len - a.window) : 0, n_keys = len - first;
+    const int first = attention_first_key(a, len - 1), n_keys = len - first;
     __shared__ float qs[kExactMaxHeadDim];
     __shared__ float ps[kExactMaxLen];
     const int32_t* bt = b.block_table + int64_t(b.seq[t]) * b.max_blocks;
@@ -215,7 +215,7 @@ __global__ void __launch_bounds__(kExactThreads, 1) attention_exact_cluster_kern
     // Positions and block tables come from the step's upload (copy_from_pinned), which lets later
     // kernels start only once its copies are done, so they may be read before this kernel's wait.
     const int len = __ldcg(b.pos + t) + 1;
-    const int first = a.window > 0 ? max(0, len - a.window) : 0, n_keys = len - first;
+    const int first = attention_first_key(a, len - 1), n_keys = len - first;
     const int per = (n_keys + n_cta - 1) / n_cta;
     const int j0 = rank * per, nk = max(0, min(n_keys, j0 + per) - j0);   // this CTA's keys: j0 .. j0 + nk - 1
     const int d0 = rank * kExactDims, nd = min(kExactDims, hd - d0), nw = nd / 8;

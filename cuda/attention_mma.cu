@@ -41,11 +41,10 @@ __global__ void __launch_bounds__(kWarps * kWarp) attention_mma_kernel(Attention
         max_pos = max(max_pos, b.pos[tile.first + i]);
         min_pos = min(min_pos, b.pos[tile.first + i]);
     }
-    // Sliding window: row r sees keys low_r .. pos_r; the CTA starts at the tile of keys holding
-    // the first key any of its rows sees.
-    const int w = a.window;
-    const int low0 = w > 0 ? pos0 - w + 1 : 0, low1 = w > 0 ? pos1 - w + 1 : 0;
-    const int key_lo = w > 0 ? max(0, min_pos - w + 1) : 0;
+    // Sliding window or chunks: row r sees keys low_r .. pos_r; the CTA starts at the tile of keys
+    // holding the first key any of its rows sees (first keys do not fall as positions rise).
+    const int low0 = attention_first_key(a, pos0), low1 = attention_first_key(a, pos1);
+    const int key_lo = attention_first_key(a, min_pos);
     // The warp's last and first visible keys: warp-uniform, so the .aligned mma / ldmatrix never diverge.
     const int warp_pos = __reduce_max_sync(0xffffffffu, max(pos0, pos1));
     const int warp_low = __reduce_min_sync(0xffffffffu,

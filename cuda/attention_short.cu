@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(kShortThreads) attention_short_kernel(Attentio
     // Positions and block tables come from the step's upload (copy_from_pinned), which lets later
     // kernels start only once its copies are done, so they may be read before this kernel's wait.
     const int len = b.pos[t] + 1;
-    const int first = a.window > 0 ? max(0, len - a.window) : 0, n_keys = len - first;
+    const int first = attention_first_key(a, len - 1), n_keys = len - first;
     const int per = (n_keys + n_split - 1) / n_split;
     const int k0 = first + split * per, nk = max(0, min(len, k0 + per) - k0);
     const int32_t* bt = b.block_table + int64_t(b.seq[t]) * b.max_blocks;

@@ -28,7 +28,7 @@ __device__ __forceinline__ DecodeCta decode_cta(const AttentionArgs& a, const De
     c.h0 = c.kvh * n_rep + (blockIdx.y % n_hchunks) * rows;
     c.n_rows = min(rows, c.kvh * n_rep + n_rep - c.h0);
     c.len = b.pos[c.t] + 1;
-    c.lo = a.window > 0 ? max(0, c.len - a.window) : 0;
+    c.lo = attention_first_key(a, c.len - 1);
     const int first = c.lo / tile * tile;
     const int chunk = ((c.len - first + a.n_split - 1) / a.n_split + tile - 1) / tile * tile;
     c.k0 = first + c.split * chunk;

@@ -23,7 +23,8 @@ AttentionQuery CudaBackend::attention_query(const KVLayer& kv, const AttentionSh
     q.n_head_kv = shape.n_head_kv;
     q.block_size = kv.block_size;
     q.max_len = max_len_;
-    q.window = shape.window;
+    // A chunk bounds the keys a query sees as a window of its size does.
+    q.window = shape.window > 0 ? shape.window : shape.chunk;
     q.batch = batch_facts(n_tok);
     q.fast_attention = fast_attn_;
     q.sw = sw_;
@@ -63,6 +64,9 @@ bool CudaBackend::attend(const KVLayer& kv, const float* q, int32_t n_tok, const
         fail("cuda attention: shape (", shape.n_head_kv, " kv heads of ", shape.head_dim,
              ") does not match the KV layer (", kv.n_head_kv, " of ", kv.head_dim, ")");
     if (shape.window < 0) fail("cuda attention: negative window ", shape.window);
+    if (shape.chunk < 0 || (shape.chunk > 0 && shape.window > 0))
+        fail("cuda attention: chunk must be 0 (none) or positive, and not with a window; got chunk ", shape.chunk,
+             ", window ", shape.window);
     if (!(shape.softcap >= 0.f) || std::isinf(shape.softcap))
         fail("cuda attention: softcap must be 0 (none) or a positive number, got ", shape.softcap);
     if (n_tok == 0) return false;
@@ -80,6 +84,7 @@ bool CudaBackend::attend(const KVLayer& kv, const float* q, int32_t n_tok, const
     a.head_dim = shape.head_dim;
     a.scale = shape.scale;
     a.window = shape.window;
+    a.chunk = shape.chunk;
     a.sinks = shape.sinks;
     a.softcap = shape.softcap;
     a.q = q;
@@ -140,7 +145,7 @@ bool CudaBackend::attend(const KVLayer& kv, const float* q, int32_t n_tok, const
             const int base = a.n_tiles * shape.n_head_kv * n_hchunks;
             a.n_split = c.kernel == AttentionKernel::tiled_invariant
                             ? 1
-                            : attention_splits(attention_want_splits(max_len_, shape.window), base, kTargetAttnCtas);
+                            : attention_splits(attention_want_splits(max_len_, query.window), base, kTargetAttnCtas);
             prepare_splits(a, size_t(base));
             cuda::attention(a, dbatch_, stream_);
             return false;

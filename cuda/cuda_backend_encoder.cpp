@@ -24,7 +24,8 @@ void CudaBackend::encoder_attention(const float* q, const float* k, const float*
     if (H <= 0 || Hkv <= 0 || H % Hkv != 0 || D <= 0)
         fail("cuda encoder_attention: n_head ", H, " must be a positive multiple of n_head_kv ", Hkv, ", head_dim ", D);
     if (D > kEncoderMaxHeadDim) fail("cuda encoder_attention: head_dim ", D, " over ", kEncoderMaxHeadDim);
-    if (shape.sinks || shape.softcap > 0.0f) fail("encoder_attention takes no attention sinks or soft-capping");
+    if (shape.sinks || shape.softcap > 0.0f || shape.chunk != 0)
+        fail("encoder_attention takes no attention sinks, soft-capping or chunks");
     if (shape.window < 0) fail("encoder_attention: window must be >= 0, got ", shape.window);
     issue_uploads();
     cuda::encoder_attention(q, k, v, n_tok, H, Hkv, D, shape.scale, shape.window, dbatch_, out, stream_);

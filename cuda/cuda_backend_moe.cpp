@@ -188,7 +188,8 @@ void CudaBackend::moe(const MoeWeights& w, const float* xn, int32_t n_tok, const
     if (n_tok <= 0) return;
     check_moe(w);
     const MoeKernel k = choose_moe(moe_query(w, n_tok));
-    if (k == MoeKernel::composed) return Backend::moe(w, xn, n_tok, b, out);
+    // The kernels weight the experts' outputs; weights on the inputs (llama 4) take the composition.
+    if (k == MoeKernel::composed || w.weight_input) return Backend::moe(w, xn, n_tok, b, out);
     issue_uploads();
     run_moe(w, xn, n_tok, k, false, out);
 }
@@ -199,7 +200,7 @@ void CudaBackend::moe_ffn(const MoeWeights& w, float* x, const float* residual, 
     if (n_tok <= 0) return;
     check_moe(w);
     const MoeKernel k = choose_moe(moe_query(w, n_tok));
-    if (k == MoeKernel::composed) return Backend::moe_ffn(w, x, residual, n_tok, b, out);
+    if (k == MoeKernel::composed || w.weight_input) return Backend::moe_ffn(w, x, residual, n_tok, b, out);
     issue_uploads();
     const int32_t dim = int32_t(w.router->n_in);
     const bool q8 = gemv_wants_q8(w.gate->type) && dim % 32 == 0;

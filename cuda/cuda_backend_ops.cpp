@@ -33,7 +33,7 @@ void CudaBackend::attn_temperature(float* q, int32_t n_tok, int64_t width, const
     issue_uploads();
     check_batch(n_tok, "attn_temperature");
     if (rope.temp_scale == 0.0f) return;
-    cuda::attn_temperature(q, dbatch_.pos, n_tok, width, rope.temp_scale, rope.temp_length, stream_);
+    cuda::attn_temperature(q, dbatch_.pos, n_tok, width, rope.temp_scale, rope.temp_length, rope.temp_offset, stream_);
 }
 
 void CudaBackend::gated_act(Activation act, const float* gate, const float* up, int64_t n, float* out) {
@@ -159,7 +159,7 @@ void CudaBackend::attn_in(const AttnInWeights& w, float* x, const float* residua
                         stream_);
     if (rp.temp_scale != 0.0f)
         cuda::attn_temperature(b.q, dbatch_.pos, n_tok, int64_t(w.n_head) * w.head_dim, rp.temp_scale, rp.temp_length,
-                               stream_);
+                               rp.temp_offset, stream_);
     if (fused_store) return;
     if (kv.k_type == GGMLType::Q8_0 && kv.v_type == GGMLType::Q8_0) store_q8(kv, b.k, b.v, n_tok);
     else store_mixed(kv, b.k, b.v, n_tok);

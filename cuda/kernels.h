@@ -80,9 +80,10 @@ void head_rmsnorm(float* x, const float* gamma, int32_t n_tok, int32_t n_heads, 
 // first n_rot dimensions of each head of head_dim rotate.
 void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_heads, int32_t head_dim, int32_t n_rot,
           const float2* cos_sin, bool neox, cudaStream_t s);
-// q [n_tok][width]: row t scaled by rope_temperature(pos[t]) (temp_scale, temp_length as RopeParams).
+// q [n_tok][width]: row t scaled by rope_temperature(pos[t]) (temp_scale, temp_length, temp_offset as
+// RopeParams).
 void attn_temperature(float* q, const int32_t* pos, int32_t n_tok, int64_t width, float temp_scale, int32_t temp_length,
-                      cudaStream_t s);
+                      int32_t temp_offset, cudaStream_t s);
 // out[i] = act(gate[i]) * up[i] (out may be gate or up).
 void gated_act(Activation act, const float* gate, const float* up, int64_t n, float* out, cudaStream_t s);
 // gated_act that also writes its output as q8_1 blocks (n % 32 == 0) for the down projection.
@@ -272,6 +273,7 @@ struct AttentionArgs {
     int64_t cache_rows;           // rows of k_cache and v_cache (blocks x block_size)
     float scale;
     int32_t window;               // > 0: a query at position p sees keys p - window < j <= p only
+    int32_t chunk;                // > 0: a query at position p sees keys of its own chunk only (never with window)
     const float* sinks;           // [n_head] sink logits (device; AttentionShape::sinks) or null
     float softcap;                // > 0: scores soft-capped (AttentionShape::softcap)
     const float* q;               // [n_tok][n_head * head_dim]
@@ -289,6 +291,11 @@ struct AttentionArgs {
     bool old_rows_ready;          // each token the only one of its sequence in the step: the K/V
                                   // rows before its position were written by earlier steps
 };
+// The first key a query at position p sees (p - window + 1, its chunk's first, or 0); keys up to p.
+__host__ __device__ inline int attention_first_key(const AttentionArgs& a, int p) {
+    if (a.window > 0) return p - a.window + 1 > 0 ? p - a.window + 1 : 0;
+    return a.chunk > 0 && p > 0 ? p - p % a.chunk : 0;
+}
 void attention(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s);
 // Decode batches (one CTA per token) over long contexts: K/V tiles pipelined through shared
 // memory, the q8_0 cache on CUDA cores (attention_decode), the f16 cache on tensor cores

@@ -183,13 +183,13 @@ __global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ p
 }
 
 __global__ void attn_temperature_kernel(float* __restrict__ q, const int32_t* __restrict__ pos, int32_t n_tok,
-                                        int64_t width, float temp_scale, int32_t temp_length) {
+                                        int64_t width, float temp_scale, int32_t temp_length, int32_t temp_offset) {
     pdl_wait();
     pdl_trigger();
     const int64_t total = int64_t(n_tok) * width;
     for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < total; g += int64_t(gridDim.x) * blockDim.x) {
         // rope_temperature's double arithmetic, so the scale rounds as the CPU's.
-        const double p = pos[g / width];
+        const double p = pos[g / width] + temp_offset;
         q[g] *= float(log(floor(p / temp_length) + 1.0) * temp_scale + 1.0);
     }
 }
@@ -287,12 +287,12 @@ void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_heads, int32_t 
 }
 
 void attn_temperature(float* q, const int32_t* pos, int32_t n_tok, int64_t width, float temp_scale, int32_t temp_length,
-                      cudaStream_t s) {
+                      int32_t temp_offset, cudaStream_t s) {
     if (temp_length <= 0) fail("cuda attn_temperature: temp_length ", temp_length, " must be positive");
     const int64_t total = int64_t(n_tok) * width;
     if (total == 0) return;
     const unsigned grid = unsigned(std::min<int64_t>((total + 255) / 256, 65536));
-    launch_pdl(attn_temperature_kernel, grid, 256, s, q, pos, n_tok, width, temp_scale, temp_length);
+    launch_pdl(attn_temperature_kernel, grid, 256, s, q, pos, n_tok, width, temp_scale, temp_length, temp_offset);
     EMBER_CUDA_LAUNCHED("attn_temperature");
 }
 

@@ -56,6 +56,7 @@ struct HParams {
     float rope_attn_factor = 1.0f;    // rope.scaling.attn_factor: cos and sin scaled by it (LongRoPE)
     int32_t n_rot = 0;                // rope.dimension_count: each head's rotated dimensions (partial rotary)
     float attn_temp_scale = 0.0f;     // attention.temperature_scale (Mistral 3; its length rope_n_ctx_orig)
+    int32_t attn_temp_length = 0;     // attention.temperature_length (llama 4's NoPE layers)
     float logit_mult = 1.0f;          // Command R: logits times {arch}.logit_scale
     // Sliding-window attention: layers for which swa_layer[l] is true see the last n_swa
     // positions only and rotate with rope_base_swa (Gemma 3's local layers).

@@ -80,6 +80,9 @@ struct AttentionShape {
     // > 0: each score s (scaled) becomes softcap * tanh(s / softcap) before the softmax (Gemma 2's
     // attention logit soft-capping); 0: none.
     float softcap = 0.0f;
+    // > 0: chunked local attention (llama 4): a query at position p sees keys j <= p of its own chunk
+    // only, floor(j / chunk) == floor(p / chunk); 0: none. Not with a window.
+    int32_t chunk = 0;
 };
 
 // Elementwise functions of Backend::unary: GeLUErf is BERT's exact GELU, x * (1 + erf(x / sqrt 2)) / 2;
@@ -133,6 +136,8 @@ struct MoeWeights {
     bool norm_topk = false;      // divide the chosen weights by their sum
     float weight_scale = 1.0f;   // the chosen weights are multiplied by it (after any renormalization)
     Activation act = Activation::SiLU;
+    // The chosen weight scales the expert's input row instead of its output (llama 4: expert(w * xn)).
+    bool weight_input = false;
     // A shared expert every token runs, added to the routed sum (null: none); with shared_gate_inp
     // ([1][n_embd]) its output is scaled by sigmoid(shared_gate_inp . xn) first.
     const Weight *shared_gate = nullptr, *shared_up = nullptr, *shared_down = nullptr;

@@ -8,6 +8,18 @@
 
 namespace ember {
 
+namespace {
+// rows [n][dim] in the backend's memory: row r times scale[r] (host), a round trip through the
+// host that keeps this composition to the contract's primitives.
+void scale_rows_through_host(Backend& be, float* rows, const float* scale, int32_t n, int64_t dim) {
+    std::vector<float> h(n * dim);
+    be.copy_to_host(h.data(), rows, h.size() * sizeof(float));
+    for (int32_t r = 0; r < n; ++r)
+        for (int64_t j = 0; j < dim; ++j) h[r * dim + j] *= scale[r];
+    be.copy_from_host(rows, h.data(), h.size() * sizeof(float));
+}
+}  // namespace
+
 void Backend::moe(const MoeWeights& w, const float* xn, int32_t n_tok, const BlockBuffers& b, float* out) {
     const int64_t n_embd = w.router->n_in, n_ff = w.n_ff(), n_exp = w.n_expert, n_used = w.n_used;
     const int64_t rows = n_tok * n_used;
@@ -31,7 +43,9 @@ void Backend::moe(const MoeWeights& w, const float* xn, int32_t n_tok, const Blo
     copy_to_host(w_h.data(), weights, rows * sizeof(float));
     const MoeGroups g = moe_groups(ids_h.data(), w_h.data(), n_tok, (int32_t)n_used, (int32_t)n_exp);
     copy_from_host(grp_rows, g.tok.data(), rows * sizeof(int32_t));
-    copy_from_host(grp_w, g.weight.data(), rows * sizeof(float));
+    // Weights that scale the experts' inputs (weight_input) leave the outputs to be summed as they are.
+    const std::vector<float> ones(w.weight_input ? rows : 0, 1.0f);
+    copy_from_host(grp_w, w.weight_input ? ones.data() : g.weight.data(), rows * sizeof(float));
     const std::vector<float> zeros(n_tok * n_embd, 0.0f);
     copy_from_host(out, zeros.data(), zeros.size() * sizeof(float));
 
@@ -46,6 +60,7 @@ void Backend::moe(const MoeWeights& w, const float* xn, int32_t n_tok, const Blo
         float* g_e = gate + at * n_ff;
         float* u_e = up + at * n_ff;
         gather_rows(xn, grp_rows + at, c, n_embd, x_e);
+        if (w.weight_input) scale_rows_through_host(*this, x_e, g.weight.data() + at, c, n_embd);
         const Weight wg = expert_matrix(*w.gate, e), wu = expert_matrix(*w.up, e), wd = expert_matrix(*w.down, e);
         const Weight* ws[2] = {&wg, &wu};
         float* ys[2] = {g_e, u_e};

@@ -27,9 +27,11 @@ struct RopeParams {
     int32_t n_rot = 0;
 
     // Attention temperature (llama 4, Mistral 3): queries at position p are scaled by
-    // 1 + temp_scale * ln(1 + floor(p / temp_length)) (Backend::attn_temperature; keys are not). 0: none.
+    // 1 + temp_scale * ln(1 + floor((p + temp_offset) / temp_length)) (Backend::attn_temperature; keys
+    // are not). 0: none. llama 4 counts positions from 1 (temp_offset 1), Mistral 3 from 0.
     float temp_scale = 0.0f;
     int32_t temp_length = 0;
+    int32_t temp_offset = 0;
 
     int32_t rotated() const { return n_rot > 0 ? n_rot : head_dim; }
 
@@ -37,7 +39,7 @@ struct RopeParams {
         return base == o.base && head_dim == o.head_dim && neox == o.neox && freq_scale == o.freq_scale &&
                ext_factor == o.ext_factor && attn_factor == o.attn_factor && corr_lo == o.corr_lo &&
                corr_hi == o.corr_hi && freq_factors == o.freq_factors && rotated() == o.rotated() &&
-               temp_scale == o.temp_scale && temp_length == o.temp_length;
+               temp_scale == o.temp_scale && temp_length == o.temp_length && temp_offset == o.temp_offset;
     }
     bool operator!=(const RopeParams& o) const { return !(*this == o); }
 };
@@ -71,7 +73,7 @@ inline void rope_cos_sin(int32_t pos, int32_t i, const RopeParams& r, float& c, 
 // computes it, so every backend rounds it alike.
 inline float rope_temperature(int32_t pos, const RopeParams& r) {
     if (r.temp_scale == 0.0f || r.temp_length <= 0) return 1.0f;
-    return (float)(std::log(std::floor((double)pos / r.temp_length) + 1.0) * r.temp_scale + 1.0);
+    return (float)(std::log(std::floor((double)(pos + r.temp_offset) / r.temp_length) + 1.0) * r.temp_scale + 1.0);
 }
 
 } // namespace ember

@@ -1,6 +1,6 @@
 // Paged attention on the CPU. KV rows live in blocks of block_size tokens; each token attends to
-// positions 0..pos of its sequence (causal), or the last `window` of them (sliding window),
-// walking the sequence's block table.
+// positions 0..pos of its sequence (causal), or the last `window` of them (sliding window), or
+// those of its own chunk (chunked attention), walking the sequence's block table.
 //
 // Work unit: (sequence, kv head, run of up to 32 of its tokens). A unit first gathers the keys it
 // needs from the paged cache into f32 scratch, transposed in groups of 16 positions so that 16 q.k
@@ -261,7 +261,10 @@ void attend_unit(const BatchInfo& batch, const KVLayer& kv, const float* q, cons
     const int64_t q_width = (int64_t)s.n_head * D;
     const int32_t* table = &batch.block_table[(int64_t)u.seq * batch.max_blocks];
     // First position token t sees; the unit gathers [lo, n_pos) (scratch index p - lo).
-    auto first_pos = [&](int32_t t) { return s.window > 0 ? std::max(0, batch.pos[t] + 1 - s.window) : 0; };
+    auto first_pos = [&](int32_t t) {
+        const int32_t p = batch.pos[t];
+        return s.window > 0 ? std::max(0, p + 1 - s.window) : s.chunk > 0 ? p - p % s.chunk : 0;
+    };
     int32_t n_pos = 0, lo = INT32_MAX;
     for (int32_t j = 0; j < u.n_tokens; ++j) {
         n_pos = std::max(n_pos, batch.pos[u.tokens[j]] + 1);
@@ -374,6 +377,9 @@ void CpuBackend::kv_store(KVLayer& kv, const float* k, const float* v, int32_t n
 void CpuBackend::attention(const KVLayer& kv, const float* q, int32_t n_tok, const AttentionShape& s, float* out) {
     if (!(s.softcap >= 0.0f) || std::isinf(s.softcap))
         fail("cpu attention: softcap must be 0 (none) or a positive number, got ", s.softcap);
+    if (s.chunk < 0 || (s.chunk > 0 && s.window > 0))
+        fail("cpu attention: chunk must be 0 (none) or positive, and not with a window; got chunk ", s.chunk,
+             ", window ", s.window);
     const AttentionMath& math = attention_math(s.head_dim, simd_);
     with_kv_type(kv.k_type, [&](auto kt) {
         with_kv_type(kv.v_type,

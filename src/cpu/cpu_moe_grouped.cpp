@@ -86,11 +86,19 @@ void CpuBackend::moe(const MoeWeights& w, const float* xn, int32_t n_tok, const 
     std::vector<Group> used;
     for (int32_t e = 0; e < n_exp; ++e)
         if (g.first[e + 1] > g.first[e]) used.push_back({e, g.first[e], int32_t(g.first[e + 1] - g.first[e])});
-    // One token: every group's rows are xn itself, no copy.
-    if (n_tok > 1)
+    // One token: every group's rows are xn itself, no copy, unless the weights scale the rows.
+    const bool copy_rows = n_tok > 1 || w.weight_input;
+    if (copy_rows)
         pool_.parallel_for(rows, 64, [&](int64_t b, int64_t e) {
-            for (int64_t r = b; r < e; ++r)
-                std::memcpy(xg + r * n_embd, xn + int64_t(g.tok[r]) * n_embd, n_embd * sizeof(float));
+            for (int64_t r = b; r < e; ++r) {
+                float* y = xg + r * n_embd;
+                const float* x = xn + int64_t(g.tok[r]) * n_embd;
+                if (!w.weight_input) {
+                    std::memcpy(y, x, n_embd * sizeof(float));
+                    continue;
+                }
+                for (int64_t j = 0; j < n_embd; ++j) y[j] = g.weight[r] * x[j];
+            }
         });
 
     std::vector<Weight> ws(3 * used.size());
@@ -101,7 +109,7 @@ void CpuBackend::moe(const MoeWeights& w, const float* xn, int32_t n_tok, const 
         ws[3 * i] = expert_matrix(*w.gate, u.e);
         ws[3 * i + 1] = expert_matrix(*w.up, u.e);
         ws[3 * i + 2] = expert_matrix(*w.down, u.e);
-        const float* x = n_tok > 1 ? xg + u.at * n_embd : xn;
+        const float* x = copy_rows ? xg + u.at * n_embd : xn;
         for (int k = 0; k < 2; ++k) {
             const Weight& m = ws[3 * i + k];
             jobs.push_back(matmul_kernel(matmul_path(m.type, u.c), m, u.c, (k ? up : gate) + u.at * n_ff));
@@ -144,7 +152,8 @@ void CpuBackend::moe(const MoeWeights& w, const float* xn, int32_t n_tok, const 
         for (int64_t t = b; t < e; ++t) {
             float* o = out + t * n_embd;
             std::fill(o, o + n_embd, 0.0f);
-            for (int64_t r : of_token[t]) scatter_add_row(o, xg + r * n_embd, g.weight[r], n_embd);
+            for (int64_t r : of_token[t])
+                scatter_add_row(o, xg + r * n_embd, w.weight_input ? 1.0f : g.weight[r], n_embd);
         }
     });
     moe_shared_expert(w, xn, n_tok, weights + rows,

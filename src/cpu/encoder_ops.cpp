@@ -81,7 +81,8 @@ void CpuBackend::encoder_attention(const float* q, const float* k, const float* 
     const int32_t H = shape.n_head, Hkv = shape.n_head_kv, D = shape.head_dim;
     if (H <= 0 || Hkv <= 0 || H % Hkv != 0 || D <= 0)
         fail("encoder_attention: n_head ", H, " must be a positive multiple of n_head_kv ", Hkv, ", head_dim ", D);
-    if (shape.sinks || shape.softcap > 0.0f) fail("encoder_attention takes no attention sinks or soft-capping");
+    if (shape.sinks || shape.softcap > 0.0f || shape.chunk != 0)
+        fail("encoder_attention takes no attention sinks, soft-capping or chunks");
     if (shape.window < 0) fail("encoder_attention: window must be >= 0, got ", shape.window);
     const auto span = sequence_spans(batch_, n_tok);
     std::vector<int32_t> firsts;

@@ -45,6 +45,9 @@ enum class Role : int {
     post_ffn_norm_b,
     up_b,             // non-gated feed-forward biases (BERT)
     down_b,
+    gate_shexp,       // a mixture's shared expert, every token's (llama 4): [n_ff_exp][n_embd] (down [n_embd][n_ff_exp])
+    up_shexp,
+    down_shexp,
     ple_gate,         // per-layer embeddings (Gemma 4): the gate [n_embd] -> [n_embd_per_layer] of the layer's input,
     ple_proj,         // its projection back [n_embd_per_layer] -> [n_embd], the norm after it,
     ple_post_norm,

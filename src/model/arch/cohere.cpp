@@ -2,7 +2,8 @@
 // bias) feeds attention and the SwiGLU feed-forward side by side, whose outputs both add to the
 // residual; rope on adjacent pairs; a LayerNorm before the tied head, whose logits are scaled by
 // logit_scale. cohere2 slides a window over three layers of each four (the fourth global, without
-// rope). The per-head q/k norms of the largest Command R+ files are not supported.
+// rope). Command R+ files add a LayerNorm of each head of q and k, with a weight of its own per
+// head, before rope.
 #include "ember/status.h"
 #include "model/arch/arch_common.h"
 #include "model/arch/moe_common.h"
@@ -18,8 +19,8 @@ public:
         hp.rms_eps = (float)f.get_float(a_ + "attention.layer_norm_epsilon", 1e-5);
         hp.logit_mult = (float)f.get_float(a_ + "logit_scale", 1.0);
         if (!(hp.logit_mult > 0.0f)) fail(f.path(), ": ", a_, "logit_scale must be positive, got ", hp.logit_mult);
-        if (f.find_tensor("blk.0.attn_q_norm.weight"))
-            fail(f.path(), ": Command R+'s per-head q/k LayerNorms (blk.N.attn_q_norm) are not supported");
+        if (!f.find_tensor("blk.0.attn_q_norm.weight") != !f.find_tensor("blk.0.attn_k_norm.weight"))
+            fail(f.path(), ": per-head q/k LayerNorms need both blk.N.attn_q_norm and blk.N.attn_k_norm");
         hp.swa_layer.assign(hp.n_layer, false);
         if (!cohere2_) return;
         hp.n_swa = (int32_t)f.get_uint(a_ + "attention.sliding_window");
@@ -40,12 +41,18 @@ public:
     }
     std::vector<TensorSpec> block_tensors(const HParams& hp) const override {
         const int64_t E = hp.n_embd, F = hp.n_ff;
-        const int64_t QW = (int64_t)hp.n_head * hp.head_dim, KW = (int64_t)hp.n_head_kv * hp.head_dim;
+        const int64_t D = hp.head_dim, QW = (int64_t)hp.n_head * D, KW = (int64_t)hp.n_head_kv * D;
         return {
-            {Role::attn_norm, "attn_norm.weight", {E}}, {Role::wq, "attn_q.weight", {E, QW}},
-            {Role::wk, "attn_k.weight", {E, KW}},       {Role::wv, "attn_v.weight", {E, KW}},
-            {Role::wo, "attn_output.weight", {QW, E}},  {Role::gate, "ffn_gate.weight", {E, F}},
-            {Role::up, "ffn_up.weight", {E, F}},        {Role::down, "ffn_down.weight", {F, E}},
+            {Role::attn_norm, "attn_norm.weight", {E}},
+            {Role::wq, "attn_q.weight", {E, QW}},
+            {Role::wk, "attn_k.weight", {E, KW}},
+            {Role::wv, "attn_v.weight", {E, KW}},
+            {Role::wo, "attn_output.weight", {QW, E}},
+            {Role::gate, "ffn_gate.weight", {E, F}},
+            {Role::up, "ffn_up.weight", {E, F}},
+            {Role::down, "ffn_down.weight", {F, E}},
+            {Role::q_norm, "attn_q_norm.weight", {D, hp.n_head}, /*optional=*/true, /*vector=*/true},
+            {Role::k_norm, "attn_k_norm.weight", {D, hp.n_head_kv}, /*optional=*/true, /*vector=*/true},
         };
     }
     LayerConfig layer_config(const HParams& hp, int32_t l, const RopeParams& rope) const override {
@@ -68,6 +75,10 @@ public:
         const Weight* qkv[3] = {r.w.m(Role::wq), r.w.m(Role::wk), r.w.m(Role::wv)};
         float* qkv_out[3] = {b.q, b.k, b.v};
         r.be.matmul_many(qkv, qkv_out, 3, b.xn, n);
+        if (const float* qn = r.w.v(Role::q_norm)) {
+            head_layernorm(r.be, b.q, qn, n, r.hp.n_head, r.hp.head_dim, r.hp.rms_eps);
+            head_layernorm(r.be, b.k, r.w.v(Role::k_norm), n, r.hp.n_head_kv, r.hp.head_dim, r.hp.rms_eps);
+        }
         if (!cohere2_ || r.cfg.shape.window > 0) {
             r.be.rope(b.q, n, r.hp.n_head, r.cfg.rope);
             r.be.rope(b.k, n, r.hp.n_head_kv, r.cfg.rope);
@@ -84,6 +95,17 @@ public:
     }
 
 private:
+    // x [n_tok][n_heads][head_dim]: each head LayerNormed (no bias) by its own weight, gamma
+    // [n_heads][head_dim]. One layernorm per token and head: the contract's layernorm takes one
+    // weight for all its rows.
+    static void head_layernorm(Backend& be, float* x, const float* gamma, int32_t n_tok, int32_t n_heads,
+                               int32_t head_dim, float eps) {
+        for (int32_t t = 0; t < n_tok; ++t)
+            for (int32_t h = 0; h < n_heads; ++h) {
+                float* row = x + ((int64_t)t * n_heads + h) * head_dim;
+                be.layernorm(row, gamma + (int64_t)h * head_dim, nullptr, 1, head_dim, eps, row);
+            }
+    }
     bool cohere2_;
     std::string a_;
 };

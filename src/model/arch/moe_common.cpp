@@ -36,6 +36,9 @@ MoeWeights moe_weights(const BlockWeights& w, const HParams& hp, const MoeConfig
     m.norm_topk = c.gating == MoeGating::softmax && hp.expert_weights_norm;
     m.weight_scale = hp.expert_weights_scale;
     m.act = c.act;
+    m.weight_input = c.weight_input;
+    if (w.m(Role::gate_shexp)->data)
+        m.shared_gate = w.m(Role::gate_shexp), m.shared_up = w.m(Role::up_shexp), m.shared_down = w.m(Role::down_shexp);
     return m;
 }
 

@@ -10,10 +10,12 @@ namespace ember {
 struct MoeConfig {
     MoeGating gating = MoeGating::softmax;
     Activation act = Activation::SiLU;
+    bool weight_input = false;   // MoeWeights::weight_input (llama 4)
 };
 
 // ffn_gate_inp (the router) and the stacked ffn_{gate,up,down}_exps; with `biases` also the
-// router's and the experts' biases (gpt-oss). The norm before them is the caller's.
+// router's and the experts' biases (gpt-oss). The norm before them is the caller's. A shared
+// expert (Role::gate_shexp, ...) is the architecture's to list; moe_weights takes it where present.
 std::vector<TensorSpec> moe_block_tensors(const HParams& hp, bool biases);
 
 // The experts of any block's weights (the block's own, or a copy of its experts on another

@@ -26,6 +26,7 @@ const Architecture& olmo2_architecture();
 const Architecture& granite_architecture();
 const Architecture& smollm3_architecture();
 const Architecture& gemma4_architecture();
+const Architecture& llama4_architecture();
 
 namespace {
 struct Entry {
@@ -54,6 +55,7 @@ const Entry kArchitectures[] = {
     {"granite", &granite_architecture},
     {"smollm3", &smollm3_architecture},
     {"gemma4", &gemma4_architecture},
+    {"llama4", &llama4_architecture},
 };
 }  // namespace
 
