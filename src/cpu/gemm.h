@@ -3,6 +3,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 
 #include "cpu/cpu_kernels.h"
 
@@ -34,9 +35,13 @@ GemmFn gemm_lookup(VecDotFn dot, VecDotFn (*isa_vec_dot)(GGMLType), const GemmEn
         if (dot == isa_vec_dot(e.type)) return e.gemm;
     return nullptr;
 }
+// F32, F16 and BF16 weights' tiles (gemm_float_avx*.cpp), apart from the quantized types' tables.
+GemmFn gemm_float_avx512_for(VecDotFn dot);
+GemmFn gemm_float_avx2_for(VecDotFn dot);
 inline GemmFn gemm_for(VecDotFn dot) {
-    const GemmFn f = gemm_avx512_for(dot);
-    return f ? f : gemm_avx2_for(dot);
+    for (GemmFn (*lookup)(VecDotFn) : {gemm_avx512_for, gemm_avx2_for, gemm_float_avx512_for, gemm_float_avx2_for})
+        if (const GemmFn f = lookup(dot)) return f;
+    return nullptr;
 }
 
 // The loop every tiled kernel shares: token tiles of C outside (their activations stay in L1

@@ -15,6 +15,8 @@ QuantizeRowFn quantize_row_avx2(GGMLType) { return nullptr; }
 QuantizeRowFn quantize_row_avx512(GGMLType) { return nullptr; }
 GemmFn gemm_avx2_for(VecDotFn) { return nullptr; }
 GemmFn gemm_avx512_for(VecDotFn) { return nullptr; }
+GemmFn gemm_float_avx2_for(VecDotFn) { return nullptr; }
+GemmFn gemm_float_avx512_for(VecDotFn) { return nullptr; }
 const FastGemm* fast_gemm_avx2_for(GGMLType) { return nullptr; }
 const FastGemm* fast_gemm_avx512_for(GGMLType) { return nullptr; }
 void gated_act_avx512(Activation act, const float* gate, const float* up, int64_t n, float* out) {
