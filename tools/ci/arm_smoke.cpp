@@ -103,6 +103,8 @@ std::vector<int> half_fields(GGMLType type) {
         case GGMLType::Q4_K:
         case GGMLType::Q5_K: return {0, 2};
         case GGMLType::Q6_K: return {208};
+        case GGMLType::Q2_K: return {80, 82};
+        case GGMLType::Q3_K: return {108};
         default: return {};
     }
 }
@@ -337,15 +339,16 @@ int main(int argc, char** argv) {
     std::printf("SIMD level %d (0 scalar, 1 avx2, 2 avx512, 3 neon)\n", int(level()));
     int bad = 0;
     for (GGMLType t :
-         {GGMLType::Q4_0,   GGMLType::Q4_1,   GGMLType::Q5_0,  GGMLType::Q5_1,    GGMLType::Q8_0,    GGMLType::Q4_K,
-          GGMLType::Q5_K,   GGMLType::Q6_K,   GGMLType::F32,   GGMLType::F16,     GGMLType::BF16,    GGMLType::MXFP4,
-          GGMLType::IQ4_NL, GGMLType::IQ4_XS, GGMLType::IQ3_S, GGMLType::IQ3_XXS, GGMLType::IQ2_XXS, GGMLType::IQ2_XS,
-          GGMLType::IQ2_S,  GGMLType::IQ1_S,  GGMLType::IQ1_M, GGMLType::TQ1_0,   GGMLType::TQ2_0,   GGMLType::NVFP4})
+         {GGMLType::Q4_0,    GGMLType::Q4_1,   GGMLType::Q5_0,   GGMLType::Q5_1,   GGMLType::Q8_0,  GGMLType::Q2_K,
+          GGMLType::Q3_K,    GGMLType::Q4_K,   GGMLType::Q5_K,   GGMLType::Q6_K,   GGMLType::F32,   GGMLType::F16,
+          GGMLType::BF16,    GGMLType::MXFP4,  GGMLType::IQ4_NL, GGMLType::IQ4_XS, GGMLType::IQ3_S, GGMLType::IQ3_XXS,
+          GGMLType::IQ2_XXS, GGMLType::IQ2_XS, GGMLType::IQ2_S,  GGMLType::IQ1_S,  GGMLType::IQ1_M, GGMLType::TQ1_0,
+          GGMLType::TQ2_0,   GGMLType::NVFP4})
         bad += check_vec_dot(t, rng);
     for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q8_1, GGMLType::Q8_K}) bad += check_quantizer(t, rng);
     bad += check_attention(rng);
-    for (GGMLType t : {GGMLType::Q4_0, GGMLType::Q4_1, GGMLType::Q5_0, GGMLType::Q5_1, GGMLType::Q8_0, GGMLType::Q4_K,
-                       GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::F16, GGMLType::MXFP4})
+    for (GGMLType t : {GGMLType::Q4_0, GGMLType::Q4_1, GGMLType::Q5_0, GGMLType::Q5_1, GGMLType::Q8_0, GGMLType::Q2_K,
+                       GGMLType::Q3_K, GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::F16, GGMLType::MXFP4})
         bad += check_matmul(*cpu, t, rng);
     if (bad) std::printf("%d failed (seed %u)\n", bad, seed);
     else std::printf("all passed\n");
