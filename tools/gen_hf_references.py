@@ -127,6 +127,15 @@ MODELS = {
         num_hidden_layers=6, sliding_window=8, global_head_dim=32, attention_k_eq_v=True,
         num_global_key_value_heads=1, num_kv_shared_layers=2, hidden_size_per_layer_input=8,
         final_logit_softcapping=1.0, layer_types=["sliding_attention", "full_attention"] * 3)),
+    # tests/test_arch_llama4.py: Llama 4 with 4 layers (chunks of 8 on layers 0-2, layer 3 NoPE with the
+    # attention temperature every 8 positions), mixture layers 1 and 3 (4 experts, top 1, a shared
+    # expert) between dense ones; and Command R+ (Command R with per-head q/k LayerNorms).
+    "llama4": Tiny("llama4", "bpe", 25, prompt=_LONG, overrides=dict(
+        num_hidden_layers=4, head_dim=16, intermediate_size=48, intermediate_size_mlp=160, num_local_experts=4,
+        num_experts_per_tok=1, interleave_moe_layer_step=2, attention_chunk_size=8, floor_scale=8, attn_scale=0.5,
+        pad_token_id=0, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+    "command-r-plus": Tiny("cohere", "bpe", 26, tied=True, prompt=_LONG, overrides=dict(logit_scale=0.3,
+                                                                                          use_qk_norm=True)),
     # tests/test_embeddings.py
     "embed-llama": Tiny("llama", "bpe", 7),
 }
@@ -218,9 +227,9 @@ def _tokenizer(tok_dir, backend):
 
 def _config(tiny, n_tokens):
     from transformers import (Cohere2Config, CohereConfig, Gemma2Config, Gemma3TextConfig, Gemma4TextConfig,
-                              Glm4Config, GptOssConfig, GraniteConfig, LlamaConfig, Ministral3Config, MistralConfig,
-                              MixtralConfig, Olmo2Config, Olmo3Config, Phi3Config, Qwen2Config, Qwen3Config,
-                              Qwen3MoeConfig, SmolLM3Config)
+                              Glm4Config, GptOssConfig, GraniteConfig, Llama4TextConfig, LlamaConfig, Ministral3Config,
+                              MistralConfig, MixtralConfig, Olmo2Config, Olmo3Config, Phi3Config, Qwen2Config,
+                              Qwen3Config, Qwen3MoeConfig, SmolLM3Config)
 
     kw = dict(vocab_size=n_tokens + tiny.extra_vocab, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5,
@@ -238,7 +247,7 @@ def _config(tiny, n_tokens):
                "gpt-oss": GptOssConfig, "phi3": Phi3Config, "ministral3": Ministral3Config,
                "glm4": Glm4Config, "gemma2": Gemma2Config, "olmo2": Olmo2Config, "olmo3": Olmo3Config,
                "granite": GraniteConfig, "smollm3": SmolLM3Config, "cohere": CohereConfig, "cohere2": Cohere2Config,
-               "gemma4": Gemma4TextConfig}
+               "gemma4": Gemma4TextConfig, "llama4": Llama4TextConfig}
     return classes[tiny.arch](**kw)
 
 
@@ -270,9 +279,10 @@ def model_layouts(tok_root, work):
     """name -> layout, tokenizer and seed of every tiny model (models.json)."""
     from transformers import (Cohere2ForCausalLM, CohereForCausalLM, Gemma2ForCausalLM, Gemma3Config, Gemma3ForCausalLM,
                               Gemma3ForConditionalGeneration, Gemma4ForCausalLM, Glm4ForCausalLM, GptOssForCausalLM,
-                              GraniteForCausalLM, LlamaForCausalLM, Ministral3ForCausalLM, MistralForCausalLM,
-                              MixtralForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM,
-                              Qwen3ForCausalLM, Qwen3MoeForCausalLM, SmolLM3ForCausalLM)
+                              GraniteForCausalLM, Llama4ForCausalLM, LlamaForCausalLM, Ministral3ForCausalLM,
+                              MistralForCausalLM, MixtralForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM,
+                              Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM,
+                              SmolLM3ForCausalLM)
 
     classes = {"llama": LlamaForCausalLM, "mistral": MistralForCausalLM, "qwen2": Qwen2ForCausalLM,
                "qwen3": Qwen3ForCausalLM, "gemma3": Gemma3ForCausalLM, "qwen3moe": Qwen3MoeForCausalLM,
@@ -280,7 +290,7 @@ def model_layouts(tok_root, work):
                "ministral3": Ministral3ForCausalLM, "glm4": Glm4ForCausalLM, "gemma2": Gemma2ForCausalLM,
                "olmo2": Olmo2ForCausalLM, "olmo3": Olmo3ForCausalLM, "granite": GraniteForCausalLM,
                "smollm3": SmolLM3ForCausalLM, "cohere": CohereForCausalLM, "cohere2": Cohere2ForCausalLM,
-               "gemma4": Gemma4ForCausalLM}
+               "gemma4": Gemma4ForCausalLM, "llama4": Llama4ForCausalLM}
     out, configs = {}, {}
     for name, tiny in MODELS.items():
         backend = ENCODERS[tiny.tokenizer][0]

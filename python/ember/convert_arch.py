@@ -14,6 +14,7 @@ from .convert_families import olmo2_layers, read_gemma2, read_granite, read_olmo
 from .convert_fused import (cohere_layers, glm4_layers, phi3_layers, read_cohere, read_cohere2, read_glm4,
                             read_mistral3, read_phi3)
 from .convert_gemma4 import gemma4_tensors, read_gemma4
+from .convert_llama4 import llama4_expert_tensors, llama4_tensors, read_llama4
 from .convert_moe import GPT_OSS, MIXTRAL, QWEN3MOE, ExpertLayout, add_expert_keys, expert_tensors, read_experts
 from .convert_rope import Rope, add_rope_scaling, llama3_rope_divisors, read_rope, split_rope_params
 
@@ -35,6 +36,7 @@ class ArchSpec:
     layer_map: Optional[Callable] = None    # (per-layer tensor map, Hparams): edits it in place
     yarn_mscale: bool = False               # YaRN's mscale_all_dim is written (Mistral 3)
     tensors: Optional[Callable] = None      # (Hparams) -> every layer's tensor map where layers differ (Gemma 4)
+    expert_tensors: Optional[Callable] = None   # (Hparams) -> the ExpertTensors of a layout of its own (llama 4)
 
 
 # Gemma3TextConfig's defaults: released checkpoints leave many of these out of config.json.
@@ -74,6 +76,8 @@ ARCHS = {
     "Gemma4ForCausalLM": ArchSpec("gemma4", qk_norm=True, act="gelu_pytorch_tanh", rope_scalings=("proportional",),
                                   read_extra=read_gemma4, tensors=gemma4_tensors),
     "Cohere2ForCausalLM": ArchSpec("cohere2", read_extra=read_cohere2, layer_map=cohere_layers),
+    "Llama4ForCausalLM": ArchSpec("llama4", rope_scalings=("llama3",), read_extra=read_llama4, tensors=llama4_tensors,
+                                  expert_tensors=llama4_expert_tensors),
 }
 
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
@@ -383,6 +387,8 @@ def _canonical_names(spec, present):
 
 
 def _expert_tensors(spec, hp):
+    if spec.expert_tensors:
+        return spec.expert_tensors(hp)
     if not spec.experts:
         return []
     return [x for i in range(hp.n_layer) for x in expert_tensors(spec.experts, hp, hp.experts, i)]

@@ -124,10 +124,12 @@ def _positive(config, key, path):
     return float(value)
 
 
-def read_cohere(config, hp, path):
-    """Command R: the LayerNorm epsilon and logit_scale keys; no q/k norms (Command R+ 104B's)."""
-    if config.get("use_qk_norm"):
-        raise ConvertError(f"{path}: use_qk_norm=true (Command R+'s per-head q/k LayerNorms) is not supported")
+def read_cohere(config, hp, path, qk_norm=True):
+    """Command R: the LayerNorm epsilon and logit_scale keys, and Command R+'s per-head q/k LayerNorms
+    where use_qk_norm says (not cohere2's: llama.cpp's cohere2 has none)."""
+    hp.family["qk_norm"] = bool(config.get("use_qk_norm"))
+    if hp.family["qk_norm"] and not qk_norm:
+        raise ConvertError(f"{path}: use_qk_norm=true (per-head q/k LayerNorms) is not supported for cohere2")
     hp.keys["attention.layer_norm_epsilon"] = _positive(config, "layer_norm_eps", path)
     hp.keys["logit_scale"] = _positive(config, "logit_scale", path)
 
@@ -135,7 +137,7 @@ def read_cohere(config, hp, path):
 def read_cohere2(config, hp, path):
     """cohere2: Command R's keys, and its sliding window over the layers transformers' layer_types
     marks (llama.cpp's default: three of each four); the period written only when it is not 4."""
-    read_cohere(config, hp, path)
+    read_cohere(config, hp, path, qk_norm=False)
     types = config.get("layer_types")
     if types is None:
         period = config.get("sliding_window_pattern", 4)
@@ -153,5 +155,9 @@ def read_cohere2(config, hp, path):
 
 
 def cohere_layers(out, hp):
-    """One norm a block (input_layernorm, before attention and the feed-forward alike)."""
+    """One norm a block (input_layernorm, before attention and the feed-forward alike); Command R+'s
+    q/k LayerNorms carry a weight per head ([n_head, head_dim], GGUF's {head_dim, n_head})."""
     del out["post_attention_layernorm.weight"]
+    if hp.family.get("qk_norm"):
+        out["self_attn.q_norm.weight"] = ("attn_q_norm.weight", (hp.n_head, hp.head_dim), 0)
+        out["self_attn.k_norm.weight"] = ("attn_k_norm.weight", (hp.n_head_kv, hp.head_dim), 0)
