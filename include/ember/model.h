@@ -76,6 +76,15 @@ struct HParams {
     int32_t n_ff_exp = 0;              // an expert's width: expert_feed_forward_length, else feed_forward_length
     bool expert_weights_norm = true;   // the chosen experts' weights renormalized to sum 1 (expert_weights_norm)
     float expert_weights_scale = 1.0f; // and then scaled by this (expert_weights_scale)
+    // Hybrid models (Qwen3.5): recurrent_layer[l] marks the gated DeltaNet layers, which keep a
+    // per-sequence state instead of KV (empty: none). Their shapes ({arch}.ssm.*): the convolution
+    // kernel, the q/k heads (group_count) and v heads (time_step_rank), and the head widths
+    // (state_size; inner_size / v heads).
+    std::vector<bool> recurrent_layer;
+    int32_t ssm_conv_kernel = 0, ssm_k_heads = 0, ssm_v_heads = 0, ssm_head_k = 0, ssm_head_v = 0;
+    // Multi-token-prediction blocks stored after the n_layer blocks ({arch}.nextn_predict_layers):
+    // loaded by llama.cpp for drafting, not run here.
+    int32_t n_layer_nextn = 0;
     // Per-layer attention geometry where layers differ (Gemma 4's global layers have a head size and
     // KV heads of their own); empty: n_head_kv heads of head_dim in every layer.
     std::vector<int32_t> n_head_kv_layer, head_dim_layer;

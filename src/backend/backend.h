@@ -56,6 +56,22 @@ struct BatchInfo {
     bool fast_attention = false;
     // Token i attends to positions 0..pos[i] of its sequence (causal), or to the last
     // AttentionShape::window of them.
+    // [n_seq] each sequence's slot of recurrent state (RecurrentLayer); empty for models without
+    // recurrent layers. The caller owns which slot a sequence has, as it owns its KV blocks.
+    std::vector<int32_t> state_slot;
+};
+
+// The recurrent state of one layer of a hybrid model (the gated DeltaNet layers of Qwen3.5), which
+// keeps it in place of KV: n_slots slots, each one sequence's convolution state (its last kernel - 1
+// inputs, Backend::short_conv) and delta-rule state (Backend::gated_delta_rule), in the memory of the
+// layer's backend. A state cannot be rewound: a sequence cut short is recomputed from its start.
+struct RecurrentLayer {
+    float* conv = nullptr;   // [n_slots][conv_floats]
+    float* ssm = nullptr;    // [n_slots][ssm_floats]
+    int64_t conv_floats = 0, ssm_floats = 0;
+    int32_t n_slots = 0;
+    float* conv_of(int32_t slot) const { return conv + slot * conv_floats; }
+    float* ssm_of(int32_t slot) const { return ssm + slot * ssm_floats; }
 };
 
 // KV storage of one layer: n_blocks blocks of block_size tokens; K and V each n_blocks blocks

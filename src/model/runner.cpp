@@ -23,6 +23,7 @@
 #include "model/imatrix_collector.h"
 #include "model/kv_in_host_memory.h"
 #include "model/model_impl.h"
+#include "model/recurrent_state.h"
 #include "model/remote_experts.h"
 #include "model/streamed_weights.h"
 
@@ -110,6 +111,7 @@ uint64_t mix(uint64_t h, uint64_t v) {
 size_t kv_block_bytes_model(const HParams& hp, int32_t block_size, GGMLType type_k, GGMLType type_v) {
     size_t bytes = 0;
     for (int32_t l = 0; l < hp.n_layer; ++l) {
+        if (is_recurrent_layer(hp, l)) continue;
         const int64_t width = hp.kv_width(l);
         bytes += kv_block_bytes(type_k, block_size, width) + kv_block_bytes(type_v, block_size, width);
     }
@@ -140,6 +142,7 @@ struct RunnerImpl {
     std::unique_ptr<KVInHostMemory> kv_in_host;
     HostLogits logits;   // [n_logits][row_width]; declared after `cpu` and `model`, whose host memory it holds
     HostTierMemory host_tier;   // the host tier's slots; after `cpu` and `model` too
+    RecurrentState state;       // recurrent layers' state slots; after `cpu` and `model` too
     int32_t n_logits = 0;
     std::vector<int32_t> greedy_ids;
     std::vector<float> embd;   // [n_batch][n_embd] host staging for the embedding rows
@@ -209,6 +212,11 @@ Runner::Runner(std::shared_ptr<Model> model, const RunnerParams& params) {
         fail(m.file->path(), ": ", m.hp.arch, " is an encoder (bidirectional attention, no KV cache): run it with ",
              "Encoder (ember.Encoder), not a Context or the engine");
     for (int32_t l = 0; l < m.hp.n_layer; ++l) check_kv_type(params.type_k, m.hp.layer_head_dim(l), "type_k");
+    if (params.n_state_slots < 0) fail("n_state_slots must be >= 0, got ", params.n_state_slots);
+    // The gated DeltaNet layers' gates and output gates are host loops for now (qwen35.cpp).
+    if (has_recurrent_layers(m.hp) && m.plan.any_gpu())
+        fail(m.file->path(), ": ", m.hp.arch, "'s recurrent layers run on the CPU only so far: load it with ",
+             "n_gpu_layers=0");
     for (int32_t l = 0; l < m.hp.n_layer; ++l) check_kv_type(params.type_v, m.hp.layer_head_dim(l), "type_v");
     if ((params.type_k == GGMLType::F32 || params.type_v == GGMLType::F32) && m.any_gpu())
         fail(
@@ -286,6 +294,7 @@ Runner::Runner(std::shared_ptr<Model> model, const RunnerParams& params) {
         const int64_t width = hp.kv_width(l);
         if (width == 0) continue;
         Backend& be = *r.blocks[l].backend;
+        if (is_recurrent_layer(hp, l)) continue;   // its state is in r.state
         if (&be == r.kv_in_host.get()) {
             r.kv_in_host->alloc_layer(kv);
             continue;
@@ -310,6 +319,9 @@ Runner::Runner(std::shared_ptr<Model> model, const RunnerParams& params) {
         }
         r.host_tier.allocate(be, bytes, params.n_host_tier_slots);
     }
+    std::vector<Backend*> layer_be;
+    for (const BlockWeights& b : r.blocks) layer_be.push_back(b.backend);
+    r.state.allocate(hp, layer_be, has_recurrent_layers(hp) ? params.n_state_slots : 0);
     r.embd.resize((size_t)params.n_batch * hp.n_embd);
     r.per_layer.resize((size_t)params.n_batch * hp.n_layer * hp.n_embd_per_layer);
     // After the KV: the staging is what gives way when the GPU is short.
@@ -426,8 +438,9 @@ void RunnerImpl::forward(const int32_t* tokens, const BatchInfo& batch, const st
             apart->be->set_batch(batch);
             seen.push_back(apart->be);
         }
-        BlockRun run{be, w, layers[l], hp, st ? stream->kv() : kv[hp.kv_layer(l)], s->buf, n, s->x,
-                     pending, s->out_a, s->out_b, apart};
+        BlockRun run{be,       w,     layers[l],      hp,      st ? stream->kv() : kv[hp.kv_layer(l)],
+                     s->buf,   n,     s->x,           pending, s->out_a,
+                     s->out_b, apart, state.layer(l), &batch};
         if (P > 0) {
             run.embd = s->embd;
             run.per_layer = s->per_layer + (size_t)l * n * P;
@@ -494,6 +507,16 @@ void Runner::forward(const int32_t* tokens, const BatchInfo& batch, const std::v
         fail("a forward step of an embeddings runner has no logits to take greedy ids from");
     if (batch.n_tok <= 0 || batch.n_tok > r.params.n_batch)
         fail("a forward step takes 1..", r.params.n_batch, " tokens, got ", batch.n_tok);
+    if (r.state.n_slots() > 0) {
+        if ((int32_t)batch.state_slot.size() != batch.n_seq)
+            fail("a hybrid model's step needs a state slot per sequence: ", batch.n_seq, " sequences, ",
+                 batch.state_slot.size(), " slots");
+        for (int32_t slot : batch.state_slot)
+            if (slot < 0 || slot >= r.state.n_slots())
+                fail("state slot ", slot, " out of range [0, ", r.state.n_slots(), ")");
+    } else if (has_recurrent_layers(r.model->hparams())) {
+        fail(r.model->hparams().arch, " has recurrent layers, and this runner keeps no state slots (n_state_slots 0)");
+    }
     int32_t end = 0;
     for (const RowRange& rr : rows) {
         if (rr.count <= 0 || rr.first < end || rr.first + rr.count > batch.n_tok)
@@ -559,6 +582,10 @@ void Runner::copy_blocks_to_host(const std::vector<std::pair<int32_t, int32_t>>&
 
 void Runner::copy_blocks_from_host(const std::vector<std::pair<int32_t, int32_t>>& host_to_dev) {
     impl_->copy_host(host_to_dev, false);
+}
+
+void Runner::clear_state(int32_t slot) {
+    if (impl_->state.n_slots() > 0) impl_->state.clear(slot);
 }
 
 HostParallelFor Runner::parallel_for() const { return impl_->cpu->host_parallel_for(); }

@@ -48,6 +48,15 @@ enum class Role : int {
     gate_shexp,       // a mixture's shared expert, every token's (llama 4): [n_ff_exp][n_embd] (down [n_embd][n_ff_exp])
     up_shexp,
     down_shexp,
+    ssm_in,           // a gated DeltaNet layer (Qwen3.5): q, k, v projection [n_embd] -> [2 key_dim + value_dim]
+    ssm_gate,         // its output gate z [n_embd] -> [value_dim]
+    ssm_conv,         // its depthwise convolution [channels][kernel], read as floats
+    ssm_dt,           // [n_v_heads] added to alpha before the softplus
+    ssm_a,            // [n_v_heads] -exp(A_log)
+    ssm_beta,         // [n_embd] -> [n_v_heads]
+    ssm_alpha,        // [n_embd] -> [n_v_heads]
+    ssm_norm,         // [head_v] RMSNorm of each v head's output
+    ssm_out,          // [value_dim] -> [n_embd]
     ple_gate,         // per-layer embeddings (Gemma 4): the gate [n_embd] -> [n_embd_per_layer] of the layer's input,
     ple_proj,         // its projection back [n_embd_per_layer] -> [n_embd], the norm after it,
     ple_post_norm,
@@ -124,6 +133,10 @@ struct BlockRun {
     float* out_b;
     // The block's experts on another backend (remote_experts.h); null: they run on be with the rest.
     const RemoteExperts* experts = nullptr;
+    // A recurrent layer's state slots (null for attention layers) and the step's batch, whose
+    // state_slot says each sequence's slot.
+    const RecurrentLayer* state = nullptr;
+    const BatchInfo* batch = nullptr;
     // Per-layer embeddings (hp.n_embd_per_layer > 0): the step's input embeddings [n_tok][n_embd] (after
     // embd_scale) and this layer's rows of per_layer_token_embd [n_tok][n_embd_per_layer], which the
     // block may overwrite; null otherwise.

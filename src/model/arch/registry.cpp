@@ -25,6 +25,7 @@ const Architecture& gemma2_architecture();
 const Architecture& olmo2_architecture();
 const Architecture& granite_architecture();
 const Architecture& smollm3_architecture();
+const Architecture& qwen35_architecture();
 const Architecture& gemma4_architecture();
 const Architecture& llama4_architecture();
 
@@ -54,6 +55,7 @@ const Entry kArchitectures[] = {
     {"olmo2", &olmo2_architecture},
     {"granite", &granite_architecture},
     {"smollm3", &smollm3_architecture},
+    {"qwen35", &qwen35_architecture},
     {"gemma4", &gemma4_architecture},
     {"llama4", &llama4_architecture},
 };
