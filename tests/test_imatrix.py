@@ -204,25 +204,3 @@ def test_collect_errors(smollm2_path, tmp_path):
     # a failed collection leaves nothing recording: a later context runs unobserved
     E.Context(model, n_ctx=32).eval(list(range(1, 20)))
     assert E.imatrix_stop() == {}
-
-
-def test_refuses_mixture_of_experts(tmp_path):
-    """Expert tensors are not collected yet: a MoE model is refused when its context is made, and
-    nothing stays recording after."""
-    import gzip
-    import importlib.util
-
-    from conftest import ROOT
-
-    spec = importlib.util.spec_from_file_location("synthetic_gguf", ROOT / "tools" / "synthetic_gguf.py")
-    synthetic_gguf = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(synthetic_gguf)
-    vocab = tmp_path / "smollm2-vocab.gguf"
-    vocab.write_bytes(gzip.decompress((ROOT / "tests" / "fuzz" / "vocab" / "smollm2.gguf.gz").read_bytes()))
-    path = str(tmp_path / "qwen3moe-tiny.gguf")
-    synthetic_gguf.write_model(path, "qwen3moe-tiny", str(vocab), ctx=256,
-                               seed=int(rng_for("imatrix moe").integers(2**31)))
-    model = E.Model(path)
-    with pytest.raises(ValueError, match=r"does not collect mixture-of-experts models yet \(\d+ experts\)"):
-        imatrix.collect(model, TEXT.read_bytes(), 64, max_chunks=1)
-    assert E.imatrix_stop() == {}

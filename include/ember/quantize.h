@@ -24,7 +24,8 @@ struct QuantizeParams {
     std::vector<std::string> tensor_types;
     std::string output_tensor_type, token_embedding_type;
     // --imatrix: per weight name, an importance per column (the importance matrix's mean squared
-    // activations); Q4_K, Q5_K and Q6_K tensors named here are quantized weighted by them.
+    // activations; a stacked expert tensor's: each expert's columns in turn); Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
+    // IQ4_XS and IQ4_NL tensors named here are quantized weighted by them, as llama-quantize does.
     std::map<std::string, std::vector<float>> imatrix;
 };
 

@@ -23,8 +23,9 @@ void bind_imatrix(nb::module_& m) {
             ember::set_imatrix_collector(nullptr);
             nb::dict out;
             if (!c) return out;
-            for (const auto& [name, e] : c->entries()) out[nb::str(name.c_str())] = nb::make_tuple(e.sums, e.count);
+            for (const auto& [name, e] : c->entries()) out[nb::str(name.c_str())] = nb::make_tuple(e.sums, e.counts);
             return out;
         },
-        "Ends the collection: {weight name: (column sums of squares, tokens)}.");
+        "Ends the collection: {weight name: (column sums of squares [n_mat * n_in], tokens per matrix [n_mat])}; "
+        "n_mat is a stacked expert tensor's expert count, else 1.");
 }

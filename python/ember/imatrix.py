@@ -7,7 +7,8 @@ llama-imatrix and ember-perplexity do), each evaluated alone; every block weight
 (the output head's too with --process-output). The GGUF file holds, per weight matrix NAME,
 NAME.in_sum2 [n_mat][n_in] = the sum over tokens of each input column's squared activation and
 NAME.counts [n_mat][1] = the tokens summed (n_mat: the expert count of a stacked expert tensor, else 1).
-The older .dat format is read into the same form. Collection runs on the CPU, on dense models.
+A stacked expert tensor's rows are each expert's own: the inputs of the tokens routed to it, and their
+count. The older .dat format is read into the same form. Collection runs on the CPU.
 """
 import argparse
 import dataclasses
@@ -180,8 +181,8 @@ def collect(model, text: bytes, n_ctx: int, n_threads: int = 0, max_chunks: int 
         print(file=out)
     finally:
         stats = _ember.imatrix_stop()
-    entries = {name: Entry(np.asarray(sums, dtype=np.float32).reshape(1, -1), np.array([count], dtype=np.int64))
-               for name, (sums, count) in stats.items()}
+    entries = {name: Entry(np.asarray(sums, np.float32).reshape(len(counts), -1), np.array(counts, np.int64))
+               for name, (sums, counts) in stats.items()}
     return Imatrix(entries, [dataset] if dataset else [], len(chunks), n_ctx)
 
 

@@ -8,9 +8,10 @@ does; the last matching option wins) TYPE instead of the recipe's; --output-tens
 --token-embedding-type set the output head's and the token embedding's. A K type on rows that are not
 a multiple of 256 falls back as in the recipe (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0).
 
---imatrix reads an importance matrix (ember-imatrix's or llama-imatrix's, GGUF or .dat): the Q4_K, Q5_K
-and Q6_K tensors it has an entry for are quantized minimising the error weighted by each column's
-importance, as llama-quantize does (expert tensors' entries are not used yet).
+--imatrix reads an importance matrix (ember-imatrix's or llama-imatrix's, GGUF or .dat): the Q2_K, Q3_K,
+Q4_K, Q5_K, Q6_K, IQ4_XS and IQ4_NL tensors it has an entry for are quantized minimising the error weighted
+by each column's importance, as llama-quantize does (byte for byte); a stacked expert tensor's experts
+each with their own row of importances.
 
 Each tensor's chosen type is printed as it is written, then a summary: the tensors of each type,
 their sizes, and the input and output file sizes. With a split limit the output is shards as
@@ -43,7 +44,7 @@ def parser() -> argparse.ArgumentParser:
                     help="type of the weight matrices whose names match REGEX (repeatable; the last match wins)")
     ap.add_argument("--output-tensor-type", default="", metavar="TYPE", help="type of output.weight")
     ap.add_argument("--token-embedding-type", default="", metavar="TYPE", help="type of token_embd.weight")
-    ap.add_argument("--imatrix", metavar="FILE", help="importance matrix (GGUF or .dat) weighting the K types' error")
+    ap.add_argument("--imatrix", metavar="FILE", help="importance matrix (GGUF or .dat) weighting the error")
     options.add_arguments(ap, options.QUANTIZE)
     add_version(ap)
     return ap
@@ -83,12 +84,12 @@ def summary(input_path: str, output_path: str) -> str:
 
 
 def imatrix_weights(path: str) -> dict:
-    """Per weight name, its columns' importances, from an imatrix file (one-matrix entries only)."""
+    """Per weight name, its columns' importances from an imatrix file (an expert tensor's: each expert's in turn)."""
     from . import imatrix
 
     m = imatrix.read(path)
     print(f"imatrix: {len(m.entries)} entries from {path}, {m.chunk_count} chunks", file=sys.stderr)
-    return {name: e.importance()[0].tolist() for name, e in m.entries.items() if e.sums.shape[0] == 1}
+    return {name: e.importance().reshape(-1).tolist() for name, e in m.entries.items()}
 
 
 def main(argv=None) -> int:

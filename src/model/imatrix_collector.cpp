@@ -1,24 +1,32 @@
 // ImatrixCollector and the recording backend (imatrix_collector.h).
 #include "model/imatrix_collector.h"
 
+#include <cstddef>
+
 #include "ember/gguf.h"
 #include "ember/status.h"
 
 namespace ember {
 
-void ImatrixCollector::add(const Weight& w, const float* x, int32_t n_tok) {
+void ImatrixCollector::add(const Weight& w, const float* x, int32_t n_tok, int32_t expert, int32_t n_mat) {
     if (!w.src) return;
     const std::string& name = w.src->name;
     if (name.rfind("blk.", 0) != 0 && !(process_output_ && name == "output.weight")) return;
-    if (w.n_expert > 1) fail("ember-imatrix: '", name, "' is a stacked expert tensor, which it does not collect yet");
     std::lock_guard<std::mutex> lock(mutex_);
     ImatrixEntry& e = entries_[name];
-    if (e.sums.empty()) e.sums.assign(w.n_in, 0.0);
+    if (e.sums.empty()) {
+        e.sums.assign(size_t(n_mat) * w.n_in, 0.0);
+        e.counts.assign(n_mat, 0);
+    }
+    if (e.counts.size() != size_t(n_mat) || expert < 0 || expert >= n_mat)
+        fail("ember-imatrix: '", name, "' seen as matrix ", expert, " of ", n_mat, " after as one of ",
+             e.counts.size());
+    double* sums = e.sums.data() + size_t(expert) * w.n_in;
     for (int32_t t = 0; t < n_tok; ++t) {
         const float* row = x + (size_t)t * w.n_in;
-        for (int64_t i = 0; i < w.n_in; ++i) e.sums[i] += (double)row[i] * row[i];
+        for (int64_t i = 0; i < w.n_in; ++i) sums[i] += (double)row[i] * row[i];
     }
-    e.count += n_tok;
+    e.counts[expert] += n_tok;
 }
 
 std::map<std::string, ImatrixEntry> ImatrixCollector::entries() const {
@@ -50,14 +58,23 @@ public:
     void* alloc_host(size_t bytes) override { return in_->alloc_host(bytes); }
     void free_host(void* p) override { in_->free_host(p); }
     size_t free_memory() override { return in_->free_memory(); }
-    Weight prepare_weight(const GGUFTensor& t) override { return in_->prepare_weight(t); }
+    // A stacked expert weight is noted, to tell which expert a matrix of it is (record).
+    Weight prepare_weight(const GGUFTensor& t) override {
+        const Weight w = in_->prepare_weight(t);
+        if (w.n_expert > 1) {
+            std::lock_guard<std::mutex> lock(mutex_);
+            stacked_[&t] = w;
+        }
+        return w;
+    }
     const float* prepare_vector(const GGUFTensor& t) override { return in_->prepare_vector(t); }
     void set_batch(const BatchInfo& batch) override { in_->set_batch(batch); }
 
     void matmul(const Weight& w, const float* x, int32_t n_tok, float* y) override {
-        c_->add(w, x, n_tok);
+        record(w, x, n_tok);
         in_->matmul(w, x, n_tok, y);
     }
+
     void rmsnorm(const float* x, const float* gamma, int32_t n_tok, int32_t dim, float eps, float* y) override {
         in_->rmsnorm(x, gamma, n_tok, dim, eps, y);
     }
@@ -123,8 +140,25 @@ public:
     HostParallelFor host_parallel_for() override { return in_->host_parallel_for(); }
 
 private:
+    // A matrix of a 3-D tensor is one of its experts: which one, from its offset in the stacked weight.
+    void record(const Weight& w, const float* x, int32_t n_tok) {
+        if (!w.src || w.src->ne.size() < 3 || w.src->ne[2] == 1) return c_->add(w, x, n_tok);
+        Weight s;
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            const auto it = stacked_.find(w.src);
+            if (it == stacked_.end() || it->second.expert_stride == 0)
+                fail("ember-imatrix: '", w.src->name, "' is a stacked expert tensor not prepared on this backend");
+            s = it->second;
+        }
+        const auto at = static_cast<const unsigned char*>(w.data) - static_cast<const unsigned char*>(s.data);
+        c_->add(w, x, n_tok, int32_t(at / std::ptrdiff_t(s.expert_stride)), s.n_expert);
+    }
+
     std::unique_ptr<Backend> in_;
     std::shared_ptr<ImatrixCollector> c_;
+    std::mutex mutex_;
+    std::map<const GGUFTensor*, Weight> stacked_;
 };
 
 }  // namespace

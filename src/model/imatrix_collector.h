@@ -1,6 +1,7 @@
 // Importance-matrix collection (ember-imatrix): a Backend wrapper that records, for every matmul
 // of a block weight, each input column's sum of squared activations and the tokens summed, keyed
-// by the weight's tensor name; every op still runs on the wrapped backend.
+// by the weight's tensor name (a stacked expert tensor: one row of sums and one token count per expert,
+// as llama-imatrix keeps them); every op still runs on the wrapped backend.
 #pragma once
 #include <map>
 #include <memory>
@@ -13,15 +14,16 @@
 namespace ember {
 
 struct ImatrixEntry {
-    std::vector<double> sums;   // [n_in]
-    int64_t count = 0;          // tokens
+    std::vector<double> sums;      // [n_mat][n_in]: n_mat the experts of a stacked tensor, else 1
+    std::vector<int64_t> counts;   // [n_mat]: the tokens each matrix saw
 };
 
 class ImatrixCollector {
 public:
     // process_output: also the output head (llama-imatrix's --process-output); else only blk.* weights.
     explicit ImatrixCollector(bool process_output) : process_output_(process_output) {}
-    void add(const Weight& w, const float* x, int32_t n_tok);
+    // x [n_tok][w.n_in], the input of matrix `expert` of n_mat (a stacked tensor's expert; 0 of 1 else).
+    void add(const Weight& w, const float* x, int32_t n_tok, int32_t expert = 0, int32_t n_mat = 1);
     std::map<std::string, ImatrixEntry> entries() const;
 
 private:
@@ -36,7 +38,8 @@ void set_imatrix_collector(std::shared_ptr<ImatrixCollector> c);
 std::shared_ptr<ImatrixCollector> imatrix_collector();
 
 // inner, with its matmuls recorded into c. The fused ops take Backend's defaults, which compose
-// the primitives, so every projection reaches matmul.
+// the primitives, so every projection reaches matmul (a mixture's experts through Backend's default moe,
+// each expert's matrix told apart by its place in the stacked weight prepared here).
 std::unique_ptr<Backend> record_imatrix(std::unique_ptr<Backend> inner, std::shared_ptr<ImatrixCollector> c);
 
 }  // namespace ember

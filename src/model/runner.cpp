@@ -229,8 +229,6 @@ Runner::Runner(std::shared_ptr<Model> model, const RunnerParams& params) {
     r.cpu = make_backend("cpu", opts);
     if (auto imatrix = imatrix_collector()) {
         if (m.any_gpu()) fail("ember-imatrix collects on the CPU only: load the model with n_gpu_layers=0");
-        if (m.hp.n_expert > 0)
-            fail("ember-imatrix does not collect mixture-of-experts models yet (", m.hp.n_expert, " experts)");
         r.cpu = record_imatrix(std::move(r.cpu), imatrix);
     }
     const HParams& hp = m.hp;
@@ -290,11 +288,11 @@ Runner::Runner(std::shared_ptr<Model> model, const RunnerParams& params) {
         KVLayer& kv = r.kv[l];
         kv.n_head_kv = hp.layer_n_head_kv(l);
         kv.head_dim = hp.layer_head_dim(l);
+        Backend& be = *r.blocks[l].backend;
+        if (is_recurrent_layer(hp, l)) continue;   // its state is in r.state
         // A layer reading another's KV attends over that layer's storage (forward passes it).
         const int64_t width = hp.kv_width(l);
         if (width == 0) continue;
-        Backend& be = *r.blocks[l].backend;
-        if (is_recurrent_layer(hp, l)) continue;   // its state is in r.state
         if (&be == r.kv_in_host.get()) {
             r.kv_in_host->alloc_layer(kv);
             continue;

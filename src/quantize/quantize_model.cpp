@@ -2,6 +2,7 @@
 // tensors one at a time (dequantize rows to f32 -> quantize), rows split across threads.
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -40,7 +41,8 @@ QuantizeRowWeightedFn weighted_for(GGMLType t) {
 }
 
 // Converts one tensor: rows of n_in elements from src type to dst type; qw (null: none): the
-// importance of each column, for the types with a weighted quantizer.
+// importance of each column, for the types with a weighted quantizer (a stacked expert tensor's: one
+// row of importances per expert, each expert's rows quantized with its own).
 std::vector<uint8_t> convert_tensor(const GGUFTensor& t, GGMLType dst, ThreadPool& pool, const std::vector<float>* qw) {
     const int64_t n_in = t.ne[0], n_rows = t.n_rows();
     const TypeTraits& from = type_traits(t.type);
@@ -51,11 +53,12 @@ std::vector<uint8_t> convert_tensor(const GGUFTensor& t, GGMLType dst, ThreadPoo
     const QuantizeRowWeightedFn weighted = qw ? weighted_for(dst) : nullptr;
     // IQ4_NL weights take IQ4_XS's scale search, as llama-quantize's (the traits' quantizer is the KV cache's)
     const QuantizeRowFn quantize = dst == GGMLType::IQ4_NL ? quantize_row_iq4_nl_search : to.quantize_row;
+    const int64_t rows_per_matrix = t.ne.size() > 2 ? t.ne[1] : n_rows;
     pool.parallel_for(n_rows, std::max<int64_t>(1, 65536 / n_in), [&](int64_t b, int64_t e) {
         std::vector<float> row(n_in);
         for (int64_t r = b; r < e; ++r) {
             from.dequantize_row(t.data + r * in_row, row.data(), n_in);
-            if (weighted) weighted(row.data(), out.data() + r * out_row, n_in, qw->data());
+            if (weighted) weighted(row.data(), out.data() + r * out_row, n_in, qw->data() + r / rows_per_matrix * n_in);
             else quantize(row.data(), out.data() + r * out_row, n_in);
         }
     });
@@ -140,11 +143,24 @@ std::vector<std::string> quantize_model(const QuantizeParams& params, const Quan
     });
     std::vector<GGMLType> types(ts.size());
     for (size_t i : order) types[i] = choose_type(*mix, ts[i], st);
+    // As llama-quantize: an entry holds a row of importances per matrix (per expert of a 3-D tensor); one of
+    // another size is an error, except the token embedding's, which is quantized without it.
+    std::map<std::string, std::vector<float>> imatrix = params.imatrix;
     for (const auto& t : ts)
-        if (const auto it = params.imatrix.find(t.name);
-            it != params.imatrix.end() && (int64_t)it->second.size() != t.ne[0])
-            fail("--imatrix: the entry for '", t.name, "' has ", it->second.size(), " columns, but its rows have ",
-                 t.ne[0], " elements: the importance matrix is of another model");
+        if (const auto it = imatrix.find(t.name); it != imatrix.end()) {
+            const int64_t n_mat = t.ne.size() > 2 ? t.n_rows() / t.ne[1] : 1;
+            if ((int64_t)it->second.size() == t.ne[0] * n_mat) continue;
+            if (t.name == "token_embd.weight") {
+                imatrix.erase(it);
+                continue;
+            }
+            if (n_mat == 1)
+                fail("--imatrix: the entry for '", t.name, "' has ", it->second.size(), " columns, but its rows have ",
+                     t.ne[0], " elements: the importance matrix is of another model");
+            fail("--imatrix: the entry for '", t.name, "' has ", it->second.size(), " values, but its ", n_mat,
+                 " experts' rows have ", t.ne[0], " elements (", n_mat * t.ne[0],
+                 " expected): the importance matrix is of another model");
+        }
     const TypeOverrides ov = parse_type_overrides(params.tensor_types, params.output_tensor_type,
                                                   params.token_embedding_type);
     for (size_t i = 0; i < ts.size(); ++i) types[i] = apply_overrides(ov, ts[i], types[i], st.has_output);
@@ -163,9 +179,9 @@ std::vector<std::string> quantize_model(const QuantizeParams& params, const Quan
         if (types[i] == t.type) {
             out[plan[i]]->write_tensor_data(t.data, t.nbytes);
         } else {
-            const auto it = params.imatrix.find(t.name);
+            const auto it = imatrix.find(t.name);
             const std::vector<uint8_t> data = convert_tensor(t, types[i], pool,
-                                                             it == params.imatrix.end() ? nullptr : &it->second);
+                                                             it == imatrix.end() ? nullptr : &it->second);
             out[plan[i]]->write_tensor_data(data.data(), data.size());
         }
     }
