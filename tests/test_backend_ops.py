@@ -123,7 +123,7 @@ ROUNDS_ACTIVATIONS = {"cpu"}
 # reroutes runs again under that value. name: (switch overrides, ops it reroutes)
 MATMUL_OPS = {"matmul", "matmul_many", "norm_matmul", "ffn", "attn_in", "attn_out", "moe"}
 FUSED_OPS = {"matmul_many", "add_rmsnorm", "norm_matmul", "attn_in", "attn_out", "ffn", "moe", "moe_ffn"}
-SIMD_OPS = {"matmul", "matmul_many", "attention", "gated_act", "kv_store", "moe"}
+SIMD_OPS = {"matmul", "matmul_many", "attention", "gated_act", "kv_store", "moe", "short_conv", "ssm_scan"}
 VARIANTS = {
     "cpu": {   # the SIMD levels below the CPU's best (EMBER_SIMD only lowers it)
         "avx2": ({"EMBER_SIMD": "avx2"}, SIMD_OPS),

@@ -15,18 +15,20 @@ c = np.ascontiguousarray
 SHAPES = [(1, 4), (96, 3), (200, 4), (1037, 4), (33, 1), (70, 9)]
 
 
-def backend(name):
+def backend(name, switches=None):
     if name not in K.backend_names():
         pytest.skip(f"this ember was built without the {name} backend")
     try:
-        return K.Backend(name, 2)
+        return K.Backend(name, 2, switches=switches or {})
     except ValueError as e:
         pytest.skip(f"the {name} backend cannot start here: {e}")
 
 
-@pytest.fixture(params=["cpu", "cuda"])
+# The CPU at its best SIMD level and at the scalar one (the kernels differ), and the GPU.
+@pytest.fixture(params=["cpu", "cpu-scalar", "cuda"])
 def be(request):
-    return backend(request.param)
+    name, _, level = request.param.partition("-")
+    return backend(name, {"EMBER_SIMD": level} if level else None)
 
 
 def inputs(rng, n_tok, channels, kernel):

@@ -17,18 +17,20 @@ HF = ROOT / "tests" / "reference" / "ssm_scan" / "mamba2.npz"
 SHAPES = [(1, 1, 8, 1), (6, 10, 20, 3), (4, 16, 37, 2), (16, 64, 128, 8), (8, 64, 256, 1)]
 
 
-def backend(name):
+def backend(name, switches=None):
     if name not in K.backend_names():
         pytest.skip(f"this ember was built without the {name} backend")
     try:
-        return K.Backend(name, 2)
+        return K.Backend(name, 2, switches=switches or {})
     except ValueError as e:
         pytest.skip(f"the {name} backend cannot start here: {e}")
 
 
-@pytest.fixture(params=["cpu", "cuda"])
+# The CPU at its best SIMD level and at the scalar one (the kernels differ), and the GPU.
+@pytest.fixture(params=["cpu", "cpu-scalar", "cuda"])
 def be(request):
-    return backend(request.param)
+    name, _, level = request.param.partition("-")
+    return backend(name, {"EMBER_SIMD": level} if level else None)
 
 
 def inputs(rng, n_tok, n_head, head_dim, d_state, n_group):
