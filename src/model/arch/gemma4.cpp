@@ -49,7 +49,8 @@ public:
                  " must be equal, positive and even");
         hp.n_rot_swa = (int32_t)f.get_uint("gemma4.rope.dimension_count_swa", (uint64_t)d_swa);
         if (hp.n_rot_swa <= 0 || hp.n_rot_swa % 2 != 0 || hp.n_rot_swa > d_swa)
-            fail(f.path(), ": gemma4.rope.dimension_count_swa ", hp.n_rot_swa, " must be even and between 2 and ", d_swa);
+            fail(f.path(), ": gemma4.rope.dimension_count_swa ", hp.n_rot_swa, " must be even and between 2 and ",
+                 d_swa);
         hp.head_dim_layer.resize(hp.n_layer);
         for (int32_t l = 0; l < hp.n_layer; ++l) hp.head_dim_layer[l] = hp.swa_layer[l] ? d_swa : hp.head_dim;
 
@@ -57,8 +58,7 @@ public:
         // kind (sliding or global) that keeps its own.
         const int64_t n_shared = (int64_t)f.get_uint("gemma4.attention.shared_kv_layers", 0);
         if (n_shared >= hp.n_layer)
-            fail(f.path(), ": gemma4.attention.shared_kv_layers ", n_shared, " must be below block_count ",
-                 hp.n_layer);
+            fail(f.path(), ": gemma4.attention.shared_kv_layers ", n_shared, " must be below block_count ", hp.n_layer);
         const int32_t first_shared = hp.n_layer - (int32_t)n_shared;
         hp.kv_from.assign(hp.n_layer, -1);
         for (int32_t l = first_shared; l < hp.n_layer; ++l) {
