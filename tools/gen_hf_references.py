@@ -57,6 +57,11 @@ _PHI3 = dict(sliding_window=8, original_max_position_embeddings=32, pad_token_id
     "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
     "short_factor": [1.0, 1.3, 2.1, 3.7], "long_factor": [1.2, 2.5, 4.0, 9.0]})
 
+_QWEN35 = dict(head_dim=16, rms_norm_eps=1e-6, pad_token_id=0, linear_num_key_heads=2, linear_num_value_heads=4,
+               linear_key_head_dim=16, linear_conv_kernel_dim=4, rope_parameters={
+                   "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                   "mrope_section": [2, 1, 1]})
+
 MODELS = {
     # tests/test_convert.py
     "llama-untied-sharded-bf16": Tiny("llama", "bpe", 0, shard=True, dtype="bfloat16", prompt=_SHORT),
@@ -136,6 +141,14 @@ MODELS = {
         pad_token_id=0, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
     "command-r-plus": Tiny("cohere", "bpe", 26, tied=True, prompt=_LONG, overrides=dict(logit_scale=0.3,
                                                                                           use_qk_norm=True)),
+    # tests/test_arch_hybrid.py: Qwen3.5 with gated DeltaNet layers 0, 1 and 3 (2 k heads, 4 v heads, so
+    # the converter's v-head reordering matters) and gated attention in layer 2 (half of each head rotated);
+    # qwen35-narrow-v has v heads narrower than its k heads (llama.cpp's loader assumes them equal).
+    "qwen35": Tiny("qwen35", "bpe", 44, prompt=_LONG, overrides=dict(
+        num_hidden_layers=4, layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+        linear_value_head_dim=16, **_QWEN35)),
+    "qwen35-narrow-v": Tiny("qwen35", "bpe", 45, prompt=_LONG, overrides=dict(
+        num_hidden_layers=2, layer_types=["linear_attention", "full_attention"], linear_value_head_dim=8, **_QWEN35)),
     # tests/test_embeddings.py
     "embed-llama": Tiny("llama", "bpe", 7),
 }
@@ -229,7 +242,7 @@ def _config(tiny, n_tokens):
     from transformers import (Cohere2Config, CohereConfig, Gemma2Config, Gemma3TextConfig, Gemma4TextConfig,
                               Glm4Config, GptOssConfig, GraniteConfig, Llama4TextConfig, LlamaConfig, Ministral3Config,
                               MistralConfig, MixtralConfig, Olmo2Config, Olmo3Config, Phi3Config, Qwen2Config,
-                              Qwen3Config, Qwen3MoeConfig, SmolLM3Config)
+                              Qwen3_5TextConfig, Qwen3Config, Qwen3MoeConfig, SmolLM3Config)
 
     kw = dict(vocab_size=n_tokens + tiny.extra_vocab, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5,
@@ -247,7 +260,7 @@ def _config(tiny, n_tokens):
                "gpt-oss": GptOssConfig, "phi3": Phi3Config, "ministral3": Ministral3Config,
                "glm4": Glm4Config, "gemma2": Gemma2Config, "olmo2": Olmo2Config, "olmo3": Olmo3Config,
                "granite": GraniteConfig, "smollm3": SmolLM3Config, "cohere": CohereConfig, "cohere2": Cohere2Config,
-               "gemma4": Gemma4TextConfig, "llama4": Llama4TextConfig}
+               "gemma4": Gemma4TextConfig, "llama4": Llama4TextConfig, "qwen35": Qwen3_5TextConfig}
     return classes[tiny.arch](**kw)
 
 
@@ -281,8 +294,8 @@ def model_layouts(tok_root, work):
                               Gemma3ForConditionalGeneration, Gemma4ForCausalLM, Glm4ForCausalLM, GptOssForCausalLM,
                               GraniteForCausalLM, Llama4ForCausalLM, LlamaForCausalLM, Ministral3ForCausalLM,
                               MistralForCausalLM, MixtralForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM,
-                              Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM,
-                              SmolLM3ForCausalLM)
+                              Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3_5ForCausalLM, Qwen3ForCausalLM,
+                              Qwen3MoeForCausalLM, SmolLM3ForCausalLM)
 
     classes = {"llama": LlamaForCausalLM, "mistral": MistralForCausalLM, "qwen2": Qwen2ForCausalLM,
                "qwen3": Qwen3ForCausalLM, "gemma3": Gemma3ForCausalLM, "qwen3moe": Qwen3MoeForCausalLM,
@@ -290,7 +303,7 @@ def model_layouts(tok_root, work):
                "ministral3": Ministral3ForCausalLM, "glm4": Glm4ForCausalLM, "gemma2": Gemma2ForCausalLM,
                "olmo2": Olmo2ForCausalLM, "olmo3": Olmo3ForCausalLM, "granite": GraniteForCausalLM,
                "smollm3": SmolLM3ForCausalLM, "cohere": CohereForCausalLM, "cohere2": Cohere2ForCausalLM,
-               "gemma4": Gemma4ForCausalLM, "llama4": Llama4ForCausalLM}
+               "gemma4": Gemma4ForCausalLM, "llama4": Llama4ForCausalLM, "qwen35": Qwen3_5ForCausalLM}
     out, configs = {}, {}
     for name, tiny in MODELS.items():
         backend = ENCODERS[tiny.tokenizer][0]

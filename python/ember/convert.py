@@ -25,12 +25,12 @@ _ROWS_PER_CHUNK = 1024
 
 
 def _tensor_type(gguf, name, shape, outtype):
-    """Norms, biases (the experts' 2-D ones too), mixture routers, encoders' position and token type
-    rows and other 1-D tensors stay F32 (small, and precision-sensitive; llama.cpp adds the last two to
-    the F32 input as they are stored), as llama.cpp's converter keeps them; Q8_0 needs rows that are
-    whole 32-element blocks, else the tensor falls back to F16."""
-    if len(shape) < 2 or name.endswith((".bias", "ffn_gate_inp.weight")) or name in ("position_embd.weight",
-                                                                                       "token_types.weight"):
+    """Norms, biases (the experts' 2-D ones too), mixture routers, convolutions (ssm_conv1d), encoders'
+    position and token type rows and other 1-D tensors stay F32 (small, and precision-sensitive; llama.cpp
+    adds the last two to the F32 input as they are stored), as llama.cpp's converter keeps them; Q8_0
+    needs rows that are whole 32-element blocks, else the tensor falls back to F16."""
+    if len(shape) < 2 or name.endswith((".bias", "ffn_gate_inp.weight", "ssm_conv1d.weight")) or name in (
+            "position_embd.weight", "token_types.weight"):
         return gguf.GGMLQuantizationType.F32
     qtype = getattr(gguf.GGMLQuantizationType, OUTTYPES[outtype][0])
     block, _ = gguf.GGML_QUANT_SIZES[qtype]

@@ -14,6 +14,7 @@ from .convert_families import olmo2_layers, read_gemma2, read_granite, read_olmo
 from .convert_fused import (cohere_layers, glm4_layers, phi3_layers, read_cohere, read_cohere2, read_glm4,
                             read_mistral3, read_phi3)
 from .convert_gemma4 import gemma4_tensors, read_gemma4
+from .convert_hybrid import qwen35_tensors, qwen35_transformed, read_qwen35
 from .convert_llama4 import llama4_expert_tensors, llama4_tensors, read_llama4
 from .convert_moe import GPT_OSS, MIXTRAL, QWEN3MOE, ExpertLayout, add_expert_keys, expert_tensors, read_experts
 from .convert_rope import Rope, add_rope_scaling, llama3_rope_divisors, read_rope, split_rope_params
@@ -37,6 +38,7 @@ class ArchSpec:
     yarn_mscale: bool = False               # YaRN's mscale_all_dim is written (Mistral 3)
     tensors: Optional[Callable] = None      # (Hparams) -> every layer's tensor map where layers differ (Gemma 4)
     expert_tensors: Optional[Callable] = None   # (Hparams) -> the ExpertTensors of a layout of its own (llama 4)
+    norm_plus_one: bool = False             # the final RMSNorm scales by (1 + w): stored as the sum (Qwen3.5)
 
 
 # Gemma3TextConfig's defaults: released checkpoints leave many of these out of config.json.
@@ -76,6 +78,8 @@ ARCHS = {
     "Gemma4ForCausalLM": ArchSpec("gemma4", qk_norm=True, act="gelu_pytorch_tanh", rope_scalings=("proportional",),
                                   read_extra=read_gemma4, tensors=gemma4_tensors),
     "Cohere2ForCausalLM": ArchSpec("cohere2", read_extra=read_cohere2, layer_map=cohere_layers),
+    "Qwen3_5ForCausalLM": ArchSpec("qwen35", qk_norm=True, read_extra=read_qwen35, tensors=qwen35_tensors,
+                                   expert_tensors=qwen35_transformed, norm_plus_one=True),
     "Llama4ForCausalLM": ArchSpec("llama4", rope_scalings=("llama3",), read_extra=read_llama4, tensors=llama4_tensors,
                                   expert_tensors=llama4_expert_tensors),
 }
@@ -118,6 +122,7 @@ class Hparams:
     extra_tensors: dict = field(default_factory=dict)   # GGUF name -> f32 array computed from the config
     int_keys: dict = field(default_factory=dict)   # {arch}.<name> -> uint32: a family's own integer keys
     family: dict = field(default_factory=dict)     # a family's own values its tensor map reads
+    array_keys: dict = field(default_factory=dict)   # {arch}.<name> -> list: a family's own array keys
 
 
 @dataclass
@@ -303,6 +308,8 @@ def add_hparams(writer, spec, hp):
         writer.add_float32(f"{spec.gguf_arch}.{name}", value)
     for name, value in hp.int_keys.items():
         writer.add_uint32(f"{spec.gguf_arch}.{name}", value)
+    for name, value in hp.array_keys.items():
+        writer.add_array(f"{spec.gguf_arch}.{name}", value)
 
 
 def _layer_tensors(spec, hp):
@@ -439,7 +446,8 @@ def plan_tensors(spec, hp, checkpoint):
     for hf_name, (gguf_name, shape, heads) in expected.items():
         name = stored_name(hf_name, shape)
         # Gemma's RMSNorm scales by (1 + w); llama.cpp stores the sum so the norm is a plain one.
-        shift = 1.0 if spec.gemma and hf_name.endswith("norm.weight") else 0.0
+        plus_one = spec.gemma or (spec.norm_plus_one and hf_name == "model.norm.weight")
+        shift = 1.0 if plus_one and hf_name.endswith("norm.weight") else 0.0
         plans.append(TensorPlan(name, gguf_name, shape, heads, shift))
     for x in experts:
         inputs = tuple(stored_name(n, shape) for n, shape in x.inputs)

@@ -1,0 +1,120 @@
+"""Hybrid checkpoints (Qwen3.5: gated DeltaNet layers beside gated attention) -> GGUF, as llama.cpp's
+converter writes them: the ssm.* keys and the recurrent-layer list, each layer's own tensors, the
+v heads of the DeltaNet tensors reordered from grouped by k head to tiled (v head j reads k head
+j % n_k), -exp(A_log) stored as ssm_a, and the (1 + w) RMSNorms stored as the sum."""
+import numpy as np
+
+from .convert_error import ConvertError
+from .convert_moe import ExpertTensor
+
+
+def _positive_int(config, key, path):
+    value = config.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConvertError(f"{path}: '{key}' must be a positive integer, got {value!r}")
+    return value
+
+
+def read_qwen35(config, hp, path):
+    """The DeltaNet shapes, the layer kinds and the partial rotary of a Qwen3.5 text config."""
+    n_k = _positive_int(config, "linear_num_key_heads", path)
+    n_v = _positive_int(config, "linear_num_value_heads", path)
+    dk = _positive_int(config, "linear_key_head_dim", path)
+    dv = _positive_int(config, "linear_value_head_dim", path)
+    kernel = _positive_int(config, "linear_conv_kernel_dim", path)
+    if n_v % n_k:
+        raise ConvertError(f"{path}: linear_num_value_heads={n_v} is not a multiple of linear_num_key_heads={n_k}")
+    types = config.get("layer_types")
+    if types is None:
+        every = config.get("full_attention_interval", 4)
+        types = ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(hp.n_layer)]
+    if len(types) != hp.n_layer:
+        raise ConvertError(f"{path}: 'layer_types' has {len(types)} entries, expected num_hidden_layers={hp.n_layer}")
+    for t in types:
+        if t not in ("linear_attention", "full_attention"):
+            raise ConvertError(f"{path}: unknown layer type {t!r} in 'layer_types'")
+    params = config.get("rope_parameters") or {}
+    factor = params.get("partial_rotary_factor", config.get("partial_rotary_factor", 0.25))
+    if not isinstance(factor, (int, float)) or not 0 < factor <= 1:
+        raise ConvertError(f"{path}: 'partial_rotary_factor' must be in (0, 1], got {factor!r}")
+    hp.n_rot = int(hp.head_dim * factor)
+    if hp.n_rot % 2 or hp.n_rot <= 0:
+        raise ConvertError(f"{path}: partial_rotary_factor {factor} rotates {hp.n_rot} dimensions of a head of "
+                           f"{hp.head_dim}; must be even and positive")
+    sections = list(params.get("mrope_section") or [11, 11, 10])
+    recurrent = [t == "linear_attention" for t in types]
+    hp.family = dict(n_k=n_k, n_v=n_v, dk=dk, dv=dv, kernel=kernel, recurrent=recurrent)
+    hp.int_keys.update({"ssm.conv_kernel": kernel, "ssm.state_size": dk, "ssm.group_count": n_k,
+                        "ssm.time_step_rank": n_v, "ssm.inner_size": dv * n_v,
+                        "full_attention_interval": int(config.get("full_attention_interval", 4))})
+    hp.array_keys.update({"attention.recurrent_layers": recurrent,
+                          "rope.dimension_sections": (sections + [0, 0, 0, 0])[:4]})
+
+
+def tiled_v_heads(w, axis, n_k, n_v, width):
+    """The v heads along `axis` (n_v heads of `width`), grouped by k head in the checkpoint
+    ([k0: v0..v{r-1}], [k1: ...]), put in tiled order (v0 of every k head, then v1, ...)."""
+    w = np.moveaxis(w, axis, 0)
+    rest = w.shape[1:]
+    w = w.reshape(n_k, n_v // n_k, width, *rest).swapaxes(0, 1).reshape(n_v * width, *rest)
+    return np.ascontiguousarray(np.moveaxis(w, 0, axis))
+
+
+def qwen35_tensors(hp):
+    """Every layer's tensors stored as the checkpoint has them: HF name -> (GGUF name, shape, 0)."""
+    h = hp.family
+    E, F, D = hp.n_embd, hp.n_ff, hp.head_dim
+    q, kv = hp.n_head * D, hp.n_head_kv * D
+    out = {}
+    for i in range(hp.n_layer):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        plain = {"mlp.gate_proj.weight": ("ffn_gate.weight", (F, E)), "mlp.up_proj.weight": ("ffn_up.weight", (F, E)),
+                 "mlp.down_proj.weight": ("ffn_down.weight", (E, F))}
+        if h["recurrent"][i]:
+            plain["linear_attn.norm.weight"] = ("ssm_norm.weight", (h["dv"],))
+        else:
+            plain.update({"self_attn.q_proj.weight": ("attn_q.weight", (2 * q, E)),
+                          "self_attn.k_proj.weight": ("attn_k.weight", (kv, E)),
+                          "self_attn.v_proj.weight": ("attn_v.weight", (kv, E)),
+                          "self_attn.o_proj.weight": ("attn_output.weight", (E, q))})
+        for hf, (gguf, shape) in plain.items():
+            out[p + hf] = (b + gguf, shape, 0)
+    return out
+
+
+def qwen35_transformed(hp):
+    """Every layer's tensors that llama.cpp's converter changes, as ExpertTensors: the (1 + w) norms,
+    the DeltaNet tensors with tiled v heads, the squeezed convolution and ssm_a = -exp(A_log)."""
+    h = hp.family
+    E, D = hp.n_embd, hp.head_dim
+    n_k, n_v, dk, dv = h["n_k"], h["n_v"], h["dk"], h["dv"]
+    key, value = n_k * dk, n_v * dv
+    out = []
+    for i in range(hp.n_layer):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+
+        def add(gguf, hf, shape, fn, hf_shape=None):
+            out.append(ExpertTensor(b + gguf, shape, ((p + hf, hf_shape or shape),), lambda xs: fn(xs[0])))
+
+        plus_one = lambda w: w + np.float32(1)   # noqa: E731
+        add("attn_norm.weight", "input_layernorm.weight", (E,), plus_one)
+        add("post_attention_norm.weight", "post_attention_layernorm.weight", (E,), plus_one)
+        if not h["recurrent"][i]:
+            add("attn_q_norm.weight", "self_attn.q_norm.weight", (D,), plus_one)
+            add("attn_k_norm.weight", "self_attn.k_norm.weight", (D,), plus_one)
+            continue
+
+        def v_rows(width, skip=0):
+            return lambda w: np.concatenate([w[:skip], tiled_v_heads(w[skip:], 0, n_k, n_v, width)])
+
+        la, C = "linear_attn.", 2 * key + value
+        add("attn_qkv.weight", la + "in_proj_qkv.weight", (C, E), v_rows(dv, 2 * key))
+        add("attn_gate.weight", la + "in_proj_z.weight", (value, E), v_rows(dv))
+        add("ssm_conv1d.weight", la + "conv1d.weight", (C, h["kernel"]),
+            lambda w: v_rows(dv, 2 * key)(w[:, 0, :]), hf_shape=(C, 1, h["kernel"]))
+        add("ssm_dt.bias", la + "dt_bias", (n_v,), v_rows(1))
+        add("ssm_a", la + "A_log", (n_v,), lambda w: -np.exp(v_rows(1)(w)))
+        add("ssm_beta.weight", la + "in_proj_b.weight", (n_v, E), v_rows(1))
+        add("ssm_alpha.weight", la + "in_proj_a.weight", (n_v, E), v_rows(1))
+        add("ssm_out.weight", la + "out_proj.weight", (E, value), lambda w: tiled_v_heads(w, 1, n_k, n_v, dv))
+    return out

@@ -1,0 +1,248 @@
+"""Hybrid models (issue 44): Qwen3.5 dense (gated DeltaNet layers beside gated attention) converted by
+ember-convert from tiny random transformers models: the GGUF keys and tensors as llama.cpp's converter
+writes them (v heads tiled, ssm_a = -exp(A_log), (1 + w) norms summed), ember's logits against
+transformers' at f32 (one batch, token by token, a prompt continued on the recurrent state, and one
+that does not extend what the state saw, which is recomputed), and the errors for bad files, configs
+and the engine, which has no recurrent state slots yet."""
+import json
+import os
+import shutil
+import sys
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf", reason="the gguf package is needed to read converted files")
+
+sys.path.insert(0, os.path.dirname(__file__))
+import hf_tiny  # noqa: E402
+from hf_tiny import hf_reference  # noqa: E402,F401 (a fixture)
+
+import ember  # noqa: E402
+from ember import _ember  # noqa: E402
+from ember.convert import convert  # noqa: E402
+from ember.convert_error import ConvertError  # noqa: E402
+
+PROMPT = hf_tiny.LONG_PROMPT
+# qwen35: DeltaNet layers 0, 1, 3 and gated attention in layer 2, 2 k heads and 4 v heads of 16;
+# qwen35-narrow-v: a DeltaNet layer with v heads of 8 and an attention layer.
+MODELS = ["qwen35", "qwen35-narrow-v"]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return hf_tiny.converted(tmp_path_factory, MODELS, "hybrid")
+
+
+def _rel(got, want):
+    return float(np.abs(np.asarray(got) - want).max() / np.abs(want).max())
+
+
+def _context(path, n_batch=64):
+    m = _ember.Model(path, n_gpu_layers=0)
+    return _ember.Context(m, n_ctx=64, n_batch=n_batch, n_threads=2, type_k="f32", type_v="f32")
+
+
+def _eval_rows(ctx, ids):
+    ctx.eval(ids, logits_all=True)
+    return np.stack([np.asarray(ctx.logits(i)) for i in range(len(ids))])
+
+
+# ------------------------------------------------------------------------------------- the file
+
+
+def test_qwen35_file(models):
+    hf_dir, sd, path = models["qwen35"]
+    kv, t = hf_tiny.gguf_fields(path), hf_tiny.gguf_tensors(path)
+    a = "qwen35."
+    assert kv["general.architecture"] == "qwen35"
+    assert kv[a + "block_count"] == 4 and kv[a + "attention.key_length"] == 16
+    assert kv[a + "ssm.conv_kernel"] == 4 and kv[a + "ssm.state_size"] == 16 and kv[a + "ssm.group_count"] == 2
+    assert kv[a + "ssm.time_step_rank"] == 4 and kv[a + "ssm.inner_size"] == 64
+    assert list(kv[a + "attention.recurrent_layers"]) == [True, True, False, True]
+    assert kv[a + "full_attention_interval"] == 4
+    assert kv[a + "rope.dimension_count"] == 8 and list(kv[a + "rope.dimension_sections"]) == [2, 1, 1, 0]
+    # A DeltaNet layer has no attention projections; the attention layer's q carries its gate.
+    assert "blk.0.attn_q.weight" not in t and "blk.2.attn_qkv.weight" not in t
+    assert t["blk.2.attn_q.weight"].shape == (2 * 4 * 16, 64)
+    # (1 + w) norms are stored as the sum; the gated norm of the DeltaNet output is not.
+    np.testing.assert_array_equal(t["blk.0.attn_norm.weight"], sd["model.layers.0.input_layernorm.weight"] + 1)
+    np.testing.assert_array_equal(t["blk.2.attn_q_norm.weight"], sd["model.layers.2.self_attn.q_norm.weight"] + 1)
+    np.testing.assert_array_equal(t["output_norm.weight"], sd["model.norm.weight"] + 1)
+    np.testing.assert_array_equal(t["blk.0.ssm_norm.weight"], sd["model.layers.0.linear_attn.norm.weight"])
+    # v heads grouped by k head (k0: v0 v1, k1: v2 v3) become tiled (v0 v2 v1 v3).
+    order = [0, 2, 1, 3]
+    la = "model.layers.1.linear_attn."
+    np.testing.assert_array_equal(t["blk.1.ssm_dt.bias"], sd[la + "dt_bias"][order])
+    np.testing.assert_allclose(t["blk.1.ssm_a"], -np.exp(sd[la + "A_log"][order]), rtol=1e-6)
+    np.testing.assert_array_equal(t["blk.1.ssm_alpha.weight"], sd[la + "in_proj_a.weight"][order])
+    z = sd[la + "in_proj_z.weight"].reshape(4, 16, 64)[order].reshape(64, 64)
+    np.testing.assert_array_equal(t["blk.1.attn_gate.weight"], z)
+    qkv, conv = sd[la + "in_proj_qkv.weight"], sd[la + "conv1d.weight"][:, 0, :]
+    np.testing.assert_array_equal(t["blk.1.attn_qkv.weight"][:64], qkv[:64])
+    np.testing.assert_array_equal(t["blk.1.attn_qkv.weight"][64:], qkv[64:].reshape(4, 16, 64)[order].reshape(64, 64))
+    assert t["blk.1.ssm_conv1d.weight"].shape == (128, 4)
+    np.testing.assert_array_equal(t["blk.1.ssm_conv1d.weight"][64:], conv[64:].reshape(4, 16, 4)[order].reshape(64, 4))
+    out = sd[la + "out_proj.weight"].reshape(64, 4, 16)[:, order].reshape(64, 64)
+    np.testing.assert_array_equal(t["blk.1.ssm_out.weight"], out)
+    # The convolution stays f32 at any outtype, as llama.cpp keeps it.
+    f16 = str(os.path.dirname(path) + "/qwen35-f16.gguf")
+    convert(hf_dir, f16, "f16", progress=False)
+    types = {x.name: x.tensor_type for x in gguf.GGUFReader(f16).tensors}
+    assert types["blk.1.ssm_conv1d.weight"] == gguf.GGMLQuantizationType.F32
+    assert types["blk.1.attn_qkv.weight"] == gguf.GGMLQuantizationType.F16
+
+
+# ------------------------------------------------------------------------------------- logits
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("chunk", [64, 1, 7])
+def test_logits_match_transformers(models, hf_reference, name, chunk):
+    """One batch, token by token, and chunks of 7 carrying the state between them."""
+    want = hf_reference.logits(name, PROMPT)
+    got = hf_tiny.ember_logits(models[name][2], PROMPT, chunk=chunk)
+    rel = _rel(got, want)
+    assert rel <= 1e-4, f"{name} chunk {chunk}: max|diff|/max|ref| = {rel:.2e}"
+
+
+def test_prompt_continued_on_the_state(models, hf_reference):
+    """A prompt evaluated after a prefix the context holds reads the prefix's recurrent state."""
+    want = hf_reference.logits("qwen35", PROMPT)
+    ctx = _context(models["qwen35"][2])
+    first = _eval_rows(ctx, PROMPT[:17])
+    ctx.truncate(17)   # as many tokens as the state saw: nothing to redo
+    rest = _eval_rows(ctx, PROMPT[17:])
+    assert ctx.n_past == len(PROMPT)
+    assert _rel(np.concatenate([first, rest]), want) <= 1e-4
+
+
+def test_prompt_that_does_not_extend_the_state_is_recomputed(models, hf_reference):
+    """Cutting the context below what the recurrent state saw re-evaluates the kept tokens, so the
+    new prompt's logits are as if the context had never held the old one."""
+    want = hf_reference.logits("qwen35", PROMPT)
+    rng = np.random.default_rng()
+    other = PROMPT[:11] + [int(x) for x in rng.integers(3, 390, size=20)]
+    ctx = _context(models["qwen35"][2], n_batch=8)
+    _eval_rows(ctx, other)
+    ctx.truncate(11)
+    assert ctx.n_past == 11
+    got = _eval_rows(ctx, PROMPT[11:])
+    assert _rel(got, want[11:]) <= 1e-4
+
+
+def test_llama_prefix_reuse(models, hf_reference):
+    """Llama's prompts: one extending what the context holds, then one diverging from it, then one
+    equal to it (its last token is evaluated again, so the state is recomputed): each prompt's
+    logits are transformers'."""
+    want = hf_reference.logits("qwen35", PROMPT)
+    llm = ember.Llama(models["qwen35"][2], n_ctx=64, n_threads=2, logits_all=True, type_k="f32", type_v="f32",
+                      verbose=False)
+    other = PROMPT[:25] + [7, 8, 9]
+    for prompt in (PROMPT[:20], PROMPT, other, PROMPT, PROMPT):
+        rows = llm._load_prompt(list(prompt), logits_all=True)
+        if prompt is not other:
+            assert _rel(rows, want[:len(prompt)]) <= 1e-4
+
+
+# ------------------------------------------------------------------------------------- refusals and bad input
+
+
+def test_engine_refuses_a_hybrid_model(models):
+    m = _ember.Model(models["qwen35"][2], n_gpu_layers=0)
+    with pytest.raises(Exception) as e:
+        _ember.Engine(m, n_ctx=64, max_num_seqs=2, max_num_batched_tokens=16, n_threads=2)
+    msg = str(e.value)
+    assert "qwen35" in msg and "state slots" in msg and "Llama" in msg
+
+
+def _rewrite(src, dst, drop=(), fields=None, extra=()):
+    """A copy of a GGUF without the tensors `drop`, with metadata replaced (fields; new keys as uint32)
+    and the tensors `extra` ((name, float32 array)) appended."""
+    reader = gguf.GGUFReader(src)
+    writer = gguf.GGUFWriter(dst, arch=reader.fields["general.architecture"].contents())
+    fields = dict(fields or {})
+    for f in reader.fields.values():
+        if f.name.startswith("GGUF.") or f.name == "general.architecture":
+            continue
+        writer.add_key_value(f.name, fields.pop(f.name, f.contents()), f.types[0],
+                             f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None)
+    for k, v in fields.items():
+        writer.add_uint32(k, v)
+    for t in reader.tensors:
+        if t.name not in drop:
+            writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+    for name, data in extra:
+        writer.add_tensor(name, data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize("drop,fields,needles", [
+    (("blk.1.ssm_a",), {}, ["blk.1.ssm_a"]),
+    (("blk.3.ssm_conv1d.weight",), {}, ["blk.3.ssm_conv1d.weight"]),
+    (("blk.2.attn_q_norm.weight",), {}, ["blk.2.attn_q_norm.weight"]),
+    ((), {"qwen35.ssm.group_count": 3}, ["group_count", "multiple"]),
+    ((), {"qwen35.ssm.state_size": 8}, ["blk.0.attn_qkv.weight", "has shape"]),
+    ((), {"qwen35.nextn_predict_layers": 4}, ["nextn_predict_layers 4"]),
+])
+def test_bad_file_gives_clear_error(models, tmp_path, drop, fields, needles):
+    bad = str(tmp_path / "bad.gguf")
+    _rewrite(models["qwen35"][2], bad, drop, fields)
+    with pytest.raises(Exception) as e:
+        _ember.Model(bad, n_gpu_layers=0)
+    for n in needles:
+        assert n in str(e.value), str(e.value)
+
+
+def test_multi_token_prediction_block_is_loaded_not_run(models, hf_reference, tmp_path):
+    """A file with Qwen3.5's MTP block after the trunk (block_count + 1, nextn_predict_layers 1, the
+    block's tensors in llama.cpp's names) loads, and the trunk's logits are unchanged."""
+    rng = np.random.default_rng()
+    E, D, V = 64, 16, hf_reference.logits("qwen35", PROMPT).shape[1]
+    shapes = {"attn_norm.weight": (E,), "post_attention_norm.weight": (E,), "attn_q.weight": (2 * 4 * D, E),
+              "attn_k.weight": (2 * D, E), "attn_v.weight": (2 * D, E), "attn_output.weight": (E, 4 * D),
+              "attn_q_norm.weight": (D,), "attn_k_norm.weight": (D,), "ffn_gate.weight": (160, E),
+              "ffn_up.weight": (160, E), "ffn_down.weight": (E, 160), "nextn.eh_proj.weight": (E, 2 * E),
+              "nextn.enorm.weight": (E,), "nextn.hnorm.weight": (E,), "nextn.shared_head_norm.weight": (E,),
+              "nextn.shared_head_head.weight": (V, E)}
+    extra = [(f"blk.4.{n}", (0.1 * rng.standard_normal(s)).astype(np.float32)) for n, s in shapes.items()]
+    path = str(tmp_path / "mtp.gguf")
+    layers = {"qwen35.block_count": 5, "qwen35.nextn_predict_layers": 1,
+              "qwen35.attention.recurrent_layers": [True, True, False, True, False]}
+    _rewrite(models["qwen35"][2], path, fields=layers, extra=extra)
+    got = hf_tiny.ember_logits(path, PROMPT)
+    assert _rel(got, hf_reference.logits("qwen35", PROMPT)) <= 1e-4
+
+
+def test_recurrent_layers_list_must_cover_every_block(models, tmp_path):
+    bad = str(tmp_path / "bad.gguf")
+    _rewrite(models["qwen35"][2], bad, fields={"qwen35.attention.recurrent_layers": [True, False]})
+    with pytest.raises(Exception, match="recurrent_layers must be 4 bools"):
+        _ember.Model(bad, n_gpu_layers=0)
+
+
+def _with_config(models, tmp_path, **changes):
+    src = models["qwen35"][0]
+    d = str(tmp_path / "hf")
+    shutil.copytree(src, d)
+    with open(os.path.join(d, "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    config.update(changes)
+    with open(os.path.join(d, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f)
+    return d
+
+
+@pytest.mark.parametrize("changes,needle", [
+    ({"linear_num_value_heads": 3}, "not a multiple of linear_num_key_heads"),
+    ({"layer_types": ["linear_attention", "mamba", "full_attention", "linear_attention"]}, "unknown layer type"),
+    ({"layer_types": ["linear_attention", "full_attention"]}, "'layer_types' has 2 entries"),
+    ({"linear_conv_kernel_dim": 0}, "linear_conv_kernel_dim"),
+])
+def test_bad_config_gives_clear_error(models, tmp_path, changes, needle):
+    d = _with_config(models, tmp_path, **changes)
+    with pytest.raises(ConvertError, match=needle):
+        convert(d, str(tmp_path / "out.gguf"), "f32", progress=False)
