@@ -37,7 +37,7 @@ def _field(reader, key):
 
 
 @pytest.mark.parametrize("shape", ["llama-tiny", "qwen3-tiny", "qwen3moe-tiny", "gpt-oss-tiny", "phi3-tiny",
-                                   "gemma2-tiny"])
+                                   "gemma2-tiny", "gemma4-tiny"])
 def test_dense_shapes_load_and_run(tmp_path, vocab, rng, shape):
     s = synthetic_gguf.SHAPES[shape]
     model = _ember.Model(_write(tmp_path, vocab, rng, shape))
@@ -122,6 +122,9 @@ def test_full_size_parameter_counts():
     # Gemma 2 9B with its 256,000-token vocabulary (tied head).
     n = sum(int(np.prod(shape)) for _, shape, _ in synthetic_gguf.tensors(synthetic_gguf.SHAPES["gemma2-9b"], 256000))
     assert n == 9_241_705_984
+    # Gemma 4 31B's text model (its 262,144-token vocabulary, tied head) is the 30.7B-parameter one.
+    n = sum(int(np.prod(shape)) for _, shape, _ in synthetic_gguf.tensors(synthetic_gguf.SHAPES["gemma4-31b"], 262144))
+    assert 30.65e9 < n < 30.75e9
 
 
 def test_vocab_only_copies_the_tokenizer(tmp_path, vocab):

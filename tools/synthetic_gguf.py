@@ -44,6 +44,20 @@ class Shape:
     rms_eps: float = 1e-5
     window: int = 0      # gpt-oss: sliding window of its even layers (and its biases, sinks, YaRN)
     yarn: Tuple[float, int] = ()   # YaRN (factor, original context)
+    # Gemma 4: the global layers' head size and KV heads (their values the keys' projection); one
+    # global layer after each five sliding ones; the logits' soft-cap.
+    global_head_dim: int = 0
+    global_kv_heads: int = 0
+    softcap: float = 0.0
+
+    def sliding(self, i: int) -> bool:
+        return self.arch == "gemma4" and i % 6 < 5
+
+    def layer_head(self, i: int) -> int:
+        return self.global_head_dim if self.arch == "gemma4" and not self.sliding(i) else self.head
+
+    def layer_kv_heads(self, i: int) -> int:
+        return self.global_kv_heads if self.arch == "gemma4" and not self.sliding(i) else self.n_kv_heads
 
     @property
     def head(self) -> int:
@@ -81,6 +95,11 @@ SHAPES: Dict[str, Shape] = {
     # Gemma 2: norms after attention and the feed-forward too, a window on every other layer, tied head.
     "gemma2-tiny": Shape("gemma2", 256, 4, 8, 4, 768, head_dim=32, window=16, rms_eps=1e-6),
     "gemma2-9b": Shape("gemma2", 3584, 42, 16, 8, 14336, head_dim=256, window=4096, rms_eps=1e-6),
+    # Gemma 4 (dense): q/k norms, global layers with heads of their own, layer scales, tied head.
+    "gemma4-tiny": Shape("gemma4", 256, 6, 8, 4, 768, head_dim=32, global_head_dim=64, global_kv_heads=2, window=16,
+                         rope_base=1e6, rms_eps=1e-6, softcap=30.0),
+    "gemma4-31b": Shape("gemma4", 5376, 60, 32, 16, 21504, head_dim=256, global_head_dim=512, global_kv_heads=4,
+                        window=1024, rope_base=1e6, rms_eps=1e-6, softcap=30.0),
     "lfm2-tiny": Shape("lfm2", 256, 4, 8, 4, 768, attn_layers=(1, 3), conv_cache=3, rope_base=1e6),
     "lfm2-1.2b": Shape("lfm2", 2048, 16, 32, 8, 8192, attn_layers=(2, 5, 8, 10, 12, 14), conv_cache=3,
                        rope_base=1e6),
@@ -89,6 +108,15 @@ SHAPES: Dict[str, Shape] = {
 # (name, numpy shape, is a norm): norms are F32 and drawn near 1 (gpt-oss's biases and sinks as
 # well: F32 as llama.cpp keeps them), everything else F16 near 0.
 Tensor = Tuple[str, Tuple[int, ...], bool]
+
+
+def _gemma4_attention(p: str, s: Shape, i: int) -> List[Tensor]:
+    d, kv = s.layer_head(i), s.layer_kv_heads(i) * s.layer_head(i)
+    out = [(p + "attn_q.weight", (s.n_heads * d, s.dim), False), (p + "attn_k.weight", (kv, s.dim), False)]
+    if s.sliding(i):
+        out.append((p + "attn_v.weight", (kv, s.dim), False))
+    return out + [(p + "attn_output.weight", (s.dim, s.n_heads * d), False),
+                  (p + "attn_q_norm.weight", (d,), True), (p + "attn_k_norm.weight", (d,), True)]
 
 
 def _attention(p: str, s: Shape, qk_norm: bool) -> List[Tensor]:
@@ -145,24 +173,30 @@ def _short_conv(p: str, s: Shape) -> List[Tensor]:
 def tensors(s: Shape, n_vocab: int) -> Iterator[Tensor]:
     """Every tensor of the model in file order."""
     yield "token_embd.weight", (n_vocab, s.dim), False
+    if s.arch == "gemma4":   # the global layers' rope divisors (drawn near 1 here)
+        yield "rope_freqs.weight", (s.global_head_dim // 2,), True
     for i in range(s.n_layers):
         p = f"blk.{i}."
         yield p + "attn_norm.weight", (s.dim,), True
         if s.arch == "lfm2":
             yield from (_attention(p, s, True) if i in s.attn_layers else _short_conv(p, s))
+        elif s.arch == "gemma4":
+            yield from _gemma4_attention(p, s, i)
         else:
             yield from _attention(p, s, s.arch in ("qwen3", "qwen3moe"))
-        if s.arch == "gemma2":
+        if s.arch in ("gemma2", "gemma4"):
             yield p + "post_attention_norm.weight", (s.dim,), True
         yield from (_moe_ffn(p, s) if s.n_experts else _dense_ffn(p, s))
-        if s.arch == "gemma2":
+        if s.arch in ("gemma2", "gemma4"):
             yield p + "post_ffw_norm.weight", (s.dim,), True
+        if s.arch == "gemma4":
+            yield p + "layer_output_scale.weight", (1,), True
     # LFM2 names its final norm token_embd_norm and ties the output to the embedding.
     if s.arch == "lfm2":
         yield "token_embd_norm.weight", (s.dim,), True
     else:
         yield "output_norm.weight", (s.dim,), True
-        if s.arch != "gemma2":   # Gemma 2's head is token_embd
+        if s.arch not in ("gemma2", "gemma4"):   # Gemma's head is token_embd
             yield "output.weight", (n_vocab, s.dim), False
 
 
@@ -212,12 +246,21 @@ def _write_hparams(w: GGUFWriter, name: str, s: Shape, ctx: int, n_vocab: int) -
     w.add_head_count(s.n_heads)
     if s.attn_layers:   # recurrent layers keep no K/V: head_count_kv 0 marks them
         w.add_head_count_kv([s.n_kv_heads if i in s.attn_layers else 0 for i in range(s.n_layers)])
+    elif s.arch == "gemma4":
+        w.add_head_count_kv([s.layer_kv_heads(i) for i in range(s.n_layers)])
     else:
         w.add_head_count_kv(s.n_kv_heads)
+    if s.arch == "gemma4":   # key_length is the global layers' head, key_length_swa the sliding ones'
+        for key, value in (("attention.key_length_swa", s.head), ("attention.value_length_swa", s.head),
+                           ("rope.dimension_count_swa", s.head), ("embedding_length_per_layer_input", 0)):
+            w.add_uint32(f"gemma4.{key}", value)
+        w.add_sliding_window_pattern([s.sliding(i) for i in range(s.n_layers)])
+        w.add_rope_freq_base_swa(10000.0)
+        w.add_final_logit_softcapping(s.softcap)
     if s.head_dim:
-        w.add_key_length(s.head_dim)
-        w.add_value_length(s.head_dim)
-    w.add_rope_dimension_count(s.head)
+        w.add_key_length(s.global_head_dim or s.head_dim)
+        w.add_value_length(s.global_head_dim or s.head_dim)
+    w.add_rope_dimension_count(s.global_head_dim or s.head)
     w.add_rope_freq_base(s.rope_base)
     w.add_layer_norm_rms_eps(s.rms_eps)
     if s.n_experts:
