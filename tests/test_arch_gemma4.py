@@ -104,6 +104,35 @@ def test_shared_layers_keep_no_kv(model):
         engine.close()
 
 
+def test_multimodal_checkpoint_converts_to_the_text_model(model, tmp_path):
+    """Gemma 4 as released: Gemma4ForConditionalGeneration, the language model under
+    model.language_model. beside vision and audio towers (left out): the text model's file."""
+    src, sd, path = model
+    d = shutil.copytree(src, str(tmp_path / "mm"))
+    with open(os.path.join(d, "config.json"), encoding="utf-8") as f:
+        text = json.load(f)
+    config = {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4", "text_config": text,
+              "vision_config": {"hidden_size": 16}, "audio_config": {"hidden_size": 16}}
+    with open(os.path.join(d, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f)
+    rng = np.random.default_rng()
+    weights = {"model.language_model." + k[len("model."):]: v for k, v in sd.items()}
+    for name in ("model.vision_tower.encoder.layers.0.mlp.up_proj.linear.weight",
+                 "model.audio_tower.layers.0.feed_forward1.ffw_layer_1.linear.weight",
+                 "model.embed_vision.embedding_projection.weight", "model.embed_audio.embedding_projection.weight"):
+        weights[name] = rng.standard_normal((4, 16)).astype(np.float32)
+    hf_tiny._write_safetensors(os.path.join(d, "model.safetensors"), weights, "float32")
+    out = str(tmp_path / "mm.gguf")
+    convert(d, out, "f32", progress=False)
+    want, got = hf_tiny.gguf_tensors(path), hf_tiny.gguf_tensors(out)
+    assert set(got) == set(want)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    kv_want, kv_got = hf_tiny.gguf_fields(path), hf_tiny.gguf_fields(out)
+    assert {k: v for k, v in kv_got.items() if k.startswith("gemma4.")} == \
+        {k: v for k, v in kv_want.items() if k.startswith("gemma4.")}
+
+
 # --------------------------------------------------------------------------------------- errors
 
 

@@ -51,6 +51,8 @@ _GEMMA3_DEFAULTS = {
 _LLAMA = ArchSpec("llama", permute_qk=True, rope_scalings=("linear", "yarn", "llama3"))
 _GEMMA3 = dict(qk_norm=True, gemma=True, act="gelu_pytorch_tanh", rope_scalings=("linear",),
                defaults=_GEMMA3_DEFAULTS)
+_GEMMA4 = dict(qk_norm=True, act="gelu_pytorch_tanh", rope_scalings=("proportional",), read_extra=read_gemma4,
+               tensors=gemma4_tensors)
 ARCHS = {
     "LlamaForCausalLM": _LLAMA,
     "MistralForCausalLM": _LLAMA,
@@ -75,8 +77,9 @@ ARCHS = {
                                                  read_extra=read_mistral3, yarn_mscale=True),
     "Glm4ForCausalLM": ArchSpec("glm4", qkv_bias=True, read_extra=read_glm4, layer_map=glm4_layers),
     "CohereForCausalLM": ArchSpec("command-r", read_extra=read_cohere, layer_map=cohere_layers),
-    "Gemma4ForCausalLM": ArchSpec("gemma4", qk_norm=True, act="gelu_pytorch_tanh", rope_scalings=("proportional",),
-                                  read_extra=read_gemma4, tensors=gemma4_tensors),
+    "Gemma4ForCausalLM": ArchSpec("gemma4", **_GEMMA4),
+    # Gemma 4 as released (with its vision and audio towers, not converted).
+    "Gemma4ForConditionalGeneration": ArchSpec("gemma4", multimodal=True, **_GEMMA4),
     "Cohere2ForCausalLM": ArchSpec("cohere2", read_extra=read_cohere2, layer_map=cohere_layers),
     "Qwen3_5ForCausalLM": ArchSpec("qwen35", qk_norm=True, read_extra=read_qwen35, tensors=qwen35_tensors,
                                    expert_tensors=qwen35_transformed, norm_plus_one=True),
@@ -90,7 +93,7 @@ _IGNORED_RE = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
 # Where multimodal checkpoints keep the language model (transformers >= 4.52, then older), and
 # the parts of them that are not the language model.
 _MM_TEXT_PREFIXES = ("model.language_model.", "language_model.model.")
-_MM_OTHER_RE = re.compile(r"^(model\.)?(vision_tower|multi_modal_projector)\.")
+_MM_OTHER_RE = re.compile(r"^(model\.)?(vision_tower|multi_modal_projector|audio_tower|embed_vision|embed_audio)\.")
 # The output head sits beside the language model (transformers >= 4.52) or in it (older).
 _MM_HEAD_RE = re.compile(r"^(language_model\.)?lm_head\.weight$")
 
