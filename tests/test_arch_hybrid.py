@@ -217,6 +217,38 @@ def test_multi_token_prediction_block_is_loaded_not_run(models, hf_reference, tm
     assert _rel(got, hf_reference.logits("qwen35", PROMPT)) <= 1e-4
 
 
+def test_checkpoint_with_a_multi_token_prediction_block(models, hf_reference, tmp_path):
+    """mtp_num_hidden_layers 1 and the mtp.* tensors: the block after the trunk, in llama.cpp's names
+    (its (1 + w) norms summed), nextn_predict_layers 1, and the trunk's logits unchanged."""
+    rng = np.random.default_rng()
+    E, D = 64, 16
+    shapes = {"mtp.fc.weight": (E, 2 * E), "mtp.pre_fc_norm_embedding.weight": (E,),
+              "mtp.pre_fc_norm_hidden.weight": (E,), "mtp.norm.weight": (E,)}
+    layer = {"input_layernorm.weight": (E,), "post_attention_layernorm.weight": (E,),
+             "self_attn.q_proj.weight": (2 * 4 * D, E), "self_attn.k_proj.weight": (2 * D, E),
+             "self_attn.v_proj.weight": (2 * D, E), "self_attn.o_proj.weight": (E, 4 * D),
+             "self_attn.q_norm.weight": (D,), "self_attn.k_norm.weight": (D,), "mlp.gate_proj.weight": (160, E),
+             "mlp.up_proj.weight": (160, E), "mlp.down_proj.weight": (E, 160)}
+    shapes.update({"mtp.layers.0." + n: s for n, s in layer.items()})
+    mtp = {n: (0.1 * rng.standard_normal(s)).astype(np.float32) for n, s in shapes.items()}
+    d = _with_config(models, tmp_path, mtp_num_hidden_layers=1)
+    hf_tiny._write_safetensors(os.path.join(d, "mtp.safetensors"), mtp, "float32")
+    path = str(tmp_path / "mtp.gguf")
+    convert(d, path, "f32", progress=False)
+    kv, t = hf_tiny.gguf_fields(path), hf_tiny.gguf_tensors(path)
+    assert kv["qwen35.block_count"] == 5 and kv["qwen35.nextn_predict_layers"] == 1
+    assert list(kv["qwen35.attention.recurrent_layers"]) == [True, True, False, True, False]
+    np.testing.assert_array_equal(t["blk.4.nextn.eh_proj.weight"], mtp["mtp.fc.weight"])
+    np.testing.assert_array_equal(t["blk.4.nextn.enorm.weight"], mtp["mtp.pre_fc_norm_embedding.weight"] + 1)
+    np.testing.assert_array_equal(t["blk.4.nextn.hnorm.weight"], mtp["mtp.pre_fc_norm_hidden.weight"] + 1)
+    np.testing.assert_array_equal(t["blk.4.nextn.shared_head_norm.weight"], mtp["mtp.norm.weight"] + 1)
+    np.testing.assert_array_equal(t["blk.4.attn_norm.weight"], mtp["mtp.layers.0.input_layernorm.weight"] + 1)
+    np.testing.assert_array_equal(t["blk.4.attn_q.weight"], mtp["mtp.layers.0.self_attn.q_proj.weight"])
+    assert "blk.4.attn_qkv.weight" not in t
+    got = hf_tiny.ember_logits(path, PROMPT)
+    assert _rel(got, hf_reference.logits("qwen35", PROMPT)) <= 1e-4
+
+
 def test_recurrent_layers_list_must_cover_every_block(models, tmp_path):
     bad = str(tmp_path / "bad.gguf")
     _rewrite(models["qwen35"][2], bad, fields={"qwen35.attention.recurrent_layers": [True, False]})
@@ -241,6 +273,8 @@ def _with_config(models, tmp_path, **changes):
     ({"layer_types": ["linear_attention", "mamba", "full_attention", "linear_attention"]}, "unknown layer type"),
     ({"layer_types": ["linear_attention", "full_attention"]}, "'layer_types' has 2 entries"),
     ({"linear_conv_kernel_dim": 0}, "linear_conv_kernel_dim"),
+    ({"mtp_num_hidden_layers": 1}, "missing tensor mtp.layers.0."),
+    ({"mtp_num_hidden_layers": -1}, "mtp_num_hidden_layers"),
 ])
 def test_bad_config_gives_clear_error(models, tmp_path, changes, needle):
     d = _with_config(models, tmp_path, **changes)

@@ -1,7 +1,8 @@
 """Hybrid checkpoints (Qwen3.5: gated DeltaNet layers beside gated attention) -> GGUF, as llama.cpp's
 converter writes them: the ssm.* keys and the recurrent-layer list, each layer's own tensors, the
 v heads of the DeltaNet tensors reordered from grouped by k head to tiled (v head j reads k head
-j % n_k), -exp(A_log) stored as ssm_a, and the (1 + w) RMSNorms stored as the sum."""
+j % n_k), -exp(A_log) stored as ssm_a, the (1 + w) RMSNorms stored as the sum, and the
+multi-token-prediction blocks (mtp.*) as extra blocks after the trunk (nextn_predict_layers)."""
 import numpy as np
 
 from .convert_error import ConvertError
@@ -42,13 +43,26 @@ def read_qwen35(config, hp, path):
         raise ConvertError(f"{path}: partial_rotary_factor {factor} rotates {hp.n_rot} dimensions of a head of "
                            f"{hp.head_dim}; must be even and positive")
     sections = list(params.get("mrope_section") or [11, 11, 10])
-    recurrent = [t == "linear_attention" for t in types]
-    hp.family = dict(n_k=n_k, n_v=n_v, dk=dk, dv=dv, kernel=kernel, recurrent=recurrent)
+    n_mtp = config.get("mtp_num_hidden_layers") or 0
+    if isinstance(n_mtp, bool) or not isinstance(n_mtp, int) or n_mtp < 0:
+        raise ConvertError(f"{path}: 'mtp_num_hidden_layers' must be an integer >= 0, got {n_mtp!r}")
+    # The MTP blocks follow the trunk's as blocks of their own (full attention), as llama.cpp stores them.
+    recurrent = [t == "linear_attention" for t in types] + [False] * n_mtp
+    hp.family = dict(n_k=n_k, n_v=n_v, dk=dk, dv=dv, kernel=kernel, recurrent=recurrent, n_trunk=hp.n_layer)
+    hp.n_layer += n_mtp
+    if n_mtp:
+        hp.int_keys["nextn_predict_layers"] = n_mtp
     hp.int_keys.update({"ssm.conv_kernel": kernel, "ssm.state_size": dk, "ssm.group_count": n_k,
                         "ssm.time_step_rank": n_v, "ssm.inner_size": dv * n_v,
                         "full_attention_interval": int(config.get("full_attention_interval", 4))})
     hp.array_keys.update({"attention.recurrent_layers": recurrent,
                           "rope.dimension_sections": (sections + [0, 0, 0, 0])[:4]})
+
+
+def _prefix(hp, i):
+    """Where the checkpoint keeps block i: the trunk's layers, then the MTP blocks' (mtp.layers.j)."""
+    n = hp.family["n_trunk"]
+    return f"model.layers.{i}." if i < n else f"mtp.layers.{i - n}."
 
 
 def tiled_v_heads(w, axis, n_k, n_v, width):
@@ -67,7 +81,7 @@ def qwen35_tensors(hp):
     q, kv = hp.n_head * D, hp.n_head_kv * D
     out = {}
     for i in range(hp.n_layer):
-        p, b = f"model.layers.{i}.", f"blk.{i}."
+        p, b = _prefix(hp, i), f"blk.{i}."
         plain = {"mlp.gate_proj.weight": ("ffn_gate.weight", (F, E)), "mlp.up_proj.weight": ("ffn_up.weight", (F, E)),
                  "mlp.down_proj.weight": ("ffn_down.weight", (E, F))}
         if h["recurrent"][i]:
@@ -79,6 +93,8 @@ def qwen35_tensors(hp):
                           "self_attn.o_proj.weight": ("attn_output.weight", (E, q))})
         for hf, (gguf, shape) in plain.items():
             out[p + hf] = (b + gguf, shape, 0)
+        if i == h["n_trunk"]:   # the first MTP block holds the MTP head's own tensors, as llama.cpp maps them
+            out["mtp.fc.weight"] = (b + "nextn.eh_proj.weight", (E, 2 * E), 0)
     return out
 
 
@@ -91,7 +107,7 @@ def qwen35_transformed(hp):
     key, value = n_k * dk, n_v * dv
     out = []
     for i in range(hp.n_layer):
-        p, b = f"model.layers.{i}.", f"blk.{i}."
+        p, b = _prefix(hp, i), f"blk.{i}."
 
         def add(gguf, hf, shape, fn, hf_shape=None):
             out.append(ExpertTensor(b + gguf, shape, ((p + hf, hf_shape or shape),), lambda xs: fn(xs[0])))
@@ -102,6 +118,11 @@ def qwen35_transformed(hp):
         if not h["recurrent"][i]:
             add("attn_q_norm.weight", "self_attn.q_norm.weight", (D,), plus_one)
             add("attn_k_norm.weight", "self_attn.k_norm.weight", (D,), plus_one)
+            if i == h["n_trunk"]:
+                for gguf, hf in (("enorm", "pre_fc_norm_embedding"), ("hnorm", "pre_fc_norm_hidden"),
+                                 ("shared_head_norm", "norm")):
+                    out.append(ExpertTensor(f"{b}nextn.{gguf}.weight", (E,), ((f"mtp.{hf}.weight", (E,)),),
+                                            lambda xs: plus_one(xs[0])))
             continue
 
         def v_rows(width, skip=0):
