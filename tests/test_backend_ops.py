@@ -920,6 +920,54 @@ def test_attention_softcap(be, shape, kv_type, rng):
     assert rel_err(got, plain) > 5 * bound, "the cap changes the output by less than the bound: the test sees nothing"
 
 
+# Chunked attention (llama 4): chunks smaller and larger than a block, not aligned to blocks or to the
+# kernels' key tiles, over the shapes that reach each kernel (their windows replaced by chunks).
+CHUNK_SHAPES = {
+    "llama4_decode": (8, 2, 128, 700, [699, 512, 511], 16, 256, True),
+    "llama4_prompt": (8, 2, 128, 300, list(range(40, 300)), 16, 37, False),
+    **{name: ATTENTION_SHAPES[name] for name in [
+        "block_5", "decode_gqa_9_3", "steps", "prompt_gqa", "window_decode", "short_and_long", "long_decode",
+        "long_prompt", "long_split_gqa", "long_split_hd256"]},
+}
+
+
+@on("attention")
+@pytest.mark.parametrize("kv_type", KV_TYPES)
+@pytest.mark.parametrize("shape", list(CHUNK_SHAPES))
+def test_attention_chunk(be, shape, kv_type, rng):
+    """Chunked local attention (AttentionShape::chunk): a query at p sees the keys of its own chunk
+    up to p, on every kernel; the output differs from full causal attention well beyond the bound."""
+    n_head, n_kv, hd, length, pos, bs, window, steps = CHUNK_SHAPES[shape]
+    chunk = window if window > 0 else int(rng.integers(5, 70))
+    if max(pos) < chunk:
+        pos = [p + chunk for p in pos if p + chunk < length] or [length - 1]
+    q = normal(rng, len(pos), n_head * hd, scale=2.0)
+    k, v = normal(rng, length, n_kv * hd), normal(rng, length, n_kv * hd)
+    run = lambda: be.attention(q, k, v, pos, n_head, n_kv, hd, bs, seed=int(rng.integers(1 << 30)),
+                               kv_type=kv_type, fast=steps, chunk=chunk)
+    if not supports(be, "kv", kv_type):
+        return expect_unsupported(be, "kv", run)
+    if be.name == "cuda" and kv_type == "q8_0" and (bs * n_kv * hd) % 256:
+        with pytest.raises(ValueError, match="is not a multiple of 256"):
+            run()
+        return
+    kr, vr = ref.kv_round(k, kv_type), ref.kv_round(v, kv_type)
+    want = ref.attention(q, kr, vr, pos, n_head, n_kv, hd, chunk=chunk)
+    got = run()
+    bound = tolerance("attention", kv_type, be)
+    check(got, want, bound, f"{shape} {kv_type} chunk {chunk}")
+    full = ref.attention(q, kr, vr, pos, n_head, n_kv, hd)
+    assert rel_err(got, full) > 5 * bound, "the chunks change the output by less than the bound: the test sees nothing"
+
+
+@on("attention")
+@pytest.mark.parametrize("chunk,window", [(-1, 0), (8, 4)])
+def test_attention_chunk_bad_input(be, chunk, window):
+    q, kv = np.ones((2, 64), np.float32), np.ones((2, 32), np.float32)
+    with pytest.raises(ValueError, match="chunk must be 0 \\(none\\) or positive, and not with a window"):
+        be.attention(q, kv, kv, [0, 1], 2, 1, 32, 16, chunk=chunk, window=window)
+
+
 @on("attention")
 @pytest.mark.parametrize("cap", [-1.0, float("inf"), float("nan")])
 def test_attention_softcap_bad_input(be, cap):

@@ -891,12 +891,13 @@ struct PyBackend {
     // projected through it by the fused attn_out op (composed: its default composition). fast: the
     // queries run as a decode step of the engine's default mode, each its own sequence over the
     // same blocks (BatchInfo::fast_attention). batch_invariant: the engine's deterministic mode.
-    // sinks: [n_head] sink logits (AttentionShape::sinks). softcap: AttentionShape::softcap.
+    // sinks: [n_head] sink logits (AttentionShape::sinks). softcap: AttentionShape::softcap. chunk:
+    // AttentionShape::chunk.
     F32Out attention(F32In q, F32In k_all, F32In v_all, std::vector<int32_t> pos, int32_t n_head, int32_t n_head_kv,
                      int32_t head_dim, int32_t block_size, uint64_t seed, const std::optional<std::string>& kv_type,
                      const std::optional<std::string>& type_k, const std::optional<std::string>& type_v, int32_t window,
                      uint32_t o_type, std::optional<U8In> o_weight, bool fast, bool composed, bool batch_invariant,
-                     std::optional<F32In> sinks, float softcap) {
+                     std::optional<F32In> sinks, float softcap, int32_t chunk) {
         check_positions(pos, "attention");
         if (n_head <= 0 || n_head_kv <= 0 || head_dim <= 0 || n_head % n_head_kv)
             fail("attention: n_head must be a positive multiple of n_head_kv, head_dim positive");
@@ -933,6 +934,7 @@ struct PyBackend {
         const std::unique_ptr<Buf> sink_buf = optional_vector(*be, sinks, n_head, "attention: sinks");
         shape.sinks = ptr(sink_buf);
         shape.softcap = softcap;
+        shape.chunk = chunk;
         const int32_t n_tok = (int32_t)pos.size();
         if (!o_weight) {
             be->attention(paged.kv, qb.f(), n_tok, shape, ob.f());
@@ -1057,7 +1059,7 @@ void bind_kernel_backend(nb::module_& m) {
              nb::arg("kv_type") = nb::none(), nb::arg("type_k") = nb::none(), nb::arg("type_v") = nb::none(),
              nb::arg("window") = 0, nb::arg("o_type") = 0, nb::arg("o_weight") = nb::none(), nb::arg("fast") = false,
              nb::arg("composed") = false, nb::arg("batch_invariant") = false, nb::arg("sinks") = nb::none(),
-             nb::arg("softcap") = 0.0f)
+             nb::arg("softcap") = 0.0f, nb::arg("chunk") = 0)
         .def("moe", &PyBackend::moe, nb::arg("type_id"), nb::arg("gate"), nb::arg("up"), nb::arg("down"),
              nb::arg("router"), nb::arg("x"), nb::arg("n_used"), nb::arg("gating") = "softmax",
              nb::arg("norm_topk") = false, nb::arg("weight_scale") = 1.0f, nb::arg("act") = "silu",
