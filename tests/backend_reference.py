@@ -178,9 +178,9 @@ def moe(x, router, gate, up, down, n_used, gating="softmax", norm_topk=False, we
 
 def attention(q, k_all, v_all, pos, n_head, n_head_kv, head_dim, window=0, sinks=None, softcap=0.0, chunk=0):
     """Causal attention of queries at positions pos over keys/values 0..pos (GQA); window > 0:
-    over p - window < j <= p only; chunk > 0: over the keys of p's chunk only (p - p % chunk <= j <= p). sinks [n_head]: each head's extra softmax logit, which takes
-    probability mass and adds no value (gpt-oss). softcap > 0: each scaled score s becomes
-    softcap * tanh(s / softcap) (Gemma 2)."""
+    over p - window < j <= p only; chunk > 0: over the keys of p's chunk only (p - p % chunk <= j
+    <= p). sinks [n_head]: each head's extra softmax logit, which takes probability mass and adds no
+    value (gpt-oss). softcap > 0: each scaled score s becomes softcap * tanh(s / softcap) (Gemma 2)."""
     group = n_head // n_head_kv
     out = np.zeros((len(pos), n_head * head_dim))
     for t, p in enumerate(pos):
