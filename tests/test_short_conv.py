@@ -48,6 +48,14 @@ def rel_err(got, want):
     return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-300))
 
 
+def conv_err(got, want, x, w, bias, state):
+    """The error relative to the convolution of the magnitudes: the rounding scale of f32 sums,
+    where a few outputs (one channel, one token) may cancel to near zero."""
+    assert np.all(np.isfinite(got)), "non-finite output"
+    mag, _ = ref.short_conv(abs(x), abs(w), None if bias is None else abs(bias), abs(state), False)
+    return float(np.linalg.norm(np.asarray(got, np.float64) - want) / np.linalg.norm(mag))
+
+
 @pytest.mark.parametrize("silu", [False, True], ids=["linear", "silu"])
 @pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no_bias"])
 @pytest.mark.parametrize("n_tok", [1, 2, 7, 300])
@@ -60,7 +68,7 @@ def test_matches_reference(be, shape, n_tok, with_bias, silu, rng):
     y, new_state = be.short_conv(x, w, bias, state, silu)
     want_y, want_state = ref.short_conv(x, w, bias, state, silu)
     assert y.shape == x.shape and new_state.shape == state.shape
-    assert rel_err(y, want_y) < 1e-6, f"y: {rel_err(y, want_y):.3g}"
+    assert conv_err(y, want_y, x, w, bias, state) < 1e-6, f"y: {conv_err(y, want_y, x, w, bias, state):.3g}"
     np.testing.assert_array_equal(new_state, want_state.astype(np.float32))
 
 

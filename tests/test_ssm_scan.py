@@ -52,16 +52,27 @@ def rel_err(got, want):
     return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
 
+def scan_errs(got_y, got_state, xbc, dt, A, dt_bias, D, state, n_group):
+    """Errors of y and the state against float64, relative to the scan of the magnitudes (the
+    rounding scale of the f32 sums), where a few outputs (one head row, one token) may cancel to
+    near zero."""
+    want_y, want_state = ref.ssm_scan(xbc, dt, A, dt_bias, D, state, n_group)
+    mag_y, mag_state = ref.ssm_scan(abs(xbc), dt, A, dt_bias, None if D is None else abs(D), abs(state), n_group)
+    for got in (got_y, got_state):
+        assert np.all(np.isfinite(got)), "non-finite output"
+    return (float(np.linalg.norm(got_y - want_y) / np.linalg.norm(mag_y)),
+            float(np.linalg.norm(got_state - want_state) / np.linalg.norm(mag_state)))
+
+
 @pytest.mark.parametrize("n_tok", [1, 5, 70])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_matches_reference(be, shape, n_tok, rng):
     """Output and final state equal the float64 recurrence (f32 sums over d_state)."""
     xbc, dt, A, dt_bias, D, state = inputs(rng, n_tok, *shape)
     y, new_state = be.ssm_scan(xbc, dt, A, dt_bias, D, state, shape[3])
-    want_y, want_state = ref.ssm_scan(xbc, dt, A, dt_bias, D, state, shape[3])
     assert y.shape == (n_tok, shape[0] * shape[1]) and new_state.shape == state.shape
-    assert rel_err(y, want_y) < 1e-5, f"y: {rel_err(y, want_y):.3g}"
-    assert rel_err(new_state, want_state) < 1e-5, f"state: {rel_err(new_state, want_state):.3g}"
+    err_y, err_state = scan_errs(y, new_state, xbc, dt, A, dt_bias, D, state, shape[3])
+    assert err_y < 1e-5 and err_state < 1e-5, f"y: {err_y:.3g}, state: {err_state:.3g}"
 
 
 @pytest.mark.parametrize("optional", ["no_dt_bias", "no_D"])
@@ -69,8 +80,7 @@ def test_optional_inputs(be, optional, rng):
     xbc, dt, A, dt_bias, D, state = inputs(rng, 9, 6, 10, 20, 3)
     dt_bias, D = (None, D) if optional == "no_dt_bias" else (dt_bias, None)
     y, new_state = be.ssm_scan(xbc, dt, A, dt_bias, D, state, 3)
-    want_y, want_state = ref.ssm_scan(xbc, dt, A, dt_bias, D, state, 3)
-    assert rel_err(y, want_y) < 1e-5 and rel_err(new_state, want_state) < 1e-5
+    assert max(scan_errs(y, new_state, xbc, dt, A, dt_bias, D, state, 3)) < 1e-5
 
 
 @pytest.mark.parametrize("case", ["groups2", "group1"])
@@ -126,8 +136,7 @@ def test_large_steps(be, rng):
     xbc, dt, A, dt_bias, D, state = inputs(rng, 4, 6, 10, 20, 3)
     dt[:] = rng.uniform(30, 90, dt.shape)
     y, new_state = be.ssm_scan(xbc, dt, A, dt_bias, D, state, 3)
-    want_y, want_state = ref.ssm_scan(xbc, dt, A, dt_bias, D, state, 3)
-    assert rel_err(y, want_y) < 1e-5 and rel_err(new_state, want_state) < 1e-5
+    assert max(scan_errs(y, new_state, xbc, dt, A, dt_bias, D, state, 3)) < 1e-5
 
 
 def test_cuda_matches_cpu(rng):
