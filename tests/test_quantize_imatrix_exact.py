@@ -1,7 +1,9 @@
-"""ember-quantize --imatrix writes Q2_K, Q3_K, IQ4_XS and IQ4_NL tensors byte for byte as llama-quantize does with
-the same importances (ggml's quantize_q2_K / q3_K / iq4_xs / iq4_nl given quant_weights): the rows and importances
-of tests/reference/quant/<type>_imatrix_ggml.npz (tools/gen_ggml_quant_reference.py: normal, heavy-tailed, tiny,
-huge, ties between IQ4_NL's levels, zero blocks; log-normal importances with a run of zero columns)."""
+"""ember-quantize --imatrix writes Q2_K, Q3_K, IQ4_XS, IQ4_NL, IQ3_XXS and IQ3_S tensors byte for byte as
+llama-quantize does with the same importances (ggml's quantize_q2_K / q3_K / iq4_xs / iq4_nl / iq3_xxs / iq3_s
+given quant_weights), and IQ3_XXS and IQ3_S without: the rows and importances of
+tests/reference/quant/<type>_imatrix_ggml.npz and <type>_search_ggml.npz (tools/gen_ggml_quant_reference.py:
+normal, heavy-tailed, tiny, huge, ties between IQ4_NL's levels, zero blocks; log-normal importances with a run
+of zero columns)."""
 import gguf
 import numpy as np
 import pytest
@@ -10,7 +12,7 @@ from gguf import GGUFReader
 from conftest import ROOT
 from ember import _ember
 
-BLOCK_BYTES = {"Q2_K": 84, "Q3_K": 110, "IQ4_XS": 136, "IQ4_NL": 18}
+BLOCK_BYTES = {"Q2_K": 84, "Q3_K": 110, "IQ4_XS": 136, "IQ4_NL": 18, "IQ3_XXS": 98, "IQ3_S": 110}
 
 
 def quantize(tmp_path, x, type_name, qw):
@@ -33,6 +35,15 @@ def quantize(tmp_path, x, type_name, qw):
 def test_as_llama_quantize_with_importances(tmp_path, type_name):
     ref = np.load(ROOT / "tests" / "reference" / "quant" / f"{type_name.lower()}_imatrix_ggml.npz")
     got = quantize(tmp_path, ref["x"], type_name, ref["qw"]).reshape(-1, BLOCK_BYTES[type_name])
+    want = ref["q"].reshape(-1, BLOCK_BYTES[type_name])
+    bad = np.flatnonzero((got != want).any(axis=1))
+    assert bad.size == 0, f"{bad.size} of {len(want)} blocks differ, first {bad[:8]}"
+
+
+@pytest.mark.parametrize("type_name", ["IQ3_XXS", "IQ3_S"])
+def test_as_llama_quantize_without_importances(tmp_path, type_name):
+    ref = np.load(ROOT / "tests" / "reference" / "quant" / f"{type_name.lower()}_search_ggml.npz")
+    got = quantize(tmp_path, ref["x"], type_name, None).reshape(-1, BLOCK_BYTES[type_name])
     want = ref["q"].reshape(-1, BLOCK_BYTES[type_name])
     bad = np.flatnonzero((got != want).any(axis=1))
     assert bad.size == 0, f"{bad.size} of {len(want)} blocks differ, first {bad[:8]}"

@@ -18,5 +18,8 @@ void quantize_q2_k_weighted(const float* src, void* dst, int64_t n, const float*
 void quantize_q3_k_weighted(const float* src, void* dst, int64_t n, const float* qw);
 void quantize_iq4_xs_weighted(const float* src, void* dst, int64_t n, const float* qw);
 void quantize_iq4_nl_weighted(const float* src, void* dst, int64_t n, const float* qw);
+// IQ3_XXS, IQ3_S (quant_iq3.cpp): qw may be null (the importances then x^2, as ggml's without a matrix).
+void quantize_iq3_xxs_weighted(const float* src, void* dst, int64_t n, const float* qw);
+void quantize_iq3_s_weighted(const float* src, void* dst, int64_t n, const float* qw);
 
 }  // namespace ember

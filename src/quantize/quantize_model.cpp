@@ -36,6 +36,8 @@ QuantizeRowWeightedFn weighted_for(GGMLType t) {
         case GGMLType::Q3_K: return quantize_q3_k_weighted;
         case GGMLType::IQ4_XS: return quantize_iq4_xs_weighted;
         case GGMLType::IQ4_NL: return quantize_iq4_nl_weighted;
+        case GGMLType::IQ3_XXS: return quantize_iq3_xxs_weighted;
+        case GGMLType::IQ3_S: return quantize_iq3_s_weighted;
         default: return weighted_quantizer(t);
     }
 }
@@ -47,12 +49,11 @@ std::vector<uint8_t> convert_tensor(const GGUFTensor& t, GGMLType dst, ThreadPoo
     const int64_t n_in = t.ne[0], n_rows = t.n_rows();
     const TypeTraits& from = type_traits(t.type);
     const TypeTraits& to = type_traits(dst);
-    if (!to.quantize_row) fail("no quantizer for type ", to.name, " (tensor '", t.name, "')");
+    const QuantizeRowFn quantize = weight_quantizer(dst);
+    if (!quantize) fail("no quantizer for type ", to.name, " (tensor '", t.name, "')");
     const size_t in_row = row_bytes(t.type, n_in), out_row = row_bytes(dst, n_in);
     std::vector<uint8_t> out(out_row * n_rows);
     const QuantizeRowWeightedFn weighted = qw ? weighted_for(dst) : nullptr;
-    // IQ4_NL weights take IQ4_XS's scale search, as llama-quantize's (the traits' quantizer is the KV cache's)
-    const QuantizeRowFn quantize = dst == GGMLType::IQ4_NL ? quantize_row_iq4_nl_search : to.quantize_row;
     const int64_t rows_per_matrix = t.ne.size() > 2 ? t.ne[1] : n_rows;
     pool.parallel_for(n_rows, std::max<int64_t>(1, 65536 / n_in), [&](int64_t b, int64_t e) {
         std::vector<float> row(n_in);

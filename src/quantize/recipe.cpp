@@ -8,8 +8,22 @@
 #include <cctype>
 
 #include "ember/status.h"
+#include "quant/kernels.h"
+#include "quant/quant_weighted.h"
 
 namespace ember {
+
+QuantizeRowFn weight_quantizer(GGMLType t) {
+    switch (t) {
+        // the traits' IQ4_NL quantizer is the KV cache's single fit; weights take IQ4_XS's scale search
+        case GGMLType::IQ4_NL: return quantize_row_iq4_nl_search;
+        case GGMLType::IQ3_XXS:
+            return [](const float* src, void* dst, int64_t n) { quantize_iq3_xxs_weighted(src, dst, n, nullptr); };
+        case GGMLType::IQ3_S:
+            return [](const float* src, void* dst, int64_t n) { quantize_iq3_s_weighted(src, dst, n, nullptr); };
+        default: return type_traits(t).quantize_row;
+    }
+}
 
 namespace {
 
@@ -50,7 +64,7 @@ bool is_k_type(GGMLType t) {
 
 // Q8_1 and Q8_K are the activations' dot-product formats, never stored in model files.
 bool is_storage_type(const TypeTraits& tr) {
-    return tr.quantize_row && tr.type != GGMLType::Q8_1 && tr.type != GGMLType::Q8_K;
+    return weight_quantizer(tr.type) && tr.type != GGMLType::Q8_1 && tr.type != GGMLType::Q8_K;
 }
 
 std::string upper(const std::string& s) {

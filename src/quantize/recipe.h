@@ -24,6 +24,9 @@ struct QuantMix {
 
 // nullptr if the name is unknown.
 const QuantMix* find_quant_mix(const std::string& name);
+// The quantizer llama-quantize writes type t's weights with when no importances are given; nullptr where
+// ember has none.
+QuantizeRowFn weight_quantizer(GGMLType t);
 std::string quant_mix_names();
 
 // Counts of attn_v / ffn_down tensors seen so far decide which layers get more bits.
