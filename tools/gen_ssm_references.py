@@ -1,5 +1,6 @@
-"""Writes tests/reference/ssm_scan/mamba2.npz: what transformers' Mamba2 scan functions compute on
-fixed random inputs (tests/test_ssm_scan.py holds Backend::ssm_scan to them).
+"""Writes tests/reference/ssm_scan/mamba2.npz: what transformers' Mamba2 scan functions and a whole
+Mamba2Mixer compute on fixed random inputs (tests/test_ssm_scan.py holds Backend::ssm_scan, and a
+mixer built from Backend::short_conv and Backend::ssm_scan, to them).
 
     python tools/gen_ssm_references.py
 
@@ -7,12 +8,14 @@ Needs torch and transformers (5). Two cases per shape: a prompt through mamba2_c
 chunked SSD form a Mamba2 mixer runs on prompts, chunks of 16 so that several chunks and a padded
 one are crossed) and the same tokens one by one through mamba2_selective_state_update (its decode
 form), both from the same nonzero state, as Mamba2Mixer calls them: A = -exp(A_log), dt_bias and
-softplus inside, D as the skip."""
+softplus inside, D as the skip. And one Mamba2Mixer with random weights over a prompt (no cache):
+in_proj, the causal conv1d with its bias and SiLU, the scan, the gated grouped RMSNorm, out_proj."""
 import pathlib
 
 import numpy as np
 import torch
-from transformers.models.mamba2.modeling_mamba2 import mamba2_chunk_scan, mamba2_selective_state_update
+from transformers import Mamba2Config
+from transformers.models.mamba2.modeling_mamba2 import Mamba2Mixer, mamba2_chunk_scan, mamba2_selective_state_update
 
 OUT = pathlib.Path(__file__).resolve().parent.parent / "tests" / "reference" / "ssm_scan" / "mamba2.npz"
 # name: (n_head, head_dim, d_state, n_group, n_tok, seed)
@@ -50,12 +53,39 @@ def case(n_head, head_dim, d_state, n_group, n_tok, seed):
             "n_group": np.int32(n_group)}
 
 
+def mixer(seed=3, n_tok=21):
+    """A Mamba2Mixer (6 heads of 16, states of 16, 2 groups, kernel 4) with every weight drawn."""
+    cfg = Mamba2Config(hidden_size=48, state_size=16, expand=2, num_heads=6, head_dim=16, n_groups=2, conv_kernel=4,
+                       use_conv_bias=True, chunk_size=8, layer_norm_epsilon=1e-5, num_hidden_layers=1, vocab_size=16)
+    torch.manual_seed(seed)
+    m = Mamba2Mixer(cfg, 0)
+    with torch.no_grad():
+        for w in (m.in_proj.weight, m.conv1d.weight, m.conv1d.bias, m.out_proj.weight):
+            w.copy_(torch.randn_like(w) / w.shape[-1] ** 0.5)
+        m.A_log.copy_(torch.log(torch.rand(cfg.num_heads) * 15 + 1))
+        m.dt_bias.copy_(torch.rand(cfg.num_heads) * 2 - 1)
+        m.D.copy_(torch.randn(cfg.num_heads))
+        m.norm.weight.copy_(torch.rand(m.intermediate_size) + 0.5)
+        hidden = torch.randn(1, n_tok, cfg.hidden_size)
+        out = m(hidden)[0]
+    def a(t):
+        return t.detach().numpy().astype(np.float32)
+
+    return {"hidden": a(hidden[0]), "out": a(out), "in_proj": a(m.in_proj.weight), "conv_w": a(m.conv1d.weight[:, 0]),
+            "conv_b": a(m.conv1d.bias), "A": a(-torch.exp(m.A_log)), "dt_bias": a(m.dt_bias), "D": a(m.D),
+            "norm": a(m.norm.weight), "out_proj": a(m.out_proj.weight),
+            "shape": np.array([cfg.num_heads, cfg.head_dim, cfg.state_size, cfg.n_groups], np.int32),
+            "eps": np.float32(cfg.layer_norm_epsilon)}
+
+
 def main():
     torch.manual_seed(0)
     arrays = {}
     for name, shape in SHAPES.items():
         for key, value in case(*shape).items():
             arrays[f"{name}/{key}"] = value
+    for key, value in mixer().items():
+        arrays[f"mixer/{key}"] = value
     OUT.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(OUT, **arrays)
     print(f"wrote {OUT} ({OUT.stat().st_size} bytes)")
