@@ -113,3 +113,49 @@ def test_on_a_real_encoder(tmp_path):
     assert errors == [None] * len(out)
     for got, w in zip(out, want * 3):
         assert np.abs(got[0] - w).max() <= 1e-5
+
+
+# ---- beside a decoding engine: embeddings take at most their share of the time
+
+
+def _timed_requests(b, n):
+    t0 = time.monotonic()
+    for i in range(n):
+        b.embed_batch([[i + 1, 2, 3]])
+    return time.monotonic() - t0
+
+
+def test_while_the_engine_decodes_embeddings_keep_to_their_share():
+    """Each 50 ms call earns a pause of 50 ms * (1 - share) / share before the next one starts."""
+    b = BatchingEmbedder(SlowEmbedder(), busy=lambda: True, share=0.25)
+    took = _timed_requests(b, 3)
+    assert took >= 3 * 0.05 + 2 * 0.15 - 0.02, took
+
+
+def test_an_idle_engine_leaves_embeddings_unpaused():
+    assert _timed_requests(BatchingEmbedder(SlowEmbedder(), busy=lambda: False, share=0.25), 3) < 0.3
+    assert _timed_requests(BatchingEmbedder(SlowEmbedder(), busy=lambda: True, share=1.0), 3) < 0.3
+
+
+def test_a_pause_ends_when_decoding_ends():
+    """A pause of about 5 s (share 0.01) is cut short once the engine has nothing left to decode."""
+    until = time.monotonic() + 0.2
+    b = BatchingEmbedder(SlowEmbedder(), busy=lambda: time.monotonic() < until, share=0.01)
+    assert _timed_requests(b, 2) < 1.0
+
+
+def test_while_the_engine_decodes_batches_stay_small(rng):
+    from ember import embed_batching
+
+    inner = SlowEmbedder()
+    b = BatchingEmbedder(inner, busy=lambda: True, share=1.0 - 1e-9)
+    seq = list(rng.integers(1, 100, size=100))
+    out, errors = _concurrently([lambda: b.embed_batch([seq])] * 12)
+    assert errors == [None] * 12 and len(out) == 12
+    assert max(n for _, n in inner.calls) * len(seq) <= embed_batching.BUSY_BATCH_TOKENS
+
+
+@pytest.mark.parametrize("share", [0.0, -0.5, 1.5])
+def test_share_must_be_a_fraction(share):
+    with pytest.raises(ValueError, match="share must be in"):
+        BatchingEmbedder(SlowEmbedder(), share=share)

@@ -170,6 +170,11 @@ class _Server:
                            headers={"Retry-After": str(RETRY_AFTER_S)})
         return self.engine
 
+    def decoding(self) -> bool:
+        """Whether the engine is generating now: embedding forwards on the same cores then yield to it."""
+        stats = self.engine.stats() if self.engine is not None else None
+        return bool(stats and stats["running"])
+
     def close(self) -> None:
         self._embedder = None
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -362,7 +367,7 @@ class _Server:
         with self._embedder_lock:
             if self._embedder is None:
                 # Concurrent requests' inputs share forwards (an encoder packs them).
-                self._embedder = BatchingEmbedder(Embedder(self.model, self.n_ctx, self.pooling))
+                self._embedder = BatchingEmbedder(Embedder(self.model, self.n_ctx, self.pooling), busy=self.decoding)
             return self._embedder
 
     @staticmethod

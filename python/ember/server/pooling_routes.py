@@ -100,7 +100,7 @@ class Ranking:
                     raise APIError(400, f"this server's model ({srv.model.arch}) has no rank head: it cannot rerank. "
                                         f"Serve a reranker (a cross-encoder such as bge-reranker, or a Qwen3-Reranker "
                                         f"GGUF) to use this endpoint", code="model_not_reranker")
-                self._ranker = BatchingEmbedder(Embedder(srv.model, srv.n_ctx, POOLING_RANK))
+                self._ranker = BatchingEmbedder(Embedder(srv.model, srv.n_ctx, POOLING_RANK), busy=srv.decoding)
             return self._ranker
 
     def scores(self, queries: List[str], documents: List[str]):
