@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 
 import backend_reference as ref
-from conftest import kernel_module
+from conftest import ROOT, kernel_module
 
 K = kernel_module()
 c = np.ascontiguousarray
+LFM2 = ROOT / "tests" / "reference" / "short_conv" / "lfm2.npz"
 
 # (channels, kernel): one channel, LFM2's kernel of 3, the kernel of 4 of Qwen3.5 and Mamba2 at
 # widths that leave part-filled vectors and CTAs, a kernel of 1 (no state), and a long one.
@@ -88,6 +89,27 @@ def test_prompt_equals_tokens_one_by_one(be, shape, silu, rng):
             parts.append(out)
         np.testing.assert_array_equal(np.concatenate(parts), whole)
         np.testing.assert_array_equal(s, whole_state)
+
+
+@pytest.mark.parametrize("cuts", [(), (1, 2, 3), (6,)], ids=["whole", "first_tokens_one_by_one", "resumed_at_6"])
+def test_lfm2_block_matches_transformers(be, cuts):
+    """transformers' LFM2 short-convolution block (random weights, a prompt of 17 tokens) equals one
+    built from short_conv with no bias and no activation: in_proj into B, C, x; the convolution of
+    B * x (weights [channels][kernel], a zero state first); C times it; out_proj. Split prompts carry
+    the state."""
+    m = np.load(LFM2)
+    width = m["hidden"].shape[1]
+    proj = m["hidden"] @ m["in_proj"].T
+    B, C, x = proj[:, :width], proj[:, width:2 * width], proj[:, 2 * width:]
+    bx = c(B * x)
+    state = np.zeros((m["conv_w"].shape[1] - 1, width), np.float32)
+    parts = []
+    for a, b in zip([0, *cuts], [*cuts, len(bx)]):
+        y, state = be.short_conv(c(bx[a:b]), m["conv_w"], None, state, False)
+        parts.append(y)
+    out = (C * np.concatenate(parts)) @ m["out_proj"].T
+    assert rel_err(out, m["out"]) < 1e-5, f"{rel_err(out, m['out']):.3g}"
+    np.testing.assert_array_equal(state, bx[-2:])
 
 
 def test_no_tokens_keeps_the_state(be, rng):

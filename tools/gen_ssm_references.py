@@ -1,6 +1,7 @@
 """Writes tests/reference/ssm_scan/mamba2.npz: what transformers' Mamba2 scan functions and a whole
 Mamba2Mixer compute on fixed random inputs (tests/test_ssm_scan.py holds Backend::ssm_scan, and a
-mixer built from Backend::short_conv and Backend::ssm_scan, to them).
+mixer built from Backend::short_conv and Backend::ssm_scan, to them); and
+tests/reference/short_conv/lfm2.npz: an LFM2 short-convolution block (tests/test_short_conv.py).
 
     python tools/gen_ssm_references.py
 
@@ -9,15 +10,20 @@ chunked SSD form a Mamba2 mixer runs on prompts, chunks of 16 so that several ch
 one are crossed) and the same tokens one by one through mamba2_selective_state_update (its decode
 form), both from the same nonzero state, as Mamba2Mixer calls them: A = -exp(A_log), dt_bias and
 softplus inside, D as the skip. And one Mamba2Mixer with random weights over a prompt (no cache):
-in_proj, the causal conv1d with its bias and SiLU, the scan, the gated grouped RMSNorm, out_proj."""
+in_proj, the causal conv1d with its bias and SiLU, the scan, the gated grouped RMSNorm, out_proj.
+The LFM2 block likewise: in_proj into B, C, x; the conv1d (no bias, no activation) of B * x; C times
+it; out_proj."""
 import pathlib
 
 import numpy as np
 import torch
-from transformers import Mamba2Config
+from transformers import Lfm2Config, Mamba2Config
+from transformers.models.lfm2.modeling_lfm2 import Lfm2ShortConv
 from transformers.models.mamba2.modeling_mamba2 import Mamba2Mixer, mamba2_chunk_scan, mamba2_selective_state_update
 
-OUT = pathlib.Path(__file__).resolve().parent.parent / "tests" / "reference" / "ssm_scan" / "mamba2.npz"
+REFERENCE = pathlib.Path(__file__).resolve().parent.parent / "tests" / "reference"
+OUT = REFERENCE / "ssm_scan" / "mamba2.npz"
+OUT_LFM2 = REFERENCE / "short_conv" / "lfm2.npz"
 # name: (n_head, head_dim, d_state, n_group, n_tok, seed)
 SHAPES = {"groups2": (8, 16, 24, 2, 37, 1), "group1": (4, 8, 16, 1, 20, 2)}
 CHUNK = 16
@@ -78,6 +84,21 @@ def mixer(seed=3, n_tok=21):
             "eps": np.float32(cfg.layer_norm_epsilon)}
 
 
+def lfm2_block(seed=4, n_tok=17):
+    """LFM2's short-convolution block (width 40, kernel 3, no biases) with every weight drawn."""
+    cfg = Lfm2Config(hidden_size=40, conv_L_cache=3, conv_bias=False, num_hidden_layers=1, layer_types=["conv"],
+                     vocab_size=16, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64)
+    torch.manual_seed(seed)
+    m = Lfm2ShortConv(cfg, 0)
+    with torch.no_grad():
+        for w in (m.in_proj.weight, m.conv.weight, m.out_proj.weight):
+            w.copy_(torch.randn_like(w) / w.shape[-1] ** 0.5)
+        hidden = torch.randn(1, n_tok, cfg.hidden_size)
+        out = m(hidden)[0]
+    return {"hidden": hidden[0].numpy(), "out": out.numpy(), "in_proj": m.in_proj.weight.detach().numpy(),
+            "conv_w": m.conv.weight[:, 0].detach().numpy(), "out_proj": m.out_proj.weight.detach().numpy()}
+
+
 def main():
     torch.manual_seed(0)
     arrays = {}
@@ -89,6 +110,9 @@ def main():
     OUT.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(OUT, **arrays)
     print(f"wrote {OUT} ({OUT.stat().st_size} bytes)")
+    OUT_LFM2.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(OUT_LFM2, **lfm2_block())
+    print(f"wrote {OUT_LFM2} ({OUT_LFM2.stat().st_size} bytes)")
 
 
 if __name__ == "__main__":
