@@ -10,8 +10,9 @@ namespace ember {
 struct QuantizeParams {
     std::string input, output;
     // Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q6_K, Q4_K / Q5_K (every matrix in that type, unlike llama-quantize
-    // where they alias the mixes), the mixes Q4_K_M Q5_K_M Q2_K Q3_K_S Q3_K_M Q3_K_L IQ4_XS (llama.cpp recipes),
-    // MXFP4_MOE (expert tensors MXFP4, the other matrices Q8_0, as llama-quantize), F16 BF16 F32.
+    // where they alias the mixes), the mixes Q4_K_M Q5_K_M Q2_K Q3_K_S Q3_K_M Q3_K_L IQ4_XS IQ3_S IQ3_M
+    // (llama.cpp recipes), MXFP4_MOE (expert tensors MXFP4, the other matrices Q8_0, as llama-quantize),
+    // F16 BF16 F32.
     std::string type;
     int n_threads = 0;             // 0: all hardware threads
     bool allow_requantize = false; // quantizing an already-quantized file loses precision twice

@@ -26,7 +26,8 @@ from . import _ember, gguf_split, options
 from .cli import run_tool
 from .version import add_version
 
-TYPES = "Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K_S Q3_K_M Q3_K_L Q4_K Q5_K Q6_K Q4_K_M Q5_K_M IQ4_XS MXFP4_MOE F16 BF16 F32"
+TYPES = ("Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K_S Q3_K_M Q3_K_L Q4_K Q5_K Q6_K Q4_K_M Q5_K_M IQ4_XS IQ3_S IQ3_M MXFP4_MOE "
+         "F16 BF16 F32")
 
 
 def parser() -> argparse.ArgumentParser:

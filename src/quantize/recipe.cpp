@@ -1,8 +1,8 @@
 // The per-tensor type recipe, following llama.cpp's llama_tensor_get_type for the mixes ember
 // supports: output head Q6_K (Q8_0 where rows are not a multiple of 256), *_K_M give Q6_K to
 // attn_v and ffn_down in the first and last eighth of layers and every third layer between, Q2_K
-// and Q3_K_M / Q3_K_L give attn_v, ffn_down, attn_output (and Q3's attn_qkv) more bits, and K types
-// fall back to legacy ones when a row is not a whole number of 256-element blocks.
+// and Q3_K_M / Q3_K_L (IQ3_M) give attn_v, ffn_down, attn_output (and attn_qkv) more bits, and K types
+// fall back to legacy ones (IQ types to IQ4_NL) when a row is not a whole number of 256-element blocks.
 #include "quantize/recipe.h"
 
 #include <cctype>
@@ -48,6 +48,8 @@ const QuantMix kMixes[] = {
     {"Q3_K_M", GGMLType::Q3_K, 12, false, false, LowKMix::q3_k_m},
     {"Q3_K_L", GGMLType::Q3_K, 13, false, false, LowKMix::q3_k_l},
     {"IQ4_XS", GGMLType::IQ4_XS, 30, false, false, LowKMix::iq4_xs},
+    {"IQ3_S", GGMLType::IQ3_S, 26, false, false, LowKMix::iq3_s},
+    {"IQ3_M", GGMLType::IQ3_S, 27, false, false, LowKMix::iq3_m},
 };
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -59,7 +61,7 @@ bool use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n 
 // The super-block types with a 32-element fallback (k_fallback).
 bool is_k_type(GGMLType t) {
     return t == GGMLType::Q2_K || t == GGMLType::Q3_K || t == GGMLType::Q4_K || t == GGMLType::Q5_K ||
-           t == GGMLType::Q6_K || t == GGMLType::IQ4_XS;
+           t == GGMLType::Q6_K || t == GGMLType::IQ4_XS || t == GGMLType::IQ3_XXS || t == GGMLType::IQ3_S;
 }
 
 // Q8_1 and Q8_K are the activations' dot-product formats, never stored in model files.
@@ -85,6 +87,8 @@ GGMLType k_fallback(GGMLType t) {
     switch (t) {
         case GGMLType::Q2_K:
         case GGMLType::Q3_K: return GGMLType::Q4_0;
+        case GGMLType::IQ3_XXS:
+        case GGMLType::IQ3_S:
         case GGMLType::IQ4_XS: return GGMLType::IQ4_NL;
         case GGMLType::Q4_K: return GGMLType::Q5_0;
         case GGMLType::Q5_K: return GGMLType::Q5_1;
@@ -127,6 +131,7 @@ GGMLType choose_type(const QuantMix& mix, const GGUFTensor& t, RecipeState& st) 
         if (mix.low_k == LowKMix::q3_k_m) type = st.i_attn_v < 2 ? GGMLType::Q5_K : GGMLType::Q4_K;
         if (mix.low_k == LowKMix::q3_k_l) type = GGMLType::Q5_K;
         if (mix.low_k == LowKMix::iq4_xs && st.n_gqa >= 4) type = GGMLType::Q5_K;
+        if ((mix.low_k == LowKMix::iq3_s && st.n_gqa >= 4) || mix.low_k == LowKMix::iq3_m) type = GGMLType::Q4_K;
         ++st.i_attn_v;
     } else if (ends_with(t.name, "ffn_down.weight")) {
         if (mix.more_bits_k && use_more_bits(st.i_ffn_down, st.n_ffn_down)) type = GGMLType::Q6_K;
@@ -134,13 +139,16 @@ GGMLType choose_type(const QuantMix& mix, const GGUFTensor& t, RecipeState& st) 
         if (mix.low_k == LowKMix::q3_k_m) type = st.i_ffn_down < st.n_ffn_down / 16 ? GGMLType::Q5_K : GGMLType::Q4_K;
         if (mix.low_k == LowKMix::q3_k_l) type = GGMLType::Q5_K;
         if (mix.low_k == LowKMix::iq4_xs && !st.has_imatrix && st.i_ffn_down < st.n_ffn_down / 8) type = GGMLType::Q5_K;
+        if (mix.low_k == LowKMix::iq3_m && st.i_ffn_down < st.n_ffn_down / 8) type = GGMLType::Q4_K;
         ++st.i_ffn_down;
     } else if (ends_with(t.name, "attn_output.weight")) {
         if (mix.low_k == LowKMix::q2_k) type = GGMLType::Q3_K;
         if (mix.low_k == LowKMix::q3_k_m) type = GGMLType::Q4_K;
         if (mix.low_k == LowKMix::q3_k_l) type = GGMLType::Q5_K;
+        if (mix.low_k == LowKMix::iq3_m) type = GGMLType::Q4_K;
     } else if (ends_with(t.name, "attn_qkv.weight")) {
-        if (mix.low_k == LowKMix::q3_k_m || mix.low_k == LowKMix::q3_k_l) type = GGMLType::Q4_K;
+        if (mix.low_k == LowKMix::q3_k_m || mix.low_k == LowKMix::q3_k_l || mix.low_k == LowKMix::iq3_m)
+            type = GGMLType::Q4_K;
     }
     if (is_k_type(type) && t.ne[0] % 256 != 0) type = k_fallback(type);
     const TypeTraits& tr = type_traits(type);
