@@ -1,6 +1,7 @@
-"""Gemma 4 (dense): a tiny random HF Gemma4ForCausalLM (tools/gen_hf_references.py: sliding and global
-layers of their own head size and KV heads, the last two layers reading earlier layers' KV,
-per-layer embeddings, layer scalars, capped logits) converted by ember-convert. The GGUF keys and
+"""Gemma 4 (dense): tiny random HF Gemma4ForCausalLM models (tools/gen_hf_references.py: sliding and
+global layers of their own head size and KV heads, the last two layers reading earlier layers' KV,
+layer scalars; "gemma4" with per-layer embeddings, values from the keys' projection and capped logits,
+"gemma4-wide" with the KV-sharing layers' feed-forwards twice as wide) converted by ember-convert. The GGUF keys and
 tensors must be those llama.cpp's converter writes; ember's logits must match transformers' at f32
 (a prompt past the window; one batch, token by token and inside an engine batch); configs and files
 ember cannot run give a clear error."""
@@ -27,10 +28,18 @@ PROMPT = hf_tiny.LONG_PROMPT
 SLIDING = [True, False] * 3
 
 
+MODELS = ["gemma4", "gemma4-wide"]
+
+
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    """(HF dir, float32 weights exactly as stored, path of its f32 GGUF)."""
-    return hf_tiny.converted(tmp_path_factory, ["gemma4"], "gemma4_models")["gemma4"]
+def models(tmp_path_factory):
+    """name -> (HF dir, float32 weights exactly as stored, path of its f32 GGUF)."""
+    return hf_tiny.converted(tmp_path_factory, MODELS, "gemma4_models")
+
+
+@pytest.fixture(scope="module")
+def model(models):
+    return models["gemma4"]
 
 
 def test_file_has_llama_cpp_keys_and_tensors(model):
@@ -66,28 +75,43 @@ def test_file_has_llama_cpp_keys_and_tensors(model):
     assert "output.weight" not in t
 
 
+def test_wide_file_has_per_layer_feed_forward_widths(models):
+    _, sd, path = models["gemma4-wide"]
+    kv, t = hf_tiny.gguf_fields(path), hf_tiny.gguf_tensors(path)
+    assert list(kv["gemma4.feed_forward_length"]) == [96, 96, 96, 192, 192]
+    assert kv["gemma4.attention.head_count_kv"] == 2 and kv["gemma4.embedding_length_per_layer_input"] == 0
+    assert "gemma4.final_logit_softcapping" not in kv and not any(n.startswith("per_layer") for n in t)
+    assert t["blk.4.ffn_down.weight"].shape == (64, 192)
+    np.testing.assert_array_equal(t["blk.2.attn_v.weight"], sd["model.layers.2.self_attn.v_proj.weight"])
+    assert "blk.3.attn_k.weight" not in t and "blk.4.attn_v.weight" not in t
+
+
 @pytest.mark.parametrize("chunk", [64, 1], ids=["prompt", "token_by_token"])
-def test_logits_match_transformers(model, hf_reference, chunk):
-    want = hf_reference.logits("gemma4", PROMPT)
-    got = hf_tiny.ember_logits(model[2], PROMPT, chunk=chunk)
+@pytest.mark.parametrize("name", MODELS)
+def test_logits_match_transformers(models, hf_reference, name, chunk):
+    want = hf_reference.logits(name, PROMPT)
+    got = hf_tiny.ember_logits(models[name][2], PROMPT, chunk=chunk)
     assert got.shape == want.shape
     rel = np.abs(got - want).max() / np.abs(want).max()
-    assert rel <= 1e-4, f"max|diff|/max|ref| = {rel:.2e}"
+    assert rel <= 1e-4, f"{name}: max|diff|/max|ref| = {rel:.2e}"
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_inside_an_engine_batch(model, hf_reference, device):
+@pytest.mark.parametrize("name", MODELS)
+def test_inside_an_engine_batch(models, hf_reference, name, device):
     """The reference prompt among other sequences of the engine's steps: paged KV of two sizes, layers
     reading other layers' KV and per-layer embeddings of a batch of several sequences."""
-    hf_tiny.check_inside_an_engine_batch(model[2], hf_reference, "gemma4", device, PROMPT)
+    hf_tiny.check_inside_an_engine_batch(models[name][2], hf_reference, name, device, PROMPT)
 
 
 @pytest.mark.parametrize("chunk", [40, 1], ids=["prompt", "decode"])
-def test_cuda_logits_match_cpu(model, chunk):
+@pytest.mark.parametrize("name", MODELS)
+def test_cuda_logits_match_cpu(models, name, chunk):
     if "cuda" not in _ember.backends():
         pytest.skip("this ember was built without the CUDA backend")
-    want = hf_tiny.ember_logits(model[2], PROMPT, kv_type="f16")
-    got = hf_tiny.ember_logits(model[2], PROMPT, n_gpu_layers=-1, kv_type="f16", chunk=chunk)
+    path = models[name][2]
+    want = hf_tiny.ember_logits(path, PROMPT, kv_type="f16")
+    got = hf_tiny.ember_logits(path, PROMPT, n_gpu_layers=-1, kv_type="f16", chunk=chunk)
     rel = np.abs(got - want).max() / np.abs(want).max()
     assert rel <= 2e-3, f"max|diff|/max|ref| = {rel:.2e}"
 

@@ -132,6 +132,14 @@ MODELS = {
         num_hidden_layers=6, sliding_window=8, global_head_dim=32, attention_k_eq_v=True,
         num_global_key_value_heads=1, num_kv_shared_layers=2, hidden_size_per_layer_input=8,
         final_logit_softcapping=1.0, layer_types=["sliding_attention", "full_attention"] * 3)),
+    # and Gemma 4 as the E models' feed-forwards and the 31B's values: 5 layers, the last two reading the
+    # KV of layers 1 and 2 with feed-forwards twice as wide; global layers with V projections and the
+    # sliding layers' KV heads; no per-layer embeddings, no cap.
+    "gemma4-wide": Tiny("gemma4", "spm-nodummy", 27, tied=True, prompt=_LONG, overrides=dict(
+        num_hidden_layers=5, intermediate_size=96, sliding_window=8, global_head_dim=32, num_kv_shared_layers=2,
+        use_double_wide_mlp=True, hidden_size_per_layer_input=0,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"] + ["sliding_attention",
+                                                                                      "full_attention"])),
     # tests/test_arch_llama4.py: Llama 4 with 4 layers (chunks of 8 on layers 0-2, layer 3 NoPE with the
     # attention temperature every 8 positions), mixture layers 1 and 3 (4 experts, top 1, a shared
     # expert) between dense ones; and Command R+ (Command R with per-head q/k LayerNorms).

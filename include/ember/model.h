@@ -88,6 +88,8 @@ struct HParams {
     // Per-layer attention geometry where layers differ (Gemma 4's global layers have a head size and
     // KV heads of their own); empty: n_head_kv heads of head_dim in every layer.
     std::vector<int32_t> n_head_kv_layer, head_dim_layer;
+    // Per-layer feed-forward widths where they differ (Gemma 4's double-wide KV-sharing layers); empty: n_ff.
+    std::vector<int32_t> n_ff_layer;
     int32_t n_rot_swa = 0;   // rope.dimension_count_swa: the sliding layers' rotated dimensions (Gemma 4)
     // kv_from[l] >= 0: layer l keeps no KV and attends over that earlier layer's (KV shared between
     // layers: Gemma 4); empty or -1: its own.
@@ -98,6 +100,7 @@ struct HParams {
     std::vector<float> layer_scale;
     int32_t layer_n_head_kv(int32_t l) const { return n_head_kv_layer.empty() ? n_head_kv : n_head_kv_layer[l]; }
     int32_t layer_head_dim(int32_t l) const { return head_dim_layer.empty() ? head_dim : head_dim_layer[l]; }
+    int32_t layer_n_ff(int32_t l) const { return n_ff_layer.empty() ? n_ff : n_ff_layer[l]; }
     int32_t kv_layer(int32_t l) const { return kv_from.empty() || kv_from[l] < 0 ? l : kv_from[l]; }
     // Floats of K (and of V) a token takes in layer l's cache: 0 for a layer reading another's.
     int64_t kv_width(int32_t l) const { return kv_layer(l) != l ? 0 : (int64_t)layer_n_head_kv(l) * layer_head_dim(l); }

@@ -1,8 +1,9 @@
 """ember-convert's Gemma 4 (dense), as llama.cpp's converter writes it: sliding and global layers of
 their own head size and KV heads (key_length / key_length_swa, a per-layer head_count_kv where they
 differ), the global layers' proportional rope as rope_freqs.weight (1 for the rotated pairs, 1e30 for
-the rest), KV shared by the last layers (they have no K/V tensors), per-layer embeddings and each
-layer's layer_scalar. Norm weights are stored as they are (Gemma 4's RMSNorm has no 1 + w)."""
+the rest), KV shared by the last layers (they have no K/V tensors; with use_double_wide_mlp,
+feed-forwards twice as wide: a per-layer feed_forward_length), per-layer embeddings and each layer's
+layer_scalar. Norm weights are stored as they are (Gemma 4's RMSNorm has no 1 + w)."""
 import numpy as np
 
 from .convert_error import ConvertError
@@ -38,10 +39,9 @@ def _positive_int(value, what, path):
 
 
 def read_gemma4(config, hp, path):
-    for key, what in (("enable_moe_block", "the mixture-of-experts variant"),
-                      ("use_double_wide_mlp", "double-wide feed-forwards")):
-        if config.get(key):
-            raise ConvertError(f"{path}: {key}=true ({what}) is not supported for gemma4 yet")
+    if config.get("enable_moe_block"):
+        raise ConvertError(f"{path}: enable_moe_block=true (the mixture-of-experts variant) is not supported for "
+                           "gemma4 yet")
     if config.get("use_bidirectional_attention") == "all":
         raise ConvertError(f"{path}: use_bidirectional_attention='all' is not supported for gemma4")
     sliding = _layer_types(config, hp.n_layer, path)
@@ -102,7 +102,14 @@ def read_gemma4(config, hp, path):
         "rope.dimension_count_swa": n_rot_swa, "attention.shared_kv_layers": n_shared,
         "embedding_length_per_layer_input": n_per_layer,
     })
-    hp.family.update(shared_from=first, k_eq_v=bool(config.get("attention_k_eq_v", False)), n_per_layer=n_per_layer)
+    # use_double_wide_mlp: the KV-sharing layers' feed-forwards are twice as wide (feed_forward_length
+    # one a layer).
+    wide = bool(config.get("use_double_wide_mlp")) and n_shared > 0
+    n_ff = [hp.n_ff * (2 if wide and i >= first else 1) for i in range(hp.n_layer)]
+    if wide:
+        hp.n_ff = n_ff
+    hp.family.update(shared_from=first, k_eq_v=bool(config.get("attention_k_eq_v", False)), n_per_layer=n_per_layer,
+                     n_ff=n_ff)
 
 
 def gemma4_tensors(hp):
@@ -123,9 +130,9 @@ def gemma4_tensors(hp):
             "self_attn.o_proj.weight": ("attn_output.weight", (E, q)),
             "post_attention_layernorm.weight": ("post_attention_norm.weight", (E,)),
             "pre_feedforward_layernorm.weight": ("ffn_norm.weight", (E,)),
-            "mlp.gate_proj.weight": ("ffn_gate.weight", (hp.n_ff, E)),
-            "mlp.up_proj.weight": ("ffn_up.weight", (hp.n_ff, E)),
-            "mlp.down_proj.weight": ("ffn_down.weight", (E, hp.n_ff)),
+            "mlp.gate_proj.weight": ("ffn_gate.weight", (f["n_ff"][i], E)),
+            "mlp.up_proj.weight": ("ffn_up.weight", (f["n_ff"][i], E)),
+            "mlp.down_proj.weight": ("ffn_down.weight", (E, f["n_ff"][i])),
             "post_feedforward_layernorm.weight": ("post_ffw_norm.weight", (E,)),
             "layer_scalar": ("layer_output_scale.weight", (1,)),
         }

@@ -2,6 +2,7 @@
 // rope scaling), then the architecture's own (model/arch).
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "ember/status.h"
 #include "model/arch/arch.h"
@@ -34,6 +35,20 @@ void read_expert_hparams(const GGUFFile& f, const std::string& a, HParams& hp) {
         fail(f.path(), ": ", a, "expert_weights_scale must be positive, got ", hp.expert_weights_scale);
 }
 
+// key as one count, or one a layer (llama.cpp's converter writes arrays where Gemma 4's layers
+// differ): the layers' values go to per_layer and the largest is returned; dflt where the key is
+// absent (none: required).
+int32_t layer_counts(const GGUFFile& f, const std::string& key, int32_t n_layer, std::vector<int32_t>& per_layer,
+                     std::optional<uint64_t> dflt = std::nullopt) {
+    const GGUFValue* v = f.find(key);
+    if (!v || v->type != GGUFType::ARRAY) return (int32_t)(dflt ? f.get_uint(key, *dflt) : f.get_uint(key));
+    if ((int64_t)v->arr.size() != n_layer ||
+        std::any_of(v->arr.begin(), v->arr.end(), [](const GGUFValue& x) { return !x.is_integer(); }))
+        fail(f.path(), ": ", key, " must be a count or ", n_layer, " integers, got ", v->arr.size(), " values");
+    for (const GGUFValue& x : v->arr) per_layer.push_back((int32_t)x.num.u);
+    return *std::max_element(per_layer.begin(), per_layer.end());
+}
+
 }  // namespace
 
 HParams read_hparams(const GGUFFile& f) {
@@ -43,20 +58,9 @@ HParams read_hparams(const GGUFFile& f) {
     const std::string a = hp.arch + ".";
     hp.n_layer = (int32_t)f.get_uint(a + "block_count");
     hp.n_embd = (int32_t)f.get_uint(a + "embedding_length");
-    hp.n_ff = (int32_t)f.get_uint(a + "feed_forward_length");
+    hp.n_ff = layer_counts(f, a + "feed_forward_length", hp.n_layer, hp.n_ff_layer);
     hp.n_head = (int32_t)f.get_uint(a + "attention.head_count");
-    const GGUFValue* kv_heads = f.find(a + "attention.head_count_kv");
-    if (kv_heads && kv_heads->type == GGUFType::ARRAY) {
-        // One count a layer (llama.cpp's converter for Gemma 4, whose global layers have their own).
-        if ((int64_t)kv_heads->arr.size() != hp.n_layer ||
-            std::any_of(kv_heads->arr.begin(), kv_heads->arr.end(), [](const GGUFValue& v) { return !v.is_integer(); }))
-            fail(f.path(), ": ", a, "attention.head_count_kv must be a count or ", hp.n_layer, " integers, got ",
-                 kv_heads->arr.size(), " values");
-        for (const GGUFValue& v : kv_heads->arr) hp.n_head_kv_layer.push_back((int32_t)v.num.u);
-        hp.n_head_kv = *std::max_element(hp.n_head_kv_layer.begin(), hp.n_head_kv_layer.end());
-    } else {
-        hp.n_head_kv = (int32_t)f.get_uint(a + "attention.head_count_kv", (uint64_t)hp.n_head);
-    }
+    hp.n_head_kv = layer_counts(f, a + "attention.head_count_kv", hp.n_layer, hp.n_head_kv_layer, (uint64_t)hp.n_head);
     hp.n_ctx_train = (int32_t)f.get_uint(a + "context_length", 2048);
     hp.rms_eps = (float)f.get_float(a + "attention.layer_norm_rms_epsilon", 1e-5);
     hp.rope_base = (float)f.get_float(a + "rope.freq_base", 10000.0);
@@ -67,6 +71,9 @@ HParams read_hparams(const GGUFFile& f) {
         if (hp.layer_n_head_kv(l) <= 0 || hp.n_head % hp.layer_n_head_kv(l) != 0)
             fail(f.path(), ": ", a, "attention.head_count ", hp.n_head, " must be a multiple of head_count_kv ",
                  hp.layer_n_head_kv(l), " (layer ", l, ")");
+    for (int32_t l = 0; l < hp.n_layer; ++l)
+        if (hp.layer_n_ff(l) <= 0)
+            fail(f.path(), ": ", a, "feed_forward_length of layer ", l, " must be positive, got ", hp.layer_n_ff(l));
     const bool own_head_dim = f.find(a + "attention.key_length") != nullptr;
     if (!own_head_dim && hp.n_embd % hp.n_head != 0)
         fail(f.path(), ": ", a, "attention.head_count ", hp.n_head, " must divide embedding_length ", hp.n_embd,

@@ -80,7 +80,7 @@ public:
     }
     std::vector<TensorSpec> block_tensors(const HParams& hp) const override { return layer_tensors(hp, 0); }
     std::vector<TensorSpec> layer_tensors(const HParams& hp, int32_t l) const override {
-        const int64_t E = hp.n_embd, F = hp.n_ff, D = hp.layer_head_dim(l), P = hp.n_embd_per_layer;
+        const int64_t E = hp.n_embd, F = hp.layer_n_ff(l), D = hp.layer_head_dim(l), P = hp.n_embd_per_layer;
         const int64_t QW = (int64_t)hp.n_head * D, KW = (int64_t)hp.layer_n_head_kv(l) * D;
         std::vector<TensorSpec> t = {
             {Role::attn_norm, "attn_norm.weight", {E}},
