@@ -99,9 +99,10 @@ def rope(x, pos, n_heads, head_dim, base, neox, n_rot=0, **scaling):
     return x.reshape(len(pos), n_heads * head_dim)
 
 
-def attn_temperature(q, pos, temp_scale, temp_length):
-    """Row t of q times 1 + temp_scale * ln(1 + floor(pos[t] / temp_length)) (llama 4, Mistral 3)."""
-    p = np.asarray(pos, dtype=np.float64)
+def attn_temperature(q, pos, temp_scale, temp_length, temp_offset=0):
+    """Row t of q times 1 + temp_scale * ln(1 + floor((pos[t] + temp_offset) / temp_length)) (llama 4
+    counts from 1, Mistral 3 from 0)."""
+    p = np.asarray(pos, dtype=np.float64) + temp_offset
     return q.astype(np.float64) * (1.0 + temp_scale * np.log(1.0 + np.floor(p / temp_length)))[:, None]
 
 
@@ -152,21 +153,22 @@ def moe_route(logits, n_used, gating="softmax", norm_topk=False, weight_scale=1.
 
 def moe(x, router, gate, up, down, n_used, gating="softmax", norm_topk=False, weight_scale=1.0, act="silu",
         router_bias=None, selection_bias=None, gate_bias=None, up_bias=None, down_bias=None, shared=None,
-        shared_gate_inp=None):
+        shared_gate_inp=None, weight_input=False):
     """The mixture's feed-forward on normed rows x [n_tok, n_embd] with dequantized weights: router
     [n_expert, n_embd]; gate, up [n_expert, n_ff, n_embd]; down [n_expert, n_embd, n_ff]; biases
     [n_expert, width]; shared (gate, up, down) of the shared expert, scaled by sigmoid(shared_gate_inp
-    . x) where given."""
+    . x) where given. weight_input: each chosen weight scales the expert's input, not its output (llama 4)."""
     x = np.asarray(x, dtype=np.float64)
     logits = x @ np.asarray(router, np.float64).T + (0.0 if router_bias is None else router_bias)
     chosen, weights = moe_route(logits, n_used, gating, norm_topk, weight_scale, selection_bias)
     out = np.zeros_like(x)
     for t in range(len(x)):
         for e, w in zip(chosen[t], weights[t]):
-            g = gate[e].astype(np.float64) @ x[t] + (0.0 if gate_bias is None else gate_bias[e])
-            u = up[e].astype(np.float64) @ x[t] + (0.0 if up_bias is None else up_bias[e])
+            xe = w * x[t] if weight_input else x[t]
+            g = gate[e].astype(np.float64) @ xe + (0.0 if gate_bias is None else gate_bias[e])
+            u = up[e].astype(np.float64) @ xe + (0.0 if up_bias is None else up_bias[e])
             y = down[e].astype(np.float64) @ gated_act(g, u, act) + (0.0 if down_bias is None else down_bias[e])
-            out[t] += w * y
+            out[t] += y if weight_input else w * y
     if shared is not None:
         sg, su, sd = (np.asarray(m, np.float64) for m in shared)
         y = gated_act(x @ sg.T, x @ su.T, act) @ sd.T

@@ -614,18 +614,23 @@ def test_rope_partial_bad_input(be):
 
 
 @on("attn_temperature")
+@pytest.mark.parametrize("offset", [0, 1], ids=["mistral3", "llama4"])
 @pytest.mark.parametrize("n_tok", [1, 7, 300])
-def test_attn_temperature(be, n_tok, rng):
+def test_attn_temperature(be, n_tok, offset, rng):
     """Llama 4's and Mistral 3's attention temperature: each query row times 1 + beta * ln(1 +
-    floor(pos / length)); positions below the length keep their bits."""
+    floor((pos + offset) / length)); positions below the length keep their bits, and with llama 4's
+    offset of 1 the last position of each period already takes the next factor."""
     length = int(rng.integers(16, 2000))
     pos = [int(p) for p in rng.integers(0, 50 * length, n_tok)]
-    pos[0] = int(rng.integers(0, length))
+    pos[0] = int(rng.integers(0, length - 1))
+    pos[-1] = length - 1 if n_tok > 1 else pos[-1]
     q = normal(rng, n_tok, 96)
     beta = float(rng.uniform(0.05, 0.5))
-    got = be.attn_temperature(q, pos, beta, length)
-    check(got, ref.attn_temperature(q, pos, beta, length), 1e-6, f"temperature over {length}")
+    got = be.attn_temperature(q, pos, beta, length, temp_offset=offset)
+    check(got, ref.attn_temperature(q, pos, beta, length, offset), 1e-6, f"temperature over {length}")
     same_bits(got[0], q[0], "a position below the length")
+    if n_tok > 1:
+        assert (got[-1] == q[-1]).all() == (offset == 0), "position length - 1 is scaled exactly when counted from 1"
 
 
 @on("attn_temperature")
@@ -1181,6 +1186,8 @@ MOE_KINDS = {
     "sigmoid": {"gating": "sigmoid", "norm_topk": True, "weight_scale": 2.5, "selection_bias": True},
     "shared": {"gating": "softmax", "norm_topk": True, "shared": True},
     "shared_gated": {"gating": "softmax", "shared": "gated"},
+    # llama 4: sigmoid weights scale the chosen experts' inputs; a shared expert
+    "llama4": {"gating": "sigmoid", "weight_input": True, "shared": True},
 }
 MOE_N_EXPERT, MOE_N_USED = 8, 2
 
@@ -1192,7 +1199,7 @@ def clear_router(rng, x, n_exp, n_used, kind, router_bias, selection_bias):
         router = normal(rng, n_exp, x.shape[1], scale=1 / np.sqrt(x.shape[1]))
         logits = x.astype(np.float64) @ router.T.astype(np.float64) + (0 if router_bias is None else router_bias)
         if kind.get("gating") == "sigmoid":
-            logits = 1 / (1 + np.exp(-logits)) + selection_bias
+            logits = 1 / (1 + np.exp(-logits)) + (0 if selection_bias is None else selection_bias)
         top = np.sort(logits, axis=1)[:, ::-1]
         if np.all(top[:, n_used - 1] - top[:, n_used] > 2e-2):
             return router

@@ -345,7 +345,7 @@ struct PyBackend {
                std::optional<F32In> down_bias, std::optional<int32_t> n_seq, bool batch_invariant, bool composed,
                int32_t graph_steps, std::optional<F32In> selection_bias, std::optional<U8In> shared_gate,
                std::optional<U8In> shared_up, std::optional<U8In> shared_down, std::optional<F32In> shared_gate_inp,
-               std::optional<F32In> norm, std::optional<F32In> residual) {
+               std::optional<F32In> norm, std::optional<F32In> residual, bool weight_input) {
         if (router.ndim() != 2) fail("moe: router must be [n_expert, n_embd] float32");
         if (graph_steps > 0 && !n_seq) fail("moe: graph_steps needs n_seq (the batch the steps are recorded for)");
         const int32_t n_exp = (int32_t)router.shape(0);
@@ -422,6 +422,7 @@ struct PyBackend {
         w.norm_topk = norm_topk;
         w.weight_scale = weight_scale;
         w.act = activation_arg(act);
+        w.weight_input = weight_input;
         if (n_used < 1 || n_used > n_exp) fail("moe: n_used ", n_used, " must lie in 1..", n_exp);
         if (residual) check_rows(*residual, n_tok, n_embd, "moe: residual");
         if (residual && !norm) fail("moe: residual needs norm (the moe_ffn op)");
@@ -727,7 +728,8 @@ struct PyBackend {
         return make_out(download(*be, ob, g.size()), {g.size()});
     }
     // Each row of q [len(pos), width] scaled by the attention temperature at its position.
-    F32Out attn_temperature(F32In q, std::vector<int32_t> pos, float temp_scale, int32_t temp_length) {
+    F32Out attn_temperature(F32In q, std::vector<int32_t> pos, float temp_scale, int32_t temp_length,
+                            int32_t temp_offset) {
         check_positions(pos, "attn_temperature");
         if (q.ndim() != 2 || q.shape(0) != pos.size() || q.shape(1) == 0)
             fail("attn_temperature: q must be [len(pos), width] float32");
@@ -735,6 +737,7 @@ struct PyBackend {
         RopeParams r;
         r.temp_scale = temp_scale;
         r.temp_length = temp_length;
+        r.temp_offset = temp_offset;
         be->set_batch(one_sequence_batch(pos, {0}));
         Buf qb(*be, q.data(), q.size() * 4);
         be->attn_temperature(qb.f(), (int32_t)pos.size(), (int64_t)q.shape(1), r);
@@ -1037,7 +1040,7 @@ void bind_kernel_backend(nb::module_& m) {
              nb::arg("attn_factor") = 1.0f, nb::arg("corr_lo") = 0.0f, nb::arg("corr_hi") = 0.0f,
              nb::arg("freq_factors") = nb::none(), nb::arg("n_rot") = 0)
         .def("attn_temperature", &PyBackend::attn_temperature, nb::arg("q"), nb::arg("pos"), nb::arg("temp_scale"),
-             nb::arg("temp_length"))
+             nb::arg("temp_length"), nb::arg("temp_offset") = 0)
         .def("gated_act", &PyBackend::gated_act, nb::arg("gate"), nb::arg("up"), nb::arg("act") = "silu")
         .def("layernorm", &PyBackend::layernorm, nb::arg("x"), nb::arg("gamma"), nb::arg("beta"), nb::arg("eps"))
         .def("unary", &PyBackend::unary, nb::arg("x"), nb::arg("f"))
@@ -1068,7 +1071,7 @@ void bind_kernel_backend(nb::module_& m) {
              nb::arg("composed") = false, nb::arg("graph_steps") = 0, nb::arg("selection_bias") = nb::none(),
              nb::arg("shared_gate") = nb::none(), nb::arg("shared_up") = nb::none(),
              nb::arg("shared_down") = nb::none(), nb::arg("shared_gate_inp") = nb::none(), nb::arg("norm") = nb::none(),
-             nb::arg("residual") = nb::none())
+             nb::arg("residual") = nb::none(), nb::arg("weight_input") = false)
         .def("moe_route", &PyBackend::moe_route, nb::arg("logits"), nb::arg("n_used"), nb::arg("gating") = "softmax",
              nb::arg("norm_topk") = false, nb::arg("weight_scale") = 1.0f, nb::arg("selection_bias") = nb::none())
         .def("gather_rows", &PyBackend::gather_rows, nb::arg("x"), nb::arg("rows"))
