@@ -279,7 +279,7 @@ def _rope(**changes):
     ("glm4", lambda cfg: cfg.update(attention_bias=False), "attention_bias=false is not supported for glm4"),
     ("glm4", _rope(partial_rotary_factor=0.3125), "rotates 5 dimensions"),
     ("glm4", _rope(mrope_section=[8, 12, 12]), "multimodal rope (mrope_section) is not supported"),
-    ("command-r", lambda cfg: cfg.update(use_qk_norm=True), "use_qk_norm=true (Command R+'s per-head q/k"),
+    ("cohere2", lambda cfg: cfg.update(use_qk_norm=True), "use_qk_norm=true (per-head q/k LayerNorms) is not"),
     ("command-r", lambda cfg: cfg.update(logit_scale=0), "'logit_scale' must be a positive number"),
     ("cohere2", lambda cfg: cfg.update(sliding_window=None), "'sliding_window' must be a positive integer"),
     ("cohere2", lambda cfg: cfg.update(layer_types=["full_attention"] * 3), "'layer_types' must name"),

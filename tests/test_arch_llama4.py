@@ -169,14 +169,6 @@ def test_bad_config_gives_clear_error(models, tmp_path, name, edit, needles):
         assert n in msg, msg
 
 
-def test_cohere2_with_qk_norm_is_refused(models, tmp_path):
-    def edit(cfg):
-        cfg.update(architectures=["Cohere2ForCausalLM"], model_type="cohere2", sliding_window=8)
-    d = _edited(models["command-r-plus"][0], str(tmp_path / "m"), edit)
-    with pytest.raises(ConvertError, match="use_qk_norm=true .* not supported for cohere2"):
-        convert(d, str(tmp_path / "o.gguf"), "f32", progress=False)
-
-
 def _rewritten(src, dst, arch, floats=None, uints=None, drop=()):
     """A copy of the GGUF at src with {arch}.<key> fields set (floats as f32, uints as u32) and the
     tensors named in drop left out."""
