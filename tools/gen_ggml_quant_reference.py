@@ -2,8 +2,8 @@
 which llama.cpp's iq4_nl KV cache stores with; Q2_K; Q3_K; IQ4_XS; IQ4_NL with the search llama-quantize
 writes its weights with, iq4_nl_search; Q2_K, Q3_K, IQ4_XS and IQ4_NL quantized with an importance matrix as
 llama-quantize does, <type>_imatrix, whose npz also holds the importances qw; IQ3_XXS and IQ3_S with and
-without): rows of random values (normal, heavy-tailed, tiny and huge, ties between IQ4_NL's levels, zero
-blocks) and the blocks ggml writes for them, through a llama.cpp build's libggml-base.
+without, IQ2_XXS and IQ2_XS with): rows of random values (normal, heavy-tailed, tiny and huge, ties between
+IQ4_NL's levels, zero blocks) and the blocks ggml writes for them, through a llama.cpp build's libggml-base.
 Run: python tools/gen_ggml_quant_reference.py /path/to/llama.cpp/build/bin/libggml-base.so [TYPE ...]"""
 import ctypes
 import pathlib
@@ -16,7 +16,8 @@ OUT = pathlib.Path(__file__).resolve().parent.parent / "tests" / "reference" / "
 TYPES = {"iq4_nl": (20, 32, 18), "q2_k": (10, 256, 84), "q3_k": (11, 256, 110), "iq4_xs": (23, 256, 136),
          "iq4_nl_search": (20, 32, 18), "q2_k_imatrix": (10, 256, 84), "q3_k_imatrix": (11, 256, 110),
          "iq4_xs_imatrix": (23, 256, 136), "iq4_nl_imatrix": (20, 32, 18), "iq3_xxs_search": (18, 256, 98),
-         "iq3_xxs_imatrix": (18, 256, 98), "iq3_s_search": (21, 256, 110), "iq3_s_imatrix": (21, 256, 110)}
+         "iq3_xxs_imatrix": (18, 256, 98), "iq3_s_search": (21, 256, 110), "iq3_s_imatrix": (21, 256, 110),
+         "iq2_xxs_imatrix": (16, 256, 66), "iq2_xs_imatrix": (17, 256, 74)}
 
 
 class TypeTraits(ctypes.Structure):
@@ -55,7 +56,8 @@ def main():
         tr = lib.ggml_get_type_traits(type_id).contents
         assert tr.type_name.decode().lower() == name.removesuffix("_search").removesuffix("_imatrix")
         assert tr.type_size == nbytes
-        quantize = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)(tr.from_float_ref)
+        quantize = tr.from_float_ref and ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p,
+                                                          ctypes.c_int64)(tr.from_float_ref)
         q = np.zeros((x.shape[0], x.shape[1] // elems * nbytes), dtype=np.uint8)
         for r in range(x.shape[0]):
             if name.endswith(("_search", "_imatrix")):   # what llama-quantize writes: ggml_quantize_chunk

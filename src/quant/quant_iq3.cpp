@@ -3,13 +3,13 @@
 // each 4 magnitudes go to their grid point or, off the grid, to the best of its nearest grid points; then the
 // sub-block scales as 4-bit steps of the super-block's.
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "quant/decode.h"
 #include "quant/kernels.h"
+#include "quant/quant_grid_search.h"
 #include "quant/quant_weighted.h"
 
 // ggml rounds each product and sum on its own (no fused multiply-add).
@@ -20,102 +20,17 @@ namespace {
 
 constexpr int kMaxQ = 8;   // magnitudes 2 l + 1, l in [0, 7]
 
-// Round to nearest, ties to even (ggml's nearest_int), for |v| < 2^22.
-int nearest(float v) {
-    const float shifted = v + 12582912.0f;
-    int32_t bits;
-    std::memcpy(&bits, &shifted, 4);
-    return (bits & 0x007FFFFF) - 0x00400000;
-}
+using Iq3Grid = GridSearch<4, 3>;
 
-int grid_value(uint32_t point, int i) { return int((point >> (8 * i)) & 0xFF); }
-
-// A grid of points of 4 levels l in [0, 7] (the search's magnitudes 2 l + 1) and, for each of the 4096 such
-// points, its grid index or, off the grid, its neighbours: the grid points at the n_dist smallest squared
-// distances, by distance then index. The decoders' grids hold the levels as IQ3_S's odd magnitudes 2 l + 1 or
-// IQ3_XXS's 4, 12, ..., 52, 62 (level: (v - 4) / 8).
-class Iq3Grid {
-public:
-    Iq3Grid(const uint32_t* decoded, int size, int n_dist, bool xxs_values) : grid_(size) {
-        index_.fill(-1);
-        for (int j = 0; j < size; ++j) {
-            int u = 0;
-            for (int i = 0; i < 4; ++i) {
-                const int v = grid_value(decoded[j], i), l = xxs_values ? (v - 4) / 8 : (v - 1) / 2;
-                grid_[j] |= uint32_t(2 * l + 1) << (8 * i);
-                u |= l << (3 * i);
-            }
-            index_[u] = j;
-        }
-        const std::vector<uint32_t>& grid = grid_;
-        std::vector<std::pair<int, int>> dist(size);
-        for (int u = 0; u < 4096; ++u) {
-            if (index_[u] >= 0) continue;
-            for (int j = 0; j < size; ++j) {
-                int d2 = 0;
-                for (int i = 0; i < 4; ++i) {
-                    const int diff = grid_value(grid[j], i) - (2 * ((u >> (3 * i)) & 7) + 1);
-                    d2 += diff * diff;
-                }
-                dist[j] = {d2, j};
-            }
-            std::sort(dist.begin(), dist.end());
-            std::vector<uint16_t>& nb = neighbours_[u];
-            for (int j = 0, d2 = dist[0].first, have = 1; j < size; ++j) {
-                if (dist[j].first > d2) {
-                    if (have == n_dist) break;
-                    d2 = dist[j].first;
-                    ++have;
-                }
-                nb.push_back(uint16_t(dist[j].second));
-            }
-        }
-    }
-
-    // The grid index of the 4 levels L, -1 off the grid.
-    int index(const int8_t* L) const { return index_[L[0] | L[1] << 3 | L[2] << 6 | L[3] << 9]; }
-
-    // Off the grid: the neighbour of least w-weighted squared error against x at this scale; L set to it.
-    int best_neighbour(int8_t* L, const float* x, const float* w, float scale) const {
-        const std::vector<uint16_t>& nb = neighbours_[L[0] | L[1] << 3 | L[2] << 6 | L[3] << 9];
-        float best = 3.4028235e38f;
-        int at = -1;
-        for (const uint16_t j : nb) {
-            float d2 = 0;
-            for (int i = 0; i < 4; ++i) {
-                const float diff = scale * float(grid_value(grid_[j], i)) - x[i];
-                d2 += w[i] * diff * diff;
-            }
-            if (d2 < best) {
-                best = d2;
-                at = j;
-            }
-        }
-        for (int i = 0; i < 4; ++i) L[i] = int8_t((grid_value(grid_[at], i) - 1) / 2);
-        return at;
-    }
-
-    // The levels of x * id rounded, clamped to [0, 7], then on the grid (or its best neighbour at scale).
-    // Returns whether they were on the grid.
-    bool place(int8_t* L, const float* x, const float* w, float id, float scale) const {
-        for (int i = 0; i < 4; ++i) L[i] = int8_t(std::clamp(nearest(0.5f * (id * x[i] - 1)), 0, kMaxQ - 1));
-        if (index(L) >= 0) return true;
-        best_neighbour(L, x, w, scale);
-        return false;
-    }
-
-private:
-    std::vector<uint32_t> grid_;
-    std::array<int, 4096> index_;
-    std::array<std::vector<uint16_t>, 4096> neighbours_;
-};
+int xxs_level(int v) { return (v - 4) / 8; }   // IQ3_XXS's values 4, 12, ..., 52, 62
+int s_level(int v) { return (v - 1) / 2; }     // IQ3_S's odd values 1 .. 15
 
 const Iq3Grid& xxs_grid() {
-    static const Iq3Grid g(iq3xxs_grid.v, 256, 2, true);
+    static const Iq3Grid g(iq3xxs_grid.v, 256, 2, xxs_level, kMaxQ - 1);
     return g;
 }
 const Iq3Grid& s_grid() {
-    static const Iq3Grid g(iq3s_grid.v, 512, 3, false);
+    static const Iq3Grid g(iq3s_grid.v, 512, 3, s_level, kMaxQ - 1);
     return g;
 }
 
@@ -215,7 +130,7 @@ void element_weights(const float* x, const float* qw, float* w) {
 }
 
 // The 4-bit step l of a sub-block's scale under the super-block's d: scale ~= d (2 l + 1).
-int scale_step(float scale, float id) { return std::clamp(nearest(0.5f * (id * scale - 1)), 0, 15); }
+int scale_step(float scale, float id) { return std::clamp(nearest_even(0.5f * (id * scale - 1)), 0, 15); }
 
 }  // namespace
 

@@ -139,11 +139,9 @@ float fit_q3(const float* x, int8_t* L) {
     return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
 }
 
-// The 16 sub-block scales (or mins) of Q2_K as 4-bit multiples of the returned step, with an importance
-// matrix: grids nmax / max and (nmax + 0.1 k) / max for k in [-4, 4], the one of least sw-weighted squared
-// error, then up to 5 rounds moving single values to the level the rest's fit calls for. x >= 0.
-float fit_scales_q2(const float* x, uint8_t* L, const float* sw) {
-    constexpr int n = 16, nmax = 15;
+}  // namespace
+
+float fit_levels_upward(int n, int nmax, const float* x, uint8_t* L, const float* sw) {
     float max = 0;
     for (int i = 0; i < n; ++i) max = x[i] > max ? x[i] : max;
     if (max < 1e-15f) {
@@ -198,6 +196,8 @@ float fit_scales_q2(const float* x, uint8_t* L, const float* sw) {
     }
     return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
 }
+
+namespace {
 
 // x ~= scale * (L - nmax), L - nmax in [-nmax, nmax - 1], with weights w: levels from the value of largest
 // magnitude at -nmax, then 18 grids -(nmax + 0.1 k) / max for k in [-9, 9], the one whose least-squares
@@ -341,8 +341,8 @@ void quantize_q2_k_weighted(const float* src, void* dst, int64_t n, const float*
             for (int l = 0; l < 16; ++l) sw[j] += w[16 * j + l];
             scales[j] = fit_q2(src + 16 * j, w + 16 * j, L + 16 * j, mins[j], kQ2Weighted);
         }
-        y[i].d = float_to_half(fit_scales_q2(scales, Ls, sw));
-        y[i].dmin = float_to_half(fit_scales_q2(mins, Lm, sw));
+        y[i].d = float_to_half(fit_levels_upward(16, 15, scales, Ls, sw));
+        y[i].dmin = float_to_half(fit_levels_upward(16, 15, mins, Lm, sw));
         for (int j = 0; j < 16; ++j) y[i].scales[j] = uint8_t(Ls[j] | Lm[j] << 4);
         finish_q2(src, y[i], L);
     }

@@ -21,5 +21,13 @@ void quantize_iq4_nl_weighted(const float* src, void* dst, int64_t n, const floa
 // IQ3_XXS, IQ3_S (quant_iq3.cpp): qw may be null (the importances then x^2, as ggml's without a matrix).
 void quantize_iq3_xxs_weighted(const float* src, void* dst, int64_t n, const float* qw);
 void quantize_iq3_s_weighted(const float* src, void* dst, int64_t n, const float* qw);
+// IQ2_XXS, IQ2_XS (quant_iq2.cpp): qw required.
+void quantize_iq2_xxs_weighted(const float* src, void* dst, int64_t n, const float* qw);
+void quantize_iq2_xs_weighted(const float* src, void* dst, int64_t n, const float* qw);
+
+// x ~= scale * L, L in [0, nmax], with weights w (ggml's make_qp_quants): grids nmax / max and (nmax + 0.1 k) / max
+// for k in [-4, 4], the one of least w-weighted squared error, then up to 5 rounds moving single values to the
+// level the rest's fit calls for. Returns the scale (Q2_K's super-block scales, IQ2_XXS's first guess).
+float fit_levels_upward(int n, int nmax, const float* x, uint8_t* L, const float* w);
 
 }  // namespace ember

@@ -38,6 +38,8 @@ QuantizeRowWeightedFn weighted_for(GGMLType t) {
         case GGMLType::IQ4_NL: return quantize_iq4_nl_weighted;
         case GGMLType::IQ3_XXS: return quantize_iq3_xxs_weighted;
         case GGMLType::IQ3_S: return quantize_iq3_s_weighted;
+        case GGMLType::IQ2_XXS: return quantize_iq2_xxs_weighted;
+        case GGMLType::IQ2_XS: return quantize_iq2_xs_weighted;
         default: return weighted_quantizer(t);
     }
 }
@@ -50,7 +52,7 @@ std::vector<uint8_t> convert_tensor(const GGUFTensor& t, GGMLType dst, ThreadPoo
     const TypeTraits& from = type_traits(t.type);
     const TypeTraits& to = type_traits(dst);
     const QuantizeRowFn quantize = weight_quantizer(dst);
-    if (!quantize) fail("no quantizer for type ", to.name, " (tensor '", t.name, "')");
+    if (!quantize && !(qw && needs_imatrix(dst))) fail("no quantizer for type ", to.name, " (tensor '", t.name, "')");
     const size_t in_row = row_bytes(t.type, n_in), out_row = row_bytes(dst, n_in);
     std::vector<uint8_t> out(out_row * n_rows);
     const QuantizeRowWeightedFn weighted = qw ? weighted_for(dst) : nullptr;
@@ -165,6 +167,18 @@ std::vector<std::string> quantize_model(const QuantizeParams& params, const Quan
     const TypeOverrides ov = parse_type_overrides(params.tensor_types, params.output_tensor_type,
                                                   params.token_embedding_type);
     for (size_t i = 0; i < ts.size(); ++i) types[i] = apply_overrides(ov, ts[i], types[i], st.has_output);
+
+    // As llama-quantize: the lowest-bit types are refused without importances (their result would be garbage),
+    // except on the token embedding and the output head, which it exempts.
+    for (size_t i = 0; i < ts.size(); ++i) {
+        const bool exempt = ts[i].name == "token_embd.weight" || ts[i].name == "output.weight";
+        if (types[i] != ts[i].type && needs_imatrix(types[i]) && !imatrix.count(ts[i].name) &&
+            !(exempt && weight_quantizer(types[i])))
+            fail("tensor '", ts[i].name, "' in ", type_traits(types[i]).name, " needs an importance matrix: ",
+                 imatrix.empty() ? "pass --imatrix FILE (ember-imatrix or llama-imatrix)"
+                                 : "the --imatrix file has no entry for it",
+                 ", as llama-quantize requires for its very low-bit types");
+    }
 
     std::vector<std::string> paths;
     std::vector<uint32_t> plan;

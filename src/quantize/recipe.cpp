@@ -25,6 +25,11 @@ QuantizeRowFn weight_quantizer(GGMLType t) {
     }
 }
 
+bool needs_imatrix(GGMLType t) {
+    return t == GGMLType::IQ3_XXS || t == GGMLType::IQ2_XXS || t == GGMLType::IQ2_XS || t == GGMLType::IQ2_S ||
+           t == GGMLType::IQ1_S || t == GGMLType::IQ1_M;
+}
+
 namespace {
 
 const QuantMix kMixes[] = {
@@ -66,7 +71,8 @@ bool is_k_type(GGMLType t) {
 
 // Q8_1 and Q8_K are the activations' dot-product formats, never stored in model files.
 bool is_storage_type(const TypeTraits& tr) {
-    return weight_quantizer(tr.type) && tr.type != GGMLType::Q8_1 && tr.type != GGMLType::Q8_K;
+    const bool weighted = tr.type == GGMLType::IQ2_XXS || tr.type == GGMLType::IQ2_XS;   // importances only
+    return (weight_quantizer(tr.type) || weighted) && tr.type != GGMLType::Q8_1 && tr.type != GGMLType::Q8_K;
 }
 
 std::string upper(const std::string& s) {

@@ -27,6 +27,8 @@ const QuantMix* find_quant_mix(const std::string& name);
 // The quantizer llama-quantize writes type t's weights with when no importances are given; nullptr where
 // ember has none.
 QuantizeRowFn weight_quantizer(GGMLType t);
+// The types llama-quantize refuses to write without an importance matrix (but on token_embd and output).
+bool needs_imatrix(GGMLType t);
 std::string quant_mix_names();
 
 // Counts of attn_v / ffn_down tensors seen so far decide which layers get more bits.
