@@ -45,22 +45,22 @@ enum class Role : int {
     post_ffn_norm_b,
     up_b,             // non-gated feed-forward biases (BERT)
     down_b,
-    gate_shexp,       // a mixture's shared expert, every token's (llama 4): [n_ff_exp][n_embd] (down [n_embd][n_ff_exp])
+    gate_shexp, // a mixture's shared expert, every token's (llama 4): [n_ff_exp][n_embd] (down [n_embd][n_ff_exp])
     up_shexp,
     down_shexp,
-    ssm_in,           // a gated DeltaNet layer (Qwen3.5): q, k, v projection [n_embd] -> [2 key_dim + value_dim]
-    ssm_gate,         // its output gate z [n_embd] -> [value_dim]
-    ssm_conv,         // its depthwise convolution [channels][kernel], read as floats
-    ssm_dt,           // [n_v_heads] added to alpha before the softplus
-    ssm_a,            // [n_v_heads] -exp(A_log)
-    ssm_beta,         // [n_embd] -> [n_v_heads]
-    ssm_alpha,        // [n_embd] -> [n_v_heads]
-    ssm_norm,         // [head_v] RMSNorm of each v head's output
-    ssm_out,          // [value_dim] -> [n_embd]
-    ple_gate,         // per-layer embeddings (Gemma 4): the gate [n_embd] -> [n_embd_per_layer] of the layer's input,
-    ple_proj,         // its projection back [n_embd_per_layer] -> [n_embd], the norm after it,
+    ssm_in, // a gated DeltaNet layer (Qwen3.5): q, k, v projection [n_embd] -> [2 key_dim + value_dim]
+    ssm_gate, // its output gate z [n_embd] -> [value_dim]
+    ssm_conv, // its depthwise convolution [channels][kernel], read as floats
+    ssm_dt, // [n_v_heads] added to alpha before the softplus
+    ssm_a, // [n_v_heads] -exp(A_log)
+    ssm_beta, // [n_embd] -> [n_v_heads]
+    ssm_alpha, // [n_embd] -> [n_v_heads]
+    ssm_norm, // [head_v] RMSNorm of each v head's output
+    ssm_out, // [value_dim] -> [n_embd]
+    ple_gate, // per-layer embeddings (Gemma 4): the gate [n_embd] -> [n_embd_per_layer] of the layer's input,
+    ple_proj, // its projection back [n_embd_per_layer] -> [n_embd], the norm after it,
     ple_post_norm,
-    ple_model_proj,   // and this layer's rows of the model's per_layer_model_proj, with per_layer_proj_norm
+    ple_model_proj, // and this layer's rows of the model's per_layer_model_proj, with per_layer_proj_norm
     ple_model_norm,
     count
 };
@@ -74,18 +74,18 @@ struct RowSlice {
 
 struct TensorSpec {
     Role role;
-    const char* name;             // after "blk.N.", e.g. "attn_q.weight"
-    std::vector<int64_t> shape;   // GGUF ne order: [n_in, n_out] for matrices
+    const char* name; // after "blk.N.", e.g. "attn_q.weight"
+    std::vector<int64_t> shape; // GGUF ne order: [n_in, n_out] for matrices
     bool optional = false;
-    bool vector = false;   // a 2-D tensor read as one float array (the experts' biases)
+    bool vector = false; // a 2-D tensor read as one float array (the experts' biases)
     RowSlice slice{};
-    bool global = false;   // a model-level tensor (no "blk.N." prefix) every block binds (or a slice of)
+    bool global = false; // a model-level tensor (no "blk.N." prefix) every block binds (or a slice of)
 };
 
 // A block's GGUF tensors (null where an optional one is absent).
 struct BlockTensors {
     std::array<const GGUFTensor*, kRoles> t{};
-    std::array<bool, kRoles> vector{};   // read as floats whatever its dimensions (TensorSpec::vector)
+    std::array<bool, kRoles> vector{}; // read as floats whatever its dimensions (TensorSpec::vector)
     const GGUFTensor* operator[](Role r) const { return t[static_cast<int>(r)]; }
     // Whether role r's tensor becomes a Weight (else a float array).
     bool matrix(int r) const { return t[r] && t[r]->ne.size() >= 2 && !vector[r]; }
@@ -105,9 +105,9 @@ struct RemoteExperts;
 // How one layer attends: its rope and its attention shape (scale, sliding window, soft-cap).
 struct LayerConfig {
     RopeParams rope;
-    bool use_rope = true;   // false: a NoPE layer, q and k not rotated (SmolLM3)
+    bool use_rope = true; // false: a NoPE layer, q and k not rotated (SmolLM3)
     AttentionShape shape{};
-    float out_scale = 1.0f;   // the hidden state's factor after the block (Gemma 4's layer_scalar)
+    float out_scale = 1.0f; // the hidden state's factor after the block (Gemma 4's layer_scalar)
 };
 
 // What the head does to the logits after the output matrix: times scale, then soft-capped to
@@ -179,4 +179,4 @@ public:
 // The architecture of general.architecture `name`; throws naming the file and the ones supported.
 const Architecture& find_architecture(const std::string& name, const std::string& path);
 
-}  // namespace ember
+} // namespace ember
