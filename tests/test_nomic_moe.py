@@ -141,3 +141,48 @@ def test_load_refuses_experts_in_the_wrong_layers(files, tmp_path):
     del r
     with pytest.raises(ValueError, match=r"blk\.3 must not have ffn_gate_inp\.weight.*moe_every_n_layers is 3"):
         _ember.Model(path)
+
+
+def _fused(src, dst, keep_separate_bias=False):
+    """The file as llama.cpp's converter lays nomic-bert-moe out: Q, K, V and their biases fused into
+    attn_qkv.weight and attn_qkv.bias (keep_separate_bias: attn_q/k/v.bias left beside them too)."""
+    reader = gguf.GGUFReader(src)
+    writer = gguf.GGUFWriter(dst, arch=reader.fields["general.architecture"].contents())
+    for f in reader.fields.values():
+        if f.name.startswith("GGUF.") or f.name == "general.architecture":
+            continue
+        writer.add_key_value(f.name, f.contents(), f.types[0],
+                             f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None)
+    tensors = {t.name: t for t in reader.tensors}
+    for t in reader.tensors:
+        parts = t.name.split(".")
+        kind = parts[2] if len(parts) == 4 else None
+        if kind not in ("attn_q", "attn_k", "attn_v"):
+            writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+            continue
+        b, what = ".".join(parts[:2]), parts[3]
+        if kind == "attn_q":
+            fused = np.concatenate([np.asarray(tensors[f"{b}.attn_{x}.{what}"].data) for x in "qkv"])
+            writer.add_tensor(f"{b}.attn_qkv.{what}", fused)
+        if keep_separate_bias and what == "bias":
+            writer.add_tensor(t.name, np.asarray(t.data))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_llama_cpp_layout_with_fused_qkv_and_bias(files, tmp_path):
+    """llama.cpp's converter writes attn_qkv.weight and attn_qkv.bias: the same outputs as the split file."""
+    path = str(tmp_path / "fused.gguf")
+    _fused(files["f32"], path)
+    names = {t.name for t in gguf.GGUFReader(path).tensors}
+    assert "blk.0.attn_qkv.bias" in names and "blk.0.attn_q.bias" not in names and "blk.0.attn_k.weight" not in names
+    want = _ember.Encoder(_ember.Model(files["f32"]), n_batch=128, n_threads=2, pooling=0).encode(tiny.SEQS)
+    got = _ember.Encoder(_ember.Model(path), n_batch=128, n_threads=2, pooling=0).encode(tiny.SEQS)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    bad = str(tmp_path / "both.gguf")
+    _fused(files["f32"], bad, keep_separate_bias=True)
+    with pytest.raises(ValueError, match="attn_qkv.bias needs attn_qkv.weight and no separate"):
+        _ember.Model(bad)

@@ -27,18 +27,20 @@ const GGUFTensor* bind_optional(const GGUFFile& f, const std::string& name, std:
 }
 
 // The tensor a spec names, or its rows (a part of a fused tensor: a view of the file's rows,
-// kept in m.row_slices); null for an absent optional one.
+// kept in m.row_slices; of a vector, its elements); null for an absent optional one.
 const GGUFTensor* bind_spec(ModelImpl& m, const GGUFFile& f, const std::string& name, const TensorSpec& s) {
     if (s.slice.of == 0) return s.optional ? bind_optional(f, name, s.shape) : &bind_tensor(f, name, s.shape);
-    const std::vector<int64_t> whole = {s.shape[0], s.slice.of};
+    const bool vec = s.shape.size() == 1;
+    const std::vector<int64_t> whole = vec ? std::vector<int64_t>{s.slice.of}
+                                           : std::vector<int64_t>{s.shape[0], s.slice.of};
     const GGUFTensor* t = s.optional ? bind_optional(f, name, whole) : &bind_tensor(f, name, whole);
     if (!t) return nullptr;
-    const size_t row = row_bytes(t->type, s.shape[0]);
+    const size_t row = row_bytes(t->type, vec ? 1 : s.shape[0]);
     GGUFTensor& part = m.row_slices.emplace_back(*t);
     part.ne = s.shape;
     part.offset += row * s.slice.first;
     part.data += row * s.slice.first;
-    part.nbytes = row * s.shape[1];
+    part.nbytes = row * s.shape[vec ? 0 : 1];
     return &part;
 }
 
@@ -139,7 +141,10 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& p
         BlockTensors b;
         for (const TensorSpec& s : specs) {
             const int r = static_cast<int>(s.role);
-            b.t[r] = bind_spec(m, f, s.global ? std::string(s.name) : p + s.name, s);
+            // An optional spec that finds nothing leaves an earlier one of its role bound (alternative names).
+            const GGUFTensor* t = bind_spec(m, f, s.global ? std::string(s.name) : p + s.name, s);
+            if (!t && b.t[r]) continue;
+            b.t[r] = t;
             b.vector[r] = s.vector;
             m.moe_role[r] = is_moe_tensor(s.name);
         }

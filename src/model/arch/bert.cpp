@@ -16,6 +16,10 @@ std::vector<TensorSpec> bert_block_tensors(const HParams& hp, bool gated) {
         t.push_back({Role::wq, "attn_qkv.weight", {E, QW}, false, false, {0, of}});
         t.push_back({Role::wk, "attn_qkv.weight", {E, KW}, false, false, {QW, of}});
         t.push_back({Role::wv, "attn_qkv.weight", {E, KW}, false, false, {QW + KW, of}});
+        // Its bias fused alike (llama.cpp's nomic-bert-moe), or separate attn_q/k/v biases (below).
+        t.push_back({Role::bq, "attn_qkv.bias", {QW}, true, false, {0, of}});
+        t.push_back({Role::bk, "attn_qkv.bias", {KW}, true, false, {QW, of}});
+        t.push_back({Role::bv, "attn_qkv.bias", {KW}, true, false, {QW + KW, of}});
     } else {
         t.push_back({Role::wq, "attn_q.weight", {E, QW}});
         t.push_back({Role::wk, "attn_k.weight", {E, KW}});
@@ -48,9 +52,9 @@ void read_encoder_hparams(const GGUFFile& f, HParams& hp, bool experts) {
     hp.rms_eps = (float)f.get_float(a + "attention.layer_norm_epsilon", 1e-12);
     if (hp.n_expert > 0 && !experts)
         fail(f.path(), ": ", hp.arch, " with experts (", a, "expert_count) is not supported");
-    if (f.find_tensor("blk.0.attn_qkv.bias"))
-        fail(f.path(), ": a fused attn_qkv.bias is not supported (separate attn_q/k/v biases are)");
     hp.qkv_fused = f.find_tensor("blk.0.attn_qkv.weight") != nullptr;
+    if (f.find_tensor("blk.0.attn_qkv.bias") && (!hp.qkv_fused || f.find_tensor("blk.0.attn_q.bias")))
+        fail(f.path(), ": attn_qkv.bias needs attn_qkv.weight and no separate attn_q/k/v biases beside it");
 }
 
 namespace {
