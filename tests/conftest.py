@@ -149,6 +149,36 @@ def smollm2_path() -> str:
     return str(_fetch_smollm2())
 
 
+LLAMACPP_SDIST = "llama-cpp-python==0.3.16"   # vendors llama.cpp, with its grammars/ folder
+
+
+def _fetch_llamacpp_grammars() -> pathlib.Path:
+    """llama.cpp's own GBNF files (grammars/*.gbnf), from the llama-cpp-python sdist on PyPI: a
+    download only, nothing of it is built (its metadata is read with the build tools installed here)."""
+    import tarfile
+    target = CACHE / "llamacpp-grammars"
+    if target.exists():
+        return target
+    CACHE.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                    "--no-build-isolation", LLAMACPP_SDIST, "-d", str(CACHE)], check=True, stdout=subprocess.DEVNULL)
+    sdist = next(CACHE.glob("llama_cpp_python-0.3.16.tar.gz"))
+    tmp = target.with_suffix(".part")
+    tmp.mkdir(exist_ok=True)
+    with tarfile.open(sdist) as tf:
+        for member in tf.getmembers():
+            if "/vendor/llama.cpp/grammars/" in member.name and member.name.endswith(".gbnf"):
+                (tmp / pathlib.Path(member.name).name).write_bytes(tf.extractfile(member).read())
+    tmp.rename(target)
+    sdist.unlink()
+    return target
+
+
+@pytest.fixture(scope="session")
+def llamacpp_grammars() -> pathlib.Path:
+    return _fetch_llamacpp_grammars()
+
+
 def read_jsonl(name: str, folder: pathlib.Path = REFERENCE):
     with open(folder / name, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]

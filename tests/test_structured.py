@@ -211,6 +211,59 @@ def test_gbnf_files_constrain(smol, smollm2_path, name):
     assert res["finish_reason"] == "stop" and check(res["text"]) is not False, res["text"]
 
 
+LLAMACPP_GBNF_PROMPTS = {name: prompt for name, (prompt, _) in GBNF_CHECKS.items()}
+LLAMACPP_GREEDY = pathlib.Path(__file__).resolve().parent / "reference" / "gbnf" / "llamacpp_greedy.json"
+
+
+@pytest.mark.parametrize("name", sorted(LLAMACPP_GBNF_PROMPTS))
+def test_llamacpp_grammar_files_match_as_llamacpp_does(smollm2_path, llamacpp_grammars, name):
+    """llama.cpp's own grammar files (grammars/ of the llama-cpp-python sdist) match as llama.cpp
+    matches them: every token of llama.cpp's greedy completion under the file
+    (tools/gen_gbnf_references.py) is one ember's matcher allows, and where llama.cpp stopped ember's
+    may stop. Their rules end in optional whitespace before literal newlines, where a greedy lexer
+    would refuse the next line."""
+    ref = json.loads(LLAMACPP_GREEDY.read_text(encoding="utf-8"))["completions"][name]
+    llguidance()
+    tok = _ember.Tokenizer.from_gguf_file(smollm2_path)
+    grammar = _ember.GrammarCompiler(tok).compile(*constrained(grammar=(llamacpp_grammars / name).read_text())
+                                                  .grammar_spec())
+    m = grammar.matcher()
+    ids = list(tok.encode(ref["text"].encode(), False, False))
+    assert len(ids) > 10
+    for i, t in enumerate(ids):
+        assert m.mask[t // 32] >> (t % 32) & 1, f"{name}: llama.cpp's token {i} ({tok.decode([t])!r}) is refused"
+        assert m.advance(t), m.error
+    assert m.accepting == ref["stopped"] or not ref["stopped"]
+
+
+def test_gbnf_keeps_every_parse_as_llamacpp_does(smollm2_path):
+    """GBNF matches character by character with every parse kept: a number's optional trailing
+    whitespace may take a newline or leave it to the line, so a second line may follow."""
+    llguidance()
+    tok = _ember.Tokenizer.from_gguf_file(smollm2_path)
+    gbnf = 'root ::= (num "=" ws num "\\n")+\nnum ::= [0-9]+ ws\nws ::= [ \\t\\n]*\n'
+    compiler = _ember.GrammarCompiler(tok)
+    for text, ok in (("1 = 2\n3 = 4\n", True), ("1\n = 2\n\n", True), ("1 = 2\n\n3", False)):
+        m = compiler.compile(*constrained(grammar=gbnf).grammar_spec()).matcher()
+        advanced = all(m.advance(t) for t in tok.encode(text.encode(), False, False))
+        assert advanced and m.accepting == ok, (text, m.error)
+
+
+@pytest.mark.parametrize("name", sorted(LLAMACPP_GBNF_PROMPTS))
+def test_llamacpp_grammar_files_constrain(smol, llamacpp_grammars, name):
+    """Replies under llama.cpp's files: a finished one passes the file's check; one cut off at
+    max_tokens is a prefix the grammar still allows (its files have no bound on repetition)."""
+    prompt, check = GBNF_CHECKS[name]
+    grammar = (llamacpp_grammars / name).read_text()
+    for seed in (None, 1, 2):
+        params = SamplingParams(temperature=0.0 if seed is None else 0.9, seed=seed, max_tokens=120,
+                                structured_outputs=constrained(grammar=grammar))
+        out = smol.generate([CHAT.format(prompt)], params, use_tqdm=False)[0].outputs[0]
+        assert out.finish_reason in ("stop", "length"), out.text
+        if out.finish_reason == "stop" and name == "json.gbnf":
+            assert check(out.text) is not False, out.text
+
+
 # ---------------------------------------------------------------------------------- Llama
 
 def test_llama_grammar_and_response_format(smollm2_path):

@@ -98,6 +98,33 @@ def _plain_unicode_escapes(gbnf: str) -> str:
     return re.sub(r"\\(\\|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8})", one, gbnf)
 
 
+# A Lark grammar's strings, comments, regexes and upper-case names, in the order they start.
+_LARK_PIECE = re.compile(r'"(?:\\.|[^"\\])*"|//[^\n]*|/(?:\\.|[^/\\\n])+/[imsx]*|\b[A-Z][A-Z0-9_]*\b')
+
+
+def _character_level(lark: str) -> str:
+    """gbnf_to_lark's output with its terminal rules (upper-case: rules of characters only) made
+    parser rules. llguidance lexes a terminal greedily, longest match first, where llama.cpp matches
+    a GBNF grammar character by character with every parse kept: in `num ::= [0-9]+ ws` followed by
+    "\n", a greedy NUM would swallow the newline the line needs. As parser rules, each character
+    class is a lexeme of one character and the grammar's language is GBNF's."""
+    terminals = set(re.findall(r"^([A-Z][A-Z0-9_]*)\s*:", lark, re.M))
+
+    def rename(m):
+        piece = m.group(0)
+        return piece.lower() + "_" if piece in terminals else piece
+    return _LARK_PIECE.sub(rename, lark)
+
+
+def gbnf_lark(gbnf: str, convert) -> str:
+    """GBNF as Lark with llama.cpp's matching (_character_level), through llguidance's converter
+    `convert` (gbnf_to_lark or any_to_lark); ValueError, the converter's words on what does not parse."""
+    try:
+        return _character_level(convert(_plain_unicode_escapes(gbnf)))
+    except Exception as e:   # the converter raises plain Exceptions naming the rule
+        raise ValueError(str(e)) from None
+
+
 @functools.lru_cache(maxsize=512)
 def _grammar_grammar(where: str, text: str) -> str:
     llg = llguidance()
@@ -107,8 +134,8 @@ def _grammar_grammar(where: str, text: str) -> str:
     if is_gbnf(text):
         from llguidance.gbnf_to_lark import gbnf_to_lark
         try:
-            lark = gbnf_to_lark(_plain_unicode_escapes(text))
-        except Exception as e:   # the converter raises plain Exceptions naming the rule
+            lark = gbnf_lark(text, gbnf_to_lark)
+        except ValueError as e:
             raise ValueError(f"{where}: invalid GBNF grammar: {e}") from None
     return _checked(where, llg.LLMatcher.grammar_from_lark(lark))
 

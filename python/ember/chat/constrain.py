@@ -73,8 +73,10 @@ def choice_answer(choices: List[str]) -> Answer:
 def grammar_answer(text: str) -> Answer:
     """A user's grammar (GBNF or Lark), nested as @user; ValueError where it does not convert."""
     from llguidance.gbnf_to_lark import any_to_lark
+
+    from ..structured import gbnf_lark, is_gbnf
     try:
-        return Answer("@user", side=any_to_lark(text))
+        return Answer("@user", side=gbnf_lark(text, any_to_lark) if is_gbnf(text) else any_to_lark(text))
     except Exception as e:   # the converter raises bare Exceptions naming the rule
         raise ValueError(f"the grammar does not parse: {e}") from None
 
