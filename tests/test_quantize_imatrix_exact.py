@@ -13,7 +13,7 @@ from conftest import ROOT
 from ember import _ember
 
 BLOCK_BYTES = {"Q2_K": 84, "Q3_K": 110, "IQ4_XS": 136, "IQ4_NL": 18, "IQ3_XXS": 98, "IQ3_S": 110, "IQ2_XXS": 66,
-               "IQ2_XS": 74}
+               "IQ2_XS": 74, "IQ2_S": 82}
 
 
 def quantize(tmp_path, x, type_name, qw, name="blk.0.ffn_up.weight"):
@@ -41,7 +41,7 @@ def test_as_llama_quantize_with_importances(tmp_path, type_name):
     assert bad.size == 0, f"{bad.size} of {len(want)} blocks differ, first {bad[:8]}"
 
 
-@pytest.mark.parametrize("type_name", ["IQ3_XXS", "IQ3_S"])
+@pytest.mark.parametrize("type_name", ["IQ3_XXS", "IQ3_S", "IQ2_S"])
 def test_as_llama_quantize_without_importances(tmp_path, type_name):
     """The token embedding: llama-quantize writes IQ3_XXS without importances only there (and on the output)."""
     ref = np.load(ROOT / "tests" / "reference" / "quant" / f"{type_name.lower()}_search_ggml.npz")
@@ -51,7 +51,7 @@ def test_as_llama_quantize_without_importances(tmp_path, type_name):
     assert bad.size == 0, f"{bad.size} of {len(want)} blocks differ, first {bad[:8]}"
 
 
-@pytest.mark.parametrize("type_name", [t for t in BLOCK_BYTES if not t.startswith("IQ2")])
+@pytest.mark.parametrize("type_name", [t for t in BLOCK_BYTES if t not in ("IQ2_XXS", "IQ2_XS")])
 def test_importances_change_the_blocks(tmp_path, type_name):
     """The importances are used: the same rows without them are another file."""
     ref = np.load(ROOT / "tests" / "reference" / "quant" / f"{type_name.lower()}_imatrix_ggml.npz")
@@ -59,10 +59,10 @@ def test_importances_change_the_blocks(tmp_path, type_name):
     assert not np.array_equal(plain, ref["q"].reshape(-1))
 
 
-@pytest.mark.parametrize("type_name", ["IQ3_XXS", "IQ2_XXS", "IQ2_XS"])
+@pytest.mark.parametrize("type_name", ["IQ3_XXS", "IQ2_XXS", "IQ2_XS", "IQ2_S"])
 def test_lowest_bit_types_need_importances(tmp_path, type_name):
-    """As llama-quantize: refused without an entry for the tensor (IQ2's even on the token embedding, which has
-    no quantizer without importances), before anything is written."""
+    """As llama-quantize: refused without an entry for the tensor (IQ2_XXS's and IQ2_XS's even on the token
+    embedding, which they have no quantizer for without importances), before anything is written."""
     x = np.load(ROOT / "tests" / "reference" / "quant" / "q2_k_imatrix_ggml.npz")["x"]
     with pytest.raises(ValueError, match=rf"tensor 'blk.0.ffn_up.weight' in {type_name} needs an importance matrix: "
                                          r"pass --imatrix FILE"):
@@ -72,6 +72,6 @@ def test_lowest_bit_types_need_importances(tmp_path, type_name):
         src, out = tmp_path / "f32.gguf", tmp_path / "o.gguf"
         _ember.quantize_model(str(src), str(out), "q8_0", tensor_types=[f"ffn_up={type_name}"],
                               imatrix={"blk.9.ffn_up.weight": [1.0] * 4096})
-    if type_name != "IQ3_XXS":
+    if type_name in ("IQ2_XXS", "IQ2_XS"):
         with pytest.raises(ValueError, match=rf"tensor 'token_embd.weight' in {type_name} needs an importance"):
             quantize(tmp_path, x, type_name, None, "token_embd.weight")

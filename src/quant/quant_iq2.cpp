@@ -1,7 +1,8 @@
-// IQ2_XXS's and IQ2_XS's quantizers as ggml's (quantize_iq2_xxs / iq2_xs, what llama-quantize writes; both need
-// an importance matrix): per sub-block (32 values, 16 for IQ2_XS) the signs split off with an even count a group
-// of 8, a search over candidate scales where each 8 magnitudes go to their grid point or, off the grid, to the
-// best of its nearest grid points; then the sub-block scales as 4-bit steps of the super-block's.
+// IQ2_XXS's, IQ2_XS's and IQ2_S's quantizers as ggml's (quantize_iq2_xxs / iq2_xs / iq2_s, what llama-quantize
+// writes; the first two need an importance matrix): per sub-block (32 values, 16 for IQ2_XS and IQ2_S) the signs
+// split off (IQ2_XXS / IQ2_XS: an even count a group of 8), a search over candidate scales where each 8 magnitudes
+// go to their grid point or, off the grid, to the best of its nearest grid points; then the sub-block scales as
+// 4-bit steps of the super-block's.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -31,6 +32,10 @@ const Iq2Grid& xs_grid() {
     static const Iq2Grid g(iq2xs_grid.v, 512, 2, iq2_level, kMaxQ - 1);
     return g;
 }
+const Iq2Grid& s_grid() {
+    static const Iq2Grid g(iq2s_grid.v, 1024, 1, iq2_level, kMaxQ - 1);
+    return g;
+}
 
 // How the two types differ in their sub-block search.
 struct Iq2Kind {
@@ -39,6 +44,8 @@ struct Iq2Kind {
     bool qp_start;        // IQ2_XXS: the candidate scales around a least-squares fit of levels 0..3, not the max
     int n_scales;         // candidates (2 kMaxQ - 1 + 0.1 k) / max, k in [-n_scales, n_scales]
     bool refit_on_grid;   // the refit after the search moves the groups found on the grid too
+    bool even_signs;      // 7 sign bits a group of 8 (an even count of negatives)
+    float min_max;        // a sub-block whose largest magnitude is below this is stored as zero
 };
 
 // One sub-block: x's magnitudes (signs in 7-bit sign bytes, one per 8; an even count of negatives, the value whose
@@ -58,7 +65,7 @@ bool fit_sub_block(const Iq2Kind& kind, const float* x, const float* weight, int
                 s |= uint8_t(1 << i);
             }
         }
-        if (n_neg % 2) {
+        if (kind.even_signs && n_neg % 2) {
             int imin = 0;
             float min = weight[8 * k] * x[8 * k] * x[8 * k];
             for (int i = 1; i < 8; ++i) {
@@ -71,13 +78,13 @@ bool fit_sub_block(const Iq2Kind& kind, const float* x, const float* weight, int
             xval[8 * k + imin] = -xval[8 * k + imin];
             s ^= uint8_t(1 << imin);
         }
-        signs[k] = s & 127;
+        signs[k] = kind.even_signs ? s & 127 : s;
     }
     float max = xval[0];
     for (int i = 1; i < n; ++i) max = std::max(max, xval[i]);
     std::memset(L, 0, n);
     scale = 0.0f;
-    if (max < 1e-15f) return false;
+    if (max < kind.min_max) return false;
     if (kind.qp_start) {
         uint8_t Lqp[32];
         scale = fit_levels_upward(n, kMaxQ + 1, xval, Lqp, weight);
@@ -123,17 +130,18 @@ bool fit_sub_block(const Iq2Kind& kind, const float* x, const float* weight, int
     }
     if (scale < 0) {   // cannot happen with weights >= 0; the sign bits take the flip as ggml's do
         scale = -scale;
-        for (int k = 0; k < n / 8; ++k) signs[k] = uint8_t(~signs[k] & 127);
+        for (int k = 0; k < n / 8; ++k) signs[k] = uint8_t(~signs[k] & (kind.even_signs ? 127 : 255));
     }
     return true;
 }
 
-// Per element: the importance times sqrt(sigma2 + x^2), sigma2 the super-block's mean square.
-void element_weights(const float* x, const float* qw, float* w) {
+// Per element: the importance times sqrt(sigma2 + x^2), sigma2 the super-block's mean square times spread;
+// without importances (IQ2_S) sigma2 / 4 + x^2.
+void element_weights(const float* x, const float* qw, float spread, float* w) {
     float sumx2 = 0;
     for (int i = 0; i < QK_K; ++i) sumx2 += x[i] * x[i];
-    const float sigma2 = sumx2 / QK_K;
-    for (int i = 0; i < QK_K; ++i) w[i] = qw[i] * std::sqrt(sigma2 + x[i] * x[i]);
+    const float sigma2 = spread * sumx2 / QK_K;
+    for (int i = 0; i < QK_K; ++i) w[i] = qw ? qw[i] * std::sqrt(sigma2 + x[i] * x[i]) : 0.25f * sigma2 + x[i] * x[i];
 }
 
 // The 4-bit step l of a sub-block's scale under the super-block's d: scale ~= d (2 l + 1).
@@ -142,13 +150,13 @@ int scale_step(float scale, float id) { return std::clamp(nearest_even(0.5f * (i
 }  // namespace
 
 void quantize_iq2_xxs_weighted(const float* src, void* dst, int64_t n, const float* qw) {
-    const Iq2Kind kind{xxs_grid(), 32, true, 6, true};
+    const Iq2Kind kind{xxs_grid(), 32, true, 6, true, true, 1e-15f};
     BlockIQ2_XXS* y = static_cast<BlockIQ2_XXS*>(dst);
     float w[QK_K], scales[8];
     int8_t L[32];
     uint8_t signs[4];
     for (int64_t ib = 0; ib < n / QK_K; ++ib, src += QK_K, qw += QK_K) {
-        element_weights(src, qw, w);
+        element_weights(src, qw, 1.0f, w);
         uint32_t q2[16] = {};
         float max_scale = 0;
         for (int j = 0; j < 8; ++j) {
@@ -172,13 +180,13 @@ void quantize_iq2_xxs_weighted(const float* src, void* dst, int64_t n, const flo
 }
 
 void quantize_iq2_xs_weighted(const float* src, void* dst, int64_t n, const float* qw) {
-    const Iq2Kind kind{xs_grid(), 16, false, 9, false};
+    const Iq2Kind kind{xs_grid(), 16, false, 9, false, true, 1e-15f};
     BlockIQ2_XS* y = static_cast<BlockIQ2_XS*>(dst);
     float w[QK_K], scales[16];
     int8_t L[16];
     uint8_t signs[2];
     for (int64_t ib = 0; ib < n / QK_K; ++ib, src += QK_K, qw += QK_K) {
-        element_weights(src, qw, w);
+        element_weights(src, qw, 1.0f, w);
         uint16_t q2[32] = {};
         std::memset(y[ib].scales, 0, sizeof y[ib].scales);
         float max_scale = 0;
@@ -196,6 +204,33 @@ void quantize_iq2_xs_weighted(const float* src, void* dst, int64_t n, const floa
         y[ib].d = float_to_half(d);
         for (int j = 0; j < 16; ++j) y[ib].scales[j / 2] |= uint8_t(scale_step(scales[j], 1 / d) << (4 * (j % 2)));
         std::memcpy(y[ib].qs, q2, sizeof q2);
+    }
+}
+
+void quantize_iq2_s_weighted(const float* src, void* dst, int64_t n, const float* qw) {
+    const Iq2Kind kind{s_grid(), 16, false, 9, false, false, 1e-8f};
+    BlockIQ2_S* y = static_cast<BlockIQ2_S*>(dst);
+    float w[QK_K], scales[16];
+    int8_t L[16];
+    uint8_t signs[2];
+    for (int64_t ib = 0; ib < n / QK_K; ++ib, src += QK_K) {
+        std::memset(&y[ib], 0, sizeof(BlockIQ2_S));
+        element_weights(src, qw ? qw + ib * QK_K : nullptr, 2.0f, w);
+        float max_scale = 0;
+        for (int j = 0; j < 16; ++j) {
+            if (!fit_sub_block(kind, src + 16 * j, w + 16 * j, L, signs, scales[j])) continue;
+            for (int k = 0; k < 2; ++k) {
+                const int g = kind.grid.index(L + 8 * k), l = 2 * j + k;
+                y[ib].qs[l] = uint8_t(g & 255);
+                y[ib].qh[l / 4] |= uint8_t((g >> 8) << (2 * (l % 4)));
+                y[ib].signs[l] = signs[k];
+            }
+            max_scale = std::max(max_scale, scales[j]);
+        }
+        if (!max_scale) continue;
+        const float d = max_scale / 31;
+        y[ib].d = float_to_half(d * 0.9875f);   // ggml's fudge factor on the stored step
+        for (int j = 0; j < 16; ++j) y[ib].scales[j / 2] |= uint8_t(scale_step(scales[j], 1 / d) << (4 * (j % 2)));
     }
 }
 

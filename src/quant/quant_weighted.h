@@ -24,6 +24,8 @@ void quantize_iq3_s_weighted(const float* src, void* dst, int64_t n, const float
 // IQ2_XXS, IQ2_XS (quant_iq2.cpp): qw required.
 void quantize_iq2_xxs_weighted(const float* src, void* dst, int64_t n, const float* qw);
 void quantize_iq2_xs_weighted(const float* src, void* dst, int64_t n, const float* qw);
+// IQ2_S: qw may be null.
+void quantize_iq2_s_weighted(const float* src, void* dst, int64_t n, const float* qw);
 
 // x ~= scale * L, L in [0, nmax], with weights w (ggml's make_qp_quants): grids nmax / max and (nmax + 0.1 k) / max
 // for k in [-4, 4], the one of least w-weighted squared error, then up to 5 rounds moving single values to the

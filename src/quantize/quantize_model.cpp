@@ -40,6 +40,7 @@ QuantizeRowWeightedFn weighted_for(GGMLType t) {
         case GGMLType::IQ3_S: return quantize_iq3_s_weighted;
         case GGMLType::IQ2_XXS: return quantize_iq2_xxs_weighted;
         case GGMLType::IQ2_XS: return quantize_iq2_xs_weighted;
+        case GGMLType::IQ2_S: return quantize_iq2_s_weighted;
         default: return weighted_quantizer(t);
     }
 }

@@ -21,6 +21,8 @@ QuantizeRowFn weight_quantizer(GGMLType t) {
             return [](const float* src, void* dst, int64_t n) { quantize_iq3_xxs_weighted(src, dst, n, nullptr); };
         case GGMLType::IQ3_S:
             return [](const float* src, void* dst, int64_t n) { quantize_iq3_s_weighted(src, dst, n, nullptr); };
+        case GGMLType::IQ2_S:
+            return [](const float* src, void* dst, int64_t n) { quantize_iq2_s_weighted(src, dst, n, nullptr); };
         default: return type_traits(t).quantize_row;
     }
 }
@@ -66,7 +68,8 @@ bool use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n 
 // The super-block types with a 32-element fallback (k_fallback).
 bool is_k_type(GGMLType t) {
     return t == GGMLType::Q2_K || t == GGMLType::Q3_K || t == GGMLType::Q4_K || t == GGMLType::Q5_K ||
-           t == GGMLType::Q6_K || t == GGMLType::IQ4_XS || t == GGMLType::IQ3_XXS || t == GGMLType::IQ3_S;
+           t == GGMLType::Q6_K || t == GGMLType::IQ4_XS || t == GGMLType::IQ3_XXS || t == GGMLType::IQ3_S ||
+           t == GGMLType::IQ2_XXS || t == GGMLType::IQ2_XS || t == GGMLType::IQ2_S;
 }
 
 // Q8_1 and Q8_K are the activations' dot-product formats, never stored in model files.
@@ -93,6 +96,9 @@ GGMLType k_fallback(GGMLType t) {
     switch (t) {
         case GGMLType::Q2_K:
         case GGMLType::Q3_K: return GGMLType::Q4_0;
+        case GGMLType::IQ2_XXS:
+        case GGMLType::IQ2_XS:
+        case GGMLType::IQ2_S:
         case GGMLType::IQ3_XXS:
         case GGMLType::IQ3_S:
         case GGMLType::IQ4_XS: return GGMLType::IQ4_NL;
