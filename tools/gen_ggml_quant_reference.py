@@ -2,8 +2,9 @@
 which llama.cpp's iq4_nl KV cache stores with; Q2_K; Q3_K; IQ4_XS; IQ4_NL with the search llama-quantize
 writes its weights with, iq4_nl_search; Q2_K, Q3_K, IQ4_XS and IQ4_NL quantized with an importance matrix as
 llama-quantize does, <type>_imatrix, whose npz also holds the importances qw; IQ3_XXS and IQ3_S with and
-without, IQ2_XXS and IQ2_XS with, IQ2_S with and without): rows of random values (normal, heavy-tailed, tiny and huge, ties between
-IQ4_NL's levels, zero blocks) and the blocks ggml writes for them, through a llama.cpp build's libggml-base.
+without, IQ2_XXS and IQ2_XS with, IQ2_S with and without): rows of random values (normal, heavy-tailed, tiny
+and huge, ties between IQ4_NL's levels, zero blocks) and the blocks ggml writes for them, through a llama.cpp
+build's libggml-base.
 Run: python tools/gen_ggml_quant_reference.py /path/to/llama.cpp/build/bin/libggml-base.so [TYPE ...]"""
 import ctypes
 import pathlib
