@@ -186,3 +186,15 @@ def test_llama_cpp_layout_with_fused_qkv_and_bias(files, tmp_path):
     _fused(files["f32"], bad, keep_separate_bias=True)
     with pytest.raises(ValueError, match="attn_qkv.bias needs attn_qkv.weight and no separate"):
         _ember.Model(bad)
+
+
+@pytest.mark.skipif("cuda" not in _ember.backends(), reason="this ember was built without the CUDA backend")
+@pytest.mark.parametrize("n_gpu_layers", [-1, 2], ids=["all", "last_two"])
+def test_gpu_matches_reference(files, reference, n_gpu_layers):
+    """The experts' routing and row primitives on the GPU; with 2 layers there, the hidden state crosses
+    from the CPU before the second mixture layer."""
+    m = _ember.Model(files["f32"], n_gpu_layers=n_gpu_layers)
+    rows = _ember.Encoder(m, n_batch=128, n_threads=2, pooling=0).encode(tiny.SEQS)
+    for i, got in enumerate(rows):
+        diff, cos = close(got, reference[0][f"hidden_{i}"])
+        assert diff <= 1e-4 and cos >= 0.99999, f"sequence {i}: max|diff| {diff:.2e}, cosine {cos:.7f}"
