@@ -10,8 +10,8 @@ namespace ember {
 struct QuantizeParams {
     std::string input, output;
     // Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q6_K, Q4_K / Q5_K (every matrix in that type, unlike llama-quantize
-    // where they alias the mixes), the mixes Q4_K_M Q5_K_M Q2_K Q3_K_S Q3_K_M Q3_K_L IQ4_XS IQ3_S IQ3_M
-    // (llama.cpp recipes), MXFP4_MOE (expert tensors MXFP4, the other matrices Q8_0, as llama-quantize),
+    // where they alias the mixes), the mixes Q4_K_M Q5_K_M Q2_K Q3_K_S Q3_K_M Q3_K_L IQ4_XS IQ3_S IQ3_M IQ3_XXS
+    // IQ2_XXS IQ2_XS IQ2_S IQ2_M (llama.cpp recipes; IQ3_XXS and IQ2 need an imatrix), MXFP4_MOE (expert tensors MXFP4, the other matrices Q8_0, as llama-quantize),
     // F16 BF16 F32.
     std::string type;
     int n_threads = 0;             // 0: all hardware threads
@@ -26,7 +26,8 @@ struct QuantizeParams {
     std::string output_tensor_type, token_embedding_type;
     // --imatrix: per weight name, an importance per column (the importance matrix's mean squared
     // activations; a stacked expert tensor's: each expert's columns in turn); Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
-    // IQ4_XS and IQ4_NL tensors named here are quantized weighted by them, as llama-quantize does.
+    // IQ4_XS, IQ4_NL, IQ3_XXS, IQ3_S and IQ2 tensors named here are quantized weighted by them, as llama-quantize
+    // does.
     std::map<std::string, std::vector<float>> imatrix;
 };
 

@@ -6,12 +6,13 @@
 --tensor-type gives the weight matrices whose names REGEX matches (searched, as llama-quantize
 does; the last matching option wins) TYPE instead of the recipe's; --output-tensor-type and
 --token-embedding-type set the output head's and the token embedding's. A K type on rows that are not
-a multiple of 256 falls back as in the recipe (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0).
+a multiple of 256 falls back as in the recipe (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, IQ types -> IQ4_NL).
 
 --imatrix reads an importance matrix (ember-imatrix's or llama-imatrix's, GGUF or .dat): the Q2_K, Q3_K,
-Q4_K, Q5_K, Q6_K, IQ4_XS and IQ4_NL tensors it has an entry for are quantized minimising the error weighted
-by each column's importance, as llama-quantize does (byte for byte); a stacked expert tensor's experts
-each with their own row of importances.
+Q4_K, Q5_K, Q6_K, IQ4_XS, IQ4_NL, IQ3_XXS, IQ3_S and IQ2 tensors it has an entry for are quantized minimising
+the error weighted by each column's importance, as llama-quantize does (byte for byte); a stacked expert
+tensor's experts each with their own row of importances. IQ3_XXS and the IQ2 types are refused without an
+entry for the tensor (but on the token embedding and the output head), as llama-quantize refuses them.
 
 Each tensor's chosen type is printed as it is written, then a summary: the tensors of each type,
 their sizes, and the input and output file sizes. With a split limit the output is shards as
@@ -26,8 +27,8 @@ from . import _ember, gguf_split, options
 from .cli import run_tool
 from .version import add_version
 
-TYPES = ("Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K_S Q3_K_M Q3_K_L Q4_K Q5_K Q6_K Q4_K_M Q5_K_M IQ4_XS IQ3_S IQ3_M MXFP4_MOE "
-         "F16 BF16 F32")
+TYPES = ("Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K_S Q3_K_M Q3_K_L Q4_K Q5_K Q6_K Q4_K_M Q5_K_M IQ4_XS IQ3_S IQ3_M IQ3_XXS "
+         "IQ2_XXS IQ2_XS IQ2_S IQ2_M MXFP4_MOE F16 BF16 F32")
 
 
 def parser() -> argparse.ArgumentParser:

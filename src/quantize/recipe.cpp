@@ -57,7 +57,30 @@ const QuantMix kMixes[] = {
     {"IQ4_XS", GGMLType::IQ4_XS, 30, false, false, LowKMix::iq4_xs},
     {"IQ3_S", GGMLType::IQ3_S, 26, false, false, LowKMix::iq3_s},
     {"IQ3_M", GGMLType::IQ3_S, 27, false, false, LowKMix::iq3_m},
+    {"IQ3_XXS", GGMLType::IQ3_XXS, 23, false, false, LowKMix::iq3_xxs},
+    {"IQ2_XXS", GGMLType::IQ2_XXS, 19, false, false, LowKMix::iq2_xxs},
+    {"IQ2_XS", GGMLType::IQ2_XS, 20, false, false, LowKMix::iq2_xs},
+    {"IQ2_S", GGMLType::IQ2_XS, 28, false, false, LowKMix::iq2_s},
+    {"IQ2_M", GGMLType::IQ2_S, 29, false, false, LowKMix::iq2_m},
 };
+
+// The IQ2 mixes share llama.cpp's rules: attn_v, the first eighth's ffn_down (and IQ2_S / IQ2_M's attn_output)
+// get more bits, every other rule of the chain is skipped.
+bool is_iq2_mix(LowKMix m) {
+    return m == LowKMix::iq2_xxs || m == LowKMix::iq2_xs || m == LowKMix::iq2_s || m == LowKMix::iq2_m;
+}
+
+// The type llama.cpp gives the IQ2 mixes' more-bits tensors: IQ3_S for IQ2_S / IQ2_M, Q2_K for the others.
+GGMLType iq2_more_bits(LowKMix m) {
+    return m == LowKMix::iq2_s || m == LowKMix::iq2_m ? GGMLType::IQ3_S : GGMLType::Q2_K;
+}
+
+// The output head: Q8_0 on rows not a multiple of 256, Q5_K in the IQ2 / IQ3_XXS mixes, else Q6_K (Q8_0 for Q8_0).
+GGMLType output_type(const QuantMix& mix, const GGUFTensor& t) {
+    if (t.ne[0] % 256 != 0 || mix.base == GGMLType::Q8_0) return GGMLType::Q8_0;
+    if (is_iq2_mix(mix.low_k) || mix.low_k == LowKMix::iq3_xxs) return GGMLType::Q5_K;
+    return GGMLType::Q6_K;
+}
 
 bool ends_with(const std::string& s, const std::string& suffix) {
     return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -136,7 +159,21 @@ GGMLType choose_type(const QuantMix& mix, const GGUFTensor& t, RecipeState& st) 
         if (ends_with(t.name, "ffn_gate_inp.weight")) return GGMLType::F32;
         if (t.ne.size() > 2 && t.ne[2] > 1) type = GGMLType::MXFP4;
     } else if (!float_mix && is_output) {
-        type = (t.ne[0] % 256 != 0) ? GGMLType::Q8_0 : (mix.base == GGMLType::Q8_0 ? GGMLType::Q8_0 : GGMLType::Q6_K);
+        type = output_type(mix, t);
+    } else if (t.name == "token_embd.weight") {
+        if (mix.low_k == LowKMix::iq2_xxs || mix.low_k == LowKMix::iq2_xs) type = GGMLType::Q2_K;
+        if (mix.low_k == LowKMix::iq2_s || mix.low_k == LowKMix::iq2_m || mix.low_k == LowKMix::iq3_xxs)
+            type = GGMLType::IQ3_S;
+    } else if (is_iq2_mix(mix.low_k)) {
+        if (ends_with(t.name, "attn_v.weight")) {
+            type = st.n_gqa >= 4 ? GGMLType::Q4_K : iq2_more_bits(mix.low_k);
+            ++st.i_attn_v;
+        } else if (ends_with(t.name, "ffn_down.weight")) {
+            if (st.i_ffn_down < st.n_ffn_down / 8) type = iq2_more_bits(mix.low_k);
+            ++st.i_ffn_down;
+        } else if (ends_with(t.name, "attn_output.weight")) {
+            if (mix.low_k == LowKMix::iq2_s || mix.low_k == LowKMix::iq2_m) type = GGMLType::IQ3_S;
+        }
     } else if (ends_with(t.name, "attn_v.weight")) {
         if (mix.more_bits_k && use_more_bits(st.i_attn_v, st.n_attn_v)) type = GGMLType::Q6_K;
         if (mix.low_k == LowKMix::q2_k) type = st.n_gqa >= 4 ? GGMLType::Q4_K : GGMLType::Q3_K;
@@ -144,7 +181,11 @@ GGMLType choose_type(const QuantMix& mix, const GGUFTensor& t, RecipeState& st) 
         if (mix.low_k == LowKMix::q3_k_l) type = GGMLType::Q5_K;
         if (mix.low_k == LowKMix::iq4_xs && st.n_gqa >= 4) type = GGMLType::Q5_K;
         if ((mix.low_k == LowKMix::iq3_s && st.n_gqa >= 4) || mix.low_k == LowKMix::iq3_m) type = GGMLType::Q4_K;
+        if (mix.low_k == LowKMix::iq3_xxs)
+            type = st.n_gqa >= 4 ? GGMLType::Q4_K : (st.has_imatrix ? GGMLType::IQ3_XXS : GGMLType::IQ3_S);
         ++st.i_attn_v;
+    } else if (ends_with(t.name, "attn_k.weight") || ends_with(t.name, "attn_q.weight")) {
+        if (mix.low_k == LowKMix::iq3_xxs) type = GGMLType::IQ2_S;
     } else if (ends_with(t.name, "ffn_down.weight")) {
         if (mix.more_bits_k && use_more_bits(st.i_ffn_down, st.n_ffn_down)) type = GGMLType::Q6_K;
         if (mix.low_k == LowKMix::q2_k) type = GGMLType::Q3_K;
@@ -152,12 +193,15 @@ GGMLType choose_type(const QuantMix& mix, const GGUFTensor& t, RecipeState& st) 
         if (mix.low_k == LowKMix::q3_k_l) type = GGMLType::Q5_K;
         if (mix.low_k == LowKMix::iq4_xs && !st.has_imatrix && st.i_ffn_down < st.n_ffn_down / 8) type = GGMLType::Q5_K;
         if (mix.low_k == LowKMix::iq3_m && st.i_ffn_down < st.n_ffn_down / 8) type = GGMLType::Q4_K;
+        if (mix.low_k == LowKMix::iq3_xxs && !st.has_imatrix)
+            type = st.i_ffn_down < st.n_ffn_down / 8 ? GGMLType::Q4_K : GGMLType::Q3_K;
         ++st.i_ffn_down;
     } else if (ends_with(t.name, "attn_output.weight")) {
         if (mix.low_k == LowKMix::q2_k) type = GGMLType::Q3_K;
         if (mix.low_k == LowKMix::q3_k_m) type = GGMLType::Q4_K;
         if (mix.low_k == LowKMix::q3_k_l) type = GGMLType::Q5_K;
         if (mix.low_k == LowKMix::iq3_m) type = GGMLType::Q4_K;
+        if (mix.low_k == LowKMix::iq3_xxs) type = GGMLType::IQ3_S;
     } else if (ends_with(t.name, "attn_qkv.weight")) {
         if (mix.low_k == LowKMix::q3_k_m || mix.low_k == LowKMix::q3_k_l || mix.low_k == LowKMix::iq3_m)
             type = GGMLType::Q4_K;

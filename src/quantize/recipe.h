@@ -11,7 +11,20 @@
 namespace ember {
 
 // The low-bit mixes' rules for attn_v, ffn_down, attn_output and attn_qkv (llama.cpp's).
-enum class LowKMix : uint8_t { none, q2_k, q3_k_m, q3_k_l, iq4_xs, iq3_s, iq3_m };
+enum class LowKMix : uint8_t {
+    none,
+    q2_k,
+    q3_k_m,
+    q3_k_l,
+    iq4_xs,
+    iq3_s,
+    iq3_m,
+    iq3_xxs,
+    iq2_xxs,
+    iq2_xs,
+    iq2_s,
+    iq2_m
+};
 
 struct QuantMix {
     const char* name;       // as given on the command line
