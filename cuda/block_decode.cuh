@@ -386,3 +386,4 @@ template <> struct BlockDecoder<GGMLType::BF16> { using type = DecodeFloat<__nv_
 }  // namespace ember
 
 #include "block_decode_low_bit.cuh"
+#include "block_decode_q2_q3.cuh"

@@ -30,6 +30,8 @@ __device__ __forceinline__ void dequant8(const DqParams& p, int64_t row, int64_t
     using D = typename BlockDecoder<T>::type;
     if constexpr (kLowBitType<T>) {
         dequant8_low_bit<T>(p.w, p.meta, p.n_blocks, row, e, out);
+    } else if constexpr (kQ2Q3Type<T>) {
+        dequant8_q2_q3<T>(p.w, p.meta, p.n_blocks, row, e, out);
     } else if constexpr (T == GGMLType::Q4_0 || T == GGMLType::Q4_1 || T == GGMLType::Q5_0 || T == GGMLType::Q5_1 ||
                          T == GGMLType::Q8_0 || T == GGMLType::MXFP4 || T == GGMLType::IQ4_NL) {
         const int64_t b = row * p.n_blocks + e / 32;
@@ -182,6 +184,8 @@ void dequantize_f16(const DeviceWeight& w, __half* out, cudaStream_t s) {
         case GGMLType::Q5_0: dequantize_kernel<GGMLType::Q5_0><<<grid, 256, 0, s>>>(p, out); break;
         case GGMLType::Q5_1: dequantize_kernel<GGMLType::Q5_1><<<grid, 256, 0, s>>>(p, out); break;
         case GGMLType::Q8_0: dequantize_kernel<GGMLType::Q8_0><<<grid, 256, 0, s>>>(p, out); break;
+        case GGMLType::Q2_K: dequantize_kernel<GGMLType::Q2_K><<<grid, 256, 0, s>>>(p, out); break;
+        case GGMLType::Q3_K: dequantize_kernel<GGMLType::Q3_K><<<grid, 256, 0, s>>>(p, out); break;
         case GGMLType::Q4_K: dequantize_kernel<GGMLType::Q4_K><<<grid, 256, 0, s>>>(p, out); break;
         case GGMLType::Q5_K: dequantize_kernel<GGMLType::Q5_K><<<grid, 256, 0, s>>>(p, out); break;
         case GGMLType::Q6_K: dequantize_kernel<GGMLType::Q6_K><<<grid, 256, 0, s>>>(p, out); break;

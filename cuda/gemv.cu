@@ -247,6 +247,8 @@ int32_t row_units(const DeviceWeight& w) {
         case GGMLType::Q4_K:
         case GGMLType::Q5_K:
         case GGMLType::Q6_K: return int32_t(nb * 4);
+        case GGMLType::Q2_K:
+        case GGMLType::Q3_K:
         case GGMLType::IQ4_XS:
         case GGMLType::IQ3_S:
         case GGMLType::IQ3_XXS:
@@ -336,6 +338,8 @@ void gemv_batch(const DeviceWeight* const* ws, float* const* ys, int count, cons
         case GGMLType::Q5_0: launch_legacy<DecodeQ5_0>(cpu_order, b, n_ctas, n_tok, s); break;
         case GGMLType::Q5_1: launch_legacy<DecodeQ5_1>(cpu_order, b, n_ctas, n_tok, s); break;
         case GGMLType::Q8_0: launch_legacy<DecodeQ8_0>(cpu_order, b, n_ctas, n_tok, s); break;
+        case GGMLType::Q2_K: launch<FmtQ2_K>(b, n_ctas, n_tok, s); break;
+        case GGMLType::Q3_K: launch<FmtQ3_K>(b, n_ctas, n_tok, s); break;
         case GGMLType::Q4_K: launch<FmtQK<false>>(b, n_ctas, n_tok, s); break;
         case GGMLType::Q5_K: launch<FmtQK<true>>(b, n_ctas, n_tok, s); break;
         case GGMLType::Q6_K: launch<FmtQ6_K>(b, n_ctas, n_tok, s); break;

@@ -462,3 +462,4 @@ struct FmtFloat {
 }  // namespace ember
 
 #include "gemv_formats_low_bit.cuh"
+#include "gemv_formats_q2_q3.cuh"

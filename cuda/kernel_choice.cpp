@@ -157,6 +157,8 @@ bool cuda_weight_type(GGMLType type) {
         case GGMLType::Q5_0:
         case GGMLType::Q5_1:
         case GGMLType::Q8_0:
+        case GGMLType::Q2_K:
+        case GGMLType::Q3_K:
         case GGMLType::Q4_K:
         case GGMLType::Q5_K:
         case GGMLType::Q6_K:
@@ -285,10 +287,12 @@ bool qkv_may_take_rope_store(bool plain, bool f16_cache, bool neox, const Matmul
            !takes_gemm_dq(wq);
 }
 
-// The expert GEMVs take every type the dense GEMV does but IQ2_XS and IQ2_S, whose formats they
-// do not instantiate yet (those experts take the default composition).
+// The expert GEMVs take every type the dense GEMV does but IQ2_XS, IQ2_S, Q2_K and Q3_K, whose formats
+// they do not instantiate yet (those experts take the default composition).
 bool moe_gemv_supported(GGMLType type) {
     switch (type) {
+        case GGMLType::Q2_K:
+        case GGMLType::Q3_K:
         case GGMLType::IQ2_XS:
         case GGMLType::IQ2_S:
         case GGMLType::IQ1_S:

@@ -56,6 +56,8 @@ PackedLayout packed_layout(GGMLType type, int64_t n_in, int64_t n_out) {
         case GGMLType::Q5_1: return split_layout(L, nblk, 16, 8);
         case GGMLType::Q8_0: return split_layout(L, nblk, 32, 2);
         case GGMLType::Q6_K: return split_layout(L, nblk, 192, 16, 2);
+        case GGMLType::Q2_K: return split_layout(L, nblk, 80, 4);
+        case GGMLType::Q3_K: return split_layout(L, nblk, 112, 2);
         case GGMLType::MXFP4: return split_layout(L, nblk, 16, 2);
         case GGMLType::IQ4_NL: return split_layout(L, nblk, 16, 2);
         case GGMLType::IQ4_XS: return split_layout(L, nblk, 128, 8);
@@ -107,6 +109,8 @@ void pack_weight(GGMLType type, int64_t n_in, int64_t n_out, const uint8_t* src,
             case GGMLType::TQ1_0:   // {u8 qs[48], qh[4]; f16 d} (64: 12 bytes of pad)
             case GGMLType::TQ2_0:   // {u8 qs[64]; f16 d}
             case GGMLType::IQ1_M:   // {u8 qs[32], qh[16], scales[8]} (64: 8 bytes of pad; no meta)
+            case GGMLType::Q2_K:    // {u8 scales[16], qs[64]; f16 d, dmin}
+            case GGMLType::Q3_K:    // {u8 hmask[32], qs[64], scales[12]; f16 d} (112: 4 bytes of pad)
                 std::memcpy(q, s, size_t(tt.block_bytes - L.meta_bytes));
                 std::memcpy(m, s + tt.block_bytes - L.meta_bytes, size_t(L.meta_bytes));
                 break;

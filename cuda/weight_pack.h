@@ -1,5 +1,5 @@
 // Device layout of uploaded weights. Block formats whose size is not a multiple of 16 bytes
-// (Q4_0 18 B, Q4_1 20, Q5_0 22, Q5_1 24, Q8_0 34, Q6_K 210, MXFP4 17, IQ4_NL 18, IQ4_XS 136, IQ3_S
+// (Q4_0 18 B, Q4_1 20, Q5_0 22, Q5_1 24, Q8_0 34, Q2_K 84, Q3_K 110, Q6_K 210, MXFP4 17, IQ4_NL 18, IQ4_XS 136, IQ3_S
 // 110, IQ3_XXS 98, IQ2_XXS 66, IQ2_XS 74, IQ2_S 82, IQ1_S 50, IQ1_M 56, TQ1_0 54, TQ2_0 66, NVFP4 36) are split
 // at upload into a quants region (16-byte aligned, one 16/32/48/64/80/96/112/128/192-byte group per block) and
 // metadata regions, so the GEMV streams quants with 16-byte loads. Q4_K (144 B) and

@@ -70,8 +70,10 @@ __global__ void pack_kernel(const uint8_t* __restrict__ raw, uint8_t* __restrict
         for (int k = 0; k < 72; ++k) q[k] = s[2 + k];
         put<80>(qs + b * 80, q);
         put<2>(meta + b * 2, s);
-    } else if constexpr (T == GGMLType::TQ1_0 || T == GGMLType::TQ2_0 || T == GGMLType::IQ1_M) {
-        // {quants; metadata}: TQ1_0 {qs, qh; d}, TQ2_0 {qs; d}, IQ1_M {qs, qh, scales} (no meta)
+    } else if constexpr (T == GGMLType::TQ1_0 || T == GGMLType::TQ2_0 || T == GGMLType::IQ1_M || T == GGMLType::Q2_K ||
+                         T == GGMLType::Q3_K) {
+        // {quants; metadata}: TQ1_0 {qs, qh; d}, TQ2_0 {qs; d}, IQ1_M {qs, qh, scales} (no meta),
+        // Q2_K {scales, qs; d, dmin}, Q3_K {hmask, qs, scales; d}
         uint8_t q[QS] = {};
         for (int k = 0; k < BB - META; ++k) q[k] = s[k];
         put<QS>(qs + b * QS, q);
@@ -145,6 +147,12 @@ void pack_weight_device(GGMLType type, int64_t n_in, int64_t n_out, const uint8_
             break;
         case GGMLType::TQ1_0:
             pack_kernel<GGMLType::TQ1_0, 54, 64, 2><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk);
+            break;
+        case GGMLType::Q2_K:
+            pack_kernel<GGMLType::Q2_K, 84, 80, 4><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk);
+            break;
+        case GGMLType::Q3_K:
+            pack_kernel<GGMLType::Q3_K, 110, 112, 2><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk);
             break;
         case GGMLType::TQ2_0:
             pack_kernel<GGMLType::TQ2_0, 66, 64, 2><<<grid, kPerCta, 0, st>>>(raw, qs, meta, meta2, nblk);

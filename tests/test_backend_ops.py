@@ -29,8 +29,7 @@ FLOAT_TYPES = (T.F32, T.F16, T.BF16)
 # matched here (the suite checks it instead of skipping the combination).
 SUPPORT = {
     "cpu": {"weights": WEIGHT_TYPES, "kv": KV_TYPES, "host": True},
-    "cuda": {"weights": [t for t in WEIGHT_TYPES if t not in (T.Q2_K, T.Q3_K)],
-             "kv": [t for t in KV_TYPES if t != "f32"], "host": False},
+    "cuda": {"weights": WEIGHT_TYPES, "kv": [t for t in KV_TYPES if t != "f32"], "host": False},
 }
 UNSUPPORTED = {
     "cuda": {"weights": r"weight type .* not (supported|run) by the CUDA backend",

@@ -104,6 +104,10 @@ MATMUL_CASES = [
     ("Q6_K", WIDE, 25, False, False, {}, 90, "gemv_chunks"),
     ("Q6_K", WIDE, 64, False, False, {}, 90, "gemv_chunks"),
     ("Q5_K", WIDE, 65, False, False, {}, 90, "dequant_cublas"),
+    ("Q2_K", WIDE, 1, False, False, {}, 90, "gemv"),
+    ("Q2_K", WIDE, 64, False, False, {}, 90, "gemv_chunks"),
+    ("Q3_K", WIDE, 24, True, False, {}, 90, "gemv_chunks"),
+    ("Q3_K", WIDE, 65, False, False, {}, 90, "dequant_cublas"),
     # float weights past 8 tokens: cuBLAS on the weight as it is
     ("F16", WIDE, 9, False, False, {}, 90, "cublas_f16"),
     ("BF16", WIDE, 9, False, False, {}, 90, "cublas_bf16"),
@@ -196,7 +200,7 @@ def test_switches_off_never_pick_their_kernel():
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(type_="Q2_K", n_in=WIDE, n_tok=1), "not run by the CUDA backend"),
+    (dict(type_="Q8_K", n_in=WIDE, n_tok=1), "not run by the CUDA backend"),
     (dict(type_="Q8_1", n_in=WIDE, n_tok=1), "not run by the CUDA backend"),
     (dict(type_="Q9_9", n_in=WIDE, n_tok=1), "unknown tensor type"),
     (dict(type_="Q4_0", n_in=WIDE, n_tok=-1), "negative n_tok"),

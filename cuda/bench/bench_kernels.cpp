@@ -163,7 +163,8 @@ int main(int argc, char** argv) {
             {GGMLType::IQ4_NL, "IQ4_NL"},   {GGMLType::IQ4_XS, "IQ4_XS"},   {GGMLType::IQ3_S, "IQ3_S"},
             {GGMLType::IQ3_XXS, "IQ3_XXS"}, {GGMLType::IQ2_XXS, "IQ2_XXS"}, {GGMLType::IQ2_XS, "IQ2_XS"},
             {GGMLType::IQ2_S, "IQ2_S"},     {GGMLType::IQ1_S, "IQ1_S"},     {GGMLType::IQ1_M, "IQ1_M"},
-            {GGMLType::TQ1_0, "TQ1_0"},     {GGMLType::TQ2_0, "TQ2_0"},     {GGMLType::NVFP4, "NVFP4"}};
+            {GGMLType::TQ1_0, "TQ1_0"},     {GGMLType::TQ2_0, "TQ2_0"},     {GGMLType::NVFP4, "NVFP4"},
+            {GGMLType::Q2_K, "Q2_K"},       {GGMLType::Q3_K, "Q3_K"}};
         // llama2-7b shapes: (n_in, n_out) of q/k/v/o, gate/up, down.
         const int64_t shapes[3][2] = {{4096, 4096}, {4096, 11008}, {11008, 4096}};
         if (wants("gemv"))
