@@ -27,8 +27,8 @@ int nearest(float v) {
 }
 int clampi(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
 
-// x ~= scale * L - min_out over 16 values, L in [0, 3], min_out >= 0: the min/max grid, then nstep + 1 grids
-// (3 + rmin + rdelta k) / (max - min), each with its weighted least-squares scale and offset; the one with
+// x ~= scale * L - min_out over n <= 32 values, L in [0, nmax], min_out >= 0: the min/max grid, then nstep + 1 grids
+// (nmax + rmin + rdelta k) / (max - min), each with its weighted least-squares scale and offset; the one with
 // the least w-weighted error (absolute, or squared with an importance matrix) wins. Returns the scale.
 struct Q2Search {
     float rmin, rdelta;
@@ -37,8 +37,7 @@ struct Q2Search {
 };
 constexpr Q2Search kQ2Plain{-0.5f, 0.1f, 15, false}, kQ2Weighted{-0.9f, 0.05f, 36, true};
 
-float fit_q2(const float* x, const float* w, uint8_t* L, float& min_out, const Q2Search& s) {
-    constexpr int n = 16, nmax = 3;
+float fit_q2(int n, int nmax, const float* x, const float* w, uint8_t* L, float& min_out, const Q2Search& s) {
     const float rmin = s.rmin, rdelta = s.rdelta;
     const int nstep = s.nstep;
     auto error = [&](float diff) { return s.squared ? diff * diff : std::fabs(diff); };
@@ -60,7 +59,7 @@ float fit_q2(const float* x, const float* w, uint8_t* L, float& min_out, const Q
         L[i] = uint8_t(clampi(nearest(iscale * (x[i] - mn)), 0, nmax));
         best += w[i] * error(scale * L[i] + mn - x[i]);
     }
-    uint8_t aux[n];
+    uint8_t aux[32];
     for (int k = 0; k <= nstep; ++k) {
         iscale = (rmin + rdelta * k + nmax) / (mx - mn);
         float sum_l = 0, sum_l2 = 0, sum_xl = 0;
@@ -141,6 +140,10 @@ float fit_q3(const float* x, int8_t* L) {
 
 }  // namespace
 
+float fit_scale_min_weighted(int n, int nmax, const float* x, const float* w, uint8_t* L, float& min_out) {
+    return fit_q2(n, nmax, x, w, L, min_out, kQ2Weighted);
+}
+
 float fit_levels_upward(int n, int nmax, const float* x, uint8_t* L, const float* sw) {
     float max = 0;
     for (int i = 0; i < n; ++i) max = x[i] > max ? x[i] : max;
@@ -197,12 +200,7 @@ float fit_levels_upward(int n, int nmax, const float* x, uint8_t* L, const float
     return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
 }
 
-namespace {
-
-// x ~= scale * (L - nmax), L - nmax in [-nmax, nmax - 1], with weights w: levels from the value of largest
-// magnitude at -nmax, then 18 grids -(nmax + 0.1 k) / max for k in [-9, 9], the one whose least-squares
-// scale explains the most of the weighted x. Returns that scale (L stored with its offset).
-float fit_symmetric(int n, int nmax, const float* x, int8_t* L, const float* w) {
+float fit_symmetric_weighted(int n, int nmax, const float* x, int8_t* L, const float* w) {
     float max = 0, amax = 0;
     for (int i = 0; i < n; ++i)
         if (std::fabs(x[i]) > amax) {
@@ -240,6 +238,8 @@ float fit_symmetric(int n, int nmax, const float* x, int8_t* L, const float* w) 
     }
     return scale;
 }
+
+namespace {
 
 // Each element's weight under an importance matrix, as llama.cpp's K types: its column's importance times
 // sqrt(sigma2 + x^2), sigma2 the super-block's mean square times spread.
@@ -310,7 +310,7 @@ void quantize_row_q2_k(const float* src, void* dst, int64_t n) {
         float max_scale = 0, max_min = 0;
         for (int j = 0; j < 16; ++j) {
             for (int l = 0; l < 16; ++l) w[l] = std::fabs(src[16 * j + l]);
-            scales[j] = fit_q2(src + 16 * j, w, L + 16 * j, mins[j], kQ2Plain);
+            scales[j] = fit_q2(16, 3, src + 16 * j, w, L + 16 * j, mins[j], kQ2Plain);
             if (scales[j] > max_scale) max_scale = scales[j];
             if (mins[j] > max_min) max_min = mins[j];
         }
@@ -339,7 +339,7 @@ void quantize_q2_k_weighted(const float* src, void* dst, int64_t n, const float*
         for (int j = 0; j < 16; ++j) {
             sw[j] = 0;
             for (int l = 0; l < 16; ++l) sw[j] += w[16 * j + l];
-            scales[j] = fit_q2(src + 16 * j, w + 16 * j, L + 16 * j, mins[j], kQ2Weighted);
+            scales[j] = fit_q2(16, 3, src + 16 * j, w + 16 * j, L + 16 * j, mins[j], kQ2Weighted);
         }
         y[i].d = float_to_half(fit_levels_upward(16, 15, scales, Ls, sw));
         y[i].dmin = float_to_half(fit_levels_upward(16, 15, mins, Lm, sw));
@@ -384,9 +384,9 @@ void quantize_q3_k_weighted(const float* src, void* dst, int64_t n, const float*
         for (int j = 0; j < 16; ++j) {
             sw[j] = 0;
             for (int l = 0; l < 16; ++l) sw[j] += w[16 * j + l];
-            scales[j] = fit_symmetric(16, 4, src + 16 * j, L + 16 * j, w + 16 * j);
+            scales[j] = fit_symmetric_weighted(16, 4, src + 16 * j, L + 16 * j, w + 16 * j);
         }
-        const float d = fit_symmetric(16, 32, scales, Ls, sw);
+        const float d = fit_symmetric_weighted(16, 32, scales, Ls, sw);
         for (int j = 0; j < 16; ++j) ls[j] = Ls[j];
         pack_q3_scales(ls, y[i].scales);
         y[i].d = float_to_half(d);

@@ -32,4 +32,16 @@ void quantize_iq2_s_weighted(const float* src, void* dst, int64_t n, const float
 // level the rest's fit calls for. Returns the scale (Q2_K's super-block scales, IQ2_XXS's first guess).
 float fit_levels_upward(int n, int nmax, const float* x, uint8_t* L, const float* w);
 
+// ggml's make_qkx3_quants with weights: x ~= scale * L - min_out over n <= 32 values, L in [0, nmax], min_out >= 0,
+// the least w-weighted squared error over the min/max grid and 37 grids (nmax - 0.9 + 0.05 k) / (max - min).
+float fit_scale_min_weighted(int n, int nmax, const float* x, const float* w, uint8_t* L, float& min_out);
+// ggml's make_qx_quants with weights: x ~= scale * (L - nmax), L - nmax in [-nmax, nmax - 1], levels from the value
+// of largest magnitude at -nmax then 18 grids -(nmax + 0.1 k) / max, the best weighted least-squares fit.
+float fit_symmetric_weighted(int n, int nmax, const float* x, int8_t* L, const float* w);
+// Q4_0, Q4_1, Q5_0, Q5_1 with importances (quant_legacy_weighted.cpp), as llama-quantize's.
+void quantize_q4_0_weighted(const float* src, void* dst, int64_t n, const float* qw);
+void quantize_q4_1_weighted(const float* src, void* dst, int64_t n, const float* qw);
+void quantize_q5_0_weighted(const float* src, void* dst, int64_t n, const float* qw);
+void quantize_q5_1_weighted(const float* src, void* dst, int64_t n, const float* qw);
+
 }  // namespace ember
