@@ -24,6 +24,10 @@ from ember.convert_error import ConvertError  # noqa: E402
 
 PROMPT = hf_tiny.LONG_PROMPT
 MODELS = ["llama4", "command-r-plus"]
+GREEDY = hf_tiny.ROOT / "tests" / "reference" / "llama4" / "llama_cpp_greedy.json"
+# What llama.cpp's llama4 fixes whatever the file says (chunks of 8192, temperature 0.1 over 8192 positions).
+LLAMA_CPP_KEYS = dict(floats={"attention.temperature_scale": 0.1},
+                      uints={"attention.sliding_window": 8192, "attention.temperature_length": 8192})
 
 
 @pytest.fixture(scope="module")
@@ -129,6 +133,28 @@ def test_cuda_logits_match_cpu(models, name, chunk):
     got = hf_tiny.ember_logits(path, PROMPT, n_gpu_layers=-1, kv_type="f16", chunk=chunk)
     rel = np.abs(got - want).max() / np.abs(want).max()
     assert rel <= 2e-3, f"{name}: max|diff|/max|ref| = {rel:.2e}"
+
+
+def test_greedy_text_matches_llama_cpp(models, tmp_path):
+    """llama.cpp (llama-simple: CPU, greedy, f16 KV cache) loads the converted llama4 with the chunk and
+    temperature llama.cpp fixes (tools/gen_llama4_greedy_reference.py); the bytes of its pieces are those
+    of ember's greedy tokens. (llama.cpp reads Command R+'s q/k norms only in files of 64 layers or more.)"""
+    from ember.llama import Llama
+
+    ref = json.loads(GREEDY.read_text(encoding="utf-8"))["llama4"]
+    path = _rewritten(models["llama4"][2], str(tmp_path / "fixed.gguf"), "llama4", **LLAMA_CPP_KEYS)
+    with Llama(path, n_ctx=128, verbose=False) as llm:
+        ids = llm.tokenize(ref["prompt"].encode("utf-8"), add_bos=True, special=True)
+        out = []
+        llm.eval(ids)
+        for _ in range(ref["n_predict"]):
+            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            if tok == llm.token_eos():
+                break
+            out.append(tok)
+            llm.eval([tok])
+        got = b"".join(llm.detokenize([t], special=True).split(b"\0")[0] for t in out)
+    assert got == bytes.fromhex(ref["text_hex"]), got
 
 
 # --------------------------------------------------------------------------------------- errors
