@@ -37,7 +37,7 @@ def _field(reader, key):
 
 
 @pytest.mark.parametrize("shape", ["llama-tiny", "qwen3-tiny", "qwen3moe-tiny", "gpt-oss-tiny", "phi3-tiny",
-                                   "gemma2-tiny", "gemma4-tiny"])
+                                   "gemma2-tiny", "gemma4-tiny", "llama4-tiny"])
 def test_dense_shapes_load_and_run(tmp_path, vocab, rng, shape):
     s = synthetic_gguf.SHAPES[shape]
     model = _ember.Model(_write(tmp_path, vocab, rng, shape))

@@ -49,6 +49,12 @@ class Shape:
     global_head_dim: int = 0
     global_kv_heads: int = 0
     softcap: float = 0.0
+    # Llama 4: a mixture (with a shared expert) every moe_every-th layer, dense layers between; its
+    # chunk is `window`.
+    moe_every: int = 0
+
+    def moe(self, i: int) -> bool:
+        return bool(self.n_experts) and (not self.moe_every or (i + 1) % self.moe_every == 0)
 
     def sliding(self, i: int) -> bool:
         return self.arch == "gemma4" and i % 6 < 5
@@ -100,6 +106,14 @@ SHAPES: Dict[str, Shape] = {
                          rope_base=1e6, rms_eps=1e-6, softcap=30.0),
     "gemma4-31b": Shape("gemma4", 5376, 60, 32, 16, 21504, head_dim=256, global_head_dim=512, global_kv_heads=4,
                         window=1024, rope_base=1e6, rms_eps=1e-6, softcap=30.0),
+    # Llama 4: chunked layers with a NoPE layer every fourth, mixture layers (top 1 of sigmoid scores, a
+    # shared expert) every moe_every-th layer, dense ones between (ffn: the dense layers' width).
+    "llama4-tiny": Shape("llama4", 256, 4, 8, 4, 768, head_dim=32, n_experts=4, n_experts_used=1, expert_ffn=256,
+                         moe_every=2, window=16, rope_base=500000.0),
+    "llama4-scout": Shape("llama4", 5120, 48, 40, 8, 16384, head_dim=128, n_experts=16, n_experts_used=1,
+                          expert_ffn=8192, moe_every=1, window=8192, rope_base=500000.0),
+    "llama4-maverick": Shape("llama4", 5120, 48, 40, 8, 16384, head_dim=128, n_experts=128, n_experts_used=1,
+                             expert_ffn=8192, moe_every=2, window=8192, rope_base=500000.0),
     "lfm2-tiny": Shape("lfm2", 256, 4, 8, 4, 768, attn_layers=(1, 3), conv_cache=3, rope_base=1e6),
     "lfm2-1.2b": Shape("lfm2", 2048, 16, 32, 8, 8192, attn_layers=(2, 5, 8, 10, 12, 14), conv_cache=3,
                        rope_base=1e6),
@@ -186,7 +200,11 @@ def tensors(s: Shape, n_vocab: int) -> Iterator[Tensor]:
             yield from _attention(p, s, s.arch in ("qwen3", "qwen3moe"))
         if s.arch in ("gemma2", "gemma4"):
             yield p + "post_attention_norm.weight", (s.dim,), True
-        yield from (_moe_ffn(p, s) if s.n_experts else _dense_ffn(p, s))
+        yield from (_moe_ffn(p, s) if s.moe(i) else _dense_ffn(p, s))
+        if s.arch == "llama4" and s.moe(i):
+            yield from [(p + "ffn_gate_shexp.weight", (s.expert_ffn, s.dim), False),
+                        (p + "ffn_up_shexp.weight", (s.expert_ffn, s.dim), False),
+                        (p + "ffn_down_shexp.weight", (s.dim, s.expert_ffn), False)]
         if s.arch in ("gemma2", "gemma4"):
             yield p + "post_ffw_norm.weight", (s.dim,), True
         if s.arch == "gemma4":
@@ -267,6 +285,8 @@ def _write_hparams(w: GGUFWriter, name: str, s: Shape, ctx: int, n_vocab: int) -
         w.add_expert_count(s.n_experts)
         w.add_expert_used_count(s.n_experts_used)
         w.add_expert_feed_forward_length(s.expert_ffn)
+    if s.moe_every:
+        w.add_uint32(f"{s.arch}.interleave_moe_layer_step", s.moe_every)
     if s.window:
         w.add_sliding_window(s.window)
     if s.yarn:
