@@ -1,6 +1,6 @@
-"""ember-quantize --imatrix writes Q2_K, Q3_K, IQ4_XS, IQ4_NL, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, Q4_0,
-Q4_1, Q5_0 and Q5_1 tensors byte for byte as llama-quantize does with the same importances (ggml's quantize_q2_K
-etc. given quant_weights), and IQ3_XXS, IQ3_S and IQ2_S without: the rows and importances of
+"""ember-quantize --imatrix writes Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_XS, IQ4_NL, IQ3_XXS,
+IQ3_S, IQ2_XXS, IQ2_XS and IQ2_S tensors byte for byte as llama-quantize does with the same importances (ggml's
+quantize_q2_K etc. given quant_weights), and IQ3_XXS, IQ3_S and IQ2_S without: the rows and importances of
 tests/reference/quant/<type>_imatrix_ggml.npz and <type>_search_ggml.npz (tools/gen_ggml_quant_reference.py:
 normal, heavy-tailed, tiny, huge, ties between IQ4_NL's levels, zero blocks; log-normal importances with a run
 of zero columns)."""
@@ -13,7 +13,8 @@ from conftest import ROOT
 from ember import _ember
 
 BLOCK_BYTES = {"Q2_K": 84, "Q3_K": 110, "IQ4_XS": 136, "IQ4_NL": 18, "IQ3_XXS": 98, "IQ3_S": 110, "IQ2_XXS": 66,
-               "IQ2_XS": 74, "IQ2_S": 82, "Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24}
+               "IQ2_XS": 74, "IQ2_S": 82, "Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24,
+               "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
 
 
 def quantize(tmp_path, x, type_name, qw, name="blk.0.ffn_up.weight"):

@@ -2,7 +2,7 @@
 which llama.cpp's iq4_nl KV cache stores with; Q2_K; Q3_K; IQ4_XS; IQ4_NL with the search llama-quantize
 writes its weights with, iq4_nl_search), and as llama-quantize writes them through ggml_quantize_chunk: without
 importances, <type>_search (IQ3_XXS, IQ3_S, IQ2_S), and with, <type>_imatrix, whose npz also holds the
-importances qw (Q2_K, Q3_K, IQ4_XS, IQ4_NL, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, Q4_0, Q4_1, Q5_0, Q5_1):
+importances qw (Q2_K to Q6_K, Q4_0 to Q5_1, IQ4_XS, IQ4_NL, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S):
 rows of random values (normal, heavy-tailed, tiny and huge, ties between IQ4_NL's levels, zero blocks) and the
 blocks ggml writes for them, through a llama.cpp build's libggml-base.
 Run: python tools/gen_ggml_quant_reference.py /path/to/llama.cpp/build/bin/libggml-base.so [TYPE ...]"""
@@ -20,7 +20,8 @@ TYPES = {"iq4_nl": (20, 32, 18), "q2_k": (10, 256, 84), "q3_k": (11, 256, 110), 
          "iq3_xxs_imatrix": (18, 256, 98), "iq3_s_search": (21, 256, 110), "iq3_s_imatrix": (21, 256, 110),
          "iq2_xxs_imatrix": (16, 256, 66), "iq2_xs_imatrix": (17, 256, 74), "iq2_s_search": (22, 256, 82),
          "iq2_s_imatrix": (22, 256, 82), "q4_0_imatrix": (2, 32, 18), "q4_1_imatrix": (3, 32, 20),
-         "q5_0_imatrix": (6, 32, 22), "q5_1_imatrix": (7, 32, 24)}
+         "q5_0_imatrix": (6, 32, 22), "q5_1_imatrix": (7, 32, 24), "q4_k_imatrix": (12, 256, 144),
+         "q5_k_imatrix": (13, 256, 176), "q6_k_imatrix": (14, 256, 210)}
 
 
 class TypeTraits(ctypes.Structure):

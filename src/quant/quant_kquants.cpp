@@ -320,15 +320,6 @@ void quantize_row_q4_k(const float* src, void* dst, int64_t n) { quantize_q4_k(s
 void quantize_row_q5_k(const float* src, void* dst, int64_t n) { quantize_q5_k(src, dst, n, nullptr); }
 void quantize_row_q6_k(const float* src, void* dst, int64_t n) { quantize_q6_k(src, dst, n, nullptr); }
 
-QuantizeRowWeightedFn weighted_quantizer(GGMLType t) {
-    switch (t) {
-        case GGMLType::Q4_K: return quantize_q4_k;
-        case GGMLType::Q5_K: return quantize_q5_k;
-        case GGMLType::Q6_K: return quantize_q6_k;
-        default: return nullptr;
-    }
-}
-
 // Q8_K: d = max|x|/128 with the largest-magnitude value mapped to -128 (q clamped to 127).
 void quantize_row_q8_k(const float* src, void* dst, int64_t n) {
     BlockQ8_K* b = static_cast<BlockQ8_K*>(dst);

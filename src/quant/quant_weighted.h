@@ -10,8 +10,10 @@ namespace ember {
 // qw: n importances, one per element of the row (the row's columns).
 using QuantizeRowWeightedFn = void (*)(const float* src, void* dst, int64_t n, const float* qw);
 
-// The weighted K quantizer of type t (Q4_K, Q5_K, Q6_K); nullptr for the others.
-QuantizeRowWeightedFn weighted_quantizer(GGMLType t);
+// Q4_K, Q5_K, Q6_K as llama-quantize's (quant_k_weighted.cpp).
+void quantize_q4_k_weighted(const float* src, void* dst, int64_t n, const float* qw);
+void quantize_q5_k_weighted(const float* src, void* dst, int64_t n, const float* qw);
+void quantize_q6_k_weighted(const float* src, void* dst, int64_t n, const float* qw);
 
 // The low-bit types' (quant_q2_q3_k.cpp, quant_iq4_nl.cpp); IQ4_NL's is the weights' (search) quantizer.
 void quantize_q2_k_weighted(const float* src, void* dst, int64_t n, const float* qw);

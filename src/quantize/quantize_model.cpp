@@ -45,7 +45,10 @@ QuantizeRowWeightedFn weighted_for(GGMLType t) {
         case GGMLType::Q4_1: return quantize_q4_1_weighted;
         case GGMLType::Q5_0: return quantize_q5_0_weighted;
         case GGMLType::Q5_1: return quantize_q5_1_weighted;
-        default: return weighted_quantizer(t);
+        case GGMLType::Q4_K: return quantize_q4_k_weighted;
+        case GGMLType::Q5_K: return quantize_q5_k_weighted;
+        case GGMLType::Q6_K: return quantize_q6_k_weighted;
+        default: return nullptr;
     }
 }
 
