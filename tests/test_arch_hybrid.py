@@ -145,6 +145,55 @@ def test_llama_prefix_reuse(models, hf_reference):
             assert _rel(rows, want[:len(prompt)]) <= 1e-4
 
 
+@pytest.mark.parametrize("interval", [0, 4, 8])
+def test_a_cut_resumes_from_the_last_snapshot(models, hf_reference, interval):
+    """With the recurrent state kept every `interval` tokens, a cut resumes from the last copy at or
+    before it and evaluates only the tokens after that copy again; the logits are transformers' all
+    the same, and the same as without snapshots."""
+    want = hf_reference.logits("qwen35", PROMPT)
+    rng = np.random.default_rng()
+    cut = int(rng.integers(9, 24))
+    other = PROMPT[:cut] + [int(x) for x in rng.integers(3, 390, size=12)]
+    m = _ember.Model(models["qwen35"][2], n_gpu_layers=0)
+    ctx = _ember.Context(m, n_ctx=64, n_batch=64, n_threads=2, type_k="f32", type_v="f32",
+                         state_snapshot_interval=interval)
+    _eval_rows(ctx, other)
+    before = ctx.n_evaluated
+    ctx.truncate(cut)
+    resumed = cut // interval * interval if interval else 0
+    assert ctx.n_past == cut and ctx.n_evaluated - before == cut - resumed
+    assert _rel(_eval_rows(ctx, PROMPT[cut:]), want[cut:]) <= 1e-4
+
+
+def test_llama_resumes_a_shared_prefix_from_a_snapshot(models, hf_reference):
+    """Llama's second prompt sharing a long prefix with the first evaluates the tokens after the
+    prefix's last snapshot only, and gives the logits and greedy tokens of a fresh context."""
+    want = hf_reference.logits("qwen35", PROMPT)
+    kw = dict(n_ctx=96, n_threads=2, logits_all=True, type_k="f32", type_v="f32", verbose=False)
+    llm = ember.Llama(models["qwen35"][2], state_snapshot_interval=8, **kw)
+    first = PROMPT + [5, 6, 7]
+    llm._load_prompt(list(first), logits_all=True)
+    before = llm._ctx.n_evaluated
+    rows = llm._load_prompt(list(PROMPT), logits_all=True)
+    assert llm._ctx.n_evaluated - before <= 8
+    assert _rel(rows, want) <= 1e-4
+    fresh = ember.Llama(models["qwen35"][2], state_snapshot_interval=0, **kw)
+    assert np.array_equal(np.argmax(rows, axis=1), np.argmax(fresh._load_prompt(list(PROMPT), logits_all=True), axis=1))
+
+
+def test_snapshots_take_at_most_their_memory(models):
+    """state_snapshot_mb 0 keeps none (every cut recomputes from the start); bad values are refused."""
+    m = _ember.Model(models["qwen35"][2], n_gpu_layers=0)
+    ctx = _ember.Context(m, n_ctx=64, n_batch=64, n_threads=2, state_snapshot_interval=4, state_snapshot_mb=0)
+    ctx.eval(PROMPT[:20], logits_all=False)
+    before = ctx.n_evaluated
+    ctx.truncate(13)
+    assert ctx.n_evaluated - before == 13
+    for field, value in (("state_snapshot_interval", -1), ("state_snapshot_mb", -2)):
+        with pytest.raises(ValueError, match=field):
+            _ember.Context(m, n_ctx=64, **{field: value})
+
+
 # ------------------------------------------------------------------------------------- refusals and bad input
 
 

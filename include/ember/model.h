@@ -141,6 +141,12 @@ struct ContextParams {
     // Embeddings instead of logits: eval keeps each token's hidden state after the final norm
     // (embeddings(i)); logits(i) is then unavailable. Pooling is the caller's (ember.Llama's).
     bool embeddings = false;
+    // Hybrid models (recurrent layers): the sequence's recurrent state is kept every
+    // state_snapshot_interval tokens (0: never), within state_snapshot_mb MiB of host memory (the
+    // oldest dropped first), so a prompt sharing a prefix resumes from the last snapshot in it
+    // instead of from the start.
+    int32_t state_snapshot_interval = 128;
+    int32_t state_snapshot_mb = 1024;
 };
 
 struct ContextImpl;
@@ -161,6 +167,9 @@ public:
     const float* embeddings(int32_t i = -1) const;
     int32_t n_past() const;
     void truncate(int32_t n_past);   // forget the KV of positions >= n_past
+    // Tokens run through the model since the context was made: evaluated ones, and those a hybrid
+    // model's truncate evaluated again.
+    int64_t n_evaluated() const;
     int32_t n_ctx() const;
     const Model& model() const;
 

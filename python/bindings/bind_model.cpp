@@ -131,7 +131,9 @@ void bind_model(nb::module_& m) {
                               .def_rw("kv_block_size", &ContextParams::kv_block_size)
                               .def_rw("offload_kqv", &ContextParams::offload_kqv)
                               .def_rw("kv_gpu_cache_mb", &ContextParams::kv_gpu_cache_mb)
-                              .def_rw("embeddings", &ContextParams::embeddings);
+                              .def_rw("embeddings", &ContextParams::embeddings)
+                              .def_rw("state_snapshot_interval", &ContextParams::state_snapshot_interval)
+                              .def_rw("state_snapshot_mb", &ContextParams::state_snapshot_mb);
     def_kv_type_fields(context_params);
 
     nb::class_<Context>(m, "Context")
@@ -163,6 +165,7 @@ void bind_model(nb::module_& m) {
             [](const Context& c) { return copy_rows(c.embeddings(0), c.n_logits(), c.model().hparams().n_embd, true); })
         .def_prop_ro("n_logits", &Context::n_logits)
         .def_prop_ro("n_past", &Context::n_past)
+        .def_prop_ro("n_evaluated", &Context::n_evaluated, "tokens run through the model since it was made")
         .def_prop_ro("n_ctx", &Context::n_ctx)
         .def("truncate", &Context::truncate, nb::arg("n_past"));
 }

@@ -183,6 +183,11 @@ _OPTIONS = (
     Option("n_threads", "context", "CPU threads (0: all cores)", _integer, None, flags=("-t", "--threads"),
            minimum=0, unset="all cores", fields=(_CTX, _ENG), metavar="N"),
     Option("kv_block_size", "context", "tokens per paged-KV block", _integer, 16, minimum=1, fields=(_CTX, _ENG)),
+    Option("state_snapshot_interval", "context", "hybrid models (recurrent layers): keep the sequence's recurrent "
+           "state every N tokens, so a prompt sharing a prefix resumes from the last copy in it (0: never)",
+           _integer, 128, minimum=0, fields=(_CTX,), metavar="N"),
+    Option("state_snapshot_mb", "context", "host memory the recurrent state copies may take (the oldest dropped "
+           "first)", _integer, 1024, minimum=0, fields=(_CTX,), metavar="MiB"),
     Option("embedding", "context", "keep hidden states for embeddings instead of logits (no completions); "
            "ember-server: serve embeddings and ranks only", _boolean, False, flags=("--embedding", "--embeddings"),
            fields=(_CTX,), field="embeddings"),
@@ -289,7 +294,8 @@ _LOAD = ("n_gpu_layers", "main_gpu", "use_mmap", "override_tensor", "cpu_moe", "
 _KV = ("type_k", "type_v", "offload_kqv", "kv_gpu_cache_mb")
 _VLLM = ("dtype", "kv_cache_dtype", "swap_space", "gpu_memory_utilization", "tensor_parallel_size")
 FRONT_ENDS: Dict[str, Tuple[str, ...]] = {
-    LLAMA: (*_LOAD, "verbose", "n_ctx", "n_batch", "n_threads", "kv_block_size", "embedding", "pooling_type",
+    LLAMA: (*_LOAD, "verbose", "n_ctx", "n_batch", "n_threads", "kv_block_size", "state_snapshot_interval",
+            "state_snapshot_mb", "embedding", "pooling_type",
             "logits_all", "chat_format", "last_n_tokens_size", *_KV, "seed"),
     LLM: (*_LOAD, "verbose", "n_ctx", "n_threads", "kv_block_size", "pooling_type", *_KV, "kv_mb", "kv_host_mb",
           *_VLLM,

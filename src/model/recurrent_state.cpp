@@ -50,6 +50,43 @@ void RecurrentState::allocate(const HParams& hp, const std::vector<Backend*>& ba
     for (int32_t s = 0; s < n_slots; ++s) clear(s);
 }
 
+int64_t RecurrentState::slot_floats() const {
+    int64_t n = 0;
+    for (const RecurrentLayer& r : layers_)
+        if (r.conv) n += r.conv_floats + r.ssm_floats;
+    return n;
+}
+
+std::vector<float> RecurrentState::save(int32_t slot) const {
+    if (slot < 0 || slot >= n_slots_) fail("RecurrentState: slot ", slot, " out of range [0, ", n_slots_, ")");
+    std::vector<float> out((size_t)slot_floats());
+    float* at = out.data();
+    for (size_t l = 0; l < layers_.size(); ++l) {
+        const RecurrentLayer& r = layers_[l];
+        if (!r.conv) continue;
+        backends_[l]->copy_to_host(at, r.conv_of(slot), r.conv_floats * sizeof(float));
+        at += r.conv_floats;
+        backends_[l]->copy_to_host(at, r.ssm_of(slot), r.ssm_floats * sizeof(float));
+        at += r.ssm_floats;
+    }
+    return out;
+}
+
+void RecurrentState::restore(int32_t slot, const std::vector<float>& saved) {
+    if (slot < 0 || slot >= n_slots_) fail("RecurrentState: slot ", slot, " out of range [0, ", n_slots_, ")");
+    if ((int64_t)saved.size() != slot_floats())
+        fail("RecurrentState: a saved state of ", saved.size(), " floats for slots of ", slot_floats());
+    const float* at = saved.data();
+    for (size_t l = 0; l < layers_.size(); ++l) {
+        const RecurrentLayer& r = layers_[l];
+        if (!r.conv) continue;
+        backends_[l]->copy_from_host(r.conv_of(slot), at, r.conv_floats * sizeof(float));
+        at += r.conv_floats;
+        backends_[l]->copy_from_host(r.ssm_of(slot), at, r.ssm_floats * sizeof(float));
+        at += r.ssm_floats;
+    }
+}
+
 const RecurrentLayer* RecurrentState::layer(int32_t l) const {
     return l < (int32_t)layers_.size() && layers_[l].conv ? &layers_[l] : nullptr;
 }

@@ -28,6 +28,12 @@ public:
     const RecurrentLayer* layer(int32_t l) const;
     // Zeroes slot `slot` of every layer: the state of a sequence that has seen no token.
     void clear(int32_t slot);
+    // Slot `slot` of every layer (conv then DeltaNet state, layer by layer) copied to host memory,
+    // and written back from such a copy: a prefix's state kept to resume from.
+    std::vector<float> save(int32_t slot) const;
+    void restore(int32_t slot, const std::vector<float>& saved);
+    // Floats of one slot over all layers (the size of save's copy).
+    int64_t slot_floats() const;
     int32_t n_slots() const { return n_slots_; }
 
 private:

@@ -586,6 +586,10 @@ void Runner::clear_state(int32_t slot) {
     if (impl_->state.n_slots() > 0) impl_->state.clear(slot);
 }
 
+std::vector<float> Runner::save_state(int32_t slot) const { return impl_->state.save(slot); }
+
+void Runner::restore_state(int32_t slot, const std::vector<float>& saved) { impl_->state.restore(slot, saved); }
+
 HostParallelFor Runner::parallel_for() const { return impl_->cpu->host_parallel_for(); }
 
 size_t Runner::kv_block_bytes_all_layers() const {

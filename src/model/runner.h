@@ -72,6 +72,9 @@ public:
     // Zeroes recurrent state slot `slot` (a sequence starting from no tokens); nothing for a model
     // without recurrent layers.
     void clear_state(int32_t slot);
+    // Recurrent state slot `slot` copied to host memory and written back (RecurrentState::save).
+    std::vector<float> save_state(int32_t slot) const;
+    void restore_state(int32_t slot, const std::vector<float>& saved);
     // Bytes one KV block takes over all layers (K and V).
     size_t kv_block_bytes_all_layers() const;
     const Model& model() const;
