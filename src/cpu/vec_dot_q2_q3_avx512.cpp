@@ -22,6 +22,14 @@ inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<co
 inline __m128i load128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
 inline __m512i join(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
 
+// Lane k: the sum of the lanes of h[k] (exact in any order).
+inline __m256i reduce8(const __m256i (&h)[8]) {
+    const __m256i a01 = _mm256_hadd_epi32(h[0], h[1]), a23 = _mm256_hadd_epi32(h[2], h[3]);
+    const __m256i a45 = _mm256_hadd_epi32(h[4], h[5]), a67 = _mm256_hadd_epi32(h[6], h[7]);
+    const __m256i b0 = _mm256_hadd_epi32(a01, a23), b4 = _mm256_hadd_epi32(a45, a67);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(b0, b4, 0x20), _mm256_permute2x128_si256(b0, b4, 0x31));
+}
+
 inline int32_t hsum(__m256i a) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
     s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
@@ -36,13 +44,14 @@ inline __m512i slice_index(int g) {
     return _mm512_load_si512(idx);
 }
 
-// Super-block i of R weight rows against C tokens: s[r][c] += the reference's term. Element
+// Super-block i of R weight rows against C tokens: s[r][c] += the reference's term (a 2 x 4 tile: lane
+// 4r + c of acc, the same float operations in the same order, a lane each). Element
 // 128h + 32k + l is bits 2k, 2k + 1 of qs[32h + l] (Q3_K: minus 4 where bit 4h + k of hmask[l] is
 // clear, taken here as q + 4 with the 4 folded back through the bsums); a 64-element slice is
 // k = 2t, 2t + 1.
-template <bool Q3, int R, int C>
+template <bool Q3, int R, int C, class Acc>
 __attribute__((always_inline)) inline void block(const KBlock<Q3>* const* w, const BlockQ8_K* const* x, int64_t i,
-                                                 const __m512i (&idx)[4], float (&s)[R][C]) {
+                                                 const __m512i (&idx)[4], Acc& s) {
     const __m512i m3 = _mm512_set1_epi8(3);
     __m512i sc[R], hm[R], sumi[R][C];
     __m256i mn16[R];
@@ -94,14 +103,33 @@ __attribute__((always_inline)) inline void block(const KBlock<Q3>* const* w, con
             }
         }
     }
+    if constexpr (R == 2 && C == 4) {
+        __m256i si[8], sm[8];
 #pragma GCC unroll 2
-    for (int r = 0; r < R; ++r) {
-        const float d = h2f(w[r][i].d), dmin = h2f(dmin_bits(w[r][i]));
+        for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-        for (int c = 0; c < C; ++c) {
-            int32_t summ = 0;
-            if constexpr (!Q3) summ = hsum(_mm256_madd_epi16(mn16[r], load256(x[c][i].bsums)));
-            s[r][c] += k_block_term(x[c][i].d, d, dmin, _mm512_reduce_add_epi32(sumi[r][c]), summ);
+            for (int c = 0; c < C; ++c) {
+                si[4 * r + c] = _mm256_add_epi32(_mm512_castsi512_si256(sumi[r][c]),
+                                                 _mm512_extracti64x4_epi64(sumi[r][c], 1));
+                sm[4 * r + c] = Q3 ? _mm256_setzero_si256() : _mm256_madd_epi16(mn16[r], load256(x[c][i].bsums));
+            }
+        const __m128 xd4 = _mm_setr_ps(x[0][i].d, x[1][i].d, x[2][i].d, x[3][i].d);
+        const __m256 xd = _mm256_set_m128(xd4, xd4);
+        const __m256 d = _mm256_set_m128(_mm_set1_ps(h2f(w[1][i].d)), _mm_set1_ps(h2f(w[0][i].d)));
+        const __m256 dmin = _mm256_set_m128(_mm_set1_ps(h2f(dmin_bits(w[1][i]))), _mm_set1_ps(h2f(dmin_bits(w[0][i]))));
+        const __m256 terms = _mm256_sub_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(reduce8(si))),
+                                           _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(reduce8(sm))));
+        s = _mm256_add_ps(s, _mm256_mul_ps(xd, terms));
+    } else {
+#pragma GCC unroll 2
+        for (int r = 0; r < R; ++r) {
+            const float d = h2f(w[r][i].d), dmin = h2f(dmin_bits(w[r][i]));
+#pragma GCC unroll 4
+            for (int c = 0; c < C; ++c) {
+                int32_t summ = 0;
+                if constexpr (!Q3) summ = hsum(_mm256_madd_epi16(mn16[r], load256(x[c][i].bsums)));
+                s[r][c] += k_block_term(x[c][i].d, d, dmin, _mm512_reduce_add_epi32(sumi[r][c]), summ);
+            }
         }
     }
 }
@@ -136,10 +164,12 @@ void gemm(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* x, size_t
             const BlockQ8_K* xb[C];
             for (int r = 0; r < R; ++r) wb[r] = reinterpret_cast<const KBlock<Q3>*>(wr[r]);
             for (int c = 0; c < C; ++c) xb[c] = reinterpret_cast<const BlockQ8_K*>(xt[c]);
-            float s[R][C] = {};
-            for (int64_t i = 0; i < nb; ++i) block<Q3, R, C>(wb, xb, i, idx, s);
+            __m256 acc = _mm256_setzero_ps();
+            for (int64_t i = 0; i < nb; ++i) block<Q3, R, C>(wb, xb, i, idx, acc);
+            alignas(32) float s[R * C];
+            _mm256_store_ps(s, acc);
             for (int r = 0; r < R; ++r)
-                for (int c = 0; c < C; ++c) yt[c * n_out + r] = s[r][c];
+                for (int c = 0; c < C; ++c) yt[c * n_out + r] = s[C * r + c];
         });
 }
 
