@@ -26,6 +26,12 @@ inline int32_t hsum(__m256i a) {
     return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)));
 }
 
+// Lane k: the sum of the lanes of h[k] (exact in any order).
+inline __m128i reduce4(const __m256i (&h)[4]) {
+    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(h[0], h[1]), _mm256_hadd_epi32(h[2], h[3]));
+    return _mm_add_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+}
+
 // The words that weight the 16 pair sums maddubs leaves for 32 elements from group g (even) on:
 // scale g in the low 128-bit lane, g + 1 in the high one (sc16: word j is scale j).
 inline __m256i pair_scales(__m256i sc16, int g) {
@@ -34,12 +40,12 @@ inline __m256i pair_scales(__m256i sc16, int g) {
                                                       2, 3, 2, 3, 2, 3, 2, 3, 2, 3));
 }
 
-// Super-block i of one weight row against C tokens: s[c] += the reference's term of token c.
+// Super-block i of one weight row against C tokens: s[c] += the reference's term of token c (four
+// tokens: lane c of acc, the same float operations in the same order, a lane each).
 // Element 128h + 32k + l is bits 2k, 2k + 1 of qs[32h + l] (Q3_K: minus 4 where bit 4h + k of
 // hmask[l] is clear, taken here as q + 4 with the 4 folded back through the bsums).
-template <bool Q3, int C>
-__attribute__((always_inline)) inline void block(const KBlock<Q3>& w, const BlockQ8_K* const* x, int64_t i,
-                                                 float (&s)[C]) {
+template <bool Q3, int C, class Acc>
+__attribute__((always_inline)) inline void block(const KBlock<Q3>& w, const BlockQ8_K* const* x, int64_t i, Acc& s) {
     const __m256i m3 = _mm256_set1_epi8(3), zero = _mm256_setzero_si256();
     __m256i sc16, mn16 = zero, hm = zero, sumi[C];
     if constexpr (Q3) {
@@ -77,10 +83,20 @@ __attribute__((always_inline)) inline void block(const KBlock<Q3>& w, const Bloc
         }
     }
     const float d = h2f(w.d), dmin = h2f(dmin_bits(w));
+    if constexpr (C == 4) {
+        __m256i sm[4];
 #pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) {
-        const int32_t summ = Q3 ? 0 : hsum(_mm256_madd_epi16(mn16, load256(x[c][i].bsums)));
-        s[c] += k_block_term(x[c][i].d, d, dmin, hsum(sumi[c]), summ);
+        for (int c = 0; c < C; ++c) sm[c] = Q3 ? zero : _mm256_madd_epi16(mn16, load256(x[c][i].bsums));
+        const __m128 xd = _mm_setr_ps(x[0][i].d, x[1][i].d, x[2][i].d, x[3][i].d);
+        const __m128 terms = _mm_sub_ps(_mm_mul_ps(_mm_set1_ps(d), _mm_cvtepi32_ps(reduce4(sumi))),
+                                        _mm_mul_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(reduce4(sm))));
+        s = _mm_add_ps(s, _mm_mul_ps(xd, terms));
+    } else {
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) {
+            const int32_t summ = Q3 ? 0 : hsum(_mm256_madd_epi16(mn16, load256(x[c][i].bsums)));
+            s[c] += k_block_term(x[c][i].d, d, dmin, hsum(sumi[c]), summ);
+        }
     }
 }
 
@@ -107,8 +123,10 @@ void gemm(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* x, size_t
         },
         [&](const uint8_t* const* wr, const uint8_t* const*, float* yt) {
             const KBlock<Q3>* wb = reinterpret_cast<const KBlock<Q3>*>(wr[0]);
-            float s[C] = {};
-            for (int64_t i = 0; i < nb; ++i) block<Q3, C>(wb[i], xb, i, s);
+            __m128 acc = _mm_setzero_ps();
+            for (int64_t i = 0; i < nb; ++i) block<Q3, C>(wb[i], xb, i, acc);
+            alignas(16) float s[C];
+            _mm_store_ps(s, acc);
             for (int c = 0; c < C; ++c) yt[c * n_out] = s[c];
         });
 }
