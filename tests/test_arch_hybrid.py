@@ -2,8 +2,8 @@
 ember-convert from tiny random transformers models: the GGUF keys and tensors as llama.cpp's converter
 writes them (v heads tiled, ssm_a = -exp(A_log), (1 + w) norms summed), ember's logits against
 transformers' at f32 (one batch, token by token, a prompt continued on the recurrent state, and one
-that does not extend what the state saw, which is recomputed), and the errors for bad files, configs
-and the engine, which has no recurrent state slots yet."""
+that does not extend what the state saw, which is recomputed), the engine's state slots, and the errors
+for bad files and configs."""
 import json
 import os
 import shutil
@@ -197,12 +197,49 @@ def test_snapshots_take_at_most_their_memory(models):
 # ------------------------------------------------------------------------------------- refusals and bad input
 
 
-def test_engine_refuses_a_hybrid_model(models):
-    m = _ember.Model(models["qwen35"][2], n_gpu_layers=0)
-    with pytest.raises(Exception) as e:
-        _ember.Engine(m, n_ctx=64, max_num_seqs=2, max_num_batched_tokens=16, n_threads=2)
-    msg = str(e.value)
-    assert "qwen35" in msg and "state slots" in msg and "Llama" in msg
+def test_inside_an_engine_batch(models, hf_reference):
+    """The prompt's logprobs among other sequences' steps are transformers': each sequence runs on
+    its own recurrent state slot."""
+    hf_tiny.check_inside_an_engine_batch(models["qwen35"][2], hf_reference, "qwen35", "cpu")
+
+
+def test_engine_preempts_cancels_and_frees_every_slot(models):
+    """A pool too small for every sequence: the newest are preempted and recomputed from their first
+    token on a fresh slot, and each sequence's greedy tokens are those it has alone; a cancelled one
+    gives its slot back. Afterwards every state slot is free and no KV block is in use."""
+    path = models["qwen35"][2]
+    m = _ember.Model(path, n_gpu_layers=0)
+    engine = _ember.Engine(m, n_ctx=64, max_num_seqs=4, max_num_batched_tokens=32, n_threads=2, type_k="f32",
+                           type_v="f32", kv_blocks=5, kv_block_size=16)
+    rng = np.random.default_rng()
+    prompts = [[1] + [int(t) for t in rng.integers(3, 390, size=int(n))] for n in rng.integers(8, 20, size=6)]
+    ids = [engine.add_request(p, temperature=0.0, max_tokens=40) for p in prompts]
+    cancelled = engine.add_request(prompts[0], temperature=0.0, max_tokens=40)
+    tokens = {i: [] for i in ids}
+    left = set(ids) | {cancelled}
+    while left:
+        for o in engine.poll(1.0):
+            if o.request_id == cancelled:
+                engine.cancel(cancelled)
+            else:
+                tokens[o.request_id] += o.token_ids
+            if o.finished:
+                left.discard(o.request_id)
+    stats = engine.stats()
+    engine.close()
+    assert stats["preemptions"] > 0
+    assert stats["state_slots_total"] == 4 and stats["state_slots_free"] == 4 and stats["kv_blocks_used"] == 0
+    alone = _ember.Engine(m, n_ctx=64, max_num_seqs=1, max_num_batched_tokens=32, n_threads=2, type_k="f32",
+                          type_v="f32")
+    for i, p in zip(ids, prompts):
+        alone.add_request(p, temperature=0.0, max_tokens=40)
+        want, done = [], False
+        while not done:
+            for o in alone.poll(1.0):
+                want += o.token_ids
+                done = o.finished
+        assert tokens[i] == want
+    alone.close()
 
 
 def _rewrite(src, dst, drop=(), fields=None, extra=()):

@@ -83,6 +83,8 @@ struct EngineStats {
     int64_t swaps_out = 0, swaps_in = 0;                // sequences
     int32_t host_blocks_total = 0, host_blocks_used = 0, host_blocks_cached = 0;
     int64_t host_cache_hits = 0;                        // prefix blocks copied back from the host tier
+    // Hybrid models: recurrent state slots (one per sequence that may run) and those no sequence holds.
+    int32_t state_slots_total = 0, state_slots_free = 0;
     int64_t prompt_tokens = 0, generation_tokens = 0;   // computed by forward steps / sampled
     int64_t steps = 0;
     // Seconds the loop thread spent, over all steps, planning them (and copying swaps), in the

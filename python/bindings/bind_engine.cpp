@@ -132,6 +132,8 @@ void bind_engine(nb::module_& m) {
                  d["host_blocks_used"] = s.host_blocks_used;
                  d["host_blocks_cached"] = s.host_blocks_cached;
                  d["host_cache_hits"] = s.host_cache_hits;
+                 d["state_slots_total"] = s.state_slots_total;
+                 d["state_slots_free"] = s.state_slots_free;
                  d["prompt_tokens"] = s.prompt_tokens;
                  d["generation_tokens"] = s.generation_tokens;
                  d["steps"] = s.steps;

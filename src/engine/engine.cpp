@@ -84,7 +84,7 @@ struct EngineImpl {
     EngineImpl(std::shared_ptr<Model> m, const EngineParams& p, const RunnerParams& rp)
         : params(p), runner(std::move(m), rp),
           cache(rp.n_kv_blocks, rp.kv_block_size, kv_salt(rp.type_k, rp.type_v), p.enable_prefix_caching),
-          sched(cache, p.max_num_seqs, p.max_num_batched_tokens, p.enable_prefix_caching) {
+          sched(cache, p.max_num_seqs, p.max_num_batched_tokens, p.enable_prefix_caching, rp.n_state_slots) {
         if (rp.n_host_tier_slots > 0)
             cache.enable_host_tier(
                 rp.n_host_tier_slots, [this](const KVCache::BlockPairs& pairs) { runner.copy_blocks_to_host(pairs); },
@@ -152,6 +152,8 @@ void EngineImpl::update_stats() {
     stats.running = (int32_t)sched.n_running();
     stats.waiting = (int32_t)(sched.n_waiting() + sched.n_swapped() + incoming.size());
     stats.swapped = (int32_t)sched.n_swapped();
+    stats.state_slots_total = runner.params().n_state_slots;
+    stats.state_slots_free = sched.free_state_slots();
     stats.kv_blocks_total = ps.n_blocks;
     stats.kv_blocks_used = ps.n_used;
     stats.kv_blocks_cached = ps.n_cached;
@@ -297,6 +299,9 @@ bool EngineImpl::step() {
         plan.batch.fast_attention = !params.deterministic;
         t_forward = Clock::now();
         const bool greedy = greedy_step(plan);
+        // A sequence starting from its first token starts from an empty recurrent state.
+        for (const StepSeq& ss : plan.seqs)
+            if (ss.start == 0 && ss.seq->state_slot >= 0) runner.clear_state(ss.seq->state_slot);
         runner.clear_logits();
         runner.forward(plan.tokens.data(), plan.batch, plan.rows, greedy);
         sched.commit(plan);
@@ -434,9 +439,6 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineParams& p) {
     if (!(p.kv_host_mb >= 0) || !std::isfinite(p.kv_host_mb))
         fail("kv_host_mb must be a finite number >= 0 (0: no host tier), got ", p.kv_host_mb);
     const HParams& hp = model->hparams();
-    if (has_recurrent_layers(hp))
-        fail(model->file().path(), ": ", hp.arch, " is a hybrid model whose recurrent (gated DeltaNet) layers keep ",
-             "a state per sequence, and the engine has no recurrent state slots yet: run it with Llama (one sequence)");
     const size_t block_bytes = kv_block_bytes_model(hp, p.kv_block_size, p.type_k, p.type_v);
     const int64_t per_seq = (p.n_ctx + p.kv_block_size - 1) / p.kv_block_size;
     const double mib = 1024.0 * 1024.0;
@@ -469,6 +471,8 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineParams& p) {
     rp.type_v = p.type_v;
     rp.offload_kqv = p.offload_kqv;
     rp.kv_gpu_cache_mb = p.kv_gpu_cache_mb;
+    // A hybrid model's running sequences each hold a recurrent state slot.
+    rp.n_state_slots = has_recurrent_layers(hp) ? p.max_num_seqs : 0;
     impl_ = std::make_unique<EngineImpl>(std::move(model), p, rp);
     impl_->update_stats();
     impl_->loop = std::thread([this] { impl_->run(); });

@@ -8,9 +8,18 @@
 
 namespace ember {
 
-Scheduler::Scheduler(KVCache& cache, int32_t max_num_seqs, int32_t max_batched_tokens, bool prefix_caching)
+Scheduler::Scheduler(KVCache& cache, int32_t max_num_seqs, int32_t max_batched_tokens, bool prefix_caching,
+                     int32_t n_state_slots)
     : cache_(cache), max_num_seqs_(max_num_seqs), max_batched_tokens_(max_batched_tokens),
-      prefix_caching_(prefix_caching) {}
+      prefix_caching_(prefix_caching), recurrent_(n_state_slots > 0) {
+    for (int32_t slot = n_state_slots - 1; slot >= 0; --slot) free_slots_.push_back(slot);
+}
+
+void Scheduler::release_slot(Sequence& s) {
+    if (s.state_slot < 0) return;
+    free_slots_.push_back(s.state_slot);
+    s.state_slot = -1;
+}
 
 void Scheduler::add(std::unique_ptr<Sequence> s) { waiting_.push_back(std::move(s)); }
 
@@ -25,7 +34,10 @@ std::unique_ptr<Sequence> Scheduler::remove(int64_t id) {
             }
         return false;
     };
-    if (take(running_) || take(waiting_) || take(swapped_)) cache_.remove(id);
+    if (take(running_) || take(waiting_) || take(swapped_)) {
+        cache_.remove(id);
+        release_slot(*out);
+    }
     return out;
 }
 
@@ -42,13 +54,14 @@ bool Scheduler::preempt(const std::vector<Sequence*>& taken) {
         Sequence* s = it->get();
         if (std::find(taken.begin(), taken.end(), s) != taken.end()) continue;
         // Either way its full blocks stay in the prefix cache, for others and for its own return.
-        if (cache_.swap_out(s->id)) {
+        if (!recurrent_ && cache_.swap_out(s->id)) {
             auto at = std::find_if(swapped_.begin(), swapped_.end(),
                                    [&](const auto& p) { return p->order > s->order; });
             swapped_.insert(at, std::move(*it));
             ++swaps_out_;
         } else {
             cache_.remove(s->id);
+            release_slot(*s);
             s->n_computed = 0;
             if (!s->prompt_lp_sent) {
                 s->prompt_lp.clear();
@@ -65,9 +78,10 @@ bool Scheduler::preempt(const std::vector<Sequence*>& taken) {
 }
 
 bool Scheduler::admit(Sequence& s, int32_t budget) {
+    if (recurrent_ && free_slots_.empty()) return false;
     cache_.add(s.id);
     // Prompt logprobs need the logits of every prompt token, so those prompts compute them all.
-    if (prefix_caching_ && !s.wants_prompt_logprobs())
+    if (prefix_caching_ && !recurrent_ && !s.wants_prompt_logprobs())
         s.n_computed = cache_.match_prefix(s.id, s.tokens.data(), (int32_t)s.tokens.size());
     const int32_t chunk = std::min(s.need(), budget);
     // Room left for every running sequence to grow by a block, so that admitting one does not
@@ -77,6 +91,10 @@ bool Scheduler::admit(Sequence& s, int32_t budget) {
         cache_.remove(s.id);
         s.n_computed = 0;
         return false;
+    }
+    if (recurrent_) {
+        s.state_slot = free_slots_.back();
+        free_slots_.pop_back();
     }
     if (!s.admitted) {
         s.out.num_cached_tokens = s.n_computed;
@@ -179,6 +197,7 @@ StepPlan Scheduler::plan() {
             b.seq.push_back((int32_t)i);
         }
         step.seqs.push_back(ss);
+        if (recurrent_) b.state_slot.push_back(s->state_slot);
     }
     b.n_tok = (int32_t)step.tokens.size();
     return step;

@@ -1,7 +1,9 @@
 // The scheduler's side of the engine: the waiting, running and swapped-out sequences over one
 // KVCache, and the plan of each step under the token budget (decodes first, then chunks of
 // prompts; the newest running sequence preempted when blocks run out: swapped out to the host
-// tier when it has room, else freed to be recomputed later).
+// tier when it has room, else freed to be recomputed later). A hybrid model's running sequences each
+// hold a recurrent state slot: they start from their first token (no cached prefix: the cache keeps
+// no state for it) and are recomputed, never swapped, when preempted.
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -33,7 +35,9 @@ struct StepPlan {
 
 class Scheduler {
 public:
-    Scheduler(KVCache& cache, int32_t max_num_seqs, int32_t max_batched_tokens, bool prefix_caching);
+    // n_state_slots: recurrent state slots to hand out (0: the model has no recurrent layers).
+    Scheduler(KVCache& cache, int32_t max_num_seqs, int32_t max_batched_tokens, bool prefix_caching,
+              int32_t n_state_slots = 0);
     void add(std::unique_ptr<Sequence> s);
     // Takes the sequence out (waiting, running or swapped out), its blocks or host slots
     // released; null if unknown.
@@ -50,6 +54,7 @@ public:
     int64_t swaps_in() const { return swaps_in_; }
     int64_t cached_prompt_tokens() const { return cached_prompt_tokens_; }
     bool idle() const { return running_.empty() && waiting_.empty() && swapped_.empty(); }
+    int32_t free_state_slots() const { return (int32_t)free_slots_.size(); }
     // Every sequence, waiting, running and swapped out (to finish them all at shutdown).
     std::vector<int64_t> ids() const;
 
@@ -62,9 +67,13 @@ private:
     // room for it and a block of growth for every running sequence.
     bool resume(int32_t budget);
 
+    void release_slot(Sequence& s);
+
     KVCache& cache_;
     int32_t max_num_seqs_, max_batched_tokens_;
     bool prefix_caching_;
+    bool recurrent_;
+    std::vector<int32_t> free_slots_;
     std::deque<std::unique_ptr<Sequence>> waiting_;
     // In admission order; a swapped-in sequence goes back to its place by arrival.
     std::vector<std::unique_ptr<Sequence>> running_;

@@ -20,6 +20,7 @@ struct Sequence {
     int32_t n_computed = 0;          // tokens whose KV is in the cache
     int32_t n_generated = 0;
     bool admitted = false;           // admitted once (num_cached_tokens counts the first admission)
+    int32_t state_slot = -1;         // its recurrent state slot while it runs (hybrid models), else -1
     std::unique_ptr<Sampler> sampler;
     std::shared_ptr<GrammarSlot> grammar;   // constrained decoding's state; null when unconstrained
     std::vector<float> prompt_lp;    // prompt_lp[p]: logprob of tokens[p + 1], gathered as computed
