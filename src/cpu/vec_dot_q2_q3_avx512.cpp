@@ -30,6 +30,19 @@ inline __m256i reduce8(const __m256i (&h)[8]) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(b0, b4, 0x20), _mm256_permute2x128_si256(b0, b4, 0x31));
 }
 
+// Lane k: the sum of the lanes of h[k].
+inline __m128i reduce4(const __m256i (&h)[4]) {
+    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(h[0], h[1]), _mm256_hadd_epi32(h[2], h[3]));
+    return _mm_add_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+}
+
+// One super-block's integer sums (lanes still to add) and its scales: the one-token dot takes the
+// float terms of four blocks in one vector, then adds them to its sum one by one, in block order.
+struct BlockSums {
+    __m256i si, sm;
+    float xd, d, dmin;
+};
+
 inline int32_t hsum(__m256i a) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
     s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
@@ -103,7 +116,13 @@ __attribute__((always_inline)) inline void block(const KBlock<Q3>* const* w, con
             }
         }
     }
-    if constexpr (R == 2 && C == 4) {
+    if constexpr (std::is_same<Acc, BlockSums>::value) {
+        s.si = _mm256_add_epi32(_mm512_castsi512_si256(sumi[0][0]), _mm512_extracti64x4_epi64(sumi[0][0], 1));
+        s.sm = Q3 ? _mm256_setzero_si256() : _mm256_madd_epi16(mn16[0], load256(x[0][i].bsums));
+        s.xd = x[0][i].d;
+        s.d = h2f(w[0][i].d);
+        s.dmin = h2f(dmin_bits(w[0][i]));
+    } else if constexpr (R == 2 && C == 4) {
         __m256i si[8], sm[8];
 #pragma GCC unroll 2
         for (int r = 0; r < R; ++r)
@@ -144,8 +163,23 @@ float dot(int64_t n, const void* wv, const void* xv) {
     const BlockQ8_K* x[1] = {static_cast<const BlockQ8_K*>(xv)};
     __m512i idx[4];
     slice_indices(idx);
+    const int64_t nb = n / QK_K;
     float s[1][1] = {{0.0f}};
-    for (int64_t i = 0; i < n / QK_K; ++i) block<Q3, 1, 1>(w, x, i, idx, s);
+    int64_t i = 0;
+    for (; i + 4 <= nb; i += 4) {
+        BlockSums b[4];
+        for (int j = 0; j < 4; ++j) block<Q3, 1, 1>(w, x, i + j, idx, b[j]);
+        const __m256i si[4] = {b[0].si, b[1].si, b[2].si, b[3].si}, sm[4] = {b[0].sm, b[1].sm, b[2].sm, b[3].sm};
+        const __m128 xd = _mm_setr_ps(b[0].xd, b[1].xd, b[2].xd, b[3].xd);
+        const __m128 d = _mm_setr_ps(b[0].d, b[1].d, b[2].d, b[3].d);
+        const __m128 dmin = _mm_setr_ps(b[0].dmin, b[1].dmin, b[2].dmin, b[3].dmin);
+        const __m128 terms = _mm_mul_ps(xd, _mm_sub_ps(_mm_mul_ps(d, _mm_cvtepi32_ps(reduce4(si))),
+                                                       _mm_mul_ps(dmin, _mm_cvtepi32_ps(reduce4(sm)))));
+        alignas(16) float t[4];
+        _mm_store_ps(t, terms);
+        for (int j = 0; j < 4; ++j) s[0][0] += t[j];
+    }
+    for (; i < nb; ++i) block<Q3, 1, 1>(w, x, i, idx, s);
     return s[0][0];
 }
 
