@@ -242,6 +242,51 @@ def test_engine_preempts_cancels_and_frees_every_slot(models):
     alone.close()
 
 
+def _run(engine, prompt, **kw):
+    rid = engine.add_request(prompt, temperature=0.0, **kw)
+    tokens, lps, done = [], [], False
+    while not done:
+        for o in engine.poll(1.0):
+            assert o.request_id == rid
+            tokens += o.token_ids
+            lps += o.prompt_logprobs
+            done = o.finished
+    return tokens, lps
+
+
+@pytest.mark.parametrize("interval", [16, 32])
+def test_engine_resumes_a_cached_prefix_from_its_kept_state(models, hf_reference, interval):
+    """The engine keeps each sequence's recurrent state every `interval` tokens: a second request
+    sharing a prefix with the first is served from the cache up to the last kept state in it (the
+    tokens after are computed), with the greedy tokens of an engine that caches nothing, and its
+    tokens' logprobs are transformers'."""
+    path = models["qwen35"][2]
+    m = _ember.Model(path, n_gpu_layers=0)
+    kw = dict(n_ctx=96, max_num_seqs=2, max_num_batched_tokens=64, n_threads=2, type_k="f32", type_v="f32",
+              kv_block_size=16)
+    engine = _ember.Engine(m, state_snapshot_interval=interval, **kw)
+    plain = _ember.Engine(m, enable_prefix_caching=False, **kw)
+    rng = np.random.default_rng()
+    first = PROMPT[:36] + [int(t) for t in rng.integers(3, 390, size=6)]
+    _run(engine, first, max_tokens=4)
+    before = engine.stats()["cached_prompt_tokens"]
+    second = PROMPT[:36] + [int(t) for t in rng.integers(3, 390, size=5)]
+    got, _ = _run(engine, second, max_tokens=6)
+    assert engine.stats()["cached_prompt_tokens"] - before == 36 // interval * interval
+    assert got == _run(plain, second, max_tokens=6)[0]
+    _, lps = _run(engine, PROMPT, max_tokens=1, prompt_logprobs=True)
+    want = hf_tiny.log_softmax(hf_reference.logits("qwen35", PROMPT))
+    assert np.allclose(lps, [want[i, PROMPT[i + 1]] for i in range(len(PROMPT) - 1)], atol=1e-4)
+    engine.close()
+    plain.close()
+
+
+def test_engine_snapshot_interval_must_be_whole_blocks(models):
+    m = _ember.Model(models["qwen35"][2], n_gpu_layers=0)
+    with pytest.raises(ValueError, match="multiple of kv_block_size"):
+        _ember.Engine(m, n_ctx=64, max_num_seqs=2, kv_block_size=16, state_snapshot_interval=24)
+
+
 def _rewrite(src, dst, drop=(), fields=None, extra=()):
     """A copy of a GGUF without the tensors `drop`, with metadata replaced (fields; new keys as uint32)
     and the tensors `extra` ((name, float32 array)) appended."""

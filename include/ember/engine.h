@@ -31,6 +31,11 @@ struct EngineParams {
     double kv_host_mb = 0.0;
     GGMLType type_k = GGMLType::F16, type_v = GGMLType::F16;
     bool enable_prefix_caching = true;
+    // Hybrid models (recurrent layers): the recurrent state is kept every state_snapshot_interval
+    // tokens of a sequence (a multiple of kv_block_size; 0: never), within state_snapshot_mb MiB of
+    // host memory, so a cached prefix resumes from the last kept state in it.
+    int32_t state_snapshot_interval = 128;
+    int32_t state_snapshot_mb = 1024;
     // Same tokens for a request whether it runs alone or in any batch (batch-invariant kernels).
     bool deterministic = false;
     bool offload_kqv = true;

@@ -51,6 +51,8 @@ void bind_engine(nb::module_& m) {
                              .def_rw("n_threads", &EngineParams::n_threads)
                              .def_rw("kv_block_size", &EngineParams::kv_block_size)
                              .def_rw("kv_blocks", &EngineParams::kv_blocks)
+                             .def_rw("state_snapshot_interval", &EngineParams::state_snapshot_interval)
+                             .def_rw("state_snapshot_mb", &EngineParams::state_snapshot_mb)
                              .def_rw("kv_mb", &EngineParams::kv_mb)
                              .def_rw("kv_host_mb", &EngineParams::kv_host_mb)
                              .def_rw("enable_prefix_caching", &EngineParams::enable_prefix_caching)

@@ -19,6 +19,7 @@
 #include "engine/grammar_worker.h"
 #include "engine/scheduler.h"
 #include "kv/kv_cache.h"
+#include "engine/state_snapshots.h"
 #include "model/recurrent_state.h"
 #include "model/runner.h"
 
@@ -60,6 +61,7 @@ struct EngineImpl {
     EngineParams params;
     Runner runner;
     KVCache cache;
+    StateSnapshots snapshots;
     Scheduler sched;
     std::vector<int32_t> stop_ids_eog;   // the vocabulary's end-of-generation tokens
     int32_t n_vocab;
@@ -84,7 +86,10 @@ struct EngineImpl {
     EngineImpl(std::shared_ptr<Model> m, const EngineParams& p, const RunnerParams& rp)
         : params(p), runner(std::move(m), rp),
           cache(rp.n_kv_blocks, rp.kv_block_size, kv_salt(rp.type_k, rp.type_v), p.enable_prefix_caching),
-          sched(cache, p.max_num_seqs, p.max_num_batched_tokens, p.enable_prefix_caching, rp.n_state_slots) {
+          snapshots(rp.n_state_slots > 0 ? p.state_snapshot_interval : 0, p.kv_block_size,
+                    (size_t)p.state_snapshot_mb << 20),
+          sched(cache, p.max_num_seqs, p.max_num_batched_tokens, p.enable_prefix_caching, rp.n_state_slots,
+                &snapshots) {
         if (rp.n_host_tier_slots > 0)
             cache.enable_host_tier(
                 rp.n_host_tier_slots, [this](const KVCache::BlockPairs& pairs) { runner.copy_blocks_to_host(pairs); },
@@ -299,12 +304,23 @@ bool EngineImpl::step() {
         plan.batch.fast_attention = !params.deterministic;
         t_forward = Clock::now();
         const bool greedy = greedy_step(plan);
-        // A sequence starting from its first token starts from an empty recurrent state.
-        for (const StepSeq& ss : plan.seqs)
-            if (ss.start == 0 && ss.seq->state_slot >= 0) runner.clear_state(ss.seq->state_slot);
+        // A sequence starts from an empty recurrent state at its first token, or from the state kept
+        // for the cached prefix it was admitted on.
+        for (const StepSeq& ss : plan.seqs) {
+            Sequence& s = *ss.seq;
+            if (s.state_slot < 0) continue;
+            if (s.resume_state) runner.restore_state(s.state_slot, *s.resume_state);
+            else if (ss.start == 0) runner.clear_state(s.state_slot);
+            s.resume_state.reset();
+        }
         runner.clear_logits();
         runner.forward(plan.tokens.data(), plan.batch, plan.rows, greedy);
         sched.commit(plan);
+        for (const StepSeq& ss : plan.seqs) {
+            const int32_t end = ss.start + ss.len;
+            if (ss.seq->state_slot >= 0 && snapshots.due(end))
+                snapshots.put(snapshots.key(ss.seq->tokens.data(), end), runner.save_state(ss.seq->state_slot));
+        }
         t_sample = Clock::now();
         // The masks the worker computed during the forward; time spent here is overlap missed.
         for (const StepSeq& ss : plan.seqs)
@@ -435,6 +451,7 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineParams& p) {
     if (p.max_num_batched_tokens <= 0) fail("max_num_batched_tokens must be positive, got ", p.max_num_batched_tokens);
     if (p.kv_block_size <= 0) fail("kv_block_size must be positive, got ", p.kv_block_size);
     if (p.kv_blocks < 0) fail("kv_blocks must be >= 0, got ", p.kv_blocks);
+    if (p.state_snapshot_mb < 0) fail("state_snapshot_mb must be >= 0, got ", p.state_snapshot_mb);
     if (!(p.kv_mb >= 0) || !std::isfinite(p.kv_mb)) fail("kv_mb must be a finite number >= 0, got ", p.kv_mb);
     if (!(p.kv_host_mb >= 0) || !std::isfinite(p.kv_host_mb))
         fail("kv_host_mb must be a finite number >= 0 (0: no host tier), got ", p.kv_host_mb);

@@ -9,10 +9,17 @@
 namespace ember {
 
 Scheduler::Scheduler(KVCache& cache, int32_t max_num_seqs, int32_t max_batched_tokens, bool prefix_caching,
-                     int32_t n_state_slots)
+                     int32_t n_state_slots, StateSnapshots* snapshots)
     : cache_(cache), max_num_seqs_(max_num_seqs), max_batched_tokens_(max_batched_tokens),
-      prefix_caching_(prefix_caching), recurrent_(n_state_slots > 0) {
+      prefix_caching_(prefix_caching), recurrent_(n_state_slots > 0), snapshots_(snapshots) {
     for (int32_t slot = n_state_slots - 1; slot >= 0; --slot) free_slots_.push_back(slot);
+}
+
+int32_t Scheduler::chunk_for(const Sequence& s, int32_t budget) const {
+    const int32_t chunk = std::min(s.need(), budget);
+    if (!recurrent_ || !snapshots_ || !snapshots_->enabled()) return chunk;
+    const int32_t every = snapshots_->every();
+    return std::min(chunk, (s.n_computed / every + 1) * every - s.n_computed);
 }
 
 void Scheduler::release_slot(Sequence& s) {
@@ -62,6 +69,7 @@ bool Scheduler::preempt(const std::vector<Sequence*>& taken) {
         } else {
             cache_.remove(s->id);
             release_slot(*s);
+            s->resume_state.reset();
             s->n_computed = 0;
             if (!s->prompt_lp_sent) {
                 s->prompt_lp.clear();
@@ -81,15 +89,24 @@ bool Scheduler::admit(Sequence& s, int32_t budget) {
     if (recurrent_ && free_slots_.empty()) return false;
     cache_.add(s.id);
     // Prompt logprobs need the logits of every prompt token, so those prompts compute them all.
-    if (prefix_caching_ && !recurrent_ && !s.wants_prompt_logprobs())
+    if (prefix_caching_ && !s.wants_prompt_logprobs())
         s.n_computed = cache_.match_prefix(s.id, s.tokens.data(), (int32_t)s.tokens.size());
-    const int32_t chunk = std::min(s.need(), budget);
+    if (recurrent_ && s.n_computed > 0) {
+        // Only as far as a kept state: the recurrent layers resume from it.
+        auto [pos, state] = snapshots_ ? snapshots_->longest(s.tokens.data(), s.n_computed)
+                                       : std::pair<int32_t, StateSnapshots::State>{0, nullptr};
+        cache_.truncate(s.id, pos);
+        s.n_computed = pos;
+        s.resume_state = std::move(state);
+    }
+    const int32_t chunk = chunk_for(s, budget);
     // Room left for every running sequence to grow by a block, so that admitting one does not
     // force a preemption at the next decode.
     const int32_t spare = (int32_t)running_.size();
     if (cache_.blocks_needed(s.id, chunk) + spare > cache_.pool().n_available() || !cache_.reserve(s.id, chunk)) {
         cache_.remove(s.id);
         s.n_computed = 0;
+        s.resume_state.reset();
         return false;
     }
     if (recurrent_) {
@@ -135,7 +152,7 @@ StepPlan Scheduler::plan() {
         for (Sequence* s : order) {
             if (budget == 0) break;
             if (!is_running(s) || (s->need() == 1) != (pass == 0)) continue;
-            const int32_t chunk = std::min(s->need(), budget);
+            const int32_t chunk = chunk_for(*s, budget);
             // The newest sequence not yet in this step goes first, possibly s itself.
             bool reserved;
             while (!(reserved = cache_.reserve(s->id, chunk)) && preempt(taken) && is_running(s)) {}
@@ -160,7 +177,7 @@ StepPlan Scheduler::plan() {
     while (swapped_.empty() && !waiting_.empty() && budget > 0 && (int32_t)running_.size() < max_num_seqs_) {
         Sequence& s = *waiting_.front();
         if (!admit(s, budget)) break;
-        const int32_t chunk = std::min(s.need(), budget);
+        const int32_t chunk = chunk_for(s, budget);
         running_.push_back(std::move(waiting_.front()));
         waiting_.pop_front();
         taken.push_back(&s);

@@ -2,8 +2,8 @@
 // KVCache, and the plan of each step under the token budget (decodes first, then chunks of
 // prompts; the newest running sequence preempted when blocks run out: swapped out to the host
 // tier when it has room, else freed to be recomputed later). A hybrid model's running sequences each
-// hold a recurrent state slot: they start from their first token (no cached prefix: the cache keeps
-// no state for it) and are recomputed, never swapped, when preempted.
+// hold a recurrent state slot: a cached prefix serves them only up to the longest prefix whose
+// state the engine kept (StateSnapshots), and they are recomputed, never swapped, when preempted.
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -12,6 +12,7 @@
 
 #include "backend/backend.h"
 #include "engine/sequence.h"
+#include "engine/state_snapshots.h"
 #include "kv/kv_cache.h"
 #include "model/runner.h"
 
@@ -35,9 +36,10 @@ struct StepPlan {
 
 class Scheduler {
 public:
-    // n_state_slots: recurrent state slots to hand out (0: the model has no recurrent layers).
+    // n_state_slots: recurrent state slots to hand out (0: the model has no recurrent layers);
+    // snapshots: the kept states that cached prefixes of those models resume from (null: none).
     Scheduler(KVCache& cache, int32_t max_num_seqs, int32_t max_batched_tokens, bool prefix_caching,
-              int32_t n_state_slots = 0);
+              int32_t n_state_slots = 0, StateSnapshots* snapshots = nullptr);
     void add(std::unique_ptr<Sequence> s);
     // Takes the sequence out (waiting, running or swapped out), its blocks or host slots
     // released; null if unknown.
@@ -68,12 +70,15 @@ private:
     bool resume(int32_t budget);
 
     void release_slot(Sequence& s);
+    // The tokens of s's next chunk within budget: for a hybrid model, ending on a snapshot position.
+    int32_t chunk_for(const Sequence& s, int32_t budget) const;
 
     KVCache& cache_;
     int32_t max_num_seqs_, max_batched_tokens_;
     bool prefix_caching_;
     bool recurrent_;
     std::vector<int32_t> free_slots_;
+    StateSnapshots* snapshots_;
     std::deque<std::unique_ptr<Sequence>> waiting_;
     // In admission order; a swapped-in sequence goes back to its place by arrival.
     std::vector<std::unique_ptr<Sequence>> running_;

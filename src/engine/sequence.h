@@ -21,6 +21,8 @@ struct Sequence {
     int32_t n_generated = 0;
     bool admitted = false;           // admitted once (num_cached_tokens counts the first admission)
     int32_t state_slot = -1;         // its recurrent state slot while it runs (hybrid models), else -1
+    // Admitted on a kept prefix's state: written into its slot before its next step, then dropped.
+    std::shared_ptr<const std::vector<float>> resume_state;
     std::unique_ptr<Sampler> sampler;
     std::shared_ptr<GrammarSlot> grammar;   // constrained decoding's state; null when unconstrained
     std::vector<float> prompt_lp;    // prompt_lp[p]: logprob of tokens[p + 1], gathered as computed
