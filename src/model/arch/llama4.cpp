@@ -49,8 +49,8 @@ public:
         };
         // A layer is dense or a mixture (read_hparams checked which): both sets are optional here.
         std::vector<TensorSpec> ffn = {
-            {Role::gate, "ffn_gate.weight", {E, F}},         {Role::up, "ffn_up.weight", {E, F}},
-            {Role::down, "ffn_down.weight", {F, E}},         {Role::gate_shexp, "ffn_gate_shexp.weight", {E, FX}},
+            {Role::gate, "ffn_gate.weight", {E, F}},          {Role::up, "ffn_up.weight", {E, F}},
+            {Role::down, "ffn_down.weight", {F, E}},          {Role::gate_shexp, "ffn_gate_shexp.weight", {E, FX}},
             {Role::up_shexp, "ffn_up_shexp.weight", {E, FX}}, {Role::down_shexp, "ffn_down_shexp.weight", {FX, E}},
         };
         for (TensorSpec& s : moe_block_tensors(hp, /*biases=*/false)) ffn.push_back(std::move(s));
@@ -92,10 +92,8 @@ public:
                 r.be.attn_temperature(b.q, n, (int64_t)r.hp.n_head * r.hp.head_dim, r.cfg.rope);
         }
         r.be.attn_out(r.kv, r.cfg.shape, *r.w.m(Role::wo), n, b, r.out_a);
-        if (r.w.m(Role::gate)->data)
-            r.be.ffn(ffn_weights(r, Activation::SiLU), r.x, r.out_a, n, b, r.out_b);
-        else
-            run_moe_ffn(r, MoeConfig{MoeGating::sigmoid, Activation::SiLU, /*weight_input=*/true}, r.out_a, r.out_b);
+        if (r.w.m(Role::gate)->data) r.be.ffn(ffn_weights(r, Activation::SiLU), r.x, r.out_a, n, b, r.out_b);
+        else run_moe_ffn(r, MoeConfig{MoeGating::sigmoid, Activation::SiLU, /*weight_input=*/true}, r.out_a, r.out_b);
         return r.out_b;
     }
 
