@@ -339,3 +339,35 @@ def check_inside_an_engine_batch(path, hf_reference, name, device, prompt=LONG_P
     want = log_softmax(want_logits)[np.arange(len(prompt) - 1), prompt[1:]]
     tol = (1e-4 if device == "cpu" else 2e-3) * 2 * np.abs(want_logits).max()
     np.testing.assert_allclose(got, want, rtol=0, atol=tol)
+
+
+def edited(src, dst, edit):
+    """A copy of checkpoint folder src at dst whose config.json `edit` changed: a callable taking the
+    config dict, or a dict of fields to set."""
+    d = shutil.copytree(src, dst)
+    cfg_path = os.path.join(d, "config.json")
+    with open(cfg_path, encoding="utf-8") as f:
+        cfg = json.load(f)
+    if callable(edit):
+        edit(cfg)
+    else:
+        cfg.update(edit)
+    with open(cfg_path, "w", encoding="utf-8") as f:
+        json.dump(cfg, f)
+    return d
+
+
+def greedy_bytes(path, prompt, n_predict):
+    """ember's greedy continuation of prompt (special tokens parsed, a BOS first) as llama.cpp's
+    llama-simple prints it: each piece with printf("%s"), so a piece ends at its first NUL byte."""
+    from ember.llama import Llama
+    with Llama(path, n_ctx=128, verbose=False) as llm:
+        llm.eval(llm.tokenize(prompt.encode("utf-8"), add_bos=True, special=True))
+        out = []
+        for _ in range(n_predict):
+            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            if tok == llm.token_eos():
+                break
+            out.append(tok)
+            llm.eval([tok])
+        return b"".join(llm.detokenize([t], special=True).split(b"\0")[0] for t in out)

@@ -6,7 +6,6 @@ llama.cpp's greedy text on the same files must be ember's, and configs ember can
 clear error."""
 import json
 import os
-import shutil
 import sys
 
 import numpy as np
@@ -157,36 +156,13 @@ def test_cuda_logits_match_cpu(models, name, chunk):
 def test_greedy_text_matches_llama_cpp(models, name):
     """llama.cpp (llama-simple: CPU, greedy, f16 KV cache) loads each converted file; the bytes of
     its n_predict pieces are those of ember's greedy tokens (tools/gen_chat_greedy_references.py)."""
-    from ember.llama import Llama
 
     ref = json.loads(GREEDY.read_text(encoding="utf-8"))[name]
-    with Llama(models[name][2], n_ctx=128, verbose=False) as llm:
-        ids = llm.tokenize(ref["prompt"].encode("utf-8"), add_bos=True, special=True)
-        out = []
-        llm.eval(ids)
-        for _ in range(ref["n_predict"]):
-            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-            if tok == llm.token_eos():
-                break
-            out.append(tok)
-            llm.eval([tok])
-        # llama-simple prints each piece with printf("%s"): a piece ends at its first NUL byte.
-        got = b"".join(llm.detokenize([t], special=True).split(b"\0")[0] for t in out)
+    got = hf_tiny.greedy_bytes(models[name][2], ref["prompt"], ref["n_predict"])
     assert got == bytes.fromhex(ref["text_hex"]), got
 
 
 # --------------------------------------------------------------------------------------- errors
-
-
-def _edited(src, dst, edit):
-    d = shutil.copytree(src, dst)
-    cfg_path = os.path.join(d, "config.json")
-    with open(cfg_path, encoding="utf-8") as f:
-        cfg = json.load(f)
-    edit(cfg)
-    with open(cfg_path, "w", encoding="utf-8") as f:
-        json.dump(cfg, f)
-    return d
 
 
 def _set(**changes):
@@ -204,7 +180,7 @@ def _set(**changes):
     ("smollm3", _set(no_rope_layer_interval=3), ["each fourth"]),
 ])
 def test_bad_config_gives_clear_error(models, tmp_path, name, edit, needles):
-    d = _edited(models[name][0], str(tmp_path / "m"), edit)
+    d = hf_tiny.edited(models[name][0], str(tmp_path / "m"), edit)
     out = str(tmp_path / "o.gguf")
     with pytest.raises(ConvertError) as e:
         convert(d, out, "f32", progress=False)

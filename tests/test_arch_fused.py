@@ -234,7 +234,7 @@ def test_greedy_text_matches_llama_cpp(models, tmp_path, case):
     from ember.llama import Llama
 
     ref = json.loads(GREEDY.read_text(encoding="utf-8"))[case]
-    d = _edited(models[GREEDY_MODEL[case]][0], str(tmp_path / case), lambda cfg: cfg.update(GREEDY_CASES[case]))
+    d = hf_tiny.edited(models[GREEDY_MODEL[case]][0], str(tmp_path / case), lambda cfg: cfg.update(GREEDY_CASES[case]))
     path = str(tmp_path / f"{case}.gguf")
     convert(d, path, "f32", progress=False)
     with Llama(path, n_ctx=128, verbose=False) as llm:
@@ -249,17 +249,6 @@ def test_greedy_text_matches_llama_cpp(models, tmp_path, case):
             llm.eval([tok])
         got = llm.detokenize(out, special=True)
     assert got == bytes.fromhex(ref["text_hex"]), got
-
-
-def _edited(src, dst, edit):
-    d = shutil.copytree(src, dst)
-    cfg_path = os.path.join(d, "config.json")
-    with open(cfg_path, encoding="utf-8") as f:
-        cfg = json.load(f)
-    edit(cfg)
-    with open(cfg_path, "w", encoding="utf-8") as f:
-        json.dump(cfg, f)
-    return d
 
 
 def _rope(**changes):
@@ -285,7 +274,7 @@ def _rope(**changes):
     ("cohere2", lambda cfg: cfg.update(layer_types=["full_attention"] * 3), "'layer_types' must name"),
 ])
 def test_bad_config_gives_clear_error(models, tmp_path, name, edit, needle):
-    d = _edited(models[name][0], str(tmp_path / "bad"), edit)
+    d = hf_tiny.edited(models[name][0], str(tmp_path / "bad"), edit)
     with pytest.raises(ConvertError, match=None) as e:
         convert(d, str(tmp_path / "bad.gguf"), "f32", progress=False)
     assert needle in str(e.value)

@@ -160,17 +160,6 @@ def test_multimodal_checkpoint_converts_to_the_text_model(model, tmp_path):
 # --------------------------------------------------------------------------------------- errors
 
 
-def _edited(src, dst, changes):
-    d = shutil.copytree(src, dst)
-    cfg_path = os.path.join(d, "config.json")
-    with open(cfg_path, encoding="utf-8") as f:
-        cfg = json.load(f)
-    cfg.update(changes)
-    with open(cfg_path, "w", encoding="utf-8") as f:
-        json.dump(cfg, f)
-    return d
-
-
 @pytest.mark.parametrize("changes,needle", [
     (dict(enable_moe_block=True), "enable_moe_block=true (the mixture-of-experts variant) is not supported"),
     (dict(num_kv_shared_layers=6), "'num_kv_shared_layers' must be in [0, 6)"),
@@ -178,7 +167,7 @@ def _edited(src, dst, changes):
     (dict(layer_types=["sliding_attention"] * 5), "'layer_types' must list num_hidden_layers=6"),
 ])
 def test_bad_config_gives_clear_error(model, tmp_path, changes, needle):
-    d = _edited(model[0], str(tmp_path / "m"), changes)
+    d = hf_tiny.edited(model[0], str(tmp_path / "m"), changes)
     out = str(tmp_path / "o.gguf")
     with pytest.raises(ConvertError) as e:
         convert(d, out, "f32", progress=False)

@@ -3,7 +3,6 @@ tiny random HF models are converted; the GGUF keys and tensors must be those lla
 writes, ember's logits must match transformers' (tests/reference/hf, or live with hf_live; prompts
 longer than the sliding window and than the pre-scaling context; as one batch, token by token and
 inside an engine batch), and configs or files ember cannot take give a clear error."""
-import json
 import os
 import shutil
 import sys
@@ -130,23 +129,12 @@ def test_gemma3_linear_and_pattern_keys(models):
     assert kv["gemma3.attention.sliding_window_pattern"] == 3   # layer i local iff i % 3 < 2
 
 
-def _edited(src, dst, edit):
-    d = shutil.copytree(src, dst)
-    cfg_path = os.path.join(d, "config.json")
-    with open(cfg_path, encoding="utf-8") as f:
-        cfg = json.load(f)
-    edit(cfg)
-    with open(cfg_path, "w", encoding="utf-8") as f:
-        json.dump(cfg, f)
-    return d
-
-
 def test_gemma3_irregular_layer_types_and_attention_scale(models, tmp_path):
     def edit(cfg):
         cfg["layer_types"] = ["full_attention"] + ["sliding_attention"] * 5 + ["full_attention"]
         cfg["query_pre_attn_scalar"] = 64
         cfg["final_logit_softcapping"] = 30.0
-    d = _edited(models["gemma3"][0], str(tmp_path / "m"), edit)
+    d = hf_tiny.edited(models["gemma3"][0], str(tmp_path / "m"), edit)
     out = str(tmp_path / "o.gguf")
     convert(d, out, "f32", progress=False)
     kv = _fields(out)
@@ -236,7 +224,7 @@ def test_cuda_logits_match_cpu(models, name, chunk):
 
 
 def _convert_edited(models, tmp_path, name, edit):
-    d = _edited(models[name][0], str(tmp_path / "m"), edit)
+    d = hf_tiny.edited(models[name][0], str(tmp_path / "m"), edit)
     out = str(tmp_path / "o.gguf")
     try:
         convert(d, out, "f32", progress=False)

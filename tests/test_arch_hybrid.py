@@ -4,9 +4,7 @@ writes them (v heads tiled, ssm_a = -exp(A_log), (1 + w) norms summed), ember's 
 transformers' at f32 (one batch, token by token, a prompt continued on the recurrent state, and one
 that does not extend what the state saw, which is recomputed), the engine's state slots, and the errors
 for bad files and configs."""
-import json
 import os
-import shutil
 import sys
 
 import numpy as np
@@ -388,15 +386,7 @@ def test_recurrent_layers_list_must_cover_every_block(models, tmp_path):
 
 
 def _with_config(models, tmp_path, **changes):
-    src = models["qwen35"][0]
-    d = str(tmp_path / "hf")
-    shutil.copytree(src, d)
-    with open(os.path.join(d, "config.json"), encoding="utf-8") as f:
-        config = json.load(f)
-    config.update(changes)
-    with open(os.path.join(d, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(config, f)
-    return d
+    return hf_tiny.edited(models["qwen35"][0], str(tmp_path / "hf"), changes)
 
 
 @pytest.mark.parametrize("changes,needle", [

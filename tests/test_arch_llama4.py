@@ -6,7 +6,6 @@ ember's logits must match transformers' at f32 (a prompt of 40 tokens, five chun
 token by token and inside an engine batch), and configs or files ember cannot run give a clear error."""
 import json
 import os
-import shutil
 import sys
 
 import numpy as np
@@ -139,36 +138,14 @@ def test_greedy_text_matches_llama_cpp(models, tmp_path):
     """llama.cpp (llama-simple: CPU, greedy, f16 KV cache) loads the converted llama4 with the chunk and
     temperature llama.cpp fixes (tools/gen_llama4_greedy_reference.py); the bytes of its pieces are those
     of ember's greedy tokens. (llama.cpp reads Command R+'s q/k norms only in files of 64 layers or more.)"""
-    from ember.llama import Llama
 
     ref = json.loads(GREEDY.read_text(encoding="utf-8"))["llama4"]
     path = _rewritten(models["llama4"][2], str(tmp_path / "fixed.gguf"), "llama4", **LLAMA_CPP_KEYS)
-    with Llama(path, n_ctx=128, verbose=False) as llm:
-        ids = llm.tokenize(ref["prompt"].encode("utf-8"), add_bos=True, special=True)
-        out = []
-        llm.eval(ids)
-        for _ in range(ref["n_predict"]):
-            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-            if tok == llm.token_eos():
-                break
-            out.append(tok)
-            llm.eval([tok])
-        got = b"".join(llm.detokenize([t], special=True).split(b"\0")[0] for t in out)
+    got = hf_tiny.greedy_bytes(path, ref["prompt"], ref["n_predict"])
     assert got == bytes.fromhex(ref["text_hex"]), got
 
 
 # --------------------------------------------------------------------------------------- errors
-
-
-def _edited(src, dst, edit):
-    d = shutil.copytree(src, dst)
-    cfg_path = os.path.join(d, "config.json")
-    with open(cfg_path, encoding="utf-8") as f:
-        cfg = json.load(f)
-    edit(cfg)
-    with open(cfg_path, "w", encoding="utf-8") as f:
-        json.dump(cfg, f)
-    return d
 
 
 def _set(**changes):
@@ -184,7 +161,7 @@ def _set(**changes):
     ("llama4", _set(num_experts_per_tok=5), ["num_experts_per_tok=5 exceeds num_local_experts=4"]),
 ])
 def test_bad_config_gives_clear_error(models, tmp_path, name, edit, needles):
-    d = _edited(models[name][0], str(tmp_path / "m"), edit)
+    d = hf_tiny.edited(models[name][0], str(tmp_path / "m"), edit)
     out = str(tmp_path / "o.gguf")
     with pytest.raises(ConvertError) as e:
         convert(d, out, "f32", progress=False)
