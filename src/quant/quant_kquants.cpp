@@ -99,10 +99,10 @@ float fit_scale_min(int n, int nmax, const float* x, const float* w, uint8_t* L,
     return scale;
 }
 
-// Fits x[i] ~= scale * (L[i] - nmax) with L - nmax in [-nmax, nmax - 1], weights ws (null: x^2,
-// errors on large values count most): 19 candidate grids around nmax / max|x|, each with its
-// least squares scale. Returns scale (signed: maps the largest-magnitude value to -nmax).
-float fit_scale_symmetric(int n, int nmax, const float* x, uint8_t* L, const float* ws = nullptr) {
+// Fits x[i] ~= scale * (L[i] - nmax) with L - nmax in [-nmax, nmax - 1], weighting by x^2 (errors
+// on large values count most): 19 candidate grids around nmax / max|x|, each with its least squares
+// scale. Returns scale (signed: maps the largest-magnitude value to -nmax).
+float fit_scale_symmetric(int n, int nmax, const float* x, uint8_t* L) {
     float amax = 0, max = 0;
     for (int i = 0; i < n; ++i) {
         if (std::fabs(x[i]) > amax) {
@@ -122,7 +122,7 @@ float fit_scale_symmetric(int n, int nmax, const float* x, uint8_t* L, const flo
         for (int i = 0; i < n; ++i) {
             const int l = clampi(nearest(iscale * x[i]), -nmax, nmax - 1);
             l_tmp[i] = l;
-            const float w = ws ? ws[i] : x[i] * x[i];
+            const float w = x[i] * x[i];
             sumlx += w * x[i] * l;
             suml2 += w * l * l;
         }
@@ -142,21 +142,16 @@ float fit_scale_symmetric(int n, int nmax, const float* x, uint8_t* L, const flo
 
 // Q4_K/Q5_K: 8 sub-block (scale, min) pairs quantized to 6 bits against the super-block
 // maxima; writes d, dmin, the packed scales, and the final L (requantized with the stored
-// scales so rounding of the 6-bit scales is absorbed). qw (null: none): importances per element.
+// scales so rounding of the 6-bit scales is absorbed). With an importance matrix, quant_k_weighted.cpp.
 void quantize_superblock_k(const float* x, int nmax, float rmin, float rdelta, int nstep, uint16_t& d_out,
-                           uint16_t& dmin_out, uint8_t* packed, uint8_t* L, const float* qw) {
+                           uint16_t& dmin_out, uint8_t* packed, uint8_t* L) {
     float sum_x2 = 0;
     for (int i = 0; i < QK_K; ++i) sum_x2 += x[i] * x[i];
     const float av_x = std::sqrt(sum_x2 / QK_K);
     float scales[8], mins[8], w[32];
     float max_scale = 0, max_min = 0;
     for (int j = 0; j < 8; ++j) {
-        // with importances, llama.cpp's weighting: each column's importance times the element's
-        // magnitude over the super-block's spread
-        for (int i = 0; i < 32; ++i) {
-            const float xi = x[32 * j + i];
-            w[i] = qw ? qw[32 * j + i] * std::sqrt(2.0f * sum_x2 / QK_K + xi * xi) : av_x + std::fabs(xi);
-        }
+        for (int i = 0; i < 32; ++i) w[i] = av_x + std::fabs(x[32 * j + i]);
         scales[j] = fit_scale_min(32, nmax, x + 32 * j, w, L + 32 * j, rmin, rdelta, nstep, mins[j]);
         max_scale = scales[j] > max_scale ? scales[j] : max_scale;
         max_min = mins[j] > max_min ? mins[j] : max_min;
@@ -235,12 +230,11 @@ void dequantize_row_q8_k(const void* src, float* dst, int64_t n) {
 
 namespace {
 
-void quantize_q4_k(const float* src, void* dst, int64_t n, const float* qw) {
+void quantize_q4_k(const float* src, void* dst, int64_t n) {
     BlockQ4_K* b = static_cast<BlockQ4_K*>(dst);
     uint8_t L[QK_K];
     for (int64_t i = 0; i < n / QK_K; ++i, src += QK_K) {
-        quantize_superblock_k(src, 15, -1.0f, 0.1f, 20, b[i].d, b[i].dmin, b[i].scales, L,
-                              qw ? qw + i * QK_K : nullptr);
+        quantize_superblock_k(src, 15, -1.0f, 0.1f, 20, b[i].d, b[i].dmin, b[i].scales, L);
         for (int c = 0; c < 4; ++c) {
             for (int l = 0; l < 32; ++l) {
                 b[i].qs[32 * c + l] = uint8_t(L[64 * c + l] | (L[64 * c + 32 + l] << 4));
@@ -249,12 +243,11 @@ void quantize_q4_k(const float* src, void* dst, int64_t n, const float* qw) {
     }
 }
 
-void quantize_q5_k(const float* src, void* dst, int64_t n, const float* qw) {
+void quantize_q5_k(const float* src, void* dst, int64_t n) {
     BlockQ5_K* b = static_cast<BlockQ5_K*>(dst);
     uint8_t L[QK_K];
     for (int64_t i = 0; i < n / QK_K; ++i, src += QK_K) {
-        quantize_superblock_k(src, 31, -0.5f, 0.1f, 15, b[i].d, b[i].dmin, b[i].scales, L,
-                              qw ? qw + i * QK_K : nullptr);
+        quantize_superblock_k(src, 31, -0.5f, 0.1f, 15, b[i].d, b[i].dmin, b[i].scales, L);
         std::memset(b[i].qh, 0, sizeof(b[i].qh));
         for (int c = 0; c < 4; ++c) {
             for (int l = 0; l < 32; ++l) {
@@ -266,19 +259,14 @@ void quantize_q5_k(const float* src, void* dst, int64_t n, const float* qw) {
     }
 }
 
-void quantize_q6_k(const float* src, void* dst, int64_t n, const float* qw) {
+void quantize_q6_k(const float* src, void* dst, int64_t n) {
     BlockQ6_K* b = static_cast<BlockQ6_K*>(dst);
     uint8_t L[QK_K];
-    float scales[16], ws[QK_K];
+    float scales[16];
     for (int64_t i = 0; i < n / QK_K; ++i, src += QK_K) {
-        if (qw) {
-            float sum_x2 = 0;
-            for (int e = 0; e < QK_K; ++e) sum_x2 += src[e] * src[e];
-            for (int e = 0; e < QK_K; ++e) ws[e] = qw[i * QK_K + e] * std::sqrt(2.0f * sum_x2 / QK_K + src[e] * src[e]);
-        }
         float max_scale = 0, max_abs = 0;
         for (int g = 0; g < 16; ++g) {
-            scales[g] = fit_scale_symmetric(16, 32, src + 16 * g, L + 16 * g, qw ? ws + 16 * g : nullptr);
+            scales[g] = fit_scale_symmetric(16, 32, src + 16 * g, L + 16 * g);
             if (std::fabs(scales[g]) > max_abs) {
                 max_abs = std::fabs(scales[g]);
                 max_scale = scales[g];
@@ -316,9 +304,9 @@ void quantize_q6_k(const float* src, void* dst, int64_t n, const float* qw) {
 
 }  // namespace
 
-void quantize_row_q4_k(const float* src, void* dst, int64_t n) { quantize_q4_k(src, dst, n, nullptr); }
-void quantize_row_q5_k(const float* src, void* dst, int64_t n) { quantize_q5_k(src, dst, n, nullptr); }
-void quantize_row_q6_k(const float* src, void* dst, int64_t n) { quantize_q6_k(src, dst, n, nullptr); }
+void quantize_row_q4_k(const float* src, void* dst, int64_t n) { quantize_q4_k(src, dst, n); }
+void quantize_row_q5_k(const float* src, void* dst, int64_t n) { quantize_q5_k(src, dst, n); }
+void quantize_row_q6_k(const float* src, void* dst, int64_t n) { quantize_q6_k(src, dst, n); }
 
 // Q8_K: d = max|x|/128 with the largest-magnitude value mapped to -128 (q clamped to 127).
 void quantize_row_q8_k(const float* src, void* dst, int64_t n) {
