@@ -137,6 +137,14 @@ def test_an_idle_engine_leaves_embeddings_unpaused():
     assert _timed_requests(BatchingEmbedder(SlowEmbedder(), busy=lambda: True, share=1.0), 3) < 0.3
 
 
+def test_a_pause_lasts_at_most_its_bound():
+    """However small the share, embeddings are answered at least every BUSY_PAUSE_MAX_S while the
+    engine decodes (a share of 0.001 would earn 50 s after a 50 ms call)."""
+    from ember.embed_batching import BUSY_PAUSE_MAX_S
+    took = _timed_requests(BatchingEmbedder(SlowEmbedder(), busy=lambda: True, share=0.001), 3)
+    assert took < 3 * 0.05 + 2 * BUSY_PAUSE_MAX_S + 0.2, took
+
+
 def test_a_pause_ends_when_decoding_ends():
     """A pause of about 5 s (share 0.01) is cut short once the engine has nothing left to decode."""
     until = time.monotonic() + 0.2

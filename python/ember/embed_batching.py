@@ -5,7 +5,8 @@ runs batches until the queue is empty; the others wait for their results.
 
 Beside an engine that generates on the same CPU, embedding forwards take cores from its decode steps. While
 busy() says it decodes, batches are kept small and each is followed by a pause, so that embeddings hold at
-most BUSY_SHARE of the time and decode keeps most of its rate, while embeddings are still answered."""
+most BUSY_SHARE of the time and decode keeps most of its rate, while embeddings are still answered (a pause
+lasts at most BUSY_PAUSE_MAX_S)."""
 from __future__ import annotations
 
 import threading
@@ -19,6 +20,9 @@ from .embedding import Embedder
 MAX_BATCH_TOKENS = 16384   # bounds one batch's activations; a single larger request still runs alone
 BUSY_BATCH_TOKENS = 512    # the bound while the engine decodes: short forwards, so the pauses come often
 BUSY_SHARE = 0.1           # the share of the time embeddings may take while the engine decodes (1: no limit)
+# The longest pause one batch earns: where contention makes a batch slow, embeddings are still answered
+# about this often rather than once in ten of its durations.
+BUSY_PAUSE_MAX_S = 0.5
 _POLL_S = 0.005            # how often a pause checks whether the engine still decodes
 
 
@@ -118,6 +122,12 @@ class BatchingEmbedder:
 
     def _drain(self) -> None:
         while True:
+            # Nothing queued: return now (the last caller has its result); the pause is the next
+            # batch's to wait out, whoever runs it.
+            with self._lock:
+                if not self._pending:
+                    self._running = False
+                    return
             self._pause()
             yielding = self._yielding()
             batch = self._take(yielding)
@@ -141,6 +151,6 @@ class BatchingEmbedder:
                     job.error = e
             if yielding:
                 took = time.monotonic() - t0
-                self._resume_at = time.monotonic() + took * (1 - self.share) / self.share
+                self._resume_at = time.monotonic() + min(took * (1 - self.share) / self.share, BUSY_PAUSE_MAX_S)
             for job in batch:
                 job.done.set()
