@@ -38,6 +38,18 @@ def _test_module_candidates():
     return sorted(found, key=lambda f: f.stat().st_mtime, reverse=True), folders
 
 
+def kernel_backend(name, switches=None):
+    """A _ember_test.Backend `name` with 2 threads and `switches`; skipped, with the reason printed,
+    where this ember was built without it or it cannot start here (no GPU)."""
+    K = kernel_module()
+    if name not in K.backend_names():
+        pytest.skip(f"this ember was built without the {name} backend")
+    try:
+        return K.Backend(name, 2, switches=switches or {})
+    except ValueError as e:
+        pytest.skip(f"the {name} backend cannot start here: {e}")
+
+
 @functools.lru_cache(maxsize=None)
 def kernel_module():
     """The _ember_test extension (single kernels and backend ops), loaded from its build folder."""

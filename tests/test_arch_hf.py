@@ -393,27 +393,6 @@ def test_mixture_inside_an_engine_batch(models, hf_reference, name, device):
     hf_tiny.check_inside_an_engine_batch(models[name][2], hf_reference, name, device, PROMPT)
 
 
-def _rewrite(src, dst, drop=(), fields=None):
-    """A copy of a GGUF without the tensors `drop`, with metadata values replaced or added (fields)."""
-    reader = gguf.GGUFReader(src)
-    writer = gguf.GGUFWriter(dst, arch=reader.fields["general.architecture"].contents())
-    fields = dict(fields or {})
-    for f in reader.fields.values():
-        if f.name.startswith("GGUF.") or f.name == "general.architecture":
-            continue
-        writer.add_key_value(f.name, fields.pop(f.name, f.contents()), f.types[0],
-                             f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None)
-    for k, v in fields.items():
-        writer.add_uint32(k, v)
-    for t in reader.tensors:
-        if t.name not in drop:
-            writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
-
 @pytest.mark.parametrize("name,drop,fields,needles", [
     ("qwen3moe", (), {"qwen3moe.expert_used_count": 9}, ["qwen3moe.expert_used_count 9", "between 1 and"]),
     ("mixtral", (), {"llama.expert_used_count": 0}, ["llama.expert_used_count 0"]),
@@ -425,7 +404,7 @@ def _rewrite(src, dst, drop=(), fields=None):
 ])
 def test_bad_mixture_file_gives_clear_error(models, tmp_path, name, drop, fields, needles):
     bad = str(tmp_path / "bad.gguf")
-    _rewrite(models[name][2], bad, drop, fields)
+    hf_tiny.rewritten_gguf(models[name][2], bad, drop, fields)
     with pytest.raises(ValueError) as e:
         _ember.Model(bad)
     msg = str(e.value)

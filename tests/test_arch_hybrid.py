@@ -285,30 +285,6 @@ def test_engine_snapshot_interval_must_be_whole_blocks(models):
         _ember.Engine(m, n_ctx=64, max_num_seqs=2, kv_block_size=16, state_snapshot_interval=24)
 
 
-def _rewrite(src, dst, drop=(), fields=None, extra=()):
-    """A copy of a GGUF without the tensors `drop`, with metadata replaced (fields; new keys as uint32)
-    and the tensors `extra` ((name, float32 array)) appended."""
-    reader = gguf.GGUFReader(src)
-    writer = gguf.GGUFWriter(dst, arch=reader.fields["general.architecture"].contents())
-    fields = dict(fields or {})
-    for f in reader.fields.values():
-        if f.name.startswith("GGUF.") or f.name == "general.architecture":
-            continue
-        writer.add_key_value(f.name, fields.pop(f.name, f.contents()), f.types[0],
-                             f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None)
-    for k, v in fields.items():
-        writer.add_uint32(k, v)
-    for t in reader.tensors:
-        if t.name not in drop:
-            writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
-    for name, data in extra:
-        writer.add_tensor(name, data)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
-
 @pytest.mark.parametrize("drop,fields,needles", [
     (("blk.1.ssm_a",), {}, ["blk.1.ssm_a"]),
     (("blk.3.ssm_conv1d.weight",), {}, ["blk.3.ssm_conv1d.weight"]),
@@ -319,7 +295,7 @@ def _rewrite(src, dst, drop=(), fields=None, extra=()):
 ])
 def test_bad_file_gives_clear_error(models, tmp_path, drop, fields, needles):
     bad = str(tmp_path / "bad.gguf")
-    _rewrite(models["qwen35"][2], bad, drop, fields)
+    hf_tiny.rewritten_gguf(models["qwen35"][2], bad, drop, fields)
     with pytest.raises(Exception) as e:
         _ember.Model(bad, n_gpu_layers=0)
     for n in needles:
@@ -341,7 +317,7 @@ def test_multi_token_prediction_block_is_loaded_not_run(models, hf_reference, tm
     path = str(tmp_path / "mtp.gguf")
     layers = {"qwen35.block_count": 5, "qwen35.nextn_predict_layers": 1,
               "qwen35.attention.recurrent_layers": [True, True, False, True, False]}
-    _rewrite(models["qwen35"][2], path, fields=layers, extra=extra)
+    hf_tiny.rewritten_gguf(models["qwen35"][2], path, fields=layers, extra=extra)
     got = hf_tiny.ember_logits(path, PROMPT)
     assert _rel(got, hf_reference.logits("qwen35", PROMPT)) <= 1e-4
 
@@ -380,7 +356,7 @@ def test_checkpoint_with_a_multi_token_prediction_block(models, hf_reference, tm
 
 def test_recurrent_layers_list_must_cover_every_block(models, tmp_path):
     bad = str(tmp_path / "bad.gguf")
-    _rewrite(models["qwen35"][2], bad, fields={"qwen35.attention.recurrent_layers": [True, False]})
+    hf_tiny.rewritten_gguf(models["qwen35"][2], bad, fields={"qwen35.attention.recurrent_layers": [True, False]})
     with pytest.raises(Exception, match="recurrent_layers must be 4 bools"):
         _ember.Model(bad, n_gpu_layers=0)
 

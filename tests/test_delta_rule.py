@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import backend_reference as ref
-from conftest import kernel_module
+from conftest import kernel_backend, kernel_module
 
 K = kernel_module()
 c = np.ascontiguousarray
@@ -15,18 +15,9 @@ c = np.ascontiguousarray
 SHAPES = [(1, 1, 8, 8), (2, 6, 16, 24), (3, 6, 40, 33), (2, 4, 128, 128)]
 
 
-def backend(name):
-    if name not in K.backend_names():
-        pytest.skip(f"this ember was built without the {name} backend")
-    try:
-        return K.Backend(name, 2)
-    except ValueError as e:
-        pytest.skip(f"the {name} backend cannot start here: {e}")
-
-
 @pytest.fixture(params=["cpu", "cuda"])
 def be(request):
-    return backend(request.param)
+    return kernel_backend(request.param)
 
 
 def inputs(rng, n_tok, n_k, n_v, hk, hv):
@@ -99,7 +90,7 @@ def test_no_tokens_keeps_the_state(be, rng):
 
 def test_cuda_matches_cpu(rng):
     """The GPU's rule beside the CPU's on Qwen3.5's head shape over a prompt."""
-    gpu, cpu = backend("cuda"), backend("cpu")
+    gpu, cpu = kernel_backend("cuda"), kernel_backend("cpu")
     q, k, v, g, beta, state = inputs(rng, 200, 16, 32, 128, 128)
     got_out, got_state = gpu.gated_delta_rule(q, k, v, g, beta, state, 16)
     want_out, want_state = cpu.gated_delta_rule(q, k, v, g, beta, state, 16)
@@ -127,7 +118,7 @@ def test_bad_shapes(be, rng):
 
 
 def test_cuda_head_k_limit(rng):
-    gpu = backend("cuda")
+    gpu = kernel_backend("cuda")
     q, k, v, g, beta, state = inputs(rng, 2, 1, 1, 264, 8)
     with pytest.raises(ValueError, match="head_k 264 over 256"):
         gpu.gated_delta_rule(q, k, v, g, beta, state, 1)

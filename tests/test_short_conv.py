@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import backend_reference as ref
-from conftest import ROOT, kernel_module
+from conftest import ROOT, kernel_backend, kernel_module
 
 K = kernel_module()
 c = np.ascontiguousarray
@@ -16,20 +16,11 @@ LFM2 = ROOT / "tests" / "reference" / "short_conv" / "lfm2.npz"
 SHAPES = [(1, 4), (96, 3), (200, 4), (1037, 4), (33, 1), (70, 9)]
 
 
-def backend(name, switches=None):
-    if name not in K.backend_names():
-        pytest.skip(f"this ember was built without the {name} backend")
-    try:
-        return K.Backend(name, 2, switches=switches or {})
-    except ValueError as e:
-        pytest.skip(f"the {name} backend cannot start here: {e}")
-
-
 # The CPU at its best SIMD level and at the scalar one (the kernels differ), and the GPU.
 @pytest.fixture(params=["cpu", "cpu-scalar", "cuda"])
 def be(request):
     name, _, level = request.param.partition("-")
-    return backend(name, {"EMBER_SIMD": level} if level else None)
+    return kernel_backend(name, {"EMBER_SIMD": level} if level else None)
 
 
 def inputs(rng, n_tok, channels, kernel):
@@ -133,7 +124,7 @@ def test_state_starts_empty(be, rng):
 def test_cuda_matches_cpu(rng):
     """The GPU's convolution beside the CPU's on a Qwen3.5-sized layer over a prompt: products and
     sums rounded in the CPU's order."""
-    gpu, cpu = backend("cuda"), backend("cpu")
+    gpu, cpu = kernel_backend("cuda"), kernel_backend("cpu")
     x, w, bias, state = inputs(rng, 200, 8192, 4)
     got_y, got_state = gpu.short_conv(x, w, None, state, True)
     want_y, want_state = cpu.short_conv(x, w, None, state, True)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import backend_reference as ref
-from conftest import ROOT, kernel_module
+from conftest import ROOT, kernel_backend, kernel_module
 
 K = kernel_module()
 c = np.ascontiguousarray
@@ -17,20 +17,11 @@ HF = ROOT / "tests" / "reference" / "ssm_scan" / "mamba2.npz"
 SHAPES = [(1, 1, 8, 1), (6, 10, 20, 3), (4, 16, 37, 2), (16, 64, 128, 8), (8, 64, 256, 1)]
 
 
-def backend(name, switches=None):
-    if name not in K.backend_names():
-        pytest.skip(f"this ember was built without the {name} backend")
-    try:
-        return K.Backend(name, 2, switches=switches or {})
-    except ValueError as e:
-        pytest.skip(f"the {name} backend cannot start here: {e}")
-
-
 # The CPU at its best SIMD level and at the scalar one (the kernels differ), and the GPU.
 @pytest.fixture(params=["cpu", "cpu-scalar", "cuda"])
 def be(request):
     name, _, level = request.param.partition("-")
-    return backend(name, {"EMBER_SIMD": level} if level else None)
+    return kernel_backend(name, {"EMBER_SIMD": level} if level else None)
 
 
 def inputs(rng, n_tok, n_head, head_dim, d_state, n_group):
@@ -174,7 +165,7 @@ def test_large_steps(be, rng):
 
 def test_cuda_matches_cpu(rng):
     """The GPU's scan beside the CPU's on Nemotron-H's head shape over a prompt."""
-    gpu, cpu = backend("cuda"), backend("cpu")
+    gpu, cpu = kernel_backend("cuda"), kernel_backend("cpu")
     xbc, dt, A, dt_bias, D, state = inputs(rng, 200, 64, 64, 128, 8)
     got_y, got_state = gpu.ssm_scan(xbc, dt, A, dt_bias, D, state, 8)
     want_y, want_state = cpu.ssm_scan(xbc, dt, A, dt_bias, D, state, 8)
@@ -204,7 +195,7 @@ def test_bad_shapes(be, rng):
 
 
 def test_cuda_d_state_limit(rng):
-    gpu = backend("cuda")
+    gpu = kernel_backend("cuda")
     xbc, dt, A, dt_bias, D, state = inputs(rng, 2, 1, 4, 264, 1)
     with pytest.raises(ValueError, match="d_state 264 over 256"):
         gpu.ssm_scan(xbc, dt, A, dt_bias, D, state, 1)
