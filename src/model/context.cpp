@@ -39,7 +39,7 @@ struct ContextImpl {
           recurrent(has_recurrent_layers(runner.model().hparams())) {
         cache.add(kSeq);
         if (recurrent && p.state_snapshot_interval > 0) {
-            const size_t bytes = (size_t)runner.save_state(kSlot).size() * sizeof(float);
+            const size_t bytes = (size_t)runner.state_slot_floats() * sizeof(float);
             max_snapshots = ((size_t)p.state_snapshot_mb << 20) / std::max<size_t>(bytes, 1);
         }
     }

@@ -590,6 +590,8 @@ std::vector<float> Runner::save_state(int32_t slot) const { return impl_->state.
 
 void Runner::restore_state(int32_t slot, const std::vector<float>& saved) { impl_->state.restore(slot, saved); }
 
+int64_t Runner::state_slot_floats() const { return impl_->state.slot_floats(); }
+
 HostParallelFor Runner::parallel_for() const { return impl_->cpu->host_parallel_for(); }
 
 size_t Runner::kv_block_bytes_all_layers() const {

@@ -75,6 +75,8 @@ public:
     // Recurrent state slot `slot` copied to host memory and written back (RecurrentState::save).
     std::vector<float> save_state(int32_t slot) const;
     void restore_state(int32_t slot, const std::vector<float>& saved);
+    // Floats of one recurrent state slot over all layers (0 without recurrent layers).
+    int64_t state_slot_floats() const;
     // Bytes one KV block takes over all layers (K and V).
     size_t kv_block_bytes_all_layers() const;
     const Model& model() const;
