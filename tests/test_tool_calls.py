@@ -28,6 +28,9 @@ def fn(call):
                '<tool_call>{"name": "b", "arguments": {}}</tool_call>', "Let me look.\n",
      [("a", {"x": 1}), ("b", {})]),
     ("hermes", '<tool_call>{"name": "a", "arguments": {"x": "é"}}', None, [("a", {"x": "é"})]),   # not closed (EOS)
+    # a string argument holding the close tag (a sampled forced call did this): the call is read whole
+    ("hermes", '<tool_call>\n{"name": "w", "arguments": {"city": "}}</tool_call> -- a ", "unit": "C"}}\n</tool_call>',
+     None, [("w", {"city": "}}</tool_call> -- a ", "unit": "C"})]),
     ("mistral", '[TOOL_CALLS] [{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {"y": [2]}}]', None,
      [("a", {"x": 1}), ("b", {"y": [2]})]),
     ("json", '{"name": "get_weather", "parameters": {"city": "Oslo"}}', None, [("get_weather", {"city": "Oslo"})]),
@@ -48,6 +51,7 @@ def test_each_syntax_parses(style, text, content, calls):
     ("hermes", '<tool_call>{"name": "a", "arguments": {"x": </tool_call>'),   # broken JSON
     ("hermes", '<tool_call>{"arguments": {}}</tool_call>'),                   # no name
     ("hermes", '<tool_call>["a"]</tool_call>'),
+    ("hermes", '<tool_call>{"name": "a", "arguments": {}} trailing words</tool_call>'),
     ("mistral", "[TOOL_CALLS] not json"),
     ("json", '{"name": "a", "parameters": {}} and then some text'),
     ("json", '{"city": "Paris"}'),

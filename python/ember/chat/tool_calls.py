@@ -60,6 +60,25 @@ def _json_values(text: str, sep: str = "") -> Optional[list]:
 _LEADING_SPACE = re.compile(r"\s*")
 
 
+def _hermes_objects(text: str) -> list:
+    """The JSON value of each `<tool_call>` block, read by a JSON decoder rather than cut at the
+    next close tag, since an argument string may itself hold `</tool_call>`; [] where a block is
+    not one value then its close tag (or the end of the reply)."""
+    decoder, objects, i = json.JSONDecoder(), [], text.find(HERMES_OPEN)
+    while i >= 0:
+        i = _LEADING_SPACE.match(text, i + len(HERMES_OPEN)).end()
+        try:
+            value, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            return []
+        i = _LEADING_SPACE.match(text, i).end()
+        if i < len(text) and not text.startswith(HERMES_CLOSE, i):
+            return []
+        objects.append(value)
+        i = text.find(HERMES_OPEN, i)
+    return objects
+
+
 def _after_space(text: str) -> str:
     """The start of text past its leading whitespace (a few characters: enough to tell a call's
     opening, without copying a long reply at every streamed token)."""
@@ -130,12 +149,7 @@ class ToolCallParser:
 
     def _calls(self, text: str) -> List[dict]:
         if self.style == "hermes":
-            body = re.escape(HERMES_OPEN) + r"(.*?)(?:" + re.escape(HERMES_CLOSE) + r"|$)"
-            bodies = re.findall(body, text, re.DOTALL)
-            values = [_json_values(b) for b in bodies]
-            if not values or any(v is None or len(v) != 1 for v in values):
-                return []
-            objects = [v[0] for v in values]
+            objects = _hermes_objects(text)
         elif self.style == "mistral":
             values = _json_values(text[len(MISTRAL_MARK):])
             if not values or len(values) != 1:
