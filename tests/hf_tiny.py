@@ -374,19 +374,20 @@ def greedy_bytes(path, prompt, n_predict):
 
 
 def rewritten_gguf(src, dst, drop=(), fields=None, extra=()):
-    """A copy of a GGUF without the tensors `drop`, with metadata replaced (fields; new keys as uint32)
-    and the tensors `extra` ((name, float32 array)) appended."""
+    """A copy of a GGUF without the tensors `drop`, with metadata replaced (fields; new keys as uint32; a
+    None value drops the key) and the tensors `extra` ((name, float32 array)) appended."""
     import gguf
     reader = gguf.GGUFReader(src)
     writer = gguf.GGUFWriter(dst, arch=reader.fields["general.architecture"].contents())
     fields = dict(fields or {})
     for f in reader.fields.values():
-        if f.name.startswith("GGUF.") or f.name == "general.architecture":
+        if f.name.startswith("GGUF.") or f.name == "general.architecture" or fields.get(f.name, 0) is None:
             continue
         writer.add_key_value(f.name, fields.pop(f.name, f.contents()), f.types[0],
                              f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None)
     for k, v in fields.items():
-        writer.add_uint32(k, v)
+        if v is not None:
+            writer.add_uint32(k, v)
     for t in reader.tensors:
         if t.name not in drop:
             writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)

@@ -157,6 +157,53 @@ MODELS = {
         linear_value_head_dim=16, **_QWEN35)),
     "qwen35-narrow-v": Tiny("qwen35", "bpe", 45, prompt=_LONG, overrides=dict(
         num_hidden_layers=2, layer_types=["linear_attention", "full_attention"], linear_value_head_dim=8, **_QWEN35)),
+    # tests/test_arch_hybrid.py: Qwen3.5-MoE as qwen35 with 4 experts (top 2) and a gated shared expert
+    # wider than the routed ones; Qwen3-Next alike, its v heads grouped by k head and plain NeoX rope.
+    "qwen35moe": Tiny("qwen35moe", "bpe", 46, prompt=_LONG, overrides=dict(
+        num_hidden_layers=4, layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+        linear_value_head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48, **_QWEN35)),
+    "qwen3next": Tiny("qwen3next", "bpe", 47, prompt=_LONG, overrides=dict(
+        num_hidden_layers=3, layer_types=["linear_attention", "full_attention", "linear_attention"], head_dim=16,
+        rms_norm_eps=1e-6, pad_token_id=0, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+        linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, shared_expert_intermediate_size=48, rope_parameters={
+            "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})),
+    # tests/test_arch_lfm2.py: LFM2 with short-convolution layers 0, 1 and 3 around an attention layer, the
+    # feed-forward width its block_auto_adjust_ff_dim makes (2/3 of 160 rounded up to 32s: 128), a tied head;
+    # lfm2-untied: attention first, a convolution of length 4, no width adjustment, an untied head.
+    "lfm2": Tiny("lfm2", "bpe", 60, tied=True, prompt=_LONG, overrides=dict(
+        num_hidden_layers=4, layer_types=["conv", "conv", "full_attention", "conv"], block_multiple_of=32,
+        norm_eps=1e-5)),
+    "lfm2-untied": Tiny("lfm2", "bpe", 61, prompt=_LONG, overrides=dict(
+        layer_types=["full_attention", "conv"], conv_L_cache=4, block_auto_adjust_ff_dim=False, norm_eps=1e-5)),
+    # tests/test_arch_mamba2.py: Nemotron-H with Mamba2 layers 0 and 3 (8 heads of 16, 2 groups of B and C,
+    # states of 16), attention (no rope) in layer 2 and squared-ReLU MLPs in layers 1 and 4; Granite 4.0
+    # hybrid with Mamba2 layers 0, 1 and 3 around an attention layer, each with a SwiGLU feed-forward, and
+    # muP multipliers away from 1.
+    "nemotron_h": Tiny("nemotron_h", "bpe", 70, prompt=_LONG, overrides=dict(
+        layers_block_type=["linear_attention", "mlp", "full_attention", "linear_attention", "mlp"], head_dim=16,
+        mamba_num_heads=8, mamba_head_dim=16, n_groups=2, ssm_state_size=16, conv_kernel=4, layer_norm_epsilon=1e-5)),
+    "granitehybrid": Tiny("granitehybrid", "bpe", 71, prompt=_LONG, overrides=dict(
+        num_hidden_layers=4, layer_types=["mamba", "mamba", "attention", "mamba"], shared_intermediate_size=160,
+        num_local_experts=0, mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4,
+        embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.5, logits_scaling=2.5)),
+    # tests/test_arch_deepseek2.py: DeepSeek V3 with 3 layers (the first dense), latent attention through a
+    # q_lora_rank of 48 and a kv_lora_rank of 32 (heads of 16 + 8 rotated key dims, values of 24), 8 experts in
+    # 4 groups of which 2 are chosen from (top 2, renormalized, times 2.5), a shared expert and YaRN from an
+    # original context of 32 with mscale_all_dim 0.707; DeepSeek V2 with plain queries, softmax routing (top 3,
+    # times 1.5) and two shared experts.
+    "deepseek-v3": Tiny("deepseek_v3", "bpe", 80, prompt=_LONG, overrides=dict(
+        num_hidden_layers=3, num_key_value_heads=4, first_k_dense_replace=1, q_lora_rank=48, kv_lora_rank=32,
+        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=24, moe_intermediate_size=32, n_routed_experts=8,
+        num_experts_per_tok=2, n_shared_experts=1, n_group=4, topk_group=2, routed_scaling_factor=2.5,
+        norm_topk_prob=True, rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                              "original_max_position_embeddings": 32, "beta_fast": 32.0,
+                                              "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707})),
+    "deepseek-v2": Tiny("deepseek_v2", "bpe", 81, prompt=_LONG, overrides=dict(
+        num_key_value_heads=4, first_k_dense_replace=1, q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16,
+        qk_rope_head_dim=8, v_head_dim=16, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=3,
+        n_shared_experts=2, routed_scaling_factor=1.5)),
     # tests/test_embeddings.py
     "embed-llama": Tiny("llama", "bpe", 7),
 }
@@ -248,9 +295,12 @@ def _tokenizer(tok_dir, backend):
 
 def _config(tiny, n_tokens):
     from transformers import (Cohere2Config, CohereConfig, Gemma2Config, Gemma3TextConfig, Gemma4TextConfig,
-                              Glm4Config, GptOssConfig, GraniteConfig, Llama4TextConfig, LlamaConfig, Ministral3Config,
+                              Glm4Config, GptOssConfig, GraniteConfig, GraniteMoeHybridConfig, Lfm2Config,
+                              Llama4TextConfig, LlamaConfig,
+                              Ministral3Config, NemotronHConfig,
                               MistralConfig, MixtralConfig, Olmo2Config, Olmo3Config, Phi3Config, Qwen2Config,
-                              Qwen3_5TextConfig, Qwen3Config, Qwen3MoeConfig, SmolLM3Config)
+                              Qwen3_5MoeTextConfig, Qwen3_5TextConfig, Qwen3Config, Qwen3MoeConfig, Qwen3NextConfig,
+                              SmolLM3Config)
 
     kw = dict(vocab_size=n_tokens + tiny.extra_vocab, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5,
@@ -263,12 +313,17 @@ def _config(tiny, n_tokens):
     if tiny.arch == "gemma4":
         kw.update(head_dim=16, pad_token_id=0, vocab_size_per_layer_input=kw["vocab_size"])
     kw.update(tiny.overrides)
-    classes = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config,
+    from transformers import DeepseekV2Config, DeepseekV3Config
+
+    classes = {"deepseek_v2": DeepseekV2Config, "deepseek_v3": DeepseekV3Config,
+               "llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config,
                "gemma3": Gemma3TextConfig, "qwen3moe": Qwen3MoeConfig, "mixtral": MixtralConfig,
                "gpt-oss": GptOssConfig, "phi3": Phi3Config, "ministral3": Ministral3Config,
                "glm4": Glm4Config, "gemma2": Gemma2Config, "olmo2": Olmo2Config, "olmo3": Olmo3Config,
                "granite": GraniteConfig, "smollm3": SmolLM3Config, "cohere": CohereConfig, "cohere2": Cohere2Config,
-               "gemma4": Gemma4TextConfig, "llama4": Llama4TextConfig, "qwen35": Qwen3_5TextConfig}
+               "gemma4": Gemma4TextConfig, "llama4": Llama4TextConfig, "qwen35": Qwen3_5TextConfig,
+               "lfm2": Lfm2Config, "nemotron_h": NemotronHConfig, "granitehybrid": GraniteMoeHybridConfig,
+               "qwen35moe": Qwen3_5MoeTextConfig, "qwen3next": Qwen3NextConfig}
     return classes[tiny.arch](**kw)
 
 
@@ -300,18 +355,26 @@ def model_layouts(tok_root, work):
     """name -> layout, tokenizer and seed of every tiny model (models.json)."""
     from transformers import (Cohere2ForCausalLM, CohereForCausalLM, Gemma2ForCausalLM, Gemma3Config, Gemma3ForCausalLM,
                               Gemma3ForConditionalGeneration, Gemma4ForCausalLM, Glm4ForCausalLM, GptOssForCausalLM,
-                              GraniteForCausalLM, Llama4ForCausalLM, LlamaForCausalLM, Ministral3ForCausalLM,
+                              GraniteForCausalLM, GraniteMoeHybridForCausalLM, Lfm2ForCausalLM, Llama4ForCausalLM,
+                              LlamaForCausalLM,
+                              Ministral3ForCausalLM, NemotronHForCausalLM,
                               MistralForCausalLM, MixtralForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM,
-                              Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3_5ForCausalLM, Qwen3ForCausalLM,
-                              Qwen3MoeForCausalLM, SmolLM3ForCausalLM)
+                              Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM,
+                              Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen3NextForCausalLM, SmolLM3ForCausalLM)
 
-    classes = {"llama": LlamaForCausalLM, "mistral": MistralForCausalLM, "qwen2": Qwen2ForCausalLM,
+    from transformers import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
+
+    classes = {"deepseek_v2": DeepseekV2ForCausalLM, "deepseek_v3": DeepseekV3ForCausalLM,
+               "llama": LlamaForCausalLM, "mistral": MistralForCausalLM, "qwen2": Qwen2ForCausalLM,
                "qwen3": Qwen3ForCausalLM, "gemma3": Gemma3ForCausalLM, "qwen3moe": Qwen3MoeForCausalLM,
                "mixtral": MixtralForCausalLM, "gpt-oss": GptOssForCausalLM, "phi3": Phi3ForCausalLM,
                "ministral3": Ministral3ForCausalLM, "glm4": Glm4ForCausalLM, "gemma2": Gemma2ForCausalLM,
                "olmo2": Olmo2ForCausalLM, "olmo3": Olmo3ForCausalLM, "granite": GraniteForCausalLM,
                "smollm3": SmolLM3ForCausalLM, "cohere": CohereForCausalLM, "cohere2": Cohere2ForCausalLM,
-               "gemma4": Gemma4ForCausalLM, "llama4": Llama4ForCausalLM, "qwen35": Qwen3_5ForCausalLM}
+               "gemma4": Gemma4ForCausalLM, "llama4": Llama4ForCausalLM, "qwen35": Qwen3_5ForCausalLM,
+               "lfm2": Lfm2ForCausalLM, "nemotron_h": NemotronHForCausalLM,
+               "granitehybrid": GraniteMoeHybridForCausalLM,
+               "qwen35moe": Qwen3_5MoeForCausalLM, "qwen3next": Qwen3NextForCausalLM}
     out, configs = {}, {}
     for name, tiny in MODELS.items():
         backend = ENCODERS[tiny.tokenizer][0]

@@ -25,11 +25,14 @@ _ROWS_PER_CHUNK = 1024
 
 
 def _tensor_type(gguf, name, shape, outtype):
-    """Norms, biases (the experts' 2-D ones too), mixture routers, convolutions (ssm_conv1d), encoders'
-    position and token type rows and other 1-D tensors stay F32 (small, and precision-sensitive; llama.cpp
-    adds the last two to the F32 input as they are stored), as llama.cpp's converter keeps them; Q8_0
-    needs rows that are whole 32-element blocks, else the tensor falls back to F16."""
-    if len(shape) < 2 or name.endswith((".bias", "ffn_gate_inp.weight", "ssm_conv1d.weight")) or name in (
+    """Norms, biases (the experts' 2-D ones too) and other tensors whose name ends otherwise than in
+    .weight (Mamba2's ssm_a, ssm_d), mixture routers, convolutions (ssm_conv1d, shortconv.conv),
+    encoders' position and token type rows and other 1-D tensors stay F32 (small, and precision-sensitive;
+    llama.cpp adds the last two to the F32 input as they are stored), as llama.cpp's converter keeps them;
+    Q8_0 needs rows that are whole 32-element blocks, else the tensor falls back to F16."""
+    if len(shape) < 2 or not name.endswith(".weight") or name.endswith((
+            "_norm.weight", "ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "ssm_conv1d.weight",
+            "shortconv.conv.weight")) or name in (
             "position_embd.weight", "token_types.weight"):
         return gguf.GGMLQuantizationType.F32
     qtype = getattr(gguf.GGMLQuantizationType, OUTTYPES[outtype][0])

@@ -16,6 +16,8 @@ from .convert_fused import (cohere_layers, glm4_layers, phi3_layers, read_cohere
 from .convert_gemma4 import gemma4_tensors, read_gemma4
 from .convert_hybrid import qwen35_tensors, qwen35_transformed, read_qwen35
 from .convert_llama4 import llama4_expert_tensors, llama4_tensors, read_llama4
+from .convert_mamba2 import (complete_nemotron_h, granite_hybrid_tensors, granite_hybrid_transformed,
+                             nemotron_h_tensors, nemotron_h_transformed, read_granite_hybrid, read_nemotron_h)
 from .convert_moe import GPT_OSS, MIXTRAL, QWEN3MOE, ExpertLayout, add_expert_keys, expert_tensors, read_experts
 from .convert_rope import Rope, add_rope_scaling, llama3_rope_divisors, read_rope, split_rope_params
 
@@ -39,6 +41,9 @@ class ArchSpec:
     tensors: Optional[Callable] = None      # (Hparams) -> every layer's tensor map where layers differ (Gemma 4)
     expert_tensors: Optional[Callable] = None   # (Hparams) -> the ExpertTensors of a layout of its own (llama 4)
     norm_plus_one: bool = False             # the final RMSNorm scales by (1 + w): stored as the sum (Qwen3.5)
+    final_norm: tuple = ("model.norm.weight", "output_norm.weight")   # (HF name, GGUF name)
+    token_embd: str = "model.embed_tokens.weight"   # the HF name of the token embeddings
+    complete: Optional[Callable] = None   # (config, path) -> config with values it leaves implicit (Nemotron-H)
 
 
 # Gemma3TextConfig's defaults: released checkpoints leave many of these out of config.json.
@@ -83,6 +88,12 @@ ARCHS = {
     "Cohere2ForCausalLM": ArchSpec("cohere2", read_extra=read_cohere2, layer_map=cohere_layers),
     "Qwen3_5ForCausalLM": ArchSpec("qwen35", qk_norm=True, read_extra=read_qwen35, tensors=qwen35_tensors,
                                    expert_tensors=qwen35_transformed, norm_plus_one=True),
+    "NemotronHForCausalLM": ArchSpec("nemotron_h", read_extra=read_nemotron_h, tensors=nemotron_h_tensors,
+                                     expert_tensors=nemotron_h_transformed, complete=complete_nemotron_h,
+                                     final_norm=("backbone.norm_f.weight", "output_norm.weight"),
+                                     token_embd="backbone.embeddings.weight"),
+    "GraniteMoeHybridForCausalLM": ArchSpec("granitehybrid", read_extra=read_granite_hybrid,
+                                            tensors=granite_hybrid_tensors, expert_tensors=granite_hybrid_transformed),
     "Llama4ForCausalLM": ArchSpec("llama4", rope_scalings=("llama3",), read_extra=read_llama4, tensors=llama4_tensors,
                                   expert_tensors=llama4_expert_tensors),
 }
@@ -126,6 +137,9 @@ class Hparams:
     int_keys: dict = field(default_factory=dict)   # {arch}.<name> -> uint32: a family's own integer keys
     family: dict = field(default_factory=dict)     # a family's own values its tensor map reads
     array_keys: dict = field(default_factory=dict)   # {arch}.<name> -> list: a family's own array keys
+    n_head_kv_layer: Optional[list] = None   # KV heads of each layer (0: no attention), written for n_head_kv
+    n_ff_layer: Optional[list] = None   # feed-forward width of each layer (0: none), written for n_ff
+    bool_keys: dict = field(default_factory=dict)   # {arch}.<name> -> bool: a family's own flags
 
 
 @dataclass
@@ -173,7 +187,8 @@ def arch_of(config, path):
         if not isinstance(config.get("text_config"), dict):
             raise ConvertError(f"{path}: {name} without a 'text_config' object")
         text = config["text_config"]
-    return name, spec, {**spec.defaults, **text}
+    text = {**spec.defaults, **text}
+    return name, spec, spec.complete(text, path) if spec.complete else text
 
 
 def _gemma3_layer_types(config, n_layer, path):
@@ -279,9 +294,9 @@ def add_hparams(writer, spec, hp):
     writer.add_context_length(hp.n_ctx)
     writer.add_embedding_length(hp.n_embd)
     writer.add_block_count(hp.n_layer)
-    writer.add_feed_forward_length(hp.n_ff)
+    writer.add_feed_forward_length(hp.n_ff_layer or hp.n_ff)
     writer.add_head_count(hp.n_head)
-    writer.add_head_count_kv(hp.n_head_kv)
+    writer.add_head_count_kv(hp.n_head_kv_layer or hp.n_head_kv)
     writer.add_layer_norm_rms_eps(hp.rms_eps)
     writer.add_rope_freq_base(hp.rope.base)
     writer.add_rope_dimension_count(hp.n_rot or hp.head_dim)
@@ -311,6 +326,8 @@ def add_hparams(writer, spec, hp):
         writer.add_float32(f"{spec.gguf_arch}.{name}", value)
     for name, value in hp.int_keys.items():
         writer.add_uint32(f"{spec.gguf_arch}.{name}", value)
+    for name, value in hp.bool_keys.items():
+        writer.add_bool(f"{spec.gguf_arch}.{name}", value)
     for name, value in hp.array_keys.items():
         writer.add_array(f"{spec.gguf_arch}.{name}", value)
 
@@ -359,8 +376,8 @@ def _expected(spec, hp):
     """Canonical HF name -> (GGUF name, numpy shape, heads to permute with) for every tensor the
     model needs, in GGUF order (globals, then by layer)."""
     out = {
-        "model.embed_tokens.weight": ("token_embd.weight", (hp.n_vocab, hp.n_embd), 0),
-        "model.norm.weight": ("output_norm.weight", (hp.n_embd,), 0),
+        spec.token_embd: ("token_embd.weight", (hp.n_vocab, hp.n_embd), 0),
+        spec.final_norm[0]: (spec.final_norm[1], (hp.n_embd,), 0),
     }
     if not hp.tied:
         out["lm_head.weight"] = ("output.weight", (hp.n_vocab, hp.n_embd), 0)

@@ -67,12 +67,15 @@ HParams read_hparams(const GGUFFile& f) {
     if (hp.n_layer <= 0 || hp.n_embd <= 0 || hp.n_ff <= 0 || hp.n_head <= 0 || hp.n_head_kv <= 0)
         fail(f.path(), ": hyperparameters must be positive (block_count ", hp.n_layer, ", embedding_length ", hp.n_embd,
              ", feed_forward_length ", hp.n_ff, ", head_count ", hp.n_head, ", head_count_kv ", hp.n_head_kv, ")");
+    // A 0 in a per-layer head_count_kv marks a layer without attention, and one in a per-layer
+    // feed_forward_length a layer without a feed-forward (llama.cpp's hybrid files): checked against
+    // the architecture's layers after read_hparams.
     for (int32_t l = 0; l < hp.n_layer; ++l)
-        if (hp.layer_n_head_kv(l) <= 0 || hp.n_head % hp.layer_n_head_kv(l) != 0)
+        if (hp.layer_n_head_kv(l) < 0 || (hp.layer_n_head_kv(l) > 0 && hp.n_head % hp.layer_n_head_kv(l) != 0))
             fail(f.path(), ": ", a, "attention.head_count ", hp.n_head, " must be a multiple of head_count_kv ",
                  hp.layer_n_head_kv(l), " (layer ", l, ")");
     for (int32_t l = 0; l < hp.n_layer; ++l)
-        if (hp.layer_n_ff(l) <= 0)
+        if (hp.layer_n_ff(l) < 0)
             fail(f.path(), ": ", a, "feed_forward_length of layer ", l, " must be positive, got ", hp.layer_n_ff(l));
     const bool own_head_dim = f.find(a + "attention.key_length") != nullptr;
     if (!own_head_dim && hp.n_embd % hp.n_head != 0)
@@ -127,6 +130,14 @@ HParams read_hparams(const GGUFFile& f) {
     }
     read_expert_hparams(f, a, hp);
     arch.read_hparams(f, hp);
+    for (int32_t l = 0; l < hp.n_layer; ++l) {
+        if (hp.layer_n_head_kv(l) == 0 && arch.layer_attends(hp, l))
+            fail(f.path(), ": ", a, "attention.head_count_kv is 0 for layer ", l, ", which ", hp.arch,
+                 " makes an attention layer (not a recurrent one)");
+        if (hp.layer_n_ff(l) == 0 && arch.layer_has_ffn(hp, l))
+            fail(f.path(), ": ", a, "feed_forward_length is 0 for layer ", l, ", which ", hp.arch,
+                 " gives a feed-forward");
+    }
     if (hp.swa_layer.empty()) hp.swa_layer.assign(hp.n_layer, false);
     return hp;
 }

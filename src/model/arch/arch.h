@@ -57,6 +57,8 @@ enum class Role : int {
     ssm_alpha, // [n_embd] -> [n_v_heads]
     ssm_norm, // [head_v] RMSNorm of each v head's output
     ssm_out, // [value_dim] -> [n_embd]
+    ssm_conv_b, // a Mamba2 layer (Nemotron-H, Granite 4): its convolution's bias [channels], and the skip D
+    ssm_d, // [n_head] (its other tensors take the roles above: ssm_in xBC, ssm_gate z, ssm_alpha dt)
     ple_gate, // per-layer embeddings (Gemma 4): the gate [n_embd] -> [n_embd_per_layer] of the layer's input,
     ple_proj, // its projection back [n_embd_per_layer] -> [n_embd], the norm after it,
     ple_post_norm,
@@ -154,6 +156,17 @@ public:
     virtual std::vector<TensorSpec> layer_tensors(const HParams& hp, int32_t l) const {
         (void)l;
         return block_tensors(hp);
+    }
+    // Whether layer l attends (keeps KV) and whether it has a feed-forward, which the file's per-layer
+    // head_count_kv and feed_forward_length must then not give as 0 (llama.cpp's hybrid files write 0
+    // for a layer without that part). By default every layer but a recurrent one attends, and every
+    // layer has a feed-forward.
+    virtual bool layer_attends(const HParams& hp, int32_t l) const {
+        return l >= (int32_t)hp.recurrent_layer.size() || !hp.recurrent_layer[l];
+    }
+    virtual bool layer_has_ffn(const HParams& hp, int32_t l) const {
+        (void)hp, (void)l;
+        return true;
     }
     // Factor the embedding rows are scaled by before block 0.
     virtual float embd_scale(const HParams& hp) const {

@@ -1,0 +1,94 @@
+// Mamba2 layers (mamba2_common.h).
+#include "model/arch/mamba2_common.h"
+
+#include <cmath>
+
+#include "backend/ssm_scan.h"
+#include "ember/status.h"
+
+namespace ember {
+
+namespace {
+
+SsmShape shape_of(const HParams& hp) { return {hp.ssm_v_heads, hp.ssm_head_v, hp.ssm_head_k, hp.ssm_k_heads}; }
+
+// In place: each group of a row scaled to unit root mean square, then by its elements of gamma
+// [n_group][group] (Mamba2's gated norm, after the gate).
+void grouped_rmsnorm(float* y, const float* gamma, int32_t n_tok, const SsmShape& s, float eps) {
+    const int64_t group = s.inner() / s.n_group;
+    for (int64_t r = 0; r < (int64_t)n_tok * s.n_group; ++r) {
+        float* v = y + r * group;
+        const float* g = gamma + r % s.n_group * group;
+        double ss = 0.0;
+        for (int64_t i = 0; i < group; ++i) ss += (double)v[i] * v[i];
+        const float scale = (float)(1.0 / std::sqrt(ss / (double)group + eps));
+        for (int64_t i = 0; i < group; ++i) v[i] = v[i] * scale * g[i];
+    }
+}
+
+}  // namespace
+
+void read_mamba2_hparams(const GGUFFile& f, HParams& hp) {
+    const std::string a = hp.arch + ".";
+    const int64_t kernel = (int64_t)f.get_uint(a + "ssm.conv_kernel");
+    const int64_t d_state = (int64_t)f.get_uint(a + "ssm.state_size");
+    const int64_t n_group = (int64_t)f.get_uint(a + "ssm.group_count");
+    const int64_t n_head = (int64_t)f.get_uint(a + "ssm.time_step_rank");
+    const int64_t inner = (int64_t)f.get_uint(a + "ssm.inner_size");
+    if (kernel <= 1 || d_state <= 0 || n_group <= 0 || n_head <= 0 || inner <= 0 || inner % n_head != 0 ||
+        n_head % n_group != 0)
+        fail(f.path(), ": ", a, "ssm.* must be positive, conv_kernel above 1, inner_size (", inner,
+             ") a multiple of time_step_rank (", n_head, ") and that of group_count (", n_group, "); conv_kernel ",
+             kernel, ", state_size ", d_state);
+    hp.ssm_conv_kernel = (int32_t)kernel;
+    hp.ssm_k_heads = (int32_t)n_group;
+    hp.ssm_v_heads = (int32_t)n_head;
+    hp.ssm_head_k = (int32_t)d_state;
+    hp.ssm_head_v = (int32_t)(inner / n_head);
+}
+
+std::vector<TensorSpec> mamba2_tensors(const HParams& hp) {
+    const SsmShape s = shape_of(hp);
+    const int64_t E = hp.n_embd, I = s.inner(), C = s.xbc_width(), H = s.n_head;
+    const int64_t all = I + C + H;   // ssm_in's rows: z, then x B C, then dt
+    std::vector<TensorSpec> t = {
+        {Role::ssm_gate, "ssm_in.weight", {E, I}, false, false, {0, all}},
+        {Role::ssm_in, "ssm_in.weight", {E, C}, false, false, {I, all}},
+        {Role::ssm_alpha, "ssm_in.weight", {E, H}, false, false, {I + C, all}},
+        {Role::ssm_conv, "ssm_conv1d.weight", {hp.ssm_conv_kernel, C}, false, true},
+        {Role::ssm_conv_b, "ssm_conv1d.bias", {C}, true},
+        {Role::ssm_dt, "ssm_dt.bias", {H}},
+        {Role::ssm_a, "ssm_a", {1, H}, false, true},
+        {Role::ssm_d, "ssm_d", {1, H}, false, true},
+        {Role::ssm_norm, "ssm_norm.weight", {I / s.n_group, s.n_group}, false, true},
+        {Role::ssm_out, "ssm_out.weight", {I, E}},
+    };
+    return t;
+}
+
+void mamba2_mixer(const BlockRun& r, float* out) {
+    const SsmShape s = shape_of(r.hp);
+    const int32_t n = r.n_tok, K = r.hp.ssm_conv_kernel;
+    const int64_t I = s.inner(), C = s.xbc_width(), H = s.n_head;
+    std::vector<float> z((size_t)n * I), xbc((size_t)n * C), dt((size_t)n * H), conv((size_t)n * C), y((size_t)n * I);
+    const Weight* ws[3] = {r.w.m(Role::ssm_gate), r.w.m(Role::ssm_in), r.w.m(Role::ssm_alpha)};
+    float* ys[3] = {z.data(), xbc.data(), dt.data()};
+    r.be.matmul_many(ws, ys, 3, r.buf.xn, n);
+    const BatchInfo& b = *r.batch;
+    // Each run of one sequence's tokens, in order, through its slot.
+    for (int32_t t0 = 0; t0 < n;) {
+        int32_t t1 = t0 + 1;
+        while (t1 < n && b.seq[t1] == b.seq[t0]) ++t1;
+        const int32_t len = t1 - t0, slot = b.state_slot[b.seq[t0]];
+        r.be.short_conv(&xbc[t0 * C], r.w.v(Role::ssm_conv), r.w.v(Role::ssm_conv_b), len, (int32_t)C, K, true,
+                        r.state->conv_of(slot), &conv[t0 * C]);
+        r.be.ssm_scan(&conv[t0 * C], &dt[t0 * H], r.w.v(Role::ssm_a), r.w.v(Role::ssm_dt), r.w.v(Role::ssm_d), len, s,
+                      r.state->ssm_of(slot), &y[t0 * I]);
+        t0 = t1;
+    }
+    r.be.gated_act(Activation::SiLU, z.data(), y.data(), (int64_t)n * I, y.data());
+    grouped_rmsnorm(y.data(), r.w.v(Role::ssm_norm), n, s, r.hp.rms_eps);
+    r.be.matmul(*r.w.m(Role::ssm_out), y.data(), n, out);
+}
+
+}  // namespace ember
