@@ -15,6 +15,9 @@ from .convert_fused import (cohere_layers, glm4_layers, phi3_layers, read_cohere
                             read_mistral3, read_phi3)
 from .convert_gemma4 import gemma4_tensors, read_gemma4
 from .convert_hybrid import qwen35_tensors, qwen35_transformed, read_qwen35
+from .convert_lfm2 import ALIASES as LFM2_ALIASES
+from .convert_lfm2 import FINAL_NORM as LFM2_FINAL_NORM
+from .convert_lfm2 import lfm2_convolutions, lfm2_tensors, read_lfm2
 from .convert_llama4 import llama4_expert_tensors, llama4_tensors, read_llama4
 from .convert_mamba2 import (complete_nemotron_h, granite_hybrid_tensors, granite_hybrid_transformed,
                              nemotron_h_tensors, nemotron_h_transformed, read_granite_hybrid, read_nemotron_h)
@@ -42,6 +45,7 @@ class ArchSpec:
     expert_tensors: Optional[Callable] = None   # (Hparams) -> the ExpertTensors of a layout of its own (llama 4)
     norm_plus_one: bool = False             # the final RMSNorm scales by (1 + w): stored as the sum (Qwen3.5)
     final_norm: tuple = ("model.norm.weight", "output_norm.weight")   # (HF name, GGUF name)
+    aliases: dict = field(default_factory=dict)   # config key -> the name transformers reads it as (older configs)
     token_embd: str = "model.embed_tokens.weight"   # the HF name of the token embeddings
     complete: Optional[Callable] = None   # (config, path) -> config with values it leaves implicit (Nemotron-H)
 
@@ -94,6 +98,8 @@ ARCHS = {
                                      token_embd="backbone.embeddings.weight"),
     "GraniteMoeHybridForCausalLM": ArchSpec("granitehybrid", read_extra=read_granite_hybrid,
                                             tensors=granite_hybrid_tensors, expert_tensors=granite_hybrid_transformed),
+    "Lfm2ForCausalLM": ArchSpec("lfm2", qk_norm=True, read_extra=read_lfm2, tensors=lfm2_tensors,
+                                expert_tensors=lfm2_convolutions, final_norm=LFM2_FINAL_NORM, aliases=LFM2_ALIASES),
     "Llama4ForCausalLM": ArchSpec("llama4", rope_scalings=("llama3",), read_extra=read_llama4, tensors=llama4_tensors,
                                   expert_tensors=llama4_expert_tensors),
 }
@@ -187,7 +193,8 @@ def arch_of(config, path):
         if not isinstance(config.get("text_config"), dict):
             raise ConvertError(f"{path}: {name} without a 'text_config' object")
         text = config["text_config"]
-    text = {**spec.defaults, **text}
+    renamed = {new: text[old] for old, new in spec.aliases.items() if old in text}
+    text = {**spec.defaults, **renamed, **text}
     return name, spec, spec.complete(text, path) if spec.complete else text
 
 

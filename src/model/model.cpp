@@ -118,7 +118,8 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& p
              " tokens");
     // Encoders have no output head (pooling and heads are Encoder's); some have no final norm.
     const bool encoder = m.arch->encoder();
-    m.output_norm = encoder ? bind_optional(f, "output_norm.weight", {E}) : &bind_tensor(f, "output_norm.weight", {E});
+    const char* norm = m.arch->output_norm_name();
+    m.output_norm = encoder ? bind_optional(f, norm, {E}) : &bind_tensor(f, norm, {E});
     m.output = encoder ? nullptr : bind_optional(f, "output.weight", {E, hp.n_vocab});
     hp.tied_output = m.output == nullptr;
     if (hp.tied_output) m.output = m.tok_embd;

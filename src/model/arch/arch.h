@@ -187,6 +187,8 @@ public:
     virtual bool encoder() const { return false; }
     // The final norm is a LayerNorm without bias (Command R), not an RMSNorm.
     virtual bool layernorm_head() const { return false; }
+    // The final norm's tensor (LFM2's files call it token_embd_norm.weight).
+    virtual const char* output_norm_name() const { return "output_norm.weight"; }
 };
 
 // The architecture of general.architecture `name`; throws naming the file and the ones supported.

@@ -28,6 +28,7 @@ const Architecture& smollm3_architecture();
 const Architecture& qwen35_architecture();
 const Architecture& gemma4_architecture();
 const Architecture& llama4_architecture();
+const Architecture& lfm2_architecture();
 const Architecture& nemotron_h_architecture();
 const Architecture& granite_hybrid_architecture();
 
@@ -60,6 +61,7 @@ const Entry kArchitectures[] = {
     {"qwen35", &qwen35_architecture},
     {"gemma4", &gemma4_architecture},
     {"llama4", &llama4_architecture},
+    {"lfm2", &lfm2_architecture},
     {"nemotron_h", &nemotron_h_architecture},
     {"granitehybrid", &granite_hybrid_architecture},
 };

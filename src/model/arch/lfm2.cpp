@@ -1,0 +1,115 @@
+// LFM2 (Liquid): a hybrid of short-convolution layers, which keep each sequence's last inputs as
+// recurrent state (RecurrentLayer), and GQA attention layers with per-head q/k RMSNorms, each
+// followed by a SwiGLU feed-forward; the tensors and keys as llama.cpp's converter writes them.
+#include "ember/status.h"
+#include "model/arch/arch_common.h"
+#include "model/arch/moe_common.h"
+
+namespace ember {
+
+namespace {
+
+class Lfm2Arch : public Architecture {
+public:
+    void read_hparams(const GGUFFile& f, HParams& hp) const override {
+        const std::string a = hp.arch + ".";
+        hp.rope_neox = true;
+        check_experts(f, hp, false, false);
+        hp.ssm_conv_kernel = (int32_t)f.get_uint(a + "shortconv.l_cache");
+        if (hp.ssm_conv_kernel < 2)
+            fail(f.path(), ": ", a, "shortconv.l_cache must be at least 2, got ", hp.ssm_conv_kernel);
+        if (f.get_uint(a + "attention.sliding_window", 0) != 0)
+            fail(f.path(), ": ", a, "attention.sliding_window is not supported for ", hp.arch);
+        // llama.cpp marks the convolution layers by 0 KV heads in a per-layer head_count_kv.
+        hp.recurrent_layer.assign(hp.n_layer, false);
+        for (int32_t l = 0; l < hp.n_layer; ++l) hp.recurrent_layer[l] = hp.layer_n_head_kv(l) == 0;
+        // RecurrentState sizes a slot as a gated DeltaNet's: the convolution over n_embd channels is
+        // one v head of that width with no k heads, and there is no scan state.
+        hp.ssm_k_heads = 0, hp.ssm_head_k = 0;
+        hp.ssm_v_heads = 1, hp.ssm_head_v = hp.n_embd;
+    }
+
+    const char* output_norm_name() const override { return "token_embd_norm.weight"; }
+
+    // The attention layers' tensors (layer_tensors gives each layer its own kind's).
+    std::vector<TensorSpec> block_tensors(const HParams& hp) const override { return layer_specs(hp, false); }
+    std::vector<TensorSpec> layer_tensors(const HParams& hp, int32_t l) const override {
+        return layer_specs(hp, hp.recurrent_layer[l]);
+    }
+
+    const float* forward_block(const BlockRun& r) const override {
+        if (r.state) {
+            r.be.add_rmsnorm(r.x, r.residual, r.w.v(Role::attn_norm), r.n_tok, r.hp.n_embd, r.hp.rms_eps, r.buf.xn);
+            short_conv_mixer(r, r.out_a);
+        } else {
+            r.be.attn_in(attn_in_weights(r), r.x, r.residual, r.n_tok, r.kv, r.buf);
+            r.be.attn_out(r.kv, r.cfg.shape, *r.w.m(Role::wo), r.n_tok, r.buf, r.out_a);
+        }
+        r.be.ffn(ffn_weights(r, Activation::SiLU), r.x, r.out_a, r.n_tok, r.buf, r.out_b);
+        return r.out_b;
+    }
+
+private:
+    static std::vector<TensorSpec> layer_specs(const HParams& hp, bool conv) {
+        const int64_t E = hp.n_embd, F = hp.n_ff, D = hp.head_dim;
+        std::vector<TensorSpec> t = {
+            {Role::attn_norm, "attn_norm.weight", {E}}, {Role::ffn_norm, "ffn_norm.weight", {E}},
+            {Role::gate, "ffn_gate.weight", {E, F}},    {Role::up, "ffn_up.weight", {E, F}},
+            {Role::down, "ffn_down.weight", {F, E}},
+        };
+        if (conv) {
+            TensorSpec w{Role::ssm_conv, "shortconv.conv.weight", {hp.ssm_conv_kernel, E}};
+            w.vector = true;
+            t.push_back(w);
+            t.push_back({Role::ssm_in, "shortconv.in_proj.weight", {E, 3 * E}});
+            t.push_back({Role::ssm_out, "shortconv.out_proj.weight", {E, E}});
+            return t;
+        }
+        const int64_t QW = (int64_t)hp.n_head * D, KW = (int64_t)hp.n_head_kv * D;
+        for (TensorSpec s : std::vector<TensorSpec>{{Role::wq, "attn_q.weight", {E, QW}},
+                                                    {Role::wk, "attn_k.weight", {E, KW}},
+                                                    {Role::wv, "attn_v.weight", {E, KW}},
+                                                    {Role::wo, "attn_output.weight", {QW, E}},
+                                                    {Role::q_norm, "attn_q_norm.weight", {D}},
+                                                    {Role::k_norm, "attn_k_norm.weight", {D}}})
+            t.push_back(s);
+        return t;
+    }
+
+    // out = out_proj(C * conv(B * x)), B, C and x the three parts of in_proj(xn), the convolution
+    // carrying each sequence's last inputs in its slot.
+    static void short_conv_mixer(const BlockRun& r, float* out) {
+        // The products are loops over host memory until the backend contract has an elementwise product.
+        if (!r.be.is_host()) fail(r.hp.arch, " runs on the CPU only so far (backend ", r.be.name(), ")");
+        const int32_t n = r.n_tok, E = r.hp.n_embd;
+        std::vector<float> bcx((size_t)n * 3 * E), bx((size_t)n * E), y((size_t)n * E);
+        r.be.matmul(*r.w.m(Role::ssm_in), r.buf.xn, n, bcx.data());
+        for (int64_t t = 0; t < n; ++t) {
+            const float* row = &bcx[t * 3 * E];
+            for (int32_t i = 0; i < E; ++i) bx[t * E + i] = row[i] * row[2 * E + i];
+        }
+        const BatchInfo& b = *r.batch;
+        // Each run of one sequence's tokens, in order, through its slot.
+        for (int32_t t0 = 0; t0 < n;) {
+            int32_t t1 = t0 + 1;
+            while (t1 < n && b.seq[t1] == b.seq[t0]) ++t1;
+            r.be.short_conv(&bx[t0 * E], r.w.v(Role::ssm_conv), nullptr, t1 - t0, E, r.hp.ssm_conv_kernel, false,
+                            r.state->conv_of(b.state_slot[b.seq[t0]]), &y[t0 * E]);
+            t0 = t1;
+        }
+        for (int64_t t = 0; t < n; ++t) {
+            const float* c = &bcx[t * 3 * E + E];
+            for (int32_t i = 0; i < E; ++i) y[t * E + i] *= c[i];
+        }
+        r.be.matmul(*r.w.m(Role::ssm_out), y.data(), n, out);
+    }
+};
+
+}  // namespace
+
+const Architecture& lfm2_architecture() {
+    static const Lfm2Arch arch;
+    return arch;
+}
+
+}  // namespace ember
