@@ -2,9 +2,10 @@
 which llama.cpp's iq4_nl KV cache stores with; Q2_K; Q3_K; IQ4_XS; IQ4_NL with the search llama-quantize
 writes its weights with, iq4_nl_search), and as llama-quantize writes them through ggml_quantize_chunk: without
 importances, <type>_search (IQ3_XXS, IQ3_S, IQ2_S), and with, <type>_imatrix, whose npz also holds the
-importances qw (Q2_K to Q6_K, Q4_0 to Q5_1, IQ4_XS, IQ4_NL, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S):
-rows of random values (normal, heavy-tailed, tiny and huge, ties between IQ4_NL's levels, zero blocks) and the
-blocks ggml writes for them, through a llama.cpp build's libggml-base.
+importances qw (Q2_K to Q6_K, Q4_0 to Q5_1, IQ4_XS, IQ4_NL, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S,
+IQ1_M; IQ1_M also without, iq1_m_search): rows of random values (normal, heavy-tailed, tiny and huge, ties between
+IQ4_NL's levels, zero blocks; for IQ1 also a row of few distinct values, whose ties the sub-block search sorts) and
+the blocks ggml writes for them, through a llama.cpp build's libggml-base.
 Run: python tools/gen_ggml_quant_reference.py /path/to/llama.cpp/build/bin/libggml-base.so [TYPE ...]"""
 import ctypes
 import pathlib
@@ -21,7 +22,8 @@ TYPES = {"iq4_nl": (20, 32, 18), "q2_k": (10, 256, 84), "q3_k": (11, 256, 110), 
          "iq2_xxs_imatrix": (16, 256, 66), "iq2_xs_imatrix": (17, 256, 74), "iq2_s_search": (22, 256, 82),
          "iq2_s_imatrix": (22, 256, 82), "q4_0_imatrix": (2, 32, 18), "q4_1_imatrix": (3, 32, 20),
          "q5_0_imatrix": (6, 32, 22), "q5_1_imatrix": (7, 32, 24), "q4_k_imatrix": (12, 256, 144),
-         "q5_k_imatrix": (13, 256, 176), "q6_k_imatrix": (14, 256, 210)}
+         "q5_k_imatrix": (13, 256, 176), "q6_k_imatrix": (14, 256, 210), "iq1_s_imatrix": (19, 256, 50),
+         "iq1_m_imatrix": (29, 256, 56), "iq1_m_search": (29, 256, 56)}
 
 
 class TypeTraits(ctypes.Structure):
@@ -42,6 +44,12 @@ def rows(n=4096):
     return np.stack(out).astype(np.float32)
 
 
+def tied_row(n=4096):
+    """Few distinct values (many equal within a sub-block), a few of them large."""
+    rng = np.random.default_rng(20261209)
+    return (rng.integers(-3, 4, n) * 0.02 * np.where(rng.random(n) < 0.02, 10.0, 1.0)).astype(np.float32)
+
+
 def importances(n=4096):
     """Per column, log-normal (a few columns far above the rest, as real activations' mean squares), and a
     run of zeros (columns no token reached)."""
@@ -54,8 +62,9 @@ def importances(n=4096):
 def main():
     lib = ctypes.CDLL(sys.argv[1])
     lib.ggml_get_type_traits.restype = ctypes.POINTER(TypeTraits)
-    x, qw = rows(), importances()
+    qw = importances()
     for name in sys.argv[2:] or TYPES:
+        x = np.vstack([rows(), tied_row()]) if name.startswith("iq1") else rows()
         type_id, elems, nbytes = TYPES[name]
         tr = lib.ggml_get_type_traits(type_id).contents
         assert tr.type_name.decode().lower() == name.removesuffix("_search").removesuffix("_imatrix")

@@ -65,6 +65,10 @@ public:
     }
     // The grid index of the levels L, -1 off the grid.
     int index(const int8_t* L) const { return index_[key(L)]; }
+    // Off the grid: its nearest grid points (by distance, then index), for searches scoring levels their own way.
+    const std::vector<uint16_t>& neighbours(const int8_t* L) const { return neighbours_[key(L)]; }
+    // Grid point j's magnitudes 2 l + 1.
+    const int8_t* point(int j) const { return points_[j].data(); }
 
     // Off the grid: the neighbour of least w-weighted squared error against x at this scale; L set to it.
     int best_neighbour(int8_t* L, const float* x, const float* w, float scale) const {

@@ -28,6 +28,9 @@ void quantize_iq2_xxs_weighted(const float* src, void* dst, int64_t n, const flo
 void quantize_iq2_xs_weighted(const float* src, void* dst, int64_t n, const float* qw);
 // IQ2_S: qw may be null.
 void quantize_iq2_s_weighted(const float* src, void* dst, int64_t n, const float* qw);
+// IQ1_S (quant_iq1.cpp): qw required. IQ1_M: qw may be null (the importances then x^2, as ggml's without a matrix).
+void quantize_iq1_s_weighted(const float* src, void* dst, int64_t n, const float* qw);
+void quantize_iq1_m_weighted(const float* src, void* dst, int64_t n, const float* qw);
 
 // x ~= scale * L, L in [0, nmax], with weights w (ggml's make_qp_quants): grids nmax / max and (nmax + 0.1 k) / max
 // for k in [-4, 4], the one of least w-weighted squared error, then up to 5 rounds moving single values to the

@@ -41,6 +41,8 @@ QuantizeRowWeightedFn weighted_for(GGMLType t) {
         case GGMLType::IQ2_XXS: return quantize_iq2_xxs_weighted;
         case GGMLType::IQ2_XS: return quantize_iq2_xs_weighted;
         case GGMLType::IQ2_S: return quantize_iq2_s_weighted;
+        case GGMLType::IQ1_S: return quantize_iq1_s_weighted;
+        case GGMLType::IQ1_M: return quantize_iq1_m_weighted;
         case GGMLType::Q4_0: return quantize_q4_0_weighted;
         case GGMLType::Q4_1: return quantize_q4_1_weighted;
         case GGMLType::Q5_0: return quantize_q5_0_weighted;

@@ -1,8 +1,9 @@
 // The per-tensor type recipe, following llama.cpp's llama_tensor_get_type for the mixes ember
 // supports: output head Q6_K (Q8_0 where rows are not a multiple of 256), *_K_M give Q6_K to
 // attn_v and ffn_down in the first and last eighth of layers and every third layer between, Q2_K
-// and Q3_K_M / Q3_K_L (IQ3_M) give attn_v, ffn_down, attn_output (and attn_qkv) more bits, and K types
-// fall back to legacy ones (IQ types to IQ4_NL) when a row is not a whole number of 256-element blocks.
+// and Q3_K_M / Q3_K_L (IQ3_M) give attn_v, ffn_down, attn_output (and attn_qkv) more bits, the IQ2 / IQ1 mixes
+// attn_v, the first ffn_down and attn_output, and K types fall back to legacy ones (IQ types to IQ4_NL) when a row is
+// not a whole number of 256-element blocks.
 #include "quantize/recipe.h"
 
 #include <cctype>
@@ -23,6 +24,8 @@ QuantizeRowFn weight_quantizer(GGMLType t) {
             return [](const float* src, void* dst, int64_t n) { quantize_iq3_s_weighted(src, dst, n, nullptr); };
         case GGMLType::IQ2_S:
             return [](const float* src, void* dst, int64_t n) { quantize_iq2_s_weighted(src, dst, n, nullptr); };
+        case GGMLType::IQ1_M:
+            return [](const float* src, void* dst, int64_t n) { quantize_iq1_m_weighted(src, dst, n, nullptr); };
         default: return type_traits(t).quantize_row;
     }
 }
@@ -62,20 +65,25 @@ const QuantMix kMixes[] = {
     {"IQ2_XS", GGMLType::IQ2_XS, 20, false, false, LowKMix::iq2_xs},
     {"IQ2_S", GGMLType::IQ2_XS, 28, false, false, LowKMix::iq2_s},
     {"IQ2_M", GGMLType::IQ2_S, 29, false, false, LowKMix::iq2_m},
+    {"IQ1_S", GGMLType::IQ1_S, 24, false, false, LowKMix::iq1_s},
+    {"IQ1_M", GGMLType::IQ1_M, 31, false, false, LowKMix::iq1_m},
 };
 
-// The IQ2 mixes share llama.cpp's rules: attn_v, the first eighth's ffn_down (and IQ2_S / IQ2_M's attn_output)
-// get more bits, every other rule of the chain is skipped.
+// The IQ2 and IQ1 mixes share llama.cpp's rules: attn_v, the first eighth's ffn_down (and attn_output, but in
+// IQ2_XXS / IQ2_XS) get more bits, every other rule of the chain is skipped.
 bool is_iq2_mix(LowKMix m) {
-    return m == LowKMix::iq2_xxs || m == LowKMix::iq2_xs || m == LowKMix::iq2_s || m == LowKMix::iq2_m;
+    return m == LowKMix::iq2_xxs || m == LowKMix::iq2_xs || m == LowKMix::iq2_s || m == LowKMix::iq2_m ||
+           m == LowKMix::iq1_s || m == LowKMix::iq1_m;
 }
+
+bool is_iq1_mix(LowKMix m) { return m == LowKMix::iq1_s || m == LowKMix::iq1_m; }
 
 // The type llama.cpp gives the IQ2 mixes' more-bits tensors: IQ3_S for IQ2_S / IQ2_M, Q2_K for the others.
 GGMLType iq2_more_bits(LowKMix m) {
     return m == LowKMix::iq2_s || m == LowKMix::iq2_m ? GGMLType::IQ3_S : GGMLType::Q2_K;
 }
 
-// The output head: Q8_0 on rows not a multiple of 256, Q5_K in the IQ2 / IQ3_XXS mixes, else Q6_K (Q8_0 for Q8_0).
+// The output head: Q8_0 on rows not a multiple of 256, Q5_K in the IQ1 / IQ2 / IQ3_XXS mixes, else Q6_K (Q8_0 for Q8_0).
 GGMLType output_type(const QuantMix& mix, const GGUFTensor& t) {
     if (t.ne[0] % 256 != 0 || mix.base == GGMLType::Q8_0) return GGMLType::Q8_0;
     if (is_iq2_mix(mix.low_k) || mix.low_k == LowKMix::iq3_xxs) return GGMLType::Q5_K;
@@ -92,12 +100,14 @@ bool use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n 
 bool is_k_type(GGMLType t) {
     return t == GGMLType::Q2_K || t == GGMLType::Q3_K || t == GGMLType::Q4_K || t == GGMLType::Q5_K ||
            t == GGMLType::Q6_K || t == GGMLType::IQ4_XS || t == GGMLType::IQ3_XXS || t == GGMLType::IQ3_S ||
-           t == GGMLType::IQ2_XXS || t == GGMLType::IQ2_XS || t == GGMLType::IQ2_S;
+           t == GGMLType::IQ2_XXS || t == GGMLType::IQ2_XS || t == GGMLType::IQ2_S || t == GGMLType::IQ1_S ||
+           t == GGMLType::IQ1_M;
 }
 
 // Q8_1 and Q8_K are the activations' dot-product formats, never stored in model files.
 bool is_storage_type(const TypeTraits& tr) {
-    const bool weighted = tr.type == GGMLType::IQ2_XXS || tr.type == GGMLType::IQ2_XS;   // importances only
+    const bool weighted = tr.type == GGMLType::IQ2_XXS || tr.type == GGMLType::IQ2_XS ||   // importances only
+                          tr.type == GGMLType::IQ1_S;
     return (weight_quantizer(tr.type) || weighted) && tr.type != GGMLType::Q8_1 && tr.type != GGMLType::Q8_K;
 }
 
@@ -119,6 +129,8 @@ GGMLType k_fallback(GGMLType t) {
     switch (t) {
         case GGMLType::Q2_K:
         case GGMLType::Q3_K: return GGMLType::Q4_0;
+        case GGMLType::IQ1_S:
+        case GGMLType::IQ1_M:
         case GGMLType::IQ2_XXS:
         case GGMLType::IQ2_XS:
         case GGMLType::IQ2_S:
@@ -161,7 +173,8 @@ GGMLType choose_type(const QuantMix& mix, const GGUFTensor& t, RecipeState& st) 
     } else if (!float_mix && is_output) {
         type = output_type(mix, t);
     } else if (t.name == "token_embd.weight") {
-        if (mix.low_k == LowKMix::iq2_xxs || mix.low_k == LowKMix::iq2_xs) type = GGMLType::Q2_K;
+        if (mix.low_k == LowKMix::iq2_xxs || mix.low_k == LowKMix::iq2_xs || is_iq1_mix(mix.low_k))
+            type = GGMLType::Q2_K;
         if (mix.low_k == LowKMix::iq2_s || mix.low_k == LowKMix::iq2_m || mix.low_k == LowKMix::iq3_xxs)
             type = GGMLType::IQ3_S;
     } else if (is_iq2_mix(mix.low_k)) {
@@ -173,6 +186,7 @@ GGMLType choose_type(const QuantMix& mix, const GGUFTensor& t, RecipeState& st) 
             ++st.i_ffn_down;
         } else if (ends_with(t.name, "attn_output.weight")) {
             if (mix.low_k == LowKMix::iq2_s || mix.low_k == LowKMix::iq2_m) type = GGMLType::IQ3_S;
+            if (is_iq1_mix(mix.low_k)) type = GGMLType::IQ2_XXS;
         }
     } else if (ends_with(t.name, "attn_v.weight")) {
         if (mix.more_bits_k && use_more_bits(st.i_attn_v, st.n_attn_v)) type = GGMLType::Q6_K;

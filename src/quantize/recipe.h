@@ -23,7 +23,9 @@ enum class LowKMix : uint8_t {
     iq2_xxs,
     iq2_xs,
     iq2_s,
-    iq2_m
+    iq2_m,
+    iq1_s,
+    iq1_m
 };
 
 struct QuantMix {
