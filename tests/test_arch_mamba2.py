@@ -1,5 +1,6 @@
 """Mamba2 hybrids (issue 44): Nemotron-H (Mamba2, rope-less attention and squared-ReLU MLP layers) and
-Granite 4.0 hybrid (Mamba2 or attention layers, each with a SwiGLU feed-forward, muP multipliers) converted
+Granite 4.0 hybrid (Mamba2 or attention layers, each with a SwiGLU feed-forward or experts beside a shared
+expert, muP multipliers) converted
 by ember-convert from tiny random transformers models: the GGUF keys and tensors as llama.cpp's converter
 writes them, ember's logits against transformers' at f32 (one batch, token by token, chunks carrying the
 states), inside an engine batch and from the engine's prefix cache, and the errors for bad files and configs."""
@@ -22,8 +23,9 @@ from ember.convert_error import ConvertError  # noqa: E402
 
 PROMPT = hf_tiny.LONG_PROMPT
 # nemotron_h: Mamba2 layers 0 and 3 (8 heads of 16, 2 groups, states of 16), attention in layer 2, MLPs in
-# layers 1 and 4; granitehybrid: Mamba2 layers 0, 1 and 3, attention in layer 2.
-MODELS = ["nemotron_h", "granitehybrid"]
+# layers 1 and 4; granitehybrid: Mamba2 layers 0, 1 and 3, attention in layer 2; granitehybrid-moe: Mamba2
+# layers 0 and 2 around attention, 4 experts of 32 (top 2) and a shared expert of 48 in every layer.
+MODELS = ["nemotron_h", "granitehybrid", "granitehybrid-moe"]
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +98,24 @@ def test_granitehybrid_file(models):
     assert "blk.2.ssm_in.weight" not in t and "blk.0.attn_q.weight" not in t
 
 
+def test_granitehybrid_moe_file(models):
+    _, sd, path = models["granitehybrid-moe"]
+    kv, t = hf_tiny.gguf_fields(path), hf_tiny.gguf_tensors(path)
+    a = "granitehybrid."
+    assert (kv[a + "expert_count"], kv[a + "expert_used_count"]) == (4, 2)
+    assert kv[a + "feed_forward_length"] == 32 and kv[a + "expert_shared_feed_forward_length"] == 48
+    moe, shared = "model.layers.1.block_sparse_moe.", "model.layers.1.shared_mlp."
+    np.testing.assert_array_equal(t["blk.1.ffn_gate_inp.weight"], sd[moe + "router.layer.weight"])
+    fused = sd[moe + "input_linear.weight"]
+    np.testing.assert_array_equal(t["blk.1.ffn_gate_exps.weight"], fused[:, :32])
+    np.testing.assert_array_equal(t["blk.1.ffn_up_exps.weight"], fused[:, 32:])
+    np.testing.assert_array_equal(t["blk.1.ffn_down_exps.weight"], sd[moe + "output_linear.weight"])
+    np.testing.assert_array_equal(t["blk.1.ffn_gate_shexp.weight"], sd[shared + "input_linear.weight"][:48])
+    np.testing.assert_array_equal(t["blk.1.ffn_up_shexp.weight"], sd[shared + "input_linear.weight"][48:])
+    np.testing.assert_array_equal(t["blk.1.ffn_down_shexp.weight"], sd[shared + "output_linear.weight"])
+    assert "blk.1.ffn_gate.weight" not in t
+
+
 def test_layer_pattern_string_gives_the_same_file(models, tmp_path):
     """Released Nemotron-H configs give the layers as hybrid_override_pattern ("M-*M-")."""
     def to_pattern(cfg):
@@ -150,6 +170,7 @@ def _run(engine, prompt, **kw):
     tokens, lps, done = [], [], False
     while not done:
         for o in engine.poll(1.0):
+            assert o.request_id == rid
             tokens += o.token_ids
             lps += o.prompt_logprobs
             done = o.finished
@@ -198,6 +219,9 @@ def test_engine_resumes_a_cached_prefix_and_frees_every_slot(models, hf_referenc
     ("granitehybrid", ("blk.2.ffn_gate.weight",), {}, ["blk.2.ffn_gate.weight"]),
     ("granitehybrid", (), {"granitehybrid.ssm.time_step_rank": None}, ["granitehybrid.ssm.time_step_rank"]),
     ("granitehybrid", (), {"granitehybrid.rope.scaling.finetuned": None}, ["rope.scaling.finetuned"]),
+    ("granitehybrid-moe", ("blk.2.ffn_up_shexp.weight",), {}, ["blk.2.ffn_up_shexp.weight"]),
+    ("granitehybrid-moe", (), {"granitehybrid.expert_shared_feed_forward_length": None},
+     ["granitehybrid.expert_shared_feed_forward_length"]),
 ])
 def test_bad_file_gives_clear_error(models, tmp_path, name, drop, fields, needles):
     bad = str(tmp_path / "bad.gguf")
@@ -218,7 +242,7 @@ def test_bad_file_gives_clear_error(models, tmp_path, name, drop, fields, needle
     ("nemotron_h", {"num_hidden_layers": 4}, "num_hidden_layers=4"),
     ("nemotron_h", {"use_conv_bias": False}, "unexpected tensor backbone.layers.0.mixer.conv1d.bias"),
     ("granitehybrid", {"layer_types": ["mamba", "attention"]}, "'layer_types' must list"),
-    ("granitehybrid", {"num_local_experts": 4}, "mixture-of-experts"),
+    ("granitehybrid-moe", {"num_experts_per_tok": 5}, "exceeds num_local_experts"),
     ("granitehybrid", {"position_embedding_type": "rope"}, "position_embedding_type"),
     ("granitehybrid", {"mamba_expand": 3}, "mamba_expand"),
     ("granitehybrid", {"shared_intermediate_size": 96}, "has shape"),

@@ -177,6 +177,11 @@ MODELS = {
         norm_eps=1e-5)),
     "lfm2-untied": Tiny("lfm2", "bpe", 61, prompt=_LONG, overrides=dict(
         layer_types=["full_attention", "conv"], conv_L_cache=4, block_auto_adjust_ff_dim=False, norm_eps=1e-5)),
+    # lfm2moe: LFM2-MoE with a dense first layer, then mixtures of 4 experts (top 2) chosen by sigmoid score
+    # plus the expert bias, on convolution and attention layers alike.
+    "lfm2moe": Tiny("lfm2moe", "bpe", 62, tied=True, prompt=_LONG, overrides=dict(
+        num_hidden_layers=4, layer_types=["conv", "full_attention", "conv", "conv"], num_dense_layers=1,
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_eps=1e-5)),
     # tests/test_arch_mamba2.py: Nemotron-H with Mamba2 layers 0 and 3 (8 heads of 16, 2 groups of B and C,
     # states of 16), attention (no rope) in layer 2 and squared-ReLU MLPs in layers 1 and 4; Granite 4.0
     # hybrid with Mamba2 layers 0, 1 and 3 around an attention layer, each with a SwiGLU feed-forward, and
@@ -188,6 +193,12 @@ MODELS = {
         num_hidden_layers=4, layer_types=["mamba", "mamba", "attention", "mamba"], shared_intermediate_size=160,
         num_local_experts=0, mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4,
         embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.5, logits_scaling=2.5)),
+    # and its mixture (as granite-4.0-h-tiny): 4 SwiGLU experts of 32 (top 2) beside a shared expert of 48.
+    "granitehybrid-moe": Tiny("granitehybrid", "bpe", 72, prompt=_LONG, overrides=dict(
+        num_hidden_layers=3, layer_types=["mamba", "attention", "mamba"], intermediate_size=32,
+        shared_intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, mamba_n_heads=8, mamba_d_head=16,
+        mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, embedding_multiplier=2.0, residual_multiplier=0.5,
+        attention_multiplier=0.5, logits_scaling=2.5)),
     # tests/test_arch_deepseek2.py: DeepSeek V3 with 3 layers (the first dense), latent attention through a
     # q_lora_rank of 48 and a kv_lora_rank of 32 (heads of 16 + 8 rotated key dims, values of 24), 8 experts in
     # 4 groups of which 2 are chosen from (top 2, renormalized, times 2.5), a shared expert and YaRN from an
@@ -296,7 +307,7 @@ def _tokenizer(tok_dir, backend):
 def _config(tiny, n_tokens):
     from transformers import (Cohere2Config, CohereConfig, Gemma2Config, Gemma3TextConfig, Gemma4TextConfig,
                               Glm4Config, GptOssConfig, GraniteConfig, GraniteMoeHybridConfig, Lfm2Config,
-                              Llama4TextConfig, LlamaConfig,
+                              Lfm2MoeConfig, Llama4TextConfig, LlamaConfig,
                               Ministral3Config, NemotronHConfig,
                               MistralConfig, MixtralConfig, Olmo2Config, Olmo3Config, Phi3Config, Qwen2Config,
                               Qwen3_5MoeTextConfig, Qwen3_5TextConfig, Qwen3Config, Qwen3MoeConfig, Qwen3NextConfig,
@@ -322,7 +333,8 @@ def _config(tiny, n_tokens):
                "glm4": Glm4Config, "gemma2": Gemma2Config, "olmo2": Olmo2Config, "olmo3": Olmo3Config,
                "granite": GraniteConfig, "smollm3": SmolLM3Config, "cohere": CohereConfig, "cohere2": Cohere2Config,
                "gemma4": Gemma4TextConfig, "llama4": Llama4TextConfig, "qwen35": Qwen3_5TextConfig,
-               "lfm2": Lfm2Config, "nemotron_h": NemotronHConfig, "granitehybrid": GraniteMoeHybridConfig,
+               "lfm2": Lfm2Config, "lfm2moe": Lfm2MoeConfig, "nemotron_h": NemotronHConfig,
+               "granitehybrid": GraniteMoeHybridConfig,
                "qwen35moe": Qwen3_5MoeTextConfig, "qwen3next": Qwen3NextConfig}
     return classes[tiny.arch](**kw)
 
@@ -356,7 +368,7 @@ def model_layouts(tok_root, work):
     from transformers import (Cohere2ForCausalLM, CohereForCausalLM, Gemma2ForCausalLM, Gemma3Config, Gemma3ForCausalLM,
                               Gemma3ForConditionalGeneration, Gemma4ForCausalLM, Glm4ForCausalLM, GptOssForCausalLM,
                               GraniteForCausalLM, GraniteMoeHybridForCausalLM, Lfm2ForCausalLM, Llama4ForCausalLM,
-                              LlamaForCausalLM,
+                              Lfm2MoeForCausalLM, LlamaForCausalLM,
                               Ministral3ForCausalLM, NemotronHForCausalLM,
                               MistralForCausalLM, MixtralForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM,
                               Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM,
@@ -372,7 +384,7 @@ def model_layouts(tok_root, work):
                "olmo2": Olmo2ForCausalLM, "olmo3": Olmo3ForCausalLM, "granite": GraniteForCausalLM,
                "smollm3": SmolLM3ForCausalLM, "cohere": CohereForCausalLM, "cohere2": Cohere2ForCausalLM,
                "gemma4": Gemma4ForCausalLM, "llama4": Llama4ForCausalLM, "qwen35": Qwen3_5ForCausalLM,
-               "lfm2": Lfm2ForCausalLM, "nemotron_h": NemotronHForCausalLM,
+               "lfm2": Lfm2ForCausalLM, "lfm2moe": Lfm2MoeForCausalLM, "nemotron_h": NemotronHForCausalLM,
                "granitehybrid": GraniteMoeHybridForCausalLM,
                "qwen35moe": Qwen3_5MoeForCausalLM, "qwen3next": Qwen3NextForCausalLM}
     out, configs = {}, {}

@@ -1,7 +1,8 @@
 """Mamba2 hybrids -> GGUF, as llama.cpp's converter writes them: Nemotron-H (nemotron_h: each layer one
 mixer, a Mamba2 layer, an attention layer without rope or a squared-ReLU MLP, the kinds written as
 per-layer head_count_kv and feed_forward_length holding 0 for the part a layer lacks) and Granite 4.0
-hybrid (granitehybrid: Mamba2 or attention layers each with a SwiGLU feed-forward, muP multipliers).
+hybrid (granitehybrid: Mamba2 or attention layers each with a SwiGLU feed-forward, or SwiGLU experts beside
+a shared expert, muP multipliers).
 A Mamba2 layer's in_proj is stored whole, its convolution squeezed to [channels, kernel], ssm_a =
 -exp(A_log) and ssm_d as [n_head, 1], its grouped norm as [n_group, inner / n_group]; q and k rows are
 put in llama's rope layout as llama.cpp does (these attention layers have no rope, so it changes no
@@ -68,7 +69,8 @@ def _read_mamba2(config, hp, path, kinds, heads, head_dim, groups, state, kernel
     d_conv = _positive_int(config, kernel, path)
     if n_head % n_group:
         raise ConvertError(f"{path}: '{heads[0]}'={n_head} is not a multiple of '{groups[0]}'={n_group}")
-    hp.family = dict(kinds=kinds, n_head=n_head, head_dim=p, n_group=n_group, d_state=d_state, kernel=d_conv,
+    hp.family = dict(kinds=kinds, n_expert=config.get("num_local_experts") or 0, n_head=n_head, head_dim=p,
+                     n_group=n_group, d_state=d_state, kernel=d_conv,
                      conv_bias=bool(config.get("use_conv_bias", config.get("mamba_conv_bias", True))))
     hp.int_keys.update({"ssm.conv_kernel": d_conv, "ssm.state_size": d_state, "ssm.group_count": n_group,
                         "ssm.time_step_rank": n_head, "ssm.inner_size": n_head * p})
@@ -102,18 +104,24 @@ def read_granite_hybrid(config, hp, path):
     for t in types:
         if t not in _GRANITE_KINDS:
             raise ConvertError(f"{path}: unknown layer type {t!r} in 'layer_types' (mamba, attention)")
-    if config.get("num_local_experts"):
-        raise ConvertError(f"{path}: Granite 4.0 hybrid mixture-of-experts layers (num_local_experts > 0) are not "
-                           "supported yet")
     if config.get("position_embedding_type") == "rope":
         raise ConvertError(f"{path}: position_embedding_type 'rope' is not supported for granitehybrid (llama.cpp's "
                            "converter writes its hybrids without rope)")
     if config.get("mamba_proj_bias"):
         raise ConvertError(f"{path}: mamba_proj_bias=true is not supported for granitehybrid")
     read_granite({k: v for k, v in config.items() if k != "layer_types"}, hp, path)
-    # The dense feed-forward is transformers' shared_mlp, of shared_intermediate_size.
-    hp.n_ff = _positive_int(config, ("shared_intermediate_size",), path)
-    hp.int_keys["expert_shared_feed_forward_length"] = hp.n_ff
+    # The dense feed-forward is transformers' shared_mlp, of shared_intermediate_size; in a mixture that is
+    # the shared expert, and feed_forward_length the routed experts' width.
+    shared = _positive_int(config, ("shared_intermediate_size",), path)
+    hp.int_keys["expert_shared_feed_forward_length"] = shared
+    n_expert = config.get("num_local_experts") or 0
+    if n_expert:
+        n_used = _positive_int(config, ("num_experts_per_tok",), path)
+        if n_used > n_expert:
+            raise ConvertError(f"{path}: num_experts_per_tok={n_used} exceeds num_local_experts={n_expert}")
+        hp.int_keys.update({"expert_count": n_expert, "expert_used_count": n_used})
+    else:
+        hp.n_ff = shared
     hp.bool_keys["rope.scaling.finetuned"] = False
     kinds = [_GRANITE_KINDS[t] for t in types]
     _read_mamba2(config, hp, path, kinds, ("mamba_n_heads",), ("mamba_d_head",), ("mamba_n_groups",),
@@ -189,28 +197,45 @@ def nemotron_h_transformed(hp):
             for x in _mamba2_transformed(hp, f"backbone.layers.{i}.", f"blk.{i}.", "mixer.")]
 
 
+def _shared_width(hp):
+    return hp.int_keys["expert_shared_feed_forward_length"]
+
+
 def granite_hybrid_tensors(hp):
-    E, F = hp.n_embd, hp.n_ff
+    E, F, X = hp.n_embd, _shared_width(hp), hp.family["n_expert"]
+    shexp = "_shexp" if X else ""
     out = {}
     for i, kind in enumerate(hp.family["kinds"]):
         p, b = f"model.layers.{i}.", f"blk.{i}."
         out[p + "input_layernorm.weight"] = (b + "attn_norm.weight", (E,), 0)
         out[p + "post_attention_layernorm.weight"] = (b + "ffn_norm.weight", (E,), 0)
-        out[p + "shared_mlp.output_linear.weight"] = (b + "ffn_down.weight", (E, F), 0)
+        out[p + "shared_mlp.output_linear.weight"] = (b + f"ffn_down{shexp}.weight", (E, F), 0)
+        if X:
+            moe = p + "block_sparse_moe."
+            out[moe + "router.layer.weight"] = (b + "ffn_gate_inp.weight", (X, E), 0)
+            out[moe + "output_linear.weight"] = (b + "ffn_down_exps.weight", (X, E, hp.n_ff), 0)
         out.update(_mamba2_plain(hp, p, b, "mamba.") if kind == "mamba" else _attention(hp, p, b, "self_attn."))
     return out
 
 
 def granite_hybrid_transformed(hp):
-    """The Mamba2 tensors llama.cpp changes, and transformers' fused shared_mlp input split into the
-    gate (its first half) and up."""
-    E, F = hp.n_embd, hp.n_ff
+    """The Mamba2 tensors llama.cpp changes, and transformers' fused inputs of the shared_mlp (and of the
+    experts) split into the gate (the first half of the rows) and up."""
+    E, F, X = hp.n_embd, _shared_width(hp), hp.family["n_expert"]
+    shexp = "_shexp" if X else ""
     out = []
     for i, kind in enumerate(hp.family["kinds"]):
         p, b = f"model.layers.{i}.", f"blk.{i}."
         fused = ((p + "shared_mlp.input_linear.weight", (2 * F, E)),)
-        out.append(ExpertTensor(b + "ffn_gate.weight", (F, E), fused, lambda xs: xs[0][:F]))
-        out.append(ExpertTensor(b + "ffn_up.weight", (F, E), fused, lambda xs: xs[0][F:]))
+        out.append(ExpertTensor(b + f"ffn_gate{shexp}.weight", (F, E), fused, lambda xs: xs[0][:F]))
+        out.append(ExpertTensor(b + f"ffn_up{shexp}.weight", (F, E), fused, lambda xs: xs[0][F:]))
+        if X:
+            G = hp.n_ff
+            fused = ((p + "block_sparse_moe.input_linear.weight", (X, 2 * G, E)),)
+            out.append(ExpertTensor(b + "ffn_gate_exps.weight", (X, G, E), fused,
+                                    lambda xs: np.ascontiguousarray(xs[0][:, :G])))
+            out.append(ExpertTensor(b + "ffn_up_exps.weight", (X, G, E), fused,
+                                    lambda xs: np.ascontiguousarray(xs[0][:, G:])))
         if kind == "mamba":
             out += _mamba2_transformed(hp, p, b, "mamba.")
     return out

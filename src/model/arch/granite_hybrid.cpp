@@ -1,7 +1,8 @@
-// Granite 4.0 hybrid (granitehybrid, dense): Mamba2 layers (state per sequence) and attention layers
-// without rope, each followed by a SwiGLU feed-forward, with Granite's muP multipliers (embeddings
-// times embedding_scale, both outputs of a block times residual_scale, queries scaled by
-// attention.scale, logits divided by logit_scale). A layer with head_count_kv 0 is a Mamba2 layer.
+// Granite 4.0 hybrid (granitehybrid): Mamba2 layers (state per sequence) and attention layers without
+// rope, each followed by a SwiGLU feed-forward, or in the mixture models by SwiGLU experts (softmax
+// top k, renormalized) beside a shared expert; with Granite's muP multipliers (embeddings times
+// embedding_scale, both outputs of a block times residual_scale, queries scaled by attention.scale,
+// logits divided by logit_scale). A layer with head_count_kv 0 is a Mamba2 layer.
 #include "ember/status.h"
 #include "model/arch/arch_common.h"
 #include "model/arch/mamba2_common.h"
@@ -15,7 +16,14 @@ class GraniteHybridArch : public Architecture {
 public:
     void read_hparams(const GGUFFile& f, HParams& hp) const override {
         const std::string a = hp.arch + ".";
-        check_experts(f, hp, false, false);
+        check_experts(f, hp, true, false);
+        // A mixture's experts are feed_forward_length wide (n_ff_exp); its shared expert, the dense
+        // models' feed-forward, takes hp.n_ff.
+        if (hp.n_expert > 0) {
+            hp.n_ff = (int32_t)f.get_uint(a + "expert_shared_feed_forward_length");
+            if (hp.n_ff <= 0)
+                fail(f.path(), ": ", a, "expert_shared_feed_forward_length must be positive, got ", hp.n_ff);
+        }
         // llama.cpp rotates q and k unless rope.scaling.finetuned says false, which its converter
         // writes for every hybrid Granite (their attention has no positions).
         if (f.get_bool(a + "rope.scaling.finetuned", true))
@@ -62,7 +70,8 @@ public:
             r.be.attn_out(r.kv, r.cfg.shape, *r.w.m(Role::wo), n, r.buf, r.out_a);
         }
         if (rs != 1.0f) r.be.scale_softcap(r.out_a, width, rs, 0.0f);
-        r.be.ffn(ffn_weights(r, Activation::SiLU), r.x, r.out_a, n, r.buf, r.out_b);
+        if (r.hp.n_expert > 0) run_moe_ffn(r, MoeConfig{}, r.out_a, r.out_b);
+        else r.be.ffn(ffn_weights(r, Activation::SiLU), r.x, r.out_a, n, r.buf, r.out_b);
         if (rs != 1.0f) r.be.scale_softcap(r.out_b, width, rs, 0.0f);
         return r.out_b;
     }
@@ -71,11 +80,18 @@ private:
     static std::vector<TensorSpec> layer_specs(const HParams& hp, bool recurrent) {
         const int64_t E = hp.n_embd, F = hp.n_ff, D = hp.head_dim;
         const int64_t QW = (int64_t)hp.n_head * D, KW = (int64_t)hp.n_head_kv * D;
-        std::vector<TensorSpec> t = {
-            {Role::attn_norm, "attn_norm.weight", {E}}, {Role::ffn_norm, "ffn_norm.weight", {E}},
-            {Role::gate, "ffn_gate.weight", {E, F}},    {Role::up, "ffn_up.weight", {E, F}},
-            {Role::down, "ffn_down.weight", {F, E}},
-        };
+        std::vector<TensorSpec> t = {{Role::attn_norm, "attn_norm.weight", {E}},
+                                     {Role::ffn_norm, "ffn_norm.weight", {E}}};
+        if (hp.n_expert > 0) {
+            for (const TensorSpec& s : moe_block_tensors(hp, false)) t.push_back(s);
+            t.push_back({Role::gate_shexp, "ffn_gate_shexp.weight", {E, F}});
+            t.push_back({Role::up_shexp, "ffn_up_shexp.weight", {E, F}});
+            t.push_back({Role::down_shexp, "ffn_down_shexp.weight", {F, E}});
+        } else {
+            t.push_back({Role::gate, "ffn_gate.weight", {E, F}});
+            t.push_back({Role::up, "ffn_up.weight", {E, F}});
+            t.push_back({Role::down, "ffn_down.weight", {F, E}});
+        }
         const std::vector<TensorSpec> mixer = recurrent ? mamba2_tensors(hp)
                                                         : std::vector<TensorSpec>{
                                                               {Role::wq, "attn_q.weight", {E, QW}},
