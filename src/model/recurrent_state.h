@@ -12,7 +12,8 @@ namespace ember {
 bool has_recurrent_layers(const HParams& hp);
 bool is_recurrent_layer(const HParams& hp, int32_t l);
 
-// Floats of one slot of a gated DeltaNet layer's convolution state and delta-rule state.
+// Floats of one slot of a recurrent layer's convolution state and its delta-rule (gated DeltaNet) or
+// selective-scan (Mamba2, whose shapes mamba2_common.h maps onto the same ssm_* fields) state.
 int64_t conv_state_floats(const HParams& hp);
 int64_t ssm_state_floats(const HParams& hp);
 
