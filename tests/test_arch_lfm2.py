@@ -1,4 +1,4 @@
-"""LFM2 (issue 44): short-convolution layers beside GQA attention layers with q/k norms, converted by
+"""LFM2 and LFM2-MoE (issue 44): short-convolution layers beside GQA attention layers with q/k norms, converted by
 ember-convert from tiny random transformers models: the GGUF keys and tensors as llama.cpp's converter
 writes them (head_count_kv one a layer, 0 for a convolution layer; the squeezed convolution; the final
 norm as token_embd_norm), ember's logits against transformers' at f32 (one batch, token by token, a
@@ -22,8 +22,9 @@ from ember.convert_error import ConvertError  # noqa: E402
 
 PROMPT = hf_tiny.LONG_PROMPT
 # lfm2: convolution layers 0, 1 and 3 (length 3) around attention in layer 2, a tied head;
-# lfm2-untied: attention in layer 0, a convolution of length 4 in layer 1, an untied head.
-MODELS = ["lfm2", "lfm2-untied"]
+# lfm2-untied: attention in layer 0, a convolution of length 4 in layer 1, an untied head;
+# lfm2moe: a dense layer 0, then mixtures of 4 experts (top 2, sigmoid scores plus the expert bias).
+MODELS = ["lfm2", "lfm2-untied", "lfm2moe"]
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +88,24 @@ def test_untied_file(models):
     assert t["blk.1.shortconv.conv.weight"].shape == (64, 4)
 
 
+def test_lfm2moe_file(models):
+    _, sd, path = models["lfm2moe"]
+    kv, t = hf_tiny.gguf_fields(path), hf_tiny.gguf_tensors(path)
+    a = "lfm2moe."
+    assert kv["general.architecture"] == "lfm2moe" and list(kv[a + "attention.head_count_kv"]) == [0, 2, 0, 0]
+    assert kv[a + "expert_count"] == 4 and kv[a + "expert_used_count"] == 2
+    assert kv[a + "expert_feed_forward_length"] == 32 and kv[a + "feed_forward_length"] == 160
+    assert kv[a + "leading_dense_block_count"] == 1 and kv[a + "expert_gating_func"] == 2
+    assert "blk.0.ffn_gate_inp.weight" not in t and "blk.1.ffn_gate.weight" not in t
+    p = "model.layers.2.feed_forward."
+    np.testing.assert_array_equal(t["blk.2.ffn_gate_inp.weight"], sd[p + "gate.weight"])
+    np.testing.assert_array_equal(t["blk.2.exp_probs_b.bias"], sd[p + "expert_bias"])
+    for kind, w in (("gate", "w1"), ("up", "w3"), ("down", "w2")):
+        want = np.stack([sd[f"{p}experts.{e}.{w}.weight"] for e in range(4)])
+        np.testing.assert_array_equal(t[f"blk.2.ffn_{kind}_exps.weight"], want)
+    assert t["blk.1.ffn_down_exps.weight"].shape == (4, 64, 32)
+
+
 def test_older_config_spellings_convert_alike(models, tmp_path):
     """Released LFM2 configs spell intermediate_size block_ff_dim and tie_word_embeddings tie_embedding,
     and list the attention layers in full_attn_idxs: the same file comes out."""
@@ -140,10 +159,11 @@ def test_prompt_continued_and_cut(models, hf_reference):
 # ------------------------------------------------------------------------------------- the engine
 
 
-def test_inside_an_engine_batch(models, hf_reference):
+@pytest.mark.parametrize("name", ["lfm2", "lfm2moe"])
+def test_inside_an_engine_batch(models, hf_reference, name):
     """The prompt's logprobs among other sequences' steps are transformers': each sequence runs on
     its own convolution state slot."""
-    hf_tiny.check_inside_an_engine_batch(models["lfm2"][2], hf_reference, "lfm2", "cpu")
+    hf_tiny.check_inside_an_engine_batch(models[name][2], hf_reference, name, "cpu")
 
 
 def _generate(engine, prompts, cancel_one=None):
@@ -227,8 +247,25 @@ def test_engine_resumes_a_cached_prefix(models, hf_reference):
     ((), {"lfm2.attention.sliding_window": 8}, ["sliding_window is not supported"]),
 ])
 def test_bad_file_gives_clear_error(models, tmp_path, drop, fields, needles):
+    _check_bad_file(models["lfm2"][2], tmp_path, drop, fields, needles)
+
+
+@pytest.mark.parametrize("drop,fields,needles", [
+    (("blk.3.exp_probs_b.bias",), {}, ["blk.3.exp_probs_b.bias"]),
+    (("blk.1.ffn_up_exps.weight",), {}, ["blk.1.ffn_up_exps.weight"]),
+    ((), {"lfm2moe.expert_gating_func": 1}, ["expert_gating_func 1 is not supported"]),
+    ((), {"lfm2moe.expert_gating_func": None}, ["lfm2moe.expert_gating_func"]),
+    ((), {"lfm2moe.leading_dense_block_count": 9}, ["leading_dense_block_count 9 exceeds block_count"]),
+    ((), {"lfm2moe.leading_dense_block_count": 2}, ["blk.1.ffn_gate.weight"]),
+    ((), {"lfm2moe.expert_count": None}, ["lfm2moe.expert_count"]),
+])
+def test_bad_moe_file_gives_clear_error(models, tmp_path, drop, fields, needles):
+    _check_bad_file(models["lfm2moe"][2], tmp_path, drop, fields, needles)
+
+
+def _check_bad_file(path, tmp_path, drop, fields, needles):
     bad = str(tmp_path / "bad.gguf")
-    hf_tiny.rewritten_gguf(models["lfm2"][2], bad, drop, fields)
+    hf_tiny.rewritten_gguf(path, bad, drop, fields)
     with pytest.raises(Exception) as e:
         _ember.Model(bad, n_gpu_layers=0)
     for n in needles:
@@ -246,5 +283,19 @@ def test_bad_file_gives_clear_error(models, tmp_path, drop, fields, needles):
 ])
 def test_bad_config_gives_clear_error(models, tmp_path, changes, needle):
     d = hf_tiny.edited(models["lfm2"][0], str(tmp_path / "hf"), changes)
+    with pytest.raises(ConvertError, match=needle):
+        convert(d, str(tmp_path / "out.gguf"), "f32", progress=False)
+
+
+@pytest.mark.parametrize("changes,needle", [
+    ({"use_expert_bias": False}, "use_expert_bias=False is not supported for lfm2moe"),
+    ({"norm_topk_prob": False}, "norm_topk_prob=False is not supported"),
+    ({"routed_scaling_factor": 2.5}, "routed_scaling_factor=2.5 is not supported"),
+    ({"num_dense_layers": 5}, "'num_dense_layers' must be an integer from 0 to num_hidden_layers=4"),
+    ({"num_dense_layers": 2}, "unexpected tensor model.layers.1.feed_forward"),
+    ({"num_experts": None}, "missing key 'num_experts'"),
+])
+def test_bad_moe_config_gives_clear_error(models, tmp_path, changes, needle):
+    d = hf_tiny.edited(models["lfm2moe"][0], str(tmp_path / "hf"), changes)
     with pytest.raises(ConvertError, match=needle):
         convert(d, str(tmp_path / "out.gguf"), "f32", progress=False)

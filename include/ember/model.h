@@ -85,6 +85,7 @@ struct HParams {
     // Multi-token-prediction blocks stored after the n_layer blocks ({arch}.nextn_predict_layers):
     // loaded by llama.cpp for drafting, not run here.
     int32_t n_layer_nextn = 0;
+    int32_t n_layer_dense_lead = 0;   // leading_dense_block_count: the first layers' feed-forwards are dense
     // Per-layer attention geometry where layers differ (Gemma 4's global layers have a head size and
     // KV heads of their own); empty: n_head_kv heads of head_dim in every layer.
     std::vector<int32_t> n_head_kv_layer, head_dim_layer;

@@ -17,7 +17,7 @@ from .convert_gemma4 import gemma4_tensors, read_gemma4
 from .convert_hybrid import qwen35_tensors, qwen35_transformed, read_qwen35
 from .convert_lfm2 import ALIASES as LFM2_ALIASES
 from .convert_lfm2 import FINAL_NORM as LFM2_FINAL_NORM
-from .convert_lfm2 import lfm2_convolutions, lfm2_tensors, read_lfm2
+from .convert_lfm2 import LFM2MOE, lfm2_tensors, lfm2_transformed, read_lfm2, read_lfm2moe
 from .convert_llama4 import llama4_expert_tensors, llama4_tensors, read_llama4
 from .convert_mamba2 import (complete_nemotron_h, granite_hybrid_tensors, granite_hybrid_transformed,
                              nemotron_h_tensors, nemotron_h_transformed, read_granite_hybrid, read_nemotron_h)
@@ -99,7 +99,10 @@ ARCHS = {
     "GraniteMoeHybridForCausalLM": ArchSpec("granitehybrid", read_extra=read_granite_hybrid,
                                             tensors=granite_hybrid_tensors, expert_tensors=granite_hybrid_transformed),
     "Lfm2ForCausalLM": ArchSpec("lfm2", qk_norm=True, read_extra=read_lfm2, tensors=lfm2_tensors,
-                                expert_tensors=lfm2_convolutions, final_norm=LFM2_FINAL_NORM, aliases=LFM2_ALIASES),
+                                expert_tensors=lfm2_transformed, final_norm=LFM2_FINAL_NORM, aliases=LFM2_ALIASES),
+    "Lfm2MoeForCausalLM": ArchSpec("lfm2moe", qk_norm=True, read_extra=read_lfm2moe, tensors=lfm2_tensors,
+                                   expert_tensors=lfm2_transformed, final_norm=LFM2_FINAL_NORM, aliases=LFM2_ALIASES,
+                                   experts=LFM2MOE),
     "Llama4ForCausalLM": ArchSpec("llama4", rope_scalings=("llama3",), read_extra=read_llama4, tensors=llama4_tensors,
                                   expert_tensors=llama4_expert_tensors),
 }

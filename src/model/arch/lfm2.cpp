@@ -1,9 +1,12 @@
 // LFM2 (Liquid): a hybrid of short-convolution layers, which keep each sequence's last inputs as
 // recurrent state (RecurrentLayer), and GQA attention layers with per-head q/k RMSNorms, each
-// followed by a SwiGLU feed-forward; the tensors and keys as llama.cpp's converter writes them.
+// followed by a SwiGLU feed-forward; LFM2-MoE (lfm2moe) makes the feed-forwards after the first
+// leading_dense_block_count a mixture (sigmoid scores chosen with a selection bias, renormalized).
+// The tensors and keys as llama.cpp's converter writes them.
 #include "ember/status.h"
 #include "model/arch/arch_common.h"
 #include "model/arch/moe_common.h"
+#include "model/remote_experts.h"
 
 namespace ember {
 
@@ -11,10 +14,20 @@ namespace {
 
 class Lfm2Arch : public Architecture {
 public:
+    explicit Lfm2Arch(bool moe) : moe_(moe) {}
+
     void read_hparams(const GGUFFile& f, HParams& hp) const override {
         const std::string a = hp.arch + ".";
         hp.rope_neox = true;
-        check_experts(f, hp, false, false);
+        check_experts(f, hp, moe_, moe_);
+        if (moe_) {
+            hp.n_layer_dense_lead = (int32_t)f.get_uint(a + "leading_dense_block_count", 0);
+            if (hp.n_layer_dense_lead > hp.n_layer)
+                fail(f.path(), ": ", a, "leading_dense_block_count ", hp.n_layer_dense_lead, " exceeds block_count ",
+                     hp.n_layer);
+            const uint64_t gating = f.get_uint(a + "expert_gating_func");
+            if (gating != 2) fail(f.path(), ": ", a, "expert_gating_func ", gating, " is not supported (2: sigmoid)");
+        }
         hp.ssm_conv_kernel = (int32_t)f.get_uint(a + "shortconv.l_cache");
         if (hp.ssm_conv_kernel < 2)
             fail(f.path(), ": ", a, "shortconv.l_cache must be at least 2, got ", hp.ssm_conv_kernel);
@@ -32,9 +45,9 @@ public:
     const char* output_norm_name() const override { return "token_embd_norm.weight"; }
 
     // The attention layers' tensors (layer_tensors gives each layer its own kind's).
-    std::vector<TensorSpec> block_tensors(const HParams& hp) const override { return layer_specs(hp, false); }
+    std::vector<TensorSpec> block_tensors(const HParams& hp) const override { return layer_specs(hp, false, false); }
     std::vector<TensorSpec> layer_tensors(const HParams& hp, int32_t l) const override {
-        return layer_specs(hp, hp.recurrent_layer[l]);
+        return layer_specs(hp, hp.recurrent_layer[l], moe_ && l >= hp.n_layer_dense_lead);
     }
 
     const float* forward_block(const BlockRun& r) const override {
@@ -45,18 +58,36 @@ public:
             r.be.attn_in(attn_in_weights(r), r.x, r.residual, r.n_tok, r.kv, r.buf);
             r.be.attn_out(r.kv, r.cfg.shape, *r.w.m(Role::wo), r.n_tok, r.buf, r.out_a);
         }
-        r.be.ffn(ffn_weights(r, Activation::SiLU), r.x, r.out_a, r.n_tok, r.buf, r.out_b);
+        if (!r.w.m(Role::router)->data) {
+            r.be.ffn(ffn_weights(r, Activation::SiLU), r.x, r.out_a, r.n_tok, r.buf, r.out_b);
+            return r.out_b;
+        }
+        const BlockWeights& w = r.experts ? r.experts->w : r.w;
+        MoeWeights m = moe_weights(w, r.hp, MoeConfig{MoeGating::sigmoid, Activation::SiLU});
+        m.norm = w.v(Role::ffn_norm);
+        m.eps = r.hp.rms_eps;
+        m.selection_bias = w.v(Role::exp_probs_b);
+        m.norm_topk = true;   // llama.cpp's lfm2moe always renormalizes the chosen weights
+        if (r.experts) moe_ffn_remote(r, m, r.out_a, r.out_b);
+        else r.be.moe_ffn(m, r.x, r.out_a, r.n_tok, r.buf, r.out_b);
         return r.out_b;
     }
 
 private:
-    static std::vector<TensorSpec> layer_specs(const HParams& hp, bool conv) {
+    bool moe_;
+
+    static std::vector<TensorSpec> layer_specs(const HParams& hp, bool conv, bool experts) {
         const int64_t E = hp.n_embd, F = hp.n_ff, D = hp.head_dim;
-        std::vector<TensorSpec> t = {
-            {Role::attn_norm, "attn_norm.weight", {E}}, {Role::ffn_norm, "ffn_norm.weight", {E}},
-            {Role::gate, "ffn_gate.weight", {E, F}},    {Role::up, "ffn_up.weight", {E, F}},
-            {Role::down, "ffn_down.weight", {F, E}},
-        };
+        std::vector<TensorSpec> t = {{Role::attn_norm, "attn_norm.weight", {E}},
+                                     {Role::ffn_norm, "ffn_norm.weight", {E}}};
+        if (experts) {
+            for (TensorSpec& s : moe_block_tensors(hp, /*biases=*/false)) t.push_back(std::move(s));
+            t.push_back({Role::exp_probs_b, "exp_probs_b.bias", {(int64_t)hp.n_expert}});
+        } else {
+            t.push_back({Role::gate, "ffn_gate.weight", {E, F}});
+            t.push_back({Role::up, "ffn_up.weight", {E, F}});
+            t.push_back({Role::down, "ffn_down.weight", {F, E}});
+        }
         if (conv) {
             TensorSpec w{Role::ssm_conv, "shortconv.conv.weight", {hp.ssm_conv_kernel, E}};
             w.vector = true;
@@ -108,7 +139,12 @@ private:
 }  // namespace
 
 const Architecture& lfm2_architecture() {
-    static const Lfm2Arch arch;
+    static const Lfm2Arch arch(/*moe=*/false);
+    return arch;
+}
+
+const Architecture& lfm2moe_architecture() {
+    static const Lfm2Arch arch(/*moe=*/true);
     return arch;
 }
 

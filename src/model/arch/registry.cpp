@@ -29,6 +29,7 @@ const Architecture& qwen35_architecture();
 const Architecture& gemma4_architecture();
 const Architecture& llama4_architecture();
 const Architecture& lfm2_architecture();
+const Architecture& lfm2moe_architecture();
 const Architecture& nemotron_h_architecture();
 const Architecture& granite_hybrid_architecture();
 
@@ -62,6 +63,7 @@ const Entry kArchitectures[] = {
     {"gemma4", &gemma4_architecture},
     {"llama4", &llama4_architecture},
     {"lfm2", &lfm2_architecture},
+    {"lfm2moe", &lfm2moe_architecture},
     {"nemotron_h", &nemotron_h_architecture},
     {"granitehybrid", &granite_hybrid_architecture},
 };
