@@ -1,6 +1,7 @@
-"""Hybrid models (issue 44): Qwen3.5 dense (gated DeltaNet layers beside gated attention) converted by
-ember-convert from tiny random transformers models: the GGUF keys and tensors as llama.cpp's converter
-writes them (v heads tiled, ssm_a = -exp(A_log), (1 + w) norms summed), ember's logits against
+"""Hybrid models (issue 44): Qwen3.5 dense (gated DeltaNet layers beside gated attention), and Qwen3.5-MoE
+and Qwen3-Next (the same layers with mixtures of experts) converted by ember-convert from tiny random
+transformers models: the GGUF keys and tensors as llama.cpp's converter writes them (Qwen3.5's v heads
+tiled, ssm_a = -exp(A_log), (1 + w) norms summed, stacked experts), ember's logits against
 transformers' at f32 (one batch, token by token, a prompt continued on the recurrent state, and one
 that does not extend what the state saw, which is recomputed), the engine's state slots, and the errors
 for bad files and configs."""
@@ -376,4 +377,204 @@ def _with_config(models, tmp_path, **changes):
 def test_bad_config_gives_clear_error(models, tmp_path, changes, needle):
     d = _with_config(models, tmp_path, **changes)
     with pytest.raises(ConvertError, match=needle):
+        convert(d, str(tmp_path / "out.gguf"), "f32", progress=False)
+
+
+# ------------------------------------------------------------------------------------- mixtures
+# Qwen3.5/3.6 MoE and Qwen3-Next: the same layers, each followed by routed experts beside a shared expert
+# scaled by sigmoid(ffn_gate_inp_shexp . x). qwen35moe: DeltaNet layers 0, 1, 3 and gated attention in
+# layer 2; qwen3next: DeltaNet layers 0 and 2, attention in layer 1, its v heads grouped by k head. Both:
+# 2 k heads and 4 v heads of 16, 4 experts of 32 (top 2), a shared expert of 48.
+MOE_MODELS = ["qwen35moe", "qwen3next"]
+
+
+@pytest.fixture(scope="module")
+def moe_models(tmp_path_factory):
+    return hf_tiny.converted(tmp_path_factory, MOE_MODELS, "hybrid_moe")
+
+
+def _check_mixture(kv, t, sd, arch, layers):
+    a = arch + "."
+    assert kv[a + "expert_count"] == 4 and kv[a + "expert_used_count"] == 2
+    assert kv[a + "expert_feed_forward_length"] == 32 and kv[a + "expert_shared_feed_forward_length"] == 48
+    for i in layers:
+        p, b = f"model.layers.{i}.mlp.", f"blk.{i}."
+        np.testing.assert_array_equal(t[b + "ffn_gate_inp.weight"], sd[p + "gate.weight"])
+        for kind in ("gate", "up", "down"):
+            want = np.stack([sd[f"{p}experts.{e}.{kind}_proj.weight"] for e in range(4)])
+            np.testing.assert_array_equal(t[f"{b}ffn_{kind}_exps.weight"], want)
+            np.testing.assert_array_equal(t[f"{b}ffn_{kind}_shexp.weight"], sd[f"{p}shared_expert.{kind}_proj.weight"])
+        # The shared expert's gate as llama.cpp writes it: the checkpoint's [1][n_embd] matrix.
+        np.testing.assert_array_equal(t[b + "ffn_gate_inp_shexp.weight"], sd[p + "shared_expert_gate.weight"])
+        assert b + "ffn_gate.weight" not in t
+
+
+def test_qwen35moe_file(moe_models):
+    _, sd, path = moe_models["qwen35moe"]
+    kv, t = hf_tiny.gguf_fields(path), hf_tiny.gguf_tensors(path)
+    assert kv["general.architecture"] == "qwen35moe"
+    assert list(kv["qwen35moe.attention.recurrent_layers"]) == [True, True, False, True]
+    assert list(kv["qwen35moe.rope.dimension_sections"]) == [2, 1, 1, 0]
+    _check_mixture(kv, t, sd, "qwen35moe", range(4))
+    # Qwen3.5's DeltaNet layout: v heads tiled, beta and alpha apart.
+    order = [0, 2, 1, 3]
+    la = "model.layers.1.linear_attn."
+    np.testing.assert_array_equal(t["blk.1.ssm_beta.weight"], sd[la + "in_proj_b.weight"][order])
+    np.testing.assert_array_equal(t["blk.1.attn_norm.weight"], sd["model.layers.1.input_layernorm.weight"] + 1)
+
+
+def test_qwen3next_file(moe_models):
+    _, sd, path = moe_models["qwen3next"]
+    kv, t = hf_tiny.gguf_fields(path), hf_tiny.gguf_tensors(path)
+    a = "qwen3next."
+    assert kv["general.architecture"] == "qwen3next"
+    assert list(kv[a + "attention.recurrent_layers"]) == [True, False, True]
+    assert kv[a + "rope.dimension_count"] == 8 and a + "rope.dimension_sections" not in kv
+    assert kv[a + "ssm.group_count"] == 2 and kv[a + "ssm.time_step_rank"] == 4 and kv[a + "ssm.inner_size"] == 64
+    _check_mixture(kv, t, sd, "qwen3next", range(3))
+    # in_proj_qkvz keeps per k head [q 16, k 16, v 2x16, z 2x16]: split into every head's q, k, v (v heads
+    # still grouped by k head) and z; in_proj_ba is kept whole, v heads not reordered.
+    la = "model.layers.2.linear_attn."
+    qkvz = sd[la + "in_proj_qkvz.weight"].reshape(2, 96, 64)
+    q, k, v, z = qkvz[:, :16], qkvz[:, 16:32], qkvz[:, 32:64], qkvz[:, 64:]
+    want = np.concatenate([x.reshape(-1, 64) for x in (q, k, v)])
+    np.testing.assert_array_equal(t["blk.2.attn_qkv.weight"], want)
+    np.testing.assert_array_equal(t["blk.2.attn_gate.weight"], z.reshape(-1, 64))
+    np.testing.assert_array_equal(t["blk.2.ssm_ba.weight"], sd[la + "in_proj_ba.weight"])
+    np.testing.assert_array_equal(t["blk.2.ssm_dt.bias"], sd[la + "dt_bias"])
+    np.testing.assert_allclose(t["blk.2.ssm_a"], -np.exp(sd[la + "A_log"]), rtol=1e-6)
+    np.testing.assert_array_equal(t["blk.2.ssm_conv1d.weight"], sd[la + "conv1d.weight"][:, 0, :])
+    np.testing.assert_array_equal(t["blk.2.ssm_out.weight"], sd[la + "out_proj.weight"])
+    np.testing.assert_array_equal(t["blk.2.ssm_norm.weight"], sd[la + "norm.weight"])
+    np.testing.assert_array_equal(t["blk.1.attn_q_norm.weight"], sd["model.layers.1.self_attn.q_norm.weight"] + 1)
+    for n in ("blk.2.ssm_beta.weight", "blk.2.ssm_alpha.weight", "blk.2.ssm_in.weight"):
+        assert n not in t
+
+
+# ------------------------------------------------------------------------------------- logits
+
+
+@pytest.mark.parametrize("name", MOE_MODELS)
+@pytest.mark.parametrize("chunk", [64, 1, 7])
+def test_mixture_logits_match_transformers(moe_models, hf_reference, name, chunk):
+    """One batch, token by token, and chunks of 7 carrying the state between them."""
+    want = hf_reference.logits(name, PROMPT)
+    got = hf_tiny.ember_logits(moe_models[name][2], PROMPT, chunk=chunk)
+    rel = _rel(got, want)
+    assert rel <= 1e-4, f"{name} chunk {chunk}: max|diff|/max|ref| = {rel:.2e}"
+
+
+@pytest.mark.parametrize("name", MOE_MODELS)
+def test_mixture_inside_an_engine_batch(moe_models, hf_reference, name):
+    """The prompt's logprobs among other sequences' steps are transformers': each sequence runs on its own
+    recurrent state slot and its own routed experts."""
+    hf_tiny.check_inside_an_engine_batch(moe_models[name][2], hf_reference, name, "cpu")
+
+
+@pytest.mark.parametrize("name", MOE_MODELS)
+def test_mixture_engine_resumes_a_cached_prefix(moe_models, hf_reference, name):
+    """A second request sharing a 32-token prefix resumes from the state kept at token 32, with the greedy
+    tokens of an engine that caches nothing."""
+    m = _ember.Model(moe_models[name][2], n_gpu_layers=0)
+    kw = dict(n_ctx=96, max_num_seqs=2, max_num_batched_tokens=64, n_threads=2, type_k="f32", type_v="f32",
+              kv_block_size=16)
+    engine = _ember.Engine(m, state_snapshot_interval=16, **kw)
+    plain = _ember.Engine(m, enable_prefix_caching=False, **kw)
+    rng = np.random.default_rng()
+    _run(engine, PROMPT[:36] + [int(t) for t in rng.integers(3, 390, size=6)], max_tokens=4)
+    before = engine.stats()["cached_prompt_tokens"]
+    second = PROMPT[:36] + [int(t) for t in rng.integers(3, 390, size=5)]
+    got, _ = _run(engine, second, max_tokens=6)
+    assert engine.stats()["cached_prompt_tokens"] - before == 32
+    assert got == _run(plain, second, max_tokens=6)[0]
+    engine.close()
+    plain.close()
+
+
+# ------------------------------------------------------------------------------------- MTP
+
+
+def test_qwen35moe_checkpoint_with_a_multi_token_prediction_block(moe_models, hf_reference, tmp_path):
+    """mtp_num_hidden_layers 1 and the mtp.* tensors (a mixture block of their own): the block after the
+    trunk in llama.cpp's names, nextn_predict_layers 1; the file loads and the trunk's logits are unchanged."""
+    rng = np.random.default_rng()
+    E, D = 64, 16
+    shapes = {"mtp.fc.weight": (E, 2 * E), "mtp.pre_fc_norm_embedding.weight": (E,),
+              "mtp.pre_fc_norm_hidden.weight": (E,), "mtp.norm.weight": (E,)}
+    layer = {"input_layernorm.weight": (E,), "post_attention_layernorm.weight": (E,),
+             "self_attn.q_proj.weight": (2 * 4 * D, E), "self_attn.k_proj.weight": (2 * D, E),
+             "self_attn.v_proj.weight": (2 * D, E), "self_attn.o_proj.weight": (E, 4 * D),
+             "self_attn.q_norm.weight": (D,), "self_attn.k_norm.weight": (D,), "mlp.gate.weight": (4, E),
+             "mlp.shared_expert.gate_proj.weight": (48, E), "mlp.shared_expert.up_proj.weight": (48, E),
+             "mlp.shared_expert.down_proj.weight": (E, 48), "mlp.shared_expert_gate.weight": (1, E)}
+    for e in range(4):
+        layer.update({f"mlp.experts.{e}.gate_proj.weight": (32, E), f"mlp.experts.{e}.up_proj.weight": (32, E),
+                      f"mlp.experts.{e}.down_proj.weight": (E, 32)})
+    shapes.update({"mtp.layers.0." + n: s for n, s in layer.items()})
+    mtp = {n: (0.1 * rng.standard_normal(s)).astype(np.float32) for n, s in shapes.items()}
+    d = hf_tiny.edited(moe_models["qwen35moe"][0], str(tmp_path / "hf"), {"mtp_num_hidden_layers": 1})
+    hf_tiny._write_safetensors(os.path.join(d, "mtp.safetensors"), mtp, "float32")
+    path = str(tmp_path / "mtp.gguf")
+    convert(d, path, "f32", progress=False)
+    kv, t = hf_tiny.gguf_fields(path), hf_tiny.gguf_tensors(path)
+    assert kv["qwen35moe.block_count"] == 5 and kv["qwen35moe.nextn_predict_layers"] == 1
+    np.testing.assert_array_equal(t["blk.4.nextn.eh_proj.weight"], mtp["mtp.fc.weight"])
+    np.testing.assert_array_equal(t["blk.4.nextn.shared_head_norm.weight"], mtp["mtp.norm.weight"] + 1)
+    want = np.stack([mtp[f"mtp.layers.0.mlp.experts.{e}.up_proj.weight"] for e in range(4)])
+    np.testing.assert_array_equal(t["blk.4.ffn_up_exps.weight"], want)
+    shared_gate = mtp["mtp.layers.0.mlp.shared_expert_gate.weight"]
+    np.testing.assert_array_equal(t["blk.4.ffn_gate_inp_shexp.weight"], shared_gate)
+    got = hf_tiny.ember_logits(path, PROMPT)
+    assert _rel(got, hf_reference.logits("qwen35moe", PROMPT)) <= 1e-4
+
+
+# ------------------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("name,drop,fields,needles", [
+    ("qwen35moe", ("blk.1.ffn_gate_inp_shexp.weight",), {}, ["blk.1.ffn_gate_inp_shexp.weight"]),
+    ("qwen35moe", ("blk.2.ffn_down_exps.weight",), {}, ["blk.2.ffn_down_exps.weight"]),
+    ("qwen35moe", (), {"qwen35moe.expert_shared_feed_forward_length": 40}, ["ffn_gate_shexp.weight", "has shape"]),
+    ("qwen3next", ("blk.0.ssm_ba.weight",), {}, ["blk.0.ssm_ba.weight"]),
+    ("qwen3next", ("blk.1.ffn_up_shexp.weight",), {}, ["blk.1.ffn_up_shexp.weight"]),
+    ("qwen3next", (), {"qwen3next.expert_count": 0}, ["expert_count"]),
+])
+def test_mixture_bad_file_gives_clear_error(moe_models, tmp_path, name, drop, fields, needles):
+    bad = str(tmp_path / "bad.gguf")
+    hf_tiny.rewritten_gguf(moe_models[name][2], bad, drop, fields)
+    with pytest.raises(Exception) as e:
+        _ember.Model(bad, n_gpu_layers=0)
+    for n in needles:
+        assert n in str(e.value), str(e.value)
+
+
+def _without_tensor(src, dst, name, weights):
+    d = hf_tiny.edited(src, dst, {})
+    os.remove(os.path.join(d, "model.safetensors"))
+    hf_tiny._write_safetensors(os.path.join(d, "model.safetensors"),
+                               {n: w for n, w in weights.items() if n != name}, "float32")
+    return d
+
+
+@pytest.mark.parametrize("name,changes,needle", [
+    ("qwen35moe", {"shared_expert_intermediate_size": None}, "shared_expert_intermediate_size"),
+    ("qwen35moe", {"num_experts_per_tok": 5}, "exceeds num_experts"),
+    ("qwen3next", {"mlp_only_layers": [1]}, "mlp_only_layers"),
+    ("qwen3next", {"decoder_sparse_step": 2}, "decoder_sparse_step"),
+    ("qwen3next", {"norm_topk_prob": False}, "norm_topk_prob"),
+    ("qwen3next", {"linear_num_value_heads": 3}, "not a multiple of linear_num_key_heads"),
+])
+def test_mixture_bad_config_gives_clear_error(moe_models, tmp_path, name, changes, needle):
+    d = hf_tiny.edited(moe_models[name][0], str(tmp_path / "hf"), changes)
+    with pytest.raises(ConvertError, match=needle):
+        convert(d, str(tmp_path / "out.gguf"), "f32", progress=False)
+
+
+@pytest.mark.parametrize("name,tensor", [("qwen35moe", "model.layers.3.mlp.shared_expert_gate.weight"),
+                                         ("qwen3next", "model.layers.0.linear_attn.in_proj_ba.weight"),
+                                         ("qwen3next", "model.layers.2.mlp.experts.3.down_proj.weight")])
+def test_mixture_missing_checkpoint_tensor_is_named(moe_models, tmp_path, name, tensor):
+    src, weights, _ = moe_models[name]
+    d = _without_tensor(src, str(tmp_path / "hf"), tensor, weights)
+    with pytest.raises(ConvertError, match=f"missing tensor {tensor}"):
         convert(d, str(tmp_path / "out.gguf"), "f32", progress=False)

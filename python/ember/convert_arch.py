@@ -14,7 +14,7 @@ from .convert_families import olmo2_layers, read_gemma2, read_granite, read_olmo
 from .convert_fused import (cohere_layers, glm4_layers, phi3_layers, read_cohere, read_cohere2, read_glm4,
                             read_mistral3, read_phi3)
 from .convert_gemma4 import gemma4_tensors, read_gemma4
-from .convert_hybrid import qwen35_tensors, qwen35_transformed, read_qwen35
+from .convert_hybrid import qwen35_tensors, qwen35_transformed, read_qwen3next, read_qwen35, read_qwen35moe
 from .convert_lfm2 import ALIASES as LFM2_ALIASES
 from .convert_lfm2 import FINAL_NORM as LFM2_FINAL_NORM
 from .convert_lfm2 import LFM2MOE, lfm2_tensors, lfm2_transformed, read_lfm2, read_lfm2moe
@@ -92,6 +92,13 @@ ARCHS = {
     "Cohere2ForCausalLM": ArchSpec("cohere2", read_extra=read_cohere2, layer_map=cohere_layers),
     "Qwen3_5ForCausalLM": ArchSpec("qwen35", qk_norm=True, read_extra=read_qwen35, tensors=qwen35_tensors,
                                    expert_tensors=qwen35_transformed, norm_plus_one=True),
+    # Qwen3.5-MoE configs have no intermediate_size: feed_forward_length is the shared expert's width,
+    # which read_qwen35moe sets.
+    "Qwen3_5MoeForCausalLM": ArchSpec("qwen35moe", qk_norm=True, read_extra=read_qwen35moe, tensors=qwen35_tensors,
+                                      expert_tensors=qwen35_transformed, norm_plus_one=True,
+                                      defaults={"intermediate_size": 1}),
+    "Qwen3NextForCausalLM": ArchSpec("qwen3next", qk_norm=True, read_extra=read_qwen3next, tensors=qwen35_tensors,
+                                     expert_tensors=qwen35_transformed, norm_plus_one=True),
     "NemotronHForCausalLM": ArchSpec("nemotron_h", read_extra=read_nemotron_h, tensors=nemotron_h_tensors,
                                      expert_tensors=nemotron_h_transformed, complete=complete_nemotron_h,
                                      final_norm=("backbone.norm_f.weight", "output_norm.weight"),

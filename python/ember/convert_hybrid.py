@@ -1,12 +1,14 @@
-"""Hybrid checkpoints (Qwen3.5: gated DeltaNet layers beside gated attention) -> GGUF, as llama.cpp's
-converter writes them: the ssm.* keys and the recurrent-layer list, each layer's own tensors, the
-v heads of the DeltaNet tensors reordered from grouped by k head to tiled (v head j reads k head
-j % n_k), -exp(A_log) stored as ssm_a, the (1 + w) RMSNorms stored as the sum, and the
-multi-token-prediction blocks (mtp.*) as extra blocks after the trunk (nextn_predict_layers)."""
+"""Hybrid checkpoints (Qwen3.5 dense and MoE, Qwen3-Next: gated DeltaNet layers beside gated
+attention) -> GGUF, as llama.cpp's converter writes them: the ssm.* keys and the recurrent-layer list,
+each layer's own tensors, -exp(A_log) stored as ssm_a, the (1 + w) RMSNorms stored as the sum, the
+multi-token-prediction blocks (mtp.*) as extra blocks after the trunk (nextn_predict_layers), and the
+mixtures' stacked experts beside a gated shared expert. Qwen3.5's DeltaNet v heads are reordered from
+grouped by k head to tiled (v head j reads k head j % n_k); Qwen3-Next's stay grouped, its fused
+in_proj_qkvz split into attn_qkv and attn_gate and its in_proj_ba kept whole as ssm_ba."""
 import numpy as np
 
 from .convert_error import ConvertError
-from .convert_moe import ExpertTensor
+from .convert_moe import ExpertTensor, Experts
 
 
 def _positive_int(config, key, path):
@@ -18,6 +20,39 @@ def _positive_int(config, key, path):
 
 def read_qwen35(config, hp, path):
     """The DeltaNet shapes, the layer kinds and the partial rotary of a Qwen3.5 text config."""
+    _read_hybrid(config, hp, path, experts=False, grouped=False)
+
+
+def read_qwen35moe(config, hp, path):
+    """A Qwen3.5/3.6 MoE text config: Qwen3.5's, and its experts and shared expert."""
+    _read_hybrid(config, hp, path, experts=True, grouped=False)
+
+
+def read_qwen3next(config, hp, path):
+    """A Qwen3-Next config: Qwen3.5-MoE's keys less the M-RoPE sections; every layer a mixture."""
+    if config.get("decoder_sparse_step", 1) != 1 or config.get("mlp_only_layers"):
+        raise ConvertError(f"{path}: dense layers among the mixture ones (decoder_sparse_step, mlp_only_layers) "
+                           "are not supported for qwen3next (llama.cpp's needs experts in every layer)")
+    if config.get("norm_topk_prob", True) is False:
+        raise ConvertError(f"{path}: norm_topk_prob=false is not supported for qwen3next (its GGUF architecture "
+                           "always renormalizes the chosen experts' weights)")
+    _read_hybrid(config, hp, path, experts=True, grouped=True)
+
+
+def _read_experts(config, hp, path):
+    ex = Experts(*(_positive_int(config, k, path) for k in ("num_experts", "num_experts_per_tok",
+                                                            "moe_intermediate_size")))
+    if ex.n_used > ex.n_expert:
+        raise ConvertError(f"{path}: num_experts_per_tok={ex.n_used} exceeds num_experts={ex.n_expert}")
+    shared = _positive_int(config, "shared_expert_intermediate_size", path)
+    hp.experts = ex
+    # The blocks have no dense feed-forward: feed_forward_length is the shared expert's width too.
+    hp.n_ff = shared
+    hp.int_keys["expert_shared_feed_forward_length"] = shared
+    return shared
+
+
+def _read_hybrid(config, hp, path, experts, grouped):
     n_k = _positive_int(config, "linear_num_key_heads", path)
     n_v = _positive_int(config, "linear_num_value_heads", path)
     dk = _positive_int(config, "linear_key_head_dim", path)
@@ -48,15 +83,17 @@ def read_qwen35(config, hp, path):
         raise ConvertError(f"{path}: 'mtp_num_hidden_layers' must be an integer >= 0, got {n_mtp!r}")
     # The MTP blocks follow the trunk's as blocks of their own (full attention), as llama.cpp stores them.
     recurrent = [t == "linear_attention" for t in types] + [False] * n_mtp
-    hp.family = dict(n_k=n_k, n_v=n_v, dk=dk, dv=dv, kernel=kernel, recurrent=recurrent, n_trunk=hp.n_layer)
+    hp.family = dict(n_k=n_k, n_v=n_v, dk=dk, dv=dv, kernel=kernel, recurrent=recurrent, n_trunk=hp.n_layer,
+                     grouped=grouped, shared=_read_experts(config, hp, path) if experts else 0)
     hp.n_layer += n_mtp
     if n_mtp:
         hp.int_keys["nextn_predict_layers"] = n_mtp
     hp.int_keys.update({"ssm.conv_kernel": kernel, "ssm.state_size": dk, "ssm.group_count": n_k,
                         "ssm.time_step_rank": n_v, "ssm.inner_size": dv * n_v,
                         "full_attention_interval": int(config.get("full_attention_interval", 4))})
-    hp.array_keys.update({"attention.recurrent_layers": recurrent,
-                          "rope.dimension_sections": (sections + [0, 0, 0, 0])[:4]})
+    hp.array_keys["attention.recurrent_layers"] = recurrent
+    if not grouped:   # Qwen3-Next's rope is plain NeoX
+        hp.array_keys["rope.dimension_sections"] = (sections + [0, 0, 0, 0])[:4]
 
 
 def _prefix(hp, i):
@@ -82,10 +119,23 @@ def qwen35_tensors(hp):
     out = {}
     for i in range(hp.n_layer):
         p, b = _prefix(hp, i), f"blk.{i}."
-        plain = {"mlp.gate_proj.weight": ("ffn_gate.weight", (F, E)), "mlp.up_proj.weight": ("ffn_up.weight", (F, E)),
-                 "mlp.down_proj.weight": ("ffn_down.weight", (E, F))}
+        if hp.experts:
+            S = h["shared"]
+            plain = {"mlp.gate.weight": ("ffn_gate_inp.weight", (hp.experts.n_expert, E)),
+                     "mlp.shared_expert.gate_proj.weight": ("ffn_gate_shexp.weight", (S, E)),
+                     "mlp.shared_expert.up_proj.weight": ("ffn_up_shexp.weight", (S, E)),
+                     "mlp.shared_expert.down_proj.weight": ("ffn_down_shexp.weight", (E, S)),
+                     "mlp.shared_expert_gate.weight": ("ffn_gate_inp_shexp.weight", (1, E))}
+        else:
+            plain = {f"mlp.{k}_proj.weight": (f"ffn_{k}.weight", (E, F) if k == "down" else (F, E))
+                     for k in ("gate", "up", "down")}
         if h["recurrent"][i]:
             plain["linear_attn.norm.weight"] = ("ssm_norm.weight", (h["dv"],))
+            if h["grouped"]:   # stored as the checkpoint has them, v heads grouped by k head
+                value = h["n_v"] * h["dv"]
+                plain.update({"linear_attn.in_proj_ba.weight": ("ssm_ba.weight", (2 * h["n_v"], E)),
+                              "linear_attn.dt_bias": ("ssm_dt.bias", (h["n_v"],)),
+                              "linear_attn.out_proj.weight": ("ssm_out.weight", (E, value))})
         else:
             plain.update({"self_attn.q_proj.weight": ("attn_q.weight", (2 * q, E)),
                           "self_attn.k_proj.weight": ("attn_k.weight", (kv, E)),
@@ -98,9 +148,34 @@ def qwen35_tensors(hp):
     return out
 
 
+def _stacked_experts(hp, i):
+    """Block i's routed experts (mlp.experts.{e}.*_proj) stacked into ffn_{gate,up,down}_exps."""
+    E, X, F = hp.n_embd, hp.experts.n_expert, hp.experts.n_ff
+    p, b = _prefix(hp, i), f"blk.{i}."
+    out = []
+    for kind, shape in (("gate", (F, E)), ("up", (F, E)), ("down", (E, F))):
+        names = tuple((f"{p}mlp.experts.{e}.{kind}_proj.weight", shape) for e in range(X))
+        out.append(ExpertTensor(f"{b}ffn_{kind}_exps.weight", (X, *shape), names, np.stack))
+    return out
+
+
+def _qwen3next_qkvz(h):
+    """in_proj_qkvz keeps, per k head, its q, k, then its v heads' v and z rows: q, k and v of every
+    head become attn_qkv (all q, all k, all v, the v heads grouped by k head) and z attn_gate."""
+    n_k, dk, vz = h["n_k"], h["dk"], h["n_v"] // h["n_k"] * h["dv"]
+
+    def split(w):
+        w = w.reshape(n_k, 2 * dk + 2 * vz, -1)
+        parts = np.split(w, [dk, 2 * dk, 2 * dk + vz], axis=1)
+        return [x.reshape(-1, w.shape[-1]) for x in parts]
+
+    return (lambda w: np.concatenate(split(w)[:3])), (lambda w: np.ascontiguousarray(split(w)[3]))
+
+
 def qwen35_transformed(hp):
     """Every layer's tensors that llama.cpp's converter changes, as ExpertTensors: the (1 + w) norms,
-    the DeltaNet tensors with tiled v heads, the squeezed convolution and ssm_a = -exp(A_log)."""
+    the DeltaNet tensors (Qwen3.5's with tiled v heads, Qwen3-Next's in_proj_qkvz split), the squeezed
+    convolution, ssm_a = -exp(A_log), and a mixture's stacked experts."""
     h = hp.family
     E, D = hp.n_embd, hp.head_dim
     n_k, n_v, dk, dv = h["n_k"], h["n_v"], h["dk"], h["dv"]
@@ -112,6 +187,8 @@ def qwen35_transformed(hp):
         def add(gguf, hf, shape, fn, hf_shape=None):
             out.append(ExpertTensor(b + gguf, shape, ((p + hf, hf_shape or shape),), lambda xs: fn(xs[0])))
 
+        if hp.experts:
+            out.extend(_stacked_experts(hp, i))
         plus_one = lambda w: w + np.float32(1)   # noqa: E731
         add("attn_norm.weight", "input_layernorm.weight", (E,), plus_one)
         add("post_attention_norm.weight", "post_attention_layernorm.weight", (E,), plus_one)
@@ -125,10 +202,19 @@ def qwen35_transformed(hp):
                                             lambda xs: plus_one(xs[0])))
             continue
 
+        la, C = "linear_attn.", 2 * key + value
+        if h["grouped"]:
+            qkv, z = _qwen3next_qkvz(h)
+            add("attn_qkv.weight", la + "in_proj_qkvz.weight", (C, E), qkv, hf_shape=(C + value, E))
+            add("attn_gate.weight", la + "in_proj_qkvz.weight", (value, E), z, hf_shape=(C + value, E))
+            add("ssm_conv1d.weight", la + "conv1d.weight", (C, h["kernel"]), lambda w: np.ascontiguousarray(w[:, 0]),
+                hf_shape=(C, 1, h["kernel"]))
+            add("ssm_a", la + "A_log", (n_v,), lambda w: -np.exp(w))
+            continue
+
         def v_rows(width, skip=0):
             return lambda w: np.concatenate([w[:skip], tiled_v_heads(w[skip:], 0, n_k, n_v, width)])
 
-        la, C = "linear_attn.", 2 * key + value
         add("attn_qkv.weight", la + "in_proj_qkv.weight", (C, E), v_rows(dv, 2 * key))
         add("attn_gate.weight", la + "in_proj_z.weight", (value, E), v_rows(dv))
         add("ssm_conv1d.weight", la + "conv1d.weight", (C, h["kernel"]),

@@ -48,6 +48,7 @@ enum class Role : int {
     gate_shexp, // a mixture's shared expert, every token's (llama 4): [n_ff_exp][n_embd] (down [n_embd][n_ff_exp])
     up_shexp,
     down_shexp,
+    gate_inp_shexp, // [n_embd] -> 1: the shared expert's output is scaled by sigmoid of it (Qwen3.5-MoE, Qwen3-Next)
     exp_probs_b, // [n_expert] a mixture's selection bias (DeepSeek V3's e_score_correction_bias)
     ssm_in, // a gated DeltaNet layer (Qwen3.5): q, k, v projection [n_embd] -> [2 key_dim + value_dim]
     ssm_gate, // its output gate z [n_embd] -> [value_dim]

@@ -1,5 +1,5 @@
 // The experts' tensors, their MoeWeights view and the call that runs them, shared by every
-// mixture architecture (qwen3moe, llama with experts, gpt-oss).
+// mixture architecture (qwen3moe, llama with experts, gpt-oss, qwen35moe, qwen3next).
 #include "model/arch/moe_common.h"
 
 #include "ember/status.h"
@@ -24,6 +24,18 @@ std::vector<TensorSpec> moe_block_tensors(const HParams& hp, bool biases) {
     return t;
 }
 
+std::vector<TensorSpec> shared_expert_tensors(const HParams& hp, int64_t n_ff_shexp, bool gated) {
+    const int64_t E = hp.n_embd, F = n_ff_shexp;
+    std::vector<TensorSpec> t = {
+        {Role::gate_shexp, "ffn_gate_shexp.weight", {E, F}},
+        {Role::up_shexp, "ffn_up_shexp.weight", {E, F}},
+        {Role::down_shexp, "ffn_down_shexp.weight", {F, E}},
+    };
+    // Stored as llama.cpp's converter writes the checkpoint's [1][n_embd] matrix.
+    if (gated) t.push_back({Role::gate_inp_shexp, "ffn_gate_inp_shexp.weight", {E, 1}});
+    return t;
+}
+
 MoeWeights moe_weights(const BlockWeights& w, const HParams& hp, const MoeConfig& c) {
     MoeWeights m;
     m.router = w.m(Role::router);
@@ -39,6 +51,7 @@ MoeWeights moe_weights(const BlockWeights& w, const HParams& hp, const MoeConfig
     m.weight_input = c.weight_input;
     if (w.m(Role::gate_shexp)->data)
         m.shared_gate = w.m(Role::gate_shexp), m.shared_up = w.m(Role::up_shexp), m.shared_down = w.m(Role::down_shexp);
+    if (w.m(Role::gate_inp_shexp)->data) m.shared_gate_inp = w.m(Role::gate_inp_shexp);
     return m;
 }
 

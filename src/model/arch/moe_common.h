@@ -18,6 +18,10 @@ struct MoeConfig {
 // expert (Role::gate_shexp, ...) is the architecture's to list; moe_weights takes it where present.
 std::vector<TensorSpec> moe_block_tensors(const HParams& hp, bool biases);
 
+// A shared expert of width n_ff_shexp every token runs (Role::gate_shexp, ...); with `gated` also
+// ffn_gate_inp_shexp, whose sigmoid scales its output (MoeWeights::shared_gate_inp).
+std::vector<TensorSpec> shared_expert_tensors(const HParams& hp, int64_t n_ff_shexp, bool gated);
+
 // The experts of any block's weights (the block's own, or a copy of its experts on another
 // backend); norm and eps are left for the caller, who knows where the norm lives.
 MoeWeights moe_weights(const BlockWeights& w, const HParams& hp, const MoeConfig& c);

@@ -26,6 +26,8 @@ const Architecture& olmo2_architecture();
 const Architecture& granite_architecture();
 const Architecture& smollm3_architecture();
 const Architecture& qwen35_architecture();
+const Architecture& qwen35moe_architecture();
+const Architecture& qwen3next_architecture();
 const Architecture& gemma4_architecture();
 const Architecture& llama4_architecture();
 const Architecture& lfm2_architecture();
@@ -60,6 +62,8 @@ const Entry kArchitectures[] = {
     {"granite", &granite_architecture},
     {"smollm3", &smollm3_architecture},
     {"qwen35", &qwen35_architecture},
+    {"qwen35moe", &qwen35moe_architecture},
+    {"qwen3next", &qwen3next_architecture},
     {"gemma4", &gemma4_architecture},
     {"llama4", &llama4_architecture},
     {"lfm2", &lfm2_architecture},

@@ -1,0 +1,216 @@
+// The Qwen hybrid family's hyperparameters, tensors and block forward (qwen_hybrid.h), over the
+// tensors as llama.cpp's converter writes them.
+#include "model/arch/qwen_hybrid.h"
+
+#include <cmath>
+
+#include "ember/status.h"
+#include "model/arch/arch_common.h"
+#include "model/arch/moe_common.h"
+
+namespace ember {
+
+namespace {
+
+// Widths of a gated DeltaNet layer.
+struct DeltaNetDims {
+    int32_t n_k, n_v, dk, dv, kernel;
+    int32_t key_dim() const { return n_k * dk; }
+    int32_t value_dim() const { return n_v * dv; }
+    int32_t channels() const { return 2 * key_dim() + value_dim(); }   // q, k and v through the convolution
+};
+
+DeltaNetDims dims(const HParams& hp) {
+    return {hp.ssm_k_heads, hp.ssm_v_heads, hp.ssm_head_k, hp.ssm_head_v, hp.ssm_conv_kernel};
+}
+
+// As torch's softplus (and ggml's): x itself above 20, where log(1 + e^x) rounds to it.
+float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+
+// out = wo((attention of q over the KV) * sigmoid(gate)), q and the gate from one projection
+// that gives each head its query then its gate.
+void gated_attention(const BlockRun& r, float* out) {
+    const HParams& hp = r.hp;
+    const int32_t n = r.n_tok, H = hp.n_head, D = hp.head_dim;
+    const int64_t QW = (int64_t)H * D;
+    std::vector<float> qg((size_t)n * 2 * QW);
+    const Weight* ws[3] = {r.w.m(Role::wq), r.w.m(Role::wk), r.w.m(Role::wv)};
+    float* ys[3] = {qg.data(), r.buf.k, r.buf.v};
+    r.be.matmul_many(ws, ys, 3, r.buf.xn, n);
+    for (int64_t t = 0; t < n; ++t)
+        for (int32_t h = 0; h < H; ++h) std::copy_n(&qg[(t * H + h) * 2 * D], D, r.buf.q + (t * H + h) * D);
+    r.be.head_rmsnorm(r.buf.q, r.w.v(Role::q_norm), n, H, D, hp.rms_eps);
+    r.be.head_rmsnorm(r.buf.k, r.w.v(Role::k_norm), n, hp.n_head_kv, D, hp.rms_eps);
+    r.be.rope(r.buf.q, n, H, r.cfg.rope);
+    r.be.rope(r.buf.k, n, hp.n_head_kv, r.cfg.rope);
+    r.be.kv_store(r.kv, r.buf.k, r.buf.v, n);
+    r.be.attention(r.kv, r.buf.q, n, r.cfg.shape, r.buf.att);
+    for (int64_t t = 0; t < n; ++t)
+        for (int32_t h = 0; h < H; ++h) {
+            const float* g = &qg[((t * H + h) * 2 + 1) * D];
+            float* a = r.buf.att + (t * H + h) * D;
+            for (int32_t i = 0; i < D; ++i) a[i] /= 1.0f + std::exp(-g[i]);
+        }
+    r.be.matmul(*r.w.m(Role::wo), r.buf.att, n, out);
+}
+
+}  // namespace
+
+void QwenHybridArch::read_hparams(const GGUFFile& f, HParams& hp) const {
+    const std::string a = hp.arch + ".";
+    hp.rope_neox = true;   // qwen35's interleaved M-RoPE gives a text token one position in every section
+    check_experts(f, hp, kind_.experts, kind_.experts);
+    // The mixture blocks have no dense feed-forward: n_ff is their shared expert's width, as llama.cpp
+    // reads it (expert_shared_feed_forward_length, else feed_forward_length).
+    if (kind_.experts) hp.n_ff = (int32_t)f.get_uint(a + "expert_shared_feed_forward_length", hp.n_ff);
+    hp.n_layer_nextn = (int32_t)f.get_uint(a + "nextn_predict_layers", 0);
+    if (hp.n_layer_nextn < 0 || hp.n_layer_nextn >= hp.n_layer)
+        fail(f.path(), ": ", a, "nextn_predict_layers ", hp.n_layer_nextn, " must be below block_count ", hp.n_layer);
+    const int32_t n_all = hp.n_layer;
+    hp.n_layer -= hp.n_layer_nextn;
+    hp.ssm_conv_kernel = (int32_t)f.get_uint(a + "ssm.conv_kernel");
+    hp.ssm_head_k = (int32_t)f.get_uint(a + "ssm.state_size");
+    hp.ssm_k_heads = (int32_t)f.get_uint(a + "ssm.group_count");
+    hp.ssm_v_heads = (int32_t)f.get_uint(a + "ssm.time_step_rank");
+    const int64_t inner = (int64_t)f.get_uint(a + "ssm.inner_size");
+    if (hp.ssm_conv_kernel <= 0 || hp.ssm_head_k <= 0 || hp.ssm_k_heads <= 0 || hp.ssm_v_heads <= 0 || inner <= 0 ||
+        inner % hp.ssm_v_heads != 0 || hp.ssm_v_heads % hp.ssm_k_heads != 0)
+        fail(f.path(), ": ", a, "ssm.* must be positive, inner_size (", inner, ") a multiple of time_step_rank (",
+             hp.ssm_v_heads, ") and that of group_count (", hp.ssm_k_heads, "); conv_kernel ", hp.ssm_conv_kernel,
+             ", state_size ", hp.ssm_head_k);
+    hp.ssm_head_v = (int32_t)(inner / hp.ssm_v_heads);
+    const std::string key = a + "attention.recurrent_layers";
+    hp.recurrent_layer.assign(hp.n_layer, false);
+    if (const GGUFValue* v = f.find(key)) {
+        if (v->type != GGUFType::ARRAY || v->elem_type != GGUFType::BOOL || (int32_t)v->arr.size() != n_all)
+            fail(f.path(), ": ", key, " must be ", n_all, " bools (block_count)");
+        for (int32_t l = 0; l < hp.n_layer; ++l) hp.recurrent_layer[l] = v->arr[l].num.b;
+    } else {
+        const int64_t every = (int64_t)f.get_uint(a + "full_attention_interval", 4);
+        if (every <= 0) fail(f.path(), ": ", a, "full_attention_interval must be positive, got ", every);
+        for (int32_t l = 0; l < hp.n_layer; ++l) hp.recurrent_layer[l] = (l + 1) % every != 0;
+    }
+}
+
+std::vector<TensorSpec> QwenHybridArch::layer_specs(const HParams& hp, bool recurrent) const {
+    const int64_t E = hp.n_embd, F = hp.n_ff, D = hp.head_dim;
+    const int64_t QW = (int64_t)hp.n_head * D, KW = (int64_t)hp.n_head_kv * D;
+    std::vector<TensorSpec> t = {{Role::attn_norm, "attn_norm.weight", {E}},
+                                 {Role::ffn_norm, "post_attention_norm.weight", {E}}};
+    if (kind_.experts) {
+        for (TensorSpec& s : moe_block_tensors(hp, /*biases=*/false)) t.push_back(std::move(s));
+        for (TensorSpec& s : shared_expert_tensors(hp, F, /*gated=*/true)) t.push_back(std::move(s));
+    } else {
+        for (TensorSpec s : std::vector<TensorSpec>{{Role::gate, "ffn_gate.weight", {E, F}},
+                                                    {Role::up, "ffn_up.weight", {E, F}},
+                                                    {Role::down, "ffn_down.weight", {F, E}}})
+            t.push_back(s);
+    }
+    if (!recurrent) {
+        for (TensorSpec s : std::vector<TensorSpec>{{Role::wq, "attn_q.weight", {E, 2 * QW}},
+                                                    {Role::wk, "attn_k.weight", {E, KW}},
+                                                    {Role::wv, "attn_v.weight", {E, KW}},
+                                                    {Role::wo, "attn_output.weight", {QW, E}},
+                                                    {Role::q_norm, "attn_q_norm.weight", {D}},
+                                                    {Role::k_norm, "attn_k_norm.weight", {D}}})
+            t.push_back(s);
+        return t;
+    }
+    const DeltaNetDims d = dims(hp);
+    const int64_t C = d.channels(), V = d.value_dim(), H = d.n_v;
+    TensorSpec conv{Role::ssm_conv, "ssm_conv1d.weight", {d.kernel, C}};
+    conv.vector = true;
+    for (TensorSpec s : std::vector<TensorSpec>{{Role::ssm_in, "attn_qkv.weight", {E, C}},
+                                                {Role::ssm_gate, "attn_gate.weight", {E, V}},
+                                                conv,
+                                                {Role::ssm_dt, "ssm_dt.bias", {H}},
+                                                {Role::ssm_a, "ssm_a", {H}},
+                                                {Role::ssm_norm, "ssm_norm.weight", {d.dv}},
+                                                {Role::ssm_out, "ssm_out.weight", {V, E}}})
+        t.push_back(s);
+    // Qwen3-Next's ssm_ba (each k head's v heads' b, then their a) is bound as ssm_beta.
+    if (kind_.grouped_v) t.push_back({Role::ssm_beta, "ssm_ba.weight", {E, 2 * H}});
+    else {
+        t.push_back({Role::ssm_beta, "ssm_beta.weight", {E, H}});
+        t.push_back({Role::ssm_alpha, "ssm_alpha.weight", {E, H}});
+    }
+    return t;
+}
+
+const float* QwenHybridArch::forward_block(const BlockRun& r) const {
+    // The gates are loops over host memory until the backend contract has their ops.
+    if (!r.be.is_host()) fail(r.hp.arch, " runs on the CPU only so far (backend ", r.be.name(), ")");
+    r.be.add_rmsnorm(r.x, r.residual, r.w.v(Role::attn_norm), r.n_tok, r.hp.n_embd, r.hp.rms_eps, r.buf.xn);
+    if (r.state) delta_net(r, r.out_a);
+    else gated_attention(r, r.out_a);
+    if (kind_.experts) run_moe_ffn(r, MoeConfig{}, r.out_a, r.out_b);
+    else r.be.ffn(ffn_weights(r, Activation::SiLU), r.x, r.out_a, r.n_tok, r.buf, r.out_b);
+    return r.out_b;
+}
+
+// out = ssm_out(rmsnorm(delta rule over the convolved q, k, v) * silu(z)), the convolution and
+// delta-rule states carried in each sequence's slot.
+void QwenHybridArch::delta_net(const BlockRun& r, float* out) const {
+    const DeltaNetDims d = dims(r.hp);
+    const int32_t n = r.n_tok, H = d.n_v;
+    const int64_t C = d.channels(), K = d.key_dim(), V = d.value_dim();
+    std::vector<float> mixed((size_t)n * C), conv((size_t)n * C), z((size_t)n * V), o((size_t)n * V);
+    std::vector<float> beta((size_t)n * H), g((size_t)n * H);
+    if (kind_.grouped_v) {
+        std::vector<float> ba((size_t)n * 2 * H);
+        const Weight* ws[3] = {r.w.m(Role::ssm_in), r.w.m(Role::ssm_gate), r.w.m(Role::ssm_beta)};
+        float* ys[3] = {mixed.data(), z.data(), ba.data()};
+        r.be.matmul_many(ws, ys, 3, r.buf.xn, n);
+        const int32_t per_k = H / d.n_k;
+        for (int64_t t = 0; t < n; ++t)
+            for (int32_t h = 0; h < H; ++h) {
+                const float* row = &ba[(t * d.n_k + h / per_k) * 2 * per_k];
+                beta[t * H + h] = row[h % per_k];
+                g[t * H + h] = row[per_k + h % per_k];
+            }
+    } else {
+        const Weight* ws[4] = {r.w.m(Role::ssm_in), r.w.m(Role::ssm_gate), r.w.m(Role::ssm_beta),
+                               r.w.m(Role::ssm_alpha)};
+        float* ys[4] = {mixed.data(), z.data(), beta.data(), g.data()};
+        r.be.matmul_many(ws, ys, 4, r.buf.xn, n);
+    }
+    r.be.sigmoid(beta.data(), (int64_t)n * H);
+    const float *dt = r.w.v(Role::ssm_dt), *a = r.w.v(Role::ssm_a);
+    for (int64_t t = 0; t < n; ++t)
+        for (int32_t h = 0; h < H; ++h) {
+            float& x = g[t * H + h];
+            x = a[h] * softplus(x + dt[h]);
+        }
+    // The delta rule reads k head h % n_k for v head h: grouped v heads get their k head repeated
+    // into place, one per v head.
+    const int32_t kh = kind_.grouped_v ? H : d.n_k, per_k = H / d.n_k;
+    const int64_t KQ = (int64_t)kh * d.dk;
+    std::vector<float> q((size_t)n * KQ), k((size_t)n * KQ), v((size_t)n * V);
+    const DeltaRuleShape shape{kh, H, d.dk, d.dv};
+    const BatchInfo& b = *r.batch;
+    // Each run of one sequence's tokens, in order, through its slot.
+    for (int32_t t0 = 0; t0 < n;) {
+        int32_t t1 = t0 + 1;
+        while (t1 < n && b.seq[t1] == b.seq[t0]) ++t1;
+        const int32_t len = t1 - t0, slot = b.state_slot[b.seq[t0]];
+        r.be.short_conv(&mixed[t0 * C], r.w.v(Role::ssm_conv), nullptr, len, (int32_t)C, d.kernel, true,
+                        r.state->conv_of(slot), &conv[t0 * C]);
+        for (int64_t t = t0; t < t1; ++t) {
+            const float* row = &conv[t * C];
+            for (int32_t h = 0; h < kh; ++h) {
+                const int64_t src = (int64_t)(kind_.grouped_v ? h / per_k : h) * d.dk;
+                std::copy_n(row + src, d.dk, &q[t * KQ + h * d.dk]);
+                std::copy_n(row + K + src, d.dk, &k[t * KQ + h * d.dk]);
+            }
+            std::copy_n(row + 2 * K, V, &v[t * V]);
+        }
+        r.be.gated_delta_rule(&q[t0 * KQ], &k[t0 * KQ], &v[t0 * V], &g[t0 * H], &beta[t0 * H], len, shape,
+                              r.state->ssm_of(slot), &o[t0 * V]);
+        t0 = t1;
+    }
+    r.be.head_rmsnorm(o.data(), r.w.v(Role::ssm_norm), n, H, d.dv, r.hp.rms_eps);
+    r.be.gated_act(Activation::SiLU, z.data(), o.data(), (int64_t)n * V, o.data());
+    r.be.matmul(*r.w.m(Role::ssm_out), o.data(), n, out);
+}
+
+}  // namespace ember
