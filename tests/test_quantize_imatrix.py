@@ -84,5 +84,7 @@ def test_cli_reads_an_imatrix_file(model, tmp_path):
     ref = tmp_path / "ref.gguf"
     entry = imatrix.read(str(tmp_path / "im.gguf")).entries["blk.0.ffn_up.weight"]
     weights = {"blk.0.ffn_up.weight": entry.importance()[0].tolist()}
-    E.quantize_model(path, str(ref), "Q4_K", n_threads=2, imatrix=weights)
+    # the CLI also records the matrix's file, dataset and chunks (quantize.imatrix.*), as llama-quantize
+    E.quantize_model(path, str(ref), "Q4_K", n_threads=2, imatrix=weights, imatrix_file=str(tmp_path / "im.gguf"),
+                     imatrix_dataset="t.txt", imatrix_chunks=3)
     assert out.read_bytes() == ref.read_bytes()

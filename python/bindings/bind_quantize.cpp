@@ -15,7 +15,8 @@ void bind_quantize(nb::module_& m) {
         [](const std::string& input, const std::string& output, const std::string& type, int n_threads,
            bool allow_requantize, nb::object progress, uint64_t split_max_bytes, uint64_t split_max_tensors,
            const std::vector<std::string>& tensor_types, const std::string& output_tensor_type,
-           const std::string& token_embedding_type, const std::map<std::string, std::vector<float>>& imatrix) {
+           const std::string& token_embedding_type, const std::map<std::string, std::vector<float>>& imatrix,
+           const std::string& imatrix_file, const std::string& imatrix_dataset, uint32_t imatrix_chunks) {
             ember::QuantizeParams p{input, output, type, n_threads, allow_requantize};
             p.split_max_bytes = split_max_bytes;
             p.split_max_tensors = split_max_tensors;
@@ -23,6 +24,9 @@ void bind_quantize(nb::module_& m) {
             p.output_tensor_type = output_tensor_type;
             p.token_embedding_type = token_embedding_type;
             p.imatrix = imatrix;
+            p.imatrix_file = imatrix_file;
+            p.imatrix_dataset = imatrix_dataset;
+            p.imatrix_chunks = imatrix_chunks;
             ember::QuantizeProgress cb;
             if (!progress.is_none())
                 cb = [progress](int i, int n, const std::string& name, const char* type_name) {
@@ -36,6 +40,7 @@ void bind_quantize(nb::module_& m) {
         nb::arg("allow_requantize") = false, nb::arg("progress") = nb::none(), nb::arg("split_max_bytes") = 0,
         nb::arg("split_max_tensors") = 0, nb::arg("tensor_types") = std::vector<std::string>(),
         nb::arg("output_tensor_type") = "", nb::arg("token_embedding_type") = "",
-        nb::arg("imatrix") = std::map<std::string, std::vector<float>>(),
+        nb::arg("imatrix") = std::map<std::string, std::vector<float>>(), nb::arg("imatrix_file") = "",
+        nb::arg("imatrix_dataset") = "", nb::arg("imatrix_chunks") = 0,
         "Quantize a model; returns the files written (several when split).");
 }

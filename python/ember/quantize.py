@@ -85,13 +85,21 @@ def summary(input_path: str, output_path: str) -> str:
     return "\n".join(lines)
 
 
-def imatrix_weights(path: str) -> dict:
-    """Per weight name, its columns' importances from an imatrix file (an expert tensor's: each expert's in turn)."""
+def _read_imatrix(path: str):
     from . import imatrix
 
     m = imatrix.read(path)
     print(f"imatrix: {len(m.entries)} entries from {path}, {m.chunk_count} chunks", file=sys.stderr)
+    return m
+
+
+def _weights(m) -> dict:
     return {name: e.importance().reshape(-1).tolist() for name, e in m.entries.items()}
+
+
+def imatrix_weights(path: str) -> dict:
+    """Per weight name, its columns' importances from an imatrix file (an expert tensor's: each expert's in turn)."""
+    return _weights(_read_imatrix(path))
 
 
 def main(argv=None) -> int:
@@ -105,11 +113,14 @@ def main(argv=None) -> int:
             print(f"[{i + 1:4d}/{n}] {name:40s} -> {type_name}", file=sys.stderr, flush=True)
 
     def run():
-        weights = imatrix_weights(args.imatrix) if args.imatrix else {}
+        m = _read_imatrix(args.imatrix) if args.imatrix else None
+        # the file, its first dataset and chunk count are recorded in the output's quantize.imatrix.* keys
+        source = {"imatrix_file": args.imatrix, "imatrix_dataset": m.datasets[0] if m.datasets else "",
+                  "imatrix_chunks": max(0, m.chunk_count)} if m else {}
         paths = _ember.quantize_model(args.input, args.output, args.type, args.n_threads or 0,
                                       args.allow_requantize, progress, args.split_max_size or 0,
                                       args.split_max_tensors or 0, args.tensor_type, args.output_tensor_type,
-                                      args.token_embedding_type, weights)
+                                      args.token_embedding_type, _weights(m) if m else {}, **source)
         if len(paths) > 1:
             print(f"wrote {len(paths)} shards: " + ", ".join(paths), file=sys.stderr)
         print(summary(args.input, paths[0]), file=sys.stderr)

@@ -4,7 +4,9 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cpu/thread_pool.h"
@@ -28,6 +30,26 @@ GGUFValue int_value(GGUFType type, uint64_t v) {
 }
 
 GGUFValue uint32_value(uint32_t v) { return int_value(GGUFType::UINT32, v); }
+
+GGUFValue string_value(const std::string& s) {
+    GGUFValue val;
+    val.type = GGUFType::STRING;
+    val.str = s;
+    return val;
+}
+
+// What llama-quantize records of its importance matrix, in its order (after the input's keys): the file as given and
+// its first dataset, each cut to 127 bytes as its key overrides hold them, the entries read, the chunks.
+std::vector<std::pair<std::string, GGUFValue>> imatrix_keys(const QuantizeParams& p) {
+    std::vector<std::pair<std::string, GGUFValue>> kv;
+    if (p.imatrix.empty()) return kv;
+    if (!p.imatrix_file.empty()) kv.emplace_back("quantize.imatrix.file", string_value(p.imatrix_file.substr(0, 127)));
+    if (!p.imatrix_dataset.empty())
+        kv.emplace_back("quantize.imatrix.dataset", string_value(p.imatrix_dataset.substr(0, 127)));
+    kv.emplace_back("quantize.imatrix.entries_count", uint32_value(uint32_t(p.imatrix.size())));
+    if (p.imatrix_chunks > 0) kv.emplace_back("quantize.imatrix.chunks_count", uint32_value(p.imatrix_chunks));
+    return kv;
+}
 
 // The quantizer weighting by an importance matrix for type t; nullptr where the type has none.
 QuantizeRowWeightedFn weighted_for(GGMLType t) {
@@ -96,13 +118,19 @@ std::vector<std::unique_ptr<GGUFWriter>> open_writers(const QuantizeParams& para
         if (paths.back() == in.path()) fail("output file must differ from the input file '", in.path(), "'");
         out.push_back(std::make_unique<GGUFWriter>(paths.back(), in.alignment()));
         GGUFWriter& w = *out.back();
+        const auto recorded = imatrix_keys(params);
+        // keys written anew move to the end, as llama-quantize's gguf_set_* move them
+        auto rewritten = [&](const std::string& key) {
+            return key == "general.file_type" || key == "general.quantization_version" || key.rfind("split.", 0) == 0 ||
+                   std::any_of(recorded.begin(), recorded.end(), [&](const auto& kv) { return kv.first == key; });
+        };
         if (k == 0)
             for (const auto& [key, value] : in.metadata())
-                if (key != "general.file_type" && key != "general.quantization_version" && key.rfind("split.", 0) != 0)
-                    w.set(key, value);
+                if (!rewritten(key)) w.set(key, value);
         if (k == 0) {
+            w.set("general.quantization_version", uint32_value(2));   // in llama-quantize's order
             w.set("general.file_type", uint32_value(file_type));
-            w.set("general.quantization_version", uint32_value(2));
+            for (const auto& [key, value] : recorded) w.set(key, value);
         }
         if (n_split > 1) {
             w.set(kSplitNo, int_value(GGUFType::UINT16, k));   // in llama-gguf-split's order
