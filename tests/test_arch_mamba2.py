@@ -1,4 +1,5 @@
-"""Mamba2 hybrids (issue 44): Nemotron-H (Mamba2, rope-less attention and squared-ReLU MLP layers) and
+"""Mamba2 hybrids (issue 44): Nemotron-H (Mamba2, rope-less attention and squared-ReLU MLP layers, or mixtures
+of squared-ReLU experts: nemotron_h_moe) and
 Granite 4.0 hybrid (Mamba2 or attention layers, each with a SwiGLU feed-forward or experts beside a shared
 expert, muP multipliers) converted
 by ember-convert from tiny random transformers models: the GGUF keys and tensors as llama.cpp's converter
@@ -24,8 +25,9 @@ from ember.convert_error import ConvertError  # noqa: E402
 PROMPT = hf_tiny.LONG_PROMPT
 # nemotron_h: Mamba2 layers 0 and 3 (8 heads of 16, 2 groups, states of 16), attention in layer 2, MLPs in
 # layers 1 and 4; granitehybrid: Mamba2 layers 0, 1 and 3, attention in layer 2; granitehybrid-moe: Mamba2
-# layers 0 and 2 around attention, 4 experts of 32 (top 2) and a shared expert of 48 in every layer.
-MODELS = ["nemotron_h", "granitehybrid", "granitehybrid-moe"]
+# layers 0 and 2 around attention, 4 experts of 32 (top 2) and a shared expert of 48 in every layer;
+# nemotron_h_moe: nemotron_h with its MLP layers mixtures (4 experts of 32, top 2 by sigmoid score, shared 48).
+MODELS = ["nemotron_h", "granitehybrid", "granitehybrid-moe", "nemotron_h_moe"]
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +116,24 @@ def test_granitehybrid_moe_file(models):
     np.testing.assert_array_equal(t["blk.1.ffn_up_shexp.weight"], sd[shared + "input_linear.weight"][48:])
     np.testing.assert_array_equal(t["blk.1.ffn_down_shexp.weight"], sd[shared + "output_linear.weight"])
     assert "blk.1.ffn_gate.weight" not in t
+
+
+def test_nemotron_h_moe_file(models):
+    _, sd, path = models["nemotron_h_moe"]
+    kv, t = hf_tiny.gguf_fields(path), hf_tiny.gguf_tensors(path)
+    a = "nemotron_h_moe."
+    assert kv["general.architecture"] == "nemotron_h_moe"
+    assert list(kv[a + "feed_forward_length"]) == [0, 32, 0, 0, 32]
+    assert (kv[a + "expert_count"], kv[a + "expert_used_count"], kv[a + "expert_feed_forward_length"],
+            kv[a + "expert_shared_feed_forward_length"]) == (4, 2, 32, 48)
+    assert kv[a + "expert_weights_norm"] is True and kv[a + "expert_weights_scale"] == 1.5
+    p = "backbone.layers.4.mixer."
+    np.testing.assert_array_equal(t["blk.4.ffn_gate_inp.weight"], sd[p + "gate.weight"])
+    np.testing.assert_array_equal(t["blk.4.exp_probs_b.bias"], sd[p + "gate.e_score_correction_bias"])
+    np.testing.assert_array_equal(t["blk.4.ffn_up_exps.weight"][3], sd[p + "experts.3.up_proj.weight"])
+    np.testing.assert_array_equal(t["blk.4.ffn_down_exps.weight"][1], sd[p + "experts.1.down_proj.weight"])
+    np.testing.assert_array_equal(t["blk.4.ffn_up_shexp.weight"], sd[p + "shared_experts.up_proj.weight"])
+    np.testing.assert_array_equal(t["blk.4.ffn_down_shexp.weight"], sd[p + "shared_experts.down_proj.weight"])
 
 
 def test_layer_pattern_string_gives_the_same_file(models, tmp_path):
@@ -245,6 +265,9 @@ def test_engine_preempts_and_every_sequence_keeps_its_tokens(models):
     ("granitehybrid", (), {"granitehybrid.ssm.time_step_rank": None}, ["granitehybrid.ssm.time_step_rank"]),
     ("granitehybrid", (), {"granitehybrid.rope.scaling.finetuned": None}, ["rope.scaling.finetuned"]),
     ("granitehybrid-moe", ("blk.2.ffn_up_shexp.weight",), {}, ["blk.2.ffn_up_shexp.weight"]),
+    ("nemotron_h_moe", ("blk.1.exp_probs_b.bias",), {}, ["blk.1.exp_probs_b.bias"]),
+    ("nemotron_h_moe", (), {"nemotron_h_moe.expert_count": None}, ["nemotron_h_moe.expert_count"]),
+    ("nemotron_h_moe", (), {"nemotron_h_moe.moe_latent_size": 16}, ["moe_latent_size"]),
     ("granitehybrid-moe", (), {"granitehybrid.expert_shared_feed_forward_length": None},
      ["granitehybrid.expert_shared_feed_forward_length"]),
 ])
@@ -260,14 +283,15 @@ def test_bad_file_gives_clear_error(models, tmp_path, name, drop, fields, needle
 @pytest.mark.parametrize("name,changes,needle", [
     ("nemotron_h", {"layers_block_type": ["linear_attention", "mlp", "full_attention", "mamba3", "mlp"]},
      "unknown layer type 'mamba3'"),
-    ("nemotron_h", {"layers_block_type": ["linear_attention", "moe", "full_attention", "linear_attention", "mlp"]},
-     "mixture-of-experts"),
     ("nemotron_h", {"mlp_hidden_act": "silu"}, "mlp_hidden_act"),
     ("nemotron_h", {"mamba_num_heads": 5}, "not a multiple of 'n_groups'"),
     ("nemotron_h", {"num_hidden_layers": 4}, "num_hidden_layers=4"),
     ("nemotron_h", {"use_conv_bias": False}, "unexpected tensor backbone.layers.0.mixer.conv1d.bias"),
     ("granitehybrid", {"layer_types": ["mamba", "attention"]}, "'layer_types' must list"),
     ("granitehybrid-moe", {"num_experts_per_tok": 5}, "exceeds num_local_experts"),
+    ("nemotron_h_moe", {"moe_latent_size": 16}, "moe_latent_size"),
+    ("nemotron_h_moe", {"n_group": 2, "topk_group": 1}, "group-limited routing"),
+    ("nemotron_h_moe", {"num_experts_per_tok": 5}, "exceeds n_routed_experts"),
     ("granitehybrid", {"position_embedding_type": "rope"}, "position_embedding_type"),
     ("granitehybrid", {"mamba_expand": 3}, "mamba_expand"),
     ("granitehybrid", {"shared_intermediate_size": 96}, "has shape"),

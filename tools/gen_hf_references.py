@@ -189,6 +189,13 @@ MODELS = {
     "nemotron_h": Tiny("nemotron_h", "bpe", 70, prompt=_LONG, overrides=dict(
         layers_block_type=["linear_attention", "mlp", "full_attention", "linear_attention", "mlp"], head_dim=16,
         mamba_num_heads=8, mamba_head_dim=16, n_groups=2, ssm_state_size=16, conv_kernel=4, layer_norm_epsilon=1e-5)),
+    # nemotron_h_moe (Nemotron 3): its MLPs mixtures of 4 squared-ReLU experts of 32 (top 2 by sigmoid score plus
+    # the correction bias, renormalized, scaled 1.5) beside a shared expert of 48.
+    "nemotron_h_moe": Tiny("nemotron_h", "bpe", 73, prompt=_LONG, overrides=dict(
+        layers_block_type=["linear_attention", "moe", "full_attention", "linear_attention", "moe"], head_dim=16,
+        mamba_num_heads=8, mamba_head_dim=16, n_groups=2, ssm_state_size=16, conv_kernel=4, layer_norm_epsilon=1e-5,
+        n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, moe_shared_expert_intermediate_size=48,
+        n_group=1, topk_group=1, routed_scaling_factor=1.5, norm_topk_prob=True)),
     "granitehybrid": Tiny("granitehybrid", "bpe", 71, prompt=_LONG, overrides=dict(
         num_hidden_layers=4, layer_types=["mamba", "mamba", "attention", "mamba"], shared_intermediate_size=160,
         num_local_experts=0, mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4,

@@ -4,7 +4,7 @@ of GGUF's "llama" layout, Gemma's norm weights stored as 1 + w, llama 3's rope_f
 the experts of mixture models (convert_moe.py), and the families of convert_fused.py and
 convert_families.py."""
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 import numpy as np
@@ -20,7 +20,8 @@ from .convert_lfm2 import FINAL_NORM as LFM2_FINAL_NORM
 from .convert_lfm2 import LFM2MOE, lfm2_tensors, lfm2_transformed, read_lfm2, read_lfm2moe
 from .convert_llama4 import llama4_expert_tensors, llama4_tensors, read_llama4
 from .convert_mamba2 import (complete_nemotron_h, granite_hybrid_tensors, granite_hybrid_transformed,
-                             nemotron_h_tensors, nemotron_h_transformed, read_granite_hybrid, read_nemotron_h)
+                             nemotron_h_tensors, nemotron_h_transformed, nemotron_h_variant, read_granite_hybrid,
+                             read_nemotron_h)
 from .convert_moe import GPT_OSS, MIXTRAL, QWEN3MOE, ExpertLayout, add_expert_keys, expert_tensors, read_experts
 from .convert_rope import Rope, add_rope_scaling, llama3_rope_divisors, read_rope, split_rope_params
 
@@ -48,6 +49,7 @@ class ArchSpec:
     aliases: dict = field(default_factory=dict)   # config key -> the name transformers reads it as (older configs)
     token_embd: str = "model.embed_tokens.weight"   # the HF name of the token embeddings
     complete: Optional[Callable] = None   # (config, path) -> config with values it leaves implicit (Nemotron-H)
+    variant: Optional[Callable] = None    # (config) -> the GGUF architecture where the config decides it (Nemotron-H)
 
 
 # Gemma3TextConfig's defaults: released checkpoints leave many of these out of config.json.
@@ -101,6 +103,7 @@ ARCHS = {
                                      expert_tensors=qwen35_transformed, norm_plus_one=True),
     "NemotronHForCausalLM": ArchSpec("nemotron_h", read_extra=read_nemotron_h, tensors=nemotron_h_tensors,
                                      expert_tensors=nemotron_h_transformed, complete=complete_nemotron_h,
+                                     variant=nemotron_h_variant,
                                      final_norm=("backbone.norm_f.weight", "output_norm.weight"),
                                      token_embd="backbone.embeddings.weight"),
     "GraniteMoeHybridForCausalLM": ArchSpec("granitehybrid", read_extra=read_granite_hybrid,
@@ -205,7 +208,11 @@ def arch_of(config, path):
         text = config["text_config"]
     renamed = {new: text[old] for old, new in spec.aliases.items() if old in text}
     text = {**spec.defaults, **renamed, **text}
-    return name, spec, spec.complete(text, path) if spec.complete else text
+    if spec.complete:
+        text = spec.complete(text, path)
+    if spec.variant:
+        spec = replace(spec, gguf_arch=spec.variant(text))
+    return name, spec, text
 
 
 def _gemma3_layer_types(config, n_layer, path):

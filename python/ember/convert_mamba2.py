@@ -1,6 +1,7 @@
 """Mamba2 hybrids -> GGUF, as llama.cpp's converter writes them: Nemotron-H (nemotron_h: each layer one
 mixer, a Mamba2 layer, an attention layer without rope or a squared-ReLU MLP, the kinds written as
-per-layer head_count_kv and feed_forward_length holding 0 for the part a layer lacks) and Granite 4.0
+per-layer head_count_kv and feed_forward_length holding 0 for the part a layer lacks; nemotron_h_moe where
+the MLPs are mixtures of squared-ReLU experts beside a shared one) and Granite 4.0
 hybrid (granitehybrid: Mamba2 or attention layers each with a SwiGLU feed-forward, or SwiGLU experts beside
 a shared expert, muP multipliers).
 A Mamba2 layer's in_proj is stored whole, its convolution squeezed to [channels, kernel], ssm_a =
@@ -51,6 +52,11 @@ def _nemotron_kinds(config, path):
     return [_NEMOTRON_KINDS[t] for t in types]
 
 
+def nemotron_h_variant(config):
+    """llama.cpp's name for a Nemotron-H with mixture layers (Nemotron 3)."""
+    return "nemotron_h_moe" if "moe" in _nemotron_kinds(config, "config.json") else "nemotron_h"
+
+
 def complete_nemotron_h(config, path):
     """transformers saves Nemotron-H's layer count only as the length of its layer list."""
     kinds = _nemotron_kinds(config, path)
@@ -80,7 +86,7 @@ def _read_mamba2(config, hp, path, kinds, heads, head_dim, groups, state, kernel
 def read_nemotron_h(config, hp, path):
     kinds = _nemotron_kinds(config, path)
     if "moe" in kinds:
-        raise ConvertError(f"{path}: Nemotron-H mixture-of-experts layers ('moe') are not supported yet")
+        _read_nemotron_experts(config, hp, path)
     for key, want in (("mlp_hidden_act", "relu2"), ("mamba_hidden_act", "silu")):
         if config.get(key, want) != want:
             raise ConvertError(f"{path}: '{key}' must be {want!r} (llama.cpp's nemotron_h), got {config[key]!r}")
@@ -93,7 +99,30 @@ def read_nemotron_h(config, hp, path):
     hp.keys["attention.layer_norm_epsilon"] = hp.rms_eps
     _read_mamba2(config, hp, path, kinds, ("mamba_num_heads",), ("mamba_head_dim",), ("n_groups",),
                  ("ssm_state_size",), ("conv_kernel",))
-    hp.n_ff_layer = [hp.n_ff if k == "mlp" else 0 for k in kinds]
+    hp.n_ff_layer = [hp.n_ff if k == "mlp" else hp.int_keys.get("expert_feed_forward_length", 0) if k == "moe" else 0
+                     for k in kinds]
+
+
+def _read_nemotron_experts(config, hp, path):
+    """The mixture layers' keys as llama.cpp's converter writes them; what its nemotron_h_moe cannot run
+    (latent experts, group-limited routing, other than one shared expert) is refused."""
+    if config.get("moe_latent_size") is not None:
+        raise ConvertError(f"{path}: moe_latent_size (experts in a latent space) is not supported")
+    if config.get("n_group", 1) != 1 or config.get("topk_group", 1) != 1:
+        raise ConvertError(f"{path}: group-limited routing (n_group, topk_group above 1) is not supported")
+    if config.get("n_shared_experts", 1) != 1:
+        raise ConvertError(f"{path}: n_shared_experts must be 1, got {config['n_shared_experts']!r}")
+    n_expert = _positive_int(config, ("n_routed_experts",), path)
+    n_used = _positive_int(config, ("num_experts_per_tok",), path)
+    if n_used > n_expert:
+        raise ConvertError(f"{path}: num_experts_per_tok={n_used} exceeds n_routed_experts={n_expert}")
+    hp.int_keys.update({"expert_count": n_expert, "expert_used_count": n_used,
+                        "expert_feed_forward_length": _positive_int(config, ("moe_intermediate_size",), path),
+                        "expert_shared_feed_forward_length": _positive_int(
+                            config, ("moe_shared_expert_intermediate_size",), path),
+                        "expert_shared_count": 1, "expert_group_count": 1})
+    hp.bool_keys["expert_weights_norm"] = bool(config.get("norm_topk_prob", True))
+    hp.keys["expert_weights_scale"] = float(config.get("routed_scaling_factor", 1.0))
 
 
 def read_granite_hybrid(config, hp, path):
@@ -186,15 +215,31 @@ def nemotron_h_tensors(hp):
             out.update(_mamba2_plain(hp, p, b, "mixer."))
         elif kind == "attention":
             out.update(_attention(hp, p, b, "mixer."))
-        else:
+        elif kind == "mlp":
             out[p + "mixer.up_proj.weight"] = (b + "ffn_up.weight", (hp.n_ff, E), 0)
             out[p + "mixer.down_proj.weight"] = (b + "ffn_down.weight", (E, hp.n_ff), 0)
+        else:
+            X, F = hp.int_keys["expert_count"], hp.int_keys["expert_shared_feed_forward_length"]
+            out[p + "mixer.gate.weight"] = (b + "ffn_gate_inp.weight", (X, E), 0)
+            out[p + "mixer.gate.e_score_correction_bias"] = (b + "exp_probs_b.bias", (X,), 0)
+            out[p + "mixer.shared_experts.up_proj.weight"] = (b + "ffn_up_shexp.weight", (F, E), 0)
+            out[p + "mixer.shared_experts.down_proj.weight"] = (b + "ffn_down_shexp.weight", (E, F), 0)
     return out
 
 
 def nemotron_h_transformed(hp):
-    return [x for i, kind in enumerate(hp.family["kinds"]) if kind == "mamba"
-            for x in _mamba2_transformed(hp, f"backbone.layers.{i}.", f"blk.{i}.", "mixer.")]
+    """The Mamba2 tensors llama.cpp changes, and each mixture layer's experts stacked."""
+    out = []
+    for i, kind in enumerate(hp.family["kinds"]):
+        p, b = f"backbone.layers.{i}.", f"blk.{i}."
+        if kind == "mamba":
+            out += _mamba2_transformed(hp, p, b, "mixer.")
+        elif kind == "moe":
+            E, X, F = hp.n_embd, hp.int_keys["expert_count"], hp.int_keys["expert_feed_forward_length"]
+            for proj, shape in (("up", (F, E)), ("down", (E, F))):
+                names = tuple((f"{p}mixer.experts.{e}.{proj}_proj.weight", shape) for e in range(X))
+                out.append(ExpertTensor(f"{b}ffn_{proj}_exps.weight", (X, *shape), names, np.stack))
+    return out
 
 
 def _shared_width(hp):

@@ -1,7 +1,9 @@
-// Nemotron-H (NVIDIA Nemotron-H, Nemotron 3 dense): each layer one mixer after an RMSNorm, added to
-// the residual stream: a Mamba2 layer (state per sequence), an attention layer without rope, or a
-// squared-ReLU MLP. The kinds as llama.cpp reads them from the per-layer head_count_kv and
-// feed_forward_length: both 0 is Mamba2, a feed-forward width an MLP, else attention.
+// Nemotron-H (nemotron_h: Nemotron-H, Nemotron Nano 2; nemotron_h_moe: Nemotron 3): each layer one
+// mixer after an RMSNorm, added to the residual stream: a Mamba2 layer (state per sequence), an
+// attention layer without rope, or a squared-ReLU MLP, which nemotron_h_moe's are mixtures of
+// (sigmoid-scored experts beside a shared expert). The kinds as llama.cpp reads them from the
+// per-layer head_count_kv and feed_forward_length: both 0 is Mamba2, a feed-forward width an MLP,
+// else attention.
 #include "ember/status.h"
 #include "model/arch/arch_common.h"
 #include "model/arch/mamba2_common.h"
@@ -13,9 +15,21 @@ namespace {
 
 class NemotronHArch : public Architecture {
 public:
+    explicit NemotronHArch(bool moe) : moe_(moe) {}
+
     void read_hparams(const GGUFFile& f, HParams& hp) const override {
         const std::string a = hp.arch + ".";
-        check_experts(f, hp, false, false);
+        check_experts(f, hp, moe_, moe_);
+        if (moe_) {
+            // The experts are expert_feed_forward_length wide (n_ff_exp); the shared expert takes hp.n_ff.
+            hp.n_ff = (int32_t)f.get_uint(a + "expert_shared_feed_forward_length");
+            if (hp.n_ff <= 0)
+                fail(f.path(), ": ", a, "expert_shared_feed_forward_length must be positive, got ", hp.n_ff);
+            if (f.get_uint(a + "moe_latent_size", 0) != 0)
+                fail(f.path(), ": ", a, "moe_latent_size: experts in a latent space are not supported");
+            if (f.get_uint(a + "expert_group_count", 1) > 1)
+                fail(f.path(), ": ", a, "expert_group_count above 1 (group-limited routing) is not supported");
+        }
         // llama.cpp reads the RMS epsilon under layer_norm_epsilon where layer_norm_rms_epsilon is absent.
         if (!f.find(a + "attention.layer_norm_rms_epsilon"))
             hp.rms_eps = (float)f.get_float(a + "attention.layer_norm_epsilon", 1e-5);
@@ -38,10 +52,18 @@ public:
             return t;
         }
         if (hp.layer_n_ff(l) == 0) return attention_specs(hp);
-        const int64_t E = hp.n_embd, F = hp.layer_n_ff(l);
+        const int64_t E = hp.n_embd, F = hp.layer_n_ff(l), FX = hp.n_ff_exp, FS = hp.n_ff, X = hp.n_expert;
+        if (!moe_)
+            return {{Role::attn_norm, "attn_norm.weight", {E}},
+                    {Role::up, "ffn_up.weight", {E, F}},
+                    {Role::down, "ffn_down.weight", {F, E}}};
         return {{Role::attn_norm, "attn_norm.weight", {E}},
-                {Role::up, "ffn_up.weight", {E, F}},
-                {Role::down, "ffn_down.weight", {F, E}}};
+                {Role::router, "ffn_gate_inp.weight", {E, X}},
+                {Role::exp_probs_b, "exp_probs_b.bias", {X}},
+                {Role::up_exps, "ffn_up_exps.weight", {E, FX, X}},
+                {Role::down_exps, "ffn_down_exps.weight", {FX, E, X}},
+                {Role::up_shexp, "ffn_up_shexp.weight", {E, FS}},
+                {Role::down_shexp, "ffn_down_shexp.weight", {FS, E}}};
     }
 
     LayerConfig layer_config(const HParams& hp, int32_t l, const RopeParams& rope) const override {
@@ -54,7 +76,7 @@ public:
         // The grouped norm and the squared ReLU are loops over host memory until the contract has them.
         if (!r.be.is_host()) fail(r.hp.arch, " runs on the CPU only so far (backend ", r.be.name(), ")");
         const int32_t n = r.n_tok;
-        const bool mlp = r.w.m(Role::up)->n_out > 0;
+        const bool mlp = r.w.m(moe_ ? Role::up_shexp : Role::up)->n_out > 0;
         if (r.state) {
             r.be.add_rmsnorm(r.x, r.residual, r.w.v(Role::attn_norm), n, r.hp.n_embd, r.hp.rms_eps, r.buf.xn);
             mamba2_mixer(r, r.out_a);
@@ -63,16 +85,56 @@ public:
             r.be.attn_out(r.kv, r.cfg.shape, *r.w.m(Role::wo), n, r.buf, r.out_a);
         } else {
             r.be.add_rmsnorm(r.x, r.residual, r.w.v(Role::attn_norm), n, r.hp.n_embd, r.hp.rms_eps, r.buf.xn);
-            const Weight& up = *r.w.m(Role::up);
-            r.be.matmul(up, r.buf.xn, n, r.buf.up);
-            float* h = r.buf.up;
-            for (int64_t i = 0; i < (int64_t)n * up.n_out; ++i) h[i] = h[i] > 0.0f ? h[i] * h[i] : 0.0f;
-            r.be.matmul(*r.w.m(Role::down), h, n, r.out_a);
+            if (moe_) mixture(r, r.out_a);
+            else relu2_mlp(r, *r.w.m(Role::up), *r.w.m(Role::down), r.buf.xn, n, r.out_a);
         }
         return r.out_a;
     }
 
 private:
+    bool moe_;
+
+    // out = down(relu(up x)^2) of n rows x.
+    static void relu2_mlp(const BlockRun& r, const Weight& up, const Weight& down, const float* x, int32_t n,
+                          float* out) {
+        float* h = r.buf.up;
+        r.be.matmul(up, x, n, h);
+        for (int64_t i = 0; i < (int64_t)n * up.n_out; ++i) h[i] = h[i] > 0.0f ? h[i] * h[i] : 0.0f;
+        r.be.matmul(down, h, n, out);
+    }
+
+    // The mixture on the normed rows r.buf.xn: the shared expert, plus the experts chosen by sigmoid
+    // score + exp_probs_b, weighted by their scores (renormalized, scaled) as llama.cpp's; every
+    // expert a squared-ReLU MLP, which the contract's gated experts are not.
+    static void mixture(const BlockRun& r, float* out) {
+        const HParams& hp = r.hp;
+        const int32_t n = r.n_tok, X = hp.n_expert, U = hp.n_expert_used;
+        const int64_t E = hp.n_embd;
+        relu2_mlp(r, *r.w.m(Role::up_shexp), *r.w.m(Role::down_shexp), r.buf.xn, n, out);
+        MoeWeights m;
+        m.router = r.w.m(Role::router);
+        m.selection_bias = r.w.v(Role::exp_probs_b);
+        m.n_expert = X, m.n_used = U;
+        m.gating = MoeGating::sigmoid;
+        m.norm_topk = hp.expert_weights_norm;
+        m.weight_scale = hp.expert_weights_scale;
+        std::vector<float> logits((size_t)n * X), weights((size_t)n * U);
+        std::vector<int32_t> ids((size_t)n * U);
+        r.be.matmul(*m.router, r.buf.xn, n, logits.data());
+        r.be.moe_route(m, logits.data(), n, ids.data(), weights.data());
+        const MoeGroups g = moe_groups(ids.data(), weights.data(), n, U, X);
+        std::vector<float> xe((size_t)n * E), ye((size_t)n * E);
+        const Weight &up = *r.w.m(Role::up_exps), &down = *r.w.m(Role::down_exps);
+        for (int32_t e = 0; e < X; ++e) {
+            const int64_t at = g.first[e];
+            const int32_t c = (int32_t)(g.first[e + 1] - at);
+            if (c == 0) continue;
+            r.be.gather_rows(r.buf.xn, &g.tok[at], c, E, xe.data());
+            relu2_mlp(r, expert_matrix(up, e), expert_matrix(down, e), xe.data(), c, ye.data());
+            r.be.scatter_add_rows(out, ye.data(), &g.tok[at], &g.weight[at], c, E);
+        }
+    }
+
     static std::vector<TensorSpec> attention_specs(const HParams& hp) {
         const int64_t E = hp.n_embd, D = hp.head_dim;
         const int64_t QW = (int64_t)hp.n_head * D, KW = (int64_t)hp.n_head_kv * D;
@@ -87,7 +149,12 @@ private:
 }  // namespace
 
 const Architecture& nemotron_h_architecture() {
-    static const NemotronHArch arch;
+    static const NemotronHArch arch(false);
+    return arch;
+}
+
+const Architecture& nemotron_h_moe_architecture() {
+    static const NemotronHArch arch(true);
     return arch;
 }
 

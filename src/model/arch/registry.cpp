@@ -33,6 +33,7 @@ const Architecture& llama4_architecture();
 const Architecture& lfm2_architecture();
 const Architecture& lfm2moe_architecture();
 const Architecture& nemotron_h_architecture();
+const Architecture& nemotron_h_moe_architecture();
 const Architecture& granite_hybrid_architecture();
 
 namespace {
@@ -69,6 +70,7 @@ const Entry kArchitectures[] = {
     {"lfm2", &lfm2_architecture},
     {"lfm2moe", &lfm2moe_architecture},
     {"nemotron_h", &nemotron_h_architecture},
+    {"nemotron_h_moe", &nemotron_h_moe_architecture},
     {"granitehybrid", &granite_hybrid_architecture},
 };
 }  // namespace
