@@ -494,9 +494,13 @@ def test_mixture_engine_resumes_a_cached_prefix(moe_models, hf_reference, name):
 # ------------------------------------------------------------------------------------- MTP
 
 
-def test_qwen35moe_checkpoint_with_a_multi_token_prediction_block(moe_models, hf_reference, tmp_path):
-    """mtp_num_hidden_layers 1 and the mtp.* tensors (a mixture block of their own): the block after the
-    trunk in llama.cpp's names, nextn_predict_layers 1; the file loads and the trunk's logits are unchanged."""
+# Qwen3.5-MoE's config says mtp_num_hidden_layers; Qwen3-Next's leaves it out and its checkpoint's blocks count.
+@pytest.mark.parametrize("name,config,n_layer", [("qwen35moe", {"mtp_num_hidden_layers": 1}, 4),
+                                                 ("qwen3next", {}, 3)])
+def test_mixture_checkpoint_with_a_multi_token_prediction_block(moe_models, hf_reference, tmp_path, name, config,
+                                                                n_layer):
+    """The mtp.* tensors (a mixture block of their own): the block after the trunk in llama.cpp's names,
+    nextn_predict_layers 1; the file loads and the trunk's logits are unchanged."""
     rng = np.random.default_rng()
     E, D = 64, 16
     shapes = {"mtp.fc.weight": (E, 2 * E), "mtp.pre_fc_norm_embedding.weight": (E,),
@@ -512,20 +516,21 @@ def test_qwen35moe_checkpoint_with_a_multi_token_prediction_block(moe_models, hf
                       f"mlp.experts.{e}.down_proj.weight": (E, 32)})
     shapes.update({"mtp.layers.0." + n: s for n, s in layer.items()})
     mtp = {n: (0.1 * rng.standard_normal(s)).astype(np.float32) for n, s in shapes.items()}
-    d = hf_tiny.edited(moe_models["qwen35moe"][0], str(tmp_path / "hf"), {"mtp_num_hidden_layers": 1})
+    d = hf_tiny.edited(moe_models[name][0], str(tmp_path / "hf"), config)
     hf_tiny._write_safetensors(os.path.join(d, "mtp.safetensors"), mtp, "float32")
     path = str(tmp_path / "mtp.gguf")
     convert(d, path, "f32", progress=False)
-    kv, t = hf_tiny.gguf_fields(path), hf_tiny.gguf_tensors(path)
-    assert kv["qwen35moe.block_count"] == 5 and kv["qwen35moe.nextn_predict_layers"] == 1
-    np.testing.assert_array_equal(t["blk.4.nextn.eh_proj.weight"], mtp["mtp.fc.weight"])
-    np.testing.assert_array_equal(t["blk.4.nextn.shared_head_norm.weight"], mtp["mtp.norm.weight"] + 1)
+    kv, t, b = hf_tiny.gguf_fields(path), hf_tiny.gguf_tensors(path), f"blk.{n_layer}."
+    assert kv[name + ".block_count"] == n_layer + 1 and kv[name + ".nextn_predict_layers"] == 1
+    assert list(kv[name + ".attention.recurrent_layers"])[-1] is False
+    np.testing.assert_array_equal(t[b + "nextn.eh_proj.weight"], mtp["mtp.fc.weight"])
+    np.testing.assert_array_equal(t[b + "nextn.shared_head_norm.weight"], mtp["mtp.norm.weight"] + 1)
     want = np.stack([mtp[f"mtp.layers.0.mlp.experts.{e}.up_proj.weight"] for e in range(4)])
-    np.testing.assert_array_equal(t["blk.4.ffn_up_exps.weight"], want)
+    np.testing.assert_array_equal(t[b + "ffn_up_exps.weight"], want)
     shared_gate = mtp["mtp.layers.0.mlp.shared_expert_gate.weight"]
-    np.testing.assert_array_equal(t["blk.4.ffn_gate_inp_shexp.weight"], shared_gate)
+    np.testing.assert_array_equal(t[b + "ffn_gate_inp_shexp.weight"], shared_gate)
     got = hf_tiny.ember_logits(path, PROMPT)
-    assert _rel(got, hf_reference.logits("qwen35moe", PROMPT)) <= 1e-4
+    assert _rel(got, hf_reference.logits(name, PROMPT)) <= 1e-4
 
 
 # ------------------------------------------------------------------------------------- bad input

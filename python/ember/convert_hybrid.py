@@ -5,10 +5,14 @@ multi-token-prediction blocks (mtp.*) as extra blocks after the trunk (nextn_pre
 mixtures' stacked experts beside a gated shared expert. Qwen3.5's DeltaNet v heads are reordered from
 grouped by k head to tiled (v head j reads k head j % n_k); Qwen3-Next's stay grouped, its fused
 in_proj_qkvz split into attn_qkv and attn_gate and its in_proj_ba kept whole as ssm_ba."""
+import os
+import re
+
 import numpy as np
 
 from .convert_error import ConvertError
 from .convert_moe import ExpertTensor, Experts
+from .convert_safetensors import Checkpoint
 
 
 def _positive_int(config, key, path):
@@ -36,7 +40,11 @@ def read_qwen3next(config, hp, path):
     if config.get("norm_topk_prob", True) is False:
         raise ConvertError(f"{path}: norm_topk_prob=false is not supported for qwen3next (its GGUF architecture "
                            "always renormalizes the chosen experts' weights)")
-    _read_hybrid(config, hp, path, experts=True, grouped=True)
+    n_mtp = config.get("mtp_num_hidden_layers")
+    if n_mtp is None:   # Qwen3-Next's configs leave it out; llama.cpp counts the checkpoint's MTP blocks
+        stored = (re.match(r"mtp\.layers\.(\d+)\.", n) for n in Checkpoint(os.path.dirname(path)).names())
+        n_mtp = max((int(m.group(1)) + 1 for m in stored if m), default=0)
+    _read_hybrid(config, hp, path, experts=True, grouped=True, n_mtp=n_mtp)
 
 
 def _read_experts(config, hp, path):
@@ -52,7 +60,7 @@ def _read_experts(config, hp, path):
     return shared
 
 
-def _read_hybrid(config, hp, path, experts, grouped):
+def _read_hybrid(config, hp, path, experts, grouped, n_mtp=None):
     n_k = _positive_int(config, "linear_num_key_heads", path)
     n_v = _positive_int(config, "linear_num_value_heads", path)
     dk = _positive_int(config, "linear_key_head_dim", path)
@@ -78,7 +86,7 @@ def _read_hybrid(config, hp, path, experts, grouped):
         raise ConvertError(f"{path}: partial_rotary_factor {factor} rotates {hp.n_rot} dimensions of a head of "
                            f"{hp.head_dim}; must be even and positive")
     sections = list(params.get("mrope_section") or [11, 11, 10])
-    n_mtp = config.get("mtp_num_hidden_layers") or 0
+    n_mtp = (config.get("mtp_num_hidden_layers") if n_mtp is None else n_mtp) or 0
     if isinstance(n_mtp, bool) or not isinstance(n_mtp, int) or n_mtp < 0:
         raise ConvertError(f"{path}: 'mtp_num_hidden_layers' must be an integer >= 0, got {n_mtp!r}")
     # The MTP blocks follow the trunk's as blocks of their own (full attention), as llama.cpp stores them.
