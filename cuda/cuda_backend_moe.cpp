@@ -35,6 +35,7 @@ namespace {
 
 MoeRouteArgs route_args(const MoeWeights& w, const float* logits, const float* bias, int32_t n_tok, bool ascending,
                         int32_t* ids, float* weights, MoeChunk* chunks) {
+    if (w.n_group > 1) fail("cuda moe: group-limited routing (n_group ", w.n_group, ") runs on the CPU only so far");
     MoeRouteArgs a;
     a.logits = logits;
     a.router_bias = bias;

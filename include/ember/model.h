@@ -85,7 +85,18 @@ struct HParams {
     // Multi-token-prediction blocks stored after the n_layer blocks ({arch}.nextn_predict_layers):
     // loaded by llama.cpp for drafting, not run here.
     int32_t n_layer_nextn = 0;
+    // Multi-head latent attention (DeepSeek V2/V3, {arch}.attention.*): queries through a q_lora_rank
+    // bottleneck (0: none), keys and values from a kv_lora_rank latent; a head's key has qk_nope + n_rot
+    // dimensions (key_length_mla) and its value v_head_dim (value_length_mla). The cache keeps one KV head
+    // of head_dim = n_rot + kv_lora_rank a token. 0: not such a model.
+    int32_t q_lora_rank = 0, kv_lora_rank = 0, mla_head_dim_k = 0, mla_head_dim_v = 0;
+    bool kv_values_are_keys = false;   // the cache keeps one row a token, read as key and value (KVLayer::v == k)
     int32_t n_layer_dense_lead = 0;   // leading_dense_block_count: the first layers' feed-forwards are dense
+    int32_t n_expert_shared = 0;      // expert_shared_count: shared experts, one of n_ff_exp * this wide
+    // Group-limited routing (expert_group_count, expert_group_used_count): a token's experts come from its
+    // n_group_used best groups of n_expert / n_expert_groups; 0 or 1 group: none.
+    int32_t n_expert_groups = 0, n_group_used = 0;
+    bool expert_sigmoid = false;      // expert_gating_func 2: sigmoid scores, else softmax
     // Per-layer attention geometry where layers differ (Gemma 4's global layers have a head size and
     // KV heads of their own); empty: n_head_kv heads of head_dim in every layer.
     std::vector<int32_t> n_head_kv_layer, head_dim_layer;

@@ -13,6 +13,7 @@ from .convert_error import ConvertError
 from .convert_families import olmo2_layers, read_gemma2, read_granite, read_olmo2, read_smollm3
 from .convert_fused import (cohere_layers, glm4_layers, phi3_layers, read_cohere, read_cohere2, read_glm4,
                             read_mistral3, read_phi3)
+from .convert_deepseek2 import deepseek2_tensors, deepseek2_transformed, read_deepseek2
 from .convert_gemma4 import gemma4_tensors, read_gemma4
 from .convert_hybrid import qwen35_tensors, qwen35_transformed, read_qwen3next, read_qwen35, read_qwen35moe
 from .convert_lfm2 import ALIASES as LFM2_ALIASES
@@ -41,7 +42,7 @@ class ArchSpec:
     defaults: dict = field(default_factory=dict)   # config values transformers fills in when absent
     read_extra: Optional[Callable] = None   # (config, Hparams, path): the family's own keys (convert_fused.py)
     layer_map: Optional[Callable] = None    # (per-layer tensor map, Hparams): edits it in place
-    yarn_mscale: bool = False               # YaRN's mscale_all_dim is written (Mistral 3)
+    yarn_mscale: object = False   # YaRN's mscale_all_dim is written: True (Mistral 3, mscale 1), "equal" (DeepSeek)
     tensors: Optional[Callable] = None      # (Hparams) -> every layer's tensor map where layers differ (Gemma 4)
     expert_tensors: Optional[Callable] = None   # (Hparams) -> the ExpertTensors of a layout of its own (llama 4)
     norm_plus_one: bool = False             # the final RMSNorm scales by (1 + w): stored as the sum (Qwen3.5)
@@ -64,6 +65,8 @@ _GEMMA3 = dict(qk_norm=True, gemma=True, act="gelu_pytorch_tanh", rope_scalings=
                defaults=_GEMMA3_DEFAULTS)
 _GEMMA4 = dict(qk_norm=True, act="gelu_pytorch_tanh", rope_scalings=("proportional",), read_extra=read_gemma4,
                tensors=gemma4_tensors)
+_DEEPSEEK2 = ArchSpec("deepseek2", rope_scalings=("yarn",), read_extra=read_deepseek2, yarn_mscale="equal",
+                      tensors=deepseek2_tensors, expert_tensors=deepseek2_transformed)
 ARCHS = {
     "LlamaForCausalLM": _LLAMA,
     "MistralForCausalLM": _LLAMA,
@@ -113,6 +116,8 @@ ARCHS = {
     "Lfm2MoeForCausalLM": ArchSpec("lfm2moe", qk_norm=True, read_extra=read_lfm2moe, tensors=lfm2_tensors,
                                    expert_tensors=lfm2_transformed, final_norm=LFM2_FINAL_NORM, aliases=LFM2_ALIASES,
                                    experts=LFM2MOE),
+    "DeepseekV2ForCausalLM": _DEEPSEEK2,
+    "DeepseekV3ForCausalLM": _DEEPSEEK2,
     "Llama4ForCausalLM": ArchSpec("llama4", rope_scalings=("llama3",), read_extra=read_llama4, tensors=llama4_tensors,
                                   expert_tensors=llama4_expert_tensors),
 }
@@ -156,6 +161,7 @@ class Hparams:
     int_keys: dict = field(default_factory=dict)   # {arch}.<name> -> uint32: a family's own integer keys
     family: dict = field(default_factory=dict)     # a family's own values its tensor map reads
     array_keys: dict = field(default_factory=dict)   # {arch}.<name> -> list: a family's own array keys
+    value_length: Optional[int] = None   # attention.value_length where it is not head_dim (DeepSeek's latent)
     n_head_kv_layer: Optional[list] = None   # KV heads of each layer (0: no attention), written for n_head_kv
     n_ff_layer: Optional[list] = None   # feed-forward width of each layer (0: none), written for n_ff
     bool_keys: dict = field(default_factory=dict)   # {arch}.<name> -> bool: a family's own flags
@@ -329,7 +335,7 @@ def add_hparams(writer, spec, hp):
     # is not hidden_size / num_attention_heads.
     if spec.qk_norm or spec.gpt_oss or hp.head_dim * hp.n_head != hp.n_embd:
         writer.add_key_length(hp.head_dim)
-        writer.add_value_length(hp.head_dim)
+        writer.add_value_length(hp.value_length or hp.head_dim)
     add_rope_scaling(writer, hp.rope)
     if hp.experts:
         add_expert_keys(writer, spec, hp.experts)

@@ -92,9 +92,12 @@ def read_rope(params, default_base, path, allowed=SCALINGS, what="rope scaling",
     elif kind == "yarn":
         rope.orig_ctx = _number(params, "original_max_position_embeddings", path, kind, int)
         if yarn_mscale and params.get("mscale_all_dim") is not None:
-            if params.get("mscale", 1.0) != 1.0:
-                raise ConvertError(f"{path}: rope scaling 'yarn' with mscale {params['mscale']!r} is not supported "
-                                   "(llama.cpp's mistral3 assumes 1)")
+            # llama.cpp's mistral3 assumes mscale 1; its deepseek2 (yarn_mscale "equal") mscale == mscale_all_dim.
+            equal = yarn_mscale == "equal"
+            want = params["mscale_all_dim"] if equal else 1.0
+            if params.get("mscale", None if equal else 1.0) != want:
+                raise ConvertError(f"{path}: rope scaling 'yarn' with mscale {params.get('mscale')!r} is not supported "
+                                   f"(llama.cpp's file assumes {'mscale_all_dim' if equal else '1'})")
             rope.yarn_log_mul = _number(params, "mscale_all_dim", path, kind)
         else:
             for unsupported in ("mscale", "mscale_all_dim"):

@@ -77,7 +77,8 @@ struct RecurrentLayer {
 // KV storage of one layer: n_blocks blocks of block_size tokens; K and V each n_blocks blocks
 // laid out as src/backend/kv_layout.h says for their own type (F16, BF16, F32: [block_size]
 // [n_head_kv * head_dim]). Each type is F16, BF16 or Q8_0 on any backend, or F32 on the CPU only
-// (exact reference runs); K and V may differ, as llama.cpp's -ctk / -ctv.
+// (exact reference runs); K and V may differ, as llama.cpp's -ctk / -ctv. v may be k itself (same type):
+// the cached rows are read as keys and as values (latent attention), and kv_store then writes them once.
 struct KVLayer {
     GGMLType k_type = GGMLType::F16;
     GGMLType v_type = GGMLType::F16;
@@ -151,6 +152,10 @@ struct MoeWeights {
     MoeGating gating = MoeGating::softmax;
     bool norm_topk = false;      // divide the chosen weights by their sum
     float weight_scale = 1.0f;   // the chosen weights are multiplied by it (after any renormalization)
+    // Group-limited choice (DeepSeek V3): the experts form n_group equal groups, each scored by the sum
+    // of its two best selection scores; only the n_group_used best groups (ties to the lower index) are
+    // chosen from. n_group 0 or 1: none. The CPU backend's routing only, so far.
+    int32_t n_group = 0, n_group_used = 0;
     Activation act = Activation::SiLU;
     // The chosen weight scales the expert's input row instead of its output (llama 4: expert(w * xn)).
     bool weight_input = false;

@@ -371,7 +371,8 @@ void attend(ThreadPool& pool, const BatchInfo& batch, const KVLayer& kv, const f
 void CpuBackend::kv_store(KVLayer& kv, const float* k, const float* v, int32_t n_tok) {
     const AttentionMath& math = attention_math(kv.head_dim, simd_);
     with_kv_type(kv.k_type, [&](auto kt) { store_rows<decltype(kt)>(batch_, kv, kv.k, k, n_tok, math); });
-    with_kv_type(kv.v_type, [&](auto vt) { store_rows<decltype(vt)>(batch_, kv, kv.v, v, n_tok, math); });
+    if (kv.v != kv.k)
+        with_kv_type(kv.v_type, [&](auto vt) { store_rows<decltype(vt)>(batch_, kv, kv.v, v, n_tok, math); });
 }
 
 void CpuBackend::attention(const KVLayer& kv, const float* q, int32_t n_tok, const AttentionShape& s, float* out) {

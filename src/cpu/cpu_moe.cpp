@@ -11,6 +11,31 @@
 
 namespace ember {
 
+namespace {
+
+// MoeWeights::n_group: the experts outside the token's n_group_used best groups can no longer be chosen.
+void limit_to_best_groups(const MoeWeights& w, const std::vector<float>& score, std::vector<float>& choose) {
+    // Groups add up probabilities, which softmax's logits are not.
+    if (w.gating == MoeGating::softmax) choose = score;
+    const int32_t per = w.n_expert / w.n_group;
+    std::vector<float> group(w.n_group);
+    for (int32_t g = 0; g < w.n_group; ++g) {
+        const float* c = choose.data() + g * per;
+        float best = -INFINITY, second = -INFINITY;
+        for (int32_t i = 0; i < per; ++i) {
+            if (c[i] > best) second = best, best = c[i];
+            else if (c[i] > second) second = c[i];
+        }
+        group[g] = per > 1 ? best + second : best;
+    }
+    std::vector<int32_t> order(w.n_group);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return group[a] > group[b]; });
+    for (int32_t j = w.n_group_used; j < w.n_group; ++j) std::fill_n(choose.begin() + order[j] * per, per, -INFINITY);
+}
+
+}  // namespace
+
 void moe_route_token(const MoeWeights& w, const float* logits, int32_t* ids, float* weights) {
     const int32_t n_exp = w.n_expert, k = w.n_used;
     // The score an expert is chosen by; softmax keeps the logits' order, so it chooses by them.
@@ -26,6 +51,7 @@ void moe_route_token(const MoeWeights& w, const float* logits, int32_t* ids, flo
         for (int32_t i = 0; i < n_exp; ++i) sum += score[i] = std::exp(logits[i] - m);
         for (int32_t i = 0; i < n_exp; ++i) score[i] /= sum;
     }
+    if (w.n_group > 1) limit_to_best_groups(w, score, choose);
     std::vector<int32_t> order(n_exp);
     std::iota(order.begin(), order.end(), 0);
     std::partial_sort(order.begin(), order.begin() + k, order.end(),

@@ -85,9 +85,6 @@ HParams read_hparams(const GGUFFile& f) {
     if (hp.head_dim <= 0 || hp.head_dim % 2 != 0)
         fail(f.path(), ": head dimension ", hp.head_dim, " must be positive and even for rope");
     const int64_t v_len = (int64_t)f.get_uint(a + "attention.value_length", (uint64_t)hp.head_dim);
-    if (v_len != hp.head_dim)
-        fail(f.path(), ": ", a, "attention.value_length ", v_len, " differs from key_length ", hp.head_dim,
-             "; ember needs equal key and value head sizes");
 
     // Rope scaling. llama 3's comes as the rope_freqs.weight tensor (read with the tensors).
     hp.rope_scaling = f.get_string(a + "rope.scaling.type", "none");
@@ -130,6 +127,10 @@ HParams read_hparams(const GGUFFile& f) {
     }
     read_expert_hparams(f, a, hp);
     arch.read_hparams(f, hp);
+    // Architectures whose values are their cached keys (latent attention) check the value length themselves.
+    if (v_len != hp.head_dim && !hp.kv_values_are_keys)
+        fail(f.path(), ": ", a, "attention.value_length ", v_len, " differs from key_length ", hp.head_dim,
+             "; ember needs equal key and value head sizes");
     for (int32_t l = 0; l < hp.n_layer; ++l) {
         if (hp.layer_n_head_kv(l) == 0 && arch.layer_attends(hp, l))
             fail(f.path(), ": ", a, "attention.head_count_kv is 0 for layer ", l, ", which ", hp.arch,

@@ -113,7 +113,8 @@ size_t kv_block_bytes_model(const HParams& hp, int32_t block_size, GGMLType type
     for (int32_t l = 0; l < hp.n_layer; ++l) {
         if (is_recurrent_layer(hp, l)) continue;
         const int64_t width = hp.kv_width(l);
-        bytes += kv_block_bytes(type_k, block_size, width) + kv_block_bytes(type_v, block_size, width);
+        bytes += kv_block_bytes(type_k, block_size, width) +
+                 (hp.kv_values_are_keys ? 0 : kv_block_bytes(type_v, block_size, width));
     }
     return bytes;
 }
@@ -218,6 +219,9 @@ Runner::Runner(std::shared_ptr<Model> model, const RunnerParams& params) {
         fail(m.file->path(), ": ", m.hp.arch, "'s recurrent layers run on the CPU only so far: load it with ",
              "n_gpu_layers=0");
     for (int32_t l = 0; l < m.hp.n_layer; ++l) check_kv_type(params.type_v, m.hp.layer_head_dim(l), "type_v");
+    if (m.hp.kv_values_are_keys && params.type_v != params.type_k)
+        fail(m.file->path(), ": ", m.hp.arch, "'s latent attention reads its values from the key cache: type_v (",
+             type_traits(params.type_v).name, ") must be type_k (", type_traits(params.type_k).name, ")");
     if ((params.type_k == GGMLType::F32 || params.type_v == GGMLType::F32) && m.any_gpu())
         fail(
             "an f32 KV cache (type_k or type_v) is available for CPU blocks only; use another type with "
@@ -298,6 +302,10 @@ Runner::Runner(std::shared_ptr<Model> model, const RunnerParams& params) {
             continue;
         }
         for (auto [p, type] : {std::pair{&kv.k, kv.k_type}, std::pair{&kv.v, kv.v_type}}) {
+            if (p == &kv.v && hp.kv_values_are_keys) {
+                kv.v = kv.k;
+                continue;
+            }
             const size_t bytes = (size_t)params.n_kv_blocks * kv_block_bytes(type, params.kv_block_size, width);
             // A streamed block's KV (a CPU layer's) is pinned, so its copies run asynchronously at full speed.
             *p = be.is_host() && r.stream ? r.stream->alloc_host(bytes) : nullptr;

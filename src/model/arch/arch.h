@@ -66,6 +66,13 @@ enum class Role : int {
     ple_post_norm,
     ple_model_proj, // and this layer's rows of the model's per_layer_model_proj, with per_layer_proj_norm
     ple_model_norm,
+    mla_q_a, // multi-head latent attention (DeepSeek V2/V3): the queries' down projection [n_embd] -> [q_lora_rank],
+    mla_q_a_norm, // its norm, the up projection [q_lora_rank] -> [n_head * (qk_nope + qk_rope)],
+    mla_q_b,
+    mla_kv_a, // [n_embd] -> [kv_lora_rank + qk_rope]: the latent and the shared rotated key, the latent's norm,
+    mla_kv_a_norm,
+    mla_k_b, // per head [n_head][kv_lora_rank][qk_nope] (the latent's key projection, transposed: queries go
+    mla_v_b, // through it) and [n_head][v_head_dim][kv_lora_rank] (its value projection), stacked 3-D
     count
 };
 constexpr int kRoles = static_cast<int>(Role::count);

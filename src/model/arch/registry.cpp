@@ -30,6 +30,7 @@ const Architecture& qwen35moe_architecture();
 const Architecture& qwen3next_architecture();
 const Architecture& gemma4_architecture();
 const Architecture& llama4_architecture();
+const Architecture& deepseek2_architecture();
 const Architecture& lfm2_architecture();
 const Architecture& lfm2moe_architecture();
 const Architecture& nemotron_h_architecture();
@@ -67,6 +68,7 @@ const Entry kArchitectures[] = {
     {"qwen3next", &qwen3next_architecture},
     {"gemma4", &gemma4_architecture},
     {"llama4", &llama4_architecture},
+    {"deepseek2", &deepseek2_architecture},
     {"lfm2", &lfm2_architecture},
     {"lfm2moe", &lfm2moe_architecture},
     {"nemotron_h", &nemotron_h_architecture},

@@ -1,0 +1,195 @@
+"""DeepSeek V2 and V3 (deepseek2): tiny random transformers models converted by ember-convert. The GGUF keys
+and tensors as llama.cpp's converter writes them (one KV head of kv_lora_rank + rope, kv_b_proj split into
+attn_k_b / attn_v_b, the selection bias as exp_probs_b); ember's logits against transformers' at f32 (one
+batch, token by token, inside an engine batch, from the prefix cache), with the latent as the cache and
+the queries absorbed; V3's group-limited sigmoid routing and selection bias shown to matter; and the
+errors for bad files and configs."""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf", reason="the gguf package is needed to read converted files")
+
+sys.path.insert(0, os.path.dirname(__file__))
+import hf_tiny  # noqa: E402
+from hf_tiny import hf_reference  # noqa: E402,F401 (a fixture)
+
+from ember import _ember  # noqa: E402
+from ember.convert import convert  # noqa: E402
+from ember.convert_error import ConvertError  # noqa: E402
+
+PROMPT = hf_tiny.LONG_PROMPT
+# deepseek-v3: 3 layers (the first dense), q_lora_rank 48, kv_lora_rank 32, heads of 16 + 8 rotated key
+# dimensions and values of 24, 8 experts in 4 groups (2 chosen from), YaRN; deepseek-v2: 2 layers, plain
+# queries, values of 16, softmax routing.
+MODELS = ["deepseek-v3", "deepseek-v2"]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return hf_tiny.converted(tmp_path_factory, MODELS, "deepseek2")
+
+
+def _rel(got, want):
+    return float(np.abs(np.asarray(got) - want).max() / np.abs(want).max())
+
+
+def _kv_b(sd, layer, nope, v_dim):
+    return sd[f"model.layers.{layer}.self_attn.kv_b_proj.weight"].reshape(4, nope + v_dim, 32)
+
+
+# ------------------------------------------------------------------------------------- the files
+
+
+def test_v3_file(models):
+    _, sd, path = models["deepseek-v3"]
+    kv, t = hf_tiny.gguf_fields(path), hf_tiny.gguf_tensors(path)
+    a = "deepseek2."
+    assert kv["general.architecture"] == "deepseek2"
+    assert kv[a + "attention.head_count_kv"] == 1
+    assert kv[a + "attention.key_length"] == 40 and kv[a + "attention.value_length"] == 32
+    assert kv[a + "attention.key_length_mla"] == 24 and kv[a + "attention.value_length_mla"] == 24
+    assert kv[a + "attention.kv_lora_rank"] == 32 and kv[a + "attention.q_lora_rank"] == 48
+    assert kv[a + "rope.dimension_count"] == 8 and kv[a + "leading_dense_block_count"] == 1
+    assert kv[a + "expert_count"] == 8 and kv[a + "expert_used_count"] == 2 and kv[a + "expert_shared_count"] == 1
+    assert kv[a + "expert_gating_func"] == 2 and kv[a + "expert_weights_norm"] is True
+    assert kv[a + "expert_group_count"] == 4 and kv[a + "expert_group_used_count"] == 2
+    assert kv[a + "expert_weights_scale"] == pytest.approx(2.5)
+    assert kv[a + "rope.scaling.type"] == "yarn" and kv[a + "rope.scaling.factor"] == pytest.approx(4.0)
+    assert kv[a + "rope.scaling.yarn_log_multiplier"] == pytest.approx(0.0707)
+    kv_b = _kv_b(sd, 1, 16, 24)
+    np.testing.assert_array_equal(t["blk.1.attn_k_b.weight"], kv_b[:, :16].swapaxes(1, 2))
+    np.testing.assert_array_equal(t["blk.1.attn_v_b.weight"], kv_b[:, 16:])
+    np.testing.assert_array_equal(t["blk.2.exp_probs_b.bias"], sd["model.layers.2.mlp.gate.e_score_correction_bias"])
+    assert t["blk.1.ffn_gate_exps.weight"].shape == (8, 32, 64) and t["blk.1.ffn_gate_shexp.weight"].shape == (32, 64)
+    # Layer 0 is dense: no router, no experts.
+    assert "blk.0.ffn_gate.weight" in t and "blk.0.ffn_gate_inp.weight" not in t
+    assert "blk.0.attn_kv_b.weight" not in t and "blk.0.attn_q.weight" not in t
+
+
+def test_v2_file(models):
+    _, sd, path = models["deepseek-v2"]
+    kv, t = hf_tiny.gguf_fields(path), hf_tiny.gguf_tensors(path)
+    a = "deepseek2."
+    # Plain queries: q_lora_rank 0, which llama.cpp's loader reads for files of any depth.
+    assert kv[a + "attention.q_lora_rank"] == 0 and "blk.0.attn_q.weight" in t and "blk.0.attn_q_a.weight" not in t
+    assert kv[a + "expert_gating_func"] == 1 and kv[a + "expert_shared_count"] == 2
+    assert a + "expert_weights_norm" not in kv and a + "expert_group_count" not in kv
+    assert a + "rope.scaling.type" not in kv
+    assert "blk.1.exp_probs_b.bias" not in t and t["blk.1.ffn_up_shexp.weight"].shape == (64, 64)
+    np.testing.assert_array_equal(t["blk.1.attn_v_b.weight"], _kv_b(sd, 1, 16, 16)[:, 16:])
+
+
+# ----------------------------------------------------------------------------------- the logits
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("chunk", [64, 1], ids=["batch", "token-by-token"])
+def test_logits_match_transformers(models, hf_reference, name, chunk):
+    want = hf_reference.logits(name, PROMPT)
+    got = hf_tiny.ember_logits(models[name][2], PROMPT, chunk=chunk)
+    assert _rel(got, want) <= 1e-4
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_inside_an_engine_batch(models, hf_reference, name):
+    hf_tiny.check_inside_an_engine_batch(models[name][2], hf_reference, name, "cpu")
+
+
+def test_prefix_cache_serves_the_latent(models, hf_reference):
+    """The second run of the prompt attends over cached latent rows: same tokens and logprobs, and the
+    first token is transformers' choice with its logprob."""
+    path = models["deepseek-v3"][2]
+    engine = _ember.Engine(_ember.Model(path, n_gpu_layers=0), n_ctx=128, max_num_seqs=4, n_threads=2,
+                           type_k="f32", type_v="f32")
+    runs = []
+    for _ in range(2):
+        rid = engine.add_request(PROMPT, temperature=0.0, max_tokens=4, logprobs=0)
+        got = dict(tokens=[], logprobs=[], cached=None)
+        done = False
+        while not done:
+            for o in engine.poll(1.0):
+                assert o.request_id == rid
+                got["tokens"] += o.token_ids
+                got["logprobs"] += o.logprobs
+                if o.finished:
+                    assert o.finish_reason == "length", o.error
+                    got["cached"], done = o.num_cached_tokens, True
+        runs.append(got)
+    engine.close()
+    assert runs[0]["cached"] == 0 and runs[1]["cached"] > 0
+    assert runs[1]["tokens"] == runs[0]["tokens"]
+    np.testing.assert_allclose(runs[1]["logprobs"], runs[0]["logprobs"], rtol=0, atol=1e-5)
+    want = hf_reference.logits("deepseek-v3", PROMPT)[-1]
+    assert runs[0]["tokens"][0] == int(np.argmax(want))
+    assert runs[0]["logprobs"][0] == pytest.approx(hf_tiny.log_softmax(want)[runs[0]["tokens"][0]], abs=1e-4)
+
+
+@pytest.mark.parametrize("drop", [dict(fields={"deepseek2.expert_group_count": None,
+                                                "deepseek2.expert_group_used_count": None}),
+                                  dict(drop=[f"blk.{i}.exp_probs_b.bias" for i in (1, 2)])],
+                         ids=["without-groups", "without-selection-bias"])
+def test_v3_routing_parts_matter(models, hf_reference, tmp_path, drop):
+    """Without its groups or its selection bias the tiny V3 no longer matches transformers: the test
+    above does see them."""
+    path = str(tmp_path / "edited.gguf")
+    hf_tiny.rewritten_gguf(models["deepseek-v3"][2], path, **drop)
+    want = hf_reference.logits("deepseek-v3", PROMPT)
+    assert _rel(hf_tiny.ember_logits(path, PROMPT), want) > 1e-2
+
+
+def test_mtp_block_is_left_unused(models, hf_reference, tmp_path):
+    """A file's multi-token-prediction block (nextn_predict_layers, after the trunk's blocks) is not run."""
+    src = models["deepseek-v2"][2]
+    extra = [(n.replace("blk.1.", "blk.2.", 1), np.ascontiguousarray(a))
+             for n, a in hf_tiny.gguf_tensors(src).items() if n.startswith("blk.1.")]
+    path = str(tmp_path / "mtp.gguf")
+    hf_tiny.rewritten_gguf(src, path, fields={"deepseek2.block_count": 3, "deepseek2.nextn_predict_layers": 1},
+                           extra=extra)
+    want = hf_reference.logits("deepseek-v2", PROMPT)
+    assert _rel(hf_tiny.ember_logits(path, PROMPT), want) <= 1e-4
+
+
+# ------------------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("case, message", [
+    (dict(fields={"deepseek2.attention.kv_lora_rank": None}), "deepseek2.attention.kv_lora_rank is missing"),
+    (dict(fields={"deepseek2.attention.value_length_mla": None}), "deepseek2.attention.value_length_mla is missing"),
+    (dict(drop=["blk.1.attn_k_b.weight"]), "blk.1.attn_k_b.weight"),
+    (dict(drop=["blk.0.attn_k_b.weight", "blk.0.attn_v_b.weight"],
+          extra=[("blk.0.attn_kv_b.weight", np.ones((4 * 40, 32), np.float32))]), "older conversion"),
+    (dict(fields={"deepseek2.attention.head_count_kv": 4}), "head_count_kv must be 1"),
+    (dict(fields={"deepseek2.expert_group_used_count": 5}), "expert_group_used_count 5"),
+    (dict(fields={"deepseek2.expert_gating_func": 3}), "expert_gating_func 3"),
+])
+def test_bad_files_are_refused(models, tmp_path, case, message):
+    path = str(tmp_path / "bad.gguf")
+    hf_tiny.rewritten_gguf(models["deepseek-v3"][2], path, **case)
+    with pytest.raises(Exception, match=message):
+        _ember.Model(path, n_gpu_layers=0)
+
+
+def test_values_are_read_from_the_key_cache(models):
+    """The cache keeps one row a token, read as keys and values: a value type of its own is refused."""
+    m = _ember.Model(models["deepseek-v2"][2], n_gpu_layers=0)
+    with pytest.raises(Exception, match="type_v .* must be type_k"):
+        _ember.Context(m, n_ctx=64, n_batch=64, n_threads=2, type_k="f16", type_v="bf16")
+
+
+@pytest.mark.parametrize("name, edit, message", [
+    ("deepseek-v3", {"kv_lora_rank": None}, "kv_lora_rank"),
+    ("deepseek-v3", {"rope_interleave": False}, "rope_interleave=false"),
+    ("deepseek-v3", {"n_group": 3}, "n_group=3"),
+    ("deepseek-v3", lambda c: c["rope_parameters"].update(mscale=1.0), "mscale 1.0"),
+    ("deepseek-v3", lambda c: c["rope_parameters"].pop("mscale_all_dim"), "'mscale'"),
+    ("deepseek-v2", {"topk_method": "group_limited_greedy", "n_group": 2, "topk_group": 1}, "topk_method"),
+    ("deepseek-v2", {"scoring_func": "sigmoid"}, "scoring_func"),
+])
+def test_bad_configs_are_refused(models, tmp_path, name, edit, message):
+    d = hf_tiny.edited(models[name][0], str(tmp_path / "edited"), edit)
+    with pytest.raises(ConvertError, match=message):
+        convert(d, str(tmp_path / "out.gguf"), "f32", progress=False)
+    assert not os.path.exists(tmp_path / "out.gguf")
