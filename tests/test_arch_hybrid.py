@@ -583,3 +583,26 @@ def test_mixture_missing_checkpoint_tensor_is_named(moe_models, tmp_path, name, 
     d = _without_tensor(src, str(tmp_path / "hf"), tensor, weights)
     with pytest.raises(ConvertError, match=f"missing tensor {tensor}"):
         convert(d, str(tmp_path / "out.gguf"), "f32", progress=False)
+
+
+@pytest.mark.parametrize("name,arch", [("qwen35", "Qwen3_5ForConditionalGeneration"),
+                                       ("qwen35moe", "Qwen3_5MoeForConditionalGeneration")])
+def test_released_multimodal_checkpoint_converts_its_text_model(models, moe_models, hf_reference, tmp_path, name,
+                                                                arch):
+    """Qwen3.5 / 3.6 as released: the text model under model.language_model. beside a vision tower
+    (model.visual.*, not converted) and a config whose text_config describes it: the text model's file."""
+    src, weights, text_path = {**models, **moe_models}[name]
+    d = hf_tiny.edited(src, str(tmp_path / "hf"), lambda c: c.update(
+        {"architectures": [arch], "text_config": {k: v for k, v in c.items() if k != "architectures"}}))
+    os.remove(os.path.join(d, "model.safetensors"))
+    renamed = {("model.language_model." + n[len("model."):] if n.startswith("model.") else n): w
+               for n, w in weights.items()}
+    renamed["model.visual.patch_embed.proj.weight"] = np.random.default_rng().standard_normal((8, 4), np.float32)
+    hf_tiny._write_safetensors(os.path.join(d, "model.safetensors"), renamed, "float32")
+    path = str(tmp_path / "mm.gguf")
+    convert(d, path, "f32", progress=False)
+    got, want = hf_tiny.gguf_tensors(path), hf_tiny.gguf_tensors(text_path)
+    assert sorted(got) == sorted(want)
+    for n in want:
+        np.testing.assert_array_equal(got[n], want[n])
+    assert _rel(hf_tiny.ember_logits(path, PROMPT), hf_reference.logits(name, PROMPT)) <= 1e-4

@@ -67,6 +67,10 @@ _GEMMA4 = dict(qk_norm=True, act="gelu_pytorch_tanh", rope_scalings=("proportion
                tensors=gemma4_tensors)
 _DEEPSEEK2 = ArchSpec("deepseek2", rope_scalings=("yarn",), read_extra=read_deepseek2, yarn_mscale="equal",
                       tensors=deepseek2_tensors, expert_tensors=deepseek2_transformed)
+_QWEN35 = dict(qk_norm=True, tensors=qwen35_tensors, expert_tensors=qwen35_transformed, norm_plus_one=True)
+# Qwen3.5-MoE configs have no intermediate_size: feed_forward_length is the shared expert's width,
+# which read_qwen35moe sets.
+_QWEN35MOE = dict(read_extra=read_qwen35moe, defaults={"intermediate_size": 1}, **_QWEN35)
 ARCHS = {
     "LlamaForCausalLM": _LLAMA,
     "MistralForCausalLM": _LLAMA,
@@ -95,15 +99,12 @@ ARCHS = {
     # Gemma 4 as released (with its vision and audio towers, not converted).
     "Gemma4ForConditionalGeneration": ArchSpec("gemma4", multimodal=True, **_GEMMA4),
     "Cohere2ForCausalLM": ArchSpec("cohere2", read_extra=read_cohere2, layer_map=cohere_layers),
-    "Qwen3_5ForCausalLM": ArchSpec("qwen35", qk_norm=True, read_extra=read_qwen35, tensors=qwen35_tensors,
-                                   expert_tensors=qwen35_transformed, norm_plus_one=True),
-    # Qwen3.5-MoE configs have no intermediate_size: feed_forward_length is the shared expert's width,
-    # which read_qwen35moe sets.
-    "Qwen3_5MoeForCausalLM": ArchSpec("qwen35moe", qk_norm=True, read_extra=read_qwen35moe, tensors=qwen35_tensors,
-                                      expert_tensors=qwen35_transformed, norm_plus_one=True,
-                                      defaults={"intermediate_size": 1}),
-    "Qwen3NextForCausalLM": ArchSpec("qwen3next", qk_norm=True, read_extra=read_qwen3next, tensors=qwen35_tensors,
-                                     expert_tensors=qwen35_transformed, norm_plus_one=True),
+    "Qwen3_5ForCausalLM": ArchSpec("qwen35", read_extra=read_qwen35, **_QWEN35),
+    "Qwen3_5MoeForCausalLM": ArchSpec("qwen35moe", **_QWEN35MOE),
+    # Qwen3.5 / 3.6 as released (with their vision tower, not converted).
+    "Qwen3_5ForConditionalGeneration": ArchSpec("qwen35", multimodal=True, read_extra=read_qwen35, **_QWEN35),
+    "Qwen3_5MoeForConditionalGeneration": ArchSpec("qwen35moe", multimodal=True, **_QWEN35MOE),
+    "Qwen3NextForCausalLM": ArchSpec("qwen3next", read_extra=read_qwen3next, **_QWEN35),
     "NemotronHForCausalLM": ArchSpec("nemotron_h", read_extra=read_nemotron_h, tensors=nemotron_h_tensors,
                                      expert_tensors=nemotron_h_transformed, complete=complete_nemotron_h,
                                      variant=nemotron_h_variant,
@@ -128,7 +129,8 @@ _IGNORED_RE = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
 # Where multimodal checkpoints keep the language model (transformers >= 4.52, then older), and
 # the parts of them that are not the language model.
 _MM_TEXT_PREFIXES = ("model.language_model.", "language_model.model.")
-_MM_OTHER_RE = re.compile(r"^(model\.)?(vision_tower|multi_modal_projector|audio_tower|embed_vision|embed_audio)\.")
+_MM_OTHER_RE = re.compile(
+    r"^(model\.)?(vision_tower|visual|multi_modal_projector|audio_tower|embed_vision|embed_audio)\.")
 # The output head sits beside the language model (transformers >= 4.52) or in it (older).
 _MM_HEAD_RE = re.compile(r"^(language_model\.)?lm_head\.weight$")
 
