@@ -26,11 +26,21 @@ PROMPT = hf_tiny.LONG_PROMPT
 # qwen35: DeltaNet layers 0, 1, 3 and gated attention in layer 2, 2 k heads and 4 v heads of 16;
 # qwen35-narrow-v: a DeltaNet layer with v heads of 8 and an attention layer.
 MODELS = ["qwen35", "qwen35-narrow-v"]
+# Qwen3.5/3.6 MoE and Qwen3-Next: the same layers, each followed by routed experts beside a shared expert
+# scaled by sigmoid(ffn_gate_inp_shexp . x). qwen35moe: DeltaNet layers 0, 1, 3 and gated attention in
+# layer 2; qwen3next: DeltaNet layers 0 and 2, attention in layer 1, its v heads grouped by k head. Both:
+# 2 k heads and 4 v heads of 16, 4 experts of 32 (top 2), a shared expert of 48.
+MOE_MODELS = ["qwen35moe", "qwen3next"]
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     return hf_tiny.converted(tmp_path_factory, MODELS, "hybrid")
+
+
+@pytest.fixture(scope="module")
+def moe_models(tmp_path_factory):
+    return hf_tiny.converted(tmp_path_factory, MOE_MODELS, "hybrid_moe")
 
 
 def _rel(got, want):
@@ -95,12 +105,12 @@ def test_qwen35_file(models):
 # ------------------------------------------------------------------------------------- logits
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", MODELS + MOE_MODELS)
 @pytest.mark.parametrize("chunk", [64, 1, 7])
-def test_logits_match_transformers(models, hf_reference, name, chunk):
+def test_logits_match_transformers(models, moe_models, hf_reference, name, chunk):
     """One batch, token by token, and chunks of 7 carrying the state between them."""
     want = hf_reference.logits(name, PROMPT)
-    got = hf_tiny.ember_logits(models[name][2], PROMPT, chunk=chunk)
+    got = hf_tiny.ember_logits({**models, **moe_models}[name][2], PROMPT, chunk=chunk)
     rel = _rel(got, want)
     assert rel <= 1e-4, f"{name} chunk {chunk}: max|diff|/max|ref| = {rel:.2e}"
 
@@ -196,10 +206,11 @@ def test_snapshots_take_at_most_their_memory(models):
 # ------------------------------------------------------------------------------------- refusals and bad input
 
 
-def test_inside_an_engine_batch(models, hf_reference):
+@pytest.mark.parametrize("name", ["qwen35"] + MOE_MODELS)
+def test_inside_an_engine_batch(models, moe_models, hf_reference, name):
     """The prompt's logprobs among other sequences' steps are transformers': each sequence runs on
-    its own recurrent state slot."""
-    hf_tiny.check_inside_an_engine_batch(models["qwen35"][2], hf_reference, "qwen35", "cpu")
+    its own recurrent state slot (and its own routed experts)."""
+    hf_tiny.check_inside_an_engine_batch({**models, **moe_models}[name][2], hf_reference, name, "cpu")
 
 
 def test_engine_preempts_cancels_and_frees_every_slot(models):
@@ -381,16 +392,6 @@ def test_bad_config_gives_clear_error(models, tmp_path, changes, needle):
 
 
 # ------------------------------------------------------------------------------------- mixtures
-# Qwen3.5/3.6 MoE and Qwen3-Next: the same layers, each followed by routed experts beside a shared expert
-# scaled by sigmoid(ffn_gate_inp_shexp . x). qwen35moe: DeltaNet layers 0, 1, 3 and gated attention in
-# layer 2; qwen3next: DeltaNet layers 0 and 2, attention in layer 1, its v heads grouped by k head. Both:
-# 2 k heads and 4 v heads of 16, 4 experts of 32 (top 2), a shared expert of 48.
-MOE_MODELS = ["qwen35moe", "qwen3next"]
-
-
-@pytest.fixture(scope="module")
-def moe_models(tmp_path_factory):
-    return hf_tiny.converted(tmp_path_factory, MOE_MODELS, "hybrid_moe")
 
 
 def _check_mixture(kv, t, sd, arch, layers):
@@ -452,23 +453,6 @@ def test_qwen3next_file(moe_models):
 
 
 # ------------------------------------------------------------------------------------- logits
-
-
-@pytest.mark.parametrize("name", MOE_MODELS)
-@pytest.mark.parametrize("chunk", [64, 1, 7])
-def test_mixture_logits_match_transformers(moe_models, hf_reference, name, chunk):
-    """One batch, token by token, and chunks of 7 carrying the state between them."""
-    want = hf_reference.logits(name, PROMPT)
-    got = hf_tiny.ember_logits(moe_models[name][2], PROMPT, chunk=chunk)
-    rel = _rel(got, want)
-    assert rel <= 1e-4, f"{name} chunk {chunk}: max|diff|/max|ref| = {rel:.2e}"
-
-
-@pytest.mark.parametrize("name", MOE_MODELS)
-def test_mixture_inside_an_engine_batch(moe_models, hf_reference, name):
-    """The prompt's logprobs among other sequences' steps are transformers': each sequence runs on its own
-    recurrent state slot and its own routed experts."""
-    hf_tiny.check_inside_an_engine_batch(moe_models[name][2], hf_reference, name, "cpu")
 
 
 @pytest.mark.parametrize("name", MOE_MODELS)
