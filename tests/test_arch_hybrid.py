@@ -264,14 +264,13 @@ def _run(engine, prompt, **kw):
     return tokens, lps
 
 
-@pytest.mark.parametrize("interval", [16, 32])
-def test_engine_resumes_a_cached_prefix_from_its_kept_state(models, hf_reference, interval):
+@pytest.mark.parametrize("name,interval", [("qwen35", 16), ("qwen35", 32), ("qwen35moe", 16), ("qwen3next", 32)])
+def test_engine_resumes_a_cached_prefix_from_its_kept_state(models, moe_models, hf_reference, name, interval):
     """The engine keeps each sequence's recurrent state every `interval` tokens: a second request
     sharing a prefix with the first is served from the cache up to the last kept state in it (the
     tokens after are computed), with the greedy tokens of an engine that caches nothing, and its
     tokens' logprobs are transformers'."""
-    path = models["qwen35"][2]
-    m = _ember.Model(path, n_gpu_layers=0)
+    m = _ember.Model({**models, **moe_models}[name][2], n_gpu_layers=0)
     kw = dict(n_ctx=96, max_num_seqs=2, max_num_batched_tokens=64, n_threads=2, type_k="f32", type_v="f32",
               kv_block_size=16)
     engine = _ember.Engine(m, state_snapshot_interval=interval, **kw)
@@ -285,7 +284,7 @@ def test_engine_resumes_a_cached_prefix_from_its_kept_state(models, hf_reference
     assert engine.stats()["cached_prompt_tokens"] - before == 36 // interval * interval
     assert got == _run(plain, second, max_tokens=6)[0]
     _, lps = _run(engine, PROMPT, max_tokens=1, prompt_logprobs=True)
-    want = hf_tiny.log_softmax(hf_reference.logits("qwen35", PROMPT))
+    want = hf_tiny.log_softmax(hf_reference.logits(name, PROMPT))
     assert np.allclose(lps, [want[i, PROMPT[i + 1]] for i in range(len(PROMPT) - 1)], atol=1e-4)
     engine.close()
     plain.close()
@@ -334,20 +333,27 @@ def test_multi_token_prediction_block_is_loaded_not_run(models, hf_reference, tm
     assert _rel(got, hf_reference.logits("qwen35", PROMPT)) <= 1e-4
 
 
-def test_checkpoint_with_a_multi_token_prediction_block(models, hf_reference, tmp_path):
-    """mtp_num_hidden_layers 1 and the mtp.* tensors: the block after the trunk, in llama.cpp's names
-    (its (1 + w) norms summed), nextn_predict_layers 1, and the trunk's logits unchanged."""
-    rng = np.random.default_rng()
+def _mtp_checkpoint_tensors(mlp):
+    """Random mtp.* tensors of a tiny model's MTP head: its block of one gated attention and the
+    feed-forward or mixture `mlp` (checkpoint name -> shape)."""
     E, D = 64, 16
     shapes = {"mtp.fc.weight": (E, 2 * E), "mtp.pre_fc_norm_embedding.weight": (E,),
               "mtp.pre_fc_norm_hidden.weight": (E,), "mtp.norm.weight": (E,)}
     layer = {"input_layernorm.weight": (E,), "post_attention_layernorm.weight": (E,),
              "self_attn.q_proj.weight": (2 * 4 * D, E), "self_attn.k_proj.weight": (2 * D, E),
              "self_attn.v_proj.weight": (2 * D, E), "self_attn.o_proj.weight": (E, 4 * D),
-             "self_attn.q_norm.weight": (D,), "self_attn.k_norm.weight": (D,), "mlp.gate_proj.weight": (160, E),
-             "mlp.up_proj.weight": (160, E), "mlp.down_proj.weight": (E, 160)}
+             "self_attn.q_norm.weight": (D,), "self_attn.k_norm.weight": (D,), **mlp}
     shapes.update({"mtp.layers.0." + n: s for n, s in layer.items()})
-    mtp = {n: (0.1 * rng.standard_normal(s)).astype(np.float32) for n, s in shapes.items()}
+    rng = np.random.default_rng()
+    return {n: (0.1 * rng.standard_normal(s)).astype(np.float32) for n, s in shapes.items()}
+
+
+def test_checkpoint_with_a_multi_token_prediction_block(models, hf_reference, tmp_path):
+    """mtp_num_hidden_layers 1 and the mtp.* tensors: the block after the trunk, in llama.cpp's names
+    (its (1 + w) norms summed), nextn_predict_layers 1, and the trunk's logits unchanged."""
+    E = 64
+    mtp = _mtp_checkpoint_tensors({"mlp.gate_proj.weight": (160, E), "mlp.up_proj.weight": (160, E),
+                                   "mlp.down_proj.weight": (E, 160)})
     d = _with_config(models, tmp_path, mtp_num_hidden_layers=1)
     hf_tiny._write_safetensors(os.path.join(d, "mtp.safetensors"), mtp, "float32")
     path = str(tmp_path / "mtp.gguf")
@@ -455,26 +461,6 @@ def test_qwen3next_file(moe_models):
 # ------------------------------------------------------------------------------------- logits
 
 
-@pytest.mark.parametrize("name", MOE_MODELS)
-def test_mixture_engine_resumes_a_cached_prefix(moe_models, hf_reference, name):
-    """A second request sharing a 32-token prefix resumes from the state kept at token 32, with the greedy
-    tokens of an engine that caches nothing."""
-    m = _ember.Model(moe_models[name][2], n_gpu_layers=0)
-    kw = dict(n_ctx=96, max_num_seqs=2, max_num_batched_tokens=64, n_threads=2, type_k="f32", type_v="f32",
-              kv_block_size=16)
-    engine = _ember.Engine(m, state_snapshot_interval=16, **kw)
-    plain = _ember.Engine(m, enable_prefix_caching=False, **kw)
-    rng = np.random.default_rng()
-    _run(engine, PROMPT[:36] + [int(t) for t in rng.integers(3, 390, size=6)], max_tokens=4)
-    before = engine.stats()["cached_prompt_tokens"]
-    second = PROMPT[:36] + [int(t) for t in rng.integers(3, 390, size=5)]
-    got, _ = _run(engine, second, max_tokens=6)
-    assert engine.stats()["cached_prompt_tokens"] - before == 32
-    assert got == _run(plain, second, max_tokens=6)[0]
-    engine.close()
-    plain.close()
-
-
 # ------------------------------------------------------------------------------------- MTP
 
 
@@ -485,21 +471,14 @@ def test_mixture_checkpoint_with_a_multi_token_prediction_block(moe_models, hf_r
                                                                 n_layer):
     """The mtp.* tensors (a mixture block of their own): the block after the trunk in llama.cpp's names,
     nextn_predict_layers 1; the file loads and the trunk's logits are unchanged."""
-    rng = np.random.default_rng()
-    E, D = 64, 16
-    shapes = {"mtp.fc.weight": (E, 2 * E), "mtp.pre_fc_norm_embedding.weight": (E,),
-              "mtp.pre_fc_norm_hidden.weight": (E,), "mtp.norm.weight": (E,)}
-    layer = {"input_layernorm.weight": (E,), "post_attention_layernorm.weight": (E,),
-             "self_attn.q_proj.weight": (2 * 4 * D, E), "self_attn.k_proj.weight": (2 * D, E),
-             "self_attn.v_proj.weight": (2 * D, E), "self_attn.o_proj.weight": (E, 4 * D),
-             "self_attn.q_norm.weight": (D,), "self_attn.k_norm.weight": (D,), "mlp.gate.weight": (4, E),
-             "mlp.shared_expert.gate_proj.weight": (48, E), "mlp.shared_expert.up_proj.weight": (48, E),
-             "mlp.shared_expert.down_proj.weight": (E, 48), "mlp.shared_expert_gate.weight": (1, E)}
+    E = 64
+    mlp = {"mlp.gate.weight": (4, E), "mlp.shared_expert.gate_proj.weight": (48, E),
+           "mlp.shared_expert.up_proj.weight": (48, E), "mlp.shared_expert.down_proj.weight": (E, 48),
+           "mlp.shared_expert_gate.weight": (1, E)}
     for e in range(4):
-        layer.update({f"mlp.experts.{e}.gate_proj.weight": (32, E), f"mlp.experts.{e}.up_proj.weight": (32, E),
-                      f"mlp.experts.{e}.down_proj.weight": (E, 32)})
-    shapes.update({"mtp.layers.0." + n: s for n, s in layer.items()})
-    mtp = {n: (0.1 * rng.standard_normal(s)).astype(np.float32) for n, s in shapes.items()}
+        mlp.update({f"mlp.experts.{e}.gate_proj.weight": (32, E), f"mlp.experts.{e}.up_proj.weight": (32, E),
+                    f"mlp.experts.{e}.down_proj.weight": (E, 32)})
+    mtp = _mtp_checkpoint_tensors(mlp)
     d = hf_tiny.edited(moe_models[name][0], str(tmp_path / "hf"), config)
     hf_tiny._write_safetensors(os.path.join(d, "mtp.safetensors"), mtp, "float32")
     path = str(tmp_path / "mtp.gguf")
