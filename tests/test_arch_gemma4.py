@@ -161,7 +161,7 @@ def test_multimodal_checkpoint_converts_to_the_text_model(model, tmp_path):
 
 
 @pytest.mark.parametrize("changes,needle", [
-    (dict(enable_moe_block=True), "enable_moe_block=true (the mixture-of-experts variant) is not supported"),
+    (dict(enable_moe_block=True), "'num_experts' must be a positive integer, got None"),
     (dict(num_kv_shared_layers=6), "'num_kv_shared_layers' must be in [0, 6)"),
     (dict(vocab_size_per_layer_input=300), "vocab_size_per_layer_input=300 must equal vocab_size=400"),
     (dict(layer_types=["sliding_attention"] * 5), "'layer_types' must list num_hidden_layers=6"),

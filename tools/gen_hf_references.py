@@ -140,6 +140,13 @@ MODELS = {
         use_double_wide_mlp=True, hidden_size_per_layer_input=0,
         layer_types=["sliding_attention", "sliding_attention", "full_attention"] + ["sliding_attention",
                                                                                       "full_attention"])),
+    # tests/test_arch_gemma4_moe.py: Gemma 4 26B-A4B's mixture: 4 layers alternating sliding and global ones
+    # (values from the keys' projection), each a dense MLP of 96 beside 4 GeGLU experts of 32, top 2.
+    "gemma4-moe": Tiny("gemma4", "spm-nodummy", 28, tied=True, prompt=_LONG, overrides=dict(
+        num_hidden_layers=4, intermediate_size=96, sliding_window=8, global_head_dim=32, attention_k_eq_v=True,
+        num_global_key_value_heads=1, num_kv_shared_layers=0, hidden_size_per_layer_input=0,
+        final_logit_softcapping=1.0, enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
+        layer_types=["sliding_attention", "full_attention"] * 2)),
     # tests/test_arch_llama4.py: Llama 4 with 4 layers (chunks of 8 on layers 0-2, layer 3 NoPE with the
     # attention temperature every 8 positions), mixture layers 1 and 3 (4 experts, top 1, a shared
     # expert) between dense ones; and Command R+ (Command R with per-head q/k LayerNorms).

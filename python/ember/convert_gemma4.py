@@ -3,10 +3,14 @@ their own head size and KV heads (key_length / key_length_swa, a per-layer head_
 differ), the global layers' proportional rope as rope_freqs.weight (1 for the rotated pairs, 1e30 for
 the rest), KV shared by the last layers (they have no K/V tensors; with use_double_wide_mlp,
 feed-forwards twice as wide: a per-layer feed_forward_length), per-layer embeddings and each layer's
-layer_scalar. Norm weights are stored as they are (Gemma 4's RMSNorm has no 1 + w)."""
+layer_scalar. Norm weights are stored as they are (Gemma 4's RMSNorm has no 1 + w). The mixture
+(enable_moe_block, 26B-A4B): every layer's router (ffn_gate_inp.weight and .scale), its experts' fused
+gate_up_proj as ffn_gate_up_exps, down_proj as ffn_down_exps, per_expert_scale as ffn_down_exps.scale,
+and the extra norms pre_ffw_norm_2, post_ffw_norm_1 and post_ffw_norm_2."""
 import numpy as np
 
 from .convert_error import ConvertError
+from .convert_moe import Experts
 from .convert_rope import split_rope_params
 
 
@@ -38,10 +42,18 @@ def _positive_int(value, what, path):
     return value
 
 
+def _read_experts(config, path):
+    n_expert = _positive_int(config.get("num_experts"), "'num_experts'", path)
+    n_used = _positive_int(config.get("top_k_experts"), "'top_k_experts'", path)
+    if n_used > n_expert:
+        raise ConvertError(f"{path}: top_k_experts={n_used} exceeds num_experts={n_expert}")
+    return Experts(n_expert, n_used, _positive_int(config.get("moe_intermediate_size"), "'moe_intermediate_size'",
+                                                   path))
+
+
 def read_gemma4(config, hp, path):
     if config.get("enable_moe_block"):
-        raise ConvertError(f"{path}: enable_moe_block=true (the mixture-of-experts variant) is not supported for "
-                           "gemma4 yet")
+        hp.experts = _read_experts(config, path)
     if config.get("use_bidirectional_attention") == "all":
         raise ConvertError(f"{path}: use_bidirectional_attention='all' is not supported for gemma4")
     sliding = _layer_types(config, hp.n_layer, path)
@@ -142,6 +154,18 @@ def gemma4_tensors(hp):
             # attention_k_eq_v: the global layers' values are their keys' projection.
             if not (f["k_eq_v"] and not hp.swa_pattern[i]):
                 layer["self_attn.v_proj.weight"] = ("attn_v.weight", (kv, E))
+        if hp.experts:
+            X, FX = hp.experts.n_expert, hp.experts.n_ff
+            layer.update({
+                "router.proj.weight": ("ffn_gate_inp.weight", (X, E)),
+                "router.scale": ("ffn_gate_inp.scale", (E,)),
+                "router.per_expert_scale": ("ffn_down_exps.scale", (X,)),
+                "experts.gate_up_proj": ("ffn_gate_up_exps.weight", (X, 2 * FX, E)),
+                "experts.down_proj": ("ffn_down_exps.weight", (X, E, FX)),
+                "pre_feedforward_layernorm_2.weight": ("pre_ffw_norm_2.weight", (E,)),
+                "post_feedforward_layernorm_1.weight": ("post_ffw_norm_1.weight", (E,)),
+                "post_feedforward_layernorm_2.weight": ("post_ffw_norm_2.weight", (E,)),
+            })
         if P:
             layer["per_layer_input_gate.weight"] = ("inp_gate.weight", (P, E))
             layer["per_layer_projection.weight"] = ("proj.weight", (E, P))

@@ -73,6 +73,11 @@ enum class Role : int {
     mla_kv_a_norm,
     mla_k_b, // per head [n_head][kv_lora_rank][qk_nope] (the latent's key projection, transposed: queries go
     mla_v_b, // through it) and [n_head][v_head_dim][kv_lora_rank] (its value projection), stacked 3-D
+    router_scale, // Gemma 4's mixture: the router's input scale [n_embd], each expert's output scale [n_expert],
+    down_exps_scale,
+    ffn_norm_2, // the norm before the experts, and the norms after the dense MLP and after the experts
+    post_ffn_norm_1,
+    post_ffn_norm_2,
     count
 };
 constexpr int kRoles = static_cast<int>(Role::count);

@@ -2,8 +2,10 @@
 // own head size and KV heads, RMS-normed values (no scale), KV shared by the last layers (each reads
 // the last earlier layer of its kind), per-layer embeddings, a per-layer factor on the hidden state,
 // unscaled attention and soft-capped logits. GGUF conventions are llama.cpp's (plain norm weights,
-// the global layers' proportional rope as rope_freqs.weight).
+// the global layers' proportional rope as rope_freqs.weight). The mixture (26B-A4B) adds to each
+// layer's dense MLP a mixture of GeGLU experts beside it, each with norms of its own.
 #include <cmath>
+#include <vector>
 
 #include "ember/status.h"
 #include "model/arch/arch_common.h"
@@ -24,13 +26,98 @@ float layer_scale(const GGUFFile& f, int32_t l) {
     return s;
 }
 
+// The experts' part of a mixture layer: out = experts(rmsnorm(x) * pre_ffw_norm_2), routed by
+// softmax over router(rmsnorm(x) * router_scale / sqrt(n_embd)), the chosen weights renormalized and
+// multiplied by each expert's output scale. Composed from the contract's primitives because its moe
+// op feeds the router the experts' own normed rows and has no per-expert scale. The experts' gate
+// and up are one fused matrix per expert (gate rows first), split by gathering each output row's halves.
+void gemma4_experts(const BlockRun& r, float* router_in, float* out) {   // router_in may be out
+    Backend& be = r.be;
+    const HParams& hp = r.hp;
+    const BlockBuffers& b = r.buf;
+    const int32_t n = r.n_tok, X = hp.n_expert, U = hp.n_expert_used;
+    const int64_t E = hp.n_embd, F = hp.n_ff_exp, rows = (int64_t)n * U;
+    if (r.experts) fail("gemma4: the experts run on their block's backend (no placement of experts apart)");
+    MoeWeights m;
+    m.router = r.w.m(Role::router);
+    m.n_expert = X, m.n_used = U;
+    m.gating = MoeGating::softmax;
+    m.norm_topk = true;
+
+    float* logits = b.moe;
+    auto* ids = reinterpret_cast<int32_t*>(logits + (int64_t)n * X);
+    float* weights = logits + (int64_t)n * X + rows;
+    auto* grp_rows = reinterpret_cast<int32_t*>(weights + rows);
+    float* grp_w = weights + 2 * rows;
+    auto* halves = reinterpret_cast<int32_t*>(weights + 3 * rows);   // [n] even rows, then [n] odd
+    float* xg = weights + 3 * rows + 2 * n;
+    float* gate_up = xg + rows * E;
+    float* gate = gate_up + 2 * (int64_t)n * F;
+    float* up = gate + (int64_t)n * F;
+    if (up + (int64_t)n * F > b.moe + moe_scratch_floats(n, E, F, X, U))
+        fail("gemma4: the experts' scratch exceeds moe_scratch_floats");
+
+    be.rmsnorm(r.x, r.w.v(Role::router_scale), n, (int32_t)E, hp.rms_eps, router_in);
+    be.scale_softcap(router_in, n * E, 1.0f / std::sqrt((float)E), 0.0f);
+    be.matmul(*m.router, router_in, n, logits);
+    be.moe_route(m, logits, n, ids, weights);
+    be.rmsnorm(r.x, r.w.v(Role::ffn_norm_2), n, (int32_t)E, hp.rms_eps, b.xn);
+
+    std::vector<int32_t> ids_h(rows);
+    std::vector<float> w_h(rows);
+    be.copy_to_host(ids_h.data(), ids, rows * sizeof(int32_t));
+    be.copy_to_host(w_h.data(), weights, rows * sizeof(float));
+    MoeGroups g = moe_groups(ids_h.data(), w_h.data(), n, U, X);
+    if (const float* s = r.w.v(Role::down_exps_scale)) {
+        std::vector<float> scale(X);
+        be.copy_to_host(scale.data(), s, X * sizeof(float));
+        for (int32_t e = 0; e < X; ++e)
+            for (int64_t i = g.first[e]; i < g.first[e + 1]; ++i) g.weight[i] *= scale[e];
+    }
+    be.copy_from_host(grp_rows, g.tok.data(), rows * sizeof(int32_t));
+    be.copy_from_host(grp_w, g.weight.data(), rows * sizeof(float));
+    std::vector<int32_t> halves_h(2 * (size_t)n);
+    for (int32_t i = 0; i < n; ++i) halves_h[i] = 2 * i, halves_h[n + i] = 2 * i + 1;
+    be.copy_from_host(halves, halves_h.data(), halves_h.size() * sizeof(int32_t));
+    const std::vector<float> zeros(n * E, 0.0f);
+    be.copy_from_host(out, zeros.data(), zeros.size() * sizeof(float));
+
+    const Weight &gu = *r.w.m(Role::gate_exps), &down = *r.w.m(Role::down_exps);
+    for (int32_t e = 0; e < X; ++e) {
+        const int64_t at = g.first[e];
+        const int32_t c = (int32_t)(g.first[e + 1] - at);
+        if (c == 0) continue;
+        float* x_e = xg + at * E;
+        be.gather_rows(b.xn, grp_rows + at, c, E, x_e);
+        be.matmul(expert_matrix(gu, e), x_e, c, gate_up);
+        // Row t of gate_up is rows 2t (gate) and 2t + 1 (up) of it read as [2c][F].
+        be.gather_rows(gate_up, halves, c, F, gate);
+        be.gather_rows(gate_up, halves + n, c, F, up);
+        be.gated_act(Activation::GeLUTanh, gate, up, c * F, gate);
+        be.matmul(expert_matrix(down, e), gate, c, x_e);
+        be.scatter_add_rows(out, x_e, grp_rows + at, grp_w + at, c, E);
+    }
+}
+
 }  // namespace
 
 class Gemma4Arch final : public Architecture {
 public:
     void read_hparams(const GGUFFile& f, HParams& hp) const override {
         hp.rope_neox = true;
-        check_experts(f, hp, /*allowed=*/false, /*required=*/false);
+        check_experts(f, hp, /*allowed=*/true, /*required=*/false);
+        if (hp.n_expert == 0 && f.find_tensor("blk.0.ffn_gate_inp.weight"))
+            fail(f.path(), ": tensor 'blk.0.ffn_gate_inp.weight' (a mixture's router) but no gemma4.expert_count");
+        // Every layer of a mixture has its experts, their gate and up fused as llama.cpp's converter writes them.
+        for (int32_t l = 0; l < hp.n_layer && hp.n_expert > 0; ++l) {
+            const std::string p = "blk." + std::to_string(l) + ".";
+            if (!f.find_tensor(p + "ffn_gate_up_exps.weight"))
+                fail(f.path(), ": gemma4 has ", hp.n_expert, " experts but tensor '", p,
+                     "ffn_gate_up_exps.weight' is missing",
+                     f.find_tensor(p + "ffn_gate_exps.weight") ? " (separate ffn_gate_exps / ffn_up_exps are not "
+                                                                 "supported: the experts' gate and up must be fused)"
+                                                               : "");
+        }
         if (!f.find("gemma4.attention.sliding_window_pattern"))
             fail(f.path(), ": gemma4.attention.sliding_window_pattern is missing (which layers slide)");
         read_swa_pattern(f, "gemma4", 1, hp);
@@ -100,6 +187,20 @@ public:
             // Absent where the values are the keys' projection (attention_k_eq_v).
             t.push_back({Role::wv, "attn_v.weight", {E, KW}, /*optional=*/true});
         }
+        if (hp.n_expert > 0) {
+            const int64_t X = hp.n_expert, FX = hp.n_ff_exp;
+            const std::vector<TensorSpec> moe = {
+                {Role::router, "ffn_gate_inp.weight", {E, X}},
+                {Role::router_scale, "ffn_gate_inp.scale", {E}},
+                {Role::gate_exps, "ffn_gate_up_exps.weight", {E, 2 * FX, X}},
+                {Role::down_exps, "ffn_down_exps.weight", {FX, E, X}},
+                {Role::down_exps_scale, "ffn_down_exps.scale", {X}, /*optional=*/true},
+                {Role::ffn_norm_2, "pre_ffw_norm_2.weight", {E}},
+                {Role::post_ffn_norm_1, "post_ffw_norm_1.weight", {E}},
+                {Role::post_ffn_norm_2, "post_ffw_norm_2.weight", {E}},
+            };
+            t.insert(t.end(), moe.begin(), moe.end());
+        }
         if (P > 0) {
             t.push_back({Role::ple_gate, "inp_gate.weight", {E, P}});
             t.push_back({Role::ple_proj, "proj.weight", {P, E}});
@@ -157,6 +258,13 @@ public:
         be.attn_out(r.kv, sh, *r.w.m(Role::wo), n, b, r.out_a);
         be.rmsnorm(r.out_a, r.w.v(Role::post_attn_norm), n, E, eps, r.out_b);
         be.ffn(ffn_weights(r, Activation::GeLUTanh), r.x, r.out_b, n, b, r.out_a);
+        if (r.hp.n_expert > 0) {
+            // The dense MLP and the experts read the same residual x, each normed after its output.
+            be.rmsnorm(r.out_a, r.w.v(Role::post_ffn_norm_1), n, E, eps, r.out_a);
+            gemma4_experts(r, r.out_b, r.out_b);
+            be.rmsnorm(r.out_b, r.w.v(Role::post_ffn_norm_2), n, E, eps, r.out_b);
+            be.add(r.out_a, r.out_b, nE);
+        }
         be.rmsnorm(r.out_a, r.w.v(Role::post_ffn_norm), n, E, eps, r.out_b);
         if (r.per_layer) {
             be.add(r.x, r.out_b, nE);
