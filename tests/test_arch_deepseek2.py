@@ -1,9 +1,10 @@
-"""DeepSeek V2 and V3 (deepseek2): tiny random transformers models converted by ember-convert. The GGUF keys
-and tensors as llama.cpp's converter writes them (one KV head of kv_lora_rank + rope, kv_b_proj split into
-attn_k_b / attn_v_b, the selection bias as exp_probs_b); ember's logits against transformers' at f32 (one
-batch, token by token, inside an engine batch, from the prefix cache), with the latent as the cache and
-the queries absorbed; V3's group-limited sigmoid routing and selection bias shown to matter; and the
-errors for bad files and configs."""
+"""DeepSeek V2 and V3 and GLM-4.7-Flash (deepseek2): tiny random transformers models converted by
+ember-convert. The GGUF keys and tensors as llama.cpp's converter writes them (one KV head of kv_lora_rank +
+rope, kv_b_proj split into attn_k_b / attn_v_b, the selection bias as exp_probs_b); ember's logits against
+transformers' at f32 (one batch, token by token, inside an engine batch, from the prefix cache), with the
+latent as the cache and the queries absorbed; V3's group-limited sigmoid routing and selection bias shown to
+matter; the routing of files without expert_gating_func guessed as llama.cpp guesses it; a placement on the
+GPU refused at load; and the errors for bad files and configs."""
 import os
 import sys
 
@@ -23,8 +24,9 @@ from ember.convert_error import ConvertError  # noqa: E402
 PROMPT = hf_tiny.LONG_PROMPT
 # deepseek-v3: 3 layers (the first dense), q_lora_rank 48, kv_lora_rank 32, heads of 16 + 8 rotated key
 # dimensions and values of 24, 8 experts in 4 groups (2 chosen from), YaRN; deepseek-v2: 2 layers, plain
-# queries, values of 16, softmax routing.
-MODELS = ["deepseek-v3", "deepseek-v2"]
+# queries, values of 16, softmax routing; glm-4.7-flash: Glm4MoeLiteForCausalLM, V3's attention, one group,
+# the dense layer named by mlp_layer_types.
+MODELS = ["deepseek-v3", "deepseek-v2", "glm-4.7-flash"]
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +82,22 @@ def test_v2_file(models):
     assert a + "rope.scaling.type" not in kv
     assert "blk.1.exp_probs_b.bias" not in t and t["blk.1.ffn_up_shexp.weight"].shape == (64, 64)
     np.testing.assert_array_equal(t["blk.1.attn_v_b.weight"], _kv_b(sd, 1, 16, 16)[:, 16:])
+
+
+def test_glm_file(models):
+    """GLM-4.7-Flash converts as llama.cpp's converter writes it: a deepseek2 file with sigmoid routing, its
+    selection bias, renormalized weights and no groups."""
+    _, sd, path = models["glm-4.7-flash"]
+    kv, t = hf_tiny.gguf_fields(path), hf_tiny.gguf_tensors(path)
+    a = "deepseek2."
+    assert kv["general.architecture"] == "deepseek2" and kv[a + "leading_dense_block_count"] == 1
+    assert kv[a + "expert_gating_func"] == 2 and kv[a + "expert_weights_norm"] is True
+    assert kv[a + "expert_weights_scale"] == pytest.approx(1.8) and kv[a + "expert_shared_count"] == 1
+    assert a + "expert_group_count" not in kv and a + "rope.scaling.type" not in kv
+    assert kv[a + "attention.q_lora_rank"] == 48 and kv[a + "vocab_size"] == t["token_embd.weight"].shape[0]
+    np.testing.assert_array_equal(t["blk.2.exp_probs_b.bias"], sd["model.layers.2.mlp.gate.e_score_correction_bias"])
+    np.testing.assert_array_equal(t["blk.2.attn_v_b.weight"], _kv_b(sd, 2, 16, 24)[:, 16:])
+    assert "blk.0.ffn_gate.weight" in t and "blk.0.ffn_gate_inp.weight" not in t
 
 
 # ----------------------------------------------------------------------------------- the logits
@@ -152,6 +170,60 @@ def test_mtp_block_is_left_unused(models, hf_reference, tmp_path):
     assert _rel(hf_tiny.ember_logits(path, PROMPT), want) <= 1e-4
 
 
+# ------------------------------------------------------------------------- files without expert_gating_func
+
+
+def test_v2_file_without_gating_routes_by_softmax(models, hf_reference, tmp_path):
+    """DeepSeek V2 / V2.5 files written before the key route by softmax, as llama.cpp reads them."""
+    path = str(tmp_path / "old.gguf")
+    hf_tiny.rewritten_gguf(models["deepseek-v2"][2], path, fields={"deepseek2.expert_gating_func": None})
+    want = hf_reference.logits("deepseek-v2", PROMPT)
+    assert _rel(hf_tiny.ember_logits(path, PROMPT), want) <= 1e-4
+
+
+def test_glm_shape_without_gating_routes_by_sigmoid(models, tmp_path):
+    """GLM-4.7-Flash's shape (47 trunk layers, 154880 tokens by vocab_size) routes by sigmoid without the key,
+    as llama.cpp guesses: the tiny GLM made 47 layers deep by repeating its last block."""
+    src = models["glm-4.7-flash"][2]
+    blk2 = [(n, np.ascontiguousarray(a)) for n, a in hf_tiny.gguf_tensors(src).items() if n.startswith("blk.2.")]
+    extra = [(n.replace("blk.2.", f"blk.{i}.", 1), a) for i in range(3, 47) for n, a in blk2]
+    ids = PROMPT[:6]
+    logits = {}
+    for gating in (None, 1, 2):
+        path = str(tmp_path / f"deep-{gating}.gguf")
+        hf_tiny.rewritten_gguf(src, path, fields={"deepseek2.block_count": 47, "deepseek2.vocab_size": 154880,
+                                                  "deepseek2.expert_gating_func": gating}, extra=extra)
+        logits[gating] = hf_tiny.ember_logits(path, ids)
+    np.testing.assert_array_equal(logits[None], logits[2])
+    assert _rel(logits[1], logits[2]) > 1e-3
+
+
+def test_selection_bias_without_gating_is_refused(models, tmp_path):
+    """Outside GLM-4.7-Flash's shape, a file with a selection bias and no expert_gating_func is sigmoid-routed
+    by a model the shape does not name: refused rather than read as softmax."""
+    path = str(tmp_path / "unsaid.gguf")
+    hf_tiny.rewritten_gguf(models["glm-4.7-flash"][2], path, fields={"deepseek2.expert_gating_func": None})
+    with pytest.raises(Exception, match="expert_gating_func is missing .* selection bias"):
+        _ember.Model(path, n_gpu_layers=0)
+
+
+# ------------------------------------------------------------------------------------------ placement
+
+
+@pytest.mark.parametrize("fields", [dict(n_gpu_layers=1), dict(n_gpu_layers=-1),
+                                    dict(n_gpu_layers=0, override_tensor=[r"blk\.2\.=CUDA"])],
+                         ids=["one-layer", "all", "override"])
+def test_gpu_placement_is_refused_at_load(models, fields):
+    """deepseek2 runs on the CPU only: a plan with a block on the GPU is refused when the file is placed,
+    naming the architecture and n_gpu_layers=0. placement_plan plans as if CUDA were built in, so a CPU-only
+    build exercises the check Model.load makes with its plan."""
+    path = models["deepseek-v3"][2]
+    with pytest.raises(Exception, match="deepseek2 cannot have blocks on the GPU: .*CPU only.*n_gpu_layers=0"):
+        _ember.placement_plan(path, have_gpu=True, **fields)
+    plan = _ember.placement_plan(path, have_gpu=True, n_gpu_layers=0)
+    assert set(plan["blocks"]) == {"CPU"}
+
+
 # ------------------------------------------------------------------------------------- bad input
 
 
@@ -187,6 +259,9 @@ def test_values_are_read_from_the_key_cache(models):
     ("deepseek-v3", lambda c: c["rope_parameters"].pop("mscale_all_dim"), "'mscale'"),
     ("deepseek-v2", {"topk_method": "group_limited_greedy", "n_group": 2, "topk_group": 1}, "topk_method"),
     ("deepseek-v2", {"scoring_func": "sigmoid"}, "scoring_func"),
+    ("glm-4.7-flash", {"mlp_layer_types": ["dense", "sparse", "dense"]}, "dense layers after a sparse one"),
+    ("glm-4.7-flash", {"mlp_layer_types": ["dense", "sparse"]}, "mlp_layer_types"),
+    ("glm-4.7-flash", lambda c: c["rope_parameters"].update(partial_rotary_factor=0.5), "partial_rotary_factor"),
 ])
 def test_bad_configs_are_refused(models, tmp_path, name, edit, message):
     d = hf_tiny.edited(models[name][0], str(tmp_path / "edited"), edit)

@@ -229,6 +229,13 @@ MODELS = {
         num_key_value_heads=4, first_k_dense_replace=1, q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16,
         qk_rope_head_dim=8, v_head_dim=16, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=3,
         n_shared_experts=2, routed_scaling_factor=1.5)),
+    # GLM-4.7-Flash's class (Glm4MoeLiteForCausalLM, a deepseek2 file): latent attention as deepseek-v3's, the
+    # first layer dense by its mlp_layer_types, sigmoid routing with a selection bias, one group, top 2 of 8,
+    # renormalized and times 1.8, a shared expert.
+    "glm-4.7-flash": Tiny("glm4_moe_lite", "bpe", 82, prompt=_LONG, overrides=dict(
+        num_hidden_layers=3, num_key_value_heads=4, q_lora_rank=48, kv_lora_rank=32, qk_nope_head_dim=16,
+        qk_rope_head_dim=8, v_head_dim=24, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2,
+        n_shared_experts=1, n_group=1, topk_group=1, routed_scaling_factor=1.8, norm_topk_prob=True)),
     # tests/test_embeddings.py
     "embed-llama": Tiny("llama", "bpe", 7),
 }
@@ -338,9 +345,9 @@ def _config(tiny, n_tokens):
     if tiny.arch == "gemma4":
         kw.update(head_dim=16, pad_token_id=0, vocab_size_per_layer_input=kw["vocab_size"])
     kw.update(tiny.overrides)
-    from transformers import DeepseekV2Config, DeepseekV3Config
+    from transformers import DeepseekV2Config, DeepseekV3Config, Glm4MoeLiteConfig
 
-    classes = {"deepseek_v2": DeepseekV2Config, "deepseek_v3": DeepseekV3Config,
+    classes = {"deepseek_v2": DeepseekV2Config, "deepseek_v3": DeepseekV3Config, "glm4_moe_lite": Glm4MoeLiteConfig,
                "llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config,
                "gemma3": Gemma3TextConfig, "qwen3moe": Qwen3MoeConfig, "mixtral": MixtralConfig,
                "gpt-oss": GptOssConfig, "phi3": Phi3Config, "ministral3": Ministral3Config,
@@ -388,9 +395,10 @@ def model_layouts(tok_root, work):
                               Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM,
                               Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen3NextForCausalLM, SmolLM3ForCausalLM)
 
-    from transformers import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
+    from transformers import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Glm4MoeLiteForCausalLM
 
     classes = {"deepseek_v2": DeepseekV2ForCausalLM, "deepseek_v3": DeepseekV3ForCausalLM,
+               "glm4_moe_lite": Glm4MoeLiteForCausalLM,
                "llama": LlamaForCausalLM, "mistral": MistralForCausalLM, "qwen2": Qwen2ForCausalLM,
                "qwen3": Qwen3ForCausalLM, "gemma3": Gemma3ForCausalLM, "qwen3moe": Qwen3MoeForCausalLM,
                "mixtral": MixtralForCausalLM, "gpt-oss": GptOssForCausalLM, "phi3": Phi3ForCausalLM,

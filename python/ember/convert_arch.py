@@ -119,6 +119,7 @@ ARCHS = {
                                    experts=LFM2MOE),
     "DeepseekV2ForCausalLM": _DEEPSEEK2,
     "DeepseekV3ForCausalLM": _DEEPSEEK2,
+    "Glm4MoeLiteForCausalLM": _DEEPSEEK2,
     "Llama4ForCausalLM": ArchSpec("llama4", rope_scalings=("llama3",), read_extra=read_llama4, tensors=llama4_tensors,
                                   expert_tensors=llama4_expert_tensors),
 }

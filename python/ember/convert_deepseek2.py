@@ -1,4 +1,5 @@
-"""ember-convert's DeepSeek V2 and V3 (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM), as llama.cpp's
+"""ember-convert's DeepSeek V2 and V3 (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM) and GLM-4.7-Flash
+(Glm4MoeLiteForCausalLM: V3's attention and routing, its dense layers named by mlp_layer_types), as llama.cpp's
 converter writes deepseek2 files: latent attention as one KV head with key_length kv_lora_rank + rope
 and value_length kv_lora_rank (the _mla keys give a head's own sizes), kv_b_proj split into attn_k_b
 (transposed, for the queries) and attn_v_b, the first first_k_dense_replace layers dense, the others
@@ -13,6 +14,8 @@ _EXPERTS = ExpertLayout("mlp.gate", ("mlp.experts.{e}.gate_proj", "mlp.experts.{
                                      "mlp.experts.{e}.down_proj"))
 # llama.cpp's expert_gating_func values.
 _SOFTMAX, _SIGMOID = 1, 2
+# Classes that route as DeepSeek V3 (sigmoid, selection bias, groups).
+_V3_CLASSES = ("DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM")
 
 
 def _int(config, key, path, default=None, minimum=1):
@@ -30,7 +33,7 @@ def _routing(config, hp, path, v3):
     if n_used > n_expert:
         raise ConvertError(f"{path}: num_experts_per_tok={n_used} exceeds n_routed_experts={n_expert}")
     n_ff = _int(config, "moe_intermediate_size", path)
-    dense = _int(config, "first_k_dense_replace", path, 0, minimum=0)
+    dense = _dense_layers(config, hp, path)
     if dense > hp.n_layer:
         raise ConvertError(f"{path}: first_k_dense_replace={dense} exceeds num_hidden_layers={hp.n_layer}")
     if config.get("moe_layer_freq", 1) != 1:
@@ -71,8 +74,31 @@ def _routing(config, hp, path, v3):
         hp.bool_keys["expert_weights_norm"] = True
 
 
+def _dense_layers(config, hp, path):
+    """The leading dense layers: GLM-4.7-Flash's transformers class reads mlp_layer_types (one dense layer when
+    absent), DeepSeek's first_k_dense_replace. A deepseek2 file can only say "the first k"."""
+    if "Glm4MoeLiteForCausalLM" not in (config.get("architectures") or []):
+        return _int(config, "first_k_dense_replace", path, 0, minimum=0)
+    types = config.get("mlp_layer_types")
+    if types is None:
+        return min(1, hp.n_layer)
+    if not isinstance(types, list) or len(types) != hp.n_layer or any(t not in ("dense", "sparse") for t in types):
+        raise ConvertError(f"{path}: 'mlp_layer_types' must list 'dense' or 'sparse' for each of the "
+                           f"num_hidden_layers={hp.n_layer} layers, got {types!r}")
+    dense = types.index("sparse") if "sparse" in types else len(types)
+    if "dense" in types[dense:]:
+        raise ConvertError(f"{path}: mlp_layer_types {types!r}: dense layers after a sparse one are not supported "
+                           "(a deepseek2 file has dense layers only before the first mixture)")
+    return dense
+
+
 def read_deepseek2(config, hp, path):
-    v3 = "DeepseekV3ForCausalLM" in (config.get("architectures") or [])
+    v3 = bool(set(_V3_CLASSES) & set(config.get("architectures") or []))
+    rope_params = config.get("rope_parameters") or {}
+    partial = rope_params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        # transformers would rotate part of qk_rope_head_dim; a deepseek2 file rotates all of it.
+        raise ConvertError(f"{path}: partial_rotary_factor={partial!r} is not supported for deepseek2 (1.0 only)")
     q_lora = config.get("q_lora_rank")
     q_lora = 0 if q_lora is None else _int(config, "q_lora_rank", path)
     kv_lora = _int(config, "kv_lora_rank", path)

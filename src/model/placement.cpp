@@ -8,6 +8,7 @@
 #include <regex>
 
 #include "ember/status.h"
+#include "model/arch/arch.h"
 
 namespace ember {
 
@@ -195,6 +196,12 @@ PlacementPlan plan_placement(const GGUFFile& f, int32_t n_layer, const ModelPara
                  ") but its block on the CPU: experts run on the GPU only with their block there (n_gpu_layers)");
     }
     plan.n_gpu_blocks = (int32_t)std::count(plan.block.begin(), plan.block.end(), Device::gpu);
+    if (plan.any_gpu()) {
+        const std::string& arch = f.get_string("general.architecture");
+        if (const char* why = find_architecture(arch, f.path()).cpu_only())
+            fail(f.path(), ": ", arch, " cannot have blocks on the GPU: ", why, "; load it with n_gpu_layers=0",
+                 p.override_tensor.empty() ? "" : " and no tensor overrides to CUDA");
+    }
 
     Agreement head;
     for (const char* name : {"output.weight", "output_norm.weight"})

@@ -197,6 +197,9 @@ public:
         (void)hp;
         return {};
     }
+    // Why the architecture runs on the CPU only so far, or null where it runs on every backend: a placement
+    // with blocks on the GPU is refused at load with this reason (plan_placement).
+    virtual const char* cpu_only() const { return nullptr; }
     // Encoders (encoder_arch.h) attend bidirectionally and keep no KV cache: Encoder runs them, not Runner.
     virtual bool encoder() const { return false; }
     // The final norm is a LayerNorm without bias (Command R), not an RMSNorm.

@@ -15,6 +15,27 @@ namespace ember {
 
 namespace {
 
+// The vocabulary as llama.cpp's loader counts it for its guesses: vocab_size, else the tokenizer's tokens.
+int64_t file_vocab(const GGUFFile& f, const std::string& a) {
+    if (f.find(a + "vocab_size")) return (int64_t)f.get_uint(a + "vocab_size");
+    if (const GGUFValue* tokens = f.find("tokenizer.ggml.tokens")) return (int64_t)tokens->arr.size();
+    const GGUFTensor* embd = f.find_tensor("token_embd.weight");
+    return embd && embd->ne.size() == 2 ? embd->ne[1] : 0;
+}
+
+// Files written before expert_gating_func existed: as llama.cpp, GLM-4.7-Flash's shape (47 or 48 trunk
+// layers, 154880 tokens) routes by sigmoid, the DeepSeek V2 / V2.5 files by softmax. A selection bias
+// outside that shape belongs to a sigmoid-routed model the shape does not name: refused, not guessed.
+uint64_t guessed_gating(const GGUFFile& f, const std::string& a, const HParams& hp) {
+    if ((hp.n_layer == 47 || hp.n_layer == 48) && file_vocab(f, a) == 154880) return 2;
+    for (int32_t l = hp.n_layer_dense_lead; l < hp.n_layer; ++l)
+        if (f.find_tensor("blk." + std::to_string(l) + ".exp_probs_b.bias"))
+            fail(f.path(), ": ", a, "expert_gating_func is missing and the experts have a selection bias ",
+                 "(exp_probs_b), which softmax-routed DeepSeek V2 files never have; the routing cannot be told ",
+                 "from the file: convert the checkpoint again (ember-convert or llama.cpp's current converter)");
+    return 1;
+}
+
 void read_routing(const GGUFFile& f, const std::string& a, HParams& hp) {
     hp.n_layer_dense_lead = (int32_t)f.get_uint(a + "leading_dense_block_count", 0);
     if (hp.n_layer_dense_lead < 0 || hp.n_layer_dense_lead > hp.n_layer)
@@ -23,7 +44,8 @@ void read_routing(const GGUFFile& f, const std::string& a, HParams& hp) {
     hp.n_expert_shared = (int32_t)f.get_uint(a + "expert_shared_count", 0);
     // llama.cpp's converter writes the key only when the weights are renormalized.
     hp.expert_weights_norm = f.get_bool(a + "expert_weights_norm", false);
-    const uint64_t gating = f.get_uint(a + "expert_gating_func", 1);
+    uint64_t gating = f.get_uint(a + "expert_gating_func", 0);   // 0: none given, as llama.cpp reads it
+    if (gating == 0) gating = guessed_gating(f, a, hp);
     if (gating != 1 && gating != 2)
         fail(f.path(), ": ", a, "expert_gating_func ", gating, " is not supported (1 softmax, 2 sigmoid)");
     hp.expert_sigmoid = gating == 2;
@@ -111,10 +133,10 @@ public:
         c.shape = AttentionShape{hp.n_head, 1, hp.head_dim, hp.attn_scale, 0};
         return c;
     }
+    const char* cpu_only() const override {
+        return "its latent attention and group-limited routing run on the CPU only so far";
+    }
     const float* forward_block(const BlockRun& r) const override {
-        if (!r.be.is_host())
-            fail(r.hp.arch, ": latent attention and group-limited routing run on the CPU only so far; load the ",
-                 "model with n_gpu_layers=0");
         mla_attention(r, r.out_a);
         if (!r.w.m(Role::router)->data) {
             r.be.ffn(ffn_weights(r, Activation::SiLU), r.x, r.out_a, r.n_tok, r.buf, r.out_b);
