@@ -170,6 +170,43 @@ def test_mtp_block_is_left_unused(models, hf_reference, tmp_path):
     assert _rel(hf_tiny.ember_logits(path, PROMPT), want) <= 1e-4
 
 
+def _glm_with_mtp(models, tmp_path, n_next=1):
+    """The tiny GLM with a multi-token-prediction block stored as layer 3 (as GLM-4.7-Flash's checkpoint holds
+    layer 47): layer 2's decoder tensors again and random eh_proj / enorm / hnorm / shared_head.norm."""
+    _, sd, _ = models["glm-4.7-flash"]
+    rng = np.random.default_rng(83)
+    mtp = {k.replace("model.layers.2.", "model.layers.3.", 1): v for k, v in sd.items()
+           if k.startswith("model.layers.2.")}
+    for name, shape in (("eh_proj", (64, 128)), ("enorm", (64,)), ("hnorm", (64,)), ("shared_head.norm", (64,))):
+        mtp[f"model.layers.3.{name}.weight"] = rng.standard_normal(shape).astype(np.float32)
+    d = hf_tiny.edited(models["glm-4.7-flash"][0], str(tmp_path / "hf"), {"num_nextn_predict_layers": n_next})
+    hf_tiny._write_safetensors(os.path.join(d, "mtp.safetensors"), mtp, "float32")
+    return d, mtp
+
+
+def test_glm_mtp_block_follows_the_trunk(models, hf_reference, tmp_path):
+    """GLM-4.7-Flash's MTP block converts as llama.cpp's converter writes it: block 3 after the trunk of 3
+    (nextn_predict_layers 1) with its decoder tensors and nextn.*; the trunk's logits are unchanged."""
+    d, mtp = _glm_with_mtp(models, tmp_path)
+    path = str(tmp_path / "mtp.gguf")
+    convert(d, path, "f32", progress=False)
+    kv, t = hf_tiny.gguf_fields(path), hf_tiny.gguf_tensors(path)
+    assert kv["deepseek2.block_count"] == 4 and kv["deepseek2.nextn_predict_layers"] == 1
+    np.testing.assert_array_equal(t["blk.3.nextn.eh_proj.weight"], mtp["model.layers.3.eh_proj.weight"])
+    np.testing.assert_array_equal(t["blk.3.nextn.shared_head_norm.weight"],
+                                  mtp["model.layers.3.shared_head.norm.weight"])
+    assert "blk.3.attn_k_b.weight" in t and t["blk.3.ffn_gate_exps.weight"].shape == (8, 32, 64)
+    assert "blk.3.nextn.embed_tokens.weight" not in t and "blk.3.nextn.shared_head_head.weight" not in t
+    want = hf_reference.logits("glm-4.7-flash", PROMPT)
+    assert _rel(hf_tiny.ember_logits(path, PROMPT), want) <= 1e-4
+
+
+def test_glm_mtp_block_the_config_does_not_count_is_refused(models, tmp_path):
+    d, _ = _glm_with_mtp(models, tmp_path, n_next=0)
+    with pytest.raises(ConvertError, match="num_nextn_predict_layers=0 MTP blocks"):
+        convert(d, str(tmp_path / "out.gguf"), "f32", progress=False)
+
+
 # ------------------------------------------------------------------------- files without expert_gating_func
 
 

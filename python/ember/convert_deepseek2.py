@@ -1,14 +1,19 @@
 """ember-convert's DeepSeek V2 and V3 (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM) and GLM-4.7-Flash
-(Glm4MoeLiteForCausalLM: V3's attention and routing, its dense layers named by mlp_layer_types), as llama.cpp's
-converter writes deepseek2 files: latent attention as one KV head with key_length kv_lora_rank + rope
-and value_length kv_lora_rank (the _mla keys give a head's own sizes), kv_b_proj split into attn_k_b
-(transposed, for the queries) and attn_v_b, the first first_k_dense_replace layers dense, the others
-a mixture with shared experts and V3's e_score_correction_bias as exp_probs_b, and YaRN's mscale_all_dim
-times 0.1 as rope.scaling.yarn_log_multiplier. What a deepseek2 file cannot say is refused."""
+(Glm4MoeLiteForCausalLM: V3's attention and routing, its dense layers named by mlp_layer_types, its MTP
+blocks after the trunk), as llama.cpp's converter writes deepseek2 files: latent attention as one KV head
+with key_length kv_lora_rank + rope and value_length kv_lora_rank (the _mla keys give a head's own sizes),
+kv_b_proj split into attn_k_b (transposed, for the queries) and attn_v_b, the first first_k_dense_replace
+layers dense, the others a mixture with shared experts and V3's e_score_correction_bias as exp_probs_b, and
+YaRN's mscale_all_dim times 0.1 as rope.scaling.yarn_log_multiplier. What a deepseek2 file cannot say is
+refused."""
+import os
+import re
+
 import numpy as np
 
 from .convert_error import ConvertError
 from .convert_moe import Experts, ExpertLayout, ExpertTensor, expert_tensors
+from .convert_safetensors import Checkpoint
 
 _EXPERTS = ExpertLayout("mlp.gate", ("mlp.experts.{e}.gate_proj", "mlp.experts.{e}.up_proj",
                                      "mlp.experts.{e}.down_proj"))
@@ -16,6 +21,13 @@ _EXPERTS = ExpertLayout("mlp.gate", ("mlp.experts.{e}.gate_proj", "mlp.experts.{
 _SOFTMAX, _SIGMOID = 1, 2
 # Classes that route as DeepSeek V3 (sigmoid, selection bias, groups).
 _V3_CLASSES = ("DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM")
+# A GLM-4.7-Flash MTP block's own tensors beside its decoder layer: HF name -> (GGUF name, required), as
+# llama.cpp maps and loads them.
+_NEXTN = {"eh_proj.weight": ("nextn.eh_proj.weight", True), "enorm.weight": ("nextn.enorm.weight", True),
+          "hnorm.weight": ("nextn.hnorm.weight", True),
+          "shared_head.norm.weight": ("nextn.shared_head_norm.weight", False),
+          "embed_tokens.weight": ("nextn.embed_tokens.weight", False),
+          "shared_head.head.weight": ("nextn.shared_head_head.weight", False)}
 
 
 def _int(config, key, path, default=None, minimum=1):
@@ -92,6 +104,21 @@ def _dense_layers(config, hp, path):
     return dense
 
 
+def _mtp_blocks(config, hp, path):
+    """GLM-4.7-Flash's multi-token-prediction blocks, written after the trunk as llama.cpp's converter writes
+    them (nextn_predict_layers): those the checkpoint holds, as layers past num_hidden_layers (a checkpoint
+    saved by transformers has none). Returns {block: the optional nextn tensors it holds}."""
+    n_next = _int(config, "num_nextn_predict_layers", path, 0, minimum=0)
+    names = set(Checkpoint(os.path.dirname(path)).names())
+    stored = sorted({int(m.group(1)) for m in map(re.compile(r"model\.layers\.(\d+)\.").match, names)
+                     if m and int(m.group(1)) >= hp.n_layer})
+    if stored and (stored != list(range(hp.n_layer, hp.n_layer + len(stored))) or len(stored) > n_next):
+        raise ConvertError(f"{path}: the checkpoint's layers {stored} past num_hidden_layers={hp.n_layer} are not "
+                           f"the num_nextn_predict_layers={n_next} MTP blocks that follow the trunk")
+    return {i: [hf for hf, (_, required) in _NEXTN.items() if not required and f"model.layers.{i}.{hf}" in names]
+            for i in stored}
+
+
 def read_deepseek2(config, hp, path):
     v3 = bool(set(_V3_CLASSES) & set(config.get("architectures") or []))
     rope_params = config.get("rope_parameters") or {}
@@ -122,6 +149,11 @@ def read_deepseek2(config, hp, path):
     # 0 for plain queries: llama.cpp's loader takes a file without the key for V2-Lite by its layer count only.
     hp.int_keys["attention.q_lora_rank"] = q_lora
     _routing(config, hp, path, v3)
+    mtp = _mtp_blocks(config, hp, path) if "Glm4MoeLiteForCausalLM" in config.get("architectures", []) else {}
+    hp.family.update(trunk=hp.n_layer, mtp=mtp)
+    if mtp:
+        hp.n_layer += len(mtp)
+        hp.int_keys["nextn_predict_layers"] = len(mtp)
 
 
 def deepseek2_tensors(hp):
@@ -154,6 +186,10 @@ def deepseek2_tensors(hp):
             if S:
                 for kind, shape in (("gate", (S, E)), ("up", (S, E)), ("down", (E, S))):
                     t[f"mlp.shared_experts.{kind}_proj.weight"] = (f"ffn_{kind}_shexp.weight", shape)
+        if i >= f["trunk"]:
+            for hf, (g, required) in _NEXTN.items():
+                if required or hf in f["mtp"][i]:
+                    t[hf] = (g, (E, 2 * E) if hf == "eh_proj.weight" else (E,) if "norm" in hf else (hp.n_vocab, E))
         out.update({f"model.layers.{i}.{k}": (f"blk.{i}.{g}", s, 0) for k, (g, s) in t.items()})
     return out
 
