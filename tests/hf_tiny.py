@@ -255,6 +255,37 @@ def hf_reference(request, tmp_path_factory):
     return live_generator().LiveReference(REFERENCE, tmp_path_factory.mktemp("hf_live"))
 
 
+def rel_diff(got, want):
+    """max|got - want| / max|want|: the issue's measure of agreement with transformers."""
+    return float(np.abs(np.asarray(got) - want).max() / np.abs(want).max())
+
+
+def cpu_context(path, n_batch=64):
+    """A CPU Context with an f32 KV cache, for comparisons with transformers' f32 attention."""
+    from ember import _ember
+    m = _ember.Model(str(path), n_gpu_layers=0)
+    return _ember.Context(m, n_ctx=64, n_batch=n_batch, n_threads=2, type_k="f32", type_v="f32")
+
+
+def eval_rows(ctx, ids):
+    """The logits of every id, evaluated in one call, as rows [len(ids), n_vocab]."""
+    ctx.eval(ids, logits_all=True)
+    return np.stack([np.asarray(ctx.logits(i)) for i in range(len(ids))])
+
+
+def engine_greedy(engine, prompt, **kw):
+    """(generated tokens, prompt logprobs) of one greedy request run alone in an _ember.Engine."""
+    rid = engine.add_request(prompt, temperature=0.0, **kw)
+    tokens, lps, done = [], [], False
+    while not done:
+        for o in engine.poll(1.0):
+            assert o.request_id == rid
+            tokens += o.token_ids
+            lps += o.prompt_logprobs
+            done = o.finished
+    return tokens, lps
+
+
 def ember_logits(path, ids, n_gpu_layers=0, kv_type="f32", chunk=64):
     """ember's logits [len(ids), n_vocab], the ids evaluated `chunk` at a time. By default on the
     CPU with an f32 KV cache: the comparison is with transformers' f32 attention, not llama.cpp's

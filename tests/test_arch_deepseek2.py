@@ -34,10 +34,6 @@ def models(tmp_path_factory):
     return hf_tiny.converted(tmp_path_factory, MODELS, "deepseek2")
 
 
-def _rel(got, want):
-    return float(np.abs(np.asarray(got) - want).max() / np.abs(want).max())
-
-
 def _kv_b(sd, layer, nope, v_dim):
     return sd[f"model.layers.{layer}.self_attn.kv_b_proj.weight"].reshape(4, nope + v_dim, 32)
 
@@ -108,7 +104,7 @@ def test_glm_file(models):
 def test_logits_match_transformers(models, hf_reference, name, chunk):
     want = hf_reference.logits(name, PROMPT)
     got = hf_tiny.ember_logits(models[name][2], PROMPT, chunk=chunk)
-    assert _rel(got, want) <= 1e-4
+    assert hf_tiny.rel_diff(got, want) <= 1e-4
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -155,7 +151,7 @@ def test_v3_routing_parts_matter(models, hf_reference, tmp_path, drop):
     path = str(tmp_path / "edited.gguf")
     hf_tiny.rewritten_gguf(models["deepseek-v3"][2], path, **drop)
     want = hf_reference.logits("deepseek-v3", PROMPT)
-    assert _rel(hf_tiny.ember_logits(path, PROMPT), want) > 1e-2
+    assert hf_tiny.rel_diff(hf_tiny.ember_logits(path, PROMPT), want) > 1e-2
 
 
 def test_mtp_block_is_left_unused(models, hf_reference, tmp_path):
@@ -167,7 +163,7 @@ def test_mtp_block_is_left_unused(models, hf_reference, tmp_path):
     hf_tiny.rewritten_gguf(src, path, fields={"deepseek2.block_count": 3, "deepseek2.nextn_predict_layers": 1},
                            extra=extra)
     want = hf_reference.logits("deepseek-v2", PROMPT)
-    assert _rel(hf_tiny.ember_logits(path, PROMPT), want) <= 1e-4
+    assert hf_tiny.rel_diff(hf_tiny.ember_logits(path, PROMPT), want) <= 1e-4
 
 
 def _glm_with_mtp(models, tmp_path, n_next=1):
@@ -198,7 +194,7 @@ def test_glm_mtp_block_follows_the_trunk(models, hf_reference, tmp_path):
     assert "blk.3.attn_k_b.weight" in t and t["blk.3.ffn_gate_exps.weight"].shape == (8, 32, 64)
     assert "blk.3.nextn.embed_tokens.weight" not in t and "blk.3.nextn.shared_head_head.weight" not in t
     want = hf_reference.logits("glm-4.7-flash", PROMPT)
-    assert _rel(hf_tiny.ember_logits(path, PROMPT), want) <= 1e-4
+    assert hf_tiny.rel_diff(hf_tiny.ember_logits(path, PROMPT), want) <= 1e-4
 
 
 def test_glm_mtp_block_the_config_does_not_count_is_refused(models, tmp_path):
@@ -215,7 +211,7 @@ def test_v2_file_without_gating_routes_by_softmax(models, hf_reference, tmp_path
     path = str(tmp_path / "old.gguf")
     hf_tiny.rewritten_gguf(models["deepseek-v2"][2], path, fields={"deepseek2.expert_gating_func": None})
     want = hf_reference.logits("deepseek-v2", PROMPT)
-    assert _rel(hf_tiny.ember_logits(path, PROMPT), want) <= 1e-4
+    assert hf_tiny.rel_diff(hf_tiny.ember_logits(path, PROMPT), want) <= 1e-4
 
 
 def test_glm_shape_without_gating_routes_by_sigmoid(models, tmp_path):
@@ -232,7 +228,7 @@ def test_glm_shape_without_gating_routes_by_sigmoid(models, tmp_path):
                                                   "deepseek2.expert_gating_func": gating}, extra=extra)
         logits[gating] = hf_tiny.ember_logits(path, ids)
     np.testing.assert_array_equal(logits[None], logits[2])
-    assert _rel(logits[1], logits[2]) > 1e-3
+    assert hf_tiny.rel_diff(logits[1], logits[2]) > 1e-3
 
 
 def test_selection_bias_without_gating_is_refused(models, tmp_path):

@@ -43,20 +43,6 @@ def moe_models(tmp_path_factory):
     return hf_tiny.converted(tmp_path_factory, MOE_MODELS, "hybrid_moe")
 
 
-def _rel(got, want):
-    return float(np.abs(np.asarray(got) - want).max() / np.abs(want).max())
-
-
-def _context(path, n_batch=64):
-    m = _ember.Model(path, n_gpu_layers=0)
-    return _ember.Context(m, n_ctx=64, n_batch=n_batch, n_threads=2, type_k="f32", type_v="f32")
-
-
-def _eval_rows(ctx, ids):
-    ctx.eval(ids, logits_all=True)
-    return np.stack([np.asarray(ctx.logits(i)) for i in range(len(ids))])
-
-
 # ------------------------------------------------------------------------------------- the file
 
 
@@ -111,19 +97,19 @@ def test_logits_match_transformers(models, moe_models, hf_reference, name, chunk
     """One batch, token by token, and chunks of 7 carrying the state between them."""
     want = hf_reference.logits(name, PROMPT)
     got = hf_tiny.ember_logits({**models, **moe_models}[name][2], PROMPT, chunk=chunk)
-    rel = _rel(got, want)
+    rel = hf_tiny.rel_diff(got, want)
     assert rel <= 1e-4, f"{name} chunk {chunk}: max|diff|/max|ref| = {rel:.2e}"
 
 
 def test_prompt_continued_on_the_state(models, hf_reference):
     """A prompt evaluated after a prefix the context holds reads the prefix's recurrent state."""
     want = hf_reference.logits("qwen35", PROMPT)
-    ctx = _context(models["qwen35"][2])
-    first = _eval_rows(ctx, PROMPT[:17])
+    ctx = hf_tiny.cpu_context(models["qwen35"][2])
+    first = hf_tiny.eval_rows(ctx, PROMPT[:17])
     ctx.truncate(17)   # as many tokens as the state saw: nothing to redo
-    rest = _eval_rows(ctx, PROMPT[17:])
+    rest = hf_tiny.eval_rows(ctx, PROMPT[17:])
     assert ctx.n_past == len(PROMPT)
-    assert _rel(np.concatenate([first, rest]), want) <= 1e-4
+    assert hf_tiny.rel_diff(np.concatenate([first, rest]), want) <= 1e-4
 
 
 def test_prompt_that_does_not_extend_the_state_is_recomputed(models, hf_reference):
@@ -132,12 +118,12 @@ def test_prompt_that_does_not_extend_the_state_is_recomputed(models, hf_referenc
     want = hf_reference.logits("qwen35", PROMPT)
     rng = np.random.default_rng()
     other = PROMPT[:11] + [int(x) for x in rng.integers(3, 390, size=20)]
-    ctx = _context(models["qwen35"][2], n_batch=8)
-    _eval_rows(ctx, other)
+    ctx = hf_tiny.cpu_context(models["qwen35"][2], n_batch=8)
+    hf_tiny.eval_rows(ctx, other)
     ctx.truncate(11)
     assert ctx.n_past == 11
-    got = _eval_rows(ctx, PROMPT[11:])
-    assert _rel(got, want[11:]) <= 1e-4
+    got = hf_tiny.eval_rows(ctx, PROMPT[11:])
+    assert hf_tiny.rel_diff(got, want[11:]) <= 1e-4
 
 
 def test_llama_prefix_reuse(models, hf_reference):
@@ -151,7 +137,7 @@ def test_llama_prefix_reuse(models, hf_reference):
     for prompt in (PROMPT[:20], PROMPT, other, PROMPT, PROMPT):
         rows = llm._load_prompt(list(prompt), logits_all=True)
         if prompt is not other:
-            assert _rel(rows, want[:len(prompt)]) <= 1e-4
+            assert hf_tiny.rel_diff(rows, want[:len(prompt)]) <= 1e-4
 
 
 @pytest.mark.parametrize("interval", [0, 4, 8])
@@ -166,12 +152,12 @@ def test_a_cut_resumes_from_the_last_snapshot(models, hf_reference, interval):
     m = _ember.Model(models["qwen35"][2], n_gpu_layers=0)
     ctx = _ember.Context(m, n_ctx=64, n_batch=64, n_threads=2, type_k="f32", type_v="f32",
                          state_snapshot_interval=interval)
-    _eval_rows(ctx, other)
+    hf_tiny.eval_rows(ctx, other)
     before = ctx.n_evaluated
     ctx.truncate(cut)
     resumed = cut // interval * interval if interval else 0
     assert ctx.n_past == cut and ctx.n_evaluated - before == cut - resumed
-    assert _rel(_eval_rows(ctx, PROMPT[cut:]), want[cut:]) <= 1e-4
+    assert hf_tiny.rel_diff(hf_tiny.eval_rows(ctx, PROMPT[cut:]), want[cut:]) <= 1e-4
 
 
 def test_llama_resumes_a_shared_prefix_from_a_snapshot(models, hf_reference):
@@ -185,7 +171,7 @@ def test_llama_resumes_a_shared_prefix_from_a_snapshot(models, hf_reference):
     before = llm._ctx.n_evaluated
     rows = llm._load_prompt(list(PROMPT), logits_all=True)
     assert llm._ctx.n_evaluated - before <= 8
-    assert _rel(rows, want) <= 1e-4
+    assert hf_tiny.rel_diff(rows, want) <= 1e-4
     fresh = ember.Llama(models["qwen35"][2], state_snapshot_interval=0, **kw)
     assert np.array_equal(np.argmax(rows, axis=1), np.argmax(fresh._load_prompt(list(PROMPT), logits_all=True), axis=1))
 
@@ -252,18 +238,6 @@ def test_engine_preempts_cancels_and_frees_every_slot(models):
     alone.close()
 
 
-def _run(engine, prompt, **kw):
-    rid = engine.add_request(prompt, temperature=0.0, **kw)
-    tokens, lps, done = [], [], False
-    while not done:
-        for o in engine.poll(1.0):
-            assert o.request_id == rid
-            tokens += o.token_ids
-            lps += o.prompt_logprobs
-            done = o.finished
-    return tokens, lps
-
-
 @pytest.mark.parametrize("name,interval", [("qwen35", 16), ("qwen35", 32), ("qwen35moe", 16), ("qwen3next", 32)])
 def test_engine_resumes_a_cached_prefix_from_its_kept_state(models, moe_models, hf_reference, name, interval):
     """The engine keeps each sequence's recurrent state every `interval` tokens: a second request
@@ -277,13 +251,13 @@ def test_engine_resumes_a_cached_prefix_from_its_kept_state(models, moe_models, 
     plain = _ember.Engine(m, enable_prefix_caching=False, **kw)
     rng = np.random.default_rng()
     first = PROMPT[:36] + [int(t) for t in rng.integers(3, 390, size=6)]
-    _run(engine, first, max_tokens=4)
+    hf_tiny.engine_greedy(engine, first, max_tokens=4)
     before = engine.stats()["cached_prompt_tokens"]
     second = PROMPT[:36] + [int(t) for t in rng.integers(3, 390, size=5)]
-    got, _ = _run(engine, second, max_tokens=6)
+    got, _ = hf_tiny.engine_greedy(engine, second, max_tokens=6)
     assert engine.stats()["cached_prompt_tokens"] - before == 36 // interval * interval
-    assert got == _run(plain, second, max_tokens=6)[0]
-    _, lps = _run(engine, PROMPT, max_tokens=1, prompt_logprobs=True)
+    assert got == hf_tiny.engine_greedy(plain, second, max_tokens=6)[0]
+    _, lps = hf_tiny.engine_greedy(engine, PROMPT, max_tokens=1, prompt_logprobs=True)
     want = hf_tiny.log_softmax(hf_reference.logits(name, PROMPT))
     assert np.allclose(lps, [want[i, PROMPT[i + 1]] for i in range(len(PROMPT) - 1)], atol=1e-4)
     engine.close()
@@ -330,7 +304,7 @@ def test_multi_token_prediction_block_is_loaded_not_run(models, hf_reference, tm
               "qwen35.attention.recurrent_layers": [True, True, False, True, False]}
     hf_tiny.rewritten_gguf(models["qwen35"][2], path, fields=layers, extra=extra)
     got = hf_tiny.ember_logits(path, PROMPT)
-    assert _rel(got, hf_reference.logits("qwen35", PROMPT)) <= 1e-4
+    assert hf_tiny.rel_diff(got, hf_reference.logits("qwen35", PROMPT)) <= 1e-4
 
 
 def _mtp_checkpoint_tensors(mlp):
@@ -369,7 +343,7 @@ def test_checkpoint_with_a_multi_token_prediction_block(models, hf_reference, tm
     np.testing.assert_array_equal(t["blk.4.attn_q.weight"], mtp["mtp.layers.0.self_attn.q_proj.weight"])
     assert "blk.4.attn_qkv.weight" not in t
     got = hf_tiny.ember_logits(path, PROMPT)
-    assert _rel(got, hf_reference.logits("qwen35", PROMPT)) <= 1e-4
+    assert hf_tiny.rel_diff(got, hf_reference.logits("qwen35", PROMPT)) <= 1e-4
 
 
 def test_recurrent_layers_list_must_cover_every_block(models, tmp_path):
@@ -493,7 +467,7 @@ def test_mixture_checkpoint_with_a_multi_token_prediction_block(moe_models, hf_r
     shared_gate = mtp["mtp.layers.0.mlp.shared_expert_gate.weight"]
     np.testing.assert_array_equal(t[b + "ffn_gate_inp_shexp.weight"], shared_gate)
     got = hf_tiny.ember_logits(path, PROMPT)
-    assert _rel(got, hf_reference.logits(name, PROMPT)) <= 1e-4
+    assert hf_tiny.rel_diff(got, hf_reference.logits(name, PROMPT)) <= 1e-4
 
 
 # ------------------------------------------------------------------------------------- bad input
@@ -568,4 +542,4 @@ def test_released_multimodal_checkpoint_converts_its_text_model(models, moe_mode
     assert sorted(got) == sorted(want)
     for n in want:
         np.testing.assert_array_equal(got[n], want[n])
-    assert _rel(hf_tiny.ember_logits(path, PROMPT), hf_reference.logits(name, PROMPT)) <= 1e-4
+    assert hf_tiny.rel_diff(hf_tiny.ember_logits(path, PROMPT), hf_reference.logits(name, PROMPT)) <= 1e-4

@@ -32,20 +32,6 @@ def models(tmp_path_factory):
     return hf_tiny.converted(tmp_path_factory, MODELS, "lfm2")
 
 
-def _rel(got, want):
-    return float(np.abs(np.asarray(got) - want).max() / np.abs(want).max())
-
-
-def _context(path, n_batch=64):
-    m = _ember.Model(path, n_gpu_layers=0)
-    return _ember.Context(m, n_ctx=64, n_batch=n_batch, n_threads=2, type_k="f32", type_v="f32")
-
-
-def _eval_rows(ctx, ids):
-    ctx.eval(ids, logits_all=True)
-    return np.stack([np.asarray(ctx.logits(i)) for i in range(len(ids))])
-
-
 # ------------------------------------------------------------------------------------- the file
 
 
@@ -135,7 +121,7 @@ def test_logits_match_transformers(models, hf_reference, name, chunk):
     """One batch, token by token, and chunks of 7 carrying the convolution state between them."""
     want = hf_reference.logits(name, PROMPT)
     got = hf_tiny.ember_logits(models[name][2], PROMPT, chunk=chunk)
-    rel = _rel(got, want)
+    rel = hf_tiny.rel_diff(got, want)
     assert rel <= 1e-4, f"{name} chunk {chunk}: max|diff|/max|ref| = {rel:.2e}"
 
 
@@ -144,16 +130,16 @@ def test_prompt_continued_and_cut(models, hf_reference):
     context below what the state saw re-evaluates the kept tokens, so the next prompt's logits are
     as if the context had never held the other one."""
     want = hf_reference.logits("lfm2", PROMPT)
-    ctx = _context(models["lfm2"][2], n_batch=8)
-    first = _eval_rows(ctx, PROMPT[:17])
-    assert _rel(np.concatenate([first, _eval_rows(ctx, PROMPT[17:])]), want) <= 1e-4
+    ctx = hf_tiny.cpu_context(models["lfm2"][2], n_batch=8)
+    first = hf_tiny.eval_rows(ctx, PROMPT[:17])
+    assert hf_tiny.rel_diff(np.concatenate([first, hf_tiny.eval_rows(ctx, PROMPT[17:])]), want) <= 1e-4
     rng = np.random.default_rng()
     cut = int(rng.integers(5, 30))
     ctx.truncate(0)
-    _eval_rows(ctx, PROMPT[:cut] + [int(x) for x in rng.integers(3, 390, size=9)])
+    hf_tiny.eval_rows(ctx, PROMPT[:cut] + [int(x) for x in rng.integers(3, 390, size=9)])
     ctx.truncate(cut)
     assert ctx.n_past == cut
-    assert _rel(_eval_rows(ctx, PROMPT[cut:]), want[cut:]) <= 1e-4
+    assert hf_tiny.rel_diff(hf_tiny.eval_rows(ctx, PROMPT[cut:]), want[cut:]) <= 1e-4
 
 
 # ------------------------------------------------------------------------------------- the engine

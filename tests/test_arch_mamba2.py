@@ -35,10 +35,6 @@ def models(tmp_path_factory):
     return hf_tiny.converted(tmp_path_factory, MODELS, "mamba2")
 
 
-def _rel(got, want):
-    return float(np.abs(np.asarray(got) - want).max() / np.abs(want).max())
-
-
 def _mamba2_tensors_match(t, sd, block, prefix):
     np.testing.assert_array_equal(t[block + "ssm_in.weight"], sd[prefix + "in_proj.weight"])
     np.testing.assert_array_equal(t[block + "ssm_conv1d.weight"], sd[prefix + "conv1d.weight"][:, 0, :])
@@ -160,7 +156,7 @@ def test_logits_match_transformers(models, hf_reference, name, chunk):
     """One batch, token by token, and chunks of 7 carrying the convolution and scan states."""
     want = hf_reference.logits(name, PROMPT)
     got = hf_tiny.ember_logits(models[name][2], PROMPT, chunk=chunk)
-    rel = _rel(got, want)
+    rel = hf_tiny.rel_diff(got, want)
     assert rel <= 1e-4, f"{name} chunk {chunk}: max|diff|/max|ref| = {rel:.2e}"
 
 
@@ -175,7 +171,7 @@ def test_prompt_that_does_not_extend_the_state_is_recomputed(models, hf_referenc
     ctx.truncate(cut)
     ctx.eval(PROMPT[cut:], logits_all=True)
     got = np.stack([np.asarray(ctx.logits(i)) for i in range(len(PROMPT) - cut)])
-    assert _rel(got, want[cut:]) <= 1e-4
+    assert hf_tiny.rel_diff(got, want[cut:]) <= 1e-4
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -183,18 +179,6 @@ def test_inside_an_engine_batch(models, hf_reference, name):
     """The prompt's logprobs among other sequences' steps are transformers': each sequence runs on its
     own state slot, and the MLP-only layers keep neither KV nor state."""
     hf_tiny.check_inside_an_engine_batch(models[name][2], hf_reference, name, "cpu")
-
-
-def _run(engine, prompt, **kw):
-    rid = engine.add_request(prompt, temperature=0.0, **kw)
-    tokens, lps, done = [], [], False
-    while not done:
-        for o in engine.poll(1.0):
-            assert o.request_id == rid
-            tokens += o.token_ids
-            lps += o.prompt_logprobs
-            done = o.finished
-    return tokens, lps
 
 
 def test_engine_resumes_a_cached_prefix_and_frees_every_slot(models, hf_reference):
@@ -207,13 +191,13 @@ def test_engine_resumes_a_cached_prefix_and_frees_every_slot(models, hf_referenc
     engine = _ember.Engine(m, state_snapshot_interval=16, **kw)
     plain = _ember.Engine(m, enable_prefix_caching=False, **kw)
     rng = np.random.default_rng()
-    _run(engine, PROMPT[:36] + [int(t) for t in rng.integers(3, 390, size=6)], max_tokens=4)
+    hf_tiny.engine_greedy(engine, PROMPT[:36] + [int(t) for t in rng.integers(3, 390, size=6)], max_tokens=4)
     before = engine.stats()["cached_prompt_tokens"]
     second = PROMPT[:36] + [int(t) for t in rng.integers(3, 390, size=5)]
-    got, _ = _run(engine, second, max_tokens=6)
+    got, _ = hf_tiny.engine_greedy(engine, second, max_tokens=6)
     assert engine.stats()["cached_prompt_tokens"] - before == 32
-    assert got == _run(plain, second, max_tokens=6)[0]
-    _, lps = _run(engine, PROMPT, max_tokens=1, prompt_logprobs=True)
+    assert got == hf_tiny.engine_greedy(plain, second, max_tokens=6)[0]
+    _, lps = hf_tiny.engine_greedy(engine, PROMPT, max_tokens=1, prompt_logprobs=True)
     want = hf_tiny.log_softmax(hf_reference.logits("nemotron_h", PROMPT))
     assert np.allclose(lps, [want[i, PROMPT[i + 1]] for i in range(len(PROMPT) - 1)], atol=1e-4)
     stats = engine.stats()
@@ -243,7 +227,7 @@ def test_engine_preempts_and_every_sequence_keeps_its_tokens(models):
     assert stats["state_slots_free"] == 4 and stats["kv_blocks_used"] == 0
     alone = _ember.Engine(m, max_num_seqs=1, **kw)
     for i, p in zip(ids, prompts):
-        assert tokens[i] == _run(alone, p, max_tokens=30)[0]
+        assert tokens[i] == hf_tiny.engine_greedy(alone, p, max_tokens=30)[0]
     alone.close()
 
 
