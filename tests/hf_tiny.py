@@ -428,3 +428,23 @@ def rewritten_gguf(src, dst, drop=(), fields=None, extra=()):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+# The placements a CPU-only architecture refuses: some blocks, all of them, a block moved there by an override.
+GPU_PLACEMENTS = [dict(n_gpu_layers=1), dict(n_gpu_layers=-1), dict(n_gpu_layers=0, override_tensor=[r"blk\.1\.=CUDA"])]
+
+
+def check_gpu_placement_refused(path, fields):
+    """A GPU placement of `path` (an architecture that runs on the CPU only) is refused when the file is placed,
+    naming the architecture, why, and n_gpu_layers=0; every block on the CPU (n_gpu_layers=0, or an override
+    that keeps them there whatever n_gpu_layers says) is accepted. placement_plan plans as if CUDA were built in,
+    so a CPU-only build exercises the check Model.load makes with its plan."""
+    from ember import _ember
+    arch = gguf_fields(path)["general.architecture"]
+    with pytest.raises(Exception, match=rf"{arch} cannot have blocks on the GPU: .*host memory.*n_gpu_layers=0") as e:
+        _ember.placement_plan(path, have_gpu=True, **fields)
+    assert str(e.value).startswith(str(path)), str(e.value)
+    assert ("no tensor overrides to CUDA" in str(e.value)) == ("override_tensor" in fields), str(e.value)
+    for ok in (dict(n_gpu_layers=0), dict(n_gpu_layers=-1, override_tensor=[r"^blk\.=CPU"])):
+        plan = _ember.placement_plan(path, have_gpu=True, **ok)
+        assert set(plan["blocks"]) == set(plan["experts"]) == {"CPU"} and plan["head"] == "CPU"

@@ -84,6 +84,46 @@ def test_cuda_logits_match_cpu(model, chunk):
 # --------------------------------------------------------------------------------------- errors
 
 
+@pytest.mark.parametrize("fields,by", [
+    (dict(cpu_moe=True), "cpu_moe"),
+    (dict(n_cpu_moe=1), "n_cpu_moe"),
+    (dict(override_tensor=[r"blk\.3\.ffn_.*exps=CPU"]), "override_tensor"),
+    (dict(n_gpu_layers=2, n_cpu_moe=3), "n_cpu_moe"),
+])
+def test_experts_apart_from_their_gpu_block_are_refused_at_load(model, fields, by):
+    """gemma4's experts run on their block's backend only: a GPU block's experts put on the CPU are refused
+    when the file is placed, naming the architecture, the tensor, the option that put it there and why.
+    placement_plan plans as if CUDA were built in, so a CPU-only build exercises the check Model.load makes."""
+    fields = {"n_gpu_layers": -1, **fields}
+    with pytest.raises(Exception, match=rf"gemma4 cannot have a GPU block's experts on the CPU \(blk\.\d\.ffn_\w+"
+                                        rf"\.\w+ by {by}\): .*their block's backend only.*n_gpu_layers") as e:
+        _ember.placement_plan(model[2], have_gpu=True, **fields)
+    assert str(e.value).startswith(model[2]), str(e.value)
+
+
+@pytest.mark.parametrize("fields,blocks", [
+    (dict(n_gpu_layers=-1), ["CUDA"] * 4),
+    (dict(n_gpu_layers=0, cpu_moe=True), ["CPU"] * 4),
+    (dict(n_gpu_layers=2, n_cpu_moe=2), ["CPU", "CPU", "CUDA", "CUDA"]),
+    (dict(n_gpu_layers=-1, override_tensor=[r"blk\.1\.=CPU"]), ["CUDA", "CPU", "CUDA", "CUDA"]),
+])
+def test_experts_with_their_blocks_are_placed(model, fields, blocks):
+    """Experts on their block's device are accepted wherever the blocks go (n_cpu_moe of CPU blocks only)."""
+    p = _ember.placement_plan(model[2], have_gpu=True, **fields)
+    assert p["blocks"] == p["experts"] == blocks and p["warning"] == ""
+
+
+def test_gpu_budget_keeps_the_experts_with_their_blocks(model):
+    """A GPU budget the blocks exceed moves no experts apart (as it would for other mixtures): the plan keeps
+    them on the GPU and warns that the tensors exceed the budget, saying why and to lower n_gpu_layers."""
+    # 1 MiB free, less the 1 GiB margin: a budget of nothing.
+    p = _ember.placement_plan(model[2], have_gpu=True, n_gpu_layers=-1, moe_gpu_budget_mb=0, gpu_free_mb=1)
+    assert p["blocks"] == p["experts"] == ["CUDA"] * 4
+    w = p["warning"]
+    assert "over the GPU budget of 0.0 MiB" in w and "gemma4's experts stay with their blocks" in w, w
+    assert "lower n_gpu_layers" in w and "moved to the CPU" not in p["summary"], p
+
+
 @pytest.mark.parametrize("changes,needle", [
     (dict(top_k_experts=5), "top_k_experts=5 exceeds num_experts=4"),
     (dict(num_experts=None), "'num_experts' must be a positive integer, got None"),

@@ -270,6 +270,12 @@ def test_engine_snapshot_interval_must_be_whole_blocks(models):
         _ember.Engine(m, n_ctx=64, max_num_seqs=2, kv_block_size=16, state_snapshot_interval=24)
 
 
+@pytest.mark.parametrize("fields", hf_tiny.GPU_PLACEMENTS, ids=["one-layer", "all", "override"])
+@pytest.mark.parametrize("name", ["qwen35"] + MOE_MODELS)
+def test_gpu_placement_is_refused_at_load(models, moe_models, name, fields):
+    hf_tiny.check_gpu_placement_refused({**models, **moe_models}[name][2], fields)
+
+
 @pytest.mark.parametrize("drop,fields,needles", [
     (("blk.1.ssm_a",), {}, ["blk.1.ssm_a"]),
     (("blk.3.ssm_conv1d.weight",), {}, ["blk.3.ssm_conv1d.weight"]),

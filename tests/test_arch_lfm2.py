@@ -219,6 +219,12 @@ def test_engine_resumes_a_cached_prefix(models, hf_reference):
 # ------------------------------------------------------------------------------------- bad input
 
 
+@pytest.mark.parametrize("fields", hf_tiny.GPU_PLACEMENTS, ids=["one-layer", "all", "override"])
+@pytest.mark.parametrize("name", ["lfm2", "lfm2moe"])
+def test_gpu_placement_is_refused_at_load(models, name, fields):
+    hf_tiny.check_gpu_placement_refused(models[name][2], fields)
+
+
 @pytest.mark.parametrize("drop,fields,needles", [
     (("blk.1.shortconv.conv.weight",), {}, ["blk.1.shortconv.conv.weight"]),
     (("blk.3.shortconv.in_proj.weight",), {}, ["blk.3.shortconv.in_proj.weight"]),

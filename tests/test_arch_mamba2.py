@@ -234,6 +234,12 @@ def test_engine_preempts_and_every_sequence_keeps_its_tokens(models):
 # ------------------------------------------------------------------------------------- bad input
 
 
+@pytest.mark.parametrize("fields", hf_tiny.GPU_PLACEMENTS, ids=["one-layer", "all", "override"])
+@pytest.mark.parametrize("name", MODELS)
+def test_gpu_placement_is_refused_at_load(models, name, fields):
+    hf_tiny.check_gpu_placement_refused(models[name][2], fields)
+
+
 @pytest.mark.parametrize("name,drop,fields,needles", [
     ("nemotron_h", ("blk.3.ssm_a",), {}, ["blk.3.ssm_a"]),
     ("nemotron_h", ("blk.0.ssm_norm.weight",), {}, ["blk.0.ssm_norm.weight"]),

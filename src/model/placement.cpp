@@ -196,12 +196,20 @@ PlacementPlan plan_placement(const GGUFFile& f, int32_t n_layer, const ModelPara
                  ") but its block on the CPU: experts run on the GPU only with their block there (n_gpu_layers)");
     }
     plan.n_gpu_blocks = (int32_t)std::count(plan.block.begin(), plan.block.end(), Device::gpu);
-    if (plan.any_gpu()) {
-        const std::string& arch = f.get_string("general.architecture");
-        if (const char* why = find_architecture(arch, f.path()).cpu_only())
-            fail(f.path(), ": ", arch, " cannot have blocks on the GPU: ", why, "; load it with n_gpu_layers=0",
-                 p.override_tensor.empty() ? "" : " and no tensor overrides to CUDA");
-    }
+    // What the architecture cannot run on the GPU is refused here, at load, rather than at its first step.
+    const std::string arch_name = plan.any_gpu() ? f.get_string("general.architecture") : std::string();
+    const Architecture* arch = plan.any_gpu() ? &find_architecture(arch_name, f.path()) : nullptr;
+    if (arch && arch->cpu_only())
+        fail(f.path(), ": ", arch_name, " cannot have blocks on the GPU: ", arch->cpu_only(),
+             "; load it with n_gpu_layers=0", p.override_tensor.empty() ? "" : " and no tensor overrides to CUDA");
+    const bool has_experts = std::any_of(moe_bytes.begin(), moe_bytes.end(), [](size_t b) { return b > 0; });
+    const char* experts_stay = arch && has_experts ? arch->experts_stay_with_block() : nullptr;
+    for (int32_t l = 0; l < n_layer && experts_stay; ++l)
+        if (plan.experts_apart(l))
+            fail(f.path(), ": ", arch_name, " cannot have a GPU block's experts on the CPU (", experts[l].first, " by ",
+                 experts[l].by->option, "): ", experts_stay,
+                 "; keep the experts with their blocks (no cpu_moe, n_cpu_moe or exps=CPU override) and choose "
+                 "the blocks on the CPU with n_gpu_layers");
 
     Agreement head;
     for (const char* name : {"output.weight", "output_norm.weight"})
@@ -236,7 +244,7 @@ PlacementPlan plan_placement(const GGUFFile& f, int32_t n_layer, const ModelPara
             if (plan.experts_apart(l)) staging = std::max(staging, 2 * moe_bytes[l]);
         const size_t budget = *plan.gpu_budget;
         std::vector<int32_t> moved;
-        for (int32_t l = 0; l < n_layer && gpu_bytes + staging > budget; ++l)
+        for (int32_t l = 0; l < n_layer && gpu_bytes + staging > budget && !experts_stay; ++l)
             if (plan.experts[l] == Device::gpu && moe_bytes[l] > 0) {
                 plan.experts[l] = Device::cpu;
                 gpu_bytes -= moe_bytes[l];
@@ -249,9 +257,14 @@ PlacementPlan plan_placement(const GGUFFile& f, int32_t n_layer, const ModelPara
                            " moved to the CPU, the first blocks first (no usage statistics: layer order), " +
                            mib(staging) + " kept for streaming them in prompt batches";
         if (gpu_bytes + staging > budget) {
-            const std::string over = "the GPU's tensors need " + mib(gpu_bytes) + " with no experts among them (and " +
-                                     mib(staging) + " of staging), over the GPU budget of " + mib(budget) +
-                                     "; lower n_gpu_layers";
+            std::string over = "the GPU's tensors need " + mib(gpu_bytes);
+            if (experts_stay)
+                over += ", over the GPU budget of " + mib(budget) + ", and " + arch_name +
+                        "'s experts stay with their blocks (" + experts_stay + ")";
+            else
+                over += " with no experts among them (and " + mib(staging) + " of staging), over the GPU budget of " +
+                        mib(budget);
+            over += "; lower n_gpu_layers";
             plan.warning += (plan.warning.empty() ? "" : "; ") + over;
         }
     }

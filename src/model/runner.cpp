@@ -214,10 +214,6 @@ Runner::Runner(std::shared_ptr<Model> model, const RunnerParams& params) {
              "Encoder (ember.Encoder), not a Context or the engine");
     for (int32_t l = 0; l < m.hp.n_layer; ++l) check_kv_type(params.type_k, m.hp.layer_head_dim(l), "type_k");
     if (params.n_state_slots < 0) fail("n_state_slots must be >= 0, got ", params.n_state_slots);
-    // The gated DeltaNet layers' gates and output gates are host loops for now (qwen35.cpp).
-    if (has_recurrent_layers(m.hp) && m.plan.any_gpu())
-        fail(m.file->path(), ": ", m.hp.arch, "'s recurrent layers run on the CPU only so far: load it with ",
-             "n_gpu_layers=0");
     for (int32_t l = 0; l < m.hp.n_layer; ++l) check_kv_type(params.type_v, m.hp.layer_head_dim(l), "type_v");
     if (m.hp.kv_values_are_keys && params.type_v != params.type_k)
         fail(m.file->path(), ": ", m.hp.arch, "'s latent attention reads its values from the key cache: type_v (",

@@ -200,6 +200,10 @@ public:
     // Why the architecture runs on the CPU only so far, or null where it runs on every backend: a placement
     // with blocks on the GPU is refused at load with this reason (plan_placement).
     virtual const char* cpu_only() const { return nullptr; }
+    // Why a GPU block's routed experts cannot run apart from it on the CPU (cpu_moe, n_cpu_moe, an override,
+    // the GPU budget), or null where they can: plan_placement refuses such a placement at load with this
+    // reason, and its GPU budget leaves these experts with their blocks.
+    virtual const char* experts_stay_with_block() const { return nullptr; }
     // Encoders (encoder_arch.h) attend bidirectionally and keep no KV cache: Encoder runs them, not Runner.
     virtual bool encoder() const { return false; }
     // The final norm is a LayerNorm without bias (Command R), not an RMSNorm.

@@ -37,7 +37,6 @@ void gemma4_experts(const BlockRun& r, float* router_in, float* out) {   // rout
     const BlockBuffers& b = r.buf;
     const int32_t n = r.n_tok, X = hp.n_expert, U = hp.n_expert_used;
     const int64_t E = hp.n_embd, F = hp.n_ff_exp, rows = (int64_t)n * U;
-    if (r.experts) fail("gemma4: the experts run on their block's backend (no placement of experts apart)");
     MoeWeights m;
     m.router = r.w.m(Role::router);
     m.n_expert = X, m.n_used = U;
@@ -290,6 +289,10 @@ public:
         return nullptr;
     }
     LogitMap logit_map(const HParams& hp) const override { return {1.0f, hp.final_softcap}; }
+    const char* experts_stay_with_block() const override {
+        return "its experts are composed from the contract's primitives (no moe op) and run on their block's "
+               "backend only";
+    }
 };
 
 const Architecture& gemma4_architecture() {

@@ -55,10 +55,11 @@ public:
         return c;
     }
     LogitMap logit_map(const HParams& hp) const override { return {1.0f / hp.logit_scale, 0.0f}; }
+    const char* cpu_only() const override {
+        return "the Mamba2 layers' grouped norm is a loop over host memory until the backend contract has it";
+    }
 
     const float* forward_block(const BlockRun& r) const override {
-        // The Mamba2 layers' grouped norm is a loop over host memory until the contract has it.
-        if (!r.be.is_host()) fail(r.hp.arch, " runs on the CPU only so far (backend ", r.be.name(), ")");
         const int32_t n = r.n_tok;
         const int64_t width = (int64_t)n * r.hp.n_embd;
         const float rs = r.hp.residual_scale;

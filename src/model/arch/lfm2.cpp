@@ -43,6 +43,10 @@ public:
     }
 
     const char* output_norm_name() const override { return "token_embd_norm.weight"; }
+    const char* cpu_only() const override {
+        return "the short convolution layers' products are loops over host memory until the backend contract has "
+               "an elementwise product";
+    }
 
     // The attention layers' tensors (layer_tensors gives each layer its own kind's).
     std::vector<TensorSpec> block_tensors(const HParams& hp) const override { return layer_specs(hp, false, false); }
@@ -110,8 +114,6 @@ private:
     // out = out_proj(C * conv(B * x)), B, C and x the three parts of in_proj(xn), the convolution
     // carrying each sequence's last inputs in its slot.
     static void short_conv_mixer(const BlockRun& r, float* out) {
-        // The products are loops over host memory until the backend contract has an elementwise product.
-        if (!r.be.is_host()) fail(r.hp.arch, " runs on the CPU only so far (backend ", r.be.name(), ")");
         const int32_t n = r.n_tok, E = r.hp.n_embd;
         std::vector<float> bcx((size_t)n * 3 * E), bx((size_t)n * E), y((size_t)n * E);
         r.be.matmul(*r.w.m(Role::ssm_in), r.buf.xn, n, bcx.data());

@@ -72,9 +72,11 @@ public:
         return c;
     }
 
+    const char* cpu_only() const override {
+        return "the Mamba2 layers' grouped norm and the squared ReLU are loops over host memory until the backend "
+               "contract has them";
+    }
     const float* forward_block(const BlockRun& r) const override {
-        // The grouped norm and the squared ReLU are loops over host memory until the contract has them.
-        if (!r.be.is_host()) fail(r.hp.arch, " runs on the CPU only so far (backend ", r.be.name(), ")");
         const int32_t n = r.n_tok;
         const bool mlp = r.w.m(moe_ ? Role::up_shexp : Role::up)->n_out > 0;
         if (r.state) {

@@ -27,6 +27,9 @@ public:
         return layer_specs(hp, hp.recurrent_layer[l]);
     }
     const float* forward_block(const BlockRun& r) const override;
+    const char* cpu_only() const override {
+        return "the gated DeltaNet layers' gates are loops over host memory until the backend contract has their ops";
+    }
 
 private:
     QwenHybridKind kind_;
