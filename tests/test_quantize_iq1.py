@@ -108,6 +108,7 @@ def expected(mix, name, n_gqa):
         return "IQ4_NL"
     layer = int(name.split(".")[1])
     kind = name.split(".")[-2]
+    kind = "attn_v" if kind == "attn_qkv" else kind   # llama.cpp rules attn_qkv as attn_v
     rules = {"attn_v": "Q4_K" if n_gqa >= 4 else "Q2_K", "ffn_down": "Q2_K" if layer < N_LAYER // 8 else mix,
              "attn_output": "IQ2_XXS"}
     return rules.get(kind, mix)

@@ -28,12 +28,12 @@ def expected(mix, name, n_gqa):
         return "IQ4_NL"
     layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
     kind = name.split(".")[-2]
+    kind = "attn_v" if kind == "attn_qkv" else kind   # llama.cpp rules attn_qkv as attn_v
     more = "IQ3_S" if mix in ("IQ2_S", "IQ2_M") else "Q2_K"
     iq2 = {"attn_v": "Q4_K" if n_gqa >= 4 else more, "ffn_down": more if layer < N_LAYER // 8 else BASE[mix]}
     rules = {
         "IQ3_S": {"attn_v": "Q4_K" if n_gqa >= 4 else "IQ3_S"},
-        "IQ3_M": {"attn_v": "Q4_K", "ffn_down": "Q4_K" if layer < N_LAYER // 8 else "IQ3_S", "attn_output": "Q4_K",
-                  "attn_qkv": "Q4_K"},
+        "IQ3_M": {"attn_v": "Q4_K", "ffn_down": "Q4_K" if layer < N_LAYER // 8 else "IQ3_S", "attn_output": "Q4_K"},
         "IQ3_XXS": {"attn_v": "Q4_K" if n_gqa >= 4 else "IQ3_XXS", "attn_q": "IQ2_S", "attn_k": "IQ2_S",
                     "attn_output": "IQ3_S"},
         "IQ2_XXS": iq2, "IQ2_XS": iq2, "IQ2_S": {**iq2, "attn_output": "IQ3_S"},

@@ -50,11 +50,14 @@ def expected(mix, name, n_gqa):
     base = {"Q2_K": "Q2_K", "IQ4_XS": "IQ4_XS"}.get(mix, "Q3_K")
     layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
     kind = name.split(".")[-2]
+    # llama.cpp rules attn_qkv as attn_v and counts them together (blk.0.attn_qkv sorts before blk.0.attn_v)
+    i_attn_v = 0 if kind == "attn_qkv" else layer + 1
+    kind = "attn_v" if kind == "attn_qkv" else kind
     rules = {
         "Q2_K": {"attn_v": "Q4_K" if n_gqa >= 4 else "Q3_K", "ffn_down": "Q3_K", "attn_output": "Q3_K"},
-        "Q3_K_M": {"attn_v": "Q5_K" if layer < 2 else "Q4_K", "ffn_down": "Q5_K" if layer < N_LAYER // 16 else "Q4_K",
-                   "attn_output": "Q4_K", "attn_qkv": "Q4_K"},
-        "Q3_K_L": {"attn_v": "Q5_K", "ffn_down": "Q5_K", "attn_output": "Q5_K", "attn_qkv": "Q4_K"},
+        "Q3_K_M": {"attn_v": "Q5_K" if i_attn_v < 2 else "Q4_K",
+                   "ffn_down": "Q5_K" if layer < N_LAYER // 16 else "Q4_K", "attn_output": "Q4_K"},
+        "Q3_K_L": {"attn_v": "Q5_K", "ffn_down": "Q5_K", "attn_output": "Q5_K"},
         "Q3_K_S": {},
         "IQ4_XS": {"attn_v": "Q5_K" if n_gqa >= 4 else "IQ4_XS",
                    "ffn_down": "Q5_K" if layer < N_LAYER // 8 else "IQ4_XS"},

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -158,17 +159,26 @@ std::vector<std::string> quantize_model(const QuantizeParams& params, const Quan
 
     RecipeState st;
     st.has_imatrix = !params.imatrix.empty();
-    // query heads per KV head (per-layer head counts, arrays, leave it 1)
+    // As llama.cpp's hparams: layer 0's query heads per KV head (a per-layer array's first entry; 0 where layer 0
+    // has no attention), the expert count and block_count.
     const std::string arch = in.get_string("general.architecture", "");
-    const GGUFValue* heads = in.find(arch + ".attention.head_count");
-    const GGUFValue* kv_heads = in.find(arch + ".attention.head_count_kv");
-    if (heads && heads->is_integer() && (!kv_heads || kv_heads->is_integer()))
-        st.n_gqa = int(heads->num.u / std::max<uint64_t>(1, kv_heads ? kv_heads->num.u : heads->num.u));
+    auto first = [&](const std::string& key) -> std::optional<uint64_t> {
+        const GGUFValue* v = in.find(arch + "." + key);
+        if (v && v->type == GGUFType::ARRAY && !v->arr.empty() && v->arr[0].is_integer()) return v->arr[0].num.u;
+        if (v && v->is_integer()) return v->num.u;
+        return std::nullopt;
+    };
+    const auto heads = first("attention.head_count"), kv_heads = first("attention.head_count_kv");
+    if (heads) st.n_gqa = kv_heads ? (*kv_heads == 0 ? 0 : int(*heads / *kv_heads)) : 1;
+    st.n_expert = int(first("expert_count").value_or(0));
+    int max_layer = -1;
     for (const auto& t : in.tensors()) {
         if (t.name == "output.weight") st.has_output = true;
-        if (t.name.find("attn_v.weight") != std::string::npos) ++st.n_attn_v;
-        if (t.name.find("ffn_down.weight") != std::string::npos) ++st.n_ffn_down;
+        if (counts_as_attn_v(t.name)) ++st.n_attn_v;
+        int il = -1;
+        if (std::sscanf(t.name.c_str(), "blk.%d.", &il) == 1) max_layer = std::max(max_layer, il);
     }
+    st.n_ffn_down = int(first("block_count").value_or(uint64_t(max_layer + 1)));
     // The recipe's running attn_v / ffn_down counters advance in llama.cpp's order (layer number,
     // then name), not file order: files with blk.0, blk.1, blk.10, ... order would shift the
     // more-bits layers otherwise.

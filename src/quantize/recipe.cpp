@@ -1,12 +1,15 @@
-// The per-tensor type recipe, following llama.cpp's llama_tensor_get_type for the mixes ember
-// supports: output head Q6_K (Q8_0 where rows are not a multiple of 256), *_K_M give Q6_K to
-// attn_v and ffn_down in the first and last eighth of layers and every third layer between, Q2_K
-// and Q3_K_M / Q3_K_L (IQ3_M) give attn_v, ffn_down, attn_output (and attn_qkv) more bits, the IQ2 / IQ1 mixes
-// attn_v, the first ffn_down and attn_output, and K types fall back to legacy ones (IQ types to IQ4_NL) when a row is
-// not a whole number of 256-element blocks.
+// The per-tensor type recipe, following llama.cpp's llama_tensor_get_type for the mixes ember supports: which
+// tensors may change type at all (2-D / 3-D weights, not norms, routers or conv1d kernels), then by llama.cpp's
+// name categories (attn_qkv and attn_kv_b ruled as attn_v; every ffn_down* tensor, experts' by their layer): output
+// head Q6_K (Q8_0 where rows are not a multiple of 256), *_K_M give Q6_K to attn_v and ffn_down in the first and
+// last eighth of layers and every third layer between, Q2_K and Q3_K_M / Q3_K_L (IQ3_M) give attn_v, ffn_down and
+// attn_output more bits, 8-expert models' attention more, the IQ2 / IQ1 mixes attn_v, the first ffn_down and
+// attn_output, and K types fall back to legacy ones (IQ types to IQ4_NL) when a row is not a whole number of
+// 256-element blocks.
 #include "quantize/recipe.h"
 
 #include <cctype>
+#include <cstdio>
 
 #include "ember/status.h"
 #include "quant/kernels.h"
@@ -159,72 +162,170 @@ std::string quant_mix_names() {
     return s;
 }
 
-GGMLType choose_type(const QuantMix& mix, const GGUFTensor& t, RecipeState& st) {
-    // Only 2-D weight matrices are quantized; norms, biases and other vectors stay F32.
-    if (t.ne.size() < 2 || !ends_with(t.name, ".weight")) return GGMLType::F32;
-    GGMLType type = mix.base;
-    const bool float_mix = mix.base == GGMLType::F32 || mix.base == GGMLType::F16 || mix.base == GGMLType::BF16;
-    const bool is_output = t.name == "output.weight" || (!st.has_output && t.name == "token_embd.weight");
-    if (mix.experts_mxfp4) {
-        // llama.cpp's MXFP4_MOE: the router stays unquantized; a 3-D tensor (a matrix an expert) is
-        // MXFP4; every other matrix, the output head included, the base Q8_0
-        if (ends_with(t.name, "ffn_gate_inp.weight")) return GGMLType::F32;
-        if (t.ne.size() > 2 && t.ne[2] > 1) type = GGMLType::MXFP4;
-    } else if (!float_mix && is_output) {
-        type = output_type(mix, t);
-    } else if (t.name == "token_embd.weight") {
-        if (mix.low_k == LowKMix::iq2_xxs || mix.low_k == LowKMix::iq2_xs || is_iq1_mix(mix.low_k))
-            type = GGMLType::Q2_K;
-        if (mix.low_k == LowKMix::iq2_s || mix.low_k == LowKMix::iq2_m || mix.low_k == LowKMix::iq3_xxs)
-            type = GGMLType::IQ3_S;
-    } else if (is_iq2_mix(mix.low_k)) {
-        if (ends_with(t.name, "attn_v.weight")) {
-            type = st.n_gqa >= 4 ? GGMLType::Q4_K : iq2_more_bits(mix.low_k);
-            ++st.i_attn_v;
-        } else if (ends_with(t.name, "ffn_down.weight")) {
-            if (st.i_ffn_down < st.n_ffn_down / 8) type = iq2_more_bits(mix.low_k);
-            ++st.i_ffn_down;
-        } else if (ends_with(t.name, "attn_output.weight")) {
-            if (mix.low_k == LowKMix::iq2_s || mix.low_k == LowKMix::iq2_m) type = GGMLType::IQ3_S;
-            if (is_iq1_mix(mix.low_k)) type = GGMLType::IQ2_XXS;
-        }
-    } else if (ends_with(t.name, "attn_v.weight")) {
-        if (mix.more_bits_k && use_more_bits(st.i_attn_v, st.n_attn_v)) type = GGMLType::Q6_K;
-        if (mix.low_k == LowKMix::q2_k) type = st.n_gqa >= 4 ? GGMLType::Q4_K : GGMLType::Q3_K;
-        if (mix.low_k == LowKMix::q3_k_m) type = st.i_attn_v < 2 ? GGMLType::Q5_K : GGMLType::Q4_K;
-        if (mix.low_k == LowKMix::q3_k_l) type = GGMLType::Q5_K;
-        if (mix.low_k == LowKMix::iq4_xs && st.n_gqa >= 4) type = GGMLType::Q5_K;
-        if ((mix.low_k == LowKMix::iq3_s && st.n_gqa >= 4) || mix.low_k == LowKMix::iq3_m) type = GGMLType::Q4_K;
-        if (mix.low_k == LowKMix::iq3_xxs)
-            type = st.n_gqa >= 4 ? GGMLType::Q4_K : (st.has_imatrix ? GGMLType::IQ3_XXS : GGMLType::IQ3_S);
-        ++st.i_attn_v;
-    } else if (ends_with(t.name, "attn_k.weight") || ends_with(t.name, "attn_q.weight")) {
-        if (mix.low_k == LowKMix::iq3_xxs) type = GGMLType::IQ2_S;
-    } else if (ends_with(t.name, "ffn_down.weight")) {
-        if (mix.more_bits_k && use_more_bits(st.i_ffn_down, st.n_ffn_down)) type = GGMLType::Q6_K;
-        if (mix.low_k == LowKMix::q2_k) type = GGMLType::Q3_K;
-        if (mix.low_k == LowKMix::q3_k_m) type = st.i_ffn_down < st.n_ffn_down / 16 ? GGMLType::Q5_K : GGMLType::Q4_K;
-        if (mix.low_k == LowKMix::q3_k_l) type = GGMLType::Q5_K;
-        if (mix.low_k == LowKMix::iq4_xs && !st.has_imatrix && st.i_ffn_down < st.n_ffn_down / 8) type = GGMLType::Q5_K;
-        if (mix.low_k == LowKMix::iq3_m && st.i_ffn_down < st.n_ffn_down / 8) type = GGMLType::Q4_K;
-        if (mix.low_k == LowKMix::iq3_xxs && !st.has_imatrix)
-            type = st.i_ffn_down < st.n_ffn_down / 8 ? GGMLType::Q4_K : GGMLType::Q3_K;
-        ++st.i_ffn_down;
-    } else if (ends_with(t.name, "attn_output.weight")) {
-        if (mix.low_k == LowKMix::q2_k) type = GGMLType::Q3_K;
-        if (mix.low_k == LowKMix::q3_k_m) type = GGMLType::Q4_K;
-        if (mix.low_k == LowKMix::q3_k_l) type = GGMLType::Q5_K;
-        if (mix.low_k == LowKMix::iq3_m) type = GGMLType::Q4_K;
-        if (mix.low_k == LowKMix::iq3_xxs) type = GGMLType::IQ3_S;
-    } else if (ends_with(t.name, "attn_qkv.weight")) {
-        if (mix.low_k == LowKMix::q3_k_m || mix.low_k == LowKMix::q3_k_l || mix.low_k == LowKMix::iq3_m)
-            type = GGMLType::Q4_K;
+namespace {
+
+bool contains(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
+
+// llama.cpp's broad tensor categories, by name part, first match wins: attn_qkv before attn_v, and the ffn_*
+// parts match the expert (_exps) and shared-expert (_shexp) tensors too.
+enum class Category {
+    token_embd,
+    output,
+    attn_qkv,
+    attn_kv_b,
+    attn_v,
+    attn_k,
+    attn_q,
+    attn_output,
+    ffn_up,
+    ffn_gate,
+    ffn_down,
+    other
+};
+
+Category category(const std::string& name) {
+    if (name == "output.weight") return Category::output;
+    if (name == "token_embd.weight" || name == "per_layer_token_embd.weight") return Category::token_embd;
+    if (contains(name, "attn_qkv.weight")) return Category::attn_qkv;
+    if (contains(name, "attn_kv_b.weight")) return Category::attn_kv_b;
+    if (contains(name, "attn_v.weight")) return Category::attn_v;
+    if (contains(name, "attn_k.weight")) return Category::attn_k;
+    if (contains(name, "attn_q.weight")) return Category::attn_q;
+    if (contains(name, "attn_output.weight")) return Category::attn_output;
+    if (contains(name, "ffn_up")) return Category::ffn_up;
+    if (contains(name, "ffn_gate")) return Category::ffn_gate;
+    if (contains(name, "ffn_down")) return Category::ffn_down;
+    return Category::other;
+}
+
+// The fused and MLA value projections take attn_v's rules (and share its layer count).
+bool is_attn_v_like(Category c) { return c == Category::attn_v || c == Category::attn_qkv || c == Category::attn_kv_b; }
+
+// ggml's dimension count: trailing dimensions of 1 do not count ([n, 1] is a vector).
+size_t n_dims(const GGUFTensor& t) {
+    size_t n = t.ne.size();
+    while (n > 1 && t.ne[n - 1] == 1) --n;
+    return n;
+}
+
+// The mixes whose attn_output llama.cpp raises to Q5_K in 8-expert models (Q2_K, Q3_K_S/M, Q4_K_M, IQ3_*, IQ4_XS).
+bool attn_output_q5_k_with_8_experts(const QuantMix& mix) {
+    switch (mix.file_type) {
+        case 10:
+        case 11:
+        case 12:
+        case 15:
+        case 23:
+        case 26:
+        case 27:
+        case 30: return true;
+        default: return false;
     }
+}
+
+// The recipe's type for a tensor in category c (before the block-size fallback), llama_tensor_get_type's chain.
+GGMLType recipe_type(const QuantMix& mix, const GGUFTensor& t, Category c, RecipeState& st) {
+    GGMLType type = mix.base;
+    const bool is_output = c == Category::output || (!st.has_output && c == Category::token_embd);
+    const LowKMix k = mix.low_k;
+    if (is_output) return output_type(mix, t);
+    if (mix.experts_mxfp4) return t.ne.size() > 2 && t.ne[2] > 1 ? GGMLType::MXFP4 : mix.base;
+    if (c == Category::token_embd) {
+        if (k == LowKMix::iq2_xxs || k == LowKMix::iq2_xs || is_iq1_mix(k)) return GGMLType::Q2_K;
+        if (k == LowKMix::iq2_s || k == LowKMix::iq2_m || k == LowKMix::iq3_xxs) return GGMLType::IQ3_S;
+        return type;
+    }
+    if (is_iq2_mix(k)) {
+        if (is_attn_v_like(c)) {
+            type = st.n_gqa >= 4 || st.n_expert >= 4 ? GGMLType::Q4_K : iq2_more_bits(k);
+            ++st.i_attn_v;
+        } else if (st.n_expert == 8 && c == Category::attn_k) {
+            type = GGMLType::Q4_K;
+        } else if (c == Category::ffn_down) {
+            if (st.i_ffn_down < st.n_ffn_down / 8) type = iq2_more_bits(k);
+            ++st.i_ffn_down;
+        } else if (c == Category::attn_output) {
+            if (st.n_expert == 8) type = GGMLType::Q5_K;
+            else if (is_iq1_mix(k)) type = GGMLType::IQ2_XXS;
+            else if (k == LowKMix::iq2_s || k == LowKMix::iq2_m) type = GGMLType::IQ3_S;
+        }
+        return type;
+    }
+    if (is_attn_v_like(c)) {
+        if (k == LowKMix::q2_k) type = st.n_gqa >= 4 ? GGMLType::Q4_K : GGMLType::Q3_K;
+        else if (k == LowKMix::iq3_xxs)
+            type = st.n_gqa >= 4 ? GGMLType::Q4_K : (st.has_imatrix ? GGMLType::IQ3_XXS : GGMLType::IQ3_S);
+        else if (k == LowKMix::iq3_s && st.n_gqa >= 4) type = GGMLType::Q4_K;
+        else if (k == LowKMix::iq3_m) type = GGMLType::Q4_K;
+        else if (k == LowKMix::q3_k_m) type = st.i_attn_v < 2 ? GGMLType::Q5_K : GGMLType::Q4_K;
+        else if (k == LowKMix::q3_k_l) type = GGMLType::Q5_K;
+        else if (k == LowKMix::iq4_xs && st.n_gqa >= 4) type = GGMLType::Q5_K;
+        else if (mix.more_bits_k && use_more_bits(st.i_attn_v, st.n_attn_v)) type = GGMLType::Q6_K;
+        // an 8-expert model's attention is a small part of it: its values (and keys) get Q8_0
+        if (st.n_expert == 8) type = GGMLType::Q8_0;
+        ++st.i_attn_v;
+    } else if (c == Category::attn_k) {
+        if (st.n_expert == 8) type = GGMLType::Q8_0;
+        else if (k == LowKMix::iq3_xxs) type = GGMLType::IQ2_S;
+    } else if (c == Category::attn_q) {
+        if (k == LowKMix::iq3_xxs) type = GGMLType::IQ2_S;
+    } else if (c == Category::ffn_down) {
+        // A mixture's experts are not consecutive tensors: its layer is the one the name gives.
+        int i = st.i_ffn_down;
+        const int n = st.n_ffn_down;
+        if (st.n_expert > 1 && std::sscanf(t.name.c_str(), "blk.%d.", &i) != 1)
+            fail("tensor '", t.name, "': an expert model's ffn_down tensors must be named blk.N.*");
+        if (k == LowKMix::q2_k) type = GGMLType::Q3_K;
+        else if (k == LowKMix::iq3_xxs && !st.has_imatrix) type = i < n / 8 ? GGMLType::Q4_K : GGMLType::Q3_K;
+        else if (k == LowKMix::q3_k_m) type = i < n / 16 ? GGMLType::Q5_K : GGMLType::Q4_K;
+        else if (k == LowKMix::iq3_m && (i < n / 8 || (st.n_expert == 8 && use_more_bits(i, n)))) type = GGMLType::Q4_K;
+        else if (k == LowKMix::q3_k_l) type = GGMLType::Q5_K;
+        else if (mix.more_bits_k && use_more_bits(i, n)) type = GGMLType::Q6_K;
+        else if (i < n / 8 && k == LowKMix::iq4_xs && !st.has_imatrix) type = GGMLType::Q5_K;
+        else if ((mix.base == GGMLType::Q4_0 || mix.base == GGMLType::Q5_0) && st.has_imatrix && i < n / 8)
+            type = mix.base == GGMLType::Q4_0 ? GGMLType::Q4_1 : GGMLType::Q5_1;
+        ++st.i_ffn_down;
+    } else if (c == Category::attn_output) {
+        if (st.n_expert == 8) {
+            if (attn_output_q5_k_with_8_experts(mix)) type = GGMLType::Q5_K;
+        } else if (k == LowKMix::q2_k) {
+            type = GGMLType::Q3_K;
+        } else if (k == LowKMix::iq3_xxs) {
+            type = GGMLType::IQ3_S;
+        } else if (k == LowKMix::q3_k_m || k == LowKMix::iq3_m) {
+            type = GGMLType::Q4_K;
+        } else if (k == LowKMix::q3_k_l) {
+            type = GGMLType::Q5_K;
+        }
+    }
+    return type;
+}
+
+}  // namespace
+
+bool is_quantizable(const GGUFTensor& t) {
+    const std::string& n = t.name;
+    // Vectors, norms, routers (ffn_gate_inp, not the shared expert's ffn_gate_inp_shexp), the small conv1d kernels
+    // of Mamba-style and LFM2 layers and a few other small or positional tables stay as they are.
+    if (n_dims(t) < 2 || !ends_with(n, "weight")) return false;
+    for (const char* part : {"_norm.weight", "ffn_gate_inp.weight", "ffn_gate_tid2eid.weight", "altup", "laurel",
+                             "per_layer_model_proj", "ssm_conv1d", "shortconv.conv.weight", "indexer.k_proj.weight",
+                             "indexer.q_proj.weight", "attn_rel_b.weight", ".position_embd", ".patch_embd", ".rel_pos"})
+        if (contains(n, part)) return false;
+    return n != "position_embd.weight" && n != "token_types.weight";
+}
+
+GGMLType choose_type(const QuantMix& mix, const GGUFTensor& t, RecipeState& st) {
+    if (!is_quantizable(t)) return t.type;
+    if (mix.base == GGMLType::F32 || mix.base == GGMLType::F16 || mix.base == GGMLType::BF16) return mix.base;
+    GGMLType type = recipe_type(mix, t, category(t.name), st);
     if (is_k_type(type) && t.ne[0] % 256 != 0) type = k_fallback(type);
     const TypeTraits& tr = type_traits(type);
     if (t.ne[0] % tr.block_elems != 0) type = GGMLType::F16;   // rows too short for any block: keep precision
     return type;
 }
+
+bool counts_as_attn_v(const std::string& name) { return is_attn_v_like(category(name)); }
 
 GGMLType parse_tensor_type(const std::string& name, const char* option) {
     const std::string up = upper(name);
@@ -257,7 +358,7 @@ TypeOverrides parse_type_overrides(const std::vector<std::string>& tensor_types,
 
 GGMLType apply_overrides(const TypeOverrides& ov, const GGUFTensor& t, GGMLType chosen, bool has_output) {
     // As llama-quantize: only the weight matrices the recipe quantizes can be overridden.
-    if (t.ne.size() < 2 || !ends_with(t.name, ".weight")) return chosen;
+    if (!is_quantizable(t)) return chosen;
     GGMLType type = chosen;
     std::string why;
     for (size_t i = 0; i < ov.tensor_types.size(); ++i)

@@ -46,16 +46,24 @@ QuantizeRowFn weight_quantizer(GGMLType t);
 bool needs_imatrix(GGMLType t);
 std::string quant_mix_names();
 
-// Counts of attn_v / ffn_down tensors seen so far decide which layers get more bits.
+// Counts of attn_v-like tensors and ffn_down layers seen so far decide which layers get more bits.
 struct RecipeState {
-    int n_attn_v = 0, n_ffn_down = 0;   // totals in the model
+    int n_attn_v = 0;     // attn_v, attn_qkv and attn_kv_b tensors in the model (counts_as_attn_v)
+    int n_ffn_down = 0;   // the model's block_count: layers without an FFN still count, as in llama.cpp
     int i_attn_v = 0, i_ffn_down = 0;   // running indices
     bool has_output = false;
-    int n_gqa = 1;   // query heads per KV head (Q2_K's and IQ4_XS's attn_v rules)
+    int n_gqa = 1;      // layer 0's query heads per KV head (0 where it has none); Q2_K's and IQ4_XS's attn_v rules
+    int n_expert = 0;   // the mixture's experts (expert_count); 8 and >= 4 change some rules
     bool has_imatrix = false;
 };
 
-// Type for tensor t under mix; F32 for tensors that are not quantized (norms, biases, 1-D).
+// Whether the recipe may change t's type: 2-D or 3-D weights, but norms, routers, conv1d kernels and the other
+// small tensors llama-quantize keeps as they are.
+bool is_quantizable(const GGUFTensor& t);
+// attn_v, attn_qkv and attn_kv_b take attn_v's rules and are counted together.
+bool counts_as_attn_v(const std::string& name);
+// Type for tensor t under mix (in llama.cpp's tensor order: layer, then name); t's own type for tensors
+// that are not quantizable.
 GGMLType choose_type(const QuantMix& mix, const GGUFTensor& t, RecipeState& st);
 
 // Per-tensor types chosen on the command line, over the recipe's choice (llama-quantize's

@@ -1,0 +1,60 @@
+"""ember-quantize's per-tensor types on the tiny hybrid, MoE and MLA models are llama-quantize's
+(tests/reference/quantize_types.json, by tools/gen_quantize_type_references.py): routers, conv1d kernels, norms
+and [n, 1] vectors kept as they are; ffn_down of every expert kind, attn_qkv and 8-expert attention taking
+llama.cpp's more-bits rules."""
+import json
+
+import pytest
+from gguf import GGUFReader
+
+from ember import _ember as E
+
+import hf_tiny
+
+REFERENCE = hf_tiny.ROOT / "tests" / "reference" / "quantize_types.json"
+TABLE = json.loads(REFERENCE.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def f16_models(tmp_path_factory):
+    from ember.convert import convert
+    root = tmp_path_factory.mktemp("quantize_arch")
+    out = {}
+    for name in TABLE:
+        hf_tiny.build(name, str(root / name))
+        out[name] = str(root / f"{name}.f16.gguf")
+        convert(str(root / name), out[name], "f16", progress=False)
+    return out
+
+
+def types_of(path):
+    return {t.name: t.tensor_type.name for t in GGUFReader(path).tensors}
+
+
+@pytest.mark.parametrize("name", sorted(TABLE))
+def test_types_are_llama_quantize_types(f16_models, tmp_path, name):
+    for mix, expected in sorted(TABLE[name].items()):
+        out = str(tmp_path / f"{mix}.gguf")
+        E.quantize_model(f16_models[name], out, mix, n_threads=1)
+        got = types_of(out)
+        diff = {t: (got.get(t), want) for t, want in expected.items() if got.get(t) != want}
+        assert not diff and set(got) == set(expected), f"{name} {mix}: (ember, llama-quantize) {diff}"
+
+
+def test_routers_and_kernels_stay_as_stored_under_overrides(f16_models, tmp_path):
+    """As llama-quantize: --tensor-type reaches only the tensors the recipe may quantize, so a pattern naming the
+    router, the shared expert's [n, 1] gate and the conv1d kernel leaves them as stored; it does move a shexp."""
+    src, out = f16_models["qwen35moe"], str(tmp_path / "o.gguf")
+    E.quantize_model(src, out, "Q8_0", n_threads=1,
+                     tensor_types=["ffn_gate_inp=Q4_0", "ssm_conv1d=Q4_0", "ffn_up_shexp=Q4_0"])
+    stored, got = types_of(src), types_of(out)
+    for t in ("blk.0.ffn_gate_inp.weight", "blk.0.ffn_gate_inp_shexp.weight", "blk.0.ssm_conv1d.weight",
+              "blk.0.ssm_a", "blk.0.ssm_norm.weight"):
+        assert got[t] == stored[t], t
+    assert got["blk.0.ffn_up_shexp.weight"] == "Q4_0"
+    assert got["blk.0.ffn_gate_shexp.weight"] == "Q8_0"
+
+
+def test_unknown_mix_is_refused(f16_models, tmp_path):
+    with pytest.raises(Exception, match="unknown quantization type 'Q4_K_XL'"):
+        E.quantize_model(f16_models["lfm2moe"], str(tmp_path / "o.gguf"), "Q4_K_XL")
