@@ -58,3 +58,19 @@ def test_routers_and_kernels_stay_as_stored_under_overrides(f16_models, tmp_path
 def test_unknown_mix_is_refused(f16_models, tmp_path):
     with pytest.raises(Exception, match="unknown quantization type 'Q4_K_XL'"):
         E.quantize_model(f16_models["lfm2moe"], str(tmp_path / "o.gguf"), "Q4_K_XL")
+
+
+@pytest.mark.parametrize("name", ["qwen35moe", "qwen3next"])
+def test_vector_written_without_its_trailing_1_loads(f16_models, tmp_path, name):
+    """llama-quantize writes the shared expert's [n_embd, 1] gate as [n_embd] (ggml drops trailing 1s): ember
+    loads such a file and computes what it does from the [n_embd, 1] one."""
+    import numpy as np
+    src = f16_models[name]
+    gates = {t.name: np.asarray(t.data, np.float32).reshape(-1) for t in GGUFReader(src).tensors
+             if t.name.endswith("ffn_gate_inp_shexp.weight")}
+    assert gates
+    flat = str(tmp_path / "flat.gguf")
+    hf_tiny.rewritten_gguf(src, flat, drop=set(gates), extra=list(gates.items()))
+    assert all(len(t.shape) == 1 for t in GGUFReader(flat).tensors if t.name in gates)
+    ids = list(hf_tiny.LONG_PROMPT[:12])
+    np.testing.assert_array_equal(hf_tiny.ember_logits(flat, ids), hf_tiny.ember_logits(src, ids))

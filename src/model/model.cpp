@@ -1,6 +1,7 @@
 // Model::load: opens the GGUF, reads hyperparameters and the tokenizer, binds every block's
 // tensors (shape-checked, as its architecture lists them) in place, and places blocks as the
 // placement plan says.
+#include <algorithm>
 #include <cstdio>
 
 #include "backend/registry.h"
@@ -29,7 +30,17 @@ const GGUFTensor* bind_optional(const GGUFFile& f, const std::string& name, std:
 // The tensor a spec names, or its rows (a part of a fused tensor: a view of the file's rows,
 // kept in m.row_slices; of a vector, its elements); null for an absent optional one.
 const GGUFTensor* bind_spec(ModelImpl& m, const GGUFFile& f, const std::string& name, const TensorSpec& s) {
-    if (s.slice.of == 0) return s.optional ? bind_optional(f, name, s.shape) : &bind_tensor(f, name, s.shape);
+    if (s.slice.of == 0) {
+        // llama-quantize writes an [n, 1] tensor (qwen3next's ffn_gate_inp_shexp) as [n]: ggml drops trailing 1s
+        const GGUFTensor* t = f.find_tensor(name);
+        if (t && s.shape.size() == t->ne.size() + 1 && s.shape.back() == 1 &&
+            std::equal(t->ne.begin(), t->ne.end(), s.shape.begin())) {
+            GGUFTensor& whole = m.row_slices.emplace_back(*t);
+            whole.ne = s.shape;
+            return &whole;
+        }
+        return s.optional ? bind_optional(f, name, s.shape) : &bind_tensor(f, name, s.shape);
+    }
     const bool vec = s.shape.size() == 1;
     const std::vector<int64_t> whole = vec ? std::vector<int64_t>{s.slice.of}
                                            : std::vector<int64_t>{s.shape[0], s.slice.of};
