@@ -13,6 +13,7 @@ import hf_tiny
 
 REFERENCE = hf_tiny.ROOT / "tests" / "reference" / "quantize_types.json"
 TABLE = json.loads(REFERENCE.read_text(encoding="utf-8"))
+MIXES = TABLE["mixes"]
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +21,7 @@ def f16_models(tmp_path_factory):
     from ember.convert import convert
     root = tmp_path_factory.mktemp("quantize_arch")
     out = {}
-    for name in TABLE:
+    for name in MIXES:
         hf_tiny.build(name, str(root / name))
         out[name] = str(root / f"{name}.f16.gguf")
         convert(str(root / name), out[name], "f16", progress=False)
@@ -31,14 +32,25 @@ def types_of(path):
     return {t.name: t.tensor_type.name for t in GGUFReader(path).tensors}
 
 
-@pytest.mark.parametrize("name", sorted(TABLE))
+@pytest.mark.parametrize("name", sorted(MIXES))
 def test_types_are_llama_quantize_types(f16_models, tmp_path, name):
-    for mix, expected in sorted(TABLE[name].items()):
+    for mix, expected in sorted(MIXES[name].items()):
         out = str(tmp_path / f"{mix}.gguf")
         E.quantize_model(f16_models[name], out, mix, n_threads=1)
         got = types_of(out)
         diff = {t: (got.get(t), want) for t, want in expected.items() if got.get(t) != want}
         assert not diff and set(got) == set(expected), f"{name} {mix}: (ember, llama-quantize) {diff}"
+
+
+@pytest.mark.parametrize("case", TABLE["overrides"], ids=lambda c: c["model"])
+def test_overrides_as_llama_quantize(f16_models, tmp_path, case):
+    """The first matching --tensor-type wins; a tensor it sets does not advance the recipe's attn_v / ffn_down
+    counts; a tied head's --output-tensor-type reaches the embedding."""
+    out = str(tmp_path / "o.gguf")
+    E.quantize_model(f16_models[case["model"]], out, case["mix"], n_threads=1, tensor_types=case["tensor_types"],
+                     output_tensor_type=case["output_tensor_type"])
+    got = types_of(out)
+    assert got == case["types"], {t: (got.get(t), w) for t, w in case["types"].items() if got.get(t) != w}
 
 
 def test_routers_and_kernels_stay_as_stored_under_overrides(f16_models, tmp_path):

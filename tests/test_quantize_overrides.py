@@ -1,5 +1,5 @@
 """ember-quantize's per-tensor overrides (--tensor-type REGEX=TYPE, --output-tensor-type,
---token-embedding-type): which tensors they reach, the last matching pattern winning, the K -> legacy
+--token-embedding-type): which tensors they reach, the first matching pattern winning, the K -> legacy
 fallback on rows that are not a multiple of 256, bit-exact data, and the errors for bad input."""
 import subprocess
 import sys
@@ -23,13 +23,13 @@ def types_of(path: str) -> dict:
 def test_overrides_reach_the_tensors_they_name(tiny_path, tmp_path):
     out = str(tmp_path / "ov.gguf")
     E.quantize_model(tiny_path, out, "Q4_K_M", n_threads=2,
-                     tensor_types=["attn_v=Q8_0", r"blk\.[0-3]\.attn_v=q5_0", "ffn_down=Q6_K", "norm=Q8_0"],
+                     tensor_types=[r"blk\.[0-3]\.attn_v=q5_0", "attn_v=Q8_0", "ffn_down=Q6_K", "norm=Q8_0"],
                      output_tensor_type="Q4_0", token_embedding_type="q8_0")
     got, base = types_of(out), types_of(quantized(tiny_path, "Q4_K_M"))
     for name, t in got.items():
         layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
         if name.endswith("attn_v.weight"):
-            want = "Q5_0" if layer < 4 else "Q8_0"   # the later, narrower pattern wins where both match
+            want = "Q5_0" if layer < 4 else "Q8_0"   # the first matching pattern wins, as llama-quantize's
         elif name.endswith("ffn_down.weight"):
             want = "Q8_0"   # rows of 384: Q6_K falls back to Q8_0 as in the recipe
         elif name == "output.weight":

@@ -22,6 +22,10 @@ import hf_tiny  # noqa: E402
 # Hybrid (Mamba2 / gated DeltaNet / short conv), MoE with shared experts and routers, MLA with 8 experts.
 MODELS = ("qwen35moe", "qwen3next", "lfm2moe", "nemotron_h", "granitehybrid-moe", "deepseek-v3", "gemma4-moe")
 MIXES = ("Q8_0", "Q4_K_M", "Q3_K_M", "Q2_K", "IQ4_XS", "MXFP4_MOE")
+# (model, mix, --tensor-type patterns, --output-tensor-type): the first matching pattern wins, an overridden attn_qkv
+# does not advance attn_v's layer count, routers stay as stored; a tied head's type reaches the embedding.
+OVERRIDES = (("qwen35moe", "Q3_K_M", ["blk\\.0\\.attn_qkv=Q4_0", "attn_qkv=Q8_0", "ffn_gate_inp=Q4_0"], ""),
+             ("lfm2moe", "Q4_K_M", ["ffn_down_exps=Q4_1", "ffn_down=Q8_0"], "Q5_0"))
 OUT = ROOT / "tests" / "reference" / "quantize_types.json"
 
 
@@ -42,20 +46,27 @@ def main() -> int:
     ap.add_argument("llama_quantize", help="path of llama.cpp's llama-quantize")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args()
-    table = {}
+    table = {"mixes": {}, "overrides": []}
     with tempfile.TemporaryDirectory() as d:
         tmp = pathlib.Path(d)
+        sources = {name: f16_model(name, tmp) for name in MODELS}
         for name in MODELS:
-            src = f16_model(name, tmp)
-            table[name] = {}
+            table["mixes"][name] = {}
             for mix in MIXES:
                 dst = str(tmp / f"{name}.{mix}.gguf")
-                subprocess.run([args.llama_quantize, src, dst, mix, "1"], check=True, capture_output=True)
-                table[name][mix] = tensor_types(dst)
+                subprocess.run([args.llama_quantize, sources[name], dst, mix, "1"], check=True, capture_output=True)
+                table["mixes"][name][mix] = tensor_types(dst)
+        for name, mix, patterns, output_type in OVERRIDES:
+            dst = str(tmp / "override.gguf")
+            opts = [a for p in patterns for a in ("--tensor-type", p)]
+            opts += ["--output-tensor-type", output_type] if output_type else []
+            subprocess.run([args.llama_quantize, *opts, sources[name], dst, mix, "1"], check=True, capture_output=True)
+            table["overrides"].append({"model": name, "mix": mix, "tensor_types": patterns,
+                                       "output_tensor_type": output_type, "types": tensor_types(dst)})
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(table, f, indent=1, sort_keys=True)
         f.write("\n")
-    print(f"wrote {args.out}: {len(MODELS)} models x {len(MIXES)} mixes")
+    print(f"wrote {args.out}: {len(MODELS)} models x {len(MIXES)} mixes, {len(OVERRIDES)} override cases")
     return 0
 
 

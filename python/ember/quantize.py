@@ -4,7 +4,7 @@
         [--tensor-type REGEX=TYPE ...] [--output-tensor-type TYPE] [--token-embedding-type TYPE] [--imatrix FILE]
 
 --tensor-type gives the weight matrices whose names REGEX matches (searched, as llama-quantize
-does; the last matching option wins) TYPE instead of the recipe's; --output-tensor-type and
+does; the first matching option wins) TYPE instead of the recipe's; --output-tensor-type and
 --token-embedding-type set the output head's and the token embedding's. A K type on rows that are not
 a multiple of 256 falls back as in the recipe (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, IQ types -> IQ4_NL).
 
@@ -43,7 +43,7 @@ def parser() -> argparse.ArgumentParser:
                        help="write shards of at most this many tensor bytes (M = 1000^2, G = 1000^3 bytes)")
     split.add_argument("--split-max-tensors", type=int, metavar="N", help="write shards of at most N tensors")
     ap.add_argument("--tensor-type", action="append", default=[], metavar="REGEX=TYPE",
-                    help="type of the weight matrices whose names match REGEX (repeatable; the last match wins)")
+                    help="type of the weight matrices whose names match REGEX (repeatable; the first match wins)")
     ap.add_argument("--output-tensor-type", default="", metavar="TYPE", help="type of output.weight")
     ap.add_argument("--token-embedding-type", default="", metavar="TYPE", help="type of token_embd.weight")
     ap.add_argument("--imatrix", metavar="FILE", help="importance matrix (GGUF or .dat) weighting the error")

@@ -192,8 +192,13 @@ std::vector<std::string> quantize_model(const QuantizeParams& params, const Quan
     std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
         return layer[a] != layer[b] ? layer[a] < layer[b] : ts[a].name < ts[b].name;
     });
+    const TypeOverrides ov = parse_type_overrides(params.tensor_types, params.output_tensor_type,
+                                                  params.token_embedding_type);
     std::vector<GGMLType> types(ts.size());
-    for (size_t i : order) types[i] = choose_type(*mix, ts[i], st);
+    for (size_t i : order) {
+        const std::optional<GGMLType> forced = override_type(ov, ts[i], st.has_output);
+        types[i] = forced ? *forced : choose_type(*mix, ts[i], st);
+    }
     // As llama-quantize: an entry holds a row of importances per matrix (per expert of a 3-D tensor); one of
     // another size is an error, except the token embedding's, which is quantized without it.
     std::map<std::string, std::vector<float>> imatrix = params.imatrix;
@@ -212,9 +217,6 @@ std::vector<std::string> quantize_model(const QuantizeParams& params, const Quan
                  " experts' rows have ", t.ne[0], " elements (", n_mat * t.ne[0],
                  " expected): the importance matrix is of another model");
         }
-    const TypeOverrides ov = parse_type_overrides(params.tensor_types, params.output_tensor_type,
-                                                  params.token_embedding_type);
-    for (size_t i = 0; i < ts.size(); ++i) types[i] = apply_overrides(ov, ts[i], types[i], st.has_output);
 
     // As llama-quantize: the lowest-bit types are refused without importances (their result would be garbage),
     // except on the token embedding and the output head, which it exempts.

@@ -356,27 +356,36 @@ TypeOverrides parse_type_overrides(const std::vector<std::string>& tensor_types,
     return ov;
 }
 
-GGMLType apply_overrides(const TypeOverrides& ov, const GGUFTensor& t, GGMLType chosen, bool has_output) {
-    // As llama-quantize: only the weight matrices the recipe quantizes can be overridden.
-    if (!is_quantizable(t)) return chosen;
-    GGMLType type = chosen;
+std::optional<GGMLType> override_type(const TypeOverrides& ov, const GGUFTensor& t, bool has_output) {
+    // As llama-quantize: only the weight matrices the recipe may quantize are overridden; the token embedding's
+    // type first (a per-layer table named by a pattern excepted), then the output head's, then the first matching
+    // pattern, and for a tied embedding without a matching pattern the output head's type.
+    if (!is_quantizable(t)) return std::nullopt;
+    const Category c = category(t.name);
+    auto first_match = [&]() -> std::optional<size_t> {
+        for (size_t i = 0; i < ov.tensor_types.size(); ++i)
+            if (std::regex_search(t.name, ov.tensor_types[i].first)) return i;
+        return std::nullopt;
+    };
+    const std::optional<size_t> match = first_match();
+    std::optional<GGMLType> type;
     std::string why;
-    for (size_t i = 0; i < ov.tensor_types.size(); ++i)
-        if (std::regex_search(t.name, ov.tensor_types[i].first)) {
-            type = ov.tensor_types[i].second;
-            why = "--tensor-type '" + ov.patterns[i] + "'";
-        }
-    if (ov.output && (t.name == "output.weight" || (!has_output && t.name == "token_embd.weight"))) {
+    if (ov.token_embd && c == Category::token_embd && !(t.name == "per_layer_token_embd.weight" && match)) {
+        type = *ov.token_embd;
+        why = "--token-embedding-type";
+    } else if (ov.output && c == Category::output) {
+        type = *ov.output;
+        why = "--output-tensor-type";
+    } else if (match) {
+        type = ov.tensor_types[*match].second;
+        why = "--tensor-type '" + ov.patterns[*match] + "'";
+    } else if (ov.output && !has_output && c == Category::token_embd) {
         type = *ov.output;
         why = "--output-tensor-type";
     }
-    if (ov.token_embd && t.name == "token_embd.weight") {
-        type = *ov.token_embd;
-        why = "--token-embedding-type";
-    }
-    if (type == chosen) return type;
-    if (is_k_type(type) && t.ne[0] % 256 != 0) type = k_fallback(type);
-    const TypeTraits& tr = type_traits(type);
+    if (!type) return std::nullopt;
+    if (is_k_type(*type) && t.ne[0] % 256 != 0) type = k_fallback(*type);
+    const TypeTraits& tr = type_traits(*type);
     if (t.ne[0] % tr.block_elems != 0)
         fail(why, ": tensor '", t.name, "' has rows of ", t.ne[0], " elements, not a multiple of ", tr.name,
              "'s blocks of ", tr.block_elems, " (K types fall back as the recipe does: Q4_K -> Q5_0, Q5_K -> Q5_1, ",

@@ -69,7 +69,7 @@ GGMLType choose_type(const QuantMix& mix, const GGUFTensor& t, RecipeState& st);
 // Per-tensor types chosen on the command line, over the recipe's choice (llama-quantize's
 // --tensor-type, --output-tensor-type, --token-embedding-type).
 struct TypeOverrides {
-    std::vector<std::pair<std::regex, GGMLType>> tensor_types;   // the last matching pattern wins
+    std::vector<std::pair<std::regex, GGMLType>> tensor_types;   // the first matching pattern wins
     std::vector<std::string> patterns;                           // the source text of each regex, for errors
     std::optional<GGMLType> output, token_embd;
 };
@@ -79,8 +79,10 @@ GGMLType parse_tensor_type(const std::string& name, const char* option);
 // "REGEX=TYPE" strings and the two type names ("" = none); throws on a bad regex or type.
 TypeOverrides parse_type_overrides(const std::vector<std::string>& tensor_types, const std::string& output_type,
                                    const std::string& token_embd_type);
-// The overridden type of t (chosen: the recipe's), with the recipe's fallback where a K type's
-// 256-element blocks do not fit the rows; throws where no fallback fits either.
-GGMLType apply_overrides(const TypeOverrides& ov, const GGUFTensor& t, GGMLType chosen, bool has_output);
+// The type the overrides give t, in llama-quantize's order (--token-embedding-type, --output-tensor-type, the first
+// matching --tensor-type, a tied embedding's --output-tensor-type), with the recipe's fallback where a K type's
+// 256-element blocks do not fit the rows; nullopt where none applies (the recipe decides, and only then advances its
+// counters, as llama-quantize's); throws where no fallback fits.
+std::optional<GGMLType> override_type(const TypeOverrides& ov, const GGUFTensor& t, bool has_output);
 
 }  // namespace ember
