@@ -10,10 +10,20 @@ from gguf import GGUFReader
 from ember import _ember as E
 
 import hf_tiny
+from conftest import rng_for
+from quantize_wide import widened
 
 REFERENCE = hf_tiny.ROOT / "tests" / "reference" / "quantize_types.json"
 TABLE = json.loads(REFERENCE.read_text(encoding="utf-8"))
-MIXES = TABLE["mixes"]
+
+
+def by_mix(entry):
+    """{mix: {tensor: type}} of a model's entry (tensor names once, then each mix's types in their order)."""
+    return {mix: dict(zip(entry["tensors"], types)) for mix, types in entry["types"].items()}
+
+
+MIXES = {name: by_mix(entry) for name, entry in TABLE["mixes"].items()}
+WIDE = {name: by_mix(entry) for name, entry in TABLE.get("wide", {}).items()}
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +50,18 @@ def test_types_are_llama_quantize_types(f16_models, tmp_path, name):
         got = types_of(out)
         diff = {t: (got.get(t), want) for t, want in expected.items() if got.get(t) != want}
         assert not diff and set(got) == set(expected), f"{name} {mix}: (ember, llama-quantize) {diff}"
+
+
+@pytest.mark.parametrize("name", sorted(WIDE))
+def test_k_types_on_wide_rows_are_llama_quantize_types(f16_models, tmp_path, name):
+    src = str(tmp_path / "wide.gguf")
+    widened(f16_models[name], src, rng_for("wide rows", name))
+    for mix, expected in sorted(WIDE[name].items()):
+        out = str(tmp_path / f"{mix}.gguf")
+        E.quantize_model(src, out, mix, n_threads=1)
+        got = types_of(out)
+        diff = {t: (got.get(t), w) for t, w in expected.items() if got.get(t) != w}
+        assert got == expected, f"{name} {mix}: (ember, llama-quantize) {diff}"
 
 
 @pytest.mark.parametrize("case", TABLE["overrides"], ids=lambda c: c["model"])
@@ -86,3 +108,13 @@ def test_vector_written_without_its_trailing_1_loads(f16_models, tmp_path, name)
     assert all(len(t.shape) == 1 for t in GGUFReader(flat).tensors if t.name in gates)
     ids = list(hf_tiny.LONG_PROMPT[:12])
     np.testing.assert_array_equal(hf_tiny.ember_logits(flat, ids), hf_tiny.ember_logits(src, ids))
+
+
+def test_expert_ffn_down_outside_a_block_is_refused(f16_models, tmp_path):
+    """An expert model's ffn_down tensors take their layer from the name: one outside blk.N is refused by name."""
+    import numpy as np
+    src = str(tmp_path / "extra.gguf")
+    extra = rng_for("stray ffn_down").standard_normal((64, 64)).astype(np.float32)
+    hf_tiny.rewritten_gguf(f16_models["qwen35moe"], src, extra=[("ffn_down_stray.weight", extra)])
+    with pytest.raises(Exception, match="'ffn_down_stray.weight': an expert model's ffn_down tensors must be named"):
+        E.quantize_model(src, str(tmp_path / "o.gguf"), "Q4_K_M", n_threads=1)

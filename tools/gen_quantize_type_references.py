@@ -21,7 +21,9 @@ import hf_tiny  # noqa: E402
 
 # Hybrid (Mamba2 / gated DeltaNet / short conv), MoE with shared experts and routers, MLA with 8 experts.
 MODELS = ("qwen35moe", "qwen3next", "lfm2moe", "nemotron_h", "granitehybrid-moe", "deepseek-v3", "gemma4-moe")
-MIXES = ("Q8_0", "Q4_K_M", "Q3_K_M", "Q2_K", "IQ4_XS", "MXFP4_MOE")
+MIXES = ("Q8_0", "Q4_K_M", "Q3_K_M", "MXFP4_MOE")
+# The same models with rows of 256 (test_quantize_arch_rules.widened): the K types themselves, not their fallbacks.
+WIDE_MIXES = ("Q4_K_M", "Q5_K_M", "Q3_K_M", "Q3_K_L", "Q2_K", "IQ4_XS")
 # (model, mix, --tensor-type patterns, --output-tensor-type): the first matching pattern wins, an overridden attn_qkv
 # does not advance attn_v's layer count, routers stay as stored; a tied head's type reaches the embedding.
 OVERRIDES = (("qwen35moe", "Q3_K_M", ["blk\\.0\\.attn_qkv=Q4_0", "attn_qkv=Q8_0", "ffn_gate_inp=Q4_0"], ""),
@@ -41,12 +43,21 @@ def tensor_types(path: str) -> dict:
     return {t.name: t.tensor_type.name for t in GGUFReader(path).tensors}
 
 
+def by_mix(types: dict) -> dict:
+    """{mix: {tensor: type}} as the tensor names once (sorted) and per mix the types in that order."""
+    names = sorted(next(iter(types.values())))
+    assert all(sorted(t) == names for t in types.values())
+    return {"tensors": names, "types": {mix: [t[n] for n in names] for mix, t in types.items()}}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("llama_quantize", help="path of llama.cpp's llama-quantize")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args()
-    table = {"mixes": {}, "overrides": []}
+    import numpy as np
+    from quantize_wide import widened
+    table = {"mixes": {}, "overrides": [], "wide": {}}
     with tempfile.TemporaryDirectory() as d:
         tmp = pathlib.Path(d)
         sources = {name: f16_model(name, tmp) for name in MODELS}
@@ -56,6 +67,16 @@ def main() -> int:
                 dst = str(tmp / f"{name}.{mix}.gguf")
                 subprocess.run([args.llama_quantize, sources[name], dst, mix, "1"], check=True, capture_output=True)
                 table["mixes"][name][mix] = tensor_types(dst)
+            table["mixes"][name] = by_mix(table["mixes"][name])
+        for name in MODELS:
+            wide = str(tmp / f"{name}.wide.gguf")
+            widened(sources[name], wide, np.random.default_rng(0))
+            table["wide"][name] = {}
+            for mix in WIDE_MIXES:
+                dst = str(tmp / f"{name}.wide.{mix}.gguf")
+                subprocess.run([args.llama_quantize, wide, dst, mix, "1"], check=True, capture_output=True)
+                table["wide"][name][mix] = tensor_types(dst)
+            table["wide"][name] = by_mix(table["wide"][name])
         for name, mix, patterns, output_type in OVERRIDES:
             dst = str(tmp / "override.gguf")
             opts = [a for p in patterns for a in ("--tensor-type", p)]
@@ -64,7 +85,7 @@ def main() -> int:
             table["overrides"].append({"model": name, "mix": mix, "tensor_types": patterns,
                                        "output_tensor_type": output_type, "types": tensor_types(dst)})
     with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(table, f, indent=1, sort_keys=True)
+        json.dump(table, f, sort_keys=True)
         f.write("\n")
     print(f"wrote {args.out}: {len(MODELS)} models x {len(MIXES)} mixes, {len(OVERRIDES)} override cases")
     return 0
