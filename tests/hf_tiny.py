@@ -286,6 +286,33 @@ def engine_greedy(engine, prompt, **kw):
     return tokens, lps
 
 
+def check_engine_preemption(path):
+    """A pool too small for every sequence: the newest are preempted and recomputed on a fresh state
+    slot, each sequence's greedy tokens are those it has alone, and afterwards every slot and block is
+    free."""
+    from ember import _ember
+    m = _ember.Model(str(path), n_gpu_layers=0)
+    kw = dict(n_ctx=64, max_num_batched_tokens=32, n_threads=2, type_k="f32", type_v="f32", kv_block_size=16)
+    engine = _ember.Engine(m, max_num_seqs=4, kv_blocks=4, **kw)
+    rng = np.random.default_rng()
+    prompts = [[1] + [int(t) for t in rng.integers(3, 390, size=int(n))] for n in rng.integers(8, 20, size=5)]
+    ids = [engine.add_request(p, temperature=0.0, max_tokens=30) for p in prompts]
+    tokens, left = {i: [] for i in ids}, set(ids)
+    while left:
+        for o in engine.poll(1.0):
+            tokens[o.request_id] += o.token_ids
+            if o.finished:
+                left.discard(o.request_id)
+    stats = engine.stats()
+    engine.close()
+    assert stats["preemptions"] > 0
+    assert stats["state_slots_total"] == stats["state_slots_free"] == 4 and stats["kv_blocks_used"] == 0
+    alone = _ember.Engine(m, max_num_seqs=1, **kw)
+    for i, p in zip(ids, prompts):
+        assert tokens[i] == engine_greedy(alone, p, max_tokens=30)[0]
+    alone.close()
+
+
 def ember_logits(path, ids, n_gpu_layers=0, kv_type="f32", chunk=64):
     """ember's logits [len(ids), n_vocab], the ids evaluated `chunk` at a time. By default on the
     CPU with an f32 KV cache: the comparison is with transformers' f32 attention, not llama.cpp's
