@@ -48,9 +48,10 @@ TOLERANCE = {
     ("matmul", "F16"): {"*": 2e-3, "cpu": 1e-5},
     ("matmul", "BF16"): {"*": 2e-3, "cpu": 1e-5},
     # Activations rounded to 8-bit blocks (q8_0, q8_1, q8_K: up to half a step of amax / 127 per
-    # value, 0.5-0.7% of the norm, to 1.7% on one token through the heavy rows of random K-quant
-    # bytes), or to f16 on the GPU's dequantizing GEMM.
-    ("matmul", "quant"): {"*": 3e-2},
+    # value, 0.5-0.7% of the norm, more on one token through the heavy rows of random K-quant bytes:
+    # 256 outputs of Q4_K reach 3.6% in 2,000 draws, 2.4% at the 99th percentile), or to f16 on the
+    # GPU's dequantizing GEMM.
+    ("matmul", "quant"): {"*": 4e-2},
     # Against the product of the weights and the activations rounded as ember's scalar quantizer
     # rounds them to the weight's vec_dot_type (ROUNDS_ACTIVATIONS backends): f32 sums of the same
     # products in another order; q8_1 (Q4_1, Q5_1) also keeps its block sum as f16.
