@@ -296,7 +296,8 @@ def check_engine_preemption(path):
     engine = _ember.Engine(m, max_num_seqs=4, kv_blocks=4, **kw)
     rng = np.random.default_rng()
     prompts = [[1] + [int(t) for t in rng.integers(3, 390, size=int(n))] for n in rng.integers(8, 20, size=5)]
-    ids = [engine.add_request(p, temperature=0.0, max_tokens=30) for p in prompts]
+    # EOS ignored: a sequence the random model ends early would leave the pool room enough not to preempt
+    ids = [engine.add_request(p, temperature=0.0, max_tokens=30, ignore_eos=True) for p in prompts]
     tokens, left = {i: [] for i in ids}, set(ids)
     while left:
         for o in engine.poll(1.0):
@@ -309,7 +310,7 @@ def check_engine_preemption(path):
     assert stats["state_slots_total"] == stats["state_slots_free"] == 4 and stats["kv_blocks_used"] == 0
     alone = _ember.Engine(m, max_num_seqs=1, **kw)
     for i, p in zip(ids, prompts):
-        assert tokens[i] == engine_greedy(alone, p, max_tokens=30)[0]
+        assert tokens[i] == engine_greedy(alone, p, max_tokens=30, ignore_eos=True)[0]
     alone.close()
 
 

@@ -13,7 +13,7 @@ from test_server import live_server
 
 pytest.importorskip("fastapi")
 
-N_STREAMS, MAX_TOKENS = 4, 48
+N_STREAMS, MAX_TOKENS = 4, 128   # streams long enough for several bounded pauses (BUSY_PAUSE_MAX_S)
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Embeddings map text to vectors.", "Bonjour à tous!"]
 
 
