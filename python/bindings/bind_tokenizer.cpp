@@ -52,8 +52,8 @@ void bind_tokenizer(nb::module_& m) {
                 v.eot = eot;
                 v.eom = eom;
                 // Defaults as for a GGUF file without the keys: SentencePiece adds BOS and a space prefix,
-                // WordPiece [CLS] and [SEP].
-                v.add_bos = add_bos.value_or(model == "llama" || model == "bert");
+                // WordPiece [CLS] and [SEP], Gemma 4's BPE BOS.
+                v.add_bos = add_bos.value_or(model == "llama" || model == "bert" || model == "gemma4");
                 v.add_eos = add_eos;
                 v.add_space_prefix = add_space_prefix.value_or(model == "llama");
                 v.sep = sep;
@@ -67,7 +67,8 @@ void bind_tokenizer(nb::module_& m) {
             "pad"_a = -1, "eot"_a = -1, "eom"_a = -1, "add_bos"_a = nb::none(), "add_eos"_a = false,
             "add_space_prefix"_a = nb::none(), "sep"_a = -1, "add_sep"_a = nb::none(), "lowercase"_a = true,
             "strip_accents"_a = nb::none(),
-            "Build from the lists a GGUF file's tokenizer.* keys hold (model 'gpt2', 'llama' or 'bert').")
+            "Build from the lists a GGUF file's tokenizer.* keys hold (model 'gpt2', 'llama', 'bert', 't5' or "
+            "'gemma4').")
         .def_static(
             "from_gguf_file",
             [](const std::string& path) {
@@ -105,7 +106,8 @@ void bind_tokenizer(nb::module_& m) {
         .def_prop_ro("add_eos", &ember::Tokenizer::add_eos)
         .def_prop_ro("sep", &ember::Tokenizer::sep)
         .def_prop_ro("add_sep", &ember::Tokenizer::add_sep)
-        .def_prop_ro("model", &ember::Tokenizer::model, "tokenizer.ggml.model: 'gpt2', 'llama', 'bert' or 't5'");
+        .def_prop_ro("model", &ember::Tokenizer::model,
+                     "tokenizer.ggml.model: 'gpt2', 'llama', 'bert', 't5' or 'gemma4'");
 
     nb::class_<ember::IncrementalDetokenizer>(m, "IncrementalDetokenizer")
         .def(nb::init<const ember::Tokenizer&, bool>(), "tokenizer"_a, "special"_a = false, nb::keep_alive<1, 2>())

@@ -2,6 +2,7 @@
 tokenizer.json (vocab, merges, pre-tokenizer name), SentencePiece from tokenizer.model or from a
 SentencePiece-style tokenizer.json (Metaspace + byte-fallback BPE), BERT's WordPiece from tokenizer.json
 (llama.cpp's "bert" form), SentencePiece Unigram from tokenizer.json (XLM-RoBERTa's, llama.cpp's "t5" form);
+Gemma 4's byte-fallback BPE from tokenizer.json as llama.cpp's converter writes it (tokenizer model "gemma4");
 special tokens, add_bos/eos/sep, and the chat template."""
 import base64
 import json
@@ -30,7 +31,7 @@ _BYTE_TOKEN_RE = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
 
 @dataclass
 class Vocab:
-    model: str                       # tokenizer.ggml.model: "gpt2", "llama" or "bert"
+    model: str                       # tokenizer.ggml.model: "gpt2", "llama", "bert", "t5" or "gemma4"
     tokens: list
     types: list
     scores: list = None
@@ -181,6 +182,77 @@ def _spm_from_json(tj, path):
                  add_space_prefix=prefix, remove_extra_whitespaces=False)
 
 
+# Tokens llama.cpp's converter types USER_DEFINED in a Gemma 4 vocab, so that their text is always shown
+# (the chat parser reads them).
+_GEMMA4_VISIBLE = {"<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|tool_response>",
+                   "<tool_response|>", "<|\"|>"}
+# GemmaTokenizer's special tokens where tokenizer_config.json names none.
+_GEMMA_SPECIALS = {"bos": "<bos>", "eos": "<eos>", "unk": "<unk>", "pad": "<pad>", "mask": "<mask>"}
+
+
+def is_gemma4_json(tj):
+    """Whether tokenizer.json is the byte-fallback BPE llama.cpp converts as Gemma 4's (its LlamaHfVocab)."""
+    model, decoder = (tj or {}).get("model") or {}, (tj or {}).get("decoder") or {}
+    return model.get("type") == "BPE" and bool(model.get("byte_fallback")) and decoder.get("type") == "Sequence"
+
+
+def _gemma4_merge(m):
+    # As llama.cpp's converter: [a, b] pairs joined by a space, a space inside a side written as U+0120.
+    if isinstance(m, str):
+        return m
+    return " ".join("".join(chr(ord(c) + 256) if c == " " else c for c in side) for side in m)
+
+
+def _gemma4_from_json(tj, tcfg, path):
+    """Gemma 4's tokenizer as llama.cpp's converter writes it: the BPE vocab with the added tokens past it,
+    scores of -1000, <0xNN> tokens BYTE, special tokens CONTROL (those tokenizer_config.json names, and the
+    added tokens marked special, which HF's tokenizer splits off the text), the chat parser's markers
+    USER_DEFINED, the merges, add_bos, no space prefix. tokenizer.ggml.pre is not written: llama.cpp's
+    "gemma4" model implies its pre-tokenizer (spaces as U+2581, merges over whole lines)."""
+    model = tj["model"]
+    tokens, types = _from_vocab_dict(model, path)
+    base = len(tokens)
+    added = tj.get("added_tokens") or []
+    named = {}
+    for kind, text in _GEMMA_SPECIALS.items():
+        named[kind] = _token_text(tcfg.get(f"{kind}_token")) if f"{kind}_token" in tcfg else text
+    for kind in ("sep", "cls"):
+        named[kind] = _token_text(tcfg.get(f"{kind}_token"))
+    extra = tcfg.get("extra_special_tokens") or tcfg.get("additional_special_tokens") or []
+    if isinstance(extra, dict):
+        extra = list(extra.values())
+    special = {t for t in named.values() if t} | {_token_text(t) for t in extra} | {
+        a["content"] for a in added if a.get("special")}
+    for a in added:
+        i, text = int(a["id"]), a["content"]
+        if i < base:
+            if tokens[i] != text:
+                raise ConvertError(f"{path}: added token {text!r} has id {i}, already used by {tokens[i]!r}")
+            continue
+        _place_added(tokens, types, [a], path)
+    _fill_holes(tokens, types)
+    for i, t in enumerate(tokens):
+        if types[i] == UNUSED:
+            continue
+        if t in _GEMMA4_VISIBLE:
+            types[i] = USER_DEFINED
+        elif _BYTE_TOKEN_RE.match(t):
+            types[i] = BYTE
+        elif t in special:
+            types[i] = CONTROL
+        elif i < base:
+            types[i] = NORMAL
+    v = Vocab(model="gemma4", tokens=tokens, types=types, scores=[-1000.0] * len(tokens),
+              merges=[_gemma4_merge(m) for m in model.get("merges") or []], add_space_prefix=False, add_bos=True)
+    index = {}
+    for i, t in enumerate(tokens):
+        index.setdefault(t, i)
+    for kind, text in named.items():
+        if kind != "cls" and text in index:
+            v.special_ids[kind] = index[text]
+    return v
+
+
 def _bert_normalizer(node):
     """(lowercase, strip_accents) of tokenizer.json's normalizer: BertNormalizer's, or the Lowercase and
     StripAccents steps of a Sequence; strip_accents unset follows lowercase, as BertNormalizer's does."""
@@ -326,7 +398,14 @@ def load_vocab(model_dir, model_config, pre_override=None):
     tj = _read_json(tj_path) if os.path.exists(tj_path) else None
     tcfg = _read_json(tc_path) if os.path.exists(tc_path) else {}
 
-    if os.path.exists(sp_path):
+    gemma4 = {model_config.get("model_type"), (model_config.get("text_config") or {}).get("model_type")} & {
+        "gemma4", "gemma4_text"}
+    if gemma4 and tj is not None and not is_gemma4_json(tj):
+        raise ConvertError(f"{tj_path}: a Gemma 4 tokenizer.json is a byte-fallback BPE with a Sequence decoder "
+                           f"(as llama.cpp's converter reads it), got model {(tj.get('model') or {}).get('type')!r}")
+    if gemma4 and tj is not None:
+        vocab = _gemma4_from_json(tj, tcfg, tj_path)
+    elif os.path.exists(sp_path):
         vocab = _spm_from_model(sp_path)
         # Tokens the HF tokenizer adds past the SentencePiece vocab, or marks special inside it.
         added = list(tj.get("added_tokens") or []) if tj else []
@@ -365,6 +444,8 @@ def load_vocab(model_dir, model_config, pre_override=None):
     for i, t in enumerate(vocab.tokens):
         index.setdefault(t, i)
     for kind in ("bos", "eos", "unk", "pad"):
+        if vocab.model == "gemma4" and kind in vocab.special_ids:
+            continue
         text = _token_text(tcfg.get(f"{kind}_token"))
         if text is not None and text in index:
             vocab.special_ids[kind] = index[text]
@@ -376,11 +457,13 @@ def load_vocab(model_dir, model_config, pre_override=None):
                 vocab.special_ids[kind] = cid
 
     flags = _post_processor_flags(tj)
+    if vocab.model == "gemma4":   # llama.cpp's converter, and its loader, add BOS for Gemma 4 whatever the files say
+        flags = (True, flags[1]) if flags else None
     if flags is not None:
         vocab.add_bos, vocab.add_eos = flags
     elif vocab.model == "gpt2":
         vocab.add_bos = vocab.add_eos = False
-    if isinstance(tcfg.get("add_bos_token"), bool):
+    if isinstance(tcfg.get("add_bos_token"), bool) and vocab.model != "gemma4":
         vocab.add_bos = tcfg["add_bos_token"]
     if isinstance(tcfg.get("add_eos_token"), bool):
         vocab.add_eos = tcfg["add_eos_token"]
@@ -402,8 +485,8 @@ def add_vocab(writer, vocab):
         writer.add_token_scores(vocab.scores)
     if vocab.merges is not None:
         writer.add_token_merges(vocab.merges)
-    setters = {"bos": writer.add_bos_token_id, "eos": writer.add_eos_token_id,
-               "unk": writer.add_unk_token_id, "pad": writer.add_pad_token_id, "sep": writer.add_sep_token_id}
+    setters = {"bos": writer.add_bos_token_id, "eos": writer.add_eos_token_id, "unk": writer.add_unk_token_id,
+               "pad": writer.add_pad_token_id, "sep": writer.add_sep_token_id, "mask": writer.add_mask_token_id}
     for kind, i in vocab.special_ids.items():
         setters[kind](i)
     writer.add_add_bos_token(bool(vocab.add_bos))

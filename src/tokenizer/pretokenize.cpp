@@ -253,6 +253,8 @@ PreTokenizer pre_tokenizer_from_name(const std::string& name) {
         {"llama4", PreTokenizer::GPT4O},
         {"glm4", PreTokenizer::LLAMA3},
         {"default", PreTokenizer::DEFAULT},
+        {"gemma4", PreTokenizer::GEMMA4},
+        {"granite-embed-multi-311m", PreTokenizer::GEMMA4},
     };
     auto it = names.find(name);
     if (it == names.end()) {
@@ -280,6 +282,13 @@ std::vector<std::string> pre_tokenize(PreTokenizer kind, const std::string& text
         case PreTokenizer::QWEN2: s.split_llama3(1); break;
         case PreTokenizer::TEKKEN: s.split_cased(false, 1); break;
         case PreTokenizer::GPT4O: s.split_cased(true, 3); break;
+        case PreTokenizer::GEMMA4:
+            s.split_matches([&](size_t pos, size_t end) -> size_t {
+                size_t e = pos;
+                while (e < end && cpts[e] == '\n') ++e;
+                return e - pos;
+            });
+            break;
         case PreTokenizer::DEFAULT: {
             auto is_punct = [&](size_t i) {
                 const uint32_t c = cpts[i];

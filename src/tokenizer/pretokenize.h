@@ -18,6 +18,9 @@ enum class PreTokenizer {
     // llama4: Phi-4-mini, Llama 4)
     GPT4O,
     DEFAULT,  // [\p{P}$+<=>^~|]+ , GPT2 , \p{N}+ , [0-9][0-9][0-9] applied in turn
+    // [^\n]+|[\n]+ over text whose spaces are U+2581 already: Gemma 4's SentencePiece-style BPE, whose
+    // merges run over whole lines (llama.cpp's "gemma4")
+    GEMMA4,
 };
 
 // The pre-tokenizer llama.cpp names `name` (tokenizer.ggml.pre); a name ember does not know

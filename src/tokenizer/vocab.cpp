@@ -15,12 +15,15 @@ void check_id(int32_t id, size_t n, const char* what) {
         fail("tokenizer: ", what, " id ", id, " is outside the vocabulary of ", n, " tokens");
 }
 
-// Texts that end a turn in the common chat formats (llama.cpp recognises the same set).
+// Texts that end a turn in the common chat formats (llama.cpp recognises the same set; Gemma 4 ends a
+// turn with <turn|> and stops for a tool's response at <|tool_response>).
 bool is_eog_text(const std::string& t) {
+    // clang-format off: a list of texts, kept packed
     static const char* const texts[] = {
-        "<|eot_id|>", "<|im_end|>", "<|end|>",         "<end_of_turn>",      "<|endoftext|>",         "<|eom_id|>",
-        "<EOT>",      "_<EOT>",     "<|end_of_text|>", "<end_of_utterance>", "<｜end▁of▁sentence｜>",
+        "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>",
+        "<|end_of_text|>", "<end_of_utterance>", "<｜end▁of▁sentence｜>", "<turn|>", "<|tool_response>",
     };
+    // clang-format on
     for (const char* s : texts)
         if (t == s) return true;
     return false;
@@ -58,14 +61,20 @@ std::unique_ptr<Tokenizer> make_tokenizer(TokenizerVocab v) {
     check_id(v.eot, n, "eot");
     check_id(v.eom, n, "eom");
     check_id(v.sep, n, "separator");
+    // Gemma 4's SentencePiece-style BPE: llama.cpp reads model "gemma4" as BPE with the gemma4
+    // pre-tokenizer whatever tokenizer.ggml.pre says, and adds BOS with that pre-tokenizer always.
+    if (v.model == "gemma4") v.pre = "gemma4";
+    if ((v.model == "gpt2" || v.model == "gemma4") && (v.pre == "gemma4" || v.pre == "granite-embed-multi-311m"))
+        v.add_bos = true;
     if (v.add_bos && v.bos < 0) fail("tokenizer: add_bos_token is set but there is no bos_token_id");
     if (v.add_eos && v.eos < 0) fail("tokenizer: add_eos_token is set but there is no eos_token_id");
     if (v.add_sep && v.sep < 0) fail("tokenizer: add_sep_token is set but there is no seperator_token_id");
-    if (v.model == "gpt2") return make_bpe_tokenizer(std::move(v));
+    if (v.model == "gpt2" || v.model == "gemma4") return make_bpe_tokenizer(std::move(v));
     if (v.model == "llama") return make_spm_tokenizer(std::move(v));
     if (v.model == "bert") return make_wordpiece_tokenizer(std::move(v));
     if (v.model == "t5") return make_unigram_tokenizer(std::move(v));
-    fail("tokenizer: tokenizer.ggml.model '", v.model, "' is not supported (expected 'gpt2', 'llama', 'bert' or 't5')");
+    fail("tokenizer: tokenizer.ggml.model '", v.model,
+         "' is not supported (expected 'gpt2', 'llama', 'bert', 't5' or 'gemma4')");
 }
 
 VocabTokenizer::VocabTokenizer(TokenizerVocab vocab) : v_(std::move(vocab)) {

@@ -19,8 +19,8 @@ enum class TokenType : int32_t {
 // clang-format on
 
 struct TokenizerVocab {
-    std::string model;                  // tokenizer.ggml.model: "gpt2", "llama", "bert" or "t5"
-    std::string pre = "default";        // tokenizer.ggml.pre (byte-level BPE only)
+    std::string model;                  // tokenizer.ggml.model: "gpt2", "llama", "bert", "t5" or "gemma4"
+    std::string pre = "default";        // tokenizer.ggml.pre (BPE only; "gemma4" for model "gemma4")
     std::vector<std::string> tokens;    // tokenizer.ggml.tokens
     std::vector<float> scores;          // tokenizer.ggml.scores (empty: all 0)
     std::vector<int32_t> types;         // tokenizer.ggml.token_type (empty: all NORMAL)
