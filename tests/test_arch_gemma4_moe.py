@@ -3,7 +3,8 @@
 converted by ember-convert. The GGUF keys and tensors must be those llama.cpp's converter writes
 (fused ffn_gate_up_exps, the router's scale, each expert's output scale as ffn_down_exps.scale);
 ember's logits must match transformers' at f32 (one batch, token by token, inside an engine batch);
-configs and files without the experts' tensors or keys give a clear error naming them."""
+the experts' gate and up as two tensors (which llama.cpp reads too) give the same logits bit for bit;
+configs and files without the experts' tensors or keys, or with both layouts, give a clear error naming them."""
 import os
 import sys
 
@@ -160,16 +161,46 @@ def test_bad_file_gives_clear_error(model, tmp_path, drop, fields, needle):
         _ember.Model(path)
 
 
-def test_separate_gate_and_up_experts_are_refused_by_name(model, tmp_path):
-    """Files whose experts' gate and up are separate tensors (llama.cpp reads them too) are refused
-    with the reason, not run wrong."""
+def _split_experts(model, tmp_path, keep_fused=(), drop_up=()):
+    """The tiny mixture rewritten with each layer's experts' gate and up as ffn_gate_exps and ffn_up_exps (as
+    llama.cpp reads them too); the fused tensor kept in the layers keep_fused, the up one dropped in drop_up."""
     t = hf_tiny.gguf_tensors(model[2])
     fused = [n for n in t if n.endswith("ffn_gate_up_exps.weight")]
     extra = []
     for n in fused:
         g = n[:-len("ffn_gate_up_exps.weight")]
-        extra += [(g + "ffn_gate_exps.weight", t[n][:, :32]), (g + "ffn_up_exps.weight", t[n][:, 32:])]
+        extra.append((g + "ffn_gate_exps.weight", np.ascontiguousarray(t[n][:, :32])))
+        if g not in drop_up:
+            extra.append((g + "ffn_up_exps.weight", np.ascontiguousarray(t[n][:, 32:])))
     path = str(tmp_path / "split.gguf")
-    hf_tiny.rewritten_gguf(model[2], path, drop=fused, extra=extra)
-    with pytest.raises(ValueError, match="separate ffn_gate_exps / ffn_up_exps are not supported"):
+    hf_tiny.rewritten_gguf(model[2], path, drop=[n for n in fused if n[:-len("ffn_gate_up_exps.weight")]
+                                                not in keep_fused], extra=extra)
+    return path
+
+
+@pytest.mark.parametrize("chunk", [64, 1], ids=["prompt", "token_by_token"])
+def test_separate_gate_and_up_experts_give_the_same_logits(model, tmp_path, chunk):
+    """The experts' gate and up as two tensors (llama.cpp reads this layout beside the fused one): the same
+    logits, bit for bit."""
+    path = _split_experts(model, tmp_path)
+    t = hf_tiny.gguf_tensors(path)
+    assert "blk.0.ffn_gate_up_exps.weight" not in t and t["blk.0.ffn_gate_exps.weight"].shape == (4, 32, 64)
+    want = hf_tiny.ember_logits(model[2], PROMPT, chunk=chunk)
+    got = hf_tiny.ember_logits(path, PROMPT, chunk=chunk)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_fused_and_separate_experts_together_are_refused_by_name(model, tmp_path):
+    path = _split_experts(model, tmp_path, keep_fused=("blk.2.",))
+    with pytest.raises(ValueError, match=r"gemma4 layer 2 has both 'blk\.2\.ffn_gate_up_exps\.weight' and "
+                                         r"'blk\.2\.ffn_gate_exps\.weight': the experts' gate and up are either "
+                                         r"fused or separate, not both") as e:
+        _ember.Model(path)
+    assert str(e.value).startswith(path), str(e.value)
+
+
+def test_separate_gate_without_up_is_refused_by_name(model, tmp_path):
+    path = _split_experts(model, tmp_path, drop_up=("blk.1.",))
+    with pytest.raises(ValueError, match=r"tensor 'blk\.1\.ffn_up_exps\.weight' is missing \(separate experts "
+                                         r"need both ffn_gate_exps and ffn_up_exps\)"):
         _ember.Model(path)

@@ -30,7 +30,8 @@ float layer_scale(const GGUFFile& f, int32_t l) {
 // softmax over router(rmsnorm(x) * router_scale / sqrt(n_embd)), the chosen weights renormalized and
 // multiplied by each expert's output scale. Composed from the contract's primitives because its moe
 // op feeds the router the experts' own normed rows and has no per-expert scale. The experts' gate
-// and up are one fused matrix per expert (gate rows first), split by gathering each output row's halves.
+// and up are one fused matrix per expert (gate rows first), split by gathering each output row's halves,
+// or two matrices (ffn_gate_exps and ffn_up_exps), as llama.cpp reads either.
 void gemma4_experts(const BlockRun& r, float* router_in, float* out) {   // router_in may be out
     Backend& be = r.be;
     const HParams& hp = r.hp;
@@ -82,16 +83,22 @@ void gemma4_experts(const BlockRun& r, float* router_in, float* out) {   // rout
     be.copy_from_host(out, zeros.data(), zeros.size() * sizeof(float));
 
     const Weight &gu = *r.w.m(Role::gate_exps), &down = *r.w.m(Role::down_exps);
+    const Weight* up_w = r.w.m(Role::up_exps)->data ? r.w.m(Role::up_exps) : nullptr;   // null: gu is fused
     for (int32_t e = 0; e < X; ++e) {
         const int64_t at = g.first[e];
         const int32_t c = (int32_t)(g.first[e + 1] - at);
         if (c == 0) continue;
         float* x_e = xg + at * E;
         be.gather_rows(b.xn, grp_rows + at, c, E, x_e);
-        be.matmul(expert_matrix(gu, e), x_e, c, gate_up);
-        // Row t of gate_up is rows 2t (gate) and 2t + 1 (up) of it read as [2c][F].
-        be.gather_rows(gate_up, halves, c, F, gate);
-        be.gather_rows(gate_up, halves + n, c, F, up);
+        if (up_w) {
+            be.matmul(expert_matrix(gu, e), x_e, c, gate);
+            be.matmul(expert_matrix(*up_w, e), x_e, c, up);
+        } else {
+            be.matmul(expert_matrix(gu, e), x_e, c, gate_up);
+            // Row t of gate_up is rows 2t (gate) and 2t + 1 (up) of it read as [2c][F].
+            be.gather_rows(gate_up, halves, c, F, gate);
+            be.gather_rows(gate_up, halves + n, c, F, up);
+        }
         be.gated_act(Activation::GeLUTanh, gate, up, c * F, gate);
         be.matmul(expert_matrix(down, e), gate, c, x_e);
         be.scatter_add_rows(out, x_e, grp_rows + at, grp_w + at, c, E);
@@ -107,15 +114,22 @@ public:
         check_experts(f, hp, /*allowed=*/true, /*required=*/false);
         if (hp.n_expert == 0 && f.find_tensor("blk.0.ffn_gate_inp.weight"))
             fail(f.path(), ": tensor 'blk.0.ffn_gate_inp.weight' (a mixture's router) but no gemma4.expert_count");
-        // Every layer of a mixture has its experts, their gate and up fused as llama.cpp's converter writes them.
+        // Every layer of a mixture has its experts' gate and up either fused (as llama.cpp's converter writes
+        // them from transformers' gate_up_proj) or as two tensors (llama.cpp reads both), never both.
         for (int32_t l = 0; l < hp.n_layer && hp.n_expert > 0; ++l) {
             const std::string p = "blk." + std::to_string(l) + ".";
-            if (!f.find_tensor(p + "ffn_gate_up_exps.weight"))
+            const bool fused = f.find_tensor(p + "ffn_gate_up_exps.weight") != nullptr;
+            const bool gate = f.find_tensor(p + "ffn_gate_exps.weight") != nullptr;
+            const bool up = f.find_tensor(p + "ffn_up_exps.weight") != nullptr;
+            if (fused && (gate || up))
+                fail(f.path(), ": gemma4 layer ", l, " has both '", p, "ffn_gate_up_exps.weight' and '", p,
+                     gate ? "ffn_gate_exps" : "ffn_up_exps",
+                     ".weight': the experts' gate and up are either fused or separate, not both");
+            if (!fused && !(gate && up))
                 fail(f.path(), ": gemma4 has ", hp.n_expert, " experts but tensor '", p,
-                     "ffn_gate_up_exps.weight' is missing",
-                     f.find_tensor(p + "ffn_gate_exps.weight") ? " (separate ffn_gate_exps / ffn_up_exps are not "
-                                                                 "supported: the experts' gate and up must be fused)"
-                                                               : "");
+                     gate || up ? (gate ? "ffn_up_exps" : "ffn_gate_exps") : "ffn_gate_up_exps", ".weight' is missing",
+                     gate || up ? " (separate experts need both ffn_gate_exps and ffn_up_exps)"
+                                : " (or the separate ffn_gate_exps and ffn_up_exps)");
         }
         if (!f.find("gemma4.attention.sliding_window_pattern"))
             fail(f.path(), ": gemma4.attention.sliding_window_pattern is missing (which layers slide)");
@@ -191,7 +205,10 @@ public:
             const std::vector<TensorSpec> moe = {
                 {Role::router, "ffn_gate_inp.weight", {E, X}},
                 {Role::router_scale, "ffn_gate_inp.scale", {E}},
-                {Role::gate_exps, "ffn_gate_up_exps.weight", {E, 2 * FX, X}},
+                // Fused gate and up, or the two apart (read_hparams has checked the file has one of them).
+                {Role::gate_exps, "ffn_gate_up_exps.weight", {E, 2 * FX, X}, /*optional=*/true},
+                {Role::gate_exps, "ffn_gate_exps.weight", {E, FX, X}, /*optional=*/true},
+                {Role::up_exps, "ffn_up_exps.weight", {E, FX, X}, /*optional=*/true},
                 {Role::down_exps, "ffn_down_exps.weight", {FX, E, X}},
                 {Role::down_exps_scale, "ffn_down_exps.scale", {X}, /*optional=*/true},
                 {Role::ffn_norm_2, "pre_ffw_norm_2.weight", {E}},
