@@ -178,15 +178,19 @@ def _split_experts(model, tmp_path, keep_fused=(), drop_up=()):
     return path
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("chunk", [64, 1], ids=["prompt", "token_by_token"])
-def test_separate_gate_and_up_experts_give_the_same_logits(model, tmp_path, chunk):
+def test_separate_gate_and_up_experts_give_the_same_logits(model, tmp_path, chunk, device):
     """The experts' gate and up as two tensors (llama.cpp reads this layout beside the fused one): the same
-    logits, bit for bit."""
+    logits as the fused file on the same device, bit for bit."""
+    if device == "cuda" and "cuda" not in _ember.backends():
+        pytest.skip("this ember was built without the CUDA backend")
     path = _split_experts(model, tmp_path)
     t = hf_tiny.gguf_tensors(path)
     assert "blk.0.ffn_gate_up_exps.weight" not in t and t["blk.0.ffn_gate_exps.weight"].shape == (4, 32, 64)
-    want = hf_tiny.ember_logits(model[2], PROMPT, chunk=chunk)
-    got = hf_tiny.ember_logits(path, PROMPT, chunk=chunk)
+    kw = dict(n_gpu_layers=-1, kv_type="f16") if device == "cuda" else {}
+    want = hf_tiny.ember_logits(model[2], PROMPT, chunk=chunk, **kw)
+    got = hf_tiny.ember_logits(path, PROMPT, chunk=chunk, **kw)
     np.testing.assert_array_equal(got, want)
 
 
