@@ -182,7 +182,8 @@ def _split_experts(model, tmp_path, keep_fused=(), drop_up=()):
 @pytest.mark.parametrize("chunk", [64, 1], ids=["prompt", "token_by_token"])
 def test_separate_gate_and_up_experts_give_the_same_logits(model, tmp_path, chunk, device):
     """The experts' gate and up as two tensors (llama.cpp reads this layout beside the fused one): the same
-    logits as the fused file on the same device, bit for bit."""
+    logits as the fused file on the same device, bit for bit on the CPU; on CUDA cuBLAS picks its algorithm
+    by the matrix's shape (gate and up apart are half the fused one's rows), so within rounding there."""
     if device == "cuda" and "cuda" not in _ember.backends():
         pytest.skip("this ember was built without the CUDA backend")
     path = _split_experts(model, tmp_path)
@@ -191,7 +192,11 @@ def test_separate_gate_and_up_experts_give_the_same_logits(model, tmp_path, chun
     kw = dict(n_gpu_layers=-1, kv_type="f16") if device == "cuda" else {}
     want = hf_tiny.ember_logits(model[2], PROMPT, chunk=chunk, **kw)
     got = hf_tiny.ember_logits(path, PROMPT, chunk=chunk, **kw)
-    np.testing.assert_array_equal(got, want)
+    if device == "cpu":
+        np.testing.assert_array_equal(got, want)
+    else:
+        rel = np.abs(got - want).max() / np.abs(want).max()
+        assert rel <= 1e-5, f"max|diff|/max|ref| = {rel:.2e}"
 
 
 def test_fused_and_separate_experts_together_are_refused_by_name(model, tmp_path):
