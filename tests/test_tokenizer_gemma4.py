@@ -2,17 +2,24 @@
 tokenizer.json, converted by ember-convert into what llama.cpp's converter writes, gives transformers'
 GemmaTokenizer ids on a few hundred texts (tests/reference/gemma4_tokenizer, written by
 tools/gen_gemma4_tokenizer_references.py) and decodes as it does; llama.cpp's "gemma4" pre-tokenizer name
-reads the same; bad files and inputs give clear errors."""
+reads the same; a tiny Gemma 4 checkpoint converted with it loads and runs; bad files and inputs give clear
+errors."""
 import json
 import os
 import pathlib
 import shutil
+import sys
 
+import numpy as np
 import pytest
 
 gguf = pytest.importorskip("gguf", reason="the gguf package writes the vocab-only file")
 
+sys.path.insert(0, os.path.dirname(__file__))
+import hf_tiny  # noqa: E402
+
 from ember import _ember  # noqa: E402
+from ember.convert import convert  # noqa: E402
 from ember.convert_error import ConvertError  # noqa: E402
 from ember.convert_vocab import add_vocab, load_vocab  # noqa: E402
 
@@ -150,6 +157,36 @@ def test_invalid_utf8_input_is_replaced(converted):
     _, _, tok = converted
     ids = tok.encode(b"a\xffb")
     assert tok.decode(ids) == "a\ufffdb".encode()
+
+
+def test_ember_convert_writes_it_for_a_gemma4_checkpoint(tmp_path, rows):
+    """A tiny Gemma 4 checkpoint with this tokenizer (its vocab as wide as the tokenizer) through ember-convert:
+    the file's tokenizer is "gemma4", the special ids come from tokenizer_config.json before config.json's
+    (as llama.cpp's converter takes them), and the loaded model tokenizes as transformers and runs."""
+    spec = hf_tiny.models()["gemma4"]
+    tj = json.loads((REFERENCE / "tokenizer.json").read_text(encoding="utf-8"))
+    n = len(tj["model"]["vocab"])
+    d = tmp_path / "gemma4"
+    shutil.copytree(REFERENCE, d)
+    config = dict(spec["config"], vocab_size=n, vocab_size_per_layer_input=n)
+    (d / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    rng = np.random.default_rng(0)
+    weights = {k: (0.08 * rng.standard_normal((n, *v.shape[1:]))).astype(np.float32)
+               if v.shape[0] == spec["config"]["vocab_size"] else v
+               for k, v in hf_tiny._weights(spec, hf_tiny.REFERENCE).items()}
+    hf_tiny._write_safetensors(str(d / "model.safetensors"), weights, "float32")
+    out = str(tmp_path / "g4.gguf")
+    convert(str(d), out, "f32", progress=False)
+    kv = {name: f.contents() for name, f in gguf.GGUFReader(out).fields.items()}
+    assert kv["general.architecture"] == "gemma4" and kv["tokenizer.ggml.model"] == "gemma4"
+    assert (kv["tokenizer.ggml.bos_token_id"], kv["tokenizer.ggml.eos_token_id"]) == (2, 1)   # config.json: 1, 2
+    m = _ember.Model(out)
+    for r in rows[:100]:
+        if not r.get("add_bos"):
+            assert m.tokenizer.encode(r["text"], special=True) == r["ids"], r["text"]
+    ids = m.tokenizer.encode("Hello world", add_bos=True)
+    logits = hf_tiny.ember_logits(out, ids)
+    assert logits.shape == (len(ids), n) and np.isfinite(logits).all()
 
 
 # --------------------------------------------------------------------------------------- errors
