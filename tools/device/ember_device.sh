@@ -42,6 +42,8 @@ usage() {
 #   moe_models synthetic $MOE_MODELS (default qwen3-30b-a3b:Q4_K_M gpt-oss-20b:MXFP4_MOE) written as Q8_0,
 #              then quantized by llama-quantize (LCPP_TARGETS must name it), one at a time (disk)
 #   moe        the mixture-of-experts rows ($MOE_ROWS): llama-bench / llama-batched-bench beside ember-bench
+#   families   the dense families' rows ($FAMILY_MODELS, default gemma2-9b phi4-14b, Q4_K_M files that
+#              moe_models makes when MOE_MODELS names them): pp512 / tg128 and batched decode at B = 32
 #   structured tools/bench_structured.py at -B $B (default 64) on the Q4_0 model: JSON schemas against none
 #   encoders   tools/device/encoder_gpu.py: ember, llama-embedding (if built) and sentence-transformers
 #   -- CMD...  (after the others) CMD in the same environment: the build on PYTHONPATH, models in /tmp/em
@@ -162,6 +164,9 @@ cmd_build() {
 SYNTH_PID=""
 synth_start() {  # the F16 model needs only python and gguf: written while the build runs
   [ -f "$EM/l7b-f16.gguf" ] || [ -n "$SYNTH_PID" ] && return
+  local q missing=0
+  for q in ${QUANTS:-Q4_0 Q8_0 Q4_K_M}; do [ -f "$EM/l7b-${q,,}.gguf" ] || missing=1; done
+  [ "$missing" = 0 ] && return
   gunzip -c tests/fuzz/vocab/smollm2.gguf.gz > "$EM/vocab.gguf"
   python3 tools/synthetic_gguf.py --shape llama2-7b --vocab "$EM/vocab.gguf" --seed 0 -o "$EM/l7b-f16.gguf.tmp" \
     > "$OUT/synth.log" 2>&1 && mv "$EM/l7b-f16.gguf.tmp" "$EM/l7b-f16.gguf" &
@@ -169,10 +174,12 @@ synth_start() {  # the F16 model needs only python and gguf: written while the b
 }
 
 cmd_models() {
+  local q f missing=0
+  for q in ${QUANTS:-Q4_0 Q8_0 Q4_K_M}; do [ -f "$EM/l7b-${q,,}.gguf" ] || missing=1; done
+  [ "$missing" = 0 ] && { log "models: in place"; return; }
   synth_start
   [ -n "$SYNTH_PID" ] && { wait "$SYNTH_PID"; SYNTH_PID=""; }
   [ -f "$EM/l7b-f16.gguf" ] || { tail -20 "$OUT/synth.log"; die "synthetic llama2-7b F16 (synth.log)"; }
-  local q f
   for q in ${QUANTS:-Q4_0 Q8_0 Q4_K_M}; do
     f=$EM/l7b-${q,,}.gguf
     [ -f "$f" ] && continue
@@ -180,6 +187,8 @@ cmd_models() {
       die "ember-quantize to $q (quantize.log)"
   done
   log "models: $(cd "$EM" && ls -s --block-size=M ./*.gguf | tr '\n' ' ')"
+  # DROP_F16=1: the disk is wanted for larger files later in the call.
+  [ "${DROP_F16:-0}" = 1 ] && rm -f "$EM/l7b-f16.gguf"
 }
 
 cmd_test() {
@@ -271,7 +280,7 @@ lcpp_start() {  # llama.cpp's build shares nothing with ember's: it runs beside 
   # shellcheck disable=SC2086
   { cmake -S "$LCPP" -B "$LCPP/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
-      -DLLAMA_BUILD_EXAMPLES=OFF &&
+      -DLLAMA_BUILD_EXAMPLES="$(case " ${LCPP_TARGETS:-} " in *" llama-embedding "*) echo ON ;; *) echo OFF ;; esac)" &&
     cmake --build "$LCPP/build" -j "$(nproc)" --target ${LCPP_TARGETS:-llama-bench llama-batched-bench}; } \
     > "$OUT/llamacpp.log" 2>&1 &
   LCPP_PID=$!
@@ -386,6 +395,20 @@ cmd_moe() {
   done
 }
 
+cmd_families() {  # each family's synthetic Q4_K_M: llama.cpp's tools then ember-bench, the same tests
+  local shape f
+  for shape in ${FAMILY_MODELS:-gemma2-9b phi4-14b}; do
+    f=$EM/$shape-q4_k_m.gguf
+    [ -f "$f" ] || die "families: no $f (moe_models with MOE_MODELS=\"$shape:Q4_K_M\")"
+    log "families $shape"
+    moe_pair -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -r 3 -- -m "$f" -ngl -1 -p 512 -n 128 -r 3
+    [ -x "$LCPP/build/bin/llama-batched-bench" ] &&
+      timeout 240 "$LCPP/build/bin/llama-batched-bench" -m "$f" -ngl 99 -fa on -npp 128 -ntg 128 -npl 32 \
+        -c 8500 -b 2048 -ub 512 2>&1 | grep -E "^\|" | tee -a "$OUT/moe.log"
+    timeout 240 python3 -m ember.bench -m "$f" -ngl -1 -npl 32 -npp 128 -ntg 128 2>&1 | tee -a "$OUT/moe.log"
+  done
+}
+
 cmd_structured() {  # what a JSON schema per request costs the engine's decode
   local m=$EM/l7b-q4_0.gguf
   [ -f "$m" ] || die "structured: no $m (run models)"
@@ -433,7 +456,7 @@ cmd_serving() {  # llama-server (if built) and ember-server under the same reque
 if [ "$1" = prepare ]; then shift; prepare "$@"; exit; fi
 cmds=()
 while [ $# -gt 0 ] && [ "$1" != -- ]; do
-  case $1 in build|models|test|ab|llamacpp|engine|hostkv|serving|moe_models|moe|structured|encoders) cmds+=("$1") ;; *) echo "unknown command '$1'"; usage ;; esac
+  case $1 in build|models|test|ab|llamacpp|engine|hostkv|serving|moe_models|moe|families|structured|encoders) cmds+=("$1") ;; *) echo "unknown command '$1'"; usage ;; esac
   shift
 done
 [ "${1:-}" = -- ] && shift   # what follows runs last, in the same environment (a diagnostic tool, say)
