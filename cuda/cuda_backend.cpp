@@ -75,6 +75,7 @@ CudaBackend::CudaBackend(const BackendOptions& opts)
 
 CudaBackend::~CudaBackend() {
     cudaSetDevice(device_);
+    if (capturing_) abort_capture();
     cudaStreamSynchronize(stream_);
     for (auto& g : graphs_) cudaGraphExecDestroy(g.second);
     if (cublas_) cublasDestroy(cublas_);

@@ -68,6 +68,11 @@ void CudaBackend::step_end() {
     launch_graph(exec);
 }
 
+void CudaBackend::step_abort() {
+    uploads_.n = 0;
+    if (capturing_) abort_capture();
+}
+
 void CudaBackend::launch_graph(cudaGraphExec_t g) {
     EMBER_CUDA_CHECK(cudaGraphLaunch(g, stream_));
     EMBER_CUDA_CHECK(cudaEventRecord(staging_done_, stream_));

@@ -117,6 +117,7 @@ public:
     // decode-step graphs (cuda_backend_graphs.cpp)
     bool step_begin(uint64_t key) override;
     void step_end() override;
+    void step_abort() override;
 
 private:
     struct Scratch {

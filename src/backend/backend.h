@@ -427,6 +427,8 @@ public:
         return false;
     }
     virtual void step_end() {}
+    // Ends a step that threw between step_begin and step_end, dropping whatever it recorded.
+    virtual void step_abort() {}
 
     // Runs work on this backend's host threads (the CPU backend's pool); null where it has none.
     virtual HostParallelFor host_parallel_for() { return nullptr; }

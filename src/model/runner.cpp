@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <string>
 #include <thread>
@@ -369,6 +370,14 @@ void RunnerImpl::forward(const int32_t* tokens, const BatchInfo& batch, const st
 
     Backend* cur = cpu.get();
     bool replayed = false;   // the device ops ran as a recorded graph
+    // A step that throws after step_begin must not leave a graph capture open: the next free or
+    // synchronize on that device would fail, wherever it happens.
+    struct OpenStep {
+        Backend* be = nullptr;
+        ~OpenStep() {
+            if (be && std::uncaught_exceptions()) be->step_abort();
+        }
+    } open_step;
     Scratch* s = nullptr;
     const float* pending = nullptr;   // the last block's output, still to be added to s->x
     std::vector<Backend*> seen;
@@ -430,9 +439,12 @@ void RunnerImpl::forward(const int32_t* tokens, const BatchInfo& batch, const st
                                                [&](const BlockWeights& b) { return b.backend == &be; }) &&
                                    std::none_of(remote.begin() + l, remote.end(),
                                                 [](const RemoteExperts& e) { return e.be != nullptr; });
-            if (rest_here && be.step_begin(mix(shape_key, (uint64_t)l))) {
-                replayed = true;
-                break;
+            if (rest_here) {
+                open_step.be = &be;
+                if (be.step_begin(mix(shape_key, (uint64_t)l))) {
+                    replayed = true;
+                    break;
+                }
             }
         }
         const RemoteExperts* apart = remote[l].be && !experts_staged ? &remote[l] : nullptr;
