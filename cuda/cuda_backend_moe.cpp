@@ -1,11 +1,13 @@
 // The CUDA backend's mixture-of-experts: the primitives of the default composition, and the moe op
 // itself on the device with no host synchronisation (so decode steps stay graphs): the router's
-// GEMV, routing, then the one-token path or the grouped path that choose_moe names.
+// GEMV, routing, then the one-token path or the grouped path that choose_moe names. Beside them the
+// small elementwise ops and row copies of the hybrid models' glue (mul, softplus_gate, copy_rows).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 
 #include "cuda_backend_impl.h"
+#include "cuda_check.h"
 
 namespace ember {
 namespace cuda {
@@ -74,6 +76,30 @@ void CudaBackend::scatter_add_rows(float* out, const float* y, const int32_t* ro
 void CudaBackend::sigmoid(float* x, int64_t n) {
     issue_uploads();
     cuda::sigmoid(x, n, stream_);
+}
+
+void CudaBackend::mul(float* x, const float* y, int64_t n) {
+    issue_uploads();
+    cuda::mul(x, y, n, stream_);
+}
+
+void CudaBackend::softplus_gate(float* x, const float* bias, const float* scale, int32_t n_tok, int32_t dim) {
+    issue_uploads();
+    cuda::softplus_gate(x, bias, scale, n_tok, dim, stream_);
+}
+
+// One strided copy on the stream (a memcpy node in a captured step).
+void CudaBackend::copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t width,
+                            int64_t n_rows) {
+    if (width < 0 || n_rows < 0 || (n_rows > 1 && (dst_stride < width || src_stride < width)))
+        fail("cuda copy_rows: width ", width, " and n_rows ", n_rows, " must be >= 0 and the strides (", dst_stride,
+             ", ", src_stride, ") at least the width");
+    if (width == 0 || n_rows == 0) return;
+    issue_uploads();
+    const size_t f = sizeof(float);
+    EMBER_CUDA_CHECK(cudaMemcpy2DAsync(dst, size_t(n_rows > 1 ? dst_stride : width) * f, src,
+                                       size_t(n_rows > 1 ? src_stride : width) * f, size_t(width) * f, size_t(n_rows),
+                                       cudaMemcpyDeviceToDevice, stream_));
 }
 
 namespace {

@@ -98,6 +98,24 @@ __global__ void scale_softcap_kernel(float* x, int64_t n, float scale, float cap
     }
 }
 
+__global__ void mul_kernel(float* __restrict__ x, const float* __restrict__ y, int64_t n) {
+    pdl_wait();
+    pdl_trigger();
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+        x[i] = __fmul_rn(x[i], y[i]);
+}
+
+__global__ void softplus_gate_kernel(float* __restrict__ x, const float* __restrict__ bias,
+                                     const float* __restrict__ scale, int64_t n, int32_t dim) {
+    pdl_wait();
+    pdl_trigger();
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+        const int32_t j = int32_t(i % dim);
+        const float v = __fadd_rn(x[i], bias[j]);
+        x[i] = __fmul_rn(scale[j], v > 20.f ? v : log1pf(expf_glibc(v)));
+    }
+}
+
 // One block per token; K and V rows [kv_dim] go to slot pos % block_size of physical block
 // block_table[seq][pos / block_size], layout [n_blocks][block_size][kv_dim].
 __global__ void kv_store_kernel(__half* __restrict__ kc, __half* __restrict__ vc, int32_t block_size, int32_t kv_dim,
@@ -170,6 +188,19 @@ void scale_softcap(float* x, int64_t n, float scale, float cap, cudaStream_t s) 
     if (n <= 0) return;
     launch_pdl(scale_softcap_kernel, grid_for(n), 256, s, x, n, scale, cap);
     EMBER_CUDA_LAUNCHED("scale_softcap");
+}
+
+void mul(float* x, const float* y, int64_t n, cudaStream_t s) {
+    if (n <= 0) return;
+    launch_pdl(mul_kernel, grid_for(n), 256, s, x, y, n);
+    EMBER_CUDA_LAUNCHED("mul");
+}
+
+void softplus_gate(float* x, const float* bias, const float* scale, int32_t n_tok, int32_t dim, cudaStream_t s) {
+    const int64_t n = int64_t(n_tok) * dim;
+    if (n <= 0) return;
+    launch_pdl(softplus_gate_kernel, grid_for(n), 256, s, x, bias, scale, n, dim);
+    EMBER_CUDA_LAUNCHED("softplus_gate");
 }
 
 void kv_store(__half* k_cache, __half* v_cache, int32_t block_size, int32_t kv_dim, const float* k, const float* v,

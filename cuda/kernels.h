@@ -104,6 +104,10 @@ struct HostCopies {
 };
 void copy_from_pinned(const HostCopies& c, cudaStream_t s);
 void add_bias(float* x, const float* bias, int32_t n_tok, int32_t dim, cudaStream_t s);
+// x[i] *= y[i] (Backend::mul).
+void mul(float* x, const float* y, int64_t n, cudaStream_t s);
+// x[t][j] = scale[j] * softplus(x[t][j] + bias[j]) (Backend::softplus_gate).
+void softplus_gate(float* x, const float* bias, const float* scale, int32_t n_tok, int32_t dim, cudaStream_t s);
 // x[i] = x[i] * scale, then cap * tanh(x[i] / cap) where cap > 0 (Backend::scale_softcap).
 void scale_softcap(float* x, int64_t n, float scale, float cap, cudaStream_t s);
 // ids[r] = the first highest value's index of row r of x [n_rows][width], -1 if none beats -inf.

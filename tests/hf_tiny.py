@@ -462,6 +462,32 @@ def rewritten_gguf(src, dst, drop=(), fields=None, extra=()):
 GPU_PLACEMENTS = [dict(n_gpu_layers=1), dict(n_gpu_layers=-1), dict(n_gpu_layers=0, override_tensor=[r"blk\.1\.=CUDA"])]
 
 
+def check_gpu_placement_taken(path, fields):
+    """A GPU placement of `path` (an architecture that runs on every backend) is planned as asked: the blocks
+    the fields name on CUDA, the others on the CPU. placement_plan plans as if CUDA were built in, so a CPU-only
+    build checks that nothing refuses it."""
+    from ember import _ember
+    plan = _ember.placement_plan(path, have_gpu=True, **fields)
+    n = len(plan["blocks"])
+    if "override_tensor" in fields:
+        want = ["CUDA" if i == 1 else "CPU" for i in range(n)]
+    else:
+        k = fields["n_gpu_layers"] if fields["n_gpu_layers"] >= 0 else n
+        want = ["CPU"] * (n - k) + ["CUDA"] * k
+    assert list(plan["blocks"]) == want, plan["blocks"]
+
+
+def check_cuda_logits_match_cpu(path, prompt, chunk):
+    """Every block on the GPU against the CPU, both with the f16 KV cache, `chunk` tokens a step."""
+    from ember import _ember
+    if "cuda" not in _ember.backends():
+        pytest.skip("this ember was built without the CUDA backend")
+    want = ember_logits(path, prompt, kv_type="f16")
+    got = ember_logits(path, prompt, n_gpu_layers=-1, kv_type="f16", chunk=chunk)
+    rel = np.abs(got - want).max() / np.abs(want).max()
+    assert rel <= 2e-3, f"{path}: max|diff|/max|ref| = {rel:.2e}"
+
+
 def check_gpu_placement_refused(path, fields):
     """A GPU placement of `path` (an architecture that runs on the CPU only) is refused when the file is placed,
     naming the architecture, why, and n_gpu_layers=0; every block on the CPU (n_gpu_layers=0, or an override

@@ -280,8 +280,24 @@ def test_engine_snapshot_interval_must_be_whole_blocks(models):
 
 @pytest.mark.parametrize("fields", hf_tiny.GPU_PLACEMENTS, ids=["one-layer", "all", "override"])
 @pytest.mark.parametrize("name", ["qwen35"] + MOE_MODELS)
-def test_gpu_placement_is_refused_at_load(models, moe_models, name, fields):
-    hf_tiny.check_gpu_placement_refused({**models, **moe_models}[name][2], fields)
+def test_gpu_placement_is_taken(models, moe_models, name, fields):
+    """The DeltaNet and gated attention layers run on backend ops only: any GPU placement is planned."""
+    hf_tiny.check_gpu_placement_taken({**models, **moe_models}[name][2], fields)
+
+
+@pytest.mark.parametrize("chunk", [64, 1], ids=["batch", "token_by_token"])
+@pytest.mark.parametrize("name", MODELS + MOE_MODELS)
+def test_cuda_logits_match_cpu(models, moe_models, name, chunk):
+    """Every block on the GPU (the DeltaNet layers' convolution, gates and delta rule on their state
+    slots in GPU memory; the gated attention; the mixtures) against the CPU, both with the f16 KV cache."""
+    hf_tiny.check_cuda_logits_match_cpu({**models, **moe_models}[name][2], PROMPT, chunk)
+
+
+@pytest.mark.parametrize("name", ["qwen35"] + MOE_MODELS)
+def test_cuda_inside_an_engine_batch(models, moe_models, hf_reference, name):
+    """On the GPU, the prompt's logprobs among other sequences' steps are the CPU's at the same f16 cache:
+    each sequence's runs of tokens update its own state slot in GPU memory."""
+    hf_tiny.check_inside_an_engine_batch({**models, **moe_models}[name][2], hf_reference, name, "cuda")
 
 
 @pytest.mark.parametrize("drop,fields,needles", [

@@ -125,6 +125,14 @@ def test_logits_match_transformers(models, hf_reference, name, chunk):
     assert rel <= 1e-4, f"{name} chunk {chunk}: max|diff|/max|ref| = {rel:.2e}"
 
 
+@pytest.mark.parametrize("chunk", [64, 1], ids=["batch", "token_by_token"])
+@pytest.mark.parametrize("name", MODELS)
+def test_cuda_logits_match_cpu(models, name, chunk):
+    """Every block on the GPU (the gated short convolutions on their state slots in GPU memory, the
+    attention, the mixture) against the CPU, both with the f16 KV cache."""
+    hf_tiny.check_cuda_logits_match_cpu(models[name][2], PROMPT, chunk)
+
+
 def test_prompt_continued_and_cut(models, hf_reference):
     """A prompt after a prefix the context holds reads the prefix's convolution state; cutting the
     context below what the state saw re-evaluates the kept tokens, so the next prompt's logits are
@@ -150,6 +158,13 @@ def test_inside_an_engine_batch(models, hf_reference, name):
     """The prompt's logprobs among other sequences' steps are transformers': each sequence runs on
     its own convolution state slot."""
     hf_tiny.check_inside_an_engine_batch(models[name][2], hf_reference, name, "cpu")
+
+
+@pytest.mark.parametrize("name", ["lfm2", "lfm2moe"])
+def test_cuda_inside_an_engine_batch(models, hf_reference, name):
+    """On the GPU, the prompt's logprobs among other sequences' steps are the CPU's at the same f16 cache:
+    each sequence's runs of tokens update its own convolution state slot in GPU memory."""
+    hf_tiny.check_inside_an_engine_batch(models[name][2], hf_reference, name, "cuda")
 
 
 def _generate(engine, prompts, cancel_one=None):
@@ -221,8 +236,9 @@ def test_engine_resumes_a_cached_prefix(models, hf_reference):
 
 @pytest.mark.parametrize("fields", hf_tiny.GPU_PLACEMENTS, ids=["one-layer", "all", "override"])
 @pytest.mark.parametrize("name", ["lfm2", "lfm2moe"])
-def test_gpu_placement_is_refused_at_load(models, name, fields):
-    hf_tiny.check_gpu_placement_refused(models[name][2], fields)
+def test_gpu_placement_is_taken(models, name, fields):
+    """The convolution layers run on backend ops only: any GPU placement is planned."""
+    hf_tiny.check_gpu_placement_taken(models[name][2], fields)
 
 
 @pytest.mark.parametrize("drop,fields,needles", [

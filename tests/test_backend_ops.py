@@ -155,6 +155,7 @@ NOT_OPS = {
     "set_batch": "every op test sets the batch it runs under",
     "step_begin": "step graphs (whole forward steps): tests/test_cuda.py and the model tests",
     "step_end": "step graphs (whole forward steps): tests/test_cuda.py and the model tests",
+    "step_abort": "the runner's unwinding of a step that throws between step_begin and step_end (CUDA graphs)",
     "host_parallel_for": "the CPU backend's pool, under every CPU op; streamed offload: tests/test_cuda.py",
     "open_stream": "streamed partial offload: tests/test_cuda.py::test_streamed_partial_offload",
     "free_memory": "the placement's GPU budget: tests/test_placement_moe.py",
@@ -170,7 +171,8 @@ COVERAGE = {
     "prepare_vector": "test_prepare_vector", "copy": "test_copy", "copy_to_host_async": "test_copy",
     "alloc_host": "test_copy", "free_host": "test_copy", "moe": "test_moe", "moe_ffn": "test_moe_ffn",
     "moe_route": "test_moe_route", "gather_rows": "test_gather_scatter_rows",
-    "scatter_add_rows": "test_gather_scatter_rows", "sigmoid": "test_sigmoid",
+    "scatter_add_rows": "test_gather_scatter_rows", "sigmoid": "test_sigmoid", "mul": "test_mul",
+    "softplus_gate": "test_softplus_gate", "copy_rows": "test_copy_rows",
     "scale_softcap": "test_scale_softcap",
     "layernorm": "test_layernorm", "unary": "test_unary", "encoder_attention": "test_encoder_attention",
     "gated_delta_rule": "test_gated_delta_rule", "short_conv": "test_short_conv",
@@ -1339,6 +1341,54 @@ def test_gather_scatter_rows(be, n, dim, rows, rng):
 def test_sigmoid(be, n, rng):
     x = rng.uniform(-100, 100, n).astype(np.float32)
     check(be.sigmoid(x), 1 / (1 + np.exp(-x.astype(np.float64))), 1e-6, "sigmoid")
+
+
+@on("mul")
+@pytest.mark.parametrize("n", [1, 1000, 40000])
+def test_mul(be, n, rng):
+    """The elementwise product rounds once: every backend gives numpy's float32 product bit for bit."""
+    x, y = normal(rng, n), normal(rng, n)
+    same_bits(be.mul(x, y), x * y, "mul")
+
+
+@on("softplus_gate")
+@pytest.mark.parametrize("n_tok,dim", [(1, 4), (9, 32), (300, 48)])
+def test_softplus_gate(be, n_tok, dim, rng):
+    """scale * softplus(x + bias) per column (a gated DeltaNet's decay), across softplus's linear branch
+    (above 20) and far below 0."""
+    x = rng.uniform(-40, 40, (n_tok, dim)).astype(np.float32)
+    bias, scale = normal(rng, dim), -np.exp(normal(rng, dim)).astype(np.float32)
+    v = x.astype(np.float64) + bias
+    want = scale * np.where(v > 20, v, np.log1p(np.exp(np.minimum(v, 20))))
+    check(be.softplus_gate(x, bias, scale), want, 1e-6, "softplus_gate")
+
+
+@on("copy_rows")
+@pytest.mark.parametrize("case", [
+    (0, 8, 3, 24, 8, 5),        # a column range of a fused projection's rows
+    (1, 3, 0, 7, 2, 40),        # rows spread out with gaps
+    (5, 16, 0, 4, 4, 6),        # packed rows into wider ones
+    (2, 100, 9, 100, 100, 1),   # one row: the strides are not read
+    (0, 4, 0, 4, 4, 0),         # nothing
+], ids=["columns", "spread", "widen", "one_row", "none"])
+def test_copy_rows(be, case, rng):
+    """Exactly the rows asked for land, at their strides; dst's other elements are untouched."""
+    dst_at, dst_stride, src_at, src_stride, width, n_rows = case
+    src = normal(rng, src_at + max(n_rows - 1, 0) * src_stride + width + 3)
+    dst = normal(rng, dst_at + max(n_rows - 1, 0) * dst_stride + width + 2)
+    want = dst.copy()
+    for r in range(n_rows):
+        want[dst_at + r * dst_stride:][:width] = src[src_at + r * src_stride:][:width]
+    same_bits(be.copy_rows(dst, dst_at, dst_stride, src, src_at, src_stride, width, n_rows), want, "copy_rows")
+
+
+@pytest.mark.parametrize("be", [pytest.param((n, None), id=n) for n in BACKENDS], indirect=True)
+def test_copy_rows_bad_arguments(be, rng):
+    x = normal(rng, 64)
+    with pytest.raises(ValueError, match="strides .* at least the width"):
+        be.copy_rows(x, 0, 4, x.copy(), 0, 8, 8, 4)
+    with pytest.raises(ValueError, match="must be >= 0"):
+        be.copy_rows(x, 0, 8, x.copy(), 0, 8, -1, 2)
 
 
 @pytest.mark.parametrize("be", [pytest.param((n, None), id=n) for n in BACKENDS], indirect=True)

@@ -194,6 +194,8 @@ struct BlockBuffers {
     float* gate;   // [n_ff]
     float* up;     // [n_ff]
     float* moe = nullptr;   // mixture blocks: moe_scratch_floats(n_tok, ...) floats of scratch
+    // recurrent blocks: Architecture::recurrent_scratch_floats(hp) floats per token of scratch
+    float* recurrent = nullptr;
 };
 
 // Device staging for blocks whose weights and KV live in host memory, so that large batches can
@@ -307,6 +309,17 @@ public:
                                   int64_t dim) = 0;
     // x[i] = 1 / (1 + exp(-x[i]))
     virtual void sigmoid(float* x, int64_t n) = 0;
+    // x[i] *= y[i] (an elementwise product: LFM2's convolution gates, a sigmoid output gate).
+    virtual void mul(float* x, const float* y, int64_t n) = 0;
+    // x[t][j] = scale[j] * softplus(x[t][j] + bias[j]) for x [n_tok][dim], softplus(v) = log(1 + e^v)
+    // (v itself above 20, as torch's); the decay of a gated DeltaNet, -exp(A_log) * softplus(a + dt_bias),
+    // with scale = GGUF's ssm_a.
+    virtual void softplus_gate(float* x, const float* bias, const float* scale, int32_t n_tok, int32_t dim) = 0;
+    // dst[r][0..width) = src[r][0..width) for n_rows rows, row r at dst + r * dst_stride and src +
+    // r * src_stride floats: a column range of a fused projection's rows, or rows spread out or gathered.
+    // The ranges do not overlap.
+    virtual void copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t width,
+                           int64_t n_rows) = 0;
     // x[i] *= scale; then, with cap > 0, x[i] = cap * tanh(x[i] / cap) (Granite's logit and residual
     // scales, Gemma 2's final logit soft-capping).
     virtual void scale_softcap(float* x, int64_t n, float scale, float cap) = 0;

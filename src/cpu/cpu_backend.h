@@ -58,6 +58,10 @@ public:
     void scatter_add_rows(float* out, const float* y, const int32_t* rows, const float* scale, int32_t n_rows,
                           int64_t dim) override;
     void sigmoid(float* x, int64_t n) override;
+    void mul(float* x, const float* y, int64_t n) override;
+    void softplus_gate(float* x, const float* bias, const float* scale, int32_t n_tok, int32_t dim) override;
+    void copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t width,
+                   int64_t n_rows) override;
     // The encoders' ops (encoder_ops.cpp).
     void layernorm(const float* x, const float* gamma, const float* beta, int32_t n_tok, int32_t dim, float eps,
                    float* y) override;

@@ -1,4 +1,5 @@
-// The CPU backend's mixture-of-experts primitives: routing, row gather, weighted scatter-add, sigmoid.
+// The CPU backend's mixture-of-experts primitives (routing, row gather, weighted scatter-add) and the small
+// elementwise ops beside them (sigmoid, mul, softplus_gate, copy_rows).
 // (No FMA contraction in this file: the scatter's products round as the default composition's do.)
 #include <algorithm>
 #include <cmath>
@@ -102,6 +103,26 @@ void CpuBackend::scatter_add_rows(float* out, const float* y, const int32_t* row
 
 void CpuBackend::sigmoid(float* x, int64_t n) {
     for (int64_t i = 0; i < n; ++i) x[i] = 1.0f / (1.0f + std::exp(-x[i]));
+}
+
+void CpuBackend::mul(float* x, const float* y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) x[i] *= y[i];
+}
+
+void CpuBackend::softplus_gate(float* x, const float* bias, const float* scale, int32_t n_tok, int32_t dim) {
+    for (int64_t t = 0; t < n_tok; ++t)
+        for (int32_t j = 0; j < dim; ++j) {
+            const float v = x[t * dim + j] + bias[j];
+            x[t * dim + j] = scale[j] * (v > 20.0f ? v : std::log1p(std::exp(v)));
+        }
+}
+
+void CpuBackend::copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t width,
+                           int64_t n_rows) {
+    if (width < 0 || n_rows < 0 || (n_rows > 1 && (dst_stride < width || src_stride < width)))
+        fail("copy_rows: width ", width, " and n_rows ", n_rows, " must be >= 0 and the strides (", dst_stride, ", ",
+             src_stride, ") at least the width");
+    for (int64_t r = 0; r < n_rows; ++r) std::copy_n(src + r * src_stride, width, dst + r * dst_stride);
 }
 
 }  // namespace ember

@@ -115,6 +115,14 @@ public:
         in_->scatter_add_rows(out, y, rows, scale, n_rows, dim);
     }
     void sigmoid(float* x, int64_t n) override { in_->sigmoid(x, n); }
+    void mul(float* x, const float* y, int64_t n) override { in_->mul(x, y, n); }
+    void softplus_gate(float* x, const float* bias, const float* scale, int32_t n_tok, int32_t dim) override {
+        in_->softplus_gate(x, bias, scale, n_tok, dim);
+    }
+    void copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t width,
+                   int64_t n_rows) override {
+        in_->copy_rows(dst, dst_stride, src, src_stride, width, n_rows);
+    }
     void scale_softcap(float* x, int64_t n, float scale, float cap) override { in_->scale_softcap(x, n, scale, cap); }
     void gated_delta_rule(const float* q, const float* k, const float* v, const float* g, const float* beta,
                           int32_t n_tok, const DeltaRuleShape& shape, float* state, float* out) override {

@@ -193,6 +193,8 @@ struct RunnerImpl {
         }
         if (hp.n_expert > 0)
             s.buf.moe = alloc_floats(be, moe_scratch_floats(B, hp.n_embd, hp.n_ff_exp, hp.n_expert, hp.n_expert_used));
+        if (const int64_t rec = model->impl().arch->recurrent_scratch_floats(hp); rec > 0)
+            s.buf.recurrent = alloc_floats(be, B * rec);
         return s;
     }
 
@@ -367,6 +369,12 @@ void RunnerImpl::forward(const int32_t* tokens, const BatchInfo& batch, const st
     // The step's shape for recorded graphs: its size and the rows whose logits it computes.
     uint64_t shape_key = mix(mix(reinterpret_cast<uintptr_t>(this), (uint64_t)n), (uint64_t)greedy);
     for (const RowRange& rr : rows) shape_key = mix(mix(shape_key, (uint64_t)rr.first), (uint64_t)rr.count);
+    // Recurrent layers run each sequence's tokens as one run of ops on its state slot, addressed from the
+    // host: which tokens form a run and which slot it updates are part of the recorded ops.
+    if (state.n_slots() > 0) {
+        for (int32_t i = 0; i < n; ++i) shape_key = mix(shape_key, (uint64_t)batch.seq[i]);
+        for (int32_t slot : batch.state_slot) shape_key = mix(shape_key, (uint64_t)slot);
+    }
 
     Backend* cur = cpu.get();
     bool replayed = false;   // the device ops ran as a recorded graph

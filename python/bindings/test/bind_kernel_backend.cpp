@@ -593,6 +593,39 @@ struct PyBackend {
         return make_out(download(*be, xb, x.size()), {x.size()});
     }
 
+    F32Out mul(F32In x, F32In y) {
+        if (x.ndim() != 1 || x.size() == 0 || y.ndim() != 1 || y.size() != x.size())
+            fail("mul: x and y must be [n] float32 of one size");
+        Buf xb(*be, x.data(), x.size() * 4), yb(*be, y.data(), y.size() * 4);
+        be->mul(xb.f(), yb.f(), (int64_t)x.size());
+        return make_out(download(*be, xb, x.size()), {x.size()});
+    }
+
+    // x [n_tok, dim]; bias and scale [dim].
+    F32Out softplus_gate(F32In x, F32In bias, F32In scale) {
+        if (x.ndim() != 2 || bias.ndim() != 1 || scale.ndim() != 1 || bias.size() != x.shape(1) ||
+            scale.size() != x.shape(1))
+            fail("softplus_gate: x must be [n_tok, dim], bias and scale [dim] float32");
+        Buf xb(*be, x.data(), x.size() * 4), bb(*be, bias.data(), bias.size() * 4),
+            sb(*be, scale.data(), scale.size() * 4);
+        be->softplus_gate(xb.f(), bb.f(), sb.f(), (int32_t)x.shape(0), (int32_t)x.shape(1));
+        return make_out(download(*be, xb, x.size()), {x.shape(0), x.shape(1)});
+    }
+
+    // dst (1-D, its other elements kept) after copy_rows of src's rows from src_at into it from dst_at.
+    F32Out copy_rows(F32In dst, int64_t dst_at, int64_t dst_stride, F32In src, int64_t src_at, int64_t src_stride,
+                     int64_t width, int64_t n_rows) {
+        if (dst.ndim() != 1 || src.ndim() != 1) fail("copy_rows: dst and src must be [n] float32");
+        auto inside = [&](int64_t at, int64_t stride, size_t size) {
+            return at >= 0 && (n_rows <= 0 || width <= 0 || at + (n_rows - 1) * stride + width <= (int64_t)size);
+        };
+        if (!inside(dst_at, dst_stride, dst.size()) || !inside(src_at, src_stride, src.size()))
+            fail("copy_rows: the rows reach past dst or src");
+        Buf db(*be, dst.data(), dst.size() * 4), sb(*be, src.data(), src.size() * 4);
+        be->copy_rows(db.f() + dst_at, dst_stride, sb.f() + src_at, src_stride, width, n_rows);
+        return make_out(download(*be, db, dst.size()), {dst.size()});
+    }
+
     // The fused attention input op: x += residual; xn = rmsnorm(x) * norm; q, k, v = projections
     // (+ biases, + per-head norms); rope of q and k at pos; k and v stored in a cache of type_k /
     // type_v (block_size, shuffled blocks). Returns the rotated q, the cached rows of k and v at
@@ -985,6 +1018,9 @@ std::vector<std::pair<std::string, std::string>> contract_ops() {
             {"gather_rows", "gather_rows"},
             {"scatter_add_rows", "scatter_add_rows"},
             {"sigmoid", "sigmoid"},
+            {"mul", "mul"},
+            {"softplus_gate", "softplus_gate"},
+            {"copy_rows", "copy_rows"},
             {"scale_softcap", "scale_softcap"},
             {"gated_delta_rule", "gated_delta_rule"},
             {"short_conv", "short_conv"},
@@ -1078,6 +1114,10 @@ void bind_kernel_backend(nb::module_& m) {
         .def("scatter_add_rows", &PyBackend::scatter_add_rows, nb::arg("out"), nb::arg("y"), nb::arg("rows"),
              nb::arg("scale"))
         .def("sigmoid", &PyBackend::sigmoid, nb::arg("x"))
+        .def("mul", &PyBackend::mul, nb::arg("x"), nb::arg("y"))
+        .def("softplus_gate", &PyBackend::softplus_gate, nb::arg("x"), nb::arg("bias"), nb::arg("scale"))
+        .def("copy_rows", &PyBackend::copy_rows, nb::arg("dst"), nb::arg("dst_at"), nb::arg("dst_stride"),
+             nb::arg("src"), nb::arg("src_at"), nb::arg("src_stride"), nb::arg("width"), nb::arg("n_rows"))
         .def("scale_softcap", &PyBackend::scale_softcap, nb::arg("x"), nb::arg("scale"), nb::arg("cap"))
         .def("gated_delta_rule", &PyBackend::gated_delta_rule, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"),
              nb::arg("beta"), nb::arg("state"), nb::arg("n_k_heads"))

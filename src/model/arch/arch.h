@@ -200,6 +200,12 @@ public:
     // Why the architecture runs on the CPU only so far, or null where it runs on every backend: a placement
     // with blocks on the GPU is refused at load with this reason (plan_placement).
     virtual const char* cpu_only() const { return nullptr; }
+    // Floats per token of BlockBuffers::recurrent a recurrent layer's mixer works in (its projections
+    // and the convolution's and scan's outputs, in the layer's backend memory); 0: none.
+    virtual int64_t recurrent_scratch_floats(const HParams& hp) const {
+        (void)hp;
+        return 0;
+    }
     // Why a GPU block's routed experts cannot run apart from it on the CPU (cpu_moe, n_cpu_moe, an override,
     // the GPU budget), or null where they can: plan_placement refuses such a placement at load with this
     // reason, and its GPU budget leaves these experts with their blocks.

@@ -43,10 +43,9 @@ public:
     }
 
     const char* output_norm_name() const override { return "token_embd_norm.weight"; }
-    const char* cpu_only() const override {
-        return "the short convolution layers' products are loops over host memory until the backend contract has "
-               "an elementwise product";
-    }
+    // The short convolution layers work in BlockBuffers::recurrent: in_proj's rows, then the gated input
+    // and the convolution's output.
+    int64_t recurrent_scratch_floats(const HParams& hp) const override { return 5 * (int64_t)hp.n_embd; }
 
     // The attention layers' tensors (layer_tensors gives each layer its own kind's).
     std::vector<TensorSpec> block_tensors(const HParams& hp) const override { return layer_specs(hp, false, false); }
@@ -112,29 +111,30 @@ private:
     }
 
     // out = out_proj(C * conv(B * x)), B, C and x the three parts of in_proj(xn), the convolution
-    // carrying each sequence's last inputs in its slot.
+    // carrying each sequence's last inputs in its slot; the activations in r.buf.recurrent.
     static void short_conv_mixer(const BlockRun& r, float* out) {
         const int32_t n = r.n_tok, E = r.hp.n_embd;
-        std::vector<float> bcx((size_t)n * 3 * E), bx((size_t)n * E), y((size_t)n * E);
-        r.be.matmul(*r.w.m(Role::ssm_in), r.buf.xn, n, bcx.data());
-        for (int64_t t = 0; t < n; ++t) {
-            const float* row = &bcx[t * 3 * E];
-            for (int32_t i = 0; i < E; ++i) bx[t * E + i] = row[i] * row[2 * E + i];
-        }
+        if (!r.buf.recurrent) fail(r.hp.arch, ": its convolution layers need BlockBuffers::recurrent");
+        float* bcx = r.buf.recurrent;   // [n][3 E]
+        float* bx = bcx + (int64_t)n * 3 * E;
+        float* y = bx + (int64_t)n * E;
+        r.be.matmul(*r.w.m(Role::ssm_in), r.buf.xn, n, bcx);
+        r.be.copy_rows(bx, E, bcx, 3 * E, E, n);
+        r.be.copy_rows(y, E, bcx + 2 * E, 3 * E, E, n);
+        r.be.mul(bx, y, (int64_t)n * E);
         const BatchInfo& b = *r.batch;
         // Each run of one sequence's tokens, in order, through its slot.
         for (int32_t t0 = 0; t0 < n;) {
             int32_t t1 = t0 + 1;
             while (t1 < n && b.seq[t1] == b.seq[t0]) ++t1;
-            r.be.short_conv(&bx[t0 * E], r.w.v(Role::ssm_conv), nullptr, t1 - t0, E, r.hp.ssm_conv_kernel, false,
-                            r.state->conv_of(b.state_slot[b.seq[t0]]), &y[t0 * E]);
+            r.be.short_conv(bx + (int64_t)t0 * E, r.w.v(Role::ssm_conv), nullptr, t1 - t0, E, r.hp.ssm_conv_kernel,
+                            false, r.state->conv_of(b.state_slot[b.seq[t0]]), y + (int64_t)t0 * E);
             t0 = t1;
         }
-        for (int64_t t = 0; t < n; ++t) {
-            const float* c = &bcx[t * 3 * E + E];
-            for (int32_t i = 0; i < E; ++i) y[t * E + i] *= c[i];
-        }
-        r.be.matmul(*r.w.m(Role::ssm_out), y.data(), n, out);
+        // C into bx, whose gated input the convolution has read.
+        r.be.copy_rows(bx, E, bcx + E, 3 * E, E, n);
+        r.be.mul(y, bx, (int64_t)n * E);
+        r.be.matmul(*r.w.m(Role::ssm_out), y, n, out);
     }
 };
 

@@ -2,7 +2,7 @@
 // tensors as llama.cpp's converter writes them.
 #include "model/arch/qwen_hybrid.h"
 
-#include <cmath>
+#include <algorithm>
 
 #include "ember/status.h"
 #include "model/arch/arch_common.h"
@@ -24,35 +24,33 @@ DeltaNetDims dims(const HParams& hp) {
     return {hp.ssm_k_heads, hp.ssm_v_heads, hp.ssm_head_k, hp.ssm_head_v, hp.ssm_conv_kernel};
 }
 
-// As torch's softplus (and ggml's): x itself above 20, where log(1 + e^x) rounds to it.
-float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
-
 // out = wo((attention of q over the KV) * sigmoid(gate)), q and the gate from one projection
-// that gives each head its query then its gate.
+// that gives each head its query then its gate; both in r.buf.recurrent.
 void gated_attention(const BlockRun& r, float* out) {
     const HParams& hp = r.hp;
     const int32_t n = r.n_tok, H = hp.n_head, D = hp.head_dim;
     const int64_t QW = (int64_t)H * D;
-    std::vector<float> qg((size_t)n * 2 * QW);
+    float* qg = r.buf.recurrent;
+    float* gate = qg + (int64_t)n * 2 * QW;
     const Weight* ws[3] = {r.w.m(Role::wq), r.w.m(Role::wk), r.w.m(Role::wv)};
-    float* ys[3] = {qg.data(), r.buf.k, r.buf.v};
+    float* ys[3] = {qg, r.buf.k, r.buf.v};
     r.be.matmul_many(ws, ys, 3, r.buf.xn, n);
-    for (int64_t t = 0; t < n; ++t)
-        for (int32_t h = 0; h < H; ++h) std::copy_n(&qg[(t * H + h) * 2 * D], D, r.buf.q + (t * H + h) * D);
+    r.be.copy_rows(r.buf.q, D, qg, 2 * D, D, (int64_t)n * H);
+    r.be.copy_rows(gate, D, qg + D, 2 * D, D, (int64_t)n * H);
     r.be.head_rmsnorm(r.buf.q, r.w.v(Role::q_norm), n, H, D, hp.rms_eps);
     r.be.head_rmsnorm(r.buf.k, r.w.v(Role::k_norm), n, hp.n_head_kv, D, hp.rms_eps);
     r.be.rope(r.buf.q, n, H, r.cfg.rope);
     r.be.rope(r.buf.k, n, hp.n_head_kv, r.cfg.rope);
     r.be.kv_store(r.kv, r.buf.k, r.buf.v, n);
     r.be.attention(r.kv, r.buf.q, n, r.cfg.shape, r.buf.att);
-    for (int64_t t = 0; t < n; ++t)
-        for (int32_t h = 0; h < H; ++h) {
-            const float* g = &qg[((t * H + h) * 2 + 1) * D];
-            float* a = r.buf.att + (t * H + h) * D;
-            for (int32_t i = 0; i < D; ++i) a[i] /= 1.0f + std::exp(-g[i]);
-        }
+    r.be.sigmoid(gate, (int64_t)n * QW);
+    r.be.mul(r.buf.att, gate, (int64_t)n * QW);
     r.be.matmul(*r.w.m(Role::wo), r.buf.att, n, out);
 }
+
+// Widths of q and k as the delta rule reads them: n_k heads, or Qwen3-Next's k heads repeated
+// into place, one per v head.
+int64_t delta_qk_width(const DeltaNetDims& d, bool grouped_v) { return (int64_t)(grouped_v ? d.n_v : d.n_k) * d.dk; }
 
 }  // namespace
 
@@ -137,7 +135,15 @@ std::vector<TensorSpec> QwenHybridArch::layer_specs(const HParams& hp, bool recu
     return t;
 }
 
+int64_t QwenHybridArch::recurrent_scratch_floats(const HParams& hp) const {
+    const DeltaNetDims d = dims(hp);
+    const int64_t delta = 2 * d.channels() + 4 * d.value_dim() + 4 * d.n_v + 2 * delta_qk_width(d, kind_.grouped_v) +
+                          (kind_.grouped_v ? d.key_dim() : 0);
+    return std::max(delta, 3 * (int64_t)hp.n_head * hp.head_dim);
+}
+
 const float* QwenHybridArch::forward_block(const BlockRun& r) const {
+    if (!r.buf.recurrent) fail(r.hp.arch, ": its blocks need BlockBuffers::recurrent (recurrent_scratch_floats)");
     r.be.add_rmsnorm(r.x, r.residual, r.w.v(Role::attn_norm), r.n_tok, r.hp.n_embd, r.hp.rms_eps, r.buf.xn);
     if (r.state) delta_net(r, r.out_a);
     else gated_attention(r, r.out_a);
@@ -147,68 +153,74 @@ const float* QwenHybridArch::forward_block(const BlockRun& r) const {
 }
 
 // out = ssm_out(rmsnorm(delta rule over the convolved q, k, v) * silu(z)), the convolution and
-// delta-rule states carried in each sequence's slot.
+// delta-rule states carried in each sequence's slot; the activations in r.buf.recurrent.
 void QwenHybridArch::delta_net(const BlockRun& r, float* out) const {
     const DeltaNetDims d = dims(r.hp);
-    const int32_t n = r.n_tok, H = d.n_v;
-    const int64_t C = d.channels(), K = d.key_dim(), V = d.value_dim();
-    std::vector<float> mixed((size_t)n * C), conv((size_t)n * C), z((size_t)n * V), o((size_t)n * V);
-    std::vector<float> beta((size_t)n * H), g((size_t)n * H);
+    const int32_t n = r.n_tok, H = d.n_v, per_k = H / d.n_k;
+    const int64_t C = d.channels(), K = d.key_dim(), V = d.value_dim(), KQ = delta_qk_width(d, kind_.grouped_v);
+    float* mixed = r.buf.recurrent;
+    float* conv = mixed + n * C;
+    float* z = conv + n * C;
+    float* o = z + n * V;
+    float* v = o + n * V;
+    float* beta = v + n * V;
+    float* g = beta + n * H;
+    float* ba = g + n * H;   // [n][2 H]
+    float* q = ba + n * 2 * H;
+    float* k = q + n * KQ;
+    float* spread = k + n * KQ;   // [n][K], grouped v heads only
     if (kind_.grouped_v) {
-        std::vector<float> ba((size_t)n * 2 * H);
         const Weight* ws[3] = {r.w.m(Role::ssm_in), r.w.m(Role::ssm_gate), r.w.m(Role::ssm_beta)};
-        float* ys[3] = {mixed.data(), z.data(), ba.data()};
+        float* ys[3] = {mixed, z, ba};
         r.be.matmul_many(ws, ys, 3, r.buf.xn, n);
-        const int32_t per_k = H / d.n_k;
-        for (int64_t t = 0; t < n; ++t)
-            for (int32_t h = 0; h < H; ++h) {
-                const float* row = &ba[(t * d.n_k + h / per_k) * 2 * per_k];
-                beta[t * H + h] = row[h % per_k];
-                g[t * H + h] = row[per_k + h % per_k];
-            }
+        // Each k head's row of ba holds its v heads' b, then their a.
+        r.be.copy_rows(beta, per_k, ba, 2 * per_k, per_k, (int64_t)n * d.n_k);
+        r.be.copy_rows(g, per_k, ba + per_k, 2 * per_k, per_k, (int64_t)n * d.n_k);
     } else {
         const Weight* ws[4] = {r.w.m(Role::ssm_in), r.w.m(Role::ssm_gate), r.w.m(Role::ssm_beta),
                                r.w.m(Role::ssm_alpha)};
-        float* ys[4] = {mixed.data(), z.data(), beta.data(), g.data()};
+        float* ys[4] = {mixed, z, beta, g};
         r.be.matmul_many(ws, ys, 4, r.buf.xn, n);
     }
-    r.be.sigmoid(beta.data(), (int64_t)n * H);
-    const float *dt = r.w.v(Role::ssm_dt), *a = r.w.v(Role::ssm_a);
-    for (int64_t t = 0; t < n; ++t)
-        for (int32_t h = 0; h < H; ++h) {
-            float& x = g[t * H + h];
-            x = a[h] * softplus(x + dt[h]);
-        }
-    // The delta rule reads k head h % n_k for v head h: grouped v heads get their k head repeated
-    // into place, one per v head.
-    const int32_t kh = kind_.grouped_v ? H : d.n_k, per_k = H / d.n_k;
-    const int64_t KQ = (int64_t)kh * d.dk;
-    std::vector<float> q((size_t)n * KQ), k((size_t)n * KQ), v((size_t)n * V);
-    const DeltaRuleShape shape{kh, H, d.dk, d.dv};
+    r.be.sigmoid(beta, (int64_t)n * H);
+    r.be.softplus_gate(g, r.w.v(Role::ssm_dt), r.w.v(Role::ssm_a), n, H);
     const BatchInfo& b = *r.batch;
-    // Each run of one sequence's tokens, in order, through its slot.
-    for (int32_t t0 = 0; t0 < n;) {
-        int32_t t1 = t0 + 1;
-        while (t1 < n && b.seq[t1] == b.seq[t0]) ++t1;
-        const int32_t len = t1 - t0, slot = b.state_slot[b.seq[t0]];
-        r.be.short_conv(&mixed[t0 * C], r.w.v(Role::ssm_conv), nullptr, len, (int32_t)C, d.kernel, true,
-                        r.state->conv_of(slot), &conv[t0 * C]);
-        for (int64_t t = t0; t < t1; ++t) {
-            const float* row = &conv[t * C];
-            for (int32_t h = 0; h < kh; ++h) {
-                const int64_t src = (int64_t)(kind_.grouped_v ? h / per_k : h) * d.dk;
-                std::copy_n(row + src, d.dk, &q[t * KQ + h * d.dk]);
-                std::copy_n(row + K + src, d.dk, &k[t * KQ + h * d.dk]);
-            }
-            std::copy_n(row + 2 * K, V, &v[t * V]);
+    // Each run of one sequence's tokens, in order, through its slot (the convolution's and the delta
+    // rule's states are apart, so every run's convolution may go first).
+    auto each_run = [&](auto&& fn) {
+        for (int32_t t0 = 0; t0 < n;) {
+            int32_t t1 = t0 + 1;
+            while (t1 < n && b.seq[t1] == b.seq[t0]) ++t1;
+            fn(t0, t1 - t0, b.state_slot[b.seq[t0]]);
+            t0 = t1;
         }
-        r.be.gated_delta_rule(&q[t0 * KQ], &k[t0 * KQ], &v[t0 * V], &g[t0 * H], &beta[t0 * H], len, shape,
-                              r.state->ssm_of(slot), &o[t0 * V]);
-        t0 = t1;
+    };
+    each_run([&](int32_t t0, int32_t len, int32_t slot) {
+        r.be.short_conv(mixed + t0 * C, r.w.v(Role::ssm_conv), nullptr, len, (int32_t)C, d.kernel, true,
+                        r.state->conv_of(slot), conv + t0 * C);
+    });
+    if (kind_.grouped_v) {
+        // The delta rule reads k head h % n_k for v head h: grouped v heads get their k head repeated
+        // into place, one per v head.
+        for (int32_t part = 0; part < 2; ++part) {
+            float* dst = part == 0 ? q : k;
+            r.be.copy_rows(spread, K, conv + part * K, C, K, n);
+            for (int32_t i = 0; i < per_k; ++i)
+                r.be.copy_rows(dst + (int64_t)i * d.dk, (int64_t)per_k * d.dk, spread, d.dk, d.dk, (int64_t)n * d.n_k);
+        }
+    } else {
+        r.be.copy_rows(q, K, conv, C, K, n);
+        r.be.copy_rows(k, K, conv + K, C, K, n);
     }
-    r.be.head_rmsnorm(o.data(), r.w.v(Role::ssm_norm), n, H, d.dv, r.hp.rms_eps);
-    r.be.gated_act(Activation::SiLU, z.data(), o.data(), (int64_t)n * V, o.data());
-    r.be.matmul(*r.w.m(Role::ssm_out), o.data(), n, out);
+    r.be.copy_rows(v, V, conv + 2 * K, C, V, n);
+    const DeltaRuleShape shape{(int32_t)(KQ / d.dk), H, d.dk, d.dv};
+    each_run([&](int32_t t0, int32_t len, int32_t slot) {
+        r.be.gated_delta_rule(q + t0 * KQ, k + t0 * KQ, v + t0 * V, g + t0 * H, beta + t0 * H, len, shape,
+                              r.state->ssm_of(slot), o + t0 * V);
+    });
+    r.be.head_rmsnorm(o, r.w.v(Role::ssm_norm), n, H, d.dv, r.hp.rms_eps);
+    r.be.gated_act(Activation::SiLU, z, o, (int64_t)n * V, o);
+    r.be.matmul(*r.w.m(Role::ssm_out), o, n, out);
 }
 
 }  // namespace ember

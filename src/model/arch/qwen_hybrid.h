@@ -27,9 +27,9 @@ public:
         return layer_specs(hp, hp.recurrent_layer[l]);
     }
     const float* forward_block(const BlockRun& r) const override;
-    const char* cpu_only() const override {
-        return "the gated DeltaNet layers' gates are loops over host memory until the backend contract has their ops";
-    }
+    // Both kinds of layer work in BlockBuffers::recurrent: the gated attention's query and gate, the
+    // DeltaNet's projections, convolution and delta-rule rows.
+    int64_t recurrent_scratch_floats(const HParams& hp) const override;
 
 private:
     QwenHybridKind kind_;
