@@ -7,6 +7,9 @@
 // lanes holds 8 dims each (16-byte loads of K and V). Splits > 1 write unnormalized partials
 // that the last CTA to finish merges. Q and the probabilities are rounded to f16 as in
 // llama.cpp's attention, so greedy decoding follows the reference closely.
+// Heads wider than kMaxNarrowHeadDim (Gemma 4's global layers, 512) take a wide form: 16 dims of a
+// key a lane (a whole warp a key), at most kMaxWidePairsPerCta queries a CTA, whose warps' partial
+// outputs then still fit the 48 KB of static shared memory (kernel_choice.h).
 #include <algorithm>
 
 #include "async_copy.cuh"
@@ -21,21 +24,29 @@ namespace cuda {
 namespace {
 
 constexpr int kAttnWarps = 4;
-constexpr int kMaxHeadDim = 256;
 
-// Merge softmax state (mo, lo, ao) into (m, l, a); either may be empty (m = -inf).
-__device__ __forceinline__ void merge_state(float& m, float& l, float* a, float mo, float lo, const float* ao) {
+// Merge softmax state (mo, lo, ao) into (m, l, a) of C chunks of 8 dims, chunk j of ao at ao + stride
+// j; either may be empty (m = -inf).
+template <int C>
+__device__ __forceinline__ void merge_state(float& m, float& l, float* a, float mo, float lo, const float* ao,
+                                            int stride) {
     const float mn = fmaxf(m, mo);
     if (mn == -INFINITY) return;
     const float ca = exp2f(m - mn), cb = exp2f(mo - mn);
     l = l * ca + lo * cb;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) a[j] = a[j] * ca + ao[j] * cb;
+    for (int j = 0; j < C; ++j)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) a[8 * j + e] = a[8 * j + e] * ca + ao[stride * j + e] * cb;
     m = mn;
 }
 
-template <int M>
+// M query slots (q head x token) a CTA; C chunks of 8 dims of a key a lane: lane c of a key's group
+// of tpk lanes holds dims 8 (c + tpk j) .. + 7 for j < C, so head dims up to kWarp * 8 * C.
+template <int M, int C>
 __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(AttentionArgs a, DeviceBatch b) {
+    static_assert(C == 1 || C == 2, "the narrow form (C = 1) and the wide one (C = 2)");
+    constexpr int kHeadDim = kWarp * 8 * C;   // the most this form takes
     pdl_wait();
     pdl_trigger();
     const AttnTile tile = a.tiles[blockIdx.x];
@@ -45,13 +56,17 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(Attention
     const int kvh = blockIdx.y / n_hchunks, hc = blockIdx.y % n_hchunks;
     const int split = blockIdx.z;
     const int hd = a.head_dim, kv_dim = a.n_head_kv * hd, q_dim = a.n_head * hd;
-    const int nd8 = hd / 8;
+    const int nd8 = hd / 8, lanes = (nd8 + C - 1) / C;
     int tpk = 1;
-    while (tpk < nd8) tpk <<= 1;
+    while (tpk < lanes) tpk <<= 1;
     const int kpw = kWarp / tpk;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int c = lane & (tpk - 1), grp = lane / tpk;
-    const bool dim_ok = c < nd8;
+    // The lane's chunk j holds dims of the head. Read as dim_ok[C == 1 ? 0 : j]: a loop variable's
+    // index, even one that is always 0, changes the narrow form's code.
+    bool dim_ok[C];
+#pragma unroll
+    for (int j = 0; j < C; ++j) dim_ok[j] = c + tpk * j < nd8;
 
     int tok[M], head[M], lim[M], low[M];
     int maxlen = 0, minlow = 0x7fffffff;   // (slot 0 always holds a query)
@@ -71,18 +86,19 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(Attention
     const int chunk = (maxlen - minlow + a.n_split - 1) / a.n_split;
     const int k0 = minlow + split * chunk, k1 = min(maxlen, k0 + chunk);
 
-    float q[M][8], acc[M][8], m[M], l[M];
+    float q[M][8 * C], acc[M][8 * C], m[M], l[M];
     const float qscale = a.scale * kLog2e;   // scores in the log2 domain: exp2 below
 #pragma unroll
     for (int i = 0; i < M; ++i) {
         m[i] = -INFINITY;
         l[i] = 0.f;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
+        for (int j = 0; j < 8 * C; ++j) {
             acc[i][j] = 0.f;
             // q rounded to f16 first, as llama.cpp's f16 K.Q dot does: keeps greedy decoding in step.
-            q[i][j] = (lim[i] >= 0 && dim_ok)
-                          ? __half2float(__float2half_rn(a.q[int64_t(tok[i]) * q_dim + head[i] * hd + 8 * c + j])) *
+            q[i][j] = (lim[i] >= 0 && dim_ok[C == 1 ? 0 : j / 8])
+                          ? __half2float(__float2half_rn(a.q[int64_t(tok[i]) * q_dim + head[i] * hd + 8 * c +
+                                                             (C == 1 ? j : 8 * tpk * (j / 8) + j % 8)])) *
                                 qscale
                           : 0.f;
         }
@@ -91,34 +107,42 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(Attention
     const int32_t* bt = b.block_table + int64_t(seq) * b.max_blocks;
     const int bs = a.block_size;
     // kUnroll keys per lane group per iteration, all loads issued before any is used (more for
-    // decode, whose few queries leave registers to spare: long contexts are latency bound).
-    constexpr int kUnroll = M <= 2 ? 4 : 2;
+    // decode, whose few queries leave registers to spare: long contexts are latency bound). The
+    // wide form's lanes load C chunks a key, so the same bytes are in flight with fewer keys.
+    constexpr int kUnroll = (M <= 2 ? 4 : 2) / C;
     const int step = kAttnWarps * kpw;
     for (int kb = k0 + warp * kpw; kb < k1; kb += kUnroll * step) {
-        uint4 kr[kUnroll], vr[kUnroll];
+        uint4 kr[kUnroll][C], vr[kUnroll][C];
         int kk[kUnroll];
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
             kk[u] = kb + u * step + grp;
-            kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
-            if (kk[u] < k1 && dim_ok) {
-                const int64_t off = (int64_t(bt[kk[u] / bs]) * bs + kk[u] % bs) * kv_dim + kvh * hd + 8 * c;
-                kr[u] = *reinterpret_cast<const uint4*>(a.k_cache + off);
-                vr[u] = *reinterpret_cast<const uint4*>(a.v_cache + off);
+#pragma unroll
+            for (int j = 0; j < C; ++j) {
+                kr[u][j] = vr[u][j] = make_uint4(0, 0, 0, 0);
+                if (kk[u] < k1 && dim_ok[C == 1 ? 0 : j]) {
+                    const int64_t off = (int64_t(bt[kk[u] / bs]) * bs + kk[u] % bs) * kv_dim + kvh * hd +
+                                        8 * (c + tpk * j);
+                    kr[u][j] = *reinterpret_cast<const uint4*>(a.k_cache + off);
+                    vr[u][j] = *reinterpret_cast<const uint4*>(a.v_cache + off);
+                }
             }
         }
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
             const int k = kk[u];
-            float kf[8], vf[8];
-            unpack8(kr[u], kf);
-            unpack8(vr[u], vf);
+            float kf[8 * C], vf[8 * C];
+#pragma unroll
+            for (int j = 0; j < C; ++j) {
+                unpack8(kr[u][j], kf + 8 * j);
+                unpack8(vr[u][j], vf + 8 * j);
+            }
             float s[M];
 #pragma unroll
             for (int i = 0; i < M; ++i) {
                 float d = 0.f;
 #pragma unroll
-                for (int j = 0; j < 8; ++j) d += q[i][j] * kf[j];
+                for (int j = 0; j < 8 * C; ++j) d += q[i][j] * kf[j];
                 s[i] = d;
             }
             for (int o = tpk >> 1; o > 0; o >>= 1) {
@@ -135,7 +159,7 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(Attention
                     const float ph = __half2float(__float2half_rn(p));   // f16 probabilities times f16 V
                     l[i] = l[i] * corr + p;
 #pragma unroll
-                    for (int j = 0; j < 8; ++j) acc[i][j] = acc[i][j] * corr + ph * vf[j];
+                    for (int j = 0; j < 8 * C; ++j) acc[i][j] = acc[i][j] * corr + ph * vf[j];
                     m[i] = mn;
                 }
             }
@@ -147,20 +171,23 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(Attention
 #pragma unroll
         for (int i = 0; i < M; ++i) {
             const float mo = __shfl_xor_sync(0xffffffffu, m[i], o), lo = __shfl_xor_sync(0xffffffffu, l[i], o);
-            float ao[8];
+            float ao[8 * C];
 #pragma unroll
-            for (int j = 0; j < 8; ++j) ao[j] = __shfl_xor_sync(0xffffffffu, acc[i][j], o);
-            merge_state(m[i], l[i], acc[i], mo, lo, ao);
+            for (int j = 0; j < 8 * C; ++j) ao[j] = __shfl_xor_sync(0xffffffffu, acc[i][j], o);
+            merge_state<C>(m[i], l[i], acc[i], mo, lo, ao, 8);
         }
     }
-    __shared__ float sm_acc[kAttnWarps][M][kMaxHeadDim];
+    // kAttnWarps * M * kHeadDim floats: 32 KB for the narrow form's M = 8 and the wide form's M = 4.
+    __shared__ float sm_acc[kAttnWarps][M][kHeadDim];
     __shared__ float sm_m[kAttnWarps][M], sm_l[kAttnWarps][M];
     if (grp == 0) {
 #pragma unroll
         for (int i = 0; i < M; ++i) {
-            if (dim_ok)
 #pragma unroll
-                for (int j = 0; j < 8; ++j) sm_acc[warp][i][8 * c + j] = acc[i][j];
+            for (int j = 0; j < C; ++j)
+                if (dim_ok[C == 1 ? 0 : j])
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) sm_acc[warp][i][8 * (c + tpk * j) + e] = acc[i][8 * j + e];
             if (c == 0) {
                 sm_m[warp][i] = m[i];
                 sm_l[warp][i] = l[i];
@@ -168,23 +195,29 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(Attention
         }
     }
     __syncthreads();
-    if (warp == 0 && grp == 0 && dim_ok) {
+    if (warp == 0 && grp == 0 && dim_ok[0]) {   // (a lane whose chunk 0 is past the head has no later one)
 #pragma unroll
         for (int i = 0; i < M; ++i) {
             if (lim[i] < 0) continue;
             for (int w = 1; w < kAttnWarps; ++w)
-                merge_state(m[i], l[i], acc[i], sm_m[w][i], sm_l[w][i], &sm_acc[w][i][8 * c]);
+                merge_state<C>(m[i], l[i], acc[i], sm_m[w][i], sm_l[w][i], &sm_acc[w][i][8 * c], 8 * tpk);
             if (a.n_split == 1) {
                 const float sum = l[i] + sink_term(a, head[i], m[i]);
                 const float inv = sum > 0.f ? 1.f / sum : 0.f;
                 float* o = a.out + int64_t(tok[i]) * q_dim + head[i] * hd + 8 * c;
 #pragma unroll
-                for (int j = 0; j < 8; ++j) o[j] = acc[i][j] * inv;
+                for (int j = 0; j < C; ++j)
+                    if (j == 0 || dim_ok[j])
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) o[8 * tpk * j + e] = acc[i][8 * j + e] * inv;
             } else {
                 const int64_t slot = (int64_t(split) * a.n_tok + tok[i]) * a.n_head + head[i];
                 float* o = a.part_acc + slot * hd + 8 * c;
 #pragma unroll
-                for (int j = 0; j < 8; ++j) o[j] = acc[i][j];
+                for (int j = 0; j < C; ++j)
+                    if (j == 0 || dim_ok[j])
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) o[8 * tpk * j + e] = acc[i][8 * j + e];
                 if (c == 0) a.part_ml[slot] = make_float2(m[i], l[i]);
             }
         }
@@ -454,8 +487,8 @@ void launch_decode_hd(const AttentionArgs& a, const DeviceBatch& b, dim3 grid, c
 }  // namespace
 
 void attention(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s) {
-    if (a.head_dim % 8 || a.head_dim > kMaxHeadDim)
-        fail("cuda attention: head_dim ", a.head_dim, " must be a multiple of 8 and at most ", kMaxHeadDim);
+    if (a.head_dim % 8 || a.head_dim > kMaxAttnHeadDim)
+        fail("cuda attention: head_dim ", a.head_dim, " must be a multiple of 8 and at most ", kMaxAttnHeadDim);
     if (a.n_head_kv <= 0 || a.n_head % a.n_head_kv)
         fail("cuda attention: n_head ", a.n_head, " is not a multiple of n_head_kv ", a.n_head_kv);
     if (a.n_tiles == 0) return;
@@ -464,10 +497,19 @@ void attention(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s) {
     const int n_hchunks = (n_rep + a.heads_per_cta - 1) / a.heads_per_cta;
     const dim3 grid(unsigned(a.n_tiles), unsigned(a.n_head_kv * n_hchunks), unsigned(a.n_split));
     const dim3 block(kAttnWarps * kWarp);
-    if (pairs <= 1) launch_pdl(attention_kernel<1>, grid, block, s, a, b);
-    else if (pairs <= 2) launch_pdl(attention_kernel<2>, grid, block, s, a, b);
-    else if (pairs <= 4) launch_pdl(attention_kernel<4>, grid, block, s, a, b);
-    else if (pairs <= 8) launch_pdl(attention_kernel<8>, grid, block, s, a, b);
+    static_assert(kMaxNarrowHeadDim == kWarp * 8 && kMaxAttnHeadDim == 2 * kWarp * 8, "the forms' lane layouts");
+    if (a.head_dim > kMaxNarrowHeadDim) {
+        if (pairs <= 1) launch_pdl(attention_kernel<1, 2>, grid, block, s, a, b);
+        else if (pairs <= 2) launch_pdl(attention_kernel<2, 2>, grid, block, s, a, b);
+        else if (pairs <= kMaxWidePairsPerCta)
+            launch_pdl(attention_kernel<kMaxWidePairsPerCta, 2>, grid, block, s, a, b);
+        else
+            fail("cuda attention: ", pairs, " query heads per CTA exceeds ", kMaxWidePairsPerCta, " for head_dim ",
+                 a.head_dim);
+    } else if (pairs <= 1) launch_pdl(attention_kernel<1, 1>, grid, block, s, a, b);
+    else if (pairs <= 2) launch_pdl(attention_kernel<2, 1>, grid, block, s, a, b);
+    else if (pairs <= 4) launch_pdl(attention_kernel<4, 1>, grid, block, s, a, b);
+    else if (pairs <= 8) launch_pdl(attention_kernel<8, 1>, grid, block, s, a, b);
     else fail("cuda attention: ", pairs, " query heads per CTA exceeds 8");
     EMBER_CUDA_LAUNCHED("attention");
 }

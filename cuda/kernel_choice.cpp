@@ -104,7 +104,7 @@ int decode_heads(const AttentionQuery& q, int32_t n_head, bool kv_q8) {
 // for any number of tokens (each token's result is its own).
 bool exact_attention(const AttentionQuery& q) {
     return (q.batch.n_tok <= kMaxIntPromptTokens || q.batch.deterministic) && q.max_len <= kExactMaxLen &&
-           q.sw.exact_attn && q.head_dim % 8 == 0;
+           q.sw.exact_attn && q.head_dim % 8 == 0 && q.head_dim <= kMaxNarrowHeadDim;
 }
 
 // A decode step of up to kMaxIntPromptTokens sequences over a short f16 context that need not keep
@@ -140,6 +140,9 @@ void check_attention(const AttentionQuery& q) {
     if (q.head_dim < 1 || q.n_head < 1 || q.n_head_kv < 1 || q.block_size < 1)
         fail("cuda attention choice: head_dim ", q.head_dim, ", ", q.n_head, " heads, ", q.n_head_kv,
              " kv heads and block ", q.block_size, " must all be at least 1");
+    if (q.head_dim > kMaxAttnHeadDim)
+        fail("cuda attention choice: head_dim ", q.head_dim, " is above ", kMaxAttnHeadDim,
+             ", the widest head the attention kernels take");
     if (q.max_len < 0) fail("cuda attention choice: negative context length ", q.max_len);
     if (q.window < 0) fail("cuda attention choice: negative window ", q.window);
     check_batch(q.batch, "attention");
@@ -361,6 +364,7 @@ int attention_splits(int want, int base, int target) {
 // In order: attention_short where asked for; the reference-order kernel over short contexts;
 // deterministic mode's one query a tile; long prompts on tensor cores where the head dim allows;
 // decode batches over long contexts on the pipelined decode kernels; the tiled kernel for the rest.
+// Heads wider than kMaxNarrowHeadDim take only the tiled kernels, whatever the batch.
 // Decode batches over q8_0 caches read the blocks directly; other batches read an f16 copy of the
 // blocks they use (their work per KV byte is large, so the copy costs little).
 AttentionChoice choose_attention(const AttentionQuery& q) {
@@ -368,7 +372,9 @@ AttentionChoice choose_attention(const AttentionQuery& q) {
     const BatchFacts& b = q.batch;
     AttentionChoice c;
     const int n_rep = q.n_head / q.n_head_kv;
-    c.heads_per_cta = std::min(n_rep, kMaxHeadsPerCta);
+    // q heads x tokens of a tiled CTA (the wide form's shared memory holds fewer).
+    const int max_pairs = q.head_dim > kMaxNarrowHeadDim ? kMaxWidePairsPerCta : kMaxHeadsPerCta;
+    c.heads_per_cta = std::min(n_rep, max_pairs);
     const bool k_q8 = q.k_type == GGMLType::Q8_0, v_q8 = q.v_type == GGMLType::Q8_0;
     // A q8_0 row block of the layer is a whole number of 16-byte loads (attention_decode's copies).
     const int64_t width = int64_t(q.n_head_kv) * q.head_dim;
@@ -404,7 +410,7 @@ AttentionChoice choose_attention(const AttentionQuery& q) {
     // Prompts: share K/V among up to 8 queries.
     c.kernel = AttentionKernel::tiled;
     if (b.n_tok > kMaxGemvTokens) {
-        const int tq = std::max(1, 8 / pow2_ceil(c.heads_per_cta));
+        const int tq = std::max(1, max_pairs / pow2_ceil(c.heads_per_cta));
         while (kTileLens[c.tile_index] < tq) ++c.tile_index;
     }
     return c;

@@ -58,6 +58,13 @@ constexpr int kDecodeQ8Heads = 4;
 constexpr int kDecodeMmaHeads = 16;
 // The tiled attention shares K/V loads among at most this many q heads of a kv head.
 constexpr int kMaxHeadsPerCta = 8;
+// Head dims up to this take every attention kernel; wider ones (up to kMaxAttnHeadDim: Gemma 4's
+// global layers) only the tiled kernel's wide form, which merges its 4 warps' partial outputs in
+// 4 x M x 512 floats of static shared memory: M = kMaxWidePairsPerCta (q heads x tokens a CTA)
+// keeps them at 32 KB, within the 48 KB a kernel's static shared memory may take.
+constexpr int kMaxNarrowHeadDim = 256;
+constexpr int kMaxAttnHeadDim = 512;
+constexpr int kMaxWidePairsPerCta = 4;
 // A mixture's one-token path (each token's experts their own GEMV rows, the down projection summing
 // a token's experts as it writes them) takes batches up to this many tokens; larger ones group the
 // tokens by expert, so each chosen expert's rows are read once a chunk of kMaxGemvTokens tokens.
@@ -224,7 +231,8 @@ struct AttentionChoice {
     int heads_per_cta = 1;
 };
 
-// InvalidInput for a cache type the GPU does not keep (F32 and others), non-positive shapes or a negative length.
+// InvalidInput for a cache type the GPU does not keep (F32 and others), non-positive shapes, a head
+// wider than kMaxAttnHeadDim or a negative length.
 AttentionChoice choose_attention(const AttentionQuery& q);
 // attention_short declined the shape (its shared memory did not fit): the choice without it.
 AttentionChoice choose_attention_without_short(AttentionQuery q);

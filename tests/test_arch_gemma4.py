@@ -5,6 +5,7 @@ layer scalars; "gemma4" with per-layer embeddings, values from the keys' project
 tensors must be those llama.cpp's converter writes; ember's logits must match transformers' at f32
 (a prompt past the window; one batch, token by token and inside an engine batch); configs and files
 ember cannot run give a clear error."""
+import copy
 import json
 import os
 import shutil
@@ -112,6 +113,65 @@ def test_cuda_logits_match_cpu(models, name, chunk):
     path = models[name][2]
     want = hf_tiny.ember_logits(path, PROMPT, kv_type="f16")
     got = hf_tiny.ember_logits(path, PROMPT, n_gpu_layers=-1, kv_type="f16", chunk=chunk)
+    rel = np.abs(got - want).max() / np.abs(want).max()
+    assert rel <= 2e-3, f"max|diff|/max|ref| = {rel:.2e}"
+
+
+def build_global_heads(out_dir, head_dim):
+    """The "gemma4" model with global heads of head_dim (the 31B's are 512, the committed model's 32): its
+    config and global layers' tensors resized, weights drawn as hf_tiny draws them (no transformers
+    reference holds this one; the O projections scaled so the layers' outputs keep their size). Returns
+    the path of its f32 GGUF."""
+    spec = copy.deepcopy(hf_tiny.models()["gemma4"])
+    config, shapes = spec["config"], spec["tensors"]
+    n_head = config["num_attention_heads"]
+    for i, entry in config["per_layer_config"].items():
+        entry["head_dim"] = head_dim
+        attn = f"model.layers.{i}.self_attn."
+        shapes[attn + "q_proj.weight"] = [n_head * head_dim, config["hidden_size"]]
+        shapes[attn + "o_proj.weight"] = [config["hidden_size"], n_head * head_dim]
+        shapes[attn + "q_norm.weight"] = [head_dim]
+        if attn + "k_proj.weight" in shapes:   # (the KV-sharing layers have none)
+            shapes[attn + "k_proj.weight"] = [entry["num_key_value_heads"] * head_dim, config["hidden_size"]]
+            shapes[attn + "k_norm.weight"] = [head_dim]
+    hf_dir = os.path.join(out_dir, "hf")
+    hf_tiny.copy_tokenizer(spec["tokenizer"], hf_dir)
+    with open(os.path.join(hf_dir, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f)
+    weights = hf_tiny._draw(spec)
+    for i in config["per_layer_config"]:
+        weights[f"model.layers.{i}.self_attn.o_proj.weight"] *= np.float32(np.sqrt(32 / head_dim))
+    hf_tiny._write_safetensors(os.path.join(hf_dir, "model.safetensors"), weights, spec["dtype"])
+    path = os.path.join(out_dir, "global_heads.gguf")
+    convert(hf_dir, path, "f32", progress=False)
+    return path
+
+
+@pytest.fixture(scope="module")
+def global_heads_512(tmp_path_factory):
+    return build_global_heads(str(tmp_path_factory.mktemp("gemma4_global_512")), 512)
+
+
+def test_global_heads_of_512_on_the_cpu(global_heads_512):
+    """Gemma 4's global heads of 512 in the file, and on the CPU the prompt in one batch gives the
+    logits of the tokens one by one."""
+    kv = hf_tiny.gguf_fields(global_heads_512)
+    assert kv["gemma4.attention.key_length"] == 512 and kv["gemma4.attention.key_length_swa"] == 16
+    batch = hf_tiny.ember_logits(global_heads_512, PROMPT, kv_type="f16", chunk=40)
+    one_by_one = hf_tiny.ember_logits(global_heads_512, PROMPT, kv_type="f16", chunk=1)
+    assert np.all(np.isfinite(batch))
+    rel = np.abs(one_by_one - batch).max() / np.abs(batch).max()
+    assert rel <= 1e-4, f"max|diff|/max|ref| = {rel:.2e}"
+
+
+@pytest.mark.parametrize("chunk", [40, 1], ids=["prompt", "decode"])
+def test_cuda_global_heads_of_512_match_cpu(global_heads_512, chunk):
+    """The global layers' attention over heads of 512 on the GPU (the tiled kernel's wide form) against the
+    CPU, with the sliding layers' heads of 16 beside them."""
+    if "cuda" not in _ember.backends():
+        pytest.skip("this ember was built without the CUDA backend")
+    want = hf_tiny.ember_logits(global_heads_512, PROMPT, kv_type="f16")
+    got = hf_tiny.ember_logits(global_heads_512, PROMPT, n_gpu_layers=-1, kv_type="f16", chunk=chunk)
     rel = np.abs(got - want).max() / np.abs(want).max()
     assert rel <= 2e-3, f"max|diff|/max|ref| = {rel:.2e}"
 

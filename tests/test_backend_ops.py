@@ -767,12 +767,24 @@ ATTENTION_SHAPES = {
     "long_gqa_17": (34, 2, 64, 900, [899], 16, 0, False),              # 17 q heads a kv head
     "long_split_hd256": (4, 2, 256, 1500, [1499], 16, 0, False),
     "long_split_block_8": (8, 4, 128, 1500, [1499, 700], 8, 0, False),
+    # Heads of 512 (Gemma 4's global layers: 8 q heads a kv head in the 31B): the GPU's tiled kernel in
+    # its wide form at every length, at most 4 q heads x tokens a CTA.
+    "hd512_decode": (8, 1, 512, 150, [149], 16, 0, False),
+    "hd512_decode_batch": (4, 2, 512, 64, [10, 63, 40], 16, 0, False),
+    "hd512_steps": (8, 2, 512, 700, [699, 100, 300], 16, 0, True),
+    "hd512_prompt": (4, 4, 512, 100, list(range(100)), 16, 0, False),
+    "hd512_prompt_gqa_3": (6, 2, 512, 90, list(range(20, 90)), 16, 0, False),   # a CTA slot of 4 left empty
+    "hd512_window_decode": (8, 2, 512, 600, [599], 16, 40, False),
+    "hd512_window_prompt": (8, 2, 512, 300, list(range(100, 300)), 16, 64, False),
+    "hd512_long_split": (8, 1, 512, 1500, [1499], 16, 0, False),
+    "hd512_block_5": (4, 1, 512, 75, [74, 17, 0], 5, 0, False),
 }
 # K and V types: the same type for every shape, each mix on a few.
 KV_PAIRS = [(t, t) for t in KV_TYPES]
 MIXED_KV_PAIRS = ([(k, v) for k in ("f16", "q8_0", "f32", "bf16") for v in ("f16", "q8_0", "f32", "bf16") if k != v]
                   + [("q4_0", "f16"), ("f16", "q5_1"), ("q4_1", "q8_0"), ("q5_0", "bf16")])
-MIXED_KV_SHAPES = ["decode_gqa_9_3", "steps", "prompt_gqa", "window_prompt", "long_decode", "long_prompt"]
+MIXED_KV_SHAPES = ["decode_gqa_9_3", "steps", "prompt_gqa", "window_prompt", "long_decode", "long_prompt",
+                   "hd512_steps"]
 
 
 def attention_bound(backend, type_k, type_v):
@@ -812,7 +824,7 @@ def test_attention(be, shape, type_k, type_v, rng):
 @on("attention")
 @pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
 @pytest.mark.parametrize("shape", ["decode_batch", "steps", "short_and_long", "prompt_gqa", "window_prompt",
-                                   "long_prompt"])
+                                   "long_prompt", "hd512_prompt", "hd512_steps"])
 def test_attention_batch_invariant(be, shape, kv_type, rng):
     """Under BatchInfo::batch_invariant (the engine's deterministic mode) each query's output has
     the same bits alone as in its batch, whatever kernels the batch would otherwise take."""
@@ -840,7 +852,7 @@ SINK_SHAPES = {
     **{name: ATTENTION_SHAPES[name] for name in [
         "first_token", "decode_gqa_9_3", "decode_batch", "steps", "prompt_gqa", "window_decode", "window_prompt",
         "head_dim_256_prompt", "short_and_long", "long_decode", "long_prompt", "long_split_gqa",
-        "long_split_hd256"]},
+        "long_split_hd256", "hd512_steps", "hd512_window_prompt"]},
 }
 
 
@@ -895,7 +907,7 @@ SOFTCAP_SHAPES = {
     "gemma2_window_steps": (4, 2, 256, 800, [799, 100, 300], 16, 64, True),
     **{name: ATTENTION_SHAPES[name] for name in [
         "block_5", "decode_gqa_9_3", "steps", "prompt_gqa", "window_decode", "short_and_long", "long_decode",
-        "long_prompt", "long_split_gqa", "long_split_hd256"]},
+        "long_prompt", "long_split_gqa", "long_split_hd256", "hd512_decode", "hd512_steps", "hd512_window_prompt"]},
 }
 
 
@@ -934,7 +946,7 @@ CHUNK_SHAPES = {
     "llama4_prompt": (8, 2, 128, 300, list(range(40, 300)), 16, 37, False),
     **{name: ATTENTION_SHAPES[name] for name in [
         "block_5", "decode_gqa_9_3", "steps", "prompt_gqa", "window_decode", "short_and_long", "long_decode",
-        "long_prompt", "long_split_gqa", "long_split_hd256"]},
+        "long_prompt", "long_split_gqa", "long_split_hd256", "hd512_steps"]},
 }
 
 

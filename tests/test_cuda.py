@@ -196,6 +196,7 @@ ATTN_CASES = {
     "long_split": (8, 8, 128, 3000, [2999], 16),
     "long_split_gqa": (32, 8, 128, 2500, [1000, 2499], 64),
     "long_split_hd256": (4, 2, 256, 1500, [1499], 16),
+    "long_split_hd512": (8, 1, 512, 1500, [1499], 16),   # the tiled kernel: no q8_1 output of its own
 }
 
 
@@ -280,7 +281,7 @@ def unfused_backend(**switches):
     return cuda_backend(EMBER_CUDA_FUSE="0", **switches)
 
 
-@pytest.mark.parametrize("case", ["decode", "decode_batch", "long_split", "long_split_gqa", "long_split_hd256"])
+@pytest.mark.parametrize("case", list(ATTN_CASES))
 @pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
 def test_attention_q8_output_same_bits(gpu, case, kv_type):
     """The decode attention kernels write their output also as the q8_1 blocks the O projection's
@@ -404,6 +405,37 @@ def test_attention_softcap_matches_cpu(cpu, case, clusters):
     args = (q, k, v, pos, n_head, n_kv, hd, bs)
     yc = cpu.attention(*args, seed=3, window=window, softcap=cap)
     assert_same_bits(gpu.attention(*args, seed=5, window=window, fast=steps, softcap=cap), yc, case)
+
+
+# Heads of 512 (Gemma 4's global layers) take the tiled kernel's wide form at every length and batch
+# (cuda/kernel_choice.h): against the CPU backend over the same caches (f16 q and probabilities on the
+# GPU), with GQA (8 q heads a kv head as in the 31B; 3 leave a CTA's fourth slot empty), windows,
+# soft-capping, engine steps, prompts and key ranges split over CTAs. (n_head, n_head_kv, kv length,
+# query positions, block_size, window, softcap, each query its own sequence over the same blocks)
+HD512_CASES = {
+    "hd512_decode": (8, 1, 150, [149], 16, 0, 0.0, False),
+    "hd512_long_decode_gqa_8": (32, 4, 1500, [1499], 16, 0, 0.0, False),
+    "hd512_steps": (8, 2, 700, [699, 100, 300], 16, 0, 0.0, True),
+    "hd512_prompt": (4, 4, 100, list(range(100)), 16, 0, 0.0, False),
+    "hd512_prompt_gqa_3": (6, 2, 90, list(range(20, 90)), 16, 0, 0.0, False),
+    "hd512_window_prompt": (8, 2, 300, list(range(100, 300)), 16, 64, 0.0, False),
+    "hd512_window_steps": (8, 2, 600, [599, 30, 200], 16, 40, 0.0, True),
+    "hd512_softcap_decode": (8, 1, 700, [699], 16, 0, 3.0, False),
+    "hd512_softcap_window_prompt": (8, 2, 200, list(range(120, 200)), 16, 50, 3.0, False),
+}
+
+
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0", "bf16"])
+@pytest.mark.parametrize("case", list(HD512_CASES))
+def test_attention_hd512_matches_cpu(gpu, cpu, case, kv_type):
+    n_head, n_kv, length, pos, bs, window, cap, steps = HD512_CASES[case]
+    rng = rng_for("attention_hd512", case, kv_type)
+    q = ((4.0 if cap else 1.0) * rng.standard_normal((len(pos), n_head * 512))).astype(np.float32)
+    k, v = rng.standard_normal((2, length, n_kv * 512)).astype(np.float32)
+    args = (q, k, v, pos, n_head, n_kv, 512, bs)
+    yc = cpu.attention(*args, seed=3, kv_type=kv_type, window=window, softcap=cap)
+    yg = gpu.attention(*args, seed=5, kv_type=kv_type, window=window, fast=steps, softcap=cap)
+    assert rel_err(yg, yc) < 3e-3, f"{case} {kv_type}"
 
 
 # End-to-end on the real SmolLM2-135M (Q4_1, GQA 9/3, tied Q8_0 head): every block on the GPU,
@@ -618,10 +650,9 @@ def test_bad_input_raises(gpu):
     x = rng.standard_normal((1, 256)).astype(np.float32)
     with pytest.raises(ValueError):   # rows shorter than 256 Q4_K elements
         gpu.matmul(int(T.Q4_K), w, 256, x)
-    q, kv = rng.standard_normal((1, 512)).astype(np.float32), rng.standard_normal((4, 512)).astype(np.float32)
-    with pytest.raises(ValueError):   # head_dim beyond the kernel's limit
-        gpu.attention(q, kv, kv,
-                      [3], 1, 1, 512, 16)
+    q, kv = rng.standard_normal((1, 520)).astype(np.float32), rng.standard_normal((4, 520)).astype(np.float32)
+    with pytest.raises(ValueError, match="head_dim 520 is above 512"):   # beyond the widest head the kernels take
+        gpu.attention(q, kv, kv, [3], 1, 1, 520, 16)
 
 
 # ---- the mixture's experts (cuda/moe_route.cu, cuda/moe_gemv.cu) ----

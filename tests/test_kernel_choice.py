@@ -268,6 +268,28 @@ ATTENTION_CASES = [
           switches={"EMBER_CUDA_SHORT_ATTN": "1"}), "exact_cluster", {}),
     (dict(max_len=100, n_tok=1, fast_attention=True, deterministic=True, switches={"EMBER_CUDA_SHORT_ATTN": "1"}),
      "exact_cluster", {}),
+    # heads of 512 (Gemma 4's global layers, 8 q heads a kv head): the tiled kernel's wide form for every
+    # batch, at most 4 q heads x tokens a CTA; other caches through the f16 copy
+    (dict(max_len=100, n_tok=1, head_dim=512, n_head=32, n_head_kv=4), "tiled",
+     dict(heads_per_cta=4, tile_len=1, expand_q8=False)),
+    (dict(max_len=1000, n_tok=1, head_dim=512, n_head=32, n_head_kv=4), "tiled", dict(heads_per_cta=4)),
+    (dict(max_len=1000, n_tok=128, decode_step=True, head_dim=512, n_head=32, n_head_kv=4), "tiled",
+     dict(heads_per_cta=4, tile_len=1)),
+    (dict(k_type="Q8_0", v_type="Q8_0", max_len=1000, n_tok=1, head_dim=512, n_head=32, n_head_kv=4), "tiled",
+     dict(expand_q8=True)),
+    (dict(k_type="BF16", v_type="BF16", max_len=100, n_tok=9, head_dim=512), "tiled", dict(expand_q8=True)),
+    (dict(max_len=1000, n_tok=300, head_dim=512, n_head=32, n_head_kv=16), "tiled",
+     dict(heads_per_cta=2, tile_len=2)),
+    (dict(max_len=1000, n_tok=300, head_dim=512, n_head=8, n_head_kv=8), "tiled", dict(heads_per_cta=1, tile_len=4)),
+    (dict(max_len=1000, n_tok=300, head_dim=512, n_head=12, n_head_kv=4), "tiled", dict(heads_per_cta=3, tile_len=1)),
+    (dict(max_len=100, n_tok=300, deterministic=True, head_dim=512), "tiled_invariant",
+     dict(heads_per_cta=4, tile_len=1, n_split=1)),
+    (dict(max_len=100, n_tok=1, fast_attention=True, head_dim=512, switches={"EMBER_CUDA_SHORT_ATTN": "1"}), "tiled",
+     {}),
+    (dict(max_len=100, n_tok=1, head_dim=264, n_head=8, n_head_kv=8), "tiled", {}),
+    # heads of 256 keep the narrow kernels' choices
+    (dict(max_len=100, n_tok=1, head_dim=256, n_head=32, n_head_kv=4), "exact_cluster", {}),
+    (dict(max_len=1000, n_tok=300, head_dim=256, n_head=32, n_head_kv=4), "tiled", dict(heads_per_cta=8, tile_len=1)),
 ]
 
 
@@ -350,6 +372,7 @@ def test_moe_choice_bad_input(kwargs, match):
     (dict(k_type="Q6_K"), "f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl"),
     (dict(v_type="F32"), "f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl"),
     (dict(head_dim=0), "at least 1"),
+    (dict(head_dim=520), "head_dim 520 is above 512"),
     (dict(n_head_kv=0), "at least 1"),
     (dict(max_len=-1), "negative context"),
     (dict(window=-1), "negative window"),
