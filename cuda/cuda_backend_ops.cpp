@@ -6,6 +6,7 @@
 
 #include "cuda_backend_impl.h"
 #include "delta_rule.h"
+#include "rmsnorm_grouped.h"
 #include "short_conv.h"
 #include "ssm_scan.h"
 
@@ -21,6 +22,12 @@ void CudaBackend::head_rmsnorm(float* x, const float* gamma, int32_t n_tok, int3
                                float eps) {
     issue_uploads();
     cuda::head_rmsnorm(x, gamma, n_tok, n_heads, head_dim, eps, stream_);
+}
+
+void CudaBackend::rmsnorm_grouped(const float* x, const float* gamma, int32_t n_rows, int64_t width, int32_t n_groups,
+                                  float eps, float* y) {
+    issue_uploads();
+    cuda::rmsnorm_grouped(x, gamma, n_rows, width, n_groups, eps, y, stream_);
 }
 
 void CudaBackend::rope(float* x, int32_t n_tok, int32_t n_heads, const RopeParams& rope) {

@@ -45,6 +45,7 @@ __global__ void unary_kernel(UnaryOp f, float* x, int64_t n) {
         if (f == UnaryOp::GeLUErf) x[i] = 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
         else if (f == UnaryOp::GeLUTanh)
             x[i] = 0.5f * v * (1.f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
+        else if (f == UnaryOp::ReLUSquared) x[i] = v > 0.f ? v * v : 0.f;
         else x[i] = tanhf(v);
     }
 }

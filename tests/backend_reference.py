@@ -51,6 +51,14 @@ def head_rmsnorm(x, gamma, n_heads, head_dim, eps):
     return (h / np.sqrt((h * h).mean(axis=1, keepdims=True) + eps) * gamma).reshape(x.shape)
 
 
+def rmsnorm_grouped(x, gamma, n_groups, eps):
+    """Each of the n_groups equal groups of each row normed on its own, then scaled by its part of
+    gamma: x [n_rows, width], gamma [width] (Mamba2's norm after its gate)."""
+    h = x.astype(np.float64).reshape(x.shape[0], n_groups, -1)
+    h = h / np.sqrt((h * h).mean(axis=2, keepdims=True) + eps)
+    return h.reshape(x.shape) * gamma
+
+
 def rope_angles(pos, head_dim, base, freq_scale=1.0, ext_factor=0.0, attn_factor=1.0, corr_lo=0.0, corr_hi=0.0,
                 freq_factors=None):
     """cos, sin [len(pos), head_dim / 2] of every pair: base^(-2i/d) per position, divided by the
@@ -244,13 +252,15 @@ def layernorm(x, gamma, beta, eps):
 
 
 def unary(x, f):
-    """gelu_erf (BERT's exact GELU), gelu_tanh or tanh of each element, in float64."""
+    """gelu_erf (BERT's exact GELU), gelu_tanh, tanh or relu_squared (max(x, 0)^2) of each element, in float64."""
     from math import erf
     x = np.asarray(x, np.float64)
     if f == "gelu_erf":
         return 0.5 * x * (1.0 + np.vectorize(erf)(x / np.sqrt(2.0)))
     if f == "gelu_tanh":
         return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+    if f == "relu_squared":
+        return np.maximum(x, 0.0) ** 2
     return np.tanh(x)
 
 

@@ -28,6 +28,8 @@ PROMPT = hf_tiny.LONG_PROMPT
 # layers 0 and 2 around attention, 4 experts of 32 (top 2) and a shared expert of 48 in every layer;
 # nemotron_h_moe: nemotron_h with its MLP layers mixtures (4 experts of 32, top 2 by sigmoid score, shared 48).
 MODELS = ["nemotron_h", "granitehybrid", "granitehybrid-moe", "nemotron_h_moe"]
+# Those that run on the GPU; nemotron_h_moe's ungated squared-ReLU experts stay on the CPU.
+GPU_MODELS = ["nemotron_h", "granitehybrid", "granitehybrid-moe"]
 
 
 @pytest.fixture(scope="module")
@@ -174,11 +176,27 @@ def test_prompt_that_does_not_extend_the_state_is_recomputed(models, hf_referenc
     assert hf_tiny.rel_diff(got, want[cut:]) <= 1e-4
 
 
-@pytest.mark.parametrize("name", MODELS)
-def test_inside_an_engine_batch(models, hf_reference, name):
-    """The prompt's logprobs among other sequences' steps are transformers': each sequence runs on its
-    own state slot, and the MLP-only layers keep neither KV nor state."""
-    hf_tiny.check_inside_an_engine_batch(models[name][2], hf_reference, name, "cpu")
+@pytest.mark.parametrize("name,device", [(n, "cpu") for n in MODELS] + [(n, "cuda") for n in GPU_MODELS])
+def test_inside_an_engine_batch(models, hf_reference, name, device):
+    """The prompt's logprobs among other sequences' steps are transformers' (on the GPU the CPU's at the
+    same f16 KV cache): each sequence runs on its own state slot, and the MLP-only layers keep neither KV
+    nor state."""
+    hf_tiny.check_inside_an_engine_batch(models[name][2], hf_reference, name, device)
+
+
+@pytest.mark.parametrize("chunk", [64, 1, 7], ids=["prompt", "decode", "chunks"])
+@pytest.mark.parametrize("name", GPU_MODELS)
+def test_cuda_logits_match_cpu(models, name, chunk):
+    """Every block on the GPU (the convolution, scan and grouped norm of the Mamba2 layers on their
+    state slots in device memory, the squared ReLU, rope-less attention, Granite's experts) against
+    the CPU, both with the f16 KV cache; chunks of 7 carry the states between steps."""
+    if "cuda" not in _ember.backends():
+        pytest.skip("this ember was built without the CUDA backend")
+    path = models[name][2]
+    want = hf_tiny.ember_logits(path, PROMPT, kv_type="f16")
+    got = hf_tiny.ember_logits(path, PROMPT, n_gpu_layers=-1, kv_type="f16", chunk=chunk)
+    rel = hf_tiny.rel_diff(got, want)
+    assert rel <= 2e-3, f"{name} chunk {chunk}: max|diff|/max|ref| = {rel:.2e}"
 
 
 def test_engine_resumes_a_cached_prefix_and_frees_every_slot(models, hf_reference):
@@ -216,9 +234,16 @@ def test_engine_preempts_and_every_sequence_keeps_its_tokens(models):
 
 
 @pytest.mark.parametrize("fields", hf_tiny.GPU_PLACEMENTS, ids=["one-layer", "all", "override"])
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", sorted(set(MODELS) - set(GPU_MODELS)))
 def test_gpu_placement_is_refused_at_load(models, name, fields):
     hf_tiny.check_gpu_placement_refused(models[name][2], fields)
+
+
+@pytest.mark.parametrize("name", GPU_MODELS)
+def test_gpu_placement_is_planned(models, name):
+    """Every block and the head on the GPU (placement_plan plans as if CUDA were built in)."""
+    plan = _ember.placement_plan(models[name][2], have_gpu=True, n_gpu_layers=-1)
+    assert set(plan["blocks"]) == {"CUDA"} and plan["head"] == "CUDA", plan["blocks"]
 
 
 @pytest.mark.parametrize("name,drop,fields,needles", [

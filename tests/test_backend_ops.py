@@ -164,7 +164,7 @@ NOT_OPS = {
 COVERAGE = {
     "matmul": "test_matmul", "matmul_many": "test_matmul_many", "rmsnorm": "test_rmsnorm",
     "head_rmsnorm": "test_head_rmsnorm", "rope": "test_rope", "attn_temperature": "test_attn_temperature",
-    "kv_store": "test_kv_store",
+    "rmsnorm_grouped": "test_rmsnorm_grouped", "kv_store": "test_kv_store",
     "attention": "test_attention", "gated_act": "test_gated_act", "add": "test_add", "add_bias": "test_add_bias",
     "argmax_rows": "test_argmax_rows", "add_rmsnorm": "test_add_rmsnorm", "norm_matmul": "test_norm_matmul",
     "attn_in": "test_attn_in", "attn_out": "test_attn_out", "ffn": "test_ffn", "prepare_weight": "test_matmul",
@@ -537,6 +537,28 @@ def test_head_rmsnorm(be, n_tok, n_heads, head_dim, rng):
     g = normal(rng, head_dim)
     got = be.head_rmsnorm(x, g, n_heads, head_dim, 1e-6)
     check(got, ref.head_rmsnorm(x, g, n_heads, head_dim, 1e-6), tolerance("rmsnorm", None, be), "head_rmsnorm")
+
+
+# ---- Mamba2's grouped norm ----
+
+@on("rmsnorm_grouped")
+@pytest.mark.parametrize("n_rows,width,n_groups", [(1, 64, 1), (5, 256, 4), (37, 3 * 80, 3), (70, 2 * 1024, 2),
+                                                   (9, 8 * 33, 8)])
+def test_rmsnorm_grouped(be, n_rows, width, n_groups, rng):
+    """Each group of a row normed apart (a row of a few large groups beside small ones: one norm
+    per row would be far off), each group by its own part of gamma."""
+    scale = rng.uniform(0.1, 5, (n_rows, n_groups, 1)).astype(np.float32)
+    x = (normal(rng, n_rows, n_groups, width // n_groups) * scale).reshape(n_rows, width)
+    g = normal(rng, width)
+    got = be.rmsnorm_grouped(x, g, n_groups, 1e-5)
+    check(got, ref.rmsnorm_grouped(x, g, n_groups, 1e-5), tolerance("rmsnorm", None, be), "rmsnorm_grouped")
+
+
+@on("rmsnorm_grouped")
+def test_rmsnorm_grouped_bad_input(be):
+    for width, n_groups in ((10, 3), (12, 0), (12, -2)):
+        with pytest.raises(ValueError, match=f"width {width} must be a positive multiple of n_groups {n_groups}"):
+            be.rmsnorm_grouped(np.ones((2, width), np.float32), np.ones(width, np.float32), n_groups, 1e-5)
 
 
 # name: (n_tok, n_heads, head_dim)
@@ -1521,7 +1543,7 @@ def test_layernorm(be, shape, bias, rng):
 
 
 @on("unary")
-@pytest.mark.parametrize("f", ["gelu_erf", "gelu_tanh", "tanh"])
+@pytest.mark.parametrize("f", ["gelu_erf", "gelu_tanh", "tanh", "relu_squared"])
 @pytest.mark.parametrize("n", [33, 10007])
 def test_unary(be, f, n, rng):
     x = normal(rng, n, scale=4)

@@ -103,8 +103,9 @@ struct AttentionShape {
 };
 
 // Elementwise functions of Backend::unary: GeLUErf is BERT's exact GELU, x * (1 + erf(x / sqrt 2)) / 2;
-// GeLUTanh its tanh form; Tanh the classifier heads' (pooler) activation.
-enum class UnaryOp { GeLUErf, GeLUTanh, Tanh };
+// GeLUTanh its tanh form; Tanh the classifier heads' (pooler) activation; ReLUSquared max(x, 0)^2
+// (Nemotron-H's MLPs, which have no gate).
+enum class UnaryOp { GeLUErf, GeLUTanh, Tanh, ReLUSquared };
 
 // Elementwise gate activation of a gated feed-forward: act(gate) * up. SwiGLUClamped is gpt-oss's:
 // g = min(gate, 7), u = clamp(up, -7, 7), out = g * sigmoid(1.702 g) * (u + 1).
@@ -276,6 +277,11 @@ public:
     // gamma null: no weight (llama 4's L2 norm of q and k; Gemma 4's v norm).
     virtual void head_rmsnorm(float* x, const float* gamma, int32_t n_tok, int32_t n_heads, int32_t head_dim,
                               float eps) = 0;
+    // Grouped RMS norm (Mamba2's norm after its gate): each row of x [n_rows][width] is n_groups equal
+    // groups, each scaled to unit root mean square over its width / n_groups elements (summed in double
+    // on the CPU), then by gamma [width] (each group by its own part). y may be x (in place).
+    virtual void rmsnorm_grouped(const float* x, const float* gamma, int32_t n_rows, int64_t width, int32_t n_groups,
+                                 float eps, float* y) = 0;
     // x: [n_tok][n_heads * rope.head_dim], rotated in place at the batch positions (each head's
     // first rope.rotated() dimensions; the rest pass through).
     virtual void rope(float* x, int32_t n_tok, int32_t n_heads, const RopeParams& rope) = 0;

@@ -91,6 +91,25 @@ void CpuBackend::head_rmsnorm(float* x, const float* gamma, int32_t n_tok, int32
         rmsnorm_row(x + r * head_dim, gamma, head_dim, eps, x + r * head_dim);
 }
 
+void CpuBackend::rmsnorm_grouped(const float* x, const float* gamma, int32_t n_rows, int64_t width, int32_t n_groups,
+                                 float eps, float* y) {
+    if (n_rows < 0 || n_groups <= 0 || width <= 0 || width % n_groups != 0)
+        fail("rmsnorm_grouped: width ", width, " must be a positive multiple of n_groups ", n_groups, ", n_rows ",
+             n_rows, " not negative");
+    const int64_t group = width / n_groups;
+    pool_.parallel_for((int64_t)n_rows * n_groups, 16, [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r) {
+            const float* v = x + r * group;
+            const float* g = gamma + r % n_groups * group;
+            float* o = y + r * group;
+            double ss = 0.0;
+            for (int64_t i = 0; i < group; ++i) ss += (double)v[i] * v[i];
+            const float scale = (float)(1.0 / std::sqrt(ss / (double)group + eps));
+            for (int64_t i = 0; i < group; ++i) o[i] = v[i] * scale * g[i];
+        }
+    });
+}
+
 void CpuBackend::rope(float* x, int32_t n_tok, int32_t n_heads, const RopeParams& rope) {
     // llama layout rotates adjacent pairs (2i, 2i+1); neox rotates (i, i + n_rot/2). Dimensions
     // past n_rot pass through.

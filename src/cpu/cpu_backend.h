@@ -35,6 +35,8 @@ public:
     void rmsnorm(const float* x, const float* gamma, int32_t n_tok, int32_t dim, float eps, float* y) override;
     void head_rmsnorm(float* x, const float* gamma, int32_t n_tok, int32_t n_heads, int32_t head_dim,
                       float eps) override;
+    void rmsnorm_grouped(const float* x, const float* gamma, int32_t n_rows, int64_t width, int32_t n_groups, float eps,
+                         float* y) override;
     void rope(float* x, int32_t n_tok, int32_t n_heads, const RopeParams& rope) override;
     void attn_temperature(float* q, int32_t n_tok, int64_t width, const RopeParams& rope) override;
     void kv_store(KVLayer& kv, const float* k, const float* v, int32_t n_tok) override;

@@ -72,6 +72,9 @@ void CpuBackend::unary(UnaryOp f, float* x, int64_t n) {
             case UnaryOp::Tanh:
                 for (int64_t i = b; i < e; ++i) x[i] = std::tanh(x[i]);
                 break;
+            case UnaryOp::ReLUSquared:
+                for (int64_t i = b; i < e; ++i) x[i] = x[i] > 0.0f ? x[i] * x[i] : 0.0f;
+                break;
         }
     });
 }

@@ -82,6 +82,10 @@ public:
                       float eps) override {
         in_->head_rmsnorm(x, gamma, n_tok, n_heads, head_dim, eps);
     }
+    void rmsnorm_grouped(const float* x, const float* gamma, int32_t n_rows, int64_t width, int32_t n_groups, float eps,
+                         float* y) override {
+        in_->rmsnorm_grouped(x, gamma, n_rows, width, n_groups, eps, y);
+    }
     void rope(float* x, int32_t n_tok, int32_t n_heads, const RopeParams& rope) override {
         in_->rope(x, n_tok, n_heads, rope);
     }

@@ -69,6 +69,10 @@ public:
                       float eps) override {
         gpu_.head_rmsnorm(x, gamma, n_tok, n_heads, head_dim, eps);
     }
+    void rmsnorm_grouped(const float* x, const float* gamma, int32_t n_rows, int64_t width, int32_t n_groups, float eps,
+                         float* y) override {
+        gpu_.rmsnorm_grouped(x, gamma, n_rows, width, n_groups, eps, y);
+    }
     void rope(float* x, int32_t n_tok, int32_t n_heads, const RopeParams& rope) override {
         gpu_.rope(x, n_tok, n_heads, rope);
     }

@@ -739,6 +739,14 @@ struct PyBackend {
         return make_out(download(*be, xb, x.size()), {x.shape(0), x.shape(1)});
     }
 
+    F32Out rmsnorm_grouped(F32In x, F32In gamma, int32_t n_groups, float eps) {
+        if (x.ndim() != 2 || gamma.ndim() != 1 || gamma.size() != x.shape(1))
+            fail("rmsnorm_grouped: x must be [n_rows, width] and gamma [width] float32");
+        Buf xb(*be, x.data(), x.size() * 4), gb(*be, gamma.data(), gamma.size() * 4);
+        be->rmsnorm_grouped(xb.f(), gb.f(), (int32_t)x.shape(0), (int64_t)x.shape(1), n_groups, eps, xb.f());
+        return make_out(download(*be, xb, x.size()), {x.shape(0), x.shape(1)});
+    }
+
     F32Out rope(F32In x, std::vector<int32_t> pos, int32_t n_heads, int32_t head_dim, float base, bool neox,
                 float freq_scale, float ext_factor, float attn_factor, float corr_lo, float corr_hi,
                 std::optional<F32In> freq_factors, int32_t n_rot) {
@@ -788,11 +796,14 @@ struct PyBackend {
     }
 
     F32Out unary(F32In x, const std::string& f) {
-        const UnaryOp op = f == "gelu_erf"    ? UnaryOp::GeLUErf
-                           : f == "gelu_tanh" ? UnaryOp::GeLUTanh
-                           : f == "tanh" ? UnaryOp::Tanh
-                                         : (fail("unary: f must be 'gelu_erf', 'gelu_tanh' or 'tanh', got '", f, "'"),
-                                            UnaryOp::Tanh);
+        const UnaryOp op = f == "gelu_erf"       ? UnaryOp::GeLUErf
+                           : f == "gelu_tanh"    ? UnaryOp::GeLUTanh
+                           : f == "tanh"         ? UnaryOp::Tanh
+                           : f == "relu_squared" ? UnaryOp::ReLUSquared
+                                                 : (fail("unary: f must be 'gelu_erf', 'gelu_tanh', 'tanh' or "
+                                                         "'relu_squared', got '",
+                                                         f, "'"),
+                                                    UnaryOp::Tanh);
         Buf xb(*be, x.data(), x.size() * 4);
         be->unary(op, xb.f(), (int64_t)x.size());
         return make_out(download(*be, xb, x.size()), {x.size()});
@@ -995,6 +1006,7 @@ std::vector<std::pair<std::string, std::string>> contract_ops() {
             {"matmul_many", "matmul_many"},
             {"rmsnorm", "rmsnorm"},
             {"head_rmsnorm", "head_rmsnorm"},
+            {"rmsnorm_grouped", "rmsnorm_grouped"},
             {"rope", "rope"},
             {"attn_temperature", "attn_temperature"},
             {"kv_store", "kv_store"},
@@ -1071,6 +1083,8 @@ void bind_kernel_backend(nb::module_& m) {
              nb::arg("residual"), nb::arg("gamma"), nb::arg("eps"), nb::arg("composed") = false)
         .def("head_rmsnorm", &PyBackend::head_rmsnorm, nb::arg("x"), nb::arg("gamma"), nb::arg("n_heads"),
              nb::arg("head_dim"), nb::arg("eps"))
+        .def("rmsnorm_grouped", &PyBackend::rmsnorm_grouped, nb::arg("x"), nb::arg("gamma"), nb::arg("n_groups"),
+             nb::arg("eps"))
         .def("rope", &PyBackend::rope, nb::arg("x"), nb::arg("pos"), nb::arg("n_heads"), nb::arg("head_dim"),
              nb::arg("base"), nb::arg("neox"), nb::arg("freq_scale") = 1.0f, nb::arg("ext_factor") = 0.0f,
              nb::arg("attn_factor") = 1.0f, nb::arg("corr_lo") = 0.0f, nb::arg("corr_hi") = 0.0f,

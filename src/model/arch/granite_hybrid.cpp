@@ -55,9 +55,7 @@ public:
         return c;
     }
     LogitMap logit_map(const HParams& hp) const override { return {1.0f / hp.logit_scale, 0.0f}; }
-    const char* cpu_only() const override {
-        return "the Mamba2 layers' grouped norm is a loop over host memory until the backend contract has it";
-    }
+    int64_t recurrent_scratch_floats(const HParams& hp) const override { return mamba2_scratch_floats(hp); }
 
     const float* forward_block(const BlockRun& r) const override {
         const int32_t n = r.n_tok;

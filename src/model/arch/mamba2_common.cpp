@@ -1,8 +1,6 @@
 // Mamba2 layers (mamba2_common.h).
 #include "model/arch/mamba2_common.h"
 
-#include <cmath>
-
 #include "backend/ssm_scan.h"
 #include "ember/status.h"
 
@@ -11,20 +9,6 @@ namespace ember {
 namespace {
 
 SsmShape shape_of(const HParams& hp) { return {hp.ssm_v_heads, hp.ssm_head_v, hp.ssm_head_k, hp.ssm_k_heads}; }
-
-// In place: each group of a row scaled to unit root mean square, then by its elements of gamma
-// [n_group][group] (Mamba2's gated norm, after the gate).
-void grouped_rmsnorm(float* y, const float* gamma, int32_t n_tok, const SsmShape& s, float eps) {
-    const int64_t group = s.inner() / s.n_group;
-    for (int64_t r = 0; r < (int64_t)n_tok * s.n_group; ++r) {
-        float* v = y + r * group;
-        const float* g = gamma + r % s.n_group * group;
-        double ss = 0.0;
-        for (int64_t i = 0; i < group; ++i) ss += (double)v[i] * v[i];
-        const float scale = (float)(1.0 / std::sqrt(ss / (double)group + eps));
-        for (int64_t i = 0; i < group; ++i) v[i] = v[i] * scale * g[i];
-    }
-}
 
 }  // namespace
 
@@ -66,13 +50,23 @@ std::vector<TensorSpec> mamba2_tensors(const HParams& hp) {
     return t;
 }
 
+int64_t mamba2_scratch_floats(const HParams& hp) {
+    const SsmShape s = shape_of(hp);
+    return 2 * s.inner() + 2 * s.xbc_width() + s.n_head;
+}
+
 void mamba2_mixer(const BlockRun& r, float* out) {
     const SsmShape s = shape_of(r.hp);
     const int32_t n = r.n_tok, K = r.hp.ssm_conv_kernel;
     const int64_t I = s.inner(), C = s.xbc_width(), H = s.n_head;
-    std::vector<float> z((size_t)n * I), xbc((size_t)n * C), dt((size_t)n * H), conv((size_t)n * C), y((size_t)n * I);
+    if (!r.buf.recurrent) fail(r.hp.arch, ": a Mamba2 layer needs BlockBuffers::recurrent (mamba2_scratch_floats)");
+    float* z = r.buf.recurrent;
+    float* xbc = z + (int64_t)n * I;
+    float* dt = xbc + (int64_t)n * C;
+    float* conv = dt + (int64_t)n * H;
+    float* y = conv + (int64_t)n * C;
     const Weight* ws[3] = {r.w.m(Role::ssm_gate), r.w.m(Role::ssm_in), r.w.m(Role::ssm_alpha)};
-    float* ys[3] = {z.data(), xbc.data(), dt.data()};
+    float* ys[3] = {z, xbc, dt};
     r.be.matmul_many(ws, ys, 3, r.buf.xn, n);
     const BatchInfo& b = *r.batch;
     // Each run of one sequence's tokens, in order, through its slot.
@@ -86,9 +80,9 @@ void mamba2_mixer(const BlockRun& r, float* out) {
                       r.state->ssm_of(slot), &y[t0 * I]);
         t0 = t1;
     }
-    r.be.gated_act(Activation::SiLU, z.data(), y.data(), (int64_t)n * I, y.data());
-    grouped_rmsnorm(y.data(), r.w.v(Role::ssm_norm), n, s, r.hp.rms_eps);
-    r.be.matmul(*r.w.m(Role::ssm_out), y.data(), n, out);
+    r.be.gated_act(Activation::SiLU, z, y, (int64_t)n * I, y);
+    r.be.rmsnorm_grouped(y, r.w.v(Role::ssm_norm), n, I, s.n_group, r.hp.rms_eps, y);
+    r.be.matmul(*r.w.m(Role::ssm_out), y, n, out);
 }
 
 }  // namespace ember

@@ -16,8 +16,11 @@ void read_mamba2_hparams(const GGUFFile& f, HParams& hp);
 // ssm_conv1d (+ optional bias), ssm_dt.bias, ssm_a, ssm_d, ssm_norm (grouped), ssm_out.
 std::vector<TensorSpec> mamba2_tensors(const HParams& hp);
 
+// Floats per token of BlockBuffers::recurrent mamba2_mixer works in (Architecture::recurrent_scratch_floats).
+int64_t mamba2_scratch_floats(const HParams& hp);
+
 // out = ssm_out(grouped_rmsnorm(scan(conv(xBC)) * silu(z))) of the normed rows r.buf.xn, each
-// sequence of the batch on its own state slot. Host memory only (the grouped norm is a loop here).
+// sequence of the batch on its own state slot, in r.buf.recurrent; backend ops only.
 void mamba2_mixer(const BlockRun& r, float* out);
 
 }  // namespace ember

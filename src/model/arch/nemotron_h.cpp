@@ -73,9 +73,11 @@ public:
     }
 
     const char* cpu_only() const override {
-        return "the Mamba2 layers' grouped norm and the squared ReLU are loops over host memory until the backend "
-               "contract has them";
+        return moe_ ? "its experts are squared-ReLU MLPs without a gate, which Backend::moe's gated experts are not, "
+                      "so their routing and rows go through host memory"
+                    : nullptr;
     }
+    int64_t recurrent_scratch_floats(const HParams& hp) const override { return mamba2_scratch_floats(hp); }
     const float* forward_block(const BlockRun& r) const override {
         const int32_t n = r.n_tok;
         const bool mlp = r.w.m(moe_ ? Role::up_shexp : Role::up)->n_out > 0;
@@ -101,7 +103,7 @@ private:
                           float* out) {
         float* h = r.buf.up;
         r.be.matmul(up, x, n, h);
-        for (int64_t i = 0; i < (int64_t)n * up.n_out; ++i) h[i] = h[i] > 0.0f ? h[i] * h[i] : 0.0f;
+        r.be.unary(UnaryOp::ReLUSquared, h, (int64_t)n * up.n_out);
         r.be.matmul(down, h, n, out);
     }
 
