@@ -168,12 +168,7 @@ def test_global_heads_of_512_on_the_cpu(global_heads_512):
 def test_cuda_global_heads_of_512_match_cpu(global_heads_512, chunk):
     """The global layers' attention over heads of 512 on the GPU (the tiled kernel's wide form) against the
     CPU, with the sliding layers' heads of 16 beside them."""
-    if "cuda" not in _ember.backends():
-        pytest.skip("this ember was built without the CUDA backend")
-    want = hf_tiny.ember_logits(global_heads_512, PROMPT, kv_type="f16")
-    got = hf_tiny.ember_logits(global_heads_512, PROMPT, n_gpu_layers=-1, kv_type="f16", chunk=chunk)
-    rel = np.abs(got - want).max() / np.abs(want).max()
-    assert rel <= 2e-3, f"max|diff|/max|ref| = {rel:.2e}"
+    hf_tiny.check_cuda_logits_match_cpu(global_heads_512, PROMPT, chunk)
 
 
 def test_shared_layers_keep_no_kv(model):
