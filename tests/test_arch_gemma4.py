@@ -108,13 +108,11 @@ def test_inside_an_engine_batch(models, hf_reference, name, device):
 @pytest.mark.parametrize("chunk", [40, 1], ids=["prompt", "decode"])
 @pytest.mark.parametrize("name", MODELS)
 def test_cuda_logits_match_cpu(models, name, chunk):
-    if "cuda" not in _ember.backends():
-        pytest.skip("this ember was built without the CUDA backend")
-    path = models[name][2]
-    want = hf_tiny.ember_logits(path, PROMPT, kv_type="f16")
-    got = hf_tiny.ember_logits(path, PROMPT, n_gpu_layers=-1, kv_type="f16", chunk=chunk)
-    rel = np.abs(got - want).max() / np.abs(want).max()
-    assert rel <= 2e-3, f"max|diff|/max|ref| = {rel:.2e}"
+    """A prompt's attention on the GPU rounds its queries and probabilities to f16 as well. These tiny
+    Gemma 4s are that sensitive to f16 rounding: the f16 KV cache alone moves the CPU's logits by 2.8e-2
+    ("gemma4") and 4.8e-3 ("gemma4-wide") of their largest against an f32 cache, so the prompt's bound
+    is 5e-3; token by token, 2e-3 as the other architectures."""
+    hf_tiny.check_cuda_logits_match_cpu(models[name][2], PROMPT, chunk, 5e-3 if chunk > 1 else 2e-3)
 
 
 def build_global_heads(out_dir, head_dim):
@@ -167,8 +165,9 @@ def test_global_heads_of_512_on_the_cpu(global_heads_512):
 @pytest.mark.parametrize("chunk", [40, 1], ids=["prompt", "decode"])
 def test_cuda_global_heads_of_512_match_cpu(global_heads_512, chunk):
     """The global layers' attention over heads of 512 on the GPU (the tiled kernel's wide form) against the
-    CPU, with the sliding layers' heads of 16 beside them."""
-    hf_tiny.check_cuda_logits_match_cpu(global_heads_512, PROMPT, chunk)
+    CPU, with the sliding layers' heads of 16 beside them; the bounds of test_cuda_logits_match_cpu, this
+    model being "gemma4" with wider global heads."""
+    hf_tiny.check_cuda_logits_match_cpu(global_heads_512, PROMPT, chunk, 5e-3 if chunk > 1 else 2e-3)
 
 
 def test_shared_layers_keep_no_kv(model):
