@@ -44,6 +44,7 @@ usage() {
 #   moe        the mixture-of-experts rows ($MOE_ROWS): llama-bench / llama-batched-bench beside ember-bench
 #   families   the dense families' rows ($FAMILY_MODELS, default gemma2-9b phi4-14b, Q4_K_M files that
 #              moe_models makes when MOE_MODELS names them): pp512 / tg128 and batched decode at B = 32
+#   checks     the tests of tools/device/gpu_checks.txt (or $CHECKS), each file its own pytest process
 #   structured tools/bench_structured.py at -B $B (default 64) on the Q4_0 model: JSON schemas against none
 #   encoders   tools/device/encoder_gpu.py: ember, llama-embedding (if built) and sentence-transformers
 #   -- CMD...  (after the others) CMD in the same environment: the build on PYTHONPATH, models in /tmp/em
@@ -409,6 +410,20 @@ cmd_families() {  # each family's synthetic Q4_K_M: llama.cpp's tools then ember
   done
 }
 
+cmd_checks() {  # one pytest process a line, so that a crash in one cannot hide the others
+  local name t file expr rc
+  mkdir -p "$OUT/checks"
+  while read -r name t file expr; do
+    case $name in ''|'#'*) continue ;; esac
+    timeout "$t" python3 -m pytest "$file" -k "$expr" -q -rf --tb=short -p no:cacheprovider > "$OUT/checks/$name.log" 2>&1
+    rc=$?
+    log "checks $name rc=$rc: $(tail -1 "$OUT/checks/$name.log")"
+  done < "${CHECKS:-tools/device/gpu_checks.txt}"
+  grep -h -E "^(FAILED|ERROR)" "$OUT"/checks/*.log | tee "$OUT/checks_failed.txt"
+  # One archive: a call returns at most 8 files.
+  tar czf "$OUT/checks.tgz" -C "$OUT" checks && rm -rf "$OUT/checks"
+}
+
 cmd_structured() {  # what a JSON schema per request costs the engine's decode
   local m=$EM/l7b-q4_0.gguf
   [ -f "$m" ] || die "structured: no $m (run models)"
@@ -456,7 +471,7 @@ cmd_serving() {  # llama-server (if built) and ember-server under the same reque
 if [ "$1" = prepare ]; then shift; prepare "$@"; exit; fi
 cmds=()
 while [ $# -gt 0 ] && [ "$1" != -- ]; do
-  case $1 in build|models|test|ab|llamacpp|engine|hostkv|serving|moe_models|moe|families|structured|encoders) cmds+=("$1") ;; *) echo "unknown command '$1'"; usage ;; esac
+  case $1 in build|models|test|ab|llamacpp|engine|hostkv|serving|moe_models|moe|families|checks|structured|encoders) cmds+=("$1") ;; *) echo "unknown command '$1'"; usage ;; esac
   shift
 done
 [ "${1:-}" = -- ] && shift   # what follows runs last, in the same environment (a diagnostic tool, say)
