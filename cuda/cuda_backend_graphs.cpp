@@ -34,6 +34,11 @@ bool CudaBackend::step_begin(uint64_t key) {
         launch_graph(it->second);
         return true;
     }
+    if (seen_.size() >= kMaxStepKeys) {
+        for (auto& g : graphs_) cudaGraphExecDestroy(g.second);
+        graphs_.clear();
+        seen_.clear();
+    }
     if (!seen_.insert(full).second) {
         EMBER_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
         capturing_ = true;

@@ -247,7 +247,10 @@ private:
     int n_tiles_[kNumTileLens] = {};
     uint64_t batch_sig_ = 0;
 
-    // graphs
+    // graphs. A key names the batch's composition (sequences, state slots, lengths' tiles), so a server
+    // meets new keys for as long as it runs: once kMaxStepKeys have been seen, every recorded step is
+    // dropped and recorded again as it recurs.
+    static constexpr size_t kMaxStepKeys = 256;
     std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
     std::unordered_set<uint64_t> seen_;
     uint64_t graph_gen_ = 0, capture_key_ = 0, capture_gen_ = 0;
