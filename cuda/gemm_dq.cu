@@ -5,6 +5,16 @@
 // the block scale applied with one HMUL2 / HFMA2) and multiplied on tensor cores (mma.sync
 // m16n8k16, f32 accumulate) with every token of the tile, so the per-token cost is the mma alone.
 //
+// Q4_K (DqQ4_K; taken where EMBER_CUDA_GEMM_KQ=1 asks, kernel_choice.h) in its raw 144-byte
+// super-blocks: a stage is one super-block of a row, its 128 quant bytes as the nibble formats'
+// stage and its 16-byte header as the stage's meta. Once a stage a thread a row turns the header
+// into the 8 sub-blocks' f16 {d * sc, -dmin * m} (shared memory, one more barrier a stage), and the
+// warps read them as Q4_1's {d, m}. Arithmetic at 32 tokens, per 256-row x 256-k stage: 4.5 bits a
+// weight read once (Q4_0's 18 / 32 bytes too), where the GEMV it replaces reads the weight once per
+// chunk of 8 tokens (4 passes); 8 warps x 2 m16 tiles x 4 n8 tiles x 16 k-steps = 1024 mma.sync, a
+// Q4_0 stage's; a thread unpacks 4 rows x 64 weights (per f16 pair a shift, a LOP3, an HSUB2 and an
+// HFMA2, Q4_1's count) and converts one header (about 45 instructions, a tenth of its unpacking).
+//
 // K order. An mma reads its 16 k positions in any order as long as A and B agree, so within each
 // 32-block the k order is the one that unpacks cheapest: lane t (= lane % 4) of a fragment takes
 // word t of the block's quants (elements 4t..4t+3 and, for the nibble formats, 4t+16..4t+19 in
@@ -117,7 +127,17 @@ __device__ __forceinline__ uint32_t and_or(uint32_t a) {
 // 4t+3)} of its 16 elements. The quants become halves by OR-ing them into the mantissa of 1024
 // (0x6400), exact; the offset goes before the scale, so each weight is d * q rounded once to f16,
 // as dequantize_f16 rounds it.
-struct DqQ4_0 {
+// Where a format's stages lie in memory. The split formats (weight_pack.h): a row's quants are
+// consecutive 128-byte stages of the quants region, its meta consecutive kMRow-byte stages of the
+// meta region, copied to shared memory as they are (kConvRow 0: no conversion).
+struct SplitFormat {
+    static constexpr int kRawBlock = 0;   // bytes of a raw super-block (0: split regions)
+    static constexpr int kQOff = 0;       // quants of a stage from its start
+    static constexpr int kConvRow = 0;    // bytes of a row's converted meta (0: read as copied)
+    static constexpr bool kPairedNibbles = false;
+};
+
+struct DqQ4_0 : SplitFormat {
     static constexpr int kQB = DecodeQ4_0::kQuantBytes, kMB = int(sizeof(DecodeQ4_0::Meta));
     using StepMeta = uint32_t;   // f16 d of blocks kl, kl + 1
     __device__ static void scales(StepMeta m, int e, __half2& d, __half2&) {
@@ -136,7 +156,7 @@ struct DqQ4_0 {
     }
 };
 
-struct DqQ4_1 {
+struct DqQ4_1 : SplitFormat {
     static constexpr int kQB = DecodeQ4_1::kQuantBytes, kMB = int(sizeof(DecodeQ4_1::Meta));
     using StepMeta = uint2;   // f16 d | f16 m << 16 of blocks kl, kl + 1
     __device__ static void scales(StepMeta m, int e, __half2& d, __half2& mn) {
@@ -156,7 +176,7 @@ struct DqQ4_1 {
 };
 
 // Q8_0: the sign bit flipped (q + 128) and the bytes permuted under 0x64: 1024 + 128 + q.
-struct DqQ8_0 {
+struct DqQ8_0 : SplitFormat {
     static constexpr int kQB = DecodeQ8_0::kQuantBytes, kMB = int(sizeof(DecodeQ8_0::Meta));
     using StepMeta = __half;   // d of block kl
     __device__ static void scales(StepMeta m, int, __half2& d, __half2&) { d = __half2half2(m); }
@@ -170,6 +190,71 @@ struct DqQ8_0 {
     }
 };
 
+// Q4_K, in its raw 144-byte super-blocks (DecodeQK): a stage is one super-block of a row, its 16-byte
+// header (the meta, copied as it is) and its 128 quant bytes from byte 16. Quant chunk c (bytes
+// 32c..32c+31) holds sub-block 2c in its low nibbles and 2c + 1 in its high ones, element l of each
+// in byte l: so a step's two 16-byte chunks are the two halves of sub-blocks kl and kl + 1, and
+// block e of the step (sub-block kl + e) takes word t of both chunks, low nibbles for e = 0, high
+// for e = 1: elements 4t..4t+3 from chunk 0 (k-step 0) and 4t+16..4t+19 from chunk 1 (k-step 1),
+// the order the split nibble formats give their one chunk's low and high nibbles, so x and the
+// B fragments are read exactly as for them. Each weight is q * D - M with D = d * sc and M = dmin * m
+// of its sub-block rounded to f16 (convert, once a stage and row), the product and the difference
+// rounded once (HFMA2).
+struct DqQ4_K {
+    static constexpr int kRawBlock = 144;
+    static constexpr int kQOff = 16;
+    static constexpr int kQB = 16, kMB = 2;   // a 32-element sub-block's quant bytes; kKB * kMB = the header
+    // Converted meta of a row: 8 words {f16 D, f16 -M} of the sub-blocks, then 8 bytes of pad: rows
+    // g = 0..7 of a fragment at a 40-byte stride read 8-byte pairs from distinct banks.
+    static constexpr int kConvRow = 40;
+    static constexpr bool kPairedNibbles = true;
+    using StepMeta = uint2;   // {D, -M} of sub-blocks kl, kl + 1
+    __device__ static void scales(StepMeta m, int e, __half2& d, __half2& mn) {
+        const __half2 dm = as_h2(e ? m.y : m.x);
+        d = __low2half2(dm);
+        mn = __high2half2(dm);
+    }
+    // Four 6-bit values in bytes (0..63) as f16 pairs {v0, v1}, {v2, v3}: 1024 + v, minus 1024 (exact).
+    __device__ static void bytes_to_h2(uint32_t v, __half2& lo, __half2& hi) {
+        lo = __hsub2(as_h2(__byte_perm(v, 0x64646464u, 0x5140)), as_h2(0x64006400u));
+        hi = __hsub2(as_h2(__byte_perm(v, 0x64646464u, 0x5342)), as_h2(0x64006400u));
+    }
+    // The header (f16 d | f16 dmin << 16, then the 12 bytes of 6-bit scales and mins) of one row's
+    // super-block -> 8 words {f16 d * sc, f16 -(dmin * m)}, one a sub-block. Sub-blocks 0..3: the low 6
+    // bits of bytes 0..3 (sc) and 4..7 (m); 4..7: the nibbles of bytes 8..11 (sc low, m high), their
+    // top two bits from the top two bits of bytes 0..3 (sc) and 4..7 (m).
+    __device__ static void convert(const uint8_t* hdr, uint8_t* out) {
+        const uint4 h = *reinterpret_cast<const uint4*>(hdr);
+        const __half2 d = __low2half2(as_h2(h.x)), nmin = __hneg2(__high2half2(as_h2(h.x)));
+        const uint32_t sc[2] = {h.y & 0x3F3F3F3Fu, (h.w & 0x0F0F0F0Fu) | ((h.y >> 2) & 0x30303030u)};
+        const uint32_t mn[2] = {h.z & 0x3F3F3F3Fu, ((h.w >> 4) & 0x0F0F0F0Fu) | ((h.z >> 2) & 0x30303030u)};
+        uint2* o = reinterpret_cast<uint2*>(out);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            __half2 s01, s23, m01, m23;
+            bytes_to_h2(sc[half], s01, s23);
+            bytes_to_h2(mn[half], m01, m23);
+            s01 = __hmul2(s01, d);
+            s23 = __hmul2(s23, d);
+            m01 = __hmul2(m01, nmin);
+            m23 = __hmul2(m23, nmin);
+            o[2 * half] = make_uint2(as_u32(__lows2half2(s01, m01)), as_u32(__highs2half2(s01, m01)));
+            o[2 * half + 1] = make_uint2(as_u32(__lows2half2(s23, m23)), as_u32(__highs2half2(s23, m23)));
+        }
+    }
+    // w0, w1: word t of the step's chunks 0 and 1; e: the step's sub-block (0: low nibbles, 1: high).
+    __device__ static void dequant(uint32_t w0, uint32_t w1, int e, __half2 d, __half2 nm, uint32_t (&k0)[2],
+                                   uint32_t (&k1)[2]) {
+        const __half2 magic = as_h2(0x64006400u);
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+            const int sh = 8 * s + 4 * e;
+            k0[s] = as_u32(__hfma2(__hsub2(as_h2(and_or<0x000F000Fu, 0x64006400u>(w0 >> sh)), magic), d, nm));
+            k1[s] = as_u32(__hfma2(__hsub2(as_h2(and_or<0x000F000Fu, 0x64006400u>(w1 >> sh)), magic), d, nm));
+        }
+    }
+};
+
 // Shared-memory layout of one format and token tile (byte offsets within a stage).
 template <class F, int NJ, int kWG>
 struct Layout {
@@ -177,17 +262,29 @@ struct Layout {
     static constexpr int kBN = 8 * NJ;
     static constexpr int kKB = kRowBytes / F::kQB;   // blocks a stage
     static constexpr int kMRow = kKB * F::kMB;       // meta bytes of a row per stage: 8, 16 or 32
+    // Bytes from one stage of a row to the next in memory: quants and meta (split regions), or the
+    // super-block (raw).
+    static constexpr int kQStride = F::kRawBlock ? F::kRawBlock : kRowBytes;
+    static constexpr int kMStride = F::kRawBlock ? F::kRawBlock : kMRow;
     static constexpr int kXChunks = kKB * 4;         // 16-byte chunks of f16 x of a token per stage
     static constexpr int kW = 0, kM = kW + kBM * kRowBytes,
                          kX = (kM + kBM * kMRow + 1023) / 1024 * 1024;   // x at the swizzle's 1024-byte period
     static constexpr int kStage = kX + kBN * kXChunks * 16;
-    static constexpr int kStages = std::min(kMaxStages, kSmemLimit / kStage);
+    // The converted meta of the stage being multiplied (kConvRow formats), after the stages.
+    static constexpr int kConvBytes = kBM * F::kConvRow;
+    static constexpr int kStages = std::min(kMaxStages, (kSmemLimit - kConvBytes) / kStage);
+    static constexpr int kC = kStages * kStage;
+    // Where a fragment row's StepMeta lie: the stage's copied meta, or the converted rows.
+    static constexpr int kMetaRow = F::kConvRow ? F::kConvRow : kMRow;
+    static constexpr int kMetaBlock = F::kConvRow ? 4 : F::kMB;
     static constexpr int kAccRow = kBM + 4;   // floats; +4: a warp's fragment stores hit 32 banks
-    static constexpr int kSmem = std::max(kStages * kStage, kBN * kAccRow * 4);
+    static constexpr int kSmem = std::max(kC + kConvBytes, kBN * kAccRow * 4);
     static_assert(kStages >= 2, "a stage does not fit twice in shared memory");
     static_assert(kKB % 2 == 0 && 32 * kKB <= kDqAlign, "stages hold pairs of blocks and divide kDqAlign");
     static_assert(kBN % 16 == 0, "x copies: whole swizzle periods of 8 tokens");
     static_assert(kStage % 1024 == 0, "x panels start at the swizzle's 1024-byte period");
+    static_assert(!F::kRawBlock || (F::kRawBlock % 16 == 0 && F::kQOff % 16 == 0 && kMRow == 16 && kKB == 8),
+                  "a raw super-block is a 16-byte header and a stage of quants, 16-byte aligned");
 };
 
 // Up to kMaxWeights weights of one format and width that read the same x, in one launch: their
@@ -201,7 +298,7 @@ struct Params {
     int32_t tile_end[kMaxWeights];      // weight i's row tiles end at grid z tile_end[i]
     int32_t n_weights;
     const __half* xh;                   // [n_tok][n_blocks * 32], gemm_dq_input's order
-    int32_t n_blocks, n_tok;
+    int32_t n_blocks, n_tok;            // n_blocks: 32-element blocks of a row
     int32_t k_stages;                   // stages of a whole row
     int32_t split_stages;               // stages of one K split
 };
@@ -270,11 +367,12 @@ __global__ void __launch_bounds__(Cta<kWG>::kThreads, 1) gemm_dq_kernel(Params p
     static_assert(kThreads % kMChunks == 0 && kBM % kCopyRows == 0, "copy slots keep their row");
     const int64_t kb_begin = int64_t(ks_begin) * kKB;
     const int w_r = tid >> 3, w_c = tid & 7;
-    const uint8_t* w_src = cw.wq + ((row0 + w_r) * nb + kb_begin) * F::kQB + 16 * w_c;
-    const int64_t w_step = kCopyRows * nb * F::kQB;
+    const int64_t ks_row = p.k_stages;   // stages of a row
+    const uint8_t* w_src = cw.wq + F::kQOff + ((row0 + w_r) * ks_row + ks_begin) * L::kQStride + 16 * w_c;
+    const int64_t w_step = kCopyRows * ks_row * L::kQStride;
     const int w_dst = L::kW + w_r * kRowBytes + ((w_c ^ (w_r & 7)) << 4);
     const int m_r = tid / kMChunks, m_c = tid % kMChunks;
-    const uint8_t* m_src = cw.meta + ((row0 + m_r) * nb + kb_begin) * F::kMB + kMChunk * m_c;
+    const uint8_t* m_src = cw.meta + ((row0 + m_r) * ks_row + ks_begin) * L::kMStride + kMChunk * m_c;
     const int m_dst = L::kM + m_r * L::kMRow + kMChunk * m_c;
     const int x_row = tid >> 3, x_c = tid & 7;
     const __half* x_src = p.xh + (tok0 * nb + kb_begin) * 32 + 8 * x_c;   // token tok0's row of the split
@@ -286,14 +384,14 @@ __global__ void __launch_bounds__(Cta<kWG>::kThreads, 1) gemm_dq_kernel(Params p
         for (int k = 0; k < kBM / kCopyRows; ++k) {
             const bool ok = row0 + w_r + kCopyRows * k < n_out;
             cp_async16_zfill_l2_256(st + w_dst + kCopyRows * k * kRowBytes,
-                                    ok ? w_src + k * w_step + rel * kRowBytes : cw.wq, ok);
+                                    ok ? w_src + k * w_step + rel * L::kQStride : cw.wq, ok);
         }
 #pragma unroll
         for (int k = 0; k < (kBM + kMRows - 1) / kMRows; ++k) {
             const int r = m_r + k * kMRows;
             if (kBM % kMRows != 0 && r >= kBM) break;   // slots past the tile's rows (wgmma form)
             const bool ok = row0 + r < n_out;
-            const uint8_t* src = ok ? m_src + k * kMRows * nb * F::kMB + rel * L::kMRow : cw.meta;
+            const uint8_t* src = ok ? m_src + k * kMRows * ks_row * L::kMStride + rel * L::kMStride : cw.meta;
             uint8_t* dst = st + m_dst + k * kMRows * L::kMRow;
             if constexpr (kMChunk == 16) cp_async16_zfill_l2_256(dst, src, ok);
             else cp_async8_zfill(dst, src, ok);
@@ -332,7 +430,7 @@ __global__ void __launch_bounds__(Cta<kWG>::kThreads, 1) gemm_dq_kernel(Params p
     for (int i = 0; i < kMT; ++i) {
         const int r = tile_row<kWG>(warp, i) + 8 * ((lane >> 3) & 1) + (lane & 7);
         q_off[i] = L::kW + r * kRowBytes + (((lane >> 4) ^ (r & 7)) << 4);   // step 0; step kl: chunk ^ kl * kQB / 16
-        m_off[i] = L::kM + (tile_row<kWG>(warp, i) + g) * L::kMRow;
+        m_off[i] = (F::kConvRow ? L::kC : L::kM) + (tile_row<kWG>(warp, i) + g) * L::kMetaRow;
     }
     // The B fragments of the mma.sync form: ldmatrix.x4 of block kb's four chunks for tokens
     // 8 j .. 8 j + 7 gives lane (g, t) word t of each, b0 b1 of k-step 0 and of k-step 1. Lanes
@@ -341,12 +439,13 @@ __global__ void __launch_bounds__(Cta<kWG>::kThreads, 1) gemm_dq_kernel(Params p
     const int x_lane = L::kX + (lane & 7) * 128;
     const int x_even = ((lane >> 3) ^ (lane & 7)) << 4, x_odd = ((4 + (lane >> 3)) ^ (lane & 7)) << 4;
     auto load_step = [&](const uint8_t* st, int kl, uint32_t (&q)[kMT][4], StepMeta(&m)[kMT][2]) {
+        const uint8_t* mb = F::kConvRow ? smem : st;
 #pragma unroll
         for (int i = 0; i < kMT; ++i) {
             ldmatrix_x4(q[i], st + (q_off[i] ^ ((kl * F::kQB / 16) << 4)));
 #pragma unroll
             for (int h = 0; h < 2; ++h)
-                m[i][h] = *reinterpret_cast<const StepMeta*>(st + m_off[i] + 8 * h * L::kMRow + kl * F::kMB);
+                m[i][h] = *reinterpret_cast<const StepMeta*>(mb + m_off[i] + 8 * h * L::kMetaRow + kl * L::kMetaBlock);
         }
     };
 #if defined(EMBER_WGMMA)
@@ -366,6 +465,13 @@ __global__ void __launch_bounds__(Cta<kWG>::kThreads, 1) gemm_dq_kernel(Params p
         cp_async_commit();
         s_write = s_write + 1 == kStages ? 0 : s_write + 1;
         const uint8_t* st = smem + s_read * L::kStage;
+        if constexpr (F::kConvRow != 0) {
+            // The stage's headers -> the rows' sub-block scales, once for all the warps reading them;
+            // the barrier above saw every read of the previous stage's.
+            for (int r = tid; r < kBM; r += kThreads)
+                F::convert(st + L::kM + r * L::kMRow, smem + L::kC + r * F::kConvRow);
+            __syncthreads();
+        }
 #if defined(EMBER_WGMMA)
         const uint64_t st_desc = x_desc + uint64_t((s_read * L::kStage) >> 4);
 #endif
@@ -389,7 +495,8 @@ __global__ void __launch_bounds__(Cta<kWG>::kThreads, 1) gemm_dq_kernel(Params p
                         __half2 d, m;
                         F::scales(meta[i][h], e, d, m);
                         uint32_t k0[2], k1[2];
-                        if constexpr (F::kQB == 16) F::dequant(q[i][2 * e + h], 0u, d, m, k0, k1);
+                        if constexpr (F::kPairedNibbles) F::dequant(q[i][h], q[i][2 + h], e, d, m, k0, k1);
+                        else if constexpr (F::kQB == 16) F::dequant(q[i][2 * e + h], 0u, d, m, k0, k1);
                         else F::dequant(q[i][h], q[i][2 + h], d, m, k0, k1);
                         a[i][0][h] = k0[0];
                         a[i][0][2 + h] = k0[1];
@@ -607,7 +714,7 @@ Grid plan(const DeviceWeight* const* ws, int count, int32_t n_tok) {
         g.tile_end[i] = int32_t(g.m_tiles);
     }
     g.n_tiles = (n_tok + L::kBN - 1) / L::kBN;
-    g.k_stages = int(ws[0]->layout.n_blocks / L::kKB);
+    g.k_stages = int(ws[0]->n_in / 32 / L::kKB);
     const Slots& sl = slots<F, NJ, kWG>();
     g.split = pick_split(g.m_tiles * g.n_tiles, g.k_stages, sl.n);
     g.cost = waves_cost(g.m_tiles * g.n_tiles * g.split, sl.sms, (g.k_stages + g.split - 1) / g.split);
@@ -628,7 +735,7 @@ void launch(const DeviceWeight* const* ws, float* const* ys, int count, const __
     }
     p.n_weights = count;
     p.xh = xh;
-    p.n_blocks = int32_t(ws[0]->layout.n_blocks);
+    p.n_blocks = int32_t(ws[0]->n_in / 32);
     p.n_tok = n_tok;
     p.k_stages = g.k_stages;
     p.split_stages = (g.k_stages + g.split - 1) / g.split;
@@ -699,7 +806,7 @@ void gemm_dq(const DeviceWeight* const* ws, float* const* ys, int count, const _
     if (n_tok <= 0 || count <= 0) return;
     if (count > kMaxGemmDqWeights) fail("cuda gemm_dq: ", count, " weights in one launch, at most ", kMaxGemmDqWeights);
     const DeviceWeight& w = *ws[0];
-    if (!gemm_dq_supported(w.type, w.n_in))
+    if (!gemm_dq_supported(w.type, w.n_in) && !gemm_kq_supported(w.type, w.n_in))
         fail("cuda gemm_dq: no kernel for ", block_info(w.type).name, " rows of ", w.n_in);
     for (int i = 1; i < count; ++i)
         if (ws[i]->type != w.type || ws[i]->n_in != w.n_in)
@@ -707,6 +814,7 @@ void gemm_dq(const DeviceWeight* const* ws, float* const* ys, int count, const _
     switch (w.type) {
         case GGMLType::Q4_0: launch_tokens<DqQ4_0>(ws, ys, count, xh, n_tok, form, s); break;
         case GGMLType::Q4_1: launch_tokens<DqQ4_1>(ws, ys, count, xh, n_tok, form, s); break;
+        case GGMLType::Q4_K: launch_tokens<DqQ4_K>(ws, ys, count, xh, n_tok, form, s); break;
         default: launch_tokens<DqQ8_0>(ws, ys, count, xh, n_tok, form, s); break;
     }
 }

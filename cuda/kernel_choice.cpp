@@ -46,12 +46,16 @@ bool decode_sized(const BatchFacts& b) { return b.n_tok <= kMaxGemvTokens || b.d
 // gemm_dq takes batches of kMaxGemvTokens < n_tok <= kMaxGemmDqTokens of its formats and widths
 // (before gemm_q8 and cuBLAS), and the engine's decode steps of 2..kMaxGemvTokens sequences (one
 // weight read for all of them instead of the GEMV's per-token work); never rows the GEMV sums in
-// the CPU's order up to kMaxIntPromptTokens, never deterministic mode.
+// the CPU's order up to kMaxIntPromptTokens, never deterministic mode. Where EMBER_CUDA_GEMM_KQ=1
+// asks, also its K-quant formats at kMaxGemvTokens < n_tok <= kMaxIntPromptTokens, the batches
+// the GEMV takes in chunks (their GEMV never sums in the CPU's order).
 bool takes_gemm_dq(const MatmulQuery& q) {
     const int32_t n = q.batch.n_tok;
+    if (!q.sw.gemm_dq || q.batch.deterministic) return false;
+    if (q.sw.gemm_kq && gemm_kq_supported(q.type, q.n_in)) return n > kMaxGemvTokens && n <= kMaxIntPromptTokens;
     const bool sized = n > kMaxGemvTokens || (n >= 2 && q.batch.decode_step);
-    return q.sw.gemm_dq && !q.batch.deterministic && sized && n <= kMaxGemmDqTokens &&
-           gemm_dq_supported(q.type, q.n_in) && !(gemv_cpu_order(q.n_in) && n <= kMaxIntPromptTokens);
+    return sized && n <= kMaxGemmDqTokens && gemm_dq_supported(q.type, q.n_in) &&
+           !(gemv_cpu_order(q.n_in) && n <= kMaxIntPromptTokens);
 }
 
 // gemm_q8 (each weight byte read once a call) takes batches of kMaxGemvTokens < n_tok <=
@@ -204,6 +208,8 @@ bool gemm_dq_supported(GGMLType type, int64_t n_in) {
     return format && n_in % kGemmDqAlign == 0;
 }
 
+bool gemm_kq_supported(GGMLType type, int64_t n_in) { return type == GGMLType::Q4_K && n_in % kGemmDqAlign == 0; }
+
 bool gemv_swiglu_supported(GGMLType type) { return is_float(type); }
 
 int attention_decode_heads(int n_head, int n_head_kv, int head_dim, bool kv_q8) {
@@ -223,6 +229,7 @@ KernelSwitches kernel_switches(const Switches& s) {
     k.gemm_q8 = s.on("EMBER_CUDA_GEMM_Q8");
     k.gemm_dq = s.on("EMBER_CUDA_GEMM_DQ");
     k.gemm_dq_wgmma = s.on("EMBER_CUDA_GEMM_DQ_WGMMA");
+    k.gemm_kq = s.on("EMBER_CUDA_GEMM_KQ");
     return k;
 }
 

@@ -87,6 +87,9 @@ bool gemv_wants_q8(GGMLType type);
 bool gemv_cpu_order(int64_t n_in);
 bool gemm_q8_supported(GGMLType type);
 bool gemm_dq_supported(GGMLType type, int64_t n_in);
+// The K-quant formats gemm_dq also runs (Q4_K), which the kernel choice gives it only where
+// EMBER_CUDA_GEMM_KQ=1 asks (KernelSwitches::gemm_kq): kMaxGemvTokens < n_tok <= kMaxIntPromptTokens.
+bool gemm_kq_supported(GGMLType type, int64_t n_in);
 // The float types, whose down projection reads float activations: gate, up and SiLU in one GEMV.
 bool gemv_swiglu_supported(GGMLType type);
 // The types the mixture's expert GEMVs read (moe_gemv.cuh: with_format, expert_units); experts of other
@@ -102,7 +105,7 @@ int attention_decode_heads(int n_head, int n_head_kv, int head_dim, bool kv_q8);
 struct KernelSwitches {
     bool graphs = true, graph_log = false, fuse = true, pdl = true;
     bool exact_attn = true, exact_cluster = true, short_attn = false;
-    bool gemm_q8 = true, gemm_dq = true, gemm_dq_wgmma = true;
+    bool gemm_q8 = true, gemm_dq = true, gemm_dq_wgmma = true, gemm_kq = false;
 };
 KernelSwitches kernel_switches(const Switches& s);
 
