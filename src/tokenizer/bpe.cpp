@@ -107,18 +107,7 @@ protected:
 
     std::string normal_piece(int32_t id) const override {
         const std::string& t = v_.tokens[id];
-        if (spm_style_) {
-            std::string out;
-            for (size_t i = 0; i < t.size();) {
-                if (t.compare(i, 3, k_space_mark) == 0) {
-                    out.push_back(' ');
-                    i += 3;
-                } else {
-                    out.push_back(t[i++]);
-                }
-            }
-            return out;
-        }
+        if (spm_style_) return spaces_from_marks(t);
         // Undo the byte -> codepoint mapping; a codepoint outside the map is kept as UTF-8.
         std::vector<uint32_t> cpts;
         std::vector<size_t> offsets;
@@ -137,7 +126,6 @@ private:
     static constexpr size_t k_cache_limit = 1 << 16;
     static constexpr size_t k_cache_word_bytes = 256;   // longer words are not cached
     static constexpr size_t k_max_run = 256;   // longer runs of newlines or marks are not looked for
-    static constexpr char k_space_mark[] = "\xE2\x96\x81";   // U+2581 LOWER ONE EIGHTH BLOCK
 
     static std::string escape_spaces(const std::string& text) {
         std::string s;

@@ -11,7 +11,6 @@ namespace ember {
 
 namespace {
 
-const char k_space_mark[] = "\xE2\x96\x81";   // U+2581 LOWER ONE EIGHTH BLOCK
 
 class SpmTokenizer final : public VocabTokenizer {
 public:
@@ -40,17 +39,7 @@ protected:
 
     std::string normal_piece(int32_t id) const override {
         const std::string& t = v_.tokens[id];
-        std::string out;
-        out.reserve(t.size());
-        for (size_t i = 0; i < t.size();) {
-            if (t.compare(i, 3, k_space_mark) == 0) {
-                out.push_back(' ');
-                i += 3;
-            } else {
-                out.push_back(t[i++]);
-            }
-        }
-        return out;
+        return spaces_from_marks(t);
     }
 
 private:

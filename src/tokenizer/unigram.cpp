@@ -14,7 +14,6 @@ namespace ember {
 
 namespace {
 
-const char k_space_mark[] = "\xE2\x96\x81";   // U+2581
 constexpr double k_unknown_penalty = 10.0;    // an unknown character scores the lowest piece's score less this
 
 uint64_t fnv_step(uint64_t h, uint8_t c) { return (h ^ c) * 0x100000001B3ull; }
@@ -102,16 +101,7 @@ protected:
 
     std::string normal_piece(int32_t id) const override {
         const std::string& t = v_.tokens[id];
-        std::string out;
-        for (size_t i = 0; i < t.size();) {
-            if (t.compare(i, 3, k_space_mark) == 0) {
-                out.push_back(' ');
-                i += 3;
-            } else {
-                out.push_back(t[i++]);
-            }
-        }
-        return out;
+        return spaces_from_marks(t);
     }
 
 private:

@@ -31,6 +31,20 @@ bool is_eog_text(const std::string& t) {
 
 }  // namespace
 
+std::string spaces_from_marks(const std::string& piece) {
+    std::string out;
+    out.reserve(piece.size());
+    for (size_t i = 0; i < piece.size();) {
+        if (piece.compare(i, 3, k_space_mark) == 0) {
+            out.push_back(' ');
+            i += 3;
+        } else {
+            out.push_back(piece[i++]);
+        }
+    }
+    return out;
+}
+
 int byte_token_value(const std::string& t) {
     auto hex = [](char c) -> int {
         if (c >= '0' && c <= '9') return c - '0';

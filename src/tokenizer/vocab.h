@@ -42,6 +42,10 @@ struct TokenizerVocab {
 std::unique_ptr<Tokenizer> make_tokenizer(TokenizerVocab vocab);
 // "<0xNN>" -> NN, anything else -> -1.
 int byte_token_value(const std::string& text);
+// SentencePiece's mark for a space (U+2581 LOWER ONE EIGHTH BLOCK) in pieces.
+constexpr char k_space_mark[] = "\xE2\x96\x81";
+// A piece's text with each space mark turned back into a space.
+std::string spaces_from_marks(const std::string& piece);
 
 std::unique_ptr<Tokenizer> make_bpe_tokenizer(TokenizerVocab vocab);   // bpe.cpp
 std::unique_ptr<Tokenizer> make_spm_tokenizer(TokenizerVocab vocab);   // spm.cpp
