@@ -11,7 +11,6 @@ namespace ember {
 
 namespace {
 
-
 class SpmTokenizer final : public VocabTokenizer {
 public:
     explicit SpmTokenizer(TokenizerVocab vocab) : VocabTokenizer(std::move(vocab)) {
