@@ -5,15 +5,20 @@
 // the block scale applied with one HMUL2 / HFMA2) and multiplied on tensor cores (mma.sync
 // m16n8k16, f32 accumulate) with every token of the tile, so the per-token cost is the mma alone.
 //
-// Q4_K (DqQ4_K; taken where EMBER_CUDA_GEMM_KQ=1 asks, kernel_choice.h) in its raw 144-byte
-// super-blocks: a stage is one super-block of a row, its 128 quant bytes as the nibble formats'
-// stage and its 16-byte header as the stage's meta. Once a stage a thread a row turns the header
-// into the 8 sub-blocks' f16 {d * sc, -dmin * m} (shared memory, one more barrier a stage), and the
-// warps read them as Q4_1's {d, m}. Arithmetic at 32 tokens, per 256-row x 256-k stage: 4.5 bits a
-// weight read once (Q4_0's 18 / 32 bytes too), where the GEMV it replaces reads the weight once per
-// chunk of 8 tokens (4 passes); 8 warps x 2 m16 tiles x 4 n8 tiles x 16 k-steps = 1024 mma.sync, a
-// Q4_0 stage's; a thread unpacks 4 rows x 64 weights (per f16 pair a shift, a LOP3, an HSUB2 and an
-// HFMA2, Q4_1's count) and converts one header (about 45 instructions, a tenth of its unpacking).
+// The K-quants (taken where EMBER_CUDA_GEMM_KQ=1 asks, kernel_choice.h; x tiles of at most 64
+// tokens): a stage is one 256-element super-block of a row, and once a stage a thread a row turns its
+// scales into f16 in shared memory (one more barrier a stage), which the warps read as Q4_1's {d, m}.
+//   Q4_K (DqQ4_K), raw 144-byte blocks: the 128 quant bytes as the nibble formats' stage, the 16-byte
+//     header as the stage's meta, converted to the 8 sub-blocks' {d * sc, -dmin * m}; 4.5 bits a
+//     weight (Q4_0's 18 / 32 bytes too); per f16 pair a shift, a LOP3, an HSUB2 and an HFMA2 (Q4_1's
+//     count); the conversion about 45 instructions a row, a tenth of the row's unpacking.
+//   Q6_K (DqQ6_K), packed: ql as the stage's quants, qh as its meta, the 16 int8 scales and d loaded
+//     into registers a stage ahead and converted to the 16 groups' d * sc; 6.56 bits a weight (210 /
+//     256 bytes); per f16 pair two shifts, two LOPs, an HSUB2 and an HMUL2; its 84 KB stages of
+//     64-token tiles fit only twice.
+// Arithmetic at 32 tokens, per 256-row x 256-k stage: the weight read once, where the GEMV it
+// replaces reads it once per chunk of 8 tokens (4 passes); 8 warps x 2 m16 tiles x 4 n8 tiles x 16
+// k-steps = 1024 mma.sync, a Q4_0 stage's; a thread unpacks 4 rows x 64 weights.
 //
 // K order. An mma reads its 16 k positions in any order as long as A and B agree, so within each
 // 32-block the k order is the one that unpacks cheapest: lane t (= lane % 4) of a fragment takes
@@ -135,6 +140,11 @@ struct SplitFormat {
     static constexpr int kQOff = 0;       // quants of a stage from its start
     static constexpr int kConvRow = 0;    // bytes of a row's converted meta (0: read as copied)
     static constexpr bool kPairedNibbles = false;
+    static constexpr bool kQh = false;         // Q6_K: the meta copied is the quants' high bits
+    static constexpr int kMOff = 0, kMPad = 0;   // meta of a stage from its start; pad of a row's copy
+    static constexpr bool kConvGlobal = false;   // the conversion's input: copied meta, or registers
+    // The 32-block of the stage whose x block e of step kl multiplies.
+    __device__ static constexpr int x_block(int kl, int e) { return kl + e; }
 };
 
 struct DqQ4_0 : SplitFormat {
@@ -207,7 +217,9 @@ struct DqQ4_K {
     // Converted meta of a row: 8 words {f16 D, f16 -M} of the sub-blocks, then 8 bytes of pad: rows
     // g = 0..7 of a fragment at a 40-byte stride read 8-byte pairs from distinct banks.
     static constexpr int kConvRow = 40;
-    static constexpr bool kPairedNibbles = true;
+    static constexpr bool kPairedNibbles = true, kQh = false, kConvGlobal = false;
+    static constexpr int kMOff = 0, kMPad = 0;
+    __device__ static constexpr int x_block(int kl, int e) { return kl + e; }
     using StepMeta = uint2;   // {D, -M} of sub-blocks kl, kl + 1
     __device__ static void scales(StepMeta m, int e, __half2& d, __half2& mn) {
         const __half2 dm = as_h2(e ? m.y : m.x);
@@ -255,6 +267,82 @@ struct DqQ4_K {
     }
 };
 
+// Q6_K in its packed layout (weight_pack.h): a super-block's 192 quant bytes (ql[128], then qh[64]),
+// its 16 int8 scales in the meta region and its f16 d in the meta2 region. A stage is one
+// super-block of a row: ql as the nibble formats' 128-byte stage, qh as the stage's meta (copied
+// from the quants region, rows padded to 80 bytes: the 8 rows of a fragment read distinct banks),
+// and the scales and d, which the thread of each row loads into registers a stage ahead and turns
+// into the 16 f16 D = d * sc (its 16-element groups), a row's words in step order, in the stage's
+// conversion. ggml's order: element 32j + l (j = 0..3, l = 0..31) of each 128-element half n is ql
+// byte 64n + 32 (j & 1) + l, nibble j >> 1, with bits 2j, 2j + 1 of qh byte 32n + l on top, minus 32,
+// times D of group 2 (4n + j) + l / 16. So ql chunks kl, kl + 1 of step kl = 4n + 2p hold sub-blocks
+// 4n + p (low nibbles, e = 0) and 4n + p + 2 (high, e = 1), k-step 0 and 1 their l < 16 and l >= 16
+// as for Q4_K; x block x_block(kl, e) multiplies them; lane t's high bits are qh words 8n + t and
+// 8n + 4 + t. Each weight is (q - 32) * D rounded once (HMUL2); the two k-steps take their groups' D.
+struct DqQ6_K {
+    static constexpr int kRawBlock = 192;   // the quants region's bytes a super-block
+    static constexpr int kQOff = 0;
+    static constexpr int kQB = 16, kMB = 8;   // a 32-element sub-block's ql and qh bytes
+    static constexpr int kMOff = 128, kMPad = 16;
+    static constexpr int kConvRow = 40;   // 8 words {D of k-step 0, D of k-step 1}, in step order; pad
+    static constexpr bool kPairedNibbles = false, kQh = true, kConvGlobal = true;
+    __device__ static constexpr int x_block(int kl, int e) { return (kl & 4) + ((kl >> 1) & 1) + 2 * e; }
+    using StepMeta = uint2;   // the D pairs of the step's two sub-blocks
+    __device__ static void scales(StepMeta m, int e, __half2& d0, __half2& d1) {
+        const __half2 dd = as_h2(e ? m.y : m.x);
+        d0 = __low2half2(dd);
+        d1 = __high2half2(dd);
+    }
+    struct ConvIn {
+        uint4 sc;       // the 16 int8 scales
+        uint32_t d;     // f16 d in the low half
+    };
+    __device__ static ConvIn fetch(const uint8_t* meta, const uint8_t* meta2, int64_t block, bool ok) {
+        ConvIn c{make_uint4(0u, 0u, 0u, 0u), 0u};
+        if (ok) {
+            c.sc = __ldg(reinterpret_cast<const uint4*>(meta) + block);
+            c.d = __ldg(reinterpret_cast<const unsigned short*>(meta2) + block);
+        }
+        return c;
+    }
+    // Sub-block s = 4n + j goes to word 4n + 2 (j & 1) + (j >> 1), where step 4n + 2 (j & 1) reads
+    // it as its block j >> 1. Scales 2s, 2s + 1 are bytes 2s, 2s + 1: int8 as 1024 + 128 + sc.
+    __device__ static void convert(const ConvIn& c, uint8_t* out) {
+        const __half2 d = __low2half2(as_h2(c.d));
+        const uint32_t w[4] = {c.sc.x, c.sc.y, c.sc.z, c.sc.w};
+        uint32_t* o = reinterpret_cast<uint32_t*>(out);
+        const __half2 bias = as_h2(0x64806480u);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {   // scales 4k..4k+3: sub-blocks 2k, 2k + 1
+            const uint32_t v = w[k] ^ 0x80808080u;
+            const __half2 lo = __hmul2(__hsub2(as_h2(__byte_perm(v, 0x64646464u, 0x5140)), bias), d);
+            const __half2 hi = __hmul2(__hsub2(as_h2(__byte_perm(v, 0x64646464u, 0x5342)), bias), d);
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+                const int sb = 2 * k + u, j = sb & 3;
+                o[(sb & 4) + 2 * (j & 1) + (j >> 1)] = as_u32(u ? hi : lo);
+            }
+        }
+    }
+    // w0, w1: ql word t of the step's chunks (k-steps 0, 1); h0, h1: qh words 8n + t, 8n + 4 + t;
+    // j: the sub-block's place in its half (its qh bits 2j, 2j + 1); e: its nibble.
+    __device__ static void dequant(uint32_t w0, uint32_t w1, uint32_t h0, uint32_t h1, int j, int e, __half2 d0,
+                                   __half2 d1, uint32_t (&k0)[2], uint32_t (&k1)[2]) {
+        const __half2 bias = as_h2(0x64206420u);   // 1024 + 32
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+            const int sh = 8 * s + 4 * e, hs = 8 * s + 2 * j;
+            // the two high bits to bits 4-5 of each half (shifts by a constant after unrolling)
+            const uint32_t g0 = hs >= 4 ? h0 >> (hs - 4) : h0 << (4 - hs);
+            const uint32_t g1 = hs >= 4 ? h1 >> (hs - 4) : h1 << (4 - hs);
+            const uint32_t v0 = and_or<0x000F000Fu, 0x64006400u>(w0 >> sh) | (g0 & 0x00300030u);
+            const uint32_t v1 = and_or<0x000F000Fu, 0x64006400u>(w1 >> sh) | (g1 & 0x00300030u);
+            k0[s] = as_u32(__hmul2(__hsub2(as_h2(v0), bias), d0));
+            k1[s] = as_u32(__hmul2(__hsub2(as_h2(v1), bias), d1));
+        }
+    }
+};
+
 // Shared-memory layout of one format and token tile (byte offsets within a stage).
 template <class F, int NJ, int kWG>
 struct Layout {
@@ -267,8 +355,9 @@ struct Layout {
     static constexpr int kQStride = F::kRawBlock ? F::kRawBlock : kRowBytes;
     static constexpr int kMStride = F::kRawBlock ? F::kRawBlock : kMRow;
     static constexpr int kXChunks = kKB * 4;         // 16-byte chunks of f16 x of a token per stage
+    static constexpr int kMPitch = kMRow + F::kMPad;   // a row's meta in shared memory
     static constexpr int kW = 0, kM = kW + kBM * kRowBytes,
-                         kX = (kM + kBM * kMRow + 1023) / 1024 * 1024;   // x at the swizzle's 1024-byte period
+                         kX = (kM + kBM * kMPitch + 1023) / 1024 * 1024;   // x at the swizzle's 1024-byte period
     static constexpr int kStage = kX + kBN * kXChunks * 16;
     // The converted meta of the stage being multiplied (kConvRow formats), after the stages.
     static constexpr int kConvBytes = kBM * F::kConvRow;
@@ -283,8 +372,9 @@ struct Layout {
     static_assert(kKB % 2 == 0 && 32 * kKB <= kDqAlign, "stages hold pairs of blocks and divide kDqAlign");
     static_assert(kBN % 16 == 0, "x copies: whole swizzle periods of 8 tokens");
     static_assert(kStage % 1024 == 0, "x panels start at the swizzle's 1024-byte period");
-    static_assert(!F::kRawBlock || (F::kRawBlock % 16 == 0 && F::kQOff % 16 == 0 && kMRow == 16 && kKB == 8),
-                  "a raw super-block is a 16-byte header and a stage of quants, 16-byte aligned");
+    static_assert(!F::kRawBlock || (F::kRawBlock % 16 == 0 && F::kQOff % 16 == 0 && F::kMOff % 16 == 0 &&
+                                    kMRow % 16 == 0 && kMPitch % 16 == 0 && kKB == 8),
+                  "a super-block a stage, its quants and meta in 16-byte chunks");
 };
 
 // Up to kMaxWeights weights of one format and width that read the same x, in one launch: their
@@ -293,6 +383,7 @@ struct Layout {
 struct Params {
     const uint8_t* wq[kMaxWeights];     // quants regions
     const uint8_t* meta[kMaxWeights];   // meta regions
+    const uint8_t* meta2[kMaxWeights];  // meta2 regions (Q6_K's d)
     float* y[kMaxWeights];              // [n_tok][n_out[i]]
     int32_t n_out[kMaxWeights];
     int32_t tile_end[kMaxWeights];      // weight i's row tiles end at grid z tile_end[i]
@@ -306,18 +397,18 @@ struct Params {
 // This CTA's weight (picked with selects, so the parameter arrays are never indexed dynamically)
 // and its first row within it.
 struct CtaWeight {
-    const uint8_t *wq, *meta;
+    const uint8_t *wq, *meta, *meta2;
     float* y;
     int32_t n_out, row0;
 };
 template <int kBM>
 __device__ __forceinline__ CtaWeight cta_weight(const Params& p) {
     const int z = int(blockIdx.z);
-    CtaWeight c{p.wq[0], p.meta[0], p.y[0], p.n_out[0], z * kBM};
+    CtaWeight c{p.wq[0], p.meta[0], p.meta2[0], p.y[0], p.n_out[0], z * kBM};
 #pragma unroll
     for (int i = 1; i < kMaxWeights; ++i)
         if (i < p.n_weights && z >= p.tile_end[i - 1])
-            c = {p.wq[i], p.meta[i], p.y[i], p.n_out[i], (z - p.tile_end[i - 1]) * kBM};
+            c = {p.wq[i], p.meta[i], p.meta2[i], p.y[i], p.n_out[i], (z - p.tile_end[i - 1]) * kBM};
     return c;
 }
 
@@ -329,6 +420,20 @@ __device__ __forceinline__ int tile_row(int warp, int i) {
     constexpr int kMT = Cta<kWG>::kMT;
     return kWG ? (warp >> 2) * 64 * kMT + 64 * i + 16 * (warp & 3) : warp * 32 + 16 * i;
 }
+
+// The registers a format converts its stage's scales from (an empty struct where it converts from
+// shared memory).
+struct NoConvIn {};
+template <class F, class = void>
+struct ConvInT {
+    using type = NoConvIn;
+};
+template <class F>
+struct ConvInT<F, std::void_t<typename F::ConvIn>> {
+    using type = typename F::ConvIn;
+};
+template <class F>
+using ConvInOf = typename ConvInT<F>::type;
 
 template <class F, int NJ, int kWG>
 __global__ void __launch_bounds__(Cta<kWG>::kThreads, 1) gemm_dq_kernel(Params p) {
@@ -372,8 +477,9 @@ __global__ void __launch_bounds__(Cta<kWG>::kThreads, 1) gemm_dq_kernel(Params p
     const int64_t w_step = kCopyRows * ks_row * L::kQStride;
     const int w_dst = L::kW + w_r * kRowBytes + ((w_c ^ (w_r & 7)) << 4);
     const int m_r = tid / kMChunks, m_c = tid % kMChunks;
-    const uint8_t* m_src = cw.meta + ((row0 + m_r) * ks_row + ks_begin) * L::kMStride + kMChunk * m_c;
-    const int m_dst = L::kM + m_r * L::kMRow + kMChunk * m_c;
+    const uint8_t* m_base = F::kQh ? cw.wq : cw.meta;   // Q6_K: qh, in the quants region
+    const uint8_t* m_src = m_base + F::kMOff + ((row0 + m_r) * ks_row + ks_begin) * L::kMStride + kMChunk * m_c;
+    const int m_dst = L::kM + m_r * L::kMPitch + kMChunk * m_c;
     const int x_row = tid >> 3, x_c = tid & 7;
     const __half* x_src = p.xh + (tok0 * nb + kb_begin) * 32 + 8 * x_c;   // token tok0's row of the split
     const int32_t x_row_halves = int32_t(nb * 32), x_tokens = p.n_tok - tok0;
@@ -391,8 +497,8 @@ __global__ void __launch_bounds__(Cta<kWG>::kThreads, 1) gemm_dq_kernel(Params p
             const int r = m_r + k * kMRows;
             if (kBM % kMRows != 0 && r >= kBM) break;   // slots past the tile's rows (wgmma form)
             const bool ok = row0 + r < n_out;
-            const uint8_t* src = ok ? m_src + k * kMRows * ks_row * L::kMStride + rel * L::kMStride : cw.meta;
-            uint8_t* dst = st + m_dst + k * kMRows * L::kMRow;
+            const uint8_t* src = ok ? m_src + k * kMRows * ks_row * L::kMStride + rel * L::kMStride : m_base;
+            uint8_t* dst = st + m_dst + k * kMRows * L::kMPitch;
             if constexpr (kMChunk == 16) cp_async16_zfill_l2_256(dst, src, ok);
             else cp_async8_zfill(dst, src, ok);
         }
@@ -425,12 +531,13 @@ __global__ void __launch_bounds__(Cta<kWG>::kThreads, 1) gemm_dq_kernel(Params p
     // word t of each. A step is two nibble blocks (a chunk each) or one Q8_0 block (words t, t + 4).
     constexpr int kStepBlocks = 32 / F::kQB;
     using StepMeta = typename F::StepMeta;
-    int q_off[kMT], m_off[kMT];
+    int q_off[kMT], m_off[kMT], h_off[kMT];
 #pragma unroll
     for (int i = 0; i < kMT; ++i) {
         const int r = tile_row<kWG>(warp, i) + 8 * ((lane >> 3) & 1) + (lane & 7);
         q_off[i] = L::kW + r * kRowBytes + (((lane >> 4) ^ (r & 7)) << 4);   // step 0; step kl: chunk ^ kl * kQB / 16
         m_off[i] = (F::kConvRow ? L::kC : L::kM) + (tile_row<kWG>(warp, i) + g) * L::kMetaRow;
+        h_off[i] = L::kM + (tile_row<kWG>(warp, i) + g) * L::kMPitch + 4 * t;   // Q6_K: qh word t of row g
     }
     // The B fragments of the mma.sync form: ldmatrix.x4 of block kb's four chunks for tokens
     // 8 j .. 8 j + 7 gives lane (g, t) word t of each, b0 b1 of k-step 0 and of k-step 1. Lanes
@@ -438,19 +545,35 @@ __global__ void __launch_bounds__(Cta<kWG>::kThreads, 1) gemm_dq_kernel(Params p
     // the panel, odd: 4-7).
     const int x_lane = L::kX + (lane & 7) * 128;
     const int x_even = ((lane >> 3) ^ (lane & 7)) << 4, x_odd = ((4 + (lane >> 3)) ^ (lane & 7)) << 4;
-    auto load_step = [&](const uint8_t* st, int kl, uint32_t (&q)[kMT][4], StepMeta(&m)[kMT][2]) {
+    // Q6_K: hq[i][h] = qh words 8n + t, 8n + 4 + t of row g (h = 0) or g + 8 (h = 1), n = kl / 4.
+    auto load_step = [&](const uint8_t* st, int kl, uint32_t (&q)[kMT][4], StepMeta(&m)[kMT][2],
+                         uint32_t (&hq)[kMT][2][2]) {
         const uint8_t* mb = F::kConvRow ? smem : st;
 #pragma unroll
         for (int i = 0; i < kMT; ++i) {
             ldmatrix_x4(q[i], st + (q_off[i] ^ ((kl * F::kQB / 16) << 4)));
 #pragma unroll
-            for (int h = 0; h < 2; ++h)
+            for (int h = 0; h < 2; ++h) {
                 m[i][h] = *reinterpret_cast<const StepMeta*>(mb + m_off[i] + 8 * h * L::kMetaRow + kl * L::kMetaBlock);
+                if constexpr (F::kQh) {
+                    const uint8_t* hp = st + h_off[i] + 8 * h * L::kMPitch + (kl >> 2) * 32;
+                    hq[i][h][0] = *reinterpret_cast<const uint32_t*>(hp);
+                    hq[i][h][1] = *reinterpret_cast<const uint32_t*>(hp + 16);
+                }
+            }
         }
     };
 #if defined(EMBER_WGMMA)
     const uint64_t x_desc = wgmma_desc_sw128(smem + L::kX);   // B tiles of the wgmma form
 #endif
+    // Formats converting from registers (Q6_K): the thread of row tid loads its row's input a stage
+    // ahead (scales and d; zeros past n_out), so the loads' latency hides behind a stage's work.
+    [[maybe_unused]] const bool conv_row = tid < kBM && row0 + tid < n_out;
+    [[maybe_unused]] const int64_t conv_block = (row0 + tid) * ks_row + ks_begin;
+    [[maybe_unused]] ConvInOf<F> conv_in{};
+    if constexpr (F::kConvGlobal) {
+        if (n_st > 0) conv_in = F::fetch(cw.meta, cw.meta2, conv_block, conv_row);
+    }
     int s_read = 0, s_write = kStages - 1;
     for (int ks = 0; ks < n_st; ++ks) {
         cp_async_wait<kStages - 2>();
@@ -466,10 +589,15 @@ __global__ void __launch_bounds__(Cta<kWG>::kThreads, 1) gemm_dq_kernel(Params p
         s_write = s_write + 1 == kStages ? 0 : s_write + 1;
         const uint8_t* st = smem + s_read * L::kStage;
         if constexpr (F::kConvRow != 0) {
-            // The stage's headers -> the rows' sub-block scales, once for all the warps reading them;
-            // the barrier above saw every read of the previous stage's.
-            for (int r = tid; r < kBM; r += kThreads)
-                F::convert(st + L::kM + r * L::kMRow, smem + L::kC + r * F::kConvRow);
+            // The stage's scales -> the rows' sub-block scales in f16, once for all the warps reading
+            // them; the barrier above saw every read of the previous stage's.
+            if constexpr (F::kConvGlobal) {
+                if (tid < kBM) F::convert(conv_in, smem + L::kC + tid * F::kConvRow);
+                if (ks + 1 < n_st) conv_in = F::fetch(cw.meta, cw.meta2, conv_block + ks + 1, conv_row);
+            } else {
+                for (int r = tid; r < kBM; r += kThreads)
+                    F::convert(st + L::kM + r * L::kMPitch, smem + L::kC + r * F::kConvRow);
+            }
             __syncthreads();
         }
 #if defined(EMBER_WGMMA)
@@ -478,15 +606,17 @@ __global__ void __launch_bounds__(Cta<kWG>::kThreads, 1) gemm_dq_kernel(Params p
         s_read = s_read + 1 == kStages ? 0 : s_read + 1;
         uint32_t q[kMT][4];
         StepMeta meta[kMT][2];   // [m16 tile][row g, g + 8]
-        load_step(st, 0, q, meta);
+        uint32_t hq[kMT][2][2];   // Q6_K's qh words [m16 tile][row g, g + 8][k-step]
+        load_step(st, 0, q, meta, hq);
 #pragma unroll
         for (int kl = 0; kl < kKB; kl += kStepBlocks) {
             uint32_t q_next[kMT][4];   // the next step's quants and scales load while this one computes
             StepMeta meta_next[kMT][2];
-            if (kl + kStepBlocks < kKB) load_step(st, kl + kStepBlocks, q_next, meta_next);
+            uint32_t hq_next[kMT][2][2];
+            if (kl + kStepBlocks < kKB) load_step(st, kl + kStepBlocks, q_next, meta_next, hq_next);
 #pragma unroll
             for (int e = 0; e < kStepBlocks; ++e) {
-                const int kb = kl + e;
+                const int kb = F::x_block(kl, e);
                 uint32_t a[kMT][2][4];   // [m16 tile][k-step][fragment register]
 #pragma unroll
                 for (int i = 0; i < kMT; ++i)
@@ -496,6 +626,9 @@ __global__ void __launch_bounds__(Cta<kWG>::kThreads, 1) gemm_dq_kernel(Params p
                         F::scales(meta[i][h], e, d, m);
                         uint32_t k0[2], k1[2];
                         if constexpr (F::kPairedNibbles) F::dequant(q[i][h], q[i][2 + h], e, d, m, k0, k1);
+                        else if constexpr (F::kQh)
+                            F::dequant(q[i][h], q[i][2 + h], hq[i][h][0], hq[i][h][1], ((kl >> 1) & 1) + 2 * e, e, d, m,
+                                       k0, k1);
                         else if constexpr (F::kQB == 16) F::dequant(q[i][2 * e + h], 0u, d, m, k0, k1);
                         else F::dequant(q[i][h], q[i][2 + h], d, m, k0, k1);
                         a[i][0][h] = k0[0];
@@ -545,6 +678,11 @@ __global__ void __launch_bounds__(Cta<kWG>::kThreads, 1) gemm_dq_kernel(Params p
                     for (int r = 0; r < 4; ++r) q[i][r] = q_next[i][r];
                     meta[i][0] = meta_next[i][0];
                     meta[i][1] = meta_next[i][1];
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        hq[i][h][0] = hq_next[i][h][0];
+                        hq[i][h][1] = hq_next[i][h][1];
+                    }
                 }
             }
         }
@@ -729,6 +867,7 @@ void launch(const DeviceWeight* const* ws, float* const* ys, int count, const __
     for (int i = 0; i < count; ++i) {
         p.wq[i] = ws[i]->base;
         p.meta[i] = ws[i]->base + ws[i]->layout.meta_off;
+        p.meta2[i] = ws[i]->base + ws[i]->layout.meta2_off;
         p.y[i] = ys[i];
         p.n_out[i] = int32_t(ws[i]->n_out);
         p.tile_end[i] = g.tile_end[i];
@@ -761,12 +900,15 @@ template <class F>
 void launch_tokens(const DeviceWeight* const* ws, float* const* ys, int count, const __half* xh, int32_t n_tok,
                    const GemmDqForm& form, cudaStream_t s) {
     const int rows = form.rows;
+    // The K-quants' stages do not fit twice with a 128-token x tile: tiles of 64 at most (the kernel
+    // choice gives them up to 64 tokens).
+    constexpr int kWideNJ = F::kRawBlock ? 8 : 16;
     if (form.wgmma) {
         if (n_tok <= 16) launch_wgmma<F, 2>(ws, ys, count, xh, n_tok, rows, s);
         else if (n_tok <= 32) launch_wgmma<F, 4>(ws, ys, count, xh, n_tok, rows, s);
         // 129..192 tokens: three tiles of 64 (two of 128 would multiply a third of zeros)
         else if (n_tok <= 64 || (n_tok > 128 && n_tok <= 192)) launch_wgmma<F, 8>(ws, ys, count, xh, n_tok, rows, s);
-        else launch_wgmma<F, 16>(ws, ys, count, xh, n_tok, rows, s);
+        else launch_wgmma<F, kWideNJ>(ws, ys, count, xh, n_tok, rows, s);
         return;
     }
     auto mma = [&](auto nj) {
@@ -815,6 +957,7 @@ void gemm_dq(const DeviceWeight* const* ws, float* const* ys, int count, const _
         case GGMLType::Q4_0: launch_tokens<DqQ4_0>(ws, ys, count, xh, n_tok, form, s); break;
         case GGMLType::Q4_1: launch_tokens<DqQ4_1>(ws, ys, count, xh, n_tok, form, s); break;
         case GGMLType::Q4_K: launch_tokens<DqQ4_K>(ws, ys, count, xh, n_tok, form, s); break;
+        case GGMLType::Q6_K: launch_tokens<DqQ6_K>(ws, ys, count, xh, n_tok, form, s); break;
         default: launch_tokens<DqQ8_0>(ws, ys, count, xh, n_tok, form, s); break;
     }
 }

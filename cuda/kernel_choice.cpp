@@ -208,7 +208,9 @@ bool gemm_dq_supported(GGMLType type, int64_t n_in) {
     return format && n_in % kGemmDqAlign == 0;
 }
 
-bool gemm_kq_supported(GGMLType type, int64_t n_in) { return type == GGMLType::Q4_K && n_in % kGemmDqAlign == 0; }
+bool gemm_kq_supported(GGMLType type, int64_t n_in) {
+    return (type == GGMLType::Q4_K || type == GGMLType::Q6_K) && n_in % kGemmDqAlign == 0;
+}
 
 bool gemv_swiglu_supported(GGMLType type) { return is_float(type); }
 

@@ -87,7 +87,7 @@ bool gemv_wants_q8(GGMLType type);
 bool gemv_cpu_order(int64_t n_in);
 bool gemm_q8_supported(GGMLType type);
 bool gemm_dq_supported(GGMLType type, int64_t n_in);
-// The K-quant formats gemm_dq also runs (Q4_K), which the kernel choice gives it only where
+// The K-quant formats gemm_dq also runs (Q4_K, Q6_K), which the kernel choice gives it only where
 // EMBER_CUDA_GEMM_KQ=1 asks (KernelSwitches::gemm_kq): kMaxGemvTokens < n_tok <= kMaxIntPromptTokens.
 bool gemm_kq_supported(GGMLType type, int64_t n_in);
 // The float types, whose down projection reads float activations: gate, up and SiLU in one GEMV.

@@ -44,7 +44,8 @@ void gemm_q8(const DeviceWeight& w, float* y, const int8_t* xq, const float2* xd
 // kMaxGemmDqTokens: y [n_tok][n_out] = x W^T, the weight read from memory once per token tile (64
 // tokens; 128 on Hopper's wgmma form) and each element unpacked once per tile, x as f16
 // (gemm_dq_input). Q4_0, Q4_1, Q8_0 rows whose width is a multiple of 256 (gemm_dq_supported), and
-// Q4_K's (gemm_kq_supported: the kernel choice gives it those only under EMBER_CUDA_GEMM_KQ=1).
+// Q4_K's and Q6_K's (gemm_kq_supported: the kernel choice gives it those only under
+// EMBER_CUDA_GEMM_KQ=1; x tiles of at most 64 tokens).
 // The products are f16 weights (d * q rounded, as dequantize_f16) times f16 activations, summed in
 // f32 in a fixed order (deterministic).
 // x [n_tok][n] (16-byte aligned, n % 32 == 0) -> xh: f16 with each 32-block in gemm_dq's K order.

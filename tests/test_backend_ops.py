@@ -135,7 +135,7 @@ VARIANTS = {
         "gemm_dq_mma_sync": ({"EMBER_CUDA_GEMM_DQ_WGMMA": "0"}, {"matmul", "matmul_many"}),
         "gemm_dq_rows_192": ({"EMBER_CUDA_GEMM_DQ_ROWS": "192"}, {"matmul", "matmul_many"}),
         "gemm_dq_rows_256": ({"EMBER_CUDA_GEMM_DQ_ROWS": "256"}, {"matmul", "matmul_many"}),
-        "gemm_kq": ({"EMBER_CUDA_GEMM_KQ": "1"}, MATMUL_OPS),   # Q4_K batches of 9-64 tokens on gemm_dq
+        "gemm_kq": ({"EMBER_CUDA_GEMM_KQ": "1"}, MATMUL_OPS),   # Q4_K, Q6_K batches of 9-64 tokens on gemm_dq
         "unfused": ({"EMBER_CUDA_FUSE": "0"}, FUSED_OPS),
         "flash_attention": ({"EMBER_CUDA_EXACT_ATTN": "0"}, {"attention", "attn_out"}),
         "exact_one_cta": ({"EMBER_CUDA_EXACT_CLUSTER": "0"}, {"attention"}),

@@ -13,11 +13,11 @@ backend or no GPU.
   against the float64 product, the CPU backend (the same per-block integer dots and products,
   summed in another order) and itself run to run (K splits summed in a fixed order);
   test_gemm_q8_without_dq runs it on gemm_dq's formats too, on a backend made with EMBER_CUDA_GEMM_DQ=0.
-- gemm_dq on Q4_K (EMBER_CUDA_GEMM_KQ=1, opt-in: the kernel choice gives it Q4_K batches of 9..64
-  tokens, which otherwise take the GEMV in chunks of 8): fresh random Q4_K weights, 9..64 tokens,
-  rows not a multiple of the row tiles, runs of several weights in one launch, each of gemm_dq's
-  forms: against the float64 product of what the kernel multiplies (each sub-block's d * sc and
-  dmin * m rounded to f16, each weight q * D - M rounded once to f16; f16 activations), the exact
+- gemm_dq on Q4_K and Q6_K (EMBER_CUDA_GEMM_KQ=1, opt-in: the kernel choice gives it their batches
+  of 9..64 tokens, which otherwise take the GEMV in chunks of 8): fresh random weights, 9..64
+  tokens, rows not a multiple of the row tiles, runs of several weights in one launch, each of
+  gemm_dq's forms: against the float64 product of what the kernel multiplies (the scales rounded
+  to f16 as the kernel converts them, each weight rounded once to f16; f16 activations), the exact
   product, the chunked GEMV of a backend without the switch, and itself run to run.
 - batch-invariant steps: the GEMV in chunks of 8 tokens at every batch size."""
 import numpy as np
@@ -235,7 +235,9 @@ def test_gemm_q8_ffn_same_bits(gpu, t):
     assert rel_err(y, ref_ops.gated_act(g, u, "silu") @ dequant(t, down, n_ff).T) < 5e-2   # two roundings of x
 
 
-# ---- gemm_dq on Q4_K (EMBER_CUDA_GEMM_KQ=1) ----
+# ---- gemm_dq on Q4_K and Q6_K (EMBER_CUDA_GEMM_KQ=1) ----
+
+KQ_TYPES = [T.Q4_K, T.Q6_K]
 
 KQ_N_TOK = [9, 17, 33, 64]   # token tiles of 16, 32, 64 (partial at 9, 17, 33)
 # (n_out, n_in): rows not a multiple of the row tiles (256, wgmma 192); 16 super-blocks (a K split
@@ -261,12 +263,34 @@ def q4_k_as_gemm_dq(w, n_in):
     return f16_round(q * dd[:, :, None] - mm[:, :, None]).reshape(w.shape[0], n_in)
 
 
-def test_q4_k_model_is_the_q4_k_format():
-    """The model the gemm_kq tests hold the kernel to reads Q4_K as gguf does, up to its f16 roundings."""
-    rng = rng_for("gemm_kq_model")
-    w = random_weight(T.Q4_K, 40, 768, rng)
-    wd = dequant(T.Q4_K, w, 768)
-    assert rel_err(q4_k_as_gemm_dq(w, 768), wd) < 1e-3
+def q6_k_as_gemm_dq(w, n_in):
+    """float64 [n_out, n_in]: Q6_K weights as gemm_dq unpacks them. Each group of 16 takes
+    D = d * sc rounded to f16, each weight (q - 32) * D rounded once to f16 (HMUL2). Block: ql[128],
+    qh[64], int8 scales[16], f16 d; element 32j + l of half n is ql byte 64n + 32 (j & 1) + l, nibble
+    j >> 1, with bits 2j, 2j + 1 of qh byte 32n + l on top, scale 8n + 2j + l // 16."""
+    b = w.reshape(-1, 210)
+    ql = b[:, :128].astype(np.int64).reshape(-1, 2, 2, 32)   # [block][n][j & 1][l]
+    qh = b[:, 128:192].astype(np.int64).reshape(-1, 2, 32)   # [block][n][l]
+    sc = b[:, 192:208].view(np.int8).astype(np.float64)
+    d = b[:, 208:210].copy().view(np.float16).astype(np.float64)
+    j = np.arange(4)
+    nibble = (ql[:, :, j & 1, :] >> (4 * (j >> 1))[None, None, :, None]) & 15   # [block][n][j][l]
+    high = (qh[:, :, None, :] >> (2 * j)[None, None, :, None]) & 3
+    q = (nibble | (high << 4)) - 32
+    dd = f16_round(d * sc).reshape(-1, 2, 4, 2)   # [block][n][j][l // 16]
+    return f16_round(q.reshape(-1, 2, 4, 2, 16) * dd[..., None]).reshape(w.shape[0], n_in)
+
+
+KQ_MODEL = {T.Q4_K: q4_k_as_gemm_dq, T.Q6_K: q6_k_as_gemm_dq}
+
+
+@pytest.mark.parametrize("t", KQ_TYPES, ids=lambda t: t.name)
+def test_kq_model_is_the_format(t):
+    """The model the gemm_kq tests hold the kernel to reads the format as gguf does, up to its f16
+    roundings (a wrong element order would be far off)."""
+    rng = rng_for("gemm_kq_model", t.name)
+    w = random_weight(t, 40, 768, rng)
+    assert rel_err(KQ_MODEL[t](w, 768), dequant(t, w, 768)) < 1e-3
 
 
 @pytest.fixture(scope="module", params=list(DQ_FORMS))
@@ -281,46 +305,47 @@ def gpu_without_kq():
 
 @pytest.mark.parametrize("shape", KQ_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("n_tok", KQ_N_TOK)
-def test_gemm_kq_matmul(kq_gpu, gpu_without_kq, n_tok, shape):
+@pytest.mark.parametrize("t", KQ_TYPES, ids=lambda t: t.name)
+def test_gemm_kq_matmul(kq_gpu, gpu_without_kq, t, n_tok, shape):
     n_out, n_in = shape
-    w, x, y = gpu_matmul_case(kq_gpu, "gemm_kq", T.Q4_K, n_tok, shape)
+    w, x, y = gpu_matmul_case(kq_gpu, "gemm_kq", t, n_tok, shape)
     # What the kernel multiplies, summed in f32 (a wrong K order, fragment or sub-block scale would be far off).
-    assert rel_err(y, f16_round(x) @ q4_k_as_gemm_dq(w, n_in).T) < 1e-4
-    assert rel_err(y, x.astype(np.float64) @ dequant(T.Q4_K, w, n_in).T) < 2e-3   # f16 activations, scales, weights
+    assert rel_err(y, f16_round(x) @ KQ_MODEL[t](w, n_in).T) < 1e-4
+    assert rel_err(y, x.astype(np.float64) @ dequant(t, w, n_in).T) < 2e-3   # f16 activations, scales, weights
     # the chunked GEMV (q8_1 activations)
-    assert rel_err(y, gpu_without_kq.matmul(int(T.Q4_K), w, n_in, x)) < 1.5e-2
-    assert same_bits(y, kq_gpu.matmul(int(T.Q4_K), w, n_in, x)), "not deterministic"
+    assert rel_err(y, gpu_without_kq.matmul(int(t), w, n_in, x)) < 1.5e-2
+    assert same_bits(y, kq_gpu.matmul(int(t), w, n_in, x)), "not deterministic"
 
 
 @pytest.mark.parametrize("n_tok,n_seq", [(40, None), (32, 32), (9, None)])
 def test_gemm_kq_runs_of_weights(kq_gpu, n_tok, n_seq):
-    """Q4_K weights of one input go to gemm_dq as one launch (up to three, their row tiles one after
-    another), among weights other kernels take (Q6_K: the chunked GEMV or cuBLAS, Q4_0: gemm_dq of
-    its own format, F16: cuBLAS): each output is still its own product, run to run the same bits."""
+    """Consecutive weights of one K-quant format go to gemm_dq as one launch (up to three, their row
+    tiles one after another), among weights other kernels take (Q4_0: gemm_dq of its own format,
+    F16: cuBLAS): each output is still its own product, run to run the same bits."""
     gpu = kq_gpu
     rng = rng_for("gemm_kq_runs", n_tok)
     n_in = 4096
-    types = [T.Q4_K, T.Q4_K, T.Q4_K, T.Q4_K, T.Q6_K, T.Q4_0, T.F16, T.Q4_K]
-    outs = (300, 520, 100, 256, 200, 72, 64, 1000)
+    types = [T.Q4_K, T.Q4_K, T.Q4_K, T.Q4_K, T.Q6_K, T.Q6_K, T.Q4_0, T.F16, T.Q4_K]
+    outs = (300, 520, 100, 256, 200, 1000, 72, 64, 1000)
     ws = [random_weight(t, n_out, n_in, rng) for t, n_out in zip(types, outs)]
     x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
     ys = gpu.matmul_many([int(t) for t in types], ws, n_in, x, n_seq=n_seq)
-    other_bound = {T.Q6_K: 2e-2, T.Q4_0: 2e-3, T.F16: 2e-3}   # q8_1 or f16 activations
     for i, (t, w, y) in enumerate(zip(types, ws, ys)):
-        if t == T.Q4_K:
-            assert rel_err(y, f16_round(x) @ q4_k_as_gemm_dq(w, n_in).T) < 1e-4, (i, t.name)
-        else:
-            assert rel_err(y, x.astype(np.float64) @ dequant(t, w, n_in).T) < other_bound[t], (i, t.name)
+        if t in KQ_MODEL:
+            assert rel_err(y, f16_round(x) @ KQ_MODEL[t](w, n_in).T) < 1e-4, (i, t.name)
+        else:   # f16 activations
+            assert rel_err(y, x.astype(np.float64) @ dequant(t, w, n_in).T) < 2e-3, (i, t.name)
     again = gpu.matmul_many([int(t) for t in types], ws, n_in, x, n_seq=n_seq)
     assert all(same_bits(a, b) for a, b in zip(ys, again)), "not deterministic"
 
 
-def test_gemm_kq_ffn_same_bits():
-    """The fused feed-forward op at 40 tokens on Q4_K weights under the switch (gate and up in one
+@pytest.mark.parametrize("t", KQ_TYPES, ids=lambda t: t.name)
+def test_gemm_kq_ffn_same_bits(t):
+    """The fused feed-forward op at 40 tokens on K-quant weights under the switch (gate and up in one
     gemm_dq launch, the norm and the gated activation writing its f16 input): the same bits as the
-    unfused kernels under the switch (test_gemm_q8_ffn_same_bits' shapes: the same grids as Q4_0's)."""
-    rng = rng_for("gemm_kq_ffn")
-    t, n_in, n_ff, n_tok = T.Q4_K, 2560, 2304, 40
+    unfused kernels under the switch (test_gemm_q8_ffn_same_bits' shapes: the grids Q4_0's take)."""
+    rng = rng_for("gemm_kq_ffn", t.name)
+    n_in, n_ff, n_tok = 2560, 2304, 40
     gate, up = quantized_weight(t, n_ff, n_in, rng), quantized_weight(t, n_ff, n_in, rng)
     down = quantized_weight(t, n_in, n_ff, rng)
     x, res = rng.standard_normal((2, n_tok, n_in)).astype(np.float32)
@@ -334,9 +359,10 @@ def test_gemm_kq_ffn_same_bits():
     assert rel_err(y, ref_ops.gated_act(g, u, "silu") @ dequant(t, down, n_ff).T) < 5e-2
 
 
-def test_gemm_kq_is_opt_in(gpu_without_kq):
-    """Without the switch Q4_K batches of 9..64 tokens keep the chunked GEMV: q8_1 activations, so
+@pytest.mark.parametrize("t", KQ_TYPES, ids=lambda t: t.name)
+def test_gemm_kq_is_opt_in(gpu_without_kq, t):
+    """Without the switch K-quant batches of 9..64 tokens keep the chunked GEMV: q8_1 activations, so
     farther from the f16 model than gemm_dq's bound (the switch changes the kernel, not only its name)."""
     n_in = 4096
-    w, x, y = gpu_matmul_case(gpu_without_kq, "gemm_kq_opt_in", T.Q4_K, 32, (256, n_in))
-    assert rel_err(y, f16_round(x) @ q4_k_as_gemm_dq(w, n_in).T) > 1e-3
+    w, x, y = gpu_matmul_case(gpu_without_kq, "gemm_kq_opt_in", t, 32, (256, n_in))
+    assert rel_err(y, f16_round(x) @ KQ_MODEL[t](w, n_in).T) > 1e-3

@@ -120,9 +120,9 @@ MATMUL_CASES = [
     ("Q6_K", WIDE, 100, True, True, {}, 90, "gemv_chunks"),
     ("F16", WIDE, 512, False, True, {}, 90, "gemv_chunks"),
     ("Q8_0", SMOLLM2_WIDTH, 300, False, True, {}, 90, "gemv_chunks_cpu_order"),
-    # EMBER_CUDA_GEMM_KQ=1 (opt-in): Q4_K at 9-64 tokens takes gemm_dq, any width (its GEMV never
-    # kept the CPU's order) and decode steps past 24 sequences too; fewer or more tokens, the other
-    # K-quants, deterministic mode and gemm_dq off keep their kernels
+    # EMBER_CUDA_GEMM_KQ=1 (opt-in): Q4_K and Q6_K at 9-64 tokens take gemm_dq, any width (their
+    # GEMV never kept the CPU's order) and decode steps past 24 sequences too; fewer or more tokens,
+    # the other K-quants, deterministic mode and gemm_dq off keep their kernels
     ("Q4_K", WIDE, 9, False, False, KQ, 90, "gemm_dq_wgmma"),
     ("Q4_K", WIDE, 64, False, False, KQ, 90, "gemm_dq_wgmma"),
     ("Q4_K", CPU_ORDER_WIDTH, 33, False, False, KQ, 90, "gemm_dq_wgmma"),
@@ -134,7 +134,9 @@ MATMUL_CASES = [
     ("Q4_K", WIDE, 65, False, False, KQ, 90, "dequant_cublas"),
     ("Q4_K", WIDE, 12, False, True, KQ, 90, "gemv_chunks"),
     ("Q4_K", WIDE, 12, False, False, dict(KQ, EMBER_CUDA_GEMM_DQ="0"), 90, "gemv_chunks"),
-    ("Q6_K", WIDE, 32, False, False, KQ, 90, "gemv_chunks"),
+    ("Q6_K", WIDE, 32, False, False, KQ, 90, "gemm_dq_wgmma"),
+    ("Q6_K", CPU_ORDER_WIDTH, 64, True, False, KQ, 80, "gemm_dq_mma_sync"),
+    ("Q6_K", WIDE, 65, False, False, KQ, 90, "dequant_cublas"),
     ("Q5_K", WIDE, 32, False, False, KQ, 90, "gemv_chunks"),
     ("Q4_0", CPU_ORDER_WIDTH, 9, False, False, KQ, 90, "gemv_chunks_cpu_order"),
     ("Q4_0", WIDE, 9, False, False, KQ, 90, "gemm_dq_wgmma"),
@@ -167,13 +169,13 @@ def test_matmul_reads_q8(type_, n_in, n_tok, decode_step, deterministic, expecte
 
 @pytest.mark.parametrize("n_tok,deterministic,expected", [(32, False, False), (32, True, True), (8, False, True)])
 def test_gemm_kq_reads_f16(n_tok, deterministic, expected):
-    """Q4_K batches gemm_dq takes under EMBER_CUDA_GEMM_KQ=1 read f16 (no q8_1 of x is made)."""
+    """K-quant batches gemm_dq takes under EMBER_CUDA_GEMM_KQ=1 read f16 (no q8_1 of x is made)."""
     assert matmul("Q4_K", WIDE, n_tok, deterministic=deterministic, switches=KQ)["reads_q8"] is expected
 
 
-def test_gemm_kq_takes_q4_k_at_9_to_64_tokens_only():
+def test_gemm_kq_takes_q4_k_and_q6_k_at_9_to_64_tokens_only():
     """Over the grid of types, size classes, widths and batch kinds, EMBER_CUDA_GEMM_KQ=1 changes
-    exactly the Q4_K batches of 9-64 tokens (to gemm_dq) and leaves every other answer as it was."""
+    exactly the Q4_K and Q6_K batches of 9-64 tokens (to gemm_dq) and leaves every other answer as it was."""
     mod = km()
     t = mod.kernel_choice_thresholds()
     for type_ in mod.kernel_choice_weight_types():
@@ -184,7 +186,7 @@ def test_gemm_kq_takes_q4_k_at_9_to_64_tokens_only():
                         for cc in (80, 90):
                             args = (type_, n_in, n, decode_step, deterministic)
                             off, on = matmul(*args, cc=cc)["kernel"], matmul(*args, switches=KQ, cc=cc)["kernel"]
-                            kq = (type_ == "Q4_K" and n_in % t["gemm_dq_align"] == 0 and not deterministic
+                            kq = (type_ in ("Q4_K", "Q6_K") and n_in % t["gemm_dq_align"] == 0 and not deterministic
                                   and t["max_gemv_tokens"] < n <= t["max_int_prompt_tokens"])
                             if kq:
                                 assert on == ("gemm_dq_wgmma" if cc == 90 else "gemm_dq_mma_sync"), args

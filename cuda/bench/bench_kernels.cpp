@@ -231,25 +231,29 @@ int main(int argc, char** argv) {
                 }
             }
         }
-        // K-quant batched decode (table "gemm_kq"): Q4_K matmuls of 16-64 tokens through Backend::matmul
-        // on Llama-3-8B's q / o and gate / up shapes, by the path the switches give them: the GEMV in
-        // chunks of 8 tokens by default, gemm_dq under EMBER_CUDA_GEMM_KQ=1 (run the table under both).
+        // K-quant batched decode (table "gemm_kq"): Q4_K and Q6_K matmuls of 16-64 tokens through
+        // Backend::matmul on Llama-3-8B's q / o and gate / up shapes, by the path the switches give them:
+        // the GEMV in chunks of 8 tokens by default, gemm_dq under EMBER_CUDA_GEMM_KQ=1 (run the table
+        // under both).
         if (wants("gemm_kq"))
             std::printf(
                 "\n| path | type | shape | tok | us (with conversion of x) | weight GB/s | %% of 3.35 TB/s | TOPS |\n"
                 "|---|---|---|---|---|---|---|---|\n");
+        const Named kq_types[] = {{GGMLType::Q4_K, "Q4_K"}, {GGMLType::Q6_K, "Q6_K"}};
         const int64_t kq_shapes[2][2] = {{4096, 4096}, {4096, 14336}};
-        for (auto& sh : kq_shapes) {
-            if (!wants("gemm_kq")) break;
-            const int64_t n_in = sh[0], n_out = sh[1];
-            MatmulBuffers m(*be, GGMLType::Q4_K, n_in, n_out, 64);
-            const double wbytes = double(cuda::packed_layout(GGMLType::Q4_K, n_in, n_out).total);
-            for (int n_tok : {16, 32, 64}) {
-                const double tm = time_it(*be, [&] { be->matmul(m.next(), m.x, n_tok, m.y); }, 20);
-                const char* path = cuda::matmul_kernel_name(choice(GGMLType::Q4_K, n_in, n_tok, false));
-                std::printf("| %s | Q4_K | %lldx%lld | %d | %.1f | %.0f | %.0f%% | %.0f |\n", path, (long long)n_out,
-                            (long long)n_in, n_tok, tm * 1e6, wbytes / tm / 1e9, 100.0 * wbytes / tm / kHbmPeak,
-                            2.0 * n_tok * n_in * n_out / tm / 1e12);
+        for (const Named& ty : kq_types) {
+            for (auto& sh : kq_shapes) {
+                if (!wants("gemm_kq")) break;
+                const int64_t n_in = sh[0], n_out = sh[1];
+                MatmulBuffers m(*be, ty.t, n_in, n_out, 64);
+                const double wbytes = double(cuda::packed_layout(ty.t, n_in, n_out).total);
+                for (int n_tok : {16, 32, 64}) {
+                    const double tm = time_it(*be, [&] { be->matmul(m.next(), m.x, n_tok, m.y); }, 20);
+                    const char* path = cuda::matmul_kernel_name(choice(ty.t, n_in, n_tok, false));
+                    std::printf("| %s | %s | %lldx%lld | %d | %.1f | %.0f | %.0f%% | %.0f |\n", path, ty.name,
+                                (long long)n_out, (long long)n_in, n_tok, tm * 1e6, wbytes / tm / 1e9,
+                                100.0 * wbytes / tm / kHbmPeak, 2.0 * n_tok * n_in * n_out / tm / 1e12);
+                }
             }
         }
         if (wants("gemm_dq"))

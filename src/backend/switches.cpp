@@ -57,8 +57,8 @@ const std::vector<SwitchInfo>& switch_table() {
         {"EMBER_CUDA_GEMM_DQ_WGMMA", "1", "0|1",
          "0: gemm_dq's mma.sync form on Hopper too, as GPUs before it run (A/B comparisons and its tests)."},
         {"EMBER_CUDA_GEMM_KQ", "0", "0|1",
-         "1: batches of 9..64 tokens on Q4_K weights take gemm_dq (the f16 GEMM on weights dequantized in "
-         "registers) instead of the GEMV in chunks of 8 tokens (opt-in until measured on a GPU)."},
+         "1: batches of 9..64 tokens on Q4_K and Q6_K weights take gemm_dq (the f16 GEMM on weights "
+         "dequantized in registers) instead of the GEMV in chunks of 8 tokens (opt-in until measured on a GPU)."},
         {"EMBER_CUDA_GEMM_DQ_ROWS", "0", "0|192|256",
          "192 or 256 fixes the row tile of gemm_dq's wgmma form; 0 picks the cheaper grid per launch."},
     };
