@@ -12,7 +12,7 @@ from conftest import SINGLE_TOKEN_FAST, each_simd_level, kernel_module
 K = kernel_module()
 
 # The tiled types first; F16 pins down that the fallback loop stays exact too.
-TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16"]
+TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "F16"]
 # Row lengths give every remainder of blocks of 32 modulo 4 (the legacy kernels step 4 blocks
 # at a time, then a pair, then a single block); the 256-multiples (1, 3 and 6 super-blocks)
 # run the K-quant tiles.
@@ -32,7 +32,7 @@ def per_token(cpu, type_id, wq, n_in, x):
 
 
 def block_elems(name):
-    return 256 if name.endswith("_K") else 32
+    return 256 if name.endswith("_K") or name == "IQ4_XS" else 32
 
 
 # Only row lengths of whole blocks of the type.

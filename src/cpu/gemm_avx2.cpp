@@ -1,6 +1,6 @@
 // AVX2 tiles of 1 weight row x 4 tokens for the legacy 32-element types (Q4_0, Q4_1, Q5_0, Q5_1,
-// Q8_0) and the K-quants (Q4_K, Q5_K, Q6_K): each weight block is turned into bytes once for four
-// tokens. Every output keeps vec_dot_avx2.cpp's accumulators (legacy: even blocks, odd blocks,
+// Q8_0, IQ4_NL) and the super-block types (Q4_K, Q5_K, Q6_K, IQ4_XS): each weight block is turned
+// into bytes once for four tokens. Every output keeps vec_dot_avx2.cpp's accumulators (legacy: even blocks, odd blocks,
 // the min term; K-quants: the scaled sums and the mins) and repeats their float operations in
 // their order, so it is bit-identical to it.
 #include <immintrin.h>
@@ -11,13 +11,14 @@
 #include "cpu/gemm.h"
 #include "cpu/isa_kernels.h"
 #include "cpu/simd_avx2.h"
+#include "quant/decode.h"
 
 namespace ember {
 namespace {
 
 using namespace avx2;
 
-constexpr int C = 4;   // tokens per tile: 8 accumulators
+constexpr int C = 4; // tokens per tile: 8 accumulators
 
 // The tile's activation scales as floats, block-major: d[i * C + c] and s[i * C + c] (Q8_1) of
 // block i of token c, so one 128-bit load serves the four tokens.
@@ -37,7 +38,7 @@ void tile(int64_t nb, const typename LegacyBlocks<K>::W* w, const typename Legac
     __m256 acc[2][C];
 #pragma GCC unroll 4
     for (int c = 0; c < C; ++c) acc[0][c] = acc[1][c] = _mm256_setzero_ps();
-    __m128 summ = _mm_setzero_ps();   // lane c: vec_dot's summ of token c
+    __m128 summ = _mm_setzero_ps(); // lane c: vec_dot's summ of token c
     auto one = [&](int64_t i, int a) __attribute__((always_inline)) {
         const __m256i wb = weight_bytes<K>(w[i]);
         // block_dot's operand that does not depend on the token
@@ -161,6 +162,37 @@ void tile_q6_k(int64_t nb, const BlockQ6_K* w, const BlockQ8_K* const (&x)[C], f
     for (int c = 0; c < C; ++c) y[c * n_out] = hsum_ps(_mm256_loadu_ps(acc[c]));
 }
 
+// IQ4_XS: per sub-block the table values and the scale once for the C tokens, then vec_dot's
+// pair sums (|x| against the values carrying x's sign: a Q8_K -128 stays exact) per token.
+void tile_iq4_xs(int64_t nb, const BlockIQ4_XS* w, const BlockQ8_K* const (&x)[C], float* y, int64_t n_out) {
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kvalues_iq4nl)));
+    __m256 acc[C];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; ++i) {
+        __m256i sumi[C];
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) sumi[c] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) {
+            const __m256i v = _mm256_shuffle_epi8(table, nibbles32(w[i].qs + 16 * j));
+            const __m256i sc = _mm256_set1_epi16(int16_t(iq4_xs_scale(w[i], j)));
+#pragma GCC unroll 4
+            for (int c = 0; c < C; ++c) {
+                const __m256i xv = load256(x[c][i].qs + 32 * j);
+                const __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(xv), _mm256_sign_epi8(v, xv));
+                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(p, sc));
+            }
+        }
+        const float dw = h2f(w[i].d);
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c)
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[c]), _mm256_set1_ps(dw * x[c][i].d), acc[c]);
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) y[c * n_out] = hsum_ps(acc[c]);
+}
+
 template <GGMLType T>
 void gemm_k(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* x, size_t x_row, int32_t n_tok,
             int64_t o_begin, int64_t o_end, float* y, int64_t n_out) {
@@ -173,13 +205,15 @@ void gemm_k(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* x, size
         },
         [&](const uint8_t* const* wr, const uint8_t* const*, float* yt) {
             if constexpr (T == GGMLType::Q6_K) tile_q6_k(nb, reinterpret_cast<const BlockQ6_K*>(wr[0]), xb, yt, n_out);
+            else if constexpr (T == GGMLType::IQ4_XS)
+                tile_iq4_xs(nb, reinterpret_cast<const BlockIQ4_XS*>(wr[0]), xb, yt, n_out);
             else if constexpr (T == GGMLType::Q5_K)
                 tile_q45_k<true>(nb, reinterpret_cast<const BlockQ5_K*>(wr[0]), xb, yt, n_out);
             else tile_q45_k<false>(nb, reinterpret_cast<const BlockQ4_K*>(wr[0]), xb, yt, n_out);
         });
 }
 
-}  // namespace
+} // namespace
 
 GemmFn gemm_avx2_for(VecDotFn dot) {
     static const GemmEntry kTiles[] = {
@@ -188,13 +222,15 @@ GemmFn gemm_avx2_for(VecDotFn dot) {
         {GGMLType::Q5_0, gemm<Legacy::q5_0>},
         {GGMLType::Q5_1, gemm<Legacy::q5_1>},
         {GGMLType::Q8_0, gemm<Legacy::q8_0>},
+        {GGMLType::IQ4_NL, gemm<Legacy::iq4_nl>},
         {GGMLType::Q4_K, gemm_k<GGMLType::Q4_K>},
         {GGMLType::Q5_K, gemm_k<GGMLType::Q5_K>},
         {GGMLType::Q6_K, gemm_k<GGMLType::Q6_K>},
+        {GGMLType::IQ4_XS, gemm_k<GGMLType::IQ4_XS>},
         {GGMLType::Q2_K, gemm_q2_q3_avx2(GGMLType::Q2_K)},
         {GGMLType::Q3_K, gemm_q2_q3_avx2(GGMLType::Q3_K)},
     };
     return gemm_lookup(dot, vec_dot_avx2, kTiles);
 }
 
-}  // namespace ember
+} // namespace ember

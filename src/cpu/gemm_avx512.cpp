@@ -1,5 +1,5 @@
-// AVX-512 VNNI tiles of 2 weight rows x 4 tokens for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K
-// weights. Each output keeps its own accumulators and repeats vec_dot_avx512.cpp's float
+// AVX-512 VNNI tiles of 2 weight rows x 4 tokens for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K, Q5_K
+// and Q6_K weights. Each output keeps its own accumulators and repeats vec_dot_avx512.cpp's float
 // operations lane for lane (same products, FMAs, adds and reductions), so it is bit-identical
 // to it.
 #include <immintrin.h>
@@ -13,6 +13,7 @@
 #include "cpu/isa_kernels.h"
 #include "cpu/legacy_blocks.h"
 #include "quant/blocks.h"
+#include "quant/quant_tables.h"
 
 namespace ember {
 namespace {
@@ -25,11 +26,17 @@ inline __m128i load128(const void* p) { return _mm_loadu_si128(static_cast<const
 inline __m512i join(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
 
 // Integer lane sums need only be exact, not computed as vec_dot does: every operand here is
-// made unsigned (Q4 nibbles as they are, Q8_0 bytes + 128) and the offset comes back through
-// a per-token correction sum(off * x) that is shared by all rows of the tile.
+// made unsigned (Q4 nibbles as they are, Q8_0 bytes and IQ4_NL table values + 128) and the
+// offset comes back through a per-token correction sum(off * x) that is shared by all rows of
+// the tile.
 template <Legacy K>
 constexpr int offset() {
-    return K == Legacy::q4_0 ? 8 : K == Legacy::q5_0 ? 16 : K == Legacy::q8_0 ? 128 : 0;
+    return K == Legacy::q4_0 ? 8 : K == Legacy::q5_0 ? 16 : K == Legacy::q8_0 || K == Legacy::iq4_nl ? 128 : 0;
+}
+
+// kvalues_iq4nl + 128 as unsigned bytes, in every 128-bit lane (vpshufb looks up within a lane).
+inline __m512i iq4nl_table_u8() {
+    return _mm512_xor_si512(_mm512_broadcast_i32x4(load128(kvalues_iq4nl)), _mm512_set1_epi8(char(0x80)));
 }
 
 // Q5: bit 4 of element j comes from bit j of qh (a pair: bits 32..63 for the second block).
@@ -53,6 +60,8 @@ inline __m512i weight_pair(const W* b) {
         if constexpr (kQ5<K>) {
             const __mmask64 high = __mmask64(qh_bits(b[0])) | (__mmask64(qh_bits(b[1])) << 32);
             return _mm512_mask_mov_epi8(nib, high, _mm512_or_si512(nib, _mm512_set1_epi8(0x10)));
+        } else if constexpr (K == Legacy::iq4_nl) {
+            return _mm512_shuffle_epi8(iq4nl_table_u8(), nib);
         } else {
             return nib;
         }
@@ -66,6 +75,7 @@ inline __m256i weight_one(const W& b) {
     const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
     const __m256i nib = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
     if constexpr (kQ5<K>) return _mm256_mask_mov_epi8(nib, qh_bits(b), _mm256_or_si256(nib, _mm256_set1_epi8(0x10)));
+    else if constexpr (K == Legacy::iq4_nl) return _mm256_shuffle_epi8(_mm512_castsi512_si256(iq4nl_table_u8()), nib);
     else return nib;
 }
 
@@ -443,6 +453,7 @@ GemmFn gemm_avx512_for(VecDotFn dot) {
         {GGMLType::Q5_0, gemm<Legacy::q5_0>},
         {GGMLType::Q5_1, gemm<Legacy::q5_1>},
         {GGMLType::Q8_0, gemm<Legacy::q8_0>},
+        {GGMLType::IQ4_NL, gemm<Legacy::iq4_nl>},
         {GGMLType::Q4_K, gemm_k<KKind::q4_k>},
         {GGMLType::Q5_K, gemm_k<KKind::q5_k>},
         {GGMLType::Q6_K, gemm_k<KKind::q6_k>},

@@ -8,6 +8,7 @@
 
 #include "cpu/legacy_blocks.h"
 #include "quant/blocks.h"
+#include "quant/quant_tables.h"
 
 namespace ember {
 namespace avx2 {
@@ -48,11 +49,15 @@ inline __m256i dot_u8s8(__m256i w, __m256i x) {
 // signed w: |w| against x carrying w's sign (x from our quantizers is in [-127, 127]).
 inline __m256i dot_s8s8(__m256i w, __m256i x) { return dot_u8s8(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w)); }
 
-// A block's 32 weights as bytes in element order: q - offset for the *_0 kinds (signed), q for
-// the *_1 kinds (unsigned).
+// A block's 32 weights as bytes in element order: q - offset for the *_0 kinds (signed), the
+// table values for IQ4_NL (signed), q for the *_1 kinds (unsigned).
 template <Legacy K, class WB>
 inline __m256i weight_bytes(const WB& w) {
     if constexpr (K == Legacy::q8_0) return load256(w.qs);
+    else if constexpr (K == Legacy::iq4_nl)
+        return _mm256_shuffle_epi8(
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kvalues_iq4nl))),
+            nibbles32(w.qs));
     else if constexpr (K == Legacy::q4_0) return _mm256_sub_epi8(nibbles32(w.qs), _mm256_set1_epi8(8));
     else if constexpr (K == Legacy::q4_1) return nibbles32(w.qs);
     else {
