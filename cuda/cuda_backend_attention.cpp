@@ -49,9 +49,10 @@ void CudaBackend::attention(const KVLayer& kv, const float* q, int32_t n_tok, co
 
 void CudaBackend::check_kv(const KVLayer& kv, const char* op) const {
     for (GGMLType t : {kv.k_type, kv.v_type})
-        if (t != GGMLType::F16 && t != GGMLType::BF16 && !kv_type_is_blocked(t))
+        if (t != GGMLType::F16 && t != GGMLType::BF16 && t != GGMLType::F32 && !kv_type_is_blocked(t))
             fail("cuda ", op,
-                 ": the GPU keeps KV in f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl, not in GGML type ", int(t));
+                 ": the GPU keeps KV in f16, bf16, f32, q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl, not in GGML type ",
+                 int(t));
 }
 
 // The attention of q over kv into out. want_q8: the kernels that can also write out as q8_1 blocks
@@ -150,6 +151,9 @@ bool CudaBackend::attend(const KVLayer& kv, const float* q, int32_t n_tok, const
             cuda::attention(a, dbatch_, stream_);
             return false;
         }
+        case AttentionKernel::float32:
+            attention_float(a, kv.k_type == GGMLType::F32, kv.v_type == GGMLType::F32, dbatch_, stream_);
+            return false;
         case AttentionKernel::short_decode: break;
     }
     fail("cuda attention: no kernel after attention_short declined");
@@ -175,6 +179,9 @@ void CudaBackend::store_mixed(KVLayer& kv, const float* k, const float* v, int32
     kv_store_bf16(static_cast<uint16_t*>(cache(kv.k, kv.k_type, GGMLType::BF16)),
                   static_cast<uint16_t*>(cache(kv.v, kv.v_type, GGMLType::BF16)), kv.block_size, width, k, v, n_tok,
                   dbatch_, stream_);
+    kv_store_f32(static_cast<float*>(cache(kv.k, kv.k_type, GGMLType::F32)),
+                 static_cast<float*>(cache(kv.v, kv.v_type, GGMLType::F32)), kv.block_size, width, k, v, n_tok, dbatch_,
+                 stream_);
     __half* kh = static_cast<__half*>(cache(kv.k, kv.k_type, GGMLType::F16));
     __half* vh = static_cast<__half*>(cache(kv.v, kv.v_type, GGMLType::F16));
     if (kh || vh) cuda::kv_store(kh, vh, kv.block_size, width, k, v, n_tok, dbatch_, stream_);

@@ -90,10 +90,10 @@ MatmulKernel cublas_kind(GGMLType t) {
 }
 
 void check_cache(GGMLType t) {
-    if (t != GGMLType::F16 && t != GGMLType::BF16 && !kv_type_is_blocked(t))
+    if (t != GGMLType::F16 && t != GGMLType::BF16 && t != GGMLType::F32 && !kv_type_is_blocked(t))
         fail(
-            "cuda attention choice: the GPU keeps KV in f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl, not in "
-            "GGML type ",
+            "cuda attention choice: the GPU keeps KV in f16, bf16, f32, q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl, not "
+            "in GGML type ",
             uint32_t(t));
 }
 
@@ -357,6 +357,7 @@ const char* attention_kernel_name(AttentionKernel k) {
         case AttentionKernel::prefill_mma: return "prefill_mma";
         case AttentionKernel::tiled: return "tiled";
         case AttentionKernel::tiled_invariant: return "tiled_invariant";
+        case AttentionKernel::float32: return "float32";
     }
     return "?";
 }
@@ -370,7 +371,7 @@ int attention_splits(int want, int base, int target) {
     return std::max(1, std::min(want, pow2_floor(std::max(1, target / std::max(base, 1)))));
 }
 
-// In order: attention_short where asked for; the reference-order kernel over short contexts;
+// In order: the f32 kernel for a layer with an f32 cache; attention_short where asked for; the reference-order kernel over short contexts;
 // deterministic mode's one query a tile; long prompts on tensor cores where the head dim allows;
 // decode batches over long contexts on the pipelined decode kernels; the tiled kernel for the rest.
 // Heads wider than kMaxNarrowHeadDim take only the tiled kernels, whatever the batch.
@@ -380,6 +381,12 @@ AttentionChoice choose_attention(const AttentionQuery& q) {
     check_attention(q);
     const BatchFacts& b = q.batch;
     AttentionChoice c;
+    const bool k_f32 = q.k_type == GGMLType::F32, v_f32 = q.v_type == GGMLType::F32;
+    if (k_f32 || v_f32) {   // an f32 cache asks for f32 attention; its other cache is read as f16
+        c.kernel = AttentionKernel::float32;
+        c.expand_q8 = (!k_f32 && q.k_type != GGMLType::F16) || (!v_f32 && q.v_type != GGMLType::F16);
+        return c;
+    }
     const int n_rep = q.n_head / q.n_head_kv;
     // q heads x tokens of a tiled CTA (the wide form's shared memory holds fewer).
     const int max_pairs = q.head_dim > kMaxNarrowHeadDim ? kMaxWidePairsPerCta : kMaxHeadsPerCta;

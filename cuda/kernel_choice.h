@@ -218,6 +218,7 @@ enum class AttentionKernel {
     prefill_mma,        // attention_prefill_mma: prompt tiles of kMmaTileLen on tensor cores
     tiled,              // the CUDA-core tiled kernel, queries sharing K/V, keys split
     tiled_invariant,    // the same, one query a tile and one split (deterministic mode)
+    float32,            // attention_float: a layer with an f32 cache, every step in f32
 };
 const char* attention_kernel_name(AttentionKernel k);
 

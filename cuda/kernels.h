@@ -245,6 +245,9 @@ void kv_store_bf16(uint16_t* k_cache, uint16_t* v_cache, int32_t block_size, int
 void kv_expand_bf16(const uint16_t* k_cache, const uint16_t* v_cache, __half* k_f16, __half* v_f16, int32_t block_size,
                     int32_t kv_dim, int32_t n_blocks, int32_t n_seq, int32_t n_blk, const DeviceBatch& b,
                     cudaStream_t s);
+// f32 KV (attention_float.cu): rows stored as they are (either cache may be null).
+void kv_store_f32(float* k_cache, float* v_cache, int32_t block_size, int32_t kv_dim, const float* k, const float* v,
+                  int32_t n_tok, const DeviceBatch& b, cudaStream_t s);
 // rope of q (may be null) and k over their first n_rot dimensions, then kv_store of k and v (both
 // caches null: the ropes only; the caches need n_rot == head_dim).
 void rope_kv_store(float* q, int32_t n_head_q, float* k, const float* v, int32_t n_head_kv, int32_t head_dim,
@@ -319,6 +322,9 @@ bool attention_short(const AttentionArgs& a, const DeviceBatch& b, int32_t max_l
 // Prompt batches on tensor cores: tiles of kMmaTileLen tokens (a.tiles / a.n_tiles), one q head
 // per CTA, no split. Returns false (nothing launched) for head dims it does not handle.
 bool attention_prefill_mma(const AttentionArgs& a, const DeviceBatch& b, cudaStream_t s);
+// Layers with an f32 cache: every step in f32 (q unrounded, accurate exponentials), one CTA per
+// (token, q head). k_f32 / v_f32: which cache holds f32 rows (the other is read as f16).
+void attention_float(const AttentionArgs& a, bool k_f32, bool v_f32, const DeviceBatch& b, cudaStream_t s);
 
 }  // namespace cuda
 }  // namespace ember

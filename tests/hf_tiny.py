@@ -366,17 +366,14 @@ def log_softmax(x):
 
 def check_inside_an_engine_batch(path, hf_reference, name, device, prompt=LONG_PROMPT):
     """`prompt` among other sequences of the engine's steps (chunked prefill beside other sequences'
-    decodes): its prompt logprobs are transformers' (an f32 KV cache on the CPU). The GPU's cache is
-    f16, whose rounding alone moves a tiny model's logprobs by up to 5e-3 of its largest logit (the
-    CPU with an f16 cache moves them alike), so on the GPU the reference is the CPU's Context with
-    the same f16 cache."""
+    decodes), on the CPU or with every block on the GPU, both with an f32 KV cache: its prompt
+    logprobs are transformers'."""
     from ember import _ember
     if device == "cuda" and "cuda" not in _ember.backends():
         pytest.skip("this ember was built without the CUDA backend")
     m = _ember.Model(path, n_gpu_layers=-1 if device == "cuda" else 0)
-    kv = "f32" if device == "cpu" else "f16"
-    engine = _ember.Engine(m, n_ctx=128, max_num_seqs=8, max_num_batched_tokens=24, n_threads=2, type_k=kv,
-                           type_v=kv)
+    engine = _ember.Engine(m, n_ctx=128, max_num_seqs=8, max_num_batched_tokens=24, n_threads=2, type_k="f32",
+                           type_v="f32")
     rng = np.random.default_rng()
     others = [[1] + [int(t) for t in rng.integers(3, 390, size=int(n))] for n in rng.integers(5, 30, size=5)]
     ids = [engine.add_request(p, temperature=0.0, max_tokens=12) for p in others[:3]]
@@ -391,13 +388,9 @@ def check_inside_an_engine_batch(path, hf_reference, name, device, prompt=LONG_P
                 assert o.finish_reason in ("stop", "length"), o.error
                 left.discard(o.request_id)
     engine.close()
-    if device == "cpu":
-        want_logits = hf_reference.logits(name, prompt)
-    else:
-        want_logits = ember_logits(path, prompt, kv_type="f16")
+    want_logits = hf_reference.logits(name, prompt)
     want = log_softmax(want_logits)[np.arange(len(prompt) - 1), prompt[1:]]
-    tol = (1e-4 if device == "cpu" else 2e-3) * 2 * np.abs(want_logits).max()
-    np.testing.assert_allclose(got, want, rtol=0, atol=tol)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * 2 * np.abs(want_logits).max())
 
 
 def edited(src, dst, edit):

@@ -132,8 +132,7 @@ def test_gemma2_caps_bend_the_logits(models, hf_reference):
 def test_inside_an_engine_batch(models, hf_reference, name, device):
     """The reference prompt among other sequences of the engine's steps (chunked prefill beside
     other sequences' decodes, windows, soft-caps and NoPE layers with paged KV): its prompt
-    logprobs are transformers' (an f32 KV cache on the CPU); on the GPU (f16 cache) the CPU's
-    Context with the same f16 cache."""
+    logprobs are transformers' (an f32 KV cache, on the CPU and on the GPU)."""
     hf_tiny.check_inside_an_engine_batch(models[name][2], hf_reference, name, device, PROMPT)
 
 

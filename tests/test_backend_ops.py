@@ -29,11 +29,11 @@ FLOAT_TYPES = (T.F32, T.F16, T.BF16)
 # matched here (the suite checks it instead of skipping the combination).
 SUPPORT = {
     "cpu": {"weights": WEIGHT_TYPES, "kv": KV_TYPES, "host": True},
-    "cuda": {"weights": WEIGHT_TYPES, "kv": [t for t in KV_TYPES if t != "f32"], "host": False},
+    "cuda": {"weights": WEIGHT_TYPES, "kv": KV_TYPES, "host": False},
 }
 UNSUPPORTED = {
     "cuda": {"weights": r"weight type .* not (supported|run) by the CUDA backend",
-             "kv": r"keeps KV in f16, bf16, q8_0"},
+             "kv": r"keeps KV in f16, bf16, f32, q8_0"},
 }
 
 # Bounds on the relative L2 error ||got - want|| / ||want|| against the float64 reference (weights

@@ -335,6 +335,13 @@ ATTENTION_CASES = [
     (dict(max_len=100, n_tok=1, fast_attention=True, head_dim=512, switches={"EMBER_CUDA_SHORT_ATTN": "1"}), "tiled",
      {}),
     (dict(max_len=100, n_tok=1, head_dim=264, n_head=8, n_head_kv=8), "tiled", {}),
+    # an f32 cache (either or both): the all-f32 kernel, whatever the batch; its other cache through the f16 copy
+    (dict(k_type="F32", v_type="F32", max_len=100, n_tok=1), "float32", dict(expand_q8=False, starts_early=False)),
+    (dict(k_type="F32", v_type="F32", max_len=1000, n_tok=300, deterministic=True, head_dim=512), "float32", {}),
+    (dict(k_type="F32", v_type="F16", max_len=1000, n_tok=1, fast_attention=True,
+          switches={"EMBER_CUDA_SHORT_ATTN": "1"}), "float32", dict(expand_q8=False)),
+    (dict(k_type="Q8_0", v_type="F32", max_len=1000, n_tok=1), "float32", dict(expand_q8=True)),
+    (dict(k_type="F32", v_type="BF16", max_len=100, n_tok=65), "float32", dict(expand_q8=True)),
     # heads of 256 keep the narrow kernels' choices
     (dict(max_len=100, n_tok=1, head_dim=256, n_head=32, n_head_kv=4), "exact_cluster", {}),
     (dict(max_len=1000, n_tok=300, head_dim=256, n_head=32, n_head_kv=4), "tiled", dict(heads_per_cta=8, tile_len=1)),
@@ -417,8 +424,7 @@ def test_moe_choice_bad_input(kwargs, match):
 
 
 @pytest.mark.parametrize("query,match", [
-    (dict(k_type="Q6_K"), "f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl"),
-    (dict(v_type="F32"), "f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl"),
+    (dict(k_type="Q6_K"), "f16, bf16, f32, q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl"),
     (dict(head_dim=0), "at least 1"),
     (dict(head_dim=520), "head_dim 520 is above 512"),
     (dict(n_head_kv=0), "at least 1"),

@@ -76,8 +76,8 @@ struct RecurrentLayer {
 
 // KV storage of one layer: n_blocks blocks of block_size tokens; K and V each n_blocks blocks
 // laid out as src/backend/kv_layout.h says for their own type (F16, BF16, F32: [block_size]
-// [n_head_kv * head_dim]). Each type is F16, BF16 or Q8_0 on any backend, or F32 on the CPU only
-// (exact reference runs); K and V may differ, as llama.cpp's -ctk / -ctv. v may be k itself (same type):
+// [n_head_kv * head_dim]). Each type is F16, BF16, F32 (exact reference runs) or a block type of
+// kv_layout.h; K and V may differ, as llama.cpp's -ctk / -ctv. v may be k itself (same type):
 // the cached rows are read as keys and as values (latent attention), and kv_store then writes them once.
 struct KVLayer {
     GGMLType k_type = GGMLType::F16;

@@ -221,10 +221,6 @@ Runner::Runner(std::shared_ptr<Model> model, const RunnerParams& params) {
     if (m.hp.kv_values_are_keys && params.type_v != params.type_k)
         fail(m.file->path(), ": ", m.hp.arch, "'s latent attention reads its values from the key cache: type_v (",
              type_traits(params.type_v).name, ") must be type_k (", type_traits(params.type_k).name, ")");
-    if ((params.type_k == GGMLType::F32 || params.type_v == GGMLType::F32) && m.any_gpu())
-        fail(
-            "an f32 KV cache (type_k or type_v) is available for CPU blocks only; use another type with "
-            "n_gpu_layers != 0");
     impl_ = std::make_unique<RunnerImpl>(std::move(model), params);
     RunnerImpl& r = *impl_;
     BackendOptions opts;
