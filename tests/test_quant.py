@@ -272,11 +272,10 @@ def test_q8_activation_quantizers(level):
         np.testing.assert_array_equal(bsums, qk.reshape(-1, 16, 16).sum(axis=2), err_msg=name)
         back = E.dequantize(int(T.Q8_K), q8k.reshape(-1), x.size).reshape(-1, 256)
         err = np.abs(back - x.reshape(-1, 256))
-        # d = -max/128 maps the largest-magnitude value to -128; a value of the opposite sign
-        # and the same magnitude would need +128 and is clamped to 127 (one step). The scale
-        # 1/d, its product with x and d * q each round once in fp32, so a value whose scaled form
-        # lies within an ulp of a .5 tie may round away from x: up to a few ulps of 128 steps past
-        # half a step.
+        # d = -max/127 maps the largest-magnitude value to -127 and one of the opposite sign to
+        # +127. The scale 1/d, its product with x and d * q each round once in fp32, so a value
+        # whose scaled form lies within an ulp of a .5 tie may round away from x: up to a few ulps
+        # of 128 steps past half a step.
         step = np.broadcast_to(np.abs(dk)[:, None], err.shape)
         half = step * (0.5 + 4 * 128 * 2.0**-24) + 1e-30
         clamped = qk == 127
@@ -386,18 +385,18 @@ def test_activation_quantizer_matches_ref(t, level):
 
 def test_q8_k_activation_quantizer_matches_ref(level):
     """As above for Q8_K (super-blocks of 256): the first value of largest magnitude sets the
-    scale, quotients round to nearest even, +128 is capped at 127."""
+    scale (-127 / it), quotients round to nearest even, capped at 127."""
     rng = rng_for("activation quantizer", "Q8_K")
     rows = [(rng.standard_normal(4096) * 10.0 ** rng.uniform(-30, 30)).astype(np.float32) for _ in range(8)]
     special = np.zeros((6, 256), dtype=np.float32)
-    special[0, 0] = -128.0                                 # iscale 1: every other value an exact tie
+    special[0, 0] = -127.0                                 # iscale 1: every other value an exact tie
     special[0, 1:] = (np.arange(255) % 64 - 32) + 0.5
     special[1, 7], special[1, 200] = 3.0, -3.0             # equal magnitudes: the first one wins
     special[1, 8:200] = rng.uniform(-3, 3, 192)
     special[2, 3] = np.float32(1e-45)                      # subnormal max: the scale overflows
     special[3, 9], special[3, 10] = np.inf, 1.0            # non-finite blocks take the scalar path
     special[4, 100] = np.nan
-    special[5, 50], special[5, 51] = -5.0, 5.0             # -128 and a capped +128
+    special[5, 50], special[5, 51] = -5.0, 5.0             # -127 and +127
     for x in rows + [special.reshape(-1), np.zeros(256, dtype=np.float32)]:
         best, ref = E.quantize(int(T.Q8_K), x, impl="best"), E.quantize(int(T.Q8_K), x, impl="ref")
         np.testing.assert_array_equal(best, ref)

@@ -23,7 +23,7 @@ import hf_tiny  # noqa: E402
 MODELS = ("qwen35moe", "qwen3next", "lfm2moe", "nemotron_h", "granitehybrid-moe", "deepseek-v3", "gemma4-moe")
 MIXES = ("Q8_0", "Q4_K_M", "Q3_K_M", "MXFP4_MOE")
 # The same models with rows of 256 (test_quantize_arch_rules.widened): the K types themselves, not their fallbacks.
-WIDE_MIXES = ("Q4_K_M", "Q5_K_M", "Q3_K_M", "Q3_K_L", "Q2_K", "IQ4_XS")
+WIDE_MIXES = ("Q4_K_M", "Q5_K_M", "Q3_K_M", "Q3_K_L", "Q2_K", "IQ4_XS", "IQ4_NL", "TQ1_0", "TQ2_0")
 # (model, mix, --tensor-type patterns, --output-tensor-type): the first matching pattern wins, an overridden attn_qkv
 # does not advance attn_v's layer count, routers stay as stored; a tied head's type reaches the embedding.
 OVERRIDES = (("qwen35moe", "Q3_K_M", ["blk\\.0\\.attn_qkv=Q4_0", "attn_qkv=Q8_0", "ffn_gate_inp=Q4_0"], ""),

@@ -37,7 +37,7 @@ inline float block_q8(const float* x, int8_t* q, int* sum) {
     return d;
 }
 
-// Q8_K, one super-block of 256: iscale = -128 / (the first value of largest magnitude), q =
+// Q8_K, one super-block of 256: iscale = -127 / (the first value of largest magnitude), q =
 // nearest-even(iscale * x) capped at 127, bsums of 16. Blocks with a NaN or an infinity, or whose
 // scale overflows, go through the scalar code.
 void q8_k_rows(const float* src, void* dst, int64_t n) {
@@ -65,13 +65,13 @@ void q8_k_rows(const float* src, void* dst, int64_t n) {
                 break;
             }
         }
-        const float iscale = -128.0f / src[first];
+        const float iscale = -127.0f / src[first];
         if (!(std::fabs(iscale) <= 3.4028235e38f)) {
             quantize_row_q8_k(src, &b[i], QK_K);
             continue;
         }
         for (int j = 0; j < 16; ++j) {
-            // cvtps_epi32 rounds to nearest even, as nearest() does for |v| <= 128
+            // cvtps_epi32 rounds to nearest even, as nearest() does for |v| <= 127
             const __m512i q = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v[j], _mm512_set1_ps(iscale))),
                                                _mm512_set1_epi32(127));
             _mm_storeu_si128(reinterpret_cast<__m128i*>(b[i].qs + 16 * j), _mm512_cvtepi32_epi8(q));

@@ -46,7 +46,7 @@ inline float block_q8(const float* x, int8_t* q, int* sum) {
     return d;
 }
 
-// Q8_K, one super-block of 256: iscale = -128 / (the first value of largest magnitude), q =
+// Q8_K, one super-block of 256: iscale = -127 / (the first value of largest magnitude), q =
 // nearest-even(iscale * x) capped at 127, bsums of 16.
 void q8_k_rows(const float* src, void* dst, int64_t n) {
     BlockQ8_K* b = static_cast<BlockQ8_K*>(dst);
@@ -65,7 +65,7 @@ void q8_k_rows(const float* src, void* dst, int64_t n) {
         }
         int first = 0;   // the scalar loop keeps the first value of largest magnitude
         while (std::fabs(src[first]) != am) ++first;
-        const float iscale = -128.0f / src[first];
+        const float iscale = -127.0f / src[first];
         if (!(std::fabs(iscale) <= kFloatMax)) {
             quantize_row_q8_k(src, &b[i], QK_K);
             continue;

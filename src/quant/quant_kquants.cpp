@@ -308,7 +308,8 @@ void quantize_row_q4_k(const float* src, void* dst, int64_t n) { quantize_q4_k(s
 void quantize_row_q5_k(const float* src, void* dst, int64_t n) { quantize_q5_k(src, dst, n); }
 void quantize_row_q6_k(const float* src, void* dst, int64_t n) { quantize_q6_k(src, dst, n); }
 
-// Q8_K: d = max|x|/128 with the largest-magnitude value mapped to -128 (q clamped to 127).
+// Q8_K: d = max|x|/127 with the largest-magnitude value mapped to -127, as ggml does since its IQ2 kernels (q
+// clamped to 127 where a value a rounding ulp past the largest would reach 128).
 void quantize_row_q8_k(const float* src, void* dst, int64_t n) {
     BlockQ8_K* b = static_cast<BlockQ8_K*>(dst);
     for (int64_t i = 0; i < n / QK_K; ++i, src += QK_K) {
@@ -323,7 +324,7 @@ void quantize_row_q8_k(const float* src, void* dst, int64_t n) {
             std::memset(&b[i], 0, sizeof(BlockQ8_K));
             continue;
         }
-        const float iscale = -128.0f / max;
+        const float iscale = -127.0f / max;
         for (int e = 0; e < QK_K; ++e) {
             const int v = nearest(iscale * src[e]);
             b[i].qs[e] = int8_t(v > 127 ? 127 : v);

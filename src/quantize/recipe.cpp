@@ -60,7 +60,8 @@ const QuantMix kMixes[] = {
     {"Q3_K_S", GGMLType::Q3_K, 11, false},
     {"Q3_K_M", GGMLType::Q3_K, 12, false, false, LowKMix::q3_k_m},
     {"Q3_K_L", GGMLType::Q3_K, 13, false, false, LowKMix::q3_k_l},
-    {"IQ4_XS", GGMLType::IQ4_XS, 30, false, false, LowKMix::iq4_xs},
+    {"IQ4_NL", GGMLType::IQ4_NL, 25, false, false, LowKMix::iq4},
+    {"IQ4_XS", GGMLType::IQ4_XS, 30, false, false, LowKMix::iq4},
     {"IQ3_S", GGMLType::IQ3_S, 26, false, false, LowKMix::iq3_s},
     {"IQ3_M", GGMLType::IQ3_S, 27, false, false, LowKMix::iq3_m},
     {"IQ3_XXS", GGMLType::IQ3_XXS, 23, false, false, LowKMix::iq3_xxs},
@@ -70,6 +71,8 @@ const QuantMix kMixes[] = {
     {"IQ2_M", GGMLType::IQ2_S, 29, false, false, LowKMix::iq2_m},
     {"IQ1_S", GGMLType::IQ1_S, 24, false, false, LowKMix::iq1_s},
     {"IQ1_M", GGMLType::IQ1_M, 31, false, false, LowKMix::iq1_m},
+    {"TQ1_0", GGMLType::TQ1_0, 36, false, false, LowKMix::tq},
+    {"TQ2_0", GGMLType::TQ2_0, 37, false, false, LowKMix::tq},
 };
 
 // The IQ2 and IQ1 mixes share llama.cpp's rules: attn_v, the first eighth's ffn_down (and attn_output, but in
@@ -104,7 +107,7 @@ bool is_k_type(GGMLType t) {
     return t == GGMLType::Q2_K || t == GGMLType::Q3_K || t == GGMLType::Q4_K || t == GGMLType::Q5_K ||
            t == GGMLType::Q6_K || t == GGMLType::IQ4_XS || t == GGMLType::IQ3_XXS || t == GGMLType::IQ3_S ||
            t == GGMLType::IQ2_XXS || t == GGMLType::IQ2_XS || t == GGMLType::IQ2_S || t == GGMLType::IQ1_S ||
-           t == GGMLType::IQ1_M;
+           t == GGMLType::IQ1_M || t == GGMLType::TQ1_0 || t == GGMLType::TQ2_0;
 }
 
 // Q8_1 and Q8_K are the activations' dot-product formats, never stored in model files.
@@ -131,7 +134,9 @@ std::string storage_type_names() {
 GGMLType k_fallback(GGMLType t) {
     switch (t) {
         case GGMLType::Q2_K:
-        case GGMLType::Q3_K: return GGMLType::Q4_0;
+        case GGMLType::Q3_K:
+        case GGMLType::TQ1_0:
+        case GGMLType::TQ2_0: return GGMLType::Q4_0;
         case GGMLType::IQ1_S:
         case GGMLType::IQ1_M:
         case GGMLType::IQ2_XXS:
@@ -208,7 +213,8 @@ size_t n_dims(const GGUFTensor& t) {
     return n;
 }
 
-// The mixes whose attn_output llama.cpp raises to Q5_K in 8-expert models (Q2_K, Q3_K_S/M, Q4_K_M, IQ3_*, IQ4_XS).
+// The mixes whose attn_output llama.cpp raises to Q5_K in 8-expert models (Q2_K, Q3_K_S/M, Q4_K_M, IQ3_*, IQ4_NL,
+// IQ4_XS).
 bool attn_output_q5_k_with_8_experts(const QuantMix& mix) {
     switch (mix.file_type) {
         case 10:
@@ -216,6 +222,7 @@ bool attn_output_q5_k_with_8_experts(const QuantMix& mix) {
         case 12:
         case 15:
         case 23:
+        case 25:
         case 26:
         case 27:
         case 30: return true;
@@ -233,6 +240,7 @@ GGMLType recipe_type(const QuantMix& mix, const GGUFTensor& t, Category c, Recip
     if (c == Category::token_embd) {
         if (k == LowKMix::iq2_xxs || k == LowKMix::iq2_xs || is_iq1_mix(k)) return GGMLType::Q2_K;
         if (k == LowKMix::iq2_s || k == LowKMix::iq2_m || k == LowKMix::iq3_xxs) return GGMLType::IQ3_S;
+        if (k == LowKMix::tq) return GGMLType::Q4_K;
         return type;
     }
     if (is_iq2_mix(k)) {
@@ -259,7 +267,7 @@ GGMLType recipe_type(const QuantMix& mix, const GGUFTensor& t, Category c, Recip
         else if (k == LowKMix::iq3_m) type = GGMLType::Q4_K;
         else if (k == LowKMix::q3_k_m) type = st.i_attn_v < 2 ? GGMLType::Q5_K : GGMLType::Q4_K;
         else if (k == LowKMix::q3_k_l) type = GGMLType::Q5_K;
-        else if (k == LowKMix::iq4_xs && st.n_gqa >= 4) type = GGMLType::Q5_K;
+        else if (k == LowKMix::iq4 && st.n_gqa >= 4) type = GGMLType::Q5_K;
         else if (mix.more_bits_k && use_more_bits(st.i_attn_v, st.n_attn_v)) type = GGMLType::Q6_K;
         // an 8-expert model's attention is a small part of it: its values (and keys) get Q8_0
         if (st.n_expert == 8) type = GGMLType::Q8_0;
@@ -281,7 +289,7 @@ GGMLType recipe_type(const QuantMix& mix, const GGUFTensor& t, Category c, Recip
         else if (k == LowKMix::iq3_m && (i < n / 8 || (st.n_expert == 8 && use_more_bits(i, n)))) type = GGMLType::Q4_K;
         else if (k == LowKMix::q3_k_l) type = GGMLType::Q5_K;
         else if (mix.more_bits_k && use_more_bits(i, n)) type = GGMLType::Q6_K;
-        else if (i < n / 8 && k == LowKMix::iq4_xs && !st.has_imatrix) type = GGMLType::Q5_K;
+        else if (i < n / 8 && k == LowKMix::iq4 && !st.has_imatrix) type = GGMLType::Q5_K;
         else if ((mix.base == GGMLType::Q4_0 || mix.base == GGMLType::Q5_0) && st.has_imatrix && i < n / 8)
             type = mix.base == GGMLType::Q4_0 ? GGMLType::Q4_1 : GGMLType::Q5_1;
         ++st.i_ffn_down;

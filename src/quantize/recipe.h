@@ -16,7 +16,7 @@ enum class LowKMix : uint8_t {
     q2_k,
     q3_k_m,
     q3_k_l,
-    iq4_xs,
+    iq4,   // IQ4_NL and IQ4_XS
     iq3_s,
     iq3_m,
     iq3_xxs,
@@ -25,7 +25,8 @@ enum class LowKMix : uint8_t {
     iq2_s,
     iq2_m,
     iq1_s,
-    iq1_m
+    iq1_m,
+    tq   // TQ1_0 and TQ2_0: the token embedding in Q4_K
 };
 
 struct QuantMix {
