@@ -14,6 +14,8 @@
 namespace ember {
 namespace cuda {
 
+static_assert(kMaxAttnHeadDim == kGpuMaxHeadDim, "the model layer refuses wider heads at placement by this figure");
+
 AttentionQuery CudaBackend::attention_query(const KVLayer& kv, const AttentionShape& shape, int32_t n_tok) const {
     AttentionQuery q;
     q.k_type = kv.k_type;

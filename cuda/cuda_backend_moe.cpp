@@ -37,8 +37,9 @@ namespace {
 
 MoeRouteArgs route_args(const MoeWeights& w, const float* logits, const float* bias, int32_t n_tok, bool ascending,
                         int32_t* ids, float* weights, MoeChunk* chunks) {
-    if (w.n_group > 1) fail("cuda moe: group-limited routing (n_group ", w.n_group, ") runs on the CPU only so far");
     MoeRouteArgs a;
+    a.n_group = w.n_group;
+    a.n_group_used = w.n_group_used;
     a.logits = logits;
     a.router_bias = bias;
     a.selection_bias = w.selection_bias;

@@ -71,6 +71,7 @@ constexpr int kMaxWidePairsPerCta = 4;
 constexpr int kMoePairTokens = 4;
 // The grouping kernel counts tokens per expert in shared memory: at most this many experts.
 constexpr int kMoeMaxExperts = 4096;
+constexpr int kMoeMaxGroups = 64;   // expert groups of group-limited routing (DeepSeek V3 has 8)
 // Query tile lengths the tiled attention takes (set_batch builds a tile list for each); the last
 // is the prefill tensor-core kernel's.
 constexpr int kMmaTileLen = 64;

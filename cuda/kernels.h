@@ -142,6 +142,7 @@ struct MoeRouteArgs {
     const float* router_bias;
     const float* selection_bias;
     int32_t n_tok, n_expert, n_used;
+    int32_t n_group, n_group_used;   // MoeWeights::n_group (<= kMoeMaxGroups); 0 or 1: none
     MoeGating gating;
     bool norm_topk, ascending;
     float weight_scale;

@@ -17,6 +17,42 @@ __device__ __forceinline__ bool ranks_before(float v, int i, float bv, int bi) {
     return bi < 0 || v > bv || (v == bv && i < bi);
 }
 
+// Group-limited choice (MoeRouteArgs::n_group > 1), by lane 0 as the CPU's limit_to_best_groups: a
+// softmax's scores become probabilities first (the groups add them up), each group is scored by the sum of
+// its two best choice scores, and the experts outside the n_group_used best groups (ties to the lower
+// index) can no longer be chosen. Returns whether the scores are probabilities now.
+__device__ bool limit_to_best_groups(const MoeRouteArgs& a, float* choose, float* score) {
+    __shared__ float group[kMoeMaxGroups];
+    __shared__ bool kept[kMoeMaxGroups];
+    const int n = a.n_expert, per = n / a.n_group;
+    const bool normalize = a.gating == MoeGating::softmax;
+    if (normalize) {
+        float sum = 0.f;
+        for (int i = 0; i < n; ++i) sum = __fadd_rn(sum, score[i]);
+        for (int i = 0; i < n; ++i) choose[i] = score[i] = __fdiv_rn(score[i], sum);
+    }
+    for (int g = 0; g < a.n_group; ++g) {
+        const float* c = choose + g * per;
+        float best = -INFINITY, second = -INFINITY;
+        for (int i = 0; i < per; ++i) {
+            if (c[i] > best) second = best, best = c[i];
+            else if (c[i] > second) second = c[i];
+        }
+        group[g] = per > 1 ? __fadd_rn(best, second) : best;
+        kept[g] = false;
+    }
+    for (int j = 0; j < a.n_group_used; ++j) {
+        int bg = -1;
+        for (int g = 0; g < a.n_group; ++g)
+            if (!kept[g] && (bg < 0 || group[g] > group[bg])) bg = g;
+        kept[bg] = true;
+    }
+    for (int g = 0; g < a.n_group; ++g)
+        if (!kept[g])
+            for (int i = 0; i < per; ++i) choose[g * per + i] = -INFINITY;
+    return normalize;
+}
+
 // One warp a token. The scores go through shared memory; lane 0 sums them in expert order and
 // weighs the chosen ones as the CPU does, so the weights are the CPU's bits.
 __global__ void moe_route_kernel(MoeRouteArgs a) {
@@ -48,6 +84,12 @@ __global__ void moe_route_kernel(MoeRouteArgs a) {
     if (a.gating == MoeGating::softmax)
         for (int i = lane; i < n; i += kWarp) score[i] = expf_glibc(__fsub_rn(choose[i], m));
     __syncwarp();
+    bool probabilities = false;
+    if (a.n_group > 1) {
+        if (lane == 0) probabilities = limit_to_best_groups(a, choose, score);
+        probabilities = __shfl_sync(0xffffffffu, probabilities, 0);
+        __syncwarp();
+    }
     for (int j = 0; j < k; ++j) {
         float bv = 0.f;
         int bi = -1;
@@ -70,7 +112,7 @@ __global__ void moe_route_kernel(MoeRouteArgs a) {
         float sum = 0.f;
         for (int j = 0; j < k; ++j) sum = __fadd_rn(sum, w[j] = expf_glibc(__fsub_rn(choose[chosen[j]], top)));
         for (int j = 0; j < k; ++j) w[j] = __fdiv_rn(w[j], sum);
-    } else if (a.gating == MoeGating::softmax) {
+    } else if (a.gating == MoeGating::softmax && !probabilities) {
         float sum = 0.f;
         for (int i = 0; i < n; ++i) sum = __fadd_rn(sum, score[i]);
         for (int j = 0; j < k; ++j) w[j] = __fdiv_rn(score[chosen[j]], sum);
@@ -211,6 +253,10 @@ void moe_route(const MoeRouteArgs& a, cudaStream_t s) {
     if (a.n_tok <= 0) return;
     if (a.n_expert < 1 || a.n_used < 1 || a.n_used > a.n_expert)
         fail("cuda moe_route: ", a.n_used, " of ", a.n_expert, " experts");
+    if (a.n_group > 1 && (a.n_group > kMoeMaxGroups || a.n_expert % a.n_group || a.n_group_used < 1 ||
+                          a.n_group_used > a.n_group || a.n_used > a.n_group_used * (a.n_expert / a.n_group)))
+        fail("cuda moe_route: ", a.n_group_used, " of ", a.n_group, " expert groups (at most ", kMoeMaxGroups,
+             ", splitting ", a.n_expert, " experts evenly) cannot hold ", a.n_used, " chosen experts");
     const size_t smem = size_t(a.n_expert) * 9 + size_t(a.n_used) * 8;
     if (smem > 48 * 1024) fail("cuda moe_route: ", a.n_expert, " experts need more shared memory than a CTA has");
     launch_pdl_smem(moe_route_kernel, dim3(unsigned(a.n_tok)), dim3(kWarp), smem, s, a);

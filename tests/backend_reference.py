@@ -136,8 +136,11 @@ def gated_act(g, u, act="silu"):
     return {"silu": silu, "gelu_tanh": gelu_tanh}[act](g) * u
 
 
-def moe_route(logits, n_used, gating="softmax", norm_topk=False, weight_scale=1.0, selection_bias=None):
-    """Each row's experts (descending selection score, ties to the lower index) and weights."""
+def moe_route(logits, n_used, gating="softmax", norm_topk=False, weight_scale=1.0, selection_bias=None, n_group=0,
+              n_group_used=0):
+    """Each row's experts (descending selection score, ties to the lower index) and weights. n_group > 1:
+    only the experts of the n_group_used groups whose two best selection scores sum highest (ties to the
+    lower group; a softmax's scores are its probabilities there) can be chosen."""
     logits = np.asarray(logits, dtype=np.float64)
     ids, weights = [], []
     for row in logits:
@@ -147,6 +150,12 @@ def moe_route(logits, n_used, gating="softmax", norm_topk=False, weight_scale=1.
         else:
             score = np.exp(row - row.max())
             score, choose = score / score.sum(), row
+        if n_group > 1:
+            choose = (score if gating == "softmax" else choose).copy()
+            per = len(row) // n_group
+            sums = [sum(sorted(choose[g * per:(g + 1) * per])[-2:]) for g in range(n_group)]
+            for g in sorted(range(n_group), key=lambda g: (-sums[g], g))[n_group_used:]:
+                choose[g * per:(g + 1) * per] = -np.inf
         top = sorted(range(len(row)), key=lambda e: (-choose[e], e))[:n_used]
         w = score[top]
         if gating == "topk_softmax":

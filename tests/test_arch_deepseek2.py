@@ -3,8 +3,9 @@ ember-convert. The GGUF keys and tensors as llama.cpp's converter writes them (o
 rope, kv_b_proj split into attn_k_b / attn_v_b, the selection bias as exp_probs_b); ember's logits against
 transformers' at f32 (one batch, token by token, inside an engine batch, from the prefix cache), with the
 latent as the cache and the queries absorbed; V3's group-limited sigmoid routing and selection bias shown to
-matter; the routing of files without expert_gating_func guessed as llama.cpp guesses it; a placement on the
-GPU refused at load; and the errors for bad files and configs."""
+matter; the routing of files without expert_gating_func guessed as llama.cpp guesses it; on the GPU (every
+block: the latent row as one KV head, group-limited routing on the device), and a latent row wider than the
+GPU's attention heads refused at load; and the errors for bad files and configs."""
 import os
 import sys
 
@@ -107,9 +108,23 @@ def test_logits_match_transformers(models, hf_reference, name, chunk):
     assert hf_tiny.rel_diff(got, want) <= 1e-4
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("name", MODELS)
-def test_inside_an_engine_batch(models, hf_reference, name):
-    hf_tiny.check_inside_an_engine_batch(models[name][2], hf_reference, name, "cpu")
+def test_inside_an_engine_batch(models, hf_reference, name, device):
+    hf_tiny.check_inside_an_engine_batch(models[name][2], hf_reference, name, device)
+
+
+@pytest.mark.parametrize("chunk", [40, 1], ids=["prompt", "decode"])
+@pytest.mark.parametrize("name", MODELS)
+def test_cuda_logits_match_cpu(models, name, chunk):
+    """Every block on the GPU (absorbed queries, the latent row read as keys and values, V3's groups)
+    against the CPU, both with the f16 KV cache."""
+    if "cuda" not in _ember.backends():
+        pytest.skip("this ember was built without the CUDA backend")
+    path = models[name][2]
+    want = hf_tiny.ember_logits(path, PROMPT, kv_type="f16")
+    got = hf_tiny.ember_logits(path, PROMPT, n_gpu_layers=-1, kv_type="f16", chunk=chunk)
+    assert hf_tiny.rel_diff(got, want) <= 2e-3
 
 
 def test_prefix_cache_serves_the_latent(models, hf_reference):
@@ -246,14 +261,20 @@ def test_selection_bias_without_gating_is_refused(models, tmp_path):
 @pytest.mark.parametrize("fields", [dict(n_gpu_layers=1), dict(n_gpu_layers=-1),
                                     dict(n_gpu_layers=0, override_tensor=[r"blk\.2\.=CUDA"])],
                          ids=["one-layer", "all", "override"])
-def test_gpu_placement_is_refused_at_load(models, fields):
-    """deepseek2 runs on the CPU only: a plan with a block on the GPU is refused when the file is placed,
-    naming the architecture and n_gpu_layers=0. placement_plan plans as if CUDA were built in, so a CPU-only
-    build exercises the check Model.load makes with its plan."""
+def test_gpu_placement(models, tmp_path, fields):
+    """Blocks go to the GPU as asked; a file whose cached latent row (kv_lora_rank + rope, attention.key_length)
+    is wider than the GPU's attention heads (512) is refused when it is placed, naming the width and
+    n_gpu_layers=0. placement_plan plans as if CUDA were built in, so a CPU-only build exercises the check
+    Model.load makes with its plan."""
     path = models["deepseek-v3"][2]
-    with pytest.raises(Exception, match="deepseek2 cannot have blocks on the GPU: .*CPU only.*n_gpu_layers=0"):
-        _ember.placement_plan(path, have_gpu=True, **fields)
-    plan = _ember.placement_plan(path, have_gpu=True, n_gpu_layers=0)
+    plan = _ember.placement_plan(path, have_gpu=True, **fields)
+    assert "CUDA" in plan["blocks"]
+    wide = str(tmp_path / "wide.gguf")
+    hf_tiny.rewritten_gguf(path, wide, fields={"deepseek2.attention.key_length": 576})
+    with pytest.raises(Exception, match="deepseek2 cannot have blocks on the GPU: .*latent rows of 576 .*512"
+                                        ".*n_gpu_layers=0"):
+        _ember.placement_plan(wide, have_gpu=True, **fields)
+    plan = _ember.placement_plan(wide, have_gpu=True, n_gpu_layers=0)
     assert set(plan["blocks"]) == {"CPU"}
 
 

@@ -1358,6 +1358,29 @@ def test_moe_route(be, gating, n_tok, n_exp, n_used, rng):
         check(np.asarray(w).reshape(n_tok, n_used), want_w, 1e-6, f"{gating} weights")
 
 
+@on("moe_route")
+@pytest.mark.parametrize("gating", ["softmax", "sigmoid"])
+@pytest.mark.parametrize("n_tok,n_exp,n_used,n_group,n_group_used", [(1, 8, 2, 4, 2), (9, 64, 6, 8, 3),
+                                                                    (5, 16, 4, 4, 1), (3, 6, 2, 3, 3)])
+def test_moe_route_groups(be, gating, n_tok, n_exp, n_used, n_group, n_group_used, rng):
+    """Group-limited routing (DeepSeek V2 / V3): only the experts of the best groups by the sum of their two
+    best scores (row 0: one very good expert in group 0, two good ones in group 1, which sigmoid's sum ranks
+    higher and softmax's lower); a tie between groups goes to the lower one (row 1)."""
+    logits = normal(rng, n_tok, n_exp, scale=2)
+    per = n_exp // n_group
+    logits[0, :] = -3.0
+    logits[0, per - 1] = 8.0                      # group 0: one very good expert
+    logits[0, 2 * per - 2:2 * per] = 6.0          # group 1: two good ones, which sum higher
+    if n_tok > 1 and n_group_used < n_group:
+        logits[1, :] = 0.25                       # every group ties: the lowest ones are kept
+    sel = normal(rng, n_exp, scale=0.1) if gating == "sigmoid" else None
+    ids, w = be.moe_route(logits, n_used, gating, True, 2.5, sel, n_group, n_group_used)
+    want_ids, want_w = ref.moe_route(logits, n_used, gating, True, 2.5,
+                                     None if sel is None else sel.astype(np.float64), n_group, n_group_used)
+    assert np.array_equal(np.asarray(ids).reshape(n_tok, n_used), want_ids), f"{gating}: ids"
+    check(np.asarray(w).reshape(n_tok, n_used), want_w, 1e-6, f"{gating} weights")
+
+
 @on("gather_rows")
 @pytest.mark.parametrize("n,dim,rows", [(1, 64, [0]), (9, 1001, [3, 0, 8, 3]), (70, 2048, list(range(69, -1, -2)))])
 def test_gather_scatter_rows(be, n, dim, rows, rng):

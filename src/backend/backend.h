@@ -87,6 +87,10 @@ struct KVLayer {
     int32_t n_blocks = 0, block_size = 0, n_head_kv = 0, head_dim = 0;
 };
 
+// The widest attention head (head_dim) the GPU backend's attention takes: a file whose heads are wider
+// runs on the CPU (its architecture says so at placement).
+constexpr int32_t kGpuMaxHeadDim = 512;
+
 struct AttentionShape {
     int32_t n_head, n_head_kv, head_dim;
     float scale;          // usually 1/sqrt(head_dim)
@@ -155,7 +159,7 @@ struct MoeWeights {
     float weight_scale = 1.0f;   // the chosen weights are multiplied by it (after any renormalization)
     // Group-limited choice (DeepSeek V3): the experts form n_group equal groups, each scored by the sum
     // of its two best selection scores; only the n_group_used best groups (ties to the lower index) are
-    // chosen from. n_group 0 or 1: none. The CPU backend's routing only, so far.
+    // chosen from. n_group 0 or 1: none.
     int32_t n_group = 0, n_group_used = 0;
     Activation act = Activation::SiLU;
     // The chosen weight scales the expert's input row instead of its output (llama 4: expert(w * xn)).

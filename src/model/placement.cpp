@@ -199,9 +199,10 @@ PlacementPlan plan_placement(const GGUFFile& f, int32_t n_layer, const ModelPara
     // What the architecture cannot run on the GPU is refused here, at load, rather than at its first step.
     const std::string arch_name = plan.any_gpu() ? f.get_string("general.architecture") : std::string();
     const Architecture* arch = plan.any_gpu() ? &find_architecture(arch_name, f.path()) : nullptr;
-    if (arch && arch->cpu_only())
-        fail(f.path(), ": ", arch_name, " cannot have blocks on the GPU: ", arch->cpu_only(),
-             "; load it with n_gpu_layers=0", p.override_tensor.empty() ? "" : " and no tensor overrides to CUDA");
+    const std::string cpu_only = arch ? arch->cpu_only(f) : std::string();
+    if (!cpu_only.empty())
+        fail(f.path(), ": ", arch_name, " cannot have blocks on the GPU: ", cpu_only, "; load it with n_gpu_layers=0",
+             p.override_tensor.empty() ? "" : " and no tensor overrides to CUDA");
     const bool has_experts = std::any_of(moe_bytes.begin(), moe_bytes.end(), [](size_t b) { return b > 0; });
     const char* experts_stay = arch && has_experts ? arch->experts_stay_with_block() : nullptr;
     for (int32_t l = 0; l < n_layer && experts_stay; ++l)

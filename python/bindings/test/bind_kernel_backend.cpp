@@ -463,7 +463,8 @@ struct PyBackend {
     std::pair<std::vector<int32_t>, std::vector<float>> moe_route(F32In logits, int32_t n_used,
                                                                   const std::string& gating, bool norm_topk,
                                                                   float weight_scale,
-                                                                  std::optional<F32In> selection_bias) {
+                                                                  std::optional<F32In> selection_bias, int32_t n_group,
+                                                                  int32_t n_group_used) {
         if (logits.ndim() != 2 || logits.shape(0) == 0 || logits.shape(1) == 0)
             fail("moe_route: logits must be [n_tok, n_expert] float32");
         const int32_t n_tok = (int32_t)logits.shape(0), n_exp = (int32_t)logits.shape(1);
@@ -474,6 +475,8 @@ struct PyBackend {
         w.gating = gating_arg(gating);
         w.norm_topk = norm_topk;
         w.weight_scale = weight_scale;
+        w.n_group = n_group;
+        w.n_group_used = n_group_used;
         const std::unique_ptr<Buf> sel = optional_vector(*be, selection_bias, n_exp, "selection_bias");
         w.selection_bias = ptr(sel);
         Buf lb(*be, logits.data(), logits.size() * 4), ib(*be, (size_t)n_tok * n_used * 4),
@@ -1123,7 +1126,8 @@ void bind_kernel_backend(nb::module_& m) {
              nb::arg("shared_down") = nb::none(), nb::arg("shared_gate_inp") = nb::none(), nb::arg("norm") = nb::none(),
              nb::arg("residual") = nb::none(), nb::arg("weight_input") = false)
         .def("moe_route", &PyBackend::moe_route, nb::arg("logits"), nb::arg("n_used"), nb::arg("gating") = "softmax",
-             nb::arg("norm_topk") = false, nb::arg("weight_scale") = 1.0f, nb::arg("selection_bias") = nb::none())
+             nb::arg("norm_topk") = false, nb::arg("weight_scale") = 1.0f, nb::arg("selection_bias") = nb::none(),
+             nb::arg("n_group") = 0, nb::arg("n_group_used") = 0)
         .def("gather_rows", &PyBackend::gather_rows, nb::arg("x"), nb::arg("rows"))
         .def("scatter_add_rows", &PyBackend::scatter_add_rows, nb::arg("out"), nb::arg("y"), nb::arg("rows"),
              nb::arg("scale"))

@@ -197,9 +197,12 @@ public:
         (void)hp;
         return {};
     }
-    // Why the architecture runs on the CPU only so far, or null where it runs on every backend: a placement
-    // with blocks on the GPU is refused at load with this reason (plan_placement).
-    virtual const char* cpu_only() const { return nullptr; }
+    // Why this file of the architecture runs on the CPU only so far, or empty where it runs on every
+    // backend: a placement with blocks on the GPU is refused at load with this reason (plan_placement).
+    virtual std::string cpu_only(const GGUFFile& f) const {
+        (void)f;
+        return {};
+    }
     // Floats per token of BlockBuffers::recurrent a recurrent layer's mixer works in (its projections
     // and the convolution's and scan's outputs, in the layer's backend memory); 0: none.
     virtual int64_t recurrent_scratch_floats(const HParams& hp) const {

@@ -133,8 +133,13 @@ public:
         c.shape = AttentionShape{hp.n_head, 1, hp.head_dim, hp.attn_scale, 0};
         return c;
     }
-    const char* cpu_only() const override {
-        return "its latent attention and group-limited routing run on the CPU only so far";
+    // The cache's row (the latent and the rotated key part) is one attention head on the GPU, whose
+    // kernels take heads of up to kGpuMaxHeadDim values.
+    std::string cpu_only(const GGUFFile& f) const override {
+        const uint64_t row = f.get_uint(f.get_string("general.architecture") + ".attention.key_length", 0);
+        if (row <= (uint64_t)kGpuMaxHeadDim) return {};
+        return "its cached latent rows of " + std::to_string(row) + " values (kv_lora_rank + the rope part) are " +
+               "wider than the " + std::to_string(kGpuMaxHeadDim) + " of the GPU's attention heads";
     }
     const float* forward_block(const BlockRun& r) const override {
         mla_attention(r, r.out_a);

@@ -72,10 +72,11 @@ public:
         return c;
     }
 
-    const char* cpu_only() const override {
+    std::string cpu_only(const GGUFFile& f) const override {
+        (void)f;
         return moe_ ? "its experts are squared-ReLU MLPs without a gate, which Backend::moe's gated experts are not, "
                       "so their routing and rows go through host memory"
-                    : nullptr;
+                    : "";
     }
     int64_t recurrent_scratch_floats(const HParams& hp) const override { return mamba2_scratch_floats(hp); }
     const float* forward_block(const BlockRun& r) const override {
