@@ -44,7 +44,8 @@ usage() {
 #   moe        the mixture-of-experts rows ($MOE_ROWS): llama-bench / llama-batched-bench beside ember-bench
 #   families   the dense families' rows ($FAMILY_MODELS, default gemma2-9b phi4-14b, Q4_K_M files that
 #              moe_models makes when MOE_MODELS names them): pp512 / tg128 and batched decode at B = 32
-#   checks     the tests of tools/device/gpu_checks.txt (or $CHECKS), each file its own pytest process
+#   checks     the tests of tools/device/gpu_checks.txt (or $CHECKS), each line its own pytest process,
+#              $CHECKS_JOBS (default 4) at once
 #   structured tools/bench_structured.py at -B $B (default 64) on the Q4_0 model: JSON schemas against none
 #   encoders   tools/device/encoder_gpu.py: ember, llama-embedding (if built) and sentence-transformers
 #   -- CMD...  (after the others) CMD in the same environment: the build on PYTHONPATH, models in /tmp/em
@@ -410,18 +411,34 @@ cmd_families() {  # each family's synthetic Q4_K_M: llama.cpp's tools then ember
   done
 }
 
-cmd_checks() {  # one pytest process a line, so that a crash in one cannot hide the others
-  local name t file expr rc
-  mkdir -p "$OUT/checks"
+running() {  # running PID...: how many of them are still alive
+  local c=0 p
+  for p in "$@"; do kill -0 "$p" 2>/dev/null && c=$((c + 1)); done
+  echo "$c"
+}
+
+# One pytest process a line, so that a crash in one cannot hide the others; CHECKS_JOBS (default 4) at once
+# (small tests share the GPU well). The logs live outside $OUT and are archived into it every 20 s, so a call
+# cut off by its time limit still brings back what finished (a call returns at most 8 files).
+cmd_checks() {
+  local name t file expr pids=() archiver dir=/tmp/ember_checks
+  rm -rf "$dir" && mkdir -p "$dir/checks"
+  archive() { tar czf "$dir/checks.tgz" -C "$dir" checks && mv "$dir/checks.tgz" "$OUT/checks.tgz"; }
+  ( while sleep 20; do archive; done ) &
+  archiver=$!
   while read -r name t file expr; do
     case $name in ''|'#'*) continue ;; esac
-    timeout "$t" python3 -m pytest "$file" -k "$expr" -q -rf --tb=short -p no:cacheprovider > "$OUT/checks/$name.log" 2>&1
-    rc=$?
-    log "checks $name rc=$rc: $(tail -1 "$OUT/checks/$name.log")"
+    while [ "$(running "${pids[@]}")" -ge "${CHECKS_JOBS:-4}" ]; do sleep 1; done
+    {
+      timeout "$t" python3 -m pytest "$file" -k "$expr" -q -rf --tb=short -p no:cacheprovider > "$dir/checks/$name.log" 2>&1
+      log "checks $name rc=$?: $(tail -1 "$dir/checks/$name.log")"
+    } &
+    pids+=($!)
   done < "${CHECKS:-tools/device/gpu_checks.txt}"
-  grep -h -E "^(FAILED|ERROR)" "$OUT"/checks/*.log | tee "$OUT/checks_failed.txt"
-  # One archive: a call returns at most 8 files.
-  tar czf "$OUT/checks.tgz" -C "$OUT" checks && rm -rf "$OUT/checks"
+  wait "${pids[@]}"
+  kill "$archiver" 2>/dev/null; wait "$archiver" 2>/dev/null
+  grep -h -E "^(FAILED|ERROR)" "$dir"/checks/*.log | tee "$OUT/checks_failed.txt"
+  archive
 }
 
 cmd_structured() {  # what a JSON schema per request costs the engine's decode
