@@ -42,7 +42,8 @@ def test_batched_matmul_is_bit_identical_to_per_token(cpu, name, n_in, rng):
     n_out = 37   # not a whole number of row tiles nor of thread chunks
     w = rng.standard_normal((n_out, n_in)).astype(np.float32)
     wq = K.quantize(int(qtype), w.ravel()).reshape(n_out, -1)
-    for n_tok in [1, 2, 5, 16, 33]:
+    # tiles of 8 tokens, of 4 after them (13: both, then one token through vec_dot), or neither
+    for n_tok in [1, 2, 5, 13, 16, 33]:
         # per-token scales spread over decades, as hidden states are
         x = (rng.standard_normal((n_tok, n_in)) * 10.0 ** rng.uniform(-2, 2, (n_tok, 1))).astype(np.float32)
         got = cpu.matmul(int(qtype), wq, n_in, x)

@@ -1,8 +1,9 @@
-// AVX2 tiles of 1 weight row x 4 tokens for the legacy 32-element types (Q4_0, Q4_1, Q5_0, Q5_1,
-// Q8_0, IQ4_NL) and the super-block types (Q4_K, Q5_K, Q6_K, IQ4_XS): each weight block is turned
-// into bytes once for four tokens. Every output keeps vec_dot_avx2.cpp's accumulators (legacy: even blocks, odd blocks,
-// the min term; K-quants: the scaled sums and the mins) and repeats their float operations in
-// their order, so it is bit-identical to it.
+// AVX2 batch tiles, one weight row at a time: 8 (then 4) tokens for the legacy 32-element types
+// (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL), 4 tokens for Q4_K, Q5_K, Q6_K and IQ4_XS: each weight
+// block is unpacked once for the tile's tokens. Every output keeps vec_dot_avx2.cpp's accumulators
+// (legacy: even blocks, odd blocks, the min term; super-blocks: the scaled sums and the mins), with
+// the same exact integer lanes, and repeats their float operations in their order, so it is
+// bit-identical to it.
 #include <immintrin.h>
 
 #include <type_traits>
@@ -18,71 +19,123 @@ namespace {
 
 using namespace avx2;
 
-constexpr int C = 4; // tokens per tile: 8 accumulators
+constexpr int C = 4; // tokens per super-block tile: 8 accumulators
 
-// The tile's activation scales as floats, block-major: d[i * C + c] and s[i * C + c] (Q8_1) of
-// block i of token c, so one 128-bit load serves the four tokens.
-template <Legacy K>
-void tile_scales(const typename LegacyBlocks<K>::X* const (&x)[C], int64_t nb, float* d, float* s) {
-    for (int64_t i = 0; i < nb; ++i)
-        for (int c = 0; c < C; ++c) {
-            d[i * C + c] = h2f(x[c][i].d);
-            if constexpr (kHasMin<K>) s[i * C + c] = h2f(x[c][i].s);
-        }
+// ---- legacy 32-element kinds x Q8_0 / Q8_1 ---------------------------------------------------
+
+// The legacy tiles take the integer lanes as vpmaddwd sums of int16 operands (the same exact
+// integers as vec_dot's byte products): weights and activations alike are split into the pairs
+// of elements 4j, 4j + 1 (a) and 4j + 2, 4j + 3 (b), widened to int16, so that
+// madd(w_a, x_a) + madd(w_b, x_b) is lane j of vec_dot's block dot without its per-token vpsignb
+// and vpmaddubsw. The activations are split once per token tile; each weight block once per row.
+struct Split16 {
+    __m256i a, b;
+};
+__attribute__((always_inline)) inline Split16 split16(__m256i bytes) {
+    const __m256i pairs = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12,
+                                           13, 2, 3, 6, 7, 10, 11, 14, 15);
+    // qword order 0, 2 | 1, 3: the a pairs of both 128-bit lanes, then the b pairs
+    const __m256i t = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(bytes, pairs), 0xD8);
+    return {_mm256_cvtepi8_epi16(_mm256_castsi256_si128(t)), _mm256_cvtepi8_epi16(_mm256_extracti128_si256(t, 1))};
 }
 
-// y[c * n_out] for one row w and tokens x[0..C).
-template <Legacy K>
-void tile(int64_t nb, const typename LegacyBlocks<K>::W* w, const typename LegacyBlocks<K>::X* const (&x)[C],
-          const float* xd, const float* xs, float* y, int64_t n_out) {
-    __m256 acc[2][C];
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) acc[0][c] = acc[1][c] = _mm256_setzero_ps();
-    __m128 summ = _mm_setzero_ps(); // lane c: vec_dot's summ of token c
-    auto one = [&](int64_t i, int a) __attribute__((always_inline)) {
-        const __m256i wb = weight_bytes<K>(w[i]);
-        // block_dot's operand that does not depend on the token
-        const __m256i wu = kSignedWeights<K> ? _mm256_abs_epi8(wb) : wb;
-        // vec_dot's d_w * d_x, one rounding each, for the four tokens at once
-        const __m256 dd = _mm256_castps128_ps256(_mm_mul_ps(_mm_set1_ps(h2f(w[i].d)), _mm_loadu_ps(xd + i * C)));
-#pragma GCC unroll 4
-        for (int c = 0; c < C; ++c) {
-            __m256i xv = load256(x[c][i].qs);
-            if constexpr (kSignedWeights<K>) xv = _mm256_sign_epi8(xv, wb);
-            const __m256 scale = _mm256_permutevar8x32_ps(dd, _mm256_set1_epi32(c));
-            acc[a][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(wu, xv)), scale, acc[a][c]);
-        }
-        if constexpr (kHasMin<K>) summ = _mm_fmadd_ps(_mm_set1_ps(h2f(w[i].m)), _mm_loadu_ps(xs + i * C), summ);
-    };
-    int64_t i = 0;
-    for (; i + 1 < nb; i += 2) {
-        one(i, 0);
-        one(i + 1, 1);
+// A token tile's activations, block-major: q[(i * T + c) * 32 ..] holds block i of token c as
+// split16's a then b, d[i * T + c] and s[i * T + c] (Q8_1) its scale and sum as floats.
+template <Legacy K, int T>
+struct LegacyTokens {
+    std::vector<int16_t> q;
+    std::vector<float> d, s;
+    void prepare(const typename LegacyBlocks<K>::X* const (&x)[T], int64_t nb) {
+        q.resize(size_t(nb * T * 32));
+        d.resize(size_t(nb * T));
+        s.resize(kHasMin<K> ? size_t(nb * T) : 0);
+        for (int64_t i = 0; i < nb; ++i)
+            for (int c = 0; c < T; ++c) {
+                const Split16 v = split16(load256(x[c][i].qs));
+                int16_t* o = q.data() + (i * T + c) * 32;
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), v.a);
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 16), v.b);
+                d[i * T + c] = h2f(x[c][i].d);
+                if constexpr (kHasMin<K>) s[i * T + c] = h2f(x[c][i].s);
+            }
     }
-    if (i < nb) one(i, 0);
-    alignas(16) float m[C];
-    _mm_store_ps(m, summ);
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) y[c * n_out] = hsum_ps(_mm256_add_ps(acc[0][c], acc[1][c])) + m[c];
+};
+
+// y[c * n_out] for one row w and the T tokens of xt. vec_dot's two accumulators (even and odd
+// blocks) are two passes over the row, so that one set of T accumulators stays in registers.
+template <Legacy K, int T>
+void tile(int64_t nb, const typename LegacyBlocks<K>::W* w, const LegacyTokens<K, T>& xt, float* y, int64_t n_out) {
+    alignas(32) float even[T][8];
+#pragma GCC unroll 2
+    for (int pass = 0; pass < 2; ++pass) {
+        __m256 acc[T];
+#pragma GCC unroll 8
+        for (int c = 0; c < T; ++c) acc[c] = _mm256_setzero_ps();
+        for (int64_t i = pass; i < nb; i += 2) {
+            const Split16 wv = split16(weight_bytes<K>(w[i]));
+            // vec_dot's d_w * d_x (one rounding) of the T tokens, each broadcast from memory below
+            alignas(32) float scale[8];
+            if constexpr (T == 8)
+                _mm256_store_ps(scale,
+                                _mm256_mul_ps(_mm256_set1_ps(h2f(w[i].d)), _mm256_loadu_ps(xt.d.data() + i * T)));
+            else _mm_store_ps(scale, _mm_mul_ps(_mm_set1_ps(h2f(w[i].d)), _mm_loadu_ps(xt.d.data() + i * T)));
+            const int16_t* xq = xt.q.data() + i * T * 32;
+#pragma GCC unroll 8
+            for (int c = 0; c < T; ++c) {
+                const __m256i sumi = _mm256_add_epi32(_mm256_madd_epi16(wv.a, load256(xq + 32 * c)),
+                                                      _mm256_madd_epi16(wv.b, load256(xq + 32 * c + 16)));
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_broadcast_ss(scale + c), acc[c]);
+            }
+        }
+        if (pass == 0) {
+#pragma GCC unroll 8
+            for (int c = 0; c < T; ++c) _mm256_store_ps(even[c], acc[c]);
+            continue;
+        }
+        // vec_dot's summ of each token: its own chain of FMAs in block order
+        alignas(32) float m[T] = {};
+        if constexpr (kHasMin<K> && T == 8) {
+            __m256 summ = _mm256_setzero_ps();
+            for (int64_t j = 0; j < nb; ++j)
+                summ = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[j].m)), _mm256_loadu_ps(xt.s.data() + j * T), summ);
+            _mm256_store_ps(m, summ);
+        } else if constexpr (kHasMin<K>) {
+            static_assert(T == 4, "one vector of mins");
+            __m128 summ = _mm_setzero_ps();
+            for (int64_t j = 0; j < nb; ++j)
+                summ = _mm_fmadd_ps(_mm_set1_ps(h2f(w[j].m)), _mm_loadu_ps(xt.s.data() + j * T), summ);
+            _mm_store_ps(m, summ);
+        }
+#pragma GCC unroll 8
+        for (int c = 0; c < T; ++c) y[c * n_out] = hsum_ps(_mm256_add_ps(_mm256_load_ps(even[c]), acc[c])) + m[c];
+    }
 }
 
+// Tiles of 8 tokens, then of 4 for the tokens left (vec_dot for the last few).
 template <Legacy K>
 void gemm(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* x, size_t x_row, int32_t n_tok, int64_t o_begin,
           int64_t o_end, float* y, int64_t n_out) {
     using W = typename LegacyBlocks<K>::W;
     using X = typename LegacyBlocks<K>::X;
     const int64_t nb = n_in / 32;
-    std::vector<float> xd(size_t(nb * C)), xs(kHasMin<K> ? size_t(nb * C) : 0);
-    const X* xb[C];
-    run_tiles<1, C>(
-        n_in, w, w_row, x, x_row, n_tok, o_begin, o_end, y, n_out, vec_dot_avx2(LegacyBlocks<K>::type),
-        [&](const uint8_t* const* xt) {
-            for (int c = 0; c < C; ++c) xb[c] = reinterpret_cast<const X*>(xt[c]);
-            tile_scales<K>(xb, nb, xd.data(), xs.data());
-        },
-        [&](const uint8_t* const* wr, const uint8_t* const*, float* yt) {
-            tile<K>(nb, reinterpret_cast<const W*>(wr[0]), xb, xd.data(), xs.data(), yt, n_out);
-        });
+    const VecDotFn dot = vec_dot_avx2(LegacyBlocks<K>::type);
+    auto tiles = [&](auto width, int32_t t0, int32_t n) {
+        constexpr int T = decltype(width)::value;
+        LegacyTokens<K, T> xt;
+        run_tiles<1, T>(
+            n_in, w, w_row, x + size_t(t0) * x_row, x_row, n, o_begin, o_end, y + int64_t(t0) * n_out, n_out, dot,
+            [&](const uint8_t* const* xs) {
+                const X* xb[T];
+                for (int c = 0; c < T; ++c) xb[c] = reinterpret_cast<const X*>(xs[c]);
+                xt.prepare(xb, nb);
+            },
+            [&](const uint8_t* const* wr, const uint8_t* const*, float* yt) {
+                tile<K, T>(nb, reinterpret_cast<const W*>(wr[0]), xt, yt, n_out);
+            });
+    };
+    const int32_t n8 = n_tok / 8 * 8;
+    if (n8) tiles(std::integral_constant<int, 8>(), 0, n8);
+    if (n8 < n_tok) tiles(std::integral_constant<int, 4>(), n8, n_tok - n8);
 }
 
 // ---- K-quants x Q8_K ------------------------------------------------------------------------
