@@ -7,6 +7,7 @@
 #include "common.cuh"
 #include "kernel_choice.h"
 #include "kernels.h"
+#include "kv_store_rows.cuh"
 #include "launch.h"
 
 namespace ember {
@@ -19,19 +20,9 @@ constexpr int kFloatWarps = kFloatThreads / kWarp;
 constexpr int kFloatKeys = 128;                                   // scores held in shared memory at once
 constexpr int kFloatDimsPerThread = kMaxAttnHeadDim / kFloatThreads;   // output dims a thread accumulates
 
-__global__ void kv_store_f32_kernel(float* __restrict__ kc, float* __restrict__ vc, int32_t block_size, int32_t kv_dim,
-                                    const float* __restrict__ k, const float* __restrict__ v, DeviceBatch b) {
-    pdl_wait();
-    pdl_trigger();
-    const int t = blockIdx.x;
-    const int p = b.pos[t];
-    const int64_t phys = b.block_table[int64_t(b.seq[t]) * b.max_blocks + p / block_size];
-    const int64_t dst = (phys * block_size + p % block_size) * kv_dim;
-    for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
-        if (kc) kc[dst + i] = k[int64_t(t) * kv_dim + i];
-        if (vc) vc[dst + i] = v[int64_t(t) * kv_dim + i];
-    }
-}
+struct Unchanged {
+    __device__ float operator()(float x) const { return x; }
+};
 
 __device__ __forceinline__ float load(const float* p) { return *p; }
 __device__ __forceinline__ float load(const __half* p) { return __half2float(*p); }
@@ -110,7 +101,8 @@ __global__ void __launch_bounds__(kFloatThreads) attention_float_kernel(Attentio
 void kv_store_f32(float* k_cache, float* v_cache, int32_t block_size, int32_t kv_dim, const float* k, const float* v,
                   int32_t n_tok, const DeviceBatch& b, cudaStream_t s) {
     if (n_tok <= 0 || (!k_cache && !v_cache)) return;
-    launch_pdl(kv_store_f32_kernel, unsigned(n_tok), 128, s, k_cache, v_cache, block_size, kv_dim, k, v, b);
+    launch_pdl(kv_store_rows_kernel<float, Unchanged>, unsigned(n_tok), 128, s, k_cache, v_cache, block_size, kv_dim, k,
+               v, b);
     EMBER_CUDA_LAUNCHED("kv_store_f32");
 }
 

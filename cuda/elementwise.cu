@@ -4,6 +4,7 @@
 #include "dq_order.cuh"
 #include "gated_act.cuh"
 #include "kernels.h"
+#include "kv_store_rows.cuh"
 #include "launch.h"
 
 namespace ember {
@@ -116,21 +117,9 @@ __global__ void softplus_gate_kernel(float* __restrict__ x, const float* __restr
     }
 }
 
-// One block per token; K and V rows [kv_dim] go to slot pos % block_size of physical block
-// block_table[seq][pos / block_size], layout [n_blocks][block_size][kv_dim].
-__global__ void kv_store_kernel(__half* __restrict__ kc, __half* __restrict__ vc, int32_t block_size, int32_t kv_dim,
-                                const float* __restrict__ k, const float* __restrict__ v, DeviceBatch b) {
-    pdl_wait();
-    pdl_trigger();
-    const int t = blockIdx.x;
-    const int p = b.pos[t];
-    const int64_t phys = b.block_table[int64_t(b.seq[t]) * b.max_blocks + p / block_size];
-    const int64_t dst = (phys * block_size + p % block_size) * kv_dim;
-    for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
-        if (kc) kc[dst + i] = __float2half_rn(k[int64_t(t) * kv_dim + i]);
-        if (vc) vc[dst + i] = __float2half_rn(v[int64_t(t) * kv_dim + i]);
-    }
-}
+struct ToHalf {
+    __device__ __half operator()(float x) const { return __float2half_rn(x); }
+};
 
 }  // namespace
 
@@ -206,7 +195,8 @@ void softplus_gate(float* x, const float* bias, const float* scale, int32_t n_to
 void kv_store(__half* k_cache, __half* v_cache, int32_t block_size, int32_t kv_dim, const float* k, const float* v,
               int32_t n_tok, const DeviceBatch& b, cudaStream_t s) {
     if (n_tok <= 0) return;
-    launch_pdl(kv_store_kernel, unsigned(n_tok), 128, s, k_cache, v_cache, block_size, kv_dim, k, v, b);
+    launch_pdl(kv_store_rows_kernel<__half, ToHalf>, unsigned(n_tok), 128, s, k_cache, v_cache, block_size, kv_dim, k,
+               v, b);
     EMBER_CUDA_LAUNCHED("kv_store");
 }
 

@@ -6,6 +6,7 @@
 
 #include "common.cuh"
 #include "kernels.h"
+#include "kv_store_rows.cuh"
 #include "launch.h"
 
 namespace ember {
@@ -13,21 +14,10 @@ namespace cuda {
 
 namespace {
 
-// One block per token, as kv_store_kernel; rounding to nearest even, as the CPU's float_to_bf16.
-__global__ void kv_store_bf16_kernel(__nv_bfloat16* __restrict__ kc, __nv_bfloat16* __restrict__ vc, int32_t block_size,
-                                     int32_t kv_dim, const float* __restrict__ k, const float* __restrict__ v,
-                                     DeviceBatch b) {
-    pdl_wait();
-    pdl_trigger();
-    const int t = blockIdx.x;
-    const int p = b.pos[t];
-    const int64_t phys = b.block_table[int64_t(b.seq[t]) * b.max_blocks + p / block_size];
-    const int64_t dst = (phys * block_size + p % block_size) * kv_dim;
-    for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
-        if (kc) kc[dst + i] = __float2bfloat16_rn(k[int64_t(t) * kv_dim + i]);
-        if (vc) vc[dst + i] = __float2bfloat16_rn(v[int64_t(t) * kv_dim + i]);
-    }
-}
+// Rounding to nearest even, as the CPU's float_to_bf16.
+struct ToBf16 {
+    __device__ __nv_bfloat16 operator()(float x) const { return __float2bfloat16_rn(x); }
+};
 
 constexpr int kExpandThreads = 256;
 constexpr float kHalfMax = 65504.f;
@@ -53,8 +43,9 @@ __global__ void kv_expand_bf16_kernel(const __nv_bfloat16* __restrict__ kc, cons
 void kv_store_bf16(uint16_t* k_cache, uint16_t* v_cache, int32_t block_size, int32_t kv_dim, const float* k,
                    const float* v, int32_t n_tok, const DeviceBatch& b, cudaStream_t s) {
     if (n_tok <= 0 || (!k_cache && !v_cache)) return;
-    launch_pdl(kv_store_bf16_kernel, unsigned(n_tok), 128, s, reinterpret_cast<__nv_bfloat16*>(k_cache),
-               reinterpret_cast<__nv_bfloat16*>(v_cache), block_size, kv_dim, k, v, b);
+    launch_pdl(kv_store_rows_kernel<__nv_bfloat16, ToBf16>, unsigned(n_tok), 128, s,
+               reinterpret_cast<__nv_bfloat16*>(k_cache), reinterpret_cast<__nv_bfloat16*>(v_cache), block_size, kv_dim,
+               k, v, b);
     EMBER_CUDA_LAUNCHED("kv_store_bf16");
 }
 
