@@ -1,6 +1,7 @@
 // The CUDA backend's decode-step graphs: a step is keyed by the caller's key, the batch shape and
 // the attention split; its first run goes eagerly (sizing every scratch buffer), its second is
-// captured, later ones replay the graph. A buffer that moves invalidates every recorded step.
+// captured, later ones replay the graph. A step whose first run waited on the host (an op composed
+// through host round trips) is never captured. A buffer that moves invalidates every recorded step.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -16,6 +17,7 @@ namespace cuda {
 // step holds them as its first nodes, reading the same pinned staging each replay.
 bool CudaBackend::step_begin(uint64_t key) {
     if (capturing_) abort_capture();
+    eager_step_ = host_waited_ = false;
     if (!step_is_graphed(BatchFacts{n_tok_, decode_batch(), invariant_}, sw_)) return false;
     uint64_t full = mix(mix(key, batch_sig_), graph_gen_);
     for (int i = 0; i < uploads_.n; ++i)
@@ -26,20 +28,26 @@ bool CudaBackend::step_begin(uint64_t key) {
     if (sw_.graph_log)
         std::fprintf(stderr, "ember cuda graph: key %016llx gen %llu n_tok %d: %s\n", (unsigned long long)full,
                      (unsigned long long)graph_gen_, n_tok_,
-                     it != graphs_.end() ? "replay"
-                     : seen_.count(full) ? "capture"
-                                         : "eager (first sight)");
+                     it != graphs_.end()       ? "replay"
+                     : host_bound_.count(full) ? "eager (it waits on the host)"
+                     : seen_.count(full)       ? "capture"
+                                               : "eager (first sight)");
     if (it != graphs_.end()) {
         uploads_.n = 0;
         launch_graph(it->second);
         return true;
     }
+    if (host_bound_.count(full)) return false;
     if (seen_.size() >= kMaxStepKeys) {
         for (auto& g : graphs_) cudaGraphExecDestroy(g.second);
         graphs_.clear();
         seen_.clear();
+        host_bound_.clear();
     }
-    if (!seen_.insert(full).second) {
+    if (seen_.insert(full).second) {   // first sight: eager, watching for waits on the host
+        eager_step_ = true;
+        eager_key_ = full;
+    } else {
         EMBER_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
         capturing_ = true;
         capture_key_ = full;
@@ -51,6 +59,8 @@ bool CudaBackend::step_begin(uint64_t key) {
 
 void CudaBackend::step_end() {
     issue_uploads();
+    if (eager_step_ && host_waited_) host_bound_.insert(eager_key_);
+    eager_step_ = host_waited_ = false;
     if (!capturing_) return;
     capturing_ = false;
     cudaGraph_t g = nullptr;
@@ -75,6 +85,7 @@ void CudaBackend::step_end() {
 
 void CudaBackend::step_abort() {
     uploads_.n = 0;
+    eager_step_ = host_waited_ = false;
     if (capturing_) abort_capture();
 }
 
@@ -90,6 +101,7 @@ void CudaBackend::invalidate_graphs() {
     for (auto& g : graphs_) cudaGraphExecDestroy(g.second);
     graphs_.clear();
     seen_.clear();
+    host_bound_.clear();
 }
 
 void CudaBackend::abort_capture() {

@@ -253,8 +253,13 @@ private:
     static constexpr size_t kMaxStepKeys = 256;
     std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
     std::unordered_set<uint64_t> seen_;
-    uint64_t graph_gen_ = 0, capture_key_ = 0, capture_gen_ = 0;
+    // Steps whose first (eager) run waited on the host mid-way (copy_to_host, synchronize: the contract's
+    // default compositions, e.g. Backend::moe's grouping on the host): a capture cannot hold such a wait,
+    // so these keys always run eagerly.
+    std::unordered_set<uint64_t> host_bound_;
+    uint64_t graph_gen_ = 0, capture_key_ = 0, capture_gen_ = 0, eager_key_ = 0;
     bool capturing_ = false;
+    bool eager_step_ = false, host_waited_ = false;   // a step's first run is going; it waited on the host
     // The batch asks for kernels whose per-token results do not depend on the batch
     // (BatchInfo::batch_invariant): no decode-only fusions, the integer GEMV for every size,
     // attention one query per tile without key splits.

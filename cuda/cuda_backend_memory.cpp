@@ -77,6 +77,7 @@ void CudaBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
     if (!direct && !pinned_out_) pinned_out_ = alloc_host(kPinnedOutBytes);
     void* to = direct ? dst : pinned_out_;
     EMBER_CUDA_CHECK(cudaMemcpyAsync(to, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    host_waited_ = true;
     EMBER_CUDA_CHECK(cudaStreamSynchronize(stream_));
     if (to != dst) std::memcpy(dst, to, bytes);
 }
@@ -98,6 +99,7 @@ void CudaBackend::copy(void* dst, const void* src, size_t bytes) {
 
 void CudaBackend::synchronize() {
     issue_uploads();
+    host_waited_ = true;
     EMBER_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
