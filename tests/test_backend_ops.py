@@ -1540,18 +1540,21 @@ def test_bad_arguments(be):
 
 # ---- the CPU's SIMD levels ----
 
-def test_cpu_gated_act_simd_matches_scalar_bit_for_bit(rng):
-    """AVX-512's gated activations (src/cpu/activation_avx512.cpp: expf in double as glibc's FMA
-    build) give the scalar loop's bits, across expf's whole range and its special cases."""
-    if K.simd_level() != "avx512":
-        pytest.skip(f"this CPU's kernels run at {K.simd_level()}: the scalar activation is the only one here")
+@pytest.mark.parametrize("level", ["avx2", "avx512"])
+def test_cpu_gated_act_simd_matches_scalar_bit_for_bit(level, rng):
+    """The SIMD gated activations (src/cpu/activation_avx*.cpp: expf in double as glibc's FMA build)
+    give the scalar loop's bits, across expf's whole range and its special cases."""
+    top = K.simd_level()
+    if level != top and level not in simd_levels_below(top):
+        pytest.skip(f"this CPU's kernels run at {top}: no {level} here")
     edges = np.array([0.0, -0.0, 1e-45, -1e-45, 88.72, 88.73, -87.3, -103.9, -104.0, -150.0, 1e30, -1e30,
                       np.inf, -np.inf, np.nan, 0.5, -0.5], np.float32)
     g = np.concatenate([edges, rng.uniform(-120, 100, 40000).astype(np.float32), normal(rng, 3001, scale=4)])
     u = normal(rng, g.size)
-    scalar, best = K.Backend("cpu", 2, switches={"EMBER_SIMD": "scalar"}), K.Backend("cpu", 2)
-    for act in ("silu", "gelu_tanh"):
-        same_bits(best.gated_act(g, u, act), scalar.gated_act(g, u, act), act)
+    scalar = K.Backend("cpu", 2, switches={"EMBER_SIMD": "scalar"})
+    simd = K.Backend("cpu", 2, switches={"EMBER_SIMD": level})
+    for act in ("silu", "gelu_tanh", "swiglu_clamped"):
+        same_bits(simd.gated_act(g, u, act), scalar.gated_act(g, u, act), act)
 
 
 @on("layernorm")

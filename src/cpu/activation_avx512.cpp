@@ -18,9 +18,10 @@ void gated_act_avx512(Activation act, const float* gate, const float* up, int64_
         if (act == Activation::SiLU) {
             arg = _mm512_xor_ps(g, _mm512_set1_ps(-0.0f)); // -g, as the scalar loop negates
         } else if (act == Activation::SwiGLUClamped) {
-            g = _mm512_min_ps(g, _mm512_set1_ps(kSwiGLULimit));
+            // std::min / std::max's operand order: a NaN gate or up stays NaN, as in the scalar loop
+            g = _mm512_min_ps(_mm512_set1_ps(kSwiGLULimit), g);
             u = _mm512_add_ps(
-                _mm512_max_ps(_mm512_min_ps(u, _mm512_set1_ps(kSwiGLULimit)), _mm512_set1_ps(-kSwiGLULimit)), one);
+                _mm512_max_ps(_mm512_set1_ps(-kSwiGLULimit), _mm512_min_ps(_mm512_set1_ps(kSwiGLULimit), u)), one);
             arg = _mm512_mul_ps(_mm512_set1_ps(-kSwiGLUAlpha), g);
         } else {
             const __m512 cube = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.044715f), g), g), g);

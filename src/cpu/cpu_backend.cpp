@@ -156,7 +156,7 @@ void gated_act_scalar(Activation act, const float* gate, const float* up, int64_
 }
 
 void CpuBackend::gated_act(Activation act, const float* gate, const float* up, int64_t n, float* out) {
-    const auto kernel = simd_ == SimdLevel::avx512 ? gated_act_avx512 : gated_act_scalar;
+    const GatedActFn kernel = gated_act_kernel(simd_);
     pool_.parallel_for(n, 1024, [&](int64_t b, int64_t e) { kernel(act, gate + b, up + b, e - b, out + b); });
 }
 

@@ -118,7 +118,7 @@ void CpuBackend::moe(const MoeWeights& w, const float* xn, int32_t n_tok, const 
     }
     run_matmuls(jobs, inputs);
 
-    const auto act = simd_ == SimdLevel::avx512 ? gated_act_avx512 : gated_act_scalar;
+    const GatedActFn act = gated_act_kernel(simd_);
     pool_.parallel_for((int64_t)used.size(), 1, [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) {
             const Group& u = used[i];

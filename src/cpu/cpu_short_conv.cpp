@@ -11,8 +11,6 @@ namespace ember {
 
 namespace {
 
-using GatedActFn = void (*)(Activation, const float*, const float*, int64_t, float*);
-
 // Channels [c0, c1) of every token. Each output is the same sum in the same order however the
 // tokens are split over calls (taps oldest first, then the bias), so a prompt in one call and its
 // tokens one by one agree in every bit; the loops run along channels, which vectorize. SiLU is
@@ -60,7 +58,7 @@ void CpuBackend::short_conv(const float* x, const float* w, const float* bias, i
                             int32_t kernel, bool silu, float* state, float* y) {
     check_short_conv(n_tok, channels, kernel, "cpu short_conv");
     if (n_tok == 0) return;
-    const GatedActFn act = !silu ? nullptr : simd_ == SimdLevel::avx512 ? gated_act_avx512 : gated_act_scalar;
+    const GatedActFn act = !silu ? nullptr : gated_act_kernel(simd_);
     // Ranges of whole cache lines, enough of them to share a prompt's work; a decode token's few
     // thousand multiply-adds stay on one thread.
     const int64_t grain = std::max<int64_t>(64, ((int64_t)1 << 16) / ((int64_t)n_tok * kernel) / 16 * 16);

@@ -19,6 +19,9 @@ GemmFn gemm_float_avx2_for(VecDotFn) { return nullptr; }
 GemmFn gemm_float_avx512_for(VecDotFn) { return nullptr; }
 const FastGemm* fast_gemm_avx2_for(GGMLType) { return nullptr; }
 const FastGemm* fast_gemm_avx512_for(GGMLType) { return nullptr; }
+void gated_act_avx2(Activation act, const float* gate, const float* up, int64_t n, float* out) {
+    gated_act_scalar(act, gate, up, n, out);
+}
 void gated_act_avx512(Activation act, const float* gate, const float* up, int64_t n, float* out) {
     gated_act_scalar(act, gate, up, n, out);
 }

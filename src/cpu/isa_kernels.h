@@ -25,11 +25,17 @@ VecDotFn vec_dot_q2_q3_neon(GGMLType type);
 QuantizeRowFn quantize_row_avx2(GGMLType type);
 QuantizeRowFn quantize_row_avx512(GGMLType type);
 QuantizeRowFn quantize_row_neon(GGMLType type);   // ARM64 (nullptr on other targets)
-// out[i] = act(gate[i]) * up[i] (out may be gate or up): the scalar reference, and AVX-512 with its
-// bits (the scalar loop where the target has no AVX-512).
+// out[i] = act(gate[i]) * up[i] (out may be gate or up): the scalar reference, and AVX2 and AVX-512
+// with its bits (the scalar loop where the target has no x86 SIMD).
 void gated_act_scalar(Activation act, const float* gate, const float* up, int64_t n, float* out);
 // Activation::SwiGLUClamped's clamp and sigmoid slope (gpt-oss's).
 constexpr float kSwiGLULimit = 7.0f, kSwiGLUAlpha = 1.702f;
+void gated_act_avx2(Activation act, const float* gate, const float* up, int64_t n, float* out);
 void gated_act_avx512(Activation act, const float* gate, const float* up, int64_t n, float* out);
+using GatedActFn = void (*)(Activation act, const float* gate, const float* up, int64_t n, float* out);
+// The gated activation of a SIMD level (every level gives the same bits).
+inline GatedActFn gated_act_kernel(SimdLevel level) {
+    return level == SimdLevel::avx512 ? gated_act_avx512 : level == SimdLevel::avx2 ? gated_act_avx2 : gated_act_scalar;
+}
 
 }  // namespace ember
