@@ -11,6 +11,8 @@
 #if defined(__AVX512F__)
 #include "cpu/expf_avx512.h"
 #include "cpu/transpose16_avx512.h"
+#elif defined(__AVX2__)
+#include "cpu/expf_avx2.h"
 #endif
 
 #include <cmath>
@@ -278,6 +280,13 @@ inline void exp_shifted(float* x, int32_t n, float m) {
     for (; j + 16 <= n; j += 16) _mm512_storeu_ps(x + j, exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), mv)));
     const __mmask16 tail = __mmask16((1u << (n - j)) - 1);
     _mm512_mask_storeu_ps(x + j, tail, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, x + j), mv)));
+}
+#elif defined(__AVX2__)
+inline void exp_shifted(float* x, int32_t n, float m) {
+    const __m256 mv = _mm256_set1_ps(m);
+    int32_t j = 0;
+    for (; j + 8 <= n; j += 8) _mm256_storeu_ps(x + j, expf8_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + j), mv)));
+    exp_shifted_scalar(x + j, n - j, m);
 }
 #else
 // No vector expf with std::exp's bits at this level.
