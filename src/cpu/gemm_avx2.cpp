@@ -1,9 +1,9 @@
-// AVX2 batch tiles, one weight row at a time: 8 (then 4) tokens for the legacy 32-element types
-// (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL), 4 tokens for Q4_K, Q5_K, Q6_K and IQ4_XS: each weight
-// block is unpacked once for the tile's tokens. Every output keeps vec_dot_avx2.cpp's accumulators
-// (legacy: even blocks, odd blocks, the min term; super-blocks: the scaled sums and the mins), with
-// the same exact integer lanes, and repeats their float operations in their order, so it is
-// bit-identical to it.
+// AVX2 batch tiles, one weight row and 8 tokens at a time (then 4 for the tokens left) for the
+// legacy 32-element types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) and the super-block types (Q4_K,
+// Q5_K, Q6_K, IQ4_XS): each weight block is unpacked once for the tile's tokens. Every output
+// keeps vec_dot_avx2.cpp's accumulators (legacy: even blocks, odd blocks, the min term;
+// super-blocks: the scaled sums and the mins), with the same exact integer lanes, and repeats
+// their float operations in their order, so it is bit-identical to it.
 #include <immintrin.h>
 
 #include <type_traits>
@@ -18,8 +18,6 @@ namespace ember {
 namespace {
 
 using namespace avx2;
-
-constexpr int C = 4; // tokens per super-block tile: 8 accumulators
 
 // ---- legacy 32-element kinds x Q8_0 / Q8_1 ---------------------------------------------------
 
@@ -140,32 +138,33 @@ void gemm(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* x, size_t
 
 // ---- K-quants x Q8_K ------------------------------------------------------------------------
 
-// vec_dot's float step of super-block i for the C tokens: acc[c] += sumi[c] * d_w * d_x. The
+// vec_dot's float step of super-block i for the T tokens: acc[c] += sumi[c] * d_w * d_x. The
 // accumulators live in memory (one load and store a super-block): in registers next to the
 // integer sums they pushed those out to the stack.
-__attribute__((always_inline)) inline void scale_block(float dw, const BlockQ8_K* const (&x)[C], int64_t i,
-                                                       const __m256i (&sumi)[C], float (&acc)[C][8]) {
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c)
+template <int T>
+__attribute__((always_inline)) inline void scale_block(float dw, const BlockQ8_K* const (&x)[T], int64_t i,
+                                                       const __m256i (&sumi)[T], float (&acc)[T][8]) {
+#pragma GCC unroll 8
+    for (int c = 0; c < T; ++c)
         _mm256_storeu_ps(acc[c], _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[c]), _mm256_set1_ps(dw * x[c][i].d),
                                                  _mm256_loadu_ps(acc[c])));
 }
 
-template <bool Q5>
-void tile_q45_k(int64_t nb, const std::conditional_t<Q5, BlockQ5_K, BlockQ4_K>* w, const BlockQ8_K* const (&x)[C],
+template <bool Q5, int T>
+void tile_q45_k(int64_t nb, const std::conditional_t<Q5, BlockQ5_K, BlockQ4_K>* w, const BlockQ8_K* const (&x)[T],
                 float* y, int64_t n_out) {
-    float acc[C][8] = {};
+    float acc[T][8] = {};
     for (int64_t i = 0; i < nb; ++i) {
         const KScales sc(w[i].scales);
-        __m256i sumi[C];
-#pragma GCC unroll 4
-        for (int c = 0; c < C; ++c) sumi[c] = _mm256_setzero_si256();
+        __m256i sumi[T];
+#pragma GCC unroll 8
+        for (int c = 0; c < T; ++c) sumi[c] = _mm256_setzero_si256();
 #pragma GCC unroll 4
         for (int k = 0; k < 4; ++k) {
             const Q45Chunk<Q5> q(w[i], k);
             const __m256i s_lo = _mm256_set1_epi16(sc.sc[2 * k]), s_hi = _mm256_set1_epi16(sc.sc[2 * k + 1]);
-#pragma GCC unroll 4
-            for (int c = 0; c < C; ++c) {
+#pragma GCC unroll 8
+            for (int c = 0; c < T; ++c) {
                 const int8_t* xq = x[c][i].qs + 64 * k;
                 sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(_mm256_maddubs_epi16(q.lo, load256(xq)), s_lo));
                 sumi[c] = _mm256_add_epi32(sumi[c],
@@ -175,35 +174,36 @@ void tile_q45_k(int64_t nb, const std::conditional_t<Q5, BlockQ5_K, BlockQ4_K>* 
         scale_block(h2f(w[i].d), x, i, sumi, acc);
     }
     // vec_dot's min accumulators: their own chains, so a second pass gives the same floats
-    __m256 accm[C];
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) accm[c] = _mm256_setzero_ps();
+    __m256 accm[T];
+#pragma GCC unroll 8
+    for (int c = 0; c < T; ++c) accm[c] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; ++i) {
         const __m256i mins = KScales(w[i].scales).mins16();
         const float dmin = h2f(w[i].dmin);
-#pragma GCC unroll 4
-        for (int c = 0; c < C; ++c)
+#pragma GCC unroll 8
+        for (int c = 0; c < T; ++c)
             accm[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(KScales::min_products(mins, x[c][i])),
                                       _mm256_set1_ps(dmin * x[c][i].d), accm[c]);
     }
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) y[c * n_out] = hsum_ps(_mm256_loadu_ps(acc[c])) - hsum_ps(accm[c]);
+#pragma GCC unroll 8
+    for (int c = 0; c < T; ++c) y[c * n_out] = hsum_ps(_mm256_loadu_ps(acc[c])) - hsum_ps(accm[c]);
 }
 
-void tile_q6_k(int64_t nb, const BlockQ6_K* w, const BlockQ8_K* const (&x)[C], float* y, int64_t n_out) {
-    float acc[C][8] = {};
+template <int T>
+void tile_q6_k(int64_t nb, const BlockQ6_K* w, const BlockQ8_K* const (&x)[T], float* y, int64_t n_out) {
+    float acc[T][8] = {};
     for (int64_t i = 0; i < nb; ++i) {
-        __m256i sumi[C];
-#pragma GCC unroll 4
-        for (int c = 0; c < C; ++c) sumi[c] = q6_offset_term(w[i], x[c][i]);
+        __m256i sumi[T];
+#pragma GCC unroll 8
+        for (int c = 0; c < T; ++c) sumi[c] = q6_offset_term(w[i], x[c][i]);
 #pragma GCC unroll 2
         for (int h = 0; h < 2; ++h) {
             const Q6Half q(w[i], h);
 #pragma GCC unroll 4
             for (int k = 0; k < 4; ++k) {
                 const __m256i v = q.values(k), s = q6_scales(w[i], h, k);
-#pragma GCC unroll 4
-                for (int c = 0; c < C; ++c) {
+#pragma GCC unroll 8
+                for (int c = 0; c < T; ++c) {
                     const __m256i p = _mm256_maddubs_epi16(v, load256(x[c][i].qs + 128 * h + 32 * k));
                     sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(p, s));
                 }
@@ -211,59 +211,63 @@ void tile_q6_k(int64_t nb, const BlockQ6_K* w, const BlockQ8_K* const (&x)[C], f
         }
         scale_block(h2f(w[i].d), x, i, sumi, acc);
     }
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) y[c * n_out] = hsum_ps(_mm256_loadu_ps(acc[c]));
+#pragma GCC unroll 8
+    for (int c = 0; c < T; ++c) y[c * n_out] = hsum_ps(_mm256_loadu_ps(acc[c]));
 }
 
-// IQ4_XS: per sub-block the table values and the scale once for the C tokens, then vec_dot's
+// IQ4_XS: per sub-block the table values and the scale once for the T tokens, then vec_dot's
 // pair sums (|x| against the values carrying x's sign: a Q8_K -128 stays exact) per token.
-void tile_iq4_xs(int64_t nb, const BlockIQ4_XS* w, const BlockQ8_K* const (&x)[C], float* y, int64_t n_out) {
+template <int T>
+void tile_iq4_xs(int64_t nb, const BlockIQ4_XS* w, const BlockQ8_K* const (&x)[T], float* y, int64_t n_out) {
     const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kvalues_iq4nl)));
-    __m256 acc[C];
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
+    float acc[T][8] = {};
     for (int64_t i = 0; i < nb; ++i) {
-        __m256i sumi[C];
-#pragma GCC unroll 4
-        for (int c = 0; c < C; ++c) sumi[c] = _mm256_setzero_si256();
+        __m256i sumi[T];
 #pragma GCC unroll 8
+        for (int c = 0; c < T; ++c) sumi[c] = _mm256_setzero_si256();
         for (int j = 0; j < 8; ++j) {
             const __m256i v = _mm256_shuffle_epi8(table, nibbles32(w[i].qs + 16 * j));
             const __m256i sc = _mm256_set1_epi16(int16_t(iq4_xs_scale(w[i], j)));
-#pragma GCC unroll 4
-            for (int c = 0; c < C; ++c) {
+#pragma GCC unroll 8
+            for (int c = 0; c < T; ++c) {
                 const __m256i xv = load256(x[c][i].qs + 32 * j);
                 const __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(xv), _mm256_sign_epi8(v, xv));
                 sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(p, sc));
             }
         }
-        const float dw = h2f(w[i].d);
-#pragma GCC unroll 4
-        for (int c = 0; c < C; ++c)
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[c]), _mm256_set1_ps(dw * x[c][i].d), acc[c]);
+        scale_block(h2f(w[i].d), x, i, sumi, acc);
     }
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) y[c * n_out] = hsum_ps(acc[c]);
+#pragma GCC unroll 8
+    for (int c = 0; c < T; ++c) y[c * n_out] = hsum_ps(_mm256_loadu_ps(acc[c]));
 }
 
-template <GGMLType T>
+// Tiles of 8 tokens, then of 4 for the tokens left (vec_dot for the last few).
+template <GGMLType Type>
 void gemm_k(int64_t n_in, const uint8_t* w, size_t w_row, const uint8_t* x, size_t x_row, int32_t n_tok,
             int64_t o_begin, int64_t o_end, float* y, int64_t n_out) {
     const int64_t nb = n_in / QK_K;
-    const BlockQ8_K* xb[C];
-    run_tiles<1, C>(
-        n_in, w, w_row, x, x_row, n_tok, o_begin, o_end, y, n_out, vec_dot_avx2(T),
-        [&](const uint8_t* const* xt) {
-            for (int c = 0; c < C; ++c) xb[c] = reinterpret_cast<const BlockQ8_K*>(xt[c]);
-        },
-        [&](const uint8_t* const* wr, const uint8_t* const*, float* yt) {
-            if constexpr (T == GGMLType::Q6_K) tile_q6_k(nb, reinterpret_cast<const BlockQ6_K*>(wr[0]), xb, yt, n_out);
-            else if constexpr (T == GGMLType::IQ4_XS)
-                tile_iq4_xs(nb, reinterpret_cast<const BlockIQ4_XS*>(wr[0]), xb, yt, n_out);
-            else if constexpr (T == GGMLType::Q5_K)
-                tile_q45_k<true>(nb, reinterpret_cast<const BlockQ5_K*>(wr[0]), xb, yt, n_out);
-            else tile_q45_k<false>(nb, reinterpret_cast<const BlockQ4_K*>(wr[0]), xb, yt, n_out);
-        });
+    const VecDotFn dot = vec_dot_avx2(Type);
+    auto tiles = [&](auto width, int32_t t0, int32_t n) {
+        constexpr int T = decltype(width)::value;
+        const BlockQ8_K* xb[T];
+        run_tiles<1, T>(
+            n_in, w, w_row, x + size_t(t0) * x_row, x_row, n, o_begin, o_end, y + int64_t(t0) * n_out, n_out, dot,
+            [&](const uint8_t* const* xs) {
+                for (int c = 0; c < T; ++c) xb[c] = reinterpret_cast<const BlockQ8_K*>(xs[c]);
+            },
+            [&](const uint8_t* const* wr, const uint8_t* const*, float* yt) {
+                if constexpr (Type == GGMLType::Q6_K)
+                    tile_q6_k<T>(nb, reinterpret_cast<const BlockQ6_K*>(wr[0]), xb, yt, n_out);
+                else if constexpr (Type == GGMLType::IQ4_XS)
+                    tile_iq4_xs<T>(nb, reinterpret_cast<const BlockIQ4_XS*>(wr[0]), xb, yt, n_out);
+                else if constexpr (Type == GGMLType::Q5_K)
+                    tile_q45_k<true, T>(nb, reinterpret_cast<const BlockQ5_K*>(wr[0]), xb, yt, n_out);
+                else tile_q45_k<false, T>(nb, reinterpret_cast<const BlockQ4_K*>(wr[0]), xb, yt, n_out);
+            });
+    };
+    const int32_t n8 = n_tok / 8 * 8;
+    if (n8) tiles(std::integral_constant<int, 8>(), 0, n8);
+    if (n8 < n_tok) tiles(std::integral_constant<int, 4>(), n8, n_tok - n8);
 }
 
 } // namespace
