@@ -21,11 +21,28 @@ using namespace avx2;
 
 // ---- legacy 32-element kinds x Q8_0 / Q8_1 ---------------------------------------------------
 
-// The legacy tiles take the integer lanes as vpmaddwd sums of int16 operands (the same exact
-// integers as vec_dot's byte products): weights and activations alike are split into the pairs
-// of elements 4j, 4j + 1 (a) and 4j + 2, 4j + 3 (b), widened to int16, so that
-// madd(w_a, x_a) + madd(w_b, x_b) is lane j of vec_dot's block dot without its per-token vpsignb
-// and vpmaddubsw. The activations are split once per token tile; each weight block once per row.
+// The legacy tiles compute vec_dot's integer lanes (exact integers) without its per-token vpsignb.
+// The 4- and 5-bit kinds take their quants as they are stored, unsigned, against the activation
+// bytes (vpmaddubsw, vpmaddwd by ones), then take off offset * (the lane's sum of x), which the
+// token tile holds. IQ4_NL and Q8_0, whose signed values have no such offset that keeps
+// vpmaddubsw's int16 sums from saturating, split weights and activations alike into the pairs of
+// elements 4j, 4j + 1 (a) and 4j + 2, 4j + 3 (b), widened to int16, so that
+// madd(w_a, x_a) + madd(w_b, x_b) is lane j. The activations are prepared once per token tile;
+// each weight block once per row.
+template <Legacy K>
+constexpr bool kUnsignedQuants = K != Legacy::iq4_nl && K != Legacy::q8_0;
+template <Legacy K>
+constexpr int kOffset = K == Legacy::q4_0   ? 8
+                        : K == Legacy::q5_0 ? 16
+                                            : 0;
+
+// The stored quants of a 4- or 5-bit block as unsigned bytes in element order (no offset).
+template <Legacy K, class WB>
+__attribute__((always_inline)) inline __m256i quant_bytes(const WB& w) {
+    if constexpr (kQ5<K>) return _mm256_or_si256(nibbles32(w.qs), q5_high_bits(w.qh));
+    else return nibbles32(w.qs);
+}
+
 struct Split16 {
     __m256i a, b;
 };
@@ -37,22 +54,35 @@ __attribute__((always_inline)) inline Split16 split16(__m256i bytes) {
     return {_mm256_cvtepi8_epi16(_mm256_castsi256_si128(t)), _mm256_cvtepi8_epi16(_mm256_extracti128_si256(t, 1))};
 }
 
-// A token tile's activations, block-major: q[(i * T + c) * 32 ..] holds block i of token c as
-// split16's a then b, d[i * T + c] and s[i * T + c] (Q8_1) its scale and sum as floats.
+// A token tile's activations, block-major, block i of token c at i * T + c: the bytes (4- and
+// 5-bit kinds) with offset * the sum of each group of 4 (the *_0 kinds), or split16's a then b;
+// d and s (Q8_1) its scale and sum as floats.
 template <Legacy K, int T>
 struct LegacyTokens {
+    std::vector<int8_t> q8;
+    std::vector<int32_t> off;
     std::vector<int16_t> q;
     std::vector<float> d, s;
     void prepare(const typename LegacyBlocks<K>::X* const (&x)[T], int64_t nb) {
-        q.resize(size_t(nb * T * 32));
+        if constexpr (kUnsignedQuants<K>) q8.resize(size_t(nb * T * 32));
+        else q.resize(size_t(nb * T * 32));
+        off.resize(kOffset<K> ? size_t(nb * T * 8) : 0);
         d.resize(size_t(nb * T));
         s.resize(kHasMin<K> ? size_t(nb * T) : 0);
         for (int64_t i = 0; i < nb; ++i)
             for (int c = 0; c < T; ++c) {
-                const Split16 v = split16(load256(x[c][i].qs));
-                int16_t* o = q.data() + (i * T + c) * 32;
-                _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), v.a);
-                _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 16), v.b);
+                const __m256i xv = load256(x[c][i].qs);
+                if constexpr (kUnsignedQuants<K>) {
+                    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q8.data() + (i * T + c) * 32), xv);
+                    if constexpr (kOffset<K> != 0)
+                        _mm256_storeu_si256(reinterpret_cast<__m256i*>(off.data() + (i * T + c) * 8),
+                                            dot_u8s8(_mm256_set1_epi8(kOffset<K>), xv));
+                } else {
+                    const Split16 v = split16(xv);
+                    int16_t* o = q.data() + (i * T + c) * 32;
+                    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), v.a);
+                    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 16), v.b);
+                }
                 d[i * T + c] = h2f(x[c][i].d);
                 if constexpr (kHasMin<K>) s[i * T + c] = h2f(x[c][i].s);
             }
@@ -70,19 +100,31 @@ void tile(int64_t nb, const typename LegacyBlocks<K>::W* w, const LegacyTokens<K
 #pragma GCC unroll 8
         for (int c = 0; c < T; ++c) acc[c] = _mm256_setzero_ps();
         for (int64_t i = pass; i < nb; i += 2) {
-            const Split16 wv = split16(weight_bytes<K>(w[i]));
             // vec_dot's d_w * d_x (one rounding) of the T tokens, each broadcast from memory below
             alignas(32) float scale[8];
             if constexpr (T == 8)
                 _mm256_store_ps(scale,
                                 _mm256_mul_ps(_mm256_set1_ps(h2f(w[i].d)), _mm256_loadu_ps(xt.d.data() + i * T)));
             else _mm_store_ps(scale, _mm_mul_ps(_mm_set1_ps(h2f(w[i].d)), _mm_loadu_ps(xt.d.data() + i * T)));
-            const int16_t* xq = xt.q.data() + i * T * 32;
+            if constexpr (kUnsignedQuants<K>) {
+                const __m256i wq = quant_bytes<K>(w[i]);
+                const int8_t* xq = xt.q8.data() + i * T * 32;
 #pragma GCC unroll 8
-            for (int c = 0; c < T; ++c) {
-                const __m256i sumi = _mm256_add_epi32(_mm256_madd_epi16(wv.a, load256(xq + 32 * c)),
-                                                      _mm256_madd_epi16(wv.b, load256(xq + 32 * c + 16)));
-                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_broadcast_ss(scale + c), acc[c]);
+                for (int c = 0; c < T; ++c) {
+                    __m256i sumi = dot_u8s8(wq, load256(xq + 32 * c));
+                    if constexpr (kOffset<K> != 0)
+                        sumi = _mm256_sub_epi32(sumi, load256(xt.off.data() + (i * T + c) * 8));
+                    acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_broadcast_ss(scale + c), acc[c]);
+                }
+            } else {
+                const Split16 wv = split16(weight_bytes<K>(w[i]));
+                const int16_t* xq = xt.q.data() + i * T * 32;
+#pragma GCC unroll 8
+                for (int c = 0; c < T; ++c) {
+                    const __m256i sumi = _mm256_add_epi32(_mm256_madd_epi16(wv.a, load256(xq + 32 * c)),
+                                                          _mm256_madd_epi16(wv.b, load256(xq + 32 * c + 16)));
+                    acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_broadcast_ss(scale + c), acc[c]);
+                }
             }
         }
         if (pass == 0) {
