@@ -179,6 +179,12 @@ inline int64_t moe_scratch_floats(int64_t n_tok, int64_t n_embd, int64_t n_ff, i
            1024;
 }
 
+// A pointer into scratch moved up to the next 64 bytes: the GPU's kernels read rows with vector loads, so
+// the compositions' row buffers start aligned (moe_scratch_floats' slack covers the steps).
+inline float* aligned_scratch(float* p) {
+    return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t(63));
+}
+
 // A batch's routed rows grouped by expert (host memory): group e is entries [first[e], first[e + 1])
 // of tok (its tokens, ascending) and weight (their routing weights), experts ascending.
 struct MoeGroups {

@@ -31,7 +31,7 @@ void Backend::moe(const MoeWeights& w, const float* xn, int32_t n_tok, const Blo
     float* weights = s + n_tok * n_exp + rows;
     auto* grp_rows = reinterpret_cast<int32_t*>(weights + rows);
     float* grp_w = weights + 2 * rows;
-    float* region = weights + 3 * rows;
+    float* region = aligned_scratch(weights + 3 * rows);
 
     matmul(*w.router, xn, n_tok, logits);
     if (w.router_bias) add_bias(logits, w.router_bias, n_tok, (int32_t)n_exp);

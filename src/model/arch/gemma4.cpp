@@ -50,7 +50,7 @@ void gemma4_experts(const BlockRun& r, float* router_in, float* out) {   // rout
     auto* grp_rows = reinterpret_cast<int32_t*>(weights + rows);
     float* grp_w = weights + 2 * rows;
     auto* halves = reinterpret_cast<int32_t*>(weights + 3 * rows);   // [n] even rows, then [n] odd
-    float* xg = weights + 3 * rows + 2 * n;
+    float* xg = aligned_scratch(weights + 3 * rows + 2 * n);
     float* gate_up = xg + rows * E;
     float* gate = gate_up + 2 * (int64_t)n * F;
     float* up = gate + (int64_t)n * F;

@@ -34,7 +34,7 @@ void nomic_experts(const BlockRun& r) {
     float* weights = logits + n * X + rows;
     auto* grp_rows = reinterpret_cast<int32_t*>(weights + rows);
     float* grp_w = weights + 2 * rows;
-    float* xg = weights + 3 * rows;
+    float* xg = aligned_scratch(weights + 3 * rows);
     float* h = xg + rows * E;
 
     be.matmul(*m.router, r.x, n, logits);
