@@ -314,13 +314,13 @@ def check_engine_preemption(path):
     alone.close()
 
 
-def ember_logits(path, ids, n_gpu_layers=0, kv_type="f32", chunk=64):
+def ember_logits(path, ids, n_gpu_layers=0, kv_type="f32", chunk=64, n_ctx=64):
     """ember's logits [len(ids), n_vocab], the ids evaluated `chunk` at a time. By default on the
     CPU with an f32 KV cache: the comparison is with transformers' f32 attention, not llama.cpp's
     f16 cache."""
     from ember import _ember
     m = _ember.Model(str(path), n_gpu_layers=n_gpu_layers)
-    ctx = _ember.Context(m, n_ctx=64, n_batch=64, n_threads=2, type_k=kv_type, type_v=kv_type)
+    ctx = _ember.Context(m, n_ctx=n_ctx, n_batch=n_ctx, n_threads=2, type_k=kv_type, type_v=kv_type)
     rows = []
     for start in range(0, len(ids), chunk):
         piece = ids[start:start + chunk]
