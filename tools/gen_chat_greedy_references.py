@@ -34,23 +34,33 @@ def greedy_bytes(llama_simple, path):
     return text[:-1]
 
 
-def main(argv=None):
+def reference_table(llama_simple, models, extra=None):
+    """{name: prompt, n_predict, text_hex} of llama-simple on each tiny model converted by ember-convert to
+    f32; extra(name, path, text), where given, adds fields to an entry."""
     from ember.convert import convert
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--llama-simple", required=True, help="llama.cpp's llama-simple binary")
-    args = parser.parse_args(argv)
     refs = {}
     with tempfile.TemporaryDirectory() as work:
-        for name in MODELS:
+        for name in models:
             hf_dir, path = pathlib.Path(work, name), pathlib.Path(work, f"{name}.gguf")
             hf_tiny.build(name, str(hf_dir))
             convert(str(hf_dir), str(path), "f32", progress=False)
-            text = greedy_bytes(args.llama_simple, path)
-            refs[name] = {"prompt": PROMPT, "n_predict": N_PREDICT, "text_hex": text.hex()}
+            text = greedy_bytes(llama_simple, path)
+            refs[name] = {"prompt": PROMPT, "n_predict": N_PREDICT, "text_hex": text.hex(),
+                          **(extra(name, path, text) if extra else {})}
             print(name, text)
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(refs, indent=1, ensure_ascii=False, sort_keys=True) + "\n", encoding="utf-8")
+    return refs
+
+
+def write_table(refs, out):
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(refs, indent=1, ensure_ascii=False, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--llama-simple", required=True, help="llama.cpp's llama-simple binary")
+    args = parser.parse_args(argv)
+    write_table(reference_table(args.llama_simple, MODELS), OUT)
 
 
 if __name__ == "__main__":

@@ -7,16 +7,14 @@ configs (DIFFERS), the entry keeps the bytes both agree on and the reason.
     PYTHONPATH=python:tests EMBER_DEV_BUILD=build/dev python tools/gen_moe_hybrid_greedy_references.py \\
         --llama-simple /path/to/llama.cpp/build/bin/llama-simple"""
 import argparse
-import json
 import pathlib
 import sys
-import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tools"))
 import hf_tiny  # noqa: E402
-from gen_chat_greedy_references import N_PREDICT, PROMPT, greedy_bytes  # noqa: E402
+from gen_chat_greedy_references import N_PREDICT, PROMPT, reference_table, write_table  # noqa: E402
 
 OUT = ROOT / "tests" / "reference" / "moe_hybrid" / "llama_cpp_greedy.json"
 MODELS = ["qwen3moe", "mixtral", "gpt-oss", "qwen35", "qwen35moe", "qwen3next", "lfm2", "lfm2-untied", "lfm2moe",
@@ -32,27 +30,20 @@ DIFFERS = {
 }
 
 
-def main(argv=None):
-    from ember.convert import convert
+def agreement(name, path, text):
+    """For the DIFFERS configs: how many leading bytes ember's greedy text shares with llama.cpp's, and why."""
+    if name not in DIFFERS:
+        return {}
+    ours = hf_tiny.greedy_bytes(str(path), PROMPT, N_PREDICT)
+    agree = next((i for i, (a, b) in enumerate(zip(ours, text)) if a != b), min(len(ours), len(text)))
+    return {"agree_bytes": agree, "why": DIFFERS[name]}
 
+
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--llama-simple", required=True, help="llama.cpp's llama-simple binary")
     args = parser.parse_args(argv)
-    refs = {}
-    with tempfile.TemporaryDirectory() as work:
-        for name in MODELS:
-            hf_dir, path = pathlib.Path(work, name), pathlib.Path(work, f"{name}.gguf")
-            hf_tiny.build(name, str(hf_dir))
-            convert(str(hf_dir), str(path), "f32", progress=False)
-            text = greedy_bytes(args.llama_simple, path)
-            refs[name] = {"prompt": PROMPT, "n_predict": N_PREDICT, "text_hex": text.hex()}
-            if name in DIFFERS:
-                ours = hf_tiny.greedy_bytes(str(path), PROMPT, N_PREDICT)
-                agree = next((i for i, (a, b) in enumerate(zip(ours, text)) if a != b), min(len(ours), len(text)))
-                refs[name].update(agree_bytes=agree, why=DIFFERS[name])
-            print(name, text)
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(refs, indent=1, ensure_ascii=False, sort_keys=True) + "\n", encoding="utf-8")
+    write_table(reference_table(args.llama_simple, MODELS, agreement), OUT)
 
 
 if __name__ == "__main__":
