@@ -209,8 +209,9 @@ def test_engine_preempts_cancels_and_frees_every_slot(models):
                            type_v="f32", kv_blocks=5, kv_block_size=16)
     rng = np.random.default_rng()
     prompts = [[1] + [int(t) for t in rng.integers(3, 390, size=int(n))] for n in rng.integers(8, 20, size=6)]
-    ids = [engine.add_request(p, temperature=0.0, max_tokens=40) for p in prompts]
-    cancelled = engine.add_request(prompts[0], temperature=0.0, max_tokens=40)
+    # EOS ignored: a sequence the random model ends early would leave the pool room enough not to preempt
+    ids = [engine.add_request(p, temperature=0.0, max_tokens=40, ignore_eos=True) for p in prompts]
+    cancelled = engine.add_request(prompts[0], temperature=0.0, max_tokens=40, ignore_eos=True)
     tokens = {i: [] for i in ids}
     left = set(ids) | {cancelled}
     while left:
@@ -228,7 +229,7 @@ def test_engine_preempts_cancels_and_frees_every_slot(models):
     alone = _ember.Engine(m, n_ctx=64, max_num_seqs=1, max_num_batched_tokens=32, n_threads=2, type_k="f32",
                           type_v="f32")
     for i, p in zip(ids, prompts):
-        alone.add_request(p, temperature=0.0, max_tokens=40)
+        alone.add_request(p, temperature=0.0, max_tokens=40, ignore_eos=True)
         want, done = [], False
         while not done:
             for o in alone.poll(1.0):

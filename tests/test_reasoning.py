@@ -358,6 +358,8 @@ def test_harmony_answer_in_the_final_channel_after_a_bounded_analysis(harmony_vo
             tokens.append(t)
             if m.is_stopped():
                 break
+        else:
+            continue   # 200 tokens and no end: a walk cut off (in the analysis, or inside the answer)
         pieces = [harmony_vocab.dbg_tokens([t])[1:-1] if harmony_vocab.is_special_token(t) else
                   harmony_vocab.decode_bytes([t]).decode("utf-8", errors="replace") for t in tokens]
         text = "".join(pieces)
