@@ -119,12 +119,7 @@ def test_inside_an_engine_batch(models, hf_reference, name, device):
 def test_cuda_logits_match_cpu(models, name, chunk):
     """Every block on the GPU (absorbed queries, the latent row read as keys and values, V3's groups)
     against the CPU, both with the f16 KV cache."""
-    if "cuda" not in _ember.backends():
-        pytest.skip("this ember was built without the CUDA backend")
-    path = models[name][2]
-    want = hf_tiny.ember_logits(path, PROMPT, kv_type="f16")
-    got = hf_tiny.ember_logits(path, PROMPT, n_gpu_layers=-1, kv_type="f16", chunk=chunk)
-    assert hf_tiny.rel_diff(got, want) <= 2e-3
+    hf_tiny.check_cuda_logits_match_cpu(models[name][2], PROMPT, chunk)
 
 
 def test_prefix_cache_serves_the_latent(models, hf_reference):
