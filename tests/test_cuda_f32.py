@@ -21,16 +21,11 @@ def converted(tmp_path_factory):
     from ember import _ember
     if "cuda" not in _ember.backends():
         pytest.skip("this ember was built without the CUDA backend")
-    from ember.convert import convert
-    root, paths = tmp_path_factory.mktemp("cuda_f32"), {}
+    paths = {}
 
     def get(name):
         if name not in paths:
-            d = root / name
-            d.mkdir()
-            hf_tiny.build(name, str(d))
-            paths[name] = str(root / f"{name}.gguf")
-            convert(str(d), paths[name], "f32", progress=False)
+            paths[name] = hf_tiny.converted(tmp_path_factory, [name], "cuda_f32")[name][2]
         return paths[name]
 
     return get
